@@ -1,0 +1,297 @@
+// Booked requests and the load they put on each worker-rank (spec §4.4): active blocks
+// (reference-counted, so a shared prefix counts once per worker-rank), unstarted prefill tokens
+// and in-flight requests. A request is a dense handle; every path that ends it (free, stale
+// expiry, worker removal) goes through releaseHandle(), which invalidates the handle first, so a
+// request is released exactly once whatever ends it and however often it is asked to.
+import { KvrError } from '../shared/errors.js'
+import { BlockRefs } from './block-refs.js'
+
+/** How a request's blocks are tracked (spec §1.6 / §4.4 toggles). */
+export const TRACK_NONE = 0 // --no-router-track-active-blocks: the request adds no blocks
+export const TRACK_SHARED = 1 // chained sequence hashes, reference-counted per worker-rank
+export const TRACK_UNIQUE = 2 // --no-router-assume-kv-reuse: every block new, never deduplicated
+export type TrackMode = typeof TRACK_NONE | typeof TRACK_SHARED | typeof TRACK_UNIQUE
+
+const EMPTY = new Int32Array(0)
+
+export class ActiveSequences {
+  /** Per slot: distinct active blocks. */
+  activeBlocks = new Int32Array(8)
+  /** Per slot: booked prefill tokens of requests whose prefill has not completed. */
+  prefillTokens = new Float64Array(8)
+  /** Per slot: booked requests. */
+  inFlight = new Int32Array(8)
+  /** Requests freed by stale expiry since creation (a metric). */
+  expiredTotal = 0
+
+  private readonly refs = new BlockRefs()
+  private readonly ids = new Map<string, number>()
+  private reqId: (string | undefined)[] = []
+  private reqSlot = new Int32Array(64)
+  private reqGen = new Int32Array(64)
+  private reqPrefill = new Float64Array(64)
+  private reqAddedAt = new Float64Array(64)
+  private reqUnique = new Int32Array(64)
+  private reqPairCount = new Int32Array(64)
+  private reqIsl = new Float64Array(64)
+  private reqOverlap = new Float64Array(64)
+  private reqPairs: Int32Array[] = []
+  private freeHandles: number[] = []
+  private top = 0
+  // Pair-index lists recycled by power-of-two size class, so steady-state booking allocates
+  // nothing for them.
+  private pool: Int32Array[][] = []
+  // Handles in booking order with their generation, for lazy stale expiry: the oldest booking is
+  // always at the head, so each check is O(1) amortised.
+  private fifo = new Int32Array(128)
+  private fifoHead = 0
+  private fifoLen = 0
+
+  constructor(private readonly staleMs: number) {}
+
+  get size(): number {
+    return this.ids.size
+  }
+
+  has(id: string): boolean {
+    return this.ids.has(id)
+  }
+
+  /** Makes the per-slot arrays cover slots [0, n). */
+  ensureSlots(n: number): void {
+    if (n <= this.activeBlocks.length) return
+    const cap = Math.max(n, this.activeBlocks.length * 2)
+    const ab = new Int32Array(cap)
+    ab.set(this.activeBlocks)
+    this.activeBlocks = ab
+    const pt = new Float64Array(cap)
+    pt.set(this.prefillTokens)
+    this.prefillTokens = pt
+    const inf = new Int32Array(cap)
+    inf.set(this.inFlight)
+    this.inFlight = inf
+  }
+
+  /** For every slot, how many of the n hashes are already active there (added to present). */
+  countPresent(lo: ArrayLike<number>, hi: ArrayLike<number>, n: number, present: Int32Array): void {
+    this.refs.countPresent(lo, hi, n, present)
+  }
+
+  /**
+   * Books a request on a slot. prefillTokens is what the request still has to compute there
+   * (isl minus the cached prefix; 0 when prefill tracking is off). With TRACK_SHARED the n hashes
+   * in lo/hi are referenced on the slot; with TRACK_UNIQUE n blocks are counted without hashes.
+   */
+  add(
+    id: string,
+    slot: number,
+    prefillTokens: number,
+    track: TrackMode,
+    lo: ArrayLike<number> | undefined,
+    hi: ArrayLike<number> | undefined,
+    n: number,
+    now: number,
+    isl = 0,
+    overlapBlocks = 0,
+  ): number {
+    if (this.ids.has(id)) throw new KvrError('KVR_ERR_DUPLICATE_REQUEST', `request ${id} is already booked`)
+    this.expireStale(now)
+    const h = this.allocHandle()
+    this.ids.set(id, h)
+    this.reqId[h] = id
+    this.reqSlot[h] = slot
+    this.reqAddedAt[h] = now
+    this.reqIsl[h] = isl
+    this.reqOverlap[h] = overlapBlocks
+    this.reqPrefill[h] = prefillTokens
+    this.prefillTokens[slot] = (this.prefillTokens[slot] as number) + prefillTokens
+    this.inFlight[slot] = (this.inFlight[slot] as number) + 1
+    let unique = 0
+    let pairCount = 0
+    let pairs = EMPTY
+    if (track === TRACK_SHARED && n > 0 && lo !== undefined && hi !== undefined) {
+      pairs = this.takeList(n)
+      const refs = this.refs
+      let created = 0
+      for (let i = 0; i < n; i++) {
+        pairs[i] = refs.acquire(slot, lo[i] as number, hi[i] as number)
+        if (refs.created) created++
+      }
+      pairCount = n
+      this.activeBlocks[slot] = (this.activeBlocks[slot] as number) + created
+    } else if (track !== TRACK_NONE && n > 0) {
+      unique = n
+      this.activeBlocks[slot] = (this.activeBlocks[slot] as number) + n
+    }
+    this.reqPairs[h] = pairs
+    this.reqPairCount[h] = pairCount
+    this.reqUnique[h] = unique
+    this.pushFifo(h)
+    return h
+  }
+
+  /** First token seen: the request's prompt is no longer unstarted work. False if unknown. */
+  markPrefillComplete(id: string): boolean {
+    const h = this.ids.get(id)
+    if (h === undefined) return false
+    this.clearPrefill(h)
+    return true
+  }
+
+  /** Ends a request (stream end, error, disconnect). False if unknown or already freed. */
+  free(id: string): boolean {
+    const h = this.ids.get(id)
+    if (h === undefined) return false
+    this.releaseHandle(h)
+    return true
+  }
+
+  slotOfRequest(id: string): number {
+    const h = this.ids.get(id)
+    return h === undefined ? -1 : (this.reqSlot[h] as number)
+  }
+
+  /** Booked prefill tokens still outstanding for a request (NaN when unknown). */
+  prefillOf(id: string): number {
+    const h = this.ids.get(id)
+    return h === undefined ? NaN : (this.reqPrefill[h] as number)
+  }
+
+  /** Frees requests booked at least staleMs ago; returns how many. */
+  expireStale(now: number): number {
+    let n = 0
+    while (this.fifoLen > 0) {
+      const i = this.fifoHead
+      const h = this.fifo[i] as number
+      const gen = this.fifo[i + 1] as number
+      if (this.reqGen[h] === gen && this.reqId[h] !== undefined) {
+        if (now - (this.reqAddedAt[h] as number) < this.staleMs) break
+        this.releaseHandle(h)
+        this.expiredTotal++
+        n++
+      }
+      this.fifoHead = (i + 2) % this.fifo.length
+      this.fifoLen--
+    }
+    return n
+  }
+
+  /** Frees every request booked on a slot (the worker-rank went away); returns their ids. */
+  dropSlot(slot: number): string[] {
+    const out: string[] = []
+    for (let h = 0; h < this.top; h++) {
+      const id = this.reqId[h]
+      if (id !== undefined && this.reqSlot[h] === slot) {
+        out.push(id)
+        this.releaseHandle(h)
+      }
+    }
+    return out
+  }
+
+  /** Reference count of a block on a slot (tests, debugging). */
+  blockRefCount(slot: number, lo: number, hi: number): number {
+    return this.refs.refCount(slot, lo, hi)
+  }
+
+  /** Distinct (block, slot) pairs referenced — must be 0 when nothing is booked. */
+  get trackedPairs(): number {
+    return this.refs.size
+  }
+
+  private clearPrefill(h: number): void {
+    const p = this.reqPrefill[h] as number
+    if (p === 0) return
+    const slot = this.reqSlot[h] as number
+    const left = (this.prefillTokens[slot] as number) - p
+    // Tokens are integers, so the sum is exact; the clamp only guards against a caller that
+    // passed fractional tokens.
+    this.prefillTokens[slot] = left > 0 ? left : 0
+    this.reqPrefill[h] = 0
+  }
+
+  private releaseHandle(h: number): void {
+    const id = this.reqId[h] as string
+    // Invalidate first: whatever happens below, this handle can never be released twice.
+    this.reqId[h] = undefined
+    this.reqGen[h] = (this.reqGen[h] as number) + 1
+    this.ids.delete(id)
+    this.clearPrefill(h)
+    const slot = this.reqSlot[h] as number
+    this.inFlight[slot] = (this.inFlight[slot] as number) - 1
+    const pairs = this.reqPairs[h] as Int32Array
+    const n = this.reqPairCount[h] as number
+    let removed = this.reqUnique[h] as number
+    for (let i = 0; i < n; i++) if (this.refs.release(pairs[i] as number)) removed++
+    this.activeBlocks[slot] = (this.activeBlocks[slot] as number) - removed
+    if (pairs.length > 0) this.giveList(pairs)
+    this.reqPairs[h] = EMPTY
+    this.reqPairCount[h] = 0
+    this.reqUnique[h] = 0
+    this.freeHandles.push(h)
+  }
+
+  private allocHandle(): number {
+    const h = this.freeHandles.pop()
+    if (h !== undefined) return h
+    const n = this.top++
+    if (n >= this.reqSlot.length) {
+      const cap = this.reqSlot.length * 2
+      this.reqSlot = growI32(this.reqSlot, cap)
+      this.reqGen = growI32(this.reqGen, cap)
+      this.reqUnique = growI32(this.reqUnique, cap)
+      this.reqPairCount = growI32(this.reqPairCount, cap)
+      this.reqPrefill = growF64(this.reqPrefill, cap)
+      this.reqAddedAt = growF64(this.reqAddedAt, cap)
+      this.reqIsl = growF64(this.reqIsl, cap)
+      this.reqOverlap = growF64(this.reqOverlap, cap)
+    }
+    return n
+  }
+
+  private takeList(n: number): Int32Array {
+    const cls = n <= 1 ? 0 : 32 - Math.clz32(n - 1)
+    const list = this.pool[cls]?.pop()
+    return list ?? new Int32Array(1 << cls)
+  }
+
+  private giveList(a: Int32Array): void {
+    const cls = 31 - Math.clz32(a.length)
+    let bucket = this.pool[cls]
+    if (bucket === undefined) {
+      bucket = []
+      this.pool[cls] = bucket
+    }
+    // Keep a bounded stock per size class; one giant prompt must not pin memory forever.
+    if (bucket.length < 256) bucket.push(a)
+  }
+
+  private pushFifo(h: number): void {
+    if (this.fifoLen * 2 === this.fifo.length) {
+      const next = new Int32Array(this.fifo.length * 2)
+      for (let k = 0; k < this.fifoLen; k++) {
+        const src = (this.fifoHead + 2 * k) % this.fifo.length
+        next[2 * k] = this.fifo[src] as number
+        next[2 * k + 1] = this.fifo[src + 1] as number
+      }
+      this.fifo = next
+      this.fifoHead = 0
+    }
+    const at = (this.fifoHead + 2 * this.fifoLen) % this.fifo.length
+    this.fifo[at] = h
+    this.fifo[at + 1] = this.reqGen[h] as number
+    this.fifoLen++
+  }
+}
+
+function growI32(a: Int32Array, n: number): Int32Array {
+  const b = new Int32Array(n)
+  b.set(a)
+  return b
+}
+
+function growF64(a: Float64Array, n: number): Float64Array {
+  const b = new Float64Array(n)
+  b.set(a)
+  return b
+}

@@ -1,0 +1,127 @@
+// A hash map keyed by (u64 as two u32 halves, slot) in typed arrays, with stable entry indices.
+// Chaining (bucket heads + next links) rather than open addressing, because callers keep entry
+// indices in their own parallel arrays and in per-request lists: an entry must never move when
+// another one is deleted. Freed entries go on a free list threaded through `next`.
+
+export class U64SlotMap {
+  lo: Uint32Array
+  hi: Uint32Array
+  slot: Int32Array
+  /** Bucket chain link for live entries, free-list link for freed ones. */
+  next: Int32Array
+  size = 0
+  /** Called after the entry arrays grew, so owners can grow their parallel arrays to match. */
+  onGrow: ((capacity: number) => void) | undefined
+
+  private buckets: Int32Array
+  private mask: number
+  private top = 0
+  private freeHead = -1
+
+  constructor(initialCapacity = 1024) {
+    let cap = 16
+    while (cap < initialCapacity) cap *= 2
+    this.lo = new Uint32Array(cap)
+    this.hi = new Uint32Array(cap)
+    this.slot = new Int32Array(cap)
+    this.next = new Int32Array(cap)
+    this.buckets = new Int32Array(cap).fill(-1)
+    this.mask = cap - 1
+  }
+
+  get capacity(): number {
+    return this.lo.length
+  }
+
+  /** Entry index of the key, or -1. */
+  find(lo: number, hi: number, slot: number): number {
+    let e = this.buckets[mix(lo, hi, slot) & this.mask] as number
+    while (e >= 0) {
+      if (this.lo[e] === lo && this.hi[e] === hi && this.slot[e] === slot) return e
+      e = this.next[e] as number
+    }
+    return -1
+  }
+
+  /** Inserts a key the caller knows to be absent; returns its entry index. */
+  insert(lo: number, hi: number, slot: number): number {
+    let e = this.freeHead
+    if (e >= 0) {
+      this.freeHead = this.next[e] as number
+    } else {
+      if (this.top === this.lo.length) this.grow()
+      e = this.top++
+    }
+    this.lo[e] = lo
+    this.hi[e] = hi
+    this.slot[e] = slot
+    const b = mix(lo, hi, slot) & this.mask
+    this.next[e] = this.buckets[b] as number
+    this.buckets[b] = e
+    this.size++
+    return e
+  }
+
+  /** Deletes a live entry by index. */
+  delete(e: number): void {
+    const b = mix(this.lo[e] as number, this.hi[e] as number, this.slot[e] as number) & this.mask
+    let cur = this.buckets[b] as number
+    if (cur === e) {
+      this.buckets[b] = this.next[e] as number
+    } else {
+      while (cur >= 0) {
+        const nxt = this.next[cur] as number
+        if (nxt === e) {
+          this.next[cur] = this.next[e] as number
+          break
+        }
+        cur = nxt
+      }
+    }
+    this.slot[e] = -1
+    this.next[e] = this.freeHead
+    this.freeHead = e
+    this.size--
+  }
+
+  clear(): void {
+    this.buckets.fill(-1)
+    this.top = 0
+    this.freeHead = -1
+    this.size = 0
+  }
+
+  private grow(): void {
+    const cap = this.lo.length * 2
+    const lo = new Uint32Array(cap)
+    lo.set(this.lo)
+    const hi = new Uint32Array(cap)
+    hi.set(this.hi)
+    const slot = new Int32Array(cap)
+    slot.set(this.slot)
+    this.lo = lo
+    this.hi = hi
+    this.slot = slot
+    this.next = new Int32Array(cap)
+    this.buckets = new Int32Array(cap).fill(-1)
+    this.mask = cap - 1
+    // Only reached with an empty free list, so every entry below top is live: relink them all.
+    for (let e = 0; e < this.top; e++) {
+      const b = mix(lo[e] as number, hi[e] as number, slot[e] as number) & this.mask
+      this.next[e] = this.buckets[b] as number
+      this.buckets[b] = e
+    }
+    this.onGrow?.(cap)
+  }
+}
+
+/** 32-bit finalizer over the three key words; hashes from tests (small integers) spread too. */
+export function mix(lo: number, hi: number, slot: number): number {
+  let h = Math.imul(lo ^ Math.imul(slot + 1, 0x85ebca6b), 0x9e3779b1) ^ hi
+  h ^= h >>> 16
+  h = Math.imul(h, 0x7feb352d)
+  h ^= h >>> 15
+  h = Math.imul(h, 0x846ca68b)
+  h ^= h >>> 16
+  return h >>> 0
+}

@@ -1,0 +1,51 @@
+// The one catalogue of kv-router error codes. Every error that crosses a module boundary is a
+// KvrError carrying one of these codes, so HTTP answers, logs, metrics and tests all speak the
+// same names. Shard threads use it too, which is why it lives in shared/.
+
+export const ErrorCodes = {
+  // configuration and flags
+  KVR_ERR_INVALID_OPTION: { status: 400, summary: 'an option has an invalid value' },
+  // hashing and prompts
+  KVR_ERR_TOKEN_OUT_OF_RANGE: { status: 400, summary: 'a token id is not an integer in [0, 2^32)' },
+  KVR_ERR_INVALID_BLOCK_SIZE: { status: 400, summary: 'block size must be an integer in [1, 65536]' },
+  // event protocol
+  KVR_ERR_EVENT_MALFORMED_JSON: { status: 400, summary: 'the event is not well-formed JSON' },
+  KVR_ERR_EVENT_INVALID_NUMBER: { status: 400, summary: 'a numeric field is not an unsigned integer in range' },
+  KVR_ERR_EVENT_WRONG_TYPE: { status: 400, summary: 'a field has the wrong JSON type' },
+  KVR_ERR_EVENT_MISSING_FIELD: { status: 400, summary: 'a required field is missing' },
+  KVR_ERR_EVENT_UNKNOWN_VARIANT: { status: 400, summary: 'the event data names an unknown variant' },
+  KVR_ERR_EVENT_TOO_LARGE: { status: 413, summary: 'the event is larger than the configured limit' },
+  // index
+  KVR_ERR_INDEX_CAPACITY: { status: 503, summary: 'the index holds its configured maximum of blocks' },
+  KVR_ERR_TOO_MANY_WORKERS: { status: 503, summary: 'more worker-ranks than one index can hold' },
+  // workers and scheduling
+  KVR_ERR_UNKNOWN_WORKER: { status: 404, summary: 'no such worker is registered' },
+  KVR_ERR_NO_WORKERS: { status: 503, summary: 'no worker is available for the request' },
+  KVR_ERR_ALL_WORKERS_BUSY: { status: 503, summary: 'all workers are busy, please retry later' },
+  KVR_ERR_QUEUE_FULL: { status: 503, summary: 'the router queue holds its maximum of pending requests' },
+  KVR_ERR_DUPLICATE_REQUEST: { status: 409, summary: 'a request with this id is already booked' },
+  KVR_ERR_UNKNOWN_REQUEST: { status: 404, summary: 'no booked request has this id' },
+  KVR_ERR_REQUEST_CANCELLED: { status: 499, summary: 'the request was cancelled while it waited' },
+} as const
+
+export type ErrorCode = keyof typeof ErrorCodes
+
+export class KvrError extends Error {
+  readonly code: ErrorCode
+  readonly statusCode: number
+
+  constructor(code: ErrorCode, message?: string, options?: { cause?: unknown }) {
+    super(message ?? ErrorCodes[code].summary, options)
+    this.name = 'KvrError'
+    this.code = code
+    this.statusCode = ErrorCodes[code].status
+  }
+
+  toJSON(): { code: ErrorCode; message: string } {
+    return { code: this.code, message: this.message }
+  }
+}
+
+export function isKvrError(err: unknown, code?: ErrorCode): err is KvrError {
+  return err instanceof KvrError && (code === undefined || err.code === code)
+}

@@ -1,0 +1,665 @@
+// Byte-level decoder for Dynamo `RouterEvent` JSON (spec §2.1), raw or wrapped in the event-plane
+// envelope (spec §2.2). It runs inside the indexer shards on every event, so it decodes straight
+// into one reusable DecodedEvent: u64 values become u32 halves (exact above 2^53, no bigint), block
+// lists land in growable typed arrays, and nothing is allocated per block. Unknown object keys are
+// skipped as serde does; everything else that is not what the schema says is a KvrError.
+import { KvrError, type ErrorCode } from './errors.js'
+
+export const EventKind = { Stored: 1, Removed: 2, Cleared: 3 } as const
+export type EventKind = (typeof EventKind)[keyof typeof EventKind]
+
+/** Storage tiers of Era C events; only `device` blocks are routed on. */
+export const StorageTier = { Device: 0, HostPinned: 1, Disk: 2, External: 3 } as const
+
+export class DecodedEvent {
+  workerLo = 0
+  workerHi = 0
+  eventIdLo = 0
+  eventIdHi = 0
+  dpRank = 0
+  kind: EventKind = EventKind.Cleared
+  tier = 0
+  hasParent = false
+  parentLo = 0
+  parentHi = 0
+  /** Blocks of a stored event, or hashes of a removed event. */
+  count = 0
+  blockLo: Uint32Array = new Uint32Array(64)
+  blockHi: Uint32Array = new Uint32Array(64)
+  tokensLo: Uint32Array = new Uint32Array(64)
+  tokensHi: Uint32Array = new Uint32Array(64)
+  hasEnvelope = false
+  publisherLo = 0
+  publisherHi = 0
+  sequenceLo = 0
+  sequenceHi = 0
+
+  reset(): void {
+    this.workerLo = this.workerHi = this.eventIdLo = this.eventIdHi = this.dpRank = 0
+    this.kind = EventKind.Cleared
+    this.tier = 0
+    this.hasParent = false
+    this.parentLo = this.parentHi = 0
+    this.count = 0
+    this.hasEnvelope = false
+    this.publisherLo = this.publisherHi = this.sequenceLo = this.sequenceHi = 0
+  }
+
+  ensure(n: number): void {
+    if (n <= this.blockLo.length) return
+    let cap = this.blockLo.length * 2
+    while (cap < n) cap *= 2
+    const grow = (a: Uint32Array): Uint32Array => {
+      const b = new Uint32Array(cap)
+      b.set(a)
+      return b
+    }
+    this.blockLo = grow(this.blockLo)
+    this.blockHi = grow(this.blockHi)
+    this.tokensLo = grow(this.tokensLo)
+    this.tokensHi = grow(this.tokensHi)
+  }
+}
+
+const C_QUOTE = 0x22
+const C_BACKSLASH = 0x5c
+const C_COMMA = 0x2c
+const C_COLON = 0x3a
+const C_LBRACE = 0x7b
+const C_RBRACE = 0x7d
+const C_LBRACKET = 0x5b
+const C_RBRACKET = 0x5d
+const C_MINUS = 0x2d
+const C_ZERO = 0x30
+const C_NINE = 0x39
+
+function keyBytes(s: string): Uint8Array {
+  return new TextEncoder().encode(s)
+}
+
+const K = {
+  worker_id: keyBytes('worker_id'),
+  event: keyBytes('event'),
+  storage_tier: keyBytes('storage_tier'),
+  event_id: keyBytes('event_id'),
+  data: keyBytes('data'),
+  dp_rank: keyBytes('dp_rank'),
+  stored: keyBytes('stored'),
+  removed: keyBytes('removed'),
+  cleared: keyBytes('cleared'),
+  parent_hash: keyBytes('parent_hash'),
+  blocks: keyBytes('blocks'),
+  block_hash: keyBytes('block_hash'),
+  tokens_hash: keyBytes('tokens_hash'),
+  block_hashes: keyBytes('block_hashes'),
+  publisher_id: keyBytes('publisher_id'),
+  sequence: keyBytes('sequence'),
+  published_at: keyBytes('published_at'),
+  payload: keyBytes('payload'),
+  device: keyBytes('device'),
+  host_pinned: keyBytes('host_pinned'),
+  disk: keyBytes('disk'),
+  external: keyBytes('external'),
+} as const
+
+const MAX_DEPTH = 64
+const TWO32 = 4294967296
+const textDecoder = new TextDecoder('utf-8', { fatal: false })
+
+/**
+ * Reusable decoder. `decode(bytes)` fills `out` (and returns it) or throws a KvrError naming the
+ * field and byte offset. Not re-entrant: one decoder per thread.
+ */
+export class EventDecoder {
+  readonly out = new DecodedEvent()
+  private buf: Uint8Array = new Uint8Array(0)
+  private pos = 0
+  private end = 0
+  private keyStart = 0
+  private keyEnd = 0
+  private keyEscaped: string | null = null
+  private numLo = 0
+  private numHi = 0
+  private payload = new Uint8Array(1024)
+
+  decode(bytes: Uint8Array): DecodedEvent {
+    this.out.reset()
+    this.buf = bytes
+    this.pos = 0
+    this.end = bytes.length
+    this.ws()
+    if (this.pos >= this.end) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'empty input')
+    this.topLevel()
+    this.ws()
+    if (this.pos !== this.end) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'unexpected data after the event')
+    return this.out
+  }
+
+  decodeString(text: string): DecodedEvent {
+    return this.decode(Buffer.from(text, 'utf8'))
+  }
+
+  // --- structure ---------------------------------------------------------------------------
+
+  private topLevel(): void {
+    const out = this.out
+    this.expectObjectStart('event')
+    let sawWorker = false
+    let sawEvent = false
+    let sawPayload = false
+    let sawPublisher = false
+    let sawSequence = false
+    let first = true
+    while (this.nextKey(first)) {
+      first = false
+      if (this.keyIs(K.worker_id)) {
+        this.u64('worker_id')
+        out.workerLo = this.numLo
+        out.workerHi = this.numHi
+        sawWorker = true
+      } else if (this.keyIs(K.event)) {
+        this.kvCacheEvent()
+        sawEvent = true
+      } else if (this.keyIs(K.storage_tier)) {
+        this.storageTier()
+      } else if (this.keyIs(K.publisher_id)) {
+        this.u64('publisher_id')
+        out.publisherLo = this.numLo
+        out.publisherHi = this.numHi
+        sawPublisher = true
+      } else if (this.keyIs(K.sequence)) {
+        this.u64('sequence')
+        out.sequenceLo = this.numLo
+        out.sequenceHi = this.numHi
+        sawSequence = true
+      } else if (this.keyIs(K.published_at)) {
+        this.u64('published_at')
+      } else if (this.keyIs(K.payload)) {
+        this.envelopePayload()
+        sawPayload = true
+      } else {
+        this.skipValue(0)
+      }
+    }
+    if (sawPayload) {
+      if (sawWorker || sawEvent) throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', 'an envelope must not also carry worker_id or event at its top level')
+      if (!sawPublisher) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', 'envelope field "publisher_id" is missing')
+      if (!sawSequence) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', 'envelope field "sequence" is missing')
+      out.hasEnvelope = true
+      return
+    }
+    if (!sawWorker) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', 'field "worker_id" is missing')
+    if (!sawEvent) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', 'field "event" is missing')
+  }
+
+  /** The envelope payload: JSON bytes as an array of byte values, or the object itself. */
+  private envelopePayload(): void {
+    this.ws()
+    const c = this.peek()
+    if (c === C_LBRACE) {
+      this.innerRouterEvent()
+      return
+    }
+    if (c !== C_LBRACKET) throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', 'envelope "payload" must be an array of byte values or an object')
+    this.pos++
+    let n = 0
+    let first = true
+    for (;;) {
+      this.ws()
+      if (this.peek() === C_RBRACKET) {
+        this.pos++
+        break
+      }
+      if (!first) {
+        this.expect(C_COMMA, 'payload')
+        this.ws()
+      }
+      first = false
+      this.u64('payload byte')
+      if (this.numHi !== 0 || this.numLo > 255) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', 'payload bytes must be integers in [0, 255]')
+      if (n === this.payload.length) {
+        const grown = new Uint8Array(n * 2)
+        grown.set(this.payload)
+        this.payload = grown
+      }
+      this.payload[n++] = this.numLo
+    }
+    const saveBuf = this.buf
+    const savePos = this.pos
+    const saveEnd = this.end
+    this.buf = this.payload
+    this.pos = 0
+    this.end = n
+    try {
+      this.ws()
+      this.innerRouterEvent()
+      this.ws()
+      if (this.pos !== this.end) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'unexpected data after the payload event')
+    } catch (err) {
+      if (err instanceof KvrError) throw new KvrError(err.code, `in envelope payload: ${err.message}`)
+      throw err
+    } finally {
+      this.buf = saveBuf
+      this.pos = savePos
+      this.end = saveEnd
+    }
+  }
+
+  private innerRouterEvent(): void {
+    const out = this.out
+    this.expectObjectStart('payload event')
+    let sawWorker = false
+    let sawEvent = false
+    let first = true
+    while (this.nextKey(first)) {
+      first = false
+      if (this.keyIs(K.worker_id)) {
+        this.u64('worker_id')
+        out.workerLo = this.numLo
+        out.workerHi = this.numHi
+        sawWorker = true
+      } else if (this.keyIs(K.event)) {
+        this.kvCacheEvent()
+        sawEvent = true
+      } else if (this.keyIs(K.storage_tier)) {
+        this.storageTier()
+      } else {
+        this.skipValue(0)
+      }
+    }
+    if (!sawWorker) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', 'field "worker_id" is missing')
+    if (!sawEvent) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', 'field "event" is missing')
+  }
+
+  private storageTier(): void {
+    this.ws()
+    if (this.isNull()) return
+    this.stringToken('storage_tier')
+    if (this.keyIs(K.device)) this.out.tier = StorageTier.Device
+    else if (this.keyIs(K.host_pinned)) this.out.tier = StorageTier.HostPinned
+    else if (this.keyIs(K.disk)) this.out.tier = StorageTier.Disk
+    else if (this.keyIs(K.external)) this.out.tier = StorageTier.External
+    else throw this.fail('KVR_ERR_EVENT_UNKNOWN_VARIANT', `unknown storage_tier "${this.keyText()}"`)
+  }
+
+  private kvCacheEvent(): void {
+    const out = this.out
+    this.expectObjectStart('event')
+    let sawId = false
+    let sawData = false
+    let first = true
+    while (this.nextKey(first)) {
+      first = false
+      if (this.keyIs(K.event_id)) {
+        this.u64('event_id')
+        out.eventIdLo = this.numLo
+        out.eventIdHi = this.numHi
+        sawId = true
+      } else if (this.keyIs(K.dp_rank)) {
+        this.ws()
+        if (this.isNull()) {
+          out.dpRank = 0
+        } else {
+          this.u64('dp_rank')
+          if (this.numHi !== 0) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', 'dp_rank must fit in u32')
+          out.dpRank = this.numLo
+        }
+      } else if (this.keyIs(K.data)) {
+        this.eventData()
+        sawData = true
+      } else {
+        this.skipValue(0)
+      }
+    }
+    if (!sawId) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', 'field "event.event_id" is missing')
+    if (!sawData) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', 'field "event.data" is missing')
+  }
+
+  /** Externally tagged enum: {"stored": {...}} | {"removed": {...}} | "cleared" (or {"cleared": null}). */
+  private eventData(): void {
+    this.ws()
+    const c = this.peek()
+    if (c === C_QUOTE) {
+      this.stringToken('event.data')
+      if (!this.keyIs(K.cleared)) throw this.fail('KVR_ERR_EVENT_UNKNOWN_VARIANT', `unknown event variant "${this.keyText()}"`)
+      this.out.kind = EventKind.Cleared
+      return
+    }
+    if (c !== C_LBRACE) throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', 'field "event.data" must be an object or "cleared"')
+    this.pos++
+    if (!this.nextKey(true)) throw this.fail('KVR_ERR_EVENT_UNKNOWN_VARIANT', 'event.data names no variant')
+    if (this.keyIs(K.stored)) {
+      this.out.kind = EventKind.Stored
+      this.storedData()
+    } else if (this.keyIs(K.removed)) {
+      this.out.kind = EventKind.Removed
+      this.removedData()
+    } else if (this.keyIs(K.cleared)) {
+      this.out.kind = EventKind.Cleared
+      this.ws()
+      if (!this.isNull()) this.skipValue(0)
+    } else {
+      throw this.fail('KVR_ERR_EVENT_UNKNOWN_VARIANT', `unknown event variant "${this.keyText()}"`)
+    }
+    if (this.nextKey(false)) throw this.fail('KVR_ERR_EVENT_UNKNOWN_VARIANT', 'event.data must name exactly one variant')
+  }
+
+  private storedData(): void {
+    const out = this.out
+    this.expectObjectStart('stored')
+    let sawBlocks = false
+    let first = true
+    while (this.nextKey(first)) {
+      first = false
+      if (this.keyIs(K.parent_hash)) {
+        this.ws()
+        if (this.isNull()) {
+          out.hasParent = false
+        } else {
+          this.u64('parent_hash')
+          out.hasParent = true
+          out.parentLo = this.numLo
+          out.parentHi = this.numHi
+        }
+      } else if (this.keyIs(K.blocks)) {
+        this.storedBlocks()
+        sawBlocks = true
+      } else {
+        this.skipValue(0)
+      }
+    }
+    if (!sawBlocks) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', 'field "stored.blocks" is missing')
+  }
+
+  private storedBlocks(): void {
+    const out = this.out
+    this.ws()
+    if (this.peek() !== C_LBRACKET) throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', 'field "stored.blocks" must be an array')
+    this.pos++
+    let n = 0
+    for (;;) {
+      this.ws()
+      if (this.peek() === C_RBRACKET) {
+        this.pos++
+        break
+      }
+      if (n > 0) {
+        this.expect(C_COMMA, 'stored.blocks')
+        this.ws()
+      }
+      out.ensure(n + 1)
+      this.expectObjectStart('stored block')
+      let sawBlock = false
+      let sawTokens = false
+      let first = true
+      while (this.nextKey(first)) {
+        first = false
+        if (this.keyIs(K.block_hash)) {
+          this.u64('block_hash')
+          out.blockLo[n] = this.numLo
+          out.blockHi[n] = this.numHi
+          sawBlock = true
+        } else if (this.keyIs(K.tokens_hash)) {
+          this.u64('tokens_hash')
+          out.tokensLo[n] = this.numLo
+          out.tokensHi[n] = this.numHi
+          sawTokens = true
+        } else {
+          this.skipValue(0)
+        }
+      }
+      if (!sawBlock) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', `field "blocks[${n}].block_hash" is missing`)
+      if (!sawTokens) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', `field "blocks[${n}].tokens_hash" is missing`)
+      n++
+    }
+    out.count = n
+  }
+
+  private removedData(): void {
+    const out = this.out
+    this.expectObjectStart('removed')
+    let saw = false
+    let first = true
+    while (this.nextKey(first)) {
+      first = false
+      if (this.keyIs(K.block_hashes)) {
+        this.ws()
+        if (this.peek() !== C_LBRACKET) throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', 'field "removed.block_hashes" must be an array')
+        this.pos++
+        let n = 0
+        for (;;) {
+          this.ws()
+          if (this.peek() === C_RBRACKET) {
+            this.pos++
+            break
+          }
+          if (n > 0) {
+            this.expect(C_COMMA, 'removed.block_hashes')
+            this.ws()
+          }
+          out.ensure(n + 1)
+          this.u64('block_hashes[]')
+          out.blockLo[n] = this.numLo
+          out.blockHi[n] = this.numHi
+          n++
+        }
+        out.count = n
+        saw = true
+      } else {
+        this.skipValue(0)
+      }
+    }
+    if (!saw) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', 'field "removed.block_hashes" is missing')
+  }
+
+  // --- tokens ------------------------------------------------------------------------------
+
+  /** Unsigned integer up to 2^64-1, as a JSON integer or a decimal string, into numLo/numHi. */
+  private u64(field: string): void {
+    this.ws()
+    const buf = this.buf
+    let quoted = false
+    if (this.peek() === C_QUOTE) {
+      quoted = true
+      this.pos++
+    }
+    const start = this.pos
+    let c = this.pos < this.end ? (buf[this.pos] as number) : -1
+    if (c === C_MINUS) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', `field "${field}" must not be negative`)
+    if (c < C_ZERO || c > C_NINE) {
+      if (!quoted && (c === 0x6e || c === 0x74 || c === 0x66 || c === C_LBRACE || c === C_LBRACKET)) {
+        throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', `field "${field}" must be an unsigned integer`)
+      }
+      if (quoted || c === C_QUOTE) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', `field "${field}" must be a decimal integer string`)
+      throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', `expected a number for "${field}"`)
+    }
+    let lo = 0
+    let hi = 0
+    while (this.pos < this.end) {
+      c = buf[this.pos] as number
+      if (c < C_ZERO || c > C_NINE) break
+      const l = lo * 10 + (c - C_ZERO)
+      const carry = Math.floor(l / TWO32)
+      lo = l - carry * TWO32
+      hi = hi * 10 + carry
+      if (hi >= TWO32) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', `field "${field}" exceeds 2^64-1`)
+      this.pos++
+    }
+    if (this.pos - start > 1 && buf[start] === C_ZERO) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', `field "${field}" has a leading zero`)
+    if (this.pos < this.end) {
+      c = buf[this.pos] as number
+      if (c === 0x2e || c === 0x65 || c === 0x45) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', `field "${field}" must be an integer`)
+    }
+    if (quoted) {
+      if (this.peek() !== C_QUOTE) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', `field "${field}" must be a decimal integer string`)
+      this.pos++
+    }
+    this.numLo = lo
+    this.numHi = hi
+  }
+
+  /** Reads a JSON string into keyStart/keyEnd (raw bytes) or keyEscaped (decoded, when escaped). */
+  private stringToken(field: string): void {
+    if (this.peek() !== C_QUOTE) throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', `field "${field}" must be a string`)
+    this.pos++
+    const start = this.pos
+    const buf = this.buf
+    let escaped = false
+    while (this.pos < this.end) {
+      const c = buf[this.pos] as number
+      if (c === C_QUOTE) break
+      if (c === C_BACKSLASH) {
+        escaped = true
+        this.pos += 2
+        continue
+      }
+      if (c < 0x20) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'control character in string')
+      this.pos++
+    }
+    if (this.pos >= this.end) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'unterminated string')
+    this.keyStart = start
+    this.keyEnd = this.pos
+    this.pos++
+    this.keyEscaped = null
+    if (escaped) {
+      try {
+        this.keyEscaped = JSON.parse(textDecoder.decode(buf.subarray(start - 1, this.pos))) as string
+      } catch {
+        throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'invalid escape in string')
+      }
+    }
+  }
+
+  /** Advances to the next key of an object whose `{` was consumed; false at `}`. */
+  private nextKey(first: boolean): boolean {
+    this.ws()
+    const c = this.peek()
+    if (c === C_RBRACE) {
+      this.pos++
+      return false
+    }
+    if (!first) {
+      if (c !== C_COMMA) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'expected "," or "}" in object')
+      this.pos++
+      this.ws()
+    }
+    if (this.peek() !== C_QUOTE) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'expected an object key')
+    this.stringToken('key')
+    this.ws()
+    this.expect(C_COLON, 'object')
+    return true
+  }
+
+  private keyIs(k: Uint8Array): boolean {
+    if (this.keyEscaped !== null) return this.keyEscaped === textDecoder.decode(k)
+    const len = this.keyEnd - this.keyStart
+    if (len !== k.length) return false
+    const buf = this.buf
+    for (let i = 0; i < len; i++) if (buf[this.keyStart + i] !== k[i]) return false
+    return true
+  }
+
+  private keyText(): string {
+    return this.keyEscaped ?? textDecoder.decode(this.buf.subarray(this.keyStart, this.keyEnd))
+  }
+
+  private expectObjectStart(what: string): void {
+    this.ws()
+    if (this.peek() !== C_LBRACE) {
+      if (this.pos >= this.end) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', `truncated input: expected ${what} object`)
+      throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', `${what} must be a JSON object`)
+    }
+    this.pos++
+  }
+
+  private isNull(): boolean {
+    const b = this.buf
+    const p = this.pos
+    if (p + 4 <= this.end && b[p] === 0x6e && b[p + 1] === 0x75 && b[p + 2] === 0x6c && b[p + 3] === 0x6c) {
+      this.pos += 4
+      return true
+    }
+    return false
+  }
+
+  /** Skips (and checks) any JSON value. */
+  private skipValue(depth: number): void {
+    if (depth > MAX_DEPTH) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'nesting too deep')
+    this.ws()
+    const c = this.peek()
+    const buf = this.buf
+    if (c === C_LBRACE) {
+      this.pos++
+      let first = true
+      while (this.nextKey(first)) {
+        first = false
+        this.skipValue(depth + 1)
+      }
+      return
+    }
+    if (c === C_LBRACKET) {
+      this.pos++
+      let first = true
+      for (;;) {
+        this.ws()
+        if (this.peek() === C_RBRACKET) {
+          this.pos++
+          return
+        }
+        if (!first) {
+          this.expect(C_COMMA, 'array')
+        }
+        first = false
+        this.skipValue(depth + 1)
+      }
+    }
+    if (c === C_QUOTE) {
+      this.stringToken('value')
+      return
+    }
+    if (c === C_MINUS || (c >= C_ZERO && c <= C_NINE)) {
+      this.pos++
+      while (this.pos < this.end) {
+        const d = buf[this.pos] as number
+        if ((d >= C_ZERO && d <= C_NINE) || d === 0x2e || d === 0x65 || d === 0x45 || d === 0x2b || d === C_MINUS) this.pos++
+        else break
+      }
+      return
+    }
+    if (this.literal('true') || this.literal('false') || this.isNull()) return
+    if (this.pos >= this.end) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'truncated input')
+    throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'unexpected character')
+  }
+
+  private literal(word: string): boolean {
+    if (this.pos + word.length > this.end) return false
+    for (let i = 0; i < word.length; i++) if (this.buf[this.pos + i] !== word.charCodeAt(i)) return false
+    this.pos += word.length
+    return true
+  }
+
+  private ws(): void {
+    const buf = this.buf
+    while (this.pos < this.end) {
+      const c = buf[this.pos] as number
+      if (c === 0x20 || c === 0x0a || c === 0x0d || c === 0x09) this.pos++
+      else break
+    }
+  }
+
+  private peek(): number {
+    return this.pos < this.end ? (this.buf[this.pos] as number) : -1
+  }
+
+  private expect(ch: number, where: string): void {
+    if (this.peek() !== ch) {
+      if (this.pos >= this.end) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', `truncated input in ${where}`)
+      throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', `expected "${String.fromCharCode(ch)}" in ${where}`)
+    }
+    this.pos++
+  }
+
+  private fail(code: ErrorCode, message: string): KvrError {
+    return new KvrError(code, `${message} (at byte ${this.pos})`)
+  }
+}

@@ -1,0 +1,150 @@
+import t from 'tap'
+import { parseRouterEvent, encodeRouterEvent, encodeEnvelope, toDecoded, type RouterEvent } from '../src/shared/events.js'
+import { EventDecoder, EventKind } from '../src/shared/event-decoder.js'
+import { KvrError } from '../src/shared/errors.js'
+
+const example = '{"worker_id":7,"event":{"event_id":12,"data":{"stored":{"parent_hash":null,"blocks":[{"block_hash":2,"tokens_hash":3,"mm_extra_info":null}]}},"dp_rank":0}}'
+
+t.test('the spec example decodes', async (t) => {
+  const ev = parseRouterEvent(example)
+  t.same(ev, {
+    worker_id: 7n,
+    event: { event_id: 12n, dp_rank: 0, data: { stored: { parent_hash: null, blocks: [{ block_hash: 2n, tokens_hash: 3n }] } } },
+  })
+  t.equal(encodeRouterEvent(ev), example, 'and encodes back to the same bytes')
+})
+
+t.test('u64 values above 2^53 are exact, as integers and as decimal strings', async (t) => {
+  const big = 18446744073709551615n
+  const near = 9007199254740993n // 2^53 + 1: a double would round it
+  const text = `{"worker_id":${big},"event":{"event_id":"${near}","data":{"stored":{"parent_hash":"${near}","blocks":[{"block_hash":${near},"tokens_hash":"${big}"}]}},"dp_rank":3}}`
+  const ev = parseRouterEvent(text)
+  t.equal(ev.worker_id, big)
+  t.equal(ev.event.event_id, near)
+  t.equal(ev.event.dp_rank, 3)
+  const s = ev.event.data as { stored: { parent_hash: bigint; blocks: { block_hash: bigint; tokens_hash: bigint }[] } }
+  t.equal(s.stored.parent_hash, near)
+  t.equal(s.stored.blocks[0]?.block_hash, near)
+  t.equal(s.stored.blocks[0]?.tokens_hash, big)
+  t.match(encodeRouterEvent(ev), /"worker_id":18446744073709551615,/, 'written as an exact JSON integer')
+})
+
+t.test('removed and cleared variants, dp_rank default, key order and unknown keys', async (t) => {
+  const removed = parseRouterEvent('{"event":{"dp_rank":1,"data":{"removed":{"block_hashes":[1,2,18446744073709551614]}},"event_id":5},"worker_id":9,"extra":{"x":[1,2,{"y":null}]}}')
+  t.same(removed.event.data, { removed: { block_hashes: [1n, 2n, 18446744073709551614n] } })
+  t.equal(removed.event.dp_rank, 1)
+  const cleared = parseRouterEvent(' {"worker_id":1,"event":{"event_id":0,"data":"cleared"}} ')
+  t.equal(cleared.event.data, 'cleared')
+  t.equal(cleared.event.dp_rank, 0, 'dp_rank defaults to 0')
+  const cleared2 = parseRouterEvent('{"worker_id":1,"event":{"event_id":0,"data":{"cleared":null}}}')
+  t.equal(cleared2.event.data, 'cleared')
+  const era = parseRouterEvent('{"worker_id":1,"storage_tier":"host_pinned","event":{"event_id":0,"data":{"stored":{"parent_hash":null,"start_position":4,"blocks":[{"block_hash":1,"tokens_hash":2,"mm_extra_info":{"mm_objects":[{"mm_hash":42,"offsets":[[0,3]]}]}}]}}}}')
+  t.equal(era.storage_tier, 'host_pinned', 'Era C storage tier is kept')
+  const escaped = parseRouterEvent('{"worker\\u005fid":4,"event":{"event_id":1,"data":"cleared"}}')
+  t.equal(escaped.worker_id, 4n, 'escaped keys are understood')
+})
+
+t.test('the event-plane envelope: payload as JSON byte values, or as an object', async (t) => {
+  const inner: RouterEvent = { worker_id: 2n ** 60n + 3n, event: { event_id: 44n, dp_rank: 2, data: { removed: { block_hashes: [2n ** 63n] } } } }
+  const env = encodeEnvelope({ publisher_id: 2n ** 62n, sequence: 17n, published_at: 1700000000000n, payload: inner })
+  t.match(env, /"payload":\[123,34,/)
+  t.same(parseRouterEvent(env), inner)
+  const d = new EventDecoder().decodeString(env)
+  t.ok(d.hasEnvelope)
+  t.equal(d.sequenceLo, 17)
+  t.equal(d.publisherHi, 2 ** 30)
+  const asObject = `{"publisher_id":1,"sequence":0,"published_at":5,"payload":${encodeRouterEvent(inner)}}`
+  t.same(parseRouterEvent(asObject), inner)
+})
+
+t.test('decoded events match toDecoded() of the same object', async (t) => {
+  const ev: RouterEvent = { worker_id: 5n, event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: 77n, blocks: [{ block_hash: 1n, tokens_hash: 2n }, { block_hash: 3n, tokens_hash: 4n }] } } } }
+  const a = new EventDecoder().decodeString(encodeRouterEvent(ev))
+  const b = toDecoded(ev)
+  t.equal(a.kind, EventKind.Stored)
+  for (const k of ['workerLo', 'workerHi', 'eventIdLo', 'dpRank', 'kind', 'hasParent', 'parentLo', 'count'] as const) t.equal(a[k], b[k], k)
+  t.same([...a.blockLo.subarray(0, 2)], [...b.blockLo.subarray(0, 2)])
+  t.same([...a.tokensLo.subarray(0, 2)], [...b.tokensLo.subarray(0, 2)])
+})
+
+t.test('many blocks grow the decoder buffers', async (t) => {
+  const blocks = Array.from({ length: 500 }, (_, i) => ({ block_hash: BigInt(i) * 2n ** 40n, tokens_hash: BigInt(i) }))
+  const ev: RouterEvent = { worker_id: 1n, event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: null, blocks } } } }
+  t.same(parseRouterEvent(encodeRouterEvent(ev)), ev)
+})
+
+t.test('malformed input: each case is a typed KvrError, never an uncaught exception', async (t) => {
+  const ok = (rest: string): string => `{"worker_id":1,"event":{"event_id":1,"data":${rest}}}`
+  const cases: [string, string, RegExp][] = [
+    ['', 'KVR_ERR_EVENT_MALFORMED_JSON', /empty/],
+    [example.slice(0, 40), 'KVR_ERR_EVENT_MALFORMED_JSON', /truncated|unterminated|expected/],
+    [example.slice(0, -1), 'KVR_ERR_EVENT_MALFORMED_JSON', /truncated|expected/],
+    [example + 'x', 'KVR_ERR_EVENT_MALFORMED_JSON', /after the event/],
+    ['[1,2]', 'KVR_ERR_EVENT_WRONG_TYPE', /object/],
+    ['{"worker_id":-1,"event":{"event_id":1,"data":"cleared"}}', 'KVR_ERR_EVENT_INVALID_NUMBER', /negative/],
+    ['{"worker_id":18446744073709551616,"event":{"event_id":1,"data":"cleared"}}', 'KVR_ERR_EVENT_INVALID_NUMBER', /exceeds/],
+    ['{"worker_id":1.5,"event":{"event_id":1,"data":"cleared"}}', 'KVR_ERR_EVENT_INVALID_NUMBER', /integer/],
+    ['{"worker_id":1e3,"event":{"event_id":1,"data":"cleared"}}', 'KVR_ERR_EVENT_INVALID_NUMBER', /integer/],
+    ['{"worker_id":01,"event":{"event_id":1,"data":"cleared"}}', 'KVR_ERR_EVENT_INVALID_NUMBER', /leading zero/],
+    ['{"worker_id":"12a","event":{"event_id":1,"data":"cleared"}}', 'KVR_ERR_EVENT_INVALID_NUMBER', /decimal/],
+    ['{"worker_id":"","event":{"event_id":1,"data":"cleared"}}', 'KVR_ERR_EVENT_INVALID_NUMBER', /decimal/],
+    ['{"worker_id":true,"event":{"event_id":1,"data":"cleared"}}', 'KVR_ERR_EVENT_WRONG_TYPE', /worker_id/],
+    ['{"worker_id":[1],"event":{"event_id":1,"data":"cleared"}}', 'KVR_ERR_EVENT_WRONG_TYPE', /worker_id/],
+    ['{"event":{"event_id":1,"data":"cleared"}}', 'KVR_ERR_EVENT_MISSING_FIELD', /worker_id/],
+    ['{"worker_id":1}', 'KVR_ERR_EVENT_MISSING_FIELD', /"event"/],
+    ['{"worker_id":1,"event":{"data":"cleared"}}', 'KVR_ERR_EVENT_MISSING_FIELD', /event_id/],
+    ['{"worker_id":1,"event":{"event_id":1}}', 'KVR_ERR_EVENT_MISSING_FIELD', /event.data/],
+    ['{"worker_id":1,"event":5}', 'KVR_ERR_EVENT_WRONG_TYPE', /object/],
+    [ok('"flushed"'), 'KVR_ERR_EVENT_UNKNOWN_VARIANT', /flushed/],
+    [ok('{"evicted":{}}'), 'KVR_ERR_EVENT_UNKNOWN_VARIANT', /evicted/],
+    [ok('{}'), 'KVR_ERR_EVENT_UNKNOWN_VARIANT', /no variant/],
+    [ok('{"removed":{"block_hashes":[1]},"cleared":null}'), 'KVR_ERR_EVENT_UNKNOWN_VARIANT', /exactly one/],
+    [ok('7'), 'KVR_ERR_EVENT_WRONG_TYPE', /event.data/],
+    [ok('{"stored":{"parent_hash":null}}'), 'KVR_ERR_EVENT_MISSING_FIELD', /blocks/],
+    [ok('{"stored":{"blocks":{}}}'), 'KVR_ERR_EVENT_WRONG_TYPE', /array/],
+    [ok('{"stored":{"blocks":[{"block_hash":1}]}}'), 'KVR_ERR_EVENT_MISSING_FIELD', /tokens_hash/],
+    [ok('{"stored":{"blocks":[{"tokens_hash":1}]}}'), 'KVR_ERR_EVENT_MISSING_FIELD', /block_hash/],
+    [ok('{"stored":{"blocks":[{"block_hash":null,"tokens_hash":1}]}}'), 'KVR_ERR_EVENT_WRONG_TYPE', /block_hash/],
+    [ok('{"stored":{"blocks":[{"block_hash":1,"tokens_hash":1} {"block_hash":2,"tokens_hash":2}]}}'), 'KVR_ERR_EVENT_MALFORMED_JSON', /stored.blocks/],
+    [ok('{"removed":{}}'), 'KVR_ERR_EVENT_MISSING_FIELD', /block_hashes/],
+    [ok('{"removed":{"block_hashes":"1"}}'), 'KVR_ERR_EVENT_WRONG_TYPE', /array/],
+    [ok('{"removed":{"block_hashes":[1,-2]}}'), 'KVR_ERR_EVENT_INVALID_NUMBER', /negative/],
+    ['{"worker_id":1,"event":{"event_id":1,"dp_rank":4294967296,"data":"cleared"}}', 'KVR_ERR_EVENT_INVALID_NUMBER', /dp_rank/],
+    ['{"worker_id":1,"storage_tier":"tape","event":{"event_id":1,"data":"cleared"}}', 'KVR_ERR_EVENT_UNKNOWN_VARIANT', /tape/],
+    ['{"publisher_id":1,"sequence":1,"payload":[123,34]}', 'KVR_ERR_EVENT_MALFORMED_JSON', /payload/],
+    ['{"publisher_id":1,"sequence":1,"payload":[300]}', 'KVR_ERR_EVENT_INVALID_NUMBER', /255/],
+    ['{"publisher_id":1,"sequence":1,"payload":"eyJ9"}', 'KVR_ERR_EVENT_WRONG_TYPE', /payload/],
+    ['{"sequence":1,"published_at":1,"payload":{"worker_id":1,"event":{"event_id":1,"data":"cleared"}}}', 'KVR_ERR_EVENT_MISSING_FIELD', /publisher_id/],
+    ['{"worker_id":1,"payload":{"worker_id":1,"event":{"event_id":1,"data":"cleared"}},"publisher_id":1,"sequence":1}', 'KVR_ERR_EVENT_WRONG_TYPE', /envelope/],
+    ['{"worker_id":1,"event":{"event_id":1,"data":"cleared"},"x":"a\u0001"}', 'KVR_ERR_EVENT_MALFORMED_JSON', /control/],
+    ['{"worker_id":1,"event":{"event_id":1,"data":"cleared"},"x":' + '['.repeat(100) + ']'.repeat(100) + '}', 'KVR_ERR_EVENT_MALFORMED_JSON', /deep/],
+    ['{"worker_id":1 "event":{}}', 'KVR_ERR_EVENT_MALFORMED_JSON', /","/],
+    ['{worker_id:1}', 'KVR_ERR_EVENT_MALFORMED_JSON', /key/],
+    ['{"worker_id":1,"event":{"event_id":1,"data":"cleared"},"x":tru}', 'KVR_ERR_EVENT_MALFORMED_JSON', /unexpected/],
+  ]
+  for (const [input, code, msg] of cases) {
+    let err: unknown
+    try {
+      parseRouterEvent(input)
+    } catch (e) {
+      err = e
+    }
+    t.ok(err instanceof KvrError, `KvrError for ${JSON.stringify(input.slice(0, 60))}`)
+    t.equal((err as KvrError).code, code, `${code} for ${JSON.stringify(input.slice(0, 60))}`)
+    t.match((err as KvrError).message, msg)
+  }
+})
+
+t.test('a decoder keeps working after an error', async (t) => {
+  const d = new EventDecoder()
+  t.throws(() => d.decodeString('{"worker_id":'))
+  t.equal(d.decodeString(example).workerLo, 7)
+})
+
+t.test('encoding refuses values that are not u64', async (t) => {
+  const bad = { worker_id: -1n, event: { event_id: 1n, dp_rank: 0, data: 'cleared' } } as RouterEvent
+  t.throws(() => encodeRouterEvent(bad), { code: 'KVR_ERR_EVENT_INVALID_NUMBER' })
+  const bad2 = { worker_id: 1n, event: { event_id: 1n, dp_rank: -1, data: 'cleared' } } as RouterEvent
+  t.throws(() => encodeRouterEvent(bad2), { code: 'KVR_ERR_EVENT_INVALID_NUMBER' })
+  t.throws(() => toDecoded({ worker_id: 2n ** 64n, event: { event_id: 1n, dp_rank: 0, data: 'cleared' } }), { code: 'KVR_ERR_EVENT_INVALID_NUMBER' })
+})

@@ -1,6 +1,6 @@
 // Random event streams applied to the typed-array index and to the naive model must give the same
 // answers at every step; dumps must replay to the same answers. Seeded, so failures reproduce.
-import t from 'tap'
+import t, { type Test } from 'tap'
 import { KvIndex, REJECT_REASON_NAMES } from '../src/shared/kv-index.js'
 import { toDecoded, type RouterEvent } from '../src/shared/events.js'
 import { ModelIndex } from './helpers/model-index.js'
@@ -77,7 +77,7 @@ function randomQuery(r: Rng): bigint[] {
   return q
 }
 
-function compare(t: Tap.Test, ix: KvIndex, model: ModelIndex, r: Rng, where: string, ignoreEmpty = false): boolean {
+function compare(t: Test, ix: KvIndex, model: ModelIndex, r: Rng, where: string, ignoreEmpty = false): boolean {
   for (let k = 0; k < 6; k++) {
     const q = randomQuery(r)
     for (const early of [false, true]) {

@@ -25,6 +25,7 @@
 import { EventKind, type DecodedEvent } from './event-decoder.js'
 import type { RouterEvent, StoredBlock } from './events.js'
 import { u64FromParts } from './u64.js'
+import { MAX_SLOT, SlotTable } from './slot-table.js'
 
 export const RejectReason = {
   ParentBlockNotFound: 0,
@@ -57,9 +58,29 @@ export interface OverlapScore {
 }
 
 export const MAX_WORKER_RANKS = 0xfffe
+/** Entries and nodes are named by 26-bit slots in the hash tables. */
+export const MAX_BLOCKS = MAX_SLOT - 2
 const NO_WORKER = 0xffff
 const NIL = -1
 const ROOT = 0
+
+// Node and entry records are laid out as structs inside one Int32Array each, so a hash-chain
+// probe touches one cache line instead of one per field. u32 values are stored as int32 bits.
+// A free node links the free list through N_FIRST, a free entry through E_NEXT.
+const NS = 7
+const N_PARENT = 0
+const N_PGEN = 1
+const N_GEN = 2
+const N_TLO = 3
+const N_THI = 4
+const N_COUNT = 5
+const N_FIRST = 6
+const ES = 5
+const E_W = 0
+const E_NODE = 1
+const E_LO = 2
+const E_HI = 3
+const E_NEXT = 4
 
 function mix3(a: number, b: number, c: number): number {
   let h = Math.imul(a ^ 0x9e3779b9, 0x85ebca6b)
@@ -80,12 +101,6 @@ function growI32(a: Int32Array, n: number, fill: number): Int32Array<ArrayBuffer
 function growU32(a: Uint32Array, n: number): Uint32Array<ArrayBuffer> {
   const b = new Uint32Array(n)
   b.set(a)
-  return b
-}
-function growU16(a: Uint16Array, n: number, fill: number): Uint16Array<ArrayBuffer> {
-  const b = new Uint16Array(n)
-  b.set(a)
-  b.fill(fill, a.length)
   return b
 }
 
@@ -112,67 +127,39 @@ export class KvIndex {
   private wHigh = 0
   private wFree: number[] = []
 
-  // --- nodes ---
-  private nParent: Int32Array
-  private nParentGen: Uint32Array
-  private nGen: Uint32Array
-  private nTokLo: Uint32Array
-  private nTokHi: Uint32Array
-  private nCount: Uint16Array
-  private nFirst: Int32Array
-  private nChain: Int32Array
+  // --- nodes: NS int32 words each, see N_* ---
+  private N: Int32Array<ArrayBuffer>
+  private nCap: number
   private nHigh = 1
   private nFreeHead = NIL
-  private childBuckets: Int32Array
-  private childMask: number
+  private children = new SlotTable()
 
-  // --- entries ---
-  private eWorker: Uint16Array
-  private eNode: Int32Array
-  private eBhLo: Uint32Array
-  private eBhHi: Uint32Array
-  private eChain: Int32Array
-  private eNext: Int32Array
+  // --- entries: ES int32 words each, see E_* ---
+  private E: Int32Array<ArrayBuffer>
+  private eCap: number
   private eHigh = 0
   private eFreeHead = NIL
-  private lookupBuckets: Int32Array
-  private lookupMask: number
+  private lookup = new SlotTable()
 
   // --- query scratch ---
   private seen = new Uint32Array(16)
-  private mark = new Uint32Array(16)
   private depthOf = new Uint32Array(16)
   private stamp = 0
-  private markStamp = 0
+  private setNodes = new Int32Array(64)
+  private setDepths = new Int32Array(64)
   /** Worker-rank slots matched by the last findMatches, in discovery order. */
   matchWorkers = new Int32Array(16)
   matchCount = 0
 
   constructor(options: KvIndexOptions = {}) {
-    this.maxBlocks = options.maxBlocks ?? Number.MAX_SAFE_INTEGER
+    this.maxBlocks = Math.min(options.maxBlocks ?? MAX_BLOCKS, MAX_BLOCKS)
     const cap = Math.max(16, Math.min(options.initialBlocks ?? 1024, this.maxBlocks + 1))
-    this.nParent = new Int32Array(cap).fill(NIL)
-    this.nParentGen = new Uint32Array(cap)
-    this.nGen = new Uint32Array(cap)
-    this.nTokLo = new Uint32Array(cap)
-    this.nTokHi = new Uint32Array(cap)
-    this.nCount = new Uint16Array(cap)
-    this.nFirst = new Int32Array(cap).fill(NIL)
-    this.nChain = new Int32Array(cap).fill(NIL)
-    this.eWorker = new Uint16Array(cap).fill(NO_WORKER)
-    this.eNode = new Int32Array(cap).fill(NIL)
-    this.eBhLo = new Uint32Array(cap)
-    this.eBhHi = new Uint32Array(cap)
-    this.eChain = new Int32Array(cap).fill(NIL)
-    this.eNext = new Int32Array(cap).fill(NIL)
-    let b = 16
-    while (b * 2 < cap) b *= 2
-    this.childBuckets = new Int32Array(b).fill(NIL)
-    this.childMask = b - 1
-    this.lookupBuckets = new Int32Array(b).fill(NIL)
-    this.lookupMask = b - 1
+    this.nCap = cap
+    this.N = new Int32Array(cap * NS)
+    this.eCap = cap
+    this.E = new Int32Array(cap * ES)
     // The root holds every worker implicitly and is never freed.
-    this.nCount[ROOT] = 0
+    this.N[ROOT * NS + N_COUNT] = 0
   }
 
   // ------------------------------------------------------------------------------------------
@@ -233,7 +220,6 @@ export class KvIndex {
     live.set(this.wLive)
     this.wLive = live
     this.seen = growU32(this.seen, n)
-    this.mark = growU32(this.mark, n)
     this.depthOf = growU32(this.depthOf, n)
     this.matchWorkers = growI32(this.matchWorkers, n, 0)
   }
@@ -294,9 +280,10 @@ export class KvIndex {
     if (ev.hasParent) {
       const pe = this.findEntry(w, ev.parentLo, ev.parentHi)
       if (pe === NIL) return this.reject(RejectReason.ParentBlockNotFound)
-      cur = this.eNode[pe] as number
+      cur = this.E[pe * ES + E_NODE] as number
     }
     const n = ev.count
+    let fresh = false
     for (let i = 0; i < n; i++) {
       const tokLo = ev.tokensLo[i] as number
       const tokHi = ev.tokensHi[i] as number
@@ -304,25 +291,28 @@ export class KvIndex {
       const bhHi = ev.blockHi[i] as number
       const e = this.findEntry(w, bhLo, bhHi)
       // A hash the worker already holds at cur or above it would make the chain a cycle.
-      if (e !== NIL && this.isAncestorOrSelf(this.eNode[e] as number, cur)) return this.reject(RejectReason.InvalidBlock)
-      let node = this.findChild(cur, tokLo, tokHi)
+      if (e !== NIL && this.isAncestorOrSelf(this.E[e * ES + E_NODE] as number, cur)) return this.reject(RejectReason.InvalidBlock)
+      // A node made by this event has no children yet: skip the probe.
+      let node = fresh ? NIL : this.findChild(cur, tokLo, tokHi)
+      fresh = false
       if (node === NIL) {
-        if (e !== NIL && !this.isAttached(this.eNode[e] as number)) {
-          node = this.eNode[e] as number
+        if (e !== NIL && !this.isAttached(this.E[e * ES + E_NODE] as number)) {
+          node = this.E[e * ES + E_NODE] as number
           this.relink(node, cur, tokLo, tokHi)
         } else {
           node = this.newNode(cur, tokLo, tokHi)
+          fresh = true
         }
       }
       if (e !== NIL) {
-        if (this.eNode[e] === node) {
+        if (this.E[e * ES + E_NODE] === node) {
           cur = node
           continue
         }
         // The worker's hash named a node elsewhere in the tree: it now names this one.
         this.removeEntry(e)
       } else if (this.liveEntries >= this.maxBlocks) {
-        if (this.nCount[node] === 0) this.freeNode(node)
+        if (this.N[node * NS + N_COUNT] === 0) this.freeNode(node)
         return this.reject(RejectReason.Capacity)
       }
       this.addEntry(w, node, bhLo, bhHi)
@@ -361,7 +351,7 @@ export class KvIndex {
     let pending = 0
     for (const w of ranks) pending += this.wSize[w] as number
     for (let e = 0; e < this.eHigh && pending > 0; e++) {
-      const ew = this.eWorker[e] as number
+      const ew = this.E[e * ES + E_W] as number
       if (ew === NO_WORKER) continue
       if (this.wIdLo[ew] === idLo && this.wIdHi[ew] === idHi && this.wLive[ew] === 1) {
         this.removeEntry(e)
@@ -389,24 +379,28 @@ export class KvIndex {
     if (n === 0) return 0
     let cur = this.findChild(ROOT, lo[0] as number, hi[0] as number)
     if (cur === NIL) return 0
-    const stamp = this.nextStamp()
-    let activeNode = cur
-    let activeCount = this.nCount[cur] as number
+    const N = this.N
+    // Walk down, remembering only where the active set shrank (spec §3.3 step 4: the active
+    // set becomes the child's worker set). Scoring happens afterwards, see below.
+    if (this.setNodes.length < n + 1) {
+      this.setNodes = new Int32Array(n + 1)
+      this.setDepths = new Int32Array(n + 1)
+    }
+    const setNodes = this.setNodes
+    const setDepths = this.setDepths
+    let sets = 1
+    setNodes[0] = cur
+    let activeCount = N[cur * NS + N_COUNT] as number
     let depth = 1
     if (!(earlyExit && activeCount === 1)) {
       for (let i = 1; i < n; i++) {
         const child = this.findChild(cur, lo[i] as number, hi[i] as number)
         if (child === NIL) break
-        const cc = this.nCount[child] as number
+        const cc = N[child * NS + N_COUNT] as number
         if (cc < activeCount) {
-          // Workers of the active set missing from the child stop at depth i.
-          const m = this.nextMarkStamp()
-          for (let e = this.nFirst[child] as number; e !== NIL; e = this.eNext[e] as number) this.mark[this.eWorker[e] as number] = m
-          for (let e = this.nFirst[activeNode] as number; e !== NIL; e = this.eNext[e] as number) {
-            const w = this.eWorker[e] as number
-            if (this.mark[w] !== m) this.score(w, i, stamp)
-          }
-          activeNode = child
+          setNodes[sets] = child
+          setDepths[sets] = i
+          sets++
           activeCount = cc
         }
         cur = child
@@ -414,8 +408,28 @@ export class KvIndex {
         if (earlyExit && activeCount === 1) break
       }
     }
-    for (let e = this.nFirst[activeNode] as number; e !== NIL; e = this.eNext[e] as number) this.score(this.eWorker[e] as number, depth, stamp)
-    return this.matchCount
+    // The reference scores a worker each time it leaves the active set and keeps the last
+    // score. Going through the sets from the last one back, first score wins: the same answer,
+    // and each worker list is read once instead of twice.
+    const stamp = this.nextStamp()
+    const E = this.E
+    const seen = this.seen
+    const depthOf = this.depthOf
+    const out = this.matchWorkers
+    let m = 0
+    for (let j = sets - 1; j >= 0; j--) {
+      const d = j === sets - 1 ? depth : (setDepths[j + 1] as number)
+      for (let e = N[(setNodes[j] as number) * NS + N_FIRST] as number; e !== NIL; e = E[e * ES + E_NEXT] as number) {
+        const w = E[e * ES + E_W] as number
+        if (seen[w] !== stamp) {
+          seen[w] = stamp
+          depthOf[w] = d
+          out[m++] = w
+        }
+      }
+    }
+    this.matchCount = m
+    return m
   }
 
   /** findMatches over u64 local hashes, as objects: for tests, tools and the HTTP edge. */
@@ -452,14 +466,6 @@ export class KvIndex {
     return this.depthOf[w] as number
   }
 
-  private score(w: number, depth: number, stamp: number): void {
-    if (this.seen[w] !== stamp) {
-      this.seen[w] = stamp
-      this.matchWorkers[this.matchCount++] = w
-    }
-    this.depthOf[w] = depth
-  }
-
   private nextStamp(): number {
     this.stamp = (this.stamp + 1) >>> 0
     if (this.stamp === 0) {
@@ -469,31 +475,27 @@ export class KvIndex {
     return this.stamp
   }
 
-  private nextMarkStamp(): number {
-    this.markStamp = (this.markStamp + 1) >>> 0
-    if (this.markStamp === 0) {
-      this.mark.fill(0)
-      this.markStamp = 1
-    }
-    return this.markStamp
-  }
-
   // ------------------------------------------------------------------------------------------
   // children
 
-  private childBucket(parent: number, lo: number, hi: number): number {
-    return mix3(parent, lo, hi) & this.childMask
+  private childHash(parent: number, gen: number, lo: number, hi: number): number {
+    return mix3(parent ^ Math.imul(gen, 0x9e3779b1), lo, hi)
   }
 
   private isAttached(node: number): boolean {
-    const p = this.nParent[node] as number
-    return p !== NIL && this.nGen[p] === this.nParentGen[node]
+    const p = this.N[node * NS + N_PARENT] as number
+    return p !== NIL && this.N[p * NS + N_GEN] === this.N[node * NS + N_PGEN]
   }
 
   private findChild(parent: number, lo: number, hi: number): number {
-    const gen = this.nGen[parent] as number
-    for (let c = this.childBuckets[this.childBucket(parent, lo, hi)] as number; c !== NIL; c = this.nChain[c] as number) {
-      if (this.nTokLo[c] === lo && this.nTokHi[c] === hi && this.nParent[c] === parent && this.nParentGen[c] === gen) return c
+    lo |= 0
+    hi |= 0
+    const N = this.N
+    const gen = N[parent * NS + N_GEN] as number
+    const t = this.children
+    for (let c = t.first(this.childHash(parent, gen, lo, hi)); c !== NIL; c = t.next()) {
+      const b = c * NS
+      if (N[b + N_TLO] === lo && N[b + N_THI] === hi && N[b + N_PARENT] === parent && N[b + N_PGEN] === gen) return c
     }
     return NIL
   }
@@ -504,196 +506,172 @@ export class KvIndex {
     for (let steps = 0; x !== NIL && x !== ROOT; steps++) {
       if (x === node) return true
       if (!this.isAttached(x) || steps > this.nHigh) return false
-      x = this.nParent[x] as number
+      x = this.N[x * NS + N_PARENT] as number
     }
     return false
   }
 
   private unchainChild(node: number): void {
-    const b = this.childBucket(this.nParent[node] as number, this.nTokLo[node] as number, this.nTokHi[node] as number)
-    let c = this.childBuckets[b] as number
-    if (c === node) {
-      this.childBuckets[b] = this.nChain[node] as number
-      return
-    }
-    while (c !== NIL) {
-      const next = this.nChain[c] as number
-      if (next === node) {
-        this.nChain[c] = this.nChain[node] as number
-        return
-      }
-      c = next
-    }
+    const N = this.N
+    const b = node * NS
+    this.children.remove(this.childHash(N[b + N_PARENT] as number, N[b + N_PGEN] as number, N[b + N_TLO] as number, N[b + N_THI] as number), node)
   }
 
   private chainChild(node: number): void {
-    const b = this.childBucket(this.nParent[node] as number, this.nTokLo[node] as number, this.nTokHi[node] as number)
-    this.nChain[node] = this.childBuckets[b] as number
-    this.childBuckets[b] = node
+    const N = this.N
+    const b = node * NS
+    this.children.insert(this.childHash(N[b + N_PARENT] as number, N[b + N_PGEN] as number, N[b + N_TLO] as number, N[b + N_THI] as number), node)
+    if (this.children.needsRebuild) this.rebuildChildren()
+  }
+
+  private rebuildChildren(): void {
+    this.children.reset(this.liveNodes)
+    const N = this.N
+    for (let node = 1; node < this.nHigh; node++) {
+      const b = node * NS
+      if (N[b + N_PARENT] !== NIL) this.children.insert(this.childHash(N[b + N_PARENT] as number, N[b + N_PGEN] as number, N[b + N_TLO] as number, N[b + N_THI] as number), node)
+    }
   }
 
   private relink(node: number, parent: number, lo: number, hi: number): void {
     this.unchainChild(node)
-    this.nParent[node] = parent
-    this.nParentGen[node] = this.nGen[parent] as number
-    this.nTokLo[node] = lo
-    this.nTokHi[node] = hi
+    this.N[node * NS + N_PARENT] = parent
+    this.N[node * NS + N_PGEN] = this.N[parent * NS + N_GEN] as number
+    this.N[node * NS + N_TLO] = lo
+    this.N[node * NS + N_THI] = hi
     this.chainChild(node)
   }
 
   private newNode(parent: number, lo: number, hi: number): number {
     let node = this.nFreeHead
-    if (node !== NIL) this.nFreeHead = this.nChain[node] as number
+    if (node !== NIL) this.nFreeHead = this.N[node * NS + N_FIRST] as number
     else {
       node = this.nHigh++
-      if (node >= this.nParent.length) this.growNodes()
+      if (node >= this.nCap) this.growNodes()
     }
-    this.nParent[node] = parent
-    this.nParentGen[node] = this.nGen[parent] as number
-    this.nTokLo[node] = lo
-    this.nTokHi[node] = hi
-    this.nCount[node] = 0
-    this.nFirst[node] = NIL
+    const N = this.N
+    const b = node * NS
+    N[b + N_PARENT] = parent
+    N[b + N_PGEN] = N[parent * NS + N_GEN] as number
+    N[b + N_TLO] = lo
+    N[b + N_THI] = hi
+    N[b + N_COUNT] = 0
+    N[b + N_FIRST] = NIL
     this.liveNodes++
     this.chainChild(node)
-    if (this.liveNodes > this.childBuckets.length * 2) this.rehashChildren(this.childBuckets.length * 2)
     return node
   }
 
   private freeNode(node: number): void {
     this.unchainChild(node)
+    const N = this.N
+    const b = node * NS
     // Bumping the generation detaches every child at once (spec: clear node.children).
-    this.nGen[node] = ((this.nGen[node] as number) + 1) >>> 0
-    this.nParent[node] = NIL
-    this.nChain[node] = this.nFreeHead
+    N[b + N_GEN] = ((N[b + N_GEN] as number) + 1) | 0
+    N[b + N_PARENT] = NIL
+    N[b + N_FIRST] = this.nFreeHead
     this.nFreeHead = node
     this.liveNodes--
   }
 
   private growNodes(): void {
-    const n = Math.ceil(this.nParent.length * 1.5)
-    this.nParent = growI32(this.nParent, n, NIL)
-    this.nParentGen = growU32(this.nParentGen, n)
-    this.nGen = growU32(this.nGen, n)
-    this.nTokLo = growU32(this.nTokLo, n)
-    this.nTokHi = growU32(this.nTokHi, n)
-    this.nCount = growU16(this.nCount, n, 0)
-    this.nFirst = growI32(this.nFirst, n, NIL)
-    this.nChain = growI32(this.nChain, n, NIL)
-  }
-
-  private rehashChildren(size: number): void {
-    this.childBuckets = new Int32Array(size).fill(NIL)
-    this.childMask = size - 1
-    for (let node = 1; node < this.nHigh; node++) {
-      if (this.nParent[node] !== NIL) this.chainChild(node)
-    }
+    this.nCap = Math.min(Math.ceil(this.nCap * 1.5), MAX_SLOT + 1)
+    const n = new Int32Array(this.nCap * NS)
+    n.set(this.N)
+    this.N = n
   }
 
   // ------------------------------------------------------------------------------------------
   // entries
 
-  private lookupBucket(w: number, lo: number, hi: number): number {
-    return mix3(w, lo, hi) & this.lookupMask
-  }
-
   private findEntry(w: number, lo: number, hi: number): number {
-    for (let e = this.lookupBuckets[this.lookupBucket(w, lo, hi)] as number; e !== NIL; e = this.eChain[e] as number) {
-      if (this.eBhLo[e] === lo && this.eBhHi[e] === hi && this.eWorker[e] === w) return e
+    lo |= 0
+    hi |= 0
+    const E = this.E
+    const t = this.lookup
+    for (let e = t.first(mix3(w, lo, hi)); e !== NIL; e = t.next()) {
+      const b = e * ES
+      if (E[b + E_LO] === lo && E[b + E_HI] === hi && E[b + E_W] === w) return e
     }
     return NIL
   }
 
   private addEntry(w: number, node: number, lo: number, hi: number): void {
     let e = this.eFreeHead
-    if (e !== NIL) this.eFreeHead = this.eChain[e] as number
+    if (e !== NIL) this.eFreeHead = this.E[e * ES + E_NEXT] as number
     else {
       e = this.eHigh++
-      if (e >= this.eWorker.length) this.growEntries()
+      if (e >= this.eCap) this.growEntries()
     }
-    this.eWorker[e] = w
-    this.eNode[e] = node
-    this.eBhLo[e] = lo
-    this.eBhHi[e] = hi
-    if (!this.nodeHasWorker(node, w)) this.nCount[node] = (this.nCount[node] as number) + 1
-    this.eNext[e] = this.nFirst[node] as number
-    this.nFirst[node] = e
+    const E = this.E
+    const N = this.N
+    const b = e * ES
+    E[b + E_W] = w
+    E[b + E_NODE] = node
+    E[b + E_LO] = lo
+    E[b + E_HI] = hi
+    const nb = node * NS
+    if (!this.nodeHasWorker(node, w)) N[nb + N_COUNT] = (N[nb + N_COUNT] as number) + 1
+    E[b + E_NEXT] = N[nb + N_FIRST] as number
+    N[nb + N_FIRST] = e
     this.liveEntries++
     this.wSize[w] = (this.wSize[w] as number) + 1
-    if (this.liveEntries > this.lookupBuckets.length * 2) this.rehashLookup(this.lookupBuckets.length * 2)
-    else {
-      const b = this.lookupBucket(w, lo, hi)
-      this.eChain[e] = this.lookupBuckets[b] as number
-      this.lookupBuckets[b] = e
+    this.lookup.insert(mix3(w, lo, hi), e)
+    if (this.lookup.needsRebuild) this.rebuildLookup()
+  }
+
+  private rebuildLookup(): void {
+    this.lookup.reset(this.liveEntries)
+    const E = this.E
+    for (let e = 0; e < this.eHigh; e++) {
+      const b = e * ES
+      const w = E[b + E_W] as number
+      if (w !== NO_WORKER) this.lookup.insert(mix3(w, E[b + E_LO] as number, E[b + E_HI] as number), e)
     }
   }
 
   private nodeHasWorker(node: number, w: number): boolean {
-    for (let e = this.nFirst[node] as number; e !== NIL; e = this.eNext[e] as number) if (this.eWorker[e] === w) return true
+    const E = this.E
+    for (let e = this.N[node * NS + N_FIRST] as number; e !== NIL; e = E[e * ES + E_NEXT] as number) if (E[e * ES + E_W] === w) return true
     return false
   }
 
   /** Drops one entry; frees its node when it was the node's last worker. */
   private removeEntry(e: number): void {
-    const w = this.eWorker[e] as number
-    const node = this.eNode[e] as number
+    const E = this.E
+    const N = this.N
+    const b = e * ES
+    const w = E[b + E_W] as number
+    const node = E[b + E_NODE] as number
+    const nb = node * NS
     // unlink from the node's entry list, noting whether the worker stays through another hash
     let prev = NIL
     let still = false
-    for (let x = this.nFirst[node] as number; x !== NIL; x = this.eNext[x] as number) {
+    for (let x = N[nb + N_FIRST] as number; x !== NIL; x = E[x * ES + E_NEXT] as number) {
       if (x === e) {
-        if (prev === NIL) this.nFirst[node] = this.eNext[e] as number
-        else this.eNext[prev] = this.eNext[e] as number
+        if (prev === NIL) N[nb + N_FIRST] = E[b + E_NEXT] as number
+        else E[prev * ES + E_NEXT] = E[b + E_NEXT] as number
         continue
       }
-      if (this.eWorker[x] === w) still = true
+      if (E[x * ES + E_W] === w) still = true
       prev = x
     }
-    if (!still) this.nCount[node] = (this.nCount[node] as number) - 1
-    // unlink from the lookup chain
-    const b = this.lookupBucket(w, this.eBhLo[e] as number, this.eBhHi[e] as number)
-    let c = this.lookupBuckets[b] as number
-    if (c === e) this.lookupBuckets[b] = this.eChain[e] as number
-    else {
-      while (c !== NIL) {
-        const next = this.eChain[c] as number
-        if (next === e) {
-          this.eChain[c] = this.eChain[e] as number
-          break
-        }
-        c = next
-      }
-    }
-    this.eWorker[e] = NO_WORKER
-    this.eNode[e] = NIL
-    this.eNext[e] = NIL
-    this.eChain[e] = this.eFreeHead
+    if (!still) N[nb + N_COUNT] = (N[nb + N_COUNT] as number) - 1
+    this.lookup.remove(mix3(w, E[b + E_LO] as number, E[b + E_HI] as number), e)
+    E[b + E_W] = NO_WORKER
+    E[b + E_NODE] = NIL
+    E[b + E_NEXT] = this.eFreeHead
     this.eFreeHead = e
     this.liveEntries--
     this.wSize[w] = (this.wSize[w] as number) - 1
-    if (this.nCount[node] === 0) this.freeNode(node)
+    if (N[nb + N_COUNT] === 0) this.freeNode(node)
   }
 
   private growEntries(): void {
-    const n = Math.ceil(this.eWorker.length * 1.5)
-    this.eWorker = growU16(this.eWorker, n, NO_WORKER)
-    this.eNode = growI32(this.eNode, n, NIL)
-    this.eBhLo = growU32(this.eBhLo, n)
-    this.eBhHi = growU32(this.eBhHi, n)
-    this.eChain = growI32(this.eChain, n, NIL)
-    this.eNext = growI32(this.eNext, n, NIL)
-  }
-
-  private rehashLookup(size: number): void {
-    this.lookupBuckets = new Int32Array(size).fill(NIL)
-    this.lookupMask = size - 1
-    for (let e = 0; e < this.eHigh; e++) {
-      const w = this.eWorker[e] as number
-      if (w === NO_WORKER) continue
-      const b = this.lookupBucket(w, this.eBhLo[e] as number, this.eBhHi[e] as number)
-      this.eChain[e] = this.lookupBuckets[b] as number
-      this.lookupBuckets[b] = e
-    }
+    this.eCap = Math.min(Math.ceil(this.eCap * 1.5), MAX_SLOT + 1)
+    const e = new Int32Array(this.eCap * ES)
+    e.set(this.E)
+    this.E = e
   }
 
   // ------------------------------------------------------------------------------------------
@@ -712,9 +690,9 @@ export class KvIndex {
     const children = new Map<number, number[]>()
     const detachedTops: number[] = []
     for (let node = 1; node < this.nHigh; node++) {
-      if (this.nParent[node] === NIL) continue
+      if (this.N[node * NS + N_PARENT] === NIL) continue
       if (this.isAttached(node)) {
-        const p = this.nParent[node] as number
+        const p = this.N[node * NS + N_PARENT] as number
         const list = children.get(p)
         if (list === undefined) children.set(p, [node])
         else list.push(node)
@@ -732,12 +710,12 @@ export class KvIndex {
       }
     }
     const heldBh = (w: number, node: number): bigint | null => {
-      for (let e = this.nFirst[node] as number; e !== NIL; e = this.eNext[e] as number) {
-        if (this.eWorker[e] === w) return u64FromParts(this.eBhLo[e] as number, this.eBhHi[e] as number)
+      for (let e = this.N[node * NS + N_FIRST] as number; e !== NIL; e = this.E[e * ES + E_NEXT] as number) {
+        if (this.E[e * ES + E_W] === w) return u64FromParts(this.E[e * ES + E_LO] as number, this.E[e * ES + E_HI] as number)
       }
       return null
     }
-    const tok = (node: number): bigint => u64FromParts(this.nTokLo[node] as number, this.nTokHi[node] as number)
+    const tok = (node: number): bigint => u64FromParts(this.N[node * NS + N_TLO] as number, this.N[node * NS + N_THI] as number)
     let anchorCounter = 0
 
     const region = (top: number): void => {
@@ -751,8 +729,8 @@ export class KvIndex {
       const queue = top === ROOT ? [...(children.get(ROOT) ?? [])] : [top]
       for (let qi = 0; qi < queue.length; qi++) {
         const node = queue[qi] as number
-        for (let e = this.nFirst[node] as number; e !== NIL; e = this.eNext[e] as number) {
-          const w = this.eWorker[e] as number
+        for (let e = this.N[node * NS + N_FIRST] as number; e !== NIL; e = this.E[e * ES + E_NEXT] as number) {
+          const w = this.E[e * ES + E_W] as number
           const missing: number[] = []
           let parentHash: bigint | null = null
           let needAnchor = false
@@ -761,7 +739,7 @@ export class KvIndex {
               needAnchor = true
               break
             }
-            const p = this.nParent[x] as number
+            const p = this.N[x * NS + N_PARENT] as number
             if (p === ROOT) break
             const held = heldBh(w, p)
             if (held !== null) {
@@ -786,7 +764,7 @@ export class KvIndex {
             bridges.push(h)
             blocks.push({ block_hash: h, tokens_hash: tok(missing[i] as number) })
           }
-          blocks.push({ block_hash: u64FromParts(this.eBhLo[e] as number, this.eBhHi[e] as number), tokens_hash: tok(node) })
+          blocks.push({ block_hash: u64FromParts(this.E[e * ES + E_LO] as number, this.E[e * ES + E_HI] as number), tokens_hash: tok(node) })
           push(w, { stored: { parent_hash: parentHash, blocks } })
           if (bridges.length > 0) push(w, { removed: { block_hashes: bridges } })
         }
@@ -806,8 +784,7 @@ export class KvIndex {
 
   /** Bytes held by the index's typed arrays (what a cap on blocks bounds). */
   get bytes(): number {
-    let b = 0
-    for (const a of [this.nParent, this.nParentGen, this.nGen, this.nTokLo, this.nTokHi, this.nCount, this.nFirst, this.nChain, this.childBuckets, this.eWorker, this.eNode, this.eBhLo, this.eBhHi, this.eChain, this.eNext, this.lookupBuckets, this.wTable]) b += a.byteLength
+    const b = this.N.byteLength + this.E.byteLength + this.children.bytes + this.lookup.bytes + this.wTable.byteLength
     return b + this.wIdLo.length * 17
   }
 }

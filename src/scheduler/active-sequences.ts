@@ -14,6 +14,17 @@ export type TrackMode = typeof TRACK_NONE | typeof TRACK_SHARED | typeof TRACK_U
 
 const EMPTY = new Int32Array(0)
 
+export interface RequestInfo {
+  slot: number
+  isl: number
+  overlapBlocks: number
+  /** Prefill tokens still booked (0 once prefill completed or when not tracked). */
+  prefillTokens: number
+  /** Blocks the request references (shared or unique). */
+  blocks: number
+  addedAt: number
+}
+
 export class ActiveSequences {
   /** Per slot: distinct active blocks. */
   activeBlocks = new Int32Array(8)
@@ -35,12 +46,12 @@ export class ActiveSequences {
   private reqPairCount = new Int32Array(64)
   private reqIsl = new Float64Array(64)
   private reqOverlap = new Float64Array(64)
-  private reqPairs: Int32Array[] = []
+  private reqPairs: Int32Array<ArrayBuffer>[] = []
   private freeHandles: number[] = []
   private top = 0
   // Pair-index lists recycled by power-of-two size class, so steady-state booking allocates
   // nothing for them.
-  private pool: Int32Array[][] = []
+  private pool: Int32Array<ArrayBuffer>[][] = []
   // Handles in booking order with their generation, for lazy stale expiry: the oldest booking is
   // always at the head, so each check is O(1) amortised.
   private fifo = new Int32Array(128)
@@ -151,10 +162,18 @@ export class ActiveSequences {
     return h === undefined ? -1 : (this.reqSlot[h] as number)
   }
 
-  /** Booked prefill tokens still outstanding for a request (NaN when unknown). */
-  prefillOf(id: string): number {
+  /** What a booked request holds (replica sync, debugging); undefined when unknown. */
+  requestInfo(id: string): RequestInfo | undefined {
     const h = this.ids.get(id)
-    return h === undefined ? NaN : (this.reqPrefill[h] as number)
+    if (h === undefined) return undefined
+    return {
+      slot: this.reqSlot[h] as number,
+      isl: this.reqIsl[h] as number,
+      overlapBlocks: this.reqOverlap[h] as number,
+      prefillTokens: this.reqPrefill[h] as number,
+      blocks: (this.reqPairCount[h] as number) + (this.reqUnique[h] as number),
+      addedAt: this.reqAddedAt[h] as number,
+    }
   }
 
   /** Frees requests booked at least staleMs ago; returns how many. */
@@ -219,7 +238,7 @@ export class ActiveSequences {
     this.clearPrefill(h)
     const slot = this.reqSlot[h] as number
     this.inFlight[slot] = (this.inFlight[slot] as number) - 1
-    const pairs = this.reqPairs[h] as Int32Array
+    const pairs = this.reqPairs[h] as Int32Array<ArrayBuffer>
     const n = this.reqPairCount[h] as number
     let removed = this.reqUnique[h] as number
     for (let i = 0; i < n; i++) if (this.refs.release(pairs[i] as number)) removed++
@@ -249,13 +268,13 @@ export class ActiveSequences {
     return n
   }
 
-  private takeList(n: number): Int32Array {
+  private takeList(n: number): Int32Array<ArrayBuffer> {
     const cls = n <= 1 ? 0 : 32 - Math.clz32(n - 1)
     const list = this.pool[cls]?.pop()
     return list ?? new Int32Array(1 << cls)
   }
 
-  private giveList(a: Int32Array): void {
+  private giveList(a: Int32Array<ArrayBuffer>): void {
     const cls = 31 - Math.clz32(a.length)
     let bucket = this.pool[cls]
     if (bucket === undefined) {
@@ -284,13 +303,13 @@ export class ActiveSequences {
   }
 }
 
-function growI32(a: Int32Array, n: number): Int32Array {
+function growI32(a: Int32Array, n: number): Int32Array<ArrayBuffer> {
   const b = new Int32Array(n)
   b.set(a)
   return b
 }
 
-function growF64(a: Float64Array, n: number): Float64Array {
+function growF64(a: Float64Array, n: number): Float64Array<ArrayBuffer> {
   const b = new Float64Array(n)
   b.set(a)
   return b

@@ -123,9 +123,9 @@ const KNOWN_APPROX = new Set(['enabled', 'ttlSecs', 'maxTreeSize', 'pruneTargetR
 
 /** Validates, fills defaults and deep-freezes. Throws KvrError(KVR_ERR_INVALID_OPTION). */
 export function resolveSchedulerOptions(input: SchedulerOptionsInput = {}): SchedulerOptions {
-  if (input === null || typeof input !== 'object') throw invalid('', 'an object', input)
+  if (input === null || typeof input !== 'object') throw new KvrError('KVR_ERR_INVALID_OPTION', `scheduler options must be an object, got ${describe(input)}`)
   for (const k of Object.keys(input)) if (!KNOWN.has(k)) throw new KvrError('KVR_ERR_INVALID_OPTION', `options.${k} is not a scheduler option`)
-  const a: Partial<ApproximateOptions> = input.approximate ?? {}
+  const a: Partial<ApproximateOptions> | null = input.approximate === undefined ? {} : input.approximate
   if (a === null || typeof a !== 'object') throw invalid('approximate', 'an object', a)
   for (const k of Object.keys(a)) if (!KNOWN_APPROX.has(k)) throw new KvrError('KVR_ERR_INVALID_OPTION', `options.approximate.${k} is not a scheduler option`)
   const approximate: ApproximateOptions = Object.freeze({

@@ -29,6 +29,11 @@ export class U64SlotMap {
     this.mask = cap - 1
   }
 
+  /** One past the highest entry index ever used; entries below it with slot −1 are free. */
+  get highWater(): number {
+    return this.top
+  }
+
   get capacity(): number {
     return this.lo.length
   }

@@ -48,6 +48,8 @@ export interface KvIndexOptions {
   maxBlocks?: number
   /** Initial entry capacity; arrays grow by half as needed. */
   initialBlocks?: number
+  /** Cap on registered worker-ranks; events of further ones are rejected as `too_many_workers`. */
+  maxWorkerRanks?: number
 }
 
 export interface OverlapScore {
@@ -106,6 +108,7 @@ function growU32(a: Uint32Array, n: number): Uint32Array<ArrayBuffer> {
 
 export class KvIndex {
   readonly maxBlocks: number
+  readonly maxWorkerRanks: number
 
   // --- counters (read by the shard and published to shared memory) ---
   /** Events fully applied, by kind: [stored, removed, cleared]. */
@@ -153,6 +156,7 @@ export class KvIndex {
 
   constructor(options: KvIndexOptions = {}) {
     this.maxBlocks = Math.min(options.maxBlocks ?? MAX_BLOCKS, MAX_BLOCKS)
+    this.maxWorkerRanks = Math.min(options.maxWorkerRanks ?? MAX_WORKER_RANKS, MAX_WORKER_RANKS)
     const cap = Math.max(16, Math.min(options.initialBlocks ?? 1024, this.maxBlocks + 1))
     this.nCap = cap
     this.N = new Int32Array(cap * NS)
@@ -180,10 +184,10 @@ export class KvIndex {
   ensureWorker(idLo: number, idHi: number, rank: number): number {
     const found = this.workerSlot(idLo, idHi, rank)
     if (found !== NIL) return found
+    if (this.liveWorkers >= this.maxWorkerRanks) return NIL
     let w: number
     if (this.wFree.length > 0) w = this.wFree.pop() as number
     else {
-      if (this.wHigh >= MAX_WORKER_RANKS) return NIL
       w = this.wHigh++
       if (w >= this.wIdLo.length) this.growWorkers(this.wIdLo.length * 2)
     }

@@ -1,0 +1,337 @@
+// Approximate mode (--no-router-kv-events, spec §5): with no KV events from the workers, the
+// router predicts their caches from its own decisions. Every decision stores the request's
+// complete blocks on the chosen worker-rank with a TTL; routing the same prefix there again
+// refreshes it; expiry removes it; above a size cap the entries closest to expiry go first,
+// deepest blocks first among equal expiries (leaves before their parents).
+//
+// The index itself is not touched here: predicted blocks leave as synthetic Stored / Removed
+// events through an ApproxSink, so the same sharded index serves both modes. Entries are keyed
+// by (sequence hash, slot); the lazy min-heap holds (expiry, entry, stamp) nodes and skips
+// nodes whose entry was refreshed or removed since (the stamp changed).
+import { U64SlotMap } from './u64-slot-map.js'
+import type { WorkerRanks } from './worker-ranks.js'
+
+/**
+ * Receives the synthetic events. Arrays are only valid during the call (the tracker and the
+ * caller reuse them): copy what you keep. stored() = Stored{parent_hash: null, blocks:
+ * [{tokens_hash: local[i], block_hash: seq[i]}]}; removed() = Removed{block_hashes: seq[..n]}.
+ */
+export interface ApproxSink {
+  stored(workerId: bigint, dpRank: number, localLo: Uint32Array, localHi: Uint32Array, seqLo: Uint32Array, seqHi: Uint32Array, n: number): void
+  removed(workerId: bigint, dpRank: number, seqLo: Uint32Array, seqHi: Uint32Array, n: number): void
+}
+
+export interface ApproxTrackerOptions {
+  ttlMs: number
+  maxTreeSize: number
+  pruneTargetRatio: number
+}
+
+/** The heap is rebuilt from live entries once stale nodes outnumber them this many times. */
+const REBUILD_FACTOR = 50
+const REBUILD_MIN = 4096
+
+export class ApproxTracker {
+  /** Removals emitted because of TTL expiry / size pruning (metrics). */
+  expiredTotal = 0
+  prunedTotal = 0
+
+  private readonly entries = new U64SlotMap(1024)
+  private expiry = new Float64Array(1024)
+  private position = new Int32Array(1024)
+  private stamp = new Int32Array(1024)
+
+  // heap of node ids; node fields hold a copy of the ordering key so that reusing an entry index
+  // can never reorder nodes already in the heap
+  private heap = new Int32Array(1024)
+  private heapN = 0
+  private nExp = new Float64Array(1024)
+  private nPos = new Int32Array(1024)
+  private nLo = new Uint32Array(1024)
+  private nHi = new Uint32Array(1024)
+  private nSlot = new Int32Array(1024)
+  private nEntry = new Int32Array(1024)
+  private nStamp = new Int32Array(1024)
+  private nodeFree: number[] = []
+  private nodeTop = 0
+
+  // removal batch, grouped by slot before it goes to the sink
+  private rLo = new Uint32Array(256)
+  private rHi = new Uint32Array(256)
+  private rSlot = new Int32Array(256)
+  private rN = 0
+  private outLo = new Uint32Array(256)
+  private outHi = new Uint32Array(256)
+
+  constructor(
+    private readonly workers: WorkerRanks,
+    private readonly sink: ApproxSink,
+    private readonly opts: ApproxTrackerOptions,
+  ) {
+    this.entries.onGrow = (cap) => {
+      this.expiry = growF64(this.expiry, cap)
+      this.position = growI32(this.position, cap)
+      this.stamp = growI32(this.stamp, cap)
+    }
+  }
+
+  /** Predicted (block, worker-rank) pairs held: Σ over ranks of the blocks recorded for them. */
+  get size(): number {
+    return this.entries.size
+  }
+
+  /** Heap nodes, live and stale (tests check the rebuild). */
+  get heapSize(): number {
+    return this.heapN
+  }
+
+  /** Records a routing decision: the n complete blocks now live on `slot` until now + TTL. */
+  record(slot: number, localLo: Uint32Array, localHi: Uint32Array, seqLo: Uint32Array, seqHi: Uint32Array, n: number, now: number): void {
+    this.expire(now)
+    if (n <= 0) return
+    const exp = now + this.opts.ttlMs
+    const entries = this.entries
+    for (let i = 0; i < n; i++) {
+      const lo = seqLo[i] as number
+      const hi = seqHi[i] as number
+      let e = entries.find(lo, hi, slot)
+      if (e < 0) e = entries.insert(lo, hi, slot)
+      this.expiry[e] = exp
+      this.position[e] = i
+      this.stamp[e] = ((this.stamp[e] as number) + 1) | 0
+      this.pushNode(e)
+    }
+    this.sink.stored(this.workers.workerIdOf(slot), this.workers.dpRankOf(slot), localLo, localHi, seqLo, seqHi, n)
+    if (entries.size > this.opts.maxTreeSize) this.prune()
+    if (this.heapN > REBUILD_MIN && this.heapN > REBUILD_FACTOR * entries.size) this.rebuild()
+  }
+
+  /** Removes every entry whose expiry is ≤ now; returns how many. */
+  expire(now: number): number {
+    let n = 0
+    while (this.heapN > 0) {
+      const node = this.heap[0] as number
+      if (this.isStale(node)) {
+        this.popNode()
+        continue
+      }
+      if ((this.nExp[node] as number) > now) break
+      this.popNode()
+      this.take(node)
+      n++
+    }
+    this.expiredTotal += n
+    this.flush()
+    return n
+  }
+
+  /** Earliest pending expiry (ms on the caller's clock), Infinity when empty. */
+  nextExpiry(): number {
+    while (this.heapN > 0) {
+      const node = this.heap[0] as number
+      if (!this.isStale(node)) return this.nExp[node] as number
+      this.popNode()
+    }
+    return Infinity
+  }
+
+  /** Forgets a worker-rank's entries without events (the index drops the worker itself). */
+  removeSlot(slot: number): number {
+    const entries = this.entries
+    let n = 0
+    for (let e = 0; e < entries.highWater; e++) {
+      if (entries.slot[e] === slot) {
+        this.stamp[e] = ((this.stamp[e] as number) + 1) | 0
+        entries.delete(e)
+        n++
+      }
+    }
+    return n
+  }
+
+  /** Size pruning: pop in heap order until floor(max × ratio) entries remain. */
+  private prune(): void {
+    const target = Math.floor(this.opts.maxTreeSize * this.opts.pruneTargetRatio)
+    let n = 0
+    while (this.entries.size > target && this.heapN > 0) {
+      const node = this.popNode()
+      if (this.isStale(node)) continue
+      this.take(node)
+      n++
+    }
+    this.prunedTotal += n
+    this.flush()
+  }
+
+  private isStale(node: number): boolean {
+    const e = this.nEntry[node] as number
+    return this.stamp[e] !== this.nStamp[node] || this.entries.slot[e] !== this.nSlot[node]
+  }
+
+  /** Deletes a node's entry and queues its Removed. The node must already be out of the heap. */
+  private take(node: number): void {
+    const e = this.nEntry[node] as number
+    this.stamp[e] = ((this.stamp[e] as number) + 1) | 0
+    this.entries.delete(e)
+    if (this.rN === this.rLo.length) {
+      this.rLo = growU32(this.rLo, this.rN * 2)
+      this.rHi = growU32(this.rHi, this.rN * 2)
+      this.rSlot = growI32(this.rSlot, this.rN * 2)
+    }
+    this.rLo[this.rN] = this.nLo[node] as number
+    this.rHi[this.rN] = this.nHi[node] as number
+    this.rSlot[this.rN] = this.nSlot[node] as number
+    this.rN++
+  }
+
+  /** Emits the queued removals, one Removed per worker-rank, in heap order within each. */
+  private flush(): void {
+    const total = this.rN
+    if (total === 0) return
+    if (this.outLo.length < total) {
+      this.outLo = new Uint32Array(total)
+      this.outHi = new Uint32Array(total)
+    }
+    const done = this.rSlot
+    for (let i = 0; i < total; i++) {
+      const slot = done[i] as number
+      if (slot < 0) continue
+      let k = 0
+      for (let j = i; j < total; j++) {
+        if (done[j] === slot) {
+          this.outLo[k] = this.rLo[j] as number
+          this.outHi[k] = this.rHi[j] as number
+          k++
+          done[j] = -1
+        }
+      }
+      // The worker-rank may have been removed meanwhile; its blocks went with it.
+      if (this.workers.isLive(slot)) this.sink.removed(this.workers.workerIdOf(slot), this.workers.dpRankOf(slot), this.outLo, this.outHi, k)
+    }
+    this.rN = 0
+  }
+
+  // ---- heap of nodes ----
+
+  private pushNode(e: number): void {
+    let node = this.nodeFree.pop()
+    if (node === undefined) {
+      node = this.nodeTop++
+      if (node >= this.nExp.length) this.growNodes(node + 1)
+    }
+    this.nExp[node] = this.expiry[e] as number
+    this.nPos[node] = this.position[e] as number
+    this.nLo[node] = this.entries.lo[e] as number
+    this.nHi[node] = this.entries.hi[e] as number
+    this.nSlot[node] = this.entries.slot[e] as number
+    this.nEntry[node] = e
+    this.nStamp[node] = this.stamp[e] as number
+    if (this.heapN === this.heap.length) this.heap = growI32(this.heap, this.heapN * 2)
+    let i = this.heapN++
+    while (i > 0) {
+      const p = (i - 1) >> 1
+      const pn = this.heap[p] as number
+      if (!this.before(node, pn)) break
+      this.heap[i] = pn
+      i = p
+    }
+    this.heap[i] = node
+  }
+
+  /**
+   * Pops the top node, returns it and recycles its id at once: its fields stay readable until the
+   * next pushNode(), and every caller reads them (isStale, take) before pushing again.
+   */
+  private popNode(): number {
+    const top = this.heap[0] as number
+    const last = this.heap[--this.heapN] as number
+    if (this.heapN > 0) this.siftDown(0, last)
+    this.nodeFree.push(top)
+    return top
+  }
+
+  private siftDown(i: number, node: number): void {
+    const heap = this.heap
+    const n = this.heapN
+    for (;;) {
+      const l = 2 * i + 1
+      if (l >= n) break
+      const r = l + 1
+      let c = l
+      if (r < n && this.before(heap[r] as number, heap[l] as number)) c = r
+      const cn = heap[c] as number
+      if (!this.before(cn, node)) break
+      heap[i] = cn
+      i = c
+    }
+    heap[i] = node
+  }
+
+  /** Earlier expiry first; then deeper position; then key (hi, lo); then slot. */
+  private before(a: number, b: number): boolean {
+    const ea = this.nExp[a] as number
+    const eb = this.nExp[b] as number
+    if (ea !== eb) return ea < eb
+    const pa = this.nPos[a] as number
+    const pb = this.nPos[b] as number
+    if (pa !== pb) return pa > pb
+    const ha = this.nHi[a] as number
+    const hb = this.nHi[b] as number
+    if (ha !== hb) return ha < hb
+    const la = this.nLo[a] as number
+    const lb = this.nLo[b] as number
+    if (la !== lb) return la < lb
+    return (this.nSlot[a] as number) < (this.nSlot[b] as number)
+  }
+
+  private rebuild(): void {
+    this.heapN = 0
+    this.nodeFree.length = 0
+    this.nodeTop = 0
+    const entries = this.entries
+    for (let e = 0; e < entries.highWater; e++) {
+      if (entries.slot[e] === -1) continue
+      const node = this.nodeTop++
+      if (node >= this.nExp.length) this.growNodes(node + 1)
+      this.nExp[node] = this.expiry[e] as number
+      this.nPos[node] = this.position[e] as number
+      this.nLo[node] = entries.lo[e] as number
+      this.nHi[node] = entries.hi[e] as number
+      this.nSlot[node] = entries.slot[e] as number
+      this.nEntry[node] = e
+      this.nStamp[node] = this.stamp[e] as number
+      if (this.heapN === this.heap.length) this.heap = growI32(this.heap, this.heapN * 2)
+      this.heap[this.heapN++] = node
+    }
+    for (let i = (this.heapN >> 1) - 1; i >= 0; i--) this.siftDown(i, this.heap[i] as number)
+  }
+
+  private growNodes(n: number): void {
+    const cap = Math.max(n, this.nExp.length * 2)
+    this.nExp = growF64(this.nExp, cap)
+    this.nPos = growI32(this.nPos, cap)
+    this.nLo = growU32(this.nLo, cap)
+    this.nHi = growU32(this.nHi, cap)
+    this.nSlot = growI32(this.nSlot, cap)
+    this.nEntry = growI32(this.nEntry, cap)
+    this.nStamp = growI32(this.nStamp, cap)
+  }
+}
+
+function growF64(a: Float64Array, n: number): Float64Array<ArrayBuffer> {
+  const b = new Float64Array(Math.max(n, a.length))
+  b.set(a)
+  return b
+}
+
+function growI32(a: Int32Array, n: number): Int32Array<ArrayBuffer> {
+  const b = new Int32Array(Math.max(n, a.length))
+  b.set(a)
+  return b
+}
+
+function growU32(a: Uint32Array, n: number): Uint32Array<ArrayBuffer> {
+  const b = new Uint32Array(Math.max(n, a.length))
+  b.set(a)
+  return b
+}

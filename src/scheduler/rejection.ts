@@ -1,0 +1,28 @@
+// 503 answers that tell the client when to come back. The codes stay in the one catalogue
+// (src/shared/errors.ts); this subclass only carries the Retry-After value for the HTTP layer.
+import { KvrError } from '../shared/errors.js'
+
+/** The exact message Dynamo answers when every worker is busy (spec §4.7). */
+export const ALL_WORKERS_BUSY_MESSAGE = 'Service temporarily unavailable: All workers are busy, please retry later'
+
+export class RetryableError extends KvrError {
+  /** Seconds for the Retry-After header. */
+  readonly retryAfterSecs: number
+
+  constructor(code: 'KVR_ERR_ALL_WORKERS_BUSY' | 'KVR_ERR_QUEUE_FULL', message: string, retryAfterSecs: number) {
+    super(code, message)
+    this.retryAfterSecs = retryAfterSecs
+  }
+}
+
+export function allWorkersBusy(retryAfterSecs: number): RetryableError {
+  return new RetryableError('KVR_ERR_ALL_WORKERS_BUSY', ALL_WORKERS_BUSY_MESSAGE, retryAfterSecs)
+}
+
+export function queueFull(maxPending: number, retryAfterSecs: number): RetryableError {
+  return new RetryableError(
+    'KVR_ERR_QUEUE_FULL',
+    `the router queue holds its maximum of ${maxPending} pending requests (--router-queue-max-pending); retry later`,
+    retryAfterSecs,
+  )
+}

@@ -1,0 +1,553 @@
+// The scheduler façade the HTTP layer calls (spec §4.1): candidates → (wait in the queue when
+// every candidate is busy) → cost and selection → booking, plus the lifecycle calls that end a
+// booking. Everything that changes load (prefill-complete, free, cancel, worker changes and a
+// periodic recheck) gives waiting requests a chance to be dispatched.
+//
+//   schedule(req) ──► candidates ──► all queue-busy? ──yes──► PendingQueue ──drain──┐
+//                         │                 │no                                    │
+//                         │ none: 404/503   ▼                                      ▼
+//                                      select + book ◄─────────────────────────────┘
+import { KvrError } from '../shared/errors.js'
+import { ActiveSequences, TRACK_NONE, TRACK_SHARED, TRACK_UNIQUE } from './active-sequences.js'
+import type { ApproxSink } from './approximate.js'
+import { ApproxTracker } from './approximate.js'
+import type { BusyThresholds } from './busy.js'
+import { allQueueBusy, Eligibility } from './busy.js'
+import type { SchedulerOptions, SchedulerOptionsInput } from './options.js'
+import { resolveSchedulerOptions } from './options.js'
+import { PendingQueue } from './pending-queue.js'
+import { policyKey } from './queue-policy.js'
+import { allWorkersBusy, queueFull } from './rejection.js'
+import type { Rng } from './rng.js'
+import { Xoshiro128 } from './rng.js'
+import type { Candidate } from './selector.js'
+import { CostInputs, Selector } from './selector.js'
+import type { WorkerRankInfo } from './worker-ranks.js'
+import { WorkerRanks } from './worker-ranks.js'
+
+/** Per-request overrides (nvext.router_config_override). */
+export interface RouterConfigOverride {
+  overlapScoreWeight?: number
+  temperature?: number
+  assumeKvReuse?: boolean
+  trackPrefillTokens?: boolean
+}
+
+export interface ScheduleRequest {
+  /** Required when the request is booked (updateStates !== false). */
+  id?: string
+  /** Prompt length in tokens. */
+  isl: number
+  /** Cached prefix per slot, in blocks (0 or missing = no match), from the index or shard pool. */
+  overlapBlocks?: ArrayLike<number>
+  /** Blocks each slot holds in the index; shown in explanations only. */
+  treeSizes?: ArrayLike<number>
+  /** Chained sequence hashes of the complete blocks (u64 as halves): load tracking, approximate mode. */
+  seqLo?: Uint32Array
+  seqHi?: Uint32Array
+  /** Number of hashes in seqLo/seqHi to use; defaults to their length. */
+  blockCount?: number
+  /** Local block hashes, needed only in approximate mode (tokens_hash of the synthetic Stored). */
+  localLo?: Uint32Array
+  localHi?: Uint32Array
+  /** nvext.agent_hints.priority; negative values count as 0. */
+  priority?: number
+  /** Pin (backend_instance_id / direct mode): the worker, and optionally its rank. */
+  workerId?: bigint
+  dpRank?: number
+  overrides?: RouterConfigOverride
+  /** false = query only (/v1/route without update_states): nothing is booked, the queue is skipped. */
+  updateStates?: boolean
+  /** Build the candidates table. */
+  explain?: boolean
+  /** Aborting it while the request waits removes it from the queue (client went away). */
+  signal?: AbortSignal
+}
+
+export interface RouteDecision {
+  requestId: string | undefined
+  slot: number
+  workerId: bigint
+  dpRank: number
+  /** The chosen worker-rank's cached prefix in blocks. */
+  overlapBlocks: number
+  booked: boolean
+  /** Time spent in the queue (ms on the scheduler's clock); 0 when it did not wait. */
+  waitedMs: number
+  /** Only when req.explain: every candidate with overlap, prefill/decode blocks and logit. */
+  candidates: Candidate[] | undefined
+}
+
+export interface SchedulerDeps {
+  /** Share a table with other components; a new one otherwise. */
+  workers?: WorkerRanks
+  /** Milliseconds, monotonic. Default performance.now. */
+  clock?: () => number
+  rng?: Rng
+  /** Required when approximate mode is enabled. */
+  approxSink?: ApproxSink
+  /** false: no interval timers; the owner calls recheck() (tests). Default true. */
+  timers?: boolean
+}
+
+export interface SlotStats {
+  slot: number
+  workerId: bigint
+  dpRank: number
+  activeBlocks: number
+  prefillTokens: number
+  inFlight: number
+}
+
+export interface SchedulerStats {
+  queueDepth: number
+  queueMaxPending: number
+  decisionsTotal: number
+  queuedTotal: number
+  queueFullTotal: number
+  allBusyTotal: number
+  cancelledTotal: number
+  staleExpiredTotal: number
+  waitCount: number
+  waitSumMs: number
+  waitMaxMs: number
+  bookedRequests: number
+  approximateBlocks: number
+  slots: SlotStats[]
+}
+
+interface Waiter {
+  req: ScheduleRequest
+  id: string
+  resolve: (d: RouteDecision) => void
+  reject: (e: unknown) => void
+  enqueuedAt: number
+  onAbort: (() => void) | undefined
+}
+
+const WAIT_SAMPLES = 4096
+
+export class Scheduler {
+  readonly options: SchedulerOptions
+  readonly workers: WorkerRanks
+  readonly sequences: ActiveSequences
+
+  private readonly clock: () => number
+  private readonly selector: Selector
+  private readonly eligibility: Eligibility
+  private readonly queue = new PendingQueue()
+  private readonly approx: ApproxTracker | undefined
+  private readonly cost = new CostInputs()
+  private readonly epoch: number
+  private pin = new Int32Array(1)
+  private waiters: (Waiter | undefined)[] = []
+  private freeWaiters: number[] = []
+  private readonly waitingIds = new Map<string, number>()
+  private draining = false
+  private timers: ReturnType<typeof setInterval>[] = []
+
+  private decisionsTotal = 0
+  private queuedTotal = 0
+  private queueFullTotal = 0
+  private allBusyTotal = 0
+  private cancelledTotal = 0
+  private waitCount = 0
+  private waitSumMs = 0
+  private waitMaxMs = 0
+  private waitSamples = new Float64Array(WAIT_SAMPLES)
+  private waitSampleN = 0
+
+  constructor(options: SchedulerOptionsInput = {}, deps: SchedulerDeps = {}) {
+    this.options = resolveSchedulerOptions(options)
+    const o = this.options
+    this.clock = deps.clock ?? (() => performance.now())
+    this.workers = deps.workers ?? new WorkerRanks()
+    this.sequences = new ActiveSequences(o.staleRequestSecs * 1000)
+    this.sequences.ensureSlots(this.workers.slotCapacity)
+    const rng = deps.rng ?? new Xoshiro128(o.seed)
+    this.selector = new Selector(this.workers, this.sequences, rng, o.blockSize, o.cudaToCpuRatio)
+    this.eligibility = new Eligibility(this.workers, this.sequences, o)
+    this.epoch = this.clock()
+    if (o.approximate.enabled) {
+      if (deps.approxSink === undefined) {
+        throw new KvrError('KVR_ERR_INVALID_OPTION', 'options.approximate.enabled needs an approxSink to receive the predicted blocks')
+      }
+      this.approx = new ApproxTracker(this.workers, deps.approxSink, {
+        ttlMs: o.approximate.ttlSecs * 1000,
+        maxTreeSize: o.approximate.maxTreeSize,
+        pruneTargetRatio: o.approximate.pruneTargetRatio,
+      })
+    }
+    if (deps.timers !== false) {
+      if (o.queueRecheckMs > 0) this.timers.push(setInterval(() => this.recheck(), o.queueRecheckMs))
+      if (this.approx !== undefined) {
+        const approx = this.approx
+        this.timers.push(setInterval(() => approx.expire(this.clock()), Math.min(1000, o.approximate.ttlSecs * 1000)))
+      }
+      for (const t of this.timers) t.unref()
+    }
+  }
+
+  // ---- worker-ranks ----
+
+  addWorkerRank(workerId: bigint, dpRank: number, info?: WorkerRankInfo): number {
+    const slot = this.workers.register(workerId, dpRank, info)
+    this.sequences.ensureSlots(this.workers.slotCapacity)
+    this.drainQueue()
+    return slot
+  }
+
+  /** Removes a worker-rank; its booked requests are dropped (their ids are returned). */
+  removeWorkerRank(workerId: bigint, dpRank: number): string[] {
+    const slot = this.workers.remove(workerId, dpRank)
+    return slot < 0 ? [] : this.forgetSlot(slot)
+  }
+
+  removeWorker(workerId: bigint): string[] {
+    const out: string[] = []
+    for (const slot of this.workers.removeWorker(workerId)) out.push(...this.forgetSlot(slot))
+    return out
+  }
+
+  // ---- load shedding thresholds (GET/POST /busy_threshold) ----
+
+  busyThresholds(): BusyThresholds {
+    return this.eligibility.thresholds
+  }
+
+  /** Live edit of the §4.7 thresholds; null clears one, an omitted one is kept. */
+  setBusyThresholds(patch: Partial<BusyThresholds>): BusyThresholds {
+    this.eligibility.setThresholds(patch)
+    this.drainQueue()
+    return this.eligibility.thresholds
+  }
+
+  // ---- routing ----
+
+  /**
+   * Routes a request: resolves with the decision at once, or after waiting in the queue when
+   * every candidate is busy. Rejects with KvrError: NO_WORKERS, UNKNOWN_WORKER, ALL_WORKERS_BUSY
+   * and QUEUE_FULL (RetryableError, 503), REQUEST_CANCELLED, DUPLICATE_REQUEST, INVALID_OPTION.
+   */
+  schedule(req: ScheduleRequest): Promise<RouteDecision> {
+    try {
+      if (req.signal?.aborted === true) throw new KvrError('KVR_ERR_REQUEST_CANCELLED', `request ${req.id ?? ''} was cancelled before it was routed`)
+      const decision = this.tryRoute(req)
+      if (decision !== null) return Promise.resolve(decision)
+      return this.enqueue(req)
+    } catch (err) {
+      return Promise.reject(err)
+    }
+  }
+
+  /** Synchronous routing: the decision, or null when the request would have to wait. */
+  tryRoute(req: ScheduleRequest): RouteDecision | null {
+    const booked = this.checkRequest(req)
+    this.prepare(req)
+    const m = this.candidates(req)
+    const t = this.options.queueThreshold
+    if (booked && t !== null && allQueueBusy(this.eligibility.slots, m, t, this.sequences, this.workers)) return null
+    return this.decide(req, m, 0)
+  }
+
+  /** The first token arrived: the request's prompt is no longer queued work. */
+  markPrefillComplete(id: string): boolean {
+    const ok = this.sequences.markPrefillComplete(id)
+    if (ok) this.drainQueue()
+    return ok
+  }
+
+  /** Ends a booked request. Idempotent: false when unknown or already freed. */
+  free(id: string): boolean {
+    const ok = this.sequences.free(id)
+    if (ok) this.drainQueue()
+    return ok
+  }
+
+  /** The client went away: a waiting request leaves the queue, a booked one is freed. */
+  cancel(id: string): boolean {
+    const h = this.waitingIds.get(id)
+    if (h === undefined) return this.free(id)
+    const w = this.takeWaiter(h)
+    this.queue.remove(h)
+    this.cancelledTotal++
+    w.reject(new KvrError('KVR_ERR_REQUEST_CANCELLED', `request ${id} was cancelled while it waited in the router queue`))
+    return true
+  }
+
+  isWaiting(id: string): boolean {
+    return this.waitingIds.has(id)
+  }
+
+  /** Periodic work: stale bookings expire, approximate entries expire, the queue drains. */
+  recheck(): void {
+    const now = this.clock()
+    this.sequences.expireStale(now)
+    this.approx?.expire(now)
+    this.drainQueue()
+  }
+
+  /** Stops the timers and refuses every waiting request. */
+  close(): void {
+    for (const t of this.timers) clearInterval(t)
+    this.timers = []
+    for (const id of [...this.waitingIds.keys()]) this.cancel(id)
+  }
+
+  // ---- metrics ----
+
+  stats(): SchedulerStats {
+    const slots: SlotStats[] = []
+    const w = this.workers
+    const s = this.sequences
+    for (let i = 0; i < w.liveCount; i++) {
+      const slot = w.liveSlots[i] as number
+      slots.push({
+        slot,
+        workerId: w.workerIdOf(slot),
+        dpRank: w.dpRankOf(slot),
+        activeBlocks: s.activeBlocks[slot] as number,
+        prefillTokens: s.prefillTokens[slot] as number,
+        inFlight: s.inFlight[slot] as number,
+      })
+    }
+    return {
+      queueDepth: this.queue.size,
+      queueMaxPending: this.options.queueMaxPending,
+      decisionsTotal: this.decisionsTotal,
+      queuedTotal: this.queuedTotal,
+      queueFullTotal: this.queueFullTotal,
+      allBusyTotal: this.allBusyTotal,
+      cancelledTotal: this.cancelledTotal,
+      staleExpiredTotal: s.expiredTotal,
+      waitCount: this.waitCount,
+      waitSumMs: this.waitSumMs,
+      waitMaxMs: this.waitMaxMs,
+      bookedRequests: s.size,
+      approximateBlocks: this.approx?.size ?? 0,
+      slots,
+    }
+  }
+
+  /** Queue wait times (ms) recorded since the last call, oldest first (at most the last 4096). */
+  takeWaitSamples(): number[] {
+    const n = Math.min(this.waitSampleN, WAIT_SAMPLES)
+    const out: number[] = []
+    for (let k = this.waitSampleN - n; k < this.waitSampleN; k++) out.push(this.waitSamples[k % WAIT_SAMPLES] as number)
+    this.waitSampleN = 0
+    return out
+  }
+
+  // ---- internals ----
+
+  /** Validates what the hot path relies on; returns whether the request is to be booked. */
+  private checkRequest(req: ScheduleRequest): boolean {
+    const booked = req.updateStates !== false
+    if (booked) {
+      const id = req.id
+      if (typeof id !== 'string' || id.length === 0) throw new KvrError('KVR_ERR_INVALID_OPTION', 'request.id must be a non-empty string when the request is booked')
+      if (this.sequences.has(id) || this.waitingIds.has(id)) throw new KvrError('KVR_ERR_DUPLICATE_REQUEST', `request ${id} is already booked or waiting`)
+    }
+    const isl = req.isl
+    if (typeof isl !== 'number' || !(isl >= 0) || !Number.isFinite(isl)) throw new KvrError('KVR_ERR_INVALID_OPTION', `request.isl must be a non-negative number, got ${String(isl)}`)
+    return booked
+  }
+
+  /** Fills the reusable cost inputs from the request and the options. */
+  private prepare(req: ScheduleRequest): void {
+    const o = this.options
+    const c = this.cost
+    const ov = req.overrides
+    c.isl = req.isl
+    c.overlap = req.overlapBlocks
+    c.weight = o.overlapScoreWeight
+    c.temperature = o.temperature
+    c.trackPrefill = o.trackPrefillTokens
+    let reuse = o.assumeKvReuse
+    if (ov !== undefined) {
+      if (ov.overlapScoreWeight !== undefined) c.weight = checkNonNegative('overrides.overlapScoreWeight', ov.overlapScoreWeight)
+      if (ov.temperature !== undefined) c.temperature = checkNonNegative('overrides.temperature', ov.temperature)
+      if (ov.trackPrefillTokens !== undefined) c.trackPrefill = ov.trackPrefillTokens === true
+      if (ov.assumeKvReuse !== undefined) reuse = ov.assumeKvReuse === true
+    }
+    const n = hashCount(req)
+    c.lo = undefined
+    c.hi = undefined
+    c.n = 0
+    c.track = TRACK_NONE
+    if (!o.trackActiveBlocks) return
+    if (!reuse) {
+      // One fresh random hash per complete block upstream: never shared, so only the count matters.
+      c.track = TRACK_UNIQUE
+      c.n = req.seqLo !== undefined ? n : Math.floor(req.isl / o.blockSize)
+    } else if (n > 0) {
+      c.track = TRACK_SHARED
+      c.lo = req.seqLo
+      c.hi = req.seqHi
+      c.n = n
+    }
+  }
+
+  /** Candidate slots into eligibility.slots; throws when there is none. */
+  private candidates(req: ScheduleRequest): number {
+    const w = this.workers
+    if (this.sequences.activeBlocks.length < w.slotCapacity) this.sequences.ensureSlots(w.slotCapacity)
+    let from: ArrayLike<number> = w.liveSlots
+    let n = w.liveCount
+    if (req.workerId !== undefined) {
+      if (req.dpRank !== undefined) {
+        const slot = w.slotOf(req.workerId, req.dpRank)
+        if (slot < 0) throw new KvrError('KVR_ERR_UNKNOWN_WORKER', `worker ${req.workerId} has no dp rank ${req.dpRank}`)
+        this.pin[0] = slot
+        from = this.pin
+        n = 1
+      } else {
+        from = w.slotsOf(req.workerId)
+        n = from.length
+        if (n === 0) throw new KvrError('KVR_ERR_UNKNOWN_WORKER', `worker ${req.workerId} is not registered`)
+      }
+    } else if (this.options.mode === 'direct') {
+      throw new KvrError('KVR_ERR_INVALID_OPTION', 'router mode direct needs the request to name its worker (workerId)')
+    } else if (n === 0) {
+      throw new KvrError('KVR_ERR_NO_WORKERS', 'no worker is registered')
+    }
+    const m = this.eligibility.collect(from, n)
+    if (m === 0) {
+      this.allBusyTotal++
+      throw allWorkersBusy(this.options.retryAfterSecs)
+    }
+    return m
+  }
+
+  /** Selection and booking over the m candidates prepared by candidates(). */
+  private decide(req: ScheduleRequest, m: number, waitedMs: number): RouteDecision {
+    const c = this.cost
+    const slots = this.eligibility.slots
+    const candidates = req.explain === true ? this.selector.explain(c, slots, m, req.treeSizes) : undefined
+    const slot = this.selector.select(this.options.mode, c, slots, m)
+    const ov = c.overlap
+    const overlap = ov !== undefined && slot < ov.length ? (ov[slot] as number) : 0
+    const booked = req.updateStates !== false
+    if (booked) {
+      const now = this.clock()
+      const fresh = c.isl - overlap * this.options.blockSize
+      this.sequences.add(req.id as string, slot, c.trackPrefill && fresh > 0 ? fresh : 0, c.track, c.lo, c.hi, c.n, now, c.isl, overlap)
+      const approx = this.approx
+      if (approx !== undefined && req.localLo !== undefined && req.localHi !== undefined && req.seqLo !== undefined && req.seqHi !== undefined) {
+        approx.record(slot, req.localLo, req.localHi, req.seqLo, req.seqHi, Math.min(hashCount(req), req.localLo.length, req.localHi.length), now)
+      }
+    }
+    this.decisionsTotal++
+    return {
+      requestId: req.id,
+      slot,
+      workerId: this.workers.workerIdOf(slot),
+      dpRank: this.workers.dpRankOf(slot),
+      overlapBlocks: overlap,
+      booked,
+      waitedMs,
+      candidates,
+    }
+  }
+
+  private enqueue(req: ScheduleRequest): Promise<RouteDecision> {
+    const o = this.options
+    if (this.queue.size >= o.queueMaxPending) {
+      this.queueFullTotal++
+      throw queueFull(o.queueMaxPending, o.retryAfterSecs)
+    }
+    const id = req.id as string
+    const now = this.clock()
+    // wspt: the work left after the best cache hit among this request's candidates.
+    let best = 0
+    const ov = req.overlapBlocks
+    if (ov !== undefined) {
+      const slots = this.eligibility.slots
+      for (let i = 0; i < this.eligibility.count; i++) {
+        const s = slots[i] as number
+        const v = s < ov.length ? (ov[s] as number) : 0
+        if (v > best) best = v
+      }
+    }
+    const newTokens = Math.max(0, req.isl - best * o.blockSize)
+    const key = policyKey(o.queuePolicy, req.priority, (now - this.epoch) / 1000, newTokens)
+    const h = this.freeWaiters.pop() ?? this.waiters.length
+    this.queuedTotal++
+    return new Promise<RouteDecision>((resolve, reject) => {
+      const signal = req.signal
+      const onAbort = signal === undefined ? undefined : () => this.cancel(id)
+      this.waiters[h] = { req, id, resolve, reject, enqueuedAt: now, onAbort }
+      this.waitingIds.set(id, h)
+      this.queue.push(h, key)
+      if (signal !== undefined && onAbort !== undefined) signal.addEventListener('abort', onAbort, { once: true })
+    })
+  }
+
+  private takeWaiter(h: number): Waiter {
+    const w = this.waiters[h] as Waiter
+    this.waiters[h] = undefined
+    this.freeWaiters.push(h)
+    this.waitingIds.delete(w.id)
+    if (w.onAbort !== undefined) w.req.signal?.removeEventListener('abort', w.onAbort)
+    return w
+  }
+
+  /** Dispatches waiting requests, best key first, while some candidate is not busy. */
+  private drainQueue(): void {
+    const t = this.options.queueThreshold
+    if (this.draining || this.queue.size === 0 || t === null) return
+    this.draining = true
+    try {
+      const w = this.workers
+      while (this.queue.size > 0) {
+        const m = this.eligibility.collect(w.liveSlots, w.liveCount)
+        if (m === 0 || allQueueBusy(this.eligibility.slots, m, t, this.sequences, w)) break
+        const h = this.queue.pop()
+        const waiter = this.takeWaiter(h)
+        try {
+          this.prepare(waiter.req)
+          const k = this.candidates(waiter.req)
+          const waited = this.clock() - waiter.enqueuedAt
+          const decision = this.decide(waiter.req, k, waited)
+          this.recordWait(waited)
+          waiter.resolve(decision)
+        } catch (err) {
+          waiter.reject(err)
+        }
+      }
+    } finally {
+      this.draining = false
+    }
+  }
+
+  private recordWait(ms: number): void {
+    this.waitCount++
+    this.waitSumMs += ms
+    if (ms > this.waitMaxMs) this.waitMaxMs = ms
+    this.waitSamples[this.waitSampleN % WAIT_SAMPLES] = ms
+    this.waitSampleN++
+  }
+
+  private forgetSlot(slot: number): string[] {
+    this.approx?.removeSlot(slot)
+    return this.sequences.dropSlot(slot)
+  }
+}
+
+function hashCount(req: ScheduleRequest): number {
+  const lo = req.seqLo
+  const hi = req.seqHi
+  if (lo === undefined || hi === undefined) return 0
+  const max = Math.min(lo.length, hi.length)
+  const n = req.blockCount ?? max
+  if (!Number.isInteger(n) || n < 0 || n > max) throw new KvrError('KVR_ERR_INVALID_OPTION', `request.blockCount must be an integer in [0, ${max}], got ${String(n)}`)
+  return n
+}
+
+function checkNonNegative(name: string, v: number): number {
+  if (typeof v !== 'number' || !Number.isFinite(v) || v < 0) throw new KvrError('KVR_ERR_INVALID_OPTION', `${name} must be a finite number ≥ 0, got ${String(v)}`)
+  return v
+}
+
+export { TRACK_NONE, TRACK_SHARED, TRACK_UNIQUE }
+export type { BusyThresholds }

@@ -1,0 +1,296 @@
+// Cost and selection (spec §4.2, §4.5, §4.8). Works on a candidate list of slots prepared by
+// Eligibility and on the load arrays of ActiveSequences; nothing here allocates per decision
+// unless an explanation is asked for.
+//
+//   kv:   logit(w) = weight × prefill_blocks(w) + decode_blocks(w), lower is better
+//         prefill_blocks = (active_prefill_tokens(w) + new_tokens(w)) / block_size
+//         new_tokens     = max(0, isl − overlap(w) × block_size)
+//         decode_blocks  = active_blocks(w) + request blocks not yet active on w
+//         T = 0: minimum, exact ties broken uniformly at random; T > 0: softmax sample.
+import type { ActiveSequences, TrackMode } from './active-sequences.js'
+import { TRACK_NONE, TRACK_SHARED } from './active-sequences.js'
+import type { RouterMode } from './options.js'
+import type { Rng } from './rng.js'
+import type { WorkerRanks } from './worker-ranks.js'
+import { DEVICE_CPU } from './worker-ranks.js'
+
+/** The per-decision inputs, held in one reusable object so the hot path passes no literals. */
+export class CostInputs {
+  isl = 0
+  overlap: ArrayLike<number> | undefined = undefined
+  lo: ArrayLike<number> | undefined = undefined
+  hi: ArrayLike<number> | undefined = undefined
+  /** Request blocks for decode tracking (hash count, or complete blocks when hashes are random). */
+  n = 0
+  track: TrackMode = TRACK_NONE
+  trackPrefill = true
+  weight = 1
+  temperature = 0
+}
+
+/** One row of a decision's explanation. */
+export interface Candidate {
+  workerId: bigint
+  dpRank: number
+  slot: number
+  overlapBlocks: number
+  prefillBlocks: number
+  decodeBlocks: number
+  logit: number
+  inFlight: number
+  treeSize?: number
+}
+
+export class Selector {
+  /** Per candidate index: the kv logit computed by computeLogits(). */
+  logits = new Float64Array(8)
+  private weights = new Float64Array(8)
+  /** Per slot: request blocks already active there (filled by countPresent). */
+  private present = new Int32Array(8)
+  private rrLast = -1
+
+  constructor(
+    private readonly workers: WorkerRanks,
+    private readonly seqs: ActiveSequences,
+    private readonly rng: Rng,
+    private readonly blockSize: number,
+    private readonly cudaToCpuRatio: number,
+  ) {}
+
+  /** Picks one of the m candidate slots; returns the slot. m must be ≥ 1. */
+  select(mode: RouterMode, c: CostInputs, slots: Int32Array, m: number): number {
+    switch (mode) {
+      case 'kv':
+        this.computeLogits(c, slots, m)
+        return slots[c.temperature > 0 ? this.softmaxPick(m, c.temperature) : this.minPick(m)] as number
+      case 'round-robin':
+        return this.roundRobin(slots, m)
+      case 'random':
+        return slots[this.rng.int(m)] as number
+      case 'power-of-two':
+        return this.powerOfTwo(slots, m)
+      case 'device-aware-weighted':
+        return this.deviceAware(slots, m)
+      case 'least-loaded':
+      case 'direct':
+        // direct: the request already named its worker; when it named no rank, the least
+        // loaded of that worker's ranks takes it.
+        return this.leastLoaded(slots, 0, m, -1)
+    }
+  }
+
+  /** logits[i] for each candidate; prefill and decode terms as in the header. */
+  computeLogits(c: CostInputs, slots: Int32Array, m: number): void {
+    if (this.logits.length < m) {
+      this.logits = new Float64Array(Math.max(m, this.logits.length * 2))
+      this.weights = new Float64Array(this.logits.length)
+    }
+    const shared = c.track === TRACK_SHARED && c.lo !== undefined && c.hi !== undefined && c.n > 0
+    const present = shared ? this.countPresent(c, slots, m) : this.present
+    const seqs = this.seqs
+    const bs = this.blockSize
+    const isl = c.isl
+    const ov = c.overlap
+    const ovLen = ov === undefined ? 0 : ov.length
+    const extra = c.track === TRACK_NONE ? 0 : c.n
+    const w = c.weight
+    const logits = this.logits
+    for (let i = 0; i < m; i++) {
+      const s = slots[i] as number
+      let prefill = seqs.prefillTokens[s] as number
+      if (c.trackPrefill) {
+        const overlap = s < ovLen ? ((ov as ArrayLike<number>)[s] as number) : 0
+        const fresh = isl - overlap * bs
+        if (fresh > 0) prefill += fresh
+      }
+      let decode = (seqs.activeBlocks[s] as number) + extra
+      if (shared) decode -= present[s] as number
+      logits[i] = w * (prefill / bs) + decode
+    }
+  }
+
+  /** Builds the explanation rows (allocates; only when asked). */
+  explain(c: CostInputs, slots: Int32Array, m: number, treeSizes?: ArrayLike<number>): Candidate[] {
+    this.computeLogits(c, slots, m)
+    const shared = c.track === TRACK_SHARED && c.lo !== undefined && c.hi !== undefined && c.n > 0
+    const extra = c.track === TRACK_NONE ? 0 : c.n
+    const out: Candidate[] = []
+    for (let i = 0; i < m; i++) {
+      const s = slots[i] as number
+      const overlap = c.overlap !== undefined && s < c.overlap.length ? (c.overlap[s] as number) : 0
+      const fresh = Math.max(0, c.isl - overlap * this.blockSize)
+      const prefillTokens = (this.seqs.prefillTokens[s] as number) + (c.trackPrefill ? fresh : 0)
+      const decode = (this.seqs.activeBlocks[s] as number) + extra - (shared ? (this.present[s] as number) : 0)
+      const row: Candidate = {
+        workerId: this.workers.workerIdOf(s),
+        dpRank: this.workers.dpRankOf(s),
+        slot: s,
+        overlapBlocks: overlap,
+        prefillBlocks: prefillTokens / this.blockSize,
+        decodeBlocks: decode,
+        logit: this.logits[i] as number,
+        inFlight: this.seqs.inFlight[s] as number,
+      }
+      if (treeSizes !== undefined && s < treeSizes.length) row.treeSize = treeSizes[s] as number
+      out.push(row)
+    }
+    return out
+  }
+
+  /** Index of the minimum logit; exact ties broken uniformly at random (reservoir of one). */
+  minPick(m: number): number {
+    const logits = this.logits
+    let best = Infinity
+    let chosen = 0
+    let ties = 0
+    for (let i = 0; i < m; i++) {
+      const l = logits[i] as number
+      if (l < best) {
+        best = l
+        chosen = i
+        ties = 1
+      } else if (l === best) {
+        ties++
+        if (this.rng.int(ties) === 0) chosen = i
+      }
+    }
+    return chosen
+  }
+
+  /**
+   * p_i ∝ exp(−(logit_i − min) / ((max − min) × T)); all equal → uniform. The first index whose
+   * cumulative probability reaches u wins, the last one if rounding leaves u unreached.
+   */
+  softmaxPick(m: number, temperature: number): number {
+    const logits = this.logits
+    let min = Infinity
+    let max = -Infinity
+    for (let i = 0; i < m; i++) {
+      const l = logits[i] as number
+      if (l < min) min = l
+      if (l > max) max = l
+    }
+    if (!(max > min)) return this.rng.int(m)
+    const scale = 1 / ((max - min) * temperature)
+    const weights = this.weights
+    let sum = 0
+    for (let i = 0; i < m; i++) {
+      const e = Math.exp(-((logits[i] as number) - min) * scale)
+      weights[i] = e
+      sum += e
+    }
+    const u = this.rng.next() * sum
+    let acc = 0
+    for (let i = 0; i < m; i++) {
+      acc += weights[i] as number
+      if (acc >= u) return i
+    }
+    return m - 1
+  }
+
+  private countPresent(c: CostInputs, slots: Int32Array, m: number): Int32Array {
+    const need = this.workers.slotCapacity
+    if (this.present.length < need) this.present = new Int32Array(Math.max(need, this.present.length * 2))
+    const present = this.present
+    for (let i = 0; i < m; i++) present[slots[i] as number] = 0
+    // Non-candidate slots may collect counts too; only candidates' entries are read, and they
+    // were zeroed above, so stale values elsewhere never matter.
+    this.seqs.countPresent(c.lo as ArrayLike<number>, c.hi as ArrayLike<number>, c.n, present)
+    return present
+  }
+
+  private roundRobin(slots: Int32Array, m: number): number {
+    // Candidates are ascending by slot: take the first one after the last pick, wrapping.
+    // Keyed by slot rather than by position so that busy or removed workers do not skew the turn.
+    for (let i = 0; i < m; i++) {
+      const s = slots[i] as number
+      if (s > this.rrLast) {
+        this.rrLast = s
+        return s
+      }
+    }
+    this.rrLast = slots[0] as number
+    return this.rrLast
+  }
+
+  /** Fewest in-flight requests, then fewest active blocks, random among exact ties. */
+  private leastLoaded(slots: Int32Array, from: number, to: number, device: number): number {
+    const inFlight = this.seqs.inFlight
+    const blocks = this.seqs.activeBlocks
+    const devices = this.workers.device
+    let bestReq = Infinity
+    let bestBlocks = Infinity
+    let chosen = -1
+    let ties = 0
+    for (let i = from; i < to; i++) {
+      const s = slots[i] as number
+      if (device >= 0 && (devices[s] === DEVICE_CPU ? 1 : 0) !== device) continue
+      const r = inFlight[s] as number
+      const b = blocks[s] as number
+      if (r < bestReq || (r === bestReq && b < bestBlocks)) {
+        bestReq = r
+        bestBlocks = b
+        chosen = s
+        ties = 1
+      } else if (r === bestReq && b === bestBlocks) {
+        ties++
+        if (this.rng.int(ties) === 0) chosen = s
+      }
+    }
+    return chosen
+  }
+
+  private powerOfTwo(slots: Int32Array, m: number): number {
+    if (m === 1) return slots[0] as number
+    const i = this.rng.int(m)
+    let j = this.rng.int(m - 1)
+    if (j >= i) j++
+    const a = slots[i] as number
+    const b = slots[j] as number
+    const ra = this.seqs.inFlight[a] as number
+    const rb = this.seqs.inFlight[b] as number
+    if (ra !== rb) return ra < rb ? a : b
+    const ba = this.seqs.activeBlocks[a] as number
+    const bb = this.seqs.activeBlocks[b] as number
+    if (ba !== bb) return ba < bb ? a : b
+    return this.rng.int(2) === 0 ? a : b
+  }
+
+  /**
+   * Spec §4.8: per device group (CPU, non-CPU) normalized_load = in-flight(group) /
+   * (instances(group) × weight), weight 1 for CPU and the CUDA:CPU ratio otherwise; the lighter
+   * group wins, then least-loaded inside it. An exact tie goes to the non-CPU group, as in
+   * Dynamo (CPU is chosen only while strictly below its budget). One group present → least-loaded.
+   */
+  private deviceAware(slots: Int32Array, m: number): number {
+    const inFlight = this.seqs.inFlight
+    const devices = this.workers.device
+    let cpuN = 0
+    let cpuLoad = 0
+    let gpuLoad = 0
+    for (let i = 0; i < m; i++) {
+      const s = slots[i] as number
+      if (devices[s] === DEVICE_CPU) {
+        cpuN++
+        cpuLoad += inFlight[s] as number
+      } else {
+        gpuLoad += inFlight[s] as number
+      }
+    }
+    const gpuN = m - cpuN
+    if (cpuN === 0 || gpuN === 0) return this.leastLoaded(slots, 0, m, -1)
+    const cpuNorm = cpuLoad / cpuN
+    const gpuNorm = gpuLoad / (gpuN * this.cudaToCpuRatio)
+    return this.leastLoaded(slots, 0, m, cpuNorm < gpuNorm ? 1 : 0)
+  }
+}
+
+/** Dynamo-style debug lines for an explanation, one per candidate. */
+export function formatCandidates(rows: readonly Candidate[], weight: number): string {
+  return rows
+    .map(
+      (r) =>
+        `Formula for worker_id=${r.workerId} dp_rank=${r.dpRank}: ${r.logit.toFixed(3)} = ${weight} * ${r.prefillBlocks.toFixed(3)} + ${r.decodeBlocks} (cached_blocks: ${r.overlapBlocks})`,
+    )
+    .join('\n')
+}

@@ -1,0 +1,233 @@
+import t from 'tap'
+import { ActiveSequences, TRACK_NONE, TRACK_SHARED, TRACK_UNIQUE } from '../../src/scheduler/active-sequences.js'
+import { BlockRefs } from '../../src/scheduler/block-refs.js'
+import { U64SlotMap } from '../../src/scheduler/u64-slot-map.js'
+import { blocks, chain } from './fixtures.js'
+
+t.test('shared prefix blocks count once per worker-rank, by reference', async (t) => {
+  const a = new ActiveSequences(300_000)
+  a.ensureSlots(2)
+  const p = chain([...blocks(0, 4), 100, 101]) // shares 4 blocks with q
+  const q = chain([...blocks(0, 4), 200, 201, 202])
+  a.add('p', 0, 96, TRACK_SHARED, p.lo, p.hi, 6, 0, 96, 0)
+  t.equal(a.activeBlocks[0], 6)
+  a.add('q', 0, 112, TRACK_SHARED, q.lo, q.hi, 7, 0, 112, 4)
+  t.equal(a.activeBlocks[0], 9, '4 shared + 2 + 3 distinct')
+  t.equal(a.blockRefCount(0, p.lo[0] as number, p.hi[0] as number), 2)
+  t.equal(a.blockRefCount(0, p.lo[4] as number, p.hi[4] as number), 1)
+  a.add('r', 1, 16, TRACK_SHARED, q.lo, q.hi, 7, 0)
+  t.equal(a.activeBlocks[1], 7, 'another worker-rank counts its own copy')
+  t.equal(a.inFlight[0], 2)
+  t.equal(a.prefillTokens[0], 208)
+  const present = new Int32Array(2)
+  a.countPresent(q.lo, q.hi, 7, present)
+  t.same(Array.from(present), [7, 7], 'every block of q is active on both ranks')
+  present.fill(0)
+  const fresh = chain([999])
+  a.countPresent(fresh.lo, fresh.hi, 1, present)
+  t.same(Array.from(present), [0, 0])
+
+  t.ok(a.free('q'))
+  t.equal(a.activeBlocks[0], 6, 'q only removes what nobody else holds')
+  t.equal(a.blockRefCount(0, p.lo[0] as number, p.hi[0] as number), 1)
+  t.notOk(a.free('q'), 'freeing twice is a no-op')
+  t.equal(a.activeBlocks[0], 6)
+  t.ok(a.free('p'))
+  t.ok(a.free('r'))
+  t.same([a.activeBlocks[0], a.activeBlocks[1], a.prefillTokens[0], a.inFlight[0], a.trackedPairs, a.size], [0, 0, 0, 0, 0, 0])
+})
+
+t.test('prefill tokens leave on prefill-complete, and free implies it', async (t) => {
+  const a = new ActiveSequences(300_000)
+  a.add('x', 0, 500, TRACK_NONE, undefined, undefined, 0, 0, 600, 1)
+  a.add('y', 0, 300, TRACK_NONE, undefined, undefined, 0, 0)
+  t.equal(a.prefillTokens[0], 800)
+  t.same(a.requestInfo('x'), { slot: 0, isl: 600, overlapBlocks: 1, prefillTokens: 500, blocks: 0, addedAt: 0 })
+  t.ok(a.markPrefillComplete('x'))
+  t.equal(a.prefillTokens[0], 300)
+  t.ok(a.markPrefillComplete('x'), 'known request, nothing left to subtract')
+  t.equal(a.prefillTokens[0], 300)
+  t.notOk(a.markPrefillComplete('nope'))
+  t.equal(a.requestInfo('nope'), undefined)
+  t.equal(a.slotOfRequest('y'), 0)
+  t.equal(a.slotOfRequest('nope'), -1)
+  t.ok(a.free('y'))
+  t.equal(a.prefillTokens[0], 0)
+  t.ok(a.free('x'))
+  t.equal(a.inFlight[0], 0)
+})
+
+t.test('toggles: no tracking adds no blocks; no kv reuse counts every block', async (t) => {
+  const a = new ActiveSequences(300_000)
+  const h = chain(blocks(0, 5))
+  a.add('none', 0, 0, TRACK_NONE, h.lo, h.hi, 5, 0)
+  t.equal(a.activeBlocks[0], 0)
+  a.add('u1', 0, 0, TRACK_UNIQUE, undefined, undefined, 5, 0)
+  a.add('u2', 0, 0, TRACK_UNIQUE, undefined, undefined, 5, 0)
+  t.equal(a.activeBlocks[0], 10, 'random hashes never dedupe')
+  t.equal(a.requestInfo('u1')?.blocks, 5)
+  a.free('u1')
+  t.equal(a.activeBlocks[0], 5)
+  a.free('u2')
+  a.free('none')
+  t.equal(a.activeBlocks[0], 0)
+})
+
+t.test('duplicates are refused', async (t) => {
+  const a = new ActiveSequences(300_000)
+  a.add('d', 0, 1, TRACK_NONE, undefined, undefined, 0, 0)
+  t.throws(() => a.add('d', 0, 1, TRACK_NONE, undefined, undefined, 0, 0), { code: 'KVR_ERR_DUPLICATE_REQUEST' })
+  t.equal(a.inFlight[0], 1)
+})
+
+t.test('stale requests expire lazily on add and on demand, exactly once', async (t) => {
+  const a = new ActiveSequences(1000)
+  const h = chain(blocks(0, 3))
+  a.add('old', 0, 10, TRACK_SHARED, h.lo, h.hi, 3, 0)
+  a.add('gone', 0, 10, TRACK_NONE, undefined, undefined, 0, 100)
+  a.free('gone') // its FIFO record goes stale and must be skipped
+  a.add('mid', 0, 10, TRACK_NONE, undefined, undefined, 0, 500)
+  a.add('new', 0, 10, TRACK_SHARED, h.lo, h.hi, 3, 999)
+  t.equal(a.size, 3, 'nothing expired before a full period')
+  a.add('later', 0, 10, TRACK_NONE, undefined, undefined, 0, 1000)
+  t.notOk(a.has('old'), 'the oldest booking expired when a new one was added')
+  t.ok(a.has('mid'))
+  t.equal(a.activeBlocks[0], 3, "'new' still holds the shared blocks")
+  t.notOk(a.free('old'), 'an expired request cannot be freed again')
+  t.equal(a.expireStale(1499), 0)
+  t.equal(a.expireStale(1500), 1)
+  t.equal(a.expireStale(5000), 2)
+  t.equal(a.expiredTotal, 4)
+  t.same([a.size, a.activeBlocks[0], a.prefillTokens[0], a.inFlight[0], a.trackedPairs], [0, 0, 0, 0, 0])
+})
+
+t.test('FIFO and handle storage grow', async (t) => {
+  const a = new ActiveSequences(10)
+  for (let i = 0; i < 500; i++) a.add(`r${i}`, i % 3, 1, TRACK_UNIQUE, undefined, undefined, 1, i / 100)
+  t.equal(a.size, 500)
+  t.equal(a.expireStale(100), 500)
+  // wrap-around: alternate add and expire so the ring head moves
+  for (let i = 0; i < 300; i++) {
+    a.add(`w${i}`, 0, 1, TRACK_NONE, undefined, undefined, 0, 200 + i)
+    if (i % 3 === 0) a.expireStale(200 + i)
+  }
+  const left = a.size
+  t.ok(left > 0 && left < 300, 'some expired on the way')
+  t.equal(a.expireStale(10_000), left)
+  t.equal(a.size, 0)
+  t.equal(a.expiredTotal, 800)
+})
+
+t.test('dropSlot frees only that slot', async (t) => {
+  const a = new ActiveSequences(300_000)
+  a.ensureSlots(40)
+  t.ok(a.activeBlocks.length >= 40)
+  const h = chain(blocks(0, 4))
+  a.add('a', 3, 5, TRACK_SHARED, h.lo, h.hi, 4, 0)
+  a.add('b', 3, 5, TRACK_SHARED, h.lo, h.hi, 4, 0)
+  a.add('c', 4, 5, TRACK_SHARED, h.lo, h.hi, 4, 0)
+  t.same(a.dropSlot(3).sort(), ['a', 'b'])
+  t.equal(a.activeBlocks[3], 0)
+  t.equal(a.activeBlocks[4], 4)
+  t.same(a.dropSlot(3), [])
+  t.ok(a.has('c'))
+})
+
+t.test('big prompts: pair lists recycle by size class and the maps grow', async (t) => {
+  const a = new ActiveSequences(300_000)
+  a.ensureSlots(4)
+  const n = 20_000
+  const lo = new Uint32Array(n)
+  const hi = new Uint32Array(n)
+  for (let i = 0; i < n; i++) {
+    lo[i] = i
+    hi[i] = 7
+  }
+  for (let slot = 0; slot < 4; slot++) a.add(`big${slot}`, slot, 0, TRACK_SHARED, lo, hi, n, 0)
+  t.equal(a.trackedPairs, 4 * n)
+  const present = new Int32Array(4)
+  a.countPresent(lo, hi, n, present)
+  t.same(Array.from(present), [n, n, n, n])
+  for (let slot = 0; slot < 4; slot++) a.free(`big${slot}`)
+  t.equal(a.trackedPairs, 0)
+  a.add('again', 1, 0, TRACK_SHARED, lo, hi, n, 0)
+  t.equal(a.activeBlocks[1], n)
+  a.free('again')
+  t.equal(a.activeBlocks[1], 0)
+  // one-block requests use the smallest class
+  a.add('one', 0, 0, TRACK_SHARED, lo, hi, 1, 0)
+  t.equal(a.activeBlocks[0], 1)
+  a.free('one')
+})
+
+t.test('U64SlotMap: find, insert, delete in chains, reuse, growth, clear', async (t) => {
+  const m = new U64SlotMap(4)
+  t.equal(m.capacity, 16)
+  let grew = 0
+  m.onGrow = () => grew++
+  const idx: number[] = []
+  for (let i = 0; i < 100; i++) idx.push(m.insert(i, i >>> 1, i % 3))
+  t.ok(grew >= 2)
+  for (let i = 0; i < 100; i++) t.equal(m.find(i, i >>> 1, i % 3), idx[i])
+  t.equal(m.find(1, 0, 2), -1, 'slot is part of the key')
+  for (let i = 0; i < 100; i += 2) m.delete(idx[i] as number)
+  t.equal(m.size, 50)
+  for (let i = 0; i < 100; i++) t.equal(m.find(i, i >>> 1, i % 3) >= 0, i % 2 === 1)
+  const again = m.insert(5000, 1, 0)
+  t.ok(again < 100, 'a freed index is reused')
+  t.equal(m.highWater, 100)
+  m.clear()
+  t.equal(m.size, 0)
+  t.equal(m.find(1, 0, 1), -1)
+})
+
+t.test('BlockRefs: release unlinks from the middle of a hash list', async (t) => {
+  const r = new BlockRefs()
+  const p0 = r.acquire(0, 1, 1)
+  t.ok(r.created)
+  const p1 = r.acquire(1, 1, 1)
+  const p2 = r.acquire(2, 1, 1)
+  r.acquire(1, 1, 1)
+  t.notOk(r.created)
+  t.equal(r.refCount(1, 1, 1), 2)
+  t.notOk(r.release(p1))
+  t.ok(r.release(p1), 'middle of the list')
+  const present = new Int32Array(3)
+  r.countPresent([1], [1], 1, present)
+  t.same(Array.from(present), [1, 0, 1])
+  t.ok(r.release(p2))
+  t.ok(r.release(p0))
+  t.equal(r.size, 0)
+  t.equal(r.refCount(0, 1, 1), 0)
+  present.fill(0)
+  r.countPresent([1], [1], 1, present)
+  t.same(Array.from(present), [0, 0, 0])
+})
+
+t.test('countPresent: depth of the longest active prefix per slot, for chained hashes', async (t) => {
+  const a = new ActiveSequences(300_000)
+  a.ensureSlots(3)
+  const q = chain(blocks(0, 7))
+  const p = chain([...blocks(0, 4), 50, 51]) // shares q's first 4 blocks
+  const r = chain(blocks(0, 2))
+  a.add('p', 0, 0, TRACK_SHARED, p.lo, p.hi, 6, 0)
+  a.add('q', 1, 0, TRACK_SHARED, q.lo, q.hi, 7, 0)
+  a.add('r', 2, 0, TRACK_SHARED, r.lo, r.hi, 2, 0)
+  const present = new Int32Array(3)
+  a.countPresent(q.lo, q.hi, 7, present)
+  t.same(Array.from(present), [4, 7, 2])
+  present.fill(0)
+  a.countPresent(q.lo, q.hi, 0, present)
+  t.same(Array.from(present), [0, 0, 0], 'no blocks, nothing present')
+})
+
+t.test('countPresent falls back to exact counting when hashes are not chained', async (t) => {
+  const r = new BlockRefs()
+  r.acquire(0, 1, 0) // A on slot 0
+  r.acquire(0, 2, 0) // B on slots 0 and 1: more holders than A, impossible for a chain
+  r.acquire(1, 2, 0)
+  r.acquire(2, 3, 0) // C on slot 2 only
+  const present = new Int32Array(3)
+  r.countPresent([1, 2, 3], [0, 0, 0], 3, present)
+  t.same(Array.from(present), [2, 1, 1])
+})

@@ -1,0 +1,252 @@
+// The router queue (spec §4.6): waiting only when every candidate is busy, policy order,
+// priority, the bound, cancellation and dispatch triggers.
+import t from 'tap'
+import { isKvrError, KvrError } from '../../src/shared/errors.js'
+import { PendingQueue } from '../../src/scheduler/pending-queue.js'
+import { policyKey, priorityJump } from '../../src/scheduler/queue-policy.js'
+import { RetryableError } from '../../src/scheduler/rejection.js'
+import type { RouteDecision, Scheduler, ScheduleRequest } from '../../src/scheduler/scheduler.js'
+import { makeScheduler, overlaps } from './fixtures.js'
+
+// One worker that is busy above 100 unstarted prefill tokens (threshold 1 × 100).
+function busyFleet(opts: Record<string, unknown> = {}, workers = 1) {
+  const f = makeScheduler({ blockSize: 16, queueThreshold: 1, ...opts }, workers, { maxNumBatchedTokens: 100 })
+  f.s.tryRoute({ id: 'blocker', isl: 200, workerId: 1n })
+  return f
+}
+
+/** Completes prefill of whichever booked request still has prefill, until all of `ids` ran. */
+async function runAll(s: Scheduler, ids: string[], pending: Promise<RouteDecision>[]): Promise<string[]> {
+  const order: string[] = []
+  pending.forEach((p) => p.then((d) => order.push(d.requestId as string)))
+  s.markPrefillComplete('blocker')
+  for (let guard = 0; guard < 100 && ids.some((id) => s.isWaiting(id)); guard++) {
+    for (const id of ids) if ((s.sequences.requestInfo(id)?.prefillTokens ?? 0) > 0) s.markPrefillComplete(id)
+  }
+  await Promise.all(pending)
+  return order
+}
+
+function enqueueAt(s: Scheduler, clock: { ms: number }, ms: number, req: ScheduleRequest): Promise<RouteDecision> {
+  clock.ms = ms
+  return s.schedule(req)
+}
+
+t.test('policy keys as the spec gives them', async (t) => {
+  t.equal(priorityJump(undefined), 0)
+  t.equal(priorityJump(-3), 0, 'negative priority clamps to 0')
+  t.equal(priorityJump(Number.NaN), 0)
+  t.equal(priorityJump(2.5), 2.5)
+  t.equal(policyKey('fcfs', 2, 10, 0), -8)
+  t.equal(policyKey('lcfs', 2, 10, 0), 12)
+  t.equal(policyKey('wspt', 0, 10, 1024 - 60 * 16), 1 / 64, 'isl 1024, 60 cached blocks of 16 → 1/64')
+  t.equal(policyKey('wspt', 3, 0, 0), 4, 'new tokens floor at 1')
+})
+
+t.test('fcfs: earlier arrival first, priority (seconds) jumps ahead', async (t) => {
+  const { s, clock } = busyFleet({ queuePolicy: 'fcfs' })
+  const p = [
+    enqueueAt(s, clock, 0, { id: 'a', isl: 200 }),
+    enqueueAt(s, clock, 1000, { id: 'b', isl: 200 }),
+    enqueueAt(s, clock, 2000, { id: 'c', isl: 200, priority: 5 }),
+    enqueueAt(s, clock, 3000, { id: 'd', isl: 200, priority: -4 }),
+  ]
+  t.equal(s.stats().queueDepth, 4)
+  t.same(await runAll(s, ['a', 'b', 'c', 'd'], p), ['c', 'a', 'b', 'd'])
+  t.equal(s.stats().queueDepth, 0)
+})
+
+t.test('lcfs: latest arrival first, priority still jumps', async (t) => {
+  const { s, clock } = busyFleet({ queuePolicy: 'lcfs' })
+  const p = [
+    enqueueAt(s, clock, 0, { id: 'a', isl: 200, priority: 2.5 }),
+    enqueueAt(s, clock, 1000, { id: 'b', isl: 200 }),
+    enqueueAt(s, clock, 2000, { id: 'c', isl: 200 }),
+  ]
+  t.same(await runAll(s, ['a', 'b', 'c'], p), ['a', 'c', 'b'], 'a: 2.5 + 0 beats c: 2 and b: 1')
+})
+
+t.test('wspt: least new work first, weighted by priority; equal keys in arrival order', async (t) => {
+  const { s, clock } = busyFleet({ queuePolicy: 'wspt' })
+  const p = [
+    enqueueAt(s, clock, 0, { id: 'a', isl: 1000 }),
+    enqueueAt(s, clock, 1, { id: 'b', isl: 300 }),
+    enqueueAt(s, clock, 2, { id: 'c', isl: 2000, priority: 1 }),
+    enqueueAt(s, clock, 3, { id: 'd', isl: 1024, overlapBlocks: overlaps({ 0: 60 }) }),
+  ]
+  t.same(await runAll(s, ['a', 'b', 'c', 'd'], p), ['d', 'b', 'a', 'c'])
+})
+
+t.test('wait only when every candidate is busy', async (t) => {
+  const { s } = busyFleet({}, 2)
+  const d = await s.schedule({ id: 'x', isl: 500 })
+  t.equal(d.workerId, 2n, 'the idle worker takes it at once')
+  t.equal(d.waitedMs, 0)
+  const p = s.schedule({ id: 'y', isl: 50 })
+  t.ok(s.isWaiting('y'), 'both workers busy now')
+  const q = await s.schedule({ id: 'z', isl: 50, updateStates: false })
+  t.equal(q.booked, false, 'query-only requests never wait')
+  s.free('x')
+  t.equal((await p).workerId, 2n, 'dispatched on free')
+})
+
+t.test('no queue when the threshold is unset', async (t) => {
+  const { s } = makeScheduler({ queueThreshold: null }, 1, { maxNumBatchedTokens: 1 })
+  for (let i = 0; i < 5; i++) t.equal((await s.schedule({ id: `r${i}`, isl: 1000 })).workerId, 1n)
+  t.equal(s.stats().queuedTotal, 0)
+})
+
+t.test('threshold 0 queues as soon as every worker has any unstarted prefill', async (t) => {
+  const { s } = makeScheduler({ queueThreshold: 0 }, 1)
+  t.ok(s.tryRoute({ id: 'a', isl: 1 }))
+  t.equal(s.tryRoute({ id: 'b', isl: 1 }), null)
+})
+
+t.test('the bound refuses at once with 503 and Retry-After', async (t) => {
+  const { s } = busyFleet({ queueMaxPending: 2, retryAfterSecs: 3 })
+  const a = s.schedule({ id: 'a', isl: 10 })
+  const b = s.schedule({ id: 'b', isl: 10 })
+  const err = await s.schedule({ id: 'c', isl: 10 }).catch((e: unknown) => e)
+  t.ok(err instanceof RetryableError)
+  t.ok(isKvrError(err, 'KVR_ERR_QUEUE_FULL'))
+  t.equal((err as RetryableError).statusCode, 503)
+  t.equal((err as RetryableError).retryAfterSecs, 3)
+  t.match((err as Error).message, /maximum of 2 pending requests/)
+  t.equal(s.stats().queueFullTotal, 1)
+  t.notOk(s.isWaiting('c'))
+  s.free('blocker')
+  await Promise.all([a, b])
+})
+
+t.test('a cancelled waiting request is gone', async (t) => {
+  const { s } = busyFleet()
+  const a = s.schedule({ id: 'a', isl: 10 })
+  const b = s.schedule({ id: 'b', isl: 10 })
+  t.ok(s.cancel('a'))
+  const err = await a.catch((e: unknown) => e)
+  t.ok(isKvrError(err, 'KVR_ERR_REQUEST_CANCELLED'))
+  t.equal((err as KvrError).statusCode, 499)
+  t.notOk(s.isWaiting('a'))
+  t.equal(s.stats().queueDepth, 1)
+  t.notOk(s.cancel('a'), 'cancelling twice does nothing')
+  s.free('blocker')
+  t.equal((await b).requestId, 'b')
+  t.notOk(s.sequences.has('a'), 'never booked')
+  t.equal(s.stats().cancelledTotal, 1)
+})
+
+t.test('an aborted signal removes the waiter; aborted before routing = refused', async (t) => {
+  const { s } = busyFleet()
+  const ac = new AbortController()
+  const p = s.schedule({ id: 'a', isl: 10, signal: ac.signal })
+  t.ok(s.isWaiting('a'))
+  ac.abort()
+  t.ok(isKvrError(await p.catch((e: unknown) => e), 'KVR_ERR_REQUEST_CANCELLED'))
+  t.equal(s.stats().queueDepth, 0)
+  const err = await s.schedule({ id: 'b', isl: 10, signal: ac.signal }).catch((e: unknown) => e)
+  t.ok(isKvrError(err, 'KVR_ERR_REQUEST_CANCELLED'))
+  // a dispatched request's signal no longer cancels it from the queue side
+  const ac2 = new AbortController()
+  const q = s.schedule({ id: 'c', isl: 10, signal: ac2.signal })
+  s.free('blocker')
+  await q
+  ac2.abort()
+  t.ok(s.sequences.has('c'), 'booked requests are freed by the HTTP layer, not by the stale listener')
+})
+
+t.test('cancel of a booked request frees it', async (t) => {
+  const { s } = busyFleet()
+  t.ok(s.cancel('blocker'))
+  t.equal(s.sequences.inFlight[0], 0)
+  t.notOk(s.cancel('blocker'))
+})
+
+t.test('periodic recheck dispatches after stale bookings expire; waits are measured', async (t) => {
+  const { s, clock } = busyFleet({ staleRequestSecs: 10 })
+  clock.ms = 1000
+  const p = s.schedule({ id: 'a', isl: 10 })
+  clock.ms = 5000
+  s.recheck()
+  t.ok(s.isWaiting('a'), 'the blocker is not stale yet')
+  clock.ms = 10_000
+  s.recheck()
+  const d = await p
+  t.equal(d.waitedMs, 9000)
+  const st = s.stats()
+  t.equal(st.staleExpiredTotal, 1)
+  t.equal(st.waitCount, 1)
+  t.equal(st.waitSumMs, 9000)
+  t.equal(st.waitMaxMs, 9000)
+  t.same(s.takeWaitSamples(), [9000])
+  t.same(s.takeWaitSamples(), [], 'drained')
+})
+
+t.test('a new worker drains the queue; a removed pin rejects its waiter', async (t) => {
+  const { s } = busyFleet()
+  const p = s.schedule({ id: 'a', isl: 10 })
+  const pinned = s.schedule({ id: 'b', isl: 10, workerId: 1n, priority: 100 })
+  t.same(s.removeWorkerRank(1n, 0), ['blocker'], 'dropping the worker frees its bookings')
+  t.same(s.removeWorkerRank(1n, 0), [])
+  s.addWorkerRank(2n, 0, { maxNumBatchedTokens: 100 })
+  t.ok(isKvrError(await pinned.catch((e: unknown) => e), 'KVR_ERR_UNKNOWN_WORKER'))
+  t.equal((await p).workerId, 2n)
+})
+
+t.test('duplicates, missing ids and bad prompts are refused', async (t) => {
+  const { s } = busyFleet()
+  const p = s.schedule({ id: 'a', isl: 10 })
+  await t.rejects(s.schedule({ id: 'a', isl: 10 }), { code: 'KVR_ERR_DUPLICATE_REQUEST' })
+  await t.rejects(s.schedule({ id: 'blocker', isl: 10 }), { code: 'KVR_ERR_DUPLICATE_REQUEST' })
+  await t.rejects(s.schedule({ isl: 10 }), /request\.id must be a non-empty string/)
+  await t.rejects(s.schedule({ id: 'n', isl: -1 }), /request\.isl must be a non-negative number/)
+  await t.rejects(s.schedule({ id: 'n', isl: Number.NaN }), { code: 'KVR_ERR_INVALID_OPTION' })
+  s.close()
+  t.ok(isKvrError(await p.catch((e: unknown) => e), 'KVR_ERR_REQUEST_CANCELLED'), 'close() refuses waiters')
+})
+
+t.test('no workers → NO_WORKERS', async (t) => {
+  const { s } = makeScheduler({}, 0)
+  await t.rejects(s.schedule({ id: 'a', isl: 1 }), { code: 'KVR_ERR_NO_WORKERS' })
+  t.equal(s.free('a'), false)
+  t.equal(s.markPrefillComplete('a'), false)
+})
+
+t.test('timers are created and cleared', async (t) => {
+  const { s } = makeScheduler({ queueRecheckMs: 50 }, 1, {}, { timers: true })
+  s.close()
+  s.close()
+  t.pass('closed twice without error')
+})
+
+t.test('PendingQueue: order, ties, arbitrary removal, growth', async (t) => {
+  const q = new PendingQueue()
+  t.equal(q.pop(), -1)
+  t.equal(q.peek(), -1)
+  const keys = [5, 1, 9, 5, 3, 9, 7, 0, 2, 8]
+  for (let h = 0; h < 200; h++) q.push(h, keys[h % keys.length] as number)
+  t.equal(q.size, 200)
+  t.equal(q.keyOf(2), 9)
+  t.ok(q.remove(2))
+  t.notOk(q.remove(2))
+  t.notOk(q.has(100_000))
+  t.ok(q.remove(199))
+  const out: number[] = []
+  while (q.size > 0) out.push(q.pop())
+  t.equal(out.length, 198)
+  for (let i = 1; i < out.length; i++) {
+    const a = out[i - 1] as number
+    const b = out[i] as number
+    const ka = keys[a % keys.length] as number
+    const kb = keys[b % keys.length] as number
+    t.ok(ka > kb || (ka === kb && a < b), 'higher key first, then arrival')
+  }
+  // removal from the middle keeps the heap valid (move up and move down cases)
+  for (let h = 0; h < 50; h++) q.push(h, 50 - h)
+  for (let h = 10; h < 40; h += 3) q.remove(h)
+  let last = Infinity
+  while (q.size > 0) {
+    const h = q.pop()
+    t.ok(50 - h <= last)
+    last = 50 - h
+  }
+})

@@ -5,6 +5,7 @@
 // request is released exactly once whatever ends it and however often it is asked to.
 import { KvrError } from '../shared/errors.js'
 import { BlockRefs } from './block-refs.js'
+import { growTo } from './typed-arrays.js'
 
 /** How a request's blocks are tracked (spec §1.6 / §4.4 toggles). */
 export const TRACK_NONE = 0 // --no-router-track-active-blocks: the request adds no blocks
@@ -72,18 +73,12 @@ export class ActiveSequences {
   ensureSlots(n: number): void {
     if (n <= this.activeBlocks.length) return
     const cap = Math.max(n, this.activeBlocks.length * 2)
-    const ab = new Int32Array(cap)
-    ab.set(this.activeBlocks)
-    this.activeBlocks = ab
-    const pt = new Float64Array(cap)
-    pt.set(this.prefillTokens)
-    this.prefillTokens = pt
-    const inf = new Int32Array(cap)
-    inf.set(this.inFlight)
-    this.inFlight = inf
+    this.activeBlocks = growTo(this.activeBlocks, cap)
+    this.prefillTokens = growTo(this.prefillTokens, cap)
+    this.inFlight = growTo(this.inFlight, cap)
   }
 
-  /** For every slot, how many of the n hashes are already active there (added to present). */
+  /** present[slot] = how many of the n hashes are already active on slot (see BlockRefs.countPresent). */
   countPresent(lo: ArrayLike<number>, hi: ArrayLike<number>, n: number, present: Int32Array): void {
     this.refs.countPresent(lo, hi, n, present)
   }
@@ -122,14 +117,8 @@ export class ActiveSequences {
     let pairs = EMPTY
     if (track === TRACK_SHARED && n > 0 && lo !== undefined && hi !== undefined) {
       pairs = this.takeList(n)
-      const refs = this.refs
-      let created = 0
-      for (let i = 0; i < n; i++) {
-        pairs[i] = refs.acquire(slot, lo[i] as number, hi[i] as number)
-        if (refs.created) created++
-      }
       pairCount = n
-      this.activeBlocks[slot] = (this.activeBlocks[slot] as number) + created
+      this.activeBlocks[slot] = (this.activeBlocks[slot] as number) + this.refs.acquireAll(slot, lo, hi, n, pairs)
     } else if (track !== TRACK_NONE && n > 0) {
       unique = n
       this.activeBlocks[slot] = (this.activeBlocks[slot] as number) + n
@@ -256,14 +245,14 @@ export class ActiveSequences {
     const n = this.top++
     if (n >= this.reqSlot.length) {
       const cap = this.reqSlot.length * 2
-      this.reqSlot = growI32(this.reqSlot, cap)
-      this.reqGen = growI32(this.reqGen, cap)
-      this.reqUnique = growI32(this.reqUnique, cap)
-      this.reqPairCount = growI32(this.reqPairCount, cap)
-      this.reqPrefill = growF64(this.reqPrefill, cap)
-      this.reqAddedAt = growF64(this.reqAddedAt, cap)
-      this.reqIsl = growF64(this.reqIsl, cap)
-      this.reqOverlap = growF64(this.reqOverlap, cap)
+      this.reqSlot = growTo(this.reqSlot, cap)
+      this.reqGen = growTo(this.reqGen, cap)
+      this.reqUnique = growTo(this.reqUnique, cap)
+      this.reqPairCount = growTo(this.reqPairCount, cap)
+      this.reqPrefill = growTo(this.reqPrefill, cap)
+      this.reqAddedAt = growTo(this.reqAddedAt, cap)
+      this.reqIsl = growTo(this.reqIsl, cap)
+      this.reqOverlap = growTo(this.reqOverlap, cap)
     }
     return n
   }
@@ -301,16 +290,4 @@ export class ActiveSequences {
     this.fifo[at + 1] = this.reqGen[h] as number
     this.fifoLen++
   }
-}
-
-function growI32(a: Int32Array, n: number): Int32Array<ArrayBuffer> {
-  const b = new Int32Array(n)
-  b.set(a)
-  return b
-}
-
-function growF64(a: Float64Array, n: number): Float64Array<ArrayBuffer> {
-  const b = new Float64Array(n)
-  b.set(a)
-  return b
 }

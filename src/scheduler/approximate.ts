@@ -8,6 +8,7 @@
 // events through an ApproxSink, so the same sharded index serves both modes. Entries are keyed
 // by (sequence hash, slot); the lazy min-heap holds (expiry, entry, stamp) nodes and skips
 // nodes whose entry was refreshed or removed since (the stamp changed).
+import { growTo } from './typed-arrays.js'
 import { U64SlotMap } from './u64-slot-map.js'
 import type { WorkerRanks } from './worker-ranks.js'
 
@@ -69,9 +70,9 @@ export class ApproxTracker {
     private readonly opts: ApproxTrackerOptions,
   ) {
     this.entries.onGrow = (cap) => {
-      this.expiry = growF64(this.expiry, cap)
-      this.position = growI32(this.position, cap)
-      this.stamp = growI32(this.stamp, cap)
+      this.expiry = growTo(this.expiry, cap)
+      this.position = growTo(this.position, cap)
+      this.stamp = growTo(this.stamp, cap)
     }
   }
 
@@ -174,9 +175,9 @@ export class ApproxTracker {
     this.stamp[e] = ((this.stamp[e] as number) + 1) | 0
     this.entries.delete(e)
     if (this.rN === this.rLo.length) {
-      this.rLo = growU32(this.rLo, this.rN * 2)
-      this.rHi = growU32(this.rHi, this.rN * 2)
-      this.rSlot = growI32(this.rSlot, this.rN * 2)
+      this.rLo = growTo(this.rLo, this.rN * 2)
+      this.rHi = growTo(this.rHi, this.rN * 2)
+      this.rSlot = growTo(this.rSlot, this.rN * 2)
     }
     this.rLo[this.rN] = this.nLo[node] as number
     this.rHi[this.rN] = this.nHi[node] as number
@@ -226,7 +227,7 @@ export class ApproxTracker {
     this.nSlot[node] = this.entries.slot[e] as number
     this.nEntry[node] = e
     this.nStamp[node] = this.stamp[e] as number
-    if (this.heapN === this.heap.length) this.heap = growI32(this.heap, this.heapN * 2)
+    if (this.heapN === this.heap.length) this.heap = growTo(this.heap, this.heapN * 2)
     let i = this.heapN++
     while (i > 0) {
       const p = (i - 1) >> 1
@@ -300,7 +301,7 @@ export class ApproxTracker {
       this.nSlot[node] = entries.slot[e] as number
       this.nEntry[node] = e
       this.nStamp[node] = this.stamp[e] as number
-      if (this.heapN === this.heap.length) this.heap = growI32(this.heap, this.heapN * 2)
+      if (this.heapN === this.heap.length) this.heap = growTo(this.heap, this.heapN * 2)
       this.heap[this.heapN++] = node
     }
     for (let i = (this.heapN >> 1) - 1; i >= 0; i--) this.siftDown(i, this.heap[i] as number)
@@ -308,30 +309,12 @@ export class ApproxTracker {
 
   private growNodes(n: number): void {
     const cap = Math.max(n, this.nExp.length * 2)
-    this.nExp = growF64(this.nExp, cap)
-    this.nPos = growI32(this.nPos, cap)
-    this.nLo = growU32(this.nLo, cap)
-    this.nHi = growU32(this.nHi, cap)
-    this.nSlot = growI32(this.nSlot, cap)
-    this.nEntry = growI32(this.nEntry, cap)
-    this.nStamp = growI32(this.nStamp, cap)
+    this.nExp = growTo(this.nExp, cap)
+    this.nPos = growTo(this.nPos, cap)
+    this.nLo = growTo(this.nLo, cap)
+    this.nHi = growTo(this.nHi, cap)
+    this.nSlot = growTo(this.nSlot, cap)
+    this.nEntry = growTo(this.nEntry, cap)
+    this.nStamp = growTo(this.nStamp, cap)
   }
-}
-
-function growF64(a: Float64Array, n: number): Float64Array<ArrayBuffer> {
-  const b = new Float64Array(Math.max(n, a.length))
-  b.set(a)
-  return b
-}
-
-function growI32(a: Int32Array, n: number): Int32Array<ArrayBuffer> {
-  const b = new Int32Array(Math.max(n, a.length))
-  b.set(a)
-  return b
-}
-
-function growU32(a: Uint32Array, n: number): Uint32Array<ArrayBuffer> {
-  const b = new Uint32Array(Math.max(n, a.length))
-  b.set(a)
-  return b
 }

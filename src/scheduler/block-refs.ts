@@ -8,7 +8,17 @@
 // The hash level lets a routing decision find, for every slot at once, how many of the
 // request's blocks are already active there (potential_decode_blocks, spec §4.2) without a
 // lookup per (block, slot).
+//
+// Each hash entry also remembers which hash preceded it in the requests that reference it
+// (pred). That is what lets countPresent() take the cheap prefix walk only where it is provably
+// exact, whatever hashes callers pass (see there).
+import { growTo } from './typed-arrays.js'
 import { U64SlotMap } from './u64-slot-map.js'
+
+/** pred[h] when h was referenced as the first block of a request. */
+const PRED_FIRST = -1
+/** pred[h] once h has been referenced after two different hashes (or after none and after one). */
+const PRED_MIXED = -2
 
 export class BlockRefs {
   private pairs = new U64SlotMap(4096)
@@ -19,19 +29,31 @@ export class BlockRefs {
   private nextInHash = new Int32Array(4096)
   private head = new Int32Array(4096)
   private holders = new Int32Array(4096)
-  /** Set by acquire(): true when the pair was created (the block became active on the slot). */
+  /**
+   * Per hash entry: the hash entry that preceded it in every request that referenced it since the
+   * entry was created, PRED_FIRST when it was always a request's first block, PRED_MIXED otherwise.
+   * Only reset when the entry is deleted, so it can stay MIXED longer than needed (slower, never
+   * wrong). An entry index in pred[h] is always live: each reference to h came with a reference to
+   * that predecessor on the same slot, released together with it.
+   */
+  private pred = new Int32Array(4096)
+  /** Hash entries (or -1) of the blocks of the last countPresent(), for the booking that follows. */
+  private seen = new Int32Array(256)
+  private seenN = 0
+  /** Set by every acquisition: true when the pair was created (the block became active on the slot). */
   created = false
 
   constructor() {
     this.pairs.onGrow = (cap) => {
-      this.ref = resize(this.ref, cap)
-      this.pairHash = resize(this.pairHash, cap)
-      this.prev = resize(this.prev, cap)
-      this.nextInHash = resize(this.nextInHash, cap)
+      this.ref = growTo(this.ref, cap)
+      this.pairHash = growTo(this.pairHash, cap)
+      this.prev = growTo(this.prev, cap)
+      this.nextInHash = growTo(this.nextInHash, cap)
     }
     this.hashes.onGrow = (cap) => {
-      this.head = resize(this.head, cap)
-      this.holders = resize(this.holders, cap)
+      this.head = growTo(this.head, cap)
+      this.holders = growTo(this.holders, cap)
+      this.pred = growTo(this.pred, cap)
     }
   }
 
@@ -40,24 +62,63 @@ export class BlockRefs {
     return this.pairs.size
   }
 
-  /** Takes one reference on (hash, slot); returns the pair index to release later. */
+  /**
+   * Takes one reference on each of the n hashes on slot, as one request's blocks in order;
+   * pairsOut[i] receives the pair index to release later. Returns how many blocks became active
+   * on the slot (pairs created).
+   */
+  acquireAll(slot: number, lo: ArrayLike<number>, hi: ArrayLike<number>, n: number, pairsOut: Int32Array): number {
+    const hashes = this.hashes
+    const seen = this.seen
+    const seenN = this.seenN
+    this.seenN = 0
+    let created = 0
+    let before = PRED_FIRST
+    for (let i = 0; i < n; i++) {
+      const l = lo[i] as number
+      const u = hi[i] as number
+      // The routing decision just looked these hashes up (countPresent); reuse an entry it found
+      // when it still holds this very key, which also covers a caller that changed the arrays.
+      let h = i < seenN ? (seen[i] as number) : -1
+      let fresh = false
+      if (h < 0 || hashes.slot[h] !== 0 || hashes.lo[h] !== l || hashes.hi[h] !== u) {
+        h = hashes.findOrInsert(l, u, 0)
+        fresh = hashes.inserted
+      }
+      const p = this.acquireEntry(h, fresh, slot, before)
+      pairsOut[i] = p
+      if (this.created) created++
+      before = h
+    }
+    return created
+  }
+
+  /**
+   * Takes one reference on (hash, slot) for a block with no known predecessor (tests and
+   * debugging; bookings go through acquireAll). Returns the pair index to release later.
+   */
   acquire(slot: number, lo: number, hi: number): number {
-    let h = this.hashes.find(lo, hi, 0)
+    const h = this.hashes.findOrInsert(lo, hi, 0)
+    return this.acquireEntry(h, this.hashes.inserted, slot, PRED_MIXED)
+  }
+
+  private acquireEntry(h: number, fresh: boolean, slot: number, before: number): number {
     let p: number
-    if (h < 0) {
+    if (fresh) {
       // A hash nobody holds has no pairs: skip the pair lookup.
-      h = this.hashes.insert(lo, hi, 0)
       this.head[h] = -1
       this.holders[h] = 0
+      this.pred[h] = before
+      p = this.pairs.insert(h, 0, slot)
     } else {
-      p = this.pairs.find(h, 0, slot)
-      if (p >= 0) {
+      if (this.pred[h] !== before) this.pred[h] = PRED_MIXED
+      p = this.pairs.findOrInsert(h, 0, slot)
+      if (!this.pairs.inserted) {
         this.ref[p] = (this.ref[p] as number) + 1
         this.created = false
         return p
       }
     }
-    p = this.pairs.insert(h, 0, slot)
     const first = this.head[h] as number
     this.nextInHash[p] = first
     this.prev[p] = -1
@@ -88,40 +149,48 @@ export class BlockRefs {
   }
 
   /**
-   * present[slot] = how many of the n hashes are active on slot, for every slot holding any
-   * (entries of other slots are left untouched; the caller zeroes the ones it reads).
+   * present[slot] = how many of the n hashes are active on slot. Only slots holding some block
+   * are written (assigned or added to), so the caller zeroes the entries it will read first.
+   * Exact for any hashes; a hash listed twice counts twice, as in Dynamo's filter-and-count.
    *
-   * Tracking hashes are chained sequence hashes, and every booking references its whole chain,
-   * so the slots holding block i+1 are a subset of those holding block i and the answer is the
-   * depth of the longest active prefix. That makes the walk cheap: stop at the first block
-   * nobody holds, and list a block's holders only where their number drops. Should the subset
-   * property not hold (hashes that are not chained), the number of holders grows somewhere
-   * along the walk, and the exact per-block count is used instead.
+   * The fast part: while block i's every reference came right after block i−1 (pred), every slot
+   * holding block i also holds block i−1, so along that chain the answer per slot is the depth of
+   * its longest active prefix: walk the chain and list a block's holders only where their number
+   * drops. Router-computed chained sequence hashes (spec §1.3) keep the whole cached prefix on
+   * this path. Past the chain (a block nobody holds, or one also referenced elsewhere in another
+   * order), every remaining block is looked up and its holders counted one by one: cheap when
+   * nobody holds it, and needed because arbitrary caller hashes may reappear anywhere.
    */
   countPresent(lo: ArrayLike<number>, hi: ArrayLike<number>, n: number, present: Int32Array): void {
-    if (n === 0) return
     const hashes = this.hashes
     const holders = this.holders
-    let last = hashes.find(lo[0] as number, hi[0] as number, 0)
-    if (last < 0) return
-    let lastCount = holders[last] as number
-    for (let i = 1; i < n; i++) {
+    if (this.seen.length < n) this.seen = new Int32Array(Math.max(n, this.seen.length * 2))
+    const seen = this.seen
+    let i = 0
+    let last = -1
+    let lastCount = 0
+    for (; i < n; i++) {
       const h = hashes.find(lo[i] as number, hi[i] as number, 0)
-      const c = h < 0 ? 0 : (holders[h] as number)
-      if (c === lastCount) {
-        last = h
-        continue
-      }
-      if (c > lastCount) {
-        this.countExact(lo, hi, n, present)
-        return
-      }
-      this.setHolders(last, present, i)
-      if (c === 0) return
+      seen[i] = h
+      if (h < 0 || (i > 0 && this.pred[h] !== last)) break
+      const c = holders[h] as number
+      if (c !== lastCount && last >= 0) this.setDepth(last, present, i)
       last = h
       lastCount = c
     }
-    this.setHolders(last, present, n)
+    if (last >= 0) this.setDepth(last, present, i)
+    const pairSlot = this.pairs.slot
+    const nextInHash = this.nextInHash
+    for (let k = i + 1; k < n; k++) seen[k] = hashes.find(lo[k] as number, hi[k] as number, 0)
+    this.seenN = n
+    for (; i < n; i++) {
+      const h = seen[i] as number
+      if (h < 0) continue
+      for (let p = this.head[h] as number; p >= 0; p = nextInHash[p] as number) {
+        const s = pairSlot[p] as number
+        present[s] = (present[s] as number) + 1
+      }
+    }
   }
 
   /** Reference count of (hash, slot); 0 when not active. For tests and debugging. */
@@ -132,33 +201,10 @@ export class BlockRefs {
     return p < 0 ? 0 : (this.ref[p] as number)
   }
 
-  private setHolders(h: number, present: Int32Array, depth: number): void {
+  /** Every holder of hash entry h is active to exactly this depth (so far along the chain). */
+  private setDepth(h: number, present: Int32Array, depth: number): void {
     const pairSlot = this.pairs.slot
     const nextInHash = this.nextInHash
     for (let p = this.head[h] as number; p >= 0; p = nextInHash[p] as number) present[pairSlot[p] as number] = depth
   }
-
-  private countExact(lo: ArrayLike<number>, hi: ArrayLike<number>, n: number, present: Int32Array): void {
-    const pairSlot = this.pairs.slot
-    const nextInHash = this.nextInHash
-    // Undo the depths written so far: clear every slot that holds any of the blocks, then count.
-    for (let i = 0; i < n; i++) {
-      const h = this.hashes.find(lo[i] as number, hi[i] as number, 0)
-      if (h >= 0) for (let p = this.head[h] as number; p >= 0; p = nextInHash[p] as number) present[pairSlot[p] as number] = 0
-    }
-    for (let i = 0; i < n; i++) {
-      const h = this.hashes.find(lo[i] as number, hi[i] as number, 0)
-      if (h < 0) continue
-      for (let p = this.head[h] as number; p >= 0; p = nextInHash[p] as number) {
-        const s = pairSlot[p] as number
-        present[s] = (present[s] as number) + 1
-      }
-    }
-  }
-}
-
-function resize(a: Int32Array, n: number): Int32Array<ArrayBuffer> {
-  const b = new Int32Array(n)
-  b.set(a.subarray(0, Math.min(a.length, n)))
-  return b
 }

@@ -21,9 +21,6 @@ export class Eligibility {
   /** Candidate slots of the last collect(), ascending; valid up to count. */
   slots = new Int32Array(8)
   count = 0
-  /** True when the last collect() dropped every rank because of load shedding. */
-  allShed = false
-
   private busyRanks = new Int32Array(8)
   private decodeFrac = Infinity
   private prefillAbs = Infinity
@@ -68,8 +65,8 @@ export class Eligibility {
   }
 
   /**
-   * Fills `slots` with the candidates among `from` (the first n entries): every rank of each
-   * worker that still has a rank below the shedding thresholds.
+   * Fills `slots` with the candidates among `from` (the first n entries, live slots): every rank
+   * of each worker that still has a rank below the shedding thresholds.
    */
   collect(from: ArrayLike<number>, n: number): number {
     if (this.slots.length < n) this.slots = new Int32Array(Math.max(n, this.slots.length * 2))
@@ -77,15 +74,18 @@ export class Eligibility {
     if (!this.shedding) {
       for (let i = 0; i < n; i++) out[i] = from[i] as number
       this.count = n
-      this.allShed = false
       return n
     }
     const workers = this.workers
     if (this.busyRanks.length < workers.rankCount.length) this.busyRanks = new Int32Array(workers.rankCount.length)
     const busy = this.busyRanks
-    for (let i = 0; i < n; i++) busy[workers.workerIndex[from[i] as number] as number] = 0
-    for (let i = 0; i < n; i++) {
-      const s = from[i] as number
+    // Count over every rank of the fleet, not only `from`: a request pinned to one rank still
+    // sees its worker as busy when all of that worker's ranks are.
+    const live = workers.liveSlots
+    const liveN = workers.liveCount
+    for (let i = 0; i < liveN; i++) busy[workers.workerIndex[live[i] as number] as number] = 0
+    for (let i = 0; i < liveN; i++) {
+      const s = live[i] as number
       if (this.overloaded(s)) {
         const w = workers.workerIndex[s] as number
         busy[w] = (busy[w] as number) + 1
@@ -98,7 +98,6 @@ export class Eligibility {
       if ((busy[w] as number) < (workers.rankCount[w] as number)) out[m++] = s
     }
     this.count = m
-    this.allShed = n > 0 && m === 0
     return m
   }
 }

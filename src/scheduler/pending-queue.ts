@@ -3,6 +3,8 @@
 // that went away) are O(log n) with no allocation. Equal keys leave in arrival order (a sequence
 // number breaks ties), so fcfs stays stable when two requests arrive within one clock tick.
 
+import { grow, growTo } from './typed-arrays.js'
+
 export class PendingQueue {
   private heap = new Int32Array(64)
   private key = new Float64Array(64)
@@ -22,13 +24,21 @@ export class PendingQueue {
 
   push(handle: number, key: number): void {
     this.ensureHandle(handle)
-    if (this.n === this.heap.length) {
-      const h = new Int32Array(this.heap.length * 2)
-      h.set(this.heap)
-      this.heap = h
-    }
+    if (this.n === this.heap.length) this.heap = grow(this.heap, this.n + 1)
     this.key[handle] = key
     this.seq[handle] = this.counter++
+    const i = this.n++
+    this.heap[i] = handle
+    this.pos[handle] = i
+    this.up(i)
+  }
+
+  /**
+   * Puts back a handle that pop() returned, with its key and its place among equal keys, as if
+   * it had never left (a waiter that could not be dispatched yet).
+   */
+  restore(handle: number): void {
+    if (this.n === this.heap.length) this.heap = grow(this.heap, this.n + 1)
     const i = this.n++
     this.heap[i] = handle
     this.pos[handle] = i
@@ -115,14 +125,10 @@ export class PendingQueue {
   private ensureHandle(handle: number): void {
     if (handle < this.pos.length) return
     const cap = Math.max(handle + 1, this.pos.length * 2)
-    const key = new Float64Array(cap)
-    key.set(this.key)
-    this.key = key
-    const seq = new Float64Array(cap)
-    seq.set(this.seq)
-    this.seq = seq
-    const pos = new Int32Array(cap).fill(-1)
-    pos.set(this.pos)
-    this.pos = pos
+    this.key = growTo(this.key, cap)
+    this.seq = growTo(this.seq, cap)
+    const old = this.pos.length
+    this.pos = growTo(this.pos, cap)
+    this.pos.fill(-1, old)
   }
 }

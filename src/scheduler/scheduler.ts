@@ -143,6 +143,8 @@ export class Scheduler {
   private waiters: (Waiter | undefined)[] = []
   private freeWaiters: number[] = []
   private readonly waitingIds = new Map<string, number>()
+  /** Pinned waiters popped by drainQueue() whose own ranks are still busy (reused list). */
+  private readonly blocked: number[] = []
   private draining = false
   private timers: ReturnType<typeof setInterval>[] = []
 
@@ -197,15 +199,22 @@ export class Scheduler {
     return slot
   }
 
-  /** Removes a worker-rank; its booked requests are dropped (their ids are returned). */
+  /**
+   * Removes a worker-rank; its booked requests are dropped (their ids are returned, and free()
+   * on them is a no-op from now on). Waiters pinned to it are refused with UNKNOWN_WORKER.
+   */
   removeWorkerRank(workerId: bigint, dpRank: number): string[] {
     const slot = this.workers.remove(workerId, dpRank)
-    return slot < 0 ? [] : this.forgetSlot(slot)
+    if (slot < 0) return []
+    const dropped = this.forgetSlot(slot)
+    this.afterRemoval()
+    return dropped
   }
 
   removeWorker(workerId: bigint): string[] {
     const out: string[] = []
     for (const slot of this.workers.removeWorker(workerId)) out.push(...this.forgetSlot(slot))
+    if (out.length > 0 || this.queue.size > 0) this.afterRemoval()
     return out
   }
 
@@ -247,7 +256,11 @@ export class Scheduler {
     const m = this.candidates(req)
     const t = this.options.queueThreshold
     if (booked && t !== null && allQueueBusy(this.eligibility.slots, m, t, this.sequences, this.workers)) return null
-    return this.decide(req, m, 0)
+    const expired = this.sequences.expiredTotal
+    const decision = this.decide(req, m, 0)
+    // Booking expires stale requests lazily; the load they held may let a waiter run.
+    if (this.sequences.expiredTotal !== expired) this.drainQueue()
+    return decision
   }
 
   /** The first token arrived: the request's prompt is no longer queued work. */
@@ -379,7 +392,7 @@ export class Scheduler {
     if (!reuse) {
       // One fresh random hash per complete block upstream: never shared, so only the count matters.
       c.track = TRACK_UNIQUE
-      c.n = req.seqLo !== undefined ? n : Math.floor(req.isl / o.blockSize)
+      c.n = req.seqLo !== undefined && req.seqHi !== undefined ? n : Math.floor(req.isl / o.blockSize)
     } else if (n > 0) {
       c.track = TRACK_SHARED
       c.lo = req.seqLo
@@ -499,23 +512,35 @@ export class Scheduler {
     this.draining = true
     try {
       const w = this.workers
+      const blocked = this.blocked
       while (this.queue.size > 0) {
         const m = this.eligibility.collect(w.liveSlots, w.liveCount)
         if (m === 0 || allQueueBusy(this.eligibility.slots, m, t, this.sequences, w)) break
         const h = this.queue.pop()
-        const waiter = this.takeWaiter(h)
+        const waiter = this.waiters[h] as Waiter
+        const req = waiter.req
         try {
-          this.prepare(waiter.req)
-          const k = this.candidates(waiter.req)
+          this.prepare(req)
+          const k = this.candidates(req)
+          // Some worker is free, but a pinned request may only run on its own ranks: it keeps
+          // its place while requests behind it that can run now go ahead.
+          if (req.workerId !== undefined && allQueueBusy(this.eligibility.slots, k, t, this.sequences, w)) {
+            blocked.push(h)
+            continue
+          }
+          this.takeWaiter(h)
           const waited = this.clock() - waiter.enqueuedAt
-          const decision = this.decide(waiter.req, k, waited)
+          const decision = this.decide(req, k, waited)
           this.recordWait(waited)
           waiter.resolve(decision)
         } catch (err) {
+          if (this.waiters[h] === waiter) this.takeWaiter(h)
           waiter.reject(err)
         }
       }
     } finally {
+      for (const h of this.blocked) this.queue.restore(h)
+      this.blocked.length = 0
       this.draining = false
     }
   }
@@ -526,6 +551,20 @@ export class Scheduler {
     if (ms > this.waitMaxMs) this.waitMaxMs = ms
     this.waitSamples[this.waitSampleN % WAIT_SAMPLES] = ms
     this.waitSampleN++
+  }
+
+  /** Waiters pinned to a worker-rank that no longer exists can never run: refuse them now. */
+  private afterRemoval(): void {
+    for (const [id, h] of [...this.waitingIds]) {
+      const req = (this.waiters[h] as Waiter).req
+      if (req.workerId === undefined) continue
+      const gone = req.dpRank !== undefined ? this.workers.slotOf(req.workerId, req.dpRank) < 0 : this.workers.slotsOf(req.workerId).length === 0
+      if (!gone) continue
+      const w = this.takeWaiter(h)
+      this.queue.remove(h)
+      w.reject(new KvrError('KVR_ERR_UNKNOWN_WORKER', `request ${id} waited for worker ${req.workerId}, which was removed`))
+    }
+    this.drainQueue()
   }
 
   private forgetSlot(slot: number): string[] {

@@ -10,6 +10,8 @@ export class U64SlotMap {
   /** Bucket chain link for live entries, free-list link for freed ones. */
   next: Int32Array
   size = 0
+  /** Set by findOrInsert(): whether the key was absent. */
+  inserted = false
   /** Called after the entry arrays grew, so owners can grow their parallel arrays to match. */
   onGrow: ((capacity: number) => void) | undefined
 
@@ -46,6 +48,20 @@ export class U64SlotMap {
       e = this.next[e] as number
     }
     return -1
+  }
+
+  /** Entry index of the key, inserted when absent (then `inserted` is true). One hash, one walk. */
+  findOrInsert(lo: number, hi: number, slot: number): number {
+    let e = this.buckets[mix(lo, hi, slot) & this.mask] as number
+    while (e >= 0) {
+      if (this.lo[e] === lo && this.hi[e] === hi && this.slot[e] === slot) {
+        this.inserted = false
+        return e
+      }
+      e = this.next[e] as number
+    }
+    this.inserted = true
+    return this.insert(lo, hi, slot)
   }
 
   /** Inserts a key the caller knows to be absent; returns its entry index. */

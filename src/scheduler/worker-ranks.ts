@@ -4,6 +4,7 @@
 // the bigint-keyed maps live only here; the per-request path reads the typed arrays.
 import { KvrError } from '../shared/errors.js'
 import { DEFAULT_MAX_BATCHED_TOKENS } from './options.js'
+import { grow } from './typed-arrays.js'
 
 export type DeviceType = 'gpu' | 'cpu'
 export const DEVICE_GPU = 0
@@ -171,15 +172,4 @@ export class WorkerRanks {
     for (let s = 0; s < this.slotCapacity; s++) if (this.live[s] === 1) this.liveSlots[n++] = s
     this.liveCount = n
   }
-}
-
-type TypedArray = Uint8Array | Int32Array | Uint32Array | Float64Array
-
-/** Returns a copy of `a` with at least `n` elements (doubling), contents preserved. */
-export function grow<T extends TypedArray>(a: T, n: number): T {
-  if (n <= a.length) return a
-  const Ctor = a.constructor as new (len: number) => T
-  const b = new Ctor(Math.max(n, a.length * 2))
-  b.set(a as never)
-  return b
 }

@@ -63,13 +63,14 @@ export const MAX_WORKER_RANKS = 0xfffe
 /** Entries and nodes are named by 26-bit slots in the hash tables. */
 export const MAX_BLOCKS = MAX_SLOT - 2
 const NO_WORKER = 0xffff
+const OPEN = 0xffffffff
 const NIL = -1
 const ROOT = 0
 
 // Node and entry records are laid out as structs inside one Int32Array each, so a hash-chain
 // probe touches one cache line instead of one per field. u32 values are stored as int32 bits.
 // A free node links the free list through N_FIRST, a free entry through E_NEXT.
-const NS = 7
+const NS = 8
 const N_PARENT = 0
 const N_PGEN = 1
 const N_GEN = 2
@@ -77,6 +78,12 @@ const N_TLO = 3
 const N_THI = 4
 const N_COUNT = 5
 const N_FIRST = 6
+/**
+ * 1 once a worker left this node while the node survived, or a node was re-linked under it:
+ * a child may then hold a worker this node does not, so equal worker counts no longer prove
+ * equal worker sets and find_matches compares the sets on this edge.
+ */
+const N_MIXED = 7
 const ES = 5
 const E_W = 0
 const E_NODE = 1
@@ -148,8 +155,8 @@ export class KvIndex {
   private seen = new Uint32Array(16)
   private depthOf = new Uint32Array(16)
   private stamp = 0
-  private setNodes = new Int32Array(64)
-  private setDepths = new Int32Array(64)
+  private mark = new Uint32Array(16)
+  private markStamp = 0
   /** Worker-rank slots matched by the last findMatches, in discovery order. */
   matchWorkers = new Int32Array(16)
   matchCount = 0
@@ -225,6 +232,7 @@ export class KvIndex {
     this.wLive = live
     this.seen = growU32(this.seen, n)
     this.depthOf = growU32(this.depthOf, n)
+    this.mark = growU32(this.mark, n)
     this.matchWorkers = growI32(this.matchWorkers, n, 0)
   }
 
@@ -384,53 +392,50 @@ export class KvIndex {
     let cur = this.findChild(ROOT, lo[0] as number, hi[0] as number)
     if (cur === NIL) return 0
     const N = this.N
-    // Walk down, remembering only where the active set shrank (spec §3.3 step 4: the active
-    // set becomes the child's worker set). Scoring happens afterwards, see below.
-    if (this.setNodes.length < n + 1) {
-      this.setNodes = new Int32Array(n + 1)
-      this.setDepths = new Int32Array(n + 1)
-    }
-    const setNodes = this.setNodes
-    const setDepths = this.setDepths
-    let sets = 1
-    setNodes[0] = cur
-    let activeCount = N[cur * NS + N_COUNT] as number
-    let depth = 1
-    if (!(earlyExit && activeCount === 1)) {
-      for (let i = 1; i < n; i++) {
-        const child = this.findChild(cur, lo[i] as number, hi[i] as number)
-        if (child === NIL) break
-        const cc = N[child * NS + N_COUNT] as number
-        if (cc < activeCount) {
-          setNodes[sets] = child
-          setDepths[sets] = i
-          sets++
-          activeCount = cc
-        }
-        cur = child
-        depth = i + 1
-        if (earlyExit && activeCount === 1) break
-      }
-    }
-    // The reference scores a worker each time it leaves the active set and keeps the last
-    // score. Going through the sets from the last one back, first score wins: the same answer,
-    // and each worker list is read once instead of twice.
-    const stamp = this.nextStamp()
     const E = this.E
     const seen = this.seen
     const depthOf = this.depthOf
     const out = this.matchWorkers
+    const stamp = this.nextStamp()
+    // Every worker of the first block is a candidate whose depth is still open.
     let m = 0
-    for (let j = sets - 1; j >= 0; j--) {
-      const d = j === sets - 1 ? depth : (setDepths[j + 1] as number)
-      for (let e = N[(setNodes[j] as number) * NS + N_FIRST] as number; e !== NIL; e = E[e * ES + E_NEXT] as number) {
-        const w = E[e * ES + E_W] as number
-        if (seen[w] !== stamp) {
-          seen[w] = stamp
-          depthOf[w] = d
-          out[m++] = w
-        }
+    for (let e = N[cur * NS + N_FIRST] as number; e !== NIL; e = E[e * ES + E_NEXT] as number) {
+      const w = E[e * ES + E_W] as number
+      if (seen[w] !== stamp) {
+        seen[w] = stamp
+        depthOf[w] = OPEN
+        out[m++] = w
       }
+    }
+    let active = m
+    let depth = 1
+    if (!(earlyExit && active === 1)) {
+      for (let i = 1; i < n; i++) {
+        const child = this.findChild(cur, lo[i] as number, hi[i] as number)
+        if (child === NIL) break
+        // A child holds a subset of its parent's workers unless the parent is marked mixed, so
+        // there an equal count means nobody left (spec §3.3's O(1) step); otherwise compare.
+        if (N[cur * NS + N_MIXED] !== 0 || N[child * NS + N_COUNT] !== N[cur * NS + N_COUNT]) {
+          const ms = this.nextMarkStamp()
+          const mark = this.mark
+          for (let e = N[child * NS + N_FIRST] as number; e !== NIL; e = E[e * ES + E_NEXT] as number) mark[E[e * ES + E_W] as number] = ms
+          for (let e = N[cur * NS + N_FIRST] as number; e !== NIL; e = E[e * ES + E_NEXT] as number) {
+            const w = E[e * ES + E_W] as number
+            if (mark[w] !== ms && seen[w] === stamp && depthOf[w] === OPEN) {
+              depthOf[w] = i
+              active--
+            }
+          }
+          if (active === 0) break
+        }
+        cur = child
+        depth = i + 1
+        if (earlyExit && active === 1) break
+      }
+    }
+    for (let k = 0; k < m; k++) {
+      const w = out[k] as number
+      if (depthOf[w] === OPEN) depthOf[w] = depth
     }
     this.matchCount = m
     return m
@@ -468,6 +473,15 @@ export class KvIndex {
   /** Depth of a slot matched by the last findMatches. */
   depth(w: number): number {
     return this.depthOf[w] as number
+  }
+
+  private nextMarkStamp(): number {
+    this.markStamp = (this.markStamp + 1) >>> 0
+    if (this.markStamp === 0) {
+      this.mark.fill(0)
+      this.markStamp = 1
+    }
+    return this.markStamp
   }
 
   private nextStamp(): number {
@@ -539,6 +553,7 @@ export class KvIndex {
 
   private relink(node: number, parent: number, lo: number, hi: number): void {
     this.unchainChild(node)
+    this.N[parent * NS + N_MIXED] = 1
     this.N[node * NS + N_PARENT] = parent
     this.N[node * NS + N_PGEN] = this.N[parent * NS + N_GEN] as number
     this.N[node * NS + N_TLO] = lo
@@ -561,6 +576,7 @@ export class KvIndex {
     N[b + N_THI] = hi
     N[b + N_COUNT] = 0
     N[b + N_FIRST] = NIL
+    N[b + N_MIXED] = 0
     this.liveNodes++
     this.chainChild(node)
     return node
@@ -660,7 +676,10 @@ export class KvIndex {
       if (E[x * ES + E_W] === w) still = true
       prev = x
     }
-    if (!still) N[nb + N_COUNT] = (N[nb + N_COUNT] as number) - 1
+    if (!still) {
+      N[nb + N_COUNT] = (N[nb + N_COUNT] as number) - 1
+      N[nb + N_MIXED] = 1
+    }
     this.lookup.remove(mix3(w, E[b + E_LO] as number, E[b + E_HI] as number), e)
     E[b + E_W] = NO_WORKER
     E[b + E_NODE] = NIL

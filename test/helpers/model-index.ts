@@ -118,22 +118,30 @@ export class ModelIndex {
     }
   }
 
-  /** Spec §3.3 verbatim, with sets. Returns "worker:rank" → depth. */
+  /**
+   * Spec §3.3 with exact sets: a worker's depth is the number of leading query blocks whose
+   * nodes all hold it (the spec's count shortcut assumes a child's workers are a subset of its
+   * parent's; with exact sets the answer stays right when they are not, and it splits cleanly
+   * over shards). Early exit as the spec has it. Returns "worker:rank" → depth.
+   */
   findMatches(local: readonly bigint[], earlyExit = false): Map<string, number> {
     const scores = new Map<string, number>()
     if (local.length === 0) return scores
     let cur = this.root.children.get(local[0] as bigint)
     if (cur === undefined) return scores
-    let active = new Set(cur.workers.keys())
+    const active = new Set(cur.workers.keys())
     let depth = 1
     if (!(earlyExit && active.size === 1)) {
       for (let i = 1; i < local.length; i++) {
         const child: MNode | undefined = cur.children.get(local[i] as bigint)
         if (child === undefined) break
-        if (child.workers.size < active.size) {
-          for (const w of active) if (!child.workers.has(w)) scores.set(w, i)
-          active = new Set(child.workers.keys())
+        for (const w of [...active]) {
+          if (!child.workers.has(w)) {
+            scores.set(w, i)
+            active.delete(w)
+          }
         }
+        if (active.size === 0) break
         cur = child
         depth = i + 1
         if (earlyExit && active.size === 1) break

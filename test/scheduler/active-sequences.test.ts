@@ -1,6 +1,7 @@
 import t from 'tap'
 import { ActiveSequences, TRACK_NONE, TRACK_SHARED, TRACK_UNIQUE } from '../../src/scheduler/active-sequences.js'
 import { BlockRefs } from '../../src/scheduler/block-refs.js'
+import { Xoshiro128 } from '../../src/scheduler/rng.js'
 import { U64SlotMap } from '../../src/scheduler/u64-slot-map.js'
 import { blocks, chain } from './fixtures.js'
 
@@ -230,4 +231,80 @@ t.test('countPresent falls back to exact counting when hashes are not chained', 
   const present = new Int32Array(3)
   r.countPresent([1, 2, 3], [0, 0, 0], 3, present)
   t.same(Array.from(present), [2, 1, 1])
+})
+
+t.test('countPresent is exact for hashes that are not chained (same holder count, different slots)', async (t) => {
+  const a = new ActiveSequences(300_000)
+  a.ensureSlots(3)
+  // slot 0 holds A, slot 1 holds B: each query block has one holder, but not the same one
+  a.add('a', 0, 0, TRACK_SHARED, [1], [0], 1, 0)
+  a.add('b', 1, 0, TRACK_SHARED, [2], [0], 1, 0)
+  const present = new Int32Array(3)
+  a.countPresent([1, 2], [0, 0], 2, present)
+  t.same(Array.from(present), [1, 1, 0], 'A on slot 0, B on slot 1')
+  // a block nobody holds does not hide later blocks that somebody does
+  present.fill(0)
+  a.countPresent([9, 1], [0, 0], 2, present)
+  t.same(Array.from(present), [1, 0, 0])
+  // fewer holders is not a subset either: A on {0, 2}, B on {1}
+  a.add('c', 2, 0, TRACK_SHARED, [1], [0], 1, 0)
+  present.fill(0)
+  a.countPresent([1, 2], [0, 0], 2, present)
+  t.same(Array.from(present), [1, 1, 1])
+  // a block stored after another hash than in the query
+  a.add('d', 1, 0, TRACK_SHARED, [7, 1], [0, 0], 2, 0)
+  present.fill(0)
+  a.countPresent([1, 2, 7], [0, 0, 0], 3, present)
+  t.same(Array.from(present), [1, 3, 1])
+})
+
+t.test('countPresent equals plain set membership for arbitrary hashes (randomised)', async (t) => {
+  const rng = new Xoshiro128(99)
+  let mismatches = 0
+  let checks = 0
+  for (let round = 0; round < 40; round++) {
+    const SLOTS = 1 + rng.int(5)
+    const a = new ActiveSequences(1e12)
+    a.ensureSlots(SLOTS)
+    const live = new Map<string, { slot: number; hashes: number[] }>()
+    // a small alphabet, so hashes recur at any position and in any order; half the requests
+    // are chained prefixes of each other, as the router produces them
+    const draw = (): number[] => {
+      const n = 1 + rng.int(6)
+      if (rng.next() < 0.5) return Array.from({ length: n }, (_, k) => 100 + k)
+      return Array.from({ length: n }, () => rng.int(8))
+    }
+    for (let op = 0; op < 120; op++) {
+      if (rng.next() < 0.6 || live.size === 0) {
+        const id = `r${round}-${op}`
+        const hashes = draw()
+        const slot = rng.int(SLOTS)
+        if (rng.next() < 0.5) {
+          // as in a decision: look the blocks up, then book them (the booking reuses the lookups),
+          // sometimes with a block changed in between
+          a.countPresent(hashes, hashes.map(() => 5), hashes.length, new Int32Array(SLOTS))
+          if (rng.next() < 0.3) hashes[rng.int(hashes.length)] = rng.int(8)
+        }
+        a.add(id, slot, 0, TRACK_SHARED, hashes, hashes.map(() => 5), hashes.length, 0)
+        live.set(id, { slot, hashes })
+      } else {
+        const ids = [...live.keys()]
+        const id = ids[rng.int(ids.length)] as string
+        a.free(id)
+        live.delete(id)
+      }
+      const q = draw()
+      const present = new Int32Array(SLOTS)
+      a.countPresent(q, q.map(() => 5), q.length, present)
+      for (let s = 0; s < SLOTS; s++) {
+        const active = new Set<number>()
+        for (const r of live.values()) if (r.slot === s) for (const h of r.hashes) active.add(h)
+        const expected = q.filter((h) => active.has(h)).length
+        checks++
+        if (present[s] !== expected || a.activeBlocks[s] !== active.size) mismatches++
+      }
+    }
+  }
+  t.equal(mismatches, 0, `${checks} checks against the naive model`)
+  t.ok(checks > 1000)
 })

@@ -107,3 +107,16 @@ t.test('thresholds are live-editable and validated', async (t) => {
   s.tryRoute({ id: 'c', isl: 100_000 })
   t.equal(s.tryRoute({ id: 'd', isl: 1 })?.workerId, 1n, 'no thresholds: never shed')
 })
+
+t.test('a request pinned to one rank of a busy worker is refused', async (t) => {
+  const { s } = makeScheduler({ queueThreshold: null, activePrefillTokensThreshold: 10 }, 0)
+  s.addWorkerRank(1n, 0)
+  s.addWorkerRank(1n, 1)
+  s.addWorkerRank(2n, 0)
+  s.tryRoute({ id: 'a', isl: 50, workerId: 1n, dpRank: 0 })
+  t.equal(s.tryRoute({ id: 'ok', isl: 1, workerId: 1n, dpRank: 0 })?.dpRank, 0, 'rank 1 is not busy, so worker 1 is not')
+  s.tryRoute({ id: 'b', isl: 50, workerId: 1n, dpRank: 1 })
+  t.throws(() => s.tryRoute({ id: 'x', isl: 1, workerId: 1n, dpRank: 0 }), { code: 'KVR_ERR_ALL_WORKERS_BUSY' }, 'both ranks busy → worker 1 busy')
+  t.throws(() => s.tryRoute({ id: 'y', isl: 1, workerId: 1n }), { code: 'KVR_ERR_ALL_WORKERS_BUSY' })
+  t.equal(s.tryRoute({ id: 'z', isl: 1 })?.workerId, 2n)
+})

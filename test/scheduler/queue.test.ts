@@ -250,3 +250,69 @@ t.test('PendingQueue: order, ties, arbitrary removal, growth', async (t) => {
     last = 50 - h
   }
 })
+
+t.test('a pinned waiter waits for its own worker, and does not hold back requests that can run elsewhere', async (t) => {
+  const { s } = makeScheduler({ blockSize: 16, queueThreshold: 1 }, 2, { maxNumBatchedTokens: 100 })
+  s.tryRoute({ id: 'busy1', isl: 200, workerId: 1n })
+  s.tryRoute({ id: 'busy2', isl: 200, workerId: 2n })
+  const pinned = s.schedule({ id: 'p', isl: 10, workerId: 1n, priority: 100 })
+  const free = s.schedule({ id: 'u', isl: 10 })
+  t.ok(s.isWaiting('p') && s.isWaiting('u'))
+  s.free('busy2') // worker 2 is free, worker 1 still busy
+  t.ok(s.isWaiting('p'), 'not sent to its still-busy worker')
+  t.equal(s.sequences.slotOfRequest('p'), -1)
+  t.equal((await free).workerId, 2n, 'the request behind it runs on the free worker')
+  s.markPrefillComplete('busy1')
+  const d = await pinned
+  t.equal(d.workerId, 1n)
+  t.ok(d.waitedMs >= 0)
+  t.equal(s.stats().queueDepth, 0)
+})
+
+t.test('a pinned waiter keeps its place among equal keys when it is put back', async (t) => {
+  const { s, clock } = makeScheduler({ blockSize: 16, queueThreshold: 1 }, 2, { maxNumBatchedTokens: 100 })
+  s.tryRoute({ id: 'busy1', isl: 200, workerId: 1n })
+  s.tryRoute({ id: 'busy2', isl: 200, workerId: 2n })
+  const order: string[] = []
+  const p = ['a', 'b', 'c'].map((id) => s.schedule({ id, isl: 200, workerId: 1n }).then((d) => order.push(d.requestId as string)))
+  clock.ms = 0
+  s.free('busy2') // drains, finds all three blocked, puts them back
+  s.free('busy2')
+  for (const id of ['busy1', 'a', 'b', 'c']) {
+    s.markPrefillComplete(id)
+    await Promise.resolve()
+  }
+  await Promise.all(p)
+  t.same(order, ['a', 'b', 'c'])
+})
+
+t.test('removing a worker refuses the waiters pinned to it at once', async (t) => {
+  const { s } = busyFleet({}, 2)
+  s.tryRoute({ id: 'blocker2', isl: 200, workerId: 2n })
+  const pinnedRank = s.schedule({ id: 'pr', isl: 10, workerId: 1n, dpRank: 0 })
+  const pinned = s.schedule({ id: 'p', isl: 10, workerId: 1n })
+  const other = s.schedule({ id: 'o', isl: 10 })
+  t.same(s.removeWorker(1n), ['blocker'])
+  t.ok(isKvrError(await pinned.catch((e: unknown) => e), 'KVR_ERR_UNKNOWN_WORKER'))
+  t.ok(isKvrError(await pinnedRank.catch((e: unknown) => e), 'KVR_ERR_UNKNOWN_WORKER'))
+  t.notOk(s.isWaiting('p'))
+  t.ok(s.isWaiting('o'), 'worker 2 is still busy')
+  s.free('blocker2')
+  t.equal((await other).workerId, 2n)
+})
+
+t.test('stale bookings expired while booking let waiters run at once', async (t) => {
+  const { s, clock } = makeScheduler({ blockSize: 16, queueThreshold: 1, staleRequestSecs: 10 }, 2, { maxNumBatchedTokens: 100 })
+  s.tryRoute({ id: 'old', isl: 200, workerId: 1n })
+  clock.ms = 5000
+  s.tryRoute({ id: 'busy2', isl: 200, workerId: 2n })
+  const waiting = s.schedule({ id: 'w', isl: 10, workerId: 1n })
+  t.ok(s.isWaiting('w'))
+  clock.ms = 10_000
+  s.markPrefillComplete('busy2')
+  // 'w' is pinned to worker 1, still booked with 'old'; the next booking expires 'old'
+  t.ok(s.isWaiting('w'))
+  s.tryRoute({ id: 'x', isl: 10, workerId: 2n })
+  t.notOk(s.sequences.has('old'), 'expired lazily by the booking')
+  t.equal((await waiting).workerId, 1n, 'dispatched without waiting for the periodic recheck')
+})

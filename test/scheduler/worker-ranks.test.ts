@@ -1,6 +1,7 @@
 import t from 'tap'
 import { DEFAULT_MAX_BATCHED_TOKENS } from '../../src/scheduler/options.js'
-import { DEVICE_CPU, DEVICE_GPU, grow, WorkerRanks } from '../../src/scheduler/worker-ranks.js'
+import { grow } from '../../src/scheduler/typed-arrays.js'
+import { DEVICE_CPU, DEVICE_GPU, WorkerRanks } from '../../src/scheduler/worker-ranks.js'
 
 t.test('registration gives dense slots with their info', async (t) => {
   const w = new WorkerRanks()

@@ -1,0 +1,599 @@
+// The main thread's side of the indexer shards (DESIGN §2): it starts N shard threads, routes
+// each raw event message to shard hash(worker_id) mod N through that shard's ring, fans overlap
+// queries out over the query board and merges the disjoint answers, reads the shards' counters
+// from shared memory, and restarts a shard that dies or stalls. Layout and state diagrams are
+// in src/shared/shard-protocol.ts; the ring in src/shared/ring.ts.
+//
+// Per event message the main thread does a substring search for the worker id, one copy into
+// the ring and a few atomic loads: no decoding and no per-block work. A full ring never drops a
+// message: it is queued here, counted, and written as the shard frees space (push() returns
+// false meanwhile, as a stream's write() does, so an intake can pause).
+import { availableParallelism } from 'node:os'
+import { Worker } from 'node:worker_threads'
+import { EventEmitter } from 'node:events'
+import * as Comlink from 'comlink'
+import nodeEndpoint from 'comlink/dist/esm/node-adapter.mjs'
+import { RingProducer, checkRingCapacity } from './shared/ring.js'
+import {
+  BoardLayout, C_APPLIED, C_BLOCKS, C_MALFORMED, C_NODES, C_PROCESSED, C_QUERIES, C_RECEIVED, C_REJECTED, C_WORKERS, CTRL_WORDS, DOORBELL,
+  HEARTBEAT, PRODUCER_WAIT, Q_FLAGS, Q_N, Q_PENDING, QF_EARLY_EXIT, QRING_BASE, QRING_READ, QRING_SIZE, QRING_WRITE, RESULT_WORDS,
+  RING_READ, RING_WRITE, SLEEPING, STATE, ShardState, shardOf, type ShardInit,
+} from './shared/shard-protocol.js'
+import { REJECT_REASON_COUNT, REJECT_REASON_NAMES, type OverlapScore } from './shared/kv-index.js'
+import type { RouterEvent } from './shared/events.js'
+import { u64FromParts, u64Hi, u64Lo } from './shared/u64.js'
+import { WorkerIdScan } from './event-partition.js'
+import { KvrError } from './shared/errors.js'
+import type { ShardApi, ShardStats } from '../workers/shard.js'
+
+export interface ShardPoolOptions {
+  /** Number of shard threads; default max(1, availableParallelism() − 1). */
+  shards?: number
+  /** Bytes of each shard's event ring (power of two); default 4 MiB. */
+  ringBytes?: number
+  /** Queries in flight at once; more wait for a free slot. Default 64. */
+  querySlots?: number
+  /** Longest query in blocks; longer prompts are matched on their first this-many blocks. */
+  maxQueryBlocks?: number
+  /** Worker-ranks one shard may hold (also the size of its result area). Default 2048. */
+  maxWorkerRanksPerShard?: number
+  /** Cap on (block, worker-rank) entries per shard. */
+  maxBlocksPerShard?: number
+  /** Shard heartbeat period when idle; default 100 ms. */
+  heartbeatMs?: number
+  /** A shard whose heartbeat has not moved for this long is restarted; default 5000 ms. */
+  stallMs?: number
+  /** How long an idle shard spins before it sleeps; default 200 µs. */
+  shardSpinUs?: number
+  /** How long a query spins on the event loop for its answer before it awaits; default 30 µs. */
+  querySpinUs?: number
+}
+
+/** The merged answer of one overlap query. */
+export interface OverlapResult {
+  count: number
+  workerIdLo: Uint32Array
+  workerIdHi: Uint32Array
+  dpRank: Uint32Array
+  /** Matched leading blocks. */
+  overlap: Uint32Array
+  /** Blocks the worker-rank holds. */
+  treeSize: Uint32Array
+  /** Shards whose answer is not exact (restarted and not rebuilt, or died during the query). */
+  recoveringShards: number[]
+}
+
+export interface QueryOptions {
+  /** Wait until every event pushed before this query is applied. */
+  readYourWrites?: boolean
+  earlyExit?: boolean
+}
+
+export type ShardHealth = 'exact' | 'recovering'
+
+export interface ShardCounters {
+  shard: number
+  health: ShardHealth
+  restarts: number
+  enqueued: number
+  received: number
+  processed: number
+  applied: number
+  malformed: number
+  rejected: Record<string, number>
+  blocks: number
+  nodes: number
+  workerRanks: number
+  queries: number
+  ringFull: number
+  pendingMessages: number
+  lost: number
+}
+
+interface Pending {
+  bytes: Uint8Array
+  offset: number
+}
+
+interface Shard {
+  index: number
+  worker: Worker
+  api: Comlink.Remote<ShardApi>
+  ctrl: Int32Array
+  ringSab: SharedArrayBuffer
+  producer: RingProducer
+  /** Messages pushed since this thread started (mod 2^32), the barrier the shard counts toward. */
+  enqueued: number
+  pending: Pending[]
+  pendingHead: number
+  waitingForSpace: boolean
+  health: ShardHealth
+  restarts: number
+  ringFull: number
+  lost: number
+  lastBeat: number
+  lastBeatAt: number
+  exiting: boolean
+}
+
+interface Slot {
+  index: number
+  recovering: Set<number> | null
+}
+
+const STARTUP_MS = 30_000
+// Buffer#slice shares memory (and small Buffers share a pool), so a queued message must be
+// copied with Uint8Array's slice, whatever the caller passed.
+const u8slice = Uint8Array.prototype.slice
+function copyBytes(msg: Uint8Array, from: number): Uint8Array {
+  return u8slice.call(msg, from)
+}
+const shardUrl = new URL(`../workers/shard${import.meta.url.endsWith('.ts') ? '.ts' : '.js'}`, import.meta.url)
+
+function positive(name: string, v: number | undefined, dflt: number, max = Number.MAX_SAFE_INTEGER): number {
+  const x = v ?? dflt
+  if (!Number.isInteger(x) || x < 1 || x > max) throw new KvrError('KVR_ERR_INVALID_OPTION', `${name} must be an integer in [1, ${max}], got ${String(v)}`)
+  return x
+}
+
+export class ShardPool extends EventEmitter {
+  readonly size: number
+  private readonly shards: Shard[] = []
+  private readonly board: SharedArrayBuffer
+  private readonly b: Int32Array
+  private readonly layout: BoardLayout
+  private readonly freeSlots: number[] = []
+  private readonly slotWaiters: (() => void)[] = []
+  private readonly slots: Slot[] = []
+  private readonly scan = new WorkerIdScan()
+  private readonly opts: Required<ShardPoolOptions>
+  private readonly watchdog: NodeJS.Timeout
+  private closing = false
+  private closed = false
+  /** Empty messages refused at intake (nothing to route; counted as malformed events). */
+  emptyMessages = 0
+
+  private constructor(options: ShardPoolOptions) {
+    super()
+    const o: Required<ShardPoolOptions> = {
+      shards: positive('shards', options.shards, Math.max(1, availableParallelism() - 1), 256),
+      ringBytes: options.ringBytes ?? 4 * 1024 * 1024,
+      querySlots: positive('querySlots', options.querySlots, 64, QRING_SIZE),
+      maxQueryBlocks: positive('maxQueryBlocks', options.maxQueryBlocks, 16384, 1 << 20),
+      maxWorkerRanksPerShard: positive('maxWorkerRanksPerShard', options.maxWorkerRanksPerShard, 2048, 0xfffe),
+      maxBlocksPerShard: positive('maxBlocksPerShard', options.maxBlocksPerShard, 60_000_000, 67_000_000),
+      heartbeatMs: positive('heartbeatMs', options.heartbeatMs, 100, 60_000),
+      stallMs: positive('stallMs', options.stallMs, 5000, 3_600_000),
+      shardSpinUs: options.shardSpinUs ?? 200,
+      querySpinUs: options.querySpinUs ?? 30,
+    }
+    try {
+      checkRingCapacity(o.ringBytes)
+    } catch (err) {
+      throw new KvrError('KVR_ERR_INVALID_OPTION', `ringBytes: ${(err as Error).message}`)
+    }
+    this.opts = Object.freeze(o)
+    this.size = o.shards
+    this.layout = new BoardLayout({ shards: o.shards, slots: o.querySlots, maxBlocks: o.maxQueryBlocks, maxResults: o.maxWorkerRanksPerShard })
+    this.board = new SharedArrayBuffer(this.layout.totalWords * 4)
+    this.b = new Int32Array(this.board)
+    for (let s = 0; s < o.querySlots; s++) {
+      this.freeSlots.push(s)
+      this.slots.push({ index: s, recovering: null })
+    }
+    for (let i = 0; i < o.shards; i++) this.shards.push(this.spawn(i, new SharedArrayBuffer(CTRL_WORDS * 4), new SharedArrayBuffer(o.ringBytes)))
+    this.watchdog = setInterval(() => this.checkHeartbeats(), Math.max(20, Math.min(o.heartbeatMs, o.stallMs / 4)))
+    this.watchdog.unref()
+  }
+
+  /** Starts the shard threads and resolves once every one of them runs. */
+  static async start(options: ShardPoolOptions = {}): Promise<ShardPool> {
+    const pool = new ShardPool(options)
+    await pool.whenRunning(10_000)
+    return pool
+  }
+
+  private spawn(index: number, ctrlSab: SharedArrayBuffer, ringSab: SharedArrayBuffer): Shard {
+    const ctrl = new Int32Array(ctrlSab)
+    const init: ShardInit = {
+      index,
+      ctrl: ctrlSab,
+      ring: ringSab,
+      board: this.board,
+      geometry: this.layout.g,
+      maxBlocks: this.opts.maxBlocksPerShard,
+      heartbeatMs: this.opts.heartbeatMs,
+      spinUs: this.opts.shardSpinUs,
+    }
+    const worker = new Worker(shardUrl, { workerData: init, name: `kv-router shard ${index}` })
+    const shard: Shard = {
+      index,
+      worker,
+      api: Comlink.wrap<ShardApi>(nodeEndpoint(worker)),
+      ctrl,
+      ringSab,
+      producer: new RingProducer(ctrl, { write: RING_WRITE, read: RING_READ }, ringSab),
+      enqueued: 0,
+      pending: [],
+      pendingHead: 0,
+      waitingForSpace: false,
+      health: 'exact',
+      restarts: 0,
+      ringFull: 0,
+      lost: 0,
+      lastBeat: -1,
+      lastBeatAt: performance.now(),
+      exiting: false,
+    }
+    worker.on('error', (err) => this.emit('shardError', index, err))
+    worker.on('exit', (code) => this.onExit(shard, code))
+    return shard
+  }
+
+  private async whenRunning(timeoutMs: number): Promise<void> {
+    const deadline = performance.now() + timeoutMs
+    for (;;) {
+      if (this.shards.every((s) => Atomics.load(s.ctrl, STATE) === ShardState.Running)) return
+      if (performance.now() > deadline) throw new Error(`shard threads did not start within ${timeoutMs} ms`)
+      await new Promise((r) => setTimeout(r, 2))
+    }
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // events
+
+  /** Shard that owns a worker id. */
+  shardOf(workerId: bigint): number {
+    return shardOf(u64Lo(workerId), u64Hi(workerId), this.size)
+  }
+
+  /**
+   * Hands one raw event message (RouterEvent JSON, raw or enveloped) to its shard. The bytes
+   * are copied before this returns. False means the message is queued behind a full ring:
+   * nothing is lost, but the caller should slow down until 'drain'.
+   */
+  push(msg: Uint8Array, workerId?: bigint): boolean {
+    if (this.closing) throw new KvrError('KVR_ERR_INVALID_OPTION', 'the shard pool is closing')
+    if (msg.length === 0) {
+      this.emptyMessages++
+      return true
+    }
+    let k = 0
+    if (workerId !== undefined) k = shardOf(u64Lo(workerId), u64Hi(workerId), this.size)
+    else if (this.scan.scan(msg)) k = shardOf(this.scan.lo, this.scan.hi, this.size)
+    const sh = this.shards[k] as Shard
+    sh.enqueued = (sh.enqueued + 1) | 0
+    if (sh.pendingHead === sh.pending.length) {
+      const off = sh.producer.write(msg, 0)
+      if (off > 0) this.ring(sh)
+      if (off === msg.length) return true
+      sh.pending.push({ bytes: copyBytes(msg, off), offset: 0 })
+    } else {
+      sh.pending.push({ bytes: copyBytes(msg, 0), offset: 0 })
+    }
+    sh.ringFull++
+    this.waitForSpace(sh)
+    return false
+  }
+
+  private ring(sh: Shard): void {
+    if (Atomics.load(sh.ctrl, SLEEPING) === 1) {
+      Atomics.add(sh.ctrl, DOORBELL, 1)
+      Atomics.notify(sh.ctrl, DOORBELL)
+    }
+  }
+
+  /** Writes queued messages as the shard frees ring space; emits 'drain' when none are left. */
+  private waitForSpace(sh: Shard): void {
+    if (sh.waitingForSpace) return
+    sh.waitingForSpace = true
+    const loop = async (): Promise<void> => {
+      while (sh.pendingHead < sh.pending.length) {
+        // a restarted shard's replacement takes the queue over with a loop of its own
+        if (this.shards[sh.index] !== sh) return
+        const p = sh.pending[sh.pendingHead] as Pending
+        p.offset = sh.producer.write(p.bytes, p.offset)
+        this.ring(sh)
+        if (p.offset === p.bytes.length) {
+          sh.pendingHead++
+          continue
+        }
+        Atomics.store(sh.ctrl, PRODUCER_WAIT, 1)
+        const read = Atomics.load(sh.ctrl, RING_READ)
+        // re-check after announcing the wait, so a read that happened in between is not missed
+        const before = p.offset
+        p.offset = sh.producer.write(p.bytes, p.offset)
+        if (p.offset === before) {
+          const r = Atomics.waitAsync(sh.ctrl, RING_READ, read, 50)
+          if (r.async) await r.value
+        } else this.ring(sh)
+        Atomics.store(sh.ctrl, PRODUCER_WAIT, 0)
+      }
+      sh.pending.length = 0
+      sh.pendingHead = 0
+      sh.waitingForSpace = false
+      this.emit('drain', sh.index)
+    }
+    void loop()
+  }
+
+  /** Messages queued behind full rings, all shards. */
+  get pendingMessages(): number {
+    let n = 0
+    for (const sh of this.shards) n += sh.pending.length - sh.pendingHead
+    return n
+  }
+
+  /** Resolves once every message pushed before the call has been applied (or rejected). */
+  async flush(): Promise<void> {
+    await Promise.all(this.shards.map((sh) => sh.api.barrier(sh.enqueued)))
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // queries
+
+  /** Overlap of a prompt's local block hashes with every worker-rank, merged over the shards. */
+  async query(lo: Uint32Array, hi: Uint32Array, n: number, options: QueryOptions = {}): Promise<OverlapResult> {
+    if (this.closed) throw new KvrError('KVR_ERR_INVALID_OPTION', 'the shard pool is closed')
+    const blocks = Math.min(n, this.opts.maxQueryBlocks)
+    const slot = this.freeSlots.pop() ?? (await this.waitForSlot())
+    const L = this.layout
+    const b = this.b
+    const base = L.slot(slot)
+    try {
+      new Uint32Array(this.board, L.lo(slot) * 4, blocks).set(lo.subarray(0, blocks))
+      new Uint32Array(this.board, L.hi(slot) * 4, blocks).set(hi.subarray(0, blocks))
+      b[base + Q_N] = blocks
+      b[base + Q_FLAGS] = options.earlyExit === true ? QF_EARLY_EXIT : 0
+      const rec = this.slots[slot] as Slot
+      rec.recovering = null
+      for (const sh of this.shards) {
+        b[L.barrier(slot, sh.index)] = options.readYourWrites === true ? sh.enqueued : -1
+        b[L.done(slot, sh.index)] = 0
+        if (sh.health === 'recovering') (rec.recovering ??= new Set()).add(sh.index)
+      }
+      Atomics.store(b, base + Q_PENDING, this.size)
+      for (const sh of this.shards) {
+        const qw = Atomics.load(sh.ctrl, QRING_WRITE) >>> 0
+        sh.ctrl[QRING_BASE + (qw & (QRING_SIZE - 1))] = slot
+        Atomics.store(sh.ctrl, QRING_WRITE, (qw + 1) | 0)
+        this.ring(sh)
+      }
+      await this.answered(base + Q_PENDING)
+      return this.merge(slot, rec)
+    } finally {
+      this.releaseSlot(slot)
+    }
+  }
+
+  private async answered(at: number): Promise<void> {
+    const b = this.b
+    if (Atomics.load(b, at) === 0) return
+    // A futex wake costs tens of µs here, an answer usually a few: spin briefly first.
+    const until = performance.now() + this.opts.querySpinUs / 1000
+    while (performance.now() < until) if (Atomics.load(b, at) === 0) return
+    for (;;) {
+      const v = Atomics.load(b, at)
+      if (v === 0) return
+      const r = Atomics.waitAsync(b, at, v, 1000)
+      if (r.async) await r.value
+    }
+  }
+
+  private merge(slot: number, rec: Slot): OverlapResult {
+    const L = this.layout
+    const b = this.b
+    let total = 0
+    for (let k = 0; k < this.size; k++) total += b[L.results(slot, k)] as number
+    const out: OverlapResult = {
+      count: total,
+      workerIdLo: new Uint32Array(total),
+      workerIdHi: new Uint32Array(total),
+      dpRank: new Uint32Array(total),
+      overlap: new Uint32Array(total),
+      treeSize: new Uint32Array(total),
+      recoveringShards: rec.recovering === null ? [] : [...rec.recovering].sort((x, y) => x - y),
+    }
+    let j = 0
+    for (let k = 0; k < this.size; k++) {
+      let o = L.results(slot, k)
+      const m = b[o++] as number
+      for (let i = 0; i < m; i++, o += RESULT_WORDS, j++) {
+        out.workerIdLo[j] = b[o] as number
+        out.workerIdHi[j] = b[o + 1] as number
+        out.dpRank[j] = b[o + 2] as number
+        out.overlap[j] = b[o + 3] as number
+        out.treeSize[j] = b[o + 4] as number
+      }
+    }
+    return out
+  }
+
+  private waitForSlot(): Promise<number> {
+    return new Promise((resolve) => {
+      this.slotWaiters.push(() => resolve(this.freeSlots.pop() as number))
+    })
+  }
+
+  private releaseSlot(slot: number): void {
+    this.freeSlots.push(slot)
+    const next = this.slotWaiters.shift()
+    if (next !== undefined) next()
+  }
+
+  /** The same query from u64 local hashes, as objects: for tests, tools and the HTTP edge. */
+  async overlapScores(local: BigUint64Array | readonly bigint[], options: QueryOptions = {}): Promise<OverlapScore[] & { recoveringShards: number[] }> {
+    const n = local.length
+    const lo = new Uint32Array(n)
+    const hi = new Uint32Array(n)
+    for (let i = 0; i < n; i++) {
+      lo[i] = u64Lo(local[i] as bigint)
+      hi[i] = u64Hi(local[i] as bigint)
+    }
+    const r = await this.query(lo, hi, n, options)
+    const out: OverlapScore[] = []
+    for (let i = 0; i < r.count; i++) {
+      out.push({ worker_id: u64FromParts(r.workerIdLo[i] as number, r.workerIdHi[i] as number), dp_rank: r.dpRank[i] as number, overlap_blocks: r.overlap[i] as number, tree_size: r.treeSize[i] as number })
+    }
+    return Object.assign(out, { recoveringShards: r.recoveringShards })
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // control
+
+  /** Registers a worker-rank so it reports a tree size of 0 before its first event. */
+  async ensureWorker(workerId: bigint, dpRank = 0): Promise<boolean> {
+    const sh = this.shards[this.shardOf(workerId)] as Shard
+    return sh.api.ensureWorker(u64Lo(workerId), u64Hi(workerId), dpRank, sh.enqueued)
+  }
+
+  /** Drops every block of every rank of a worker, after the events already pushed for it. */
+  async removeWorker(workerId: bigint): Promise<number> {
+    const sh = this.shards[this.shardOf(workerId)] as Shard
+    return sh.api.removeWorker(u64Lo(workerId), u64Hi(workerId), sh.enqueued)
+  }
+
+  /** All shards' indexes as one event list (spec §3.4), event ids renumbered from 0. */
+  async dump(): Promise<RouterEvent[]> {
+    const parts = await Promise.all(this.shards.map((sh) => sh.api.dump(sh.enqueued)))
+    const all = parts.flat()
+    all.forEach((ev, i) => (ev.event.event_id = BigInt(i)))
+    return all
+  }
+
+  /** Declares a restarted shard rebuilt: its answers are exact again. */
+  markRebuilt(shard: number): void {
+    const sh = this.shards[shard]
+    if (sh !== undefined) sh.health = 'exact'
+  }
+
+  health(): ShardHealth[] {
+    return this.shards.map((s) => s.health)
+  }
+
+  /** Counters of every shard, read from shared memory without messages. */
+  counters(): ShardCounters[] {
+    return this.shards.map((sh) => {
+      const c = sh.ctrl
+      const rejected: Record<string, number> = {}
+      for (let i = 0; i < REJECT_REASON_COUNT; i++) rejected[REJECT_REASON_NAMES[i] as string] = Atomics.load(c, C_REJECTED + i) >>> 0
+      return {
+        shard: sh.index,
+        health: sh.health,
+        restarts: sh.restarts,
+        enqueued: sh.enqueued >>> 0,
+        received: Atomics.load(c, C_RECEIVED) >>> 0,
+        processed: Atomics.load(c, C_PROCESSED) >>> 0,
+        applied: Atomics.load(c, C_APPLIED) >>> 0,
+        malformed: Atomics.load(c, C_MALFORMED) >>> 0,
+        rejected,
+        blocks: Atomics.load(c, C_BLOCKS) >>> 0,
+        nodes: Atomics.load(c, C_NODES) >>> 0,
+        workerRanks: Atomics.load(c, C_WORKERS) >>> 0,
+        queries: Atomics.load(c, C_QUERIES) >>> 0,
+        ringFull: sh.ringFull,
+        pendingMessages: sh.pending.length - sh.pendingHead,
+        lost: sh.lost,
+      }
+    })
+  }
+
+  async stats(): Promise<ShardStats[]> {
+    return Promise.all(this.shards.map((sh) => sh.api.stats()))
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // failure
+
+  /** Kills a shard thread, as a crash would; it is restarted and answers as recovering. */
+  async terminateShard(index: number): Promise<void> {
+    const sh = this.shards[index]
+    if (sh === undefined) throw new KvrError('KVR_ERR_INVALID_OPTION', `no shard ${index}`)
+    sh.exiting = true
+    await sh.worker.terminate()
+  }
+
+  /** Fault injection: stalls a shard thread for `ms` without killing it. */
+  blockShard(index: number, ms: number): void {
+    const sh = this.shards[index]
+    if (sh === undefined) throw new KvrError('KVR_ERR_INVALID_OPTION', `no shard ${index}`)
+    void sh.api.block(ms).catch(() => undefined)
+  }
+
+  private checkHeartbeats(): void {
+    const now = performance.now()
+    for (const sh of this.shards) {
+      const beat = Atomics.load(sh.ctrl, HEARTBEAT)
+      // a thread still loading its code has no heartbeat yet; give it time before judging
+      if (Atomics.load(sh.ctrl, STATE) === ShardState.Starting && now - sh.lastBeatAt < STARTUP_MS) continue
+      if (beat !== sh.lastBeat) {
+        sh.lastBeat = beat
+        sh.lastBeatAt = now
+      } else if (!sh.exiting && now - sh.lastBeatAt > this.opts.stallMs) {
+        sh.exiting = true
+        this.emit('shardStalled', sh.index)
+        void sh.worker.terminate()
+      }
+    }
+  }
+
+  private onExit(sh: Shard, code: number): void {
+    if (this.closed || this.closing) return
+    this.restart(sh, code)
+  }
+
+  /** Replaces a dead shard thread. Its index is gone, so it answers as recovering until rebuilt. */
+  private restart(old: Shard, code: number): void {
+    const c = old.ctrl
+    // Finish, on the dead shard's behalf, every query it still owed an answer to.
+    const L = this.layout
+    for (const rec of this.slots) {
+      if (this.freeSlots.includes(rec.index)) continue
+      if (Atomics.compareExchange(this.b, L.done(rec.index, old.index), 0, 1) === 0) {
+        this.b[L.results(rec.index, old.index)] = 0
+        ;(rec.recovering ??= new Set()).add(old.index)
+        const at = L.slot(rec.index) + Q_PENDING
+        if (Atomics.sub(this.b, at, 1) === 1) Atomics.notify(this.b, at)
+      }
+    }
+    // Messages in the ring that the dead thread never processed are lost with its index.
+    const processed = Atomics.load(c, C_PROCESSED)
+    const queued = old.pending.length - old.pendingHead
+    old.lost += Math.max(0, ((old.enqueued - processed) | 0) - queued)
+    Atomics.store(c, RING_READ, Atomics.load(c, RING_WRITE))
+    Atomics.store(c, QRING_READ, Atomics.load(c, QRING_WRITE))
+    for (let i = DOORBELL; i < QRING_BASE; i++) Atomics.store(c, i, 0)
+    Atomics.store(c, STATE, ShardState.Starting)
+    for (let i = old.pendingHead; i < old.pending.length; i++) (old.pending[i] as Pending).offset = 0
+    const fresh = this.spawn(old.index, c.buffer as SharedArrayBuffer, old.ringSab)
+    fresh.enqueued = queued
+    fresh.pending = old.pending
+    fresh.pendingHead = old.pendingHead
+    fresh.health = 'recovering'
+    fresh.restarts = old.restarts + 1
+    fresh.ringFull = old.ringFull
+    fresh.lost = old.lost
+    this.shards[old.index] = fresh
+    if (fresh.pendingHead < fresh.pending.length) this.waitForSpace(fresh)
+    this.emit('shardRestarted', old.index, code)
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // shutdown
+
+  /**
+   * Stops accepting events, waits until every pushed message is written and applied, stops the
+   * threads, and reports per shard what was enqueued and what became of it.
+   */
+  async close(): Promise<ShardCounters[]> {
+    if (this.closed) return this.counters()
+    this.closing = true
+    clearInterval(this.watchdog)
+    while (this.pendingMessages > 0) await new Promise((r) => this.once('drain', r))
+    await Promise.all(this.shards.map((sh) => sh.api.shutdown(sh.enqueued)))
+    const report = this.counters()
+    this.closed = true
+    await Promise.all(this.shards.map((sh) => sh.worker.terminate()))
+    return report
+  }
+}

@@ -1,0 +1,132 @@
+// Shared-memory layout between the main thread and the indexer shards. One file is the single
+// source of truth for every word position, as both sides index the same Int32Arrays.
+//
+// Per shard, a control block (Int32Array over `ctrl`):
+//
+//   word            writer  meaning
+//   RING_WRITE      main    event ring write position (bytes, mod 2^32)
+//   RING_READ       shard   event ring read position
+//   QRING_WRITE     main    query ring write index (slot ids, mod 2^32)
+//   QRING_READ      shard   query ring read index
+//   DOORBELL        main    bumped + notified to wake a sleeping shard
+//   SLEEPING        shard   1 while the shard waits on DOORBELL (main only notifies then)
+//   PRODUCER_WAIT   main    1 while main waits for ring space (shard notifies RING_READ then)
+//   HEARTBEAT       shard   bumped at least every heartbeat interval, busy or idle
+//   STATE           shard   ShardState
+//   C_*             shard   counters, u32 that wrap (main widens them by reading often)
+//   QRING_BASE..    main    the query ring: QRING_SIZE slot ids
+//
+// Shared by all shards, the query board (Int32Array over `board`), QUERY_SLOTS slots:
+//
+//   slot header   N (blocks), PENDING (shards still to answer), FLAGS, then per shard
+//                 BARRIER (applied-message count to wait for, or -1) and DONE (0/1)
+//   hashes        lo[maxBlocks], hi[maxBlocks]
+//   results       per shard: COUNT, then maxResults × (idLo, idHi, rank, depth, treeSize)
+//
+// State of a query slot (main thread's view):
+//
+//   free ──write hashes, PENDING=N, push id to every shard──▶ asked
+//   asked ──each shard: write results, DONE=1, PENDING-- (last one notifies)──▶ answered
+//   asked ──shard dies: main sets DONE=1 by CAS, PENDING-- ──▶ answered (shard marked recovering)
+//   answered ──main merges──▶ free
+
+export const RING_WRITE = 0
+export const RING_READ = 1
+export const QRING_WRITE = 2
+export const QRING_READ = 3
+export const DOORBELL = 4
+export const SLEEPING = 5
+export const PRODUCER_WAIT = 6
+export const HEARTBEAT = 7
+export const STATE = 8
+export const C_RECEIVED = 9
+export const C_APPLIED = 10
+export const C_MALFORMED = 11
+export const C_PROCESSED = 12
+export const C_BLOCKS = 13
+export const C_NODES = 14
+export const C_WORKERS = 15
+export const C_QUERIES = 16
+export const C_STORED = 17
+export const C_REMOVED = 18
+export const C_CLEARED = 19
+/** Rejections by RejectReason (kv-index.ts), REJECT_REASON_COUNT words. */
+export const C_REJECTED = 20
+export const QRING_BASE = 32
+export const QRING_SIZE = 256
+export const CTRL_WORDS = QRING_BASE + QRING_SIZE
+
+export const ShardState = { Starting: 0, Running: 1, Stopping: 2, Stopped: 3 } as const
+export type ShardState = (typeof ShardState)[keyof typeof ShardState]
+
+// query slot header
+export const Q_N = 0
+export const Q_PENDING = 1
+export const Q_FLAGS = 2
+export const Q_SHARD_BASE = 4
+/** Per shard in the slot header: BARRIER then DONE. */
+export const Q_PER_SHARD = 2
+export const QF_EARLY_EXIT = 1
+export const RESULT_WORDS = 5
+
+export interface BoardGeometry {
+  shards: number
+  slots: number
+  maxBlocks: number
+  maxResults: number
+}
+
+/** Word offsets inside the board for one geometry. */
+export class BoardLayout {
+  readonly headerWords: number
+  readonly resultWords: number
+  readonly slotWords: number
+  readonly totalWords: number
+
+  constructor(readonly g: BoardGeometry) {
+    this.headerWords = Q_SHARD_BASE + g.shards * Q_PER_SHARD
+    this.resultWords = 1 + g.maxResults * RESULT_WORDS
+    this.slotWords = this.headerWords + 2 * g.maxBlocks + g.shards * this.resultWords
+    this.totalWords = g.slots * this.slotWords
+  }
+
+  slot(s: number): number {
+    return s * this.slotWords
+  }
+  barrier(s: number, shard: number): number {
+    return s * this.slotWords + Q_SHARD_BASE + shard * Q_PER_SHARD
+  }
+  done(s: number, shard: number): number {
+    return s * this.slotWords + Q_SHARD_BASE + shard * Q_PER_SHARD + 1
+  }
+  lo(s: number): number {
+    return s * this.slotWords + this.headerWords
+  }
+  hi(s: number): number {
+    return s * this.slotWords + this.headerWords + this.g.maxBlocks
+  }
+  results(s: number, shard: number): number {
+    return s * this.slotWords + this.headerWords + 2 * this.g.maxBlocks + shard * this.resultWords
+  }
+}
+
+/** What the main thread hands a shard thread in workerData. */
+export interface ShardInit {
+  index: number
+  ctrl: SharedArrayBuffer
+  ring: SharedArrayBuffer
+  board: SharedArrayBuffer
+  geometry: BoardGeometry
+  maxBlocks: number
+  heartbeatMs: number
+  spinUs: number
+}
+
+/** Partition of worker ids over shards: every event and rank of a worker lands on one shard. */
+export function shardOf(idLo: number, idHi: number, shards: number): number {
+  let h = Math.imul(idLo ^ 0x9e3779b9, 0x85ebca6b)
+  h ^= h >>> 13
+  h = Math.imul(h ^ idHi, 0xc2b2ae35)
+  h ^= h >>> 16
+  return (h >>> 0) % shards
+}

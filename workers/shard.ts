@@ -1,0 +1,244 @@
+// Indexer shard thread. It owns one KvIndex for the worker-ranks hashed to it, applies their
+// events in ring order, answers overlap queries from the query board, and publishes its counters
+// into shared memory. The hot loop never posts a message: the main thread reads everything it
+// needs from the SharedArrayBuffers. Control operations (dump, remove worker, shutdown) arrive
+// over comlink and are ordered after the events enqueued before them by a message-count barrier.
+//
+// Scheduling: work first (queries, then a batch of events, then queries again, so a query never
+// waits behind more than one batch); when idle, spin briefly on the rings (a futex wake costs
+// tens of µs here), then sleep on the doorbell with a timeout so the heartbeat keeps moving.
+// The loop yields to the event loop every few milliseconds of continuous work so control
+// messages are never starved.
+import { parentPort, workerData } from 'node:worker_threads'
+import * as Comlink from 'comlink'
+import nodeEndpoint from 'comlink/dist/esm/node-adapter.mjs'
+import { KvIndex, REJECT_REASON_COUNT } from '../src/shared/kv-index.js'
+import { EventDecoder } from '../src/shared/event-decoder.js'
+import type { RouterEvent } from '../src/shared/events.js'
+import { RingConsumer } from '../src/shared/ring.js'
+import {
+  BoardLayout, C_APPLIED, C_BLOCKS, C_CLEARED, C_MALFORMED, C_NODES, C_PROCESSED, C_QUERIES, C_RECEIVED, C_REJECTED, C_REMOVED,
+  C_STORED, C_WORKERS, DOORBELL, HEARTBEAT, PRODUCER_WAIT, Q_FLAGS, Q_N, Q_PENDING, QF_EARLY_EXIT, QRING_BASE, QRING_READ, QRING_SIZE,
+  QRING_WRITE, RESULT_WORDS, RING_READ, RING_WRITE, SLEEPING, STATE, ShardState, type ShardInit,
+} from '../src/shared/shard-protocol.js'
+
+const init = workerData as ShardInit
+const me = init.index
+const ctrl = new Int32Array(init.ctrl)
+const board = new Int32Array(init.board)
+const layout = new BoardLayout(init.geometry)
+const index = new KvIndex({ maxBlocks: init.maxBlocks, maxWorkerRanks: init.geometry.maxResults })
+const decoder = new EventDecoder()
+const ring = new RingConsumer(ctrl, { write: RING_WRITE, read: RING_READ }, init.ring)
+const BATCH = 64
+const YIELD_MS = 4
+
+const loViews: Uint32Array[] = []
+const hiViews: Uint32Array[] = []
+for (let s = 0; s < init.geometry.slots; s++) {
+  loViews.push(new Uint32Array(init.board, layout.lo(s) * 4, init.geometry.maxBlocks))
+  hiViews.push(new Uint32Array(init.board, layout.hi(s) * 4, init.geometry.maxBlocks))
+}
+
+let received = 0
+let applied = 0
+let malformed = 0
+let processed = 0
+let queries = 0
+let stopping = false
+const waiters: { seq: number; resolve: () => void }[] = []
+
+function onMessage(bytes: Uint8Array): void {
+  received++
+  try {
+    if (index.apply(decoder.decode(bytes)) === 0) applied++
+  } catch {
+    // a KvrError from the decoder: the message is counted as malformed and nothing is applied
+    malformed++
+  }
+  processed++
+}
+
+function publishCounters(): void {
+  Atomics.store(ctrl, C_RECEIVED, received | 0)
+  Atomics.store(ctrl, C_APPLIED, applied | 0)
+  Atomics.store(ctrl, C_MALFORMED, malformed | 0)
+  Atomics.store(ctrl, C_BLOCKS, index.liveEntries)
+  Atomics.store(ctrl, C_NODES, index.liveNodes)
+  Atomics.store(ctrl, C_WORKERS, index.liveWorkers)
+  Atomics.store(ctrl, C_QUERIES, queries | 0)
+  Atomics.store(ctrl, C_STORED, (index.appliedByKind[1] as number) | 0)
+  Atomics.store(ctrl, C_REMOVED, (index.appliedByKind[2] as number) | 0)
+  Atomics.store(ctrl, C_CLEARED, (index.appliedByKind[3] as number) | 0)
+  for (let i = 0; i < REJECT_REASON_COUNT; i++) Atomics.store(ctrl, C_REJECTED + i, (index.rejectedByReason[i] as number) | 0)
+  // last: a reader that sees this count sees every counter above as of that message
+  Atomics.store(ctrl, C_PROCESSED, processed | 0)
+}
+
+function answer(slot: number): void {
+  const base = layout.slot(slot)
+  const n = board[base + Q_N] as number
+  const early = ((board[base + Q_FLAGS] as number) & QF_EARLY_EXIT) !== 0
+  const m = index.findMatches(loViews[slot] as Uint32Array, hiViews[slot] as Uint32Array, n, early)
+  let o = layout.results(slot, me)
+  board[o++] = m
+  const ws = index.matchWorkers
+  for (let i = 0; i < m; i++, o += RESULT_WORDS) {
+    const w = ws[i] as number
+    board[o] = index.workerIdLo(w)
+    board[o + 1] = index.workerIdHi(w)
+    board[o + 2] = index.workerRank(w)
+    board[o + 3] = index.depth(w)
+    board[o + 4] = index.treeSize(w)
+  }
+  queries++
+  if (Atomics.compareExchange(board, layout.done(slot, me), 0, 1) === 0) {
+    if (Atomics.sub(board, base + Q_PENDING, 1) === 1) Atomics.notify(board, base + Q_PENDING)
+  }
+}
+
+/** Answers waiting queries in order; stops at one whose read-your-writes barrier is not met. */
+function serveQueries(): number {
+  let qr = Atomics.load(ctrl, QRING_READ) >>> 0
+  const qw = Atomics.load(ctrl, QRING_WRITE) >>> 0
+  const start = qr
+  while (qr !== qw) {
+    const slot = ctrl[QRING_BASE + (qr & (QRING_SIZE - 1))] as number
+    const barrier = board[layout.barrier(slot, me)] as number
+    if (barrier !== -1 && ((processed - barrier) | 0) < 0) break
+    answer(slot)
+    qr = (qr + 1) >>> 0
+  }
+  if (qr !== start) Atomics.store(ctrl, QRING_READ, qr | 0)
+  return (qr - start) >>> 0
+}
+
+function queriesWaiting(): boolean {
+  return Atomics.load(ctrl, QRING_READ) !== Atomics.load(ctrl, QRING_WRITE)
+}
+
+function releaseWaiters(): void {
+  for (let i = waiters.length - 1; i >= 0; i--) {
+    const wt = waiters[i] as { seq: number; resolve: () => void }
+    if (((processed - wt.seq) | 0) >= 0) {
+      waiters.splice(i, 1)
+      wt.resolve()
+    }
+  }
+}
+
+/** Resolves once every message up to `seq` (count since start, mod 2^32) has been processed. */
+function barrier(seq: number): Promise<void> {
+  if (((processed - seq) | 0) >= 0) return Promise.resolve()
+  return new Promise((resolve) => waiters.push({ seq, resolve }))
+}
+
+const yieldToLoop = (): Promise<void> => new Promise((resolve) => setImmediate(resolve))
+
+async function run(): Promise<void> {
+  Atomics.store(ctrl, STATE, ShardState.Running)
+  let lastYield = performance.now()
+  while (!stopping) {
+    Atomics.add(ctrl, HEARTBEAT, 1)
+    let work = serveQueries()
+    const n = ring.read(BATCH, onMessage)
+    if (n > 0) {
+      work += n
+      publishCounters()
+      if (Atomics.load(ctrl, PRODUCER_WAIT) === 1) Atomics.notify(ctrl, RING_READ)
+      work += serveQueries()
+      if (waiters.length > 0) releaseWaiters()
+    }
+    if (work > 0) {
+      const t = performance.now()
+      if (t - lastYield > YIELD_MS) {
+        await yieldToLoop()
+        lastYield = performance.now()
+      }
+      continue
+    }
+    // idle: spin a little, then sleep until the doorbell rings or the heartbeat is due
+    const until = performance.now() + init.spinUs / 1000
+    let woke = false
+    while (performance.now() < until) {
+      if (!ring.empty() || queriesWaiting()) {
+        woke = true
+        break
+      }
+    }
+    if (woke) continue
+    Atomics.store(ctrl, SLEEPING, 1)
+    const bell = Atomics.load(ctrl, DOORBELL)
+    if (ring.empty() && !queriesWaiting() && !stopping) {
+      const r = Atomics.waitAsync(ctrl, DOORBELL, bell, init.heartbeatMs)
+      if (r.async) await r.value
+    }
+    Atomics.store(ctrl, SLEEPING, 0)
+    lastYield = performance.now()
+  }
+  publishCounters()
+  Atomics.store(ctrl, STATE, ShardState.Stopped)
+}
+
+export interface ShardStats {
+  received: number
+  applied: number
+  malformed: number
+  processed: number
+  blocks: number
+  nodes: number
+  workerRanks: number
+  bytes: number
+}
+
+const api = {
+  async barrier(seq: number): Promise<number> {
+    await barrier(seq)
+    return processed
+  },
+  async ensureWorker(idLo: number, idHi: number, rank: number, seq: number): Promise<boolean> {
+    await barrier(seq)
+    const ok = index.ensureWorker(idLo, idHi, rank) !== -1
+    publishCounters()
+    return ok
+  },
+  async removeWorker(idLo: number, idHi: number, seq: number): Promise<number> {
+    await barrier(seq)
+    const n = index.removeWorker(idLo, idHi)
+    publishCounters()
+    return n
+  },
+  async dump(seq: number): Promise<RouterEvent[]> {
+    await barrier(seq)
+    return index.dump()
+  },
+  async stats(): Promise<ShardStats> {
+    return { received, applied, malformed, processed, blocks: index.liveEntries, nodes: index.liveNodes, workerRanks: index.liveWorkers, bytes: index.bytes }
+  },
+  /** Fault injection: blocks this thread (no heartbeat) so stall detection can be exercised. */
+  async block(ms: number): Promise<void> {
+    const until = Date.now() + ms
+    while (Date.now() < until) {
+      // busy on purpose
+    }
+  },
+  async shutdown(seq: number): Promise<ShardStats> {
+    await barrier(seq)
+    stopping = true
+    Atomics.add(ctrl, DOORBELL, 1)
+    Atomics.notify(ctrl, DOORBELL)
+    Atomics.store(ctrl, STATE, ShardState.Stopping)
+    return api.stats()
+  },
+}
+export type ShardApi = typeof api
+
+Comlink.expose(api, nodeEndpoint(parentPort as NonNullable<typeof parentPort>))
+// On a normal stop the main thread terminates this thread after shutdown() answered.
+void run().catch(
+  (err: unknown) => {
+    // an internal bug: let the main thread see the exit and restart this shard
+    console.error('shard loop failed', err)
+    process.exit(1)
+  },
+)

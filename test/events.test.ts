@@ -148,3 +148,20 @@ t.test('encoding refuses values that are not u64', async (t) => {
   t.throws(() => encodeRouterEvent(bad2), { code: 'KVR_ERR_EVENT_INVALID_NUMBER' })
   t.throws(() => toDecoded({ worker_id: 2n ** 64n, event: { event_id: 1n, dp_rank: 0, data: 'cleared' } }), { code: 'KVR_ERR_EVENT_INVALID_NUMBER' })
 })
+
+t.test('random u64 values of every length round-trip exactly', async (t) => {
+  let x = 0x9e3779b97f4a7c15n
+  let bad = 0
+  for (let i = 0; i < 2000; i++) {
+    x = (x * 6364136223846793005n + 1442695040888963407n) & 0xffffffffffffffffn
+    const v = x >> BigInt(i % 64)
+    const ev: RouterEvent = { worker_id: v, event: { event_id: v, dp_rank: 0, data: { removed: { block_hashes: [v, 2n ** 64n - 1n - v] } } } }
+    const back = parseRouterEvent(encodeRouterEvent(ev))
+    if (back.worker_id !== v || (back.event.data as { removed: { block_hashes: bigint[] } }).removed.block_hashes[1] !== 2n ** 64n - 1n - v) bad++
+    const quoted = parseRouterEvent(`{"worker_id":"${v}","event":{"event_id":0,"data":"cleared"}}`)
+    if (quoted.worker_id !== v) bad++
+  }
+  t.equal(bad, 0)
+  t.throws(() => parseRouterEvent('{"worker_id":99999999999999999999,"event":{"event_id":0,"data":"cleared"}}'), { code: 'KVR_ERR_EVENT_INVALID_NUMBER', message: /exceeds/ })
+  t.throws(() => parseRouterEvent('{"worker_id":123456789012345678901,"event":{"event_id":0,"data":"cleared"}}'), { code: 'KVR_ERR_EVENT_INVALID_NUMBER', message: /exceeds/ })
+})

@@ -33,6 +33,10 @@ const ring = new RingConsumer(ctrl, { write: RING_WRITE, read: RING_READ }, init
 const BATCH = 64
 const YIELD_MS = 4
 
+index.interrupt = () => {
+  if (queriesWaiting()) serveQueries()
+}
+
 const loViews: Uint32Array[] = []
 const hiViews: Uint32Array[] = []
 for (let s = 0; s < init.geometry.slots; s++) {
@@ -57,6 +61,7 @@ function onMessage(bytes: Uint8Array): void {
     malformed++
   }
   processed++
+  if (queriesWaiting()) serveQueries()
 }
 
 function publishCounters(): void {

@@ -473,17 +473,35 @@ export class EventDecoder {
       if (quoted || c === C_QUOTE) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', `field "${field}" must be a decimal integer string`)
       throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', `expected a number for "${field}"`)
     }
-    let lo = 0
-    let hi = 0
-    while (this.pos < this.end) {
-      c = buf[this.pos] as number
+    // The first 15 digits fit a double exactly; at most 5 more are folded in with one split
+    // into halves, instead of a carry per digit (hashes have 19–20 digits).
+    let head = 0
+    let tail = 0
+    let tailScale = 1
+    let digits = 0
+    let pos = this.pos
+    const end = this.end
+    while (pos < end) {
+      c = buf[pos] as number
       if (c < C_ZERO || c > C_NINE) break
-      const l = lo * 10 + (c - C_ZERO)
+      if (digits < 15) head = head * 10 + (c - C_ZERO)
+      else {
+        tail = tail * 10 + (c - C_ZERO)
+        tailScale *= 10
+      }
+      digits++
+      pos++
+    }
+    this.pos = pos
+    if (digits > 20) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', `field "${field}" exceeds 2^64-1`)
+    let hi = Math.floor(head / TWO32)
+    let lo = head - hi * TWO32
+    if (tailScale > 1) {
+      const l = lo * tailScale + tail
       const carry = Math.floor(l / TWO32)
       lo = l - carry * TWO32
-      hi = hi * 10 + carry
+      hi = hi * tailScale + carry
       if (hi >= TWO32) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', `field "${field}" exceeds 2^64-1`)
-      this.pos++
     }
     if (this.pos - start > 1 && buf[start] === C_ZERO) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', `field "${field}" has a leading zero`)
     if (this.pos < this.end) {

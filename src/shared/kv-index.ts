@@ -157,6 +157,13 @@ export class KvIndex {
   private stamp = 0
   private mark = new Uint32Array(16)
   private markStamp = 0
+  /**
+   * Called between blocks of a long event (every 32 blocks): a shard answers waiting queries
+   * there, so a lookup never waits for a whole large event. The structure is consistent at
+   * these points; findMatches may run from inside it.
+   */
+  interrupt: (() => void) | null = null
+
   /** Worker-rank slots matched by the last findMatches, in discovery order. */
   matchWorkers = new Int32Array(16)
   matchCount = 0
@@ -329,6 +336,7 @@ export class KvIndex {
       }
       this.addEntry(w, node, bhLo, bhHi)
       cur = node
+      if ((i & 31) === 31 && this.interrupt !== null) this.interrupt()
     }
     this.appliedByKind[EventKind.Stored] = (this.appliedByKind[EventKind.Stored] as number) + 1
     return APPLY_OK
@@ -344,6 +352,7 @@ export class KvIndex {
         continue
       }
       this.removeEntry(e)
+      if ((i & 31) === 31 && this.interrupt !== null) this.interrupt()
     }
     if (first === APPLY_OK) this.appliedByKind[EventKind.Removed] = (this.appliedByKind[EventKind.Removed] as number) + 1
     return first

@@ -1,0 +1,162 @@
+// The index benchmark (DESIGN §6, issue #3): the Mooncake conversation trace, expanded to router
+// blocks and run through one simulated engine block pool per worker (bench/index-workload.ts),
+// replayed in trace order — each request's lookup, then the KV events its engine published —
+// against (a) the single-threaded index on the main thread and (b) the shard pool with 1, 2 and
+// 4 shards. Run: `npm run bench:index [-- --limit N --workers W --reps R]`.
+//
+// What is measured, per configuration, over the whole replay:
+//   block_ops_per_sec    event blocks (stored + removed) / wall time, the final drain included
+//                        (the clock stops when every event has been applied)
+//   request_ops_per_sec  (events + lookups) / the same wall time
+//   lookup_us            p50/p99 of each lookup from call to merged answer, fan-out included;
+//                        lookups are awaited one at a time while events keep flowing to shards
+//   ring_full            pushes that found the ring full and waited (never dropped)
+// and once: bytes per cached (block, worker) entry of the index after the replay.
+//
+// The machine is shared and has 2 cores; every configuration runs `reps` times, alternating,
+// and the medians are reported. Results: bench/results/index.json and a printed table.
+import { mkdirSync, writeFileSync } from 'node:fs'
+import { dirname, join } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import { availableParallelism } from 'node:os'
+import { buildIndexWorkload, type WorkloadOp } from './index-workload.js'
+import { KvIndex } from '../src/shared/kv-index.js'
+import { EventDecoder } from '../src/shared/event-decoder.js'
+import { ShardPool } from '../src/shard-pool.js'
+
+function arg(name: string, dflt: number | undefined): number | undefined {
+  const i = process.argv.indexOf(`--${name}`)
+  if (i < 0) return dflt
+  const v = Number(process.argv[i + 1])
+  if (!Number.isFinite(v) || v <= 0) throw new Error(`--${name} needs a positive number`)
+  return v
+}
+
+const limit = arg('limit', undefined)
+const workers = arg('workers', 64) as number
+const reps = arg('reps', 3) as number
+const shardCounts = [1, 2, 4]
+const shardSpinUs = arg('shard-spin-us', undefined)
+const querySpinUs = arg('query-spin-us', undefined)
+const only = arg('only-shards', undefined)
+
+function quantile(xs: Float64Array, n: number, q: number): number {
+  const s = Array.from(xs.subarray(0, n)).sort((a, b) => a - b)
+  return s[Math.min(s.length - 1, Math.floor(q * s.length))] ?? 0
+}
+function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b)
+  const m = s.length >> 1
+  return s.length % 2 === 1 ? (s[m] as number) : ((s[m - 1] as number) + (s[m] as number)) / 2
+}
+
+interface RunResult {
+  seconds: number
+  lookupP50: number
+  lookupP99: number
+  ringFull: number
+  bytesPerBlock: number
+  entries: number
+}
+
+const workload = buildIndexWorkload({ workers, ...(limit !== undefined ? { limit } : {}) })
+const ops: WorkloadOp[] = workload.ops
+const counts = workload.counts
+const lookups = new Float64Array(counts.lookups)
+
+function runSingle(): RunResult {
+  const ix = new KvIndex()
+  const dec = new EventDecoder()
+  let li = 0
+  const t0 = performance.now()
+  for (const op of ops) {
+    if (op.kind === 'event') {
+      ix.apply(dec.decode(op.bytes))
+    } else {
+      const q0 = performance.now()
+      ix.findMatches(op.lo, op.hi, op.n)
+      lookups[li++] = (performance.now() - q0) * 1000
+    }
+  }
+  const seconds = (performance.now() - t0) / 1000
+  return { seconds, lookupP50: quantile(lookups, li, 0.5), lookupP99: quantile(lookups, li, 0.99), ringFull: 0, bytesPerBlock: ix.bytes / ix.liveEntries, entries: ix.liveEntries }
+}
+
+async function runPool(shards: number): Promise<RunResult> {
+  const pool = await ShardPool.start({ shards, ...(shardSpinUs !== undefined ? { shardSpinUs } : {}), ...(querySpinUs !== undefined ? { querySpinUs } : {}) })
+  let li = 0
+  const t0 = performance.now()
+  for (const op of ops) {
+    if (op.kind === 'event') {
+      if (!pool.push(op.bytes)) {
+        // the ring is full: the pool queued the message; let the shard catch up a little
+        while (pool.pendingMessages > 64) await new Promise((r) => setImmediate(r))
+      }
+    } else {
+      const q0 = performance.now()
+      await pool.query(op.lo, op.hi, op.n)
+      lookups[li++] = (performance.now() - q0) * 1000
+    }
+  }
+  while (pool.pendingMessages > 0) await new Promise((r) => setImmediate(r))
+  await pool.flush()
+  const seconds = (performance.now() - t0) / 1000
+  const c = pool.counters()
+  const stats = await pool.stats()
+  const entries = c.reduce((s, x) => s + x.blocks, 0)
+  const bytes = stats.reduce((s, x) => s + x.bytes, 0)
+  const ringFull = c.reduce((s, x) => s + x.ringFull, 0)
+  if (c.reduce((s, x) => s + x.malformed + x.lost, 0) !== 0) throw new Error('bench: events were malformed or lost')
+  await pool.close()
+  return { seconds, lookupP50: quantile(lookups, li, 0.5), lookupP99: quantile(lookups, li, 0.99), ringFull, bytesPerBlock: bytes / entries, entries }
+}
+
+const configs = ['single-thread', ...shardCounts.filter((s) => only === undefined || only === s).map((s) => `${s}-shard`)]
+const runs = new Map<string, RunResult[]>(configs.map((c) => [c, []]))
+for (let r = 0; r < reps; r++) {
+  ;(runs.get('single-thread') as RunResult[]).push(runSingle())
+  for (const s of shardCounts) if (only === undefined || only === s) (runs.get(`${s}-shard`) as RunResult[]).push(await runPool(s))
+}
+
+const totalOps = counts.events + counts.lookups
+const summary: Record<string, { block_ops_per_sec: number; request_ops_per_sec: number; lookup_us: { p50: number; p99: number }; ring_full: number; seconds: number }> = {}
+for (const c of configs) {
+  const rs = runs.get(c) as RunResult[]
+  const sec = median(rs.map((x) => x.seconds))
+  summary[c] = {
+    seconds: sec,
+    block_ops_per_sec: counts.blocks / sec,
+    request_ops_per_sec: totalOps / sec,
+    lookup_us: { p50: median(rs.map((x) => x.lookupP50)), p99: median(rs.map((x) => x.lookupP99)) },
+    ring_full: median(rs.map((x) => x.ringFull)),
+  }
+}
+const single = runs.get('single-thread') as RunResult[]
+const result = {
+  command: 'npm run bench:index',
+  node: process.version,
+  cores: availableParallelism(),
+  reps,
+  workload: { ...workload.options, counts, build_ms: workload.buildMs },
+  block_ops_per_sec: Object.fromEntries(configs.map((c) => [c, (summary[c] as { block_ops_per_sec: number }).block_ops_per_sec])),
+  lookup_us: Object.fromEntries(configs.map((c) => [c, (summary[c] as { lookup_us: unknown }).lookup_us])),
+  bytes_per_block: median(single.map((x) => x.bytesPerBlock)),
+  bytes_per_block_sharded: Object.fromEntries(shardCounts.filter((s) => only === undefined || only === s).map((s) => [`${s}-shard`, median((runs.get(`${s}-shard`) as RunResult[]).map((x) => x.bytesPerBlock))])),
+  entries_at_end: single[0]?.entries,
+  configurations: summary,
+}
+const here = dirname(fileURLToPath(import.meta.url))
+const outDir = join(here, '..', '..', 'bench', 'results')
+mkdirSync(outDir, { recursive: true })
+writeFileSync(join(outDir, 'index.json'), JSON.stringify(result, null, 2) + '\n')
+
+const f = (x: number): string => Math.round(x).toLocaleString('en-US')
+console.log(`kv-router index benchmark — Mooncake trace, ${counts.requests} requests, ${workers} workers, block ${workload.options.blockSize}, ${workload.options.capacity} blocks/worker`)
+console.log(`${counts.events} events (${f(counts.blocks)} blocks), ${counts.lookups} lookups (${f(counts.lookupBlocks)} blocks); medians of ${reps} runs; node ${process.version}, ${availableParallelism()} cores\n`)
+console.log('configuration    block ops/s   request ops/s   lookup p50 µs   lookup p99 µs   ring full   seconds')
+for (const c of configs) {
+  const s = summary[c] as (typeof summary)[string]
+  console.log(`${c.padEnd(14)} ${f(s.block_ops_per_sec).padStart(13)} ${f(s.request_ops_per_sec).padStart(15)} ${s.lookup_us.p50.toFixed(1).padStart(15)} ${s.lookup_us.p99.toFixed(1).padStart(15)} ${String(s.ring_full).padStart(11)} ${s.seconds.toFixed(2).padStart(9)}`)
+}
+console.log(`\nbytes per cached (block, worker) entry: ${result.bytes_per_block.toFixed(1)} (single index, ${f(result.entries_at_end ?? 0)} entries); sharded: ${shardCounts.filter((s) => only === undefined || only === s).map((s) => `${s}: ${(result.bytes_per_block_sharded[`${s}-shard`] as number).toFixed(1)}`).join(', ')}`)
+console.log(`wrote bench/results/index.json`)

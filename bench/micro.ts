@@ -77,7 +77,7 @@ const WORKERS = 64
 const BLOCKS = 24
 const SHARED = 4
 
-function makeStoreEvents(requests: number): { events: DecodedEvent[]; blocks: number; removes: DecodedEvent[] } {
+function makeStoreEvents(requests: number, tag = 0xdef): { events: DecodedEvent[]; blocks: number; removes: DecodedEvent[] } {
   const events: DecodedEvent[] = []
   const removes: DecodedEvent[] = []
   let blocks = 0
@@ -106,9 +106,9 @@ function makeStoreEvents(requests: number): { events: DecodedEvent[]; blocks: nu
         ev.tokensHi[i] = 0x777
       } else {
         ev.blockLo[i] = uniq
-        ev.blockHi[i] = 0xdef
+        ev.blockHi[i] = tag
         ev.tokensLo[i] = uniq
-        ev.tokensHi[i] = 0x999
+        ev.tokensHi[i] = tag ^ 0x999
         uniq++
       }
     }
@@ -124,7 +124,7 @@ function makeStoreEvents(requests: number): { events: DecodedEvent[]; blocks: nu
     rm.ensure(u)
     for (let i = 0; i < u; i++) {
       rm.blockLo[i] = ev.blockLo[n - u + i] as number
-      rm.blockHi[i] = 0xdef
+      rm.blockHi[i] = tag
     }
     rm.count = u
     removes.push(rm)
@@ -132,7 +132,7 @@ function makeStoreEvents(requests: number): { events: DecodedEvent[]; blocks: nu
   return { events, blocks, removes }
 }
 
-function benchApply(): { stored_blocks_per_sec: number; stored_blocks_per_sec_cold: number; removed_blocks_per_sec: number; decode_and_apply_blocks_per_sec: number; bytes_per_block: number; entries: number } {
+function benchApply(): { churn_stored_blocks_per_sec: number; churn_removed_blocks_per_sec: number; stored_blocks_per_sec: number; stored_blocks_per_sec_cold: number; removed_blocks_per_sec: number; decode_and_apply_blocks_per_sec: number; bytes_per_block: number; entries: number } {
   const { events, blocks, removes } = makeStoreEvents(40000)
   const removedBlocks = removes.reduce((s, e) => s + e.count, 0)
   const storeRates: number[] = []
@@ -161,6 +161,39 @@ function benchApply(): { stored_blocks_per_sec: number; stored_blocks_per_sec_co
     removeRates.push(removedBlocks / ((now() - t0) / 1e6))
     if (warm.liveEntries !== base) throw new Error('bench: removal did not remove what it should')
   }
+  // Steady churn, the shape an engine-fed index lives in: the index holds 40,000 requests, and
+  // each step evicts the oldest request's blocks (Removed) and stores a new request (Stored),
+  // as a block pool publishes them. Stored and removed events are timed separately.
+  const second = makeStoreEvents(40000, 0xdee)
+  const sets = [{ events, removes }, { events: second.events, removes: second.removes }]
+  const churnStore: number[] = []
+  const churnRemove: number[] = []
+  const ix = new KvIndex()
+  for (const ev of events) ix.apply(ev)
+  for (let r = 0; r < REPS; r++) {
+    const from = sets[r % 2] as (typeof sets)[number]
+    const to = sets[(r + 1) % 2] as (typeof sets)[number]
+    let tStore = 0
+    let tRemove = 0
+    let nStore = 0
+    let nRemove = 0
+    for (let i = 0; i < from.events.length; i++) {
+      const rm = from.removes[i] as DecodedEvent
+      const ev = to.events[i] as DecodedEvent
+      let t0 = now()
+      ix.apply(rm)
+      const t1 = now()
+      ix.apply(ev)
+      const t2 = now()
+      tRemove += t1 - t0
+      tStore += t2 - t1
+      nRemove += rm.count
+      nStore += ev.count
+      t0 = t2
+    }
+    churnStore.push(nStore / (tStore / 1e6))
+    churnRemove.push(nRemove / (tRemove / 1e6))
+  }
   // The same stores from JSON bytes through the shard's decoder, to show the full per-event cost.
   const jsons = events.slice(0, 10000).map((ev) => Buffer.from(encodeRouterEvent({ ...toRouterEventLike(ev) })))
   const jsonBlocks = events.slice(0, 10000).reduce((s, e) => s + e.count, 0)
@@ -172,7 +205,7 @@ function benchApply(): { stored_blocks_per_sec: number; stored_blocks_per_sec_co
     for (const b of jsons) ix.apply(dec.decode(b))
     decodeRates.push(jsonBlocks / ((now() - t0) / 1e6))
   }
-  return { stored_blocks_per_sec: median(storeRates), stored_blocks_per_sec_cold: median(coldRates), removed_blocks_per_sec: median(removeRates), decode_and_apply_blocks_per_sec: median(decodeRates), bytes_per_block: bytesPerBlock, entries }
+  return { churn_stored_blocks_per_sec: median(churnStore), churn_removed_blocks_per_sec: median(churnRemove), stored_blocks_per_sec: median(storeRates), stored_blocks_per_sec_cold: median(coldRates), removed_blocks_per_sec: median(removeRates), decode_and_apply_blocks_per_sec: median(decodeRates), bytes_per_block: bytesPerBlock, entries }
 }
 
 function toRouterEventLike(ev: DecodedEvent): Parameters<typeof encodeRouterEvent>[0] {
@@ -249,7 +282,9 @@ for (const [bs, h] of [['64', hashing64], ['16', hashing16]] as const) {
   for (const [k, v] of Object.entries(h)) console.log(`  ${k.padStart(5)} tokens, block ${bs.padStart(2)}: ${String(v.blocks).padStart(5)} blocks  ${f(v.local_us, 1).padStart(8)} µs  ${f(v.local_and_seq_us, 1).padStart(8)} µs  (${f(v.ns_per_block, 0)} ns/block)`)
 }
 console.log('\nindex apply (single thread, 64 worker-ranks, 24-block requests)')
-console.log(`  stored blocks/s           ${Math.round(apply.stored_blocks_per_sec).toLocaleString('en-US').padStart(12)}   (steady state)`)
+console.log(`  stored blocks/s, churn    ${Math.round(apply.churn_stored_blocks_per_sec).toLocaleString('en-US').padStart(12)}   (full index; each request's Removed then a new request's Stored)`)
+console.log(`  removed blocks/s, churn   ${Math.round(apply.churn_removed_blocks_per_sec).toLocaleString('en-US').padStart(12)}`)
+console.log(`  stored blocks/s, refill   ${Math.round(apply.stored_blocks_per_sec).toLocaleString('en-US').padStart(12)}   (a drained index refilled in bulk)`)
 console.log(`  stored blocks/s, cold     ${Math.round(apply.stored_blocks_per_sec_cold).toLocaleString('en-US').padStart(12)}   (fresh index growing as it fills)`)
 console.log(`  removed blocks/s          ${Math.round(apply.removed_blocks_per_sec).toLocaleString('en-US').padStart(12)}`)
 console.log(`  JSON decode + apply blk/s ${Math.round(apply.decode_and_apply_blocks_per_sec).toLocaleString('en-US').padStart(12)}`)

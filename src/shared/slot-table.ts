@@ -12,7 +12,7 @@ export const SLOT_MASK = (1 << SLOT_BITS) - 1
 export const MAX_SLOT = SLOT_MASK - 2
 const EMPTY = -1
 const TOMB = -2
-const MAX_LOAD = 0.8
+const MAX_LOAD = 0.6
 
 export class SlotTable {
   cells: Int32Array<ArrayBuffer>
@@ -102,7 +102,7 @@ export class SlotTable {
   /** Empties the table, sized so `live` records fill at most 60% of it. */
   reset(live: number): void {
     let size = 16
-    while (size * 0.6 < live) size *= 2
+    while (size * 0.45 < live) size *= 2
     if (size !== this.cells.length) {
       this.cells = new Int32Array(size)
       this.mask = size - 1

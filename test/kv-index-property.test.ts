@@ -5,11 +5,8 @@ import { KvIndex, REJECT_REASON_NAMES } from '../src/shared/kv-index.js'
 import { toDecoded, type RouterEvent } from '../src/shared/events.js'
 import { ModelIndex } from './helpers/model-index.js'
 import { Rng } from './helpers/rng.js'
-import { stored, removed, cleared } from './helpers/events.js'
-
-const WORKERS = [1n, 2n, 2n ** 60n + 3n]
-const RANKS = [0, 1]
-const TOKENS = [1n, 2n, 3n, 4n, 5n, 6n]
+import { stored } from './helpers/events.js'
+import { EventStream as Stream, randomQuery } from './helpers/random-events.js'
 
 function status(code: number): string {
   return code === 0 ? 'ok' : (REJECT_REASON_NAMES[code - 1] as string)
@@ -28,54 +25,6 @@ function indexSizes(ix: KvIndex): Map<string, number> {
 }
 
 const sorted = (m: Map<string, number>): [string, number][] => [...m].sort((a, b) => (a[0] < b[0] ? -1 : 1))
-
-class Stream {
-  private known = new Map<string, bigint[]>()
-  constructor(private rng: Rng) {}
-
-  private hashesOf(key: string): bigint[] {
-    let l = this.known.get(key)
-    if (l === undefined) this.known.set(key, (l = []))
-    return l
-  }
-
-  next(): { ev?: RouterEvent; forget?: bigint } {
-    const r = this.rng
-    const w = r.pick(WORKERS)
-    const rank = r.pick(RANKS)
-    const key = `${w}:${rank}`
-    const known = this.hashesOf(key)
-    const roll = r.next()
-    if (roll < 0.62) {
-      let parent: bigint | null = null
-      if (known.length > 0 && r.next() < 0.7) parent = r.pick(known)
-      else if (r.next() < 0.05) parent = 9999n
-      const blocks: [bigint, bigint][] = []
-      let chainHash = parent ?? 7n
-      for (let i = 0, n = 1 + r.int(4); i < n; i++) {
-        const tok = r.pick(TOKENS)
-        // mostly engine-like chained hashes; sometimes a small random pool that collides
-        chainHash = r.next() < 0.75 ? ((chainHash * 31n + tok) % 997n) + 1000n : BigInt(1000 + r.int(40))
-        blocks.push([chainHash, tok])
-        known.push(chainHash)
-      }
-      return { ev: stored(w, parent, blocks, rank) }
-    }
-    if (roll < 0.94) {
-      const hashes: bigint[] = []
-      for (let i = 0, n = 1 + r.int(3); i < n; i++) hashes.push(known.length > 0 && r.next() < 0.9 ? r.pick(known) : BigInt(5000 + r.int(10)))
-      return { ev: removed(w, hashes, rank) }
-    }
-    if (roll < 0.985) return { ev: cleared(w, rank) }
-    return { forget: w }
-  }
-}
-
-function randomQuery(r: Rng): bigint[] {
-  const q: bigint[] = []
-  for (let i = 0, n = r.int(7); i < n; i++) q.push(r.pick(TOKENS))
-  return q
-}
 
 function compare(t: Test, ix: KvIndex, model: ModelIndex, r: Rng, where: string, ignoreEmpty = false): boolean {
   for (let k = 0; k < 6; k++) {

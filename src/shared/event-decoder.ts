@@ -142,8 +142,16 @@ export class EventDecoder {
   // --- structure ---------------------------------------------------------------------------
 
   private topLevel(): void {
+    this.routerEventObject(true)
+  }
+
+  /**
+   * A RouterEvent object; at the top level it may instead be the event-plane envelope, whose
+   * keys are then read too (inside a payload they are unknown keys, skipped).
+   */
+  private routerEventObject(envelopeAllowed: boolean): void {
     const out = this.out
-    this.expectObjectStart('event')
+    this.expectObjectStart(envelopeAllowed ? 'event' : 'payload event')
     let sawWorker = false
     let sawEvent = false
     let sawPayload = false
@@ -162,6 +170,8 @@ export class EventDecoder {
         sawEvent = true
       } else if (this.keyIs(K.storage_tier)) {
         this.storageTier()
+      } else if (!envelopeAllowed) {
+        this.skipValue(0)
       } else if (this.keyIs(K.publisher_id)) {
         this.u64('publisher_id')
         out.publisherLo = this.numLo
@@ -197,7 +207,7 @@ export class EventDecoder {
     this.ws()
     const c = this.peek()
     if (c === C_LBRACE) {
-      this.innerRouterEvent()
+      this.routerEventObject(false)
       return
     }
     if (c !== C_LBRACKET) throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', 'envelope "payload" must be an array of byte values or an object')
@@ -232,7 +242,7 @@ export class EventDecoder {
     this.end = n
     try {
       this.ws()
-      this.innerRouterEvent()
+      this.routerEventObject(false)
       this.ws()
       if (this.pos !== this.end) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'unexpected data after the payload event')
     } catch (err) {
@@ -243,32 +253,6 @@ export class EventDecoder {
       this.pos = savePos
       this.end = saveEnd
     }
-  }
-
-  private innerRouterEvent(): void {
-    const out = this.out
-    this.expectObjectStart('payload event')
-    let sawWorker = false
-    let sawEvent = false
-    let first = true
-    while (this.nextKey(first)) {
-      first = false
-      if (this.keyIs(K.worker_id)) {
-        this.u64('worker_id')
-        out.workerLo = this.numLo
-        out.workerHi = this.numHi
-        sawWorker = true
-      } else if (this.keyIs(K.event)) {
-        this.kvCacheEvent()
-        sawEvent = true
-      } else if (this.keyIs(K.storage_tier)) {
-        this.storageTier()
-      } else {
-        this.skipValue(0)
-      }
-    }
-    if (!sawWorker) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', 'field "worker_id" is missing')
-    if (!sawEvent) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', 'field "event" is missing')
   }
 
   private storageTier(): void {

@@ -1,0 +1,112 @@
+// Worker discovery against a real etcd: lease-based registration, removal, restart resync.
+import t from 'tap'
+import { once } from 'node:events'
+import { Etcd3 } from 'etcd3'
+import { startEtcd, getFreePort } from '../helpers/services.js'
+import { waitUntil } from '../helpers/wait.js'
+import { EtcdDiscovery, cardsPrefix, instancesPrefix, toWorker, type DiscoveredWorker } from '../../src/etcd-discovery.js'
+import { ShardPool } from '../../src/shard-pool.js'
+import { encodeRouterEvent } from '../../src/shared/events.js'
+import { chain } from '../helpers/events.js'
+
+const NS = 'dynamo'
+const COMP = 'backend'
+const EP = 'generate'
+
+/** Registers a worker the way an engine wrapper would: two keys under its own lease. */
+async function register(client: Etcd3, opts: { url: string; device?: string; blockSize?: number; dpSize?: number; ttl?: number }): Promise<{ id: bigint; revoke: () => Promise<void> }> {
+  const lease = client.lease(opts.ttl ?? 10)
+  const id = BigInt(await lease.grant())
+  const hex = id.toString(16)
+  await lease.put(`${instancesPrefix(NS, COMP, EP)}${hex}`).value(JSON.stringify({ http_url: opts.url, device_type: opts.device ?? 'cuda' }))
+  await lease.put(`${cardsPrefix(NS, COMP, EP)}${hex}`).value(JSON.stringify({ kv_cache_block_size: opts.blockSize ?? 64, runtime_config: { total_kv_blocks: 4096, max_num_batched_tokens: 8192, data_parallel_size: opts.dpSize ?? 1 } }))
+  return { id, revoke: () => lease.revoke() }
+}
+
+t.test('a leased worker appears with its record and disappears, from discovery and the index, when the lease ends', async (t) => {
+  const etcd = await startEtcd()
+  t.teardown(() => etcd.stop())
+  const client = new Etcd3({ hosts: etcd.url })
+  t.teardown(() => client.close())
+  const early = await register(client, { url: 'http://127.0.0.1:9001', device: 'cpu', blockSize: 16, dpSize: 2 })
+
+  const disco = await EtcdDiscovery.start({ url: etcd.url, namespace: NS, component: COMP, endpoint: EP })
+  t.teardown(() => disco.close())
+  const pool = await ShardPool.start({ shards: 2 })
+  t.teardown(() => pool.close())
+  disco.on('removed', (id: bigint) => void pool.removeWorker(id))
+
+  const first = disco.workers.get(early.id)
+  t.same(first, { workerId: early.id, url: 'http://127.0.0.1:9001', deviceType: 'cpu', blockSize: 16, totalKvBlocks: 4096, maxNumBatchedTokens: 8192, dpStart: 0, dpSize: 2 }, 'listed at start')
+
+  const added = once(disco, 'added')
+  const late = await register(client, { url: 'http://127.0.0.1:9002' })
+  const [w] = (await added) as [DiscoveredWorker]
+  t.equal(w.url, 'http://127.0.0.1:9002')
+  await waitUntil('model card applied', () => disco.workers.get(late.id)?.blockSize === 64)
+
+  // the late worker holds blocks in the index; its lease ends; within 2 s it is gone from both
+  pool.push(Buffer.from(encodeRouterEvent(chain(late.id, null, [1, 2]))))
+  t.equal((await pool.overlapScores([1n, 2n], { readYourWrites: true })).length, 1)
+  const removed = once(disco, 'removed')
+  const t0 = Date.now()
+  await late.revoke()
+  const [gone] = (await removed) as [bigint]
+  t.equal(gone, late.id)
+  t.notOk(disco.workers.has(late.id))
+  await waitUntil('the index forgot the worker', async () => (await pool.overlapScores([1n, 2n], { readYourWrites: true })).length === 0, 2000)
+  t.ok(Date.now() - t0 < 2000, 'gone from discovery and the index within 2 s')
+  t.ok(disco.workers.has(early.id), 'the other worker stays')
+})
+
+t.test('etcd restarted under discovery: it reconnects and resyncs', async (t) => {
+  const etcd = await startEtcd()
+  t.teardown(() => etcd.stop())
+  const disco = await EtcdDiscovery.start({ url: etcd.url, namespace: NS, component: COMP, endpoint: EP })
+  t.teardown(() => disco.close())
+  const client = new Etcd3({ hosts: etcd.url })
+  t.teardown(() => client.close())
+  const a = await register(client, { url: 'http://127.0.0.1:9101', ttl: 30 })
+  await waitUntil('registered', () => disco.workers.has(a.id))
+  const resyncs = disco.counters.resyncs
+  const reconnected = once(disco, 'reconnected')
+  await etcd.restart()
+  await waitUntil('disconnect noticed or already back', () => disco.counters.disconnects > 0, 15_000)
+  await reconnected
+  t.equal(disco.connected, true)
+  t.ok(disco.counters.resyncs > resyncs, 'a full re-list ran after the reconnection')
+  t.ok(disco.workers.has(a.id), 'the worker survived the restart (its lease did)')
+  // changes after the restart are seen again
+  const added = once(disco, 'added')
+  const b = await register(client, { url: 'http://127.0.0.1:9102', ttl: 30 })
+  const [w] = (await added) as [DiscoveredWorker]
+  t.equal(w.workerId, b.id)
+  const removed = once(disco, 'removed')
+  await a.revoke()
+  t.same(await removed, [a.id])
+})
+
+t.test('records: parsing rules and malformed values', async (t) => {
+  t.equal(toWorker(1n, {}), null, 'no instance key, not routable')
+  t.equal(toWorker(1n, { instance: { http_url: 'ftp://x' } }), null, 'not an http URL')
+  t.same(toWorker(2n, { instance: { transport: { http: 'http://h:1' } } }), { workerId: 2n, url: 'http://h:1', deviceType: 'gpu', blockSize: null, totalKvBlocks: null, maxNumBatchedTokens: null, dpStart: 0, dpSize: 1 })
+  const etcd = await startEtcd()
+  t.teardown(() => etcd.stop())
+  const client = new Etcd3({ hosts: etcd.url })
+  t.teardown(() => client.close())
+  await client.put(`${instancesPrefix(NS, COMP, EP)}zz`).value('{}')
+  await client.put(`${instancesPrefix(NS, COMP, EP)}abc`).value('not json')
+  await client.put(`${instancesPrefix(NS, COMP, EP)}ffffffffffffffff`).value('{"http_url":"http://127.0.0.1:9"}')
+  const disco = await EtcdDiscovery.start({ url: etcd.url, namespace: NS, component: COMP, endpoint: EP })
+  t.teardown(() => disco.close())
+  t.same([...disco.workers.keys()], [0xffffffffffffffffn], 'u64 ids from hex keys stay exact; bad keys and values are skipped')
+  t.equal(disco.counters.malformed, 1)
+})
+
+t.test('an unreachable etcd at start is a clear error naming the URL', async (t) => {
+  const port = await getFreePort()
+  await t.rejects(EtcdDiscovery.start({ url: `http://127.0.0.1:${port}`, namespace: NS, component: COMP, endpoint: EP, dialTimeoutMs: 300 }), {
+    code: 'KVR_ERR_INVALID_OPTION',
+    message: new RegExp(`cannot reach etcd at http://127\\.0\\.0\\.1:${port}`),
+  })
+})

@@ -1,0 +1,85 @@
+// KV events through a real nats-server into the shard pool.
+import t from 'tap'
+import { once } from 'node:events'
+import { connect } from 'nats'
+import { startNats, getFreePort } from '../helpers/services.js'
+import { waitUntil } from '../helpers/wait.js'
+import { NatsIntake, kvEventSubjects, kvMetricsSubject, parseLoadEvent } from '../../src/nats-intake.js'
+import { ShardPool } from '../../src/shard-pool.js'
+import { encodeEnvelope, encodeRouterEvent } from '../../src/shared/events.js'
+import { stored } from '../helpers/events.js'
+
+const enc = new TextEncoder()
+
+t.test('raw and enveloped events with u64 values above 2^53 reach the index; NATS restart is survived', async (t) => {
+  const nats = await startNats()
+  t.teardown(() => nats.stop())
+  const pool = await ShardPool.start({ shards: 2 })
+  t.teardown(() => pool.close())
+  const intake = await NatsIntake.start({ url: nats.url, namespace: 'dynamo', component: 'backend', pool })
+  t.teardown(() => intake.close())
+  t.equal(intake.connected, true)
+
+  const pub = await connect({ servers: nats.url, maxReconnectAttempts: -1, reconnectTimeWait: 100 })
+  t.teardown(() => pub.close())
+  const [subject, oldSubject] = kvEventSubjects('dynamo', 'backend') as [string, string]
+  t.equal(subject, 'namespace.dynamo.component.backend.kv-events')
+  const w1 = 2n ** 63n + 11n
+  const w2 = 2n ** 60n + 7n
+  const big = 2n ** 64n - 5n
+  pub.publish(subject, enc.encode(encodeRouterEvent(stored(w1, null, [[big, 2n ** 53n + 1n], [big - 1n, 2n ** 62n]]))))
+  pub.publish(oldSubject, enc.encode(encodeEnvelope({ publisher_id: w2, sequence: 0n, published_at: 1n, payload: stored(w2, null, [[big - 2n, 2n ** 53n + 1n]]) })))
+  await pub.flush()
+  await waitUntil('two messages at the intake', () => intake.counters.messages === 2)
+  const scores = await pool.overlapScores([2n ** 53n + 1n, 2n ** 62n], { readYourWrites: true })
+  const byId = new Map(scores.map((s) => [s.worker_id, s.overlap_blocks]))
+  t.equal(byId.get(w1), 2, 'raw event, exact u64 worker id and hashes')
+  t.equal(byId.get(w2), 1, 'enveloped event on the older subject')
+
+  // the server goes away and comes back: readiness follows, ingestion resumes
+  const down = once(intake, 'disconnected')
+  const up = once(intake, 'reconnected')
+  await nats.restart()
+  await down
+  await up
+  t.equal(intake.connected, true)
+  t.ok(intake.counters.disconnects >= 1 && intake.counters.reconnects >= 1)
+  await waitUntil('publisher reconnected', () => !pub.isClosed() && pub.info !== undefined)
+  await new Promise((r) => setTimeout(r, 200))
+  pub.publish(subject, enc.encode(encodeRouterEvent(stored(w2, null, [[5n, 2n ** 53n + 1n], [6n, 2n ** 62n]], 1))))
+  await pub.flush()
+  await waitUntil('the event after the restart', () => intake.counters.messages === 3)
+  const after = await pool.overlapScores([2n ** 53n + 1n, 2n ** 62n], { readYourWrites: true })
+  t.ok(after.some((s) => s.worker_id === w2 && s.dp_rank === 1 && s.overlap_blocks === 2), 'ingested after the restart')
+})
+
+t.test('worker load metrics on kv_metrics', async (t) => {
+  const nats = await startNats({ jetstream: false })
+  t.teardown(() => nats.stop())
+  const pool = await ShardPool.start({ shards: 1 })
+  t.teardown(() => pool.close())
+  const intake = await NatsIntake.start({ url: nats.url, namespace: 'ns1', component: 'backend', pool })
+  t.teardown(() => intake.close())
+  const pub = await connect({ servers: nats.url })
+  t.teardown(() => pub.close())
+  const got = once(intake, 'load')
+  const id = 18446744073709551557n
+  pub.publish(kvMetricsSubject('ns1'), enc.encode(`{"worker_id":${id},"data":{"worker_stats":{"data_parallel_rank":2,"request_active_slots":3,"request_total_slots":8,"num_requests_waiting":4},"kv_stats":{"kv_active_blocks":120,"kv_total_blocks":1000,"gpu_cache_usage_perc":0.12,"gpu_prefix_cache_hit_rate":0.5},"spec_decode_stats":null}}`))
+  pub.publish(kvMetricsSubject('ns1'), enc.encode('{"nope":1}'))
+  const [load] = (await got) as [ReturnType<typeof parseLoadEvent>]
+  t.same(load, { workerId: id, dpRank: 2, activeBlocks: 120, totalBlocks: 1000, requestsWaiting: 4 })
+  await waitUntil('the malformed one counted', () => intake.counters.metricsMalformed === 1)
+  t.same(parseLoadEvent(enc.encode('{"worker_id":5,"dp_rank":1,"active_decode_blocks":9}')), { workerId: 5n, dpRank: 1, activeBlocks: 9, totalBlocks: null, requestsWaiting: null })
+  t.equal(parseLoadEvent(enc.encode('{"worker_id":5,')), null)
+})
+
+t.test('an unreachable server at start is a clear error naming the URL', async (t) => {
+  const pool = await ShardPool.start({ shards: 1 })
+  t.teardown(() => pool.close())
+  const port = await getFreePort()
+  await t.rejects(NatsIntake.start({ url: `nats://127.0.0.1:${port}`, namespace: 'dynamo', component: 'backend', pool, connectTimeoutMs: 1000 }), {
+    code: 'KVR_ERR_INVALID_OPTION',
+    message: new RegExp(`cannot connect to NATS at nats://127\\.0\\.0\\.1:${port}`),
+  })
+  await t.rejects(NatsIntake.start({ url: 'nats://127.0.0.1:1', namespace: 'bad ns', component: 'backend', pool }), { message: /namespace/ })
+})

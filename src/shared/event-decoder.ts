@@ -102,6 +102,13 @@ const K = {
   external: keyBytes('external'),
 } as const
 
+// The exact block layout serde writes; matched byte for byte first, with the general object
+// parser as the fallback for any other spelling, order or spacing.
+const FAST_BLOCK_HASH = keyBytes('"block_hash":')
+const FAST_TOKENS_HASH = keyBytes(',"tokens_hash":')
+const FAST_MM_NULL = keyBytes(',"mm_extra_info":null}')
+const FAST_END = keyBytes('}')
+
 const MAX_DEPTH = 64
 const TWO32 = 4294967296
 const textDecoder = new TextDecoder('utf-8', { fatal: false })
@@ -373,6 +380,24 @@ export class EventDecoder {
       }
       out.ensure(n + 1)
       this.expectObjectStart('stored block')
+      const objStart = this.pos
+      if (this.matchBytes(FAST_BLOCK_HASH)) {
+        this.u64('block_hash')
+        const lo = this.numLo
+        const hi = this.numHi
+        if (this.matchBytes(FAST_TOKENS_HASH)) {
+          this.u64('tokens_hash')
+          if (this.matchBytes(FAST_MM_NULL) || this.matchBytes(FAST_END)) {
+            out.blockLo[n] = lo
+            out.blockHi[n] = hi
+            out.tokensLo[n] = this.numLo
+            out.tokensHi[n] = this.numHi
+            n++
+            continue
+          }
+        }
+        this.pos = objStart
+      }
       let sawBlock = false
       let sawTokens = false
       let first = true
@@ -631,6 +656,16 @@ export class EventDecoder {
     if (this.literal('true') || this.literal('false') || this.isNull()) return
     if (this.pos >= this.end) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'truncated input')
     throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'unexpected character')
+  }
+
+  /** Advances past `lit` when the input continues with exactly those bytes. */
+  private matchBytes(lit: Uint8Array): boolean {
+    const p = this.pos
+    if (p + lit.length > this.end) return false
+    const buf = this.buf
+    for (let i = 0; i < lit.length; i++) if (buf[p + i] !== lit[i]) return false
+    this.pos = p + lit.length
+    return true
   }
 
   private literal(word: string): boolean {

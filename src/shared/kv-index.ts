@@ -76,14 +76,22 @@ const N_PGEN = 1
 const N_GEN = 2
 const N_TLO = 3
 const N_THI = 4
+/** Low 16 bits: distinct workers holding the node. Bit 16: MIXED (below). */
 const N_COUNT = 5
 const N_FIRST = 6
 /**
- * 1 once a worker left this node while the node survived, or a node was re-linked under it:
+ * The child attached most recently, a hint checked before the children table: along a
+ * conversation's chain nearly every node has one child, so a walk then reads one record per
+ * block instead of a table cell and a record. Verified on use; stale hints just miss.
+ */
+const N_KID = 7
+const COUNT_MASK = 0xffff
+/**
+ * Set once a worker left this node while the node survived, or a node was re-linked under it:
  * a child may then hold a worker this node does not, so equal worker counts no longer prove
  * equal worker sets and find_matches compares the sets on this edge.
  */
-const N_MIXED = 7
+const MIXED = 0x10000
 const ES = 5
 const E_W = 0
 const E_NODE = 1
@@ -331,7 +339,7 @@ export class KvIndex {
         // The worker's hash named a node elsewhere in the tree: it now names this one.
         this.removeEntry(e)
       } else if (this.liveEntries >= this.maxBlocks) {
-        if (this.N[node * NS + N_COUNT] === 0) this.freeNode(node)
+        if (((this.N[node * NS + N_COUNT] as number) & COUNT_MASK) === 0) this.freeNode(node)
         return this.reject(RejectReason.Capacity)
       }
       this.addEntry(w, node, bhLo, bhHi)
@@ -424,7 +432,8 @@ export class KvIndex {
         if (child === NIL) break
         // A child holds a subset of its parent's workers unless the parent is marked mixed, so
         // there an equal count means nobody left (spec §3.3's O(1) step); otherwise compare.
-        if (N[cur * NS + N_MIXED] !== 0 || N[child * NS + N_COUNT] !== N[cur * NS + N_COUNT]) {
+        const cw = N[cur * NS + N_COUNT] as number
+        if ((cw & MIXED) !== 0 || ((N[child * NS + N_COUNT] as number) & COUNT_MASK) !== (cw & COUNT_MASK)) {
           const ms = this.nextMarkStamp()
           const mark = this.mark
           for (let e = N[child * NS + N_FIRST] as number; e !== NIL; e = E[e * ES + E_NEXT] as number) mark[E[e * ES + E_W] as number] = ms
@@ -519,6 +528,11 @@ export class KvIndex {
     hi |= 0
     const N = this.N
     const gen = N[parent * NS + N_GEN] as number
+    const kid = N[parent * NS + N_KID] as number
+    if (kid >= 0) {
+      const k = kid * NS
+      if (N[k + N_TLO] === lo && N[k + N_THI] === hi && N[k + N_PARENT] === parent && N[k + N_PGEN] === gen) return kid
+    }
     const t = this.children
     for (let c = t.first(this.childHash(parent, gen, lo, hi)); c !== NIL; c = t.next()) {
       const b = c * NS
@@ -547,6 +561,8 @@ export class KvIndex {
   private chainChild(node: number): void {
     const N = this.N
     const b = node * NS
+    const parent = N[b + N_PARENT] as number
+    if (parent !== ROOT) N[parent * NS + N_KID] = node
     this.children.insert(this.childHash(N[b + N_PARENT] as number, N[b + N_PGEN] as number, N[b + N_TLO] as number, N[b + N_THI] as number), node)
     if (this.children.needsRebuild) this.rebuildChildren()
   }
@@ -562,7 +578,7 @@ export class KvIndex {
 
   private relink(node: number, parent: number, lo: number, hi: number): void {
     this.unchainChild(node)
-    this.N[parent * NS + N_MIXED] = 1
+    this.N[parent * NS + N_COUNT] = (this.N[parent * NS + N_COUNT] as number) | MIXED
     this.N[node * NS + N_PARENT] = parent
     this.N[node * NS + N_PGEN] = this.N[parent * NS + N_GEN] as number
     this.N[node * NS + N_TLO] = lo
@@ -585,7 +601,7 @@ export class KvIndex {
     N[b + N_THI] = hi
     N[b + N_COUNT] = 0
     N[b + N_FIRST] = NIL
-    N[b + N_MIXED] = 0
+    N[b + N_KID] = NIL
     this.liveNodes++
     this.chainChild(node)
     return node
@@ -686,8 +702,7 @@ export class KvIndex {
       prev = x
     }
     if (!still) {
-      N[nb + N_COUNT] = (N[nb + N_COUNT] as number) - 1
-      N[nb + N_MIXED] = 1
+      N[nb + N_COUNT] = ((N[nb + N_COUNT] as number) - 1) | MIXED
     }
     this.lookup.remove(mix3(w, E[b + E_LO] as number, E[b + E_HI] as number), e)
     E[b + E_W] = NO_WORKER
@@ -696,7 +711,7 @@ export class KvIndex {
     this.eFreeHead = e
     this.liveEntries--
     this.wSize[w] = (this.wSize[w] as number) - 1
-    if (N[nb + N_COUNT] === 0) this.freeNode(node)
+    if (((N[nb + N_COUNT] as number) & COUNT_MASK) === 0) this.freeNode(node)
   }
 
   private growEntries(): void {

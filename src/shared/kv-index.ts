@@ -80,9 +80,11 @@ const N_THI = 4
 const N_COUNT = 5
 const N_FIRST = 6
 /**
- * The child attached most recently, a hint checked before the children table: along a
- * conversation's chain nearly every node has one child, so a walk then reads one record per
- * block instead of a table cell and a record. Verified on use; stale hints just miss.
+ * The child attached most recently. Along a conversation's chain nearly every node has exactly
+ * one child, so that child is found here and never enters the children table: a walk reads one
+ * record per block, and storing or freeing a chain block touches no table. A node's other
+ * children live in the table (IN_TABLE), which the parent notes (TABLE_KIDS) so a childless or
+ * single-child node answers a miss without probing it.
  */
 const N_KID = 7
 const COUNT_MASK = 0xffff
@@ -92,6 +94,10 @@ const COUNT_MASK = 0xffff
  * equal worker sets and find_matches compares the sets on this edge.
  */
 const MIXED = 0x10000
+/** This node is in the children table (it is not, or no longer, its parent's N_KID). */
+const IN_TABLE = 0x20000
+/** Some child of this node is in the children table (set once; cleared when the node is made). */
+const TABLE_KIDS = 0x40000
 const ES = 5
 const E_W = 0
 const E_NODE = 1
@@ -533,6 +539,7 @@ export class KvIndex {
       const k = kid * NS
       if (N[k + N_TLO] === lo && N[k + N_THI] === hi && N[k + N_PARENT] === parent && N[k + N_PGEN] === gen) return kid
     }
+    if (((N[parent * NS + N_COUNT] as number) & TABLE_KIDS) === 0) return NIL
     const t = this.children
     for (let c = t.first(this.childHash(parent, gen, lo, hi)); c !== NIL; c = t.next()) {
       const b = c * NS
@@ -552,27 +559,56 @@ export class KvIndex {
     return false
   }
 
+  /** Takes a node out of its parent's child lookup (hint or table). */
   private unchainChild(node: number): void {
     const N = this.N
     const b = node * NS
-    this.children.remove(this.childHash(N[b + N_PARENT] as number, N[b + N_PGEN] as number, N[b + N_TLO] as number, N[b + N_THI] as number), node)
+    const cw = N[b + N_COUNT] as number
+    if ((cw & IN_TABLE) !== 0) {
+      this.children.remove(this.childHash(N[b + N_PARENT] as number, N[b + N_PGEN] as number, N[b + N_TLO] as number, N[b + N_THI] as number), node)
+      N[b + N_COUNT] = cw & ~IN_TABLE
+    }
+    const p = N[b + N_PARENT] as number
+    if (p !== NIL && N[p * NS + N_KID] === node) N[p * NS + N_KID] = NIL
   }
 
+  /** Makes an attached node findable from its parent: as the parent's hint, or in the table. */
   private chainChild(node: number): void {
+    const N = this.N
+    const parent = N[node * NS + N_PARENT] as number
+    // the root has a child per distinct first block: all of them go to the table
+    if (parent === ROOT) {
+      this.tableInsert(node)
+      return
+    }
+    const pb = parent * NS
+    const old = N[pb + N_KID] as number
+    N[pb + N_KID] = node
+    // the previous hint, if still a child of this parent, moves to the table
+    if (old >= 0 && old !== node) {
+      const ob = old * NS
+      if (N[ob + N_PARENT] === parent && N[ob + N_PGEN] === N[pb + N_GEN] && ((N[ob + N_COUNT] as number) & IN_TABLE) === 0) this.tableInsert(old)
+    }
+  }
+
+  private tableInsert(node: number): void {
     const N = this.N
     const b = node * NS
     const parent = N[b + N_PARENT] as number
-    if (parent !== ROOT) N[parent * NS + N_KID] = node
-    this.children.insert(this.childHash(N[b + N_PARENT] as number, N[b + N_PGEN] as number, N[b + N_TLO] as number, N[b + N_THI] as number), node)
+    N[b + N_COUNT] = (N[b + N_COUNT] as number) | IN_TABLE
+    N[parent * NS + N_COUNT] = (N[parent * NS + N_COUNT] as number) | TABLE_KIDS
+    this.children.insert(this.childHash(parent, N[b + N_PGEN] as number, N[b + N_TLO] as number, N[b + N_THI] as number), node)
     if (this.children.needsRebuild) this.rebuildChildren()
   }
 
   private rebuildChildren(): void {
-    this.children.reset(this.liveNodes)
+    this.children.reset(this.children.live)
     const N = this.N
     for (let node = 1; node < this.nHigh; node++) {
       const b = node * NS
-      if (N[b + N_PARENT] !== NIL) this.children.insert(this.childHash(N[b + N_PARENT] as number, N[b + N_PGEN] as number, N[b + N_TLO] as number, N[b + N_THI] as number), node)
+      if (N[b + N_PARENT] !== NIL && ((N[b + N_COUNT] as number) & IN_TABLE) !== 0) {
+        this.children.insert(this.childHash(N[b + N_PARENT] as number, N[b + N_PGEN] as number, N[b + N_TLO] as number, N[b + N_THI] as number), node)
+      }
     }
   }
 

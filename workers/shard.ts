@@ -33,9 +33,11 @@ const ring = new RingConsumer(ctrl, { write: RING_WRITE, read: RING_READ }, init
 const BATCH = 64
 const YIELD_MS = 4
 
-index.interrupt = () => {
+function interrupt(): void {
   if (queriesWaiting()) serveQueries()
 }
+index.interrupt = interrupt
+decoder.interrupt = interrupt
 
 const loViews: Uint32Array[] = []
 const hiViews: Uint32Array[] = []

@@ -119,6 +119,11 @@ const textDecoder = new TextDecoder('utf-8', { fatal: false })
  */
 export class EventDecoder {
   readonly out = new DecodedEvent()
+  /**
+   * Called every 64 blocks while a long event is decoded: a shard answers waiting queries
+   * there, so a lookup never waits for a whole large message to be parsed.
+   */
+  interrupt: (() => void) | null = null
   private buf: Uint8Array = new Uint8Array(0)
   private pos = 0
   private end = 0
@@ -379,6 +384,7 @@ export class EventDecoder {
         this.ws()
       }
       out.ensure(n + 1)
+      if ((n & 63) === 63 && this.interrupt !== null) this.interrupt()
       this.expectObjectStart('stored block')
       const objStart = this.pos
       if (this.matchBytes(FAST_BLOCK_HASH)) {
@@ -447,6 +453,7 @@ export class EventDecoder {
             this.ws()
           }
           out.ensure(n + 1)
+          if ((n & 63) === 63 && this.interrupt !== null) this.interrupt()
           this.u64('block_hashes[]')
           out.blockLo[n] = this.numLo
           out.blockHi[n] = this.numHi

@@ -63,6 +63,8 @@ export const MAX_WORKER_RANKS = 0xfffe
 /** Entries and nodes are named by 26-bit slots in the hash tables. */
 export const MAX_BLOCKS = MAX_SLOT - 2
 const NO_WORKER = 0xffff
+/** Records grow by a quarter: more copies while filling, less memory held idle afterwards. */
+const GROWTH = 1.25
 const OPEN = 0xffffffff
 const NIL = -1
 const ROOT = 0
@@ -656,7 +658,7 @@ export class KvIndex {
   }
 
   private growNodes(): void {
-    this.nCap = Math.min(Math.ceil(this.nCap * 1.5), MAX_SLOT + 1)
+    this.nCap = Math.min(Math.ceil(this.nCap * GROWTH), MAX_SLOT + 1)
     const n = new Int32Array(this.nCap * NS)
     n.set(this.N)
     this.N = n
@@ -751,7 +753,7 @@ export class KvIndex {
   }
 
   private growEntries(): void {
-    this.eCap = Math.min(Math.ceil(this.eCap * 1.5), MAX_SLOT + 1)
+    this.eCap = Math.min(Math.ceil(this.eCap * GROWTH), MAX_SLOT + 1)
     const e = new Int32Array(this.eCap * ES)
     e.set(this.E)
     this.E = e

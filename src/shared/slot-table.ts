@@ -12,11 +12,14 @@ export const SLOT_MASK = (1 << SLOT_BITS) - 1
 export const MAX_SLOT = SLOT_MASK - 2
 const EMPTY = -1
 const TOMB = -2
-const MAX_LOAD = 0.6
+const MAX_LOAD = 0.75
+/** Load right after a rebuild. Sizes are not powers of two, so this holds exactly. */
+const TARGET_LOAD = 0.55
+const TWO32 = 4294967296
 
 export class SlotTable {
   cells: Int32Array<ArrayBuffer>
-  private mask: number
+  private size: number
   /** Cells holding a slot. */
   live = 0
   /** Cells holding a slot or a tombstone. */
@@ -26,24 +29,29 @@ export class SlotTable {
 
   constructor(size = 16) {
     this.cells = new Int32Array(size).fill(EMPTY)
-    this.mask = size - 1
+    this.size = size
+  }
+
+  /** Home cell: a multiply-high of re-mixed bits, so it is independent of the fingerprint. */
+  private home(hash: number): number {
+    return Math.floor(((Math.imul(hash, 0x9e3779b1) >>> 0) * this.size) / TWO32)
   }
 
   /** First slot whose fingerprint matches `hash`, or -1; continue with `next()`. */
   first(hash: number): number {
     this.fp = hash >>> SLOT_BITS
-    this.i = hash & this.mask
+    this.i = this.home(hash)
     return this.scan()
   }
 
   next(): number {
-    this.i = (this.i + 1) & this.mask
+    this.i = this.i + 1 === this.size ? 0 : this.i + 1
     return this.scan()
   }
 
   private scan(): number {
     const cells = this.cells
-    const mask = this.mask
+    const size = this.size
     const fp = this.fp
     let i = this.i
     for (;;) {
@@ -56,15 +64,15 @@ export class SlotTable {
         this.i = i
         return v & SLOT_MASK
       }
-      i = (i + 1) & mask
+      if (++i === size) i = 0
     }
   }
 
   /** Adds a slot under `hash`; the caller knows it is absent. */
   insert(hash: number, slot: number): void {
     const cells = this.cells
-    const mask = this.mask
-    let i = hash & mask
+    const size = this.size
+    let i = this.home(hash)
     for (;;) {
       const v = cells[i] as number
       if (v === EMPTY) {
@@ -72,7 +80,7 @@ export class SlotTable {
         break
       }
       if (v === TOMB) break
-      i = (i + 1) & mask
+      if (++i === size) i = 0
     }
     cells[i] = ((hash >>> SLOT_BITS) << SLOT_BITS) | slot
     this.live++
@@ -82,8 +90,8 @@ export class SlotTable {
   remove(hash: number, slot: number): boolean {
     const want = ((hash >>> SLOT_BITS) << SLOT_BITS) | slot
     const cells = this.cells
-    const mask = this.mask
-    for (let i = hash & mask; ; i = (i + 1) & mask) {
+    const size = this.size
+    for (let i = this.home(hash); ; i = i + 1 === size ? 0 : i + 1) {
       const v = cells[i] as number
       if (v === EMPTY) return false
       if (v === want) {
@@ -99,13 +107,12 @@ export class SlotTable {
     return this.used > this.cells.length * MAX_LOAD
   }
 
-  /** Empties the table, sized so `live` records fill at most 60% of it. */
+  /** Empties the table, sized so `live` records fill TARGET_LOAD of it. */
   reset(live: number): void {
-    let size = 16
-    while (size * 0.45 < live) size *= 2
+    const size = Math.max(16, Math.ceil(live / TARGET_LOAD))
     if (size !== this.cells.length) {
       this.cells = new Int32Array(size)
-      this.mask = size - 1
+      this.size = size
     }
     this.cells.fill(EMPTY)
     this.live = 0

@@ -15,9 +15,9 @@ import * as Comlink from 'comlink'
 import nodeEndpoint from 'comlink/dist/esm/node-adapter.mjs'
 import { RingProducer, checkRingCapacity } from './shared/ring.js'
 import {
-  BoardLayout, C_APPLIED, C_BLOCKS, C_MALFORMED, C_NODES, C_PROCESSED, C_QUERIES, C_RECEIVED, C_REJECTED, C_WORKERS, CTRL_WORDS, DOORBELL,
+  BoardLayout, C_APPLIED, C_BLOCKS, C_MALFORMED, C_MISPLACED, C_NODES, C_PROCESSED, C_QUERIES, C_RECEIVED, C_REJECTED, C_WORKERS, CTRL_WORDS, DOORBELL,
   HEARTBEAT, PRODUCER_WAIT, Q_FLAGS, Q_N, Q_PENDING, QF_EARLY_EXIT, QRING_BASE, QRING_READ, QRING_SIZE, QRING_WRITE, RESULT_WORDS,
-  RING_READ, RING_WRITE, SLEEPING, STATE, ShardState, shardOf, type ShardInit,
+  RING_READ, RING_WRITE, SLEEPING, STATE, MAX_SHARDS, ShardState, shardOf, type ShardInit,
 } from './shared/shard-protocol.js'
 import { REJECT_REASON_COUNT, REJECT_REASON_NAMES, type OverlapScore } from './shared/kv-index.js'
 import type { RouterEvent } from './shared/events.js'
@@ -27,7 +27,7 @@ import { KvrError } from './shared/errors.js'
 import type { ShardApi, ShardStats } from '../workers/shard.js'
 
 export interface ShardPoolOptions {
-  /** Number of shard threads; default max(1, availableParallelism() − 1). */
+  /** Number of shard threads, at most 31; default max(1, availableParallelism() − 1). */
   shards?: number
   /** Bytes of each shard's event ring (power of two); default 4 MiB. */
   ringBytes?: number
@@ -85,6 +85,8 @@ export interface ShardCounters {
   nodes: number
   workerRanks: number
   queries: number
+  /** Events whose decoded worker id belongs to another shard (an envelope whose publisher_id is not its worker_id). */
+  misplaced: number
   ringFull: number
   pendingMessages: number
   lost: number
@@ -114,6 +116,10 @@ interface Shard {
   lastBeat: number
   lastBeatAt: number
   exiting: boolean
+  /** Exited while the pool was closing (not restarted). */
+  dead: boolean
+  /** Settles when this thread has exited; control calls race it so none waits on a dead thread. */
+  exited: Promise<number>
 }
 
 interface Slot {
@@ -122,6 +128,7 @@ interface Slot {
 }
 
 const STARTUP_MS = 30_000
+const WRITTEN: Pending = { bytes: new Uint8Array(0), offset: 0 }
 // Buffer#slice shares memory (and small Buffers share a pool), so a queued message must be
 // copied with Uint8Array's slice, whatever the caller passed.
 const u8slice = Uint8Array.prototype.slice
@@ -138,6 +145,8 @@ function positive(name: string, v: number | undefined, dflt: number, max = Numbe
 
 export class ShardPool extends EventEmitter {
   readonly size: number
+  /** PENDING value of a fresh query: one bit per shard. */
+  private readonly allShards: number
   private readonly shards: Shard[] = []
   private readonly board: SharedArrayBuffer
   private readonly b: Int32Array
@@ -156,7 +165,7 @@ export class ShardPool extends EventEmitter {
   private constructor(options: ShardPoolOptions) {
     super()
     const o: Required<ShardPoolOptions> = {
-      shards: positive('shards', options.shards, Math.max(1, availableParallelism() - 1), 256),
+      shards: positive('shards', options.shards, Math.min(MAX_SHARDS, Math.max(1, availableParallelism() - 1)), MAX_SHARDS),
       ringBytes: options.ringBytes ?? 4 * 1024 * 1024,
       querySlots: positive('querySlots', options.querySlots, 64, QRING_SIZE),
       maxQueryBlocks: positive('maxQueryBlocks', options.maxQueryBlocks, 16384, 1 << 20),
@@ -174,6 +183,7 @@ export class ShardPool extends EventEmitter {
     }
     this.opts = Object.freeze(o)
     this.size = o.shards
+    this.allShards = o.shards === 31 ? 0x7fffffff : (1 << o.shards) - 1
     this.layout = new BoardLayout({ shards: o.shards, slots: o.querySlots, maxBlocks: o.maxQueryBlocks, maxResults: o.maxWorkerRanksPerShard })
     this.board = new SharedArrayBuffer(this.layout.totalWords * 4)
     this.b = new Int32Array(this.board)
@@ -197,6 +207,7 @@ export class ShardPool extends EventEmitter {
     const ctrl = new Int32Array(ctrlSab)
     const init: ShardInit = {
       index,
+      shards: this.opts.shards,
       ctrl: ctrlSab,
       ring: ringSab,
       board: this.board,
@@ -224,6 +235,8 @@ export class ShardPool extends EventEmitter {
       lastBeat: -1,
       lastBeatAt: performance.now(),
       exiting: false,
+      dead: false,
+      exited: new Promise<number>((resolve) => worker.once('exit', resolve)),
     }
     worker.on('error', (err) => this.emit('shardError', index, err))
     worker.on('exit', (code) => this.onExit(shard, code))
@@ -253,7 +266,7 @@ export class ShardPool extends EventEmitter {
    * nothing is lost, but the caller should slow down until 'drain'.
    */
   push(msg: Uint8Array, workerId?: bigint): boolean {
-    if (this.closing) throw new KvrError('KVR_ERR_INVALID_OPTION', 'the shard pool is closing')
+    if (this.closing) throw new KvrError('KVR_ERR_SHUTTING_DOWN', 'the shard pool is closing')
     if (msg.length === 0) {
       this.emptyMessages++
       return true
@@ -267,7 +280,8 @@ export class ShardPool extends EventEmitter {
       const off = sh.producer.write(msg, 0)
       if (off > 0) this.ring(sh)
       if (off === msg.length) return true
-      sh.pending.push({ bytes: copyBytes(msg, off), offset: 0 })
+      // the whole message, so a restart can write it again from its start
+      sh.pending.push({ bytes: copyBytes(msg, 0), offset: off })
     } else {
       sh.pending.push({ bytes: copyBytes(msg, 0), offset: 0 })
     }
@@ -295,7 +309,11 @@ export class ShardPool extends EventEmitter {
         p.offset = sh.producer.write(p.bytes, p.offset)
         this.ring(sh)
         if (p.offset === p.bytes.length) {
-          sh.pendingHead++
+          sh.pending[sh.pendingHead++] = WRITTEN
+          if (sh.pendingHead > 1024 && sh.pendingHead * 2 > sh.pending.length) {
+            sh.pending.splice(0, sh.pendingHead)
+            sh.pendingHead = 0
+          }
           continue
         }
         Atomics.store(sh.ctrl, PRODUCER_WAIT, 1)
@@ -306,6 +324,7 @@ export class ShardPool extends EventEmitter {
         if (p.offset === before) {
           const r = Atomics.waitAsync(sh.ctrl, RING_READ, read, 50)
           if (r.async) await r.value
+          if (this.shards[sh.index] !== sh) return
         } else this.ring(sh)
         Atomics.store(sh.ctrl, PRODUCER_WAIT, 0)
       }
@@ -324,9 +343,19 @@ export class ShardPool extends EventEmitter {
     return n
   }
 
+  /** Runs a control call on a shard; rejects, instead of waiting forever, if the thread exits. */
+  private control<T>(sh: Shard, call: (api: Comlink.Remote<ShardApi>) => Promise<T>): Promise<T> {
+    return Promise.race([
+      call(sh.api),
+      sh.exited.then((code) => {
+        throw new KvrError('KVR_ERR_SHARD_RESTARTED', `shard ${sh.index} exited (code ${code}) during the operation`)
+      }),
+    ])
+  }
+
   /** Resolves once every message pushed before the call has been applied (or rejected). */
   async flush(): Promise<void> {
-    await Promise.all(this.shards.map((sh) => sh.api.barrier(sh.enqueued)))
+    await Promise.all(this.shards.map((sh) => this.control(sh, (api) => api.barrier(sh.enqueued))))
   }
 
   // ------------------------------------------------------------------------------------------
@@ -334,7 +363,7 @@ export class ShardPool extends EventEmitter {
 
   /** Overlap of a prompt's local block hashes with every worker-rank, merged over the shards. */
   async query(lo: Uint32Array, hi: Uint32Array, n: number, options: QueryOptions = {}): Promise<OverlapResult> {
-    if (this.closed) throw new KvrError('KVR_ERR_INVALID_OPTION', 'the shard pool is closed')
+    if (this.closing) throw new KvrError('KVR_ERR_SHUTTING_DOWN', 'the shard pool is closing')
     const blocks = Math.min(n, this.opts.maxQueryBlocks)
     const slot = this.freeSlots.pop() ?? (await this.waitForSlot())
     const L = this.layout
@@ -349,10 +378,9 @@ export class ShardPool extends EventEmitter {
       rec.recovering = null
       for (const sh of this.shards) {
         b[L.barrier(slot, sh.index)] = options.readYourWrites === true ? sh.enqueued : -1
-        b[L.done(slot, sh.index)] = 0
         if (sh.health === 'recovering') (rec.recovering ??= new Set()).add(sh.index)
       }
-      Atomics.store(b, base + Q_PENDING, this.size)
+      Atomics.store(b, base + Q_PENDING, this.allShards)
       for (const sh of this.shards) {
         const qw = Atomics.load(sh.ctrl, QRING_WRITE) >>> 0
         sh.ctrl[QRING_BASE + (qw & (QRING_SIZE - 1))] = slot
@@ -444,18 +472,18 @@ export class ShardPool extends EventEmitter {
   /** Registers a worker-rank so it reports a tree size of 0 before its first event. */
   async ensureWorker(workerId: bigint, dpRank = 0): Promise<boolean> {
     const sh = this.shards[this.shardOf(workerId)] as Shard
-    return sh.api.ensureWorker(u64Lo(workerId), u64Hi(workerId), dpRank, sh.enqueued)
+    return this.control(sh, (api) => api.ensureWorker(u64Lo(workerId), u64Hi(workerId), dpRank, sh.enqueued))
   }
 
   /** Drops every block of every rank of a worker, after the events already pushed for it. */
   async removeWorker(workerId: bigint): Promise<number> {
     const sh = this.shards[this.shardOf(workerId)] as Shard
-    return sh.api.removeWorker(u64Lo(workerId), u64Hi(workerId), sh.enqueued)
+    return this.control(sh, (api) => api.removeWorker(u64Lo(workerId), u64Hi(workerId), sh.enqueued))
   }
 
   /** All shards' indexes as one event list (spec §3.4), event ids renumbered from 0. */
   async dump(): Promise<RouterEvent[]> {
-    const parts = await Promise.all(this.shards.map((sh) => sh.api.dump(sh.enqueued)))
+    const parts = await Promise.all(this.shards.map((sh) => this.control(sh, (api) => api.dump(sh.enqueued))))
     const all = parts.flat()
     all.forEach((ev, i) => (ev.event.event_id = BigInt(i)))
     return all
@@ -477,13 +505,15 @@ export class ShardPool extends EventEmitter {
       const c = sh.ctrl
       const rejected: Record<string, number> = {}
       for (let i = 0; i < REJECT_REASON_COUNT; i++) rejected[REJECT_REASON_NAMES[i] as string] = Atomics.load(c, C_REJECTED + i) >>> 0
+      // processed is published last by the shard: read it first, the rest are at least as new
+      const processed = Atomics.load(c, C_PROCESSED) >>> 0
       return {
         shard: sh.index,
         health: sh.health,
         restarts: sh.restarts,
         enqueued: sh.enqueued >>> 0,
         received: Atomics.load(c, C_RECEIVED) >>> 0,
-        processed: Atomics.load(c, C_PROCESSED) >>> 0,
+        processed,
         applied: Atomics.load(c, C_APPLIED) >>> 0,
         malformed: Atomics.load(c, C_MALFORMED) >>> 0,
         rejected,
@@ -491,6 +521,7 @@ export class ShardPool extends EventEmitter {
         nodes: Atomics.load(c, C_NODES) >>> 0,
         workerRanks: Atomics.load(c, C_WORKERS) >>> 0,
         queries: Atomics.load(c, C_QUERIES) >>> 0,
+        misplaced: Atomics.load(c, C_MISPLACED) >>> 0,
         ringFull: sh.ringFull,
         pendingMessages: sh.pending.length - sh.pendingHead,
         lost: sh.lost,
@@ -499,7 +530,7 @@ export class ShardPool extends EventEmitter {
   }
 
   async stats(): Promise<ShardStats[]> {
-    return Promise.all(this.shards.map((sh) => sh.api.stats()))
+    return Promise.all(this.shards.map((sh) => this.control(sh, (api) => api.stats())))
   }
 
   // ------------------------------------------------------------------------------------------
@@ -538,24 +569,36 @@ export class ShardPool extends EventEmitter {
   }
 
   private onExit(sh: Shard, code: number): void {
-    if (this.closed || this.closing) return
+    if (this.closed || this.closing) {
+      sh.dead = true
+      this.emit('shardGone', sh.index, code)
+      return
+    }
     this.restart(sh, code)
+  }
+
+  /**
+   * Completes, on behalf of a shard that is gone, every query still waiting for it: its part
+   * of the answer is empty and the answer says the shard is not exact.
+   */
+  private finishOwedQueries(shard: number): void {
+    const L = this.layout
+    const bit = 1 << shard
+    for (const rec of this.slots) {
+      if (this.freeSlots.includes(rec.index)) continue
+      const at = L.slot(rec.index) + Q_PENDING
+      const before = Atomics.and(this.b, at, ~bit)
+      if ((before & bit) === 0) continue
+      this.b[L.results(rec.index, shard)] = 0
+      ;(rec.recovering ??= new Set()).add(shard)
+      if ((before & ~bit) === 0) Atomics.notify(this.b, at)
+    }
   }
 
   /** Replaces a dead shard thread. Its index is gone, so it answers as recovering until rebuilt. */
   private restart(old: Shard, code: number): void {
     const c = old.ctrl
-    // Finish, on the dead shard's behalf, every query it still owed an answer to.
-    const L = this.layout
-    for (const rec of this.slots) {
-      if (this.freeSlots.includes(rec.index)) continue
-      if (Atomics.compareExchange(this.b, L.done(rec.index, old.index), 0, 1) === 0) {
-        this.b[L.results(rec.index, old.index)] = 0
-        ;(rec.recovering ??= new Set()).add(old.index)
-        const at = L.slot(rec.index) + Q_PENDING
-        if (Atomics.sub(this.b, at, 1) === 1) Atomics.notify(this.b, at)
-      }
-    }
+    this.finishOwedQueries(old.index)
     // Messages in the ring that the dead thread never processed are lost with its index.
     const processed = Atomics.load(c, C_PROCESSED)
     const queued = old.pending.length - old.pendingHead
@@ -588,11 +631,31 @@ export class ShardPool extends EventEmitter {
   async close(): Promise<ShardCounters[]> {
     if (this.closed) return this.counters()
     this.closing = true
+    const queued = (): boolean => this.shards.some((sh) => !sh.dead && sh.pending.length > sh.pendingHead)
+    while (queued()) {
+      await new Promise<void>((resolve) => {
+        const done = (): void => {
+          this.off('drain', done).off('shardGone', done)
+          resolve()
+        }
+        this.on('drain', done).on('shardGone', done)
+      })
+    }
+    // a shard that dies or stalls now is not restarted: its shutdown settles with its exit
+    const stallGuard = setInterval(() => this.checkHeartbeats(), Math.max(20, this.opts.stallMs / 4))
     clearInterval(this.watchdog)
-    while (this.pendingMessages > 0) await new Promise((r) => this.once('drain', r))
-    await Promise.all(this.shards.map((sh) => sh.api.shutdown(sh.enqueued)))
+    await Promise.all(this.shards.map((sh) => this.control(sh, (api) => api.shutdown(sh.enqueued)).catch(() => undefined)))
+    clearInterval(stallGuard)
+    for (const sh of this.shards) {
+      if (!sh.dead) continue
+      // what a shard that died during close never applied is reported, not silently dropped
+      sh.lost += Math.max(0, (sh.enqueued - Atomics.load(sh.ctrl, C_PROCESSED)) | 0)
+      sh.pending.length = 0
+      sh.pendingHead = 0
+    }
     const report = this.counters()
     this.closed = true
+    for (const sh of this.shards) this.finishOwedQueries(sh.index)
     await Promise.all(this.shards.map((sh) => sh.worker.terminate()))
     return report
   }

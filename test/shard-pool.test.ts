@@ -144,10 +144,44 @@ t.test('shutdown drains: every event enqueued before close is applied or reporte
   t.equal(report.reduce((s, x) => s + x.received, 0), pushed)
   t.equal(report.reduce((s, x) => s + x.lost + x.pendingMessages, 0), 0)
   t.equal(report.reduce((s, x) => s + x.blocks, 0), reference.liveEntries, 'and applied as the reference applied them')
-  await t.rejects(pool.overlapScores([1n]), { code: 'KVR_ERR_INVALID_OPTION' })
+  await t.rejects(pool.overlapScores([1n]), { code: 'KVR_ERR_SHUTTING_DOWN' })
 })
 
 t.test('options are validated', async (t) => {
   await t.rejects(ShardPool.start({ shards: 0 }), { code: 'KVR_ERR_INVALID_OPTION', message: /shards/ })
   await t.rejects(ShardPool.start({ ringBytes: 1000 }), { code: 'KVR_ERR_INVALID_OPTION', message: /ringBytes/ })
+  await t.rejects(ShardPool.start({ shards: 32 }), { code: 'KVR_ERR_INVALID_OPTION', message: /shards.*31/ })
+})
+
+t.test('close with a query in flight, and a shard that dies while the pool closes', async (t) => {
+  const pool = await ShardPool.start({ shards: 2, heartbeatMs: 20, stallMs: 5000 })
+  pool.push(bytes(chain(31n, null, [1])))
+  pool.push(bytes(chain(32n, null, [1])))
+  await pool.flush()
+  const victim = pool.shardOf(31n)
+  pool.blockShard(victim, 400)
+  await new Promise((r) => setTimeout(r, 30))
+  const inFlight = pool.overlapScores([1n])
+  const closing = pool.close()
+  await t.rejects(pool.overlapScores([1n]), { code: 'KVR_ERR_SHUTTING_DOWN' }, 'no new query once closing')
+  t.throws(() => pool.push(bytes(chain(33n, null, [1]))), { code: 'KVR_ERR_SHUTTING_DOWN' })
+  await pool.terminateShard(victim)
+  const report = await closing
+  t.equal(report.length, 2, 'close() settled although a shard died during it')
+  const answer = await inFlight
+  t.ok(answer.recoveringShards.includes(victim), 'the query in flight was answered, saying which shard is missing')
+})
+
+t.test('a control call on a shard that exits rejects instead of waiting forever', async (t) => {
+  const pool = await ShardPool.start({ shards: 1, heartbeatMs: 20, stallMs: 250 })
+  t.teardown(() => pool.close())
+  pool.push(bytes(chain(41n, null, [1])))
+  pool.blockShard(0, 3000)
+  await new Promise((r) => setTimeout(r, 30))
+  pool.push(bytes(chain(42n, null, [1])))
+  await t.rejects(pool.flush(), { code: 'KVR_ERR_SHARD_RESTARTED' })
+  t.equal(pool.counters()[0]?.restarts, 1)
+  t.equal(pool.health()[0], 'recovering')
+  await pool.flush()
+  t.pass('the replacement shard answers control calls')
 })

@@ -14,12 +14,13 @@ import * as Comlink from 'comlink'
 import nodeEndpoint from 'comlink/dist/esm/node-adapter.mjs'
 import { KvIndex, REJECT_REASON_COUNT } from '../src/shared/kv-index.js'
 import { EventDecoder } from '../src/shared/event-decoder.js'
+import { KvrError } from '../src/shared/errors.js'
 import type { RouterEvent } from '../src/shared/events.js'
 import { RingConsumer } from '../src/shared/ring.js'
 import {
-  BoardLayout, C_APPLIED, C_BLOCKS, C_CLEARED, C_MALFORMED, C_NODES, C_PROCESSED, C_QUERIES, C_RECEIVED, C_REJECTED, C_REMOVED,
+  BoardLayout, C_APPLIED, C_BLOCKS, C_CLEARED, C_MALFORMED, C_MISPLACED, C_NODES, C_PROCESSED, C_QUERIES, C_RECEIVED, C_REJECTED, C_REMOVED,
   C_STORED, C_WORKERS, DOORBELL, HEARTBEAT, PRODUCER_WAIT, Q_FLAGS, Q_N, Q_PENDING, QF_EARLY_EXIT, QRING_BASE, QRING_READ, QRING_SIZE,
-  QRING_WRITE, RESULT_WORDS, RING_READ, RING_WRITE, SLEEPING, STATE, ShardState, type ShardInit,
+  QRING_WRITE, RESULT_WORDS, RING_READ, RING_WRITE, SLEEPING, STATE, ShardState, shardOf, type ShardInit,
 } from '../src/shared/shard-protocol.js'
 
 const init = workerData as ShardInit
@@ -34,6 +35,8 @@ const BATCH = 64
 const YIELD_MS = 4
 
 function interrupt(): void {
+  // long work still beats: the watchdog must not take a busy shard for a stalled one
+  Atomics.add(ctrl, HEARTBEAT, 1)
   if (queriesWaiting()) serveQueries()
 }
 index.interrupt = interrupt
@@ -49,6 +52,7 @@ for (let s = 0; s < init.geometry.slots; s++) {
 let received = 0
 let applied = 0
 let malformed = 0
+let misplaced = 0
 let processed = 0
 let queries = 0
 let stopping = false
@@ -56,12 +60,19 @@ const waiters: { seq: number; resolve: () => void }[] = []
 
 function onMessage(bytes: Uint8Array): void {
   received++
+  Atomics.add(ctrl, HEARTBEAT, 1)
+  let ev
   try {
-    if (index.apply(decoder.decode(bytes)) === 0) applied++
-  } catch {
-    // a KvrError from the decoder: the message is counted as malformed and nothing is applied
+    ev = decoder.decode(bytes)
+  } catch (err) {
+    // bad input is counted and dropped; anything else is a bug that must restart this shard
+    if (!(err instanceof KvrError)) throw err
     malformed++
+    processed++
+    return
   }
+  if (shardOf(ev.workerLo, ev.workerHi, init.shards) !== me) misplaced++
+  if (index.apply(ev) === 0) applied++
   processed++
   if (queriesWaiting()) serveQueries()
 }
@@ -70,6 +81,7 @@ function publishCounters(): void {
   Atomics.store(ctrl, C_RECEIVED, received | 0)
   Atomics.store(ctrl, C_APPLIED, applied | 0)
   Atomics.store(ctrl, C_MALFORMED, malformed | 0)
+  Atomics.store(ctrl, C_MISPLACED, misplaced | 0)
   Atomics.store(ctrl, C_BLOCKS, index.liveEntries)
   Atomics.store(ctrl, C_NODES, index.liveNodes)
   Atomics.store(ctrl, C_WORKERS, index.liveWorkers)
@@ -99,9 +111,9 @@ function answer(slot: number): void {
     board[o + 4] = index.treeSize(w)
   }
   queries++
-  if (Atomics.compareExchange(board, layout.done(slot, me), 0, 1) === 0) {
-    if (Atomics.sub(board, base + Q_PENDING, 1) === 1) Atomics.notify(board, base + Q_PENDING)
-  }
+  const bit = 1 << me
+  const before = Atomics.and(board, base + Q_PENDING, ~bit)
+  if ((before & bit) !== 0 && (before & ~bit) === 0) Atomics.notify(board, base + Q_PENDING)
 }
 
 /** Answers waiting queries in order; stops at one whose read-your-writes barrier is not met. */
@@ -148,11 +160,14 @@ async function run(): Promise<void> {
   while (!stopping) {
     Atomics.add(ctrl, HEARTBEAT, 1)
     let work = serveQueries()
+    const readBefore = Atomics.load(ctrl, RING_READ)
     const n = ring.read(BATCH, onMessage)
+    // fragments of a large message free space without completing a message: wake the producer
+    // whenever the read position moved
+    if (Atomics.load(ctrl, RING_READ) !== readBefore && Atomics.load(ctrl, PRODUCER_WAIT) === 1) Atomics.notify(ctrl, RING_READ)
     if (n > 0) {
       work += n
       publishCounters()
-      if (Atomics.load(ctrl, PRODUCER_WAIT) === 1) Atomics.notify(ctrl, RING_READ)
       work += serveQueries()
       if (waiters.length > 0) releaseWaiters()
     }

@@ -320,16 +320,22 @@ export class KvIndex {
     const n = ev.count
     let fresh = false
     for (let i = 0; i < n; i++) {
+      if ((i & 31) === 31 && this.interrupt !== null) this.interrupt()
       const tokLo = ev.tokensLo[i] as number
       const tokHi = ev.tokensHi[i] as number
       const bhLo = ev.blockLo[i] as number
       const bhHi = ev.blockHi[i] as number
       const e = this.findEntry(w, bhLo, bhHi)
-      // A hash the worker already holds at cur or above it would make the chain a cycle.
-      if (e !== NIL && this.isAncestorOrSelf(this.E[e * ES + E_NODE] as number, cur)) return this.reject(RejectReason.InvalidBlock)
       // A node made by this event has no children yet: skip the probe.
       let node = fresh ? NIL : this.findChild(cur, tokLo, tokHi)
       fresh = false
+      if (e !== NIL && this.E[e * ES + E_NODE] === node) {
+        // held already, right here: an idempotent re-store
+        cur = node
+        continue
+      }
+      // A hash the worker already holds at cur or above it would make the chain a cycle.
+      if (e !== NIL && this.isAncestorOrSelf(this.E[e * ES + E_NODE] as number, cur)) return this.reject(RejectReason.InvalidBlock)
       if (node === NIL) {
         if (e !== NIL && !this.isAttached(this.E[e * ES + E_NODE] as number)) {
           node = this.E[e * ES + E_NODE] as number
@@ -352,7 +358,6 @@ export class KvIndex {
       }
       this.addEntry(w, node, bhLo, bhHi)
       cur = node
-      if ((i & 31) === 31 && this.interrupt !== null) this.interrupt()
     }
     this.appliedByKind[EventKind.Stored] = (this.appliedByKind[EventKind.Stored] as number) + 1
     return APPLY_OK

@@ -18,16 +18,21 @@
 //
 // Shared by all shards, the query board (Int32Array over `board`), QUERY_SLOTS slots:
 //
-//   slot header   N (blocks), PENDING (shards still to answer), FLAGS, then per shard
-//                 BARRIER (applied-message count to wait for, or -1) and DONE (0/1)
+//   slot header   N (blocks), PENDING (bit k set while shard k owes its answer), FLAGS, then
+//                 per shard BARRIER (applied-message count to wait for, or -1)
 //   hashes        lo[maxBlocks], hi[maxBlocks]
 //   results       per shard: COUNT, then maxResults × (idLo, idHi, rank, depth, treeSize)
 //
 // State of a query slot (main thread's view):
 //
-//   free ──write hashes, PENDING=N, push id to every shard──▶ asked
-//   asked ──each shard: write results, DONE=1, PENDING-- (last one notifies)──▶ answered
-//   asked ──shard dies: main sets DONE=1 by CAS, PENDING-- ──▶ answered (shard marked recovering)
+//   free ──write hashes, PENDING = all shard bits, push id to every shard──▶ asked
+//   asked ──each shard: write results, clear its bit with one Atomics.and (the one that
+//           clears the last bit notifies)──▶ answered
+//   asked ──shard dies: main clears its bit the same way (idempotent); if the bit was still
+//           set, its part of the answer is empty and the shard is reported recovering──▶ answered
+//
+// One atomic op both marks a shard done and counts it, so a shard dying at any instant leaves
+// no ambiguity; the bitmask is why a pool has at most MAX_SHARDS shards.
 //   answered ──main merges──▶ free
 
 export const RING_WRITE = 0
@@ -52,6 +57,8 @@ export const C_REMOVED = 18
 export const C_CLEARED = 19
 /** Rejections by RejectReason (kv-index.ts), REJECT_REASON_COUNT words. */
 export const C_REJECTED = 20
+/** Events whose decoded worker belongs to another shard (applied anyway, counted). */
+export const C_MISPLACED = 28
 export const QRING_BASE = 32
 export const QRING_SIZE = 256
 export const CTRL_WORDS = QRING_BASE + QRING_SIZE
@@ -64,8 +71,10 @@ export const Q_N = 0
 export const Q_PENDING = 1
 export const Q_FLAGS = 2
 export const Q_SHARD_BASE = 4
-/** Per shard in the slot header: BARRIER then DONE. */
-export const Q_PER_SHARD = 2
+/** Per shard in the slot header: BARRIER. */
+export const Q_PER_SHARD = 1
+/** PENDING is one Int32 bitmask. */
+export const MAX_SHARDS = 31
 export const QF_EARLY_EXIT = 1
 export const RESULT_WORDS = 5
 
@@ -96,9 +105,6 @@ export class BoardLayout {
   barrier(s: number, shard: number): number {
     return s * this.slotWords + Q_SHARD_BASE + shard * Q_PER_SHARD
   }
-  done(s: number, shard: number): number {
-    return s * this.slotWords + Q_SHARD_BASE + shard * Q_PER_SHARD + 1
-  }
   lo(s: number): number {
     return s * this.slotWords + this.headerWords
   }
@@ -113,6 +119,7 @@ export class BoardLayout {
 /** What the main thread hands a shard thread in workerData. */
 export interface ShardInit {
   index: number
+  shards: number
   ctrl: SharedArrayBuffer
   ring: SharedArrayBuffer
   board: SharedArrayBuffer

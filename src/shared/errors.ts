@@ -18,6 +18,7 @@ export const ErrorCodes = {
   // index
   KVR_ERR_INDEX_CAPACITY: { status: 503, summary: 'the index holds its configured maximum of blocks' },
   KVR_ERR_TOO_MANY_WORKERS: { status: 503, summary: 'more worker-ranks than one index can hold' },
+  KVR_ERR_SHARD_RESTARTED: { status: 503, summary: 'an indexer shard restarted while the operation ran' },
   // workers and scheduling
   KVR_ERR_UNKNOWN_WORKER: { status: 404, summary: 'no such worker is registered' },
   KVR_ERR_NO_WORKERS: { status: 503, summary: 'no worker is available for the request' },
@@ -26,6 +27,16 @@ export const ErrorCodes = {
   KVR_ERR_DUPLICATE_REQUEST: { status: 409, summary: 'a request with this id is already booked' },
   KVR_ERR_UNKNOWN_REQUEST: { status: 404, summary: 'no booked request has this id' },
   KVR_ERR_REQUEST_CANCELLED: { status: 499, summary: 'the request was cancelled while it waited' },
+  // HTTP edge
+  KVR_ERR_INVALID_REQUEST: { status: 400, summary: 'the request body or parameters are invalid' },
+  KVR_ERR_EMPTY_PROMPT: { status: 400, summary: 'the prompt is empty' },
+  KVR_ERR_NO_TOKENIZER: { status: 400, summary: 'a text prompt needs a tokenizer (--tokenizer)' },
+  KVR_ERR_UNAUTHORIZED: { status: 401, summary: 'missing or wrong API key' },
+  KVR_ERR_NOT_FOUND: { status: 404, summary: 'no such route' },
+  KVR_ERR_BODY_TOO_LARGE: { status: 413, summary: 'the request body is larger than the configured limit' },
+  KVR_ERR_UNSUPPORTED_MEDIA_TYPE: { status: 415, summary: 'the request body must be application/json' },
+  KVR_ERR_UPSTREAM: { status: 502, summary: 'the worker failed to answer' },
+  KVR_ERR_SHUTTING_DOWN: { status: 503, summary: 'the router is shutting down' },
 } as const
 
 export type ErrorCode = keyof typeof ErrorCodes

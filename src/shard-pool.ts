@@ -17,7 +17,7 @@ import { RingProducer, checkRingCapacity } from './shared/ring.js'
 import {
   BoardLayout, C_APPLIED, C_BLOCKS, C_MALFORMED, C_MISPLACED, C_NODES, C_PROCESSED, C_QUERIES, C_RECEIVED, C_REJECTED, C_WORKERS, CTRL_WORDS, DOORBELL,
   HEARTBEAT, PRODUCER_WAIT, Q_FLAGS, Q_N, Q_PENDING, QF_EARLY_EXIT, QRING_BASE, QRING_READ, QRING_SIZE, QRING_WRITE, RESULT_WORDS,
-  RING_READ, RING_WRITE, SLEEPING, STATE, MAX_SHARDS, ShardState, shardOf, type ShardInit,
+  RING_READ, RING_WRITE, SLEEPING, STATE, MAX_SHARDS, CONTROL_BYTES, CONTROL_REMOVE_WORKER, ShardState, shardOf, type ShardInit,
 } from './shared/shard-protocol.js'
 import { REJECT_REASON_COUNT, REJECT_REASON_NAMES, type OverlapScore } from './shared/kv-index.js'
 import type { RouterEvent } from './shared/events.js'
@@ -159,8 +159,8 @@ export class ShardPool extends EventEmitter {
   private readonly watchdog: NodeJS.Timeout
   private closing = false
   private closed = false
-  /** Empty messages refused at intake (nothing to route; counted as malformed events). */
-  emptyMessages = 0
+  /** Messages refused before routing: empty, or starting with a NUL byte (malformed events). */
+  rejectedAtIntake = 0
 
   private constructor(options: ShardPoolOptions) {
     super()
@@ -267,14 +267,19 @@ export class ShardPool extends EventEmitter {
    */
   push(msg: Uint8Array, workerId?: bigint): boolean {
     if (this.closing) throw new KvrError('KVR_ERR_SHUTTING_DOWN', 'the shard pool is closing')
-    if (msg.length === 0) {
-      this.emptyMessages++
+    // Empty, or starting with byte 0 (which marks the pool's own control records in a ring):
+    // not an event anyone may send. Counted and dropped here.
+    if (msg.length === 0 || msg[0] === 0) {
+      this.rejectedAtIntake++
       return true
     }
     let k = 0
     if (workerId !== undefined) k = shardOf(u64Lo(workerId), u64Hi(workerId), this.size)
     else if (this.scan.scan(msg)) k = shardOf(this.scan.lo, this.scan.hi, this.size)
-    const sh = this.shards[k] as Shard
+    return this.pushTo(this.shards[k] as Shard, msg)
+  }
+
+  private pushTo(sh: Shard, msg: Uint8Array): boolean {
     sh.enqueued = (sh.enqueued + 1) | 0
     if (sh.pendingHead === sh.pending.length) {
       const off = sh.producer.write(msg, 0)
@@ -475,10 +480,19 @@ export class ShardPool extends EventEmitter {
     return this.control(sh, (api) => api.ensureWorker(u64Lo(workerId), u64Hi(workerId), dpRank, sh.enqueued))
   }
 
-  /** Drops every block of every rank of a worker, after the events already pushed for it. */
-  async removeWorker(workerId: bigint): Promise<number> {
+  /**
+   * Drops every block of every rank of a worker: exactly the events pushed before this call,
+   * not those pushed after it (the removal travels in the ring with them). Resolves once applied.
+   */
+  async removeWorker(workerId: bigint): Promise<void> {
+    const rec = new Uint8Array(CONTROL_BYTES)
+    const v = new DataView(rec.buffer)
+    rec[1] = CONTROL_REMOVE_WORKER
+    v.setUint32(4, u64Lo(workerId), true)
+    v.setUint32(8, u64Hi(workerId), true)
+    this.pushTo(this.shards[this.shardOf(workerId)] as Shard, rec)
     const sh = this.shards[this.shardOf(workerId)] as Shard
-    return this.control(sh, (api) => api.removeWorker(u64Lo(workerId), u64Hi(workerId), sh.enqueued))
+    await this.control(sh, (api) => api.barrier(sh.enqueued))
   }
 
   /** All shards' indexes as one event list (spec §3.4), event ids renumbered from 0. */

@@ -185,3 +185,23 @@ t.test('a control call on a shard that exits rejects instead of waiting forever'
   await pool.flush()
   t.pass('the replacement shard answers control calls')
 })
+
+t.test('removeWorker applies in order with the events around it; control bytes cannot be injected', async (t) => {
+  const pool = await ShardPool.start({ shards: 2, ringBytes: 4096 })
+  t.teardown(() => pool.close())
+  pool.push(bytes(chain(51n, null, [1, 2])))
+  const removal = pool.removeWorker(51n)
+  pool.push(bytes(chain(51n, null, [3])))
+  await removal
+  const after = await pool.overlapScores([3n], { readYourWrites: true })
+  t.same(canon(after), ['51:0=1/1'], 'the event pushed after the removal survives it')
+  t.same(canon(await pool.overlapScores([1n, 2n])), [], 'the events before it are gone')
+  // a message shaped like a control record is refused at intake, not obeyed
+  const forged = new Uint8Array(12)
+  forged[1] = 1
+  new DataView(forged.buffer).setUint32(4, 51, true)
+  pool.push(forged)
+  pool.push(new Uint8Array(0))
+  t.equal(pool.rejectedAtIntake, 2)
+  t.same(canon(await pool.overlapScores([3n], { readYourWrites: true })), ['51:0=1/1'])
+})

@@ -20,7 +20,7 @@ import { RingConsumer } from '../src/shared/ring.js'
 import {
   BoardLayout, C_APPLIED, C_BLOCKS, C_CLEARED, C_MALFORMED, C_MISPLACED, C_NODES, C_PROCESSED, C_QUERIES, C_RECEIVED, C_REJECTED, C_REMOVED,
   C_STORED, C_WORKERS, DOORBELL, HEARTBEAT, PRODUCER_WAIT, Q_FLAGS, Q_N, Q_PENDING, QF_EARLY_EXIT, QRING_BASE, QRING_READ, QRING_SIZE,
-  QRING_WRITE, RESULT_WORDS, RING_READ, RING_WRITE, SLEEPING, STATE, ShardState, shardOf, type ShardInit,
+  QRING_WRITE, RESULT_WORDS, RING_READ, CONTROL_BYTES, CONTROL_REMOVE_WORKER, RING_WRITE, SLEEPING, STATE, ShardState, shardOf, type ShardInit,
 } from '../src/shared/shard-protocol.js'
 
 const init = workerData as ShardInit
@@ -58,7 +58,18 @@ let queries = 0
 let stopping = false
 const waiters: { seq: number; resolve: () => void }[] = []
 
+/** A control record in the ring (first byte 0, which no JSON message has): ordered with events. */
+function onControl(bytes: Uint8Array): void {
+  const v = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength)
+  if (bytes.length >= CONTROL_BYTES && bytes[1] === CONTROL_REMOVE_WORKER) index.removeWorker(v.getUint32(4, true), v.getUint32(8, true))
+  processed++
+}
+
 function onMessage(bytes: Uint8Array): void {
+  if (bytes[0] === 0) {
+    onControl(bytes)
+    return
+  }
   received++
   Atomics.add(ctrl, HEARTBEAT, 1)
   let ev
@@ -223,12 +234,6 @@ const api = {
     const ok = index.ensureWorker(idLo, idHi, rank) !== -1
     publishCounters()
     return ok
-  },
-  async removeWorker(idLo: number, idHi: number, seq: number): Promise<number> {
-    await barrier(seq)
-    const n = index.removeWorker(idLo, idHi)
-    publishCounters()
-    return n
   },
   async dump(seq: number): Promise<RouterEvent[]> {
     await barrier(seq)

@@ -116,6 +116,14 @@ export class BoardLayout {
   }
 }
 
+/**
+ * Control records travel in the event ring, so they apply in order with the worker's events:
+ * byte 0 is 0 (no JSON message starts so), byte 1 the operation, then u32 LE worker id low and
+ * high halves at offsets 4 and 8.
+ */
+export const CONTROL_BYTES = 12
+export const CONTROL_REMOVE_WORKER = 1
+
 /** What the main thread hands a shard thread in workerData. */
 export interface ShardInit {
   index: number

@@ -369,22 +369,9 @@ export class EventDecoder {
 
   private storedBlocks(): void {
     const out = this.out
-    this.ws()
-    if (this.peek() !== C_LBRACKET) throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', 'field "stored.blocks" must be an array')
-    this.pos++
+    this.arrayStart('stored.blocks')
     let n = 0
-    for (;;) {
-      this.ws()
-      if (this.peek() === C_RBRACKET) {
-        this.pos++
-        break
-      }
-      if (n > 0) {
-        this.expect(C_COMMA, 'stored.blocks')
-        this.ws()
-      }
-      out.ensure(n + 1)
-      if ((n & 63) === 63 && this.interrupt !== null) this.interrupt()
+    while (this.nextElement(n, 'stored.blocks')) {
       this.expectObjectStart('stored block')
       const objStart = this.pos
       if (this.matchBytes(FAST_BLOCK_HASH)) {
@@ -438,22 +425,9 @@ export class EventDecoder {
     while (this.nextKey(first)) {
       first = false
       if (this.keyIs(K.block_hashes)) {
-        this.ws()
-        if (this.peek() !== C_LBRACKET) throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', 'field "removed.block_hashes" must be an array')
-        this.pos++
+        this.arrayStart('removed.block_hashes')
         let n = 0
-        for (;;) {
-          this.ws()
-          if (this.peek() === C_RBRACKET) {
-            this.pos++
-            break
-          }
-          if (n > 0) {
-            this.expect(C_COMMA, 'removed.block_hashes')
-            this.ws()
-          }
-          out.ensure(n + 1)
-          if ((n & 63) === 63 && this.interrupt !== null) this.interrupt()
+        while (this.nextElement(n, 'removed.block_hashes')) {
           this.u64('block_hashes[]')
           out.blockLo[n] = this.numLo
           out.blockHi[n] = this.numHi
@@ -466,6 +440,30 @@ export class EventDecoder {
       }
     }
     if (!saw) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', 'field "removed.block_hashes" is missing')
+  }
+
+  // --- arrays of blocks ----------------------------------------------------------------------
+
+  private arrayStart(field: string): void {
+    this.ws()
+    if (this.peek() !== C_LBRACKET) throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', `field "${field}" must be an array`)
+    this.pos++
+  }
+
+  /** Before element i of a block array: false at its end. Grows the output, lets queries in. */
+  private nextElement(i: number, field: string): boolean {
+    this.ws()
+    if (this.peek() === C_RBRACKET) {
+      this.pos++
+      return false
+    }
+    if (i > 0) {
+      this.expect(C_COMMA, field)
+      this.ws()
+    }
+    this.out.ensure(i + 1)
+    if ((i & 63) === 63 && this.interrupt !== null) this.interrupt()
+    return true
   }
 
   // --- tokens ------------------------------------------------------------------------------

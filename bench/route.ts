@@ -1,5 +1,11 @@
 // Route-decision benchmark (npm run bench:route): selection plus booking, given overlaps, at
-// 8, 64 and 512 worker-ranks, and queue push/pop throughput at 10,000 waiting requests.
+// 8, 64 and 512 worker-ranks, and queue push/pop throughput at 10,000 waiting requests; then
+// the HTTP part (bars of issue #5), measured side by side in one run with autocannon from this
+// process against a server child process (`route.js --serve`):
+//   - POST /v1/route with 4,096-token JSON prompts and 16 workers vs a bare fastify route that
+//     takes the same bodies as a raw buffer and answers a constant (same autocannon settings);
+//   - proxy overhead: streaming completions through `kv-router serve` vs straight to the
+//     simulated engine (`kv-router mocker`), 200 concurrent streams, p99 difference.
 //
 // Each decision is timed alone with process.hrtime.bigint() over a steady state: a fixed
 // population of booked requests (prompts sharing a few system prefixes, so active blocks are
@@ -10,6 +16,16 @@ import { existsSync, mkdirSync, writeFileSync } from 'node:fs'
 import { availableParallelism, cpus } from 'node:os'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
+import { spawn } from 'node:child_process'
+import type { ChildProcess } from 'node:child_process'
+import type { AddressInfo } from 'node:net'
+import autocannon from 'autocannon'
+import Fastify from 'fastify'
+import { parseServeConfig } from '../src/config.js'
+import type { ServeConfig } from '../src/config.js'
+import { buildApp } from '../src/http/app.js'
+import { Router } from '../src/router.js'
+import { computeBlockHashes, computeSequenceHashes } from '../src/shared/hashing.js'
 import { PendingQueue } from '../src/scheduler/pending-queue.js'
 import { Xoshiro128 } from '../src/scheduler/rng.js'
 import { Scheduler } from '../src/scheduler/scheduler.js'
@@ -197,8 +213,137 @@ function repoRoot(): string {
   return dir
 }
 
+// ---------------------------------------------------------------------------------------------
+// HTTP
+
+const HTTP_BLOCK = 64
+const HTTP_TOKENS = 4096
+const HTTP_WORKERS = 16
+const HTTP_SECS = Number(process.env.BENCH_HTTP_SECS ?? 10)
+const HTTP_CONNECTIONS = 64
+const STREAMS = 200
+/** Paced below saturation so the p99 difference is the proxy's overhead, not queueing. */
+const STREAM_RATE = Number(process.env.BENCH_STREAM_RATE ?? 500)
+
+/** 64 prompts of 4,096 tokens: 8 shared system prefixes of 1,024 tokens + unique tails. */
+function httpPrompts(): number[][] {
+  const r = new Xoshiro128(99)
+  const prefixes = Array.from({ length: 8 }, () => Array.from({ length: 1024 }, () => r.int(150_000)))
+  return Array.from({ length: 64 }, (_, i) => [...(prefixes[i % 8] as number[]), ...Array.from({ length: HTTP_TOKENS - 1024 }, () => r.int(150_000))])
+}
+
+/** Server child: a bare fastify baseline and the router app on two ports. */
+async function serveChild(): Promise<void> {
+  const base = Fastify({ bodyLimit: 16 * 1024 * 1024 })
+  base.removeContentTypeParser('application/json')
+  base.addContentTypeParser('application/json', { parseAs: 'buffer' }, (_req, body, done) => done(null, body))
+  const constant = '{"worker_id":1,"dp_rank":0,"overlap_blocks":0,"candidates":[]}'
+  base.post('/raw', async (_req, reply) => reply.header('content-type', 'application/json').send(constant))
+  await base.listen({ host: '127.0.0.1', port: 0 })
+  const cfg = parseServeConfig(['--router-block-size', String(HTTP_BLOCK), '--router-event-threads', '1', '--seed', '1', '--router-queue-threshold', 'none'], process.env) as ServeConfig
+  const router = await Router.start(cfg)
+  for (let w = 0; w < HTTP_WORKERS; w++) await router.addWorker({ id: BigInt(1_000_000_007 * (w + 1)), url: `http://127.0.0.1:${9000 + w}` })
+  // each worker caches one or two of the shared prefixes, so overlaps are real
+  const prompts = httpPrompts()
+  for (let w = 0; w < HTTP_WORKERS; w++) {
+    const p = prompts[w % 8] as number[]
+    const local = computeBlockHashes(p.slice(0, 1024), HTTP_BLOCK)
+    const seq = computeSequenceHashes(local)
+    const blocks = Array.from(local, (h, i) => ({ block_hash: seq[i] as bigint, tokens_hash: h }))
+    router.ingestEvent({ worker_id: BigInt(1_000_000_007 * (w + 1)), event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: null, blocks } } } })
+  }
+  await router.pool.flush()
+  const app = await buildApp({ router, tokenizer: null })
+  await app.fastify.listen({ host: '127.0.0.1', port: 0 })
+  const port = (f: { server: { address(): unknown } }): number => (f.server.address() as AddressInfo).port
+  process.stdout.write(`${JSON.stringify({ baseline: port(base), router: port(app.fastify) })}\n`)
+  process.on('SIGTERM', () => process.exit(0))
+  process.on('SIGINT', () => process.exit(0))
+}
+
+function child(args: string[], ready: RegExp): Promise<{ p: ChildProcess; m: RegExpMatchArray }> {
+  return new Promise((resolve, reject) => {
+    const p = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'inherit'] })
+    let out = ''
+    p.stdout?.on('data', (d: Buffer) => {
+      out += d.toString()
+      const m = out.match(ready)
+      if (m !== null) resolve({ p, m })
+    })
+    p.on('exit', (code) => reject(new Error(`child exited ${code}: ${out}`)))
+  })
+}
+
+interface LoadResult {
+  reqPerSec: number
+  p50Ms: number
+  p99Ms: number
+  errors: number
+  non2xx: number
+}
+
+async function load(url: string, requests: { body: string }[], connections: number, rate?: number): Promise<LoadResult> {
+  const r = await autocannon({
+    url,
+    connections,
+    ...(rate === undefined ? {} : { overallRate: rate }),
+    duration: HTTP_SECS,
+    pipelining: 1,
+    timeout: 30,
+    requests: requests.map((q) => ({ method: 'POST', headers: { 'content-type': 'application/json' }, body: q.body })),
+  })
+  return { reqPerSec: r.requests.average, p50Ms: r.latency.p50, p99Ms: r.latency.p99, errors: r.errors + r.timeouts, non2xx: r.non2xx }
+}
+
+async function benchHttpRoute(): Promise<object> {
+  const self = fileURLToPath(import.meta.url)
+  const { p, m } = await child([self, '--serve'], /(\{.*\})\n/)
+  const ports = JSON.parse(m[1] as string) as { baseline: number; router: number }
+  const bodies = httpPrompts().map((tokens) => ({ body: JSON.stringify({ token_ids: tokens }) }))
+  const rounds: { baseline: LoadResult; route: LoadResult }[] = []
+  try {
+    await load(`http://127.0.0.1:${ports.router}/v1/route`, bodies, HTTP_CONNECTIONS) // warm-up
+    for (let i = 0; i < 2; i++) {
+      const baseline = await load(`http://127.0.0.1:${ports.baseline}/raw`, bodies, HTTP_CONNECTIONS)
+      const route = await load(`http://127.0.0.1:${ports.router}/v1/route`, bodies, HTTP_CONNECTIONS)
+      rounds.push({ baseline, route })
+    }
+  } finally {
+    p.kill('SIGTERM')
+  }
+  const best = rounds.map((x) => x.route.reqPerSec / x.baseline.reqPerSec)
+  return { connections: HTTP_CONNECTIONS, seconds: HTTP_SECS, tokens: HTTP_TOKENS, blockSize: HTTP_BLOCK, workers: HTTP_WORKERS, rounds, ratios: best, ratioMedian: median(best) }
+}
+
+async function benchProxy(): Promise<object> {
+  const cli = join(repoRoot(), 'dist', 'src', 'cli.js')
+  const { p: router, m } = await child([cli, 'serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-block-size', String(HTTP_BLOCK), '--router-event-threads', '1', '--router-queue-threshold', 'none'], /listening on (http:\/\/\S+)/)
+  const base = m[1] as string
+  const { p: mocker, m: mm } = await child([cli, 'mocker', '--router-url', base, '--num-workers', '1', '--block-size', String(HTTP_BLOCK), '--ttft-ms', '0', '--itl-ms', '0', '--capacity', '65536'], /registered with \S+: (\S+)/)
+  const direct = mm[1] as string
+  const bodies = httpPrompts()
+    .slice(0, 16)
+    .map((tokens) => ({ body: JSON.stringify({ model: 'sim', prompt: tokens.slice(0, 1024), max_tokens: 4, stream: true }) }))
+  const rounds: { direct: LoadResult; router: LoadResult; p99OverheadMs: number }[] = []
+  try {
+    await load(`${base}/v1/completions`, bodies, STREAMS, STREAM_RATE)
+    for (let i = 0; i < 2; i++) {
+      const d = await load(`${direct}/v1/completions`, bodies, STREAMS, STREAM_RATE)
+      const r = await load(`${base}/v1/completions`, bodies, STREAMS, STREAM_RATE)
+      rounds.push({ direct: d, router: r, p99OverheadMs: r.p99Ms - d.p99Ms })
+    }
+  } finally {
+    mocker.kill('SIGTERM')
+    router.kill('SIGTERM')
+  }
+  return { streams: STREAMS, ratePerSec: STREAM_RATE, seconds: HTTP_SECS, rounds, p99OverheadMsMedian: median(rounds.map((x) => x.p99OverheadMs)) }
+}
+
 async function main(): Promise<void> {
+  if (process.argv.includes('--serve')) return serveChild()
+  const httpOnly = process.argv.includes('--http-only')
   const decisions: DecisionResult[] = []
+  if (httpOnly) return mainHttp()
   for (const w of WORKER_COUNTS) decisions.push(benchDecisions(w))
   const heap = benchHeap()
   const facade = await benchFacadeQueue()
@@ -223,6 +368,24 @@ async function main(): Promise<void> {
     console.log(`${String(d.workers).padStart(12)} | ${String(d.population).padStart(9)} | ${d.p50Us.toFixed(2).padStart(7)} | ${d.p99Us.toFixed(2).padStart(7)} | ${d.meanUs.toFixed(2).padStart(7)}`)
   }
   console.log(`queue at ${QUEUE_DEPTH} waiting: heap pop+push ${(heap.pairsPerSec / 1e6).toFixed(2)} M pairs/s; scheduler dispatch+enqueue ${(facade.pairsPerSec / 1e3).toFixed(1)} k pairs/s`)
+  await mainHttp(result)
+}
+
+async function mainHttp(prior: object = {}): Promise<void> {
+  const http = await benchHttpRoute()
+  const proxy = await benchProxy()
+  const dir = join(repoRoot(), 'bench', 'results')
+  mkdirSync(dir, { recursive: true })
+  const out = { ...prior, http: { route: http, proxy } }
+  writeFileSync(join(dir, 'route.json'), JSON.stringify(out, null, 2) + '\n')
+  const h = http as { rounds: { baseline: LoadResult; route: LoadResult }[]; ratioMedian: number }
+  console.log(`\nHTTP /v1/route, ${HTTP_TOKENS}-token JSON prompts, ${HTTP_WORKERS} workers, ${HTTP_CONNECTIONS} connections, ${HTTP_SECS} s per run`)
+  console.log('round | baseline req/s | baseline p99 ms | /v1/route req/s | /v1/route p99 ms | ratio')
+  h.rounds.forEach((r, i) => console.log(`${String(i + 1).padStart(5)} | ${r.baseline.reqPerSec.toFixed(0).padStart(14)} | ${r.baseline.p99Ms.toFixed(2).padStart(15)} | ${r.route.reqPerSec.toFixed(0).padStart(15)} | ${r.route.p99Ms.toFixed(2).padStart(16)} | ${(r.route.reqPerSec / r.baseline.reqPerSec).toFixed(3)}`))
+  const p = proxy as { rounds: { direct: LoadResult; router: LoadResult; p99OverheadMs: number }[]; p99OverheadMsMedian: number }
+  console.log(`\nproxy, ${STREAMS} concurrent streaming completions paced at ${STREAM_RATE}/s (1,024-token prompts, 4 chunks)`)
+  console.log('round | direct req/s | direct p99 ms | router req/s | router p99 ms | p99 overhead ms')
+  p.rounds.forEach((r, i) => console.log(`${String(i + 1).padStart(5)} | ${r.direct.reqPerSec.toFixed(0).padStart(12)} | ${r.direct.p99Ms.toFixed(2).padStart(13)} | ${r.router.reqPerSec.toFixed(0).padStart(12)} | ${r.router.p99Ms.toFixed(2).padStart(13)} | ${r.p99OverheadMs.toFixed(2)}`))
   console.log(`written to ${join(dir, 'route.json')}`)
 }
 

@@ -1,0 +1,304 @@
+// `kv-router serve` options: Dynamo's flag names (spec §8.1/§8.2), each with its DYN_* variable;
+// the command line wins over the environment. Everything is validated here, once, and the result
+// is frozen; an invalid value is a ConfigError whose message is the one line the CLI prints
+// before exiting with status 2.
+import { ROUTER_MODES, QUEUE_POLICIES } from './scheduler/options.js'
+import type { QueuePolicy, RouterMode } from './scheduler/options.js'
+
+export class ConfigError extends Error {
+  override name = 'ConfigError'
+}
+
+export interface StaticWorkerSpec {
+  /** Worker id (u64); the 1-based position on the command line when not given. */
+  readonly id: bigint
+  readonly url: string
+}
+
+export interface ServeConfig {
+  readonly mode: RouterMode
+  readonly httpHost: string
+  readonly httpPort: number
+  readonly blockSize: number
+  readonly overlapScoreWeight: number
+  readonly temperature: number
+  readonly kvEvents: boolean
+  readonly ttlSecs: number
+  readonly queueThreshold: number | null
+  readonly queuePolicy: QueuePolicy
+  readonly queueMaxPending: number
+  readonly trackActiveBlocks: boolean
+  readonly trackPrefillTokens: boolean
+  readonly assumeKvReuse: boolean
+  readonly activeDecodeBlocksThreshold: number | null
+  readonly activePrefillTokensThreshold: number | null
+  readonly activePrefillTokensThresholdFrac: number | null
+  readonly replicaSync: boolean
+  readonly durableKvEvents: boolean
+  readonly snapshotThreshold: number
+  readonly resetStates: boolean
+  /** Indexer shard threads (--router-event-threads); 0 = one per spare core. */
+  readonly eventThreads: number
+  /** µs an idle shard spins before sleeping; null = the pool's default (200). */
+  readonly shardSpinUs: number | null
+  /** µs the event loop spins for a query answer before awaiting; null = the pool's default (30). */
+  readonly querySpinUs: number | null
+  readonly namespace: string
+  readonly component: string
+  readonly endpoint: string | null
+  readonly natsUrl: string | null
+  readonly etcdUrl: string | null
+  readonly workers: readonly StaticWorkerSpec[]
+  /** Path of a tokenizer.json, 'bytes', or null (token-id prompts only in kv mode). */
+  readonly tokenizer: string | null
+  readonly tokenizerThreads: number
+  readonly apiKey: string | null
+  readonly modelName: string
+  /** Simulated engines started in this process (the `npm start` demo fleet). */
+  readonly embeddedFleet: number
+  readonly proxyRetries: number
+  readonly bodyLimit: number
+  readonly shutdownTimeoutSecs: number
+  readonly seed: number | undefined
+}
+
+type Kind = 'int' | 'num' | 'bool' | 'enum' | 'str' | 'url' | 'workers' | 'nullnum'
+
+interface FlagDef {
+  flag: string
+  key: keyof ServeConfig
+  env: readonly string[]
+  kind: Kind
+  dflt: unknown
+  min?: number
+  max?: number
+  values?: readonly string[]
+  aliases?: readonly string[]
+  help: string
+}
+
+const F = (d: FlagDef): FlagDef => d
+
+export const FLAGS: readonly FlagDef[] = [
+  F({ flag: '--router-mode', key: 'mode', env: ['DYN_ROUTER_MODE'], kind: 'enum', values: ROUTER_MODES, dflt: 'kv', help: 'how workers are chosen' }),
+  F({ flag: '--http-host', key: 'httpHost', env: ['DYN_HTTP_HOST'], kind: 'str', dflt: '0.0.0.0', help: 'address to listen on' }),
+  F({ flag: '--http-port', key: 'httpPort', env: ['DYN_HTTP_PORT'], kind: 'int', min: 0, max: 65535, dflt: 8000, help: 'port to listen on (0 = any free port)' }),
+  F({ flag: '--router-block-size', key: 'blockSize', env: ['DYN_ROUTER_BLOCK_SIZE', 'DYN_KV_CACHE_BLOCK_SIZE'], aliases: ['--kv-cache-block-size', '--block-size'], kind: 'int', min: 1, max: 65536, dflt: 128, help: 'KV block size in tokens; must match the workers' }),
+  F({ flag: '--router-kv-overlap-score-weight', key: 'overlapScoreWeight', env: ['DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT', 'DYN_KV_OVERLAP_SCORE_WEIGHT', 'DYN_OVERLAP_SCORE_WEIGHT'], aliases: ['--kv-overlap-score-weight'], kind: 'num', min: 0, dflt: 1.0, help: 'weight of prefill blocks in the cost' }),
+  F({ flag: '--router-temperature', key: 'temperature', env: ['DYN_ROUTER_TEMPERATURE'], kind: 'num', min: 0, dflt: 0.0, help: '0 = pick the cheapest; > 0 = softmax sampling' }),
+  F({ flag: '--router-kv-events', key: 'kvEvents', env: ['DYN_ROUTER_USE_KV_EVENTS', 'DYN_KV_EVENTS'], aliases: ['--kv-events'], kind: 'bool', dflt: true, help: 'index workers\' KV events (--no-… = approximate mode)' }),
+  F({ flag: '--router-ttl-secs', key: 'ttlSecs', env: ['DYN_ROUTER_TTL_SECS'], aliases: ['--router-ttl'], kind: 'num', min: 0.001, dflt: 120, help: 'approximate mode: seconds a routed prefix is assumed cached' }),
+  F({ flag: '--router-queue-threshold', key: 'queueThreshold', env: ['DYN_ROUTER_QUEUE_THRESHOLD'], kind: 'nullnum', min: 0, dflt: 4.0, help: 'queue when every worker has more unstarted prefill than this × max_num_batched_tokens ("none" disables)' }),
+  F({ flag: '--router-queue-policy', key: 'queuePolicy', env: ['DYN_ROUTER_QUEUE_POLICY'], kind: 'enum', values: QUEUE_POLICIES, dflt: 'fcfs', help: 'order of waiting requests' }),
+  F({ flag: '--router-queue-max-pending', key: 'queueMaxPending', env: ['DYN_ROUTER_QUEUE_MAX_PENDING'], kind: 'int', min: 0, max: 1 << 24, dflt: 10_000, help: 'waiting requests beyond this get 503 + Retry-After' }),
+  F({ flag: '--router-track-active-blocks', key: 'trackActiveBlocks', env: ['DYN_ROUTER_TRACK_ACTIVE_BLOCKS'], kind: 'bool', dflt: true, help: 'count blocks of active requests in the cost' }),
+  F({ flag: '--router-track-prefill-tokens', key: 'trackPrefillTokens', env: ['DYN_ROUTER_TRACK_PREFILL_TOKENS'], kind: 'bool', dflt: true, help: 'count queued prefill tokens in the cost' }),
+  F({ flag: '--router-assume-kv-reuse', key: 'assumeKvReuse', env: ['DYN_ROUTER_ASSUME_KV_REUSE'], kind: 'bool', dflt: true, help: 'active requests sharing a prefix share its blocks' }),
+  F({ flag: '--active-decode-blocks-threshold', key: 'activeDecodeBlocksThreshold', env: ['DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD'], kind: 'nullnum', min: 0, max: 1, dflt: null, help: 'busy when active blocks / total blocks exceed this' }),
+  F({ flag: '--active-prefill-tokens-threshold', key: 'activePrefillTokensThreshold', env: ['DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD'], kind: 'nullnum', min: 0, dflt: null, help: 'busy when unstarted prefill tokens exceed this' }),
+  F({ flag: '--active-prefill-tokens-threshold-frac', key: 'activePrefillTokensThresholdFrac', env: ['DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC'], kind: 'nullnum', min: 0, dflt: null, help: 'busy when unstarted prefill tokens exceed this × max_num_batched_tokens' }),
+  F({ flag: '--router-replica-sync', key: 'replicaSync', env: ['DYN_ROUTER_REPLICA_SYNC'], kind: 'bool', dflt: false, help: 'share bookings with other replicas (needs NATS; a later issue)' }),
+  F({ flag: '--router-durable-kv-events', key: 'durableKvEvents', env: ['DYN_ROUTER_DURABLE_KV_EVENTS'], kind: 'bool', dflt: false, help: 'JetStream event intake (needs NATS; a later issue)' }),
+  F({ flag: '--router-snapshot-threshold', key: 'snapshotThreshold', env: ['DYN_ROUTER_SNAPSHOT_THRESHOLD'], kind: 'int', min: 1, max: Number.MAX_SAFE_INTEGER, dflt: 1_000_000, help: 'JetStream only' }),
+  F({ flag: '--router-reset-states', key: 'resetStates', env: ['DYN_ROUTER_RESET_STATES'], kind: 'bool', dflt: false, help: 'JetStream only' }),
+  F({ flag: '--router-event-threads', key: 'eventThreads', env: ['DYN_ROUTER_EVENT_THREADS'], kind: 'int', min: 0, max: 256, dflt: 0, help: 'indexer shard threads (0 = one per spare core)' }),
+  F({ flag: '--router-shard-spin-us', key: 'shardSpinUs', env: ['DYN_ROUTER_SHARD_SPIN_US'], kind: 'nullnum', min: 0, max: 1_000_000, dflt: null, help: 'µs an idle indexer shard spins before it sleeps (0 suits machines with few cores)' }),
+  F({ flag: '--router-query-spin-us', key: 'querySpinUs', env: ['DYN_ROUTER_QUERY_SPIN_US'], kind: 'nullnum', min: 0, max: 1_000_000, dflt: null, help: 'µs the event loop spins for an overlap answer before it awaits' }),
+  F({ flag: '--namespace', key: 'namespace', env: ['DYN_NAMESPACE'], kind: 'str', dflt: 'dynamo', help: 'Dynamo namespace' }),
+  F({ flag: '--component', key: 'component', env: ['DYN_COMPONENT'], kind: 'str', dflt: 'backend', help: 'Dynamo component of the workers' }),
+  F({ flag: '--endpoint', key: 'endpoint', env: ['DYN_ROUTER_ENDPOINT'], kind: 'str', dflt: null, help: 'ns.component.endpoint (standalone form)' }),
+  F({ flag: '--nats-url', key: 'natsUrl', env: ['NATS_SERVER'], kind: 'url', dflt: null, help: 'NATS server (event intake: a later issue)' }),
+  F({ flag: '--etcd-url', key: 'etcdUrl', env: ['ETCD_ENDPOINTS'], kind: 'url', dflt: null, help: 'etcd endpoints (discovery: a later issue)' }),
+  F({ flag: '--worker', key: 'workers', env: ['DYN_ROUTER_WORKERS'], kind: 'workers', dflt: [], help: 'static worker: URL or ID=URL (repeatable; env: comma-separated)' }),
+  F({ flag: '--tokenizer', key: 'tokenizer', env: ['DYN_TOKENIZER'], kind: 'str', dflt: null, help: 'tokenizer.json path for text prompts, or "bytes" (UTF-8 bytes as tokens)' }),
+  F({ flag: '--tokenizer-threads', key: 'tokenizerThreads', env: ['DYN_TOKENIZER_THREADS'], kind: 'int', min: 1, max: 64, dflt: 1, help: 'piscina threads for tokenizing' }),
+  F({ flag: '--api-key', key: 'apiKey', env: ['DYN_API_KEY'], kind: 'str', dflt: null, help: 'require "Authorization: Bearer KEY" on mutating and ingest routes' }),
+  F({ flag: '--model-name', key: 'modelName', env: ['DYN_MODEL_NAME'], kind: 'str', dflt: 'kv-router-model', help: 'model name served by GET /v1/models' }),
+  F({ flag: '--embedded-fleet', key: 'embeddedFleet', env: ['DYN_EMBEDDED_FLEET'], kind: 'int', min: 0, max: 64, dflt: 0, help: 'simulated engines to run in this process (demo)' }),
+  F({ flag: '--proxy-retries', key: 'proxyRetries', env: ['DYN_PROXY_RETRIES'], kind: 'int', min: 0, max: 16, dflt: 2, help: 'retries on another worker when one fails before its first token' }),
+  F({ flag: '--http-body-limit', key: 'bodyLimit', env: ['DYN_HTTP_BODY_LIMIT'], kind: 'int', min: 1024, max: 1 << 30, dflt: 16 * 1024 * 1024, help: 'largest request body in bytes (413 above)' }),
+  F({ flag: '--shutdown-timeout-secs', key: 'shutdownTimeoutSecs', env: ['DYN_SHUTDOWN_TIMEOUT_SECS'], kind: 'num', min: 0, max: 3600, dflt: 30, help: 'how long SIGTERM waits for in-flight requests' }),
+  F({ flag: '--seed', key: 'seed', env: ['DYN_ROUTER_SEED'], kind: 'int', min: 0, max: 0xffffffff, dflt: undefined, help: 'seed of the selection RNG (tests)' }),
+]
+
+function accepts(d: FlagDef): string {
+  switch (d.kind) {
+    case 'int':
+      return `an integer in [${d.min ?? 0}, ${d.max ?? '∞'}]`
+    case 'num':
+      return `a number in [${d.min ?? 0}, ${d.max ?? '∞'}]`
+    case 'nullnum':
+      return `a number in [${d.min ?? 0}, ${d.max ?? '∞'}] or "none"`
+    case 'bool':
+      return 'true or false'
+    case 'enum':
+      return `one of ${(d.values ?? []).join('|')}`
+    case 'url':
+      return 'a URL (comma-separated for several)'
+    case 'workers':
+      return 'a worker URL (http://host:port) or ID=URL with ID a u64'
+    default:
+      return 'a non-empty string'
+  }
+}
+
+function parseU64(text: string): bigint | null {
+  if (!/^(0|[1-9][0-9]{0,19})$/.test(text)) return null
+  const v = BigInt(text)
+  return v <= 0xffffffffffffffffn ? v : null
+}
+
+function parseWorker(text: string, position: number): StaticWorkerSpec | null {
+  let id: bigint | null = BigInt(position)
+  let url = text
+  const eq = text.indexOf('=')
+  if (eq > 0 && !text.slice(0, eq).includes(':')) {
+    id = parseU64(text.slice(0, eq))
+    url = text.slice(eq + 1)
+  }
+  if (id === null) return null
+  try {
+    const u = new URL(url)
+    if (u.protocol !== 'http:' && u.protocol !== 'https:') return null
+  } catch {
+    return null
+  }
+  return Object.freeze({ id, url: url.replace(/\/+$/, '') })
+}
+
+function convert(d: FlagDef, raw: string, prev: unknown): unknown {
+  const t = raw.trim()
+  switch (d.kind) {
+    case 'int': {
+      if (!/^-?[0-9]+$/.test(t)) return undefined
+      const v = Number(t)
+      return Number.isSafeInteger(v) && v >= (d.min ?? 0) && v <= (d.max ?? Infinity) ? v : undefined
+    }
+    case 'num':
+    case 'nullnum': {
+      if (d.kind === 'nullnum' && (t === 'none' || t === 'null' || t === 'off')) return null
+      if (t === '' || !/^[-+0-9.eE]+$/.test(t)) return undefined
+      const v = Number(t)
+      return Number.isFinite(v) && v >= (d.min ?? 0) && v <= (d.max ?? Infinity) ? v : undefined
+    }
+    case 'bool': {
+      const l = t.toLowerCase()
+      if (l === 'true' || l === '1' || l === 'yes' || l === 'on') return true
+      if (l === 'false' || l === '0' || l === 'no' || l === 'off') return false
+      return undefined
+    }
+    case 'enum':
+      return (d.values ?? []).includes(t) ? t : undefined
+    case 'url': {
+      if (t === '') return undefined
+      for (const part of t.split(',')) {
+        try {
+          new URL(part.trim())
+        } catch {
+          return undefined
+        }
+      }
+      return t
+    }
+    case 'workers': {
+      const list = [...(prev as StaticWorkerSpec[])]
+      for (const part of t.split(',')) {
+        const w = parseWorker(part.trim(), list.length + 1)
+        if (w === null) return undefined
+        list.push(w)
+      }
+      return list
+    }
+    default:
+      return t === '' ? undefined : t
+  }
+}
+
+function fail(where: string, d: FlagDef, raw: string): never {
+  throw new ConfigError(`${where} must be ${accepts(d)}, got ${JSON.stringify(raw)}`)
+}
+
+const byName = new Map<string, FlagDef>()
+for (const d of FLAGS) {
+  byName.set(d.flag, d)
+  for (const a of d.aliases ?? []) byName.set(a, d)
+}
+
+/**
+ * Options from argv (after the subcommand) and the environment. Throws ConfigError with the one
+ * line to print; returns 'help' for --help.
+ */
+export function parseServeConfig(argv: readonly string[], env: NodeJS.ProcessEnv = process.env): ServeConfig | 'help' {
+  const out: Record<string, unknown> = {}
+  for (const d of FLAGS) out[d.key] = d.dflt
+  // environment first, the command line then overrides it
+  for (const d of FLAGS) {
+    for (const name of [...d.env].reverse()) {
+      const raw = env[name]
+      if (raw === undefined || raw === '') continue
+      const v = convert(d, raw, [])
+      if (v === undefined) fail(`${name} (${d.flag})`, d, raw)
+      out[d.key] = v
+    }
+  }
+  let cliWorkers: StaticWorkerSpec[] | null = null
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i] as string
+    if (arg === '-h' || arg === '--help') return 'help'
+    if (!arg.startsWith('--')) throw new ConfigError(`unexpected argument ${JSON.stringify(arg)} (see kv-router serve --help)`)
+    const eq = arg.indexOf('=')
+    const name = eq > 0 ? arg.slice(0, eq) : arg
+    let d = byName.get(name)
+    let negated = false
+    if (d === undefined && name.startsWith('--no-')) {
+      d = byName.get(`--${name.slice(5)}`)
+      negated = d?.kind === 'bool'
+      if (!negated) d = undefined
+    }
+    if (d === undefined) throw new ConfigError(`unknown option ${name} (see kv-router serve --help)`)
+    if (negated) {
+      if (eq > 0) throw new ConfigError(`${name} takes no value`)
+      out[d.key] = false
+      continue
+    }
+    let raw: string
+    if (eq > 0) raw = arg.slice(eq + 1)
+    else if (d.kind === 'bool' && (argv[i + 1] === undefined || (argv[i + 1] as string).startsWith('--'))) raw = 'true'
+    else {
+      const next = argv[i + 1]
+      if (next === undefined) throw new ConfigError(`${name} needs a value: ${accepts(d)}`)
+      raw = next
+      i++
+    }
+    if (d.kind === 'workers') {
+      const v = convert(d, raw, cliWorkers ?? [])
+      if (v === undefined) fail(name, d, raw)
+      cliWorkers = v as StaticWorkerSpec[]
+      continue
+    }
+    const v = convert(d, raw, [])
+    if (v === undefined) fail(name, d, raw)
+    out[d.key] = v
+  }
+  if (cliWorkers !== null) out.workers = cliWorkers
+  const workers = out.workers as StaticWorkerSpec[]
+  const ids = new Set<bigint>()
+  for (const w of workers) {
+    if (ids.has(w.id)) throw new ConfigError(`--worker: worker id ${w.id} is given twice`)
+    ids.add(w.id)
+  }
+  out.workers = Object.freeze([...workers])
+  return Object.freeze(out) as unknown as ServeConfig
+}
+
+export function serveHelp(): string {
+  const lines = ['usage: kv-router serve [options]', '', 'Runs the KV-cache-aware router. Every option also reads its environment variable; the command line wins.', '']
+  for (const d of FLAGS) {
+    const names = [d.kind === 'bool' ? `${d.flag}, --no-${d.flag.slice(2)}` : `${d.flag} V`, ...(d.aliases ?? [])].join(', ')
+    const dflt = d.dflt === null || d.dflt === undefined || (Array.isArray(d.dflt) && d.dflt.length === 0) ? '' : ` (default ${String(d.dflt)})`
+    lines.push(`  ${names}`)
+    lines.push(`      ${d.help}${dflt}; ${accepts(d)}; env ${d.env.join(', ')}`)
+  }
+  lines.push('  -h, --help')
+  return lines.join('\n') + '\n'
+}

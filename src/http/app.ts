@@ -1,0 +1,528 @@
+// The HTTP API (DESIGN §4.2) on fastify. Routes:
+//   POST /v1/completions, /v1/chat/completions   OpenAI-compatible, proxied (src/proxy.ts)
+//   GET  /v1/models
+//   POST /v1/route, /v1/overlap                  standalone decision / overlap (hot path: the
+//                                                body is scanned, not JSON.parsed: route-body.ts)
+//   POST /v1/route/:id/prefill-complete, DELETE /v1/route/:id
+//   POST /v1/kv-events                           one RouterEvent or an array
+//   GET|POST /v1/workers, DELETE /v1/workers/:id
+//   GET|POST /busy_threshold
+//   GET  /health, /live, /ready, /metrics
+// With --api-key every POST and DELETE needs `Authorization: Bearer KEY`.
+import { timingSafeEqual } from 'node:crypto'
+import Fastify from 'fastify'
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
+import type { Router } from '../router.js'
+import type { RouteInput } from '../router.js'
+import type { RouterConfigOverride } from '../scheduler/scheduler.js'
+import type { Candidate } from '../scheduler/selector.js'
+import type { DeviceType } from '../scheduler/worker-ranks.js'
+import { KvrError } from '../shared/errors.js'
+import { parseRouterEvent } from '../shared/events.js'
+import { blockHashesInto } from '../shared/hashing.js'
+import { u64ToString } from '../shared/u64.js'
+import { chatPromptText } from '../tokenizer.js'
+import type { ChatMessage, TextTokenizer } from '../tokenizer.js'
+import { Proxy } from '../proxy.js'
+import { errorHandler, sendError } from './errors.js'
+import { parseJsonExact, readU64, serializeJson } from './json.js'
+import { RouteBodyScanner } from './route-body.js'
+import type { RouteBody } from './route-body.js'
+
+export interface AppOptions {
+  router: Router
+  tokenizer: TextTokenizer | null
+  logger?: boolean
+}
+
+export interface App {
+  fastify: FastifyInstance
+  proxy: Proxy
+  /** Stops accepting, drains in-flight proxied requests up to timeoutMs, closes. */
+  shutdown(timeoutMs: number): Promise<boolean>
+}
+
+const u64Schema = { anyOf: [{ type: 'integer', minimum: 0 }, { type: 'string', pattern: '^(0|[1-9][0-9]{0,19})$' }] }
+const overrideSchema = {
+  type: 'object',
+  properties: {
+    overlap_score_weight: { type: 'number', minimum: 0 },
+    router_temperature: { type: 'number', minimum: 0 },
+    assume_kv_reuse: { type: 'boolean' },
+    track_prefill_tokens: { type: 'boolean' },
+  },
+}
+const nvextSchema = {
+  type: 'object',
+  properties: {
+    backend_instance_id: u64Schema,
+    dp_rank: { type: 'integer', minimum: 0, maximum: 0xffffffff },
+    token_data: { type: 'array', items: { type: 'integer' } },
+    agent_hints: { type: 'object', properties: { priority: { type: 'integer', minimum: -2147483648, maximum: 2147483647 } } },
+    router_config_override: overrideSchema,
+  },
+}
+const completionSchema = {
+  type: 'object',
+  required: ['prompt'],
+  properties: {
+    model: { type: 'string' },
+    prompt: { anyOf: [{ type: 'string' }, { type: 'array' }] },
+    stream: { type: 'boolean' },
+    max_tokens: { type: ['integer', 'null'], minimum: 0 },
+    nvext: nvextSchema,
+  },
+}
+const chatSchema = {
+  type: 'object',
+  required: ['messages'],
+  properties: {
+    model: { type: 'string' },
+    messages: { type: 'array', minItems: 1, items: { type: 'object', required: ['role'], properties: { role: { type: 'string' } } } },
+    stream: { type: 'boolean' },
+    max_tokens: { type: ['integer', 'null'], minimum: 0 },
+    max_completion_tokens: { type: ['integer', 'null'], minimum: 0 },
+    nvext: nvextSchema,
+  },
+}
+const workerSchema = {
+  type: 'object',
+  required: ['url'],
+  properties: {
+    id: u64Schema,
+    worker_id: u64Schema,
+    url: { type: 'string', pattern: '^https?://' },
+    block_size: { type: 'integer', minimum: 1, maximum: 65536 },
+    capacity: { type: 'integer', minimum: 0 },
+    total_kv_blocks: { type: 'integer', minimum: 0 },
+    device_type: { type: 'string', enum: ['gpu', 'cpu', 'cuda'] },
+    dp_size: { type: 'integer', minimum: 1, maximum: 1024 },
+    max_num_batched_tokens: { type: 'integer', minimum: 1 },
+  },
+}
+const thresholdSchema = {
+  type: 'object',
+  properties: {
+    model: { type: 'string' },
+    active_decode_blocks_threshold: { type: ['number', 'null'], minimum: 0, maximum: 1 },
+    active_prefill_tokens_threshold: { type: ['number', 'null'], minimum: 0 },
+    active_prefill_tokens_threshold_frac: { type: ['number', 'null'], minimum: 0 },
+  },
+}
+
+function overrides(o: unknown): RouterConfigOverride | undefined {
+  if (o === undefined || o === null) return undefined
+  if (typeof o !== 'object' || Array.isArray(o)) throw new KvrError('KVR_ERR_INVALID_REQUEST', 'router_config_override must be an object')
+  const r = o as Record<string, unknown>
+  const out: RouterConfigOverride = {}
+  const num = (k: string): number | undefined => {
+    const v = r[k]
+    if (v === undefined || v === null) return undefined
+    if (typeof v !== 'number' || !Number.isFinite(v) || v < 0) throw new KvrError('KVR_ERR_INVALID_REQUEST', `router_config_override.${k} must be a number ≥ 0`)
+    return v
+  }
+  const bool = (k: string): boolean | undefined => {
+    const v = r[k]
+    if (v === undefined || v === null) return undefined
+    if (typeof v !== 'boolean') throw new KvrError('KVR_ERR_INVALID_REQUEST', `router_config_override.${k} must be a boolean`)
+    return v
+  }
+  const w = num('overlap_score_weight')
+  if (w !== undefined) out.overlapScoreWeight = w
+  const t = num('router_temperature')
+  if (t !== undefined) out.temperature = t
+  const a = bool('assume_kv_reuse')
+  if (a !== undefined) out.assumeKvReuse = a
+  const p = bool('track_prefill_tokens')
+  if (p !== undefined) out.trackPrefillTokens = p
+  return out
+}
+
+function candidateJson(c: Candidate): string {
+  return `{"worker_id":${c.workerId.toString()},"dp_rank":${c.dpRank},"overlap_blocks":${c.overlapBlocks},"prefill_blocks":${c.prefillBlocks},"decode_blocks":${c.decodeBlocks},"logit":${Number.isFinite(c.logit) ? c.logit : 'null'}${c.treeSize === undefined ? '' : `,"tree_size":${c.treeSize}`}}`
+}
+
+function headerValue(req: FastifyRequest, name: string): string | undefined {
+  const v = req.headers[name]
+  return Array.isArray(v) ? v[0] : v
+}
+
+export async function buildApp(opts: AppOptions): Promise<App> {
+  const router = opts.router
+  const cfg = router.config
+  const tokenizer = opts.tokenizer
+  const fastify = Fastify({
+    logger: opts.logger === true ? { level: 'info' } : false,
+    bodyLimit: cfg.bodyLimit,
+    ajv: { customOptions: { coerceTypes: false, removeAdditional: false, allErrors: false } },
+    forceCloseConnections: 'idle',
+    return503OnClosing: true,
+  })
+  const proxy = new Proxy(router, { retries: cfg.proxyRetries })
+  let closing = false
+
+  fastify.setErrorHandler(errorHandler)
+  fastify.setNotFoundHandler((req, reply) => {
+    void sendError(reply, new KvrError('KVR_ERR_NOT_FOUND', `no route ${req.method} ${req.url}`))
+  })
+  // JSON with exact u64s everywhere (the scanner context below replaces it for its routes)
+  fastify.removeContentTypeParser(['application/json', 'text/plain'])
+  fastify.addContentTypeParser('application/json', { parseAs: 'string' }, (_req, body, done) => {
+    try {
+      done(null, (body as string).length === 0 ? undefined : parseJsonExact(body as string))
+    } catch (err) {
+      done(new KvrError('KVR_ERR_INVALID_REQUEST', `malformed JSON: ${(err as Error).message}`), undefined)
+    }
+  })
+
+  const apiKey = cfg.apiKey === null ? null : Buffer.from(`Bearer ${cfg.apiKey}`)
+  if (apiKey !== null) {
+    fastify.addHook('onRequest', async (req, reply) => {
+      if (req.method !== 'POST' && req.method !== 'DELETE' && req.method !== 'PUT' && req.method !== 'PATCH') return
+      const got = Buffer.from(headerValue(req, 'authorization') ?? '')
+      if (got.length !== apiKey.length || !timingSafeEqual(got, apiKey)) {
+        await sendError(reply, new KvrError('KVR_ERR_UNAUTHORIZED', got.length === 0 ? 'missing Authorization: Bearer header (--api-key is set)' : 'wrong API key'))
+      }
+    })
+  }
+  fastify.addHook('onRequest', async (_req, reply) => {
+    if (closing) {
+      reply.header('connection', 'close')
+      await sendError(reply, new KvrError('KVR_ERR_SHUTTING_DOWN'))
+    }
+  })
+
+  // ---- liveness, readiness, metrics ----
+
+  fastify.get('/health', async () => ({ status: 'ok' }))
+  fastify.get('/live', async () => ({ status: 'ok' }))
+  fastify.get('/ready', async (_req, reply) => {
+    const health = router.pool.health()
+    const recovering = health.filter((h) => h !== 'exact').length
+    const pending = router.pool.pendingMessages
+    const ready = recovering === 0 && !closing
+    return reply.code(ready ? 200 : 503).send({ ready, shards: health.length, recovering_shards: recovering, pending_event_messages: pending, workers: router.workers().length })
+  })
+  fastify.get('/metrics', async (_req, reply) => {
+    const text = await router.metrics.registry.metrics()
+    return reply.header('content-type', router.metrics.registry.contentType).send(text)
+  })
+  fastify.get('/v1/models', async () => ({
+    object: 'list',
+    data: [{ id: cfg.modelName, object: 'model', created: 0, owned_by: 'kv-router' }],
+  }))
+
+  // ---- workers ----
+
+  fastify.get('/v1/workers', async (_req, reply) => {
+    const stats = router.scheduler.stats().slots
+    const health = router.pool.health()
+    const out = router.workers().map((w) => {
+      const ranks = []
+      for (let r = 0; r < w.dpRanks; r++) {
+        const s = stats.find((x) => x.workerId === w.id && x.dpRank === r)
+        // cached blocks per worker-rank need a tree-size query on the shard pool (not exposed yet)
+        ranks.push({ dp_rank: r, cached_blocks: null, active_blocks: s?.activeBlocks ?? 0, prefill_tokens: s?.prefillTokens ?? 0, in_flight: s?.inFlight ?? 0 })
+      }
+      return {
+        id: w.id,
+        url: w.url,
+        block_size: w.blockSize,
+        capacity: w.capacity,
+        device_type: w.device,
+        dp_size: w.dpRanks,
+        max_num_batched_tokens: w.maxNumBatchedTokens ?? null,
+        health: w.failures === 0 ? 'ok' : 'failing',
+        consecutive_failures: w.failures,
+        index: health[router.pool.shardOf(w.id)] ?? 'exact',
+        ranks,
+      }
+    })
+    return reply.header('content-type', 'application/json').send(serializeJson({ workers: out }))
+  })
+  fastify.post('/v1/workers', { schema: { body: workerSchema } }, async (req, reply) => {
+    const b = req.body as Record<string, unknown>
+    const idRaw = b.id ?? b.worker_id
+    if (idRaw === undefined) throw new KvrError('KVR_ERR_INVALID_REQUEST', 'body must have "id" (u64)')
+    const id = readU64(idRaw, 'id')
+    const bs = (b.block_size as number | undefined) ?? cfg.blockSize
+    if (bs !== cfg.blockSize) throw new KvrError('KVR_ERR_INVALID_BLOCK_SIZE', `worker block_size ${bs} differs from the router's --router-block-size ${cfg.blockSize}: its KV events would never match`)
+    const device: DeviceType = b.device_type === 'cpu' ? 'cpu' : 'gpu'
+    const reg: Parameters<Router['addWorker']>[0] = { id, url: b.url as string, blockSize: bs, device, capacity: (b.capacity ?? b.total_kv_blocks ?? 0) as number, dpRanks: (b.dp_size as number | undefined) ?? 1 }
+    if (typeof b.max_num_batched_tokens === 'number') reg.maxNumBatchedTokens = b.max_num_batched_tokens
+    const existed = router.worker(id) !== undefined
+    const w = await router.addWorker(reg)
+    return reply
+      .code(existed ? 200 : 201)
+      .header('content-type', 'application/json')
+      .send(serializeJson({ id: w.id, url: w.url, block_size: w.blockSize, capacity: w.capacity, device_type: w.device, dp_size: w.dpRanks }))
+  })
+  fastify.delete('/v1/workers/:id', async (req, reply) => {
+    const id = readU64((req.params as { id: string }).id, 'worker id')
+    if (!(await router.removeWorker(id))) throw new KvrError('KVR_ERR_UNKNOWN_WORKER', `worker ${id} is not registered`)
+    return reply.header('content-type', 'application/json').send(`{"removed":${id.toString()}}`)
+  })
+
+  // ---- busy thresholds (spec §4.7) ----
+
+  const thresholdsJson = (): object => {
+    const t = router.scheduler.busyThresholds()
+    return {
+      thresholds: [
+        {
+          model: cfg.modelName,
+          active_decode_blocks_threshold: t.activeDecodeBlocksThreshold,
+          active_prefill_tokens_threshold: t.activePrefillTokensThreshold,
+          active_prefill_tokens_threshold_frac: t.activePrefillTokensThresholdFrac,
+        },
+      ],
+    }
+  }
+  fastify.get('/busy_threshold', async () => thresholdsJson())
+  fastify.post('/busy_threshold', { schema: { body: thresholdSchema } }, async (req) => {
+    const b = req.body as Record<string, number | null | undefined>
+    const patch: Record<string, number | null> = {}
+    if (b.active_decode_blocks_threshold !== undefined) patch.activeDecodeBlocksThreshold = b.active_decode_blocks_threshold
+    if (b.active_prefill_tokens_threshold !== undefined) patch.activePrefillTokensThreshold = b.active_prefill_tokens_threshold
+    if (b.active_prefill_tokens_threshold_frac !== undefined) patch.activePrefillTokensThresholdFrac = b.active_prefill_tokens_threshold_frac
+    if (Object.keys(patch).length > 0) router.scheduler.setBusyThresholds(patch)
+    return thresholdsJson()
+  })
+
+  // ---- the scanner context: /v1/route, /v1/overlap, /v1/kv-events read raw bytes ----
+
+  await fastify.register(async (scope) => {
+    const scanner = new RouteBodyScanner()
+    scope.removeContentTypeParser('application/json')
+    scope.addContentTypeParser('application/json', { parseAs: 'buffer' }, (_req, body, done) => {
+      done(null, body)
+    })
+
+    const routeInput = (body: RouteBody): RouteInput => {
+      const rest = body.rest
+      const input: RouteInput = { tokens: body.tokens }
+      if (body.tokens === null) {
+        if (body.blockLo === null || body.blockHi === null) throw new KvrError('KVR_ERR_INVALID_REQUEST', 'the body needs token_ids or block_hashes')
+        input.blockLo = body.blockLo
+        input.blockHi = body.blockHi
+        input.blockCount = body.blockLo.length
+        if (body.blockLo.length === 0) throw new KvrError('KVR_ERR_EMPTY_PROMPT', 'block_hashes is empty')
+      } else if (body.tokens.length === 0) throw new KvrError('KVR_ERR_EMPTY_PROMPT', 'token_ids is empty')
+      const ov = overrides(rest.router_config_override)
+      if (ov !== undefined) input.overrides = ov
+      const wid = rest.worker_id ?? rest.backend_instance_id
+      if (wid !== undefined && wid !== null) input.workerId = readU64(wid, 'worker_id')
+      if (rest.dp_rank !== undefined && rest.dp_rank !== null) {
+        const r = rest.dp_rank
+        if (typeof r !== 'number' || !Number.isInteger(r) || r < 0 || r > 0xffffffff) throw new KvrError('KVR_ERR_INVALID_REQUEST', 'dp_rank must be an integer in [0, 2^32)')
+        input.dpRank = r
+      }
+      if (rest.priority !== undefined && rest.priority !== null) {
+        const p = rest.priority
+        if (typeof p !== 'number' || !Number.isInteger(p)) throw new KvrError('KVR_ERR_INVALID_REQUEST', 'priority must be an integer')
+        input.priority = p
+      }
+      if (rest.isl !== undefined) {
+        const n = rest.isl
+        if (typeof n !== 'number' || !Number.isInteger(n) || n < 0) throw new KvrError('KVR_ERR_INVALID_REQUEST', 'isl must be a non-negative integer')
+        input.isl = n
+      }
+      return input
+    }
+
+    scope.post('/v1/route', async (req, reply) => {
+      const body = scanner.scan(req.body as Buffer)
+      const input = routeInput(body)
+      const rest = body.rest
+      const update = rest.update_states
+      if (update !== undefined && typeof update !== 'boolean') throw new KvrError('KVR_ERR_INVALID_REQUEST', 'update_states must be a boolean')
+      input.updateStates = update === true
+      input.explain = true
+      if (update === true) {
+        const id = rest.request_id
+        if (id !== undefined && (typeof id !== 'string' || id.length === 0 || id.length > 256)) throw new KvrError('KVR_ERR_INVALID_REQUEST', 'request_id must be a non-empty string (≤ 256 chars)')
+        input.id = (id as string | undefined) ?? router.newRequestId()
+      }
+      const { decision } = await router.route(input)
+      let s = `{"worker_id":${decision.workerId.toString()},"dp_rank":${decision.dpRank},"overlap_blocks":${decision.overlapBlocks},"candidates":[`
+      const cs = decision.candidates ?? []
+      for (let i = 0; i < cs.length; i++) s += (i === 0 ? '' : ',') + candidateJson(cs[i] as Candidate)
+      s += ']'
+      if (decision.booked && decision.requestId !== undefined) s += `,"request_id":${JSON.stringify(decision.requestId)}`
+      return reply.header('content-type', 'application/json').send(s + '}')
+    })
+
+    scope.post('/v1/overlap', async (req, reply) => {
+      const body = scanner.scan(req.body as Buffer)
+      const input = routeInput(body)
+      const bs = cfg.blockSize
+      let lo: Uint32Array
+      let hi: Uint32Array
+      if (input.tokens !== null) {
+        const n = Math.floor(input.tokens.length / bs)
+        lo = new Uint32Array(n)
+        hi = new Uint32Array(n)
+        blockHashesInto(input.tokens, bs, lo, hi)
+      } else {
+        lo = input.blockLo as Uint32Array
+        hi = input.blockHi as Uint32Array
+      }
+      const r = await router.pool.query(lo, hi, lo.length)
+      const scores = []
+      for (let i = 0; i < r.count; i++) {
+        scores.push(`{"worker_id":${u64ToString(r.workerIdLo[i] as number, r.workerIdHi[i] as number)},"dp_rank":${r.dpRank[i]},"overlap_blocks":${r.overlap[i]},"tree_size":${r.treeSize[i]}}`)
+      }
+      return reply.header('content-type', 'application/json').send(`{"blocks":${lo.length},"block_size":${bs},"scores":[${scores.join(',')}],"recovering_shards":${JSON.stringify(r.recoveringShards)}}`)
+    })
+
+    scope.post('/v1/route/:id/prefill-complete', async (req, reply) => {
+      const id = (req.params as { id: string }).id
+      if (!router.scheduler.markPrefillComplete(id)) throw new KvrError('KVR_ERR_UNKNOWN_REQUEST', `no booked request ${id}`)
+      return reply.send({ request_id: id, prefill_complete: true })
+    })
+    scope.delete('/v1/route/:id', async (req, reply) => {
+      const id = (req.params as { id: string }).id
+      if (!router.scheduler.free(id)) throw new KvrError('KVR_ERR_UNKNOWN_REQUEST', `no booked request ${id}`)
+      return reply.send({ request_id: id, released: true })
+    })
+
+    scope.post('/v1/kv-events', async (req, reply) => {
+      const buf = req.body as Buffer
+      const parts = splitEvents(buf)
+      // validate the whole batch first, so a bad event refuses the batch and nothing half-applies
+      const ids: bigint[] = []
+      for (let i = 0; i < parts.length; i++) {
+        try {
+          ids.push(parseRouterEvent(parts[i] as Uint8Array).worker_id)
+        } catch (err) {
+          const e = err as KvrError
+          throw new KvrError(e.code ?? 'KVR_ERR_EVENT_MALFORMED_JSON', parts.length > 1 ? `event ${i}: ${e.message}` : e.message)
+        }
+      }
+      let backpressure = false
+      for (let i = 0; i < parts.length; i++) if (!router.ingest(parts[i] as Uint8Array, ids[i])) backpressure = true
+      router.metrics.eventsReceived(parts.length)
+      return reply.code(202).send({ accepted: parts.length, backpressure })
+    })
+  })
+
+  // ---- OpenAI-compatible inference ----
+
+  const tokensOf = async (text: string): Promise<ArrayLike<number> | null> => {
+    if (tokenizer === null) {
+      if (cfg.mode === 'kv') throw new KvrError('KVR_ERR_NO_TOKENIZER', 'a text prompt needs a tokenizer in kv mode: start the router with --tokenizer PATH (a tokenizer.json) or --tokenizer bytes, or send token ids')
+      return null
+    }
+    return tokenizer.encode(text)
+  }
+
+  const commonRoute = (req: FastifyRequest, body: Record<string, unknown>, tokens: ArrayLike<number> | null, textLength: number): RouteInput => {
+    const input: RouteInput = { tokens: tokens ?? [], isl: tokens === null ? Math.ceil(textLength / 4) : tokens.length }
+    const nv = (body.nvext ?? {}) as Record<string, unknown>
+    const pin = headerValue(req, 'x-worker-instance-id') ?? headerValue(req, 'x-dynamo-worker-instance-id') ?? nv.backend_instance_id
+    if (pin !== undefined && pin !== null) input.workerId = readU64(pin, 'nvext.backend_instance_id')
+    const rank = headerValue(req, 'x-dp-rank') ?? headerValue(req, 'x-data-parallel-rank') ?? nv.dp_rank
+    if (rank !== undefined && rank !== null) {
+      const r = Number(rank)
+      if (!Number.isInteger(r) || r < 0 || r > 0xffffffff) throw new KvrError('KVR_ERR_INVALID_REQUEST', 'dp rank must be an integer in [0, 2^32)')
+      input.dpRank = r
+    }
+    const hints = nv.agent_hints as { priority?: number } | undefined
+    if (hints?.priority !== undefined) input.priority = hints.priority
+    const ov = overrides(nv.router_config_override)
+    if (ov !== undefined) input.overrides = ov
+    return input
+  }
+
+  const inference = (path: string, chat: boolean) => async (req: FastifyRequest, reply: FastifyReply): Promise<void> => {
+    const body = req.body as Record<string, unknown>
+    const nv = (body.nvext ?? {}) as { token_data?: number[] }
+    let tokens: ArrayLike<number> | null
+    let textLength = 0
+    if (Array.isArray(nv.token_data) && nv.token_data.length > 0) {
+      tokens = nv.token_data
+    } else if (chat) {
+      const text = chatPromptText(body.messages as ChatMessage[])
+      textLength = text.length
+      tokens = await tokensOf(text)
+    } else {
+      const p = body.prompt
+      if (typeof p === 'string') {
+        if (p.length === 0) throw new KvrError('KVR_ERR_EMPTY_PROMPT', 'prompt is empty')
+        textLength = p.length
+        tokens = await tokensOf(p)
+      } else {
+        const arr = p as unknown[]
+        if (arr.length === 0) throw new KvrError('KVR_ERR_EMPTY_PROMPT', 'prompt is empty')
+        if (typeof arr[0] === 'number') tokens = arr as number[]
+        else if (arr.length === 1 && typeof arr[0] === 'string') {
+          textLength = (arr[0] as string).length
+          tokens = await tokensOf(arr[0] as string)
+        } else if (arr.length === 1 && Array.isArray(arr[0])) tokens = arr[0] as number[]
+        else throw new KvrError('KVR_ERR_INVALID_REQUEST', 'prompt must be a string, an array of token ids, or one of them in an array (batches are not supported)')
+      }
+    }
+    if (tokens !== null && tokens.length === 0) throw new KvrError('KVR_ERR_EMPTY_PROMPT', 'prompt is empty')
+    const input = commonRoute(req, body, tokens, textLength)
+    const model = typeof body.model === 'string' ? body.model : cfg.modelName
+    try {
+      await proxy.handle(req, reply, { path, body, stream: body.stream === true, route: input, model })
+    } catch (err) {
+      if ((err as KvrError).code === 'KVR_ERR_ALL_WORKERS_BUSY' || (err as KvrError).code === 'KVR_ERR_QUEUE_FULL') router.metrics.rejected(model, path)
+      throw err
+    }
+  }
+  fastify.post('/v1/completions', { schema: { body: completionSchema } }, inference('/v1/completions', false))
+  fastify.post('/v1/chat/completions', { schema: { body: chatSchema } }, inference('/v1/chat/completions', true))
+
+  await fastify.ready()
+
+  const shutdown = async (timeoutMs: number): Promise<boolean> => {
+    closing = true
+    const drained = await proxy.drain(timeoutMs)
+    await fastify.close()
+    await proxy.close()
+    return drained
+  }
+  return { fastify, proxy, shutdown }
+}
+
+/** One event or a JSON array of them → the raw bytes of each event. */
+export function splitEvents(buf: Buffer): Uint8Array[] {
+  let i = 0
+  while (i < buf.length && (buf[i] === 32 || buf[i] === 10 || buf[i] === 13 || buf[i] === 9)) i++
+  if (buf[i] !== 91) return [buf]
+  const out: Uint8Array[] = []
+  let depth = 0
+  let start = -1
+  let inString = false
+  for (let j = i + 1; j < buf.length; j++) {
+    const c = buf[j]
+    if (inString) {
+      if (c === 92) j++
+      else if (c === 34) inString = false
+      continue
+    }
+    if (c === 34) {
+      inString = true
+      if (depth === 0 && start < 0) start = j
+    } else if (c === 123 || c === 91) {
+      if (depth === 0) start = j
+      depth++
+    } else if (c === 125 || c === 93) {
+      if (depth === 0) {
+        // the closing bracket of the outer array
+        if (start >= 0) throw new KvrError('KVR_ERR_EVENT_WRONG_TYPE', 'each element of the events array must be a RouterEvent object')
+        return out
+      }
+      depth--
+      if (depth === 0) {
+        out.push(buf.subarray(start, j + 1))
+        start = -1
+      }
+    } else if (depth === 0 && c !== 44 && c !== 32 && c !== 10 && c !== 13 && c !== 9) {
+      throw new KvrError('KVR_ERR_EVENT_WRONG_TYPE', 'each element of the events array must be a RouterEvent object')
+    }
+  }
+  throw new KvrError('KVR_ERR_EVENT_MALFORMED_JSON', 'the events array is not terminated')
+}

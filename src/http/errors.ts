@@ -1,0 +1,64 @@
+// Every error leaves as `{"error":{"code":"KVR_ERR_…","message":"…"}}` with the catalogue's
+// status. fastify's own errors (bad JSON, body too large, schema) are mapped onto the catalogue;
+// the all-busy 503 also carries Dynamo's body fields (spec §4.7) and every retryable 503 a
+// Retry-After header.
+import type { FastifyError, FastifyReply, FastifyRequest } from 'fastify'
+import { ErrorCodes, KvrError, isKvrError } from '../shared/errors.js'
+import type { ErrorCode } from '../shared/errors.js'
+import { RetryableError } from '../scheduler/rejection.js'
+
+export function toKvrError(err: unknown): KvrError {
+  if (isKvrError(err)) return err
+  const e = err as FastifyError & { validation?: unknown; validationContext?: string }
+  if (e !== null && typeof e === 'object') {
+    if (e.validation !== undefined) return new KvrError('KVR_ERR_INVALID_REQUEST', e.message)
+    switch (e.code) {
+      case 'FST_ERR_CTP_BODY_TOO_LARGE':
+        return new KvrError('KVR_ERR_BODY_TOO_LARGE', e.message)
+      case 'FST_ERR_CTP_INVALID_MEDIA_TYPE':
+        return new KvrError('KVR_ERR_UNSUPPORTED_MEDIA_TYPE', e.message)
+      case 'FST_ERR_CTP_EMPTY_JSON_BODY':
+        return new KvrError('KVR_ERR_INVALID_REQUEST', 'the body is empty; a JSON object is required')
+      case 'FST_ERR_CTP_INVALID_JSON_BODY':
+        return new KvrError('KVR_ERR_INVALID_REQUEST', `malformed JSON: ${e.message}`)
+      default:
+        break
+    }
+    if (e instanceof SyntaxError) return new KvrError('KVR_ERR_INVALID_REQUEST', `malformed JSON: ${e.message}`)
+    if (typeof e.statusCode === 'number' && e.statusCode === 413) return new KvrError('KVR_ERR_BODY_TOO_LARGE', e.message)
+    if (typeof e.statusCode === 'number' && e.statusCode >= 400 && e.statusCode < 500) return new KvrError('KVR_ERR_INVALID_REQUEST', e.message)
+  }
+  return new KvrError('KVR_ERR_UPSTREAM', 'internal error', { cause: err })
+}
+
+export function errorBody(e: KvrError): string {
+  const body: Record<string, unknown> = { error: e.toJSON() }
+  if (e.code === 'KVR_ERR_ALL_WORKERS_BUSY') {
+    // Dynamo's fields, so clients written against it keep working
+    ;(body.error as Record<string, unknown>).type = 'service_unavailable'
+    body.message = e.message
+    body.type = 'service_unavailable'
+    body.code = 503
+  }
+  return JSON.stringify(body)
+}
+
+export function sendError(reply: FastifyReply, err: unknown): FastifyReply {
+  const e = toKvrError(err)
+  const internal = e.code === 'KVR_ERR_UPSTREAM' && e.message === 'internal error'
+  if (internal) reply.log.error({ err: (e as { cause?: unknown }).cause }, 'internal error')
+  if (err instanceof RetryableError) reply.header('retry-after', String(err.retryAfterSecs))
+  return reply
+    .code(internal ? 500 : e.statusCode)
+    .header('content-type', 'application/json; charset=utf-8')
+    .send(errorBody(e))
+}
+
+export function errorHandler(err: unknown, _req: FastifyRequest, reply: FastifyReply): void {
+  if (reply.sent || reply.raw.headersSent) return
+  void sendError(reply, err)
+}
+
+export function statusOf(code: ErrorCode): number {
+  return ErrorCodes[code].status
+}

@@ -1,0 +1,241 @@
+// The /v1/route body parser: the hot path of the standalone router. Instead of JSON.parse (an
+// object per request and a boxed number per token) the top-level object is scanned byte by byte;
+// `token_ids` go straight into a reused Uint32Array, validated as they are read, and
+// `block_hashes` straight into u32 halves (u64 exact, integers or decimal strings). Every other
+// member is small and goes through JSON.parse on its own slice. Errors are KvrErrors naming the
+// field and the byte offset.
+import { KvrError } from '../shared/errors.js'
+
+export interface RouteBody {
+  /** Token ids (a copy of exactly the prompt's length), or null. */
+  tokens: Uint32Array | null
+  blockLo: Uint32Array | null
+  blockHi: Uint32Array | null
+  /** Other top-level members, JSON-parsed. */
+  rest: Record<string, unknown>
+}
+
+const SP = 32
+const TAB = 9
+const LF = 10
+const CR = 13
+const QUOTE = 34
+const COMMA = 44
+const ZERO = 48
+const NINE = 57
+const COLON = 58
+const LBRACK = 91
+const BACKSLASH = 92
+const RBRACK = 93
+const LBRACE = 123
+const RBRACE = 125
+const TWO32 = 4294967296
+
+function bad(msg: string, at: number): KvrError {
+  return new KvrError('KVR_ERR_INVALID_REQUEST', `${msg} at byte ${at}`)
+}
+
+export class RouteBodyScanner {
+  private tok = new Uint32Array(8192)
+  private bLo = new Uint32Array(1024)
+  private bHi = new Uint32Array(1024)
+
+  scan(buf: Uint8Array): RouteBody {
+    const len = buf.length
+    let i = ws(buf, 0)
+    if (buf[i] !== LBRACE) throw bad('the body must be a JSON object', i)
+    i = ws(buf, i + 1)
+    const out: RouteBody = { tokens: null, blockLo: null, blockHi: null, rest: {} }
+    if (buf[i] === RBRACE) return this.end(buf, i + 1, out)
+    for (;;) {
+      if (buf[i] !== QUOTE) throw bad('expected a member name', i)
+      const keyEnd = stringEnd(buf, i)
+      const key = Buffer.from(buf.buffer, buf.byteOffset + i + 1, keyEnd - i - 1).toString('latin1')
+      i = ws(buf, keyEnd + 1)
+      if (buf[i] !== COLON) throw bad('expected ":"', i)
+      i = ws(buf, i + 1)
+      if (key === 'token_ids') i = this.tokens(buf, i, out)
+      else if (key === 'block_hashes') i = this.hashes(buf, i, out)
+      else {
+        const end = valueEnd(buf, i)
+        const text = Buffer.from(buf.buffer, buf.byteOffset + i, end - i).toString('utf8')
+        try {
+          out.rest[key] = JSON.parse(text)
+        } catch {
+          throw bad(`member "${key}" is not valid JSON`, i)
+        }
+        i = end
+      }
+      i = ws(buf, i)
+      if (i >= len) throw bad('unexpected end of the body', i)
+      if (buf[i] === COMMA) {
+        i = ws(buf, i + 1)
+        continue
+      }
+      if (buf[i] === RBRACE) return this.end(buf, i + 1, out)
+      throw bad('expected "," or "}"', i)
+    }
+  }
+
+  private end(buf: Uint8Array, i: number, out: RouteBody): RouteBody {
+    if (ws(buf, i) !== buf.length) throw bad('unexpected data after the object', i)
+    return out
+  }
+
+  private tokens(buf: Uint8Array, i: number, out: RouteBody): number {
+    if (buf[i] !== LBRACK) throw new KvrError('KVR_ERR_INVALID_REQUEST', `token_ids must be an array of token ids (byte ${i})`)
+    i = ws(buf, i + 1)
+    if (buf[i] === RBRACK) {
+      out.tokens = new Uint32Array(0)
+      return i + 1
+    }
+    const len = buf.length
+    let n = 0
+    let tok = this.tok
+    // The common layout (digits, comma, digits, …, "]") runs through the tight inner loop;
+    // whitespace and every error leave it for the slower checks below.
+    while (i < len) {
+      const start = i
+      let c = buf[i] as number
+      let v = 0
+      while (c >= ZERO && c <= NINE) {
+        v = v * 10 + (c - ZERO)
+        c = buf[++i] as number
+      }
+      const digits = i - start
+      // no digits (a sign, a string, null), leading zeros, more than 10 digits, ≥ 2^32, fractions, exponents
+      if (digits === 0 || digits > 10 || v >= TWO32 || (digits > 1 && buf[start] === ZERO) || c === 46 || c === 101 || c === 69) throw tokenError(n, buf, start)
+      if (n === tok.length) {
+        const bigger = new Uint32Array(tok.length * 2)
+        bigger.set(tok)
+        this.tok = tok = bigger
+      }
+      tok[n++] = v
+      if (c === COMMA) {
+        i++
+        if (buf[i] === SP || buf[i] === LF || buf[i] === CR || buf[i] === TAB) i = ws(buf, i)
+        continue
+      }
+      if (c === SP || c === TAB || c === LF || c === CR) {
+        i = ws(buf, i)
+        c = buf[i] as number
+        if (c === COMMA) {
+          i = ws(buf, i + 1)
+          continue
+        }
+      }
+      if (c === RBRACK) {
+        out.tokens = tok.slice(0, n)
+        return i + 1
+      }
+      break
+    }
+    throw bad('token_ids: expected "," or "]"', i)
+  }
+
+  private hashes(buf: Uint8Array, i: number, out: RouteBody): number {
+    if (buf[i] !== LBRACK) throw new KvrError('KVR_ERR_INVALID_REQUEST', `block_hashes must be an array of u64 (byte ${i})`)
+    i = ws(buf, i + 1)
+    let n = 0
+    if (buf[i] !== RBRACK) {
+      for (;;) {
+        const quoted = buf[i] === QUOTE
+        if (quoted) i++
+        const start = i
+        let hi = 0
+        let lo = 0
+        while ((buf[i] as number) >= ZERO && (buf[i] as number) <= NINE) {
+          // (hi, lo) = (hi, lo) × 10 + d, in 32-bit halves
+          const l = lo * 10 + ((buf[i] as number) - ZERO)
+          lo = l % TWO32
+          hi = hi * 10 + Math.floor(l / TWO32)
+          if (hi >= TWO32) throw bad(`block_hashes[${n}] is larger than 2^64 - 1`, start)
+          i++
+        }
+        if (i === start || (buf[start] === ZERO && i - start > 1)) throw bad(`block_hashes[${n}] must be an unsigned 64-bit integer`, start)
+        if (quoted) {
+          if (buf[i] !== QUOTE) throw bad(`block_hashes[${n}] must be an unsigned 64-bit integer`, start)
+          i++
+        }
+        if (n === this.bLo.length) {
+          const lo2 = new Uint32Array(n * 2)
+          const hi2 = new Uint32Array(n * 2)
+          lo2.set(this.bLo)
+          hi2.set(this.bHi)
+          this.bLo = lo2
+          this.bHi = hi2
+        }
+        this.bLo[n] = lo
+        this.bHi[n] = hi
+        n++
+        i = ws(buf, i)
+        if (buf[i] === COMMA) {
+          i = ws(buf, i + 1)
+          continue
+        }
+        if (buf[i] === RBRACK) break
+        throw bad('block_hashes: expected "," or "]"', i)
+      }
+    }
+    out.blockLo = this.bLo.slice(0, n)
+    out.blockHi = this.bHi.slice(0, n)
+    return i + 1
+  }
+}
+
+function tokenError(index: number, buf: Uint8Array, at: number): KvrError {
+  const end = Math.min(buf.length, valueEndLoose(buf, at))
+  const text = Buffer.from(buf.buffer, buf.byteOffset + at, Math.min(end - at, 40)).toString('utf8')
+  return new KvrError('KVR_ERR_TOKEN_OUT_OF_RANGE', `token_ids[${index}] is not an integer in [0, 2^32): ${text}`)
+}
+
+function valueEndLoose(buf: Uint8Array, i: number): number {
+  while (i < buf.length && buf[i] !== COMMA && buf[i] !== RBRACK) i++
+  return i
+}
+
+function ws(buf: Uint8Array, i: number): number {
+  for (;;) {
+    const c = buf[i]
+    if (c === SP || c === LF || c === CR || c === TAB) i++
+    else return i
+  }
+}
+
+function stringEnd(buf: Uint8Array, i: number): number {
+  for (let j = i + 1; j < buf.length; j++) {
+    const c = buf[j]
+    if (c === BACKSLASH) j++
+    else if (c === QUOTE) return j
+  }
+  throw bad('unterminated string', i)
+}
+
+/** End (exclusive) of the JSON value starting at i; structure only, JSON.parse validates. */
+function valueEnd(buf: Uint8Array, i: number): number {
+  const c = buf[i]
+  if (c === QUOTE) return stringEnd(buf, i) + 1
+  if (c === LBRACE || c === LBRACK) {
+    let depth = 0
+    for (let j = i; j < buf.length; j++) {
+      const d = buf[j]
+      if (d === QUOTE) j = stringEnd(buf, j)
+      else if (d === LBRACE || d === LBRACK) depth++
+      else if (d === RBRACE || d === RBRACK) {
+        depth--
+        if (depth === 0) return j + 1
+      }
+    }
+    throw bad('unterminated value', i)
+  }
+  let j = i
+  while (j < buf.length) {
+    const d = buf[j] as number
+    if (d === COMMA || d === RBRACE || d === RBRACK || d === SP || d === LF || d === CR || d === TAB) break
+    j++
+  }
+  if (j === i) throw bad('expected a value', i)
+  return j
+}
+
+

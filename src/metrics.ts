@@ -1,0 +1,206 @@
+// Prometheus metrics (prom-client, one registry per router). Names follow Dynamo's (spec §9)
+// where the meaning is the same, so existing dashboards keep working; kvrouter_* names are this
+// router's own (shards). Shard and scheduler figures are read at scrape time (shared-memory
+// counters, scheduler stats): the request path only observes a few pre-bound histograms.
+import { Counter, Gauge, Histogram, Registry } from 'prom-client'
+import type { Router } from './router.js'
+import type { RouteDecision } from './scheduler/scheduler.js'
+
+const MS_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 1000]
+const S_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60]
+const TOKEN_BUCKETS = [16, 64, 256, 1024, 4096, 16384, 65536, 262144]
+const RATIO_BUCKETS = [0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1]
+
+type H = ReturnType<Histogram<string>['labels']>
+
+export class RouterMetrics {
+  readonly registry = new Registry()
+  readonly routerId: string
+  private readonly hashing: H
+  private readonly findMatches: H
+  private readonly scheduling: H
+  private readonly total: H
+  private readonly hitRate: H
+  private readonly isl: H
+  private readonly ttft: H
+  private readonly itl: H
+  private readonly osl: H
+  private readonly requests: ReturnType<Counter<string>['labels']>
+  private readonly frontendRequests: Counter<string>
+  private readonly rejections: Counter<string>
+  readonly inflight: Gauge<string>
+  private readonly retries: Counter<string>
+  readonly upstreamErrors: Counter<string>
+  private readonly eventsHttp: Counter<string>
+
+  constructor(router: Router) {
+    const r = this.registry
+    const cfg = router.config
+    this.routerId = `${cfg.namespace}-router-${process.pid}`
+    const base = { dynamo_namespace: cfg.namespace, dynamo_component: cfg.component, dynamo_endpoint: 'generate' }
+    const comp = ['dynamo_namespace', 'dynamo_component', 'dynamo_endpoint']
+    const ov = (name: string, help: string): H =>
+      new Histogram({ name: `dynamo_router_overhead_${name}_ms`, help, labelNames: ['router_id'], buckets: MS_BUCKETS, registers: [r] }).labels(this.routerId)
+    this.hashing = ov('block_hashing', 'Time to hash the prompt into blocks (ms)')
+    this.findMatches = ov('indexer_find_matches', 'Time of the overlap query over the indexer shards (ms)')
+    this.scheduling = ov('scheduling', 'Time of cost, selection and booking, including queueing (ms)')
+    this.total = ov('total', 'Total routing overhead (ms)')
+    const ch = (name: string, help: string, buckets: number[]): H =>
+      new Histogram({ name: `dynamo_component_router_${name}`, help, labelNames: comp, buckets, registers: [r] }).labels(base)
+    this.hitRate = ch('kv_hit_rate', 'Predicted KV hit rate of routed requests (overlap blocks / prompt blocks)', RATIO_BUCKETS)
+    this.isl = ch('input_sequence_tokens', 'Prompt length of routed requests', TOKEN_BUCKETS)
+    this.ttft = ch('time_to_first_token_seconds', 'Time to first token through the router', S_BUCKETS)
+    this.itl = ch('inter_token_latency_seconds', 'Time between streamed chunks through the router', S_BUCKETS)
+    this.osl = ch('output_sequence_tokens', 'Output length (streamed chunks or usage.completion_tokens)', TOKEN_BUCKETS)
+    this.requests = new Counter({ name: 'dynamo_component_router_requests_total', help: 'Requests routed', labelNames: comp, registers: [r] }).labels(base)
+    this.frontendRequests = new Counter({ name: 'dynamo_frontend_requests_total', help: 'HTTP requests by endpoint and status', labelNames: ['model', 'endpoint', 'request_type', 'status'], registers: [r] })
+    this.rejections = new Counter({ name: 'dynamo_frontend_model_rejection_total', help: 'Requests refused because every worker was busy or the queue was full', labelNames: ['model', 'endpoint'], registers: [r] })
+    this.inflight = new Gauge({ name: 'dynamo_frontend_inflight_requests', help: 'Requests being proxied', labelNames: ['model'], registers: [r] })
+    this.retries = new Counter({ name: 'kvrouter_proxy_retries_total', help: 'Requests retried on another worker after a failure before the first token', registers: [r] })
+    this.upstreamErrors = new Counter({ name: 'kvrouter_proxy_upstream_errors_total', help: 'Upstream failures by phase', labelNames: ['phase'], registers: [r] })
+    this.eventsHttp = new Counter({ name: 'kvrouter_http_events_received_total', help: 'KV events received over POST /v1/kv-events', registers: [r] })
+
+    const sched = router.scheduler
+    new Gauge({
+      name: 'dynamo_frontend_router_queue_pending_requests',
+      help: 'Requests waiting in the router queue',
+      labelNames: ['worker_type'],
+      registers: [r],
+      collect() {
+        this.set({ worker_type: 'decode' }, sched.stats().queueDepth)
+      },
+    })
+    const slotGauge = (name: string, help: string, pick: (s: ReturnType<typeof sched.stats>['slots'][number]) => number): void => {
+      new Gauge({
+        name,
+        help,
+        labelNames: ['worker_id', 'dp_rank', 'worker_type'],
+        registers: [r],
+        collect() {
+          this.reset()
+          for (const s of sched.stats().slots) this.set({ worker_id: s.workerId.toString(), dp_rank: String(s.dpRank), worker_type: 'decode' }, pick(s))
+        },
+      })
+    }
+    slotGauge('dynamo_frontend_worker_active_decode_blocks', 'KV blocks held by the worker-rank\'s active requests', (s) => s.activeBlocks)
+    slotGauge('dynamo_frontend_worker_active_prefill_tokens', 'Prefill tokens not yet computed on the worker-rank', (s) => s.prefillTokens)
+    slotGauge('kvrouter_worker_inflight_requests', 'Requests booked on the worker-rank', (s) => s.inFlight)
+
+    const pool = router.pool
+    const shardCounter = (name: string, help: string, pick: (c: ReturnType<typeof pool.counters>[number]) => number): void => {
+      new Counter({
+        name,
+        help,
+        labelNames: ['shard'],
+        registers: [r],
+        collect() {
+          this.reset()
+          for (const c of pool.counters()) this.inc({ shard: String(c.shard) }, pick(c))
+        },
+      })
+    }
+    shardCounter('kvrouter_shard_events_received_total', 'Event messages the shard took from its ring', (c) => c.received)
+    shardCounter('kvrouter_shard_events_applied_total', 'Events applied to the shard\'s index', (c) => c.applied)
+    shardCounter('kvrouter_shard_events_malformed_total', 'Event messages that did not decode', (c) => c.malformed)
+    shardCounter('kvrouter_shard_queries_total', 'Overlap queries answered', (c) => c.queries)
+    shardCounter('kvrouter_shard_ring_full_total', 'Pushes that found the shard\'s ring full (queued, never dropped)', (c) => c.ringFull)
+    shardCounter('kvrouter_shard_restarts_total', 'Shard thread restarts', (c) => c.restarts)
+    shardCounter('kvrouter_shard_events_lost_total', 'Events lost with a dead shard thread', (c) => c.lost)
+    new Counter({
+      name: 'kvrouter_shard_events_rejected_total',
+      help: 'Events the index refused, by reason',
+      labelNames: ['shard', 'reason'],
+      registers: [r],
+      collect() {
+        this.reset()
+        for (const c of pool.counters()) for (const [reason, v] of Object.entries(c.rejected)) this.inc({ shard: String(c.shard), reason }, v)
+      },
+    })
+    new Counter({
+      name: 'dynamo_component_kv_cache_events_applied',
+      help: 'KV events by outcome, all shards (event_type is "all": the shards count outcomes, not types)',
+      labelNames: ['event_type', 'status'],
+      registers: [r],
+      collect() {
+        this.reset()
+        let ok = 0
+        let bad = 0
+        const rejected: Record<string, number> = {}
+        for (const c of pool.counters()) {
+          ok += c.applied
+          bad += c.malformed
+          for (const [k, v] of Object.entries(c.rejected)) rejected[k] = (rejected[k] ?? 0) + v
+        }
+        this.inc({ event_type: 'all', status: 'ok' }, ok)
+        this.inc({ event_type: 'all', status: 'malformed' }, bad)
+        for (const [k, v] of Object.entries(rejected)) this.inc({ event_type: 'all', status: k }, v)
+      },
+    })
+    const shardGauge = (name: string, help: string, pick: (c: ReturnType<typeof pool.counters>[number]) => number): void => {
+      new Gauge({
+        name,
+        help,
+        labelNames: ['shard'],
+        registers: [r],
+        collect() {
+          for (const c of pool.counters()) this.set({ shard: String(c.shard) }, pick(c))
+        },
+      })
+    }
+    shardGauge('kvrouter_shard_blocks', '(block, worker-rank) entries in the shard\'s index', (c) => c.blocks)
+    shardGauge('kvrouter_shard_nodes', 'Radix-tree nodes in the shard\'s index', (c) => c.nodes)
+    shardGauge('kvrouter_shard_worker_ranks', 'Worker-ranks the shard holds', (c) => c.workerRanks)
+    shardGauge('kvrouter_shard_exact', '1 when the shard\'s answers are exact, 0 while it recovers', (c) => (c.health === 'exact' ? 1 : 0))
+    shardGauge('kvrouter_shard_pending_messages', 'Messages queued behind a full ring', (c) => c.pendingMessages)
+    new Gauge({
+      name: 'dynamo_frontend_model_workers',
+      help: 'Registered workers',
+      labelNames: ['model'],
+      registers: [r],
+      collect() {
+        this.set({ model: cfg.modelName }, router.workers().length)
+      },
+    })
+  }
+
+  observeOverhead(hashMs: number, findMs: number, schedMs: number, totalMs: number): void {
+    this.hashing.observe(hashMs)
+    this.findMatches.observe(findMs)
+    this.scheduling.observe(schedMs)
+    this.total.observe(totalMs)
+  }
+
+  observeDecision(d: RouteDecision, blocks: number, isl: number): void {
+    this.requests.inc()
+    this.isl.observe(isl)
+    this.hitRate.observe(blocks > 0 ? d.overlapBlocks / blocks : 0)
+  }
+
+  observeTtft(sec: number): void {
+    this.ttft.observe(sec)
+  }
+
+  observeItl(sec: number): void {
+    this.itl.observe(sec)
+  }
+
+  observeOutput(tokens: number): void {
+    this.osl.observe(tokens)
+  }
+
+  request(model: string, endpoint: string, type: 'stream' | 'unary', status: number): void {
+    this.frontendRequests.inc({ model, endpoint, request_type: type, status: String(status) })
+  }
+
+  rejected(model: string, endpoint: string): void {
+    this.rejections.inc({ model, endpoint })
+  }
+
+  retried(): void {
+    this.retries.inc()
+  }
+
+  eventsReceived(n: number): void {
+    this.eventsHttp.inc(n)
+  }
+}

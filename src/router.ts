@@ -1,0 +1,331 @@
+// The router core, without HTTP: the shard pool (index), the scheduler and the static worker
+// registry, and the one route path every API uses: token ids → local block hashes → overlap
+// query over the shards → sequence hashes → schedule. Per-request buffers come from a small free
+// list so a steady stream of requests allocates only the pool's merged answer.
+import type { ServeConfig } from './config.js'
+import { ShardPool } from './shard-pool.js'
+import type { OverlapResult, ShardPoolOptions } from './shard-pool.js'
+import { Scheduler } from './scheduler/scheduler.js'
+import type { RouteDecision, RouterConfigOverride } from './scheduler/scheduler.js'
+import type { ApproxSink } from './scheduler/approximate.js'
+import type { DeviceType } from './scheduler/worker-ranks.js'
+import { blockHashesInto, sequenceHashesInto } from './shared/hashing.js'
+import { encodeRouterEvent } from './shared/events.js'
+import type { RouterEvent, StoredBlock } from './shared/events.js'
+import { KvrError } from './shared/errors.js'
+import { u64FromParts } from './shared/u64.js'
+import { RouterMetrics } from './metrics.js'
+
+export interface WorkerInfo {
+  id: bigint
+  url: string
+  blockSize: number
+  /** KV capacity in blocks (0 = unknown). */
+  capacity: number
+  device: DeviceType
+  dpRanks: number
+  maxNumBatchedTokens: number | undefined
+  registeredAt: number
+  /** Consecutive proxy failures; a success resets it. */
+  failures: number
+}
+
+export interface WorkerRegistration {
+  id: bigint
+  url: string
+  blockSize?: number
+  capacity?: number
+  device?: DeviceType
+  dpRanks?: number
+  maxNumBatchedTokens?: number
+}
+
+export interface RouteInput {
+  /** Token ids of the prompt (validated while hashing), or null when blocks are given. */
+  tokens: ArrayLike<number> | null
+  /** Local block hashes given directly (u64 halves), instead of tokens. */
+  blockLo?: Uint32Array
+  blockHi?: Uint32Array
+  blockCount?: number
+  /** Prompt length in tokens; defaults to tokens.length (or blocks × block size). */
+  isl?: number
+  id?: string
+  workerId?: bigint
+  dpRank?: number
+  priority?: number
+  overrides?: RouterConfigOverride
+  updateStates?: boolean
+  explain?: boolean
+  signal?: AbortSignal
+}
+
+interface Scratch {
+  lo: Uint32Array
+  hi: Uint32Array
+  sLo: Uint32Array
+  sHi: Uint32Array
+}
+
+const EMPTY_RESULT: OverlapResult = {
+  count: 0,
+  workerIdLo: new Uint32Array(0),
+  workerIdHi: new Uint32Array(0),
+  dpRank: new Uint32Array(0),
+  overlap: new Uint32Array(0),
+  treeSize: new Uint32Array(0),
+  recoveringShards: [],
+}
+
+export class Router {
+  readonly config: ServeConfig
+  readonly pool: ShardPool
+  readonly scheduler: Scheduler
+  readonly metrics: RouterMetrics
+  private readonly workerTable = new Map<bigint, WorkerInfo>()
+  private readonly scratch: Scratch[] = []
+  /** (worker id as a safe number, dp rank) → slot, rebuilt when registrations change. */
+  private slotCache = new Map<number, number>()
+  private slotCacheVersion = -1
+  private approxEventIds = new Map<bigint, bigint>()
+  private nextRequest = 0
+  private readonly idPrefix = `r${Date.now().toString(36)}-`
+  private closed = false
+
+  private constructor(config: ServeConfig, pool: ShardPool) {
+    this.config = config
+    this.pool = pool
+    const approx = !config.kvEvents
+    const sink: ApproxSink | undefined = approx ? this.approxSink() : undefined
+    this.scheduler = new Scheduler(
+      {
+        mode: config.mode,
+        blockSize: config.blockSize,
+        overlapScoreWeight: config.overlapScoreWeight,
+        temperature: config.temperature,
+        queueThreshold: config.queueThreshold,
+        queuePolicy: config.queuePolicy,
+        queueMaxPending: config.queueMaxPending,
+        trackActiveBlocks: config.trackActiveBlocks,
+        trackPrefillTokens: config.trackPrefillTokens,
+        assumeKvReuse: config.assumeKvReuse,
+        activeDecodeBlocksThreshold: config.activeDecodeBlocksThreshold,
+        activePrefillTokensThreshold: config.activePrefillTokensThreshold,
+        activePrefillTokensThresholdFrac: config.activePrefillTokensThresholdFrac,
+        approximate: { enabled: approx, ttlSecs: config.ttlSecs },
+        seed: config.seed,
+      },
+      sink === undefined ? {} : { approxSink: sink },
+    )
+    this.metrics = new RouterMetrics(this)
+  }
+
+  static async start(config: ServeConfig): Promise<Router> {
+    const po: ShardPoolOptions = {}
+    if (config.eventThreads > 0) po.shards = config.eventThreads
+    if (config.shardSpinUs !== null) po.shardSpinUs = config.shardSpinUs
+    if (config.querySpinUs !== null) po.querySpinUs = config.querySpinUs
+    const pool = await ShardPool.start(po)
+    const r = new Router(config, pool)
+    for (const w of config.workers) await r.addWorker({ id: w.id, url: w.url })
+    return r
+  }
+
+  // ---- workers ----
+
+  async addWorker(reg: WorkerRegistration): Promise<WorkerInfo> {
+    const dpRanks = reg.dpRanks ?? 1
+    const info: WorkerInfo = {
+      id: reg.id,
+      url: reg.url.replace(/\/+$/, ''),
+      blockSize: reg.blockSize ?? this.config.blockSize,
+      capacity: reg.capacity ?? 0,
+      device: reg.device ?? 'gpu',
+      dpRanks,
+      maxNumBatchedTokens: reg.maxNumBatchedTokens,
+      registeredAt: Date.now(),
+      failures: 0,
+    }
+    const old = this.workerTable.get(reg.id)
+    if (old !== undefined && old.dpRanks > dpRanks) for (let r = dpRanks; r < old.dpRanks; r++) this.scheduler.removeWorkerRank(reg.id, r)
+    for (let r = 0; r < dpRanks; r++) {
+      const rankInfo: { device: DeviceType; totalKvBlocks: number; maxNumBatchedTokens?: number } = { device: info.device, totalKvBlocks: info.capacity }
+      if (info.maxNumBatchedTokens !== undefined) rankInfo.maxNumBatchedTokens = info.maxNumBatchedTokens
+      this.scheduler.addWorkerRank(reg.id, r, rankInfo)
+      await this.pool.ensureWorker(reg.id, r)
+    }
+    this.workerTable.set(reg.id, info)
+    return info
+  }
+
+  async removeWorker(id: bigint): Promise<boolean> {
+    if (!this.workerTable.delete(id)) return false
+    this.scheduler.removeWorker(id)
+    await this.pool.removeWorker(id)
+    return true
+  }
+
+  worker(id: bigint): WorkerInfo | undefined {
+    return this.workerTable.get(id)
+  }
+
+  workers(): WorkerInfo[] {
+    return [...this.workerTable.values()]
+  }
+
+  // ---- events ----
+
+  /** One raw RouterEvent JSON message to its shard; false = backpressure (nothing is lost). */
+  ingest(bytes: Uint8Array, workerId?: bigint): boolean {
+    return this.pool.push(bytes, workerId)
+  }
+
+  ingestEvent(ev: RouterEvent): boolean {
+    return this.pool.push(Buffer.from(encodeRouterEvent(ev)), ev.worker_id)
+  }
+
+  // ---- routing ----
+
+  newRequestId(): string {
+    return this.idPrefix + (this.nextRequest++).toString(36)
+  }
+
+  private takeScratch(n: number): Scratch {
+    const s = this.scratch.pop()
+    if (s !== undefined && s.lo.length >= n) return s
+    const c = Math.max(64, 1 << Math.ceil(Math.log2(Math.max(1, n))))
+    return { lo: new Uint32Array(c), hi: new Uint32Array(c), sLo: new Uint32Array(c), sHi: new Uint32Array(c) }
+  }
+
+  private giveScratch(s: Scratch): void {
+    if (this.scratch.length < 256) this.scratch.push(s)
+  }
+
+  /** Slot of (worker, rank) in the scheduler, -1 when not registered there. */
+  slotOf(lo: number, hi: number, rank: number): number {
+    const w = this.scheduler.workers
+    if (this.slotCacheVersion !== w.version) {
+      this.slotCache.clear()
+      this.slotCacheVersion = w.version
+    }
+    if (hi >= 0x200000 || rank > 0x7ff) return w.slotOf(u64FromParts(lo, hi), rank)
+    // hi < 2^21 and rank < 2^11: hi·2^32 + lo fits 53 bits; the rank goes into a float's spare range
+    const key = (hi * 4294967296 + lo) * 2048 + rank
+    let slot = this.slotCache.get(key)
+    if (slot === undefined) {
+      slot = w.slotOf(u64FromParts(lo, hi), rank)
+      if (Number.isSafeInteger(key)) this.slotCache.set(key, slot)
+    }
+    return slot
+  }
+
+  /**
+   * Routes one prompt. Timings go to the overhead histograms. Throws KvrError
+   * (TOKEN_OUT_OF_RANGE, UNKNOWN_WORKER, NO_WORKERS, ALL_WORKERS_BUSY, QUEUE_FULL, …).
+   */
+  async route(input: RouteInput): Promise<{ decision: RouteDecision; overlap: OverlapResult; blocks: number; isl: number }> {
+    if (this.closed) throw new KvrError('KVR_ERR_SHUTTING_DOWN', 'the router is shutting down')
+    const t0 = performance.now()
+    const bs = this.config.blockSize
+    let n: number
+    let sc: Scratch
+    let isl: number
+    if (input.tokens !== null) {
+      const tokens = input.tokens
+      sc = this.takeScratch(Math.floor(tokens.length / bs))
+      try {
+        n = blockHashesInto(tokens, bs, sc.lo, sc.hi)
+      } catch (err) {
+        this.giveScratch(sc)
+        throw err
+      }
+      isl = input.isl ?? tokens.length
+    } else {
+      const lo = input.blockLo as Uint32Array
+      const hi = input.blockHi as Uint32Array
+      n = input.blockCount ?? lo.length
+      sc = this.takeScratch(n)
+      sc.lo.set(lo.subarray(0, n))
+      sc.hi.set(hi.subarray(0, n))
+      isl = input.isl ?? n * bs
+    }
+    try {
+      const t1 = performance.now()
+      // The non-kv modes need no overlap; kv mode asks the shards (in approximate mode they hold
+      // the synthetic events of the scheduler's predictions).
+      const kv = this.config.mode === 'kv'
+      const overlap = kv && n > 0 ? await this.pool.query(sc.lo, sc.hi, n) : EMPTY_RESULT
+      const t2 = performance.now()
+      const w = this.scheduler.workers
+      let dense: Float64Array | undefined
+      let trees: Float64Array | undefined
+      if (overlap.count > 0) {
+        dense = new Float64Array(w.slotCapacity)
+        if (input.explain === true) trees = new Float64Array(w.slotCapacity)
+        for (let i = 0; i < overlap.count; i++) {
+          const slot = this.slotOf(overlap.workerIdLo[i] as number, overlap.workerIdHi[i] as number, overlap.dpRank[i] as number)
+          if (slot < 0) continue
+          dense[slot] = overlap.overlap[i] as number
+          if (trees !== undefined) trees[slot] = overlap.treeSize[i] as number
+        }
+      }
+      sequenceHashesInto(sc.lo, sc.hi, n, sc.sLo, sc.sHi)
+      const t3 = performance.now()
+      const update = input.updateStates !== false
+      const id = update ? (input.id ?? this.newRequestId()) : input.id
+      const req: Parameters<Scheduler['schedule']>[0] = {
+        isl,
+        seqLo: sc.sLo,
+        seqHi: sc.sHi,
+        blockCount: n,
+        localLo: sc.lo,
+        localHi: sc.hi,
+        updateStates: update,
+      }
+      if (id !== undefined) req.id = id
+      if (dense !== undefined) req.overlapBlocks = dense
+      if (trees !== undefined) req.treeSizes = trees
+      if (input.priority !== undefined) req.priority = input.priority
+      if (input.workerId !== undefined) req.workerId = input.workerId
+      if (input.dpRank !== undefined) req.dpRank = input.dpRank
+      if (input.overrides !== undefined) req.overrides = input.overrides
+      if (input.explain === true) req.explain = true
+      if (input.signal !== undefined) req.signal = input.signal
+      const decision = await this.scheduler.schedule(req)
+      const t4 = performance.now()
+      this.metrics.observeOverhead(t1 - t0, t2 - t1, t4 - t3, t4 - t0)
+      this.metrics.observeDecision(decision, n, isl)
+      return { decision, overlap, blocks: n, isl }
+    } finally {
+      this.giveScratch(sc)
+    }
+  }
+
+  // ---- approximate mode: the scheduler's predicted blocks become synthetic events ----
+
+  private approxSink(): ApproxSink {
+    const eventId = (w: bigint): bigint => {
+      const id = (this.approxEventIds.get(w) ?? 0n) + 1n
+      this.approxEventIds.set(w, id)
+      return id
+    }
+    return {
+      stored: (workerId, dpRank, localLo, localHi, seqLo, seqHi, n) => {
+        const blocks: StoredBlock[] = []
+        for (let i = 0; i < n; i++) blocks.push({ block_hash: u64FromParts(seqLo[i] as number, seqHi[i] as number), tokens_hash: u64FromParts(localLo[i] as number, localHi[i] as number) })
+        this.ingestEvent({ worker_id: workerId, event: { event_id: eventId(workerId), dp_rank: dpRank, data: { stored: { parent_hash: null, blocks } } } })
+      },
+      removed: (workerId, dpRank, seqLo, seqHi, n) => {
+        const hashes: bigint[] = []
+        for (let i = 0; i < n; i++) hashes.push(u64FromParts(seqLo[i] as number, seqHi[i] as number))
+        this.ingestEvent({ worker_id: workerId, event: { event_id: eventId(workerId), dp_rank: dpRank, data: { removed: { block_hashes: hashes } } } })
+      },
+    }
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return
+    this.closed = true
+    this.scheduler.close()
+    await this.pool.close()
+  }
+}

@@ -1,0 +1,146 @@
+// `kv-router serve` options: Dynamo's names, DYN_* variables, command line over environment,
+// validation with one line naming the flag and what it accepts, frozen result; and the process
+// behaviour (exit status 2, one line on stderr, --help).
+import t from 'tap'
+import { spawn } from 'node:child_process'
+import { ConfigError, FLAGS, parseServeConfig, serveHelp } from '../src/config.js'
+import type { ServeConfig } from '../src/config.js'
+
+const cli = new URL('../dist/src/cli.js', import.meta.url).pathname
+
+function parse(argv: string[], env: NodeJS.ProcessEnv = {}): ServeConfig {
+  const c = parseServeConfig(argv, env)
+  if (c === 'help') throw new Error('help')
+  return c
+}
+
+t.test('defaults are Dynamo\'s and the result is frozen', async (t) => {
+  const c = parse([])
+  t.equal(c.mode, 'kv')
+  t.equal(c.httpPort, 8000)
+  t.equal(c.blockSize, 128)
+  t.equal(c.overlapScoreWeight, 1)
+  t.equal(c.temperature, 0)
+  t.equal(c.queueThreshold, 4)
+  t.equal(c.queuePolicy, 'fcfs')
+  t.equal(c.kvEvents, true)
+  t.equal(c.snapshotThreshold, 1_000_000)
+  t.equal(c.namespace, 'dynamo')
+  t.equal(c.component, 'backend')
+  t.equal(c.natsUrl, null)
+  t.ok(Object.isFrozen(c))
+  t.ok(Object.isFrozen(c.workers))
+  t.throws(() => {
+    ;(c as { httpPort: number }).httpPort = 1
+  })
+})
+
+t.test('flags, aliases, --no- forms and = syntax', async (t) => {
+  const c = parse([
+    '--router-mode', 'round-robin', '--http-port=9001', '--kv-cache-block-size', '32', '--router-temperature', '0.5',
+    '--no-router-kv-events', '--router-queue-threshold', 'none', '--router-queue-policy', 'wspt', '--router-track-active-blocks', 'false',
+    '--router-replica-sync', '--worker', 'http://a:1', '--worker', '77=http://b:2/', '--api-key', 'k', '--endpoint', 'dyn.backend.generate',
+  ])
+  t.equal(c.mode, 'round-robin')
+  t.equal(c.httpPort, 9001)
+  t.equal(c.blockSize, 32)
+  t.equal(c.temperature, 0.5)
+  t.equal(c.kvEvents, false)
+  t.equal(c.queueThreshold, null)
+  t.equal(c.queuePolicy, 'wspt')
+  t.equal(c.trackActiveBlocks, false)
+  t.equal(c.replicaSync, true)
+  t.same(c.workers, [{ id: 1n, url: 'http://a:1' }, { id: 77n, url: 'http://b:2' }])
+  t.equal(c.apiKey, 'k')
+  t.equal(c.endpoint, 'dyn.backend.generate')
+  t.equal(parse(['--worker', '18446744073709551615=http://x:1']).workers[0]?.id, 18446744073709551615n, 'u64 worker ids are exact')
+})
+
+t.test('environment variables, and the command line wins', async (t) => {
+  const env = { DYN_ROUTER_TEMPERATURE: '0.25', DYN_HTTP_PORT: '7000', DYN_ROUTER_USE_KV_EVENTS: 'false', NATS_SERVER: 'nats://n:4222', ETCD_ENDPOINTS: 'http://e:2379', DYN_KV_CACHE_BLOCK_SIZE: '64', DYN_ROUTER_WORKERS: 'http://w:1,9=http://w:2' }
+  const e = parse([], env)
+  t.equal(e.temperature, 0.25)
+  t.equal(e.httpPort, 7000)
+  t.equal(e.kvEvents, false)
+  t.equal(e.natsUrl, 'nats://n:4222')
+  t.equal(e.etcdUrl, 'http://e:2379')
+  t.equal(e.blockSize, 64)
+  t.same(e.workers.map((w) => w.id), [1n, 9n])
+  const c = parse(['--router-temperature', '0.75', '--router-kv-events', '--worker', 'http://c:3', '--router-block-size', '16'], env)
+  t.equal(c.temperature, 0.75, 'flag over env')
+  t.equal(c.kvEvents, true)
+  t.equal(c.httpPort, 7000, 'env still applies where no flag is given')
+  t.same(c.workers.map((w) => w.url), ['http://c:3'], '--worker replaces the env list')
+  t.equal(c.blockSize, 16)
+  // the primary name wins over a legacy variable
+  t.equal(parse([], { DYN_ROUTER_BLOCK_SIZE: '8', DYN_KV_CACHE_BLOCK_SIZE: '64' }).blockSize, 8)
+})
+
+t.test('each invalid value: one line naming the flag and what it accepts', async (t) => {
+  const cases: [string[], RegExp][] = [
+    [['--router-mode', 'fastest'], /^--router-mode must be one of kv\|round-robin\|random\|least-loaded/],
+    [['--http-port', '70000'], /^--http-port must be an integer in \[0, 65535\], got "70000"$/],
+    [['--http-port', 'x'], /^--http-port must be an integer/],
+    [['--router-block-size', '0'], /^--router-block-size must be an integer in \[1, 65536\]/],
+    [['--router-kv-overlap-score-weight', '-1'], /^--router-kv-overlap-score-weight must be a number in \[0, ∞\]/],
+    [['--router-temperature', 'hot'], /^--router-temperature must be a number/],
+    [['--router-queue-threshold', 'lots'], /or "none"/],
+    [['--router-queue-policy', 'sjf'], /^--router-queue-policy must be one of fcfs\|wspt\|lcfs/],
+    [['--router-queue-max-pending', '-5'], /^--router-queue-max-pending must be an integer/],
+    [['--router-kv-events', 'maybe'], /^--router-kv-events must be true or false/],
+    [['--active-decode-blocks-threshold', '1.5'], /^--active-decode-blocks-threshold must be a number in \[0, 1\]/],
+    [['--router-event-threads', '1000'], /^--router-event-threads must be an integer in \[0, 256\]/],
+    [['--nats-url', 'not a url'], /^--nats-url must be a URL/],
+    [['--worker', 'ftp://x'], /^--worker must be a worker URL/],
+    [['--worker', 'abc=http://x:1'], /^--worker must be a worker URL/],
+    [['--worker', '1=http://x:1', '--worker', '1=http://y:1'], /worker id 1 is given twice/],
+    [['--http-port'], /^--http-port needs a value/],
+    [['--frobnicate'], /^unknown option --frobnicate/],
+    [['--no-http-port'], /^unknown option --no-http-port/],
+    [['stray'], /^unexpected argument "stray"/],
+  ]
+  for (const [argv, re] of cases) {
+    const err = t.throws(() => parseServeConfig(argv, {}), argv.join(' ')) as Error
+    t.type(err, ConfigError)
+    t.match(err.message, re, argv.join(' '))
+    t.notMatch(err.message, /\n/, 'one line')
+  }
+  t.throws(() => parseServeConfig([], { DYN_ROUTER_TEMPERATURE: 'warm' }), /^DYN_ROUTER_TEMPERATURE \(--router-temperature\) must be a number/)
+})
+
+t.test('help lists every flag with its variable', async (t) => {
+  t.equal(parseServeConfig(['--help']), 'help')
+  const text = serveHelp()
+  for (const f of FLAGS) {
+    t.match(text, f.flag)
+    for (const e of f.env) t.match(text, e)
+  }
+})
+
+function run(args: string[], env: NodeJS.ProcessEnv = {}): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  return new Promise((resolve) => {
+    const p = spawn(process.execPath, [cli, ...args], { env: { PATH: process.env.PATH, ...env } })
+    let stdout = ''
+    let stderr = ''
+    p.stdout.on('data', (d: Buffer) => (stdout += d.toString()))
+    p.stderr.on('data', (d: Buffer) => (stderr += d.toString()))
+    p.on('close', (code) => resolve({ code, stdout, stderr }))
+  })
+}
+
+t.test('process: invalid values exit 2 with one line; --help exits 0', async (t) => {
+  const [a, b, c, d] = await Promise.all([
+    run(['serve', '--router-temperature', 'hot']),
+    run(['serve'], { DYN_ROUTER_QUEUE_POLICY: 'random' }),
+    run(['serve', '--help']),
+    run(['serve', '--tokenizer', '/nonexistent/tokenizer.json', '--router-event-threads', '1']),
+  ])
+  t.equal(a.code, 2)
+  t.equal(a.stderr, 'kv-router: serve: --router-temperature must be a number in [0, ∞], got "hot"\n')
+  t.equal(b.code, 2)
+  t.match(b.stderr, /^kv-router: serve: DYN_ROUTER_QUEUE_POLICY \(--router-queue-policy\) must be one of fcfs\|wspt\|lcfs, got "random"\n$/)
+  t.equal(c.code, 0)
+  t.match(c.stdout, /--router-kv-overlap-score-weight V/)
+  t.equal(d.code, 2)
+  t.match(d.stderr, /^kv-router: serve: --tokenizer: no such file \/nonexistent\/tokenizer.json\n$/)
+})

@@ -1,0 +1,81 @@
+// The embedded default in one process: the router with a fleet of simulated engines whose KV
+// events go straight to the shard pool (what `npm start` runs), and one engine that posts its
+// events over HTTP instead (what `kv-router mocker` does).
+import t from 'tap'
+import type { AddressInfo } from 'node:net'
+import { SimEngine, startFleet } from '../../src/sim-engine.js'
+import { BytesTokenizer } from '../../src/tokenizer.js'
+import { harness, until } from '../http/helpers.js'
+
+const h = await harness(['--router-block-size', '8'], new BytesTokenizer())
+const fleet = await startFleet(4, 8, (ev) => h.router.ingestEvent(ev), { ttftMs: 1, itlMs: 1 })
+for (const e of fleet) await h.router.addWorker({ id: e.workerId, url: e.url, capacity: e.capacity })
+await h.app.fastify.listen({ host: '127.0.0.1', port: 0 })
+const base = `http://127.0.0.1:${(h.app.fastify.server.address() as AddressInfo).port}`
+t.teardown(async () => {
+  for (const e of fleet) await e.close()
+  await h.close()
+})
+
+interface Completion {
+  choices: { text?: string; message?: { content: string } }[]
+  usage: { prompt_tokens: number; prompt_tokens_details: { cached_tokens: number } }
+  nvext: { worker_id: { decode_worker_id: number } }
+}
+
+async function complete(body: object, url = '/v1/completions'): Promise<Completion> {
+  const r = await fetch(base + url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) })
+  t.equal(r.status, 200)
+  return (await r.json()) as Completion
+}
+
+t.test('a repeated prompt goes to the worker that cached it, and hits', async (t) => {
+  const prompt = 'System: you are terse. User: explain prefix caching in one line, please.'
+  const a = await complete({ prompt, max_tokens: 2 })
+  t.equal(a.usage.prompt_tokens_details.cached_tokens, 0)
+  await h.router.pool.flush()
+  const b = await complete({ prompt, max_tokens: 2 })
+  t.equal(b.nvext.worker_id.decode_worker_id, a.nvext.worker_id.decode_worker_id)
+  t.equal(b.usage.prompt_tokens_details.cached_tokens, Math.floor(Buffer.byteLength(prompt) / 8) * 8)
+  const chat = await complete({ messages: [{ role: 'user', content: prompt }], max_tokens: 3 }, '/v1/chat/completions')
+  t.equal(chat.choices[0]?.message?.content, 'the cache is')
+  const tokens = await complete({ prompt: [[1, 2, 3, 4, 5, 6, 7, 8, 9]], max_tokens: 1 })
+  t.equal(tokens.usage.prompt_tokens, 9)
+  const td = await complete({ prompt: 'ignored text', nvext: { token_data: [5, 6, 7, 8, 9, 10, 11, 12] }, max_tokens: 1 })
+  t.equal(td.usage.prompt_tokens, 8, 'nvext.token_data is the prompt')
+})
+
+t.test('streaming with usage; the engine answers 404 and 400 itself', async (t) => {
+  const r = await fetch(`${base}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ messages: [{ role: 'user', content: 'hi' }], max_tokens: 2, stream: true, stream_options: { include_usage: true } }) })
+  const text = await r.text()
+  t.match(text, '"role":"assistant"')
+  t.match(text, '"usage":{"prompt_tokens"')
+  t.match(text, 'data: [DONE]')
+  const e = fleet[0] as SimEngine
+  t.equal((await fetch(`${e.url}/nothing`, { method: 'POST' })).status, 404)
+  t.equal((await fetch(`${e.url}/v1/completions`, { method: 'POST', body: '{bad' })).status, 400)
+  t.equal((await fetch(`${e.url}/health`)).status, 200)
+  t.match(await (await fetch(`${e.url}/v1/models`)).text(), '"id":"sim"')
+  t.ok(e.requestsServed > 0)
+})
+
+t.test('an engine posting its events over HTTP', async (t) => {
+  const remote = new SimEngine({ workerId: 77n, blockSize: 8, routerUrl: base, ttftMs: 0, itlMs: 0 })
+  await remote.listen()
+  await h.router.addWorker({ id: 77n, url: remote.url })
+  const prompt = 'a prompt for the remote engine only, long enough for several blocks'
+  const a = await complete({ prompt, max_tokens: 1, nvext: { backend_instance_id: 77 } })
+  t.equal(a.nvext.worker_id.decode_worker_id, 77)
+  await remote.flushEvents()
+  await h.router.pool.flush()
+  const ov = await fetch(`${base}/v1/overlap`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ token_ids: [...Buffer.from(prompt)] }) })
+  t.match(await ov.text(), `{"worker_id":77,"dp_rank":0,"overlap_blocks":${Math.floor(Buffer.byteLength(prompt) / 8)}`)
+  const w = (await (await fetch(`${base}/v1/workers`)).json()) as { workers: { id: number; url: string; health: string; ranks: { in_flight: number }[] }[] }
+  const me = w.workers.find((x) => x.id === 77)
+  t.equal(me?.url, remote.url)
+  t.equal(me?.health, 'ok')
+  t.equal(me?.ranks[0]?.in_flight, 0)
+  await h.router.removeWorker(77n)
+  await remote.close()
+  await until(() => h.router.workers().length === 4)
+})

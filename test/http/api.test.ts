@@ -1,0 +1,146 @@
+// The non-proxy API through inject(): /v1/route (query only and booked, with its lifecycle),
+// /v1/overlap after real events, /v1/workers with exact u64 ids, busy thresholds, metrics.
+import t from 'tap'
+import { computeBlockHashes, computeSequenceHashes } from '../../src/shared/hashing.js'
+import { encodeRouterEvent } from '../../src/shared/events.js'
+import { harness, tokens } from './helpers.js'
+
+const BIG = 18446744073709551557n // a u64 far above 2^53
+const h = await harness(['--router-block-size', '4'])
+t.teardown(() => h.close())
+const json = { 'content-type': 'application/json' }
+
+async function post(url: string, body: unknown) {
+  const res = await h.app.fastify.inject({ method: 'POST', url, payload: typeof body === 'string' ? body : JSON.stringify(body), headers: json })
+  return res
+}
+
+t.test('workers: register with u64 ids (string or integer), list exactly, delete', async (t) => {
+  const a = await post('/v1/workers', { id: BIG.toString(), url: 'http://127.0.0.1:9/', capacity: 100, device_type: 'gpu' })
+  t.equal(a.statusCode, 201)
+  t.match(a.body, `"id":${BIG}`, 'the id is written as an exact integer')
+  const b = await post('/v1/workers', `{"id":${BIG - 1n},"url":"http://127.0.0.1:10","dp_size":2}`)
+  t.equal(b.statusCode, 201, 'a bare integer above 2^53 is read exactly')
+  t.match(b.body, `"id":${BIG - 1n}`)
+  const again = await post('/v1/workers', { id: (BIG - 1n).toString(), url: 'http://127.0.0.1:10', dp_size: 1 })
+  t.equal(again.statusCode, 200, 're-registration updates')
+  const list = await h.app.fastify.inject({ method: 'GET', url: '/v1/workers' })
+  t.match(list.body, `"id":${BIG},"url":"http://127.0.0.1:9"`)
+  t.equal(h.router.scheduler.workers.slotsOf(BIG - 1n).length, 1, 'the dropped rank is gone')
+  const del = await h.app.fastify.inject({ method: 'DELETE', url: `/v1/workers/${BIG - 1n}` })
+  t.equal(del.statusCode, 200)
+  t.equal(del.body, `{"removed":${BIG - 1n}}`)
+  t.equal(h.router.workers().length, 1)
+})
+
+t.test('route: query only, then events move the decision to the worker that holds the prefix', async (t) => {
+  await post('/v1/workers', { id: 2, url: 'http://127.0.0.1:11' })
+  const prompt = tokens(16, 100)
+  const q = await post('/v1/route', { token_ids: prompt })
+  t.equal(q.statusCode, 200)
+  const body = q.json() as { worker_id: unknown; candidates: { worker_id: unknown; logit: number }[]; request_id?: string }
+  t.equal(body.candidates.length, 2)
+  t.equal(body.request_id, undefined, 'nothing booked without update_states')
+  t.equal(h.router.scheduler.stats().bookedRequests, 0)
+  // worker BIG stores the first 3 blocks of the prompt
+  const local = computeBlockHashes(prompt, 4)
+  const seq = computeSequenceHashes(local)
+  const blocks = [0, 1, 2].map((i) => ({ block_hash: seq[i] as bigint, tokens_hash: local[i] as bigint }))
+  const ev = encodeRouterEvent({ worker_id: BIG, event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: null, blocks } } } })
+  const r = await post('/v1/kv-events', `[${ev}]`)
+  t.equal(r.statusCode, 202)
+  await h.router.pool.flush()
+  const ov = await post('/v1/overlap', { token_ids: prompt })
+  t.match(ov.body, `{"worker_id":${BIG},"dp_rank":0,"overlap_blocks":3,"tree_size":3}`)
+  const byHash = await post('/v1/overlap', `{"block_hashes":[${[...local].join(',')}]}`)
+  t.match(byHash.body, `"overlap_blocks":3`, 'block hashes as bare u64 integers')
+  const byStr = await post('/v1/route', { block_hashes: [...local].map(String) })
+  t.match(byStr.body, `"worker_id":${BIG}`)
+  const d = await post('/v1/route', { token_ids: prompt })
+  t.match(d.body, `{"worker_id":${BIG},"dp_rank":0,"overlap_blocks":3,`)
+})
+
+t.test('route with update_states books until released', async (t) => {
+  const r = await post('/v1/route', { token_ids: tokens(40, 7000), update_states: true, request_id: 'req-1', router_config_override: { overlap_score_weight: 2 } })
+  t.equal(r.statusCode, 200)
+  t.equal((r.json() as { request_id: string }).request_id, 'req-1')
+  const s = h.router.scheduler.stats()
+  t.equal(s.bookedRequests, 1)
+  t.ok(s.slots.some((x) => x.prefillTokens === 40), 'prefill tokens booked')
+  const dup = await post('/v1/route', { token_ids: tokens(8), update_states: true, request_id: 'req-1' })
+  t.equal(dup.statusCode, 409)
+  const pc = await post('/v1/route/req-1/prefill-complete', '')
+  t.equal(pc.statusCode, 200)
+  t.notOk(h.router.scheduler.stats().slots.some((x) => x.prefillTokens > 0))
+  const del = await h.app.fastify.inject({ method: 'DELETE', url: '/v1/route/req-1' })
+  t.equal(del.statusCode, 200)
+  t.equal(h.router.scheduler.stats().bookedRequests, 0)
+  const again = await h.app.fastify.inject({ method: 'DELETE', url: '/v1/route/req-1' })
+  t.equal(again.statusCode, 404, 'released once')
+  const auto = await post('/v1/route', { token_ids: tokens(8), update_states: true })
+  const id = (auto.json() as { request_id: string }).request_id
+  t.type(id, 'string')
+  t.ok(h.router.scheduler.free(id))
+})
+
+t.test('busy thresholds: all busy gives Dynamo\'s 503 with Retry-After', async (t) => {
+  const set = await post('/busy_threshold', { active_prefill_tokens_threshold: 0 })
+  t.equal((set.json() as { thresholds: { active_prefill_tokens_threshold: number }[] }).thresholds[0]?.active_prefill_tokens_threshold, 0)
+  const ids = []
+  for (let i = 0; i < 2; i++) {
+    const r = await post('/v1/route', { token_ids: tokens(8, 50_000 + i * 100), update_states: true })
+    ids.push((r.json() as { request_id: string }).request_id)
+  }
+  const busy = await post('/v1/route', { token_ids: tokens(8, 999) })
+  t.equal(busy.statusCode, 503)
+  t.equal(busy.headers['retry-after'], '1')
+  const body = busy.json() as { message: string; type: string; code: number; error: { code: string } }
+  t.equal(body.message, 'Service temporarily unavailable: All workers are busy, please retry later')
+  t.equal(body.type, 'service_unavailable')
+  t.equal(body.code, 503)
+  t.equal(body.error.code, 'KVR_ERR_ALL_WORKERS_BUSY')
+  for (const id of ids) h.router.scheduler.free(id)
+  await post('/busy_threshold', { active_prefill_tokens_threshold: null })
+  const get = await h.app.fastify.inject({ method: 'GET', url: '/busy_threshold' })
+  t.match(get.body, '"active_prefill_tokens_threshold":null')
+})
+
+t.test('metrics, models, health, ready', async (t) => {
+  const m = await h.app.fastify.inject({ method: 'GET', url: '/metrics' })
+  t.equal(m.statusCode, 200)
+  for (const name of [
+    'dynamo_component_router_requests_total',
+    'dynamo_router_overhead_block_hashing_ms_bucket',
+    'dynamo_router_overhead_indexer_find_matches_ms_count',
+    'dynamo_router_overhead_scheduling_ms_sum',
+    'dynamo_router_overhead_total_ms_count',
+    'dynamo_component_router_kv_hit_rate_bucket',
+    'dynamo_frontend_router_queue_pending_requests{worker_type="decode"} 0',
+    `dynamo_frontend_worker_active_decode_blocks{worker_id="${BIG}",dp_rank="0",worker_type="decode"}`,
+    'kvrouter_shard_events_applied_total{shard="0"} ',
+    'kvrouter_shard_blocks{shard="0"} 3',
+    'dynamo_component_kv_cache_events_applied{event_type="all",status="ok"}',
+    'kvrouter_http_events_received_total 1',
+  ]) t.match(m.body, name, name)
+  t.match(m.body, /dynamo_component_router_requests_total\{[^}]*\} [1-9]/, 'decisions counted')
+  const models = await h.app.fastify.inject({ method: 'GET', url: '/v1/models' })
+  t.equal((models.json() as { data: { id: string }[] }).data[0]?.id, 'kv-router-model')
+  t.equal((await h.app.fastify.inject({ method: 'GET', url: '/health' })).statusCode, 200)
+  const ready = await h.app.fastify.inject({ method: 'GET', url: '/ready' })
+  t.equal(ready.statusCode, 200)
+  t.equal((ready.json() as { ready: boolean }).ready, true)
+})
+
+t.test('approximate mode (--no-router-kv-events): decisions become the index', async (t) => {
+  const a = await harness(['--router-block-size', '4', '--no-router-kv-events'])
+  t.teardown(() => a.close())
+  await a.router.addWorker({ id: 1n, url: 'http://127.0.0.1:9' })
+  await a.router.addWorker({ id: BIG, url: 'http://127.0.0.1:9' })
+  const prompt = tokens(20, 300)
+  const first = await a.app.fastify.inject({ method: 'POST', url: '/v1/route', headers: json, payload: JSON.stringify({ token_ids: prompt, update_states: true, request_id: 'p1' }) })
+  const chosen = /^\{"worker_id":(\d+)/.exec(first.body)?.[1] as string
+  t.ok(a.router.scheduler.free('p1'))
+  await a.router.pool.flush()
+  const again = await a.app.fastify.inject({ method: 'POST', url: '/v1/route', headers: json, payload: JSON.stringify({ token_ids: prompt }) })
+  t.match(again.body, new RegExp(`^\\{"worker_id":${chosen},"dp_rank":0,"overlap_blocks":5,`), 'the predicted prefix is found where it was routed')
+})

@@ -1,0 +1,204 @@
+// Every route's error paths through inject(): malformed JSON, wrong types, token ids out of
+// range, empty prompts, unknown pinned workers, oversized bodies, missing or wrong API keys.
+import t from 'tap'
+import { harness, tokens } from './helpers.js'
+
+const KEY = 'sekret'
+const h = await harness(['--api-key', KEY, '--router-block-size', '4', '--http-body-limit', '4096', '--worker', '5=http://127.0.0.1:9'])
+t.teardown(() => h.close())
+const auth = { authorization: `Bearer ${KEY}`, 'content-type': 'application/json' }
+
+async function call(method: 'GET' | 'POST' | 'DELETE', url: string, payload?: string, headers: Record<string, string> = auth) {
+  const res = await h.app.fastify.inject({ method, url, payload, headers })
+  let body: { error?: { code: string; message: string } } & Record<string, unknown> = {}
+  try {
+    body = res.json()
+  } catch {
+    // non-JSON bodies are checked by status only
+  }
+  return { status: res.statusCode, body, headers: res.headers }
+}
+
+const mutating: [string, string, string][] = [
+  ['POST', '/v1/completions', JSON.stringify({ prompt: tokens(8) })],
+  ['POST', '/v1/chat/completions', JSON.stringify({ messages: [{ role: 'user', content: 'hi' }] })],
+  ['POST', '/v1/route', JSON.stringify({ token_ids: tokens(8) })],
+  ['POST', '/v1/overlap', JSON.stringify({ token_ids: tokens(8) })],
+  ['POST', '/v1/kv-events', '[]'],
+  ['POST', '/v1/workers', JSON.stringify({ id: 9, url: 'http://127.0.0.1:9' })],
+  ['DELETE', '/v1/workers/5', ''],
+  ['POST', '/v1/route/x/prefill-complete', ''],
+  ['DELETE', '/v1/route/x', ''],
+  ['POST', '/busy_threshold', '{}'],
+]
+
+t.test('api key: missing or wrong → 401 on every mutating and ingest route', async (t) => {
+  for (const [method, url, payload] of mutating) {
+    const none = await call(method as 'POST', url, payload, { 'content-type': 'application/json' })
+    t.equal(none.status, 401, `${method} ${url} without a key`)
+    t.equal(none.body.error?.code, 'KVR_ERR_UNAUTHORIZED')
+    t.match(none.body.error?.message, /missing/)
+    const wrong = await call(method as 'POST', url, payload, { 'content-type': 'application/json', authorization: 'Bearer nope' })
+    t.equal(wrong.status, 401, `${method} ${url} with a wrong key`)
+    t.match(wrong.body.error?.message, /wrong API key/)
+  }
+  // reads stay open
+  for (const url of ['/health', '/ready', '/metrics', '/v1/models', '/v1/workers', '/busy_threshold']) {
+    t.equal((await call('GET', url, undefined, {})).status, 200, `GET ${url}`)
+  }
+})
+
+t.test('malformed JSON → 400 KVR_ERR_INVALID_REQUEST on every JSON route', async (t) => {
+  for (const url of ['/v1/completions', '/v1/chat/completions', '/v1/route', '/v1/overlap', '/v1/workers', '/busy_threshold']) {
+    const r = await call('POST', url, '{"prompt": [1, 2,')
+    t.equal(r.status, 400, url)
+    t.equal(r.body.error?.code, 'KVR_ERR_INVALID_REQUEST', url)
+  }
+  const ev = await call('POST', '/v1/kv-events', '{"worker_id": 1, "event": {')
+  t.equal(ev.status, 400)
+  t.match(ev.body.error?.code, /^KVR_ERR_EVENT_/)
+  const notObj = await call('POST', '/v1/route', '[1,2,3]')
+  t.equal(notObj.status, 400)
+  t.match(notObj.body.error?.message, /JSON object/)
+  const trailing = await call('POST', '/v1/route', '{"token_ids":[1,2,3,4]} x')
+  t.equal(trailing.status, 400)
+})
+
+t.test('wrong types → 400', async (t) => {
+  const cases: [string, unknown][] = [
+    ['/v1/completions', { prompt: 5 }],
+    ['/v1/completions', { prompt: tokens(8), stream: 'yes' }],
+    ['/v1/completions', { prompt: tokens(8), max_tokens: 1.5 }],
+    ['/v1/completions', { prompt: tokens(8), nvext: { backend_instance_id: 'abc' } }],
+    ['/v1/completions', { prompt: tokens(8), nvext: { agent_hints: { priority: 'high' } } }],
+    ['/v1/completions', { prompt: tokens(8), nvext: { router_config_override: { router_temperature: -1 } } }],
+    ['/v1/completions', { prompt: [['a'], ['b']] }],
+    ['/v1/chat/completions', { messages: 'hi' }],
+    ['/v1/chat/completions', { messages: [] }],
+    ['/v1/route', { token_ids: 'abc' }],
+    ['/v1/route', { token_ids: tokens(8), update_states: 'yes' }],
+    ['/v1/route', { token_ids: tokens(8), router_config_override: { overlap_score_weight: 'x' } }],
+    ['/v1/route', { token_ids: tokens(8), request_id: 7, update_states: true }],
+    ['/v1/route', { token_ids: tokens(8), worker_id: -3 }],
+    ['/v1/route', { token_ids: tokens(8), dp_rank: 1.5 }],
+    ['/v1/route', { token_ids: tokens(8), priority: 'x' }],
+    ['/v1/route', { block_hashes: [1, 'x'] }],
+    ['/v1/route', { block_hashes: ['18446744073709551616'] }],
+    ['/v1/route', {}],
+    ['/v1/workers', { id: 9, url: 'ftp://x' }],
+    ['/v1/workers', { id: 'nine', url: 'http://127.0.0.1:9' }],
+    ['/v1/workers', { url: 'http://127.0.0.1:9' }],
+    ['/v1/workers', { id: 9, url: 'http://127.0.0.1:9', device_type: 'tpu' }],
+    ['/busy_threshold', { active_decode_blocks_threshold: 2 }],
+  ]
+  for (const [url, body] of cases) {
+    const r = await call('POST', url, JSON.stringify(body))
+    t.equal(r.status, 400, `${url} ${JSON.stringify(body)}`)
+    t.match(r.body.error?.code, /^KVR_ERR_/, 'coded error')
+  }
+  const bs = await call('POST', '/v1/workers', JSON.stringify({ id: 9, url: 'http://127.0.0.1:9', block_size: 16 }))
+  t.equal(bs.status, 400)
+  t.equal(bs.body.error?.code, 'KVR_ERR_INVALID_BLOCK_SIZE')
+  t.match(bs.body.error?.message, /--router-block-size 4/)
+  const media = await call('POST', '/v1/completions', 'prompt=1', { ...auth, 'content-type': 'text/plain' })
+  t.equal(media.status, 415)
+  t.equal(media.body.error?.code, 'KVR_ERR_UNSUPPORTED_MEDIA_TYPE')
+})
+
+t.test('token ids out of range → 400 KVR_ERR_TOKEN_OUT_OF_RANGE naming the index', async (t) => {
+  for (const bad of ['-1', '4294967296', '1.5', '1e3', '"7"', '007', 'null']) {
+    const r = await call('POST', '/v1/route', `{"token_ids":[1,2,${bad},4,5]}`)
+    t.equal(r.status, 400, bad)
+    t.equal(r.body.error?.code, 'KVR_ERR_TOKEN_OUT_OF_RANGE', bad)
+    t.match(r.body.error?.message, /token_ids\[2\]/, bad)
+    const o = await call('POST', '/v1/overlap', `{"token_ids":[1,2,${bad},4,5]}`)
+    t.equal(o.body.error?.code, 'KVR_ERR_TOKEN_OUT_OF_RANGE', `overlap ${bad}`)
+  }
+  for (const bad of [-1, 4294967296, 1.5]) {
+    const r = await call('POST', '/v1/completions', JSON.stringify({ prompt: [1, 2, 3, 4, bad] }))
+    t.equal(r.status, 400, String(bad))
+    t.equal(r.body.error?.code, 'KVR_ERR_TOKEN_OUT_OF_RANGE')
+    t.match(r.body.error?.message, /4/)
+  }
+  const huge = await call('POST', '/v1/completions', '{"prompt":[1,2,3,18446744073709551615]}')
+  t.equal(huge.body.error?.code, 'KVR_ERR_TOKEN_OUT_OF_RANGE', 'a 20-digit token is refused, not rounded')
+})
+
+t.test('empty prompt → 400 KVR_ERR_EMPTY_PROMPT', async (t) => {
+  for (const [url, body] of [
+    ['/v1/completions', { prompt: '' }],
+    ['/v1/completions', { prompt: [] }],
+    ['/v1/route', { token_ids: [] }],
+    ['/v1/route', { block_hashes: [] }],
+  ] as [string, unknown][]) {
+    const r = await call('POST', url, JSON.stringify(body))
+    t.equal(r.status, 400, url)
+    t.equal(r.body.error?.code, 'KVR_ERR_EMPTY_PROMPT')
+  }
+})
+
+t.test('text prompt without a tokenizer in kv mode → clear 400', async (t) => {
+  const r = await call('POST', '/v1/completions', JSON.stringify({ prompt: 'hello' }))
+  t.equal(r.status, 400)
+  t.equal(r.body.error?.code, 'KVR_ERR_NO_TOKENIZER')
+  t.match(r.body.error?.message, /--tokenizer/)
+  const c = await call('POST', '/v1/chat/completions', JSON.stringify({ messages: [{ role: 'user', content: 'hi' }] }))
+  t.equal(c.body.error?.code, 'KVR_ERR_NO_TOKENIZER')
+})
+
+t.test('unknown pinned worker → 404 KVR_ERR_UNKNOWN_WORKER', async (t) => {
+  const a = await call('POST', '/v1/completions', JSON.stringify({ prompt: tokens(8), nvext: { backend_instance_id: '18446744073709551615' } }))
+  t.equal(a.status, 404)
+  t.equal(a.body.error?.code, 'KVR_ERR_UNKNOWN_WORKER')
+  t.match(a.body.error?.message, /18446744073709551615/, 'the u64 id is exact in the message')
+  const b = await call('POST', '/v1/route', JSON.stringify({ token_ids: tokens(8), worker_id: 77 }))
+  t.equal(b.status, 404)
+  const c = await call('POST', '/v1/completions', JSON.stringify({ prompt: tokens(8) }), { ...auth, 'x-worker-instance-id': '6' })
+  t.equal(c.status, 404, 'header pin')
+  const d = await call('POST', '/v1/route', JSON.stringify({ token_ids: tokens(8), worker_id: 5, dp_rank: 3 }))
+  t.equal(d.status, 404, 'unknown rank of a known worker')
+  const e = await call('DELETE', '/v1/workers/12345')
+  t.equal(e.status, 404)
+  t.equal(e.body.error?.code, 'KVR_ERR_UNKNOWN_WORKER')
+})
+
+t.test('unknown booked request → 404', async (t) => {
+  const a = await call('POST', '/v1/route/nope/prefill-complete', '')
+  t.equal(a.status, 404)
+  t.equal(a.body.error?.code, 'KVR_ERR_UNKNOWN_REQUEST')
+  const b = await call('DELETE', '/v1/route/nope')
+  t.equal(b.status, 404)
+})
+
+t.test('oversized body → 413 KVR_ERR_BODY_TOO_LARGE on every POST route', async (t) => {
+  const big = JSON.stringify({ prompt: tokens(3000), token_ids: tokens(3000) })
+  for (const [, url] of mutating.filter(([m, u]) => m === 'POST' && !u.includes('prefill'))) {
+    const r = await call('POST', url, big)
+    t.equal(r.status, 413, url)
+    t.equal(r.body.error?.code, 'KVR_ERR_BODY_TOO_LARGE', url)
+  }
+})
+
+t.test('unknown route → 404 JSON', async (t) => {
+  const r = await call('GET', '/v2/nothing', undefined, {})
+  t.equal(r.status, 404)
+  t.equal(r.body.error?.code, 'KVR_ERR_NOT_FOUND')
+})
+
+t.test('events: a bad event refuses the whole batch', async (t) => {
+  const ok = '{"worker_id":5,"event":{"event_id":1,"data":"cleared","dp_rank":0}}'
+  const r = await call('POST', '/v1/kv-events', `[${ok},{"worker_id":5,"event":{"event_id":2,"data":"exploded","dp_rank":0}}]`)
+  t.equal(r.status, 400)
+  t.equal(r.body.error?.code, 'KVR_ERR_EVENT_UNKNOWN_VARIANT')
+  t.match(r.body.error?.message, /^event 1:/)
+  const notObj = await call('POST', '/v1/kv-events', '[1,2]')
+  t.equal(notObj.status, 400)
+  t.equal(notObj.body.error?.code, 'KVR_ERR_EVENT_WRONG_TYPE')
+  const unterminated = await call('POST', '/v1/kv-events', `[${ok}`)
+  t.equal(unterminated.status, 400)
+  const before = h.router.pool.counters()[0]?.enqueued ?? 0
+  t.equal(before, 0, 'nothing was pushed')
+  const good = await call('POST', '/v1/kv-events', ok)
+  t.equal(good.status, 202)
+  t.same(good.body, { accepted: 1, backpressure: false })
+})

@@ -1,0 +1,74 @@
+// Shared setup for the HTTP tests: a router with one shard and the fastify app, driven through
+// inject(); and tiny upstream servers whose behaviour each test scripts.
+import { createServer } from 'node:http'
+import type { IncomingMessage, Server, ServerResponse } from 'node:http'
+import type { AddressInfo } from 'node:net'
+import { parseServeConfig } from '../../src/config.js'
+import type { ServeConfig } from '../../src/config.js'
+import { buildApp } from '../../src/http/app.js'
+import type { App } from '../../src/http/app.js'
+import { Router } from '../../src/router.js'
+import type { TextTokenizer } from '../../src/tokenizer.js'
+
+export interface Harness {
+  router: Router
+  app: App
+  close(): Promise<void>
+}
+
+export function config(argv: string[] = [], env: NodeJS.ProcessEnv = {}): ServeConfig {
+  const c = parseServeConfig(['--router-event-threads', '1', '--seed', '7', ...argv], env)
+  if (c === 'help') throw new Error('unexpected help')
+  return c
+}
+
+export async function harness(argv: string[] = [], tokenizer: TextTokenizer | null = null): Promise<Harness> {
+  const router = await Router.start(config(argv))
+  const app = await buildApp({ router, tokenizer })
+  return {
+    router,
+    app,
+    async close() {
+      await app.shutdown(1000)
+      await router.close()
+    },
+  }
+}
+
+export type Handler = (req: IncomingMessage, body: string, res: ServerResponse) => void | Promise<void>
+
+export async function upstream(handler: Handler): Promise<{ url: string; server: Server; close(): Promise<void> }> {
+  const server = createServer((req, res) => {
+    const chunks: Buffer[] = []
+    req.on('data', (c: Buffer) => chunks.push(c))
+    req.on('end', () => {
+      void handler(req, Buffer.concat(chunks).toString('utf8'), res)
+    })
+  })
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r))
+  const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`
+  return {
+    url,
+    server,
+    async close() {
+      server.closeAllConnections()
+      await new Promise<void>((r) => server.close(() => r()))
+    },
+  }
+}
+
+export function tokens(n: number, from = 0): number[] {
+  return Array.from({ length: n }, (_, i) => from + i)
+}
+
+export function until(cond: () => boolean, ms = 5000): Promise<void> {
+  const end = Date.now() + ms
+  return new Promise((resolve, reject) => {
+    const tick = (): void => {
+      if (cond()) resolve()
+      else if (Date.now() > end) reject(new Error('condition not reached'))
+      else setTimeout(tick, 5)
+    }
+    tick()
+  })
+}

@@ -1,0 +1,181 @@
+// The proxy lifecycle against scripted upstreams over real sockets: a client abort mid-stream
+// frees the booking and aborts the upstream request; a 500 (or a refused connection) before the
+// first token is retried on the next best worker; an upstream that dies mid-stream gives the
+// client an error event; every booking is released exactly once.
+import t from 'tap'
+import type { AddressInfo } from 'node:net'
+import { harness, tokens, until, upstream } from './helpers.js'
+
+const BIG = 18446744073709551557n
+const h = await harness(['--router-block-size', '4', '--proxy-retries', '2'])
+await h.app.fastify.listen({ host: '127.0.0.1', port: 0 })
+const base = `http://127.0.0.1:${(h.app.fastify.server.address() as AddressInfo).port}`
+t.teardown(() => h.close())
+
+const sse = (obj: unknown): string => `data: ${JSON.stringify(obj)}\n\n`
+const chunk = (text: string) => ({ id: 'c', object: 'text_completion', created: 1, model: 'm', choices: [{ index: 0, text, finish_reason: null }] })
+
+async function fleet(handlers: Parameters<typeof upstream>[0][]) {
+  const servers: Awaited<ReturnType<typeof upstream>>[] = []
+  for (let i = 0; i < handlers.length; i++) {
+    const s = await upstream(handlers[i] as Parameters<typeof upstream>[0])
+    servers.push(s)
+    await h.router.addWorker({ id: BigInt(100 + i), url: s.url })
+  }
+  return {
+    servers,
+    async close() {
+      for (let i = 0; i < servers.length; i++) {
+        await h.router.removeWorker(BigInt(100 + i))
+        await servers[i]?.close()
+      }
+    },
+  }
+}
+
+function booked(): number {
+  return h.router.scheduler.stats().bookedRequests
+}
+
+t.test('non-streaming: nvext.worker_id with the exact u64 id, booking released', async (t) => {
+  const s = await upstream((_req, body, res) => {
+    const b = JSON.parse(body) as { prompt: number[] }
+    res.writeHead(200, { 'content-type': 'application/json' })
+    res.end(JSON.stringify({ id: 'x', object: 'text_completion', choices: [{ index: 0, text: `got ${b.prompt.length}`, finish_reason: 'stop' }], usage: { prompt_tokens: 8, completion_tokens: 2, total_tokens: 10 } }))
+  })
+  await h.router.addWorker({ id: BIG, url: s.url })
+  const released = h.app.proxy.releasedTotal
+  const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(8) }) })
+  t.equal(r.status, 200)
+  const text = await r.text()
+  t.match(text, `"decode_worker_id":${BIG}`, 'exact u64 in the response')
+  t.match(text, '"text":"got 8"', 'the body was forwarded')
+  t.equal(r.headers.get('x-worker-id'), BIG.toString())
+  t.equal(booked(), 0)
+  t.equal(h.app.proxy.releasedTotal, released + 1, 'released exactly once')
+  await h.router.removeWorker(BIG)
+  await s.close()
+})
+
+t.test('client abort mid-stream frees the booking and aborts the upstream request', async (t) => {
+  let upstreamClosed = false
+  const f = await fleet([
+    (_req, _body, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' })
+      res.write(sse(chunk('first')))
+      res.on('close', () => {
+        upstreamClosed = true
+      })
+      // then nothing: the stream stays open until someone closes it
+    },
+  ])
+  const released = h.app.proxy.releasedTotal
+  const ac = new AbortController()
+  const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(12), stream: true }), signal: ac.signal })
+  t.equal(r.status, 200)
+  const reader = (r.body as ReadableStream<Uint8Array>).getReader()
+  const first = await reader.read()
+  t.match(Buffer.from(first.value as Uint8Array).toString(), '"decode_worker_id":100', 'first event carries nvext.worker_id')
+  t.equal(booked(), 1, 'booked while streaming')
+  t.equal(h.router.scheduler.stats().slots.find((s) => s.workerId === 100n)?.prefillTokens, 0, 'the first token completed prefill')
+  ac.abort()
+  await until(() => booked() === 0 && upstreamClosed)
+  t.equal(h.app.proxy.releasedTotal, released + 1, 'released exactly once')
+  t.equal(h.app.proxy.inFlight, 0)
+  await f.close()
+})
+
+t.test('upstream 500 before the first token is retried on the next best worker', async (t) => {
+  const hits: string[] = []
+  const f = await fleet([
+    (_req, _body, res) => {
+      hits.push('a')
+      res.writeHead(500)
+      res.end('boom')
+    },
+    (_req, _body, res) => {
+      hits.push('b')
+      res.writeHead(200, { 'content-type': 'text/event-stream' })
+      res.write(sse(chunk('hello')))
+      res.end('data: [DONE]\n\n')
+    },
+  ])
+  // make worker 101 the second choice: it already carries a booked request
+  const hold = await h.app.fastify.inject({ method: 'POST', url: '/v1/route', headers: { 'content-type': 'application/json' }, payload: JSON.stringify({ token_ids: tokens(64, 9000), worker_id: 101, update_states: true, request_id: 'hold' }) })
+  t.equal(hold.statusCode, 200)
+  const released = h.app.proxy.releasedTotal
+  const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(12), stream: true }) })
+  t.equal(r.status, 200)
+  const text = await r.text()
+  t.same(hits, ['a', 'b'], 'the failing worker first, then the next best')
+  t.match(text, '"decode_worker_id":101')
+  t.match(text, 'data: [DONE]')
+  t.ok(h.router.scheduler.free('hold'))
+  t.equal(booked(), 0)
+  t.equal(h.app.proxy.releasedTotal, released + 2, 'both bookings released once each')
+  const m = await h.app.fastify.inject({ method: 'GET', url: '/metrics' })
+  t.match(m.body, /kvrouter_proxy_retries_total [1-9]/)
+  await f.close()
+})
+
+t.test('a refused connection is retried; when every worker fails the client gets 502', async (t) => {
+  const f = await fleet([
+    (_req, _body, res) => {
+      res.writeHead(503)
+      res.end()
+    },
+  ])
+  await h.router.addWorker({ id: 200n, url: 'http://127.0.0.1:9' }) // nothing listens on port 9
+  const released = h.app.proxy.releasedTotal
+  const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(12) }) })
+  t.equal(r.status, 502)
+  const body = (await r.json()) as { error: { code: string; message: string } }
+  t.equal(body.error.code, 'KVR_ERR_UPSTREAM')
+  t.equal(booked(), 0)
+  t.equal(h.app.proxy.releasedTotal, released + 2, 'one booking per attempt, each released once')
+  await h.router.removeWorker(200n)
+  await f.close()
+})
+
+t.test('upstream death mid-stream ends the stream with an error event and frees the booking', async (t) => {
+  const f = await fleet([
+    (_req, _body, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' })
+      res.write(sse(chunk('one')))
+      setTimeout(() => res.socket?.destroy(), 20)
+    },
+  ])
+  const released = h.app.proxy.releasedTotal
+  const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(12), stream: true }) })
+  t.equal(r.status, 200)
+  const text = await r.text()
+  t.match(text, '"text":"one"')
+  t.match(text, /data: \{"error":\{"code":"KVR_ERR_UPSTREAM","message":"worker 100 failed mid-stream/)
+  t.notMatch(text, '[DONE]')
+  t.equal(booked(), 0)
+  t.equal(h.app.proxy.releasedTotal, released + 1)
+  await f.close()
+})
+
+t.test('a client that leaves while its request waits in the queue is removed from it', async (t) => {
+  const f = await fleet([
+    (_req, _body, res) => {
+      res.writeHead(200, { 'content-type': 'application/json' })
+      res.end('{"choices":[]}')
+    },
+  ])
+  // queue threshold 4 × max_num_batched_tokens: make the worker queue-busy with a big booking
+  await h.router.addWorker({ id: 100n, url: f.servers[0]?.url as string, maxNumBatchedTokens: 1 })
+  const hold = await h.app.fastify.inject({ method: 'POST', url: '/v1/route', headers: { 'content-type': 'application/json' }, payload: JSON.stringify({ token_ids: tokens(64, 7000), update_states: true, request_id: 'big' }) })
+  t.equal(hold.statusCode, 200)
+  const ac = new AbortController()
+  const p = fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(12) }), signal: ac.signal }).catch((e: unknown) => e)
+  await until(() => h.router.scheduler.stats().queueDepth === 1)
+  ac.abort()
+  await p
+  await until(() => h.router.scheduler.stats().queueDepth === 0)
+  t.equal(h.router.scheduler.stats().cancelledTotal, 1)
+  t.ok(h.router.scheduler.free('big'))
+  t.equal(booked(), 0)
+  await f.close()
+})

@@ -1,0 +1,79 @@
+// The /v1/route body scanner and the exact-u64 JSON helpers, on their own.
+import t from 'tap'
+import { RouteBodyScanner } from '../../src/http/route-body.js'
+import { parseJsonExact, readU64, serializeJson } from '../../src/http/json.js'
+import { splitEvents } from '../../src/http/app.js'
+
+const s = new RouteBodyScanner()
+const scan = (text: string) => s.scan(Buffer.from(text))
+
+t.test('token ids into a Uint32Array, other members JSON-parsed', async (t) => {
+  const r = scan(' { "token_ids" : [ 0 , 1,4294967295 ,\n7 ] , "update_states": true, "router_config_override": {"overlap_score_weight": 2, "x": [1, {"y": "a\\"]}"}]}, "request_id": "q" } ')
+  t.same([...(r.tokens as Uint32Array)], [0, 1, 4294967295, 7])
+  t.same(r.rest, { update_states: true, router_config_override: { overlap_score_weight: 2, x: [1, { y: 'a"]}' }] }, request_id: 'q' })
+  t.same([...(scan('{"token_ids":[]}').tokens as Uint32Array)], [])
+  t.same(scan('{}').rest, {})
+  const long = Array.from({ length: 20000 }, (_, i) => i)
+  t.same([...(scan(JSON.stringify({ token_ids: long })).tokens as Uint32Array)], long, 'the scratch grows')
+  const again = scan('{"token_ids":[9]}')
+  t.same([...(again.tokens as Uint32Array)], [9], 'each result is its own copy')
+})
+
+t.test('block hashes: exact u64 from integers and strings', async (t) => {
+  const r = scan('{"block_hashes":[0, "18446744073709551615", 9007199254740993, "42"]}')
+  const lo = r.blockLo as Uint32Array
+  const hi = r.blockHi as Uint32Array
+  const v = (i: number) => (BigInt(hi[i] as number) << 32n) | BigInt(lo[i] as number)
+  t.same([0, 1, 2, 3].map(v), [0n, 18446744073709551615n, 9007199254740993n, 42n])
+  const many = Array.from({ length: 3000 }, (_, i) => i)
+  t.equal(scan(JSON.stringify({ block_hashes: many })).blockLo?.length, 3000)
+  t.same([...(scan('{"block_hashes":[]}').blockLo as Uint32Array)], [])
+})
+
+t.test('errors name the field and the byte offset', async (t) => {
+  const bad: [string, RegExp][] = [
+    ['', /JSON object at byte 0/],
+    ['{"token_ids":[1,2', /token_ids|end/],
+    ['{"token_ids":[1 2]}', /expected "," or "\]"/],
+    ['{"token_ids":{}}', /token_ids must be an array/],
+    ['{"block_hashes":{}}', /block_hashes must be an array/],
+    ['{"block_hashes":[01]}', /block_hashes\[0\]/],
+    ['{"block_hashes":["12]}', /block_hashes\[0\]/],
+    ['{"block_hashes":[1 2]}', /expected "," or "\]"/],
+    ['{"block_hashes":[99999999999999999999]}', /larger than 2\^64/],
+    ['{token_ids:[1]}', /member name/],
+    ['{"a" 1}', /expected ":"/],
+    ['{"a":1 "b":2}', /expected "," or "}"/],
+    ['{"a":tru}', /not valid JSON/],
+    ['{"a":"x', /unterminated string/],
+    ['{"a":[1,2}', /unterminated value|not valid JSON/],
+    ['{"a":}', /expected a value/],
+    ['{"a":1', /unexpected end/],
+  ]
+  for (const [text, re] of bad) t.throws(() => scan(text), re, JSON.stringify(text))
+  t.throws(() => scan('{"token_ids":[1,-2]}'), { code: 'KVR_ERR_TOKEN_OUT_OF_RANGE', message: /token_ids\[1\] is not an integer in \[0, 2\^32\): -2/ })
+  t.throws(() => scan('{"token_ids":[12345678901]}'), { code: 'KVR_ERR_TOKEN_OUT_OF_RANGE' })
+})
+
+t.test('exact JSON helpers', async (t) => {
+  const v = parseJsonExact('{"id": 18446744073709551615, "s": "1234567890123456789", "n": [1.5, -2, 1e3], "e": "\\"9999999999999999999\\""}') as Record<string, unknown>
+  t.equal(v.id, '18446744073709551615', 'long integers stay exact as strings')
+  t.equal(v.s, '1234567890123456789')
+  t.same(v.n, [1.5, -2, 1000])
+  t.equal(v.e, '"9999999999999999999"', 'digits inside strings are untouched')
+  t.same(parseJsonExact('[1,2]'), [1, 2])
+  t.equal(readU64(7, 'x'), 7n)
+  t.equal(readU64('18446744073709551615', 'x'), 18446744073709551615n)
+  t.equal(readU64(5n, 'x'), 5n)
+  for (const bad of [-1, 1.5, '18446744073709551616', '01', 'x', null, 2 ** 60]) t.throws(() => readU64(bad, 'worker_id'), { code: 'KVR_ERR_INVALID_REQUEST', message: /worker_id/ })
+  t.equal(serializeJson({ a: 18446744073709551615n, b: [1n], c: 'x' }), '{"a":18446744073709551615,"b":[1],"c":"x"}')
+  t.equal(serializeJson({ a: 1 }), '{"a":1}')
+})
+
+t.test('event batches split into raw events', async (t) => {
+  const one = Buffer.from('{"worker_id":1}')
+  t.same(splitEvents(one).map((b) => Buffer.from(b).toString()), ['{"worker_id":1}'])
+  t.same(splitEvents(Buffer.from(' [ {"a":"]}"} , {"b":[1,{}]} ] ')).map((b) => Buffer.from(b).toString()), ['{"a":"]}"}', '{"b":[1,{}]}'])
+  t.same(splitEvents(Buffer.from('[]')), [])
+  t.throws(() => splitEvents(Buffer.from('["x"]')), { code: 'KVR_ERR_EVENT_WRONG_TYPE' })
+})

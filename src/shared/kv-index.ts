@@ -712,6 +712,8 @@ export class KvIndex {
     this.lookup.reset(this.liveEntries)
     const E = this.E
     for (let e = 0; e < this.eHigh; e++) {
+      // queries never read this table, so they may run while it is rebuilt (milliseconds)
+      if ((e & 8191) === 8191 && this.interrupt !== null) this.interrupt()
       const b = e * ES
       const w = E[b + E_W] as number
       if (w !== NO_WORKER) this.lookup.insert(mix3(w, E[b + E_LO] as number, E[b + E_HI] as number), e)

@@ -608,14 +608,19 @@ export class KvIndex {
     if (this.children.needsRebuild) this.rebuildChildren()
   }
 
+  /**
+   * Re-inserts the table's own children (it holds only a node's non-hint children, a small part
+   * of all nodes), so a rebuild costs the table's size, not a scan of every node: queries read
+   * this table and cannot run during the rebuild.
+   */
   private rebuildChildren(): void {
-    this.children.reset(this.children.live)
+    const slots = this.children.liveSlots()
+    this.children.reset(slots.length)
     const N = this.N
-    for (let node = 1; node < this.nHigh; node++) {
+    for (let i = 0; i < slots.length; i++) {
+      const node = slots[i] as number
       const b = node * NS
-      if (N[b + N_PARENT] !== NIL && ((N[b + N_COUNT] as number) & IN_TABLE) !== 0) {
-        this.children.insert(this.childHash(N[b + N_PARENT] as number, N[b + N_PGEN] as number, N[b + N_TLO] as number, N[b + N_THI] as number), node)
-      }
+      this.children.insert(this.childHash(N[b + N_PARENT] as number, N[b + N_PGEN] as number, N[b + N_TLO] as number, N[b + N_THI] as number), node)
     }
   }
 
@@ -713,7 +718,7 @@ export class KvIndex {
     const E = this.E
     for (let e = 0; e < this.eHigh; e++) {
       // queries never read this table, so they may run while it is rebuilt (milliseconds)
-      if ((e & 8191) === 8191 && this.interrupt !== null) this.interrupt()
+      if ((e & 511) === 511 && this.interrupt !== null) this.interrupt()
       const b = e * ES
       const w = E[b + E_W] as number
       if (w !== NO_WORKER) this.lookup.insert(mix3(w, E[b + E_LO] as number, E[b + E_HI] as number), e)

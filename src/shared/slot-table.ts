@@ -107,6 +107,18 @@ export class SlotTable {
     return this.used > this.cells.length * MAX_LOAD
   }
 
+  /** The slots currently held, in cell order: what a rebuild re-inserts without a full scan. */
+  liveSlots(): Int32Array {
+    const out = new Int32Array(this.live)
+    let n = 0
+    const cells = this.cells
+    for (let i = 0; i < cells.length; i++) {
+      const v = cells[i] as number
+      if (v !== EMPTY && v !== TOMB) out[n++] = v & SLOT_MASK
+    }
+    return out
+  }
+
   /** Empties the table, sized so `live` records fill TARGET_LOAD of it. */
   reset(live: number): void {
     const size = Math.max(16, Math.ceil(live / TARGET_LOAD))

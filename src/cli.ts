@@ -58,9 +58,6 @@ async function serve(argv: string[]): Promise<void> {
     process.stdout.write(serveHelp())
     return
   }
-  if (cfg.natsUrl !== null || cfg.etcdUrl !== null) {
-    process.stderr.write('kv-router: NATS event intake and etcd discovery are not built yet (issue #6); running embedded (static workers, HTTP event ingest)\n')
-  }
   let tokenizer: TextTokenizer | null
   try {
     tokenizer = await loadTokenizer(cfg.tokenizer, cfg.tokenizerThreads)
@@ -68,7 +65,14 @@ async function serve(argv: string[]): Promise<void> {
     if (isKvrError(err)) die(`serve: ${err.message}`)
     throw err
   }
-  const router = await Router.start(cfg)
+  let router: Router
+  try {
+    router = await Router.start(cfg)
+  } catch (err) {
+    // an unreachable NATS or etcd at start: the message names the URL and what failed
+    if (isKvrError(err)) die(`serve: ${err.message}`)
+    throw err
+  }
   let app: App
   try {
     app = await buildApp({ router, tokenizer })

@@ -15,6 +15,8 @@ import type { RouterEvent, StoredBlock } from './shared/events.js'
 import { KvrError } from './shared/errors.js'
 import { u64FromParts } from './shared/u64.js'
 import { RouterMetrics } from './metrics.js'
+import { NatsIntake } from './nats-intake.js'
+import { EtcdDiscovery, type DiscoveredWorker } from './etcd-discovery.js'
 
 export interface WorkerInfo {
   id: bigint
@@ -28,6 +30,8 @@ export interface WorkerInfo {
   registeredAt: number
   /** Consecutive proxy failures; a success resets it. */
   failures: number
+  /** Where the worker came from: `--worker` / `POST /v1/workers`, or etcd discovery. */
+  source: 'static' | 'etcd'
 }
 
 export interface WorkerRegistration {
@@ -38,6 +42,7 @@ export interface WorkerRegistration {
   device?: DeviceType
   dpRanks?: number
   maxNumBatchedTokens?: number
+  source?: 'static' | 'etcd'
 }
 
 export interface RouteInput {
@@ -90,6 +95,10 @@ export class Router {
   private nextRequest = 0
   private readonly idPrefix = `r${Date.now().toString(36)}-`
   private closed = false
+  /** KV-event intake from NATS (`--nats-url`), or null in embedded mode. */
+  nats: NatsIntake | null = null
+  /** Worker discovery through etcd (`--etcd-url`), or null. */
+  discovery: EtcdDiscovery | null = null
 
   private constructor(config: ServeConfig, pool: ShardPool) {
     this.config = config
@@ -126,8 +135,44 @@ export class Router {
     if (config.querySpinUs !== null) po.querySpinUs = config.querySpinUs
     const pool = await ShardPool.start(po)
     const r = new Router(config, pool)
-    for (const w of config.workers) await r.addWorker({ id: w.id, url: w.url })
+    try {
+      for (const w of config.workers) await r.addWorker({ id: w.id, url: w.url })
+      await r.connect()
+    } catch (err) {
+      await r.close()
+      throw err
+    }
     return r
+  }
+
+  /** KV events from NATS and workers from etcd, when configured (DESIGN §4.3). */
+  private async connect(): Promise<void> {
+    const c = this.config
+    const [ns, component, endpoint] = c.endpoint !== null ? (c.endpoint.split('.') as [string, string, string]) : [c.namespace, c.component, 'generate']
+    if (c.natsUrl !== null) this.nats = await NatsIntake.start({ url: c.natsUrl, namespace: ns, component, pool: this.pool })
+    if (c.etcdUrl !== null) {
+      const d = await EtcdDiscovery.start({ url: c.etcdUrl, namespace: ns, component, endpoint })
+      this.discovery = d
+      const add = (w: DiscoveredWorker): void => {
+        if (w.blockSize !== null && w.blockSize !== c.blockSize) {
+          process.emitWarning(`worker ${w.workerId} announces block size ${w.blockSize}, the router hashes with ${c.blockSize}: its blocks will never match`, { code: 'KVR_BLOCK_SIZE_MISMATCH' })
+        }
+        const reg: WorkerRegistration = { id: w.workerId, url: w.url, device: w.deviceType, dpRanks: w.dpSize, source: 'etcd' }
+        if (w.blockSize !== null) reg.blockSize = w.blockSize
+        if (w.totalKvBlocks !== null) reg.capacity = w.totalKvBlocks
+        if (w.maxNumBatchedTokens !== null) reg.maxNumBatchedTokens = w.maxNumBatchedTokens
+        void this.addWorker(reg).catch(() => undefined)
+      }
+      d.on('added', add)
+      d.on('updated', add)
+      d.on('removed', (id: bigint) => void this.removeWorker(id).catch(() => undefined))
+      for (const w of d.workers.values()) add(w)
+    }
+  }
+
+  /** False while a configured NATS or etcd connection is down. */
+  get connected(): { nats: boolean | null; etcd: boolean | null } {
+    return { nats: this.nats === null ? null : this.nats.connected, etcd: this.discovery === null ? null : this.discovery.connected }
   }
 
   // ---- workers ----
@@ -144,6 +189,7 @@ export class Router {
       maxNumBatchedTokens: reg.maxNumBatchedTokens,
       registeredAt: Date.now(),
       failures: 0,
+      source: reg.source ?? 'static',
     }
     const old = this.workerTable.get(reg.id)
     if (old !== undefined && old.dpRanks > dpRanks) for (let r = dpRanks; r < old.dpRanks; r++) this.scheduler.removeWorkerRank(reg.id, r)
@@ -325,6 +371,8 @@ export class Router {
   async close(): Promise<void> {
     if (this.closed) return
     this.closed = true
+    await this.nats?.close().catch(() => undefined)
+    await this.discovery?.close().catch(() => undefined)
     this.scheduler.close()
     await this.pool.close()
   }

@@ -495,6 +495,12 @@ export class ShardPool extends EventEmitter {
     await this.control(sh, (api) => api.barrier(sh.enqueued))
   }
 
+  /** Blocks held by every registered worker-rank, over all shards (`overlap_blocks` is 0). */
+  async treeSizes(): Promise<OverlapScore[]> {
+    const parts = await Promise.all(this.shards.map((sh) => this.control(sh, (api) => api.treeSizes(sh.enqueued))))
+    return parts.flat()
+  }
+
   /** All shards' indexes as one event list (spec §3.4), event ids renumbered from 0. */
   async dump(): Promise<RouterEvent[]> {
     const parts = await Promise.all(this.shards.map((sh) => this.control(sh, (api) => api.dump(sh.enqueued))))

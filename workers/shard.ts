@@ -12,7 +12,7 @@
 import { parentPort, workerData } from 'node:worker_threads'
 import * as Comlink from 'comlink'
 import nodeEndpoint from 'comlink/dist/esm/node-adapter.mjs'
-import { KvIndex, REJECT_REASON_COUNT } from '../src/shared/kv-index.js'
+import { KvIndex, REJECT_REASON_COUNT, type OverlapScore } from '../src/shared/kv-index.js'
 import { EventDecoder } from '../src/shared/event-decoder.js'
 import { KvrError } from '../src/shared/errors.js'
 import type { RouterEvent } from '../src/shared/events.js'
@@ -234,6 +234,10 @@ const api = {
     const ok = index.ensureWorker(idLo, idHi, rank) !== -1
     publishCounters()
     return ok
+  },
+  async treeSizes(seq: number): Promise<OverlapScore[]> {
+    await barrier(seq)
+    return index.treeSizes()
   },
   async dump(seq: number): Promise<RouterEvent[]> {
     await barrier(seq)

@@ -200,8 +200,9 @@ export async function buildApp(opts: AppOptions): Promise<App> {
     const health = router.pool.health()
     const recovering = health.filter((h) => h !== 'exact').length
     const pending = router.pool.pendingMessages
-    const ready = recovering === 0 && !closing
-    return reply.code(ready ? 200 : 503).send({ ready, shards: health.length, recovering_shards: recovering, pending_event_messages: pending, workers: router.workers().length })
+    const conn = router.connected
+    const ready = recovering === 0 && !closing && conn.nats !== false && conn.etcd !== false
+    return reply.code(ready ? 200 : 503).send({ ready, shards: health.length, recovering_shards: recovering, pending_event_messages: pending, workers: router.workers().length, nats: conn.nats, etcd: conn.etcd })
   })
   fastify.get('/metrics', async (_req, reply) => {
     const text = await router.metrics.registry.metrics()
@@ -217,16 +218,18 @@ export async function buildApp(opts: AppOptions): Promise<App> {
   fastify.get('/v1/workers', async (_req, reply) => {
     const stats = router.scheduler.stats().slots
     const health = router.pool.health()
+    const cached = new Map<string, number>()
+    for (const t of await router.pool.treeSizes()) cached.set(`${t.worker_id}:${t.dp_rank}`, t.tree_size)
     const out = router.workers().map((w) => {
       const ranks = []
       for (let r = 0; r < w.dpRanks; r++) {
         const s = stats.find((x) => x.workerId === w.id && x.dpRank === r)
-        // cached blocks per worker-rank need a tree-size query on the shard pool (not exposed yet)
-        ranks.push({ dp_rank: r, cached_blocks: null, active_blocks: s?.activeBlocks ?? 0, prefill_tokens: s?.prefillTokens ?? 0, in_flight: s?.inFlight ?? 0 })
+        ranks.push({ dp_rank: r, cached_blocks: cached.get(`${w.id}:${r}`) ?? 0, active_blocks: s?.activeBlocks ?? 0, prefill_tokens: s?.prefillTokens ?? 0, in_flight: s?.inFlight ?? 0 })
       }
       return {
         id: w.id,
         url: w.url,
+        source: w.source,
         block_size: w.blockSize,
         capacity: w.capacity,
         device_type: w.device,

@@ -1,0 +1,125 @@
+// Process level, the distributed setup of DESIGN §4.3: `kv-router serve --nats-url --etcd-url`
+// against a real nats-server and etcd; simulated engines register in etcd under leases and
+// publish their KV events on NATS. A repeated prompt goes to the worker that holds its prefix;
+// a worker whose lease ends leaves routing and the index; losing NATS shows in /ready.
+import t from 'tap'
+import { spawn } from 'node:child_process'
+import { connect } from 'nats'
+import { Etcd3 } from 'etcd3'
+import { startEtcd, startNats } from '../helpers/services.js'
+import { waitUntil } from '../helpers/wait.js'
+import { SimEngine } from '../../src/sim-engine.js'
+import { encodeEnvelope, encodeRouterEvent } from '../../src/shared/events.js'
+import { cardsPrefix, instancesPrefix } from '../../src/etcd-discovery.js'
+import { kvEventSubjects } from '../../src/nats-intake.js'
+
+const cli = new URL('../../dist/src/cli.js', import.meta.url).pathname
+const BS = 16
+
+t.test('serve with NATS and etcd: discovery, routing by prefix, lease expiry, NATS loss', async (t) => {
+  const nats = await startNats()
+  t.teardown(() => nats.stop())
+  const etcd = await startEtcd()
+  t.teardown(() => etcd.stop())
+
+  // the router, as its own process
+  const p = spawn(process.execPath, [cli, 'serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-block-size', String(BS), '--tokenizer', 'bytes', '--router-event-threads', '1', '--nats-url', nats.url, '--etcd-url', etcd.url], { env: { PATH: process.env.PATH } })
+  let out = ''
+  let err = ''
+  p.stdout.on('data', (d: Buffer) => (out += d.toString()))
+  p.stderr.on('data', (d: Buffer) => (err += d.toString()))
+  const exited = new Promise<number | null>((r) => p.on('close', r))
+  t.teardown(async () => {
+    p.kill('SIGTERM')
+    await exited
+  })
+  await waitUntil(`router listening (${err})`, () => /listening on http:\/\/\S+/.test(out), 20_000)
+  const base = (/listening on (http:\/\/\S+)/.exec(out) as RegExpExecArray)[1] as string
+  const get = async (path: string): Promise<{ status: number; body: Record<string, unknown> }> => {
+    const r = await fetch(base + path)
+    return { status: r.status, body: (await r.json()) as Record<string, unknown> }
+  }
+
+  // two engines: events on NATS (one raw, one in the envelope), registration in etcd
+  const pub = await connect({ servers: nats.url, maxReconnectAttempts: -1, reconnectTimeWait: 100 })
+  t.teardown(() => pub.close())
+  const [subject] = kvEventSubjects('dynamo', 'backend') as [string]
+  const client = new Etcd3({ hosts: etcd.url })
+  t.teardown(() => client.close())
+  const enc = new TextEncoder()
+  const engines: SimEngine[] = []
+  const leases: { revoke: () => Promise<void> }[] = []
+  for (let i = 0; i < 2; i++) {
+    const lease = client.lease(30)
+    const id = BigInt(await lease.grant())
+    let seq = 0n
+    const e = new SimEngine({
+      workerId: id,
+      blockSize: BS,
+      ttftMs: 1,
+      itlMs: 1,
+      sink: (ev) => {
+        const body = i === 0 ? encodeRouterEvent(ev) : encodeEnvelope({ publisher_id: id, sequence: seq++, published_at: BigInt(Date.now()), payload: ev })
+        pub.publish(subject, enc.encode(body))
+      },
+    })
+    const url = await e.listen()
+    t.teardown(() => e.close())
+    await lease.put(`${instancesPrefix('dynamo', 'backend', 'generate')}${id.toString(16)}`).value(JSON.stringify({ http_url: url, device_type: 'cuda' }))
+    await lease.put(`${cardsPrefix('dynamo', 'backend', 'generate')}${id.toString(16)}`).value(JSON.stringify({ kv_cache_block_size: BS, runtime_config: { total_kv_blocks: 4096, max_num_batched_tokens: 8192 } }))
+    engines.push(e)
+    leases.push({ revoke: () => lease.revoke() })
+  }
+  await waitUntil('both workers discovered', async () => ((await get('/v1/workers')).body['workers'] as unknown[] | undefined)?.length === 2, 10_000)
+  const listed = (await get('/v1/workers')).body['workers'] as { id: string | number; source: string; url: string }[]
+  t.same(listed.map((w) => w.source), ['etcd', 'etcd'])
+  t.same((await get('/ready')).body['nats'], true)
+  t.same((await get('/ready')).body['etcd'], true)
+
+  // the same prompt twice: the second lands where the first left its blocks
+  const prompt = 'The quick brown fox jumps over the lazy dog while the router keeps score of every cached block it has seen.'
+  const ask = async (): Promise<{ worker: string; cached: number }> => {
+    const r = await fetch(base + '/v1/completions', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'm', prompt, max_tokens: 4 }) })
+    t.equal(r.status, 200)
+    // worker ids are etcd lease ids, above 2^53: read them from the text, not through a double
+    const text = await r.text()
+    const id = /"decode_worker_id":"?(\d+)/.exec(text)
+    const cached = /"cached_tokens":(\d+)/.exec(text)
+    return { worker: id?.[1] ?? '', cached: Number(cached?.[1] ?? -1) }
+  }
+  const first = await ask()
+  await waitUntil('the first request\'s blocks indexed', async () => {
+    const text = await (await fetch(base + '/v1/workers')).text()
+    const at = text.indexOf(`"id":${first.worker}`) >= 0 ? text.indexOf(`"id":${first.worker}`) : text.indexOf(`"id":"${first.worker}"`)
+    return at >= 0 && /"cached_blocks":[1-9]/.test(text.slice(at, text.indexOf('"ranks"', at) + 200))
+  }, 5000)
+  const second = await ask()
+  t.equal(second.worker, first.worker, 'routed to the worker that holds the prefix')
+  t.ok(second.cached > 0, `and it hit the cache (${second.cached} tokens)`)
+
+  // that worker's lease ends: it leaves routing and the index within 2 s
+  const idx = engines.findIndex((e) => String(e.workerId) === first.worker)
+  const t0 = Date.now()
+  await leases[idx]?.revoke()
+  await waitUntil('the worker is gone', async () => ((await get('/v1/workers')).body['workers'] as unknown[]).length === 1, 2000)
+  t.ok(Date.now() - t0 <= 2000, 'within 2 s')
+  const third = await ask()
+  t.not(third.worker, first.worker, 'requests go to the remaining worker')
+
+  // NATS goes away: not ready; it comes back: ready again, without a restart
+  await nats.kill()
+  await waitUntil('not ready without NATS', async () => (await get('/ready')).status === 503, 10_000)
+  t.equal((await get('/ready')).body['nats'], false)
+  await nats.start()
+  await waitUntil('ready again', async () => (await get('/ready')).status === 200, 15_000)
+  t.equal((await get('/ready')).body['nats'], true)
+})
+
+t.test('an unreachable etcd at start is one clear line and exit status 2', async (t) => {
+  const p = spawn(process.execPath, [cli, 'serve', '--http-port', '0', '--etcd-url', 'http://127.0.0.1:1'], { env: { PATH: process.env.PATH } })
+  let err = ''
+  p.stderr.on('data', (d: Buffer) => (err += d.toString()))
+  const code = await new Promise<number | null>((r) => p.on('close', r))
+  t.equal(code, 2)
+  t.match(err, /cannot reach etcd at http:\/\/127\.0\.0\.1:1/)
+})

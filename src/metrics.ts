@@ -106,6 +106,44 @@ export class RouterMetrics {
     shardCounter('kvrouter_shard_ring_full_total', 'Pushes that found the shard\'s ring full (queued, never dropped)', (c) => c.ringFull)
     shardCounter('kvrouter_shard_restarts_total', 'Shard thread restarts', (c) => c.restarts)
     shardCounter('kvrouter_shard_events_lost_total', 'Events lost with a dead shard thread', (c) => c.lost)
+    // NATS intake and etcd discovery, read at scrape time (absent series while not configured)
+    new Counter({
+      name: 'kvrouter_nats_total',
+      help: 'NATS intake: messages, bytes, disconnects, reconnects, slow-consumer episodes, errors',
+      labelNames: ['what'],
+      registers: [r],
+      collect() {
+        this.reset()
+        const n = router.nats
+        if (n === null) return
+        const c = n.counters
+        for (const [what, v] of [['messages', c.messages], ['bytes', c.bytes], ['metrics_messages', c.metricsMessages], ['metrics_malformed', c.metricsMalformed], ['disconnects', c.disconnects], ['reconnects', c.reconnects], ['slow_consumer', c.slowConsumer], ['errors', c.errors]] as const) this.inc({ what }, v)
+      },
+    })
+    new Gauge({
+      name: 'kvrouter_connected',
+      help: '1 while the configured NATS / etcd connection is up, 0 while it is down',
+      labelNames: ['service'],
+      registers: [r],
+      collect() {
+        this.reset()
+        const conn = router.connected
+        if (conn.nats !== null) this.set({ service: 'nats' }, conn.nats ? 1 : 0)
+        if (conn.etcd !== null) this.set({ service: 'etcd' }, conn.etcd ? 1 : 0)
+      },
+    })
+    new Counter({
+      name: 'kvrouter_etcd_total',
+      help: 'etcd discovery: puts, deletes, re-lists, disconnects, malformed records',
+      labelNames: ['what'],
+      registers: [r],
+      collect() {
+        this.reset()
+        const d = router.discovery
+        if (d === null) return
+        for (const [what, v] of Object.entries(d.counters)) this.inc({ what }, v)
+      },
+    })
     new Counter({
       name: 'kvrouter_shard_events_rejected_total',
       help: 'Events the index refused, by reason',

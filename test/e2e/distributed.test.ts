@@ -106,6 +106,11 @@ t.test('serve with NATS and etcd: discovery, routing by prefix, lease expiry, NA
   const third = await ask()
   t.not(third.worker, first.worker, 'requests go to the remaining worker')
 
+  const metrics = await (await fetch(base + '/metrics')).text()
+  t.match(metrics, /kvrouter_nats_total\{what="messages"\} [1-9]/, 'intake counted in /metrics')
+  t.match(metrics, /kvrouter_connected\{service="etcd"\} 1/)
+  t.match(metrics, /kvrouter_etcd_total\{what="deletes"\} [1-9]/)
+
   // NATS goes away: not ready; it comes back: ready again, without a restart
   await nats.kill()
   await waitUntil('not ready without NATS', async () => (await get('/ready')).status === 503, 10_000)

@@ -15,7 +15,7 @@ import type { RouterEvent, StoredBlock } from './shared/events.js'
 import { KvrError } from './shared/errors.js'
 import { u64FromParts } from './shared/u64.js'
 import { RouterMetrics } from './metrics.js'
-import { NatsIntake } from './nats-intake.js'
+import { NatsIntake, type WorkerLoad } from './nats-intake.js'
 import { EtcdDiscovery, type DiscoveredWorker } from './etcd-discovery.js'
 
 export interface WorkerInfo {
@@ -149,7 +149,11 @@ export class Router {
   private async connect(): Promise<void> {
     const c = this.config
     const [ns, component, endpoint] = c.endpoint !== null ? (c.endpoint.split('.') as [string, string, string]) : [c.namespace, c.component, 'generate']
-    if (c.natsUrl !== null) this.nats = await NatsIntake.start({ url: c.natsUrl, namespace: ns, component, pool: this.pool })
+    if (c.natsUrl !== null) {
+      this.nats = await NatsIntake.start({ url: c.natsUrl, namespace: ns, component, pool: this.pool })
+      // workers' own load (kv_metrics) feeds load shedding, as Dynamo's worker monitor does
+      this.nats.on('load', (l: WorkerLoad) => void this.scheduler.reportLoad(l.workerId, l.dpRank, l.activeBlocks, l.totalBlocks))
+    }
     if (c.etcdUrl !== null) {
       const d = await EtcdDiscovery.start({ url: c.etcdUrl, namespace: ns, component, endpoint })
       this.discovery = d

@@ -61,7 +61,8 @@ export class Eligibility {
     if (prefill > this.prefillAbs) return true
     if (prefill > this.prefillFrac * (this.workers.maxNumBatchedTokens[slot] as number)) return true
     const total = this.workers.totalKvBlocks[slot] as number
-    return total > 0 && (this.seqs.activeBlocks[slot] as number) / total > this.decodeFrac
+    const active = Math.max(this.seqs.activeBlocks[slot] as number, this.workers.reportedActiveBlocks[slot] as number)
+    return total > 0 && active / total > this.decodeFrac
   }
 
   /**

@@ -220,6 +220,20 @@ export class Scheduler {
 
   // ---- load shedding thresholds (GET/POST /busy_threshold) ----
 
+  /**
+   * A worker-rank's own load report (spec §2.4 `kv_metrics`): its active KV blocks, and its
+   * capacity when the registration did not give one. Load shedding (§4.7) uses the larger of
+   * this and the router's own booking count, so load from other routers counts too.
+   * False when the worker-rank is not registered.
+   */
+  reportLoad(workerId: bigint, dpRank: number, activeBlocks: number | null, totalBlocks: number | null): boolean {
+    const slot = this.workers.slotOf(workerId, dpRank)
+    if (slot < 0) return false
+    if (activeBlocks !== null && Number.isFinite(activeBlocks) && activeBlocks >= 0) this.workers.reportedActiveBlocks[slot] = activeBlocks
+    if (totalBlocks !== null && Number.isFinite(totalBlocks) && totalBlocks > 0 && this.workers.totalKvBlocks[slot] === 0) this.workers.totalKvBlocks[slot] = totalBlocks
+    return true
+  }
+
   busyThresholds(): BusyThresholds {
     return this.eligibility.thresholds
   }

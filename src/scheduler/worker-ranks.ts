@@ -32,6 +32,11 @@ export class WorkerRanks {
   device = new Uint8Array(8)
   maxNumBatchedTokens = new Float64Array(8)
   totalKvBlocks = new Float64Array(8)
+  /**
+   * The worker's own count of active KV blocks from its load metrics (spec §2.4 `kv_metrics`),
+   * or -1 when it has reported none; load shedding takes the larger of it and the router's own.
+   */
+  reportedActiveBlocks = new Float64Array(8).fill(-1)
   dpRank = new Uint32Array(8)
   /** Dense per-worker index (shared by all ranks of one worker_id), for "all ranks busy" checks. */
   workerIndex = new Int32Array(8)
@@ -76,6 +81,7 @@ export class WorkerRanks {
       this.byWorker.set(workerId, entry)
     }
     let slot = entry.ranks.get(dpRank)
+    const fresh = slot === undefined
     if (slot === undefined) {
       slot = this.freeSlots.pop() ?? this.slotCapacity++
       this.ensure(slot + 1)
@@ -90,6 +96,7 @@ export class WorkerRanks {
     this.device[slot] = info.device === 'cpu' ? DEVICE_CPU : DEVICE_GPU
     this.maxNumBatchedTokens[slot] = mnbt
     this.totalKvBlocks[slot] = kvBlocks
+    if (fresh) this.reportedActiveBlocks[slot] = -1
     this.version++
     return slot
   }
@@ -162,6 +169,9 @@ export class WorkerRanks {
     this.device = grow(this.device, cap)
     this.maxNumBatchedTokens = grow(this.maxNumBatchedTokens, cap)
     this.totalKvBlocks = grow(this.totalKvBlocks, cap)
+    const reported = this.reportedActiveBlocks.length
+    this.reportedActiveBlocks = grow(this.reportedActiveBlocks, cap)
+    this.reportedActiveBlocks.fill(-1, reported)
     this.dpRank = grow(this.dpRank, cap)
     this.workerIndex = grow(this.workerIndex, cap)
     this.liveSlots = grow(this.liveSlots, cap)

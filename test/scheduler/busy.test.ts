@@ -120,3 +120,16 @@ t.test('a request pinned to one rank of a busy worker is refused', async (t) => 
   t.throws(() => s.tryRoute({ id: 'y', isl: 1, workerId: 1n }), { code: 'KVR_ERR_ALL_WORKERS_BUSY' })
   t.equal(s.tryRoute({ id: 'z', isl: 1 })?.workerId, 2n)
 })
+
+t.test('a worker\'s own load report (kv_metrics) counts for the decode-blocks threshold', async (t) => {
+  const { s } = makeScheduler({ queueThreshold: null, activeDecodeBlocksThreshold: 0.5 }, 3, (i) => ({ totalKvBlocks: i === 2 ? 0 : 10 }))
+  const candidates = (): bigint[] | undefined => s.tryRoute({ isl: 1, updateStates: false, explain: true })?.candidates?.map((c) => c.workerId)
+  t.same(candidates(), [1n, 2n, 3n])
+  t.equal(s.reportLoad(1n, 0, 8, null), true, 'worker 1 reports 8 of 10 blocks active (load from elsewhere)')
+  t.same(candidates(), [2n, 3n], 'busy by its own report although this router booked nothing there')
+  t.equal(s.reportLoad(3n, 0, 90, 100), true, 'worker 3 reports its capacity along with its load')
+  t.same(candidates(), [2n])
+  t.equal(s.reportLoad(1n, 0, 2, null), true)
+  t.same(candidates(), [1n, 2n], 'a lower report clears it again')
+  t.equal(s.reportLoad(9n, 0, 1, 1), false, 'unknown worker')
+})

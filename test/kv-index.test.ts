@@ -225,3 +225,14 @@ t.test('many workers and blocks: tables grow and stay consistent', async (t) => 
   t.equal(ix.liveWorkers, 150)
   t.equal(ix.overlapScores([1n, 2n, 3n]).length, 150)
 })
+
+t.test('tree sizes carry the last event id applied per worker-rank', async (t) => {
+  const ix = new KvIndex()
+  const a = chain(1, null, [1, 2])
+  a.event.event_id = 2n ** 60n + 9n
+  apply(ix, a)
+  ix.ensureWorker(2, 0, 0)
+  const sizes = ix.treeSizes()
+  t.equal(sizes.find((s) => s.worker_id === 1n)?.last_event_id, 2n ** 60n + 9n)
+  t.equal(sizes.find((s) => s.worker_id === 2n)?.last_event_id, undefined, 'none before its first event')
+})

@@ -219,12 +219,16 @@ export async function buildApp(opts: AppOptions): Promise<App> {
     const stats = router.scheduler.stats().slots
     const health = router.pool.health()
     const cached = new Map<string, number>()
-    for (const t of await router.pool.treeSizes()) cached.set(`${t.worker_id}:${t.dp_rank}`, t.tree_size)
+    const lastEvent = new Map<string, bigint>()
+    for (const t of await router.pool.treeSizes()) {
+      cached.set(`${t.worker_id}:${t.dp_rank}`, t.tree_size)
+      if (t.last_event_id !== undefined) lastEvent.set(`${t.worker_id}:${t.dp_rank}`, t.last_event_id)
+    }
     const out = router.workers().map((w) => {
       const ranks = []
       for (let r = 0; r < w.dpRanks; r++) {
         const s = stats.find((x) => x.workerId === w.id && x.dpRank === r)
-        ranks.push({ dp_rank: r, cached_blocks: cached.get(`${w.id}:${r}`) ?? 0, active_blocks: s?.activeBlocks ?? 0, prefill_tokens: s?.prefillTokens ?? 0, in_flight: s?.inFlight ?? 0 })
+        ranks.push({ dp_rank: r, cached_blocks: cached.get(`${w.id}:${r}`) ?? 0, last_event_id: lastEvent.get(`${w.id}:${r}`) ?? null, active_blocks: s?.activeBlocks ?? 0, prefill_tokens: s?.prefillTokens ?? 0, in_flight: s?.inFlight ?? 0 })
       }
       return {
         id: w.id,

@@ -57,6 +57,8 @@ export interface OverlapScore {
   dp_rank: number
   overlap_blocks: number
   tree_size: number
+  /** treeSizes() only: the event id of the last event applied for this worker-rank, if any. */
+  last_event_id?: bigint
 }
 
 export const MAX_WORKER_RANKS = 0xfffe
@@ -149,6 +151,10 @@ export class KvIndex {
   /** Entries held per worker-rank: the tree size of spec §3.3 step 6. */
   private wSize = new Uint32Array(16)
   private wLive = new Uint8Array(16)
+  /** Last event id seen per worker-rank (halves), and whether one was seen. */
+  private wEvLo = new Uint32Array(16)
+  private wEvHi = new Uint32Array(16)
+  private wEvSeen = new Uint8Array(16)
   private wTable = new Int32Array(32).fill(NIL)
   private wHigh = 0
   private wFree: number[] = []
@@ -226,6 +232,7 @@ export class KvIndex {
     this.wRank[w] = rank
     this.wSize[w] = 0
     this.wLive[w] = 1
+    this.wEvSeen[w] = 0
     this.liveWorkers++
     if (this.liveWorkers * 2 > this.wTable.length) this.rebuildWorkerTable(this.wTable.length * 2)
     else this.insertWorkerKey(w)
@@ -253,6 +260,11 @@ export class KvIndex {
     const live = new Uint8Array(n)
     live.set(this.wLive)
     this.wLive = live
+    this.wEvLo = growU32(this.wEvLo, n)
+    this.wEvHi = growU32(this.wEvHi, n)
+    const seen = new Uint8Array(n)
+    seen.set(this.wEvSeen)
+    this.wEvSeen = seen
     this.seen = growU32(this.seen, n)
     this.depthOf = growU32(this.depthOf, n)
     this.mark = growU32(this.mark, n)
@@ -297,6 +309,9 @@ export class KvIndex {
   apply(ev: DecodedEvent): number {
     const w = this.ensureWorker(ev.workerLo, ev.workerHi, ev.dpRank)
     if (w === NIL) return this.reject(RejectReason.TooManyWorkers)
+    this.wEvLo[w] = ev.eventIdLo
+    this.wEvHi[w] = ev.eventIdHi
+    this.wEvSeen[w] = 1
     if (ev.tier !== 0) return this.reject(RejectReason.NonDeviceTier)
     if (ev.kind === EventKind.Stored) return this.applyStored(w, ev)
     if (ev.kind === EventKind.Removed) return this.applyRemoved(w, ev)
@@ -496,7 +511,9 @@ export class KvIndex {
     const out: OverlapScore[] = []
     for (let w = 0; w < this.wHigh; w++) {
       if (this.wLive[w] !== 1) continue
-      out.push({ worker_id: u64FromParts(this.wIdLo[w] as number, this.wIdHi[w] as number), dp_rank: this.wRank[w] as number, overlap_blocks: 0, tree_size: this.wSize[w] as number })
+      const ts: OverlapScore = { worker_id: u64FromParts(this.wIdLo[w] as number, this.wIdHi[w] as number), dp_rank: this.wRank[w] as number, overlap_blocks: 0, tree_size: this.wSize[w] as number }
+      if (this.wEvSeen[w] === 1) ts.last_event_id = u64FromParts(this.wEvLo[w] as number, this.wEvHi[w] as number)
+      out.push(ts)
     }
     return out
   }

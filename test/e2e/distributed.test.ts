@@ -93,6 +93,7 @@ t.test('serve with NATS and etcd: discovery, routing by prefix, lease expiry, NA
     const at = text.indexOf(`"id":${first.worker}`) >= 0 ? text.indexOf(`"id":${first.worker}`) : text.indexOf(`"id":"${first.worker}"`)
     return at >= 0 && /"cached_blocks":[1-9]/.test(text.slice(at, text.indexOf('"ranks"', at) + 200))
   }, 5000)
+  t.match(await (await fetch(base + '/v1/workers')).text(), /"last_event_id":[1-9]/, 'the last event id of a worker is shown')
   const second = await ask()
   t.equal(second.worker, first.worker, 'routed to the worker that holds the prefix')
   t.ok(second.cached > 0, `and it hit the cache (${second.cached} tokens)`)

@@ -34,23 +34,26 @@ export function checkRingCapacity(capacity: number): void {
   }
 }
 
-export class RingProducer {
-  private readonly words: Int32Array
-  private readonly bytes: Uint8Array
-  private readonly mask: number
-  private readonly maxFragment: number
+/** What both ends hold: views of the data and the control words. */
+abstract class RingEnd {
+  protected readonly words: Int32Array
+  protected readonly bytes: Uint8Array
+  protected readonly mask: number
 
   constructor(
-    private readonly ctrl: Int32Array,
-    private readonly at: RingCounters,
+    protected readonly ctrl: Int32Array,
+    protected readonly at: RingCounters,
     data: SharedArrayBuffer,
   ) {
     checkRingCapacity(data.byteLength)
     this.words = new Int32Array(data)
     this.bytes = new Uint8Array(data)
     this.mask = data.byteLength - 1
-    this.maxFragment = data.byteLength / 4 - 4
   }
+}
+
+export class RingProducer extends RingEnd {
+  private readonly maxFragment = (this.mask + 1) / 4 - 4
 
   get capacity(): number {
     return this.mask + 1
@@ -101,25 +104,10 @@ export class RingProducer {
   }
 }
 
-export class RingConsumer {
-  private readonly words: Int32Array
-  private readonly bytes: Uint8Array
-  private readonly mask: number
+export class RingConsumer extends RingEnd {
   private assembly = new Uint8Array(1024)
   private assembled = 0
-  private r: number
-
-  constructor(
-    private readonly ctrl: Int32Array,
-    private readonly at: RingCounters,
-    data: SharedArrayBuffer,
-  ) {
-    checkRingCapacity(data.byteLength)
-    this.words = new Int32Array(data)
-    this.bytes = new Uint8Array(data)
-    this.mask = data.byteLength - 1
-    this.r = Atomics.load(ctrl, at.read) >>> 0
-  }
+  private r = Atomics.load(this.ctrl, this.at.read) >>> 0
 
   /** True when no record is waiting. */
   empty(): boolean {

@@ -490,8 +490,8 @@ export class ShardPool extends EventEmitter {
     rec[1] = CONTROL_REMOVE_WORKER
     v.setUint32(4, u64Lo(workerId), true)
     v.setUint32(8, u64Hi(workerId), true)
-    this.pushTo(this.shards[this.shardOf(workerId)] as Shard, rec)
     const sh = this.shards[this.shardOf(workerId)] as Shard
+    this.pushTo(sh, rec)
     await this.control(sh, (api) => api.barrier(sh.enqueued))
   }
 

@@ -3,7 +3,7 @@
 // they decode bytes straight into a DecodedEvent (event-decoder.ts).
 import { DecodedEvent, EventDecoder, EventKind, StorageTier } from './event-decoder.js'
 import { KvrError } from './errors.js'
-import { isU64, u64FromParts, u64ToString } from './u64.js'
+import { isU64, u64FromParts } from './u64.js'
 
 export interface StoredBlock {
   block_hash: bigint
@@ -108,7 +108,6 @@ export function encodeEnvelope(env: EventEnvelope): string {
   return `{"publisher_id":${u64Text(env.publisher_id, 'publisher_id')},"sequence":${u64Text(env.sequence, 'sequence')},"published_at":${u64Text(env.published_at, 'published_at')},"payload":[${payload.join(',')}]}`
 }
 
-export { u64ToString }
 
 function setHalves(v: bigint, field: string): void {
   if (typeof v !== 'bigint' || !isU64(v)) throw new KvrError('KVR_ERR_EVENT_INVALID_NUMBER', `field "${field}" must be a u64`)

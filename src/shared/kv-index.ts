@@ -291,13 +291,6 @@ export class KvIndex {
   treeSize(w: number): number {
     return this.wSize[w] as number
   }
-  isWorkerLive(w: number): boolean {
-    return this.wLive[w] === 1
-  }
-  /** Upper bound of worker slots, for iteration with isWorkerLive. */
-  get workerSlots(): number {
-    return this.wHigh
-  }
 
   // ------------------------------------------------------------------------------------------
   // events

@@ -27,7 +27,3 @@ export function u64ToString(lo: number, hi: number): string {
   return u64FromParts(lo, hi).toString()
 }
 
-/** True when the value fits a JS number exactly (below 2^53). */
-export function u64IsSafe(hi: number): boolean {
-  return hi < 0x200000
-}

@@ -658,7 +658,11 @@ export async function startNats(opts: NatsOptions = {}): Promise<NatsServer> {
   const dataDir = await mkdtemp(join(tmpdir(), 'kvr-nats-'))
   liveTempDirs.add(dataDir)
   installExitHook()
-  const server = new NatsProcess(bin, dataDir, await getFreePort(), opts)
+  return startedOrStopped(new NatsProcess(bin, dataDir, await getFreePort(), opts))
+}
+
+/** Starts a server; one that fails to come up is stopped (and its data dir removed) first. */
+async function startedOrStopped<S extends { start(): Promise<void>; stop(): Promise<void> }>(server: S): Promise<S> {
   try {
     await server.start()
   } catch (err) {
@@ -769,12 +773,5 @@ export async function startEtcd(opts: EtcdOptions = {}): Promise<EtcdServer> {
   installExitHook()
   const [port, peerPort] = await getFreePorts(2)
   if (port === undefined || peerPort === undefined) throw new Error('could not allocate free ports')
-  const server = new EtcdProcess(bin, dataDir, port, peerPort, opts)
-  try {
-    await server.start()
-  } catch (err) {
-    await server.stop().catch(() => {})
-    throw err
-  }
-  return server
+  return startedOrStopped(new EtcdProcess(bin, dataDir, port, peerPort, opts))
 }

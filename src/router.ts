@@ -9,7 +9,7 @@ import { Scheduler } from './scheduler/scheduler.js'
 import type { RouteDecision, RouterConfigOverride } from './scheduler/scheduler.js'
 import type { ApproxSink } from './scheduler/approximate.js'
 import type { DeviceType } from './scheduler/worker-ranks.js'
-import { blockHashesInto, sequenceHashesInto } from './shared/hashing.js'
+import { promptHashesInto, sequenceHashesInto } from './shared/hashing.js'
 import { encodeRouterEvent } from './shared/events.js'
 import type { RouterEvent, StoredBlock } from './shared/events.js'
 import { KvrError } from './shared/errors.js'
@@ -283,7 +283,7 @@ export class Router {
       const tokens = input.tokens
       sc = this.takeScratch(Math.floor(tokens.length / bs))
       try {
-        n = blockHashesInto(tokens, bs, sc.lo, sc.hi)
+        n = promptHashesInto(tokens, bs, sc.lo, sc.hi, sc.sLo, sc.sHi)
       } catch (err) {
         this.giveScratch(sc)
         throw err
@@ -297,6 +297,7 @@ export class Router {
       sc.lo.set(lo.subarray(0, n))
       sc.hi.set(hi.subarray(0, n))
       isl = input.isl ?? n * bs
+      sequenceHashesInto(sc.lo, sc.hi, n, sc.sLo, sc.sHi)
     }
     try {
       const t1 = performance.now()
@@ -318,7 +319,6 @@ export class Router {
           if (trees !== undefined) trees[slot] = overlap.treeSize[i] as number
         }
       }
-      sequenceHashesInto(sc.lo, sc.hi, n, sc.sLo, sc.sHi)
       const t3 = performance.now()
       const update = input.updateStates !== false
       const id = update ? (input.id ?? this.newRequestId()) : input.id

@@ -16,7 +16,7 @@ import nodeEndpoint from 'comlink/dist/esm/node-adapter.mjs'
 import { RingProducer, checkRingCapacity } from './shared/ring.js'
 import {
   BoardLayout, C_APPLIED, C_BLOCKS, C_MALFORMED, C_MISPLACED, C_NODES, C_PROCESSED, C_QUERIES, C_RECEIVED, C_REJECTED, C_WORKERS, CTRL_WORDS, DOORBELL,
-  HEARTBEAT, PRODUCER_WAIT, Q_FLAGS, Q_N, Q_PENDING, QF_EARLY_EXIT, QRING_BASE, QRING_READ, QRING_SIZE, QRING_WRITE, RESULT_WORDS,
+  B_ANSWERS, B_MAIN_WAITING, HEARTBEAT, PRODUCER_WAIT, Q_FLAGS, Q_N, Q_PENDING, QF_EARLY_EXIT, QRING_BASE, QRING_READ, QRING_SIZE, QRING_WRITE, RESULT_WORDS,
   RING_READ, RING_WRITE, SLEEPING, STATE, MAX_SHARDS, CONTROL_BYTES, CONTROL_REMOVE_WORKER, ShardState, shardOf, type ShardInit,
 } from './shared/shard-protocol.js'
 import { REJECT_REASON_COUNT, REJECT_REASON_NAMES, type OverlapScore } from './shared/kv-index.js'
@@ -67,6 +67,12 @@ export interface QueryOptions {
   /** Wait until every event pushed before this query is applied. */
   readYourWrites?: boolean
   earlyExit?: boolean
+}
+
+interface Asked {
+  /** Board word of the slot's PENDING bits. */
+  at: number
+  resolve: () => void
 }
 
 export type ShardHealth = 'exact' | 'recovering'
@@ -152,6 +158,10 @@ export class ShardPool extends EventEmitter {
   private readonly b: Int32Array
   private readonly layout: BoardLayout
   private readonly freeSlots: number[] = []
+  /** Queries handed to the shards whose answers have not been collected yet. */
+  private readonly asked: Asked[] = []
+  private askScheduled = false
+  private awaitingAnswers = false
   private readonly slotWaiters: (() => void)[] = []
   private readonly slots: Slot[] = []
   private readonly scan = new WorkerIdScan()
@@ -390,26 +400,63 @@ export class ShardPool extends EventEmitter {
         const qw = Atomics.load(sh.ctrl, QRING_WRITE) >>> 0
         sh.ctrl[QRING_BASE + (qw & (QRING_SIZE - 1))] = slot
         Atomics.store(sh.ctrl, QRING_WRITE, (qw + 1) | 0)
-        this.ring(sh)
       }
-      await this.answered(base + Q_PENDING)
+      await new Promise<void>((resolve) => {
+        this.asked.push({ at: base + Q_PENDING, resolve })
+        if (!this.askScheduled) {
+          this.askScheduled = true
+          setImmediate(this.ask)
+        }
+      })
       return this.merge(slot, rec)
     } finally {
       this.releaseSlot(slot)
     }
   }
 
-  private async answered(at: number): Promise<void> {
-    const b = this.b
-    if (Atomics.load(b, at) === 0) return
-    // A futex wake costs tens of µs here, an answer usually a few: spin briefly first.
+  // Queries asked during one event-loop turn share a doorbell and a wake-up: under load a turn
+  // carries many requests, and a futex round trip per query costs more than the query itself.
+  private readonly ask = (): void => {
+    this.askScheduled = false
+    for (const sh of this.shards) this.ring(sh)
+    // an answer usually takes a few µs; a wake-up through the event loop tens
     const until = performance.now() + this.opts.querySpinUs / 1000
-    while (performance.now() < until) if (Atomics.load(b, at) === 0) return
-    for (;;) {
-      const v = Atomics.load(b, at)
-      if (v === 0) return
-      const r = Atomics.waitAsync(b, at, v, 1000)
-      if (r.async) await r.value
+    do {
+      if (this.settle() === 0) return
+    } while (performance.now() < until)
+    if (!this.awaitingAnswers) void this.awaitAnswers()
+  }
+
+  /** Resolves every answered query; returns how many are still owed. */
+  private settle(): number {
+    const b = this.b
+    const q = this.asked
+    let j = 0
+    for (let i = 0; i < q.length; i++) {
+      const a = q[i] as Asked
+      if (Atomics.load(b, a.at) === 0) a.resolve()
+      else q[j++] = a
+    }
+    q.length = j
+    return j
+  }
+
+  private async awaitAnswers(): Promise<void> {
+    const b = this.b
+    this.awaitingAnswers = true
+    Atomics.store(b, B_MAIN_WAITING, 1)
+    try {
+      for (;;) {
+        // read the count before checking, so an answer landing in between changes it and the
+        // wait returns at once instead of sleeping past it
+        const seen = Atomics.load(b, B_ANSWERS)
+        if (this.settle() === 0) return
+        const r = Atomics.waitAsync(b, B_ANSWERS, seen, 1000)
+        if (r.async) await r.value
+      }
+    } finally {
+      Atomics.store(b, B_MAIN_WAITING, 0)
+      this.awaitingAnswers = false
     }
   }
 
@@ -611,8 +658,10 @@ export class ShardPool extends EventEmitter {
       if ((before & bit) === 0) continue
       this.b[L.results(rec.index, shard)] = 0
       ;(rec.recovering ??= new Set()).add(shard)
-      if ((before & ~bit) === 0) Atomics.notify(this.b, at)
+      if ((before & ~bit) === 0) Atomics.add(this.b, B_ANSWERS, 1)
     }
+    Atomics.notify(this.b, B_ANSWERS)
+    this.settle()
   }
 
   /** Replaces a dead shard thread. Its index is gone, so it answers as recovering until rebuilt. */

@@ -19,7 +19,7 @@ import type { RouterEvent } from '../src/shared/events.js'
 import { RingConsumer } from '../src/shared/ring.js'
 import {
   BoardLayout, C_APPLIED, C_BLOCKS, C_CLEARED, C_MALFORMED, C_MISPLACED, C_NODES, C_PROCESSED, C_QUERIES, C_RECEIVED, C_REJECTED, C_REMOVED,
-  C_STORED, C_WORKERS, DOORBELL, HEARTBEAT, PRODUCER_WAIT, Q_FLAGS, Q_N, Q_PENDING, QF_EARLY_EXIT, QRING_BASE, QRING_READ, QRING_SIZE,
+  B_ANSWERS, B_MAIN_WAITING, C_STORED, C_WORKERS, DOORBELL, HEARTBEAT, PRODUCER_WAIT, Q_FLAGS, Q_N, Q_PENDING, QF_EARLY_EXIT, QRING_BASE, QRING_READ, QRING_SIZE,
   QRING_WRITE, RESULT_WORDS, RING_READ, CONTROL_BYTES, CONTROL_REMOVE_WORKER, RING_WRITE, SLEEPING, STATE, ShardState, shardOf, type ShardInit,
 } from '../src/shared/shard-protocol.js'
 
@@ -124,7 +124,10 @@ function answer(slot: number): void {
   queries++
   const bit = 1 << me
   const before = Atomics.and(board, base + Q_PENDING, ~bit)
-  if ((before & bit) !== 0 && (before & ~bit) === 0) Atomics.notify(board, base + Q_PENDING)
+  if ((before & bit) !== 0 && (before & ~bit) === 0) {
+    Atomics.add(board, B_ANSWERS, 1)
+    if (Atomics.load(board, B_MAIN_WAITING) !== 0) Atomics.notify(board, B_ANSWERS)
+  }
 }
 
 /** Answers waiting queries in order; stops at one whose read-your-writes barrier is not met. */

@@ -1,27 +1,28 @@
 // Dynamo-compatible block hashing (spec §1): XXH3-64 with seed 1337 over each complete block's
 // tokens as u32 little-endian, and the chained sequence hash over (previous, local) pairs.
-// The native xxh3 binding is called once per block; its bigint result is split into halves
-// through a shared BigUint64Array so the hot path does no bigint arithmetic.
-import { xxh3 } from '@node-rs/xxhash'
+// The hashing itself runs in WebAssembly (xxh3.ts), a prompt per call; u64 results travel as
+// u32 halves so the hot path does no bigint arithmetic.
 import { endianness } from 'node:os'
 import { KvrError } from './errors.js'
+import { chainHalves, hashBytesInto, hashTokenArea, tokenArea } from './xxh3.js'
 
 export const XXH3_SEED = 1337n
+const SEED_LO = 1337
+const SEED_HI = 0
 export const MAX_BLOCK_SIZE = 65536
 
 // Typed-array views give the host's byte order; the wire format is little-endian, and every
 // platform Node ships for (x86-64, arm64) is, so refuse to run rather than hash wrongly.
 if (endianness() !== 'LE') throw new Error('kv-router requires a little-endian host')
-const pair = new BigUint64Array(2)
-const pairWords = new Uint32Array(pair.buffer)
-const pairBytes = new Uint8Array(pair.buffer)
-
-let blockWords = new Uint32Array(64)
-let blockBytes = new Uint8Array(blockWords.buffer)
+const halves = new Uint32Array(2)
+const one = new BigUint64Array(halves.buffer)
 
 /** XXH3-64 of raw bytes with the given seed (1337 unless a salt applies). */
 export function xxh3_64(data: Uint8Array | string, seed: bigint = XXH3_SEED): bigint {
-  return xxh3.xxh64(data, seed)
+  const bytes = typeof data === 'string' ? Buffer.from(data, 'utf8') : data
+  const s = BigInt.asUintN(64, seed)
+  hashBytesInto(bytes, Number(s & 0xffffffffn), Number(s >> 32n), halves)
+  return one[0] as bigint
 }
 
 export function checkBlockSize(blockSize: number): void {
@@ -45,27 +46,33 @@ export function completeBlocks(tokenCount: number, blockSize: number): number {
  * the ignored partial block, so a bad prompt is refused whole. Returns the number of blocks.
  */
 export function blockHashesInto(tokens: ArrayLike<number>, blockSize: number, lo: Uint32Array, hi: Uint32Array): number {
+  return promptHashesInto(tokens, blockSize, lo, hi)
+}
+
+/**
+ * Local block hashes and, when sLo/sHi are given, the chained sequence hashes of the complete
+ * blocks in one pass. A Uint32Array holds valid token ids by construction and is copied as is;
+ * any other array is validated token by token, including the ignored partial block.
+ */
+export function promptHashesInto(tokens: ArrayLike<number>, blockSize: number, lo: Uint32Array, hi: Uint32Array, sLo?: Uint32Array, sHi?: Uint32Array): number {
   checkBlockSize(blockSize)
   const n = completeBlocks(tokens.length, blockSize)
-  for (let i = n * blockSize; i < tokens.length; i++) {
-    const t = tokens[i] as number
-    if (t >>> 0 !== t) throw tokenError(i, t)
-  }
-  if (blockWords.length !== blockSize) {
-    blockWords = new Uint32Array(blockSize)
-    blockBytes = new Uint8Array(blockWords.buffer)
-  }
-  const words = blockWords
-  for (let b = 0, base = 0; b < n; b++, base += blockSize) {
-    for (let j = 0; j < blockSize; j++) {
-      const t = tokens[base + j] as number
-      if (t >>> 0 !== t) throw tokenError(base + j, t)
-      words[j] = t
+  const words = n * blockSize
+  if (tokens instanceof Uint32Array) {
+    tokenArea(words, n).set(words === tokens.length ? tokens : tokens.subarray(0, words))
+  } else {
+    for (let i = words; i < tokens.length; i++) {
+      const t = tokens[i] as number
+      if (t >>> 0 !== t) throw tokenError(i, t)
     }
-    pair[0] = xxh3.xxh64(blockBytes, XXH3_SEED)
-    lo[b] = pairWords[0] as number
-    hi[b] = pairWords[1] as number
+    const area = tokenArea(words, n)
+    for (let i = 0; i < words; i++) {
+      const t = tokens[i] as number
+      if (t >>> 0 !== t) throw tokenError(i, t)
+      area[i] = t
+    }
   }
+  hashTokenArea(blockSize, n, SEED_LO, SEED_HI, lo, hi, sLo, sHi)
   return n
 }
 
@@ -81,19 +88,7 @@ export function computeBlockHashes(tokens: ArrayLike<number>, blockSize: number)
 
 /** Chained sequence hashes from local hashes given as halves; writes halves into outLo/outHi. */
 export function sequenceHashesInto(lo: Uint32Array, hi: Uint32Array, n: number, outLo: Uint32Array, outHi: Uint32Array): void {
-  if (n === 0) return
-  outLo[0] = lo[0] as number
-  outHi[0] = hi[0] as number
-  for (let i = 1; i < n; i++) {
-    // pair = LE64(previous sequence hash) ‖ LE64(local hash)
-    pairWords[0] = outLo[i - 1] as number
-    pairWords[1] = outHi[i - 1] as number
-    pairWords[2] = lo[i] as number
-    pairWords[3] = hi[i] as number
-    pair[0] = xxh3.xxh64(pairBytes, XXH3_SEED)
-    outLo[i] = pairWords[0] as number
-    outHi[i] = pairWords[1] as number
-  }
+  if (n > 0) chainHalves(lo, hi, n, SEED_LO, SEED_HI, outLo, outHi)
 }
 
 /** Chained sequence hashes (spec §1.3) of a list of local block hashes. */

@@ -34,6 +34,11 @@
 // One atomic op both marks a shard done and counts it, so a shard dying at any instant leaves
 // no ambiguity; the bitmask is why a pool has at most MAX_SHARDS shards.
 //   answered ──main merges──▶ free
+//
+// Ahead of the slots, two board-wide words: ANSWERS counts finished queries (bumped by whoever
+// clears a slot's last bit) and MAIN_WAITING says the main thread sleeps on ANSWERS. The main
+// thread collects the queries of one event-loop turn, rings each shard once, and wakes once for
+// however many answers have landed, instead of a futex round trip per query.
 
 export const RING_WRITE = 0
 export const RING_READ = 1
@@ -67,6 +72,9 @@ export const ShardState = { Starting: 0, Running: 1, Stopping: 2, Stopped: 3 } a
 export type ShardState = (typeof ShardState)[keyof typeof ShardState]
 
 // query slot header
+export const B_ANSWERS = 0
+export const B_MAIN_WAITING = 1
+export const BOARD_HEADER_WORDS = 16
 export const Q_N = 0
 export const Q_PENDING = 1
 export const Q_FLAGS = 2
@@ -96,23 +104,23 @@ export class BoardLayout {
     this.headerWords = Q_SHARD_BASE + g.shards * Q_PER_SHARD
     this.resultWords = 1 + g.maxResults * RESULT_WORDS
     this.slotWords = this.headerWords + 2 * g.maxBlocks + g.shards * this.resultWords
-    this.totalWords = g.slots * this.slotWords
+    this.totalWords = BOARD_HEADER_WORDS + g.slots * this.slotWords
   }
 
   slot(s: number): number {
-    return s * this.slotWords
+    return BOARD_HEADER_WORDS + s * this.slotWords
   }
   barrier(s: number, shard: number): number {
-    return s * this.slotWords + Q_SHARD_BASE + shard * Q_PER_SHARD
+    return this.slot(s) + Q_SHARD_BASE + shard * Q_PER_SHARD
   }
   lo(s: number): number {
-    return s * this.slotWords + this.headerWords
+    return this.slot(s) + this.headerWords
   }
   hi(s: number): number {
-    return s * this.slotWords + this.headerWords + this.g.maxBlocks
+    return this.slot(s) + this.headerWords + this.g.maxBlocks
   }
   results(s: number, shard: number): number {
-    return s * this.slotWords + this.headerWords + 2 * this.g.maxBlocks + shard * this.resultWords
+    return this.slot(s) + this.headerWords + 2 * this.g.maxBlocks + shard * this.resultWords
   }
 }
 

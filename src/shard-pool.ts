@@ -43,7 +43,7 @@ export interface ShardPoolOptions {
   heartbeatMs?: number
   /** A shard whose heartbeat has not moved for this long is restarted; default 5000 ms. */
   stallMs?: number
-  /** How long an idle shard spins before it sleeps; default 200 µs. */
+  /** How long an idle shard spins before it sleeps; default 200 µs when a core is spare beyond the event loop and the shards, else 0. */
   shardSpinUs?: number
   /** How long a query spins on the event loop for its answer before it awaits; default 30 µs. */
   querySpinUs?: number
@@ -174,8 +174,10 @@ export class ShardPool extends EventEmitter {
 
   private constructor(options: ShardPoolOptions) {
     super()
+    const cores = availableParallelism()
+    const shards = positive('shards', options.shards, Math.min(MAX_SHARDS, Math.max(1, cores - 1)), MAX_SHARDS)
     const o: Required<ShardPoolOptions> = {
-      shards: positive('shards', options.shards, Math.min(MAX_SHARDS, Math.max(1, availableParallelism() - 1)), MAX_SHARDS),
+      shards,
       ringBytes: options.ringBytes ?? 4 * 1024 * 1024,
       querySlots: positive('querySlots', options.querySlots, 64, QRING_SIZE),
       maxQueryBlocks: positive('maxQueryBlocks', options.maxQueryBlocks, 16384, 1 << 20),
@@ -183,7 +185,9 @@ export class ShardPool extends EventEmitter {
       maxBlocksPerShard: positive('maxBlocksPerShard', options.maxBlocksPerShard, 60_000_000, 67_000_000),
       heartbeatMs: positive('heartbeatMs', options.heartbeatMs, 100, 60_000),
       stallMs: positive('stallMs', options.stallMs, 5000, 3_600_000),
-      shardSpinUs: options.shardSpinUs ?? 200,
+      // Spinning only pays with a core to spare beyond the event loop and the shards; without
+      // one, a spinning shard takes the CPU the event loop needs to feed it.
+      shardSpinUs: options.shardSpinUs ?? (cores > shards + 1 ? 200 : 0),
       querySpinUs: options.querySpinUs ?? 30,
     }
     try {

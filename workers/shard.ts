@@ -66,6 +66,8 @@ function onControl(bytes: Uint8Array): void {
 }
 
 function onMessage(bytes: Uint8Array): void {
+  // a query never waits behind a whole batch of small events: two atomic loads per message
+  if (queriesWaiting()) serveQueries()
   if (bytes[0] === 0) {
     onControl(bytes)
     return

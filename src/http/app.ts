@@ -18,7 +18,7 @@ import type { RouterConfigOverride } from '../scheduler/scheduler.js'
 import type { Candidate } from '../scheduler/selector.js'
 import type { DeviceType } from '../scheduler/worker-ranks.js'
 import { KvrError } from '../shared/errors.js'
-import { parseRouterEvent } from '../shared/events.js'
+import { encodeRouterEvent, parseRouterEvent } from '../shared/events.js'
 import { blockHashesInto } from '../shared/hashing.js'
 import { u64ToString } from '../shared/u64.js'
 import { chatPromptText } from '../tokenizer.js'
@@ -246,6 +246,21 @@ export async function buildApp(opts: AppOptions): Promise<App> {
       }
     })
     return reply.header('content-type', 'application/json').send(serializeJson({ workers: out }))
+  })
+  // The index itself, as the Stored events that rebuild it (parents first), for inspection and
+  // for checking it against the engines' own caches. Optionally one worker's part only.
+  fastify.get('/v1/kv/dump', async (req, reply) => {
+    const q = req.query as { worker_id?: string }
+    const only = q.worker_id === undefined ? undefined : readU64(q.worker_id, 'worker_id')
+    const events = await router.pool.dump()
+    let s = '{"events":['
+    let first = true
+    for (const ev of events) {
+      if (only !== undefined && ev.worker_id !== only) continue
+      s += (first ? '' : ',') + encodeRouterEvent(ev)
+      first = false
+    }
+    return reply.header('content-type', 'application/json').send(s + ']}')
   })
   fastify.post('/v1/workers', { schema: { body: workerSchema } }, async (req, reply) => {
     const b = req.body as Record<string, unknown>

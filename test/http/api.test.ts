@@ -144,3 +144,27 @@ t.test('approximate mode (--no-router-kv-events): decisions become the index', a
   const again = await a.app.fastify.inject({ method: 'POST', url: '/v1/route', headers: json, payload: JSON.stringify({ token_ids: prompt }) })
   t.match(again.body, new RegExp(`^\\{"worker_id":${chosen},"dp_rank":0,"overlap_blocks":5,`), 'the predicted prefix is found where it was routed')
 })
+
+t.test('kv dump: the index as Stored events, whole or for one worker, u64 exact', async (t) => {
+  const prompt = tokens(12, 300)
+  const local = computeBlockHashes(prompt, 4)
+  const seq = computeSequenceHashes(local)
+  const blocks = [0, 1, 2].map((i) => ({ block_hash: seq[i] as bigint, tokens_hash: local[i] as bigint }))
+  const other = 77n
+  await post('/v1/workers', { id: String(other), url: 'http://127.0.0.1:12' })
+  const evs = [BIG, other].map((w) => encodeRouterEvent({ worker_id: w, event: { event_id: 9n, dp_rank: 0, data: { stored: { parent_hash: null, blocks: w === BIG ? blocks : blocks.slice(0, 1) } } } }))
+  t.equal((await post('/v1/kv-events', `[${evs.join(',')}]`)).statusCode, 202)
+  await h.router.pool.flush()
+  const all = await h.app.fastify.inject({ method: 'GET', url: '/v1/kv/dump' })
+  t.equal(all.statusCode, 200)
+  for (const b of blocks) t.match(all.body, `"block_hash":${b.block_hash}`, 'hashes above 2^53 are exact')
+  const mine = await h.app.fastify.inject({ method: 'GET', url: `/v1/kv/dump?worker_id=${other}` })
+  const parsed = JSON.parse(mine.body) as { events: { worker_id: number }[] }
+  t.ok(parsed.events.length >= 1)
+  t.ok(parsed.events.every((e) => e.worker_id === Number(other)), 'only the asked worker')
+  t.notMatch(mine.body, `"block_hash":${seq[2]}`, 'the other worker\'s deeper blocks are not in it')
+  const bad = await h.app.fastify.inject({ method: 'GET', url: '/v1/kv/dump?worker_id=-3' })
+  t.equal(bad.statusCode, 400)
+  t.match(bad.body, 'KVR_ERR_')
+  await h.app.fastify.inject({ method: 'DELETE', url: `/v1/workers/${other}` })
+})

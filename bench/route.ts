@@ -319,7 +319,8 @@ async function benchProxy(): Promise<object> {
   const cli = join(repoRoot(), 'dist', 'src', 'cli.js')
   const { p: router, m } = await child([cli, 'serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-block-size', String(HTTP_BLOCK), '--router-event-threads', '1', '--router-queue-threshold', 'none'], /listening on (http:\/\/\S+)/)
   const base = m[1] as string
-  const { p: mocker, m: mm } = await child([cli, 'mocker', '--router-url', base, '--num-workers', '1', '--block-size', String(HTTP_BLOCK), '--ttft-ms', '0', '--itl-ms', '0', '--capacity', '65536'], /registered with \S+: (\S+)/)
+  // --speedup-ratio 0: the engine takes no simulated time, so the difference is the proxy's
+  const { p: mocker, m: mm } = await child([cli, 'mocker', '--router-url', base, '--num-workers', '1', '--block-size', String(HTTP_BLOCK), '--speedup-ratio', '0', '--num-gpu-blocks-override', '65536'], /kv-router mocker: ready \d+ engine\(s\) (\S+)/)
   const direct = mm[1] as string
   const bodies = httpPrompts()
     .slice(0, 16)

@@ -1,14 +1,14 @@
 #!/usr/bin/env node
-// The `kv-router` executable: `serve` (the router) and a minimal `mocker` (simulated engines
-// that POST their KV events to a router; the full mocker is a later issue). Invalid options exit
-// with status 2 and one line naming the option and what it accepts.
+// The `kv-router` executable: `serve` (the router), `mocker` (simulated engines, src/mocker/)
+// and `replay`. Invalid options exit with status 2 and one line naming the option and what it
+// accepts.
 import { readFileSync } from 'node:fs'
 import { ConfigError, parseServeConfig, serveHelp } from './config.js'
 import type { ServeConfig } from './config.js'
 import { buildApp } from './http/app.js'
 import type { App } from './http/app.js'
 import { Router } from './router.js'
-import { SimEngine, startFleet } from './sim-engine.js'
+import { MockerFleet } from './mocker/fleet.js'
 import { loadTokenizer } from './tokenizer.js'
 import type { TextTokenizer } from './tokenizer.js'
 import { isKvrError } from './shared/errors.js'
@@ -22,7 +22,7 @@ usage: kv-router <command> [options]
 
 commands:
   serve     run the router (kv-router serve --help for its options)
-  mocker    run simulated engines that register with a router and post their KV events
+  mocker    run simulated vLLM-like engines (kv-router mocker --help for its options)
   replay    replay a Mooncake trace against a router (not available yet: issue #7)
 
 options:
@@ -65,9 +65,15 @@ async function serve(argv: string[]): Promise<void> {
     await router.close()
     throw err
   }
-  const fleet: SimEngine[] =
-    cfg.embeddedFleet > 0 ? await startFleet(cfg.embeddedFleet, cfg.blockSize, (ev) => router.ingestEvent(ev), { capacity: 16384 }) : []
-  for (const e of fleet) await router.addWorker({ id: e.workerId, url: e.url, capacity: e.capacity })
+  // The embedded fleet (`npm start`): mocker engines in this process, their KV events handed
+  // straight to the shards. Sped up 10×, so a short demo request answers in milliseconds while
+  // the timing model still orders prefill and decode costs as a real engine would.
+  const embedded =
+    cfg.embeddedFleet > 0
+      ? await MockerFleet.start({ numWorkers: cfg.embeddedFleet, firstWorkerId: 1n, blockSize: cfg.blockSize, numGpuBlocks: 16384, speedupRatio: 10, modelName: cfg.modelName, onEvent: (ev) => router.ingestEvent(ev) })
+      : null
+  const fleet = embedded?.workers ?? []
+  for (const e of fleet) await router.addWorker({ id: e.workerId, url: e.url, capacity: e.capacity, maxNumBatchedTokens: e.engine.config.maxNumBatchedTokens })
   try {
     await app.fastify.listen({ host: cfg.httpHost, port: cfg.httpPort })
   } catch (err) {
@@ -85,7 +91,7 @@ async function serve(argv: string[]): Promise<void> {
     process.stdout.write(`kv-router: ${signal}: draining ${app.proxy.inFlight} in-flight request(s)\n`)
     void (async () => {
       const drained = await app.shutdown(cfg.shutdownTimeoutSecs * 1000)
-      for (const e of fleet) await e.close()
+      await embedded?.close()
       await router.close()
       await tokenizer?.close()
       process.stdout.write(`kv-router: stopped${drained ? '' : ' (drain timed out)'}\n`)

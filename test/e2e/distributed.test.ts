@@ -1,6 +1,7 @@
 // Process level, the distributed setup of DESIGN §4.3: `kv-router serve --nats-url --etcd-url`
 // against a real nats-server and etcd; simulated engines register in etcd under leases and
-// publish their KV events on NATS. A repeated prompt goes to the worker that holds its prefix;
+// publish their KV events on NATS (one through the mocker's own NATS and etcd mode, one with its
+// events wrapped in the event-plane envelope and a lease taken by the test). A repeated prompt goes to the worker that holds its prefix;
 // a worker whose lease ends leaves routing and the index; losing NATS shows in /ready.
 import t from 'tap'
 import { spawn } from 'node:child_process'
@@ -8,7 +9,7 @@ import { connect } from 'nats'
 import { Etcd3 } from 'etcd3'
 import { startEtcd, startNats } from '../helpers/services.js'
 import { waitUntil } from '../helpers/wait.js'
-import { SimEngine } from '../../src/sim-engine.js'
+import { MockerFleet, type MockerWorker } from '../../src/mocker/fleet.js'
 import { encodeEnvelope, encodeRouterEvent } from '../../src/shared/events.js'
 import { cardsPrefix, instancesPrefix } from '../../src/etcd-discovery.js'
 import { kvEventSubjects } from '../../src/nats-intake.js'
@@ -47,25 +48,32 @@ t.test('serve with NATS and etcd: discovery, routing by prefix, lease expiry, NA
   const client = new Etcd3({ hosts: etcd.url })
   t.teardown(() => client.close())
   const enc = new TextEncoder()
-  const engines: SimEngine[] = []
+  const engines: MockerWorker[] = []
   const leases: { revoke: () => Promise<void> }[] = []
-  for (let i = 0; i < 2; i++) {
+  // engine 0: the mocker's distributed mode (its own lease, raw events on NATS, kv_metrics)
+  const own = await MockerFleet.start({ blockSize: BS, speedupRatio: 20, numGpuBlocks: 4096, natsUrl: nats.url, etcdUrl: etcd.url })
+  t.teardown(() => own.close())
+  const w0 = own.workers[0] as MockerWorker
+  engines.push(w0)
+  leases.push({ revoke: async () => w0.lease?.revoke() })
+  // engine 1: enveloped events, registered by hand under a lease of the test's
+  {
     const lease = client.lease(30)
     const id = BigInt(await lease.grant())
+    // a lease left to its keep-alives after the client closes keeps the test process alive
+    t.teardown(() => lease.revoke().catch(() => undefined))
     let seq = 0n
-    const e = new SimEngine({
-      workerId: id,
+    const f = await MockerFleet.start({
+      firstWorkerId: id,
       blockSize: BS,
-      ttftMs: 1,
-      itlMs: 1,
-      sink: (ev) => {
-        const body = i === 0 ? encodeRouterEvent(ev) : encodeEnvelope({ publisher_id: id, sequence: seq++, published_at: BigInt(Date.now()), payload: ev })
-        pub.publish(subject, enc.encode(body))
+      speedupRatio: 20,
+      onEvent: (ev) => {
+        pub.publish(subject, enc.encode(encodeEnvelope({ publisher_id: id, sequence: seq++, published_at: BigInt(Date.now()), payload: ev })))
       },
     })
-    const url = await e.listen()
-    t.teardown(() => e.close())
-    await lease.put(`${instancesPrefix('dynamo', 'backend', 'generate')}${id.toString(16)}`).value(JSON.stringify({ http_url: url, device_type: 'cuda' }))
+    t.teardown(() => f.close())
+    const e = f.workers[0] as MockerWorker
+    await lease.put(`${instancesPrefix('dynamo', 'backend', 'generate')}${id.toString(16)}`).value(JSON.stringify({ http_url: e.url, device_type: 'cuda' }))
     await lease.put(`${cardsPrefix('dynamo', 'backend', 'generate')}${id.toString(16)}`).value(JSON.stringify({ kv_cache_block_size: BS, runtime_config: { total_kv_blocks: 4096, max_num_batched_tokens: 8192 } }))
     engines.push(e)
     leases.push({ revoke: () => lease.revoke() })

@@ -1,19 +1,20 @@
 // The embedded default in one process: the router with a fleet of simulated engines whose KV
 // events go straight to the shard pool (what `npm start` runs), and one engine that posts its
-// events over HTTP instead (what `kv-router mocker` does).
+// events over HTTP instead (what `kv-router mocker --router-url` does).
 import t from 'tap'
 import type { AddressInfo } from 'node:net'
-import { SimEngine, startFleet } from '../../src/sim-engine.js'
+import { MockerFleet, type MockerWorker } from '../../src/mocker/fleet.js'
 import { BytesTokenizer } from '../../src/tokenizer.js'
 import { harness, until } from '../http/helpers.js'
 
 const h = await harness(['--router-block-size', '8'], new BytesTokenizer())
-const fleet = await startFleet(4, 8, (ev) => h.router.ingestEvent(ev), { ttftMs: 1, itlMs: 1 })
+const mocker = await MockerFleet.start({ numWorkers: 4, firstWorkerId: 1n, blockSize: 8, speedupRatio: 20, onEvent: (ev) => h.router.ingestEvent(ev) })
+const fleet = mocker.workers
 for (const e of fleet) await h.router.addWorker({ id: e.workerId, url: e.url, capacity: e.capacity })
 await h.app.fastify.listen({ host: '127.0.0.1', port: 0 })
 const base = `http://127.0.0.1:${(h.app.fastify.server.address() as AddressInfo).port}`
 t.teardown(async () => {
-  for (const e of fleet) await e.close()
+  await mocker.close()
   await h.close()
 })
 
@@ -46,23 +47,26 @@ t.test('a repeated prompt goes to the worker that cached it, and hits', async (t
 })
 
 t.test('streaming with usage; the engine answers 404 and 400 itself', async (t) => {
-  const r = await fetch(`${base}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ messages: [{ role: 'user', content: 'hi' }], max_tokens: 2, stream: true, stream_options: { include_usage: true } }) })
+  // the usage chunk comes whether or not stream_options asks for it
+  const r = await fetch(`${base}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ messages: [{ role: 'user', content: 'hi' }], max_tokens: 2, stream: true }) })
   const text = await r.text()
   t.match(text, '"role":"assistant"')
   t.match(text, '"usage":{"prompt_tokens"')
   t.match(text, 'data: [DONE]')
-  const e = fleet[0] as SimEngine
+  const e = fleet[0] as MockerWorker
   t.equal((await fetch(`${e.url}/nothing`, { method: 'POST' })).status, 404)
   t.equal((await fetch(`${e.url}/v1/completions`, { method: 'POST', body: '{bad' })).status, 400)
   t.equal((await fetch(`${e.url}/health`)).status, 200)
-  t.match(await (await fetch(`${e.url}/v1/models`)).text(), '"id":"sim"')
+  t.match(await (await fetch(`${e.url}/v1/models`)).text(), '"id":"kv-router-model"')
   t.ok(e.requestsServed > 0)
 })
 
 t.test('an engine posting its events over HTTP', async (t) => {
-  const remote = new SimEngine({ workerId: 77n, blockSize: 8, routerUrl: base, ttftMs: 0, itlMs: 0 })
-  await remote.listen()
-  await h.router.addWorker({ id: 77n, url: remote.url })
+  // registers itself through POST /v1/workers, as `kv-router mocker --router-url` does
+  const remoteFleet = await MockerFleet.start({ firstWorkerId: 77n, blockSize: 8, speedupRatio: 0, routerUrl: base })
+  const remote = remoteFleet.workers[0] as MockerWorker
+  t.equal(h.router.worker(77n)?.url, remote.url)
+  t.equal(h.router.worker(77n)?.capacity, 16384)
   const prompt = 'a prompt for the remote engine only, long enough for several blocks'
   const a = await complete({ prompt, max_tokens: 1, nvext: { backend_instance_id: 77 } })
   t.equal(a.nvext.worker_id.decode_worker_id, 77)
@@ -75,7 +79,8 @@ t.test('an engine posting its events over HTTP', async (t) => {
   t.equal(me?.url, remote.url)
   t.equal(me?.health, 'ok')
   t.equal(me?.ranks[0]?.in_flight, 0)
-  await h.router.removeWorker(77n)
-  await remote.close()
+  // closing the fleet unregisters it (DELETE /v1/workers/77)
+  await remoteFleet.close()
   await until(() => h.router.workers().length === 4)
+  t.equal(h.router.worker(77n), undefined)
 })

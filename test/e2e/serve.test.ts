@@ -35,7 +35,7 @@ function start(args: string[], ready: RegExp): Promise<{ p: ChildProcessWithoutN
 
 const router = await start(['serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-block-size', '16', '--tokenizer', 'bytes', '--api-key', KEY, '--router-event-threads', '1', '--model-name', 'sim-model', '--shutdown-timeout-secs', '10'], /listening on (http:\/\/[^ ]+)/)
 const base = router.match[1] as string
-const mocker = await start(['mocker', '--router-url', base, '--num-workers', '2', '--block-size', '16', '--api-key', KEY, '--itl-ms', '20', '--ttft-ms', '5'], /registered/)
+const mocker = await start(['mocker', '--router-url', base, '--num-workers', '2', '--block-size', '16', '--api-key', KEY], /kv-router mocker: ready 2 engine\(s\) http:\/\/\S+ http:\/\/\S+\n/)
 t.teardown(async () => {
   mocker.p.kill('SIGTERM')
   router.p.kill('SIGKILL')
@@ -82,7 +82,7 @@ t.test('chat: unary and streaming', async (t) => {
     n++
     text += chunk.choices[0]?.delta?.content ?? ''
   }
-  t.equal(n, 4)
+  t.equal(n, 5, 'four tokens, then the usage chunk')
   t.equal(text, 'the cache is warm')
   t.ok(worker !== undefined, 'the first chunk carries nvext.worker_id')
   const cs = await client.completions.create({ model: 'sim-model', prompt: 'streamed completion prompt', max_tokens: 3, stream: true })
@@ -112,7 +112,7 @@ t.test('SIGTERM drains the in-flight stream, then the router exits 0', async (t)
     if (r.done === true) break
     n++
   }
-  t.equal(n, 15, 'every token of the in-flight stream arrived')
+  t.equal(n, 16, 'every token of the in-flight stream arrived (and the usage chunk)')
   t.equal(await router.exit, 0)
   t.match(router.out(), /SIGTERM: draining 1 in-flight request/)
   t.match(router.out(), /stopped\n/)

@@ -1,11 +1,11 @@
 // Route-decision benchmark (npm run bench:route): selection plus booking, given overlaps, at
 // 8, 64 and 512 worker-ranks, and queue push/pop throughput at 10,000 waiting requests; then
-// the HTTP part (bars of issue #5), measured side by side in one run with autocannon from this
-// process against a server child process (`route.js --serve`):
+// the HTTP part (bars of issue #5), measured side by side in one run:
 //   - POST /v1/route with 4,096-token JSON prompts and 16 workers vs a bare fastify route that
-//     takes the same bodies as a raw buffer and answers a constant (same autocannon settings);
+//     takes the same bodies as a raw buffer and answers a constant (autocannon from this
+//     process, same settings, against a server child process `route.js --serve`);
 //   - proxy overhead: streaming completions through `kv-router serve` vs straight to the
-//     simulated engine (`kv-router mocker`), 200 concurrent streams, p99 difference.
+//     upstreams, 200 concurrent streams, p99 difference (bench/proxy.ts).
 //
 // Each decision is timed alone with process.hrtime.bigint() over a steady state: a fixed
 // population of booked requests (prompts sharing a few system prefixes, so active blocks are
@@ -20,6 +20,7 @@ import { spawn } from 'node:child_process'
 import type { ChildProcess } from 'node:child_process'
 import type { AddressInfo } from 'node:net'
 import autocannon from 'autocannon'
+import { benchProxy, printProxy } from './proxy.js'
 import Fastify from 'fastify'
 import { parseServeConfig } from '../src/config.js'
 import type { ServeConfig } from '../src/config.js'
@@ -221,9 +222,6 @@ const HTTP_TOKENS = 4096
 const HTTP_WORKERS = 16
 const HTTP_SECS = Number(process.env.BENCH_HTTP_SECS ?? 10)
 const HTTP_CONNECTIONS = 64
-const STREAMS = 200
-/** Paced below saturation so the p99 difference is the proxy's overhead, not queueing. */
-const STREAM_RATE = Number(process.env.BENCH_STREAM_RATE ?? 500)
 
 /** 64 prompts of 4,096 tokens: 8 shared system prefixes of 1,024 tokens + unique tails. */
 function httpPrompts(): number[][] {
@@ -315,31 +313,6 @@ async function benchHttpRoute(): Promise<object> {
   return { connections: HTTP_CONNECTIONS, seconds: HTTP_SECS, tokens: HTTP_TOKENS, blockSize: HTTP_BLOCK, workers: HTTP_WORKERS, rounds, ratios: best, ratioMedian: median(best) }
 }
 
-async function benchProxy(): Promise<object> {
-  const cli = join(repoRoot(), 'dist', 'src', 'cli.js')
-  const { p: router, m } = await child([cli, 'serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-block-size', String(HTTP_BLOCK), '--router-event-threads', '1', '--router-queue-threshold', 'none'], /listening on (http:\/\/\S+)/)
-  const base = m[1] as string
-  // --speedup-ratio 0: the engine takes no simulated time, so the difference is the proxy's
-  const { p: mocker, m: mm } = await child([cli, 'mocker', '--router-url', base, '--num-workers', '1', '--block-size', String(HTTP_BLOCK), '--speedup-ratio', '0', '--num-gpu-blocks-override', '65536'], /kv-router mocker: ready \d+ engine\(s\) (\S+)/)
-  const direct = mm[1] as string
-  const bodies = httpPrompts()
-    .slice(0, 16)
-    .map((tokens) => ({ body: JSON.stringify({ model: 'sim', prompt: tokens.slice(0, 1024), max_tokens: 4, stream: true }) }))
-  const rounds: { direct: LoadResult; router: LoadResult; p99OverheadMs: number }[] = []
-  try {
-    await load(`${base}/v1/completions`, bodies, STREAMS, STREAM_RATE)
-    for (let i = 0; i < 2; i++) {
-      const d = await load(`${direct}/v1/completions`, bodies, STREAMS, STREAM_RATE)
-      const r = await load(`${base}/v1/completions`, bodies, STREAMS, STREAM_RATE)
-      rounds.push({ direct: d, router: r, p99OverheadMs: r.p99Ms - d.p99Ms })
-    }
-  } finally {
-    mocker.kill('SIGTERM')
-    router.kill('SIGTERM')
-  }
-  return { streams: STREAMS, ratePerSec: STREAM_RATE, seconds: HTTP_SECS, rounds, p99OverheadMsMedian: median(rounds.map((x) => x.p99OverheadMs)) }
-}
-
 async function main(): Promise<void> {
   if (process.argv.includes('--serve')) return serveChild()
   const httpOnly = process.argv.includes('--http-only')
@@ -374,7 +347,7 @@ async function main(): Promise<void> {
 
 async function mainHttp(prior: object = {}): Promise<void> {
   const http = await benchHttpRoute()
-  const proxy = await benchProxy()
+  const proxy = await benchProxy(join(repoRoot(), 'dist', 'src', 'cli.js'), { seconds: HTTP_SECS })
   const dir = join(repoRoot(), 'bench', 'results')
   mkdirSync(dir, { recursive: true })
   const out = { ...prior, http: { route: http, proxy } }
@@ -383,10 +356,7 @@ async function mainHttp(prior: object = {}): Promise<void> {
   console.log(`\nHTTP /v1/route, ${HTTP_TOKENS}-token JSON prompts, ${HTTP_WORKERS} workers, ${HTTP_CONNECTIONS} connections, ${HTTP_SECS} s per run`)
   console.log('round | baseline req/s | baseline p99 ms | /v1/route req/s | /v1/route p99 ms | ratio')
   h.rounds.forEach((r, i) => console.log(`${String(i + 1).padStart(5)} | ${r.baseline.reqPerSec.toFixed(0).padStart(14)} | ${r.baseline.p99Ms.toFixed(2).padStart(15)} | ${r.route.reqPerSec.toFixed(0).padStart(15)} | ${r.route.p99Ms.toFixed(2).padStart(16)} | ${(r.route.reqPerSec / r.baseline.reqPerSec).toFixed(3)}`))
-  const p = proxy as { rounds: { direct: LoadResult; router: LoadResult; p99OverheadMs: number }[]; p99OverheadMsMedian: number }
-  console.log(`\nproxy, ${STREAMS} concurrent streaming completions paced at ${STREAM_RATE}/s (1,024-token prompts, 4 chunks)`)
-  console.log('round | direct req/s | direct p99 ms | router req/s | router p99 ms | p99 overhead ms')
-  p.rounds.forEach((r, i) => console.log(`${String(i + 1).padStart(5)} | ${r.direct.reqPerSec.toFixed(0).padStart(12)} | ${r.direct.p99Ms.toFixed(2).padStart(13)} | ${r.router.reqPerSec.toFixed(0).padStart(12)} | ${r.router.p99Ms.toFixed(2).padStart(13)} | ${r.p99OverheadMs.toFixed(2)}`))
+  printProxy(proxy)
   console.log(`written to ${join(dir, 'route.json')}`)
 }
 

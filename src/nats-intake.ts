@@ -155,7 +155,10 @@ export class NatsIntake extends EventEmitter {
 
   async close(): Promise<void> {
     for (const s of this.subs) s.unsubscribe()
-    if (!this.nc.isClosed()) await this.nc.drain().catch(() => this.nc.close())
+    // drain() can give up without closing when the server is gone, and the client's reconnect
+    // loop would then keep the process alive: always close after it
+    if (!this.nc.isClosed()) await this.nc.drain().catch(() => undefined)
+    if (!this.nc.isClosed()) await this.nc.close().catch(() => undefined)
   }
 }
 

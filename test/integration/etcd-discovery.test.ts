@@ -57,6 +57,8 @@ t.test('a leased worker appears with its record and disappears, from discovery a
   await waitUntil('the index forgot the worker', async () => (await pool.overlapScores([1n, 2n], { readYourWrites: true })).length === 0, 2000)
   t.ok(Date.now() - t0 < 2000, 'gone from discovery and the index within 2 s')
   t.ok(disco.workers.has(early.id), 'the other worker stays')
+  // a lease left running keeps its keep-alive timer, and with it this process, alive
+  await early.revoke()
 })
 
 t.test('etcd restarted under discovery: it reconnects and resyncs', async (t) => {
@@ -84,6 +86,7 @@ t.test('etcd restarted under discovery: it reconnects and resyncs', async (t) =>
   const removed = once(disco, 'removed')
   await a.revoke()
   t.same(await removed, [a.id])
+  await b.revoke()
 })
 
 t.test('records: parsing rules and malformed values', async (t) => {

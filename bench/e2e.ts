@@ -1,0 +1,464 @@
+// End-to-end benchmark (npm run bench:e2e, DESIGN §6): a slice of the Mooncake conversation
+// trace replayed, time-compressed, through `kv-router serve` to a `kv-router mocker` fleet, once
+// per router mode, with the same fleet and the same load, in one run. Every mode gets a fresh
+// router and a fresh (cold) fleet, so no mode inherits another's cache.
+//
+// Time. The mocker's --speedup-ratio S makes its simulated clock run S× faster than the wall
+// clock; the replay then sends at X × S the trace's pace, where X is the load multiplier, so in
+// simulated time the fleet sees the trace's arrival rate × X. Latencies are measured on the
+// wall clock by the client and reported × S, i.e. in SIMULATED ms, comparable to the mocker's
+// timing model (a 13k-token prefill ≈ 0.3 s). Client, router and mocker overheads are scaled
+// by S too, which is why S is kept as small as the time budget allows.
+//
+// Capacity. Every worker gets K KV blocks with K = ceil(unique blocks of the slice / workers ×
+// capacity factor): the fleet as a whole can hold everything the slice ever stores, so a router
+// that keeps each prefix on one worker can approach the infinite-cache bound, and one that
+// scatters prefixes pays in evictions and recomputation.
+//
+// Run: npm run bench:e2e [-- --minutes M | --full] [--workers N] [--modes kv,round-robin]
+//      [--speedup S] [--load X] [--capacity-factor F] [--max-in-flight N] [--records DIR]
+//      [--router-args "FLAGS"];  npm run bench:e2e -- --replot  redraws the SVG from the JSON
+// Results: bench/results/e2e.json, bench/results/e2e.svg and a printed table.
+import { spawn } from 'node:child_process'
+import type { ChildProcessWithoutNullStreams } from 'node:child_process'
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
+import { availableParallelism, cpus } from 'node:os'
+import { dirname, join, relative } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import { readTrace } from '../src/trace.js'
+import type { TraceRequest } from '../src/trace.js'
+import { cacheBound } from '../src/replay/bound.js'
+import { startReplay } from '../src/replay/client.js'
+import type { ReplayResult } from '../src/replay/client.js'
+import { percentile, summarize } from '../src/replay/summary.js'
+import type { ReplaySummary } from '../src/replay/summary.js'
+import { renderE2eSvg } from './e2e-plot.js'
+
+const BLOCK_SIZE = 64
+const ALL_MODES = ['kv', 'round-robin', 'random', 'least-loaded']
+const MODEL = 'e2e-model'
+/** Share of the machine other processes may use during a mode before the run is flagged. */
+const OTHER_CPU_WARN = 0.1
+
+// Defaults calibrated on the 2-core development machine (see the README section): the load
+// makes round-robin queue (p90 TTFT ≥ 1 s simulated) and S fits four modes in ~10 minutes.
+const DEFAULTS = { minutes: 20, workers: 8, speedup: 1.25, load: 8, capacityFactor: 1.25, maxInFlight: 2048 }
+
+function repoRoot(): string {
+  let dir = dirname(fileURLToPath(import.meta.url))
+  while (!existsSync(join(dir, 'package.json'))) {
+    const up = dirname(dir)
+    if (up === dir) return process.cwd()
+    dir = up
+  }
+  return dir
+}
+
+function fail(msg: string): never {
+  process.stderr.write(`bench:e2e: ${msg}\n`)
+  process.exit(2)
+}
+
+interface Args {
+  minutes: number | null
+  workers: number
+  modes: string[]
+  speedup: number
+  load: number
+  capacityFactor: number
+  maxInFlight: number
+  trace: string
+  /** Directory for one JSONL file of replay records per mode (analysis); null for none. */
+  records: string | null
+  /** Extra `kv-router serve` flags for every mode (experiments; the default run uses none). */
+  routerArgs: string[]
+}
+
+function parseArgs(argv: string[]): Args {
+  const v = new Map<string, string>()
+  let full = false
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i] as string
+    if (a === '--full') {
+      full = true
+      continue
+    }
+    const known = ['--minutes', '--workers', '--modes', '--speedup', '--load', '--capacity-factor', '--max-in-flight', '--trace', '--records', '--router-args']
+    const [name, inline] = a.includes('=') ? [a.slice(0, a.indexOf('=')), a.slice(a.indexOf('=') + 1)] : [a, undefined]
+    if (!known.includes(name as string)) fail(`unknown option ${JSON.stringify(a)} (known: --full ${known.join(' ')})`)
+    const value = inline ?? argv[++i]
+    if (value === undefined) fail(`${name} needs a value`)
+    v.set(name as string, value)
+  }
+  const num = (name: string, dflt: number, integer = false): number => {
+    const s = v.get(name)
+    if (s === undefined) return dflt
+    const n = Number(s)
+    if (s.trim() === '' || !Number.isFinite(n) || n <= 0 || (integer && !Number.isInteger(n))) fail(`${name} must be a positive ${integer ? 'integer' : 'number'}, got ${JSON.stringify(s)}`)
+    return n
+  }
+  const modes = (v.get('--modes') ?? ALL_MODES.join(',')).split(',').filter((m) => m !== '')
+  for (const m of modes) if (!ALL_MODES.includes(m)) fail(`--modes: unknown mode ${JSON.stringify(m)} (one of ${ALL_MODES.join(', ')})`)
+  if (modes.length === 0) fail('--modes needs at least one mode')
+  if (full && v.has('--minutes')) fail('--full and --minutes exclude each other')
+  return {
+    minutes: full ? null : num('--minutes', DEFAULTS.minutes),
+    workers: num('--workers', DEFAULTS.workers, true),
+    modes,
+    speedup: num('--speedup', DEFAULTS.speedup),
+    load: num('--load', DEFAULTS.load),
+    capacityFactor: num('--capacity-factor', DEFAULTS.capacityFactor),
+    maxInFlight: num('--max-in-flight', DEFAULTS.maxInFlight, true),
+    trace: v.get('--trace') ?? join(repoRoot(), '..', 'shared', 'data', 'conversation_trace.jsonl'),
+    records: v.get('--records') ?? null,
+    routerArgs: (v.get('--router-args') ?? '').split(/\s+/).filter((x) => x !== ''),
+  }
+}
+
+interface Child {
+  p: ChildProcessWithoutNullStreams
+  match: RegExpMatchArray
+  stderr: () => string
+  exit: Promise<number | null>
+}
+
+/** Starts `node dist/src/cli.js ARGS` and resolves once stdout matches `ready`. */
+function start(args: string[], ready: RegExp, timeoutMs = 60_000): Promise<Child> {
+  const cli = join(repoRoot(), 'dist', 'src', 'cli.js')
+  return new Promise((resolve, reject) => {
+    const p = spawn(process.execPath, [cli, ...args], { env: { PATH: process.env.PATH ?? '' } })
+    let out = ''
+    let err = ''
+    let done = false
+    const exit = new Promise<number | null>((r) => p.on('close', (code) => r(code)))
+    const timer = setTimeout(() => {
+      done = true
+      p.kill('SIGKILL')
+      reject(new Error(`${args[0]} not ready after ${timeoutMs / 1000} s: ${out} ${err}`))
+    }, timeoutMs)
+    p.stdout.on('data', (d: Buffer) => {
+      out += d.toString()
+      const m = out.match(ready)
+      if (m !== null && !done) {
+        done = true
+        clearTimeout(timer)
+        resolve({ p, match: m, stderr: () => err, exit })
+      }
+    })
+    // keep the tail only: a long run's logs should not grow without bound
+    p.stderr.on('data', (d: Buffer) => (err = (err + d.toString()).slice(-4000)))
+    void exit.then((code) => {
+      if (!done) {
+        done = true
+        clearTimeout(timer)
+        reject(new Error(`${args[0]} exited ${code} before it was ready: ${out} ${err}`))
+      }
+    })
+  })
+}
+
+async function stop(c: Child): Promise<void> {
+  if (c.p.exitCode !== null || c.p.signalCode !== null) return
+  c.p.kill('SIGTERM')
+  const timer = setTimeout(() => c.p.kill('SIGKILL'), 20_000)
+  await c.exit
+  clearTimeout(timer)
+}
+
+async function workerIds(url: string): Promise<{ ids: string[]; cachedBlocks: number }> {
+  const text = await (await fetch(`${url}/v1/workers`)).text()
+  // ids are u64: read them from the text, not through JSON numbers
+  const ids = [...text.matchAll(/"id":"?(\d+)"?,"url"/g)].map((m) => m[1] as string)
+  let cachedBlocks = 0
+  for (const m of text.matchAll(/"cached_blocks":(\d+)/g)) cachedBlocks += Number(m[1])
+  return { ids, cachedBlocks }
+}
+
+// The machine is shared and has 2 cores: anything else running during a mode inflates its
+// latencies. CPU time from /proc (Linux; null elsewhere) over the replay tells how much of the
+// machine this benchmark's three processes used and how much went to other processes.
+const TICKS_PER_S = 100 // USER_HZ, 100 on every Linux ABI Node supports
+
+function machineTicks(): { busy: number; total: number } | null {
+  try {
+    const f = (readFileSync('/proc/stat', 'utf8').split('\n')[0] ?? '').trim().split(/\s+/).slice(1, 9).map(Number)
+    const total = f.reduce((x, y) => x + y, 0)
+    return { busy: total - (f[3] ?? 0) - (f[4] ?? 0), total }
+  } catch {
+    return null
+  }
+}
+
+function processTicks(pid: number | undefined): number | null {
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
+    // the command name may hold spaces: fields are counted after its closing parenthesis
+    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
+    return Number(f[11]) + Number(f[12])
+  } catch {
+    return null
+  }
+}
+
+function selfTicks(): number {
+  const u = process.cpuUsage()
+  return ((u.user + u.system) / 1e6) * TICKS_PER_S
+}
+
+interface CpuSample {
+  machine: { busy: number; total: number } | null
+  own: (number | null)[]
+}
+
+function cpuSample(pids: (number | undefined)[]): CpuSample {
+  return { machine: machineTicks(), own: [selfTicks(), ...pids.map(processTicks)] }
+}
+
+/** Shares of the whole machine (all cores) used by our processes and by everything else. */
+function cpuShares(a: CpuSample, b: CpuSample): { own: number; other: number } | null {
+  if (a.machine === null || b.machine === null || a.own.some((x) => x === null) || b.own.some((x) => x === null)) return null
+  const total = b.machine.total - a.machine.total
+  if (total <= 0) return null
+  let own = 0
+  for (let i = 0; i < a.own.length; i++) own += (b.own[i] as number) - (a.own[i] as number)
+  const busy = b.machine.busy - a.machine.busy
+  return { own: own / total, other: Math.max(0, busy - own) / total }
+}
+
+interface ModeRun {
+  summary: ReplaySummary
+  result: ReplayResult
+  wallS: number
+  routerCachedBlocks: number
+  cpu: { own: number; other: number } | null
+}
+
+async function runMode(mode: string, a: Args, requests: TraceRequest[], k: number): Promise<ModeRun> {
+  const router = await start(['serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-mode', mode, '--router-block-size', String(BLOCK_SIZE), '--router-event-threads', '1', '--model-name', MODEL, '--shutdown-timeout-secs', '5', ...a.routerArgs], /listening on (http:\/\/\S+)/)
+  const url = router.match[1] as string
+  let mocker: Child | null = null
+  try {
+    mocker = await start(['mocker', '--num-workers', String(a.workers), '--router-url', url, '--block-size', String(BLOCK_SIZE), '--num-gpu-blocks-override', String(k), '--speedup-ratio', String(a.speedup)], /kv-router mocker: ready (\d+) engine\(s\)/)
+    const { ids } = await workerIds(url)
+    if (ids.length !== a.workers) throw new Error(`the router lists ${ids.length} worker(s), expected ${a.workers}`)
+    const t0 = performance.now()
+    const cpu0 = cpuSample([router.p.pid, mocker.p.pid])
+    const run = startReplay({ url, requests, speedup: a.load * a.speedup, maxInFlight: a.maxInFlight, model: MODEL, timeoutMs: 600_000 })
+    const tty = process.stderr.isTTY === true
+    const ticker = setInterval(() => {
+      const p = run.progress()
+      const line = `  ${mode}: ${Math.floor((p.done / Math.max(1, p.total)) * 100)}%  sent ${p.sent}/${p.total}  in flight ${p.inFlight}  failed ${p.failed}  ${p.elapsedS.toFixed(0)}/${p.scheduleS.toFixed(0)} s`
+      process.stderr.write(tty ? `\r${line}\u001b[K` : `${line}\n`)
+    }, tty ? 500 : 15_000)
+    let result: ReplayResult
+    try {
+      result = await run.done
+    } finally {
+      clearInterval(ticker)
+      if (tty) process.stderr.write('\r\u001b[K')
+    }
+    const wallS = (performance.now() - t0) / 1000
+    const cpu = cpuShares(cpu0, cpuSample([router.p.pid, mocker.p.pid]))
+    const after = await workerIds(url)
+    const summary = summarize(result.records, { gaps: result.itlGaps, timeScale: a.speedup, workers: ids })
+    return { summary, result, wallS, routerCachedBlocks: after.cachedBlocks, cpu }
+  } finally {
+    if (mocker !== null) await stop(mocker)
+    await stop(router)
+  }
+}
+
+interface Bar {
+  bar: string
+  value: string
+  target: string
+  pass: boolean | null
+}
+
+function pct(v: number | null): string {
+  return v === null ? 'n/a' : `${(v * 100).toFixed(1)}%`
+}
+function ms(v: number | null): string {
+  return v === null ? 'n/a' : v >= 10_000 ? v.toFixed(0) : v >= 100 ? v.toFixed(0) : v.toFixed(1)
+}
+
+function ttftSamples(r: ModeRun, scale: number): number[] {
+  return r.result.records.filter((x) => x.error === null && x.ttft_ms !== null).map((x) => (x.ttft_ms as number) * scale)
+}
+
+function ttftPercentiles(r: ModeRun, scale: number): number[] {
+  const s = Float64Array.from(ttftSamples(r, scale)).sort()
+  if (s.length === 0) return []
+  return Array.from({ length: 101 }, (_, q) => percentile(s, q / 100) as number)
+}
+
+function secs(v: number | null): string {
+  return v === null ? 'n/a' : `${(v / 1000).toFixed(2)} s`
+}
+
+function evaluateBars(bound: number, modes: Record<string, ReplaySummary>): Bar[] {
+  const kv = modes.kv
+  const rr = modes['round-robin']
+  const bars: Bar[] = []
+  const kvHit = kv?.hit_rate ?? null
+  bars.push({ bar: 'kv hit rate ≥ 0.85 × bound', value: pct(kvHit), target: `≥ ${pct(0.85 * bound)}`, pass: kvHit === null ? null : kvHit >= 0.85 * bound })
+  const rrHit = rr?.hit_rate ?? null
+  bars.push({ bar: 'kv hit rate ≥ 2 × round-robin', value: kvHit === null || rrHit === null ? 'n/a' : `${pct(kvHit)} vs ${pct(rrHit)} (${rrHit > 0 ? (kvHit / rrHit).toFixed(2) : '∞'}×)`, target: '≥ 2×', pass: kvHit === null || rrHit === null ? null : kvHit >= 2 * rrHit })
+  const kvP90 = kv?.ttft_ms.p90 ?? null
+  const rrP90 = rr?.ttft_ms.p90 ?? null
+  bars.push({ bar: 'kv p90 TTFT ≤ 1/3 × round-robin', value: kvP90 === null || rrP90 === null ? 'n/a' : `${ms(kvP90)} vs ${ms(rrP90)} ms (${(kvP90 / rrP90).toFixed(3)})`, target: '≤ 0.333', pass: kvP90 === null || rrP90 === null ? null : kvP90 <= rrP90 / 3 })
+  const sp = kv === undefined ? null : kv.spread
+  bars.push({ bar: 'kv spread (max/min requests per worker) ≤ 1.5', value: kv === undefined ? 'n/a' : sp === null ? '∞ (a worker got none)' : sp.toFixed(2), target: '≤ 1.5', pass: kv === undefined ? null : sp !== null && sp <= 1.5 })
+  const errs = Object.entries(modes).map(([m, s]) => `${m} ${s.errors}`)
+  bars.push({ bar: 'zero errors in every mode', value: errs.join(', '), target: '0', pass: Object.values(modes).every((s) => s.errors === 0) })
+  bars.push({ bar: '(calibration) round-robin p90 TTFT ≥ 1 s simulated', value: rrP90 === null ? 'n/a' : `${ms(rrP90)} ms`, target: '≥ 1000 ms', pass: rrP90 === null ? null : rrP90 >= 1000 })
+  return bars
+}
+
+function table(header: string[], rows: string[][]): string {
+  const w = header.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)))
+  const line = (cells: string[]): string => cells.map((c, i) => (i === 0 ? c.padEnd(w[i] as number) : c.padStart(w[i] as number))).join(' | ')
+  return [line(header), w.map((n) => '-'.repeat(n)).join('-|-'), ...rows.map(line)].join('\n')
+}
+
+interface ResultJson {
+  date: string
+  hit_rate_bound: number
+  config: { workers: number; K: number; speedup: number; load: number; minutes: number | null; requests: number; block_size: number }
+  modes: Record<string, { hit_rate: number | null; ttft_ms: { p50: number | null; p90: number | null; p99: number | null }; ttft_percentiles_ms?: number[] }>
+}
+
+/** The figure, from the result JSON alone (so --replot can redraw a finished run). */
+function plot(r: ResultJson): string {
+  const c = r.config
+  const slice = c.minutes === null ? 'the whole' : `the first ${c.minutes} min of the`
+  return renderE2eSvg({
+    title: `kv-router end to end: ${c.workers} mocker workers, ${slice} Mooncake conversation trace (${c.requests} requests)`,
+    subtitle: `load × ${c.load}, mocker --speedup-ratio ${c.speedup} (times simulated), K = ${c.K} blocks/worker, block ${c.block_size}; ${r.date.slice(0, 10)}`,
+    series: Object.entries(r.modes).map(([m, s]) => ({
+      mode: m,
+      ttftMs: s.ttft_percentiles_ms ?? [],
+      hitRate: s.hit_rate,
+      note: `p50 ${secs(s.ttft_ms.p50)}  p90 ${secs(s.ttft_ms.p90)}  p99 ${secs(s.ttft_ms.p99)}`,
+    })),
+    bound: r.hit_rate_bound,
+    ttftLabel: 'TTFT, simulated time (log scale)',
+  })
+}
+
+async function main(): Promise<void> {
+  if (process.argv[2] === '--replot') {
+    // redraws bench/results/e2e.svg from bench/results/e2e.json (after a change to the figure)
+    const dir = join(repoRoot(), 'bench', 'results')
+    writeFileSync(join(dir, 'e2e.svg'), plot(JSON.parse(readFileSync(join(dir, 'e2e.json'), 'utf8')) as ResultJson))
+    console.log(`written to ${join(dir, 'e2e.svg')}`)
+    return
+  }
+  const a = parseArgs(process.argv.slice(2))
+  const all = readTrace(a.trace)
+  const requests = a.minutes === null ? all : all.filter((r) => r.timestamp < (a.minutes as number) * 60_000)
+  if (requests.length === 0) fail('the slice holds no request')
+  const b0 = performance.now()
+  const bound = cacheBound(requests, BLOCK_SIZE)
+  const boundS = (performance.now() - b0) / 1000
+  const k = Math.ceil((bound.uniqueBlocks / a.workers) * a.capacityFactor)
+  const spanS = ((requests[requests.length - 1] as TraceRequest).timestamp - (requests[0] as TraceRequest).timestamp) / 1000
+  const replaySpeedup = a.load * a.speedup
+  const command = `npm run bench:e2e${process.argv.length > 2 ? ` -- ${process.argv.slice(2).join(' ')}` : ''}`
+  const sliceName = a.minutes === null ? 'the whole trace' : `the first ${a.minutes} min`
+  console.log(`bench:e2e — ${sliceName} of ${relative(process.cwd(), a.trace)}: ${requests.length} requests over ${(spanS / 60).toFixed(1)} min`)
+  console.log(`  infinite-cache hit-rate bound (block ${BLOCK_SIZE}): ${pct(bound.hitRate)}; ${bound.uniqueBlocks} unique blocks → K = ${k} KV blocks per worker (× ${a.workers} workers, factor ${a.capacityFactor}) [${boundS.toFixed(1)} s]`)
+  console.log(`  mocker --speedup-ratio ${a.speedup}, load × ${a.load} → replay at ${replaySpeedup}× the trace: ~${(spanS / replaySpeedup).toFixed(0)} s of sending per mode; modes: ${a.modes.join(', ')}`)
+  const runs: Record<string, ModeRun> = {}
+  for (const mode of a.modes) {
+    const r = await runMode(mode, a, requests, k)
+    runs[mode] = r
+    if (a.records !== null) {
+      mkdirSync(a.records, { recursive: true })
+      writeFileSync(join(a.records, `${mode}.jsonl`), r.result.records.map((x) => JSON.stringify(x)).join('\n') + '\n')
+    }
+    const s = r.summary
+    const cpuNote = r.cpu === null ? '' : `; CPU: bench ${pct(r.cpu.own)} of the machine, other processes ${pct(r.cpu.other)}`
+    console.log(`  ${mode}: ${s.ok}/${s.requests} ok in ${r.wallS.toFixed(0)} s wall; TTFT p50/p90/p99 ${ms(s.ttft_ms.p50)}/${ms(s.ttft_ms.p90)}/${ms(s.ttft_ms.p99)} ms, hit rate ${pct(s.hit_rate)}, spread ${s.spread?.toFixed(2) ?? '∞'}${cpuNote}`)
+    if (r.cpu !== null && r.cpu.other > OTHER_CPU_WARN) console.log(`  WARNING: other processes used ${pct(r.cpu.other)} of the machine during ${mode}: its latencies are inflated; rerun on a quiet machine`)
+  }
+  const summaries = Object.fromEntries(Object.entries(runs).map(([m, r]) => [m, r.summary]))
+  const bars = evaluateBars(bound.hitRate, summaries)
+
+  const rows = Object.entries(runs).map(([m, r]) => {
+    const s = r.summary
+    return [m, String(s.requests), String(s.errors), ms(s.ttft_ms.p50), ms(s.ttft_ms.p90), ms(s.ttft_ms.p99), ms(s.itl_ms.p50), ms(s.itl_ms.p99), s.requests_per_s.toFixed(2), s.output_tokens_per_s.toFixed(0), pct(s.hit_rate), s.spread === null ? '∞' : s.spread.toFixed(2), ms(s.send_lag_ms.p99)]
+  })
+  console.log(`\nper mode (times in SIMULATED ms = wall × ${a.speedup}; throughput per simulated second)`)
+  console.log(table(['mode', 'requests', 'errors', 'TTFT p50', 'TTFT p90', 'TTFT p99', 'ITL p50', 'ITL p99', 'req/s', 'out tok/s', 'hit rate', 'spread', 'send lag p99 (wall ms)'], rows))
+  console.log(`infinite-cache bound: ${pct(bound.hitRate)}`)
+  console.log('\nbars')
+  console.log(table(['bar', 'value', 'target', 'result'], bars.map((b) => [b.bar, b.value, b.target, b.pass === null ? 'n/a' : b.pass ? 'PASS' : 'FAIL'])))
+
+  const config = {
+    workers: a.workers,
+    K: k,
+    kv_blocks_per_worker: k,
+    capacity_factor: a.capacityFactor,
+    block_size: BLOCK_SIZE,
+    speedup: a.speedup,
+    load: a.load,
+    replay_speedup: replaySpeedup,
+    minutes: a.minutes,
+    requests: requests.length,
+    max_in_flight: a.maxInFlight,
+    trace: relative(repoRoot(), a.trace),
+    command,
+    router_args: a.routerArgs,
+    time_unit: `simulated ms (wall ms × ${a.speedup})`,
+  }
+  const modes = Object.fromEntries(
+    Object.entries(runs).map(([m, r]) => {
+      const s = r.summary
+      return [
+        m,
+        {
+          requests: s.requests,
+          errors: s.errors,
+          error_kinds: s.error_kinds,
+          ttft_ms: { p50: s.ttft_ms.p50, p90: s.ttft_ms.p90, p99: s.ttft_ms.p99, mean: s.ttft_ms.mean },
+          // the whole distribution, enough to redraw the CDF (--replot): percentiles 0, 1, …, 100
+          ttft_percentiles_ms: ttftPercentiles(r, a.speedup),
+          itl_ms: { p50: s.itl_ms.p50, p99: s.itl_ms.p99, mean: s.itl_ms.mean },
+          tpot_ms: { p50: s.tpot_ms.p50, p99: s.tpot_ms.p99 },
+          e2e_ms: { p50: s.e2e_ms.p50, p99: s.e2e_ms.p99 },
+          hit_rate: s.hit_rate,
+          prompt_tokens: s.prompt_tokens,
+          cached_tokens: s.cached_tokens,
+          spread: s.spread,
+          workers: s.workers,
+          throughput: { requests_per_s: s.requests_per_s, output_tokens_per_s: s.output_tokens_per_s, duration_s: s.duration_s },
+          send_lag_wall_ms: { p50: s.send_lag_ms.p50, p99: s.send_lag_ms.p99, max: s.send_lag_ms.max },
+          wall_s: r.wallS,
+          cpu_share: r.cpu === null ? null : { bench_processes: r.cpu.own, other_processes: r.cpu.other },
+          router_cached_blocks_after: r.routerCachedBlocks,
+        },
+      ]
+    }),
+  )
+  const out = {
+    benchmark: 'e2e',
+    date: new Date().toISOString(),
+    node: process.version,
+    cpus: availableParallelism(),
+    cpuModel: cpus()[0]?.model ?? 'unknown',
+    hit_rate_bound: bound.hitRate,
+    bound: { block_size: BLOCK_SIZE, prompt_tokens: bound.promptTokens, cached_tokens: bound.cachedTokens, unique_blocks: bound.uniqueBlocks },
+    config,
+    modes,
+    bars,
+  }
+  const dir = join(repoRoot(), 'bench', 'results')
+  mkdirSync(dir, { recursive: true })
+  writeFileSync(join(dir, 'e2e.json'), JSON.stringify(out, null, 2) + '\n')
+  const svg = plot(out)
+  writeFileSync(join(dir, 'e2e.svg'), svg)
+  console.log(`\nwritten to ${join(dir, 'e2e.json')} and ${join(dir, 'e2e.svg')}`)
+}
+
+await main()

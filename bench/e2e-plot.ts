@@ -35,7 +35,7 @@ export function escapeXml(s: string): string {
 }
 
 const W = 1100
-const H = 500
+const LEGEND_Y = 484
 const CDF = { x0: 80, x1: 640, y0: 420, y1: 90 }
 const BAR = { x0: 730, x1: 1070, y0: 420, y1: 90 }
 const CDF_POINTS = 300
@@ -52,6 +52,7 @@ function msLabel(v: number): string {
 }
 
 export function renderE2eSvg(input: PlotInput): string {
+  const H = LEGEND_Y + Math.ceil(input.series.length / 2) * 18 + 6
   const out: string[] = []
   out.push(`<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" font-family="Helvetica, Arial, sans-serif" font-size="12">`)
   out.push(`<rect x="0" y="0" width="${W}" height="${H}" fill="white"/>`)
@@ -109,18 +110,14 @@ export function renderE2eSvg(input: PlotInput): string {
     }
     out.push(`<polyline data-mode="${escapeXml(s.mode)}" points="${pts.join(' ')}" fill="none" stroke="${modeColor(s.mode, i)}" stroke-width="2"/>`)
   })
-  // legend, top left of the CDF panel: a CDF never reaches there (short TTFTs, high shares)
-  const withNotes = input.series.some((s) => s.note !== undefined)
-  const lx = CDF.x0 + 10
-  const ly = CDF.y1 + 10
-  if (input.series.length > 0) {
-    out.push(`<rect x="${lx}" y="${ly}" width="${withNotes ? 330 : 140}" height="${input.series.length * 18 + 8}" fill="white" fill-opacity="0.9" stroke="#ccc"/>`)
-  }
+  // legend under the panel, two entries per row: inside, it would hide some curve whatever the
+  // data (CDFs of very different spreads leave no corner reliably empty)
   input.series.forEach((s, i) => {
-    const y = ly + 18 + i * 18
-    out.push(`<line x1="${lx + 8}" y1="${r1(y - 4)}" x2="${lx + 32}" y2="${r1(y - 4)}" stroke="${modeColor(s.mode, i)}" stroke-width="3"/>`)
-    out.push(text(lx + 38, y, s.mode + (sorted[i]?.length === 0 ? ' (no data)' : '')))
-    if (s.note !== undefined) out.push(text(lx + 128, y, s.note, 'fill="#333"'))
+    const x = CDF.x0 + (i % 2) * 340
+    const y = LEGEND_Y + Math.floor(i / 2) * 18
+    out.push(`<line x1="${x}" y1="${r1(y - 4)}" x2="${x + 24}" y2="${r1(y - 4)}" stroke="${modeColor(s.mode, i)}" stroke-width="3"/>`)
+    out.push(text(x + 30, y, s.mode + (sorted[i]?.length === 0 ? ' (no data)' : '')))
+    if (s.note !== undefined) out.push(text(x + 112, y, s.note, 'fill="#333"'))
   })
   out.push(`</g>`)
 

@@ -23,7 +23,7 @@ usage: kv-router <command> [options]
 commands:
   serve     run the router (kv-router serve --help for its options)
   mocker    run simulated vLLM-like engines (kv-router mocker --help for its options)
-  replay    replay a Mooncake trace against a router (not available yet: issue #7)
+  replay    replay a Mooncake trace against a router, with TTFT, ITL and hit-rate figures
 
 options:
   -h, --help     show this help

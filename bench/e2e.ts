@@ -21,10 +21,9 @@
 // Results: bench/results/e2e.json, bench/results/e2e.svg and a printed table.
 import { spawn } from 'node:child_process'
 import type { ChildProcessWithoutNullStreams } from 'node:child_process'
-import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs'
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { availableParallelism, cpus } from 'node:os'
-import { dirname, join, relative } from 'node:path'
-import { fileURLToPath } from 'node:url'
+import { join, relative } from 'node:path'
 import { readTrace } from '../src/trace.js'
 import type { TraceRequest } from '../src/trace.js'
 import { cacheBound } from '../src/replay/bound.js'
@@ -33,6 +32,7 @@ import type { ReplayResult } from '../src/replay/client.js'
 import { percentile, summarize } from '../src/replay/summary.js'
 import type { ReplaySummary } from '../src/replay/summary.js'
 import { renderE2eSvg } from './e2e-plot.js'
+import { repoRoot } from './common.js'
 
 const BLOCK_SIZE = 64
 const ALL_MODES = ['kv', 'round-robin', 'random', 'least-loaded']
@@ -44,15 +44,6 @@ const OTHER_CPU_WARN = 0.1
 // makes round-robin queue (p90 TTFT ≥ 1 s simulated) and S fits four modes in ~10 minutes.
 const DEFAULTS = { minutes: 20, workers: 8, speedup: 1.25, load: 8, capacityFactor: 1.25, maxInFlight: 2048 }
 
-function repoRoot(): string {
-  let dir = dirname(fileURLToPath(import.meta.url))
-  while (!existsSync(join(dir, 'package.json'))) {
-    const up = dirname(dir)
-    if (up === dir) return process.cwd()
-    dir = up
-  }
-  return dir
-}
 
 function fail(msg: string): never {
   process.stderr.write(`bench:e2e: ${msg}\n`)

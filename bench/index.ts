@@ -23,6 +23,7 @@ import { buildIndexWorkload, type WorkloadOp } from './index-workload.js'
 import { KvIndex } from '../src/shared/kv-index.js'
 import { EventDecoder } from '../src/shared/event-decoder.js'
 import { ShardPool } from '../src/shard-pool.js'
+import { median } from './common.js'
 
 function arg(name: string, dflt: number | undefined): number | undefined {
   const i = process.argv.indexOf(`--${name}`)
@@ -43,11 +44,6 @@ const only = arg('only-shards', undefined)
 function quantile(xs: Float64Array, n: number, q: number): number {
   const s = Array.from(xs.subarray(0, n)).sort((a, b) => a - b)
   return s[Math.min(s.length - 1, Math.floor(q * s.length))] ?? 0
-}
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b)
-  const m = s.length >> 1
-  return s.length % 2 === 1 ? (s[m] as number) : ((s[m - 1] as number) + (s[m] as number)) / 2
 }
 
 interface RunResult {

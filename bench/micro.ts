@@ -9,16 +9,12 @@ import { blockHashesInto, sequenceHashesInto } from '../src/shared/hashing.js'
 import { KvIndex } from '../src/shared/kv-index.js'
 import { DecodedEvent, EventDecoder, EventKind } from '../src/shared/event-decoder.js'
 import { encodeRouterEvent, toDecoded } from '../src/shared/events.js'
+import { median } from './common.js'
 
 const REPS = Number(process.env.BENCH_REPS ?? 7)
 const here = dirname(fileURLToPath(import.meta.url))
 const resultsDir = join(here, '..', '..', 'bench', 'results')
 
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b)
-  const m = s.length >> 1
-  return s.length % 2 === 1 ? (s[m] as number) : ((s[m - 1] as number) + (s[m] as number)) / 2
-}
 function quantile(xs: Float64Array | number[], q: number): number {
   const s = Array.from(xs).sort((a, b) => a - b)
   return s[Math.min(s.length - 1, Math.floor(q * s.length))] as number

@@ -12,9 +12,9 @@
 // router runs round-robin, as the direct path does, so both paths load the upstreams alike and
 // the difference is the hop itself: parsing, routing, booking, proxying every chunk. Direct and
 // routed phases alternate, two rounds each.
-import { spawn } from 'node:child_process'
 import type { ChildProcess } from 'node:child_process'
 import { Agent, request } from 'undici'
+import { child, median } from './common.js'
 
 export interface PhaseResult {
   path: 'direct' | 'router'
@@ -45,23 +45,7 @@ function quantile(sorted: number[], q: number): number {
   return sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] as number
 }
 
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b)
-  return s.length % 2 === 1 ? (s[(s.length - 1) / 2] as number) : ((s[s.length / 2 - 1] as number) + (s[s.length / 2] as number)) / 2
-}
 
-function child(args: string[], ready: RegExp): Promise<{ p: ChildProcess; m: RegExpMatchArray }> {
-  return new Promise((resolve, reject) => {
-    const p = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'inherit'] })
-    let out = ''
-    p.stdout?.on('data', (d: Buffer) => {
-      out += d.toString()
-      const m = out.match(ready)
-      if (m !== null) resolve({ p, m })
-    })
-    p.on('exit', (code) => reject(new Error(`child exited ${code}: ${out}`)))
-  })
-}
 
 const TTFT_MS = 50
 const ITL_MS = 50

@@ -12,12 +12,10 @@
 // really shared), one new request booked per op while the oldest is freed and a middle-aged one
 // completes prefill, all outside the timed region. Several repetitions; medians are reported,
 // because these 2-core machines are noisy.
-import { existsSync, mkdirSync, writeFileSync } from 'node:fs'
+import { mkdirSync, writeFileSync } from 'node:fs'
 import { availableParallelism, cpus } from 'node:os'
-import { dirname, join } from 'node:path'
+import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { spawn } from 'node:child_process'
-import type { ChildProcess } from 'node:child_process'
 import type { AddressInfo } from 'node:net'
 import autocannon from 'autocannon'
 import { benchProxy, printProxy } from './proxy.js'
@@ -31,6 +29,7 @@ import { PendingQueue } from '../src/scheduler/pending-queue.js'
 import { Xoshiro128 } from '../src/scheduler/rng.js'
 import { Scheduler } from '../src/scheduler/scheduler.js'
 import type { ScheduleRequest } from '../src/scheduler/scheduler.js'
+import { child, median, repoRoot } from './common.js'
 
 const BLOCK_SIZE = 64
 const REPS = 5
@@ -83,10 +82,6 @@ function percentile(sorted: Float64Array, q: number): number {
   return sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] as number
 }
 
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b)
-  return s[Math.floor(s.length / 2)] as number
-}
 
 interface DecisionResult {
   workers: number
@@ -204,15 +199,6 @@ async function benchFacadeQueue(): Promise<{ pairsPerSec: number; reps: number[]
   return { pairsPerSec: median(reps), reps }
 }
 
-function repoRoot(): string {
-  let dir = dirname(fileURLToPath(import.meta.url))
-  while (!existsSync(join(dir, 'package.json'))) {
-    const up = dirname(dir)
-    if (up === dir) return process.cwd()
-    dir = up
-  }
-  return dir
-}
 
 // ---------------------------------------------------------------------------------------------
 // HTTP
@@ -259,18 +245,6 @@ async function serveChild(): Promise<void> {
   process.on('SIGINT', () => process.exit(0))
 }
 
-function child(args: string[], ready: RegExp): Promise<{ p: ChildProcess; m: RegExpMatchArray }> {
-  return new Promise((resolve, reject) => {
-    const p = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'inherit'] })
-    let out = ''
-    p.stdout?.on('data', (d: Buffer) => {
-      out += d.toString()
-      const m = out.match(ready)
-      if (m !== null) resolve({ p, m })
-    })
-    p.on('exit', (code) => reject(new Error(`child exited ${code}: ${out}`)))
-  })
-}
 
 interface LoadResult {
   reqPerSec: number

@@ -4,34 +4,16 @@
 // Mooncake trace at high speed. Zero errors; then the router's index (GET /v1/kv/dump) must
 // hold, per worker, exactly the blocks each engine's pool holds (its worker query's TreeDump).
 import t from 'tap'
-import { spawn } from 'node:child_process'
-import type { ChildProcessWithoutNullStreams } from 'node:child_process'
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { startEtcd, startNats } from '../helpers/services.js'
 import { waitUntil } from '../helpers/wait.js'
+import { runCli as run } from '../helpers/cli.js'
 
-const cli = fileURLToPath(new URL('../../dist/src/cli.js', import.meta.url))
 const trace = fileURLToPath(new URL('../../../shared/data/conversation_trace.jsonl', import.meta.url))
 const ENGINES = 4
-
-interface Proc {
-  p: ChildProcessWithoutNullStreams
-  out: () => string
-  err: () => string
-  exited: Promise<number | null>
-}
-
-function run(args: string[]): Proc {
-  const p = spawn(process.execPath, [cli, ...args], { env: { PATH: process.env.PATH } })
-  let out = ''
-  let err = ''
-  p.stdout.on('data', (d: Buffer) => (out += d.toString()))
-  p.stderr.on('data', (d: Buffer) => (err += d.toString()))
-  return { p, out: () => out, err: () => err, exited: new Promise((r) => p.on('close', r)) }
-}
 
 /** block_hash values of the Stored events in a JSON answer, as decimal strings. */
 function storedHashes(json: string): Set<string> {

@@ -2,31 +2,13 @@
 // ready line, --router-url mode against a spawned `kv-router serve` (registration, events,
 // prefix hits through the router, unregistering on SIGTERM), and NATS + etcd mode.
 import t from 'tap'
-import { spawn } from 'node:child_process'
-import type { ChildProcessWithoutNullStreams } from 'node:child_process'
 import { Etcd3 } from 'etcd3'
 import { MockerArgError, parseMockerArgs } from '../../src/mocker/main.js'
 import { startEtcd, startNats } from '../helpers/services.js'
 import { waitUntil } from '../helpers/wait.js'
+import { runCli as run } from '../helpers/cli.js'
+import type { CliProcess as Proc } from '../helpers/cli.js'
 
-const cli = new URL('../../dist/src/cli.js', import.meta.url).pathname
-
-interface Proc {
-  p: ChildProcessWithoutNullStreams
-  out: () => string
-  err: () => string
-  exit: Promise<number | null>
-}
-
-function run(args: string[]): Proc {
-  const p = spawn(process.execPath, [cli, ...args], { env: { PATH: process.env.PATH } })
-  let out = ''
-  let err = ''
-  p.stdout.on('data', (d: Buffer) => (out += d.toString()))
-  p.stderr.on('data', (d: Buffer) => (err += d.toString()))
-  const exit = new Promise<number | null>((r) => p.on('close', (code) => r(code)))
-  return { p, out: () => out, err: () => err, exit }
-}
 
 async function ready(pr: Proc, re: RegExp): Promise<RegExpMatchArray> {
   let m: RegExpMatchArray | null = null
@@ -47,13 +29,13 @@ t.test('invalid flags exit 2 with one line naming the flag', async (t) => {
   for (let i = 0; i < cases.length; i++) {
     const [args, re] = cases[i] as [string[], RegExp]
     const pr = procs[i] as Proc
-    t.equal(await pr.exit, 2, args.join(' '))
+    t.equal(await pr.exited, 2, args.join(' '))
     t.match(pr.err(), re)
     t.equal(pr.err().split('\n').length, 2, 'one line')
     t.equal(pr.out(), '')
   }
   const help = run(['mocker', '--help'])
-  t.equal(await help.exit, 0)
+  t.equal(await help.exited, 0)
   t.match(help.out(), /usage: kv-router mocker/)
   t.match(help.out(), /--num-gpu-blocks-override N/)
   t.match(help.out(), /kv-router mocker: ready <N> engine\(s\) <url>/)
@@ -118,7 +100,7 @@ t.test('--router-url: registers with a spawned router, events and prefix hits fl
   t.equal(b.cached, Math.floor(Buffer.byteLength(prompt) / 16) * 16)
 
   mocker.p.kill('SIGTERM')
-  t.equal(await mocker.exit, 0)
+  t.equal(await mocker.exited, 0)
   const after = (await (await fetch(`${base}/v1/workers`)).json()) as { workers: unknown[] }
   t.same(after.workers, [], 'the engines unregistered on the way out')
 })
@@ -137,9 +119,9 @@ t.test('--nats-url --etcd-url: ready once registered; SIGTERM revokes the leases
   t.equal(keys.filter((k) => k.startsWith('v1/instances/ns2/backend/generate/')).length, 3, 'registered before the ready line')
   t.equal(keys.filter((k) => k.startsWith('v1/mdc/ns2/backend/generate/')).length, 3)
   mocker.p.kill('SIGINT')
-  t.equal(await mocker.exit, 0)
+  t.equal(await mocker.exited, 0)
   t.same(await client.getAll().prefix('v1/').keys(), [], 'leases revoked')
   const unreachable = run(['mocker', '--etcd-url', 'http://127.0.0.1:1'])
-  t.equal(await unreachable.exit, 2)
+  t.equal(await unreachable.exited, 2)
   t.match(unreachable.err(), /^kv-router: mocker: cannot reach etcd at http:\/\/127\.0\.0\.1:1/)
 })

@@ -96,7 +96,10 @@ t.test('engines register in etcd under their leases and publish events and load 
 
   // kv_metrics: periodic reports, decoded by the router's intake
   await waitUntil('load reports from both engines', () => new Set(loads.map((l) => l.workerId)).size === 2, 5000)
-  const l0 = loads.filter((l) => l.workerId === w0.workerId).at(-1) as WorkerLoad
+  // a report taken while the request still ran says so; the next one, after it, must be idle
+  const last = (): WorkerLoad | undefined => loads.filter((l) => l.workerId === w0.workerId).at(-1)
+  await waitUntil('an idle load report from engine 0', () => last()?.activeBlocks === 0, 5000)
+  const l0 = last() as WorkerLoad
   t.same(l0, { workerId: w0.workerId, dpRank: 0, activeBlocks: 0, totalBlocks: 2048, requestsWaiting: 0 })
 
   // shutdown revokes the leases: the keys go at once, not after the TTL

@@ -34,7 +34,8 @@ t.test('a leased worker appears with its record and disappears, from discovery a
   t.teardown(() => disco.close())
   const pool = await ShardPool.start({ shards: 2 })
   t.teardown(() => pool.close())
-  disco.on('removed', (id: bigint) => void pool.removeWorker(id))
+  const removals: Promise<void>[] = []
+  disco.on('removed', (id: bigint) => removals.push(pool.removeWorker(id)))
 
   const first = disco.workers.get(early.id)
   t.same(first, { workerId: early.id, url: 'http://127.0.0.1:9001', deviceType: 'cpu', blockSize: 16, totalKvBlocks: 4096, maxNumBatchedTokens: 8192, dpStart: 0, dpSize: 2 }, 'listed at start')
@@ -57,8 +58,12 @@ t.test('a leased worker appears with its record and disappears, from discovery a
   await waitUntil('the index forgot the worker', async () => (await pool.overlapScores([1n, 2n], { readYourWrites: true })).length === 0, 2000)
   t.ok(Date.now() - t0 < 2000, 'gone from discovery and the index within 2 s')
   t.ok(disco.workers.has(early.id), 'the other worker stays')
-  // a lease left running keeps its keep-alive timer, and with it this process, alive
+  // a lease left running keeps its keep-alive timer, and with it this process, alive; its
+  // removal must reach the pool before the teardown closes it
+  const earlyGone = once(disco, 'removed')
   await early.revoke()
+  await earlyGone
+  await Promise.all(removals)
 })
 
 t.test('etcd restarted under discovery: it reconnects and resyncs', async (t) => {

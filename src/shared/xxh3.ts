@@ -68,18 +68,18 @@ export function hashTokenArea(blockSize: number, n: number, seed0: number, seed1
   const bytes = n * blockSize * 4
   const local = after(bytes)
   wasm.blocks(DATA, blockSize * 4, n, local)
-  let w = local >>> 2
-  for (let b = 0; b < n; b++, w += 2) {
-    lo[b] = u32[w] as number
-    hi[b] = u32[w + 1] as number
-  }
+  readHalves(local, n, lo, hi)
   if (sLo === undefined || sHi === undefined) return
   const seq = local + n * 8
   wasm.chain(local, n, seq)
-  w = seq >>> 2
-  for (let b = 0; b < n; b++, w += 2) {
-    sLo[b] = u32[w] as number
-    sHi[b] = u32[w + 1] as number
+  readHalves(seq, n, sLo, sHi)
+}
+
+/** n little-endian u64s at byte offset `at`, split into halves. */
+function readHalves(at: number, n: number, lo: Uint32Array, hi: Uint32Array): void {
+  for (let i = 0, w = at >>> 2; i < n; i++, w += 2) {
+    lo[i] = u32[w] as number
+    hi[i] = u32[w + 1] as number
   }
 }
 
@@ -94,11 +94,7 @@ export function chainHalves(lo: Uint32Array, hi: Uint32Array, n: number, seed0: 
   }
   const out = DATA + n * 8
   wasm.chain(DATA, n, out)
-  w = out >>> 2
-  for (let i = 0; i < n; i++, w += 2) {
-    outLo[i] = u32[w] as number
-    outHi[i] = u32[w + 1] as number
-  }
+  readHalves(out, n, outLo, outHi)
 }
 
 /** XXH3-64 of arbitrary bytes; the result's halves go to out[0] (low) and out[1] (high). */

@@ -21,6 +21,9 @@ export interface ServeConfig {
   readonly httpPort: number
   readonly blockSize: number
   readonly overlapScoreWeight: number
+  readonly overlapScoreCredit: number
+  readonly overlapScoreCreditDecay: number
+  readonly decodeActiveRequestWeight: number
   readonly temperature: number
   readonly kvEvents: boolean
   readonly ttlSecs: number
@@ -84,7 +87,10 @@ export const FLAGS: readonly FlagDef[] = [
   F({ flag: '--http-host', key: 'httpHost', env: ['DYN_HTTP_HOST'], kind: 'str', dflt: '0.0.0.0', help: 'address to listen on' }),
   F({ flag: '--http-port', key: 'httpPort', env: ['DYN_HTTP_PORT'], kind: 'int', min: 0, max: 65535, dflt: 8000, help: 'port to listen on (0 = any free port)' }),
   F({ flag: '--router-block-size', key: 'blockSize', env: ['DYN_ROUTER_BLOCK_SIZE', 'DYN_KV_CACHE_BLOCK_SIZE'], aliases: ['--kv-cache-block-size', '--block-size'], kind: 'int', min: 1, max: 65536, dflt: 128, help: 'KV block size in tokens; must match the workers' }),
-  F({ flag: '--router-kv-overlap-score-weight', key: 'overlapScoreWeight', env: ['DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT', 'DYN_KV_OVERLAP_SCORE_WEIGHT', 'DYN_OVERLAP_SCORE_WEIGHT'], aliases: ['--kv-overlap-score-weight'], kind: 'num', min: 0, dflt: 1.0, help: 'weight of prefill blocks in the cost' }),
+  F({ flag: '--router-kv-overlap-score-weight', key: 'overlapScoreWeight', env: ['DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT', 'DYN_KV_OVERLAP_SCORE_WEIGHT', 'DYN_OVERLAP_SCORE_WEIGHT', 'DYN_ROUTER_PREFILL_LOAD_SCALE'], aliases: ['--kv-overlap-score-weight', '--router-prefill-load-scale'], kind: 'num', min: 0, dflt: 1.0, help: 'weight of prefill blocks in the cost (Era C calls it the prefill load scale)' }),
+  F({ flag: '--router-kv-overlap-score-credit', key: 'overlapScoreCredit', env: ['DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT'], kind: 'num', min: 0, dflt: 1.0, help: 'prefill blocks one cached block is worth; above 1 favours the worker holding the prefix over a less loaded one' }),
+  F({ flag: '--router-kv-overlap-score-credit-decay', key: 'overlapScoreCreditDecay', env: ['DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT_DECAY'], kind: 'num', min: 0, dflt: 0, help: 'shrinks the credit of workers with more queued prefill than the least queued one' }),
+  F({ flag: '--router-decode-active-request-weight', key: 'decodeActiveRequestWeight', env: ['DYN_ROUTER_DECODE_ACTIVE_REQUEST_WEIGHT'], kind: 'num', min: 0, dflt: 0, help: 'cost per request in flight on a worker' }),
   F({ flag: '--router-temperature', key: 'temperature', env: ['DYN_ROUTER_TEMPERATURE'], kind: 'num', min: 0, dflt: 0.0, help: '0 = pick the cheapest; > 0 = softmax sampling' }),
   F({ flag: '--router-kv-events', key: 'kvEvents', env: ['DYN_ROUTER_USE_KV_EVENTS', 'DYN_KV_EVENTS'], aliases: ['--kv-events'], kind: 'bool', dflt: true, help: 'index workers\' KV events (--no-… = approximate mode)' }),
   F({ flag: '--router-ttl-secs', key: 'ttlSecs', env: ['DYN_ROUTER_TTL_SECS'], aliases: ['--router-ttl'], kind: 'num', min: 0.001, dflt: 120, help: 'approximate mode: seconds a routed prefix is assumed cached' }),

@@ -74,6 +74,11 @@ t.test('environment variables, and the command line wins', async (t) => {
   t.equal(c.blockSize, 16)
   // the primary name wins over a legacy variable
   t.equal(parse([], { DYN_ROUTER_BLOCK_SIZE: '8', DYN_KV_CACHE_BLOCK_SIZE: '64' }).blockSize, 8)
+  // Era C cost knobs: the prefill load scale is the weight under its newer name
+  const k = parse(['--router-prefill-load-scale', '10', '--router-kv-overlap-score-credit', '5'], { DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT_DECAY: '0.5', DYN_ROUTER_DECODE_ACTIVE_REQUEST_WEIGHT: '2' })
+  t.same([k.overlapScoreWeight, k.overlapScoreCredit, k.overlapScoreCreditDecay, k.decodeActiveRequestWeight], [10, 5, 0.5, 2])
+  t.equal(parse([], { DYN_ROUTER_PREFILL_LOAD_SCALE: '4' }).overlapScoreWeight, 4)
+  t.same([e.overlapScoreCredit, e.overlapScoreCreditDecay, e.decodeActiveRequestWeight], [1, 0, 0], "Dynamo's defaults")
 })
 
 t.test('each invalid value: one line naming the flag and what it accepts', async (t) => {
@@ -83,6 +88,7 @@ t.test('each invalid value: one line naming the flag and what it accepts', async
     [['--http-port', 'x'], /^--http-port must be an integer/],
     [['--router-block-size', '0'], /^--router-block-size must be an integer in \[1, 65536\]/],
     [['--router-kv-overlap-score-weight', '-1'], /^--router-kv-overlap-score-weight must be a number in \[0, ∞\]/],
+    [['--router-kv-overlap-score-credit', 'lots'], /^--router-kv-overlap-score-credit must be a number in \[0, ∞\], got "lots"/],
     [['--router-temperature', 'hot'], /^--router-temperature must be a number/],
     [['--router-queue-threshold', 'lots'], /or "none"/],
     [['--router-queue-policy', 'sjf'], /^--router-queue-policy must be one of fcfs\|wspt\|lcfs/],

@@ -47,6 +47,7 @@ const overrideSchema = {
   type: 'object',
   properties: {
     overlap_score_weight: { type: 'number', minimum: 0 },
+    overlap_score_credit: { type: 'number', minimum: 0 },
     router_temperature: { type: 'number', minimum: 0 },
     assume_kv_reuse: { type: 'boolean' },
     track_prefill_tokens: { type: 'boolean' },
@@ -129,6 +130,8 @@ function overrides(o: unknown): RouterConfigOverride | undefined {
   }
   const w = num('overlap_score_weight')
   if (w !== undefined) out.overlapScoreWeight = w
+  const cr = num('overlap_score_credit')
+  if (cr !== undefined) out.overlapScoreCredit = cr
   const t = num('router_temperature')
   if (t !== undefined) out.temperature = t
   const a = bool('assume_kv_reuse')

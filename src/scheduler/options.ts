@@ -26,7 +26,14 @@ export interface SchedulerOptions {
   readonly mode: RouterMode
   /** KV block size in tokens; prefill blocks are prefill tokens / blockSize (not rounded). */
   readonly blockSize: number
+  /** Era B weight = Era C prefill_load_scale: multiplies the prefill term. */
   readonly overlapScoreWeight: number
+  /** Era C overlap_score_credit (default 1): prefill blocks one cached block is worth. */
+  readonly overlapScoreCredit: number
+  /** Era C overlap_score_credit_decay (default 0). */
+  readonly overlapScoreCreditDecay: number
+  /** Era C decode_active_request_weight (default 0): cost per in-flight request. */
+  readonly decodeActiveRequestWeight: number
   readonly temperature: number
   /** null disables the queue: requests are always scheduled at once. */
   readonly queueThreshold: number | null
@@ -61,6 +68,9 @@ const DEFAULTS: Omit<SchedulerOptions, 'approximate' | 'seed'> = {
   mode: 'kv',
   blockSize: 128,
   overlapScoreWeight: 1.0,
+  overlapScoreCredit: 1.0,
+  overlapScoreCreditDecay: 0,
+  decodeActiveRequestWeight: 0,
   temperature: 0.0,
   queueThreshold: 4.0,
   queuePolicy: 'fcfs',
@@ -139,6 +149,9 @@ export function resolveSchedulerOptions(input: SchedulerOptionsInput = {}): Sche
     mode: oneOf('mode', input.mode, DEFAULTS.mode, ROUTER_MODES),
     blockSize: int('blockSize', input.blockSize, DEFAULTS.blockSize, 1, 65536),
     overlapScoreWeight: num('overlapScoreWeight', input.overlapScoreWeight, DEFAULTS.overlapScoreWeight, 0),
+    overlapScoreCredit: num('overlapScoreCredit', input.overlapScoreCredit, DEFAULTS.overlapScoreCredit, 0),
+    overlapScoreCreditDecay: num('overlapScoreCreditDecay', input.overlapScoreCreditDecay, DEFAULTS.overlapScoreCreditDecay, 0),
+    decodeActiveRequestWeight: num('decodeActiveRequestWeight', input.decodeActiveRequestWeight, DEFAULTS.decodeActiveRequestWeight, 0),
     temperature: num('temperature', input.temperature, DEFAULTS.temperature, 0),
     queueThreshold: nullableNum('queueThreshold', input.queueThreshold, DEFAULTS.queueThreshold, 0),
     queuePolicy: oneOf('queuePolicy', input.queuePolicy, DEFAULTS.queuePolicy, QUEUE_POLICIES),

@@ -28,6 +28,7 @@ import { WorkerRanks } from './worker-ranks.js'
 /** Per-request overrides (nvext.router_config_override). */
 export interface RouterConfigOverride {
   overlapScoreWeight?: number
+  overlapScoreCredit?: number
   temperature?: number
   assumeKvReuse?: boolean
   trackPrefillTokens?: boolean
@@ -388,11 +389,15 @@ export class Scheduler {
     c.isl = req.isl
     c.overlap = req.overlapBlocks
     c.weight = o.overlapScoreWeight
+    c.credit = o.overlapScoreCredit
+    c.creditDecay = o.overlapScoreCreditDecay
+    c.requestWeight = o.decodeActiveRequestWeight
     c.temperature = o.temperature
     c.trackPrefill = o.trackPrefillTokens
     let reuse = o.assumeKvReuse
     if (ov !== undefined) {
       if (ov.overlapScoreWeight !== undefined) c.weight = checkNonNegative('overrides.overlapScoreWeight', ov.overlapScoreWeight)
+      if (ov.overlapScoreCredit !== undefined) c.credit = checkNonNegative('overrides.overlapScoreCredit', ov.overlapScoreCredit)
       if (ov.temperature !== undefined) c.temperature = checkNonNegative('overrides.temperature', ov.temperature)
       if (ov.trackPrefillTokens !== undefined) c.trackPrefill = ov.trackPrefillTokens === true
       if (ov.assumeKvReuse !== undefined) reuse = ov.assumeKvReuse === true

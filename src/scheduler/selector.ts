@@ -2,10 +2,12 @@
 // Eligibility and on the load arrays of ActiveSequences; nothing here allocates per decision
 // unless an explanation is asked for.
 //
-//   kv:   logit(w) = weight × prefill_blocks(w) + decode_blocks(w), lower is better
-//         prefill_blocks = (active_prefill_tokens(w) + new_tokens(w)) / block_size
-//         new_tokens     = max(0, isl − overlap(w) × block_size)
+//   kv:   logit(w) = weight × prefill_blocks(w) + decode_blocks(w) + request_weight × in_flight(w)
+//         prefill_blocks = max(0, active_prefill_tokens(w) + isl − credit(w) × overlap(w) × block_size) / block_size
+//         credit(w)      = credit / (1 + decay × ((active_prefill_tokens(w) − min over candidates) / block_size) / ceil(isl / block_size))
 //         decode_blocks  = active_blocks(w) + request blocks not yet active on w
+//         With credit 1, decay 0 and request weight 0 (the defaults) this is Era B's cost
+//         (spec §4.2) exactly; the three knobs are Era C's (§4.3), weight being its prefill scale.
 //         T = 0: minimum, exact ties broken uniformly at random; T > 0: softmax sample.
 import type { ActiveSequences, TrackMode } from './active-sequences.js'
 import { TRACK_NONE, TRACK_SHARED } from './active-sequences.js'
@@ -25,6 +27,12 @@ export class CostInputs {
   track: TrackMode = TRACK_NONE
   trackPrefill = true
   weight = 1
+  /** Era C overlap_score_credit: how many prefill blocks one cached block is worth. */
+  credit = 1
+  /** Era C overlap_score_credit_decay: shrinks the credit of workers with more queued prefill. */
+  creditDecay = 0
+  /** Era C decode_active_request_weight: cost per request already in flight on the worker. */
+  requestWeight = 0
   temperature = 0
 }
 
@@ -94,19 +102,40 @@ export class Selector {
     const ovLen = ov === undefined ? 0 : ov.length
     const extra = c.track === TRACK_NONE ? 0 : c.n
     const w = c.weight
+    const rw = c.requestWeight
     const logits = this.logits
+    const decay = c.trackPrefill ? c.creditDecay : 0
+    const minQueued = decay > 0 ? this.minQueued(slots, m) : 0
+    const reqBlocks = Math.max(1, Math.ceil(isl / bs))
     for (let i = 0; i < m; i++) {
       const s = slots[i] as number
-      let prefill = seqs.prefillTokens[s] as number
-      if (c.trackPrefill) {
-        const overlap = s < ovLen ? ((ov as ArrayLike<number>)[s] as number) : 0
-        const fresh = isl - overlap * bs
-        if (fresh > 0) prefill += fresh
-      }
       let decode = (seqs.activeBlocks[s] as number) + extra
       if (shared) decode -= present[s] as number
-      logits[i] = w * (prefill / bs) + decode
+      let l = w * (this.prefillTokens(c, s, ovLen, decay, minQueued, reqBlocks) / bs) + decode
+      if (rw !== 0) l += rw * (seqs.inFlight[s] as number)
+      logits[i] = l
     }
+  }
+
+  /** Prefill tokens the request would wait behind and compute on slot s, net of its credit. */
+  private prefillTokens(c: CostInputs, s: number, ovLen: number, decay: number, minQueued: number, reqBlocks: number): number {
+    const queued = this.seqs.prefillTokens[s] as number
+    if (!c.trackPrefill) return queued
+    const overlap = s < ovLen ? ((c.overlap as ArrayLike<number>)[s] as number) : 0
+    let credit = c.credit
+    if (decay > 0) credit /= 1 + (decay * ((queued - minQueued) / this.blockSize)) / reqBlocks
+    const fresh = c.isl - credit * overlap * this.blockSize
+    if (fresh >= 0) return queued + fresh
+    // Era B drops a negative new-token count (an overlap longer than the prompt is bad data);
+    // a credit above 1 exceeds the prompt on purpose, and Era C clamps the whole term at 0
+    return credit <= 1 ? queued : Math.max(0, queued + fresh)
+  }
+
+  /** The least queued prefill among the candidates: the credit decay's reference point. */
+  private minQueued(slots: Int32Array, m: number): number {
+    let min = Infinity
+    for (let i = 0; i < m; i++) min = Math.min(min, this.seqs.prefillTokens[slots[i] as number] as number)
+    return min
   }
 
   /** Builds the explanation rows (allocates; only when asked). */
@@ -114,12 +143,15 @@ export class Selector {
     this.computeLogits(c, slots, m)
     const shared = c.track === TRACK_SHARED && c.lo !== undefined && c.hi !== undefined && c.n > 0
     const extra = c.track === TRACK_NONE ? 0 : c.n
+    const ovLen = c.overlap === undefined ? 0 : c.overlap.length
+    const decay = c.trackPrefill ? c.creditDecay : 0
+    const minQueued = decay > 0 ? this.minQueued(slots, m) : 0
+    const reqBlocks = Math.max(1, Math.ceil(c.isl / this.blockSize))
     const out: Candidate[] = []
     for (let i = 0; i < m; i++) {
       const s = slots[i] as number
       const overlap = c.overlap !== undefined && s < c.overlap.length ? (c.overlap[s] as number) : 0
-      const fresh = Math.max(0, c.isl - overlap * this.blockSize)
-      const prefillTokens = (this.seqs.prefillTokens[s] as number) + (c.trackPrefill ? fresh : 0)
+      const prefillTokens = this.prefillTokens(c, s, ovLen, decay, minQueued, reqBlocks)
       const decode = (this.seqs.activeBlocks[s] as number) + extra - (shared ? (this.present[s] as number) : 0)
       const row: Candidate = {
         workerId: this.workers.workerIdOf(s),

@@ -58,6 +58,10 @@ t.test('route: query only, then events move the decision to the worker that hold
   t.match(byStr.body, `"worker_id":${BIG}`)
   const d = await post('/v1/route', { token_ids: prompt })
   t.match(d.body, `{"worker_id":${BIG},"dp_rank":0,"overlap_blocks":3,`)
+  // Era C credit per request: 3 cached blocks × 2 cover the 4-block prompt, the prefill term is 0
+  t.match(d.body, `"worker_id":${BIG},"dp_rank":0,"overlap_blocks":3,"prefill_blocks":1,`)
+  const cr = await post('/v1/route', { token_ids: prompt, router_config_override: { overlap_score_credit: 2 } })
+  t.match(cr.body, `"worker_id":${BIG},"dp_rank":0,"overlap_blocks":3,"prefill_blocks":0,`)
 })
 
 t.test('route with update_states books until released', async (t) => {

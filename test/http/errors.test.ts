@@ -78,6 +78,8 @@ t.test('wrong types → 400', async (t) => {
     ['/v1/route', { token_ids: 'abc' }],
     ['/v1/route', { token_ids: tokens(8), update_states: 'yes' }],
     ['/v1/route', { token_ids: tokens(8), router_config_override: { overlap_score_weight: 'x' } }],
+    ['/v1/route', { token_ids: tokens(8), router_config_override: { overlap_score_credit: -2 } }],
+    ['/v1/completions', { prompt: tokens(8), nvext: { router_config_override: { overlap_score_credit: 'high' } } }],
     ['/v1/route', { token_ids: tokens(8), request_id: 7, update_states: true }],
     ['/v1/route', { token_ids: tokens(8), worker_id: -3 }],
     ['/v1/route', { token_ids: tokens(8), dp_rank: 1.5 }],

@@ -74,6 +74,50 @@ t.test('per-request overrides: weight 0 is pure load balancing; prefill tracking
   t.throws(() => s.tryRoute({ isl: 1, updateStates: false, overrides: { overlapScoreWeight: Number.POSITIVE_INFINITY } }), /overrides\.overlapScoreWeight/)
 })
 
+t.test('Era C overlap credit: above 1 a cached block outweighs decode load (credit 1 = Era B)', async (t) => {
+  const { s } = makeScheduler({ blockSize: 16, queueThreshold: null }, 2)
+  holdBlocks(s, 'w1', 1n, 2, 100)
+  holdBlocks(s, 'w2', 2n, 10, 200)
+  const ov = overlaps({ 1: 6 })
+  // credit 1: W1 10 + 2 = 12, W2 (10 − 6) + 10 = 14 → W1
+  const one = s.tryRoute({ isl: 160, overlapBlocks: ov, updateStates: false, explain: true })
+  t.same(one?.candidates?.map((c) => [c.prefillBlocks, c.logit]), [[10, 12], [4, 14]])
+  t.equal(one?.workerId, 1n)
+  // credit 2: W2 max(0, 10 − 12) + 10 = 10 → W2; the prefill term is clamped at 0, not negative
+  const two = s.tryRoute({ isl: 160, overlapBlocks: ov, updateStates: false, explain: true, overrides: { overlapScoreCredit: 2 } })
+  t.same(two?.candidates?.map((c) => [c.prefillBlocks, c.logit]), [[10, 12], [0, 10]])
+  t.equal(two?.workerId, 2n)
+  // the same through the options, with the prefill scale multiplying the credited term
+  const { s: s2 } = makeScheduler({ blockSize: 16, queueThreshold: null, overlapScoreCredit: 1.5, overlapScoreWeight: 3 }, 2)
+  holdBlocks(s2, 'w1', 1n, 2, 100)
+  holdBlocks(s2, 'w2', 2n, 10, 200)
+  const d = s2.tryRoute({ isl: 160, overlapBlocks: ov, updateStates: false, explain: true })
+  t.same(d?.candidates?.map((c) => c.logit), [3 * 10 + 2, 3 * (10 - 9) + 10])
+  t.throws(() => s.tryRoute({ isl: 1, updateStates: false, overrides: { overlapScoreCredit: -1 } }), /overrides\.overlapScoreCredit/)
+  t.throws(() => makeScheduler({ overlapScoreCredit: Number.NaN }, 1), { code: 'KVR_ERR_INVALID_OPTION' })
+})
+
+t.test('Era C credit decay shrinks the credit of workers with more queued prefill', async (t) => {
+  const { s } = makeScheduler({ blockSize: 16, queueThreshold: null, overlapScoreCredit: 2, overlapScoreCreditDecay: 1 }, 2)
+  // 4 blocks of prefill queued on W2 (booked, first token not yet seen)
+  s.tryRoute({ id: 'q', isl: 64, workerId: 2n })
+  const d = s.tryRoute({ isl: 160, overlapBlocks: overlaps({ 0: 6, 1: 6 }), updateStates: false, explain: true })
+  const credit2 = 2 / (1 + (1 * 4) / 10)
+  const rows = d?.candidates?.map((c) => c.prefillBlocks) ?? []
+  t.equal(rows[0], 0, 'W1 is the least queued: full credit 2 × 6 blocks covers the 10-block prompt')
+  t.ok(Math.abs((rows[1] as number) - (4 + 10 - credit2 * 6)) < 1e-9, `W2: 4 queued + 10 − ${credit2.toFixed(3)} × 6`)
+  t.equal(d?.workerId, 1n)
+})
+
+t.test('Era C decode_active_request_weight adds a cost per in-flight request', async (t) => {
+  const { s } = makeScheduler({ blockSize: 16, queueThreshold: null, decodeActiveRequestWeight: 7 }, 2)
+  holdBlocks(s, 'a', 1n, 0, 100)
+  holdBlocks(s, 'b', 1n, 0, 200)
+  const d = s.tryRoute({ isl: 32, updateStates: false, explain: true })
+  t.same(d?.candidates?.map((c) => [c.inFlight, c.logit]), [[2, 2 + 14], [0, 2]])
+  t.equal(d?.workerId, 2n)
+})
+
 t.test('assume_kv_reuse off: every block is new on every worker', async (t) => {
   const { s } = makeScheduler({ blockSize: 16, queueThreshold: null, assumeKvReuse: false }, 1)
   const h = chain(blocks(0, 4))

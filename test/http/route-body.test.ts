@@ -19,6 +19,32 @@ t.test('token ids into a Uint32Array, other members JSON-parsed', async (t) => {
   t.same([...(again.tokens as Uint32Array)], [9], 'each result is its own copy')
 })
 
+t.test('token ids of every digit count, against JSON.parse (seeded)', async (t) => {
+  let x = 0x9e3779b9
+  const next = (): number => {
+    x ^= x << 13
+    x ^= x >>> 17
+    x ^= x << 5
+    return x >>> 0
+  }
+  for (let round = 0; round < 200; round++) {
+    // spread over 1..10 digits: a random power of ten times a random fraction, plus the edges
+    const ids = Array.from({ length: 1 + (next() % 300) }, () => {
+      const r = next() % 12
+      if (r === 10) return 0
+      if (r === 11) return 4294967295
+      return Math.min(4294967295, Math.floor((next() / 4294967296) * 10 ** (r + 1)))
+    })
+    const spaced = round % 4 === 0 ? JSON.stringify({ token_ids: ids }, null, 1) : JSON.stringify({ token_ids: ids })
+    t.same([...(scan(spaced).tokens as Uint32Array)], JSON.parse(spaced).token_ids as number[])
+  }
+  for (const bad of ['00', '007', '4294967296', '99999999999', '12345678901234567890', '1.0', '1e3', '12E1', '-0', '"1"', 'null', 'true', '+1', '0x10']) {
+    t.throws(() => scan(`{"token_ids":[5,${bad},6]}`), { code: 'KVR_ERR_TOKEN_OUT_OF_RANGE', message: /token_ids\[1\]/ }, bad)
+  }
+  t.throws(() => scan('{"token_ids":[5,]}'), { code: 'KVR_ERR_TOKEN_OUT_OF_RANGE', message: /token_ids\[1\]/ })
+  t.throws(() => scan('{"token_ids":[123'), /token_ids|end/, 'the body ends inside a number')
+})
+
 t.test('block hashes: exact u64 from integers and strings', async (t) => {
   const r = scan('{"block_hashes":[0, "18446744073709551615", 9007199254740993, "42"]}')
   const lo = r.blockLo as Uint32Array

@@ -11,7 +11,8 @@
 // step-alignment jitter into each TTFT, which would drown a difference of a millisecond. The
 // router runs round-robin, as the direct path does, so both paths load the upstreams alike and
 // the difference is the hop itself: parsing, routing, booking, proxying every chunk. Direct and
-// routed phases alternate, two rounds each.
+// routed phases alternate, two rounds each. ROUTER_NODE_FLAGS="…" passes node flags to the router
+// child (diagnosis: --trace-gc, --cpu-prof, --import of a probe).
 import type { ChildProcess } from 'node:child_process'
 import { Agent, request } from 'undici'
 import { child, median } from './common.js'
@@ -174,7 +175,7 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
   const agent = new Agent({ connections: streams + 56, pipelining: 1, keepAliveTimeout: 30_000 })
   try {
     const started = await child(
-      [cli, 'serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-block-size', '64', '--router-queue-threshold', 'none', '--router-mode', 'round-robin', ...workerArgs],
+      [...(process.env.ROUTER_NODE_FLAGS ?? '').split(' ').filter((x) => x !== ''), cli, 'serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-block-size', '64', '--router-queue-threshold', 'none', '--router-mode', 'round-robin', ...workerArgs],
       /listening on (http:\/\/\S+)/,
     )
     router = started.p

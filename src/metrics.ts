@@ -1,8 +1,9 @@
 // Prometheus metrics (prom-client, one registry per router). Names follow Dynamo's (spec §9)
 // where the meaning is the same, so existing dashboards keep working; kvrouter_* names are this
 // router's own (shards). Shard and scheduler figures are read at scrape time (shared-memory
-// counters, scheduler stats): the request path only observes a few pre-bound histograms.
-import { Counter, Gauge, Histogram, Registry } from 'prom-client'
+// counters, scheduler stats): the request path only observes a few allocation-free histograms.
+import { Counter, Gauge, Registry } from 'prom-client'
+import { BoundHistogram } from './histogram.js'
 import type { Router } from './router.js'
 import type { RouteDecision } from './scheduler/scheduler.js'
 
@@ -11,7 +12,7 @@ const S_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 1
 const TOKEN_BUCKETS = [16, 64, 256, 1024, 4096, 16384, 65536, 262144]
 const RATIO_BUCKETS = [0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1]
 
-type H = ReturnType<Histogram<string>['labels']>
+type H = BoundHistogram
 
 export class RouterMetrics {
   readonly registry = new Registry()
@@ -40,13 +41,13 @@ export class RouterMetrics {
     const base = { dynamo_namespace: cfg.namespace, dynamo_component: cfg.component, dynamo_endpoint: 'generate' }
     const comp = ['dynamo_namespace', 'dynamo_component', 'dynamo_endpoint']
     const ov = (name: string, help: string): H =>
-      new Histogram({ name: `dynamo_router_overhead_${name}_ms`, help, labelNames: ['router_id'], buckets: MS_BUCKETS, registers: [r] }).labels(this.routerId)
+      new BoundHistogram(`dynamo_router_overhead_${name}_ms`, help, { router_id: this.routerId }, MS_BUCKETS, r)
     this.hashing = ov('block_hashing', 'Time to hash the prompt into blocks (ms)')
     this.findMatches = ov('indexer_find_matches', 'Time of the overlap query over the indexer shards (ms)')
     this.scheduling = ov('scheduling', 'Time of cost, selection and booking, including queueing (ms)')
     this.total = ov('total', 'Total routing overhead (ms)')
     const ch = (name: string, help: string, buckets: number[]): H =>
-      new Histogram({ name: `dynamo_component_router_${name}`, help, labelNames: comp, buckets, registers: [r] }).labels(base)
+      new BoundHistogram(`dynamo_component_router_${name}`, help, base, buckets, r)
     this.hitRate = ch('kv_hit_rate', 'Predicted KV hit rate of routed requests (overlap blocks / prompt blocks)', RATIO_BUCKETS)
     this.isl = ch('input_sequence_tokens', 'Prompt length of routed requests', TOKEN_BUCKETS)
     this.ttft = ch('time_to_first_token_seconds', 'Time to first token through the router', S_BUCKETS)

@@ -224,42 +224,59 @@ export class Proxy {
     let last = 0
     let chunks = 0
     const d = a.decision
-    try {
-      for await (const chunk of res.body) {
-        const now = performance.now()
-        if (first) {
-          first = false
-          a.booking.prefillComplete()
-          m.observeTtft((now - started) / 1000)
-          reply.hijack()
-          raw.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-worker-id': d.workerId.toString() })
-          pending = (chunk as Buffer).toString('utf8')
-          // the first event carries nvext.worker_id; it is rewritten once complete
-          const cut = pending.indexOf('\n\n')
-          if (cut < 0) continue
-          raw.write(injectWorkerId(pending.slice(0, cut + 2), workerIdJson))
-          pending = pending.slice(cut + 2)
-          chunks++
-          if (pending.length > 0) raw.write(pending)
-          pending = ''
-          last = now
-          continue
-        }
-        if (pending !== null && pending.length > 0) {
-          // still waiting for the end of the first event
-          pending += (chunk as Buffer).toString('utf8')
-          const cut = pending.indexOf('\n\n')
-          if (cut < 0) continue
-          raw.write(injectWorkerId(pending.slice(0, cut + 2), workerIdJson))
-          raw.write(pending.slice(cut + 2))
-          pending = ''
-        } else {
-          raw.write(chunk as Buffer)
-        }
+    // 'data' events rather than `for await`: the async iterator costs promises and ticks per
+    // chunk, and the proxy's tail latency under many streams follows its garbage
+    const onChunk = (chunk: Buffer): void => {
+      const now = performance.now()
+      if (first) {
+        first = false
+        a.booking.prefillComplete()
+        m.observeTtft((now - started) / 1000)
+        reply.hijack()
+        raw.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-worker-id': d.workerId.toString() })
+        pending = chunk.toString('utf8')
+        // the first event carries nvext.worker_id; it is rewritten once complete
+        const cut = pending.indexOf('\n\n')
+        if (cut < 0) return
+        raw.write(injectWorkerId(pending.slice(0, cut + 2), workerIdJson))
+        pending = pending.slice(cut + 2)
         chunks++
-        m.observeItl((now - last) / 1000)
+        if (pending.length > 0) raw.write(pending)
+        pending = ''
         last = now
+        return
       }
+      if (pending.length > 0) {
+        // still waiting for the end of the first event
+        pending += chunk.toString('utf8')
+        const cut = pending.indexOf('\n\n')
+        if (cut < 0) return
+        raw.write(injectWorkerId(pending.slice(0, cut + 2), workerIdJson))
+        raw.write(pending.slice(cut + 2))
+        pending = ''
+      } else {
+        raw.write(chunk)
+      }
+      chunks++
+      m.observeItl((now - last) / 1000)
+      last = now
+    }
+    try {
+      const body = res.body
+      await new Promise<void>((resolve, reject) => {
+        // a throw inside an event handler would be uncaught: it fails the body instead
+        body.on('data', (chunk: Buffer) => {
+          try {
+            onChunk(chunk)
+          } catch (err) {
+            body.destroy(err as Error)
+          }
+        })
+        body.once('end', resolve)
+        body.once('error', reject)
+        // closed without 'end' or 'error' (an abort tears the body down): not a complete stream
+        body.once('close', () => (body.readableEnded ? resolve() : reject(new Error('the upstream body closed before its end'))))
+      })
       if (first) {
         // ended without a single chunk: a failure before the first token
         return false

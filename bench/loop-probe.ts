@@ -1,0 +1,41 @@
+// Event-loop and GC probe for a router under a benchmark's load, loaded with node's --import:
+//   ROUTER_NODE_FLAGS="--import ./dist/bench/loop-probe.js" node dist/bench/proxy.js
+// On exit (the benchmark stops its router with SIGTERM) it writes one JSON line to
+// LOOP_PROBE_OUT (default bench/results/loop-probe.json): event-loop delay percentiles, the GC
+// pauses seen, and how often the loop was away for more than 5 ms. It tells a GC pause from a
+// loop the OS did not schedule: both stall the loop, only the first shows as a GC entry.
+import { monitorEventLoopDelay, PerformanceObserver } from 'node:perf_hooks'
+import { writeFileSync } from 'node:fs'
+
+const delay = monitorEventLoopDelay({ resolution: 1 })
+delay.enable()
+const gcMs: number[] = []
+new PerformanceObserver((list) => {
+  for (const e of list.getEntries()) gcMs.push(e.duration)
+}).observe({ entryTypes: ['gc'] })
+const stalls: number[] = []
+let last = performance.now()
+setInterval(() => {
+  const now = performance.now()
+  if (now - last > 5) stalls.push(now - last)
+  last = now
+}, 1).unref()
+
+let written = false
+function write(): void {
+  if (written) return
+  written = true
+  const top = (xs: number[]): number[] => [...xs].sort((a, b) => a - b).slice(-10).map((x) => Math.round(x * 10) / 10)
+  const out = {
+    pid: process.pid,
+    loop_delay_ms: { p50: delay.percentile(50) / 1e6, p99: delay.percentile(99) / 1e6, p999: delay.percentile(99.9) / 1e6, max: delay.max / 1e6 },
+    gc: { count: gcMs.length, total_ms: Math.round(gcMs.reduce((a, b) => a + b, 0)), longest_ms: top(gcMs) },
+    stalls_over_5ms: { count: stalls.length, total_ms: Math.round(stalls.reduce((a, b) => a + b, 0)), longest_ms: top(stalls) },
+  }
+  writeFileSync(process.env.LOOP_PROBE_OUT ?? 'bench/results/loop-probe.json', JSON.stringify(out) + '\n')
+}
+process.once('SIGTERM', () => {
+  write()
+  process.exit(0)
+})
+process.once('exit', write)

@@ -5,7 +5,9 @@
 //   same worker   — sent to the worker that computed the prefix: what is lost there is eviction;
 //   other worker  — sent elsewhere: the routing decision gave up the prefix;
 //   in prefill    — the prefix was still being computed: no cache could have served it yet.
-// Requests sharing no more than the universal first 512-token block are counted apart.
+// Among earlier requests sharing the longest prefix, the holder is one whose prefill had finished
+// (on this request's worker if there is one). Requests sharing no more than the universal first
+// 512-token block, and failed requests, are counted apart.
 //
 // Run: node dist/bench/e2e-misses.js RECORDS.jsonl [--minutes M] [--trace FILE]
 //      (RECORDS from `npm run bench:e2e -- --records DIR`, one file per mode)
@@ -48,25 +50,37 @@ function main(): void {
     .sort((x, y) => x.id - y.id)
   const classes = { 'same worker': { n: 0, lost: 0 }, 'other worker': { n: 0, lost: 0 }, 'in prefill': { n: 0, lost: 0 } }
   let firstBlockOnly = 0
+  let failed = 0
   let prompt = 0
   let cached = 0
   let possible = 0
   for (let i = 0; i < recs.length; i++) {
     const r = recs[i] as ReplayRecord
     const t = trace[r.id]
-    if (t === undefined) throw new Error(`record ${r.id} is beyond the ${minutes}-minute slice: pass --minutes`)
+    if (t === undefined || t.timestamp !== r.timestamp) throw new Error(`record ${r.id} is not request ${r.id} of the ${minutes}-minute slice of this trace: pass --minutes or --trace`)
     prompt += r.prompt_tokens
     cached += r.cached_tokens
     let best = 0
     let from = -1
+    let rank = -1
     for (let j = Math.max(0, i - WINDOW); j < i; j++) {
-      const c = sharedBlocks(trace[(recs[j] as ReplayRecord).id] as TraceRequest, t)
-      if (c >= best && c > 0) {
+      const h = recs[j] as ReplayRecord
+      const c = sharedBlocks(trace[h.id] as TraceRequest, t)
+      if (c === 0 || c < best) continue
+      // prefer a holder that had finished its prefill, then one on this request's worker
+      const ready = h.ttft_ms !== null && h.sent_ms + h.ttft_ms <= r.sent_ms
+      const k = (ready ? 2 : 0) + (h.worker === r.worker ? 1 : 0)
+      if (c > best || k > rank) {
         best = c
         from = j
+        rank = k
       }
     }
     possible += best * BLOCK
+    if (r.error !== null) {
+      failed++
+      continue
+    }
     if (best <= TRACE_BLOCK / BLOCK) {
       firstBlockOnly++
       continue
@@ -79,7 +93,7 @@ function main(): void {
   }
   const pct = (x: number): string => `${((x / prompt) * 100).toFixed(1)}%`
   console.log(`${file}: ${recs.length} requests; cached ${pct(cached)} of prompt tokens; longest earlier shared prefix ${pct(possible)} (window ${WINDOW})`)
-  console.log(`requests sharing only the first ${TRACE_BLOCK}-token block: ${firstBlockOnly}`)
+  console.log(`requests sharing at most the first ${TRACE_BLOCK}-token block: ${firstBlockOnly}; failed requests: ${failed}`)
   console.log('prefix holder          requests   prompt tokens lost')
   for (const [name, c] of Object.entries(classes)) console.log(`${name.padEnd(22)} ${String(c.n).padStart(8)}   ${pct(c.lost).padStart(18)}`)
 }

@@ -54,7 +54,7 @@ const OTHER_CPU_WARN = 0.1
 
 // Defaults calibrated on the 2-core development machine (see the README section): the load
 // makes round-robin queue (p90 TTFT ≥ 1 s simulated) and S fits five modes in ~12 minutes.
-const DEFAULTS = { minutes: 20, workers: 8, speedup: 1.25, load: 8, capacityFactor: 1.25, maxInFlight: 2048 }
+const DEFAULTS = { minutes: 20, workers: 8, speedup: 1.5, load: 8, capacityFactor: 1.25, maxInFlight: 2048 }
 
 
 function fail(msg: string): never {

@@ -265,10 +265,14 @@ export class Proxy {
       const body = res.body
       await new Promise<void>((resolve, reject) => {
         // a throw inside an event handler would be uncaught: it fails the body instead
+        // chunks already buffered still arrive after destroy(): the flag stops them
+        let failed = false
         body.on('data', (chunk: Buffer) => {
+          if (failed) return
           try {
             onChunk(chunk)
           } catch (err) {
+            failed = true
             body.destroy(err as Error)
           }
         })

@@ -162,8 +162,10 @@ export class RouteBodyScanner {
         }
         break
       }
-      // a fraction, an exponent, a letter: the value is not a token id
-      if (i < len) throw tokenError(n - 1, buf, start)
+      // a fraction, an exponent, a letter: the value is not a token id; anything else is a
+      // structural mistake (a missing "]", a stray brace) and gets the generic message below
+      const lower = c | 32
+      if (c === 46 || (lower >= 97 && lower <= 122)) throw tokenError(n - 1, buf, start)
       break
     }
     throw bad('token_ids: expected "," or "]"', i)

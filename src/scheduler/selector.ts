@@ -124,11 +124,12 @@ export class Selector {
     const overlap = s < ovLen ? ((c.overlap as ArrayLike<number>)[s] as number) : 0
     let credit = c.credit
     if (decay > 0) credit /= 1 + (decay * ((queued - minQueued) / this.blockSize)) / reqBlocks
-    const fresh = c.isl - credit * overlap * this.blockSize
-    if (fresh >= 0) return queued + fresh
-    // Era B drops a negative new-token count (an overlap longer than the prompt is bad data);
-    // a credit above 1 exceeds the prompt on purpose, and Era C clamps the whole term at 0
-    return credit <= 1 ? queued : Math.max(0, queued + fresh)
+    // A cached run longer than the prompt (a client's isl shorter than its hashes) counts as the
+    // whole prompt: at credit 1 that is Era B's max(0, isl − cached), and the cost stays
+    // continuous in the credit. Above 1 the credit may exceed the prompt on purpose, and Era C
+    // clamps the whole term at 0.
+    const cached = Math.min(overlap * this.blockSize, c.isl)
+    return Math.max(0, queued + c.isl - credit * cached)
   }
 
   /** The least queued prefill among the candidates: the credit decay's reference point. */

@@ -43,6 +43,7 @@ t.test('token ids of every digit count, against JSON.parse (seeded)', async (t) 
   }
   t.throws(() => scan('{"token_ids":[5,]}'), { code: 'KVR_ERR_TOKEN_OUT_OF_RANGE', message: /token_ids\[1\]/ })
   t.throws(() => scan('{"token_ids":[123'), /token_ids|end/, 'the body ends inside a number')
+  t.throws(() => scan('{"token_ids":[1,2}'), { code: 'KVR_ERR_INVALID_REQUEST', message: /expected "," or "\]"/ }, 'a missing "]" blames no token')
 })
 
 t.test('block hashes: exact u64 from integers and strings', async (t) => {

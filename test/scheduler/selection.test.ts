@@ -94,6 +94,12 @@ t.test('Era C overlap credit: above 1 a cached block outweighs decode load (cred
   const d = s2.tryRoute({ isl: 160, overlapBlocks: ov, updateStates: false, explain: true })
   t.same(d?.candidates?.map((c) => c.logit), [3 * 10 + 2, 3 * (10 - 9) + 10])
   t.throws(() => s.tryRoute({ isl: 1, updateStates: false, overrides: { overlapScoreCredit: -1 } }), /overrides\.overlapScoreCredit/)
+  // a cached run longer than the stated prompt counts as the whole prompt: no jump past credit 1
+  const { s: s3 } = makeScheduler({ blockSize: 16, queueThreshold: null }, 1)
+  s3.tryRoute({ id: 'queued', isl: 160, workerId: 1n })
+  const at = (credit: number): number => s3.tryRoute({ isl: 32, overlapBlocks: overlaps({ 0: 10 }), updateStates: false, explain: true, overrides: { overlapScoreCredit: credit } })?.candidates?.[0]?.prefillBlocks ?? NaN
+  t.equal(at(1), 10, 'Era B: the queued 10 blocks, no new tokens')
+  t.ok(Math.abs(at(1.01) - (10 - 0.01 * 2)) < 1e-9, 'just above 1: just below')
   t.throws(() => makeScheduler({ overlapScoreCredit: Number.NaN }, 1), { code: 'KVR_ERR_INVALID_OPTION' })
 })
 

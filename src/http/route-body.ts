@@ -5,7 +5,6 @@
 // member is small and goes through JSON.parse on its own slice. Errors are KvrErrors naming the
 // field and the byte offset.
 import { KvrError } from '../shared/errors.js'
-import { scanPlainTokens, scannedEnd } from '../shared/token-scan.js'
 
 export interface RouteBody {
   /** Token ids (a copy of exactly the prompt's length), or null. */
@@ -92,13 +91,6 @@ export class RouteBodyScanner {
     if (buf[i] === RBRACK) {
       out.tokens = new Uint32Array(0)
       return i + 1
-    }
-    // the common layout goes through the WebAssembly scanner; anything else (whitespace, any
-    // error) comes back null and is scanned here, from the start of the array
-    const fast = scanPlainTokens(buf, i)
-    if (fast !== null) {
-      out.tokens = fast
-      return scannedEnd
     }
     const len = buf.length
     let n = 0

@@ -379,6 +379,7 @@ async function main(): Promise<void> {
   console.log(`bench:e2e — ${sliceName} of ${relative(process.cwd(), a.trace)}: ${requests.length} requests over ${(spanS / 60).toFixed(1)} min`)
   console.log(`  infinite-cache hit-rate bound (block ${BLOCK_SIZE}): ${pct(bound.hitRate)}; ${bound.uniqueBlocks} unique blocks → K = ${k} KV blocks per worker (× ${a.workers} workers, factor ${a.capacityFactor}) [${boundS.toFixed(1)} s]`)
   console.log(`  mocker --speedup-ratio ${a.speedup}, load × ${a.load} → replay at ${replaySpeedup}× the trace: ~${(spanS / replaySpeedup).toFixed(0)} s of sending per mode; modes: ${a.modes.join(', ')}`)
+  if (a.modes.includes('kv-tuned')) console.log(`  kv-tuned = kv with ${TUNED.join(' ')} (README: "Tuning the cost")`)
   const runs: Record<string, ModeRun> = {}
   for (const mode of a.modes) {
     const r = await runMode(mode, a, requests, k)

@@ -52,6 +52,9 @@ export interface Candidate {
 export class Selector {
   /** Per candidate index: the kv logit computed by computeLogits(). */
   logits = new Float64Array(8)
+  /** Per candidate index: the prefill blocks and decode blocks behind logits[i], for explain(). */
+  private prefillBlocks = new Float64Array(8)
+  private decodeBlocks = new Float64Array(8)
   private weights = new Float64Array(8)
   /** Per slot: request blocks already active there (filled by countPresent). */
   private present = new Int32Array(8)
@@ -92,6 +95,8 @@ export class Selector {
     if (this.logits.length < m) {
       this.logits = new Float64Array(Math.max(m, this.logits.length * 2))
       this.weights = new Float64Array(this.logits.length)
+      this.prefillBlocks = new Float64Array(this.logits.length)
+      this.decodeBlocks = new Float64Array(this.logits.length)
     }
     const shared = c.track === TRACK_SHARED && c.lo !== undefined && c.hi !== undefined && c.n > 0
     const present = shared ? this.countPresent(c, slots, m) : this.present
@@ -104,6 +109,8 @@ export class Selector {
     const w = c.weight
     const rw = c.requestWeight
     const logits = this.logits
+    const pb = this.prefillBlocks
+    const db = this.decodeBlocks
     const decay = c.trackPrefill ? c.creditDecay : 0
     const minQueued = decay > 0 ? this.minQueued(slots, m) : 0
     const reqBlocks = Math.max(1, Math.ceil(isl / bs))
@@ -111,7 +118,10 @@ export class Selector {
       const s = slots[i] as number
       let decode = (seqs.activeBlocks[s] as number) + extra
       if (shared) decode -= present[s] as number
-      let l = w * (this.prefillTokens(c, s, ovLen, decay, minQueued, reqBlocks) / bs) + decode
+      const prefill = this.prefillTokens(c, s, ovLen, decay, minQueued, reqBlocks) / bs
+      pb[i] = prefill
+      db[i] = decode
+      let l = w * prefill + decode
       if (rw !== 0) l += rw * (seqs.inFlight[s] as number)
       logits[i] = l
     }
@@ -142,25 +152,17 @@ export class Selector {
   /** Builds the explanation rows (allocates; only when asked). */
   explain(c: CostInputs, slots: Int32Array, m: number, treeSizes?: ArrayLike<number>): Candidate[] {
     this.computeLogits(c, slots, m)
-    const shared = c.track === TRACK_SHARED && c.lo !== undefined && c.hi !== undefined && c.n > 0
-    const extra = c.track === TRACK_NONE ? 0 : c.n
-    const ovLen = c.overlap === undefined ? 0 : c.overlap.length
-    const decay = c.trackPrefill ? c.creditDecay : 0
-    const minQueued = decay > 0 ? this.minQueued(slots, m) : 0
-    const reqBlocks = Math.max(1, Math.ceil(c.isl / this.blockSize))
     const out: Candidate[] = []
     for (let i = 0; i < m; i++) {
       const s = slots[i] as number
       const overlap = c.overlap !== undefined && s < c.overlap.length ? (c.overlap[s] as number) : 0
-      const prefillTokens = this.prefillTokens(c, s, ovLen, decay, minQueued, reqBlocks)
-      const decode = (this.seqs.activeBlocks[s] as number) + extra - (shared ? (this.present[s] as number) : 0)
       const row: Candidate = {
         workerId: this.workers.workerIdOf(s),
         dpRank: this.workers.dpRankOf(s),
         slot: s,
         overlapBlocks: overlap,
-        prefillBlocks: prefillTokens / this.blockSize,
-        decodeBlocks: decode,
+        prefillBlocks: this.prefillBlocks[i] as number,
+        decodeBlocks: this.decodeBlocks[i] as number,
         logit: this.logits[i] as number,
         inFlight: this.seqs.inFlight[s] as number,
       }

@@ -16,7 +16,7 @@ import nodeEndpoint from 'comlink/dist/esm/node-adapter.mjs'
 import { RingProducer, checkRingCapacity } from './shared/ring.js'
 import {
   BoardLayout, C_APPLIED, C_BLOCKS, C_MALFORMED, C_MISPLACED, C_NODES, C_PROCESSED, C_QUERIES, C_RECEIVED, C_REJECTED, C_WORKERS, CTRL_WORDS, DOORBELL,
-  B_ANSWERS, B_MAIN_WAITING, HEARTBEAT, PRODUCER_WAIT, Q_FLAGS, Q_N, Q_PENDING, QF_EARLY_EXIT, QRING_BASE, QRING_READ, QRING_SIZE, QRING_WRITE, RESULT_WORDS,
+  B_ANSWERS, B_MAIN_WAITING, CONTROL_POSTED, HEARTBEAT, PRODUCER_WAIT, Q_FLAGS, Q_N, Q_PENDING, QF_EARLY_EXIT, QRING_BASE, QRING_READ, QRING_SIZE, QRING_WRITE, RESULT_WORDS,
   RING_READ, RING_WRITE, SLEEPING, STATE, MAX_SHARDS, CONTROL_BYTES, CONTROL_REMOVE_WORKER, ShardState, shardOf, type ShardInit,
 } from './shared/shard-protocol.js'
 import { REJECT_REASON_COUNT, REJECT_REASON_NAMES, type OverlapScore } from './shared/kv-index.js'
@@ -45,7 +45,7 @@ export interface ShardPoolOptions {
   stallMs?: number
   /** How long an idle shard spins before it sleeps; default 200 µs when a core is spare beyond the event loop and the shards, else 0. */
   shardSpinUs?: number
-  /** How long a query spins on the event loop for its answer before it awaits; default 30 µs. */
+  /** How long a query spins on the event loop for its answer before it awaits; default 30 µs when a core is spare for every shard beside the event loop, else 0. */
   querySpinUs?: number
 }
 
@@ -188,7 +188,9 @@ export class ShardPool extends EventEmitter {
       // Spinning only pays with a core to spare beyond the event loop and the shards; without
       // one, a spinning shard takes the CPU the event loop needs to feed it.
       shardSpinUs: options.shardSpinUs ?? (cores > shards + 1 ? 200 : 0),
-      querySpinUs: options.querySpinUs ?? 30,
+      // The same for the event loop's wait for an answer: with no core to spare for every
+      // shard, its spin takes the CPU a shard needs to answer.
+      querySpinUs: options.querySpinUs ?? (cores > shards ? 30 : 0),
     }
     try {
       checkRingCapacity(o.ringBytes)
@@ -364,8 +366,14 @@ export class ShardPool extends EventEmitter {
 
   /** Runs a control call on a shard; rejects, instead of waiting forever, if the thread exits. */
   private control<T>(sh: Shard, call: (api: Comlink.Remote<ShardApi>) => Promise<T>): Promise<T> {
+    const reply = call(sh.api)
+    // the call is posted (comlink posts synchronously); a shard asleep in its futex wait must
+    // wake to take it in
+    Atomics.add(sh.ctrl, CONTROL_POSTED, 1)
+    Atomics.add(sh.ctrl, DOORBELL, 1)
+    Atomics.notify(sh.ctrl, DOORBELL)
     return Promise.race([
-      call(sh.api),
+      reply,
       sh.exited.then((code) => {
         throw new KvrError('KVR_ERR_SHARD_RESTARTED', `shard ${sh.index} exited (code ${code}) during the operation`)
       }),
@@ -404,6 +412,9 @@ export class ShardPool extends EventEmitter {
         const qw = Atomics.load(sh.ctrl, QRING_WRITE) >>> 0
         sh.ctrl[QRING_BASE + (qw & (QRING_SIZE - 1))] = slot
         Atomics.store(sh.ctrl, QRING_WRITE, (qw + 1) | 0)
+        // wake a sleeping shard now, not at the end of this event-loop turn; a shard that is
+        // awake reads the query ring on its own
+        this.ring(sh)
       }
       await new Promise<void>((resolve) => {
         this.asked.push({ at: base + Q_PENDING, resolve })
@@ -619,7 +630,7 @@ export class ShardPool extends EventEmitter {
   blockShard(index: number, ms: number): void {
     const sh = this.shards[index]
     if (sh === undefined) throw new KvrError('KVR_ERR_INVALID_OPTION', `no shard ${index}`)
-    void sh.api.block(ms).catch(() => undefined)
+    void this.control(sh, (api) => api.block(ms)).catch(() => undefined)
   }
 
   private checkHeartbeats(): void {

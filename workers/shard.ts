@@ -19,7 +19,7 @@ import type { RouterEvent } from '../src/shared/events.js'
 import { RingConsumer } from '../src/shared/ring.js'
 import {
   BoardLayout, C_APPLIED, C_BLOCKS, C_CLEARED, C_MALFORMED, C_MISPLACED, C_NODES, C_PROCESSED, C_QUERIES, C_RECEIVED, C_REJECTED, C_REMOVED,
-  B_ANSWERS, B_MAIN_WAITING, C_STORED, C_WORKERS, DOORBELL, HEARTBEAT, PRODUCER_WAIT, Q_FLAGS, Q_N, Q_PENDING, QF_EARLY_EXIT, QRING_BASE, QRING_READ, QRING_SIZE,
+  B_ANSWERS, B_MAIN_WAITING, CONTROL_POSTED, C_STORED, C_WORKERS, DOORBELL, HEARTBEAT, PRODUCER_WAIT, Q_FLAGS, Q_N, Q_PENDING, QF_EARLY_EXIT, QRING_BASE, QRING_READ, QRING_SIZE,
   QRING_WRITE, RESULT_WORDS, RING_READ, CONTROL_BYTES, CONTROL_REMOVE_WORKER, RING_WRITE, SLEEPING, STATE, ShardState, shardOf, type ShardInit,
 } from '../src/shared/shard-protocol.js'
 
@@ -148,6 +148,12 @@ function serveQueries(): number {
   return (qr - start) >>> 0
 }
 
+/** CONTROL_POSTED as of the last turn of the event loop: calls posted before it were taken in. */
+let controlSeen = 0
+function controlWaiting(): boolean {
+  return Atomics.load(ctrl, CONTROL_POSTED) !== controlSeen
+}
+
 function queriesWaiting(): boolean {
   return Atomics.load(ctrl, QRING_READ) !== Atomics.load(ctrl, QRING_WRITE)
 }
@@ -205,14 +211,17 @@ async function run(): Promise<void> {
       }
     }
     if (woke) continue
+    // Control calls arrive through the event loop, which the synchronous wait below keeps shut:
+    // let them in first. The pool rings the doorbell after posting one, so none waits out a sleep.
+    controlSeen = Atomics.load(ctrl, CONTROL_POSTED)
+    await yieldToLoop()
+    lastYield = performance.now()
     Atomics.store(ctrl, SLEEPING, 1)
     const bell = Atomics.load(ctrl, DOORBELL)
-    if (ring.empty() && !queriesWaiting() && !stopping) {
-      const r = Atomics.waitAsync(ctrl, DOORBELL, bell, init.heartbeatMs)
-      if (r.async) await r.value
-    }
+    // A futex wait wakes in a few µs; Atomics.waitAsync goes through this thread's event loop
+    // and took tens to hundreds of µs, which every query to a sleeping shard paid.
+    if (ring.empty() && !queriesWaiting() && !stopping && !controlWaiting()) Atomics.wait(ctrl, DOORBELL, bell, init.heartbeatMs)
     Atomics.store(ctrl, SLEEPING, 0)
-    lastYield = performance.now()
   }
   publishCounters()
   Atomics.store(ctrl, STATE, ShardState.Stopped)

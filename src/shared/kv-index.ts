@@ -328,11 +328,13 @@ export class KvIndex {
     const n = ev.count
     let fresh = false
     for (let i = 0; i < n; i++) {
-      if ((i & 31) === 31 && this.interrupt !== null) this.interrupt()
-      const tokLo = ev.tokensLo[i] as number
-      const tokHi = ev.tokensHi[i] as number
-      const bhLo = ev.blockLo[i] as number
-      const bhHi = ev.blockHi[i] as number
+      if ((i & 7) === 7 && this.interrupt !== null) this.interrupt()
+      // `| 0`: a u32 above 2^31 is a double, boxed into a fresh heap number at every call
+      // that is not inlined; an int32 travels as a small integer (the tables compare int32 bits)
+      const tokLo = (ev.tokensLo[i] as number) | 0
+      const tokHi = (ev.tokensHi[i] as number) | 0
+      const bhLo = (ev.blockLo[i] as number) | 0
+      const bhHi = (ev.blockHi[i] as number) | 0
       const e = this.findEntry(w, bhLo, bhHi)
       // A node made by this event has no children yet: skip the probe.
       let node = fresh ? NIL : this.findChild(cur, tokLo, tokHi)
@@ -374,14 +376,14 @@ export class KvIndex {
   private applyRemoved(w: number, ev: DecodedEvent): number {
     let first = APPLY_OK
     for (let i = 0; i < ev.count; i++) {
-      const e = this.findEntry(w, ev.blockLo[i] as number, ev.blockHi[i] as number)
+      const e = this.findEntry(w, (ev.blockLo[i] as number) | 0, (ev.blockHi[i] as number) | 0)
       if (e === NIL) {
         const r = this.reject(RejectReason.BlockNotFound)
         if (first === APPLY_OK) first = r
         continue
       }
       this.removeEntry(e)
-      if ((i & 31) === 31 && this.interrupt !== null) this.interrupt()
+      if ((i & 7) === 7 && this.interrupt !== null) this.interrupt()
     }
     if (first === APPLY_OK) this.appliedByKind[EventKind.Removed] = (this.appliedByKind[EventKind.Removed] as number) + 1
     return first
@@ -427,7 +429,8 @@ export class KvIndex {
   findMatches(lo: Uint32Array, hi: Uint32Array, n: number, earlyExit = false): number {
     this.matchCount = 0
     if (n === 0) return 0
-    let cur = this.findChild(ROOT, lo[0] as number, hi[0] as number)
+    // int32 arguments, as in applyStored: no heap number per call
+    let cur = this.findChild(ROOT, (lo[0] as number) | 0, (hi[0] as number) | 0)
     if (cur === NIL) return 0
     const N = this.N
     const E = this.E
@@ -449,7 +452,7 @@ export class KvIndex {
     let depth = 1
     if (!(earlyExit && active === 1)) {
       for (let i = 1; i < n; i++) {
-        const child = this.findChild(cur, lo[i] as number, hi[i] as number)
+        const child = this.findChild(cur, (lo[i] as number) | 0, (hi[i] as number) | 0)
         if (child === NIL) break
         // A child holds a subset of its parent's workers unless the parent is marked mixed, so
         // there an equal count means nobody left (spec §3.3's O(1) step); otherwise compare.
@@ -625,13 +628,17 @@ export class KvIndex {
    */
   private rebuildChildren(): void {
     const slots = this.children.liveSlots()
-    this.children.reset(slots.length)
+    // Built aside and swapped in, so queries keep reading the old table in the interrupts.
+    const fresh = new SlotTable()
+    fresh.reset(slots.length)
     const N = this.N
     for (let i = 0; i < slots.length; i++) {
+      if ((i & 63) === 63 && this.interrupt !== null) this.interrupt()
       const node = slots[i] as number
       const b = node * NS
-      this.children.insert(this.childHash(N[b + N_PARENT] as number, N[b + N_PGEN] as number, N[b + N_TLO] as number, N[b + N_THI] as number), node)
+      fresh.insert(this.childHash(N[b + N_PARENT] as number, N[b + N_PGEN] as number, N[b + N_TLO] as number, N[b + N_THI] as number), node)
     }
+    this.children = fresh
   }
 
   private relink(node: number, parent: number, lo: number, hi: number): void {
@@ -679,9 +686,22 @@ export class KvIndex {
 
   private growNodes(): void {
     this.nCap = Math.min(Math.ceil(this.nCap * GROWTH), MAX_SLOT + 1)
-    const n = new Int32Array(this.nCap * NS)
-    n.set(this.N)
-    this.N = n
+    this.N = this.grownCopy(this.N, this.nCap * NS)
+  }
+
+  /**
+   * A larger copy of a record array. A copy of millions of words takes milliseconds, so it
+   * goes in chunks with interrupts between: queries then read the old array, which nothing
+   * changes until the copy replaces it.
+   */
+  private grownCopy(a: Int32Array<ArrayBuffer>, words: number): Int32Array<ArrayBuffer> {
+    const n = new Int32Array(words)
+    const CHUNK = 1 << 14
+    for (let at = 0; at < a.length; at += CHUNK) {
+      if (at > 0 && this.interrupt !== null) this.interrupt()
+      n.set(a.subarray(at, Math.min(a.length, at + CHUNK)), at)
+    }
+    return n
   }
 
   // ------------------------------------------------------------------------------------------
@@ -728,7 +748,7 @@ export class KvIndex {
     const E = this.E
     for (let e = 0; e < this.eHigh; e++) {
       // queries never read this table, so they may run while it is rebuilt (milliseconds)
-      if ((e & 511) === 511 && this.interrupt !== null) this.interrupt()
+      if ((e & 63) === 63 && this.interrupt !== null) this.interrupt()
       const b = e * ES
       const w = E[b + E_W] as number
       if (w !== NO_WORKER) this.lookup.insert(mix3(w, E[b + E_LO] as number, E[b + E_HI] as number), e)
@@ -776,9 +796,7 @@ export class KvIndex {
 
   private growEntries(): void {
     this.eCap = Math.min(Math.ceil(this.eCap * GROWTH), MAX_SLOT + 1)
-    const e = new Int32Array(this.eCap * ES)
-    e.set(this.E)
-    this.E = e
+    this.E = this.grownCopy(this.E, this.eCap * ES)
   }
 
   // ------------------------------------------------------------------------------------------

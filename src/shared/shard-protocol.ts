@@ -10,6 +10,7 @@
 //   QRING_READ      shard   query ring read index
 //   DOORBELL        main    bumped + notified to wake a sleeping shard
 //   SLEEPING        shard   1 while the shard waits on DOORBELL (main only notifies then)
+//   CONTROL_POSTED  main    control calls posted (comlink); rings DOORBELL too
 //   PRODUCER_WAIT   main    1 while main waits for ring space (shard notifies RING_READ then)
 //   HEARTBEAT       shard   bumped at least every heartbeat interval, busy or idle
 //   STATE           shard   ShardState
@@ -64,6 +65,8 @@ export const C_CLEARED = 19
 export const C_REJECTED = 20
 /** Events whose decoded worker belongs to another shard (applied anyway, counted). */
 export const C_MISPLACED = 28
+/** Bumped by main after posting a control call: a shard about to sleep yields to its event loop first. */
+export const CONTROL_POSTED = 29
 export const QRING_BASE = 32
 export const QRING_SIZE = 256
 export const CTRL_WORDS = QRING_BASE + QRING_SIZE

@@ -95,7 +95,16 @@ export class SlotTable {
       const v = cells[i] as number
       if (v === EMPTY) return false
       if (v === want) {
-        cells[i] = TOMB
+        // A cell followed by an empty one ends every probe through it, so it can be empty too,
+        // and so can the tombstones before it: fewer tombstones, fewer full rebuilds under churn.
+        if (cells[i + 1 === size ? 0 : i + 1] === EMPTY) {
+          cells[i] = EMPTY
+          this.used--
+          for (let j = i === 0 ? size - 1 : i - 1; cells[j] === TOMB; j = j === 0 ? size - 1 : j - 1) {
+            cells[j] = EMPTY
+            this.used--
+          }
+        } else cells[i] = TOMB
         this.live--
         return true
       }

@@ -412,9 +412,6 @@ export class ShardPool extends EventEmitter {
         const qw = Atomics.load(sh.ctrl, QRING_WRITE) >>> 0
         sh.ctrl[QRING_BASE + (qw & (QRING_SIZE - 1))] = slot
         Atomics.store(sh.ctrl, QRING_WRITE, (qw + 1) | 0)
-        // wake a sleeping shard now, not at the end of this event-loop turn; a shard that is
-        // awake reads the query ring on its own
-        this.ring(sh)
       }
       await new Promise<void>((resolve) => {
         this.asked.push({ at: base + Q_PENDING, resolve })

@@ -7,7 +7,11 @@
 import { KvrError } from '../shared/errors.js'
 
 export interface RouteBody {
-  /** Token ids (a copy of exactly the prompt's length), or null. */
+  /**
+   * Token ids, or null: a view of exactly the prompt's length into the scanner's own buffer,
+   * valid until its next scan(). Callers hash them before their first await; a copy would be
+   * 16 KB of garbage per 4,096-token request.
+   */
   tokens: Uint32Array | null
   blockLo: Uint32Array | null
   blockHi: Uint32Array | null
@@ -146,7 +150,7 @@ export class RouteBodyScanner {
         continue
       }
       if (c === RBRACK) {
-        out.tokens = tok.slice(0, n)
+        out.tokens = tok.subarray(0, n)
         return i + 1
       }
       if (c === SP || c === TAB || c === LF || c === CR) {
@@ -157,7 +161,7 @@ export class RouteBodyScanner {
           continue
         }
         if (e === RBRACK) {
-          out.tokens = tok.slice(0, n)
+          out.tokens = tok.subarray(0, n)
           return i + 1
         }
         break

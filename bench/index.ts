@@ -13,6 +13,9 @@
 //                        trace, while the events keep flowing to the shards (the event stream
 //                        does not wait for a lookup; the next lookup waits for the previous)
 //   ring_full            pushes that found the ring full and waited (never dropped)
+//   one_shard_paced_at_half_rate
+//                        1 shard again, its events paced at half the rate it reached: the
+//                        lookup latency below saturation, where a router normally runs
 // and once: bytes per cached (block, worker) entry of the index after the replay.
 //
 // The machine is shared and has 2 cores; every configuration runs `reps` times, alternating,
@@ -81,7 +84,12 @@ function runSingle(): RunResult {
   return { seconds, lookupP50: quantile(lookups, li, 0.5), lookupP99: quantile(lookups, li, 0.99), ringFull: 0, bytesPerBlock: ix.bytes / ix.liveEntries, entries: ix.liveEntries }
 }
 
-async function runPool(shards: number): Promise<RunResult> {
+/**
+ * One replay through a pool of `shards`. With `paceBlocksPerSec`, events are released no faster
+ * than that (in bursts on a 1 ms timer), so the lookups meet shards that are busy but not
+ * saturated: the latency a router sees below its event capacity, not at it.
+ */
+async function runPool(shards: number, paceBlocksPerSec?: number): Promise<RunResult> {
   const pool = await ShardPool.start({ shards, ...(shardSpinUs !== undefined ? { shardSpinUs } : {}), ...(querySpinUs !== undefined ? { querySpinUs } : {}) })
   let li = 0
   const lookup = async (op: WorkloadOp & { kind: 'lookup' }): Promise<void> => {
@@ -91,8 +99,13 @@ async function runPool(shards: number): Promise<RunResult> {
   }
   let inflight: Promise<void> = Promise.resolve()
   const t0 = performance.now()
+  let blocksSent = 0
   for (const op of ops) {
     if (op.kind === 'event') {
+      if (paceBlocksPerSec !== undefined) {
+        blocksSent += op.blocks
+        while (blocksSent / paceBlocksPerSec > (performance.now() - t0) / 1000) await new Promise((r) => setTimeout(r, 1))
+      }
       // a full ring queues the message in the pool; sleep until the shard has taken the queue
       if (!pool.push(op.bytes) && pool.pendingMessages > 64) await once(pool, 'drain')
     } else {
@@ -124,6 +137,17 @@ for (let r = 0; r < reps; r++) {
   for (const s of shardCounts) if (only === undefined || only === s) (runs.get(`${s}-shard`) as RunResult[]).push(await runPool(s))
 }
 
+// The lookup latency below saturation: one shard, its events paced at half the rate it reached
+// above (median), so the shard is busy about half the time instead of always.
+const oneShard = runs.get('1-shard')
+let paced: { pace_block_ops_per_sec: number; lookup_us: { p50: number; p99: number }; seconds: number } | undefined
+if (oneShard !== undefined) {
+  const rate = Math.round(counts.blocks / median(oneShard.map((x) => x.seconds)) / 2)
+  const rs: RunResult[] = []
+  for (let r = 0; r < reps; r++) rs.push(await runPool(1, rate))
+  paced = { pace_block_ops_per_sec: rate, lookup_us: { p50: median(rs.map((x) => x.lookupP50)), p99: median(rs.map((x) => x.lookupP99)) }, seconds: median(rs.map((x) => x.seconds)) }
+}
+
 const totalOps = counts.events + counts.lookups
 const summary: Record<string, { block_ops_per_sec: number; request_ops_per_sec: number; lookup_us: { p50: number; p99: number }; ring_full: number; seconds: number }> = {}
 for (const c of configs) {
@@ -150,6 +174,7 @@ const result = {
   bytes_per_block_sharded: Object.fromEntries(shardCounts.filter((s) => only === undefined || only === s).map((s) => [`${s}-shard`, median((runs.get(`${s}-shard`) as RunResult[]).map((x) => x.bytesPerBlock))])),
   entries_at_end: single[0]?.entries,
   configurations: summary,
+  ...(paced !== undefined ? { one_shard_paced_at_half_rate: paced } : {}),
 }
 const here = dirname(fileURLToPath(import.meta.url))
 const outDir = join(here, '..', '..', 'bench', 'results')
@@ -163,6 +188,9 @@ console.log('configuration    block ops/s   request ops/s   lookup p50 µs   loo
 for (const c of configs) {
   const s = summary[c] as (typeof summary)[string]
   console.log(`${c.padEnd(14)} ${f(s.block_ops_per_sec).padStart(13)} ${f(s.request_ops_per_sec).padStart(15)} ${s.lookup_us.p50.toFixed(1).padStart(15)} ${s.lookup_us.p99.toFixed(1).padStart(15)} ${String(s.ring_full).padStart(11)} ${s.seconds.toFixed(2).padStart(9)}`)
+}
+if (paced !== undefined) {
+  console.log(`1-shard, events paced at ${f(paced.pace_block_ops_per_sec)} block ops/s (half its saturated rate): lookup p50 ${paced.lookup_us.p50.toFixed(1)} µs, p99 ${paced.lookup_us.p99.toFixed(1)} µs`)
 }
 console.log(`\nbytes per cached (block, worker) entry: ${result.bytes_per_block.toFixed(1)} (single index, ${f(result.entries_at_end ?? 0)} entries); sharded: ${shardCounts.filter((s) => only === undefined || only === s).map((s) => `${s}: ${(result.bytes_per_block_sharded[`${s}-shard`] as number).toFixed(1)}`).join(', ')}`)
 console.log(`wrote bench/results/index.json`)

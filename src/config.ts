@@ -42,9 +42,9 @@ export interface ServeConfig {
   readonly resetStates: boolean
   /** Indexer shard threads (--router-event-threads); 0 = one per spare core. */
   readonly eventThreads: number
-  /** µs an idle shard spins before sleeping; null = the pool's default (200). */
+  /** µs an idle shard spins before sleeping; null = the pool's default (200 with a core to spare beyond the event loop and the shards, else 0). */
   readonly shardSpinUs: number | null
-  /** µs the event loop spins for a query answer before awaiting; null = the pool's default (30). */
+  /** µs the event loop spins for a query answer before awaiting; null = the pool's default (30 with a core to spare for every shard, else 0). */
   readonly querySpinUs: number | null
   readonly namespace: string
   readonly component: string

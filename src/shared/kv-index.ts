@@ -180,9 +180,9 @@ export class KvIndex {
   private mark = new Uint32Array(16)
   private markStamp = 0
   /**
-   * Called between blocks of a long event (every 32 blocks): a shard answers waiting queries
-   * there, so a lookup never waits for a whole large event. The structure is consistent at
-   * these points; findMatches may run from inside it.
+   * Called between blocks of a long event (every 8 blocks) and inside long rebuilds and copies:
+   * a shard answers waiting queries there, so a lookup never waits for a whole large event. The
+   * structure is consistent at these points; findMatches may run from inside it.
    */
   interrupt: (() => void) | null = null
 
@@ -623,8 +623,8 @@ export class KvIndex {
 
   /**
    * Re-inserts the table's own children (it holds only a node's non-hint children, a small part
-   * of all nodes), so a rebuild costs the table's size, not a scan of every node: queries read
-   * this table and cannot run during the rebuild.
+   * of all nodes), so a rebuild costs the table's size, not a scan of every node. Queries read
+   * this table, so the new one is built aside while they keep reading the old one.
    */
   private rebuildChildren(): void {
     const slots = this.children.liveSlots()

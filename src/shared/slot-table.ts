@@ -4,7 +4,8 @@
 // a fingerprint match reads the record itself to compare the full key. The table never sees the
 // keys, so growing it is the owner's job: it re-inserts every live record (see `needsRebuild`).
 //
-// Deletion leaves a tombstone; tombstones are reused by inserts and dropped by rebuilds.
+// Deletion leaves a tombstone, unless the next cell is empty: then the cell and the tombstones
+// just before it become empty again. Tombstones are reused by inserts and dropped by rebuilds.
 
 export const SLOT_BITS = 26
 export const SLOT_MASK = (1 << SLOT_BITS) - 1

@@ -4,14 +4,25 @@
 // LOOP_PROBE_OUT (default bench/results/loop-probe.json): event-loop delay percentiles, the GC
 // pauses seen, and how often the loop was away for more than 5 ms. It tells a GC pause from a
 // loop the OS did not schedule: both stall the loop, only the first shows as a GC entry.
-import { monitorEventLoopDelay, PerformanceObserver } from 'node:perf_hooks'
+import { constants, monitorEventLoopDelay, PerformanceObserver } from 'node:perf_hooks'
 import { writeFileSync } from 'node:fs'
 
 const delay = monitorEventLoopDelay({ resolution: 1 })
 delay.enable()
 const gcMs: number[] = []
+const KINDS: Record<number, string> = {
+  [constants.NODE_PERFORMANCE_GC_MINOR]: 'scavenge',
+  [constants.NODE_PERFORMANCE_GC_MAJOR]: 'mark_compact',
+  [constants.NODE_PERFORMANCE_GC_INCREMENTAL]: 'incremental_marking',
+  [constants.NODE_PERFORMANCE_GC_WEAKCB]: 'weak_callbacks',
+}
+const byKind: Record<string, number[]> = {}
 new PerformanceObserver((list) => {
-  for (const e of list.getEntries()) gcMs.push(e.duration)
+  for (const e of list.getEntries()) {
+    gcMs.push(e.duration)
+    const kind = KINDS[(e as unknown as { detail?: { kind?: number } }).detail?.kind ?? -1] ?? 'other'
+    ;(byKind[kind] ??= []).push(e.duration)
+  }
 }).observe({ entryTypes: ['gc'] })
 const stalls: number[] = []
 let last = performance.now()
@@ -29,7 +40,12 @@ function write(): void {
   const out = {
     pid: process.pid,
     loop_delay_ms: { p50: delay.percentile(50) / 1e6, p99: delay.percentile(99) / 1e6, p999: delay.percentile(99.9) / 1e6, max: delay.max / 1e6 },
-    gc: { count: gcMs.length, total_ms: Math.round(gcMs.reduce((a, b) => a + b, 0)), longest_ms: top(gcMs) },
+    gc: {
+      count: gcMs.length,
+      total_ms: Math.round(gcMs.reduce((a, b) => a + b, 0)),
+      longest_ms: top(gcMs),
+      by_kind: Object.fromEntries(Object.entries(byKind).map(([k, xs]) => [k, { count: xs.length, total_ms: Math.round(xs.reduce((a, b) => a + b, 0)), longest_ms: top(xs).slice(-3) }])),
+    },
     stalls_over_5ms: { count: stalls.length, total_ms: Math.round(stalls.reduce((a, b) => a + b, 0)), longest_ms: top(stalls) },
   }
   writeFileSync(process.env.LOOP_PROBE_OUT ?? 'bench/results/loop-probe.json', JSON.stringify(out) + '\n')

@@ -3,7 +3,8 @@
 // the HTTP part (bars of issue #5), measured side by side in one run:
 //   - POST /v1/route with 4,096-token JSON prompts and 16 workers vs a bare fastify route that
 //     takes the same bodies as a raw buffer and answers a constant (autocannon from this
-//     process, same settings, against a server child process `route.js --serve`);
+//     process, same settings, against a server child process `route.js --serve`), with the
+//     server's CPU time per request served beside req/s (steadier on a shared machine);
 //   - proxy overhead: streaming completions through `kv-router serve` vs straight to the
 //     upstreams, 200 concurrent streams, p99 difference (bench/proxy.ts).
 //
@@ -12,7 +13,7 @@
 // really shared), one new request booked per op while the oldest is freed and a middle-aged one
 // completes prefill, all outside the timed region. Several repetitions; medians are reported,
 // because these 2-core machines are noisy.
-import { mkdirSync, writeFileSync } from 'node:fs'
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { availableParallelism, cpus } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -252,9 +253,31 @@ interface LoadResult {
   p99Ms: number
   errors: number
   non2xx: number
+  /**
+   * CPU time (all threads) the server process spent per request served, µs; null where
+   * /proc is not readable. Steadier than req/s on a shared machine: it does not count the time
+   * the server waited for a core.
+   */
+  cpuUsPerReq: number | null
 }
 
-async function load(url: string, requests: { body: string }[], connections: number, rate?: number): Promise<LoadResult> {
+/** utime + stime of a process in ms, from /proc (Linux); null elsewhere. */
+function processCpuMs(pid: number | undefined): number | null {
+  if (pid === undefined) return null
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
+    // fields after the command name, which may contain spaces, start after the last ')'
+    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
+    return ((Number(f[11]) + Number(f[12])) * 1000) / CLOCK_TICKS
+  } catch {
+    return null
+  }
+}
+/** USER_HZ: 100 on every Linux this runs on (the kernel ABI fixes it for /proc). */
+const CLOCK_TICKS = 100
+
+async function load(url: string, requests: { body: string }[], connections: number, rate?: number, serverPid?: number): Promise<LoadResult> {
+  const cpu0 = processCpuMs(serverPid)
   const r = await autocannon({
     url,
     connections,
@@ -264,7 +287,10 @@ async function load(url: string, requests: { body: string }[], connections: numb
     timeout: 30,
     requests: requests.map((q) => ({ method: 'POST', headers: { 'content-type': 'application/json' }, body: q.body })),
   })
-  return { reqPerSec: r.requests.average, p50Ms: r.latency.p50, p99Ms: r.latency.p99, errors: r.errors + r.timeouts, non2xx: r.non2xx }
+  const cpu1 = processCpuMs(serverPid)
+  const served = r.requests.total
+  const cpuUsPerReq = cpu0 !== null && cpu1 !== null && served > 0 ? ((cpu1 - cpu0) * 1000) / served : null
+  return { reqPerSec: r.requests.average, p50Ms: r.latency.p50, p99Ms: r.latency.p99, errors: r.errors + r.timeouts, non2xx: r.non2xx, cpuUsPerReq }
 }
 
 async function benchHttpRoute(): Promise<object> {
@@ -277,15 +303,30 @@ async function benchHttpRoute(): Promise<object> {
     await load(`http://127.0.0.1:${ports.router}/v1/route`, bodies, HTTP_CONNECTIONS) // warm-up
     // three alternating rounds: the ratio is reported as their median
     for (let i = 0; i < 3; i++) {
-      const baseline = await load(`http://127.0.0.1:${ports.baseline}/raw`, bodies, HTTP_CONNECTIONS)
-      const route = await load(`http://127.0.0.1:${ports.router}/v1/route`, bodies, HTTP_CONNECTIONS)
+      // both servers live in the one child process, so its CPU during a phase is that server's
+      const baseline = await load(`http://127.0.0.1:${ports.baseline}/raw`, bodies, HTTP_CONNECTIONS, undefined, p.pid)
+      const route = await load(`http://127.0.0.1:${ports.router}/v1/route`, bodies, HTTP_CONNECTIONS, undefined, p.pid)
       rounds.push({ baseline, route })
     }
   } finally {
     p.kill('SIGTERM')
   }
   const best = rounds.map((x) => x.route.reqPerSec / x.baseline.reqPerSec)
-  return { connections: HTTP_CONNECTIONS, seconds: HTTP_SECS, tokens: HTTP_TOKENS, blockSize: HTTP_BLOCK, workers: HTTP_WORKERS, rounds, ratios: best, ratioMedian: median(best) }
+  const cpuRatios = rounds.flatMap((x) => (x.route.cpuUsPerReq !== null && x.baseline.cpuUsPerReq !== null ? [x.baseline.cpuUsPerReq / x.route.cpuUsPerReq] : []))
+  return {
+    connections: HTTP_CONNECTIONS,
+    seconds: HTTP_SECS,
+    tokens: HTTP_TOKENS,
+    blockSize: HTTP_BLOCK,
+    workers: HTTP_WORKERS,
+    rounds,
+    ratios: best,
+    ratioMedian: median(best),
+    // baseline CPU per request / router CPU per request: the ratio the throughput ratio tends to
+    // when the server, not the shared machine, is the limit
+    cpuRatios,
+    cpuRatioMedian: cpuRatios.length > 0 ? median(cpuRatios) : null,
+  }
 }
 
 async function main(): Promise<void> {
@@ -327,10 +368,16 @@ async function mainHttp(prior: object = {}): Promise<void> {
   mkdirSync(dir, { recursive: true })
   const out = { ...prior, http: { route: http, proxy } }
   writeFileSync(join(dir, 'route.json'), JSON.stringify(out, null, 2) + '\n')
-  const h = http as { rounds: { baseline: LoadResult; route: LoadResult }[]; ratioMedian: number }
+  const h = http as { rounds: { baseline: LoadResult; route: LoadResult }[]; ratioMedian: number; cpuRatioMedian: number | null }
+  const cpu = (x: number | null): string => (x === null ? '–' : x.toFixed(1))
   console.log(`\nHTTP /v1/route, ${HTTP_TOKENS}-token JSON prompts, ${HTTP_WORKERS} workers, ${HTTP_CONNECTIONS} connections, ${HTTP_SECS} s per run`)
-  console.log('round | baseline req/s | baseline p99 ms | /v1/route req/s | /v1/route p99 ms | ratio')
-  h.rounds.forEach((r, i) => console.log(`${String(i + 1).padStart(5)} | ${r.baseline.reqPerSec.toFixed(0).padStart(14)} | ${r.baseline.p99Ms.toFixed(2).padStart(15)} | ${r.route.reqPerSec.toFixed(0).padStart(15)} | ${r.route.p99Ms.toFixed(2).padStart(16)} | ${(r.route.reqPerSec / r.baseline.reqPerSec).toFixed(3)}`))
+  console.log('round | baseline req/s | baseline p99 ms | baseline cpu µs/req | /v1/route req/s | /v1/route p99 ms | /v1/route cpu µs/req | ratio')
+  h.rounds.forEach((r, i) =>
+    console.log(
+      `${String(i + 1).padStart(5)} | ${r.baseline.reqPerSec.toFixed(0).padStart(14)} | ${r.baseline.p99Ms.toFixed(2).padStart(15)} | ${cpu(r.baseline.cpuUsPerReq).padStart(19)} | ${r.route.reqPerSec.toFixed(0).padStart(15)} | ${r.route.p99Ms.toFixed(2).padStart(16)} | ${cpu(r.route.cpuUsPerReq).padStart(20)} | ${(r.route.reqPerSec / r.baseline.reqPerSec).toFixed(3)}`,
+    ),
+  )
+  console.log(`median ratio ${h.ratioMedian.toFixed(3)} (req/s); median CPU-per-request ratio ${h.cpuRatioMedian === null ? '–' : h.cpuRatioMedian.toFixed(3)} (baseline / route)`)
   printProxy(proxy)
   console.log(`written to ${join(dir, 'route.json')}`)
 }

@@ -136,6 +136,7 @@ export class EventDecoder {
   private keyEscaped: string | null = null
   private numLo = 0
   private numHi = 0
+  private runLen = 0
   private payload = new Uint8Array(1024)
 
   decode(bytes: Uint8Array): DecodedEvent {
@@ -491,51 +492,34 @@ export class EventDecoder {
       if (quoted || c === C_QUOTE) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', `field "${field}" must be a decimal integer string`)
       throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', `expected a number for "${field}"`)
     }
-    // Digits are gathered in small-integer runs (9, then 6, then up to 5 more), whose
+    // Digits are gathered in small-integer runs (9, then 6, then the rest), whose
     // multiply-add chains are integer operations; a double chain per digit timed slower. The
     // first 15 digits fit a double exactly, and the rest are folded in below with one split
     // into halves instead of a carry per digit (hashes have 19–20 digits).
     let pos = this.pos
-    const end = this.end
-    let a = 0
-    let na = 0
-    while (na < 9 && pos < end) {
-      const d = (buf[pos] as number) - C_ZERO
-      if (d < 0 || d > 9) break
-      a = a * 10 + d
-      na++
-      pos++
-    }
+    const a = this.digitRun(pos, 9)
+    let digits = this.runLen
+    pos += digits
     let head = a
     let tail = 0
     let tailScale = 1
-    let digits = na
-    if (na === 9) {
-      let b = 0
-      let nb = 0
-      while (nb < 6 && pos < end) {
-        const d = (buf[pos] as number) - C_ZERO
-        if (d < 0 || d > 9) break
-        b = b * 10 + d
-        nb++
-        pos++
-      }
-      head = a * (POW10[nb] as number) + b
+    if (digits === 9) {
+      const b = this.digitRun(pos, 6)
+      const nb = this.runLen
+      pos += nb
       digits += nb
+      head = a * (POW10[nb] as number) + b
       if (nb === 6) {
         // up to 6 more: a 21st digit is caught below as too many
-        while (pos < end && digits < 21) {
-          const d = (buf[pos] as number) - C_ZERO
-          if (d < 0 || d > 9) break
-          tail = tail * 10 + d
-          tailScale *= 10
-          digits++
-          pos++
-        }
+        tail = this.digitRun(pos, 6)
+        const nt = this.runLen
+        pos += nt
+        digits += nt
+        tailScale = POW10[nt] as number
       }
     }
     if (digits === 21) {
-      while (pos < end && (buf[pos] as number) >= C_ZERO && (buf[pos] as number) <= C_NINE) pos++
+      while (pos < this.end && (buf[pos] as number) >= C_ZERO && (buf[pos] as number) <= C_NINE) pos++
     }
     this.pos = pos
     if (digits > 20) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', `field "${field}" exceeds 2^64-1`)
@@ -559,6 +543,22 @@ export class EventDecoder {
     }
     this.numLo = lo
     this.numHi = hi
+  }
+
+  /** Up to `max` (≤ 9, so a small integer) digits from `pos`, stopping at `end`; count in runLen. */
+  private digitRun(pos: number, max: number): number {
+    const buf = this.buf
+    const stop = Math.min(this.end, pos + max)
+    let v = 0
+    let p = pos
+    while (p < stop) {
+      const d = (buf[p] as number) - C_ZERO
+      if (d < 0 || d > 9) break
+      v = v * 10 + d
+      p++
+    }
+    this.runLen = p - pos
+    return v
   }
 
   /** Reads a JSON string into keyStart/keyEnd (raw bytes) or keyEscaped (decoded, when escaped). */

@@ -218,8 +218,9 @@ async function run(): Promise<void> {
     lastYield = performance.now()
     Atomics.store(ctrl, SLEEPING, 1)
     const bell = Atomics.load(ctrl, DOORBELL)
-    // A futex wait wakes in a few µs; Atomics.waitAsync goes through this thread's event loop
-    // and took tens to hundreds of µs, which every query to a sleeping shard paid.
+    // Atomics.waitAsync wakes through this thread's event loop, a longer path that every query
+    // to a sleeping shard paid; a futex wait is woken directly (a lookups-only one-off run
+    // against an idle shard: p99 317 µs before, 94 µs after).
     if (ring.empty() && !queriesWaiting() && !stopping && !controlWaiting()) Atomics.wait(ctrl, DOORBELL, bell, init.heartbeatMs)
     Atomics.store(ctrl, SLEEPING, 0)
   }

@@ -204,3 +204,26 @@ t.test('removeWorker applies in order with the events around it; control bytes c
   t.equal(pool.rejectedAtIntake, 2)
   t.same(canon(await pool.overlapScores([3n], { readYourWrites: true })), ['51:0=1/1'])
 })
+
+t.test('a control call or a query wakes a shard asleep in its futex wait at once', async (t) => {
+  // A heartbeat of 30 s: a shard that is not woken sleeps that long, so a call that waited for
+  // the heartbeat would take seconds, not milliseconds.
+  const pool = await ShardPool.start({ shards: 1, heartbeatMs: 30_000, stallMs: 120_000, shardSpinUs: 0, querySpinUs: 0 })
+  t.teardown(() => pool.close())
+  const ev: RouterEvent = { worker_id: 7n, event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: null, blocks: [{ block_hash: 11n, tokens_hash: 21n }] } } } }
+  pool.push(Buffer.from(encodeRouterEvent(ev)))
+  await pool.flush()
+  for (let round = 0; round < 5; round++) {
+    // long enough for the shard to finish its turn and fall asleep
+    await new Promise((r) => setTimeout(r, 50))
+    let t0 = performance.now()
+    const stats = await pool.stats()
+    t.ok(performance.now() - t0 < 1000, `round ${round}: stats() answered while the shard slept (${(performance.now() - t0).toFixed(1)} ms)`)
+    t.equal(stats[0]?.blocks, 1)
+    await new Promise((r) => setTimeout(r, 50))
+    t0 = performance.now()
+    const scores = await pool.overlapScores([21n])
+    t.ok(performance.now() - t0 < 1000, `round ${round}: a query was answered while the shard slept`)
+    t.equal(scores[0]?.overlap_blocks, 1)
+  }
+})

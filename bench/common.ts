@@ -1,8 +1,9 @@
 // Helpers the benchmarks share: the repository root (results go under it), a child process
-// awaited until its stdout shows a ready line, and the median of repetitions.
+// awaited until its stdout shows a ready line, the median of repetitions, and a process's CPU
+// time from /proc.
 import { spawn } from 'node:child_process'
 import type { ChildProcess } from 'node:child_process'
-import { existsSync } from 'node:fs'
+import { existsSync, readFileSync } from 'node:fs'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 
@@ -34,4 +35,20 @@ export function median(xs: readonly number[]): number {
   const s = [...xs].sort((a, b) => a - b)
   const m = s.length >> 1
   return s.length % 2 === 1 ? (s[m] as number) : ((s[m - 1] as number) + (s[m] as number)) / 2
+}
+
+/** USER_HZ, the unit of /proc CPU times: 100 on every Linux ABI Node supports. */
+export const TICKS_PER_S = 100
+
+/** utime + stime of a process in ticks (TICKS_PER_S), from /proc (Linux); null elsewhere. */
+export function processTicks(pid: number | undefined): number | null {
+  if (pid === undefined) return null
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
+    // the command name may hold spaces: fields are counted after its closing parenthesis
+    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
+    return Number(f[11]) + Number(f[12])
+  } catch {
+    return null
+  }
 }

@@ -32,7 +32,7 @@ import type { ReplayResult } from '../src/replay/client.js'
 import { percentile, summarize } from '../src/replay/summary.js'
 import type { ReplaySummary } from '../src/replay/summary.js'
 import { renderE2eSvg } from './e2e-plot.js'
-import { repoRoot } from './common.js'
+import { processTicks, repoRoot, TICKS_PER_S } from './common.js'
 
 const BLOCK_SIZE = 64
 // kv runs Dynamo's default cost; kv-tuned the Era C knobs this workload wants (README, "Tuning
@@ -180,24 +180,12 @@ async function workerIds(url: string): Promise<{ ids: string[]; cachedBlocks: nu
 // The machine is shared and has 2 cores: anything else running during a mode inflates its
 // latencies. CPU time from /proc (Linux; null elsewhere) over the replay tells how much of the
 // machine this benchmark's three processes used and how much went to other processes.
-const TICKS_PER_S = 100 // USER_HZ, 100 on every Linux ABI Node supports
 
 function machineTicks(): { busy: number; total: number } | null {
   try {
     const f = (readFileSync('/proc/stat', 'utf8').split('\n')[0] ?? '').trim().split(/\s+/).slice(1, 9).map(Number)
     const total = f.reduce((x, y) => x + y, 0)
     return { busy: total - (f[3] ?? 0) - (f[4] ?? 0), total }
-  } catch {
-    return null
-  }
-}
-
-function processTicks(pid: number | undefined): number | null {
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
-    // the command name may hold spaces: fields are counted after its closing parenthesis
-    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
-    return Number(f[11]) + Number(f[12])
   } catch {
     return null
   }

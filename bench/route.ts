@@ -13,7 +13,7 @@
 // really shared), one new request booked per op while the oldest is freed and a middle-aged one
 // completes prefill, all outside the timed region. Several repetitions; medians are reported,
 // because these 2-core machines are noisy.
-import { mkdirSync, readFileSync, writeFileSync } from 'node:fs'
+import { mkdirSync, writeFileSync } from 'node:fs'
 import { availableParallelism, cpus } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -30,7 +30,7 @@ import { PendingQueue } from '../src/scheduler/pending-queue.js'
 import { Xoshiro128 } from '../src/scheduler/rng.js'
 import { Scheduler } from '../src/scheduler/scheduler.js'
 import type { ScheduleRequest } from '../src/scheduler/scheduler.js'
-import { child, median, repoRoot } from './common.js'
+import { child, median, processTicks, repoRoot, TICKS_PER_S } from './common.js'
 
 const BLOCK_SIZE = 64
 const REPS = 5
@@ -261,35 +261,19 @@ interface LoadResult {
   cpuUsPerReq: number | null
 }
 
-/** utime + stime of a process in ms, from /proc (Linux); null elsewhere. */
-function processCpuMs(pid: number | undefined): number | null {
-  if (pid === undefined) return null
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'utf8')
-    // fields after the command name, which may contain spaces, start after the last ')'
-    const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
-    return ((Number(f[11]) + Number(f[12])) * 1000) / CLOCK_TICKS
-  } catch {
-    return null
-  }
-}
-/** USER_HZ: 100 on every Linux this runs on (the kernel ABI fixes it for /proc). */
-const CLOCK_TICKS = 100
-
-async function load(url: string, requests: { body: string }[], connections: number, rate?: number, serverPid?: number): Promise<LoadResult> {
-  const cpu0 = processCpuMs(serverPid)
+async function load(url: string, requests: { body: string }[], connections: number, serverPid?: number): Promise<LoadResult> {
+  const cpu0 = processTicks(serverPid)
   const r = await autocannon({
     url,
     connections,
-    ...(rate === undefined ? {} : { overallRate: rate }),
     duration: HTTP_SECS,
     pipelining: 1,
     timeout: 30,
     requests: requests.map((q) => ({ method: 'POST', headers: { 'content-type': 'application/json' }, body: q.body })),
   })
-  const cpu1 = processCpuMs(serverPid)
+  const cpu1 = processTicks(serverPid)
   const served = r.requests.total
-  const cpuUsPerReq = cpu0 !== null && cpu1 !== null && served > 0 ? ((cpu1 - cpu0) * 1000) / served : null
+  const cpuUsPerReq = cpu0 !== null && cpu1 !== null && served > 0 ? ((cpu1 - cpu0) * 1e6) / TICKS_PER_S / served : null
   return { reqPerSec: r.requests.average, p50Ms: r.latency.p50, p99Ms: r.latency.p99, errors: r.errors + r.timeouts, non2xx: r.non2xx, cpuUsPerReq }
 }
 
@@ -304,8 +288,8 @@ async function benchHttpRoute(): Promise<object> {
     // three alternating rounds: the ratio is reported as their median
     for (let i = 0; i < 3; i++) {
       // both servers live in the one child process, so its CPU during a phase is that server's
-      const baseline = await load(`http://127.0.0.1:${ports.baseline}/raw`, bodies, HTTP_CONNECTIONS, undefined, p.pid)
-      const route = await load(`http://127.0.0.1:${ports.router}/v1/route`, bodies, HTTP_CONNECTIONS, undefined, p.pid)
+      const baseline = await load(`http://127.0.0.1:${ports.baseline}/raw`, bodies, HTTP_CONNECTIONS, p.pid)
+      const route = await load(`http://127.0.0.1:${ports.router}/v1/route`, bodies, HTTP_CONNECTIONS, p.pid)
       rounds.push({ baseline, route })
     }
   } finally {
@@ -322,8 +306,8 @@ async function benchHttpRoute(): Promise<object> {
     rounds,
     ratios: best,
     ratioMedian: median(best),
-    // baseline CPU per request / router CPU per request: the ratio the throughput ratio tends to
-    // when the server, not the shared machine, is the limit
+    // baseline CPU per request / router CPU per request: the throughput ratio follows it when
+    // CPU, the server's or the shared machine's, is what limits both
     cpuRatios,
     cpuRatioMedian: cpuRatios.length > 0 ? median(cpuRatios) : null,
   }

@@ -65,7 +65,6 @@ function grown(a: Uint32Array, cap: number): Uint32Array {
 }
 
 const C_QUOTE = 0x22
-const POW10 = [1, 10, 100, 1000, 10000, 100000, 1000000]
 const C_BACKSLASH = 0x5c
 const C_COMMA = 0x2c
 const C_COLON = 0x3a
@@ -76,6 +75,8 @@ const C_RBRACKET = 0x5d
 const C_MINUS = 0x2d
 const C_ZERO = 0x30
 const C_NINE = 0x39
+/** 10^k for the lengths of the u64 parser's digit runs. */
+const POW10 = [1, 10, 100, 1000, 10000, 100000, 1000000]
 
 function keyBytes(s: string): Uint8Array {
   return new TextEncoder().encode(s)

@@ -628,7 +628,6 @@ export class KvIndex {
    */
   private rebuildChildren(): void {
     const slots = this.children.liveSlots()
-    // Built aside and swapped in, so queries keep reading the old table in the interrupts.
     const fresh = new SlotTable()
     fresh.reset(slots.length)
     const N = this.N

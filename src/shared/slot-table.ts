@@ -97,7 +97,7 @@ export class SlotTable {
       if (v === EMPTY) return false
       if (v === want) {
         // A cell followed by an empty one ends every probe through it, so it can be empty too,
-        // and so can the tombstones before it: fewer tombstones, fewer full rebuilds under churn.
+        // and so can the tombstones before it: fewer tombstones for probes to step over.
         if (cells[i + 1 === size ? 0 : i + 1] === EMPTY) {
           cells[i] = EMPTY
           this.used--

@@ -5,7 +5,7 @@
 // pauses seen, and how often the loop was away for more than 5 ms. It tells a GC pause from a
 // loop the OS did not schedule: both stall the loop, only the first shows as a GC entry.
 import { constants, monitorEventLoopDelay, PerformanceObserver } from 'node:perf_hooks'
-import { writeFileSync } from 'node:fs'
+import { openSync, readSync, writeFileSync } from 'node:fs'
 
 const delay = monitorEventLoopDelay({ resolution: 1 })
 delay.enable()
@@ -25,11 +25,32 @@ new PerformanceObserver((list) => {
   }
 }).observe({ entryTypes: ['gc'] })
 const stalls: number[] = []
+// Where a stall's time went, from the kernel's own accounting of this thread
+// (/proc/thread-self/schedstat: ns on a CPU, ns runnable but waiting for one): on-CPU time is
+// our own work (JS or GC), run-queue time is the OS giving the CPU to someone else, and the
+// remainder is time asleep past the timer's due time.
+const sched = { onCpuMs: 0, runQueueMs: 0, asleepMs: 0 }
+const schedFd = openSync('/proc/thread-self/schedstat', 'r')
+const schedBuf = Buffer.alloc(128)
+const readSched = (): [number, number] => {
+  const n = readSync(schedFd, schedBuf, 0, 128, 0)
+  const parts = schedBuf.toString('latin1', 0, n).split(' ')
+  return [Number(parts[0]) / 1e6, Number(parts[1]) / 1e6]
+}
+let [lastRun, lastWait] = readSched()
 let last = performance.now()
 setInterval(() => {
   const now = performance.now()
-  if (now - last > 5) stalls.push(now - last)
+  const [run, wait] = readSched()
+  if (now - last > 5) {
+    stalls.push(now - last)
+    sched.onCpuMs += run - lastRun
+    sched.runQueueMs += wait - lastWait
+    sched.asleepMs += now - last - (run - lastRun) - (wait - lastWait)
+  }
   last = now
+  lastRun = run
+  lastWait = wait
 }, 1).unref()
 
 let written = false
@@ -46,7 +67,14 @@ function write(): void {
       longest_ms: top(gcMs),
       by_kind: Object.fromEntries(Object.entries(byKind).map(([k, xs]) => [k, { count: xs.length, total_ms: Math.round(xs.reduce((a, b) => a + b, 0)), longest_ms: top(xs).slice(-3) }])),
     },
-    stalls_over_5ms: { count: stalls.length, total_ms: Math.round(stalls.reduce((a, b) => a + b, 0)), longest_ms: top(stalls) },
+    stalls_over_5ms: {
+      count: stalls.length,
+      total_ms: Math.round(stalls.reduce((a, b) => a + b, 0)),
+      longest_ms: top(stalls),
+      on_cpu_ms: Math.round(sched.onCpuMs),
+      run_queue_ms: Math.round(sched.runQueueMs),
+      asleep_ms: Math.round(sched.asleepMs),
+    },
   }
   writeFileSync(process.env.LOOP_PROBE_OUT ?? 'bench/results/loop-probe.json', JSON.stringify(out) + '\n')
 }

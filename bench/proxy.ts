@@ -15,7 +15,7 @@
 // child (diagnosis: --trace-gc, --cpu-prof, --import of a probe).
 import type { ChildProcess } from 'node:child_process'
 import { Agent, request } from 'undici'
-import { child, median } from './common.js'
+import { child, median, processTicks, TICKS_PER_S } from './common.js'
 
 export interface PhaseResult {
   path: 'direct' | 'router'
@@ -25,6 +25,8 @@ export interface PhaseResult {
   meanOpen: number
   ttftMs: { p50: number; p99: number }
   totalMs: { p50: number; p99: number }
+  /** The router process's CPU time (all its threads, from /proc) per request of the phase; null for direct phases or off Linux. */
+  routerCpuUsPerRequest: number | null
 }
 
 export interface ProxyResult {
@@ -39,6 +41,7 @@ export interface ProxyResult {
   rounds: { direct: PhaseResult; router: PhaseResult; p99TtftOverheadMs: number; p99TotalOverheadMs: number }[]
   p99TtftOverheadMsMedian: number
   p99TotalOverheadMsMedian: number
+  routerCpuUsPerRequestMedian: number | null
 }
 
 function quantile(sorted: number[], q: number): number {
@@ -100,7 +103,8 @@ function uniquePrompt(tokens: number): string {
 const PROMPT_TOKENS = 64
 const MAX_TOKENS = 16
 
-async function phase(path: 'direct' | 'router', urls: string[], rate: number, seconds: number, agent: Agent): Promise<PhaseResult> {
+async function phase(path: 'direct' | 'router', urls: string[], rate: number, seconds: number, agent: Agent, routerPid?: number): Promise<PhaseResult> {
+  const ticks0 = path === 'router' ? processTicks(routerPid) : null
   const ttft: number[] = []
   const total: number[] = []
   let errors = 0
@@ -151,6 +155,7 @@ async function phase(path: 'direct' | 'router', urls: string[], rate: number, se
   const sendEnd = performance.now()
   const openDuringSends = openArea + open * (sendEnd - lastChange)
   await Promise.all(inflight)
+  const ticks1 = ticks0 === null ? null : processTicks(routerPid)
   ttft.sort((a, b) => a - b)
   total.sort((a, b) => a - b)
   return {
@@ -160,6 +165,7 @@ async function phase(path: 'direct' | 'router', urls: string[], rate: number, se
     meanOpen: openDuringSends / (sendEnd - start),
     ttftMs: { p50: quantile(ttft, 0.5), p99: quantile(ttft, 0.99) },
     totalMs: { p50: quantile(total, 0.5), p99: quantile(total, 0.99) },
+    routerCpuUsPerRequest: ticks0 === null || ticks1 === null ? null : (((ticks1 - ticks0) / TICKS_PER_S) * 1e6) / k,
   }
 }
 
@@ -187,7 +193,7 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
     const rounds: ProxyResult['rounds'] = []
     for (let i = 0; i < 2; i++) {
       const d = await phase('direct', direct, rate, seconds, agent)
-      const r = await phase('router', [base], rate, seconds, agent)
+      const r = await phase('router', [base], rate, seconds, agent, router.pid)
       rounds.push({ direct: d, router: r, p99TtftOverheadMs: r.ttftMs.p99 - d.ttftMs.p99, p99TotalOverheadMs: r.totalMs.p99 - d.totalMs.p99 })
     }
     return {
@@ -202,6 +208,7 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
       rounds,
       p99TtftOverheadMsMedian: median(rounds.map((x) => x.p99TtftOverheadMs)),
       p99TotalOverheadMsMedian: median(rounds.map((x) => x.p99TotalOverheadMs)),
+      routerCpuUsPerRequestMedian: rounds.every((x) => x.router.routerCpuUsPerRequest !== null) ? median(rounds.map((x) => x.router.routerCpuUsPerRequest as number)) : null,
     }
   } finally {
     await agent.close()
@@ -212,10 +219,10 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
 
 export function printProxy(p: ProxyResult): void {
   console.log(`\nproxy: ${p.engines} fixed-timing upstreams (first token ${p.ttftMs} ms, then every ${p.itlMs} ms, ${p.maxTokens} tokens), ${p.promptTokens}-token prompts, open-loop at ${p.ratePerSec}/s for ~${p.streamsTarget} concurrent streams, ${p.seconds} s per phase, router in round-robin mode`)
-  console.log('round | path   | requests | errors | mean open | TTFT p50 ms | TTFT p99 ms | total p50 ms | total p99 ms')
+  console.log('round | path   | requests | errors | mean open | TTFT p50 ms | TTFT p99 ms | total p50 ms | total p99 ms | router CPU µs/req')
   p.rounds.forEach((r, i) => {
     for (const x of [r.direct, r.router]) {
-      console.log(`${String(i + 1).padStart(5)} | ${x.path.padEnd(6)} | ${String(x.requests).padStart(8)} | ${String(x.errors).padStart(6)} | ${x.meanOpen.toFixed(0).padStart(9)} | ${x.ttftMs.p50.toFixed(2).padStart(11)} | ${x.ttftMs.p99.toFixed(2).padStart(11)} | ${x.totalMs.p50.toFixed(2).padStart(12)} | ${x.totalMs.p99.toFixed(2).padStart(12)}`)
+      console.log(`${String(i + 1).padStart(5)} | ${x.path.padEnd(6)} | ${String(x.requests).padStart(8)} | ${String(x.errors).padStart(6)} | ${x.meanOpen.toFixed(0).padStart(9)} | ${x.ttftMs.p50.toFixed(2).padStart(11)} | ${x.ttftMs.p99.toFixed(2).padStart(11)} | ${x.totalMs.p50.toFixed(2).padStart(12)} | ${x.totalMs.p99.toFixed(2).padStart(12)} | ${(x.routerCpuUsPerRequest === null ? '–' : x.routerCpuUsPerRequest.toFixed(0)).padStart(17)}`)
     }
     console.log(`      | p99 overhead: TTFT ${r.p99TtftOverheadMs.toFixed(2)} ms, total ${r.p99TotalOverheadMs.toFixed(2)} ms`)
   })

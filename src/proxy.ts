@@ -10,9 +10,9 @@
 // client before the first upstream chunk, so a failure up to then can still be retried on the
 // next best worker of the decision's candidates table.
 import type { FastifyReply, FastifyRequest } from 'fastify'
-import { Agent, request as undiciRequest } from 'undici'
+import { Agent } from 'undici'
 import type { Dispatcher } from 'undici'
-import type { RouteInput, Router } from './router.js'
+import type { RouteInput, Router, WorkerInfo } from './router.js'
 import type { RouteDecision } from './scheduler/scheduler.js'
 import type { Candidate } from './scheduler/selector.js'
 import { KvrError, isKvrError } from './shared/errors.js'
@@ -105,7 +105,7 @@ export class Proxy {
     this.router.metrics.inflight.inc({ model: call.model })
     let status = 200
     try {
-      await this.run(req, reply, call, ac.signal)
+      await this.run(reply, call, ac.signal)
     } catch (err) {
       status = isKvrError(err) ? err.statusCode : 500
       throw err
@@ -128,19 +128,20 @@ export class Proxy {
     if (b.release()) this.releasedTotal++
   }
 
-  private async run(req: FastifyRequest, reply: FastifyReply, call: ProxyCall, signal: AbortSignal): Promise<void> {
+  private async run(reply: FastifyReply, call: ProxyCall, signal: AbortSignal): Promise<void> {
     const explain = this.options.retries > 0 && call.route.workerId === undefined
     let attempt = await this.book(call.route, signal, explain)
-    const candidates: Candidate[] = attempt.decision.candidates === undefined ? [] : [...attempt.decision.candidates].sort((a, b) => a.logit - b.logit)
-    const tried = new Set<string>()
+    const table = attempt.decision.candidates
+    // sorted and tracked only once a retry needs them: most requests never fail
+    let candidates: Candidate[] | undefined
+    const tried: string[] = []
     const payload = JSON.stringify(call.body)
     const started = performance.now()
     for (let retry = 0; ; retry++) {
       const d = attempt.decision
-      tried.add(`${d.workerId}:${d.dpRank}`)
       let failure: KvrError
       try {
-        const done = await this.attempt(req, reply, call, attempt, payload, signal, started)
+        const done = await this.attempt(reply, call, attempt, payload, signal, started)
         if (done) return
         failure = new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} failed before its first token`)
       } catch (err) {
@@ -153,7 +154,9 @@ export class Proxy {
       this.router.metrics.upstreamErrors.inc({ phase: 'before_first_token' })
       const w = this.router.worker(d.workerId)
       if (w !== undefined) w.failures++
-      const next = retry < this.options.retries ? candidates.find((c) => !tried.has(`${c.workerId}:${c.dpRank}`) && this.router.worker(c.workerId) !== undefined) : undefined
+      tried.push(`${d.workerId}:${d.dpRank}`)
+      candidates ??= table === undefined ? [] : [...table].sort((x, y) => x.logit - y.logit)
+      const next = retry < this.options.retries ? candidates.find((c) => !tried.includes(`${c.workerId}:${c.dpRank}`) && this.router.worker(c.workerId) !== undefined) : undefined
       if (next === undefined) throw failure
       this.router.metrics.retried()
       attempt = await this.book({ ...call.route, workerId: next.workerId, dpRank: next.dpRank }, signal, false)
@@ -161,149 +164,255 @@ export class Proxy {
   }
 
   /**
-   * One upstream attempt. Returns true when the response was delivered (or the stream ended,
+   * One upstream attempt. Resolves true when the response was delivered (or the stream ended,
    * with an error event if the worker died after the first chunk); false or KVR_ERR_UPSTREAM
    * when it failed before the first chunk (retryable).
    */
-  private async attempt(_req: FastifyRequest, reply: FastifyReply, call: ProxyCall, a: Attempt, payload: string, signal: AbortSignal, started: number): Promise<boolean> {
+  private attempt(reply: FastifyReply, call: ProxyCall, a: Attempt, payload: string, signal: AbortSignal, started: number): Promise<boolean> {
     const d = a.decision
     const worker = this.router.worker(d.workerId)
-    if (worker === undefined) throw new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} has no HTTP endpoint`)
-    let res: Dispatcher.ResponseData
-    try {
-      res = await undiciRequest(worker.url + call.path, {
-        method: 'POST',
-        body: payload,
-        headers: { 'content-type': 'application/json', accept: call.stream ? 'text/event-stream' : 'application/json', 'x-request-id': a.booking.id },
-        signal,
-        dispatcher: this.dispatcher,
-      })
-    } catch (err) {
-      throw new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} (${worker.url}) did not answer: ${(err as Error).message}`)
-    }
-    if (res.statusCode >= 500) {
-      await res.body.dump().catch(() => undefined)
-      return false
-    }
-    const workerIdJson = { prefill_worker_id: d.workerId, prefill_dp_rank: d.dpRank, decode_worker_id: d.workerId, decode_dp_rank: d.dpRank }
-    if (!call.stream || res.statusCode !== 200 || !String(res.headers['content-type'] ?? '').includes('text/event-stream')) {
-      let text: string
+    if (worker === undefined) return Promise.reject(new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} has no HTTP endpoint`))
+    return new Promise<boolean>((resolve, reject) => {
+      const ex = new UpstreamExchange(this, reply, call, a, worker, signal, started, resolve, reject)
+      const target = upstreamTarget(worker.url)
       try {
-        text = await res.body.text()
+        this.dispatcher.dispatch(
+          {
+            origin: target.origin,
+            path: target.path + call.path,
+            method: 'POST',
+            body: payload,
+            headers: { 'content-type': 'application/json', accept: call.stream ? 'text/event-stream' : 'application/json', 'x-request-id': a.booking.id },
+          },
+          ex,
+        )
       } catch (err) {
-        if (signal.aborted) throw err
-        throw new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} failed while answering: ${(err as Error).message}`)
+        reject(new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} (${worker.url}) did not answer: ${(err as Error).message}`))
       }
-      a.booking.prefillComplete()
-      this.router.metrics.observeTtft((performance.now() - started) / 1000)
-      this.release(a.booking)
-      worker.failures = 0
-      let out = text
-      if (res.statusCode === 200) {
-        try {
-          const obj = JSON.parse(text) as Record<string, unknown>
-          obj.nvext = { ...(typeof obj.nvext === 'object' && obj.nvext !== null ? obj.nvext : {}), worker_id: workerIdJson }
-          const usage = obj.usage as { completion_tokens?: unknown } | undefined
-          if (typeof usage?.completion_tokens === 'number') this.router.metrics.observeOutput(usage.completion_tokens)
-          out = serializeJson(obj)
-        } catch {
-          throw new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} answered a body that is not JSON`)
-        }
-      }
-      await reply.code(res.statusCode).header('content-type', 'application/json').header('x-worker-id', d.workerId.toString()).send(out)
-      return true
-    }
-    return this.stream(reply, a, res, signal, started, workerIdJson)
+    })
   }
 
-  private async stream(reply: FastifyReply, a: Attempt, res: Dispatcher.ResponseData, signal: AbortSignal, started: number, workerIdJson: object): Promise<boolean> {
-    const m = this.router.metrics
-    const raw = reply.raw
-    let first = true
-    let pending = ''
-    let last = 0
-    let chunks = 0
+  /** The exchange's way back: releases a booking and counts it. */
+  releaseBooking(b: Booking): void {
+    this.release(b)
+  }
+
+  get metrics(): Router['metrics'] {
+    return this.router.metrics
+  }
+}
+
+/** Origin and path prefix of a worker URL, parsed once per URL. */
+const targets = new Map<string, { origin: string; path: string }>()
+function upstreamTarget(url: string): { origin: string; path: string } {
+  let t = targets.get(url)
+  if (t === undefined) {
+    const u = new URL(url)
+    t = { origin: u.origin, path: u.pathname.replace(/\/+$/, '') }
+    if (targets.size > 4096) targets.clear()
+    targets.set(url, t)
+  }
+  return t
+}
+
+const enum Mode {
+  /** Headers not seen yet. */
+  Waiting,
+  /** A 5xx: its body is dropped and the attempt is retryable. */
+  Failed,
+  /** A non-streamed answer, collected whole. */
+  Whole,
+  /** An SSE stream, forwarded chunk by chunk. */
+  Stream,
+}
+
+/**
+ * One request to one worker, driven by undici's dispatcher callbacks rather than its Readable
+ * body: a streamed chunk goes from the parser straight to the client's socket, without a
+ * Readable's buffering, ticks and listeners per chunk. A client that reads slower than the worker
+ * writes pauses the upstream parser until the client's socket drains, so a slow reader cannot
+ * make the router buffer a whole response.
+ */
+class UpstreamExchange implements Dispatcher.DispatchHandlers {
+  private mode = Mode.Waiting
+  private status = 0
+  private contentType = ''
+  private abortUpstream: ((err?: Error) => void) | null = null
+  private resumeUpstream: (() => void) | null = null
+  private readonly parts: Buffer[] = []
+  private first = true
+  /** The first event, while its end has not arrived yet. */
+  private pending = ''
+  private last = 0
+  private chunks = 0
+  private settled = false
+  private readonly workerIdJson: object
+
+  constructor(
+    private readonly proxy: Proxy,
+    private readonly reply: FastifyReply,
+    private readonly call: ProxyCall,
+    private readonly a: Attempt,
+    private readonly worker: WorkerInfo,
+    private readonly signal: AbortSignal,
+    private readonly started: number,
+    private readonly resolveFn: (delivered: boolean) => void,
+    private readonly rejectFn: (err: unknown) => void,
+  ) {
     const d = a.decision
-    // 'data' events rather than `for await`: the async iterator costs promises and ticks per
-    // chunk, and the proxy's tail latency under many streams follows its garbage
-    const onChunk = (chunk: Buffer): void => {
-      const now = performance.now()
-      if (first) {
-        first = false
-        a.booking.prefillComplete()
-        m.observeTtft((now - started) / 1000)
-        reply.hijack()
-        raw.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-worker-id': d.workerId.toString() })
-        pending = chunk.toString('utf8')
-        // the first event carries nvext.worker_id; it is rewritten once complete
-        const cut = pending.indexOf('\n\n')
-        if (cut < 0) return
-        raw.write(injectWorkerId(pending.slice(0, cut + 2), workerIdJson))
-        pending = pending.slice(cut + 2)
-        chunks++
-        if (pending.length > 0) raw.write(pending)
-        pending = ''
-        last = now
-        return
+    this.workerIdJson = { prefill_worker_id: d.workerId, prefill_dp_rank: d.dpRank, decode_worker_id: d.workerId, decode_dp_rank: d.dpRank }
+  }
+
+  private readonly onAbort = (): void => {
+    this.abortUpstream?.(new Error('the client went away'))
+  }
+
+  private readonly onDrain = (): void => {
+    this.resumeUpstream?.()
+  }
+
+  private settle(): boolean {
+    if (this.settled) return false
+    this.settled = true
+    this.signal.removeEventListener('abort', this.onAbort)
+    this.reply.raw.off('drain', this.onDrain)
+    return true
+  }
+
+  onConnect(abort: (err?: Error) => void): void {
+    this.abortUpstream = abort
+    if (this.signal.aborted) abort(new Error('the client went away'))
+    else this.signal.addEventListener('abort', this.onAbort, { once: true })
+  }
+
+  onHeaders(statusCode: number, headers: Buffer[] | string[] | null, resume: () => void): boolean {
+    if (statusCode < 200) return true
+    this.status = statusCode
+    if (headers !== null) {
+      for (let i = 0; i + 1 < headers.length; i += 2) {
+        const name = headers[i] as Buffer | string
+        if (name.length === 12 && name.toString().toLowerCase() === 'content-type') this.contentType = (headers[i + 1] as Buffer | string).toString()
       }
-      if (pending.length > 0) {
-        // still waiting for the end of the first event
-        pending += chunk.toString('utf8')
-        const cut = pending.indexOf('\n\n')
-        if (cut < 0) return
-        raw.write(injectWorkerId(pending.slice(0, cut + 2), workerIdJson))
-        raw.write(pending.slice(cut + 2))
-        pending = ''
-      } else {
-        raw.write(chunk)
-      }
-      chunks++
-      m.observeItl((now - last) / 1000)
-      last = now
     }
-    try {
-      const body = res.body
-      await new Promise<void>((resolve, reject) => {
-        // a throw inside an event handler would be uncaught: it fails the body instead
-        // chunks already buffered still arrive after destroy(): the flag stops them
-        let failed = false
-        body.on('data', (chunk: Buffer) => {
-          if (failed) return
-          try {
-            onChunk(chunk)
-          } catch (err) {
-            failed = true
-            body.destroy(err as Error)
-          }
-        })
-        body.once('end', resolve)
-        body.once('error', reject)
-        // closed without 'end' or 'error' (an abort tears the body down): not a complete stream
-        body.once('close', () => (body.readableEnded ? resolve() : reject(new Error('the upstream body closed before its end'))))
-      })
-      if (first) {
-        // ended without a single chunk: a failure before the first token
-        return false
+    if (statusCode >= 500) this.mode = Mode.Failed
+    else if (this.call.stream && statusCode === 200 && this.contentType.includes('text/event-stream')) {
+      this.mode = Mode.Stream
+      this.resumeUpstream = resume
+    } else this.mode = Mode.Whole
+    return true
+  }
+
+  onData(chunk: Buffer): boolean {
+    if (this.mode === Mode.Whole) this.parts.push(chunk)
+    else if (this.mode === Mode.Stream) {
+      try {
+        if (!this.forward(chunk)) {
+          // the client's socket is full: hold the worker until it drains
+          this.reply.raw.once('drain', this.onDrain)
+          return false
+        }
+      } catch (err) {
+        this.abortUpstream?.(err as Error)
       }
-      if (pending.length > 0) raw.write(pending)
-      m.observeOutput(chunks)
-      this.release(a.booking)
-      const w = this.router.worker(d.workerId)
-      if (w !== undefined) w.failures = 0
+    }
+    return true
+  }
+
+  /** Writes one upstream chunk to the client; false when the client's socket is full. */
+  private forward(chunk: Buffer): boolean {
+    const now = performance.now()
+    const raw = this.reply.raw
+    const m = this.proxy.metrics
+    if (this.first) {
+      this.first = false
+      this.a.booking.prefillComplete()
+      m.observeTtft((now - this.started) / 1000)
+      this.reply.hijack()
+      raw.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-worker-id': this.a.decision.workerId.toString() })
+      this.last = now
+      return this.firstEvent(chunk.toString('utf8'))
+    }
+    m.observeItl((now - this.last) / 1000)
+    this.last = now
+    this.chunks++
+    if (this.pending.length > 0) return this.firstEvent(this.pending + chunk.toString('utf8'))
+    return raw.write(chunk)
+  }
+
+  /** The first event carries nvext.worker_id: it is held until complete, then rewritten. */
+  private firstEvent(text: string): boolean {
+    const cut = text.indexOf('\n\n')
+    if (cut < 0) {
+      this.pending = text
+      return true
+    }
+    this.pending = ''
+    this.chunks++
+    const raw = this.reply.raw
+    const ok = raw.write(injectWorkerId(text.slice(0, cut + 2), this.workerIdJson))
+    return cut + 2 < text.length ? raw.write(text.slice(cut + 2)) : ok
+  }
+
+  onComplete(): void {
+    if (!this.settle()) return
+    if (this.mode === Mode.Failed) return this.resolveFn(false)
+    if (this.mode === Mode.Stream) {
+      // ended without a single chunk: a failure before the first token
+      if (this.first) return this.resolveFn(false)
+      const raw = this.reply.raw
+      if (this.pending.length > 0) raw.write(this.pending)
+      this.proxy.metrics.observeOutput(this.chunks)
+      this.proxy.releaseBooking(this.a.booking)
+      this.worker.failures = 0
       raw.end()
-      return true
-    } catch (err) {
-      if (first && !signal.aborted) throw new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} failed before its first token: ${(err as Error).message}`)
-      this.release(a.booking)
-      if (signal.aborted) {
-        raw.destroy()
-        return true
-      }
-      m.upstreamErrors.inc({ phase: 'after_first_token' })
-      const e = new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} failed mid-stream: ${(err as Error).message}`)
-      raw.end(`${pending}data: ${JSON.stringify({ error: { ...e.toJSON(), type: 'upstream_error' } })}\n\n`)
-      return true
+      return this.resolveFn(true)
     }
+    this.whole().then(this.resolveFn, this.rejectFn)
+  }
+
+  /** A non-streamed answer: nvext.worker_id added, booking released on arrival. */
+  private async whole(): Promise<boolean> {
+    const d = this.a.decision
+    const m = this.proxy.metrics
+    const text = Buffer.concat(this.parts).toString('utf8')
+    this.a.booking.prefillComplete()
+    m.observeTtft((performance.now() - this.started) / 1000)
+    this.proxy.releaseBooking(this.a.booking)
+    this.worker.failures = 0
+    let out = text
+    if (this.status === 200) {
+      try {
+        const obj = JSON.parse(text) as Record<string, unknown>
+        obj.nvext = { ...(typeof obj.nvext === 'object' && obj.nvext !== null ? obj.nvext : {}), worker_id: this.workerIdJson }
+        const usage = obj.usage as { completion_tokens?: unknown } | undefined
+        if (typeof usage?.completion_tokens === 'number') m.observeOutput(usage.completion_tokens)
+        out = serializeJson(obj)
+      } catch {
+        throw new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} answered a body that is not JSON`)
+      }
+    }
+    await this.reply.code(this.status).header('content-type', 'application/json').header('x-worker-id', d.workerId.toString()).send(out)
+    return true
+  }
+
+  onError(err: Error): void {
+    if (!this.settle()) return
+    const d = this.a.decision
+    if (this.mode !== Mode.Stream || this.first) {
+      if (this.signal.aborted) return this.rejectFn(err)
+      const what = this.mode === Mode.Waiting ? `(${this.worker.url}) did not answer` : 'failed before its first token'
+      return this.rejectFn(new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} ${what}: ${err.message}`))
+    }
+    this.proxy.releaseBooking(this.a.booking)
+    const raw = this.reply.raw
+    if (this.signal.aborted) {
+      raw.destroy()
+      return this.resolveFn(true)
+    }
+    this.proxy.metrics.upstreamErrors.inc({ phase: 'after_first_token' })
+    const e = new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} failed mid-stream: ${err.message}`)
+    raw.end(`${this.pending}data: ${JSON.stringify({ error: { ...e.toJSON(), type: 'upstream_error' } })}\n\n`)
+    this.resolveFn(true)
   }
 }
 

@@ -1,8 +1,11 @@
 // The proxy lifecycle against scripted upstreams over real sockets: a client abort mid-stream
 // frees the booking and aborts the upstream request; a 500 (or a refused connection) before the
 // first token is retried on the next best worker; an upstream that dies mid-stream gives the
-// client an error event; every booking is released exactly once.
+// client an error event; a client that stops reading holds the upstream back instead of making
+// the router buffer; every booking is released exactly once.
 import t from 'tap'
+import { request as httpRequest } from 'node:http'
+import type { IncomingMessage } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { harness, tokens, until, upstream } from './helpers.js'
 
@@ -177,5 +180,55 @@ t.test('a client that leaves while its request waits in the queue is removed fro
   t.equal(h.router.scheduler.stats().cancelledTotal, 1)
   t.ok(h.router.scheduler.free('big'))
   t.equal(booked(), 0)
+  await f.close()
+})
+
+t.test('a client that stops reading holds the upstream back; nothing is lost when it reads again', async (t) => {
+  const EVENT = sse(chunk('x'.repeat(16_000)))
+  const LIMIT = 64 * 1024 * 1024
+  let written = 0
+  let heldBackAt = -1
+  let upstreamDone!: () => void
+  const finished = new Promise<void>((r) => (upstreamDone = r))
+  const f = await fleet([
+    (_req, _body, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' })
+      const pump = (): void => {
+        while (written < LIMIT) {
+          written += EVENT.length
+          if (!res.write(EVENT)) {
+            if (heldBackAt < 0) heldBackAt = written
+            res.once('drain', pump)
+            return
+          }
+        }
+        res.end('data: [DONE]\n\n')
+        upstreamDone()
+      }
+      pump()
+    },
+  ])
+  const released = h.app.proxy.releasedTotal
+  const res = await new Promise<IncomingMessage>((resolve, reject) => {
+    const req = httpRequest(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' } }, resolve)
+    req.on('error', reject)
+    req.end(JSON.stringify({ prompt: tokens(12), stream: true }))
+  })
+  res.pause()
+  // the client reads nothing: the upstream must meet a full socket long before LIMIT
+  await until(() => heldBackAt > 0)
+  await new Promise((r) => setTimeout(r, 200))
+  t.ok(written < LIMIT / 2, `the upstream was held back after ${written} bytes, not allowed to write all ${LIMIT}`)
+  t.equal(booked(), 1, 'still booked while held back')
+  let received = 0
+  res.on('data', (b: Buffer) => (received += b.length))
+  const ended = new Promise((r) => res.once('end', r))
+  res.resume()
+  await finished
+  await ended
+  // the first event grew by nvext.worker_id; every byte after it arrived
+  t.ok(received >= LIMIT, `the client got everything once it read again (${received} bytes)`)
+  await until(() => booked() === 0)
+  t.equal(h.app.proxy.releasedTotal, released + 1, 'released exactly once')
   await f.close()
 })

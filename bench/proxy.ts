@@ -10,11 +10,16 @@
 // one every 50 ms, 16 tokens), not the mocker: the mocker's batched steps put hundreds of ms of
 // step-alignment jitter into each TTFT, which would drown a difference of a millisecond. The
 // router runs round-robin, as the direct path does, so both paths load the upstreams alike and
-// the difference is the hop itself: parsing, routing, booking, proxying every chunk. Direct and
-// routed phases alternate, two rounds each. ROUTER_NODE_FLAGS="…" passes node flags to the router
+// the difference is the hop itself: parsing, routing, booking, proxying every chunk.
+//
+// Two kinds of rounds. Sequential: a direct phase, then a routed one, two rounds. Paired (the
+// headline): both paths at once, `streams` open on each, requests interleaved one by one. On this
+// shared machine the direct path's own p99 moved by 5 ms from one 10 s phase to the next, more
+// than the bar; in a paired round whatever the machine does falls on both paths alike, so the
+// p99 difference is what the hop adds. ROUTER_NODE_FLAGS="…" passes node flags to the router
 // child (diagnosis: --trace-gc, --cpu-prof, --import of a probe).
 import type { ChildProcess } from 'node:child_process'
-import { Agent, request } from 'undici'
+import { Agent } from 'undici'
 import { child, median, processTicks, TICKS_PER_S } from './common.js'
 
 export interface PhaseResult {
@@ -39,8 +44,13 @@ export interface ProxyResult {
   ttftMs: number
   itlMs: number
   rounds: { direct: PhaseResult; router: PhaseResult; p99TtftOverheadMs: number; p99TotalOverheadMs: number }[]
+  /** Sequential rounds: a direct phase, then a routed one. */
   p99TtftOverheadMsMedian: number
   p99TotalOverheadMsMedian: number
+  /** Paired rounds: both paths at once, requests interleaved one by one (the headline). */
+  paired: { direct: PhaseResult; router: PhaseResult; p99TtftOverheadMs: number; p99TotalOverheadMs: number }[]
+  pairedP99TtftOverheadMsMedian: number
+  pairedP99TotalOverheadMsMedian: number
   routerCpuUsPerRequestMedian: number | null
 }
 
@@ -103,44 +113,68 @@ function uniquePrompt(tokens: number): string {
 const PROMPT_TOKENS = 64
 const MAX_TOKENS = 16
 
-async function phase(path: 'direct' | 'router', urls: string[], rate: number, seconds: number, agent: Agent, routerPid?: number): Promise<PhaseResult> {
-  const ticks0 = path === 'router' ? processTicks(routerPid) : null
-  const ttft: number[] = []
-  const total: number[] = []
-  let errors = 0
-  let open = 0
-  let openArea = 0
-  let lastChange = performance.now()
-  const track = (d: number): void => {
+interface Lane {
+  path: 'direct' | 'router'
+  urls: string[]
+}
+
+/**
+ * Open-loop load over one or more lanes at `rate` requests/s each: request k goes to lane
+ * k mod lanes, so lanes run side by side and share whatever the machine does meanwhile.
+ */
+async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent, routerPid?: number): Promise<PhaseResult[]> {
+  const hasRouter = lanes.some((l) => l.path === 'router')
+  const ticks0 = hasRouter ? processTicks(routerPid) : null
+  const stats = lanes.map(() => ({ ttft: [] as number[], total: [] as number[], errors: 0, requests: 0, open: 0, openArea: 0, lastChange: performance.now() }))
+  const track = (st: (typeof stats)[number], d: number): void => {
     const now = performance.now()
-    openArea += open * (now - lastChange)
-    lastChange = now
-    open += d
+    st.openArea += st.open * (now - st.lastChange)
+    st.lastChange = now
+    st.open += d
   }
   const inflight: Promise<void>[] = []
-  const one = async (url: string, body: string): Promise<void> => {
-    const t0 = performance.now()
-    track(1)
-    try {
-      const res = await request(`${url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body, dispatcher: agent })
+  const one = (st: (typeof stats)[number], url: URL, body: string): Promise<void> =>
+    new Promise<void>((resolve) => {
+      // undici's dispatcher callbacks, not a Readable body iterated with for-await: the load
+      // generator shares the 2 cores with the router, and its own per-chunk promises and ticks
+      // would take CPU from the process being measured
+      const t0 = performance.now()
+      track(st, 1)
+      let status = 0
       let first = -1
-      for await (const chunk of res.body) {
-        if (first < 0 && (chunk as Buffer).length > 0) first = performance.now()
+      const done = (ok: boolean): void => {
+        if (ok && status === 200 && first >= 0) {
+          st.ttft.push(first - t0)
+          st.total.push(performance.now() - t0)
+        } else st.errors++
+        track(st, -1)
+        resolve()
       }
-      if (res.statusCode !== 200 || first < 0) errors++
-      else {
-        ttft.push(first - t0)
-        total.push(performance.now() - t0)
-      }
-    } catch {
-      errors++
-    } finally {
-      track(-1)
-    }
-  }
+      agent.dispatch(
+        { origin: url.origin, path: '/v1/completions', method: 'POST', headers: { 'content-type': 'application/json' }, body },
+        {
+          onConnect() {},
+          onHeaders(code: number) {
+            status = code
+            return true
+          },
+          onData(chunk: Buffer) {
+            if (first < 0 && chunk.length > 0) first = performance.now()
+            return true
+          },
+          onComplete() {
+            done(true)
+          },
+          onError() {
+            done(false)
+          },
+        },
+      )
+    })
+  const targets = lanes.map((l) => l.urls.map((u) => new URL(u)))
   const start = performance.now()
   const end = start + seconds * 1000
-  const interval = 1000 / rate
+  const interval = 1000 / (rate * lanes.length)
   let k = 0
   for (;;) {
     const due = start + k * interval
@@ -149,24 +183,36 @@ async function phase(path: 'direct' | 'router', urls: string[], rate: number, se
     if (wait > 1) await new Promise((r) => setTimeout(r, wait - 0.5))
     else if (wait > 0) await new Promise((r) => setImmediate(r))
     if (performance.now() < due) continue
-    inflight.push(one(urls[k % urls.length] as string, uniquePrompt(PROMPT_TOKENS)))
+    const lane = k % lanes.length
+    const st = stats[lane] as (typeof stats)[number]
+    const urls = targets[lane] as URL[]
+    inflight.push(one(st, urls[st.requests % urls.length] as URL, uniquePrompt(PROMPT_TOKENS)))
+    st.requests++
     k++
   }
   const sendEnd = performance.now()
-  const openDuringSends = openArea + open * (sendEnd - lastChange)
   await Promise.all(inflight)
   const ticks1 = ticks0 === null ? null : processTicks(routerPid)
-  ttft.sort((a, b) => a - b)
-  total.sort((a, b) => a - b)
-  return {
-    path,
-    requests: k,
-    errors,
-    meanOpen: openDuringSends / (sendEnd - start),
-    ttftMs: { p50: quantile(ttft, 0.5), p99: quantile(ttft, 0.99) },
-    totalMs: { p50: quantile(total, 0.5), p99: quantile(total, 0.99) },
-    routerCpuUsPerRequest: ticks0 === null || ticks1 === null ? null : (((ticks1 - ticks0) / TICKS_PER_S) * 1e6) / k,
-  }
+  return lanes.map((l, i) => {
+    const st = stats[i] as (typeof stats)[number]
+    st.ttft.sort((a, b) => a - b)
+    st.total.sort((a, b) => a - b)
+    const openDuringSends = st.openArea + st.open * (sendEnd - st.lastChange)
+    return {
+      path: l.path,
+      requests: st.requests,
+      errors: st.errors,
+      meanOpen: openDuringSends / (sendEnd - start),
+      ttftMs: { p50: quantile(st.ttft, 0.5), p99: quantile(st.ttft, 0.99) },
+      totalMs: { p50: quantile(st.total, 0.5), p99: quantile(st.total, 0.99) },
+      routerCpuUsPerRequest: l.path !== 'router' || ticks0 === null || ticks1 === null ? null : (((ticks1 - ticks0) / TICKS_PER_S) * 1e6) / st.requests,
+    }
+  })
+}
+
+type Round = ProxyResult['rounds'][number]
+function round(d: PhaseResult, r: PhaseResult): Round {
+  return { direct: d, router: r, p99TtftOverheadMs: r.ttftMs.p99 - d.ttftMs.p99, p99TotalOverheadMs: r.totalMs.p99 - d.totalMs.p99 }
 }
 
 export async function benchProxy(cli: string, opts: { streams?: number; seconds?: number; engines?: number } = {}): Promise<ProxyResult> {
@@ -175,27 +221,35 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
   const engines = opts.engines ?? 4
   const self = new URL(import.meta.url).pathname
   const up = await child([self, '--upstreams', String(engines)], /upstreams ready ([^\n]+)\n/)
-  const direct = (up.m[1] as string).trim().split(/\s+/)
-  const workerArgs = direct.flatMap((u, i) => ['--worker', `${i + 1}=${u}`])
+  const directUrls = (up.m[1] as string).trim().split(/\s+/)
+  const workerArgs = directUrls.flatMap((u, i) => ['--worker', `${i + 1}=${u}`])
   let router: ChildProcess | undefined
-  const agent = new Agent({ connections: streams + 56, pipelining: 1, keepAliveTimeout: 30_000 })
+  // paired rounds hold `streams` open on each path at once
+  const agent = new Agent({ connections: 2 * streams + 56, pipelining: 1, keepAliveTimeout: 30_000 })
   try {
     const started = await child(
       [...(process.env.ROUTER_NODE_FLAGS ?? '').split(' ').filter((x) => x !== ''), cli, 'serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-block-size', '64', '--router-queue-threshold', 'none', '--router-mode', 'round-robin', ...workerArgs],
       /listening on (http:\/\/\S+)/,
     )
     router = started.p
-    const base = started.m[1] as string
+    const direct: Lane = { path: 'direct', urls: directUrls }
+    const routed: Lane = { path: 'router', urls: [started.m[1] as string] }
     // calibrate the stream length, then the rate that keeps `streams` open
-    const probe = await phase('direct', direct, 20, 3, agent)
+    const [probe] = (await phase([direct], 20, 3, agent)) as [PhaseResult]
     const rate = Math.max(1, Math.round(streams / (probe.totalMs.p50 / 1000)))
-    await phase('router', [base], rate, 3, agent)
-    const rounds: ProxyResult['rounds'] = []
+    await phase([routed], rate, 3, agent)
+    const rounds: Round[] = []
     for (let i = 0; i < 2; i++) {
-      const d = await phase('direct', direct, rate, seconds, agent)
-      const r = await phase('router', [base], rate, seconds, agent, router.pid)
-      rounds.push({ direct: d, router: r, p99TtftOverheadMs: r.ttftMs.p99 - d.ttftMs.p99, p99TotalOverheadMs: r.totalMs.p99 - d.totalMs.p99 })
+      const [d] = (await phase([direct], rate, seconds, agent)) as [PhaseResult]
+      const [r] = (await phase([routed], rate, seconds, agent, router.pid)) as [PhaseResult]
+      rounds.push(round(d, r))
     }
+    const paired: Round[] = []
+    for (let i = 0; i < 3; i++) {
+      const [d, r] = (await phase([direct, routed], rate, seconds, agent, router.pid)) as [PhaseResult, PhaseResult]
+      paired.push(round(d, r))
+    }
+    const cpu = [...rounds, ...paired].map((x) => x.router.routerCpuUsPerRequest)
     return {
       streamsTarget: streams,
       ratePerSec: rate,
@@ -208,7 +262,10 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
       rounds,
       p99TtftOverheadMsMedian: median(rounds.map((x) => x.p99TtftOverheadMs)),
       p99TotalOverheadMsMedian: median(rounds.map((x) => x.p99TotalOverheadMs)),
-      routerCpuUsPerRequestMedian: rounds.every((x) => x.router.routerCpuUsPerRequest !== null) ? median(rounds.map((x) => x.router.routerCpuUsPerRequest as number)) : null,
+      paired,
+      pairedP99TtftOverheadMsMedian: median(paired.map((x) => x.p99TtftOverheadMs)),
+      pairedP99TotalOverheadMsMedian: median(paired.map((x) => x.p99TotalOverheadMs)),
+      routerCpuUsPerRequestMedian: cpu.every((x) => x !== null) ? median(cpu as number[]) : null,
     }
   } finally {
     await agent.close()
@@ -218,14 +275,18 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
 }
 
 export function printProxy(p: ProxyResult): void {
-  console.log(`\nproxy: ${p.engines} fixed-timing upstreams (first token ${p.ttftMs} ms, then every ${p.itlMs} ms, ${p.maxTokens} tokens), ${p.promptTokens}-token prompts, open-loop at ${p.ratePerSec}/s for ~${p.streamsTarget} concurrent streams, ${p.seconds} s per phase, router in round-robin mode`)
-  console.log('round | path   | requests | errors | mean open | TTFT p50 ms | TTFT p99 ms | total p50 ms | total p99 ms | router CPU µs/req')
-  p.rounds.forEach((r, i) => {
-    for (const x of [r.direct, r.router]) {
-      console.log(`${String(i + 1).padStart(5)} | ${x.path.padEnd(6)} | ${String(x.requests).padStart(8)} | ${String(x.errors).padStart(6)} | ${x.meanOpen.toFixed(0).padStart(9)} | ${x.ttftMs.p50.toFixed(2).padStart(11)} | ${x.ttftMs.p99.toFixed(2).padStart(11)} | ${x.totalMs.p50.toFixed(2).padStart(12)} | ${x.totalMs.p99.toFixed(2).padStart(12)} | ${(x.routerCpuUsPerRequest === null ? '–' : x.routerCpuUsPerRequest.toFixed(0)).padStart(17)}`)
-    }
-    console.log(`      | p99 overhead: TTFT ${r.p99TtftOverheadMs.toFixed(2)} ms, total ${r.p99TotalOverheadMs.toFixed(2)} ms`)
-  })
+  console.log(`\nproxy: ${p.engines} fixed-timing upstreams (first token ${p.ttftMs} ms, then every ${p.itlMs} ms, ${p.maxTokens} tokens), ${p.promptTokens}-token prompts, open-loop at ${p.ratePerSec}/s per path for ~${p.streamsTarget} concurrent streams, ${p.seconds} s per phase, router in round-robin mode`)
+  console.log('round        | path   | requests | errors | mean open | TTFT p50 ms | TTFT p99 ms | total p50 ms | total p99 ms | router CPU µs/req')
+  const rows = (label: string, rs: ProxyResult['rounds']): void =>
+    rs.forEach((r, i) => {
+      for (const x of [r.direct, r.router]) {
+        console.log(`${`${label} ${i + 1}`.padEnd(12)} | ${x.path.padEnd(6)} | ${String(x.requests).padStart(8)} | ${String(x.errors).padStart(6)} | ${x.meanOpen.toFixed(0).padStart(9)} | ${x.ttftMs.p50.toFixed(2).padStart(11)} | ${x.ttftMs.p99.toFixed(2).padStart(11)} | ${x.totalMs.p50.toFixed(2).padStart(12)} | ${x.totalMs.p99.toFixed(2).padStart(12)} | ${(x.routerCpuUsPerRequest === null ? '–' : x.routerCpuUsPerRequest.toFixed(0)).padStart(17)}`)
+      }
+      console.log(`${''.padEnd(12)} | p99 overhead: TTFT ${r.p99TtftOverheadMs.toFixed(2)} ms, total ${r.p99TotalOverheadMs.toFixed(2)} ms`)
+    })
+  rows('sequential', p.rounds)
+  rows('paired', p.paired)
+  console.log(`p99 overhead, medians: paired TTFT ${p.pairedP99TtftOverheadMsMedian.toFixed(2)} ms, total ${p.pairedP99TotalOverheadMsMedian.toFixed(2)} ms; sequential TTFT ${p.p99TtftOverheadMsMedian.toFixed(2)} ms, total ${p.p99TotalOverheadMsMedian.toFixed(2)} ms; router CPU ${p.routerCpuUsPerRequestMedian === null ? '–' : p.routerCpuUsPerRequestMedian.toFixed(0)} µs per request`)
 }
 
 if (process.argv[2] === '--upstreams') {

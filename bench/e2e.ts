@@ -33,6 +33,7 @@ import { percentile, summarize } from '../src/replay/summary.js'
 import type { ReplaySummary } from '../src/replay/summary.js'
 import { renderE2eSvg } from './e2e-plot.js'
 import { processTicks, repoRoot, TICKS_PER_S } from './common.js'
+import { ROUTER_V8_FLAGS } from '../src/v8-flags.js'
 
 const BLOCK_SIZE = 64
 // kv runs Dynamo's default cost; kv-tuned the Era C knobs this workload wants (README, "Tuning
@@ -129,7 +130,7 @@ interface Child {
 function start(args: string[], ready: RegExp, timeoutMs = 60_000): Promise<Child> {
   const cli = join(repoRoot(), 'dist', 'src', 'cli.js')
   return new Promise((resolve, reject) => {
-    const p = spawn(process.execPath, [cli, ...args], { env: { PATH: process.env.PATH ?? '' } })
+    const p = spawn(process.execPath, [...(args[0] === 'serve' ? ROUTER_V8_FLAGS : []), cli, ...args], { env: { PATH: process.env.PATH ?? '' } })
     let out = ''
     let err = ''
     let done = false

@@ -21,6 +21,7 @@
 import type { ChildProcess } from 'node:child_process'
 import { Agent } from 'undici'
 import { child, median, processTicks, TICKS_PER_S } from './common.js'
+import { ROUTER_V8_FLAGS } from '../src/v8-flags.js'
 
 export interface PhaseResult {
   path: 'direct' | 'router'
@@ -228,7 +229,7 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
   const agent = new Agent({ connections: 2 * streams + 56, pipelining: 1, keepAliveTimeout: 30_000 })
   try {
     const started = await child(
-      [...(process.env.ROUTER_NODE_FLAGS ?? '').split(' ').filter((x) => x !== ''), cli, 'serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-block-size', '64', '--router-queue-threshold', 'none', '--router-mode', 'round-robin', ...workerArgs],
+      [...ROUTER_V8_FLAGS, ...(process.env.ROUTER_NODE_FLAGS ?? '').split(' ').filter((x) => x !== ''), cli, 'serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-block-size', '64', '--router-queue-threshold', 'none', '--router-mode', 'round-robin', ...workerArgs],
       /listening on (http:\/\/\S+)/,
     )
     router = started.p

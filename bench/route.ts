@@ -20,6 +20,7 @@ import { fileURLToPath } from 'node:url'
 import type { AddressInfo } from 'node:net'
 import autocannon from 'autocannon'
 import { benchProxy, printProxy } from './proxy.js'
+import { ROUTER_V8_FLAGS } from '../src/v8-flags.js'
 import Fastify from 'fastify'
 import { parseServeConfig } from '../src/config.js'
 import type { ServeConfig } from '../src/config.js'
@@ -279,7 +280,7 @@ async function load(url: string, requests: { body: string }[], connections: numb
 
 async function benchHttpRoute(): Promise<object> {
   const self = fileURLToPath(import.meta.url)
-  const { p, m } = await child([self, '--serve'], /(\{.*\})\n/)
+  const { p, m } = await child([...ROUTER_V8_FLAGS, self, '--serve'], /(\{.*\})\n/)
   const ports = JSON.parse(m[1] as string) as { baseline: number; router: number }
   const bodies = httpPrompts().map((tokens) => ({ body: JSON.stringify({ token_ids: tokens }) }))
   const rounds: { baseline: LoadResult; route: LoadResult }[] = []

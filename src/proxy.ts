@@ -9,7 +9,7 @@
 // A booking is freed exactly once whatever happens (Booking.release). Nothing is written to the
 // client before the first upstream chunk, so a failure up to then can still be retried on the
 // next best worker of the decision's candidates table.
-import type { FastifyReply, FastifyRequest } from 'fastify'
+import type { FastifyReply } from 'fastify'
 import { Agent } from 'undici'
 import type { Dispatcher } from 'undici'
 import type { RouteInput, Router, WorkerInfo } from './router.js'
@@ -95,7 +95,7 @@ export class Proxy {
     if (this.ownDispatcher) await this.dispatcher.close()
   }
 
-  async handle(req: FastifyRequest, reply: FastifyReply, call: ProxyCall): Promise<void> {
+  async handle(reply: FastifyReply, call: ProxyCall): Promise<void> {
     const ac = new AbortController()
     const onClose = (): void => {
       if (!reply.raw.writableFinished) ac.abort()
@@ -124,7 +124,8 @@ export class Proxy {
     return { decision, booking: new Booking(this.router, id) }
   }
 
-  private release(b: Booking): void {
+  /** Releases a booking (the exchange calls it too) and counts the first release. */
+  release(b: Booking): void {
     if (b.release()) this.releasedTotal++
   }
 
@@ -190,11 +191,6 @@ export class Proxy {
         reject(new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} (${worker.url}) did not answer: ${(err as Error).message}`))
       }
     })
-  }
-
-  /** The exchange's way back: releases a booking and counts it. */
-  releaseBooking(b: Booking): void {
-    this.release(b)
   }
 
   get metrics(): Router['metrics'] {
@@ -362,7 +358,7 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
       const raw = this.reply.raw
       if (this.pending.length > 0) raw.write(this.pending)
       this.proxy.metrics.observeOutput(this.chunks)
-      this.proxy.releaseBooking(this.a.booking)
+      this.proxy.release(this.a.booking)
       this.worker.failures = 0
       raw.end()
       return this.resolveFn(true)
@@ -377,7 +373,7 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
     const text = Buffer.concat(this.parts).toString('utf8')
     this.a.booking.prefillComplete()
     m.observeTtft((performance.now() - this.started) / 1000)
-    this.proxy.releaseBooking(this.a.booking)
+    this.proxy.release(this.a.booking)
     this.worker.failures = 0
     let out = text
     if (this.status === 200) {
@@ -403,7 +399,7 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
       const what = this.mode === Mode.Waiting ? `(${this.worker.url}) did not answer` : 'failed before its first token'
       return this.rejectFn(new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} ${what}: ${err.message}`))
     }
-    this.proxy.releaseBooking(this.a.booking)
+    this.proxy.release(this.a.booking)
     const raw = this.reply.raw
     if (this.signal.aborted) {
       raw.destroy()

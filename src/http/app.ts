@@ -491,7 +491,7 @@ export async function buildApp(opts: AppOptions): Promise<App> {
     const input = commonRoute(req, body, tokens, textLength)
     const model = typeof body.model === 'string' ? body.model : cfg.modelName
     try {
-      await proxy.handle(req, reply, { path, body, stream: body.stream === true, route: input, model })
+      await proxy.handle(reply, { path, body, stream: body.stream === true, route: input, model })
     } catch (err) {
       if ((err as KvrError).code === 'KVR_ERR_ALL_WORKERS_BUSY' || (err as KvrError).code === 'KVR_ERR_QUEUE_FULL') router.metrics.rejected(model, path)
       throw err

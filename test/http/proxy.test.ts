@@ -2,7 +2,8 @@
 // frees the booking and aborts the upstream request; a 500 (or a refused connection) before the
 // first token is retried on the next best worker; an upstream that dies mid-stream gives the
 // client an error event; a client that stops reading holds the upstream back instead of making
-// the router buffer; every booking is released exactly once.
+// the router buffer; every booking is released exactly once, also in a seeded mix of all of these
+// with clients that leave at random moments.
 import t from 'tap'
 import { request as httpRequest } from 'node:http'
 import type { IncomingMessage } from 'node:http'
@@ -230,5 +231,75 @@ t.test('a client that stops reading holds the upstream back; nothing is lost whe
   t.ok(received >= LIMIT, `the client got everything once it read again (${received} bytes)`)
   await until(() => booked() === 0)
   t.equal(h.app.proxy.releasedTotal, released + 1, 'released exactly once')
+  await f.close()
+})
+
+t.test('seeded chaos: streams that finish, fail, die, answer whole or are abandoned all free their bookings', async (t) => {
+  // the upstream's behaviour is picked by the request itself (a field the proxy forwards as is)
+  const behave = (body: string, res: import('node:http').ServerResponse): void => {
+    const mode = (JSON.parse(body) as { user: string }).user
+    if (mode === 'fail') {
+      res.writeHead(500)
+      res.end('boom')
+      return
+    }
+    if (mode === 'whole') {
+      res.writeHead(200, { 'content-type': 'application/json' })
+      res.end(JSON.stringify({ choices: [{ text: 'all at once' }], usage: { completion_tokens: 3 } }))
+      return
+    }
+    res.writeHead(200, { 'content-type': 'text/event-stream' })
+    let n = 0
+    const timer = setInterval(() => {
+      if (res.destroyed) return clearInterval(timer)
+      if (mode === 'die' && n === 2) {
+        clearInterval(timer)
+        res.socket?.destroy()
+        return
+      }
+      if (n === 6) {
+        clearInterval(timer)
+        res.end('data: [DONE]\n\n')
+        return
+      }
+      res.write(sse(chunk(`c${n++}`)))
+    }, 3)
+  }
+  const f = await fleet([(_req, body, res) => behave(body, res), (_req, body, res) => behave(body, res)])
+  const released = h.app.proxy.releasedTotal
+  const decisions = h.router.scheduler.stats().decisionsTotal
+  let seed = 12345
+  const rnd = (): number => ((seed = (seed * 1103515245 + 12345) >>> 0) / 2 ** 32)
+  const modes = ['ok', 'ok', 'fail', 'die', 'whole']
+  const runs: Promise<string>[] = []
+  for (let i = 0; i < 60; i++) {
+    const mode = modes[Math.floor(rnd() * modes.length)] as string
+    const abandonAfter = rnd() < 0.3 ? Math.floor(rnd() * 25) : -1
+    runs.push(
+      (async () => {
+        const ac = new AbortController()
+        if (abandonAfter >= 0) setTimeout(() => ac.abort(), abandonAfter)
+        try {
+          const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(8, 100 * i), stream: mode !== 'whole', user: mode }), signal: ac.signal })
+          const text = await r.text()
+          if (mode === 'ok') {
+            t.equal(r.status, 200)
+            t.match(text, /"decode_worker_id":10[01]/, 'the first event carries nvext.worker_id')
+            t.match(text, /c0[\s\S]*c1[\s\S]*c2[\s\S]*c3[\s\S]*c4[\s\S]*c5[\s\S]*\[DONE\]/, 'every chunk, in order')
+          } else if (mode === 'fail') t.equal(r.status, 502, 'both workers fail before the first token')
+          else if (mode === 'die') t.match(text, '"code":"KVR_ERR_UPSTREAM"', 'an error event ends the stream')
+          else t.match(text, '"worker_id"')
+          return mode
+        } catch (err) {
+          t.ok(abandonAfter >= 0, `only abandoned requests fail on the client (${mode}: ${(err as Error).message})`)
+          return 'abandoned'
+        }
+      })(),
+    )
+  }
+  const outcomes = await Promise.all(runs)
+  t.ok(outcomes.includes('abandoned') && outcomes.includes('ok') && outcomes.includes('die'), 'the seed mixes the cases')
+  await until(() => booked() === 0 && h.app.proxy.inFlight === 0)
+  t.equal(h.app.proxy.releasedTotal - released, h.router.scheduler.stats().decisionsTotal - decisions, 'every booking made was released')
   await f.close()
 })

@@ -33,6 +33,8 @@ export interface PhaseResult {
   totalMs: { p50: number; p99: number }
   /** The router process's CPU time (all its threads, from /proc) per request of the phase; null for direct phases or off Linux. */
   routerCpuUsPerRequest: number | null
+  /** CPU of each process over the phase, in % of one core (the machine has to share its cores between them). */
+  cpuPct: { client: number; upstreams: number | null; router: number | null }
 }
 
 export interface ProxyResult {
@@ -123,9 +125,14 @@ interface Lane {
  * Open-loop load over one or more lanes at `rate` requests/s each: request k goes to lane
  * k mod lanes, so lanes run side by side and share whatever the machine does meanwhile.
  */
-async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent, routerPid?: number): Promise<PhaseResult[]> {
+async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent, pids: { router?: number | undefined; upstreams?: number | undefined } = {}): Promise<PhaseResult[]> {
+  const routerPid = pids.router
   const hasRouter = lanes.some((l) => l.path === 'router')
   const ticks0 = hasRouter ? processTicks(routerPid) : null
+  const routerAll0 = processTicks(routerPid)
+  const up0 = processTicks(pids.upstreams)
+  const client0 = process.cpuUsage()
+  const wall0 = performance.now()
   const stats = lanes.map(() => ({ ttft: [] as number[], total: [] as number[], errors: 0, requests: 0, open: 0, openArea: 0, lastChange: performance.now() }))
   const track = (st: (typeof stats)[number], d: number): void => {
     const now = performance.now()
@@ -194,6 +201,10 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
   const sendEnd = performance.now()
   await Promise.all(inflight)
   const ticks1 = ticks0 === null ? null : processTicks(routerPid)
+  const wallS = (performance.now() - wall0) / 1000
+  const client1 = process.cpuUsage(client0)
+  const pct = (t0: number | null, t1: number | null): number | null => (t0 === null || t1 === null ? null : ((t1 - t0) / TICKS_PER_S / wallS) * 100)
+  const cpuPct = { client: ((client1.user + client1.system) / 1e6 / wallS) * 100, upstreams: pct(up0, processTicks(pids.upstreams)), router: pct(routerAll0, processTicks(routerPid)) }
   return lanes.map((l, i) => {
     const st = stats[i] as (typeof stats)[number]
     st.ttft.sort((a, b) => a - b)
@@ -207,6 +218,7 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
       ttftMs: { p50: quantile(st.ttft, 0.5), p99: quantile(st.ttft, 0.99) },
       totalMs: { p50: quantile(st.total, 0.5), p99: quantile(st.total, 0.99) },
       routerCpuUsPerRequest: l.path !== 'router' || ticks0 === null || ticks1 === null ? null : (((ticks1 - ticks0) / TICKS_PER_S) * 1e6) / st.requests,
+      cpuPct,
     }
   })
 }
@@ -233,6 +245,7 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
       /listening on (http:\/\/\S+)/,
     )
     router = started.p
+    const pids = { router: router.pid, upstreams: up.p.pid }
     const direct: Lane = { path: 'direct', urls: directUrls }
     const routed: Lane = { path: 'router', urls: [started.m[1] as string] }
     // calibrate the stream length, then the rate that keeps `streams` open
@@ -241,13 +254,13 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
     await phase([routed], rate, 3, agent)
     const rounds: Round[] = []
     for (let i = 0; i < 2; i++) {
-      const [d] = (await phase([direct], rate, seconds, agent)) as [PhaseResult]
-      const [r] = (await phase([routed], rate, seconds, agent, router.pid)) as [PhaseResult]
+      const [d] = (await phase([direct], rate, seconds, agent, pids)) as [PhaseResult]
+      const [r] = (await phase([routed], rate, seconds, agent, pids)) as [PhaseResult]
       rounds.push(round(d, r))
     }
     const paired: Round[] = []
     for (let i = 0; i < 3; i++) {
-      const [d, r] = (await phase([direct, routed], rate, seconds, agent, router.pid)) as [PhaseResult, PhaseResult]
+      const [d, r] = (await phase([direct, routed], rate, seconds, agent, pids)) as [PhaseResult, PhaseResult]
       paired.push(round(d, r))
     }
     const cpu = [...rounds, ...paired].map((x) => x.router.routerCpuUsPerRequest)
@@ -283,7 +296,11 @@ export function printProxy(p: ProxyResult): void {
       for (const x of [r.direct, r.router]) {
         console.log(`${`${label} ${i + 1}`.padEnd(12)} | ${x.path.padEnd(6)} | ${String(x.requests).padStart(8)} | ${String(x.errors).padStart(6)} | ${x.meanOpen.toFixed(0).padStart(9)} | ${x.ttftMs.p50.toFixed(2).padStart(11)} | ${x.ttftMs.p99.toFixed(2).padStart(11)} | ${x.totalMs.p50.toFixed(2).padStart(12)} | ${x.totalMs.p99.toFixed(2).padStart(12)} | ${(x.routerCpuUsPerRequest === null ? '–' : x.routerCpuUsPerRequest.toFixed(0)).padStart(17)}`)
       }
-      console.log(`${''.padEnd(12)} | p99 overhead: TTFT ${r.p99TtftOverheadMs.toFixed(2)} ms, total ${r.p99TotalOverheadMs.toFixed(2)} ms`)
+      const c = r.router.cpuPct
+      const d = r.direct.cpuPct
+      const f = (x: number | null): string => (x === null ? '–' : `${x.toFixed(0)}%`)
+      const load = c === d ? `client ${f(c.client)}, upstreams ${f(c.upstreams)}, router ${f(c.router)}` : `direct phase: client ${f(d.client)}, upstreams ${f(d.upstreams)}; routed phase: client ${f(c.client)}, upstreams ${f(c.upstreams)}, router ${f(c.router)}`
+      console.log(`${''.padEnd(12)} | p99 overhead: TTFT ${r.p99TtftOverheadMs.toFixed(2)} ms, total ${r.p99TotalOverheadMs.toFixed(2)} ms | CPU of one core: ${load}`)
     })
   rows('sequential', p.rounds)
   rows('paired', p.paired)

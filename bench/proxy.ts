@@ -17,7 +17,9 @@
 // shared machine the direct path's own p99 moved by 5 ms from one 10 s phase to the next, more
 // than the bar; in a paired round whatever the machine does falls on both paths alike, so the
 // p99 difference is what the hop adds. ROUTER_NODE_FLAGS="…" passes node flags to the router
-// child (diagnosis: --trace-gc, --cpu-prof, --import of a probe).
+// child (diagnosis: --trace-gc, --cpu-prof, --import of a probe). BENCH_PROXY_MODE=kv runs the
+// router in kv mode instead, so each request also takes an overlap query through the shard; the
+// upstreams emit no KV events, so the choice still spreads by load.
 import type { ChildProcess } from 'node:child_process'
 import { Agent } from 'undici'
 import { child, median, processTicks, TICKS_PER_S } from './common.js'
@@ -39,6 +41,8 @@ export interface PhaseResult {
 
 export interface ProxyResult {
   streamsTarget: number
+  /** The router's --router-mode. */
+  mode: 'round-robin' | 'kv'
   ratePerSec: number
   seconds: number
   engines: number
@@ -228,9 +232,10 @@ function round(d: PhaseResult, r: PhaseResult): Round {
   return { direct: d, router: r, p99TtftOverheadMs: r.ttftMs.p99 - d.ttftMs.p99, p99TotalOverheadMs: r.totalMs.p99 - d.totalMs.p99 }
 }
 
-export async function benchProxy(cli: string, opts: { streams?: number; seconds?: number; engines?: number } = {}): Promise<ProxyResult> {
+export async function benchProxy(cli: string, opts: { streams?: number; seconds?: number; engines?: number; mode?: 'round-robin' | 'kv' } = {}): Promise<ProxyResult> {
   const streams = opts.streams ?? 200
   const seconds = opts.seconds ?? 10
+  const mode = opts.mode ?? 'round-robin'
   const engines = opts.engines ?? 4
   const self = new URL(import.meta.url).pathname
   const up = await child([self, '--upstreams', String(engines)], /upstreams ready ([^\n]+)\n/)
@@ -241,7 +246,7 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
   const agent = new Agent({ connections: 2 * streams + 56, pipelining: 1, keepAliveTimeout: 30_000 })
   try {
     const started = await child(
-      [...ROUTER_V8_FLAGS, ...(process.env.ROUTER_NODE_FLAGS ?? '').split(' ').filter((x) => x !== ''), cli, 'serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-block-size', '64', '--router-queue-threshold', 'none', '--router-mode', 'round-robin', ...workerArgs],
+      [...ROUTER_V8_FLAGS, ...(process.env.ROUTER_NODE_FLAGS ?? '').split(' ').filter((x) => x !== ''), cli, 'serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-block-size', '64', '--router-queue-threshold', 'none', '--router-mode', mode, ...workerArgs],
       /listening on (http:\/\/\S+)/,
     )
     router = started.p
@@ -266,6 +271,7 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
     const cpu = [...rounds, ...paired].map((x) => x.router.routerCpuUsPerRequest)
     return {
       streamsTarget: streams,
+      mode,
       ratePerSec: rate,
       seconds,
       engines,
@@ -289,7 +295,7 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
 }
 
 export function printProxy(p: ProxyResult): void {
-  console.log(`\nproxy: ${p.engines} fixed-timing upstreams (first token ${p.ttftMs} ms, then every ${p.itlMs} ms, ${p.maxTokens} tokens), ${p.promptTokens}-token prompts, open-loop at ${p.ratePerSec}/s per path for ~${p.streamsTarget} concurrent streams, ${p.seconds} s per phase, router in round-robin mode`)
+  console.log(`\nproxy: ${p.engines} fixed-timing upstreams (first token ${p.ttftMs} ms, then every ${p.itlMs} ms, ${p.maxTokens} tokens), ${p.promptTokens}-token prompts, open-loop at ${p.ratePerSec}/s per path for ~${p.streamsTarget} concurrent streams, ${p.seconds} s per phase, router in ${p.mode} mode`)
   console.log('round        | path   | requests | errors | mean open | TTFT p50 ms | TTFT p99 ms | total p50 ms | total p99 ms | router CPU µs/req')
   const rows = (label: string, rs: ProxyResult['rounds']): void =>
     rs.forEach((r, i) => {
@@ -311,6 +317,6 @@ if (process.argv[2] === '--upstreams') {
   await upstreams(Number(process.argv[3] ?? 4))
 } else if (process.argv[1]?.endsWith('proxy.js') === true) {
   const cli = new URL('../src/cli.js', import.meta.url).pathname
-  const r = await benchProxy(cli, { seconds: Number(process.env.BENCH_PROXY_SECS ?? 10) })
+  const r = await benchProxy(cli, { seconds: Number(process.env.BENCH_PROXY_SECS ?? 10), mode: process.env.BENCH_PROXY_MODE === 'kv' ? 'kv' : 'round-robin' })
   printProxy(r)
 }

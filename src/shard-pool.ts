@@ -337,16 +337,16 @@ export class ShardPool extends EventEmitter {
           }
           continue
         }
+        // wait until half the ring is free (the shard wakes us then, see workers/shard.ts), so
+        // that one wake refills half a ring; the check after announcing the wait catches a
+        // shard that got there in between
         Atomics.store(sh.ctrl, PRODUCER_WAIT, 1)
         const read = Atomics.load(sh.ctrl, RING_READ)
-        // re-check after announcing the wait, so a read that happened in between is not missed
-        const before = p.offset
-        p.offset = sh.producer.write(p.bytes, p.offset)
-        if (p.offset === before) {
+        if (sh.producer.used > sh.producer.capacity / 2) {
           const r = Atomics.waitAsync(sh.ctrl, RING_READ, read, 50)
           if (r.async) await r.value
           if (this.shards[sh.index] !== sh) return
-        } else this.ring(sh)
+        }
         Atomics.store(sh.ctrl, PRODUCER_WAIT, 0)
       }
       sh.pending.length = 0

@@ -31,6 +31,7 @@ const layout = new BoardLayout(init.geometry)
 const index = new KvIndex({ maxBlocks: init.maxBlocks, maxWorkerRanks: init.geometry.maxResults })
 const decoder = new EventDecoder()
 const ring = new RingConsumer(ctrl, { write: RING_WRITE, read: RING_READ }, init.ring)
+const ringHalf = init.ring.byteLength / 2
 const BATCH = 64
 const YIELD_MS = 4
 
@@ -184,9 +185,12 @@ async function run(): Promise<void> {
     let work = serveQueries()
     const readBefore = Atomics.load(ctrl, RING_READ)
     const n = ring.read(BATCH, onMessage)
-    // fragments of a large message free space without completing a message: wake the producer
-    // whenever the read position moved
-    if (Atomics.load(ctrl, RING_READ) !== readBefore && Atomics.load(ctrl, PRODUCER_WAIT) === 1) Atomics.notify(ctrl, RING_READ)
+    // A waiting producer is woken once half the ring is free, not at every freed byte: each wake
+    // is a futex call on this thread and a turn of the main thread's loop, and at saturation
+    // the ring fills again at once, so waking per batch cost thousands of them per second. Half
+    // a ring always holds the next fragment (fragments are at most a quarter).
+    const read = Atomics.load(ctrl, RING_READ)
+    if (read !== readBefore && Atomics.load(ctrl, PRODUCER_WAIT) === 1 && ((Atomics.load(ctrl, RING_WRITE) - read) >>> 0) <= ringHalf) Atomics.notify(ctrl, RING_READ)
     if (n > 0) {
       work += n
       publishCounters()

@@ -105,6 +105,7 @@ export class RouterMetrics {
     shardCounter('kvrouter_shard_events_malformed_total', 'Event messages that did not decode', (c) => c.malformed)
     shardCounter('kvrouter_shard_queries_total', 'Overlap queries answered', (c) => c.queries)
     shardCounter('kvrouter_shard_ring_full_total', 'Pushes that found the shard\'s ring full (queued, never dropped)', (c) => c.ringFull)
+    shardCounter('kvrouter_shard_ring_waits_total', 'Times the event producer slept until the shard had freed half its ring', (c) => c.ringWaits)
     shardCounter('kvrouter_shard_restarts_total', 'Shard thread restarts', (c) => c.restarts)
     shardCounter('kvrouter_shard_events_lost_total', 'Events lost with a dead shard thread', (c) => c.lost)
     // NATS intake and etcd discovery, read at scrape time (absent series while not configured)

@@ -94,6 +94,8 @@ export interface ShardCounters {
   /** Events whose decoded worker id belongs to another shard (an envelope whose publisher_id is not its worker_id). */
   misplaced: number
   ringFull: number
+  /** Times the producer slept until the shard had freed half the ring. */
+  ringWaits: number
   pendingMessages: number
   lost: number
 }
@@ -118,6 +120,7 @@ interface Shard {
   health: ShardHealth
   restarts: number
   ringFull: number
+  ringWaits: number
   lost: number
   lastBeat: number
   lastBeatAt: number
@@ -247,6 +250,7 @@ export class ShardPool extends EventEmitter {
       health: 'exact',
       restarts: 0,
       ringFull: 0,
+      ringWaits: 0,
       lost: 0,
       lastBeat: -1,
       lastBeatAt: performance.now(),
@@ -344,7 +348,10 @@ export class ShardPool extends EventEmitter {
         const read = Atomics.load(sh.ctrl, RING_READ)
         if (sh.producer.used > sh.producer.capacity / 2) {
           const r = Atomics.waitAsync(sh.ctrl, RING_READ, read, 50)
-          if (r.async) await r.value
+          if (r.async) {
+            sh.ringWaits++
+            await r.value
+          }
           if (this.shards[sh.index] !== sh) return
         }
         Atomics.store(sh.ctrl, PRODUCER_WAIT, 0)
@@ -602,6 +609,7 @@ export class ShardPool extends EventEmitter {
         queries: Atomics.load(c, C_QUERIES) >>> 0,
         misplaced: Atomics.load(c, C_MISPLACED) >>> 0,
         ringFull: sh.ringFull,
+        ringWaits: sh.ringWaits,
         pendingMessages: sh.pending.length - sh.pendingHead,
         lost: sh.lost,
       }
@@ -696,6 +704,7 @@ export class ShardPool extends EventEmitter {
     fresh.health = 'recovering'
     fresh.restarts = old.restarts + 1
     fresh.ringFull = old.ringFull
+    fresh.ringWaits = old.ringWaits
     fresh.lost = old.lost
     this.shards[old.index] = fresh
     if (fresh.pendingHead < fresh.pending.length) this.waitForSpace(fresh)

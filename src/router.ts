@@ -184,7 +184,37 @@ export class Router {
 
   // ---- workers ----
 
-  async addWorker(reg: WorkerRegistration): Promise<WorkerInfo> {
+  /**
+   * Registers or updates a worker. Membership changes of one worker apply in the order they were
+   * asked for: adding awaits the shards, and etcd can report a worker updated and then removed
+   * within that await (its lease's two keys deleted one after the other); run side by side, the
+   * late add would put back a worker that had just been removed, and it would stay in routing.
+   */
+  addWorker(reg: WorkerRegistration): Promise<WorkerInfo> {
+    return this.inOrder(reg.id, () => this.addWorkerNow(reg))
+  }
+
+  removeWorker(id: bigint): Promise<boolean> {
+    return this.inOrder(id, () => this.removeWorkerNow(id))
+  }
+
+  private readonly membership = new Map<bigint, Promise<unknown>>()
+
+  private inOrder<T>(id: bigint, op: () => Promise<T>): Promise<T> {
+    const prev = this.membership.get(id)
+    const next = prev === undefined ? op() : prev.then(op, op)
+    const tail = next.then(
+      () => undefined,
+      () => undefined,
+    )
+    this.membership.set(id, tail)
+    void tail.then(() => {
+      if (this.membership.get(id) === tail) this.membership.delete(id)
+    })
+    return next
+  }
+
+  private async addWorkerNow(reg: WorkerRegistration): Promise<WorkerInfo> {
     const dpRanks = reg.dpRanks ?? 1
     const info: WorkerInfo = {
       id: reg.id,
@@ -210,7 +240,7 @@ export class Router {
     return info
   }
 
-  async removeWorker(id: bigint): Promise<boolean> {
+  private async removeWorkerNow(id: bigint): Promise<boolean> {
     if (!this.workerTable.delete(id)) return false
     this.scheduler.removeWorker(id)
     await this.pool.removeWorker(id)

@@ -130,7 +130,11 @@ t.test('serve with NATS and etcd: discovery, routing by prefix, lease expiry, NA
   const t0 = Date.now()
   t.comment(`etcd took ${t0 - tRevoke} ms to confirm the revoke`)
   const promptTokens = `{"token_ids":[${[...Buffer.from(prompt, 'utf8')].join(',')}]}`
-  await waitUntil('the worker is gone from routing', async () => ((await get('/v1/workers')).body['workers'] as unknown[]).length === 1, 2000)
+  await waitUntil('the worker is gone from routing', async () => ((await get('/v1/workers')).body['workers'] as unknown[]).length === 1, 2000).catch(async (err: Error) => {
+    // what discovery saw: a missing delete and a lost watch stream look alike from outside
+    const m = (await (await fetch(base + '/metrics')).text()).split('\n').filter((l) => l.startsWith('kvrouter_etcd_total') || l.startsWith('kvrouter_connection_up'))
+    throw new Error(`${err.message}; ${m.join('; ')}`)
+  })
   await waitUntil('and from the index', async () => !(await overlapOf(promptTokens)).includes(`"worker_id":${first.worker},`), Math.max(1, 2000 - (Date.now() - t0)))
   t.ok(Date.now() - t0 <= 2000, 'gone from routing and the index within 2 s')
   const third = await ask()

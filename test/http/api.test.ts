@@ -172,3 +172,31 @@ t.test('kv dump: the index as Stored events, whole or for one worker, u64 exact'
   t.match(bad.body, 'KVR_ERR_')
   await h.app.fastify.inject({ method: 'DELETE', url: `/v1/workers/${other}` })
 })
+
+t.test('membership changes of one worker apply in order: a removal during a pending add or update wins', async (t) => {
+  const id = 4242n
+  const slots = (): number => h.router.scheduler.stats().slots.filter((s) => s.workerId === id).length
+  // add and remove asked back to back, as etcd reports a lease's keys put and then deleted
+  const adding = h.router.addWorker({ id, url: 'http://127.0.0.1:9' })
+  const removing = h.router.removeWorker(id)
+  await adding
+  t.equal(await removing, true, 'the removal applied after the add')
+  t.equal(h.router.worker(id), undefined, 'not in the worker table')
+  t.equal(slots(), 0, 'no scheduler slot')
+  // an update (the card key deleted first) and then the removal (the instance key)
+  await h.router.addWorker({ id, url: 'http://127.0.0.1:9', capacity: 100 })
+  const updating = h.router.addWorker({ id, url: 'http://127.0.0.1:9' })
+  const removing2 = h.router.removeWorker(id)
+  await updating
+  t.equal(await removing2, true)
+  t.equal(h.router.worker(id), undefined, 'an update still under way does not bring it back')
+  t.equal(slots(), 0)
+  // and the other way round: removed, then added again, ends registered
+  const r3 = h.router.removeWorker(id)
+  const a3 = h.router.addWorker({ id, url: 'http://127.0.0.1:9' })
+  t.equal(await r3, false, 'nothing to remove')
+  await a3
+  t.ok(h.router.worker(id) !== undefined, 'registered')
+  t.equal(slots(), 1)
+  t.ok(await h.router.removeWorker(id))
+})

@@ -39,6 +39,14 @@ export interface PhaseResult {
   cpuPct: { client: number; upstreams: number | null; router: number | null }
 }
 
+/** One direct phase and one routed phase (or both lanes of one paired phase) and their p99 difference. */
+export interface Round {
+  direct: PhaseResult
+  router: PhaseResult
+  p99TtftOverheadMs: number
+  p99TotalOverheadMs: number
+}
+
 export interface ProxyResult {
   streamsTarget: number
   /** The router's --router-mode. */
@@ -50,12 +58,12 @@ export interface ProxyResult {
   maxTokens: number
   ttftMs: number
   itlMs: number
-  rounds: { direct: PhaseResult; router: PhaseResult; p99TtftOverheadMs: number; p99TotalOverheadMs: number }[]
+  rounds: Round[]
   /** Sequential rounds: a direct phase, then a routed one. */
   p99TtftOverheadMsMedian: number
   p99TotalOverheadMsMedian: number
   /** Paired rounds: both paths at once, requests interleaved one by one (the headline). */
-  paired: { direct: PhaseResult; router: PhaseResult; p99TtftOverheadMs: number; p99TotalOverheadMs: number }[]
+  paired: Round[]
   pairedP99TtftOverheadMsMedian: number
   pairedP99TotalOverheadMsMedian: number
   routerCpuUsPerRequestMedian: number | null
@@ -227,7 +235,6 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
   })
 }
 
-type Round = ProxyResult['rounds'][number]
 function round(d: PhaseResult, r: PhaseResult): Round {
   return { direct: d, router: r, p99TtftOverheadMs: r.ttftMs.p99 - d.ttftMs.p99, p99TotalOverheadMs: r.totalMs.p99 - d.totalMs.p99 }
 }
@@ -297,7 +304,7 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
 export function printProxy(p: ProxyResult): void {
   console.log(`\nproxy: ${p.engines} fixed-timing upstreams (first token ${p.ttftMs} ms, then every ${p.itlMs} ms, ${p.maxTokens} tokens), ${p.promptTokens}-token prompts, open-loop at ${p.ratePerSec}/s per path for ~${p.streamsTarget} concurrent streams, ${p.seconds} s per phase, router in ${p.mode} mode`)
   console.log('round        | path   | requests | errors | mean open | TTFT p50 ms | TTFT p99 ms | total p50 ms | total p99 ms | router CPU µs/req')
-  const rows = (label: string, rs: ProxyResult['rounds']): void =>
+  const rows = (label: string, rs: Round[]): void =>
     rs.forEach((r, i) => {
       for (const x of [r.direct, r.router]) {
         console.log(`${`${label} ${i + 1}`.padEnd(12)} | ${x.path.padEnd(6)} | ${String(x.requests).padStart(8)} | ${String(x.errors).padStart(6)} | ${x.meanOpen.toFixed(0).padStart(9)} | ${x.ttftMs.p50.toFixed(2).padStart(11)} | ${x.ttftMs.p99.toFixed(2).padStart(11)} | ${x.totalMs.p50.toFixed(2).padStart(12)} | ${x.totalMs.p99.toFixed(2).padStart(12)} | ${(x.routerCpuUsPerRequest === null ? '–' : x.routerCpuUsPerRequest.toFixed(0)).padStart(17)}`)

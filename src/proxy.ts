@@ -326,7 +326,9 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
       this.reply.hijack()
       raw.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-worker-id': this.a.decision.workerId.toString() })
       this.last = now
-      return this.firstEvent(chunk.toString('utf8'))
+      const ok = this.firstEvent(chunk.toString('utf8'))
+      if (this.pending.length === 0) this.chunks++
+      return ok
     }
     m.observeItl((now - this.last) / 1000)
     this.last = now
@@ -343,7 +345,6 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
       return true
     }
     this.pending = ''
-    this.chunks++
     const raw = this.reply.raw
     const ok = raw.write(injectWorkerId(text.slice(0, cut + 2), this.workerIdJson))
     return cut + 2 < text.length ? raw.write(text.slice(cut + 2)) : ok

@@ -303,3 +303,29 @@ t.test('seeded chaos: streams that finish, fail, die, answer whole or are abando
   t.equal(h.app.proxy.releasedTotal - released, h.router.scheduler.stats().decisionsTotal - decisions, 'every booking made was released')
   await f.close()
 })
+
+t.test('a first event split over two upstream writes is rewritten once and counted as one chunk', async (t) => {
+  const f = await fleet([
+    (_req, _body, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' })
+      const first = sse(chunk('a'))
+      res.write(first.slice(0, 10))
+      // apart in time, so each write reaches the router as a read of its own
+      setTimeout(() => res.write(first.slice(10)), 20)
+      setTimeout(() => res.write(sse(chunk('b'))), 40)
+      setTimeout(() => res.end('data: [DONE]\n\n'), 60)
+    },
+  ])
+  const sum = async (): Promise<number> => {
+    const text = (await h.app.fastify.inject({ method: 'GET', url: '/metrics' })).body
+    const line = text.split('\n').find((l) => l.startsWith('dynamo_component_router_output_sequence_tokens_sum'))
+    return Number(line?.split(' ').pop() ?? NaN)
+  }
+  const before = await sum()
+  const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(12), stream: true }) })
+  const text = await r.text()
+  t.equal(text.split('"decode_worker_id":100').length - 1, 1, 'nvext.worker_id added once')
+  t.match(text, /"text":"a"[\s\S]*"text":"b"[\s\S]*\[DONE\]/)
+  t.equal((await sum()) - before, 3, 'three chunks: the two events and [DONE]')
+  await f.close()
+})

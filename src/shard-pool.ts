@@ -15,7 +15,7 @@ import * as Comlink from 'comlink'
 import nodeEndpoint from 'comlink/dist/esm/node-adapter.mjs'
 import { RingProducer, checkRingCapacity } from './shared/ring.js'
 import {
-  BoardLayout, C_APPLIED, C_BLOCKS, C_MALFORMED, C_MISPLACED, C_NODES, C_PROCESSED, C_QUERIES, C_RECEIVED, C_REJECTED, C_WORKERS, CTRL_WORDS, DOORBELL,
+  BoardLayout, C_APPLIED, C_BLOCKS, C_END, C_MALFORMED, C_MISPLACED, C_NODES, C_PROCESSED, C_QUERIES, C_RECEIVED, C_REJECTED, C_WORKERS, CTRL_WORDS, DOORBELL,
   B_ANSWERS, B_MAIN_WAITING, CONTROL_POSTED, HEARTBEAT, PRODUCER_WAIT, Q_FLAGS, Q_N, Q_PENDING, QF_EARLY_EXIT, QRING_BASE, QRING_READ, QRING_SIZE, QRING_WRITE, RESULT_WORDS,
   RING_READ, RING_WRITE, SLEEPING, STATE, MAX_SHARDS, CONTROL_BYTES, CONTROL_REMOVE_WORKER, ShardState, shardOf, type ShardInit,
 } from './shared/shard-protocol.js'
@@ -694,7 +694,8 @@ export class ShardPool extends EventEmitter {
     old.lost += Math.max(0, ((old.enqueued - processed) | 0) - queued)
     Atomics.store(c, RING_READ, Atomics.load(c, RING_WRITE))
     Atomics.store(c, QRING_READ, Atomics.load(c, QRING_WRITE))
-    for (let i = DOORBELL; i < QRING_BASE; i++) Atomics.store(c, i, 0)
+    for (const i of [DOORBELL, SLEEPING, PRODUCER_WAIT, HEARTBEAT, CONTROL_POSTED]) Atomics.store(c, i, 0)
+    for (let i = C_RECEIVED; i < C_END; i++) Atomics.store(c, i, 0)
     Atomics.store(c, STATE, ShardState.Starting)
     for (let i = old.pendingHead; i < old.pending.length; i++) (old.pending[i] as Pending).offset = 0
     const fresh = this.spawn(old.index, c.buffer as SharedArrayBuffer, old.ringSab)

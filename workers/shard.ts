@@ -56,6 +56,8 @@ let malformed = 0
 let misplaced = 0
 let processed = 0
 let queries = 0
+/** QRING_READ as this thread last stored it: only this thread moves it while it runs. */
+let qRead = Atomics.load(ctrl, QRING_READ) >>> 0
 let stopping = false
 const waiters: { seq: number; resolve: () => void }[] = []
 
@@ -135,7 +137,7 @@ function answer(slot: number): void {
 
 /** Answers waiting queries in order; stops at one whose read-your-writes barrier is not met. */
 function serveQueries(): number {
-  let qr = Atomics.load(ctrl, QRING_READ) >>> 0
+  let qr = qRead
   const qw = Atomics.load(ctrl, QRING_WRITE) >>> 0
   const start = qr
   while (qr !== qw) {
@@ -145,7 +147,10 @@ function serveQueries(): number {
     answer(slot)
     qr = (qr + 1) >>> 0
   }
-  if (qr !== start) Atomics.store(ctrl, QRING_READ, qr | 0)
+  if (qr !== start) {
+    qRead = qr
+    Atomics.store(ctrl, QRING_READ, qr | 0)
+  }
   return (qr - start) >>> 0
 }
 
@@ -156,7 +161,7 @@ function controlWaiting(): boolean {
 }
 
 function queriesWaiting(): boolean {
-  return Atomics.load(ctrl, QRING_READ) !== Atomics.load(ctrl, QRING_WRITE)
+  return Atomics.load(ctrl, QRING_WRITE) >>> 0 !== qRead
 }
 
 function releaseWaiters(): void {

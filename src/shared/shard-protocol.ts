@@ -41,33 +41,46 @@
 // thread collects the queries of one event-loop turn, rings each shard once, and wakes once for
 // however many answers have landed, instead of a futex round trip per query.
 
+// Words are grouped by writer and by how often they change, each group on its own 128-byte
+// stretch (two cache lines, as adjacent-line prefetchers pair them). Packed together, the
+// shard's heartbeat (bumped every few blocks) and the main thread's ring position (bumped every
+// push) shared a line, and every check for waiting queries missed the cache after each push.
+const LINE = 32
+/** Main thread, every push. */
 export const RING_WRITE = 0
-export const RING_READ = 1
-export const QRING_WRITE = 2
-export const QRING_READ = 3
-export const DOORBELL = 4
-export const SLEEPING = 5
-export const PRODUCER_WAIT = 6
-export const HEARTBEAT = 7
-export const STATE = 8
-export const C_RECEIVED = 9
-export const C_APPLIED = 10
-export const C_MALFORMED = 11
-export const C_PROCESSED = 12
-export const C_BLOCKS = 13
-export const C_NODES = 14
-export const C_WORKERS = 15
-export const C_QUERIES = 16
-export const C_STORED = 17
-export const C_REMOVED = 18
-export const C_CLEARED = 19
-/** Rejections by RejectReason (kv-index.ts), REJECT_REASON_COUNT words. */
-export const C_REJECTED = 20
-/** Events whose decoded worker belongs to another shard (applied anyway, counted). */
-export const C_MISPLACED = 28
+export const PRODUCER_WAIT = 1
+/** Main thread, per query and per control call: a shard polls this group between blocks. */
+export const QRING_WRITE = LINE
+export const DOORBELL = LINE + 1
 /** Bumped by main after posting a control call: a shard about to sleep yields to its event loop first. */
-export const CONTROL_POSTED = 29
-export const QRING_BASE = 32
+export const CONTROL_POSTED = LINE + 2
+/** Shard, per batch of messages. */
+export const RING_READ = 2 * LINE
+export const QRING_READ = 2 * LINE + 1
+export const SLEEPING = 2 * LINE + 2
+export const STATE = 2 * LINE + 3
+/** Shard, every few blocks of work; main reads it once per watchdog tick. */
+export const HEARTBEAT = 3 * LINE
+/** Shard counters, published per batch, read by main at scrape time. */
+export const C_RECEIVED = 4 * LINE
+export const C_APPLIED = C_RECEIVED + 1
+export const C_MALFORMED = C_RECEIVED + 2
+export const C_PROCESSED = C_RECEIVED + 3
+export const C_BLOCKS = C_RECEIVED + 4
+export const C_NODES = C_RECEIVED + 5
+export const C_WORKERS = C_RECEIVED + 6
+export const C_QUERIES = C_RECEIVED + 7
+export const C_STORED = C_RECEIVED + 8
+export const C_REMOVED = C_RECEIVED + 9
+export const C_CLEARED = C_RECEIVED + 10
+/** Rejections by RejectReason (kv-index.ts), REJECT_REASON_COUNT words. */
+export const C_REJECTED = C_RECEIVED + 11
+/** Events whose decoded worker belongs to another shard (applied anyway, counted). */
+export const C_MISPLACED = C_RECEIVED + 19
+/** One past the last counter. */
+export const C_END = C_RECEIVED + 20
+/** Main thread, per query: the query ring's slot ids. */
+export const QRING_BASE = 5 * LINE
 export const QRING_SIZE = 256
 export const CTRL_WORDS = QRING_BASE + QRING_SIZE
 

@@ -165,3 +165,63 @@ t.test('random u64 values of every length round-trip exactly', async (t) => {
   t.throws(() => parseRouterEvent('{"worker_id":99999999999999999999,"event":{"event_id":0,"data":"cleared"}}'), { code: 'KVR_ERR_EVENT_INVALID_NUMBER', message: /exceeds/ })
   t.throws(() => parseRouterEvent('{"worker_id":123456789012345678901,"event":{"event_id":0,"data":"cleared"}}'), { code: 'KVR_ERR_EVENT_INVALID_NUMBER', message: /exceeds/ })
 })
+
+t.test('block hashes of every length, at every alignment, decode as the general parser reads them', async (t) => {
+  // The decoder reads serde's block layout four digits per load; a space after each colon sends
+  // the same values through the general parser instead. Both must agree with BigInt, for every
+  // digit count and every offset of the number within a 32-bit word.
+  const values: bigint[] = [0n, 1n, 9n, 10n, 2n ** 32n - 1n, 2n ** 32n, 2n ** 53n - 1n, 2n ** 53n, 2n ** 53n + 1n, 10n ** 19n - 1n, 10n ** 19n, 2n ** 64n - 1n]
+  for (let digits = 1; digits <= 20; digits++) {
+    const lowest = digits === 1 ? 0n : 10n ** BigInt(digits - 1)
+    values.push(lowest, 10n ** BigInt(digits) - 1n <= 2n ** 64n - 1n ? 10n ** BigInt(digits) - 1n : 2n ** 64n - 1n, lowest + 123456789n % (lowest === 0n ? 1n : lowest))
+  }
+  const dec = new EventDecoder()
+  let checked = 0
+  for (const v of values) {
+    for (let pad = 0; pad < 4; pad++) {
+      const blocks = `[{"block_hash":${v},"tokens_hash":${2n ** 64n - 1n - v},"mm_extra_info":null},{"block_hash":${v},"tokens_hash":${v}}]`
+      const worker = `${'1'.repeat(pad + 1)}`
+      const tight = `{"worker_id":${worker},"event":{"event_id":1,"data":{"stored":{"parent_hash":null,"blocks":${blocks}}}}}`
+      const spaced = tight.replaceAll('_hash":', '_hash": ')
+      const removed = `{"worker_id":${worker},"event":{"event_id":1,"data":{"removed":{"block_hashes":[${v},${2n ** 64n - 1n - v}]}}}}`
+      for (const text of [tight, spaced]) {
+        const d = dec.decodeString(text)
+        const got = [d.blockLo[0], d.blockHi[0], d.tokensLo[0], d.tokensHi[0], d.blockLo[1], d.tokensHi[1]]
+        const w = 2n ** 64n - 1n - v
+        const want = [Number(v & 0xffffffffn), Number(v >> 32n), Number(w & 0xffffffffn), Number(w >> 32n), Number(v & 0xffffffffn), Number(v >> 32n)]
+        if (d.count !== 2 || got.some((x, i) => x !== want[i])) t.fail(`${text}: ${JSON.stringify(got)} != ${JSON.stringify(want)}`)
+        else checked++
+      }
+      // the removed list, raw and inside an envelope whose payload is decoded from byte values
+      const inner: RouterEvent = { worker_id: BigInt(worker), event: { event_id: 1n, dp_rank: 0, data: { removed: { block_hashes: [v, 2n ** 64n - 1n - v] } } } }
+      for (const text of [removed, encodeEnvelope({ publisher_id: 1n, sequence: 1n, published_at: 1n, payload: inner })]) {
+        const r = dec.decodeString(text)
+        if (r.count !== 2 || r.blockLo[0] !== Number(v & 0xffffffffn) || r.blockHi[0] !== Number(v >> 32n) || r.blockHi[1] !== Number((2n ** 64n - 1n - v) >> 32n)) t.fail(`removed ${v}: ${text.slice(0, 80)}`)
+        else checked++
+      }
+    }
+  }
+  t.equal(checked, values.length * 16, 'every value, alignment and layout checked')
+})
+
+t.test('what the word-at-a-time reader refuses still gets the general parser\'s error', async (t) => {
+  const stored = (h: string): string => `{"worker_id":1,"event":{"event_id":1,"data":{"stored":{"parent_hash":null,"blocks":[{"block_hash":${h},"tokens_hash":1,"mm_extra_info":null}]}}}}`
+  const removed = (h: string): string => `{"worker_id":1,"event":{"event_id":1,"data":{"removed":{"block_hashes":[${h}]}}}}`
+  const cases: [string, RegExp][] = [
+    ['18446744073709551616', /exceeds/],
+    ['99999999999999999999', /exceeds/],
+    ['123456789012345678901', /exceeds/],
+    ['1234567890123456789012345', /exceeds/],
+    ['0123', /leading zero/],
+    ['00000000', /leading zero/],
+    ['12345678.5', /integer/],
+    ['1234e5', /integer/],
+    ['-12345678', /negative/],
+  ]
+  for (const [h, msg] of cases) {
+    for (const text of [stored(h), removed(h)]) {
+      t.throws(() => parseRouterEvent(text), { code: 'KVR_ERR_EVENT_INVALID_NUMBER', message: msg }, `${h} in ${text.includes('stored') ? 'stored' : 'removed'}`)
+    }
+  }
+  t.equal(parseRouterEvent(removed('"18446744073709551615"')).event.data !== 'cleared', true, 'a quoted hash still reads')
+})

@@ -144,9 +144,14 @@ export class EventDecoder {
    */
   interrupt: (() => void) | null = null
   private buf: Uint8Array = new Uint8Array(0)
-  /** A view of buf's whole backing buffer, kept while messages come from the same one (a ring). */
+  /** A view of buf's whole backing buffer, for the word-at-a-time reads. */
   private dv: DataView<ArrayBufferLike> = new DataView(new ArrayBuffer(8))
-  private dvBuffer: ArrayBufferLike | null = null
+  // Views of the last two backing buffers: messages come from one ring, and an enveloped one
+  // switches to this decoder's payload buffer and back (a fragmented one to the ring's assembly
+  // buffer), so two views make every switch free of allocation. They hold at most two buffers.
+  private dvA: DataView<ArrayBufferLike> = this.dv
+  private dvB: DataView<ArrayBufferLike> = this.dv
+  private dvNext = 0
   /** buf[0]'s offset in dv. */
   private base = 0
   private pos = 0
@@ -175,9 +180,14 @@ export class EventDecoder {
   /** Every switch of buf goes through here, so the word view always matches it. */
   private input(bytes: Uint8Array): void {
     this.buf = bytes
-    if (bytes.buffer !== this.dvBuffer) {
-      this.dv = new DataView(bytes.buffer)
-      this.dvBuffer = bytes.buffer
+    const backing = bytes.buffer
+    if (this.dvA.buffer === backing) this.dv = this.dvA
+    else if (this.dvB.buffer === backing) this.dv = this.dvB
+    else {
+      this.dv = new DataView(backing)
+      if (this.dvNext === 0) this.dvA = this.dv
+      else this.dvB = this.dv
+      this.dvNext ^= 1
     }
     this.base = bytes.byteOffset
   }
@@ -712,7 +722,6 @@ export class EventDecoder {
     throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'unexpected character')
   }
 
-  /** Advances past `lit` when the input continues with exactly those bytes. */
   /**
    * One stored block in serde's exact layout, from just after its `{`: fills block n and returns
    * true, or returns false with the position unchanged so the general parser takes it (and

@@ -46,6 +46,30 @@ t.test('token ids of every digit count, against JSON.parse (seeded)', async (t) 
   t.throws(() => scan('{"token_ids":[1,2}'), { code: 'KVR_ERR_INVALID_REQUEST', message: /expected "," or "\]"/ }, 'a missing "]" blames no token')
 })
 
+t.test('a bad id amid many good ones is found at its index, whatever its offset', async (t) => {
+  // Long bodies run through the word-at-a-time loop; it must hand each of these to the byte
+  // loop, which names the id. Prefixes of 1–4 one-digit ids shift the bad one through every
+  // offset within a 32-bit word.
+  const after = Array.from({ length: 40 }, (_, i) => 100000 + i).join(',')
+  for (const bad of ['00', '007', '0123456', '4294967296', '99999999999', '12345678', '1.0', '1e3', '-0', '"1"', 'null', '+1', '0x10', '']) {
+    for (let pre = 1; pre <= 4; pre++) {
+      const before = Array.from({ length: 30 + pre }, (_, i) => (i < pre ? 7 : 123456)).join(',')
+      const body = `{"token_ids":[${before},${bad},${after}]}`
+      const index = 30 + pre
+      if (bad === '12345678') {
+        // eight digits are valid: the byte loop takes them
+        t.equal((scan(body).tokens as Uint32Array)[index], 12345678, `8 digits at offset ${pre}`)
+        continue
+      }
+      t.throws(() => scan(body), { code: 'KVR_ERR_TOKEN_OUT_OF_RANGE', message: new RegExp(`token_ids\\[${index}\\]`) }, `${bad || 'empty'} at offset ${pre}`)
+    }
+  }
+  const spaced = `{"token_ids":[${Array.from({ length: 50 }, (_, i) => i * 997).join(', ')}]}`
+  t.same([...(scan(spaced).tokens as Uint32Array)], JSON.parse(spaced).token_ids as number[], 'spaces after commas leave the fast loop and come back')
+  const big = Array.from({ length: 9000 }, (_, i) => (i * 7919) % 150000)
+  t.same([...(scan(JSON.stringify({ token_ids: big })).tokens as Uint32Array)], big, 'the fast loop stops when the scratch is full; the byte loop grows it')
+})
+
 t.test('block hashes: exact u64 from integers and strings', async (t) => {
   const r = scan('{"block_hashes":[0, "18446744073709551615", 9007199254740993, "42"]}')
   const lo = r.blockLo as Uint32Array

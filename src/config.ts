@@ -44,7 +44,7 @@ export interface ServeConfig {
   readonly eventThreads: number
   /** µs an idle shard spins before sleeping; null = the pool's default (200 with a core to spare beyond the event loop and the shards, else 0). */
   readonly shardSpinUs: number | null
-  /** µs the event loop spins for a query answer before awaiting; null = the pool's default (30 with a core to spare for every shard, else 0). */
+  /** µs the event loop spins for a query answer before awaiting; null = the pool's default (60 with a core to spare for every shard, else 0). */
   readonly querySpinUs: number | null
   readonly namespace: string
   readonly component: string
@@ -109,7 +109,7 @@ export const FLAGS: readonly FlagDef[] = [
   F({ flag: '--router-reset-states', key: 'resetStates', env: ['DYN_ROUTER_RESET_STATES'], kind: 'bool', dflt: false, help: 'JetStream only' }),
   F({ flag: '--router-event-threads', key: 'eventThreads', env: ['DYN_ROUTER_EVENT_THREADS'], kind: 'int', min: 0, max: 256, dflt: 0, help: 'indexer shard threads (0 = one per spare core)' }),
   F({ flag: '--router-shard-spin-us', key: 'shardSpinUs', env: ['DYN_ROUTER_SHARD_SPIN_US'], kind: 'nullnum', min: 0, max: 1_000_000, dflt: null, help: 'µs an idle indexer shard spins before it sleeps (default 200 with a core to spare beyond the event loop and the shards, else 0)' }),
-  F({ flag: '--router-query-spin-us', key: 'querySpinUs', env: ['DYN_ROUTER_QUERY_SPIN_US'], kind: 'nullnum', min: 0, max: 1_000_000, dflt: null, help: 'µs the event loop spins for an overlap answer before it awaits (default 30 with a core to spare for every shard, else 0)' }),
+  F({ flag: '--router-query-spin-us', key: 'querySpinUs', env: ['DYN_ROUTER_QUERY_SPIN_US'], kind: 'nullnum', min: 0, max: 1_000_000, dflt: null, help: 'µs the event loop spins for an overlap answer before it awaits (default 60 with a core to spare for every shard, else 0)' }),
   F({ flag: '--namespace', key: 'namespace', env: ['DYN_NAMESPACE'], kind: 'str', dflt: 'dynamo', help: 'Dynamo namespace' }),
   F({ flag: '--component', key: 'component', env: ['DYN_COMPONENT'], kind: 'str', dflt: 'backend', help: 'Dynamo component of the workers' }),
   F({ flag: '--endpoint', key: 'endpoint', env: ['DYN_ROUTER_ENDPOINT'], kind: 'str', dflt: null, help: 'ns.component.endpoint (standalone form)' }),

@@ -45,7 +45,7 @@ export interface ShardPoolOptions {
   stallMs?: number
   /** How long an idle shard spins before it sleeps; default 200 µs when a core is spare beyond the event loop and the shards, else 0. */
   shardSpinUs?: number
-  /** How long a query spins on the event loop for its answer before it awaits; default 30 µs when a core is spare for every shard beside the event loop, else 0. */
+  /** How long a query spins on the event loop for its answer before it awaits; default 60 µs when a core is spare for every shard beside the event loop, else 0. */
   querySpinUs?: number
 }
 
@@ -192,8 +192,12 @@ export class ShardPool extends EventEmitter {
       // one, a spinning shard takes the CPU the event loop needs to feed it.
       shardSpinUs: options.shardSpinUs ?? (cores > shards + 1 ? 200 : 0),
       // The same for the event loop's wait for an answer: with no core to spare for every
-      // shard, its spin takes the CPU a shard needs to answer.
-      querySpinUs: options.querySpinUs ?? (cores > shards ? 30 : 0),
+      // shard, its spin takes the CPU a shard needs to answer. 60 µs rather than 30: a busy
+      // shard often answers between the two, and an answer that misses the spin costs a wake
+      // through Atomics.waitAsync (20-60 µs here). Session 6, one-off alternated runs of
+      // bench:index: saturated lookup p99 medians about 53 -> 42 µs, paced 85-98 -> 62-69 µs;
+      // /v1/route throughput unchanged within noise.
+      querySpinUs: options.querySpinUs ?? (cores > shards ? 60 : 0),
     }
     try {
       checkRingCapacity(o.ringBytes)

@@ -232,7 +232,12 @@ export class RouteBodyScanner {
 let fastEnd = 0
 const POW10 = [1, 10, 100, 1000, 10000]
 
-/** Value of a word's digits, four per word as bytes 0–9, the first digit in the lowest byte. */
+/**
+ * Value of a word's digits, four per word as bytes 0–9, the first digit in the lowest byte. The
+ * event decoder reads hash digits the same way with its own copy: a shared module for both made
+ * this scanner 11–29% slower in a one-off in-process comparison (the calls across modules were
+ * not inlined as well), so each keeps its few lines.
+ */
 function fourDigits(x: number): number {
   const pairs = (Math.imul(x, 10) + (x >>> 8)) & 0x00ff00ff
   return Math.imul(pairs & 0xff, 100) + (pairs >>> 16)

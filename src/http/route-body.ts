@@ -102,8 +102,9 @@ export class RouteBodyScanner {
     // first thing it does not cover (and grows the array), and reports every error
     let n = fastTokens(buf, i, tok)
     i = fastEnd
-    // The common layout (digits, comma, digits, …, "]") runs through the tight code below;
-    // whitespace and every error leave it for the slower checks after it. The first digits are
+    // Whatever the word loop left (an id at the end, after whitespace, or one it refused) runs
+    // through the byte loop below; whitespace and every error leave it for the slower checks
+    // after it. The first digits are
     // unrolled: token ids have 1–6 digits, and a plain digit loop timed ~1.8× slower than this
     // shape on the same bodies (one branch pattern per length instead of a loop exit to predict).
     while (i < len) {

@@ -203,9 +203,9 @@ class PoolTarget implements Target {
   }
 }
 
-const configs = ['single-thread', ...shardCounts.filter((s) => only === undefined || only === s).map((s) => `${s}-shard`)]
 const targets: Target[] = [new SingleTarget()]
 for (const s of shardCounts) if (only === undefined || only === s) targets.push(await PoolTarget.start(s))
+const configs = targets.map((t) => t.name)
 const cold = new Map<string, RunResult>()
 const runs = new Map<string, RunResult[]>(configs.map((c) => [c, []]))
 // pass 0 is the cold one; the measured passes alternate over the targets, so a slow phase of

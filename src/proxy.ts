@@ -17,12 +17,13 @@ import type { RouteDecision } from './scheduler/scheduler.js'
 import type { Candidate } from './scheduler/selector.js'
 import { KvrError, isKvrError } from './shared/errors.js'
 import { serializeJson } from './http/json.js'
+import { ChunkWriter } from './http/chunked.js'
 
 export interface ProxyCall {
   /** Upstream path: /v1/completions or /v1/chat/completions. */
   path: string
-  /** The client's body, forwarded as is. */
-  body: Record<string, unknown>
+  /** The client's JSON body, forwarded as is. */
+  payload: string
   stream: boolean
   route: RouteInput
   model: string
@@ -136,7 +137,7 @@ export class Proxy {
     // sorted and tracked only once a retry needs them: most requests never fail
     let candidates: Candidate[] | undefined
     const tried: string[] = []
-    const payload = JSON.stringify(call.body)
+    const payload = call.payload
     const started = performance.now()
     for (let retry = 0; ; retry++) {
       const d = attempt.decision
@@ -236,6 +237,8 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
   private abortUpstream: ((err?: Error) => void) | null = null
   private resumeUpstream: (() => void) | null = null
   private readonly parts: Buffer[] = []
+  /** The client's side of a stream, once its headers are out. */
+  private out: ChunkWriter | null = null
   private first = true
   /** The first event, while its end has not arrived yet. */
   private pending = ''
@@ -271,7 +274,7 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
     if (this.settled) return false
     this.settled = true
     this.signal.removeEventListener('abort', this.onAbort)
-    this.reply.raw.off('drain', this.onDrain)
+    this.out?.offDrained(this.onDrain)
     return true
   }
 
@@ -304,7 +307,7 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
       try {
         if (!this.forward(chunk)) {
           // the client's socket is full: hold the worker until it drains
-          this.reply.raw.once('drain', this.onDrain)
+          ;(this.out as ChunkWriter).onceDrained(this.onDrain)
           return false
         }
       } catch (err) {
@@ -334,7 +337,7 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
     this.last = now
     this.chunks++
     if (this.pending.length > 0) return this.firstEvent(this.pending + chunk.toString('utf8'))
-    return raw.write(chunk)
+    return (this.out as ChunkWriter).write(chunk)
   }
 
   /** The first event carries nvext.worker_id: it is held until complete, then rewritten. */
@@ -345,9 +348,12 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
       return true
     }
     this.pending = ''
-    const raw = this.reply.raw
-    const ok = raw.write(injectWorkerId(text.slice(0, cut + 2), this.workerIdJson))
-    return cut + 2 < text.length ? raw.write(text.slice(cut + 2)) : ok
+    const out = new ChunkWriter(this.reply.raw)
+    this.out = out
+    const d = this.a.decision
+    const idText = `{"prefill_worker_id":${d.workerId},"prefill_dp_rank":${d.dpRank},"decode_worker_id":${d.workerId},"decode_dp_rank":${d.dpRank}}`
+    const ok = out.begin(Buffer.from(injectWorkerId(text.slice(0, cut + 2), this.workerIdJson, idText)))
+    return cut + 2 < text.length ? out.write(Buffer.from(text.slice(cut + 2))) : ok
   }
 
   onComplete(): void {
@@ -413,11 +419,23 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
   }
 }
 
-function injectWorkerId(event: string, workerIdJson: object): string {
+/**
+ * The first SSE event with nvext.worker_id added. The common event carries no nvext of its own:
+ * the field is spliced in before the object's closing brace, without parsing and re-serializing
+ * the event (serializeJson's replacer made that the costliest step of a stream's first token).
+ * An event that has an nvext already is parsed and merged; one that is not a JSON object passes
+ * unchanged.
+ */
+export function injectWorkerId(event: string, workerIdJson: object, workerIdText: string): string {
   const at = event.indexOf('data:')
   if (at < 0) return event
   const json = event.slice(at + 5).trim()
-  if (!json.startsWith('{')) return event
+  if (json.charCodeAt(0) !== 123 /* { */) return event
+  const end = json.length - 1
+  if (end > 0 && json.charCodeAt(end) === 125 /* } */ && !json.includes('"nvext"')) {
+    const comma = json.slice(1, end).trim().length === 0 ? '' : ','
+    return `${event.slice(0, at)}data: ${json.slice(0, end)}${comma}"nvext":{"worker_id":${workerIdText}}}\n\n`
+  }
   try {
     const obj = JSON.parse(json) as Record<string, unknown>
     obj.nvext = { ...(typeof obj.nvext === 'object' && obj.nvext !== null ? obj.nvext : {}), worker_id: workerIdJson }

@@ -150,6 +150,10 @@ function headerValue(req: FastifyRequest, name: string): string | undefined {
   return Array.isArray(v) ? v[0] : v
 }
 
+/** The JSON text a request's body was parsed from. */
+const BODY_TEXT = Symbol('kvr.bodyText')
+type RequestWithText = FastifyRequest & { [BODY_TEXT]?: string }
+
 export async function buildApp(opts: AppOptions): Promise<App> {
   const router = opts.router
   const cfg = router.config
@@ -170,8 +174,10 @@ export async function buildApp(opts: AppOptions): Promise<App> {
   })
   // JSON with exact u64s everywhere (the scanner context below replaces it for its routes)
   fastify.removeContentTypeParser(['application/json', 'text/plain'])
-  fastify.addContentTypeParser('application/json', { parseAs: 'string' }, (_req, body, done) => {
+  fastify.addContentTypeParser('application/json', { parseAs: 'string' }, (req, body, done) => {
     try {
+      // the proxy forwards these very bytes: exact, and no second serialization per request
+      ;(req as RequestWithText)[BODY_TEXT] = body as string
       done(null, (body as string).length === 0 ? undefined : parseJsonExact(body as string))
     } catch (err) {
       done(new KvrError('KVR_ERR_INVALID_REQUEST', `malformed JSON: ${(err as Error).message}`), undefined)
@@ -491,7 +497,7 @@ export async function buildApp(opts: AppOptions): Promise<App> {
     const input = commonRoute(req, body, tokens, textLength)
     const model = typeof body.model === 'string' ? body.model : cfg.modelName
     try {
-      await proxy.handle(reply, { path, body, stream: body.stream === true, route: input, model })
+      await proxy.handle(reply, { path, payload: (req as RequestWithText)[BODY_TEXT] ?? JSON.stringify(body), stream: body.stream === true, route: input, model })
     } catch (err) {
       if ((err as KvrError).code === 'KVR_ERR_ALL_WORKERS_BUSY' || (err as KvrError).code === 'KVR_ERR_QUEUE_FULL') router.metrics.rejected(model, path)
       throw err

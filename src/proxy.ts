@@ -13,7 +13,7 @@ import type { FastifyReply } from 'fastify'
 import { Agent } from 'undici'
 import type { Dispatcher } from 'undici'
 import type { RouteInput, Router, WorkerInfo } from './router.js'
-import type { RouteDecision } from './scheduler/scheduler.js'
+import type { CancelSignal, RouteDecision } from './scheduler/scheduler.js'
 import type { Candidate } from './scheduler/selector.js'
 import { KvrError, isKvrError } from './shared/errors.js'
 import { serializeJson } from './http/json.js'
@@ -27,6 +27,34 @@ export interface ProxyCall {
   stream: boolean
   route: RouteInput
   model: string
+}
+
+/**
+ * Fires when the client goes away. AbortController would do, but each one builds an EventTarget
+ * (a Map, listener records, an Event on abort) for the two listeners a request ever has: the
+ * queue's, while it waits, and its upstream exchange's.
+ */
+class ClientGone implements CancelSignal {
+  aborted = false
+  private listeners: (() => void)[] | null = null
+
+  addEventListener(_type: 'abort', listener: () => void): void {
+    ;(this.listeners ??= []).push(listener)
+  }
+
+  removeEventListener(_type: 'abort', listener: () => void): void {
+    const ls = this.listeners
+    const i = ls === null ? -1 : ls.indexOf(listener)
+    if (i >= 0) (ls as (() => void)[]).splice(i, 1)
+  }
+
+  abort(): void {
+    if (this.aborted) return
+    this.aborted = true
+    const ls = this.listeners
+    this.listeners = null
+    if (ls !== null) for (const l of ls) l()
+  }
 }
 
 class Booking {
@@ -97,16 +125,16 @@ export class Proxy {
   }
 
   async handle(reply: FastifyReply, call: ProxyCall): Promise<void> {
-    const ac = new AbortController()
+    const gone = new ClientGone()
     const onClose = (): void => {
-      if (!reply.raw.writableFinished) ac.abort()
+      if (!reply.raw.writableFinished) gone.abort()
     }
     reply.raw.on('close', onClose)
     this.active++
     this.router.metrics.inflight.inc({ model: call.model })
     let status = 200
     try {
-      await this.run(reply, call, ac.signal)
+      await this.run(reply, call, gone)
     } catch (err) {
       status = isKvrError(err) ? err.statusCode : 500
       throw err
@@ -119,7 +147,7 @@ export class Proxy {
     }
   }
 
-  private async book(route: RouteInput, signal: AbortSignal, explain: boolean): Promise<Attempt> {
+  private async book(route: RouteInput, signal: CancelSignal, explain: boolean): Promise<Attempt> {
     const id = this.router.newRequestId()
     const { decision } = await this.router.route({ ...route, id, updateStates: true, explain, signal })
     return { decision, booking: new Booking(this.router, id) }
@@ -130,7 +158,7 @@ export class Proxy {
     if (b.release()) this.releasedTotal++
   }
 
-  private async run(reply: FastifyReply, call: ProxyCall, signal: AbortSignal): Promise<void> {
+  private async run(reply: FastifyReply, call: ProxyCall, signal: CancelSignal): Promise<void> {
     const explain = this.options.retries > 0 && call.route.workerId === undefined
     let attempt = await this.book(call.route, signal, explain)
     const table = attempt.decision.candidates
@@ -170,7 +198,7 @@ export class Proxy {
    * with an error event if the worker died after the first chunk); false or KVR_ERR_UPSTREAM
    * when it failed before the first chunk (retryable).
    */
-  private attempt(reply: FastifyReply, call: ProxyCall, a: Attempt, payload: string, signal: AbortSignal, started: number): Promise<boolean> {
+  private attempt(reply: FastifyReply, call: ProxyCall, a: Attempt, payload: string, signal: CancelSignal, started: number): Promise<boolean> {
     const d = a.decision
     const worker = this.router.worker(d.workerId)
     if (worker === undefined) return Promise.reject(new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} has no HTTP endpoint`))
@@ -253,7 +281,7 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
     private readonly call: ProxyCall,
     private readonly a: Attempt,
     private readonly worker: WorkerInfo,
-    private readonly signal: AbortSignal,
+    private readonly signal: CancelSignal,
     private readonly started: number,
     private readonly resolveFn: (delivered: boolean) => void,
     private readonly rejectFn: (err: unknown) => void,

@@ -6,6 +6,7 @@ import type { ServeConfig } from './config.js'
 import { ShardPool } from './shard-pool.js'
 import type { OverlapResult, ShardPoolOptions } from './shard-pool.js'
 import { Scheduler } from './scheduler/scheduler.js'
+import type { CancelSignal } from './scheduler/scheduler.js'
 import type { RouteDecision, RouterConfigOverride } from './scheduler/scheduler.js'
 import type { ApproxSink } from './scheduler/approximate.js'
 import type { DeviceType } from './scheduler/worker-ranks.js'
@@ -61,7 +62,7 @@ export interface RouteInput {
   overrides?: RouterConfigOverride
   updateStates?: boolean
   explain?: boolean
-  signal?: AbortSignal
+  signal?: CancelSignal
 }
 
 interface Scratch {

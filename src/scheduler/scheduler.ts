@@ -62,7 +62,14 @@ export interface ScheduleRequest {
   /** Build the candidates table. */
   explain?: boolean
   /** Aborting it while the request waits removes it from the queue (client went away). */
-  signal?: AbortSignal
+  signal?: CancelSignal
+}
+
+/** What the scheduler needs of a cancellation signal; an AbortSignal is one. */
+export interface CancelSignal {
+  readonly aborted: boolean
+  addEventListener(type: 'abort', listener: () => void, options?: { once?: boolean }): void
+  removeEventListener(type: 'abort', listener: () => void): void
 }
 
 export interface RouteDecision {

@@ -329,3 +329,47 @@ t.test('a first event split over two upstream writes is rewritten once and count
   t.equal((await sum()) - before, 3, 'three chunks: the two events and [DONE]')
   await f.close()
 })
+
+t.test('shutdown drains: a stream in flight finishes whole, a request after it gets 503 and connection: close', async (t) => {
+  const h2 = await harness(['--router-block-size', '4'])
+  await h2.app.fastify.listen({ host: '127.0.0.1', port: 0 })
+  const base2 = `http://127.0.0.1:${(h2.app.fastify.server.address() as AddressInfo).port}`
+  let finish: (() => void) | undefined
+  const s = await upstream((_req, _body, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' })
+    res.write(sse(chunk('first')))
+    finish = () => res.end(sse(chunk('last')) + 'data: [DONE]\n\n')
+  })
+  t.teardown(() => s.close())
+  await h2.router.addWorker({ id: 200n, url: s.url })
+  const r = await fetch(`${base2}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(8), stream: true }) })
+  t.equal(r.status, 200)
+  const reader = (r.body as ReadableStream<Uint8Array>).getReader()
+  await reader.read()
+  const closing = h2.app.shutdown(5000)
+  // a new connection, as a load balancer's next request would use
+  const refused = await new Promise<{ status: number; connection: string | undefined; body: string }>((resolve, reject) => {
+    const req = httpRequest(`${base2}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, agent: false }, (res: IncomingMessage) => {
+      let body = ''
+      res.on('data', (d: Buffer) => (body += d.toString()))
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, connection: res.headers.connection, body }))
+    })
+    req.on('error', reject)
+    req.end(JSON.stringify({ prompt: tokens(8), stream: true }))
+  })
+  t.equal(refused.status, 503, 'refused while draining')
+  t.equal(refused.connection, 'close')
+  t.equal((JSON.parse(refused.body) as { error: { code: string } }).error.code, 'KVR_ERR_SHUTTING_DOWN')
+  t.equal(h2.app.proxy.inFlight, 1, 'the stream in flight is still being served')
+  ;(finish as () => void)()
+  let rest = ''
+  for (;;) {
+    const x = await reader.read()
+    if (x.done) break
+    rest += Buffer.from(x.value).toString()
+  }
+  t.match(rest, '"text":"last"', 'the stream in flight ended whole')
+  t.match(rest, 'data: [DONE]')
+  t.equal(await closing, true, 'shutdown reports a complete drain')
+  await h2.router.close()
+})

@@ -14,7 +14,6 @@ import { Agent } from 'undici'
 import type { Dispatcher } from 'undici'
 import type { RouteInput, Router, WorkerInfo } from './router.js'
 import type { CancelSignal, RouteDecision } from './scheduler/scheduler.js'
-import type { Candidate } from './scheduler/selector.js'
 import { KvrError, isKvrError } from './shared/errors.js'
 import { serializeJson } from './http/json.js'
 import { ChunkWriter } from './http/chunked.js'
@@ -147,10 +146,31 @@ export class Proxy {
     }
   }
 
-  private async book(route: RouteInput, signal: CancelSignal, explain: boolean): Promise<Attempt> {
+  private async book(route: RouteInput, signal: CancelSignal): Promise<Attempt> {
     const id = this.router.newRequestId()
-    const { decision } = await this.router.route({ ...route, id, updateStates: true, explain, signal })
+    const { decision } = await this.router.route({ ...route, id, updateStates: true, signal })
     return { decision, booking: new Booking(this.router, id) }
+  }
+
+  /**
+   * A fresh decision among the worker-ranks not tried yet, on the fleet's state as it is now;
+   * undefined when none is left. (Ranking every candidate up front for a retry that rarely comes
+   * cost each request a table as long as the fleet.)
+   */
+  private async rebook(route: RouteInput, signal: CancelSignal, tried: number[]): Promise<Attempt | undefined> {
+    for (;;) {
+      let a: Attempt
+      try {
+        a = await this.book({ ...route, exclude: tried }, signal)
+      } catch (err) {
+        if (isKvrError(err, 'KVR_ERR_NO_WORKERS')) return undefined
+        throw err
+      }
+      if (this.router.worker(a.decision.workerId) !== undefined) return a
+      // a worker-rank known only from its KV events has no URL to proxy to: not an attempt
+      this.release(a.booking)
+      tried.push(a.decision.slot)
+    }
   }
 
   /** Releases a booking (the exchange calls it too) and counts the first release. */
@@ -159,12 +179,10 @@ export class Proxy {
   }
 
   private async run(reply: FastifyReply, call: ProxyCall, signal: CancelSignal): Promise<void> {
-    const explain = this.options.retries > 0 && call.route.workerId === undefined
-    let attempt = await this.book(call.route, signal, explain)
-    const table = attempt.decision.candidates
-    // sorted and tracked only once a retry needs them: most requests never fail
-    let candidates: Candidate[] | undefined
-    const tried: string[] = []
+    let attempt = await this.book(call.route, signal)
+    // a pinned request stays on its worker; the others may move on to one not tried yet
+    const retries = call.route.workerId === undefined ? this.options.retries : 0
+    let tried: number[] | undefined
     const payload = call.payload
     const started = performance.now()
     for (let retry = 0; ; retry++) {
@@ -184,12 +202,11 @@ export class Proxy {
       this.router.metrics.upstreamErrors.inc({ phase: 'before_first_token' })
       const w = this.router.worker(d.workerId)
       if (w !== undefined) w.failures++
-      tried.push(`${d.workerId}:${d.dpRank}`)
-      candidates ??= table === undefined ? [] : [...table].sort((x, y) => x.logit - y.logit)
-      const next = retry < this.options.retries ? candidates.find((c) => !tried.includes(`${c.workerId}:${c.dpRank}`) && this.router.worker(c.workerId) !== undefined) : undefined
+      ;(tried ??= []).push(d.slot)
+      const next = retry < retries ? await this.rebook(call.route, signal, tried) : undefined
       if (next === undefined) throw failure
       this.router.metrics.retried()
-      attempt = await this.book({ ...call.route, workerId: next.workerId, dpRank: next.dpRank }, signal, false)
+      attempt = next
     }
   }
 

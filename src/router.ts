@@ -62,6 +62,8 @@ export interface RouteInput {
   overrides?: RouterConfigOverride
   updateStates?: boolean
   explain?: boolean
+  /** Worker-rank slots not to choose (RouteDecision.slot of the attempts a retry has tried). */
+  exclude?: readonly number[]
   signal?: CancelSignal
 }
 
@@ -373,6 +375,7 @@ export class Router {
       if (input.dpRank !== undefined) req.dpRank = input.dpRank
       if (input.overrides !== undefined) req.overrides = input.overrides
       if (input.explain === true) req.explain = true
+      if (input.exclude !== undefined) req.exclude = input.exclude
       if (input.signal !== undefined) req.signal = input.signal
       const decision = await this.scheduler.schedule(req)
       const t4 = performance.now()

@@ -61,6 +61,8 @@ export interface ScheduleRequest {
   updateStates?: boolean
   /** Build the candidates table. */
   explain?: boolean
+  /** Worker-rank slots this request must not go to: the ones a proxy retry has already tried. */
+  exclude?: readonly number[]
   /** Aborting it while the request waits removes it from the queue (client went away). */
   signal?: CancelSignal
 }
@@ -449,6 +451,15 @@ export class Scheduler {
       throw new KvrError('KVR_ERR_INVALID_OPTION', 'router mode direct needs the request to name its worker (workerId)')
     } else if (n === 0) {
       throw new KvrError('KVR_ERR_NO_WORKERS', 'no worker is registered')
+    }
+    const ex = req.exclude
+    if (ex !== undefined && ex.length > 0) {
+      // only retries get here, so a small array per call is fine
+      const left: number[] = []
+      for (let i = 0; i < n; i++) if (!ex.includes(from[i] as number)) left.push(from[i] as number)
+      if (left.length === 0) throw new KvrError('KVR_ERR_NO_WORKERS', 'every worker this request could go to has been tried')
+      from = left
+      n = left.length
     }
     const m = this.eligibility.collect(from, n)
     if (m === 0) {

@@ -371,3 +371,23 @@ t.test('kv mode with many candidates picks the cheapest', async (t) => {
   t.equal(d?.candidates?.length, 40)
   t.equal(d?.candidates?.[33]?.logit, 1)
 })
+
+t.test('exclude (a proxy retry): the best worker-rank not excluded, in the order the cost gives', async (t) => {
+  const { s } = makeScheduler({ blockSize: 16, queueThreshold: null }, 3)
+  holdBlocks(s, 'w1-load', 1n, 10, 1000)
+  holdBlocks(s, 'w2-load', 2n, 5, 2000)
+  holdBlocks(s, 'w3-load', 3n, 9, 3000)
+  // the worked example's costs: W2 10 < W3 11 < W1 18
+  const ov = overlaps({ 0: 2, 1: 5, 2: 8 })
+  const first = s.tryRoute({ id: 'r', isl: 160, overlapBlocks: ov, updateStates: false })
+  t.equal(first?.workerId, 2n)
+  const second = s.tryRoute({ id: 'r', isl: 160, overlapBlocks: ov, updateStates: false, exclude: [first?.slot as number] })
+  t.equal(second?.workerId, 3n, 'W2 tried: the next best is W3')
+  const third = s.tryRoute({ id: 'r', isl: 160, overlapBlocks: ov, updateStates: false, exclude: [first?.slot as number, second?.slot as number] })
+  t.equal(third?.workerId, 1n, 'then W1')
+  t.throws(() => s.tryRoute({ id: 'r', isl: 160, overlapBlocks: ov, exclude: [0, 1, 2] }), { code: 'KVR_ERR_NO_WORKERS' }, 'every worker tried')
+  t.equal(s.stats().bookedRequests, 3, 'nothing booked by the refused retry')
+  const pinned = s.tryRoute({ id: 'p', isl: 16, workerId: 3n, updateStates: false, exclude: [first?.slot as number] })
+  t.equal(pinned?.workerId, 3n, 'an exclusion of another worker leaves a pin alone')
+  t.throws(() => s.tryRoute({ id: 'p', isl: 16, workerId: 3n, exclude: [second?.slot as number] }), { code: 'KVR_ERR_NO_WORKERS' }, 'a pinned worker that was tried')
+})

@@ -183,13 +183,12 @@ export class Proxy {
     // a pinned request stays on its worker; the others may move on to one not tried yet
     const retries = call.route.workerId === undefined ? this.options.retries : 0
     let tried: number[] | undefined
-    const payload = call.payload
     const started = performance.now()
     for (let retry = 0; ; retry++) {
       const d = attempt.decision
       let failure: KvrError
       try {
-        const done = await this.attempt(reply, call, attempt, payload, signal, started)
+        const done = await this.attempt(reply, call, attempt, call.payload, signal, started)
         if (done) return
         failure = new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} failed before its first token`)
       } catch (err) {
@@ -243,6 +242,8 @@ export class Proxy {
     return this.router.metrics
   }
 }
+
+const NO_TOKENS: ArrayLike<number> = Object.freeze([])
 
 /** Origin and path prefix of a worker URL, parsed once per URL. */
 const targets = new Map<string, { origin: string; path: string }>()
@@ -369,6 +370,9 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
     const m = this.proxy.metrics
     if (this.first) {
       this.first = false
+      // past the first token nothing is retried: let the prompt go while the stream lasts
+      this.call.payload = ''
+      this.call.route.tokens = NO_TOKENS
       this.a.booking.prefillComplete()
       m.observeTtft((now - this.started) / 1000)
       this.reply.hijack()

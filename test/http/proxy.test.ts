@@ -8,6 +8,8 @@ import t from 'tap'
 import { request as httpRequest } from 'node:http'
 import type { IncomingMessage } from 'node:http'
 import type { AddressInfo } from 'node:net'
+import { setFlagsFromString } from 'node:v8'
+import { runInNewContext } from 'node:vm'
 import { harness, tokens, until, upstream } from './helpers.js'
 
 const BIG = 18446744073709551557n
@@ -372,4 +374,39 @@ t.test('shutdown drains: a stream in flight finishes whole, a request after it g
   t.match(rest, 'data: [DONE]')
   t.equal(await closing, true, 'shutdown reports a complete drain')
   await h2.router.close()
+})
+
+t.test('past the first token the router lets go of the prompt, while the stream stays open', async (t) => {
+  setFlagsFromString('--expose-gc')
+  const gc = runInNewContext('gc') as () => void
+  let ref: WeakRef<object> | undefined
+  const route = h.router.route.bind(h.router)
+  h.router.route = (input) => {
+    if (input.tokens !== null && typeof input.tokens === 'object') ref ??= new WeakRef(input.tokens)
+    return route(input)
+  }
+  t.teardown(() => {
+    h.router.route = route
+  })
+  let end: (() => void) | undefined
+  const f = await fleet([
+    (_req, _body, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' })
+      res.write(sse(chunk('first')))
+      end = () => res.end('data: [DONE]\n\n')
+    },
+  ])
+  const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(4096), stream: true }) })
+  const reader = (r.body as ReadableStream<Uint8Array>).getReader()
+  await reader.read()
+  t.ok(ref !== undefined, 'the prompt went through routing')
+  for (let i = 0; i < 10 && ref?.deref() !== undefined; i++) {
+    await new Promise((res) => setImmediate(res))
+    gc()
+  }
+  t.equal(ref?.deref(), undefined, 'the prompt array was collected with the stream still open')
+  t.equal(h.app.proxy.inFlight, 1)
+  ;(end as () => void)()
+  while (!(await reader.read()).done);
+  await f.close()
 })

@@ -6,7 +6,9 @@
 //     process, same settings, against a server child process `route.js --serve`), with the
 //     server's CPU time per request served beside req/s (steadier on a shared machine);
 //   - proxy overhead: streaming completions through `kv-router serve` vs straight to the
-//     upstreams, 200 concurrent streams, p99 difference (bench/proxy.ts).
+//     upstreams, 200 concurrent streams, p99 difference (bench/proxy.ts);
+//   - heap the router holds per open stream, with 64- and 4,096-token prompts
+//     (bench/stream-heap.ts).
 //
 // Each decision is timed alone with process.hrtime.bigint() over a steady state: a fixed
 // population of booked requests (prompts sharing a few system prefixes, so active blocks are
@@ -20,6 +22,7 @@ import { fileURLToPath } from 'node:url'
 import type { AddressInfo } from 'node:net'
 import autocannon from 'autocannon'
 import { benchProxy, printProxy } from './proxy.js'
+import { benchStreamHeap, printStreamHeap } from './stream-heap.js'
 import { ROUTER_V8_FLAGS } from '../src/v8-flags.js'
 import Fastify from 'fastify'
 import { parseServeConfig } from '../src/config.js'
@@ -349,9 +352,10 @@ async function main(): Promise<void> {
 async function mainHttp(prior: object = {}): Promise<void> {
   const http = await benchHttpRoute()
   const proxy = await benchProxy(join(repoRoot(), 'dist', 'src', 'cli.js'), { seconds: HTTP_SECS })
+  const streamHeap = await benchStreamHeap()
   const dir = join(repoRoot(), 'bench', 'results')
   mkdirSync(dir, { recursive: true })
-  const out = { ...prior, http: { route: http, proxy } }
+  const out = { ...prior, http: { route: http, proxy, streamHeap } }
   writeFileSync(join(dir, 'route.json'), JSON.stringify(out, null, 2) + '\n')
   const h = http as { rounds: { baseline: LoadResult; route: LoadResult }[]; ratioMedian: number; cpuRatioMedian: number | null }
   const cpu = (x: number | null): string => (x === null ? '–' : x.toFixed(1))
@@ -364,6 +368,7 @@ async function mainHttp(prior: object = {}): Promise<void> {
   )
   console.log(`median ratio ${h.ratioMedian.toFixed(3)} (req/s); median CPU-per-request ratio ${h.cpuRatioMedian === null ? '–' : h.cpuRatioMedian.toFixed(3)} (baseline / route)`)
   printProxy(proxy)
+  printStreamHeap(streamHeap)
   console.log(`written to ${join(dir, 'route.json')}`)
 }
 

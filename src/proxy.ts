@@ -244,6 +244,16 @@ export class Proxy {
 }
 
 const NO_TOKENS: ArrayLike<number> = Object.freeze([])
+/** Longest first event held back for its worker id (one token's event is a few hundred bytes). */
+const FIRST_EVENT_LIMIT = 256 * 1024
+
+/** Index just past the blank line that ends the first SSE event (LF or CRLF lines); -1 if none yet. */
+export function eventEnd(text: string): number {
+  const lf = text.indexOf('\n\n')
+  const crlf = text.indexOf('\r\n\r\n')
+  if (crlf >= 0 && (lf < 0 || crlf < lf)) return crlf + 4
+  return lf < 0 ? -1 : lf + 2
+}
 
 /** Origin and path prefix of a worker URL, parsed once per URL. */
 const targets = new Map<string, { origin: string; path: string }>()
@@ -391,18 +401,26 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
 
   /** The first event carries nvext.worker_id: it is held until complete, then rewritten. */
   private firstEvent(text: string): boolean {
-    const cut = text.indexOf('\n\n')
-    if (cut < 0) {
+    let cut = eventEnd(text)
+    let event: string
+    if (cut >= 0) {
+      const d = this.a.decision
+      const idText = `{"prefill_worker_id":${d.workerId},"prefill_dp_rank":${d.dpRank},"decode_worker_id":${d.workerId},"decode_dp_rank":${d.dpRank}}`
+      event = injectWorkerId(text.slice(0, cut), this.workerIdJson, idText)
+    } else if (text.length < FIRST_EVENT_LIMIT) {
       this.pending = text
       return true
+    } else {
+      // no end of event in sight (not SSE after all, or an event of this size): waiting longer
+      // would hold the stream back and buffer it whole, so it goes out as it is
+      cut = text.length
+      event = text
     }
     this.pending = ''
     const out = new ChunkWriter(this.reply.raw)
     this.out = out
-    const d = this.a.decision
-    const idText = `{"prefill_worker_id":${d.workerId},"prefill_dp_rank":${d.dpRank},"decode_worker_id":${d.workerId},"decode_dp_rank":${d.dpRank}}`
-    const ok = out.begin(Buffer.from(injectWorkerId(text.slice(0, cut + 2), this.workerIdJson, idText)))
-    return cut + 2 < text.length ? out.write(Buffer.from(text.slice(cut + 2))) : ok
+    const ok = out.begin(Buffer.from(event))
+    return cut < text.length ? out.write(Buffer.from(text.slice(cut))) : ok
   }
 
   onComplete(): void {
@@ -472,8 +490,8 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
  * The first SSE event with nvext.worker_id added. The common event carries no nvext of its own:
  * the field is spliced in before the object's closing brace, without parsing and re-serializing
  * the event (serializeJson's replacer made that the costliest step of a stream's first token).
- * An event that has an nvext already is parsed and merged; one that is not a JSON object passes
- * unchanged.
+ * An event with an nvext already, over several lines, or with \u escapes (which could spell
+ * one) is parsed and merged instead; one that is not a JSON object passes unchanged.
  */
 export function injectWorkerId(event: string, workerIdJson: object, workerIdText: string): string {
   const at = event.indexOf('data:')
@@ -481,7 +499,8 @@ export function injectWorkerId(event: string, workerIdJson: object, workerIdText
   const json = event.slice(at + 5).trim()
   if (json.charCodeAt(0) !== 123 /* { */) return event
   const end = json.length - 1
-  if (end > 0 && json.charCodeAt(end) === 125 /* } */ && !json.includes('"nvext"')) {
+  // one line, no nvext of its own, no escapes that could spell one
+  if (end > 0 && json.charCodeAt(end) === 125 /* } */ && json.indexOf('\n') < 0 && !json.includes('nvext') && !json.includes('\\u')) {
     const comma = json.slice(1, end).trim().length === 0 ? '' : ','
     return `${event.slice(0, at)}data: ${json.slice(0, end)}${comma}"nvext":{"worker_id":${workerIdText}}}\n\n`
   }

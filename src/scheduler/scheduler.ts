@@ -559,9 +559,10 @@ export class Scheduler {
         try {
           this.prepare(req)
           const k = this.candidates(req)
-          // Some worker is free, but a pinned request may only run on its own ranks: it keeps
-          // its place while requests behind it that can run now go ahead.
-          if (req.workerId !== undefined && allQueueBusy(this.eligibility.slots, k, t, this.sequences, w)) {
+          // Some worker is free, but a pinned request may only run on its own ranks, and a retry
+          // not on those it has tried: it keeps its place while requests behind it that can run
+          // now go ahead.
+          if ((req.workerId !== undefined || (req.exclude !== undefined && req.exclude.length > 0)) && allQueueBusy(this.eligibility.slots, k, t, this.sequences, w)) {
             blocked.push(h)
             continue
           }
@@ -594,14 +595,25 @@ export class Scheduler {
   private afterRemoval(): void {
     for (const [id, h] of [...this.waitingIds]) {
       const req = (this.waiters[h] as Waiter).req
-      if (req.workerId === undefined) continue
-      const gone = req.dpRank !== undefined ? this.workers.slotOf(req.workerId, req.dpRank) < 0 : this.workers.slotsOf(req.workerId).length === 0
-      if (!gone) continue
+      let err: KvrError | undefined
+      if (req.workerId !== undefined) {
+        const gone = req.dpRank !== undefined ? this.workers.slotOf(req.workerId, req.dpRank) < 0 : this.workers.slotsOf(req.workerId).length === 0
+        if (gone) err = new KvrError('KVR_ERR_UNKNOWN_WORKER', `request ${id} waited for worker ${req.workerId}, which was removed`)
+      } else if (req.exclude !== undefined && req.exclude.length > 0 && !this.anyLiveOutside(req.exclude)) {
+        err = new KvrError('KVR_ERR_NO_WORKERS', `request ${id} waited for a worker it had not tried, and none is left`)
+      }
+      if (err === undefined) continue
       const w = this.takeWaiter(h)
       this.queue.remove(h)
-      w.reject(new KvrError('KVR_ERR_UNKNOWN_WORKER', `request ${id} waited for worker ${req.workerId}, which was removed`))
+      w.reject(err)
     }
     this.drainQueue()
+  }
+
+  private anyLiveOutside(exclude: readonly number[]): boolean {
+    const w = this.workers
+    for (let i = 0; i < w.liveCount; i++) if (!exclude.includes(w.liveSlots[i] as number)) return true
+    return false
   }
 
   private forgetSlot(slot: number): string[] {

@@ -5,7 +5,7 @@ import { createServer } from 'node:http'
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { connect } from 'node:net'
 import { chunkFrame, ChunkWriter } from '../../src/http/chunked.js'
-import { injectWorkerId } from '../../src/proxy.js'
+import { eventEnd, injectWorkerId } from '../../src/proxy.js'
 
 /** Decodes a chunked body; throws on any framing error. */
 function unchunk(body: Buffer): Buffer[] {
@@ -121,6 +121,9 @@ t.test('injectWorkerId: the spliced event parses to the event plus nvext.worker_
     ['data: {"nvext":{"keep":true},"a":1}\n\n', { nvext: { keep: true }, a: 1 }],
     ['data: {"text":"the word \\"nvext\\" in a string"}\n\n', { text: 'the word "nvext" in a string' }],
     [': comment\ndata: {"a":1}\n\n', { a: 1 }],
+    ['data: {"a":1}\r\n\r\n', { a: 1 }],
+    ['data: {"n\\u0076ext":{"keep":1},"a":1}\n\n', { nvext: { keep: 1 }, a: 1 }],
+    ['data: {"t":"caf\\u00e9"}\n\n', { t: 'café' }],
   ]
   for (const [event, obj] of cases) {
     const out = injectWorkerId(event, id, idText)
@@ -131,7 +134,16 @@ t.test('injectWorkerId: the spliced event parses to the event plus nvext.worker_
     t.same(JSON.parse(exact), want, `${JSON.stringify(event)} gains nvext.worker_id with exact ids`)
     t.equal(out.slice(0, out.indexOf('data:')), event.slice(0, event.indexOf('data:')), 'lines before data: kept')
   }
-  for (const event of ['data: [DONE]\n\n', 'event: ping\n\n', 'data: "text"\n\n', 'data: {"a":\n\n']) {
+  for (const event of ['data: [DONE]\n\n', 'event: ping\n\n', 'data: "text"\n\n', 'data: {"a":\n\n', 'data: {"a":1}\nid: {1}\n\n']) {
     t.equal(injectWorkerId(event, id, idText), event, `${JSON.stringify(event)} passes unchanged`)
   }
+})
+
+t.test('eventEnd: the first blank line, with LF or CRLF line ends', async (t) => {
+  t.equal(eventEnd('data: x\n\nmore'), 9)
+  t.equal(eventEnd('data: x\r\n\r\nmore'), 11)
+  t.equal(eventEnd('data: x\r\n\r\ndata: y\n\n'), 11, 'the earlier of the two')
+  t.equal(eventEnd('data: x\n\ndata: y\r\n\r\n'), 9)
+  t.equal(eventEnd('data: x\ndata: y\n'), -1, 'not ended yet')
+  t.equal(eventEnd('data: x\r\n'), -1)
 })

@@ -410,3 +410,36 @@ t.test('past the first token the router lets go of the prompt, while the stream 
   while (!(await reader.read()).done);
   await f.close()
 })
+
+t.test('a first event ended by CRLF lines gets its worker id and goes out at once; a first chunk with no event end past 256 KiB goes out as it is', async (t) => {
+  const ends: (() => void)[] = []
+  const big = 'x'.repeat(300 * 1024)
+  let served = 0
+  const f = await fleet([
+    (_req, _body, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' })
+      if (served++ === 0) res.write(`data: ${JSON.stringify(chunk('crlf'))}\r\n\r\n`)
+      else res.write(big)
+      ends.push(() => res.end('data: [DONE]\r\n\r\n'))
+    },
+  ])
+  for (const expectBig of [false, true]) {
+    const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(8), stream: true }) })
+    const reader = (r.body as ReadableStream<Uint8Array>).getReader()
+    let got = ''
+    // read what arrives while the upstream still holds the stream open
+    while (got.length < (expectBig ? big.length : 1) || (!expectBig && !got.includes('\n\n'))) {
+      const x = await reader.read()
+      if (x.done) break
+      got += Buffer.from(x.value).toString()
+    }
+    if (expectBig) t.equal(got, big, 'the unframed chunk, unchanged, before the upstream ends')
+    else {
+      t.match(got, '"text":"crlf"')
+      t.match(got, '"decode_worker_id":100', 'the CRLF-ended first event carries nvext.worker_id before the upstream ends')
+    }
+    ;(ends.shift() as () => void)()
+    while (!(await reader.read()).done);
+  }
+  await f.close()
+})

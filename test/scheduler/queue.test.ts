@@ -315,3 +315,39 @@ t.test('stale bookings expired while booking let waiters run at once', async (t)
   t.notOk(s.sequences.has('old'), 'expired lazily by the booking')
   t.equal((await waiting).workerId, 1n, 'dispatched without waiting for the periodic recheck')
 })
+
+t.test('a retry that excludes the idle worker waits for the busy one like a pinned request, and others go ahead', async (t) => {
+  // two workers; worker 2 is busy; worker 1 is idle but is the one the retry has tried
+  const { s, slots } = makeScheduler({ blockSize: 16, queueThreshold: 1 }, 2, { maxNumBatchedTokens: 100 })
+  s.tryRoute({ id: 'blocker', isl: 200, workerId: 2n })
+  // make worker 1 look busy too, so the retry and a plain request both queue
+  s.tryRoute({ id: 'blocker1', isl: 200, workerId: 1n })
+  let retried: RouteDecision | undefined
+  let plain: RouteDecision | undefined
+  void s.schedule({ id: 'retry', isl: 50, exclude: [slots[0] as number] }).then((d) => (retried = d))
+  void s.schedule({ id: 'plain', isl: 50 }).then((d) => (plain = d))
+  t.ok(s.isWaiting('retry') && s.isWaiting('plain'), 'both wait: every worker is busy')
+  t.ok(s.free('blocker1'), 'worker 1 is free again')
+  await new Promise((r) => setImmediate(r))
+  t.equal(plain?.workerId, 1n, 'the plain request behind it went to worker 1')
+  t.equal(retried, undefined, 'the retry keeps waiting: its only worker is still busy')
+  t.ok(s.isWaiting('retry'))
+  t.equal(s.sequences.prefillTokens[slots[1] as number], 200, 'worker 2 got nothing more')
+  s.recheck()
+  await new Promise((r) => setImmediate(r))
+  t.equal(retried, undefined, 'a recheck does not push it onto the busy worker either')
+  s.markPrefillComplete('blocker')
+  await new Promise((r) => setImmediate(r))
+  t.equal(retried?.workerId, 2n, 'it runs once worker 2 has room')
+})
+
+t.test('a waiting retry whose last untried worker is removed is refused, not left waiting', async (t) => {
+  const { s, slots } = makeScheduler({ blockSize: 16, queueThreshold: 1 }, 2, { maxNumBatchedTokens: 100 })
+  s.tryRoute({ id: 'blocker', isl: 200, workerId: 2n })
+  s.tryRoute({ id: 'blocker1', isl: 200, workerId: 1n })
+  const p = s.schedule({ id: 'retry', isl: 50, exclude: [slots[0] as number] })
+  t.ok(s.isWaiting('retry'))
+  s.removeWorker(2n)
+  await t.rejects(p, { code: 'KVR_ERR_NO_WORKERS' })
+  t.notOk(s.isWaiting('retry'))
+})

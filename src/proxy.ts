@@ -3,12 +3,13 @@
 //   route+book ──► upstream request ──► first chunk ──► ... ──► end ───────────► free
 //        ▲              │ connect error / 5xx / dies       │ upstream dies      ▲
 //        │              ▼ before the first chunk           ▼ after it           │
-//        └── next best candidate (free the old booking)   error event, end ─────┤
+//        └── route again, tried ones excluded (free old)   error event, end ─────┤
 //   client disconnects at any point: abort the upstream request ────────────────┘
 //
 // A booking is freed exactly once whatever happens (Booking.release). Nothing is written to the
 // client before the first upstream chunk, so a failure up to then can still be retried on the
-// next best worker of the decision's candidates table.
+// best worker-rank not tried yet. Past the first chunk nothing is retried, and the prompt is let
+// go while the stream lasts.
 import type { FastifyReply } from 'fastify'
 import { Agent } from 'undici'
 import type { Dispatcher } from 'undici'

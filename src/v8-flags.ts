@@ -7,5 +7,5 @@
 // stream), so every scavenge copies them, a 4–10 ms pause on a busy 2-core machine. V8's default young generation starts small and grows slowly, and scavenged about once
 // per 800 ms under that load, and those pauses were the router's TTFT p99. At 64 MB the scavenges
 // are a fifth as many and the p99 overhead fell from 6–11 ms to 1–2 ms in paired rounds of
-// `node dist/bench/proxy.js` (README, Benchmarks). The cost is memory: up to 128 MB more RSS.
+// `node dist/bench/proxy.js` (bench/HISTORY.md, bench:route, session 5). The cost is memory: up to 128 MB more RSS.
 export const ROUTER_V8_FLAGS: readonly string[] = Object.freeze(['--min-semi-space-size=64', '--max-semi-space-size=64'])

@@ -124,7 +124,7 @@ export class Proxy {
     if (this.ownDispatcher) await this.dispatcher.close()
   }
 
-  async handle(reply: FastifyReply, call: ProxyCall): Promise<void> {
+  handle(reply: FastifyReply, call: ProxyCall): Promise<void> {
     const gone = new ClientGone()
     const onClose = (): void => {
       if (!reply.raw.writableFinished) gone.abort()
@@ -132,19 +132,22 @@ export class Proxy {
     reply.raw.on('close', onClose)
     this.active++
     this.router.metrics.inflight.inc({ model: call.model })
-    let status = 200
-    try {
-      await this.run(reply, call, gone)
-    } catch (err) {
-      status = isKvrError(err) ? err.statusCode : 500
-      throw err
-    } finally {
-      reply.raw.off('close', onClose)
-      this.router.metrics.inflight.dec({ model: call.model })
-      this.router.metrics.request(call.model, call.path, call.stream ? 'stream' : 'unary', reply.sent && status === 200 ? reply.statusCode : status)
-      this.active--
-      if (this.active === 0) for (const w of this.idleWaiters.splice(0)) w()
-    }
+    // a promise chain, not an async function: a suspended async frame is kept for the whole stream
+    return this.run(reply, call, gone).then(
+      () => this.finished(reply, call, onClose, 200),
+      (err: unknown) => {
+        this.finished(reply, call, onClose, isKvrError(err) ? err.statusCode : 500)
+        throw err
+      },
+    )
+  }
+
+  private finished(reply: FastifyReply, call: ProxyCall, onClose: () => void, status: number): void {
+    reply.raw.off('close', onClose)
+    this.router.metrics.inflight.dec({ model: call.model })
+    this.router.metrics.request(call.model, call.path, call.stream ? 'stream' : 'unary', reply.sent && status === 200 ? reply.statusCode : status)
+    this.active--
+    if (this.active === 0) for (const w of this.idleWaiters.splice(0)) w()
   }
 
   private async book(route: RouteInput, signal: CancelSignal): Promise<Attempt> {

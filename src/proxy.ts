@@ -305,7 +305,6 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
   private last = 0
   private chunks = 0
   private settled = false
-  private readonly workerIdJson: object
 
   constructor(
     private readonly proxy: Proxy,
@@ -317,9 +316,12 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
     private readonly started: number,
     private readonly resolveFn: (delivered: boolean) => void,
     private readonly rejectFn: (err: unknown) => void,
-  ) {
-    const d = a.decision
-    this.workerIdJson = { prefill_worker_id: d.workerId, prefill_dp_rank: d.dpRank, decode_worker_id: d.workerId, decode_dp_rank: d.dpRank }
+  ) {}
+
+  /** nvext.worker_id: built when a response needs it, not kept for the life of the stream. */
+  private workerIdJson(): object {
+    const d = this.a.decision
+    return { prefill_worker_id: d.workerId, prefill_dp_rank: d.dpRank, decode_worker_id: d.workerId, decode_dp_rank: d.dpRank }
   }
 
   private readonly onAbort = (): void => {
@@ -410,7 +412,7 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
     if (cut >= 0) {
       const d = this.a.decision
       const idText = `{"prefill_worker_id":${d.workerId},"prefill_dp_rank":${d.dpRank},"decode_worker_id":${d.workerId},"decode_dp_rank":${d.dpRank}}`
-      event = injectWorkerId(text.slice(0, cut), this.workerIdJson, idText)
+      event = injectWorkerId(text.slice(0, cut), this.workerIdJson(), idText)
     } else if (text.length < FIRST_EVENT_LIMIT) {
       this.pending = text
       return true
@@ -457,7 +459,7 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
     if (this.status === 200) {
       try {
         const obj = JSON.parse(text) as Record<string, unknown>
-        obj.nvext = { ...(typeof obj.nvext === 'object' && obj.nvext !== null ? obj.nvext : {}), worker_id: this.workerIdJson }
+        obj.nvext = { ...(typeof obj.nvext === 'object' && obj.nvext !== null ? obj.nvext : {}), worker_id: this.workerIdJson() }
         const usage = obj.usage as { completion_tokens?: unknown } | undefined
         if (typeof usage?.completion_tokens === 'number') m.observeOutput(usage.completion_tokens)
         out = serializeJson(obj)

@@ -470,9 +470,9 @@ export async function buildApp(opts: AppOptions): Promise<App> {
   /**
    * What the proxy needs of a request, taken from its body. The body, its text and the prompt in
    * it would otherwise stay reachable for the whole stream through the request object and this
-   * function's frame (65 KB per open stream with a 4,096-token prompt, against 8 KB with 64
-   * tokens: a one-off heap measurement with streams held open); the request lets go of them
-   * here, and the proxy drops its own references at the first token, when no retry can need them.
+   * function's frame (65 KB per open stream with a 4,096-token prompt, against 9 KB with 64
+   * tokens, before: `node dist/bench/stream-heap.js`); the request lets go of them here, and the
+   * proxy drops its own references at the first token, when no retry can need them.
    */
   const proxyCall = async (path: string, chat: boolean, req: FastifyRequest): Promise<ProxyCall> => {
     const body = req.body as Record<string, unknown>

@@ -68,7 +68,7 @@ export class ChunkWriter {
     return ok
   }
 
-  /** Writes one chunk; false when the client's socket is full (wait for drain()). */
+  /** Writes one chunk; false when the client's socket is full (wait with onceDrained). */
   write(data: Uint8Array): boolean {
     if (data.byteLength === 0) return true
     return this.socket !== null ? this.socket.write(chunkFrame(data)) : this.res.write(data)

@@ -252,7 +252,7 @@ const NO_TOKENS: ArrayLike<number> = Object.freeze([])
 const FIRST_EVENT_LIMIT = 256 * 1024
 
 /** Index just past the blank line that ends the first SSE event (LF or CRLF lines); -1 if none yet. */
-export function eventEnd(text: string): number {
+export function eventEnd(text: string | Buffer): number {
   const lf = text.indexOf('\n\n')
   const crlf = text.indexOf('\r\n\r\n')
   if (crlf >= 0 && (lf < 0 || crlf < lf)) return crlf + 4
@@ -300,8 +300,8 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
   /** The client's side of a stream, once its headers are out. */
   private out: ChunkWriter | null = null
   private first = true
-  /** The first event, while its end has not arrived yet. */
-  private pending = ''
+  /** The bytes of the first event, while its end has not arrived (kept as bytes: a chunk may end inside a character). */
+  private pending: Buffer | null = null
   private last = 0
   private chunks = 0
   private settled = false
@@ -394,39 +394,40 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
       this.reply.hijack()
       raw.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-worker-id': this.a.decision.workerId.toString() })
       this.last = now
-      const ok = this.firstEvent(chunk.toString('utf8'))
-      if (this.pending.length === 0) this.chunks++
+      const ok = this.firstEvent(chunk)
+      if (this.pending === null) this.chunks++
       return ok
     }
     m.observeItl((now - this.last) / 1000)
     this.last = now
     this.chunks++
-    if (this.pending.length > 0) return this.firstEvent(this.pending + chunk.toString('utf8'))
+    if (this.pending !== null) return this.firstEvent(Buffer.concat([this.pending, chunk]))
     return (this.out as ChunkWriter).write(chunk)
   }
 
   /** The first event carries nvext.worker_id: it is held until complete, then rewritten. */
-  private firstEvent(text: string): boolean {
-    let cut = eventEnd(text)
-    let event: string
+  private firstEvent(bytes: Buffer): boolean {
+    let cut = eventEnd(bytes)
+    let event: Buffer
     if (cut >= 0) {
+      // the event ends in ASCII line ends, so it holds whole characters only
       const d = this.a.decision
       const idText = `{"prefill_worker_id":${d.workerId},"prefill_dp_rank":${d.dpRank},"decode_worker_id":${d.workerId},"decode_dp_rank":${d.dpRank}}`
-      event = injectWorkerId(text.slice(0, cut), this.workerIdJson(), idText)
-    } else if (text.length < FIRST_EVENT_LIMIT) {
-      this.pending = text
+      event = Buffer.from(injectWorkerId(bytes.toString('utf8', 0, cut), this.workerIdJson(), idText))
+    } else if (bytes.length < FIRST_EVENT_LIMIT) {
+      this.pending = bytes
       return true
     } else {
       // no end of event in sight (not SSE after all, or an event of this size): waiting longer
       // would hold the stream back and buffer it whole, so it goes out as it is
-      cut = text.length
-      event = text
+      cut = bytes.length
+      event = bytes
     }
-    this.pending = ''
+    this.pending = null
     const out = new ChunkWriter(this.reply.raw)
     this.out = out
-    const ok = out.begin(Buffer.from(event))
-    return cut < text.length ? out.write(Buffer.from(text.slice(cut))) : ok
+    const ok = out.begin(event)
+    return cut < bytes.length ? out.write(bytes.subarray(cut)) : ok
   }
 
   onComplete(): void {
@@ -436,7 +437,7 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
       // ended without a single chunk: a failure before the first token
       if (this.first) return this.resolveFn(false)
       const raw = this.reply.raw
-      if (this.pending.length > 0) raw.write(this.pending)
+      if (this.pending !== null) raw.write(this.pending)
       this.proxy.metrics.observeOutput(this.chunks)
       this.proxy.release(this.a.booking)
       this.worker.failures = 0
@@ -487,7 +488,8 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
     }
     this.proxy.metrics.upstreamErrors.inc({ phase: 'after_first_token' })
     const e = new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} failed mid-stream: ${err.message}`)
-    raw.end(`${this.pending}data: ${JSON.stringify({ error: { ...e.toJSON(), type: 'upstream_error' } })}\n\n`)
+    if (this.pending !== null) raw.write(this.pending)
+    raw.end(`data: ${JSON.stringify({ error: { ...e.toJSON(), type: 'upstream_error' } })}\n\n`)
     this.resolveFn(true)
   }
 }

@@ -443,3 +443,24 @@ t.test('a first event ended by CRLF lines gets its worker id and goes out at onc
   }
   await f.close()
 })
+
+t.test('a first event split inside a multi-byte character arrives intact', async (t) => {
+  const f = await fleet([
+    (_req, _body, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' })
+      const first = Buffer.from(sse(chunk('héllo wörld ✓')))
+      // cut inside the two bytes of é, then apart in time so the router reads them separately
+      const at = first.indexOf(Buffer.from('é')) + 1
+      res.write(first.subarray(0, at))
+      setTimeout(() => res.write(first.subarray(at)), 20)
+      setTimeout(() => res.end('data: [DONE]\n\n'), 40)
+    },
+  ])
+  const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(12), stream: true }) })
+  const text = await r.text()
+  t.notMatch(text, '\uFFFD', 'no replacement character')
+  const first = JSON.parse((text.split('\n\n')[0] as string).slice('data: '.length)) as { choices: { text: string }[]; nvext: { worker_id: { decode_worker_id: number } } }
+  t.equal(first.choices[0]?.text, 'héllo wörld ✓')
+  t.equal(first.nvext.worker_id.decode_worker_id, 100)
+  await f.close()
+})

@@ -14,7 +14,7 @@ import type { FastifyReply } from 'fastify'
 import { Agent } from 'undici'
 import type { Dispatcher } from 'undici'
 import type { RouteInput, Router, WorkerInfo } from './router.js'
-import type { CancelSignal, RouteDecision } from './scheduler/scheduler.js'
+import type { CancelSignal, RouteDecision, WorkerRankRef } from './scheduler/scheduler.js'
 import { KvrError, isKvrError } from './shared/errors.js'
 import { serializeJson } from './http/json.js'
 import { ChunkWriter } from './http/chunked.js'
@@ -161,7 +161,7 @@ export class Proxy {
    * undefined when none is left. (Ranking every candidate up front for a retry that rarely comes
    * cost each request a table as long as the fleet.)
    */
-  private async rebook(route: RouteInput, signal: CancelSignal, tried: number[]): Promise<Attempt | undefined> {
+  private async rebook(route: RouteInput, signal: CancelSignal, tried: WorkerRankRef[]): Promise<Attempt | undefined> {
     for (;;) {
       let a: Attempt
       try {
@@ -173,7 +173,7 @@ export class Proxy {
       if (this.router.worker(a.decision.workerId) !== undefined) return a
       // a worker-rank known only from its KV events has no URL to proxy to: not an attempt
       this.release(a.booking)
-      tried.push(a.decision.slot)
+      tried.push(rankRef(a.decision))
     }
   }
 
@@ -186,7 +186,7 @@ export class Proxy {
     let attempt = await this.book(call.route, signal)
     // a pinned request stays on its worker; the others may move on to one not tried yet
     const retries = call.route.workerId === undefined ? this.options.retries : 0
-    let tried: number[] | undefined
+    let tried: WorkerRankRef[] | undefined
     const started = performance.now()
     for (let retry = 0; ; retry++) {
       const d = attempt.decision
@@ -205,7 +205,7 @@ export class Proxy {
       this.router.metrics.upstreamErrors.inc({ phase: 'before_first_token' })
       const w = this.router.worker(d.workerId)
       if (w !== undefined) w.failures++
-      ;(tried ??= []).push(d.slot)
+      ;(tried ??= []).push(rankRef(d))
       const next = retry < retries ? await this.rebook(call.route, signal, tried) : undefined
       if (next === undefined) throw failure
       this.router.metrics.retried()
@@ -261,6 +261,11 @@ export function eventEnd(text: string | Buffer): number {
 
 /** Origin and path prefix of a worker URL, parsed once per URL. */
 const targets = new Map<string, { origin: string; path: string }>()
+/** The identity of a tried worker-rank, without holding on to the decision it came from. */
+function rankRef(d: RouteDecision): WorkerRankRef {
+  return { workerId: d.workerId, dpRank: d.dpRank }
+}
+
 function upstreamTarget(url: string): { origin: string; path: string } {
   let t = targets.get(url)
   if (t === undefined) {

@@ -6,7 +6,7 @@ import type { ServeConfig } from './config.js'
 import { ShardPool } from './shard-pool.js'
 import type { OverlapResult, ShardPoolOptions } from './shard-pool.js'
 import { Scheduler } from './scheduler/scheduler.js'
-import type { CancelSignal, RouteDecision, RouterConfigOverride } from './scheduler/scheduler.js'
+import type { CancelSignal, RouteDecision, RouterConfigOverride, WorkerRankRef } from './scheduler/scheduler.js'
 import type { ApproxSink } from './scheduler/approximate.js'
 import type { DeviceType } from './scheduler/worker-ranks.js'
 import { promptHashesInto, sequenceHashesInto } from './shared/hashing.js'
@@ -61,8 +61,8 @@ export interface RouteInput {
   overrides?: RouterConfigOverride
   updateStates?: boolean
   explain?: boolean
-  /** Worker-rank slots not to choose (RouteDecision.slot of the attempts a retry has tried). */
-  exclude?: readonly number[]
+  /** Worker-ranks not to choose: the attempts a retry has tried (see ScheduleRequest.exclude). */
+  exclude?: readonly WorkerRankRef[]
   signal?: CancelSignal
 }
 

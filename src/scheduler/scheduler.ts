@@ -61,10 +61,20 @@ export interface ScheduleRequest {
   updateStates?: boolean
   /** Build the candidates table. */
   explain?: boolean
-  /** Worker-rank slots this request must not go to: the ones a proxy retry has already tried. */
-  exclude?: readonly number[]
+  /**
+   * Worker-ranks this request must not go to: the ones a proxy retry has already tried. Named by
+   * identity, not slot: a slot freed by a removal is handed to the next registration, and that
+   * worker has not been tried.
+   */
+  exclude?: readonly WorkerRankRef[]
   /** Aborting it while the request waits removes it from the queue (client went away). */
   signal?: CancelSignal
+}
+
+/** One worker-rank by identity (a RouteDecision is one). */
+export interface WorkerRankRef {
+  readonly workerId: bigint
+  readonly dpRank: number
 }
 
 /** What the scheduler needs of a cancellation signal; an AbortSignal is one. */
@@ -456,7 +466,7 @@ export class Scheduler {
     if (ex !== undefined && ex.length > 0) {
       // only retries get here, so a small array per call is fine
       const left: number[] = []
-      for (let i = 0; i < n; i++) if (!ex.includes(from[i] as number)) left.push(from[i] as number)
+      for (let i = 0; i < n; i++) if (!excludes(w, ex, from[i] as number)) left.push(from[i] as number)
       if (left.length === 0) throw new KvrError('KVR_ERR_NO_WORKERS', 'every worker this request could go to has been tried')
       from = left
       n = left.length
@@ -610,9 +620,9 @@ export class Scheduler {
     this.drainQueue()
   }
 
-  private anyLiveOutside(exclude: readonly number[]): boolean {
+  private anyLiveOutside(exclude: readonly WorkerRankRef[]): boolean {
     const w = this.workers
-    for (let i = 0; i < w.liveCount; i++) if (!exclude.includes(w.liveSlots[i] as number)) return true
+    for (let i = 0; i < w.liveCount; i++) if (!excludes(w, exclude, w.liveSlots[i] as number)) return true
     return false
   }
 
@@ -620,6 +630,14 @@ export class Scheduler {
     this.approx?.removeSlot(slot)
     return this.sequences.dropSlot(slot)
   }
+}
+
+/** True when the worker-rank registered in `slot` is one of `refs`. */
+function excludes(w: WorkerRanks, refs: readonly WorkerRankRef[], slot: number): boolean {
+  const id = w.workerIdOf(slot)
+  const rank = w.dpRankOf(slot)
+  for (const r of refs) if (r.workerId === id && r.dpRank === rank) return true
+  return false
 }
 
 function hashCount(req: ScheduleRequest): number {

@@ -324,7 +324,7 @@ t.test('a retry that excludes the idle worker waits for the busy one like a pinn
   s.tryRoute({ id: 'blocker1', isl: 200, workerId: 1n })
   let retried: RouteDecision | undefined
   let plain: RouteDecision | undefined
-  void s.schedule({ id: 'retry', isl: 50, exclude: [slots[0] as number] }).then((d) => (retried = d))
+  void s.schedule({ id: 'retry', isl: 50, exclude: [{ workerId: 1n, dpRank: 0 }] }).then((d) => (retried = d))
   void s.schedule({ id: 'plain', isl: 50 }).then((d) => (plain = d))
   t.ok(s.isWaiting('retry') && s.isWaiting('plain'), 'both wait: every worker is busy')
   t.ok(s.free('blocker1'), 'worker 1 is free again')
@@ -345,9 +345,32 @@ t.test('a waiting retry whose last untried worker is removed is refused, not lef
   const { s, slots } = makeScheduler({ blockSize: 16, queueThreshold: 1 }, 2, { maxNumBatchedTokens: 100 })
   s.tryRoute({ id: 'blocker', isl: 200, workerId: 2n })
   s.tryRoute({ id: 'blocker1', isl: 200, workerId: 1n })
-  const p = s.schedule({ id: 'retry', isl: 50, exclude: [slots[0] as number] })
+  const p = s.schedule({ id: 'retry', isl: 50, exclude: [{ workerId: 1n, dpRank: 0 }] })
   t.ok(s.isWaiting('retry'))
   s.removeWorker(2n)
   await t.rejects(p, { code: 'KVR_ERR_NO_WORKERS' })
   t.notOk(s.isWaiting('retry'))
+})
+
+t.test('a worker registered into the slot of a tried one is not excluded by it', async (t) => {
+  // worker 1 was tried and worker 2 is busy, so the retry waits; then worker 1 goes away and
+  // worker 3 arrives in the slot it freed
+  const { s, slots } = makeScheduler({ blockSize: 16, queueThreshold: 1 }, 2, { maxNumBatchedTokens: 100 })
+  s.tryRoute({ id: 'blocker', isl: 200, workerId: 2n })
+  s.tryRoute({ id: 'blocker1', isl: 200, workerId: 1n })
+  let retried: RouteDecision | undefined
+  const p = s.schedule({ id: 'retry', isl: 50, exclude: [{ workerId: 1n, dpRank: 0 }] }).then((d) => (retried = d))
+  s.removeWorker(1n)
+  t.ok(s.isWaiting('retry'), 'worker 2 is untried and still registered: it waits')
+  const slot3 = s.addWorkerRank(3n, 0, { maxNumBatchedTokens: 100 })
+  t.equal(slot3, slots[0], 'the new worker took the freed slot')
+  await p
+  t.equal(retried?.workerId, 3n, 'it runs on the new worker at once')
+  t.equal(retried?.slot, slots[0])
+  // and the tried worker, back under a new slot, is still excluded
+  const again = s.addWorkerRank(1n, 0, { maxNumBatchedTokens: 100 })
+  t.not(again, slots[0])
+  const d = s.tryRoute({ id: 'r2', isl: 10, exclude: [{ workerId: 3n, dpRank: 0 }, { workerId: 2n, dpRank: 0 }] })
+  t.equal(d?.workerId, 1n, 'only worker 1 is left untried')
+  t.throws(() => s.tryRoute({ id: 'r3', isl: 10, exclude: [{ workerId: 1n, dpRank: 0 }, { workerId: 3n, dpRank: 0 }, { workerId: 2n, dpRank: 0 }] }), { code: 'KVR_ERR_NO_WORKERS' })
 })

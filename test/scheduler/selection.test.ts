@@ -3,7 +3,7 @@ import t from 'tap'
 import { formatCandidates, Selector, CostInputs } from '../../src/scheduler/selector.js'
 import { Xoshiro128 } from '../../src/scheduler/rng.js'
 import { blocks, chain, makeScheduler, overlaps } from './fixtures.js'
-import type { Scheduler } from '../../src/scheduler/scheduler.js'
+import type { RouteDecision, Scheduler } from '../../src/scheduler/scheduler.js'
 
 function bump(counts: number[], i: number): void {
   counts[i] = (counts[i] ?? 0) + 1
@@ -381,13 +381,13 @@ t.test('exclude (a proxy retry): the best worker-rank not excluded, in the order
   const ov = overlaps({ 0: 2, 1: 5, 2: 8 })
   const first = s.tryRoute({ id: 'r', isl: 160, overlapBlocks: ov, updateStates: false })
   t.equal(first?.workerId, 2n)
-  const second = s.tryRoute({ id: 'r', isl: 160, overlapBlocks: ov, updateStates: false, exclude: [first?.slot as number] })
+  const second = s.tryRoute({ id: 'r', isl: 160, overlapBlocks: ov, updateStates: false, exclude: [first as RouteDecision] })
   t.equal(second?.workerId, 3n, 'W2 tried: the next best is W3')
-  const third = s.tryRoute({ id: 'r', isl: 160, overlapBlocks: ov, updateStates: false, exclude: [first?.slot as number, second?.slot as number] })
+  const third = s.tryRoute({ id: 'r', isl: 160, overlapBlocks: ov, updateStates: false, exclude: [first as RouteDecision, second as RouteDecision] })
   t.equal(third?.workerId, 1n, 'then W1')
-  t.throws(() => s.tryRoute({ id: 'r', isl: 160, overlapBlocks: ov, exclude: [0, 1, 2] }), { code: 'KVR_ERR_NO_WORKERS' }, 'every worker tried')
+  t.throws(() => s.tryRoute({ id: 'r', isl: 160, overlapBlocks: ov, exclude: [1n, 2n, 3n].map((workerId) => ({ workerId, dpRank: 0 })) }), { code: 'KVR_ERR_NO_WORKERS' }, 'every worker tried')
   t.equal(s.stats().bookedRequests, 3, 'nothing booked by the refused retry')
-  const pinned = s.tryRoute({ id: 'p', isl: 16, workerId: 3n, updateStates: false, exclude: [first?.slot as number] })
+  const pinned = s.tryRoute({ id: 'p', isl: 16, workerId: 3n, updateStates: false, exclude: [first as RouteDecision] })
   t.equal(pinned?.workerId, 3n, 'an exclusion of another worker leaves a pin alone')
-  t.throws(() => s.tryRoute({ id: 'p', isl: 16, workerId: 3n, exclude: [second?.slot as number] }), { code: 'KVR_ERR_NO_WORKERS' }, 'a pinned worker that was tried')
+  t.throws(() => s.tryRoute({ id: 'p', isl: 16, workerId: 3n, exclude: [second as RouteDecision] }), { code: 'KVR_ERR_NO_WORKERS' }, 'a pinned worker that was tried')
 })

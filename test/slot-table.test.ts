@@ -66,3 +66,22 @@ t.test('removing the cell before an empty one empties it and the tombstones befo
   t.same(findAll(table, h), [0, 10, 11, 12])
   t.equal(table.live, 4)
 })
+
+t.test('peekHome names the slot in a hash\'s home cell, and -1 for an empty cell or a tombstone', async (t) => {
+  const table = new SlotTable(64)
+  const h = 0x12345678 | 0
+  t.equal(table.peekHome(h), -1, 'empty')
+  table.insert(h, 7)
+  t.equal(table.peekHome(h), 7, 'the first key at its home')
+  // a second key with the same hash lands one cell on: the home cell still names the first
+  table.insert(h, 9)
+  t.equal(table.peekHome(h), 7)
+  // the largest slot with every fingerprint bit set is still told apart from the sentinels
+  const top = 0xfc000000 | 0
+  const t2 = new SlotTable(64)
+  t2.insert(top, (1 << 26) - 3)
+  t.equal(t2.peekHome(top), (1 << 26) - 3)
+  t.ok(table.remove(h, 7))
+  t.equal(table.peekHome(h), -1, 'a tombstone (the cell after it is still in use)')
+  t.same(findAll(table, h), [9], 'and the probe still finds the second key')
+})

@@ -38,6 +38,15 @@ export class SlotTable {
     return Math.floor(((Math.imul(hash, 0x9e3779b1) >>> 0) * this.size) / TWO32)
   }
 
+  /**
+   * The slot in `hash`'s home cell, or -1 when it holds none: a single load, made ahead of the
+   * real probe so that its cache miss overlaps others (see KvIndex.warm).
+   */
+  peekHome(hash: number): number {
+    const v = this.cells[this.home(hash)] as number
+    return v === EMPTY || v === TOMB ? -1 : v & SLOT_MASK
+  }
+
   /** First slot whose fingerprint matches `hash`, or -1; continue with `next()`. */
   first(hash: number): number {
     this.fp = hash >>> SLOT_BITS

@@ -45,6 +45,11 @@ export interface ShardPoolOptions {
   stallMs?: number
   /** How long an idle shard spins before it sleeps; default 200 µs when a core is spare beyond the event loop and the shards, else 0. */
   shardSpinUs?: number
+  /**
+   * Longest continuous work a shard does between turns of its event loop when no control call
+   * is waiting; default 50 ms. Tests raise it to show control calls do not wait for it.
+   */
+  shardYieldMaxMs?: number
   /** How long a query spins on the event loop for its answer before it awaits; default 60 µs when a core is spare for every shard beside the event loop, else 0. */
   querySpinUs?: number
 }
@@ -188,6 +193,7 @@ export class ShardPool extends EventEmitter {
       maxBlocksPerShard: positive('maxBlocksPerShard', options.maxBlocksPerShard, 60_000_000, 67_000_000),
       heartbeatMs: positive('heartbeatMs', options.heartbeatMs, 100, 60_000),
       stallMs: positive('stallMs', options.stallMs, 5000, 3_600_000),
+      shardYieldMaxMs: positive('shardYieldMaxMs', options.shardYieldMaxMs, 50, 3_600_000),
       // Spinning only pays with a core to spare beyond the event loop and the shards; without
       // one, a spinning shard takes the CPU the event loop needs to feed it.
       shardSpinUs: options.shardSpinUs ?? (cores > shards + 1 ? 200 : 0),
@@ -238,6 +244,7 @@ export class ShardPool extends EventEmitter {
       maxBlocks: this.opts.maxBlocksPerShard,
       heartbeatMs: this.opts.heartbeatMs,
       spinUs: this.opts.shardSpinUs,
+      yieldMaxMs: this.opts.shardYieldMaxMs,
     }
     const worker = new Worker(shardUrl, { workerData: init, name: `kv-router shard ${index}` })
     const shard: Shard = {

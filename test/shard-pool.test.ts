@@ -5,7 +5,7 @@ import { KvIndex, type OverlapScore } from '../src/shared/kv-index.js'
 import { encodeRouterEvent, toDecoded, type RouterEvent } from '../src/shared/events.js'
 import { Rng } from './helpers/rng.js'
 import { EventStream, WORKERS, randomQuery } from './helpers/random-events.js'
-import { chain } from './helpers/events.js'
+import { chain, stored } from './helpers/events.js'
 
 const key = (s: OverlapScore): string => `${s.worker_id}:${s.dp_rank}=${s.overlap_blocks}/${s.tree_size}`
 const canon = (xs: OverlapScore[]): string[] => xs.map(key).sort()
@@ -246,4 +246,34 @@ t.test('a full ring wakes its producer once per half ring freed, not once per ba
   const bound = Math.ceil((1.5 * total) / (RING / 2)) + 10
   t.ok(c !== undefined && c.ringWaits > 0 && c.ringWaits <= bound, `${c?.ringWaits} waits for ${total} bytes through a ${RING}-byte ring (at most ${bound})`)
   t.equal(c?.applied, msgs.length, 'every message applied')
+})
+
+t.test('a busy shard takes control calls and answers barriers mid-backlog, not when it runs dry', async (t) => {
+  // The periodic turn of the event loop is pushed out to an hour, so the only ways a call can be
+  // taken in before the backlog is done are the ones under test: the posted-call counter, and
+  // the turn taken once a barrier is released.
+  const pool = await ShardPool.start({ shards: 1, ringBytes: 64 * 1024 * 1024, shardYieldMaxMs: 3_600_000 })
+  t.teardown(() => pool.close())
+  // events of 64 fresh blocks each: tens of milliseconds of work per backlog
+  const backlog = (base: number): Uint8Array[] =>
+    Array.from({ length: 3000 }, (_, i) => {
+      const first = base + i * 64
+      return bytes(stored(3, null, Array.from({ length: 64 }, (_, k) => [first + k + 1, first + k + 1] as [number, number])))
+    })
+  const a = backlog(0)
+  const b = backlog(1_000_000)
+  let refused = 0
+  for (const m of a) if (!pool.push(m)) refused++
+  const statsAt = pool.stats().then(() => pool.counters()[0]?.processed ?? -1)
+  const flushedAt = pool.flush().then(() => pool.counters()[0]?.processed ?? -1)
+  for (const m of b) if (!pool.push(m)) refused++
+  t.equal(refused, 0, 'both backlogs fit in the ring')
+  const total = a.length + b.length
+  const s = await statsAt
+  t.ok(s < total, `stats() answered with ${s} of ${total} messages processed`)
+  const f = await flushedAt
+  t.ok(f >= a.length, 'the barrier waited for every message pushed before it')
+  t.ok(f < total, `and was answered with ${f} of ${total} processed, before the later backlog was done`)
+  await pool.flush()
+  t.equal(pool.counters()[0]?.processed, total)
 })

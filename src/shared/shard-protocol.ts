@@ -159,6 +159,7 @@ export interface ShardInit {
   maxBlocks: number
   heartbeatMs: number
   spinUs: number
+  yieldMaxMs: number
 }
 
 /** Partition of worker ids over shards: every event and rank of a worker lands on one shard. */

@@ -254,9 +254,9 @@ t.test('a busy shard takes control calls and answers barriers mid-backlog, not w
   // the turn taken once a barrier is released.
   const pool = await ShardPool.start({ shards: 1, ringBytes: 64 * 1024 * 1024, shardYieldMaxMs: 3_600_000 })
   t.teardown(() => pool.close())
-  // events of 64 fresh blocks each: tens of milliseconds of work per backlog
+  // events of 64 fresh blocks each: about half a second of work per backlog here
   const backlog = (base: number): Uint8Array[] =>
-    Array.from({ length: 3000 }, (_, i) => {
+    Array.from({ length: 1500 }, (_, i) => {
       const first = base + i * 64
       return bytes(stored(3, null, Array.from({ length: 64 }, (_, k) => [first + k + 1, first + k + 1] as [number, number])))
     })

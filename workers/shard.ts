@@ -215,6 +215,8 @@ async function run(): Promise<void> {
       if (waiters.length > 0 && releaseWaiters()) replies = true
     }
     if (work > 0) {
+      // A whole turn, not a microtask: comlink posts a reply from a continuation queued behind
+      // this loop's own, so a released barrier is answered only once the loop lets go.
       if (replies || controlWaiting() || performance.now() - lastYield > YIELD_MAX_MS) {
         replies = false
         controlSeen = Atomics.load(ctrl, CONTROL_POSTED)

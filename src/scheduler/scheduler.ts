@@ -634,9 +634,7 @@ export class Scheduler {
 
 /** True when the worker-rank registered in `slot` is one of `refs`. */
 function excludes(w: WorkerRanks, refs: readonly WorkerRankRef[], slot: number): boolean {
-  const id = w.workerIdOf(slot)
-  const rank = w.dpRankOf(slot)
-  for (const r of refs) if (r.workerId === id && r.dpRank === rank) return true
+  for (const r of refs) if (w.slotOf(r.workerId, r.dpRank) === slot) return true
   return false
 }
 

@@ -105,6 +105,8 @@ const TABLE_KIDS = 0x40000
 const ES = 5
 /** Blocks warmed per pass (KvIndex.warm): enough misses in flight, few enough to stay cached. */
 const WARM = 32
+/** Fewer blocks than this have too few misses to overlap: the warm-up would only add work. */
+const WARM_MIN = 4
 const E_W = 0
 const E_NODE = 1
 const E_LO = 2
@@ -335,7 +337,7 @@ export class KvIndex {
     const n = ev.count
     let fresh = false
     for (let i = 0; i < n; i++) {
-      if ((i & (WARM - 1)) === 0) this.warm(w, ev.blockLo, ev.blockHi, i, Math.min(n, i + WARM), false)
+      if ((i & (WARM - 1)) === 0 && n - i >= WARM_MIN) this.warm(w, ev.blockLo, ev.blockHi, i, Math.min(n, i + WARM), false)
       if ((i & 7) === 7 && this.interrupt !== null) this.interrupt()
       // `| 0`: a u32 above 2^31 is a double, boxed into a fresh heap number at every call
       // that is not inlined; an int32 travels as a small integer (the tables compare int32 bits)
@@ -385,7 +387,7 @@ export class KvIndex {
     let first = APPLY_OK
     const n = ev.count
     for (let i = 0; i < n; i++) {
-      if ((i & (WARM - 1)) === 0) this.warm(w, ev.blockLo, ev.blockHi, i, Math.min(n, i + WARM), true)
+      if ((i & (WARM - 1)) === 0 && n - i >= WARM_MIN) this.warm(w, ev.blockLo, ev.blockHi, i, Math.min(n, i + WARM), true)
       const e = this.findEntry(w, (ev.blockLo[i] as number) | 0, (ev.blockHi[i] as number) | 0)
       if (e === NIL) {
         const r = this.reject(RejectReason.BlockNotFound)

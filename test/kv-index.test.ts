@@ -236,3 +236,31 @@ t.test('tree sizes carry the last event id applied per worker-rank', async (t) =
   t.equal(sizes.find((s) => s.worker_id === 1n)?.last_event_id, 2n ** 60n + 9n)
   t.equal(sizes.find((s) => s.worker_id === 2n)?.last_event_id, undefined, 'none before its first event')
 })
+
+t.test('a new chain goes into slots side by side, even when the free ones were freed interleaved', async (t) => {
+  const index = new KvIndex()
+  // two chains of 24 blocks on two workers, then both evicted block by block, interleaved, so
+  // the most recently freed slots alternate between the two regions
+  t.equal(apply(index, chain(1, null, Array.from({ length: 24 }, (_, i) => i + 1))), 0)
+  t.equal(apply(index, chain(2, null, Array.from({ length: 24 }, (_, i) => i + 101))), 0)
+  const bytesBefore = index.bytes
+  for (let i = 24; i >= 1; i--) {
+    t.equal(apply(index, removed(1, [i * 100])), 0)
+    t.equal(apply(index, removed(2, [(i + 100) * 100])), 0)
+  }
+  t.equal(index.liveEntries, 0)
+  // a new 24-block chain: each node next to its parent
+  t.equal(apply(index, chain(3, null, Array.from({ length: 24 }, (_, i) => i + 201))), 0)
+  const w = index.workerSlot(3, 0, 0)
+  const slots = Array.from({ length: 24 }, (_, i) => index.nodeSlotOf(w, (i + 201) * 100, 0))
+  t.notOk(slots.includes(-1), 'every block is held')
+  const steps = slots.slice(1).map((s, i) => s - (slots[i] as number))
+  t.ok(steps.every((d) => d === 1) || steps.every((d) => d === -1), `one slot apart, one way: ${steps.join(',')}`)
+  t.equal(index.bytes, bytesBefore, 'freed slots reused: nothing grew')
+  t.same(scores(index, Array.from({ length: 24 }, (_, i) => i + 201)), { '3:0': 24 })
+  t.same(scores(index, [1, 2, 3]), {}, 'the evicted chains are gone')
+  // the free list is still whole: a chain as long as every free slot takes them all, no growth
+  t.equal(apply(index, chain(4, null, Array.from({ length: 24 }, (_, i) => i + 301))), 0)
+  t.equal(index.bytes, bytesBefore)
+  t.same(sizes(index), { '1:0': 0, '2:0': 0, '3:0': 24, '4:0': 24 })
+})

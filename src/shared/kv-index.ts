@@ -102,6 +102,11 @@ const MIXED = 0x10000
 const IN_TABLE = 0x20000
 /** Some child of this node is in the children table (set once; cleared when the node is made). */
 const TABLE_KIDS = 0x40000
+/**
+ * The node is free. Free nodes form a doubly linked list through their own records (N_FIRST
+ * the next, N_KID the previous), so any free node can be taken out of it in O(1): see newNode.
+ */
+const FREE = 0x80000
 const ES = 5
 /** Blocks warmed per pass (KvIndex.warm): enough misses in flight, few enough to stay cached. */
 const WARM = 32
@@ -662,12 +667,27 @@ export class KvIndex {
     this.chainChild(node)
   }
 
+  /**
+   * A child goes into the slot next to its parent when that one is free, else the one before
+   * it, else the most recently freed slot. A lookup walks a chain one node per block, each
+   * node's slot read from its parent's record, so every step is a dependent load; with a
+   * chain's nodes side by side, two share a cache line and the hardware prefetcher sees a
+   * stream, where scattered nodes cost a miss per block. Chains are stored and evicted whole,
+   * so the slots a chain frees are mostly taken by the next chain, side by side again.
+   */
   private newNode(parent: number, lo: number, hi: number): number {
-    let node = this.nFreeHead
-    if (node !== NIL) this.nFreeHead = this.N[node * NS + N_FIRST] as number
-    else {
-      node = this.nHigh++
-      if (node >= this.nCap) this.growNodes()
+    let node = NIL
+    if (parent !== ROOT) {
+      node = this.takeFree(parent + 1)
+      if (node === NIL) node = this.takeFree(parent - 1)
+    }
+    if (node === NIL) {
+      node = this.nFreeHead
+      if (node !== NIL) this.unlinkFree(node)
+      else {
+        node = this.nHigh++
+        if (node >= this.nCap) this.growNodes()
+      }
     }
     const N = this.N
     const b = node * NS
@@ -690,9 +710,38 @@ export class KvIndex {
     // Bumping the generation detaches every child at once (spec: clear node.children).
     N[b + N_GEN] = ((N[b + N_GEN] as number) + 1) | 0
     N[b + N_PARENT] = NIL
-    N[b + N_FIRST] = this.nFreeHead
+    N[b + N_COUNT] = FREE
+    const head = this.nFreeHead
+    N[b + N_FIRST] = head
+    N[b + N_KID] = NIL
+    if (head !== NIL) N[head * NS + N_KID] = node
     this.nFreeHead = node
     this.liveNodes--
+  }
+
+  /**
+   * The node slot that worker-rank slot `w` holds block hash (lo, hi) in, or -1. For tests and
+   * diagnostics: where the allocator put a chain.
+   */
+  nodeSlotOf(w: number, lo: number, hi: number): number {
+    const e = this.findEntry(w, lo, hi)
+    return e === NIL ? NIL : (this.E[e * ES + E_NODE] as number)
+  }
+
+  /** Takes `node` out of the free list when it is free there; NIL when it is not. */
+  private takeFree(node: number): number {
+    if (node < 1 || node >= this.nHigh || ((this.N[node * NS + N_COUNT] as number) & FREE) === 0) return NIL
+    this.unlinkFree(node)
+    return node
+  }
+
+  private unlinkFree(node: number): void {
+    const N = this.N
+    const next = N[node * NS + N_FIRST] as number
+    const prev = N[node * NS + N_KID] as number
+    if (prev === NIL) this.nFreeHead = next
+    else N[prev * NS + N_FIRST] = next
+    if (next !== NIL) N[next * NS + N_KID] = prev
   }
 
   private growNodes(): void {

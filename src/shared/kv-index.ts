@@ -73,7 +73,8 @@ const ROOT = 0
 
 // Node and entry records are laid out as structs inside one Int32Array each, so a hash-chain
 // probe touches one cache line instead of one per field. u32 values are stored as int32 bits.
-// A free node links the free list through N_FIRST, a free entry through E_NEXT.
+// A free node links the free list through N_FIRST (next) and N_KID (previous), a free entry
+// through E_NEXT.
 const NS = 8
 const N_PARENT = 0
 const N_PGEN = 1
@@ -195,7 +196,7 @@ export class KvIndex {
    */
   interrupt: (() => void) | null = null
 
-  /** Per warmed block: the slot its probe will meet, then that entry's node. */
+  /** Per warmed block: the entry its probe will meet, then that entry's node, then its parent. */
   private warmSlots = new Int32Array(WARM)
   /** Where warm() leaves what it loaded, so the loads are not optimised away. */
   private warmSink = 0

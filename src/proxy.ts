@@ -261,6 +261,11 @@ export function eventEnd(text: string | Buffer): number {
 
 /** Origin and path prefix of a worker URL, parsed once per URL. */
 const targets = new Map<string, { origin: string; path: string }>()
+/** nvext.worker_id (the same worker does prefill and decode): built when a response needs it. */
+function workerIdObject(r: WorkerRankRef): object {
+  return { prefill_worker_id: r.workerId, prefill_dp_rank: r.dpRank, decode_worker_id: r.workerId, decode_dp_rank: r.dpRank }
+}
+
 /** The identity of a tried worker-rank, without holding on to the decision it came from. */
 function rankRef(d: RouteDecision): WorkerRankRef {
   return { workerId: d.workerId, dpRank: d.dpRank }
@@ -323,11 +328,6 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
     private readonly rejectFn: (err: unknown) => void,
   ) {}
 
-  /** nvext.worker_id: built when a response needs it, not kept for the life of the stream. */
-  private workerIdJson(): object {
-    const d = this.a.decision
-    return { prefill_worker_id: d.workerId, prefill_dp_rank: d.dpRank, decode_worker_id: d.workerId, decode_dp_rank: d.dpRank }
-  }
 
   private readonly onAbort = (): void => {
     this.abortUpstream?.(new Error('the client went away'))
@@ -416,9 +416,7 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
     let event: Buffer
     if (cut >= 0) {
       // the event ends in ASCII line ends, so it holds whole characters only
-      const d = this.a.decision
-      const idText = `{"prefill_worker_id":${d.workerId},"prefill_dp_rank":${d.dpRank},"decode_worker_id":${d.workerId},"decode_dp_rank":${d.dpRank}}`
-      event = Buffer.from(injectWorkerId(bytes.toString('utf8', 0, cut), this.workerIdJson(), idText))
+      event = Buffer.from(injectWorkerId(bytes.toString('utf8', 0, cut), this.a.decision))
     } else if (bytes.length < FIRST_EVENT_LIMIT) {
       this.pending = bytes
       return true
@@ -465,7 +463,7 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
     if (this.status === 200) {
       try {
         const obj = JSON.parse(text) as Record<string, unknown>
-        obj.nvext = { ...(typeof obj.nvext === 'object' && obj.nvext !== null ? obj.nvext : {}), worker_id: this.workerIdJson() }
+        obj.nvext = { ...(typeof obj.nvext === 'object' && obj.nvext !== null ? obj.nvext : {}), worker_id: workerIdObject(this.a.decision) }
         const usage = obj.usage as { completion_tokens?: unknown } | undefined
         if (typeof usage?.completion_tokens === 'number') m.observeOutput(usage.completion_tokens)
         out = serializeJson(obj)
@@ -506,7 +504,7 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
  * An event with an nvext already, over several lines, or with \u escapes (which could spell
  * one) is parsed and merged instead; one that is not a JSON object passes unchanged.
  */
-export function injectWorkerId(event: string, workerIdJson: object, workerIdText: string): string {
+export function injectWorkerId(event: string, rank: WorkerRankRef): string {
   const at = event.indexOf('data:')
   if (at < 0) return event
   const json = event.slice(at + 5).trim()
@@ -515,11 +513,12 @@ export function injectWorkerId(event: string, workerIdJson: object, workerIdText
   // one line, no nvext of its own, no escapes that could spell one
   if (end > 0 && json.charCodeAt(end) === 125 /* } */ && json.indexOf('\n') < 0 && !json.includes('nvext') && !json.includes('\\u')) {
     const comma = json.slice(1, end).trim().length === 0 ? '' : ','
-    return `${event.slice(0, at)}data: ${json.slice(0, end)}${comma}"nvext":{"worker_id":${workerIdText}}}\n\n`
+    const id = `{"prefill_worker_id":${rank.workerId},"prefill_dp_rank":${rank.dpRank},"decode_worker_id":${rank.workerId},"decode_dp_rank":${rank.dpRank}}`
+    return `${event.slice(0, at)}data: ${json.slice(0, end)}${comma}"nvext":{"worker_id":${id}}}\n\n`
   }
   try {
     const obj = JSON.parse(json) as Record<string, unknown>
-    obj.nvext = { ...(typeof obj.nvext === 'object' && obj.nvext !== null ? obj.nvext : {}), worker_id: workerIdJson }
+    obj.nvext = { ...(typeof obj.nvext === 'object' && obj.nvext !== null ? obj.nvext : {}), worker_id: workerIdObject(rank) }
     return `${event.slice(0, at)}data: ${serializeJson(obj)}\n\n`
   } catch {
     return event

@@ -110,8 +110,7 @@ t.test('ChunkWriter: an HTTP/1.0 client gets the plain body and the end of the c
 })
 
 t.test('injectWorkerId: the spliced event parses to the event plus nvext.worker_id', async (t) => {
-  const id = { prefill_worker_id: 18446744073709551615n, prefill_dp_rank: 3, decode_worker_id: 18446744073709551615n, decode_dp_rank: 3 }
-  const idText = '{"prefill_worker_id":18446744073709551615,"prefill_dp_rank":3,"decode_worker_id":18446744073709551615,"decode_dp_rank":3}'
+  const rank = { workerId: 18446744073709551615n, dpRank: 3 }
   const cases: [string, Record<string, unknown>][] = [
     ['data: {"id":"c","choices":[{"text":"hi"}]}\n\n', { id: 'c', choices: [{ text: 'hi' }] }],
     ['data:{"id":"c"}\n\n', { id: 'c' }],
@@ -126,7 +125,7 @@ t.test('injectWorkerId: the spliced event parses to the event plus nvext.worker_
     ['data: {"t":"caf\\u00e9"}\n\n', { t: 'café' }],
   ]
   for (const [event, obj] of cases) {
-    const out = injectWorkerId(event, id, idText)
+    const out = injectWorkerId(event, rank)
     t.ok(out.endsWith('\n\n'), `${JSON.stringify(event)} still ends its event`)
     const data = out.slice(out.indexOf('data:') + 5).trim()
     const exact = data.replace(/18446744073709551615/g, '"u64max"')
@@ -135,7 +134,7 @@ t.test('injectWorkerId: the spliced event parses to the event plus nvext.worker_
     t.equal(out.slice(0, out.indexOf('data:')), event.slice(0, event.indexOf('data:')), 'lines before data: kept')
   }
   for (const event of ['data: [DONE]\n\n', 'event: ping\n\n', 'data: "text"\n\n', 'data: {"a":\n\n', 'data: {"a":1}\nid: {1}\n\n']) {
-    t.equal(injectWorkerId(event, id, idText), event, `${JSON.stringify(event)} passes unchanged`)
+    t.equal(injectWorkerId(event, rank), event, `${JSON.stringify(event)} passes unchanged`)
   }
 })
 

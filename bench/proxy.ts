@@ -20,20 +20,26 @@
 // child (diagnosis: --trace-gc, --cpu-prof, --import of a probe). BENCH_PROXY_MODE=kv runs the
 // router in kv mode instead, so each request also takes an overlap query through the shard; the
 // upstreams emit no KV events, so the choice still spreads by load.
+//
+// Reference rounds: the same paired rounds with a bare TCP relay in the router's place (a Node
+// process that pipes each client connection to one upstream, parsing nothing). They tell what
+// one more process hop costs on this machine at that hour, so that the router's figure can be
+// split into the hop, which no proxy avoids, and the router's own work. They run after the
+// router's rounds, so that the router's conditions are those the headline always had.
 import type { ChildProcess } from 'node:child_process'
 import { Agent } from 'undici'
 import { child, median, processTicks, TICKS_PER_S } from './common.js'
 import { ROUTER_V8_FLAGS } from '../src/v8-flags.js'
 
 export interface PhaseResult {
-  path: 'direct' | 'router'
+  path: 'direct' | 'router' | 'relay'
   requests: number
   errors: number
   /** Streams open at once, averaged over the phase. */
   meanOpen: number
   ttftMs: { p50: number; p99: number }
   totalMs: { p50: number; p99: number }
-  /** The router process's CPU time (all its threads, from /proc) per request of the phase; null for direct phases or off Linux. */
+  /** CPU time (all threads, from /proc) of the process in the path, the router or the relay, per request of the phase; null for direct phases or off Linux. */
   routerCpuUsPerRequest: number | null
   /** CPU of each process over the phase, in % of one core (the machine has to share its cores between them). */
   cpuPct: { client: number; upstreams: number | null; router: number | null }
@@ -67,6 +73,11 @@ export interface ProxyResult {
   pairedP99TtftOverheadMsMedian: number
   pairedP99TotalOverheadMsMedian: number
   routerCpuUsPerRequestMedian: number | null
+  /** Paired rounds with the bare TCP relay in the router's place: the cost of the hop alone. */
+  reference: Round[]
+  referenceP99TtftOverheadMsMedian: number
+  referenceP99TotalOverheadMsMedian: number
+  relayCpuUsPerRequestMedian: number | null
 }
 
 function quantile(sorted: number[], q: number): number {
@@ -109,6 +120,32 @@ async function upstreams(count: number): Promise<void> {
   process.on('SIGTERM', () => process.exit(0))
 }
 
+/**
+ * Child process: the reference hop. Each client connection is piped to one upstream (round-robin
+ * by connection, as the router spreads requests); bytes pass through unread, so what it adds is
+ * the process hop itself: two more socket reads and writes per chunk and the wake-ups.
+ */
+async function relay(urls: string[]): Promise<void> {
+  const net = await import('node:net')
+  const targets = urls.map((u) => new URL(u))
+  let next = 0
+  const server = net.createServer((client) => {
+    const t = targets[next++ % targets.length] as URL
+    const upstream = net.connect(Number(t.port), t.hostname)
+    client.setNoDelay(true)
+    upstream.setNoDelay(true)
+    client.pipe(upstream)
+    upstream.pipe(client)
+    client.on('error', () => upstream.destroy())
+    upstream.on('error', () => client.destroy())
+    client.on('close', () => upstream.destroy())
+    upstream.on('close', () => client.destroy())
+  })
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r))
+  process.stdout.write(`relay ready http://127.0.0.1:${(server.address() as { port: number }).port}\n`)
+  process.on('SIGTERM', () => process.exit(0))
+}
+
 let promptSeed = 1
 function uniquePrompt(tokens: number): string {
   // xorshift over a per-request seed: every prompt differs from its first block on
@@ -129,7 +166,7 @@ const PROMPT_TOKENS = 64
 const MAX_TOKENS = 16
 
 interface Lane {
-  path: 'direct' | 'router'
+  path: PhaseResult['path']
   urls: string[]
 }
 
@@ -139,7 +176,7 @@ interface Lane {
  */
 async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent, pids: { router?: number | undefined; upstreams?: number | undefined } = {}): Promise<PhaseResult[]> {
   const routerPid = pids.router
-  const hasRouter = lanes.some((l) => l.path === 'router')
+  const hasRouter = lanes.some((l) => l.path !== 'direct')
   const ticks0 = hasRouter ? processTicks(routerPid) : null
   const routerAll0 = processTicks(routerPid)
   const up0 = processTicks(pids.upstreams)
@@ -229,7 +266,7 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
       meanOpen: openDuringSends / (sendEnd - start),
       ttftMs: { p50: quantile(st.ttft, 0.5), p99: quantile(st.ttft, 0.99) },
       totalMs: { p50: quantile(st.total, 0.5), p99: quantile(st.total, 0.99) },
-      routerCpuUsPerRequest: l.path !== 'router' || ticks0 === null || ticks1 === null ? null : (((ticks1 - ticks0) / TICKS_PER_S) * 1e6) / st.requests,
+      routerCpuUsPerRequest: l.path === 'direct' || ticks0 === null || ticks1 === null ? null : (((ticks1 - ticks0) / TICKS_PER_S) * 1e6) / st.requests,
       cpuPct,
     }
   })
@@ -249,6 +286,7 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
   const directUrls = (up.m[1] as string).trim().split(/\s+/)
   const workerArgs = directUrls.flatMap((u, i) => ['--worker', `${i + 1}=${u}`])
   let router: ChildProcess | undefined
+  let relayChild: ChildProcess | undefined
   // paired rounds hold `streams` open on each path at once
   const agent = new Agent({ connections: 2 * streams + 56, pipelining: 1, keepAliveTimeout: 30_000 })
   try {
@@ -276,6 +314,16 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
       paired.push(round(d, r))
     }
     const cpu = [...rounds, ...paired].map((x) => x.router.routerCpuUsPerRequest)
+    const rl = await child([self, '--relay', ...directUrls], /relay ready (\S+)/)
+    relayChild = rl.p
+    const relayed: Lane = { path: 'relay', urls: [rl.m[1] as string] }
+    await phase([relayed], rate, 3, agent)
+    const reference: Round[] = []
+    for (let i = 0; i < 3; i++) {
+      const [d, r] = (await phase([direct, relayed], rate, seconds, agent, { router: rl.p.pid, upstreams: up.p.pid })) as [PhaseResult, PhaseResult]
+      reference.push(round(d, r))
+    }
+    const relayCpu = reference.map((x) => x.router.routerCpuUsPerRequest)
     return {
       streamsTarget: streams,
       mode,
@@ -293,17 +341,22 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
       pairedP99TtftOverheadMsMedian: median(paired.map((x) => x.p99TtftOverheadMs)),
       pairedP99TotalOverheadMsMedian: median(paired.map((x) => x.p99TotalOverheadMs)),
       routerCpuUsPerRequestMedian: cpu.every((x) => x !== null) ? median(cpu as number[]) : null,
+      reference,
+      referenceP99TtftOverheadMsMedian: median(reference.map((x) => x.p99TtftOverheadMs)),
+      referenceP99TotalOverheadMsMedian: median(reference.map((x) => x.p99TotalOverheadMs)),
+      relayCpuUsPerRequestMedian: relayCpu.every((x) => x !== null) ? median(relayCpu as number[]) : null,
     }
   } finally {
     await agent.close()
     router?.kill('SIGTERM')
+    relayChild?.kill('SIGTERM')
     up.p.kill('SIGTERM')
   }
 }
 
 export function printProxy(p: ProxyResult): void {
   console.log(`\nproxy: ${p.engines} fixed-timing upstreams (first token ${p.ttftMs} ms, then every ${p.itlMs} ms, ${p.maxTokens} tokens), ${p.promptTokens}-token prompts, open-loop at ${p.ratePerSec}/s per path for ~${p.streamsTarget} concurrent streams, ${p.seconds} s per phase, router in ${p.mode} mode`)
-  console.log('round        | path   | requests | errors | mean open | TTFT p50 ms | TTFT p99 ms | total p50 ms | total p99 ms | router CPU µs/req')
+  console.log('round        | path   | requests | errors | mean open | TTFT p50 ms | TTFT p99 ms | total p50 ms | total p99 ms | hop CPU µs/req')
   const rows = (label: string, rs: Round[]): void =>
     rs.forEach((r, i) => {
       for (const x of [r.direct, r.router]) {
@@ -312,16 +365,21 @@ export function printProxy(p: ProxyResult): void {
       const c = r.router.cpuPct
       const d = r.direct.cpuPct
       const f = (x: number | null): string => (x === null ? '–' : `${x.toFixed(0)}%`)
-      const load = c === d ? `client ${f(c.client)}, upstreams ${f(c.upstreams)}, router ${f(c.router)}` : `direct phase: client ${f(d.client)}, upstreams ${f(d.upstreams)}; routed phase: client ${f(c.client)}, upstreams ${f(c.upstreams)}, router ${f(c.router)}`
+      const hop = r.router.path
+      const load = c === d ? `client ${f(c.client)}, upstreams ${f(c.upstreams)}, ${hop} ${f(c.router)}` : `direct phase: client ${f(d.client)}, upstreams ${f(d.upstreams)}; routed phase: client ${f(c.client)}, upstreams ${f(c.upstreams)}, ${hop} ${f(c.router)}`
       console.log(`${''.padEnd(12)} | p99 overhead: TTFT ${r.p99TtftOverheadMs.toFixed(2)} ms, total ${r.p99TotalOverheadMs.toFixed(2)} ms | CPU of one core: ${load}`)
     })
   rows('sequential', p.rounds)
   rows('paired', p.paired)
+  rows('reference', p.reference)
   console.log(`p99 overhead, medians: paired TTFT ${p.pairedP99TtftOverheadMsMedian.toFixed(2)} ms, total ${p.pairedP99TotalOverheadMsMedian.toFixed(2)} ms; sequential TTFT ${p.p99TtftOverheadMsMedian.toFixed(2)} ms, total ${p.p99TotalOverheadMsMedian.toFixed(2)} ms; router CPU ${p.routerCpuUsPerRequestMedian === null ? '–' : p.routerCpuUsPerRequestMedian.toFixed(0)} µs per request`)
+  console.log(`reference hop (a bare TCP relay in the router's place, paired rounds): p99 overhead, medians: TTFT ${p.referenceP99TtftOverheadMsMedian.toFixed(2)} ms, total ${p.referenceP99TotalOverheadMsMedian.toFixed(2)} ms; relay CPU ${p.relayCpuUsPerRequestMedian === null ? '–' : p.relayCpuUsPerRequestMedian.toFixed(0)} µs per request`)
 }
 
 if (process.argv[2] === '--upstreams') {
   await upstreams(Number(process.argv[3] ?? 4))
+} else if (process.argv[2] === '--relay') {
+  await relay(process.argv.slice(3))
 } else if (process.argv[1]?.endsWith('proxy.js') === true) {
   const cli = new URL('../src/cli.js', import.meta.url).pathname
   const r = await benchProxy(cli, { seconds: Number(process.env.BENCH_PROXY_SECS ?? 10), mode: process.env.BENCH_PROXY_MODE === 'kv' ? 'kv' : 'round-robin' })

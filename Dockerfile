@@ -20,5 +20,5 @@ COPY --from=build /app/dist dist
 USER node
 # The router's fixed 64 MB young generation (src/v8-flags.ts): V8 takes these only on the
 # command line, so they are here rather than in NODE_OPTIONS.
-ENTRYPOINT ["node", "--min-semi-space-size=64", "--max-semi-space-size=64", "dist/src/cli.js"]
+ENTRYPOINT ["node", "--min-semi-space-size=64", "--max-semi-space-size=64", "--no-memory-reducer", "dist/src/cli.js"]
 CMD ["serve"]

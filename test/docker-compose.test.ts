@@ -149,7 +149,7 @@ t.test('the Dockerfile builds what the services run', async (t) => {
   t.ok(entry, 'has an exec-form ENTRYPOINT')
   const argv = JSON.parse(entry?.[1] ?? '[]') as string[]
   t.equal(argv[0], 'node')
-  t.same(argv.slice(1, -1), ROUTER_V8_FLAGS, 'the router gets its young-generation flags, as from the shebang and npm start')
+  t.same(argv.slice(1, -1), ROUTER_V8_FLAGS, 'the router gets its V8 flags, as from the shebang and npm start')
   t.equal(argv.at(-1), 'dist/src/cli.js')
   t.ok(existsSync(join(root, 'src', 'cli.ts')), 'which is built from src/cli.ts')
   t.match(readFileSync(join(root, '.dockerignore'), 'utf8'), /^node_modules$/m, 'the host node_modules stays out of the build context')

@@ -174,11 +174,11 @@ interface Lane {
  * Open-loop load over one or more lanes at `rate` requests/s each: request k goes to lane
  * k mod lanes, so lanes run side by side and share whatever the machine does meanwhile.
  */
-async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent, pids: { router?: number | undefined; upstreams?: number | undefined } = {}): Promise<PhaseResult[]> {
-  const routerPid = pids.router
-  const hasRouter = lanes.some((l) => l.path !== 'direct')
-  const ticks0 = hasRouter ? processTicks(routerPid) : null
-  const routerAll0 = processTicks(routerPid)
+async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent, pids: { hop?: number | undefined; upstreams?: number | undefined } = {}): Promise<PhaseResult[]> {
+  const hopPid = pids.hop
+  const hasHop = lanes.some((l) => l.path !== 'direct')
+  const ticks0 = hasHop ? processTicks(hopPid) : null
+  const hopAll0 = processTicks(hopPid)
   const up0 = processTicks(pids.upstreams)
   const client0 = process.cpuUsage()
   const wall0 = performance.now()
@@ -249,11 +249,11 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
   }
   const sendEnd = performance.now()
   await Promise.all(inflight)
-  const ticks1 = ticks0 === null ? null : processTicks(routerPid)
+  const ticks1 = ticks0 === null ? null : processTicks(hopPid)
   const wallS = (performance.now() - wall0) / 1000
   const client1 = process.cpuUsage(client0)
   const pct = (t0: number | null, t1: number | null): number | null => (t0 === null || t1 === null ? null : ((t1 - t0) / TICKS_PER_S / wallS) * 100)
-  const cpuPct = { client: ((client1.user + client1.system) / 1e6 / wallS) * 100, upstreams: pct(up0, processTicks(pids.upstreams)), router: pct(routerAll0, processTicks(routerPid)) }
+  const cpuPct = { client: ((client1.user + client1.system) / 1e6 / wallS) * 100, upstreams: pct(up0, processTicks(pids.upstreams)), router: pct(hopAll0, processTicks(hopPid)) }
   return lanes.map((l, i) => {
     const st = stats[i] as (typeof stats)[number]
     st.ttft.sort((a, b) => a - b)
@@ -295,7 +295,7 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
       /listening on (http:\/\/\S+)/,
     )
     router = started.p
-    const pids = { router: router.pid, upstreams: up.p.pid }
+    const pids = { hop: router.pid, upstreams: up.p.pid }
     const direct: Lane = { path: 'direct', urls: directUrls }
     const routed: Lane = { path: 'router', urls: [started.m[1] as string] }
     // calibrate the stream length, then the rate that keeps `streams` open
@@ -320,7 +320,7 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
     await phase([relayed], rate, 3, agent)
     const reference: Round[] = []
     for (let i = 0; i < 3; i++) {
-      const [d, r] = (await phase([direct, relayed], rate, seconds, agent, { router: rl.p.pid, upstreams: up.p.pid })) as [PhaseResult, PhaseResult]
+      const [d, r] = (await phase([direct, relayed], rate, seconds, agent, { hop: rl.p.pid, upstreams: up.p.pid })) as [PhaseResult, PhaseResult]
       reference.push(round(d, r))
     }
     const relayCpu = reference.map((x) => x.router.routerCpuUsPerRequest)

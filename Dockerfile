@@ -18,7 +18,7 @@ COPY --from=build /app/package.json ./
 COPY --from=build /app/node_modules node_modules
 COPY --from=build /app/dist dist
 USER node
-# The router's fixed 64 MB young generation (src/v8-flags.ts): V8 takes these only on the
-# command line, so they are here rather than in NODE_OPTIONS.
+# The router's V8 flags (src/v8-flags.ts: a fixed 64 MB young generation, no memory reducer):
+# Node refuses the young-generation ones in NODE_OPTIONS, so they are on the command line.
 ENTRYPOINT ["node", "--min-semi-space-size=64", "--max-semi-space-size=64", "--no-memory-reducer", "dist/src/cli.js"]
 CMD ["serve"]

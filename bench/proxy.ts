@@ -40,15 +40,16 @@ export interface PhaseResult {
   ttftMs: { p50: number; p99: number }
   totalMs: { p50: number; p99: number }
   /** CPU time (all threads, from /proc) of the process in the path, the router or the relay, per request of the phase; null for direct phases or off Linux. */
-  routerCpuUsPerRequest: number | null
+  hopCpuUsPerRequest: number | null
   /** CPU of each process over the phase, in % of one core (the machine has to share its cores between them). */
-  cpuPct: { client: number; upstreams: number | null; router: number | null }
+  cpuPct: { client: number; upstreams: number | null; hop: number | null }
 }
 
 /** One direct phase and one routed phase (or both lanes of one paired phase) and their p99 difference. */
 export interface Round {
   direct: PhaseResult
-  router: PhaseResult
+  /** The lane through the extra process: the router, or the relay in reference rounds. */
+  hop: PhaseResult
   p99TtftOverheadMs: number
   p99TotalOverheadMs: number
 }
@@ -176,9 +177,7 @@ interface Lane {
  */
 async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent, pids: { hop?: number | undefined; upstreams?: number | undefined } = {}): Promise<PhaseResult[]> {
   const hopPid = pids.hop
-  const hasHop = lanes.some((l) => l.path !== 'direct')
-  const ticks0 = hasHop ? processTicks(hopPid) : null
-  const hopAll0 = processTicks(hopPid)
+  const hop0 = processTicks(hopPid)
   const up0 = processTicks(pids.upstreams)
   const client0 = process.cpuUsage()
   const wall0 = performance.now()
@@ -249,11 +248,11 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
   }
   const sendEnd = performance.now()
   await Promise.all(inflight)
-  const ticks1 = ticks0 === null ? null : processTicks(hopPid)
+  const hop1 = processTicks(hopPid)
   const wallS = (performance.now() - wall0) / 1000
   const client1 = process.cpuUsage(client0)
   const pct = (t0: number | null, t1: number | null): number | null => (t0 === null || t1 === null ? null : ((t1 - t0) / TICKS_PER_S / wallS) * 100)
-  const cpuPct = { client: ((client1.user + client1.system) / 1e6 / wallS) * 100, upstreams: pct(up0, processTicks(pids.upstreams)), router: pct(hopAll0, processTicks(hopPid)) }
+  const cpuPct = { client: ((client1.user + client1.system) / 1e6 / wallS) * 100, upstreams: pct(up0, processTicks(pids.upstreams)), hop: pct(hop0, hop1) }
   return lanes.map((l, i) => {
     const st = stats[i] as (typeof stats)[number]
     st.ttft.sort((a, b) => a - b)
@@ -266,14 +265,14 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
       meanOpen: openDuringSends / (sendEnd - start),
       ttftMs: { p50: quantile(st.ttft, 0.5), p99: quantile(st.ttft, 0.99) },
       totalMs: { p50: quantile(st.total, 0.5), p99: quantile(st.total, 0.99) },
-      routerCpuUsPerRequest: l.path === 'direct' || ticks0 === null || ticks1 === null ? null : (((ticks1 - ticks0) / TICKS_PER_S) * 1e6) / st.requests,
+      hopCpuUsPerRequest: l.path === 'direct' || hop0 === null || hop1 === null ? null : (((hop1 - hop0) / TICKS_PER_S) * 1e6) / st.requests,
       cpuPct,
     }
   })
 }
 
 function round(d: PhaseResult, r: PhaseResult): Round {
-  return { direct: d, router: r, p99TtftOverheadMs: r.ttftMs.p99 - d.ttftMs.p99, p99TotalOverheadMs: r.totalMs.p99 - d.totalMs.p99 }
+  return { direct: d, hop: r, p99TtftOverheadMs: r.ttftMs.p99 - d.ttftMs.p99, p99TotalOverheadMs: r.totalMs.p99 - d.totalMs.p99 }
 }
 
 export async function benchProxy(cli: string, opts: { streams?: number; seconds?: number; engines?: number; mode?: 'round-robin' | 'kv' } = {}): Promise<ProxyResult> {
@@ -313,7 +312,7 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
       const [d, r] = (await phase([direct, routed], rate, seconds, agent, pids)) as [PhaseResult, PhaseResult]
       paired.push(round(d, r))
     }
-    const cpu = [...rounds, ...paired].map((x) => x.router.routerCpuUsPerRequest)
+    const cpu = [...rounds, ...paired].map((x) => x.hop.hopCpuUsPerRequest)
     const rl = await child([self, '--relay', ...directUrls], /relay ready (\S+)/)
     relayChild = rl.p
     const relayed: Lane = { path: 'relay', urls: [rl.m[1] as string] }
@@ -323,7 +322,7 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
       const [d, r] = (await phase([direct, relayed], rate, seconds, agent, { hop: rl.p.pid, upstreams: up.p.pid })) as [PhaseResult, PhaseResult]
       reference.push(round(d, r))
     }
-    const relayCpu = reference.map((x) => x.router.routerCpuUsPerRequest)
+    const relayCpu = reference.map((x) => x.hop.hopCpuUsPerRequest)
     return {
       streamsTarget: streams,
       mode,
@@ -359,14 +358,14 @@ export function printProxy(p: ProxyResult): void {
   console.log('round        | path   | requests | errors | mean open | TTFT p50 ms | TTFT p99 ms | total p50 ms | total p99 ms | hop CPU µs/req')
   const rows = (label: string, rs: Round[]): void =>
     rs.forEach((r, i) => {
-      for (const x of [r.direct, r.router]) {
-        console.log(`${`${label} ${i + 1}`.padEnd(12)} | ${x.path.padEnd(6)} | ${String(x.requests).padStart(8)} | ${String(x.errors).padStart(6)} | ${x.meanOpen.toFixed(0).padStart(9)} | ${x.ttftMs.p50.toFixed(2).padStart(11)} | ${x.ttftMs.p99.toFixed(2).padStart(11)} | ${x.totalMs.p50.toFixed(2).padStart(12)} | ${x.totalMs.p99.toFixed(2).padStart(12)} | ${(x.routerCpuUsPerRequest === null ? '–' : x.routerCpuUsPerRequest.toFixed(0)).padStart(17)}`)
+      for (const x of [r.direct, r.hop]) {
+        console.log(`${`${label} ${i + 1}`.padEnd(12)} | ${x.path.padEnd(6)} | ${String(x.requests).padStart(8)} | ${String(x.errors).padStart(6)} | ${x.meanOpen.toFixed(0).padStart(9)} | ${x.ttftMs.p50.toFixed(2).padStart(11)} | ${x.ttftMs.p99.toFixed(2).padStart(11)} | ${x.totalMs.p50.toFixed(2).padStart(12)} | ${x.totalMs.p99.toFixed(2).padStart(12)} | ${(x.hopCpuUsPerRequest === null ? '–' : x.hopCpuUsPerRequest.toFixed(0)).padStart(14)}`)
       }
-      const c = r.router.cpuPct
+      const c = r.hop.cpuPct
       const d = r.direct.cpuPct
       const f = (x: number | null): string => (x === null ? '–' : `${x.toFixed(0)}%`)
-      const hop = r.router.path
-      const load = c === d ? `client ${f(c.client)}, upstreams ${f(c.upstreams)}, ${hop} ${f(c.router)}` : `direct phase: client ${f(d.client)}, upstreams ${f(d.upstreams)}; routed phase: client ${f(c.client)}, upstreams ${f(c.upstreams)}, ${hop} ${f(c.router)}`
+      const hop = r.hop.path
+      const load = c === d ? `client ${f(c.client)}, upstreams ${f(c.upstreams)}, ${hop} ${f(c.hop)}` : `direct phase: client ${f(d.client)}, upstreams ${f(d.upstreams)}; routed phase: client ${f(c.client)}, upstreams ${f(c.upstreams)}, ${hop} ${f(c.hop)}`
       console.log(`${''.padEnd(12)} | p99 overhead: TTFT ${r.p99TtftOverheadMs.toFixed(2)} ms, total ${r.p99TotalOverheadMs.toFixed(2)} ms | CPU of one core: ${load}`)
     })
   rows('sequential', p.rounds)

@@ -34,7 +34,7 @@ export interface ProxyCall {
  * (a Map, listener records, an Event on abort) for the two listeners a request ever has: the
  * queue's, while it waits, and its upstream exchange's.
  */
-class ClientGone implements CancelSignal {
+export class ClientGone implements CancelSignal {
   aborted = false
   private listeners: (() => void)[] | null = null
 
@@ -48,12 +48,26 @@ class ClientGone implements CancelSignal {
     if (i >= 0) (ls as (() => void)[]).splice(i, 1)
   }
 
+  /**
+   * Runs every listener even when one throws: each holds a booking or an upstream request, and a
+   * listener skipped would leave its booking held until the router restarts. The errors are
+   * thrown together once all have run.
+   */
   abort(): void {
     if (this.aborted) return
     this.aborted = true
     const ls = this.listeners
     this.listeners = null
-    if (ls !== null) for (const l of ls) l()
+    if (ls === null) return
+    let failed: unknown[] | undefined
+    for (const l of ls) {
+      try {
+        l()
+      } catch (err) {
+        ;(failed ??= []).push(err)
+      }
+    }
+    if (failed !== undefined) throw failed.length === 1 ? failed[0] : new AggregateError(failed, 'cleaning up after a client disconnect failed')
   }
 }
 
@@ -127,7 +141,13 @@ export class Proxy {
   handle(reply: FastifyReply, call: ProxyCall): Promise<void> {
     const gone = new ClientGone()
     const onClose = (): void => {
-      if (!reply.raw.writableFinished) gone.abort()
+      if (reply.raw.writableFinished) return
+      try {
+        gone.abort()
+      } catch (err) {
+        // thrown from a 'close' listener it would take the process down
+        reply.log.error({ err }, 'cleaning up after a client disconnect failed')
+      }
     }
     reply.raw.on('close', onClose)
     this.active++
@@ -158,16 +178,20 @@ export class Proxy {
 
   /**
    * A fresh decision among the worker-ranks not tried yet, on the fleet's state as it is now;
-   * undefined when none is left. (Ranking every candidate up front for a retry that rarely comes
+   * when none can take the request, the reason why not. (Ranking every candidate up front for a retry that rarely comes
    * cost each request a table as long as the fleet.)
    */
-  private async rebook(route: RouteInput, signal: CancelSignal, tried: WorkerRankRef[]): Promise<Attempt | undefined> {
+  private async rebook(route: RouteInput, signal: CancelSignal, tried: WorkerRankRef[]): Promise<Attempt | string> {
     for (;;) {
       let a: Attempt
       try {
         a = await this.book({ ...route, exclude: tried }, signal)
       } catch (err) {
-        if (isKvrError(err, 'KVR_ERR_NO_WORKERS')) return undefined
+        // the client is told what happened (its worker failed) and why it was not retried; a
+        // bare 503 "all busy" would hide the failure
+        if (isKvrError(err, 'KVR_ERR_NO_WORKERS')) return 'no other worker is available'
+        if (isKvrError(err, 'KVR_ERR_ALL_WORKERS_BUSY')) return 'every other worker is busy'
+        if (isKvrError(err, 'KVR_ERR_QUEUE_FULL')) return 'the router queue is full'
         throw err
       }
       if (this.router.worker(a.decision.workerId) !== undefined) return a
@@ -206,8 +230,9 @@ export class Proxy {
       const w = this.router.worker(d.workerId)
       if (w !== undefined) w.failures++
       ;(tried ??= []).push(rankRef(d))
-      const next = retry < retries ? await this.rebook(call.route, signal, tried) : undefined
-      if (next === undefined) throw failure
+      if (retry >= retries) throw failure
+      const next = await this.rebook(call.route, signal, tried)
+      if (typeof next === 'string') throw new KvrError('KVR_ERR_UPSTREAM', `${failure.message}; not retried: ${next}`)
       this.router.metrics.retried()
       attempt = next
     }
@@ -330,7 +355,13 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
 
 
   private readonly onAbort = (): void => {
-    this.abortUpstream?.(new Error('the client went away'))
+    try {
+      this.abortUpstream?.(new Error('the client went away'))
+    } catch (err) {
+      // a dispatcher that cannot abort will not call onError either: settle here, so the
+      // booking is released all the same
+      this.onError(err as Error)
+    }
   }
 
   private readonly onDrain = (): void => {
@@ -347,7 +378,7 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
 
   onConnect(abort: (err?: Error) => void): void {
     this.abortUpstream = abort
-    if (this.signal.aborted) abort(new Error('the client went away'))
+    if (this.signal.aborted) this.onAbort()
     else this.signal.addEventListener('abort', this.onAbort, { once: true })
   }
 

@@ -230,13 +230,16 @@ export class Router {
       failures: 0,
       source: reg.source ?? 'static',
     }
+    for (let r = 0; r < dpRanks; r++) await this.pool.ensureWorker(reg.id, r)
+    // The scheduler learns the ranks and the table the URL in one synchronous step: with an await
+    // between them a request could be routed to a rank whose worker has no URL yet, and the
+    // proxy would count that as a failed attempt.
     const old = this.workerTable.get(reg.id)
     if (old !== undefined && old.dpRanks > dpRanks) for (let r = dpRanks; r < old.dpRanks; r++) this.scheduler.removeWorkerRank(reg.id, r)
     for (let r = 0; r < dpRanks; r++) {
       const rankInfo: { device: DeviceType; totalKvBlocks: number; maxNumBatchedTokens?: number } = { device: info.device, totalKvBlocks: info.capacity }
       if (info.maxNumBatchedTokens !== undefined) rankInfo.maxNumBatchedTokens = info.maxNumBatchedTokens
       this.scheduler.addWorkerRank(reg.id, r, rankInfo)
-      await this.pool.ensureWorker(reg.id, r)
     }
     this.workerTable.set(reg.id, info)
     return info

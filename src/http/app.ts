@@ -12,6 +12,7 @@
 import { timingSafeEqual } from 'node:crypto'
 import Fastify from 'fastify'
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
+import type { Dispatcher } from 'undici'
 import type { Router } from '../router.js'
 import type { RouteInput } from '../router.js'
 import type { RouterConfigOverride } from '../scheduler/scheduler.js'
@@ -34,6 +35,12 @@ export interface AppOptions {
   router: Router
   tokenizer: TextTokenizer | null
   logger?: boolean
+  /**
+   * The undici dispatcher the proxy sends upstream requests through, for an embedder that needs
+   * its own (TLS settings, an egress proxy); a keep-alive Agent by default. The app does not
+   * close a dispatcher it was given.
+   */
+  dispatcher?: Dispatcher
 }
 
 export interface App {
@@ -166,7 +173,7 @@ export async function buildApp(opts: AppOptions): Promise<App> {
     forceCloseConnections: 'idle',
     return503OnClosing: true,
   })
-  const proxy = new Proxy(router, { retries: cfg.proxyRetries })
+  const proxy = new Proxy(router, opts.dispatcher === undefined ? { retries: cfg.proxyRetries } : { retries: cfg.proxyRetries, dispatcher: opts.dispatcher })
   let closing = false
 
   fastify.setErrorHandler(errorHandler)

@@ -3,6 +3,7 @@
 import { createServer } from 'node:http'
 import type { IncomingMessage, Server, ServerResponse } from 'node:http'
 import type { AddressInfo } from 'node:net'
+import type { Dispatcher } from 'undici'
 import { parseServeConfig } from '../../src/config.js'
 import type { ServeConfig } from '../../src/config.js'
 import { buildApp } from '../../src/http/app.js'
@@ -22,9 +23,9 @@ export function config(argv: string[] = [], env: NodeJS.ProcessEnv = {}): ServeC
   return c
 }
 
-export async function harness(argv: string[] = [], tokenizer: TextTokenizer | null = null): Promise<Harness> {
+export async function harness(argv: string[] = [], tokenizer: TextTokenizer | null = null, dispatcher?: Dispatcher): Promise<Harness> {
   const router = await Router.start(config(argv))
-  const app = await buildApp({ router, tokenizer })
+  const app = await buildApp(dispatcher === undefined ? { router, tokenizer } : { router, tokenizer, dispatcher })
   return {
     router,
     app,

@@ -464,3 +464,59 @@ t.test('a first event split inside a multi-byte character arrives intact', async
   t.equal(first.nvext.worker_id.decode_worker_id, 100)
   await f.close()
 })
+
+t.test('a retry that finds every other worker busy answers the upstream failure, saying why it was not retried', async (t) => {
+  const f = await fleet([
+    (_req, _body, res) => {
+      res.writeHead(500)
+      res.end('boom')
+    },
+    (_req, _body, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' })
+      res.end('data: [DONE]\n\n')
+    },
+  ])
+  // worker 101 carries a request in prefill, so a threshold of 0 makes it busy; 100 is idle
+  const hold = await h.app.fastify.inject({ method: 'POST', url: '/v1/route', headers: { 'content-type': 'application/json' }, payload: JSON.stringify({ token_ids: tokens(64, 7000), worker_id: 101, update_states: true, request_id: 'hold-busy' }) })
+  t.equal(hold.statusCode, 200)
+  const set = await h.app.fastify.inject({ method: 'POST', url: '/busy_threshold', headers: { 'content-type': 'application/json' }, payload: JSON.stringify({ active_prefill_tokens_threshold: 0 }) })
+  t.equal(set.statusCode, 200)
+  t.teardown(async () => {
+    await h.app.fastify.inject({ method: 'POST', url: '/busy_threshold', headers: { 'content-type': 'application/json' }, payload: JSON.stringify({ active_prefill_tokens_threshold: null }) })
+  })
+  const released = h.app.proxy.releasedTotal
+  const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(12) }) })
+  t.equal(r.status, 502, 'the failure that happened, not a 503')
+  const body = (await r.json()) as { error: { code: string; message: string } }
+  t.equal(body.error.code, 'KVR_ERR_UPSTREAM')
+  t.match(body.error.message, /^worker 100 failed before its first token.*; not retried: every other worker is busy$/)
+  t.equal(h.app.proxy.releasedTotal, released + 1, 'the one booking released once')
+  t.ok(h.router.scheduler.free('hold-busy'))
+  t.equal(booked(), 0)
+  await f.close()
+})
+
+t.test('a worker being registered is never routed to before its URL is known', async (t) => {
+  const s = await upstream((_req, _body, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' })
+    res.end('data: [DONE]\n\n')
+  })
+  const id = 4242n
+  let done = false
+  const adding = h.router.addWorker({ id, url: s.url, dpRanks: 2 }).then(() => {
+    done = true
+  })
+  let turns = 0
+  while (!done) {
+    const ranks = h.router.scheduler.stats().slots.filter((x) => x.workerId === id).length
+    if (ranks > 0 && h.router.worker(id) === undefined) t.fail(`the scheduler had ${ranks} rank(s) of the worker and the router no URL for it`)
+    turns++
+    await new Promise((r) => setImmediate(r))
+  }
+  await adding
+  t.ok(turns > 1, 'registration took event-loop turns (the shard is asked), so the window was watched')
+  t.equal(h.router.scheduler.stats().slots.filter((x) => x.workerId === id).length, 2, 'both ranks scheduled')
+  t.equal(h.router.worker(id)?.url, s.url)
+  await h.router.removeWorker(id)
+  await s.close()
+})

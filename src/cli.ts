@@ -13,6 +13,7 @@ import { loadTokenizer } from './tokenizer.js'
 import type { TextTokenizer } from './tokenizer.js'
 import { isKvrError } from './shared/errors.js'
 import { die } from './cli-flags.js'
+import { settleHeap } from './heap-settle.js'
 
 const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string }
 
@@ -75,6 +76,8 @@ async function serve(argv: string[]): Promise<void> {
   const fleet = embedded?.workers ?? []
   for (const e of fleet) await router.addWorker({ id: e.workerId, url: e.url, capacity: e.capacity, maxNumBatchedTokens: e.engine.config.maxNumBatchedTokens })
   try {
+    await app.fastify.ready()
+    settleHeap()
     await app.fastify.listen({ host: cfg.httpHost, port: cfg.httpPort })
   } catch (err) {
     die(`serve: cannot listen on ${cfg.httpHost}:${cfg.httpPort}: ${(err as Error).message}`)

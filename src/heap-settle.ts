@@ -1,0 +1,33 @@
+// A full GC after start-up, before the router takes traffic.
+//
+// With a 64 MB young generation (src/v8-flags.ts) nothing is scavenged while the router starts,
+// so everything start-up leaves alive (modules, compiled schemas, the metrics registry, the
+// shard pool) still sits in the young generation when the first requests come. The first two
+// scavenges under load then copy all of it, and the second promotes it, which filled the old
+// generation to its first limit and set off a mark-compact right behind it: in a one-off
+// harness (README, Benchmarks, session 10) 21–31 ms scavenges and an 11–13 ms mark-compact in
+// the first 10 s of load, and a p99 TTFT overhead of 13.7 and 16.4 ms in that first round. Done
+// here, while nothing waits on the router, the same work costs a few tens of ms once, and the
+// first round's overhead was 2.5 and 3.0 ms. One full GC moves every live young object to the
+// old generation and sets the old generation's next limit from what is live.
+import { setFlagsFromString } from 'node:v8'
+import { runInNewContext } from 'node:vm'
+
+/** A full GC, or undefined when this runtime will not expose one. */
+function fullGc(): (() => void) | undefined {
+  const existing = (globalThis as { gc?: unknown }).gc
+  if (typeof existing === 'function') return existing as () => void
+  // gc is only defined in contexts created after the flag is set, hence the fresh context
+  setFlagsFromString('--expose-gc')
+  const gc = runInNewContext('gc') as unknown
+  return typeof gc === 'function' ? (gc as () => void) : undefined
+}
+
+/** Moves what start-up left alive into the old generation; returns the ms it took, or null when no GC could be run. */
+export function settleHeap(): number | null {
+  const gc = fullGc()
+  if (gc === undefined) return null
+  const t = performance.now()
+  gc()
+  return performance.now() - t
+}

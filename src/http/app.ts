@@ -518,16 +518,16 @@ export async function buildApp(opts: AppOptions): Promise<App> {
     return { path, payload, stream: body.stream === true, route: input, model }
   }
 
-  const inference = (path: string, chat: boolean) => async (req: FastifyRequest, reply: FastifyReply): Promise<void> => {
-    const call = await proxyCall(path, chat, req)
-    const model = call.model
-    try {
-      await proxy.handle(reply, call)
-    } catch (err) {
-      if ((err as KvrError).code === 'KVR_ERR_ALL_WORKERS_BUSY' || (err as KvrError).code === 'KVR_ERR_QUEUE_FULL') router.metrics.rejected(model, path)
-      throw err
-    }
-  }
+  // a promise chain, not an async function, for the reason given at Proxy.run
+  const inference =
+    (path: string, chat: boolean) =>
+    (req: FastifyRequest, reply: FastifyReply): Promise<void> =>
+      proxyCall(path, chat, req).then((call) =>
+        proxy.handle(reply, call).catch((err: unknown) => {
+          if ((err as KvrError).code === 'KVR_ERR_ALL_WORKERS_BUSY' || (err as KvrError).code === 'KVR_ERR_QUEUE_FULL') router.metrics.rejected(call.model, path)
+          throw err
+        }),
+      )
   fastify.post('/v1/completions', { schema: { body: completionSchema } }, inference('/v1/completions', false))
   fastify.post('/v1/chat/completions', { schema: { body: chatSchema } }, inference('/v1/chat/completions', true))
 

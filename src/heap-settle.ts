@@ -7,8 +7,8 @@
 // generation to its first limit and set off a mark-compact right behind it: in a one-off
 // harness (README, Benchmarks, session 10) 21–31 ms scavenges and an 11–13 ms mark-compact in
 // the first 10 s of load, and a p99 TTFT overhead of 13.7 and 16.4 ms in that first round. Done
-// here, while nothing waits on the router, the same work costs a few tens of ms once, and the
-// first round's overhead was 2.5 and 3.0 ms. One full GC moves every live young object to the
+// here, while nothing waits on the router, the same work costs about 25 ms once, and the first
+// round's overhead was 2.4 and 2.6 ms. One full GC moves every live young object to the
 // old generation and sets the old generation's next limit from what is live.
 import { setFlagsFromString } from 'node:v8'
 import { runInNewContext } from 'node:vm'

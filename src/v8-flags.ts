@@ -13,7 +13,7 @@
 // shrink the heap, which then has to grow back under the load that follows. That is the likely
 // cause rather than a proven one (a `--trace-gc` run showed a reduce GC in an idle gap and a full
 // GC in the next busy round); the effect was measured. In a one-off harness where the router
-// idled 24 s before each round (session 9, README Benchmarks), three alternated pairs of runs gave
+// idled 24 s before each round (session 9, bench/HISTORY.md), three alternated pairs of runs gave
 // its p99 TTFT overhead run medians of 3.20, 2.27 and 2.79 ms without the reducer and 4.46, 14.88
 // and 7.38 ms with it; under steady load the two were alike (session 8). A replica behind a load balancer idles and wakes all day. The cost: an idle
 // router keeps the heap its busiest minute grew.

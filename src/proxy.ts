@@ -190,8 +190,8 @@ export class Proxy {
 
   /**
    * A fresh decision among the worker-ranks not tried yet, on the fleet's state as it is now;
-   * when none can take the request, the reason why not. (Ranking every candidate up front for a retry that rarely comes
-   * cost each request a table as long as the fleet.)
+   * when none can take the request, the reason why not. (Ranking every candidate up front for a
+   * retry that rarely comes cost each request a table as long as the fleet.)
    */
   private async rebook(route: RouteInput, signal: CancelSignal, tried: WorkerRankRef[]): Promise<Attempt | string> {
     for (;;) {

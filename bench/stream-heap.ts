@@ -7,10 +7,9 @@
 //
 //   node dist/bench/stream-heap.js          (also part of `npm run bench:route`)
 import { fork } from 'node:child_process'
-import { setFlagsFromString } from 'node:v8'
-import { runInNewContext } from 'node:vm'
 import { Agent } from 'undici'
 import { median } from './common.js'
+import { fullGc } from '../src/heap-settle.js'
 
 export interface StreamHeapRow {
   promptTokens: number
@@ -69,8 +68,7 @@ export async function benchStreamHeap(opts: { prompts?: number[]; streams?: numb
   const prompts = opts.prompts ?? [64, 4096]
   const streams = opts.streams ?? 200
   const rounds = opts.rounds ?? 3
-  setFlagsFromString('--expose-gc')
-  const gc = runInNewContext('gc') as () => void
+  const gc = fullGc()
   const heapUsed = (): number => {
     for (let i = 0; i < 4; i++) gc()
     return process.memoryUsage().heapUsed

@@ -101,8 +101,9 @@ interface Run {
   reply: FastifyReply
   call: ProxyCall
   signal: CancelSignal
-  /** Attempts after the first that may still be made. */
+  /** Retries allowed after the first attempt (none for a pinned request). */
   retries: number
+  /** Retries used so far. */
   retry: number
   tried: WorkerRankRef[] | undefined
   started: number

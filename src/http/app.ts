@@ -173,7 +173,7 @@ export async function buildApp(opts: AppOptions): Promise<App> {
     forceCloseConnections: 'idle',
     return503OnClosing: true,
   })
-  const proxy = new Proxy(router, opts.dispatcher === undefined ? { retries: cfg.proxyRetries } : { retries: cfg.proxyRetries, dispatcher: opts.dispatcher })
+  const proxy = new Proxy(router, { retries: cfg.proxyRetries, dispatcher: opts.dispatcher })
   let closing = false
 
   fastify.setErrorHandler(errorHandler)

@@ -25,7 +25,7 @@ export function config(argv: string[] = [], env: NodeJS.ProcessEnv = {}): ServeC
 
 export async function harness(argv: string[] = [], tokenizer: TextTokenizer | null = null, dispatcher?: Dispatcher): Promise<Harness> {
   const router = await Router.start(config(argv))
-  const app = await buildApp(dispatcher === undefined ? { router, tokenizer } : { router, tokenizer, dispatcher })
+  const app = await buildApp({ router, tokenizer, dispatcher })
   return {
     router,
     app,

@@ -8,8 +8,7 @@ import t from 'tap'
 import { request as httpRequest } from 'node:http'
 import type { IncomingMessage } from 'node:http'
 import type { AddressInfo } from 'node:net'
-import { setFlagsFromString } from 'node:v8'
-import { runInNewContext } from 'node:vm'
+import { fullGc } from '../../src/heap-settle.js'
 import { harness, tokens, until, upstream } from './helpers.js'
 
 const BIG = 18446744073709551557n
@@ -377,8 +376,7 @@ t.test('shutdown drains: a stream in flight finishes whole, a request after it g
 })
 
 t.test('past the first token the router lets go of the prompt, while the stream stays open', async (t) => {
-  setFlagsFromString('--expose-gc')
-  const gc = runInNewContext('gc') as () => void
+  const gc = fullGc()
   let ref: WeakRef<object> | undefined
   const route = h.router.route.bind(h.router)
   h.router.route = (input) => {

@@ -1,10 +1,13 @@
 // The /v1/route body parser: the hot path of the standalone router. Instead of JSON.parse (an
 // object per request and a boxed number per token) the top-level object is scanned byte by byte;
-// `token_ids` go straight into a reused Uint32Array, validated as they are read, and
+// `token_ids` go straight into a reused Uint32Array, validated as they are read (the common run
+// of them by the WebAssembly scanner of token-scan.ts, the rest here), and
 // `block_hashes` straight into u32 halves (u64 exact, integers or decimal strings). Every other
 // member is small and goes through JSON.parse on its own slice. Errors are KvrErrors naming the
 // field and the byte offset.
 import { KvrError } from '../shared/errors.js'
+import { scanTokenIds } from './token-scan.js'
+import type { TokenSink } from './token-scan.js'
 
 export interface RouteBody {
   /**
@@ -40,7 +43,7 @@ function bad(msg: string, at: number): KvrError {
 }
 
 export class RouteBodyScanner {
-  private tok = new Uint32Array(8192)
+  private readonly ids: TokenSink = { tok: new Uint32Array(8192), n: 0 }
   private bLo = new Uint32Array(1024)
   private bHi = new Uint32Array(1024)
 
@@ -97,16 +100,16 @@ export class RouteBodyScanner {
       return i + 1
     }
     const len = buf.length
-    let tok = this.tok
-    // the common layout, word by word, as far as it goes; the byte loop below takes over at the
-    // first thing it does not cover (and grows the array), and reports every error
-    let n = fastTokens(buf, i, tok)
-    i = fastEnd
-    // Whatever the word loop left (an id at the end, after whitespace, or one it refused) runs
-    // through the byte loop below; whitespace and every error leave it for the slower checks
-    // after it. The first digits are
-    // unrolled: token ids have 1–6 digits, and a plain digit loop timed ~1.8× slower than this
-    // shape on the same bodies (one branch pattern per length instead of a loop exit to predict).
+    const ids = this.ids
+    // the common layout, 64 bytes at a time, as far as it goes; the byte loop below takes over
+    // at the first thing it does not take (whitespace other than one space after a comma, an
+    // id it will not read whole, the array's last id), grows the array, and reports every error
+    i = scanTokenIds(buf, i, ids)
+    let n = ids.n
+    let tok = ids.tok
+    // The first digits are unrolled: token ids have 1–6 digits, and a plain digit loop timed
+    // ~1.8× slower than this shape on the same bodies (one branch pattern per length instead of
+    // a loop exit to predict).
     while (i < len) {
       const start = i
       // d = c - '0' as unsigned: one compare tells a digit (d < 10) from everything else; past
@@ -146,7 +149,7 @@ export class RouteBodyScanner {
       if (n === tok.length) {
         const bigger = new Uint32Array(tok.length * 2)
         bigger.set(tok)
-        this.tok = tok = bigger
+        ids.tok = tok = bigger
       }
       tok[n++] = v
       if (c === COMMA) {
@@ -228,69 +231,6 @@ export class RouteBodyScanner {
     return i + 1
   }
 }
-
-/** Where fastTokens stopped: the first byte it did not take. */
-let fastEnd = 0
-const POW10 = [1, 10, 100, 1000, 10000]
-
-/**
- * Value of a word's digits, four per word as bytes 0–9, the first digit in the lowest byte. The
- * event decoder reads hash digits the same way with its own copy: a shared module for both made
- * this scanner 11–29% slower in a one-off in-process comparison (the calls across modules were
- * not inlined as well), so each keeps its few lines.
- */
-function fourDigits(x: number): number {
-  const pairs = (Math.imul(x, 10) + (x >>> 8)) & 0x00ff00ff
-  return Math.imul(pairs & 0xff, 100) + (pairs >>> 16)
-}
-
-/**
- * Token ids of `[1,22,333,…` from i, two 32-bit loads per id of up to 7 digits instead of a
- * byte step per digit (vocabularies of ~150k give mostly 5–6 digits): a one-off comparison on
- * 4,096-token bodies timed 0.71–0.91 of the byte loop. Stops before the first id it cannot
- * take whole (whitespace, a leading zero, 8+ digits, anything invalid, the last 8 bytes of the
- * body, a full `tok`) and leaves it to the byte loop, which reads it and reports errors.
- * Returns how many ids it stored, sets fastEnd.
- */
-function fastTokens(buf: Uint8Array, i: number, tok: Uint32Array): number {
-  const dv = new DataView(buf.buffer, buf.byteOffset, buf.byteLength)
-  const stop = buf.length - 8
-  const cap = tok.length
-  let n = 0
-  fastEnd = i
-  while (i <= stop && n < cap) {
-    // bytes as digit values; a byte is not a digit when it is 10 or more, which adding 0x76
-    // carries into its top bit (a byte already ≥ 0x80 has it set); a carry out of a flagged
-    // byte only disturbs bytes after it, and only the first flagged byte is used
-    const x0 = dv.getInt32(i, true) ^ 0x30303030
-    const m0 = ((x0 + 0x76767676) | x0) & 0x80808080
-    let v: number
-    let k: number
-    let term: number
-    if (m0 === 0) {
-      if ((x0 & 0xff) === 0) break
-      const x1 = dv.getInt32(i + 4, true) ^ 0x30303030
-      const m1 = ((x1 + 0x76767676) | x1) & 0x80808080
-      if (m1 === 0) break
-      const k1 = (31 - Math.clz32(m1 & -m1)) >> 3
-      v = fourDigits(x0)
-      if (k1 > 0) v = v * (POW10[k1] as number) + fourDigits(x1 << (32 - 8 * k1))
-      k = 4 + k1
-      term = ((x1 >>> (8 * k1)) & 0xff) ^ 0x30
-    } else {
-      k = (31 - Math.clz32(m0 & -m0)) >> 3
-      if (k === 0 || (k > 1 && (x0 & 0xff) === 0)) break
-      v = fourDigits(x0 << (32 - 8 * k))
-      term = ((x0 >>> (8 * k)) & 0xff) ^ 0x30
-    }
-    if (term !== COMMA) break
-    tok[n++] = v
-    i += k + 1
-    fastEnd = i
-  }
-  return n
-}
-
 function tokenError(index: number, buf: Uint8Array, at: number): KvrError {
   const end = Math.min(buf.length, valueEndLoose(buf, at))
   const text = Buffer.from(buf.buffer, buf.byteOffset + at, Math.min(end - at, 40)).toString('utf8')

@@ -1,5 +1,5 @@
-// Micro benchmarks of the single-threaded building blocks: block hashing, index apply and
-// find_matches. Run with `npm run bench:micro`; writes bench/results/micro.json and prints a table.
+// Micro benchmarks of the single-threaded building blocks: block hashing, index apply,
+// find_matches and reading /v1/route's token ids. Run with `npm run bench:micro`; writes bench/results/micro.json and prints a table.
 // Every figure is the median over several repetitions in this one process: the machines are
 // shared and noisy, so single runs mean little.
 import { mkdirSync, writeFileSync } from 'node:fs'
@@ -9,6 +9,7 @@ import { blockHashesInto, sequenceHashesInto } from '../src/shared/hashing.js'
 import { KvIndex } from '../src/shared/kv-index.js'
 import { DecodedEvent, EventDecoder, EventKind } from '../src/shared/event-decoder.js'
 import { encodeRouterEvent, toDecoded } from '../src/shared/events.js'
+import { RouteBodyScanner } from '../src/http/route-body.js'
 import { median } from './common.js'
 
 const REPS = Number(process.env.BENCH_REPS ?? 7)
@@ -259,6 +260,34 @@ const apply = benchApply()
 const findAll = benchFind('all-hold-all')
 const findStaggered = benchFind('staggered')
 
+// --- /v1/route body -------------------------------------------------------------------------
+/**
+ * The JSON of 4,096-token prompts (ids < 150,000, as bench:route sends) read by the body
+ * scanner, with the WebAssembly SIMD scanner and with the byte loop alone (what a runtime
+ * without SIMD runs), alternated rep by rep.
+ */
+function benchRouteBody(): { bytes_per_body: number; simd_us: number; byte_loop_us: number; simd_mb_per_s: number; simd_reps: number[]; byte_loop_reps: number[] } {
+  const bodies = Array.from({ length: 64 }, () => Buffer.from(JSON.stringify({ token_ids: Array.from(tokens(4096)) })))
+  const scanners = { simd: new RouteBodyScanner(), byteLoop: new RouteBodyScanner({ simd: false }) }
+  const N = 2000
+  const reps = { simd: [] as number[], byteLoop: [] as number[] }
+  for (let r = 0; r < REPS + 1; r++) {
+    for (const k of ['simd', 'byteLoop'] as const) {
+      const sc = scanners[k]
+      let ids = 0
+      const t0 = now()
+      for (let i = 0; i < N; i++) ids += (sc.scan(bodies[i & 63] as Buffer).tokens as Uint32Array).length
+      const us = (now() - t0) / N
+      if (ids !== N * 4096) throw new Error('the scanner lost ids')
+      if (r > 0) reps[k].push(us) // the first rep warms both up
+    }
+  }
+  const bytes = bodies.reduce((a, b) => a + b.length, 0) / bodies.length
+  const simdUs = median(reps.simd)
+  return { bytes_per_body: Math.round(bytes), simd_us: simdUs, byte_loop_us: median(reps.byteLoop), simd_mb_per_s: bytes / simdUs, simd_reps: reps.simd, byte_loop_reps: reps.byteLoop }
+}
+const routeBody = benchRouteBody()
+
 const result = {
   command: 'npm run bench:micro',
   node: process.version,
@@ -267,6 +296,7 @@ const result = {
   hashing_block_size_16: hashing16,
   index_apply: apply,
   find_matches_24_blocks_64_worker_ranks: { all_hold_all: findAll, staggered_depths: findStaggered },
+  route_body_4096_tokens: routeBody,
 }
 mkdirSync(resultsDir, { recursive: true })
 writeFileSync(join(resultsDir, 'micro.json'), JSON.stringify(result, null, 2) + '\n')
@@ -288,4 +318,7 @@ console.log(`  bytes per (block, worker) ${f(apply.bytes_per_block, 1).padStart(
 console.log('\nfind_matches, 24-block prompt, 64 worker-ranks      p50 µs   p99 µs   mean µs')
 console.log(`  all 64 hold all 24 blocks                       ${f(findAll.p50_us).padStart(7)}  ${f(findAll.p99_us).padStart(7)}  ${f(findAll.mean_us, 3).padStart(8)}`)
 console.log(`  staggered depths (a drop at every block)        ${f(findStaggered.p50_us).padStart(7)}  ${f(findStaggered.p99_us).padStart(7)}  ${f(findStaggered.mean_us, 3).padStart(8)}`)
+console.log(`\n/v1/route body, 4,096 token ids (${routeBody.bytes_per_body.toLocaleString('en-US')} bytes of JSON), µs per body`)
+console.log(`  WebAssembly SIMD scanner ${f(routeBody.simd_us, 1).padStart(8)}   (${f(routeBody.simd_mb_per_s, 0)} MB/s)`)
+console.log(`  byte loop alone          ${f(routeBody.byte_loop_us, 1).padStart(8)}   (a runtime without SIMD; ratio ${f(routeBody.simd_us / routeBody.byte_loop_us, 2)})`)
 console.log(`\nwrote ${join('bench', 'results', 'micro.json')}`)

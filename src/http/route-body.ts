@@ -6,7 +6,7 @@
 // member is small and goes through JSON.parse on its own slice. Errors are KvrErrors naming the
 // field and the byte offset.
 import { KvrError } from '../shared/errors.js'
-import { scanTokenIds } from './token-scan.js'
+import { scanTokenIds, tokenScanAccelerated } from './token-scan.js'
 import type { TokenSink } from './token-scan.js'
 
 export interface RouteBody {
@@ -42,8 +42,21 @@ function bad(msg: string, at: number): KvrError {
   return new KvrError('KVR_ERR_INVALID_REQUEST', `${msg} at byte ${at}`)
 }
 
+export interface RouteBodyScannerOptions {
+  /**
+   * false reads every id with the byte loop, as on a runtime without WebAssembly SIMD: for the
+   * benchmark's side-by-side figure and for testing that path on machines that have SIMD.
+   */
+  simd?: boolean
+}
+
 export class RouteBodyScanner {
+  private readonly simd: boolean
   private readonly ids: TokenSink = { tok: new Uint32Array(8192), n: 0 }
+
+  constructor(options: RouteBodyScannerOptions = {}) {
+    this.simd = options.simd !== false && tokenScanAccelerated
+  }
   private bLo = new Uint32Array(1024)
   private bHi = new Uint32Array(1024)
 
@@ -104,7 +117,8 @@ export class RouteBodyScanner {
     // the common layout, 64 bytes at a time, as far as it goes; the byte loop below takes over
     // at the first thing it does not take (whitespace other than one space after a comma, an
     // id it will not read whole, the array's last id), grows the array, and reports every error
-    i = scanTokenIds(buf, i, ids)
+    ids.n = 0
+    if (this.simd) i = scanTokenIds(buf, i, ids)
     let n = ids.n
     let tok = ids.tok
     // The first digits are unrolled: token ids have 1–6 digits, and a plain digit loop timed

@@ -29,7 +29,7 @@ const OUT = IN + WINDOW + 64
 
 /**
  * The module, or null where this runtime cannot compile it (a CPU without the SIMD it needs):
- * the byte loop then reads every id, correctly and about twice as slowly.
+ * the byte loop then reads every id, correctly and about three times as slowly (bench:micro).
  */
 const wasm: Exports | null = (() => {
   try {

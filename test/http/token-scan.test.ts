@@ -5,11 +5,35 @@ import { readFileSync } from 'node:fs'
 import { fileURLToPath } from 'node:url'
 import t from 'tap'
 import { RouteBodyScanner } from '../../src/http/route-body.js'
+import type { RouteBody } from '../../src/http/route-body.js'
 import { scanTokenIds, tokenScanAccelerated } from '../../src/http/token-scan.js'
 import type { TokenSink } from '../../src/http/token-scan.js'
 import { TOKEN_SCAN_WASM_BASE64 } from '../../src/http/token-scan-wasm.js'
 
-const scanner = new RouteBodyScanner()
+// every body goes through both the SIMD scanner and the byte loop alone (a runtime without SIMD)
+const simd = new RouteBodyScanner()
+const plain = new RouteBodyScanner({ simd: false })
+const outcome = (sc: RouteBodyScanner, body: Buffer): { ok: true; r: RouteBody } | { ok: false; err: Error } => {
+  try {
+    return { ok: true, r: sc.scan(body) }
+  } catch (err) {
+    return { ok: false, err: err as Error }
+  }
+}
+const scanner = {
+  scan(body: Buffer): RouteBody {
+    const p = outcome(plain, body)
+    const plainTokens = p.ok ? [...(p.r.tokens ?? [])] : null
+    const q = outcome(simd, body)
+    if (p.ok !== q.ok) throw new Error(`the scanner ${q.ok ? 'took' : 'refused'} a body the byte loop alone ${p.ok ? 'took' : 'refused'}`)
+    if (!q.ok) {
+      if (!p.ok && p.err.message !== q.err.message) throw new Error(`different errors: ${p.err.message} / ${q.err.message}`)
+      throw q.err
+    }
+    if (JSON.stringify([...(q.r.tokens ?? [])]) !== JSON.stringify(plainTokens)) throw new Error('the scanner and the byte loop alone read different ids')
+    return q.r
+  },
+}
 const tokensOf = (text: string): number[] => [...(scanner.scan(Buffer.from(text)).tokens as Uint32Array)]
 
 let x = 0x2545f491

@@ -25,7 +25,7 @@
 
   ;; Reads ids from [p, end) into out; returns how many.
   (func (export "tokens") (param $p i32) (param $end i32) (param $out i32) (result i32)
-    (local $n i32) (local $start i32) (local $q i32) (local $j i32) (local $last i32) (local $spaces i32)
+    (local $n i32) (local $start i32) (local $q i32) (local $j i32) (local $last i32) (local $spaces i32) (local $own i32) (local $prev i32)
     (local $chunk v128) (local $comma v128) (local $space v128)
     (local $commas i64) (local $bad i64)
     (local $c i32) (local $s i32) (local $k i32) (local $d i64) (local $v i64)
@@ -37,7 +37,7 @@
         ;; classify 64 bytes, last chunk first so that byte i of the block is bit i of the masks
         (local.set $commas (i64.const 0))
         (local.set $bad (i64.const 0))
-        (local.set $spaces (i32.const 0))
+        (local.set $own (i32.const 0))
         (local.set $j (i32.const 48))
         (loop $classify
           (local.set $chunk (v128.load (i32.add (local.get $q) (local.get $j))))
@@ -51,7 +51,7 @@
               (v128.or (v128.or (local.get $comma) (local.get $space))
                        (i8x16.lt_u (i8x16.sub (local.get $chunk) (i8x16.splat (i32.const 48)))
                                    (i8x16.splat (i32.const 10)))))))))
-          (local.set $spaces (i32.or (local.get $spaces) (v128.any_true (local.get $space))))
+          (local.set $own (i32.or (local.get $own) (v128.any_true (local.get $space))))
           (local.set $j (i32.sub (local.get $j) (i32.const 16)))
           (br_if $classify (i32.ge_s (local.get $j) (i32.const 0))))
         ;; bytes past the end count as not allowed
@@ -64,6 +64,11 @@
             (local.set $commas (i64.and (local.get $commas)
               (i64.sub (i64.and (local.get $bad) (i64.sub (i64.const 0) (local.get $bad))) (i64.const 1))))
             (local.set $last (i32.const 1))))
+        ;; An id closed in this block may have begun in the previous one (7 digits and a space at
+        ;; most reach back that far; anything longer is refused by its length), so the previous
+        ;; block's spaces count too.
+        (local.set $spaces (i32.or (local.get $own) (local.get $prev)))
+        (local.set $prev (local.get $own))
         ;; Two copies of the id loop, for blocks without and with spaces: one loop testing a
         ;; flag per id timed 20% slower, and a shared function for the value is not inlined.
         (if (i32.eqz (local.get $spaces))

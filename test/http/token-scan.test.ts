@@ -94,6 +94,46 @@ t.test('long bodies against JSON.parse: every id length and offset, across windo
   }
 })
 
+t.test('separators mixed within a body, valid or not, against JSON.parse', async (t) => {
+  // Each body mixes ",", ", " and now and then whitespace JSON allows elsewhere or a piece it
+  // refuses, so ids cross the scanner's 64-byte blocks after every kind of byte. Found by a
+  // review: an id that began after a space in one block and ended in a block without spaces
+  // was read with the space as a digit.
+  const pieces = [', ', ' ,', ',  ', ',\n', ' 1 2,', ',00,', ',-1,']
+  let valid = 0
+  for (let round = 0; round < 400; round++) {
+    const n = 20 + (next() % 400)
+    let text = '{"token_ids":['
+    const ids: number[] = []
+    for (let i = 0; i < n; i++) {
+      const id = next() % 4 === 0 ? next() % 10 : next() % 200_000
+      ids.push(id)
+      text += String(id)
+      if (i === n - 1) break
+      const r = next() % 100
+      text += r < 80 ? ',' : r < 95 ? ', ' : (pieces[next() % (round % 3 === 0 ? pieces.length : 4)] as string)
+    }
+    text += ']}'
+    let expected: number[] | null = null
+    try {
+      const v = JSON.parse(text) as { token_ids: unknown[] }
+      if (v.token_ids.every((x) => Number.isInteger(x) && (x as number) >= 0 && (x as number) < 2 ** 32)) expected = v.token_ids as number[]
+    } catch {
+      expected = null
+    }
+    if (expected === null) {
+      t.throws(() => scanner.scan(Buffer.from(text)), `round ${round}: refused, as JSON.parse refuses it`)
+    } else {
+      valid++
+      t.same(tokensOf(text), expected, `round ${round}`)
+    }
+  }
+  t.ok(valid > 100 && valid < 400, `both kinds of body were made (${valid} valid of 400)`)
+  const pre = '{"token_ids":['
+  t.same(tokensOf(`${pre}${'1,'.repeat(30)}11, 12,5]}`).slice(-3), [11, 12, 5], 'the review\'s case')
+  t.throws(() => scanner.scan(Buffer.from(`${pre}${'1,'.repeat(31)}1 2,5]}`)), /expected "," or "\]"/)
+})
+
 t.test('a bad id anywhere in a long body is named at its index', async (t) => {
   const bads = ['00', '0123', '4294967296', '99999999999', '1.5', '2e3', '-1', '"3"', 'null', '', ' 1 2', '1x']
   for (let round = 0; round < 80; round++) {

@@ -6,6 +6,7 @@
 // member is small and goes through JSON.parse on its own slice. Errors are KvrErrors naming the
 // field and the byte offset.
 import { KvrError } from '../shared/errors.js'
+import { parseJsonExact } from './json.js'
 import { scanTokenIds, tokenScanAccelerated } from './token-scan.js'
 import type { TokenSink } from './token-scan.js'
 
@@ -63,6 +64,8 @@ export class RouteBodyScanner {
   scan(body: Uint8Array): RouteBody {
     // A Buffer's element reads are slower than a plain Uint8Array's over the same bytes (V8
     // specialises on the subclass), and this loop reads every byte of the body.
+    // a POST without a body (or without a JSON content type) reaches here with none
+    if (!(body instanceof Uint8Array)) throw bad('the body must be a JSON object', 0)
     const buf = Object.getPrototypeOf(body) === Uint8Array.prototype ? body : new Uint8Array(body.buffer, body.byteOffset, body.length)
     const len = buf.length
     let i = ws(buf, 0)
@@ -73,7 +76,7 @@ export class RouteBodyScanner {
     for (;;) {
       if (buf[i] !== QUOTE) throw bad('expected a member name', i)
       const keyEnd = stringEnd(buf, i)
-      const key = Buffer.from(buf.buffer, buf.byteOffset + i + 1, keyEnd - i - 1).toString('latin1')
+      const key = memberName(buf, i, keyEnd)
       i = ws(buf, keyEnd + 1)
       if (buf[i] !== COLON) throw bad('expected ":"', i)
       i = ws(buf, i + 1)
@@ -82,11 +85,16 @@ export class RouteBodyScanner {
       else {
         const end = valueEnd(buf, i)
         const text = Buffer.from(buf.buffer, buf.byteOffset + i, end - i).toString('utf8')
+        let value: unknown
         try {
-          out.rest[key] = JSON.parse(text)
+          // exact: worker_id and backend_instance_id may be u64 integers above 2^53
+          value = parseJsonExact(text)
         } catch {
           throw bad(`member "${key}" is not valid JSON`, i)
         }
+        // an own property whatever the name, as JSON.parse makes it: assigning "__proto__"
+        // would set the object's prototype and smuggle members in through it
+        Object.defineProperty(out.rest, key, { value, enumerable: true, writable: true, configurable: true })
         i = end
       }
       i = ws(buf, i)
@@ -261,6 +269,24 @@ function ws(buf: Uint8Array, i: number): number {
     const c = buf[i]
     if (c === SP || c === LF || c === CR || c === TAB) i++
     else return i
+  }
+}
+
+/** The member name of the string at [i, end]: plain ASCII as is, anything else through JSON.parse. */
+function memberName(buf: Uint8Array, i: number, end: number): string {
+  let plain = true
+  for (let j = i + 1; j < end; j++) {
+    const c = buf[j] as number
+    if (c === BACKSLASH || c >= 0x80) {
+      plain = false
+      break
+    }
+  }
+  if (plain) return Buffer.from(buf.buffer, buf.byteOffset + i + 1, end - i - 1).toString('latin1')
+  try {
+    return JSON.parse(Buffer.from(buf.buffer, buf.byteOffset + i, end - i + 1).toString('utf8')) as string
+  } catch {
+    throw bad('a member name is not a valid JSON string', i)
   }
 }
 

@@ -204,3 +204,49 @@ t.test('events: a bad event refuses the whole batch', async (t) => {
   t.equal(good.status, 202)
   t.same(good.body, { accepted: 1, backpressure: false })
 })
+
+t.test('events: every element must be an object, and nothing may follow the array (found by review)', async (t) => {
+  const ok = '{"worker_id":5,"event":{"event_id":1,"data":"cleared","dp_rank":0}}'
+  const cases: [string, string, RegExp][] = [
+    [`["x",${ok}]`, 'KVR_ERR_EVENT_WRONG_TYPE', /RouterEvent object/],
+    [`[${ok},"x"]`, 'KVR_ERR_EVENT_WRONG_TYPE', /RouterEvent object/],
+    [`[[${ok}]]`, 'KVR_ERR_EVENT_WRONG_TYPE', /RouterEvent object/],
+    [`[${ok}] garbage`, 'KVR_ERR_EVENT_MALFORMED_JSON', /after the events array/],
+    [`[${ok}${ok}]`, 'KVR_ERR_EVENT_MALFORMED_JSON', /expected "," or "\]"/],
+    [`[${ok},]`, 'KVR_ERR_EVENT_MALFORMED_JSON', /trailing comma/],
+    [`[,${ok}]`, 'KVR_ERR_EVENT_WRONG_TYPE', /RouterEvent object/],
+  ]
+  const before = h.router.pool.counters()[0]?.enqueued ?? 0
+  for (const [body, code, message] of cases) {
+    const r = await call('POST', '/v1/kv-events', body)
+    t.equal(r.status, 400, body)
+    t.equal(r.body.error?.code, code, body)
+    t.match(r.body.error?.message, message, body)
+  }
+  t.equal(h.router.pool.counters()[0]?.enqueued ?? 0, before, 'none of them pushed an event')
+  const two = await call('POST', '/v1/kv-events', ` [ ${ok} , ${ok} ] `)
+  t.same(two.body, { accepted: 2, backpressure: false }, 'whitespace anywhere between elements is fine')
+})
+
+t.test('scanned routes: no body is a 400, not a crash (found by review)', async (t) => {
+  for (const url of ['/v1/route', '/v1/overlap', '/v1/kv-events']) {
+    const r = await call('POST', url, undefined, { authorization: `Bearer ${KEY}` })
+    t.equal(r.status, 400, url)
+    t.match(r.body.error?.code, /^KVR_ERR_(INVALID_REQUEST|EVENT_MALFORMED_JSON)$/, url)
+  }
+})
+
+t.test('/v1/route members: u64 exact, "__proto__" inert, escaped names read (found by review)', async (t) => {
+  const big = '18446744073709551557'
+  const pinned = await call('POST', '/v1/route', `{"token_ids":[1,2,3,4],"worker_id":${big}}`)
+  t.equal(pinned.status, 404)
+  t.equal(pinned.body.error?.code, 'KVR_ERR_UNKNOWN_WORKER')
+  t.match(pinned.body.error?.message, big, 'the id in the error is the one sent, not a rounded double')
+  const proto = await call('POST', '/v1/route', '{"token_ids":[1,2,3,4],"__proto__":{"update_states":true}}')
+  t.equal(proto.status, 200)
+  t.equal(proto.body.request_id, undefined, 'a "__proto__" member is an ordinary ignored member: nothing is booked')
+  t.equal(h.router.scheduler.sequences.size, 0)
+  const escaped = await call('POST', '/v1/route', '{"token\\u005fids":[1,2,3,4],"update_st\\u0061tes":false}')
+  t.equal(escaped.status, 200, 'an escaped member name is the same name')
+  t.equal(escaped.body.worker_id, 5)
+})

@@ -147,8 +147,11 @@ export class Proxy {
     })
   }
 
-  async close(): Promise<void> {
-    if (this.ownDispatcher) await this.dispatcher.close()
+  /** Closes its own dispatcher: gracefully, or at once (`force`) when requests were cut. */
+  async close(force = false): Promise<void> {
+    if (!this.ownDispatcher) return
+    if (force) await this.dispatcher.destroy()
+    else await this.dispatcher.close()
   }
 
   handle(reply: FastifyReply, call: ProxyCall): Promise<void> {

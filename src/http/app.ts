@@ -46,7 +46,7 @@ export interface AppOptions {
 export interface App {
   fastify: FastifyInstance
   proxy: Proxy
-  /** Stops accepting, drains in-flight proxied requests up to timeoutMs, closes. */
+  /** Stops accepting, drains in-flight proxied requests up to timeoutMs, then cuts what is left and closes; true when everything drained. */
   shutdown(timeoutMs: number): Promise<boolean>
 }
 
@@ -536,8 +536,13 @@ export async function buildApp(opts: AppOptions): Promise<App> {
   const shutdown = async (timeoutMs: number): Promise<boolean> => {
     closing = true
     const drained = await proxy.drain(timeoutMs)
-    await fastify.close()
-    await proxy.close()
+    const closed = fastify.close()
+    // Streams still open past the timeout are cut: fastify's close waits for every connection,
+    // and a stream that never ends would hold the process forever. A cut client connection is a
+    // client disconnect to the proxy: its upstream request is aborted and its booking freed.
+    if (!drained) fastify.server.closeAllConnections()
+    await closed
+    await proxy.close(!drained)
     return drained
   }
   return { fastify, proxy, shutdown }

@@ -375,6 +375,39 @@ t.test('shutdown drains: a stream in flight finishes whole, a request after it g
   await h2.router.close()
 })
 
+t.test('shutdown past its timeout cuts a stream that never ends, frees its booking and returns (found by review)', async (t) => {
+  const h3 = await harness(['--router-block-size', '4'])
+  await h3.app.fastify.listen({ host: '127.0.0.1', port: 0 })
+  const base3 = `http://127.0.0.1:${(h3.app.fastify.server.address() as AddressInfo).port}`
+  let upstreamGone = false
+  const s = await upstream((req, _body, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' })
+    res.write(sse(chunk('first')))
+    req.socket.on('close', () => (upstreamGone = true))
+    // and never ends
+  })
+  t.teardown(() => s.close())
+  await h3.router.addWorker({ id: 300n, url: s.url })
+  const r = await fetch(`${base3}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(8), stream: true }) })
+  const reader = (r.body as ReadableStream<Uint8Array>).getReader()
+  await reader.read()
+  t.equal(h3.router.scheduler.stats().bookedRequests, 1)
+  const t0 = Date.now()
+  const drained = await h3.app.shutdown(300)
+  t.equal(drained, false, 'shutdown reports that it did not drain')
+  t.ok(Date.now() - t0 < 3000, `it returned soon after its timeout (${Date.now() - t0} ms)`)
+  await t.rejects(
+    (async () => {
+      for (;;) if ((await reader.read()).done) throw new Error('ended cleanly')
+    })(),
+    'the client sees its connection cut, not a clean end',
+  )
+  t.equal(h3.router.scheduler.stats().bookedRequests, 0, 'the booking is freed')
+  await new Promise((resolve) => setTimeout(resolve, 50))
+  t.ok(upstreamGone, 'the upstream request was aborted')
+  await h3.router.close()
+})
+
 t.test('past the first token the router lets go of the prompt, while the stream stays open', async (t) => {
   const gc = fullGc()
   let ref: WeakRef<object> | undefined

@@ -32,6 +32,19 @@ options:
 `
 
 
+/**
+ * Options accepted under Dynamo's names for drop-in command lines, whose features are later
+ * issues: said at start-up rather than ignored silently.
+ */
+function notYetInEffect(cfg: ServeConfig): string[] {
+  const out: string[] = []
+  if (cfg.replicaSync) out.push('--router-replica-sync has no effect yet: bookings are not shared between replicas')
+  if (cfg.durableKvEvents) out.push('--router-durable-kv-events has no effect yet: events are read from core NATS, not JetStream')
+  if (cfg.resetStates) out.push('--router-reset-states has no effect yet (JetStream only)')
+  if (cfg.snapshotThreshold !== 1_000_000) out.push('--router-snapshot-threshold has no effect yet (JetStream only)')
+  return out
+}
+
 async function serve(argv: string[]): Promise<void> {
   let cfg: ServeConfig | 'help'
   try {
@@ -44,6 +57,7 @@ async function serve(argv: string[]): Promise<void> {
     process.stdout.write(serveHelp())
     return
   }
+  for (const line of notYetInEffect(cfg)) process.stderr.write(`kv-router: warning: ${line}\n`)
   let tokenizer: TextTokenizer | null
   try {
     tokenizer = await loadTokenizer(cfg.tokenizer, cfg.tokenizerThreads)
@@ -89,7 +103,11 @@ async function serve(argv: string[]): Promise<void> {
   )
   let stopping = false
   const stop = (signal: string): void => {
-    if (stopping) return
+    if (stopping) {
+      // a second signal while draining: the operator does not want to wait
+      process.stdout.write(`kv-router: ${signal} again: exiting without draining\n`)
+      process.exit(1)
+    }
     stopping = true
     process.stdout.write(`kv-router: ${signal}: draining ${app.proxy.inFlight} in-flight request(s)\n`)
     void (async () => {

@@ -65,7 +65,7 @@ export interface ServeConfig {
   readonly seed: number | undefined
 }
 
-type Kind = 'int' | 'num' | 'bool' | 'enum' | 'str' | 'url' | 'workers' | 'nullnum'
+type Kind = 'int' | 'num' | 'bool' | 'enum' | 'str' | 'url' | 'workers' | 'nullnum' | 'name' | 'endpoint'
 
 interface FlagDef {
   flag: string
@@ -110,9 +110,9 @@ export const FLAGS: readonly FlagDef[] = [
   F({ flag: '--router-event-threads', key: 'eventThreads', env: ['DYN_ROUTER_EVENT_THREADS'], kind: 'int', min: 0, max: 256, dflt: 0, help: 'indexer shard threads (0 = one per spare core)' }),
   F({ flag: '--router-shard-spin-us', key: 'shardSpinUs', env: ['DYN_ROUTER_SHARD_SPIN_US'], kind: 'nullnum', min: 0, max: 1_000_000, dflt: null, help: 'µs an idle indexer shard spins before it sleeps (default 200 with a core to spare beyond the event loop and the shards, else 0)' }),
   F({ flag: '--router-query-spin-us', key: 'querySpinUs', env: ['DYN_ROUTER_QUERY_SPIN_US'], kind: 'nullnum', min: 0, max: 1_000_000, dflt: null, help: 'µs the event loop spins for an overlap answer before it awaits (default 60 with a core to spare for every shard, else 0)' }),
-  F({ flag: '--namespace', key: 'namespace', env: ['DYN_NAMESPACE'], kind: 'str', dflt: 'dynamo', help: 'Dynamo namespace' }),
-  F({ flag: '--component', key: 'component', env: ['DYN_COMPONENT'], kind: 'str', dflt: 'backend', help: 'Dynamo component of the workers' }),
-  F({ flag: '--endpoint', key: 'endpoint', env: ['DYN_ROUTER_ENDPOINT'], kind: 'str', dflt: null, help: 'ns.component.endpoint (standalone form)' }),
+  F({ flag: '--namespace', key: 'namespace', env: ['DYN_NAMESPACE'], kind: 'name', dflt: 'dynamo', help: 'Dynamo namespace' }),
+  F({ flag: '--component', key: 'component', env: ['DYN_COMPONENT'], kind: 'name', dflt: 'backend', help: 'Dynamo component of the workers' }),
+  F({ flag: '--endpoint', key: 'endpoint', env: ['DYN_ROUTER_ENDPOINT'], kind: 'endpoint', dflt: null, help: 'ns.component.endpoint (standalone form)' }),
   F({ flag: '--nats-url', key: 'natsUrl', env: ['NATS_SERVER'], kind: 'url', dflt: null, help: 'NATS server: KV events from namespace.{ns}.component.{component}.kv-events' }),
   F({ flag: '--etcd-url', key: 'etcdUrl', env: ['ETCD_ENDPOINTS'], kind: 'url', dflt: null, help: 'etcd: workers from v1/instances/{ns}/{component}/{endpoint}/ (see README)' }),
   F({ flag: '--worker', key: 'workers', env: ['DYN_ROUTER_WORKERS'], kind: 'workers', dflt: [], help: 'static worker: URL or ID=URL (repeatable; env: comma-separated)' }),
@@ -143,6 +143,10 @@ function accepts(d: FlagDef): string {
       return 'a URL (comma-separated for several)'
     case 'workers':
       return 'a worker URL (http://host:port) or ID=URL with ID a u64'
+    case 'name':
+      return 'a name of letters, digits, "_" and "-" (it becomes part of NATS subjects and etcd keys)'
+    case 'endpoint':
+      return 'namespace.component.endpoint, three names of letters, digits, "_" and "-" (dyn:// in front is allowed)'
     default:
       return 'a non-empty string'
   }
@@ -215,10 +219,20 @@ function convert(d: FlagDef, raw: string, prev: unknown): unknown {
       }
       return list
     }
+    case 'name':
+      return NAME.test(t) ? t : undefined
+    case 'endpoint': {
+      const e = t.startsWith('dyn://') ? t.slice(6) : t
+      const parts = e.split('.')
+      return parts.length === 3 && parts.every((x) => NAME.test(x)) ? e : undefined
+    }
     default:
       return t === '' ? undefined : t
   }
 }
+
+// names that go into NATS subjects and etcd keys, where "." and "/" separate levels
+const NAME = /^[A-Za-z0-9_-]+$/
 
 function fail(where: string, d: FlagDef, raw: string): never {
   throw new ConfigError(`${where} must be ${accepts(d)}, got ${JSON.stringify(raw)}`)
@@ -273,6 +287,9 @@ export function parseServeConfig(argv: readonly string[], env: NodeJS.ProcessEnv
     else {
       const next = argv[i + 1]
       if (next === undefined) throw new ConfigError(`${name} needs a value: ${accepts(d)}`)
+      // `--http-host --http-port 80` forgot the host; a value that really starts with "--" can
+      // be given as NAME=VALUE
+      if (next.startsWith('--') && next.length > 2) throw new ConfigError(`${name} needs a value (${accepts(d)}), got the option ${next}; write ${name}=VALUE for a value that starts with --`)
       raw = next
       i++
     }

@@ -54,6 +54,8 @@ t.test('flags, aliases, --no- forms and = syntax', async (t) => {
   t.equal(c.apiKey, 'k')
   t.equal(c.endpoint, 'dyn.backend.generate')
   t.equal(parse(['--worker', '18446744073709551615=http://x:1']).workers[0]?.id, 18446744073709551615n, 'u64 worker ids are exact')
+  t.equal(parse(['--endpoint', 'dyn://ns-1.comp_2.generate']).endpoint, 'ns-1.comp_2.generate', 'dyn:// in front is dropped')
+  t.equal(parse(['--api-key=--starts-with-dashes']).apiKey, '--starts-with-dashes', 'NAME=VALUE takes a value starting with --')
 })
 
 t.test('environment variables, and the command line wins', async (t) => {
@@ -104,6 +106,12 @@ t.test('each invalid value: one line naming the flag and what it accepts', async
     [['--frobnicate'], /^unknown option --frobnicate/],
     [['--no-http-port'], /^unknown option --no-http-port/],
     [['stray'], /^unexpected argument "stray"/],
+    [['--endpoint', 'foo'], /^--endpoint must be namespace\.component\.endpoint, three names/],
+    [['--endpoint', 'a..c'], /^--endpoint must be namespace\.component\.endpoint/],
+    [['--endpoint', 'a.b.c.d'], /^--endpoint must be namespace\.component\.endpoint/],
+    [['--namespace', 'a.b'], /^--namespace must be a name of letters, digits/],
+    [['--component', 'x/y'], /^--component must be a name/],
+    [['--http-host', '--http-port', '80'], /^--http-host needs a value \(a non-empty string\), got the option --http-port; write --http-host=VALUE/],
   ]
   for (const [argv, re] of cases) {
     const err = t.throws(() => parseServeConfig(argv, {}), argv.join(' ')) as Error
@@ -133,6 +141,14 @@ function run(args: string[], env: NodeJS.ProcessEnv = {}): Promise<{ code: numbe
     p.on('close', (code) => resolve({ code, stdout, stderr }))
   })
 }
+
+t.test('process: options whose features are later issues are said to have no effect yet', async (t) => {
+  const r = await run(['serve', '--router-replica-sync', '--router-snapshot-threshold', '5', '--tokenizer', '/nonexistent/tokenizer.json', '--router-event-threads', '1'])
+  t.equal(r.code, 2)
+  t.match(r.stderr, /^kv-router: warning: --router-replica-sync has no effect yet: bookings are not shared between replicas\n/)
+  t.match(r.stderr, /kv-router: warning: --router-snapshot-threshold has no effect yet/)
+  t.notMatch(r.stderr, /durable-kv-events|reset-states/, 'only the options given')
+})
 
 t.test('process: invalid values exit 2 with one line; --help exits 0', async (t) => {
   const [a, b, c, d] = await Promise.all([

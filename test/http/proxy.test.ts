@@ -142,6 +142,60 @@ t.test('a refused connection is retried; when every worker fails the client gets
   await f.close()
 })
 
+t.test('--proxy-retries bounds the attempts: N retries, N + 1 workers asked, however many could be', async (t) => {
+  for (const retries of [0, 1, 3]) {
+    const hr = await harness(['--router-block-size', '4', '--proxy-retries', String(retries)])
+    await hr.app.fastify.listen({ host: '127.0.0.1', port: 0 })
+    const url = `http://127.0.0.1:${(hr.app.fastify.server.address() as AddressInfo).port}`
+    let hits = 0
+    const servers: Awaited<ReturnType<typeof upstream>>[] = []
+    for (let i = 0; i < 5; i++) {
+      const s = await upstream((_req, _body, res) => {
+        hits++
+        res.writeHead(500)
+        res.end()
+      })
+      servers.push(s)
+      await hr.router.addWorker({ id: BigInt(500 + i), url: s.url })
+    }
+    const r = await fetch(`${url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(12) }) })
+    t.equal(r.status, 502, `--proxy-retries ${retries}: the failure is answered`)
+    t.equal(hits, retries + 1, `--proxy-retries ${retries}: ${retries + 1} of the 5 workers were asked`)
+    t.equal(hr.app.proxy.releasedTotal, retries + 1, 'one booking per attempt, each released')
+    t.equal(hr.router.scheduler.stats().bookedRequests, 0)
+    for (const s of servers) await s.close()
+    await hr.close()
+  }
+})
+
+t.test('nvext priority and router_config_override reach the routing decision, completions and chat', async (t) => {
+  const seen: { priority?: number; overrides?: unknown }[] = []
+  const route = h.router.route.bind(h.router)
+  h.router.route = (input) => {
+    seen.push({ priority: input.priority, overrides: input.overrides })
+    return route(input)
+  }
+  t.teardown(() => {
+    h.router.route = route
+  })
+  const f = await fleet([
+    (_req, _body, res) => {
+      res.writeHead(200, { 'content-type': 'application/json' })
+      res.end(JSON.stringify({ id: 'x', object: 'text_completion', choices: [{ index: 0, text: 'ok', finish_reason: 'stop' }] }))
+    },
+  ])
+  const nvext = { agent_hints: { priority: -7 }, router_config_override: { overlap_score_weight: 2.5, overlap_score_credit: 3, router_temperature: 0.25, assume_kv_reuse: false, track_prefill_tokens: true } }
+  const want = { priority: -7, overrides: { overlapScoreWeight: 2.5, overlapScoreCredit: 3, temperature: 0.25, assumeKvReuse: false, trackPrefillTokens: true } }
+  const a = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(12), nvext }) })
+  t.equal(a.status, 200)
+  const b = await fetch(`${base}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ messages: [{ role: 'user', content: [1, 2, 3].join(' ') }], nvext: { ...nvext, token_data: tokens(12) } }) })
+  t.equal(b.status, 200)
+  t.same(seen, [want, want])
+  const bad = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(12), nvext: { router_config_override: { router_temperature: -1 } } }) })
+  t.equal(bad.status, 400, 'a negative override is refused')
+  await f.close()
+})
+
 t.test('upstream death mid-stream ends the stream with an error event and frees the booking', async (t) => {
   const f = await fleet([
     (_req, _body, res) => {

@@ -3,8 +3,8 @@
 // `token_ids` go straight into a reused Uint32Array, validated as they are read (the common run
 // of them by the WebAssembly scanner of token-scan.ts, the rest here), and
 // `block_hashes` straight into u32 halves (u64 exact, integers or decimal strings). Every other
-// member is small and goes through JSON.parse on its own slice. Errors are KvrErrors naming the
-// field and the byte offset.
+// member is small and is parsed on its own slice (u64-exact, json.ts). Errors are KvrErrors
+// naming the field and the byte offset.
 import { KvrError } from '../shared/errors.js'
 import { parseJsonExact } from './json.js'
 import { scanTokenIds, tokenScanAccelerated } from './token-scan.js'
@@ -54,18 +54,18 @@ export interface RouteBodyScannerOptions {
 export class RouteBodyScanner {
   private readonly simd: boolean
   private readonly ids: TokenSink = { tok: new Uint32Array(8192), n: 0 }
+  private bLo = new Uint32Array(1024)
+  private bHi = new Uint32Array(1024)
 
   constructor(options: RouteBodyScannerOptions = {}) {
     this.simd = options.simd !== false && tokenScanAccelerated
   }
-  private bLo = new Uint32Array(1024)
-  private bHi = new Uint32Array(1024)
 
   scan(body: Uint8Array): RouteBody {
-    // A Buffer's element reads are slower than a plain Uint8Array's over the same bytes (V8
-    // specialises on the subclass), and this loop reads every byte of the body.
     // a POST without a body (or without a JSON content type) reaches here with none
     if (!(body instanceof Uint8Array)) throw bad('the body must be a JSON object', 0)
+    // A Buffer's element reads are slower than a plain Uint8Array's over the same bytes (V8
+    // specialises on the subclass), and this loop reads every byte of the body.
     const buf = Object.getPrototypeOf(body) === Uint8Array.prototype ? body : new Uint8Array(body.buffer, body.byteOffset, body.length)
     const len = buf.length
     let i = ws(buf, 0)

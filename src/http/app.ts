@@ -535,13 +535,19 @@ export async function buildApp(opts: AppOptions): Promise<App> {
 
   const shutdown = async (timeoutMs: number): Promise<boolean> => {
     closing = true
+    const deadline = Date.now() + timeoutMs
     const drained = await proxy.drain(timeoutMs)
     const closed = fastify.close()
-    // Streams still open past the timeout are cut: fastify's close waits for every connection,
-    // and a stream that never ends would hold the process forever. A cut client connection is a
-    // client disconnect to the proxy: its upstream request is aborted and its booking freed.
-    if (!drained) fastify.server.closeAllConnections()
-    await closed
+    // Whatever is still open at the deadline is cut: fastify's close waits for every connection
+    // that is not idle, and a stream that never ends, a body still uploading or a connection
+    // opened and never used would hold the process forever. A cut client connection is a client
+    // disconnect to the proxy: its upstream request is aborted and its booking freed.
+    const cut = setTimeout(() => fastify.server.closeAllConnections(), Math.max(0, deadline - Date.now()))
+    try {
+      await closed
+    } finally {
+      clearTimeout(cut)
+    }
     await proxy.close(!drained)
     return drained
   }

@@ -272,12 +272,13 @@ function ws(buf: Uint8Array, i: number): number {
   }
 }
 
-/** The member name of the string at [i, end]: plain ASCII as is, anything else through JSON.parse. */
+/** The member name of the string at [i, end]: printable ASCII as is, anything else through JSON.parse. */
 function memberName(buf: Uint8Array, i: number, end: number): string {
   let plain = true
   for (let j = i + 1; j < end; j++) {
     const c = buf[j] as number
-    if (c === BACKSLASH || c >= 0x80) {
+    // escapes, UTF-8 and control characters (which JSON refuses raw) go the exact way
+    if (c === BACKSLASH || c >= 0x80 || c < 0x20) {
       plain = false
       break
     }

@@ -249,4 +249,7 @@ t.test('/v1/route members: u64 exact, "__proto__" inert, escaped names read (fou
   const escaped = await call('POST', '/v1/route', '{"token\\u005fids":[1,2,3,4],"update_st\\u0061tes":false}')
   t.equal(escaped.status, 200, 'an escaped member name is the same name')
   t.equal(escaped.body.worker_id, 5)
+  const control = await call('POST', '/v1/route', '{"a\nb":1,"token_ids":[1,2,3,4]}')
+  t.equal(control.status, 400, 'a raw control character in a member name is refused, as JSON.parse refuses it')
+  t.match(control.body.error?.message, /member name/)
 })

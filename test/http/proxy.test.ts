@@ -462,6 +462,35 @@ t.test('shutdown past its timeout cuts a stream that never ends, frees its booki
   await h3.router.close()
 })
 
+t.test('shutdown returns by its deadline whatever connections are open: unused, headers or a body half sent (found by review)', async (t) => {
+  const h4 = await harness(['--router-block-size', '4'])
+  await h4.app.fastify.listen({ host: '127.0.0.1', port: 0 })
+  const port = (h4.app.fastify.server.address() as AddressInfo).port
+  const { connect } = await import('node:net')
+  const open = (first: string) =>
+    new Promise<import('node:net').Socket>((resolve) => {
+      const c = connect(port, '127.0.0.1', () => {
+        if (first !== '') c.write(first)
+        resolve(c)
+      })
+      c.on('error', () => {})
+      // read whatever comes (a 503), so the end of the stream is seen and 'close' follows
+      c.resume()
+    })
+  const sockets = [
+    await open(''),
+    await open('POST /v1/route HTTP/1.1\r\nHost: x\r\n'),
+    await open('POST /v1/route HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 50\r\n\r\n{"token_ids"'),
+  ]
+  const closedAll = Promise.all(sockets.map((c) => new Promise((resolve) => c.on('close', resolve))))
+  const t0 = Date.now()
+  t.equal(await h4.app.shutdown(300), true, 'nothing was being proxied')
+  t.ok(Date.now() - t0 < 2500, `shutdown returned ${Date.now() - t0} ms after it began (deadline 300 ms)`)
+  await closedAll
+  t.pass('every connection was closed')
+  await h4.router.close()
+})
+
 t.test('past the first token the router lets go of the prompt, while the stream stays open', async (t) => {
   const gc = fullGc()
   let ref: WeakRef<object> | undefined
@@ -587,6 +616,17 @@ t.test('a worker being registered is never routed to before its URL is known', a
     res.end('data: [DONE]\n\n')
   })
   const id = 4242n
+  // a shard that answers within one event-loop turn would leave no window to watch: each answer
+  // is held a few ms, as a busy shard's would be
+  const pool = h.router.pool
+  const ensure = pool.ensureWorker.bind(pool)
+  pool.ensureWorker = async (workerId, dpRank) => {
+    await new Promise((r) => setTimeout(r, 5))
+    return ensure(workerId, dpRank)
+  }
+  t.teardown(() => {
+    pool.ensureWorker = ensure
+  })
   let done = false
   const adding = h.router.addWorker({ id, url: s.url, dpRanks: 2 }).then(() => {
     done = true

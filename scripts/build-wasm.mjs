@@ -1,8 +1,8 @@
 #!/usr/bin/env node
 // Assembles the project's WebAssembly text files into TypeScript modules holding them as base64,
 // so neither the build nor a user's machine needs a WebAssembly toolchain. `npm run build:wasm`
-// after editing a .wat; test/xxh3.test.ts and test/http/token-scan.test.ts fail when a .wat and
-// its generated module disagree.
+// after editing a .wat; test/wasm-modules.test.ts fails when a .wat and its generated module
+// disagree.
 import { readFileSync, writeFileSync } from 'node:fs'
 import { basename } from 'node:path'
 import { fileURLToPath } from 'node:url'

@@ -1,5 +1,6 @@
 // Micro benchmarks of the single-threaded building blocks: block hashing, index apply,
-// find_matches and reading /v1/route's token ids. Run with `npm run bench:micro`; writes bench/results/micro.json and prints a table.
+// find_matches and reading /v1/route's token ids. Run with `npm run bench:micro`; writes
+// bench/results/micro.json and prints a table.
 // Every figure is the median over several repetitions in this one process: the machines are
 // shared and noisy, so single runs mean little.
 import { mkdirSync, writeFileSync } from 'node:fs'

@@ -554,10 +554,11 @@ export async function buildApp(opts: AppOptions): Promise<App> {
   return { fastify, proxy, shutdown }
 }
 
+const isWs = (c: number | undefined): boolean => c === 32 || c === 10 || c === 13 || c === 9
+
 /** One event or a JSON array of them → the raw bytes of each event. */
 export function splitEvents(buf: Buffer | undefined): Uint8Array[] {
   if (!(buf instanceof Uint8Array)) throw new KvrError('KVR_ERR_EVENT_MALFORMED_JSON', 'the body must be one RouterEvent object or an array of them')
-  const isWs = (c: number | undefined): boolean => c === 32 || c === 10 || c === 13 || c === 9
   let i = 0
   while (isWs(buf[i])) i++
   if (buf[i] !== 91) return [buf]

@@ -309,6 +309,25 @@ export function eventEnd(text: string | Buffer): number {
   return lf < 0 ? -1 : lf + 2
 }
 
+const DONE = Buffer.from('[DONE]', 'latin1')
+
+/**
+ * Whether a chunk ends with the `[DONE]` event that closes an OpenAI-style stream (`data: [DONE]`
+ * and its blank line, LF or CRLF). Inside an event's JSON a line end is always escaped, so a raw
+ * `[DONE]` before the blank line can only be the event itself.
+ */
+export function endsWithDone(b: Uint8Array): boolean {
+  let e = b.length
+  for (let lines = 0; lines < 2; lines++) {
+    if (e === 0 || b[e - 1] !== 10) return false
+    e--
+    if (e > 0 && b[e - 1] === 13) e--
+  }
+  if (e < DONE.length) return false
+  for (let i = 0; i < DONE.length; i++) if (b[e - DONE.length + i] !== DONE[i]) return false
+  return true
+}
+
 /** Origin and path prefix of a worker URL, parsed once per URL. */
 const targets = new Map<string, { origin: string; path: string }>()
 /** nvext.worker_id (the same worker does prefill and decode): built when a response needs it. */
@@ -362,6 +381,8 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
   private first = true
   /** The bytes of the first event, while its end has not arrived (kept as bytes: a chunk may end inside a character). */
   private pending: Buffer | null = null
+  /** A chunk ending in the `data: [DONE]` event, held to go out with the end of the body. */
+  private tail: Buffer | null = null
   private last = 0
   private chunks = 0
   private settled = false
@@ -463,7 +484,27 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
     this.last = now
     this.chunks++
     if (this.pending !== null) return this.firstEvent(Buffer.concat([this.pending, chunk]))
-    return (this.out as ChunkWriter).write(chunk)
+    const out = this.out as ChunkWriter
+    if (this.tail !== null) {
+      // data after [DONE]: whatever the worker sends goes on, in order
+      out.write(this.tail)
+      this.tail = null
+    }
+    if (endsWithDone(chunk)) {
+      // the end of the body usually follows in the same read: both then go out in one write
+      // (onComplete); if it does not, the event goes out on its own once this read is parsed
+      this.tail = chunk
+      process.nextTick(this.flushTail)
+      return true
+    }
+    return out.write(chunk)
+  }
+
+  private readonly flushTail = (): void => {
+    const t = this.tail
+    if (t === null || this.settled) return
+    this.tail = null
+    ;(this.out as ChunkWriter).write(t)
   }
 
   /** The first event carries nvext.worker_id: it is held until complete, then rewritten. */
@@ -495,12 +536,19 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
     if (this.mode === Mode.Stream) {
       // ended without a single chunk: a failure before the first token
       if (this.first) return this.resolveFn(false)
-      const raw = this.reply.raw
-      if (this.pending !== null) raw.write(this.pending)
       this.proxy.metrics.observeOutput(this.chunks)
       this.proxy.release(this.a.booking)
       this.worker.failures = 0
-      raw.end()
+      const out = this.out
+      if (out !== null) {
+        out.end(this.tail)
+        this.tail = null
+      } else {
+        // the first event never ended: what came goes out as it is
+        const raw = this.reply.raw
+        if (this.pending !== null) raw.write(this.pending)
+        raw.end()
+      }
       return this.resolveFn(true)
     }
     this.whole().then(this.resolveFn, this.rejectFn)
@@ -548,6 +596,8 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
     this.proxy.metrics.upstreamErrors.inc({ phase: 'after_first_token' })
     const e = new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} failed mid-stream: ${err.message}`)
     if (this.pending !== null) raw.write(this.pending)
+    if (this.tail !== null) (this.out as ChunkWriter).write(this.tail)
+    this.tail = null
     raw.end(`data: ${JSON.stringify({ error: { ...e.toJSON(), type: 'upstream_error' } })}\n\n`)
     this.resolveFn(true)
   }

@@ -5,7 +5,7 @@ import { createServer } from 'node:http'
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { connect } from 'node:net'
 import { chunkFrame, ChunkWriter } from '../../src/http/chunked.js'
-import { eventEnd, injectWorkerId } from '../../src/proxy.js'
+import { endsWithDone, eventEnd, injectWorkerId } from '../../src/proxy.js'
 
 /** Decodes a chunked body; throws on any framing error. */
 function unchunk(body: Buffer): Buffer[] {
@@ -43,16 +43,39 @@ t.test('chunkFrame: size line in lowercase hex, data, CRLF, for sizes across eve
   t.equal(chunkFrame(view).toString(), 'c\r\nhello, world\r\n', 'a view frames only its own bytes')
 })
 
-/** A server whose handler streams `parts` through a ChunkWriter, then ends the response. */
-async function server(parts: string[]): Promise<{ port: number; close: () => Promise<void> }> {
+/**
+ * A server whose handler streams `parts` through a ChunkWriter, then ends the response: with
+ * res.end(), or with ChunkWriter.end() given the last part (`lastWithEnd`). `writes` counts the
+ * socket writes each end took.
+ */
+async function server(parts: string[], lastWithEnd = false, writes: number[] = []): Promise<{ port: number; close: () => Promise<void> }> {
   const srv = createServer((req: IncomingMessage, res: ServerResponse) => {
     req.resume()
     req.on('end', () => {
       res.writeHead(200, { 'content-type': 'text/event-stream' })
       const w = new ChunkWriter(res)
-      w.begin(Buffer.from(parts[0] as string))
-      for (const p of parts.slice(1)) w.write(Buffer.from(p))
-      res.end()
+      const body = lastWithEnd ? parts.slice(0, -1) : parts
+      w.begin(Buffer.from(body[0] as string))
+      for (const p of body.slice(1)) w.write(Buffer.from(p))
+      const sock = res.socket as unknown as { _write: (...a: unknown[]) => void; _writev: (...a: unknown[]) => void } | null
+      let n = 0
+      const spy = (name: '_write' | '_writev'): void => {
+        if (sock === null) return
+        const orig = sock[name]
+        sock[name] = function (this: unknown, ...a: unknown[]) {
+          n++
+          return orig.apply(this, a)
+        }
+      }
+      spy('_write')
+      spy('_writev')
+      if (lastWithEnd) w.end(Buffer.from(parts[parts.length - 1] as string))
+      else res.end()
+      writes.push(n)
+      if (sock !== null) {
+        delete (sock as Partial<typeof sock>)._write
+        delete (sock as Partial<typeof sock>)._writev
+      }
     })
   })
   await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r))
@@ -98,6 +121,48 @@ t.test('ChunkWriter: HTTP/1.1 responses are chunked correctly and keep the conne
       'one chunk per write, every byte in order',
     )
   }
+})
+
+t.test('ChunkWriter.end: the last chunk and the end of the body in one socket write, framed as before', async (t) => {
+  const writes: number[] = []
+  const s = await server(PARTS, true, writes)
+  t.teardown(s.close)
+  const req = 'POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\n\r\n'
+  const twoEnds = (b: Buffer): boolean => b.toString('latin1').split('\r\n0\r\n\r\n').length === 3
+  const got = await rawExchange(s.port, req + req, twoEnds)
+  const responses = got.toString('latin1').split('HTTP/1.1 200 OK\r\n').slice(1)
+  t.equal(responses.length, 2, 'the connection served the next request too')
+  for (const r of responses) {
+    t.same(
+      unchunk(Buffer.from(r.slice(r.indexOf('\r\n\r\n') + 4), 'latin1')).map((c) => c.toString('latin1')),
+      PARTS,
+      'every part in order, the last one in its own chunk',
+    )
+  }
+  // the second request is pipelined: Node holds its response in the response object until the
+  // first one is done, and flushes it later, so only the first is counted at the socket
+  t.equal(writes.length, 2)
+  t.equal(writes[0], 1, 'one socket write for the last chunk and the end')
+  const baseline: number[] = []
+  const s2 = await server(PARTS, false, baseline)
+  t.teardown(s2.close)
+  await rawExchange(s2.port, req, (b) => b.toString('latin1').includes('\r\n0\r\n\r\n'))
+  t.same(baseline, [1], 'res.end() alone is one write as well (the spy counts what it should)')
+})
+
+t.test('ChunkWriter.end: an HTTP/1.0 client gets the last part unframed, then the end of the connection', async (t) => {
+  const s = await server(PARTS, true)
+  t.teardown(s.close)
+  const got = await rawExchange(s.port, 'POST / HTTP/1.0\r\nhost: x\r\ncontent-length: 0\r\n\r\n', () => false)
+  const text = got.toString('latin1')
+  t.equal(text.slice(text.indexOf('\r\n\r\n') + 4), PARTS.join(''))
+})
+
+t.test('endsWithDone: the [DONE] event and its blank line at the very end of a chunk, LF or CRLF', async (t) => {
+  const yes = ['data: [DONE]\n\n', 'data:[DONE]\n\n', 'data: [DONE]\r\n\r\n', 'data: {"a":1}\n\ndata: [DONE]\n\n', '[DONE]\n\n']
+  const no = ['data: [DONE]\n', 'data: [DONE]', 'data: [DONE]\n\ndata: {"a":1}\n\n', 'data: {"t":"[DONE]"}\n\n', 'data: [DONE] \n\n', '\n\n', '', 'ONE]\n\n']
+  for (const x of yes) t.ok(endsWithDone(Buffer.from(x)), JSON.stringify(x))
+  for (const x of no) t.notOk(endsWithDone(Buffer.from(x)), JSON.stringify(x))
 })
 
 t.test('ChunkWriter: an HTTP/1.0 client gets the plain body and the end of the connection', async (t) => {

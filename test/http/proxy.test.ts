@@ -216,6 +216,58 @@ t.test('upstream death mid-stream ends the stream with an error event and frees 
   await f.close()
 })
 
+t.test('the [DONE] event goes out with the end of the body, or on its own when the worker keeps the response open', { timeout: 10_000 }, async (t) => {
+  let release: () => void = () => {}
+  const clientSawDone = new Promise<void>((r) => (release = r))
+  let mode = 0
+  const f = await fleet([
+    (_req, _body, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' })
+      res.write(sse(chunk('one')))
+      const m = mode++
+      setTimeout(() => {
+        if (m === 0) res.end(sse(chunk('two')) + 'data: [DONE]\n\n')
+        else if (m === 1) {
+          // the worker holds the response open after [DONE] until the client has it: a router
+          // that kept [DONE] back for the end of the body would wait here for ever
+          res.write('data: [DONE]\n\n')
+          void clientSawDone.then(() => res.end(': trailing comment\n\n'))
+        } else {
+          res.write('data: [DONE]\n\n')
+          setTimeout(() => res.socket?.destroy(), 20)
+        }
+      }, 5)
+    },
+  ])
+  const post = () => fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(8), stream: true }) })
+  const released = h.app.proxy.releasedTotal
+  const whole = await (await post()).text()
+  t.match(whole, /"text":"one".*\n\ndata: \{.*"text":"two".*\n\ndata: \[DONE\]\n\n$/s, 'every event in order, [DONE] last')
+
+  const r = await post()
+  const reader = (r.body as ReadableStream<Uint8Array>).getReader()
+  let got = ''
+  while (!got.includes('[DONE]')) {
+    const x = await reader.read()
+    if (x.done) break
+    got += Buffer.from(x.value).toString()
+  }
+  t.match(got, 'data: [DONE]\n\n', '[DONE] arrived while the worker still held the response open')
+  release()
+  while (true) {
+    const x = await reader.read()
+    if (x.done) break
+    got += Buffer.from(x.value).toString()
+  }
+  t.ok(got.endsWith('data: [DONE]\n\n: trailing comment\n\n'), 'what the worker sent after [DONE] follows it')
+
+  const died = await (await post()).text()
+  t.match(died, /data: \[DONE\]\n\ndata: \{"error":\{"code":"KVR_ERR_UPSTREAM"/, 'a worker that dies after [DONE]: [DONE], then the error event')
+  t.equal(booked(), 0)
+  t.equal(h.app.proxy.releasedTotal, released + 3)
+  await f.close()
+})
+
 t.test('a client that leaves while its request waits in the queue is removed from it', async (t) => {
   const f = await fleet([
     (_req, _body, res) => {

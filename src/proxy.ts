@@ -31,8 +31,8 @@ export interface ProxyCall {
 
 /**
  * Fires when the client goes away. AbortController would do, but each one builds an EventTarget
- * (a Map, listener records, an Event on abort) for the two listeners a request ever has: the
- * queue's, while it waits, and its upstream exchange's.
+ * (a Map, listener records, an Event on abort) for the one listener a request ever has: the
+ * queue's, while it waits. (Its upstream exchange hears it from the run directly.)
  */
 export class ClientGone implements CancelSignal {
   aborted = false
@@ -96,19 +96,6 @@ interface Attempt {
   booking: Booking
 }
 
-/** What one proxied request carries from one attempt to the next. */
-interface Run {
-  reply: FastifyReply
-  call: ProxyCall
-  signal: CancelSignal
-  /** Retries allowed after the first attempt (none for a pinned request). */
-  retries: number
-  /** Retries used so far. */
-  retry: number
-  tried: WorkerRankRef[] | undefined
-  started: number
-}
-
 export interface ProxyOptions {
   retries: number
   /** undici dispatcher; a keep-alive Agent by default. */
@@ -135,6 +122,10 @@ export class Proxy {
     return this.active
   }
 
+  get retries(): number {
+    return this.options.retries
+  }
+
   /** Resolves once no request is being proxied (or after timeoutMs); true when idle. */
   async drain(timeoutMs: number): Promise<boolean> {
     if (this.active === 0) return true
@@ -154,39 +145,29 @@ export class Proxy {
     else await this.dispatcher.close()
   }
 
-  handle(reply: FastifyReply, call: ProxyCall): Promise<void> {
-    const gone = new ClientGone()
-    const onClose = (): void => {
-      if (reply.raw.writableFinished) return
-      try {
-        gone.abort()
-      } catch (err) {
-        // thrown from a 'close' listener it would take the process down
-        reply.log.error({ err }, 'cleaning up after a client disconnect failed')
-      }
-    }
-    reply.raw.on('close', onClose)
-    this.active++
-    this.router.metrics.inflight.inc({ model: call.model })
-    // a promise chain, not an async function: a suspended async frame is kept for the whole stream
-    return this.run(reply, call, gone).then(
-      () => this.finished(reply, call, onClose, 200),
-      (err: unknown) => {
-        this.finished(reply, call, onClose, isKvrError(err) ? err.statusCode : 500)
-        throw err
-      },
-    )
+  /**
+   * Proxies one request; it answers the client itself, errors included (through fastify's error
+   * handler while nothing has been sent), so the route handler returns nothing for fastify to wait on.
+   */
+  handle(reply: FastifyReply, call: ProxyCall): void {
+    new ProxyRun(this, reply, call).start()
   }
 
-  private finished(reply: FastifyReply, call: ProxyCall, onClose: () => void, status: number): void {
-    reply.raw.off('close', onClose)
+  /** A run begins: counted in flight. */
+  opened(call: ProxyCall): void {
+    this.active++
+    this.router.metrics.inflight.inc({ model: call.model })
+  }
+
+  /** A run is over, answered with `status` unless the response says otherwise. */
+  closed(reply: FastifyReply, call: ProxyCall, status: number): void {
     this.router.metrics.inflight.dec({ model: call.model })
     this.router.metrics.request(call.model, call.path, call.stream ? 'stream' : 'unary', reply.sent && status === 200 ? reply.statusCode : status)
     this.active--
     if (this.active === 0) for (const w of this.idleWaiters.splice(0)) w()
   }
 
-  private async book(route: RouteInput, signal: CancelSignal): Promise<Attempt> {
+  async book(route: RouteInput, signal: CancelSignal): Promise<Attempt> {
     const id = this.router.newRequestId()
     const { decision } = await this.router.route({ ...route, id, updateStates: true, signal })
     return { decision, booking: new Booking(this.router, id) }
@@ -197,7 +178,7 @@ export class Proxy {
    * when none can take the request, the reason why not. (Ranking every candidate up front for a
    * retry that rarely comes cost each request a table as long as the fleet.)
    */
-  private async rebook(route: RouteInput, signal: CancelSignal, tried: WorkerRankRef[]): Promise<Attempt | string> {
+  async rebook(route: RouteInput, signal: CancelSignal, tried: WorkerRankRef[]): Promise<Attempt | string> {
     for (;;) {
       let a: Attempt
       try {
@@ -222,78 +203,161 @@ export class Proxy {
     if (b.release()) this.releasedTotal++
   }
 
-  // run, tryAttempt and retryAfter are promise chains, not one async function: an attempt lasts
-  // the whole stream, and a suspended async frame (its register file, its pending promise) would
-  // be held that long for every open stream, and copied by every scavenge meanwhile. With this
-  // method and the route handler as chains, `node dist/bench/stream-heap.js` gave 5.85 and
-  // 5.78 KB per open stream (64-token prompts) against 5.94 and 5.94 as async functions.
-  private run(reply: FastifyReply, call: ProxyCall, signal: CancelSignal): Promise<void> {
-    return this.book(call.route, signal).then((a) => {
-      // a pinned request stays on its worker; the others may move on to one not tried yet
-      const st: Run = { reply, call, signal, retries: call.route.workerId === undefined ? this.options.retries : 0, retry: 0, tried: undefined, started: performance.now() }
-      return this.tryAttempt(st, a)
-    })
+  worker(id: bigint): WorkerInfo | undefined {
+    return this.router.worker(id)
   }
 
-  private tryAttempt(st: Run, a: Attempt): Promise<void> {
-    return this.attempt(st.reply, st.call, a, st.call.payload, st.signal, st.started).then(
-      (done) => (done ? undefined : this.retryAfter(st, a, new KvrError('KVR_ERR_UPSTREAM', `worker ${a.decision.workerId} failed before its first token`))),
-      (err: unknown) => {
-        this.release(a.booking)
-        if (st.signal.aborted) throw new KvrError('KVR_ERR_REQUEST_CANCELLED', 'the client went away')
-        if (!isKvrError(err, 'KVR_ERR_UPSTREAM')) throw err
-        return this.retryAfter(st, a, err)
+  /** Sends one attempt's request to its worker; the exchange hears the rest. Throws if undici refuses it at once. */
+  dispatch(worker: WorkerInfo, call: ProxyCall, a: Attempt, ex: UpstreamExchange): void {
+    const target = upstreamTarget(worker.url)
+    this.dispatcher.dispatch(
+      {
+        origin: target.origin,
+        path: target.path + call.path,
+        method: 'POST',
+        body: call.payload,
+        headers: { 'content-type': 'application/json', accept: call.stream ? 'text/event-stream' : 'application/json', 'x-request-id': a.booking.id },
       },
+      ex,
     )
-  }
-
-  /** After a failure before the first token: the next attempt, or the failure when none is left. */
-  private async retryAfter(st: Run, a: Attempt, failure: KvrError): Promise<void> {
-    this.release(a.booking)
-    this.router.metrics.upstreamErrors.inc({ phase: 'before_first_token' })
-    const d = a.decision
-    const w = this.router.worker(d.workerId)
-    if (w !== undefined) w.failures++
-    ;(st.tried ??= []).push(rankRef(d))
-    if (st.retry++ >= st.retries) throw failure
-    const next = await this.rebook(st.call.route, st.signal, st.tried)
-    if (typeof next === 'string') throw new KvrError('KVR_ERR_UPSTREAM', `${failure.message}; not retried: ${next}`)
-    this.router.metrics.retried()
-    // returned, not awaited: this frame ends here rather than waiting out the stream
-    return this.tryAttempt(st, next)
-  }
-
-  /**
-   * One upstream attempt. Resolves true when the response was delivered (or the stream ended,
-   * with an error event if the worker died after the first chunk); false or KVR_ERR_UPSTREAM
-   * when it failed before the first chunk (retryable).
-   */
-  private attempt(reply: FastifyReply, call: ProxyCall, a: Attempt, payload: string, signal: CancelSignal, started: number): Promise<boolean> {
-    const d = a.decision
-    const worker = this.router.worker(d.workerId)
-    if (worker === undefined) return Promise.reject(new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} has no HTTP endpoint`))
-    return new Promise<boolean>((resolve, reject) => {
-      const ex = new UpstreamExchange(this, reply, call, a, worker, signal, started, resolve, reject)
-      const target = upstreamTarget(worker.url)
-      try {
-        this.dispatcher.dispatch(
-          {
-            origin: target.origin,
-            path: target.path + call.path,
-            method: 'POST',
-            body: payload,
-            headers: { 'content-type': 'application/json', accept: call.stream ? 'text/event-stream' : 'application/json', 'x-request-id': a.booking.id },
-          },
-          ex,
-        )
-      } catch (err) {
-        reject(new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} (${worker.url}) did not answer: ${(err as Error).message}`))
-      }
-    })
   }
 
   get metrics(): Router['metrics'] {
     return this.router.metrics
+  }
+}
+
+/** The run of a request, on its client's response: the one 'close' listener is then a shared function, not a closure per request. */
+const RUN = Symbol('kvr.proxyRun')
+type RawResponse = FastifyReply['raw'] & { [RUN]?: ProxyRun | undefined }
+
+function onClientClose(this: RawResponse): void {
+  this[RUN]?.clientClosed()
+}
+
+/**
+ * One proxied request from booking to its end, across attempts. Plain callbacks, not a promise
+ * chain: a stream keeps its run alive for its whole life, and each pending promise with its
+ * reactions, closures and contexts would be held, and copied by every scavenge, as long
+ * (`node dist/bench/stream-heap.js`: see the README's Benchmarks, session 12).
+ */
+class ProxyRun {
+  readonly gone = new ClientGone()
+  /** Retries allowed after the first attempt (none for a pinned request). */
+  private readonly retries: number
+  private retry = 0
+  private tried: WorkerRankRef[] | undefined = undefined
+  /** When the first booking was made: TTFT is counted from here. */
+  started = 0
+  private exchange: UpstreamExchange | null = null
+  private ended = false
+
+  constructor(
+    readonly proxy: Proxy,
+    readonly reply: FastifyReply,
+    readonly call: ProxyCall,
+  ) {
+    this.retries = call.route.workerId === undefined ? proxy.retries : 0
+  }
+
+  start(): void {
+    const raw = this.reply.raw as RawResponse
+    raw[RUN] = this
+    raw.on('close', onClientClose)
+    this.proxy.opened(this.call)
+    this.proxy.book(this.call.route, this.gone).then(
+      (a) => {
+        this.started = performance.now()
+        this.attempt(a)
+      },
+      (err: unknown) => this.fail(err),
+    )
+  }
+
+  clientClosed(): void {
+    if (this.reply.raw.writableFinished) return
+    try {
+      this.gone.abort()
+      this.exchange?.clientGone()
+    } catch (err) {
+      // thrown from a 'close' listener it would take the process down
+      this.reply.log.error({ err }, 'cleaning up after a client disconnect failed')
+    }
+  }
+
+  /** One upstream attempt on booking `a`. */
+  private attempt(a: Attempt): void {
+    const d = a.decision
+    const worker = this.proxy.worker(d.workerId)
+    if (worker === undefined) return this.attemptFailed(a, new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} has no HTTP endpoint`))
+    const ex = new UpstreamExchange(this, a, worker)
+    this.exchange = ex
+    try {
+      this.proxy.dispatch(worker, this.call, a, ex)
+    } catch (err) {
+      if (ex.settle()) this.attemptFailed(a, new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} (${worker.url}) did not answer: ${(err as Error).message}`))
+    }
+  }
+
+  /** The response was delivered, or the stream ended (with an error event if the worker died after the first chunk). */
+  delivered(): void {
+    this.exchange = null
+    this.end(200)
+  }
+
+  /** The worker answered 5xx, or ended its stream without a chunk: retryable. */
+  notDelivered(a: Attempt): void {
+    this.retryAfter(a, new KvrError('KVR_ERR_UPSTREAM', `worker ${a.decision.workerId} failed before its first token`))
+  }
+
+  /** The attempt failed before anything reached the client. */
+  attemptFailed(a: Attempt, err: unknown): void {
+    this.exchange = null
+    this.proxy.release(a.booking)
+    if (this.gone.aborted) return this.fail(new KvrError('KVR_ERR_REQUEST_CANCELLED', 'the client went away'))
+    if (!isKvrError(err, 'KVR_ERR_UPSTREAM')) return this.fail(err)
+    this.retryAfter(a, err)
+  }
+
+  /** After a failure before the first token: the next attempt, or the failure when none is left. */
+  private retryAfter(a: Attempt, failure: KvrError): void {
+    this.exchange = null
+    const p = this.proxy
+    p.release(a.booking)
+    p.metrics.upstreamErrors.inc({ phase: 'before_first_token' })
+    const d = a.decision
+    const w = p.worker(d.workerId)
+    if (w !== undefined) w.failures++
+    ;(this.tried ??= []).push(rankRef(d))
+    if (this.retry++ >= this.retries) return this.fail(failure)
+    p.rebook(this.call.route, this.gone, this.tried).then(
+      (next) => {
+        if (typeof next === 'string') return this.fail(new KvrError('KVR_ERR_UPSTREAM', `${failure.message}; not retried: ${next}`))
+        p.metrics.retried()
+        this.attempt(next)
+      },
+      (err: unknown) => this.fail(err),
+    )
+  }
+
+  /** Ends the run with an error: the client gets it as any route's error, unless something was sent already. */
+  private fail(err: unknown): void {
+    if (this.ended) return
+    const code = (err as { code?: unknown } | null)?.code
+    if (code === 'KVR_ERR_ALL_WORKERS_BUSY' || code === 'KVR_ERR_QUEUE_FULL') this.proxy.metrics.rejected(this.call.model, this.call.path)
+    this.end(isKvrError(err) ? err.statusCode : 500)
+    const reply = this.reply
+    if (reply.sent || reply.raw.headersSent) return
+    void reply.send(err instanceof Error ? err : new Error(String(err)))
+  }
+
+  private end(status: number): void {
+    if (this.ended) return
+    this.ended = true
+    const raw = this.reply.raw as RawResponse
+    raw.off('close', onClientClose)
+    raw[RUN] = undefined
+    this.proxy.closed(this.reply, this.call, status)
   }
 }
 
@@ -375,7 +439,8 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
   private contentType = ''
   private abortUpstream: ((err?: Error) => void) | null = null
   private resumeUpstream: (() => void) | null = null
-  private readonly parts: Buffer[] = []
+  /** A non-streamed answer's chunks. */
+  private parts: Buffer[] | null = null
   /** The client's side of a stream, once its headers are out. */
   private out: ChunkWriter | null = null
   private first = true
@@ -386,23 +451,20 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
   private last = 0
   private chunks = 0
   private settled = false
+  /** Made when a slow client first fills its socket, not for every stream. */
+  private onDrain: (() => void) | null = null
 
   constructor(
-    private readonly proxy: Proxy,
-    private readonly reply: FastifyReply,
-    private readonly call: ProxyCall,
+    private readonly run: ProxyRun,
     private readonly a: Attempt,
     private readonly worker: WorkerInfo,
-    private readonly signal: CancelSignal,
-    private readonly started: number,
-    private readonly resolveFn: (delivered: boolean) => void,
-    private readonly rejectFn: (err: unknown) => void,
   ) {}
 
-
-  private readonly onAbort = (): void => {
+  /** The client went away: the upstream request is aborted (undici then calls onError). */
+  clientGone(): void {
+    if (this.settled || this.abortUpstream === null) return
     try {
-      this.abortUpstream?.(new Error('the client went away'))
+      this.abortUpstream(new Error('the client went away'))
     } catch (err) {
       // a dispatcher that cannot abort will not call onError either: settle here, so the
       // booking is released all the same
@@ -410,22 +472,17 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
     }
   }
 
-  private readonly onDrain = (): void => {
-    this.resumeUpstream?.()
-  }
-
-  private settle(): boolean {
+  /** Marks the exchange over; false when it already was (each outcome is reported once). */
+  settle(): boolean {
     if (this.settled) return false
     this.settled = true
-    this.signal.removeEventListener('abort', this.onAbort)
-    this.out?.offDrained(this.onDrain)
+    if (this.onDrain !== null) this.out?.offDrained(this.onDrain)
     return true
   }
 
   onConnect(abort: (err?: Error) => void): void {
     this.abortUpstream = abort
-    if (this.signal.aborted) this.onAbort()
-    else this.signal.addEventListener('abort', this.onAbort, { once: true })
+    if (this.run.gone.aborted) this.clientGone()
   }
 
   onHeaders(statusCode: number, headers: Buffer[] | string[] | null, resume: () => void): boolean {
@@ -438,7 +495,7 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
       }
     }
     if (statusCode >= 500) this.mode = Mode.Failed
-    else if (this.call.stream && statusCode === 200 && this.contentType.includes('text/event-stream')) {
+    else if (this.run.call.stream && statusCode === 200 && this.contentType.includes('text/event-stream')) {
       this.mode = Mode.Stream
       this.resumeUpstream = resume
     } else this.mode = Mode.Whole
@@ -446,12 +503,12 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
   }
 
   onData(chunk: Buffer): boolean {
-    if (this.mode === Mode.Whole) this.parts.push(chunk)
+    if (this.mode === Mode.Whole) (this.parts ??= []).push(chunk)
     else if (this.mode === Mode.Stream) {
       try {
         if (!this.forward(chunk)) {
           // the client's socket is full: hold the worker until it drains
-          ;(this.out as ChunkWriter).onceDrained(this.onDrain)
+          ;(this.out as ChunkWriter).onceDrained((this.onDrain ??= () => this.resumeUpstream?.()))
           return false
         }
       } catch (err) {
@@ -464,16 +521,17 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
   /** Writes one upstream chunk to the client; false when the client's socket is full. */
   private forward(chunk: Buffer): boolean {
     const now = performance.now()
-    const raw = this.reply.raw
-    const m = this.proxy.metrics
+    const run = this.run
+    const raw = run.reply.raw
+    const m = run.proxy.metrics
     if (this.first) {
       this.first = false
       // past the first token nothing is retried: let the prompt go while the stream lasts
-      this.call.payload = ''
-      this.call.route.tokens = NO_TOKENS
+      run.call.payload = ''
+      run.call.route.tokens = NO_TOKENS
       this.a.booking.prefillComplete()
-      m.observeTtft((now - this.started) / 1000)
-      this.reply.hijack()
+      m.observeTtft((now - run.started) / 1000)
+      run.reply.hijack()
       raw.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-worker-id': this.a.decision.workerId.toString() })
       this.last = now
       const ok = this.firstEvent(chunk)
@@ -494,13 +552,14 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
       // the end of the body usually follows in the same read: both then go out in one write
       // (onComplete); if it does not, the event goes out on its own once this read is parsed
       this.tail = chunk
-      process.nextTick(this.flushTail)
+      process.nextTick(flushTail, this)
       return true
     }
     return out.write(chunk)
   }
 
-  private readonly flushTail = (): void => {
+  /** Sends a held [DONE] chunk on its own (the end of the body did not come with it). */
+  flushTail(): void {
     const t = this.tail
     if (t === null || this.settled) return
     this.tail = null
@@ -524,7 +583,7 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
       event = bytes
     }
     this.pending = null
-    const out = new ChunkWriter(this.reply.raw)
+    const out = new ChunkWriter(this.run.reply.raw)
     this.out = out
     const ok = out.begin(event)
     return cut < bytes.length ? out.write(bytes.subarray(cut)) : ok
@@ -532,12 +591,13 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
 
   onComplete(): void {
     if (!this.settle()) return
-    if (this.mode === Mode.Failed) return this.resolveFn(false)
+    const run = this.run
+    if (this.mode === Mode.Failed) return run.notDelivered(this.a)
     if (this.mode === Mode.Stream) {
       // ended without a single chunk: a failure before the first token
-      if (this.first) return this.resolveFn(false)
-      this.proxy.metrics.observeOutput(this.chunks)
-      this.proxy.release(this.a.booking)
+      if (this.first) return run.notDelivered(this.a)
+      run.proxy.metrics.observeOutput(this.chunks)
+      run.proxy.release(this.a.booking)
       this.worker.failures = 0
       const out = this.out
       if (out !== null) {
@@ -545,23 +605,27 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
         this.tail = null
       } else {
         // the first event never ended: what came goes out as it is
-        const raw = this.reply.raw
+        const raw = run.reply.raw
         if (this.pending !== null) raw.write(this.pending)
         raw.end()
       }
-      return this.resolveFn(true)
+      return run.delivered()
     }
-    this.whole().then(this.resolveFn, this.rejectFn)
+    this.whole().then(
+      () => run.delivered(),
+      (err: unknown) => run.attemptFailed(this.a, err),
+    )
   }
 
   /** A non-streamed answer: nvext.worker_id added, booking released on arrival. */
-  private async whole(): Promise<boolean> {
+  private async whole(): Promise<void> {
+    const run = this.run
     const d = this.a.decision
-    const m = this.proxy.metrics
-    const text = Buffer.concat(this.parts).toString('utf8')
+    const m = run.proxy.metrics
+    const text = this.parts === null ? '' : Buffer.concat(this.parts).toString('utf8')
     this.a.booking.prefillComplete()
-    m.observeTtft((performance.now() - this.started) / 1000)
-    this.proxy.release(this.a.booking)
+    m.observeTtft((performance.now() - run.started) / 1000)
+    run.proxy.release(this.a.booking)
     this.worker.failures = 0
     let out = text
     if (this.status === 200) {
@@ -575,32 +639,36 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
         throw new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} answered a body that is not JSON`)
       }
     }
-    await this.reply.code(this.status).header('content-type', 'application/json').header('x-worker-id', d.workerId.toString()).send(out)
-    return true
+    await run.reply.code(this.status).header('content-type', 'application/json').header('x-worker-id', d.workerId.toString()).send(out)
   }
 
   onError(err: Error): void {
     if (!this.settle()) return
+    const run = this.run
     const d = this.a.decision
     if (this.mode !== Mode.Stream || this.first) {
-      if (this.signal.aborted) return this.rejectFn(err)
+      if (run.gone.aborted) return run.attemptFailed(this.a, err)
       const what = this.mode === Mode.Waiting ? `(${this.worker.url}) did not answer` : 'failed before its first token'
-      return this.rejectFn(new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} ${what}: ${err.message}`))
+      return run.attemptFailed(this.a, new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} ${what}: ${err.message}`))
     }
-    this.proxy.release(this.a.booking)
-    const raw = this.reply.raw
-    if (this.signal.aborted) {
+    run.proxy.release(this.a.booking)
+    const raw = run.reply.raw
+    if (run.gone.aborted) {
       raw.destroy()
-      return this.resolveFn(true)
+      return run.delivered()
     }
-    this.proxy.metrics.upstreamErrors.inc({ phase: 'after_first_token' })
+    run.proxy.metrics.upstreamErrors.inc({ phase: 'after_first_token' })
     const e = new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} failed mid-stream: ${err.message}`)
     if (this.pending !== null) raw.write(this.pending)
     if (this.tail !== null) (this.out as ChunkWriter).write(this.tail)
     this.tail = null
     raw.end(`data: ${JSON.stringify({ error: { ...e.toJSON(), type: 'upstream_error' } })}\n\n`)
-    this.resolveFn(true)
+    run.delivered()
   }
+}
+
+function flushTail(ex: UpstreamExchange): void {
+  ex.flushTail()
 }
 
 /**

@@ -518,16 +518,18 @@ export async function buildApp(opts: AppOptions): Promise<App> {
     return { path, payload, stream: body.stream === true, route: input, model }
   }
 
-  // a promise chain, not an async function, for the reason given at Proxy.run
+  // returns nothing: the proxy answers the client itself, errors included, so fastify holds no
+  // promise for the life of a stream
   const inference =
     (path: string, chat: boolean) =>
-    (req: FastifyRequest, reply: FastifyReply): Promise<void> =>
-      proxyCall(path, chat, req).then((call) =>
-        proxy.handle(reply, call).catch((err: unknown) => {
-          if ((err as KvrError).code === 'KVR_ERR_ALL_WORKERS_BUSY' || (err as KvrError).code === 'KVR_ERR_QUEUE_FULL') router.metrics.rejected(call.model, path)
-          throw err
-        }),
-      )
+    (req: FastifyRequest, reply: FastifyReply): void => {
+      proxyCall(path, chat, req)
+        .then((call) => proxy.handle(reply, call))
+        .catch((err: unknown) => {
+          if (reply.sent || reply.raw.headersSent) reply.log.error({ err }, 'proxying failed after the response began')
+          else void reply.send(err)
+        })
+    }
   fastify.post('/v1/completions', { schema: { body: completionSchema } }, inference('/v1/completions', false))
   fastify.post('/v1/chat/completions', { schema: { body: chatSchema } }, inference('/v1/chat/completions', true))
 

@@ -17,6 +17,12 @@ export interface StreamHeapRow {
   /** Heap used with the streams open minus before, after full GCs, per stream; one per round. */
   bytesPerStream: number[]
   bytesPerStreamMedian: number
+  /**
+   * ArrayBuffer memory (outside the V8 heap, so no scavenge copies it) held per open stream, same
+   * readings: mostly undici's copy of the request body, which it keeps until the response ends.
+   */
+  externalBytesPerStream: number[]
+  externalBytesPerStreamMedian: number
 }
 
 type ToChild = { open: number; router: string; prompt: number } | { finish: true } | { exit: true }
@@ -69,9 +75,10 @@ export async function benchStreamHeap(opts: { prompts?: number[]; streams?: numb
   const streams = opts.streams ?? 200
   const rounds = opts.rounds ?? 3
   const gc = fullGc()
-  const heapUsed = (): number => {
+  const settled = (): { heap: number; external: number } => {
     for (let i = 0; i < 4; i++) gc()
-    return process.memoryUsage().heapUsed
+    const m = process.memoryUsage()
+    return { heap: m.heapUsed, external: m.arrayBuffers }
   }
   const { Router } = await import('../src/router.js')
   const { buildApp } = await import('../src/http/app.js')
@@ -96,15 +103,18 @@ export async function benchStreamHeap(opts: { prompts?: number[]; streams?: numb
       c.send({ finish: true })
       await settle()
       const per: number[] = []
+      const ext: number[] = []
       for (let k = 0; k < rounds; k++) {
-        const before = heapUsed()
+        const before = settled()
         c.send({ open: streams, router: routerUrl, prompt })
         await next()
-        per.push((heapUsed() - before) / streams)
+        const open = settled()
+        per.push((open.heap - before.heap) / streams)
+        ext.push((open.external - before.external) / streams)
         c.send({ finish: true })
         await settle()
       }
-      out.push({ promptTokens: prompt, streams, bytesPerStream: per, bytesPerStreamMedian: median(per) })
+      out.push({ promptTokens: prompt, streams, bytesPerStream: per, bytesPerStreamMedian: median(per), externalBytesPerStream: ext, externalBytesPerStreamMedian: median(ext) })
     }
     return out
   } finally {
@@ -116,8 +126,8 @@ export async function benchStreamHeap(opts: { prompts?: number[]; streams?: numb
 
 export function printStreamHeap(rows: StreamHeapRow[]): void {
   console.log('\nheap the router holds per open stream (after the first token; full GCs before each reading)')
-  console.log('prompt tokens | streams | KB per stream, by round | median KB')
-  for (const r of rows) console.log(`${String(r.promptTokens).padStart(13)} | ${String(r.streams).padStart(7)} | ${r.bytesPerStream.map((x) => (x / 1024).toFixed(2)).join(', ').padStart(23)} | ${(r.bytesPerStreamMedian / 1024).toFixed(2).padStart(9)}`)
+  console.log('prompt tokens | streams | KB per stream, by round | median KB | outside the heap (ArrayBuffers), median KB')
+  for (const r of rows) console.log(`${String(r.promptTokens).padStart(13)} | ${String(r.streams).padStart(7)} | ${r.bytesPerStream.map((x) => (x / 1024).toFixed(2)).join(', ').padStart(23)} | ${(r.bytesPerStreamMedian / 1024).toFixed(2).padStart(9)} | ${(r.externalBytesPerStreamMedian / 1024).toFixed(2).padStart(10)}`)
 }
 
 if (process.argv[2] === '--child') {

@@ -227,13 +227,6 @@ export class Proxy {
   }
 }
 
-/** The run of a request, on its client's response: the one 'close' listener is then a shared function, not a closure per request. */
-const RUN = Symbol('kvr.proxyRun')
-type RawResponse = FastifyReply['raw'] & { [RUN]?: ProxyRun | undefined }
-
-function onClientClose(this: RawResponse): void {
-  this[RUN]?.clientClosed()
-}
 
 /**
  * One proxied request from booking to its end, across attempts. Plain callbacks, not a promise
@@ -251,6 +244,7 @@ class ProxyRun {
   started = 0
   private exchange: UpstreamExchange | null = null
   private ended = false
+  private readonly onClose = (): void => this.clientClosed()
 
   constructor(
     readonly proxy: Proxy,
@@ -261,9 +255,7 @@ class ProxyRun {
   }
 
   start(): void {
-    const raw = this.reply.raw as RawResponse
-    raw[RUN] = this
-    raw.on('close', onClientClose)
+    this.reply.raw.on('close', this.onClose)
     this.proxy.opened(this.call)
     this.proxy.book(this.call.route, this.gone).then(
       (a) => {
@@ -354,9 +346,7 @@ class ProxyRun {
   private end(status: number): void {
     if (this.ended) return
     this.ended = true
-    const raw = this.reply.raw as RawResponse
-    raw.off('close', onClientClose)
-    raw[RUN] = undefined
+    this.reply.raw.off('close', this.onClose)
     this.proxy.closed(this.reply, this.call, status)
   }
 }

@@ -43,6 +43,29 @@ export interface PhaseResult {
   hopCpuUsPerRequest: number | null
   /** CPU of each process over the phase, in % of one core (the machine has to share its cores between them). */
   cpuPct: { client: number; upstreams: number | null; hop: number | null }
+  /** The router's GC pauses over the phase, from its /metrics (router lanes only). Each scavenge stalls every request in flight. */
+  hopGc: GcTotals | null
+}
+
+export interface GcTotals {
+  scavenges: number
+  scavengeMs: number
+  majors: number
+  majorMs: number
+}
+
+/** The router's GC pause totals, read from its `nodejs_gc_duration_seconds` series. */
+async function gcTotals(base: string): Promise<GcTotals> {
+  const body = await (await fetch(`${base}/metrics`)).text()
+  const read = (what: 'count' | 'sum', kind: string): number => {
+    const m = body.match(new RegExp(`^nodejs_gc_duration_seconds_${what}\\{kind="${kind}"\\} (\\S+)$`, 'm'))
+    return m === null ? 0 : Number(m[1])
+  }
+  return { scavenges: read('count', 'minor'), scavengeMs: read('sum', 'minor') * 1000, majors: read('count', 'major'), majorMs: read('sum', 'major') * 1000 }
+}
+
+function gcDiff(a: GcTotals, b: GcTotals): GcTotals {
+  return { scavenges: b.scavenges - a.scavenges, scavengeMs: b.scavengeMs - a.scavengeMs, majors: b.majors - a.majors, majorMs: b.majorMs - a.majorMs }
 }
 
 /** One direct phase and one routed phase (or both lanes of one paired phase) and their p99 difference. */
@@ -177,6 +200,8 @@ interface Lane {
  */
 async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent, pids: { hop?: number | undefined; upstreams?: number | undefined } = {}): Promise<PhaseResult[]> {
   const hopPid = pids.hop
+  const routerUrl = lanes.find((l) => l.path === 'router')?.urls[0]
+  const gc0 = routerUrl === undefined ? null : await gcTotals(routerUrl)
   const hop0 = processTicks(hopPid)
   const up0 = processTicks(pids.upstreams)
   const client0 = process.cpuUsage()
@@ -253,6 +278,7 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
   const client1 = process.cpuUsage(client0)
   const pct = (t0: number | null, t1: number | null): number | null => (t0 === null || t1 === null ? null : ((t1 - t0) / TICKS_PER_S / wallS) * 100)
   const cpuPct = { client: ((client1.user + client1.system) / 1e6 / wallS) * 100, upstreams: pct(up0, processTicks(pids.upstreams)), hop: pct(hop0, hop1) }
+  const hopGc = routerUrl === undefined || gc0 === null ? null : gcDiff(gc0, await gcTotals(routerUrl))
   return lanes.map((l, i) => {
     const st = stats[i] as (typeof stats)[number]
     st.ttft.sort((a, b) => a - b)
@@ -267,6 +293,7 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
       totalMs: { p50: quantile(st.total, 0.5), p99: quantile(st.total, 0.99) },
       hopCpuUsPerRequest: l.path === 'direct' || hop0 === null || hop1 === null ? null : (((hop1 - hop0) / TICKS_PER_S) * 1e6) / st.requests,
       cpuPct,
+      hopGc: l.path === 'router' ? hopGc : null,
     }
   })
 }
@@ -366,7 +393,9 @@ export function printProxy(p: ProxyResult): void {
       const f = (x: number | null): string => (x === null ? '–' : `${x.toFixed(0)}%`)
       const hop = r.hop.path
       const load = c === d ? `client ${f(c.client)}, upstreams ${f(c.upstreams)}, ${hop} ${f(c.hop)}` : `direct phase: client ${f(d.client)}, upstreams ${f(d.upstreams)}; routed phase: client ${f(c.client)}, upstreams ${f(c.upstreams)}, ${hop} ${f(c.hop)}`
-      console.log(`${''.padEnd(12)} | p99 overhead: TTFT ${r.p99TtftOverheadMs.toFixed(2)} ms, total ${r.p99TotalOverheadMs.toFixed(2)} ms | CPU of one core: ${load}`)
+      const g = r.hop.hopGc
+      const gcText = g === null ? '' : ` | router GC pauses: ${g.scavenges} scavenges, ${g.scavengeMs.toFixed(1)} ms${g.majors > 0 ? `; ${g.majors} major, ${g.majorMs.toFixed(1)} ms` : ''}`
+      console.log(`${''.padEnd(12)} | p99 overhead: TTFT ${r.p99TtftOverheadMs.toFixed(2)} ms, total ${r.p99TotalOverheadMs.toFixed(2)} ms | CPU of one core: ${load}${gcText}`)
     })
   rows('sequential', p.rounds)
   rows('paired', p.paired)

@@ -2,7 +2,8 @@
 // where the meaning is the same, so existing dashboards keep working; kvrouter_* names are this
 // router's own (shards). Shard and scheduler figures are read at scrape time (shared-memory
 // counters, scheduler stats): the request path only observes a few allocation-free histograms.
-import { Counter, Gauge, Registry } from 'prom-client'
+import { PerformanceObserver, constants as perfConstants } from 'node:perf_hooks'
+import { Counter, Gauge, Histogram, Registry } from 'prom-client'
 import { BoundHistogram } from './histogram.js'
 import type { Router } from './router.js'
 import type { RouteDecision } from './scheduler/scheduler.js'
@@ -11,6 +12,14 @@ const MS_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 10
 const S_BUCKETS = [0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60]
 const TOKEN_BUCKETS = [16, 64, 256, 1024, 4096, 16384, 65536, 262144]
 const RATIO_BUCKETS = [0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1]
+/** Finer than prom-client's default GC buckets: a router's scavenges take 1-10 ms, and that range is what moves its latency tail. */
+const GC_BUCKETS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1]
+const GC_KINDS: Readonly<Record<number, string>> = {
+  [perfConstants.NODE_PERFORMANCE_GC_MINOR]: 'minor',
+  [perfConstants.NODE_PERFORMANCE_GC_MAJOR]: 'major',
+  [perfConstants.NODE_PERFORMANCE_GC_INCREMENTAL]: 'incremental',
+  [perfConstants.NODE_PERFORMANCE_GC_WEAKCB]: 'weakcb',
+}
 
 type H = BoundHistogram
 
@@ -33,6 +42,7 @@ export class RouterMetrics {
   private readonly retries: Counter<string>
   readonly upstreamErrors: Counter<string>
   private readonly eventsHttp: Counter<string>
+  private readonly gcObserver: PerformanceObserver
 
   constructor(router: Router) {
     const r = this.registry
@@ -60,6 +70,17 @@ export class RouterMetrics {
     this.retries = new Counter({ name: 'kvrouter_proxy_retries_total', help: 'Requests retried on another worker after a failure before the first token', registers: [r] })
     this.upstreamErrors = new Counter({ name: 'kvrouter_proxy_upstream_errors_total', help: 'Upstream failures by phase', labelNames: ['phase'], registers: [r] })
     this.eventsHttp = new Counter({ name: 'kvrouter_http_events_received_total', help: 'KV events received over POST /v1/kv-events', registers: [r] })
+    // every request in flight waits out a pause of the main thread: when the latency tail moves,
+    // the scavenges are the first thing to look at (the name is prom-client's default metric's)
+    const gc = new Histogram({ name: 'nodejs_gc_duration_seconds', help: 'Garbage collection pauses of the main thread, by kind', labelNames: ['kind'], buckets: GC_BUCKETS, registers: [r] })
+    for (const kind of Object.values(GC_KINDS)) gc.zero({ kind })
+    this.gcObserver = new PerformanceObserver((list) => {
+      for (const e of list.getEntries()) {
+        const kind = GC_KINDS[(e as { detail?: { kind?: number } | null }).detail?.kind ?? -1]
+        if (kind !== undefined) gc.observe({ kind }, e.duration / 1000)
+      }
+    })
+    this.gcObserver.observe({ entryTypes: ['gc'] })
 
     const sched = router.scheduler
     new Gauge({
@@ -201,6 +222,11 @@ export class RouterMetrics {
         this.set({ model: cfg.modelName }, router.workers().length)
       },
     })
+  }
+
+  /** Stops watching GC pauses (the router is closing). */
+  close(): void {
+    this.gcObserver.disconnect()
   }
 
   observeOverhead(hashMs: number, findMs: number, schedMs: number, totalMs: number): void {

@@ -417,6 +417,7 @@ export class Router {
     await this.nats?.close().catch(() => undefined)
     await this.discovery?.close().catch(() => undefined)
     this.scheduler.close()
+    this.metrics.close()
     await this.pool.close()
   }
 }

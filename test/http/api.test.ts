@@ -3,6 +3,7 @@
 import t from 'tap'
 import { computeBlockHashes, computeSequenceHashes } from '../../src/shared/hashing.js'
 import { encodeRouterEvent } from '../../src/shared/events.js'
+import { fullGc } from '../../src/heap-settle.js'
 import { harness, tokens } from './helpers.js'
 
 const BIG = 18446744073709551557n // a u64 far above 2^53
@@ -125,6 +126,8 @@ t.test('metrics, models, health, ready', async (t) => {
     'kvrouter_shard_blocks{shard="0"} 3',
     'dynamo_component_kv_cache_events_applied{event_type="all",status="ok"}',
     'kvrouter_http_events_received_total 1',
+    'nodejs_gc_duration_seconds_bucket{le="0.005",kind="minor"}',
+    'nodejs_gc_duration_seconds_count{kind="major"}',
   ]) t.match(m.body, name, name)
   t.match(m.body, /dynamo_component_router_requests_total\{[^}]*\} [1-9]/, 'decisions counted')
   const models = await h.app.fastify.inject({ method: 'GET', url: '/v1/models' })
@@ -133,6 +136,21 @@ t.test('metrics, models, health, ready', async (t) => {
   const ready = await h.app.fastify.inject({ method: 'GET', url: '/ready' })
   t.equal(ready.statusCode, 200)
   t.equal((ready.json() as { ready: boolean }).ready, true)
+})
+
+t.test('metrics: the main thread\'s GC pauses are counted by kind', async (t) => {
+  const count = async (kind: string): Promise<number> => {
+    const body = (await h.app.fastify.inject({ method: 'GET', url: '/metrics' })).body
+    const m = body.match(new RegExp(`^nodejs_gc_duration_seconds_count\\{kind="${kind}"\\} (\\d+)$`, 'm'))
+    return m === null ? -1 : Number(m[1])
+  }
+  const before = await count('major')
+  t.ok(before >= 0, 'the series exists before any pause of its kind')
+  fullGc()()
+  // the observer hears of a GC after it, not during it
+  for (let i = 0; i < 200 && (await count('major')) <= before; i++) await new Promise((r) => setTimeout(r, 10))
+  t.ok((await count('major')) > before, 'a full GC is counted')
+  t.match((await h.app.fastify.inject({ method: 'GET', url: '/metrics' })).body, /^nodejs_gc_duration_seconds_sum\{kind="major"\} [0-9.e-]+$/m)
 })
 
 t.test('approximate mode (--no-router-kv-events): decisions become the index', async (t) => {

@@ -17,4 +17,14 @@
 // its p99 TTFT overhead run medians of 3.20, 2.27 and 2.79 ms without the reducer and 4.46, 14.88
 // and 7.38 ms with it; under steady load the two were alike (session 8). A replica behind a load balancer idles and wakes all day. The cost: an idle
 // router keeps the heap its busiest minute grew.
-export const ROUTER_V8_FLAGS: readonly string[] = Object.freeze(['--min-semi-space-size=64', '--max-semi-space-size=64', '--no-memory-reducer'])
+//
+// Why the old generation grows by 100% of what a full GC leaves alive: the router's old generation
+// is small (tens of MB) and V8 sized its next limit so close to it that, under 200 open streams,
+// what each scavenge promotes brought a mark-compact every 14 s or so, each an atomic pause of
+// 5-13 ms that every request in flight waits out. In four runs of `node dist/bench/proxy.js`
+// without the flag, two had a mark-compact in three of their five router rounds and two had none;
+// in three with it, each had exactly one, in the first paired round (the heap's first growth
+// under load), and none after (bench/HISTORY.md, bench:route, session 12; the rounds now print
+// the router's GC pauses). The cost is memory: the old generation may grow to twice what is live
+// (a few tens of MB here) before it is collected.
+export const ROUTER_V8_FLAGS: readonly string[] = Object.freeze(['--min-semi-space-size=64', '--max-semi-space-size=64', '--no-memory-reducer', '--heap-growing-percent=100'])

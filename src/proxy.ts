@@ -255,15 +255,27 @@ class ProxyRun {
   }
 
   start(): void {
-    this.reply.raw.on('close', this.onClose)
+    const raw = this.reply.raw
+    raw.on('close', this.onClose)
     this.proxy.opened(this.call)
+    // a client can leave while its prompt is tokenized, before anything listened for it
+    if (raw.destroyed) return this.fail(new KvrError('KVR_ERR_REQUEST_CANCELLED', 'the client went away'))
     this.proxy.book(this.call.route, this.gone).then(
       (a) => {
         this.started = performance.now()
-        this.attempt(a)
+        this.attemptGuarded(a)
       },
       (err: unknown) => this.fail(err),
     )
+  }
+
+  /** attempt(), where a throw would otherwise escape a promise callback with the booking held. */
+  private attemptGuarded(a: Attempt): void {
+    try {
+      this.attempt(a)
+    } catch (err) {
+      this.attemptFailed(a, err)
+    }
   }
 
   clientClosed(): void {
@@ -287,7 +299,7 @@ class ProxyRun {
     try {
       this.proxy.dispatch(worker, this.call, a, ex)
     } catch (err) {
-      if (ex.settle()) this.attemptFailed(a, new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} (${worker.url}) did not answer: ${(err as Error).message}`))
+      if (ex.settle()) this.attemptFailed(a, new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} (${worker.url}) did not answer: ${errorText(err)}`))
     }
   }
 
@@ -326,7 +338,7 @@ class ProxyRun {
       (next) => {
         if (typeof next === 'string') return this.fail(new KvrError('KVR_ERR_UPSTREAM', `${failure.message}; not retried: ${next}`))
         p.metrics.retried()
-        this.attempt(next)
+        this.attemptGuarded(next)
       },
       (err: unknown) => this.fail(err),
     )
@@ -352,6 +364,11 @@ class ProxyRun {
 }
 
 const NO_TOKENS: ArrayLike<number> = Object.freeze([])
+
+/** The message of whatever was thrown: a dispatcher may throw something that is not an Error. */
+function errorText(err: unknown): string {
+  return err instanceof Error ? err.message : String(err)
+}
 /** Longest first event held back for its worker id (one token's event is a few hundred bytes). */
 const FIRST_EVENT_LIMIT = 256 * 1024
 
@@ -458,7 +475,7 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
     } catch (err) {
       // a dispatcher that cannot abort will not call onError either: settle here, so the
       // booking is released all the same
-      this.onError(err as Error)
+      this.onError(err instanceof Error ? err : new Error(errorText(err)))
     }
   }
 
@@ -601,10 +618,12 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
       }
       return run.delivered()
     }
-    this.whole().then(
-      () => run.delivered(),
-      (err: unknown) => run.attemptFailed(this.a, err),
-    )
+    this.whole()
+      .then(
+        () => run.delivered(),
+        (err: unknown) => run.attemptFailed(this.a, err),
+      )
+      .catch((err: unknown) => run.reply.log.error({ err }, 'finishing a proxied request failed'))
   }
 
   /** A non-streamed answer: nvext.worker_id added, booking released on arrival. */

@@ -73,3 +73,28 @@ export function until(cond: () => boolean, ms = 5000): Promise<void> {
     tick()
   })
 }
+
+/** One SSE event carrying `obj`. */
+export const sse = (obj: unknown): string => `data: ${JSON.stringify(obj)}\n\n`
+
+/** An OpenAI-style completion chunk with `text`. */
+export const chunk = (text: string) => ({ id: 'c', object: 'text_completion', created: 1, model: 'm', choices: [{ index: 0, text, finish_reason: null }] })
+
+/** Scripted upstreams registered as workers 100, 101, ... of `h`; close() removes and stops them. */
+export async function workerFleet(h: Harness, handlers: Handler[]) {
+  const servers: Awaited<ReturnType<typeof upstream>>[] = []
+  for (let i = 0; i < handlers.length; i++) {
+    const s = await upstream(handlers[i] as Handler)
+    servers.push(s)
+    await h.router.addWorker({ id: BigInt(100 + i), url: s.url })
+  }
+  return {
+    servers,
+    async close() {
+      for (let i = 0; i < servers.length; i++) {
+        await h.router.removeWorker(BigInt(100 + i))
+        await servers[i]?.close()
+      }
+    },
+  }
+}

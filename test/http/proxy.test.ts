@@ -9,7 +9,8 @@ import { request as httpRequest } from 'node:http'
 import type { IncomingMessage } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { fullGc } from '../../src/heap-settle.js'
-import { harness, tokens, until, upstream } from './helpers.js'
+import { chunk, harness, sse, tokens, until, upstream, workerFleet } from './helpers.js'
+import type { Handler, Harness } from './helpers.js'
 
 const BIG = 18446744073709551557n
 const h = await harness(['--router-block-size', '4', '--proxy-retries', '2'])
@@ -17,26 +18,8 @@ await h.app.fastify.listen({ host: '127.0.0.1', port: 0 })
 const base = `http://127.0.0.1:${(h.app.fastify.server.address() as AddressInfo).port}`
 t.teardown(() => h.close())
 
-const sse = (obj: unknown): string => `data: ${JSON.stringify(obj)}\n\n`
-const chunk = (text: string) => ({ id: 'c', object: 'text_completion', created: 1, model: 'm', choices: [{ index: 0, text, finish_reason: null }] })
 
-async function fleet(handlers: Parameters<typeof upstream>[0][]) {
-  const servers: Awaited<ReturnType<typeof upstream>>[] = []
-  for (let i = 0; i < handlers.length; i++) {
-    const s = await upstream(handlers[i] as Parameters<typeof upstream>[0])
-    servers.push(s)
-    await h.router.addWorker({ id: BigInt(100 + i), url: s.url })
-  }
-  return {
-    servers,
-    async close() {
-      for (let i = 0; i < servers.length; i++) {
-        await h.router.removeWorker(BigInt(100 + i))
-        await servers[i]?.close()
-      }
-    },
-  }
-}
+const fleet = (handlers: Handler[], hh: Harness = h) => workerFleet(hh, handlers)
 
 function booked(): number {
   return h.router.scheduler.stats().bookedRequests

@@ -1,5 +1,5 @@
-// Review of the callback-driven proxy run (ProxyRun / UpstreamExchange) and the [DONE] hold: the
-// paths test/http/proxy.test.ts does not pin down. Every booking is released once and the run's
+// The callback-driven proxy run (ProxyRun / UpstreamExchange) and the [DONE] hold, on the paths
+// test/http/proxy.test.ts does not pin down (several found by a review). Every booking is released once and the run's
 // bookkeeping (inFlight, dynamo_frontend_inflight_requests, dynamo_frontend_requests_total)
 // settles on: a client that leaves while its upstream has not answered, while it waits in the
 // queue, or while its prompt is still being tokenized; unary bodies that are not JSON; a pinned
@@ -12,36 +12,18 @@ import { connect } from 'node:net'
 import type { AddressInfo, Socket } from 'node:net'
 import { Dispatcher } from 'undici'
 import type { TextTokenizer } from '../../src/tokenizer.js'
-import { harness, tokens, until, upstream } from './helpers.js'
-import type { Harness } from './helpers.js'
+import { chunk, harness, sse, tokens, until, upstream, workerFleet } from './helpers.js'
+import type { Handler, Harness } from './helpers.js'
 
 const h = await harness(['--router-block-size', '4', '--proxy-retries', '2'])
 await h.app.fastify.listen({ host: '127.0.0.1', port: 0 })
 const base = `http://127.0.0.1:${(h.app.fastify.server.address() as AddressInfo).port}`
 t.teardown(() => h.close())
 
-const sse = (obj: unknown): string => `data: ${JSON.stringify(obj)}\n\n`
-const chunk = (text: string) => ({ id: 'c', object: 'text_completion', created: 1, model: 'm', choices: [{ index: 0, text, finish_reason: null }] })
 const post = (body: unknown, headers: Record<string, string> = {}, signal?: AbortSignal) =>
   fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json', ...headers }, body: JSON.stringify(body), signal })
 
-async function fleet(handlers: Parameters<typeof upstream>[0][], hh: Harness = h) {
-  const servers: Awaited<ReturnType<typeof upstream>>[] = []
-  for (let i = 0; i < handlers.length; i++) {
-    const s = await upstream(handlers[i] as Parameters<typeof upstream>[0])
-    servers.push(s)
-    await hh.router.addWorker({ id: BigInt(100 + i), url: s.url })
-  }
-  return {
-    servers,
-    async close() {
-      for (let i = 0; i < servers.length; i++) {
-        await hh.router.removeWorker(BigInt(100 + i))
-        await servers[i]?.close()
-      }
-    },
-  }
-}
+const fleet = (handlers: Handler[], hh: Harness = h) => workerFleet(hh, handlers)
 
 const booked = (hh: Harness = h): number => hh.router.scheduler.stats().bookedRequests
 
@@ -409,4 +391,97 @@ t.test('a worker that dies after its headers, then one that ends its stream empt
   t.equal((await metric('kvrouter_proxy_retries_total')) - retried, 2)
   await until(() => booked() === 0 && h.app.proxy.inFlight === 0)
   await f.close()
+})
+
+t.test('a keep-alive connection: a stream whose [DONE] went out with the end of the body leaves the socket uncorked and serves the next request', async (t) => {
+  const port = (h.app.fastify.server.address() as AddressInfo).port
+  const serverSockets: Socket[] = []
+  const onConn = (s: Socket): void => {
+    serverSockets.push(s)
+  }
+  h.app.fastify.server.on('connection', onConn)
+  t.teardown(() => {
+    h.app.fastify.server.off('connection', onConn)
+  })
+  let n = 0
+  const f = await fleet([
+    (_req, _body, res) => {
+      const k = n++
+      res.writeHead(200, { 'content-type': 'text/event-stream' })
+      res.write(sse(chunk(`one-${k}`)))
+      setTimeout(() => res.end(sse(chunk(`two-${k}`)) + 'data: [DONE]\n\n'), 10)
+    },
+  ])
+  const released = h.app.proxy.releasedTotal
+  const payload = JSON.stringify({ prompt: tokens(8), stream: true })
+  const req = `POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: ${payload.length}\r\n\r\n${payload}`
+  const c = connect(port, '127.0.0.1')
+  c.on('error', () => {})
+  let got = ''
+  let wake: () => void = () => {}
+  c.on('data', (d: Buffer) => {
+    got += d.toString('latin1')
+    wake()
+  })
+  const ends = (): number => got.split('\r\n0\r\n\r\n').length - 1
+  const waitEnds = async (k: number): Promise<void> => {
+    while (ends() < k) await new Promise<void>((r) => (wake = r))
+  }
+  await new Promise<void>((r) => c.once('connect', () => r()))
+  c.write(req)
+  await waitEnds(1)
+  await until(() => h.app.proxy.inFlight === 0)
+  t.equal(serverSockets.length, 1)
+  t.equal(serverSockets[0]?.writableCorked, 0, 'the client socket is not left corked')
+  c.write(req)
+  await waitEnds(2)
+  c.destroy()
+  const responses = got.split('HTTP/1.1 200 OK\r\n').slice(1)
+  t.equal(responses.length, 2, 'both requests answered on one connection')
+  for (const [i, r] of responses.entries()) {
+    let body = r.slice(r.indexOf('\r\n\r\n') + 4)
+    const data: string[] = []
+    for (;;) {
+      const eol = body.indexOf('\r\n')
+      const size = parseInt(body.slice(0, eol), 16)
+      if (size === 0) break
+      data.push(body.slice(eol + 2, eol + 2 + size))
+      t.equal(body.slice(eol + 2 + size, eol + 4 + size), '\r\n', 'each chunk framed')
+      body = body.slice(eol + 4 + size)
+    }
+    const text = data.join('')
+    t.match(text, new RegExp(`^data: \\{[^\\n]*"text":"one-${i}"[^\\n]*"worker_id"[^\\n]*\\}\\n\\ndata: \\{[^\\n]*"text":"two-${i}"[^\\n]*\\}\\n\\ndata: \\[DONE\\]\\n\\n$`), `response ${i}: every event once, in order`)
+  }
+  t.equal(h.app.proxy.releasedTotal, released + 2)
+  t.equal(booked(), 0)
+  await f.close()
+})
+
+/** Throws something that is not an Error from dispatch() (a foreign dispatcher may: `throw null`). */
+class ThrowsNull extends Dispatcher {
+  calls = 0
+  override dispatch(): boolean {
+    this.calls++
+    // eslint-disable-next-line @typescript-eslint/only-throw-error
+    throw null
+  }
+  override close(): Promise<void> {
+    return Promise.resolve()
+  }
+  override destroy(): Promise<void> {
+    return Promise.resolve()
+  }
+}
+
+t.test('a dispatcher that throws a non-Error: the client gets 502, the booking is released, no unhandled rejection (found by review)', async (t) => {
+  const d = new ThrowsNull()
+  const hr = await harness(['--router-block-size', '4', '--proxy-retries', '0'], null, d)
+  t.teardown(() => hr.close())
+  await hr.router.addWorker({ id: 1n, url: 'http://127.0.0.1:9' })
+  const r = await hr.app.fastify.inject({ method: 'POST', url: '/v1/completions', headers: { 'content-type': 'application/json' }, payload: JSON.stringify({ prompt: tokens(8) }) })
+  t.equal(d.calls, 1)
+  t.equal(r.statusCode, 502)
+  t.equal((r.json() as { error: { code: string } }).error.code, 'KVR_ERR_UPSTREAM')
+  t.equal(booked(hr), 0, 'the booking is released')
+  t.equal(hr.app.proxy.inFlight, 0)
 })

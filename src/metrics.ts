@@ -23,6 +23,22 @@ const GC_KINDS: Readonly<Record<number, string>> = {
 
 type H = BoundHistogram
 
+/**
+ * Distinct `model` label values kept apart; later ones are counted as MODEL_OTHER. The model
+ * comes from the client's body, and every distinct value would otherwise be a series for good.
+ */
+const MAX_MODELS = 256
+const MODEL_OTHER = '(other)'
+
+type Tally<K, V> = Map<K, V>
+
+/** The map under `key`, made on first use. */
+function branch<K, V extends Map<unknown, unknown>>(m: Tally<K, V>, key: K, make: () => V): V {
+  let v = m.get(key)
+  if (v === undefined) m.set(key, (v = make()))
+  return v
+}
+
 export class RouterMetrics {
   readonly registry = new Registry()
   readonly routerId: string
@@ -35,10 +51,14 @@ export class RouterMetrics {
   private readonly ttft: H
   private readonly itl: H
   private readonly osl: H
-  private readonly requests: ReturnType<Counter<string>['labels']>
-  private readonly frontendRequests: Counter<string>
+  // per-request counts are plain numbers in maps, read into prom-client at scrape time: its
+  // labelled inc() hashes the label set into a new string on every call
+  private decisions = 0
+  /** model → endpoint → request type → status → count */
+  private readonly frontendRequests = new Map<string, Map<string, Map<string, Map<number, number>>>>()
+  /** model → requests being proxied */
+  private readonly inflightByModel = new Map<string, number>()
   private readonly rejections: Counter<string>
-  readonly inflight: Gauge<string>
   private readonly retries: Counter<string>
   readonly upstreamErrors: Counter<string>
   private readonly eventsHttp: Counter<string>
@@ -63,10 +83,39 @@ export class RouterMetrics {
     this.ttft = ch('time_to_first_token_seconds', 'Time to first token through the router', S_BUCKETS)
     this.itl = ch('inter_token_latency_seconds', 'Time between streamed chunks through the router', S_BUCKETS)
     this.osl = ch('output_sequence_tokens', 'Output length (streamed chunks or usage.completion_tokens)', TOKEN_BUCKETS)
-    this.requests = new Counter({ name: 'dynamo_component_router_requests_total', help: 'Requests routed', labelNames: comp, registers: [r] }).labels(base)
-    this.frontendRequests = new Counter({ name: 'dynamo_frontend_requests_total', help: 'HTTP requests by endpoint and status', labelNames: ['model', 'endpoint', 'request_type', 'status'], registers: [r] })
+    const self = this
+    new Counter({
+      name: 'dynamo_component_router_requests_total',
+      help: 'Requests routed',
+      labelNames: comp,
+      registers: [r],
+      collect() {
+        this.reset()
+        this.inc(base, self.decisions)
+      },
+    })
+    new Counter({
+      name: 'dynamo_frontend_requests_total',
+      help: 'HTTP requests by endpoint and status',
+      labelNames: ['model', 'endpoint', 'request_type', 'status'],
+      registers: [r],
+      collect() {
+        this.reset()
+        for (const [model, byEndpoint] of self.frontendRequests)
+          for (const [endpoint, byType] of byEndpoint)
+            for (const [type, byStatus] of byType) for (const [status, n] of byStatus) this.inc({ model, endpoint, request_type: type, status: String(status) }, n)
+      },
+    })
     this.rejections = new Counter({ name: 'dynamo_frontend_model_rejection_total', help: 'Requests refused because every worker was busy or the queue was full', labelNames: ['model', 'endpoint'], registers: [r] })
-    this.inflight = new Gauge({ name: 'dynamo_frontend_inflight_requests', help: 'Requests being proxied', labelNames: ['model'], registers: [r] })
+    new Gauge({
+      name: 'dynamo_frontend_inflight_requests',
+      help: 'Requests being proxied',
+      labelNames: ['model'],
+      registers: [r],
+      collect() {
+        for (const [model, n] of self.inflightByModel) this.set({ model }, n)
+      },
+    })
     this.retries = new Counter({ name: 'kvrouter_proxy_retries_total', help: 'Requests retried on another worker after a failure before the first token', registers: [r] })
     this.upstreamErrors = new Counter({ name: 'kvrouter_proxy_upstream_errors_total', help: 'Upstream failures by phase', labelNames: ['phase'], registers: [r] })
     this.eventsHttp = new Counter({ name: 'kvrouter_http_events_received_total', help: 'KV events received over POST /v1/kv-events', registers: [r] })
@@ -237,7 +286,7 @@ export class RouterMetrics {
   }
 
   observeDecision(d: RouteDecision, blocks: number, isl: number): void {
-    this.requests.inc()
+    this.decisions++
     this.isl.observe(isl)
     this.hitRate.observe(blocks > 0 ? d.overlapBlocks / blocks : 0)
   }
@@ -255,11 +304,32 @@ export class RouterMetrics {
   }
 
   request(model: string, endpoint: string, type: 'stream' | 'unary', status: number): void {
-    this.frontendRequests.inc({ model, endpoint, request_type: type, status: String(status) })
+    const m = this.frontendRequests
+    const byStatus = branch(branch(branch(m, this.modelLabel(m, model), () => new Map()), endpoint, () => new Map()), type, () => new Map<number, number>())
+    byStatus.set(status, (byStatus.get(status) ?? 0) + 1)
+  }
+
+  /** A request starts being proxied. */
+  proxyStarted(model: string): void {
+    const m = this.inflightByModel
+    const key = this.modelLabel(m, model)
+    m.set(key, (m.get(key) ?? 0) + 1)
+  }
+
+  /** A request stops being proxied (same model as it started with). */
+  proxyEnded(model: string): void {
+    const m = this.inflightByModel
+    const key = this.modelLabel(m, model)
+    m.set(key, (m.get(key) ?? 0) - 1)
+  }
+
+  /** `model` as a label value of a series kept in `m`: past MAX_MODELS distinct values, MODEL_OTHER. */
+  private modelLabel(m: Map<string, unknown>, model: string): string {
+    return m.has(model) || m.size < MAX_MODELS ? model : MODEL_OTHER
   }
 
   rejected(model: string, endpoint: string): void {
-    this.rejections.inc({ model, endpoint })
+    this.rejections.inc({ model: this.modelLabel(this.frontendRequests, model), endpoint })
   }
 
   retried(): void {

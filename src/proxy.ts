@@ -156,12 +156,12 @@ export class Proxy {
   /** A run begins: counted in flight. */
   opened(call: ProxyCall): void {
     this.active++
-    this.router.metrics.inflight.inc({ model: call.model })
+    this.router.metrics.proxyStarted(call.model)
   }
 
   /** A run is over, answered with `status` unless the response says otherwise. */
   closed(reply: FastifyReply, call: ProxyCall, status: number): void {
-    this.router.metrics.inflight.dec({ model: call.model })
+    this.router.metrics.proxyEnded(call.model)
     this.router.metrics.request(call.model, call.path, call.stream ? 'stream' : 'unary', reply.sent && status === 200 ? reply.statusCode : status)
     this.active--
     if (this.active === 0) for (const w of this.idleWaiters.splice(0)) w()

@@ -153,6 +153,28 @@ t.test('metrics: the main thread\'s GC pauses are counted by kind', async (t) =>
   t.match((await h.app.fastify.inject({ method: 'GET', url: '/metrics' })).body, /^nodejs_gc_duration_seconds_sum\{kind="major"\} [0-9.e-]+$/m)
 })
 
+t.test('metrics: the model label takes at most 256 values from request bodies, then "(other)"', async (t) => {
+  const hm = await harness(['--router-block-size', '4'])
+  t.teardown(() => hm.close())
+  for (let i = 0; i < 300; i++) {
+    const r = await hm.app.fastify.inject({ method: 'POST', url: '/v1/completions', headers: { 'content-type': 'application/json' }, payload: JSON.stringify({ model: `m${i}`, prompt: tokens(8) }) })
+    t.equal(r.statusCode >= 400, true, 'no worker: an error, still counted')
+  }
+  const body = (await hm.app.fastify.inject({ method: 'GET', url: '/metrics' })).body
+  const models = new Set<string>()
+  let total = 0
+  for (const line of body.split('\n')) {
+    if (!line.startsWith('dynamo_frontend_requests_total{')) continue
+    models.add(/model="([^"]*)"/.exec(line)?.[1] ?? '')
+    total += Number(line.slice(line.lastIndexOf(' ') + 1))
+  }
+  t.equal(models.size, 257, '256 models and "(other)"')
+  t.ok(models.has('m0') && models.has('m255') && !models.has('m256'), 'the first 256 kept their names')
+  t.ok(models.has('(other)'))
+  t.equal(total, 300, 'every request counted')
+  t.match(body, /^dynamo_frontend_inflight_requests\{model="m0"\} 0$/m, 'nothing left in flight')
+})
+
 t.test('approximate mode (--no-router-kv-events): decisions become the index', async (t) => {
   const a = await harness(['--router-block-size', '4', '--no-router-kv-events'])
   t.teardown(() => a.close())

@@ -30,10 +30,8 @@ type H = BoundHistogram
 const MAX_MODELS = 256
 const MODEL_OTHER = '(other)'
 
-type Tally<K, V> = Map<K, V>
-
 /** The map under `key`, made on first use. */
-function branch<K, V extends Map<unknown, unknown>>(m: Tally<K, V>, key: K, make: () => V): V {
+function branch<K, V>(m: Map<K, V>, key: K, make: () => V): V {
   let v = m.get(key)
   if (v === undefined) m.set(key, (v = make()))
   return v

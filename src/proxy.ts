@@ -467,9 +467,18 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
     private readonly worker: WorkerInfo,
   ) {}
 
-  /** The client went away: the upstream request is aborted (undici then calls onError). */
+  /**
+   * The client went away: the upstream request is aborted (undici then calls onError). Before
+   * undici has a connection for it there is nothing to abort yet: the attempt ends here, so its
+   * booking is freed now rather than when a slow connect finishes, and onConnect aborts the
+   * request the moment it would be sent.
+   */
   clientGone(): void {
-    if (this.settled || this.abortUpstream === null) return
+    if (this.settled) return
+    if (this.abortUpstream === null) {
+      if (this.settle()) this.run.attemptFailed(this.a, new KvrError('KVR_ERR_REQUEST_CANCELLED', 'the client went away'))
+      return
+    }
     try {
       this.abortUpstream(new Error('the client went away'))
     } catch (err) {
@@ -489,7 +498,10 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
 
   onConnect(abort: (err?: Error) => void): void {
     this.abortUpstream = abort
-    if (this.run.gone.aborted) this.clientGone()
+    if (!this.run.gone.aborted) return
+    // the client left before this: never send the request (the attempt may have ended already)
+    if (this.settled) abort(new Error('the client went away'))
+    else this.clientGone()
   }
 
   onHeaders(statusCode: number, headers: Buffer[] | string[] | null, resume: () => void): boolean {

@@ -10,7 +10,7 @@ import { request as httpRequest } from 'node:http'
 import type { IncomingMessage } from 'node:http'
 import { connect } from 'node:net'
 import type { AddressInfo, Socket } from 'node:net'
-import { Dispatcher } from 'undici'
+import { Agent, buildConnector, Dispatcher } from 'undici'
 import type { TextTokenizer } from '../../src/tokenizer.js'
 import { chunk, harness, sse, tokens, until, upstream, workerFleet } from './helpers.js'
 import type { Handler, Harness } from './helpers.js'
@@ -66,6 +66,49 @@ t.test('a client that leaves while its upstream has not answered: upstream abort
   t.equal((await requests(499)) - cancelled, 1, 'counted as a cancelled request')
   t.equal(await inflightGauge(), 0, 'dynamo_frontend_inflight_requests back to 0')
   await f.close()
+})
+
+t.test('a client that leaves while the connection to its worker is still being made: booking freed at once, the request never sent', async (t) => {
+  // a connector that holds every connect until the test lets it go: a worker slow to accept
+  const real = buildConnector({})
+  const held: (() => void)[] = []
+  const agent = new Agent({ connect: (opts, cb) => void held.push(() => real(opts, cb)) })
+  const hc = await harness(['--router-block-size', '4'], null, agent)
+  await hc.app.fastify.listen({ host: '127.0.0.1', port: 0 })
+  const port = (hc.app.fastify.server.address() as AddressInfo).port
+  let asked = 0
+  const f = await fleet(
+    [
+      (_req, _body, res) => {
+        asked++
+        res.writeHead(200, { 'content-type': 'text/event-stream' })
+        res.end(sse(chunk('late')) + 'data: [DONE]\n\n')
+      },
+    ],
+    hc,
+  )
+  t.teardown(async () => {
+    for (const go of held.splice(0)) go()
+    await f.close()
+    await hc.close()
+    await agent.close()
+  })
+  const released = hc.app.proxy.releasedTotal
+  const ac = new AbortController()
+  const p = fetch(`http://127.0.0.1:${port}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(8), stream: true }), signal: ac.signal }).catch((e: unknown) => e)
+  await until(() => held.length === 1)
+  t.equal(booked(hc), 1, 'booked while the connect is pending')
+  ac.abort()
+  await p
+  await until(() => booked(hc) === 0 && hc.app.proxy.inFlight === 0)
+  t.equal(hc.app.proxy.releasedTotal, released + 1, 'freed once, before the connect finished')
+  t.equal(held.length, 1, 'the connect is still pending')
+  ;(held.shift() as () => void)()
+  // the connection comes up; the request must not go out on it
+  await new Promise((r) => setTimeout(r, 100))
+  t.equal(asked, 0, 'the worker never got the request')
+  t.equal(hc.app.proxy.releasedTotal, released + 1, 'still released once')
+  t.equal(await inflightGauge(hc), 0)
 })
 
 t.test('a client that leaves while queued: removed from the queue, 499 counted, nothing in flight', async (t) => {

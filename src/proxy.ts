@@ -500,8 +500,13 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
     this.abortUpstream = abort
     if (!this.run.gone.aborted) return
     // the client left before this: never send the request (the attempt may have ended already)
-    if (this.settled) abort(new Error('the client went away'))
-    else this.clientGone()
+    if (!this.settled) return this.clientGone()
+    try {
+      abort(new Error('the client went away'))
+    } catch {
+      // the attempt is over and its booking freed; a dispatcher that cannot abort sends a
+      // request nobody waits for, which its worker answers into the void
+    }
   }
 
   onHeaders(statusCode: number, headers: Buffer[] | string[] | null, resume: () => void): boolean {

@@ -324,12 +324,15 @@ t.test('a slow reader: a [DONE] the worker sends without ending its body reaches
   await f.close()
 })
 
-/** Throws from dispatch() itself, as a dispatcher that refuses a request at once may. */
+/** Throws `thrown` from dispatch() itself, as a dispatcher that refuses a request at once may (an embedder's may throw a non-Error). */
 class Refusing extends Dispatcher {
   calls = 0
+  constructor(private readonly thrown: unknown) {
+    super()
+  }
   override dispatch(): boolean {
     this.calls++
-    throw new Error('refused at once')
+    throw this.thrown
   }
   override close(): Promise<void> {
     return Promise.resolve()
@@ -340,7 +343,7 @@ class Refusing extends Dispatcher {
 }
 
 t.test('a dispatcher that throws synchronously: retried, then 502; every booking released; the router keeps serving', async (t) => {
-  const d = new Refusing()
+  const d = new Refusing(new Error('refused at once'))
   const hr = await harness(['--router-block-size', '4', '--proxy-retries', '1'], null, d)
   t.teardown(() => hr.close())
   await hr.router.addWorker({ id: 1n, url: 'http://127.0.0.1:9' })
@@ -500,24 +503,8 @@ t.test('a keep-alive connection: a stream whose [DONE] went out with the end of 
   await f.close()
 })
 
-/** Throws something that is not an Error from dispatch() (a foreign dispatcher may: `throw null`). */
-class ThrowsNull extends Dispatcher {
-  calls = 0
-  override dispatch(): boolean {
-    this.calls++
-    // eslint-disable-next-line @typescript-eslint/only-throw-error
-    throw null
-  }
-  override close(): Promise<void> {
-    return Promise.resolve()
-  }
-  override destroy(): Promise<void> {
-    return Promise.resolve()
-  }
-}
-
 t.test('a dispatcher that throws a non-Error: the client gets 502, the booking is released, no unhandled rejection (found by review)', async (t) => {
-  const d = new ThrowsNull()
+  const d = new Refusing(null)
   const hr = await harness(['--router-block-size', '4', '--proxy-retries', '0'], null, d)
   t.teardown(() => hr.close())
   await hr.router.addWorker({ id: 1n, url: 'http://127.0.0.1:9' })

@@ -2,7 +2,8 @@
 // where the meaning is the same, so existing dashboards keep working; kvrouter_* names are this
 // router's own (shards). Shard and scheduler figures are read at scrape time (shared-memory
 // counters, scheduler stats): the request path only observes a few allocation-free histograms.
-import { PerformanceObserver, constants as perfConstants } from 'node:perf_hooks'
+import { PerformanceObserver, constants as perfConstants, monitorEventLoopDelay } from 'node:perf_hooks'
+import type { IntervalHistogram } from 'node:perf_hooks'
 import { Counter, Gauge, Histogram, Registry } from 'prom-client'
 import { BoundHistogram } from './histogram.js'
 import type { Router } from './router.js'
@@ -14,6 +15,8 @@ const TOKEN_BUCKETS = [16, 64, 256, 1024, 4096, 16384, 65536, 262144]
 const RATIO_BUCKETS = [0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1]
 /** Finer than prom-client's default GC buckets: a router's scavenges take 1-10 ms, and that range is what moves its latency tail. */
 const GC_BUCKETS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1]
+/** Sampling period of the event-loop delay (ms), prom-client's default. */
+const LOOP_DELAY_RESOLUTION_MS = 10
 const GC_KINDS: Readonly<Record<number, string>> = {
   [perfConstants.NODE_PERFORMANCE_GC_MINOR]: 'minor',
   [perfConstants.NODE_PERFORMANCE_GC_MAJOR]: 'major',
@@ -61,6 +64,7 @@ export class RouterMetrics {
   readonly upstreamErrors: Counter<string>
   private readonly eventsHttp: Counter<string>
   private readonly gcObserver: PerformanceObserver
+  private readonly loopDelay: IntervalHistogram
 
   constructor(router: Router) {
     const r = this.registry
@@ -128,6 +132,74 @@ export class RouterMetrics {
       }
     })
     this.gcObserver.observe({ entryTypes: ['gc'] })
+    // the other half of what moves the tail: the main thread busy or waiting for a core. Sampled
+    // by a native timer (no JS runs for it); each scrape reports the interval since the last one
+    // and starts a new one, as prom-client's default metrics of the same names do
+    this.loopDelay = monitorEventLoopDelay({ resolution: LOOP_DELAY_RESOLUTION_MS })
+    this.loopDelay.enable()
+    const loop = this.loopDelay
+    const loopStats = { min: 0, max: 0, mean: 0, stddev: 0, p50: 0, p90: 0, p99: 0 }
+    let loopRead = 0
+    const readLoop = (): void => {
+      // a reading starts a new interval, so the seven gauges of one scrape share one reading
+      // (scrapes come seconds apart; one within 5 ms of the last is given the same figures)
+      const now = performance.now()
+      if (now - loopRead < 5) return
+      loopRead = now
+      const ns = loop.count > 0
+      loopStats.min = ns ? loop.min / 1e9 : 0
+      loopStats.max = ns ? loop.max / 1e9 : 0
+      loopStats.mean = ns ? loop.mean / 1e9 : 0
+      loopStats.stddev = ns ? loop.stddev / 1e9 : 0
+      loopStats.p50 = ns ? loop.percentile(50) / 1e9 : 0
+      loopStats.p90 = ns ? loop.percentile(90) / 1e9 : 0
+      loopStats.p99 = ns ? loop.percentile(99) / 1e9 : 0
+      loop.reset()
+    }
+    for (const k of ['min', 'max', 'mean', 'stddev', 'p50', 'p90', 'p99'] as const) {
+      new Gauge({
+        name: `nodejs_eventloop_lag_${k}_seconds`,
+        help: `Event-loop delay of the main thread since the last scrape: ${k}`,
+        registers: [r],
+        collect() {
+          readLoop()
+          this.set(loopStats[k])
+        },
+      })
+    }
+    // each series reads its own figure: a scrape may fetch any one of them alone
+    const counter = (name: string, help: string, read: () => number): void => {
+      new Counter({
+        name,
+        help,
+        registers: [r],
+        collect() {
+          this.reset()
+          this.inc(read())
+        },
+      })
+    }
+    counter('process_cpu_user_seconds_total', 'User CPU time of the process, all threads (s)', () => process.cpuUsage().user / 1e6)
+    counter('process_cpu_system_seconds_total', 'System CPU time of the process, all threads (s)', () => process.cpuUsage().system / 1e6)
+    counter('process_cpu_seconds_total', 'User and system CPU time of the process, all threads (s)', () => {
+      const c = process.cpuUsage()
+      return (c.user + c.system) / 1e6
+    })
+    new Gauge({ name: 'process_start_time_seconds', help: 'Start of the process since the Unix epoch (s)', registers: [r] }).set(Math.round(Date.now() / 1000 - process.uptime()))
+    const gauge = (name: string, help: string, read: () => number): void => {
+      new Gauge({
+        name,
+        help,
+        registers: [r],
+        collect() {
+          this.set(read())
+        },
+      })
+    }
+    gauge('process_resident_memory_bytes', 'Resident memory of the process (bytes)', () => process.memoryUsage.rss())
+    gauge('nodejs_heap_size_total_bytes', 'V8 heap of the main thread, reserved (bytes)', () => process.memoryUsage().heapTotal)
+    gauge('nodejs_heap_size_used_bytes', 'V8 heap of the main thread, in use (bytes)', () => process.memoryUsage().heapUsed)
+    gauge('nodejs_external_memory_bytes', 'Memory outside the V8 heap held by its objects, buffers in flight included (bytes)', () => process.memoryUsage().external)
 
     const sched = router.scheduler
     new Gauge({
@@ -271,9 +343,10 @@ export class RouterMetrics {
     })
   }
 
-  /** Stops watching GC pauses (the router is closing). */
+  /** Stops watching GC pauses and the event loop (the router is closing). */
   close(): void {
     this.gcObserver.disconnect()
+    this.loopDelay.disable()
   }
 
   observeOverhead(hashMs: number, findMs: number, schedMs: number, totalMs: number): void {

@@ -153,6 +153,41 @@ t.test('metrics: the main thread\'s GC pauses are counted by kind', async (t) =>
   t.match((await h.app.fastify.inject({ method: 'GET', url: '/metrics' })).body, /^nodejs_gc_duration_seconds_sum\{kind="major"\} [0-9.e-]+$/m)
 })
 
+t.test('metrics: event-loop delay since the last scrape, process CPU and memory', async (t) => {
+  const scrape = async (): Promise<(name: string) => number> => {
+    const body = (await h.app.fastify.inject({ method: 'GET', url: '/metrics' })).body
+    return (name) => {
+      const m = body.match(new RegExp(`^${name} (\\S+)$`, 'm'))
+      return m === null ? Number.NaN : Number(m[1])
+    }
+  }
+  const burn = (ms: number): void => {
+    const end = performance.now() + ms
+    while (performance.now() < end);
+  }
+  const first = await scrape()
+  await new Promise((r) => setTimeout(r, 30))
+  burn(200)
+  // the delay is recorded when the loop's next sample comes due, after the block
+  await new Promise((r) => setTimeout(r, 40))
+  const blocked = await scrape()
+  t.ok(blocked('nodejs_eventloop_lag_max_seconds') >= 0.15, `a 200 ms block shows as the interval's max (${blocked('nodejs_eventloop_lag_max_seconds')} s)`)
+  for (const k of ['min', 'mean', 'p50', 'p90', 'p99']) {
+    const v = blocked(`nodejs_eventloop_lag_${k}_seconds`)
+    t.ok(v >= 0 && v <= blocked('nodejs_eventloop_lag_max_seconds'), `${k} within [0, max]: ${v}`)
+  }
+  t.ok(blocked('process_cpu_seconds_total') - first('process_cpu_seconds_total') >= 0.15, 'the CPU burnt is counted')
+  t.ok(Math.abs(blocked('process_cpu_seconds_total') - blocked('process_cpu_user_seconds_total') - blocked('process_cpu_system_seconds_total')) < 0.05, 'user + system = total')
+  await new Promise((r) => setTimeout(r, 50))
+  const after = await scrape()
+  t.ok(after('nodejs_eventloop_lag_max_seconds') < 0.15, `a new interval began at the last scrape (max ${after('nodejs_eventloop_lag_max_seconds')} s)`)
+  t.ok(after('process_resident_memory_bytes') > 10 * 1024 * 1024, 'resident memory')
+  t.ok(after('nodejs_heap_size_used_bytes') > 0 && after('nodejs_heap_size_used_bytes') <= after('nodejs_heap_size_total_bytes'), 'heap used within heap reserved')
+  t.ok(after('nodejs_external_memory_bytes') >= 0)
+  const start = after('process_start_time_seconds')
+  t.ok(Math.abs(start - (Date.now() / 1000 - process.uptime())) <= 1, 'start time')
+})
+
 t.test('metrics: the model label takes at most 256 values from request bodies, then "(other)"', async (t) => {
   const hm = await harness(['--router-block-size', '4'])
   t.teardown(() => hm.close())

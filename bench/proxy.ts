@@ -45,6 +45,8 @@ export interface PhaseResult {
   cpuPct: { client: number; upstreams: number | null; hop: number | null }
   /** The router's GC pauses over the phase, from its /metrics (router lanes only). Each scavenge stalls every request in flight. */
   hopGc: GcTotals | null
+  /** The router's main-thread event-loop delay over the phase (router lanes only), from its /metrics: busy, or waiting for a core. */
+  hopLoopDelayMs: { p99: number; max: number } | null
 }
 
 export interface GcTotals {
@@ -54,14 +56,22 @@ export interface GcTotals {
   majorMs: number
 }
 
-/** The router's GC pause totals, read from its `nodejs_gc_duration_seconds` series. */
-async function gcTotals(base: string): Promise<GcTotals> {
+/**
+ * The router's GC pause totals (`nodejs_gc_duration_seconds`) and its event-loop delay since the
+ * previous scrape (`kvrouter_eventloop_delay_*`: each scrape starts a new interval, so the reading at
+ * a phase's end covers the phase).
+ */
+async function gcTotals(base: string): Promise<GcTotals & { loopP99Ms: number; loopMaxMs: number }> {
   const body = await (await fetch(`${base}/metrics`)).text()
   const read = (what: 'count' | 'sum', kind: string): number => {
     const m = body.match(new RegExp(`^nodejs_gc_duration_seconds_${what}\\{kind="${kind}"\\} (\\S+)$`, 'm'))
     return m === null ? 0 : Number(m[1])
   }
-  return { scavenges: read('count', 'minor'), scavengeMs: read('sum', 'minor') * 1000, majors: read('count', 'major'), majorMs: read('sum', 'major') * 1000 }
+  const lag = (k: string): number => {
+    const m = body.match(new RegExp(`^kvrouter_eventloop_delay_${k}_seconds (\\S+)$`, 'm'))
+    return m === null ? Number.NaN : Number(m[1]) * 1000
+  }
+  return { scavenges: read('count', 'minor'), scavengeMs: read('sum', 'minor') * 1000, majors: read('count', 'major'), majorMs: read('sum', 'major') * 1000, loopP99Ms: lag('p99'), loopMaxMs: lag('max') }
 }
 
 function gcDiff(a: GcTotals, b: GcTotals): GcTotals {
@@ -278,7 +288,8 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
   const client1 = process.cpuUsage(client0)
   const pct = (t0: number | null, t1: number | null): number | null => (t0 === null || t1 === null ? null : ((t1 - t0) / TICKS_PER_S / wallS) * 100)
   const cpuPct = { client: ((client1.user + client1.system) / 1e6 / wallS) * 100, upstreams: pct(up0, processTicks(pids.upstreams)), hop: pct(hop0, hop1) }
-  const hopGc = routerUrl === undefined || gc0 === null ? null : gcDiff(gc0, await gcTotals(routerUrl))
+  const gc1 = routerUrl === undefined ? null : await gcTotals(routerUrl)
+  const hopGc = gc0 === null || gc1 === null ? null : gcDiff(gc0, gc1)
   return lanes.map((l, i) => {
     const st = stats[i] as (typeof stats)[number]
     st.ttft.sort((a, b) => a - b)
@@ -294,6 +305,7 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
       hopCpuUsPerRequest: l.path === 'direct' || hop0 === null || hop1 === null ? null : (((hop1 - hop0) / TICKS_PER_S) * 1e6) / st.requests,
       cpuPct,
       hopGc: l.path === 'router' ? hopGc : null,
+      hopLoopDelayMs: l.path === 'router' && gc1 !== null ? { p99: gc1.loopP99Ms, max: gc1.loopMaxMs } : null,
     }
   })
 }
@@ -395,7 +407,9 @@ export function printProxy(p: ProxyResult): void {
       const load = c === d ? `client ${f(c.client)}, upstreams ${f(c.upstreams)}, ${hop} ${f(c.hop)}` : `direct phase: client ${f(d.client)}, upstreams ${f(d.upstreams)}; routed phase: client ${f(c.client)}, upstreams ${f(c.upstreams)}, ${hop} ${f(c.hop)}`
       const g = r.hop.hopGc
       const gcText = g === null ? '' : ` | router GC pauses: ${g.scavenges} scavenges, ${g.scavengeMs.toFixed(1)} ms${g.majors > 0 ? `; ${g.majors} major, ${g.majorMs.toFixed(1)} ms` : ''}`
-      console.log(`${''.padEnd(12)} | p99 overhead: TTFT ${r.p99TtftOverheadMs.toFixed(2)} ms, total ${r.p99TotalOverheadMs.toFixed(2)} ms | CPU of one core: ${load}${gcText}`)
+      const ld = r.hop.hopLoopDelayMs
+      const loopText = ld === null ? '' : ` | router event-loop delay p99 ${ld.p99.toFixed(1)} ms, max ${ld.max.toFixed(1)} ms`
+      console.log(`${''.padEnd(12)} | p99 overhead: TTFT ${r.p99TtftOverheadMs.toFixed(2)} ms, total ${r.p99TotalOverheadMs.toFixed(2)} ms | CPU of one core: ${load}${gcText}${loopText}`)
     })
   rows('sequential', p.rounds)
   rows('paired', p.paired)

@@ -15,7 +15,7 @@ const TOKEN_BUCKETS = [16, 64, 256, 1024, 4096, 16384, 65536, 262144]
 const RATIO_BUCKETS = [0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1]
 /** Finer than prom-client's default GC buckets: a router's scavenges take 1-10 ms, and that range is what moves its latency tail. */
 const GC_BUCKETS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1]
-/** Sampling period of the event-loop delay (ms), prom-client's default. */
+/** Sampling period of the event-loop delay (ms). */
 const LOOP_DELAY_RESOLUTION_MS = 10
 const GC_KINDS: Readonly<Record<number, string>> = {
   [perfConstants.NODE_PERFORMANCE_GC_MINOR]: 'minor',
@@ -132,34 +132,35 @@ export class RouterMetrics {
       }
     })
     this.gcObserver.observe({ entryTypes: ['gc'] })
-    // the other half of what moves the tail: the main thread busy or waiting for a core. Sampled
-    // by a native timer (no JS runs for it); each scrape reports the interval since the last one
-    // and starts a new one, as prom-client's default metrics of the same names do
+    // the other half of what moves the tail: the main thread busy or waiting for a core. A native
+    // timer samples it (no JS runs for it). Each sample is the time between two of its ticks, so
+    // the period is taken off to leave the delay (prom-client's nodejs_eventloop_lag_* keep it in,
+    // which puts an idle loop's p50 at 10 ms; hence names of our own). Each scrape reports the
+    // interval since the last one and starts a new one; the sample that spans a scrape is lost.
     this.loopDelay = monitorEventLoopDelay({ resolution: LOOP_DELAY_RESOLUTION_MS })
     this.loopDelay.enable()
     const loop = this.loopDelay
-    const loopStats = { min: 0, max: 0, mean: 0, stddev: 0, p50: 0, p90: 0, p99: 0 }
+    const loopStats = { mean: 0, p50: 0, p90: 0, p99: 0, max: 0 }
     let loopRead = 0
+    const delay = (ns: number): number => Math.max(0, ns / 1e6 - LOOP_DELAY_RESOLUTION_MS) / 1000
     const readLoop = (): void => {
-      // a reading starts a new interval, so the seven gauges of one scrape share one reading
-      // (scrapes come seconds apart; one within 5 ms of the last is given the same figures)
+      // a reading starts a new interval, so the gauges of one scrape share one reading (scrapes
+      // come seconds apart; one within 5 ms of the last is given the same figures)
       const now = performance.now()
       if (now - loopRead < 5) return
       loopRead = now
-      const ns = loop.count > 0
-      loopStats.min = ns ? loop.min / 1e9 : 0
-      loopStats.max = ns ? loop.max / 1e9 : 0
-      loopStats.mean = ns ? loop.mean / 1e9 : 0
-      loopStats.stddev = ns ? loop.stddev / 1e9 : 0
-      loopStats.p50 = ns ? loop.percentile(50) / 1e9 : 0
-      loopStats.p90 = ns ? loop.percentile(90) / 1e9 : 0
-      loopStats.p99 = ns ? loop.percentile(99) / 1e9 : 0
+      const any = loop.count > 0
+      loopStats.mean = any ? delay(loop.mean) : 0
+      loopStats.p50 = any ? delay(loop.percentile(50)) : 0
+      loopStats.p90 = any ? delay(loop.percentile(90)) : 0
+      loopStats.p99 = any ? delay(loop.percentile(99)) : 0
+      loopStats.max = any ? delay(loop.max) : 0
       loop.reset()
     }
-    for (const k of ['min', 'max', 'mean', 'stddev', 'p50', 'p90', 'p99'] as const) {
+    for (const k of ['mean', 'p50', 'p90', 'p99', 'max'] as const) {
       new Gauge({
-        name: `nodejs_eventloop_lag_${k}_seconds`,
-        help: `Event-loop delay of the main thread since the last scrape: ${k}`,
+        name: `kvrouter_eventloop_delay_${k}_seconds`,
+        help: `Event-loop delay of the main thread since the last scrape (${k}), sampled every ${LOOP_DELAY_RESOLUTION_MS} ms`,
         registers: [r],
         collect() {
           readLoop()

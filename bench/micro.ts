@@ -1,5 +1,5 @@
 // Micro benchmarks of the single-threaded building blocks: block hashing, index apply,
-// find_matches and reading /v1/route's token ids. Run with `npm run bench:micro`; writes
+// find_matches, reading /v1/route's token ids and parsing a completions body with exact u64s. Run with `npm run bench:micro`; writes
 // bench/results/micro.json and prints a table.
 // Every figure is the median over several repetitions in this one process: the machines are
 // shared and noisy, so single runs mean little.
@@ -11,6 +11,7 @@ import { KvIndex } from '../src/shared/kv-index.js'
 import { DecodedEvent, EventDecoder, EventKind } from '../src/shared/event-decoder.js'
 import { encodeRouterEvent, toDecoded } from '../src/shared/events.js'
 import { RouteBodyScanner } from '../src/http/route-body.js'
+import { parseJsonExact } from '../src/http/json.js'
 import { median } from './common.js'
 
 const REPS = Number(process.env.BENCH_REPS ?? 7)
@@ -289,6 +290,41 @@ function benchRouteBody(): { bytes_per_body: number; simd_us: number; byte_loop_
 }
 const routeBody = benchRouteBody()
 
+/**
+ * A /v1/completions body as the proxy parses it (parseJsonExact: JSON.parse plus the check that
+ * keeps u64s exact) against JSON.parse alone, alternated rep by rep: what exactness costs.
+ */
+function benchCompletionsBody(): Record<string, { bytes: number; exact_us: number; json_parse_us: number; ratio: number }> {
+  const out: Record<string, { bytes: number; exact_us: number; json_parse_us: number; ratio: number }> = {}
+  const text = 'a router that knows where each prefix is cached sends the request there '.repeat(220)
+  const shapes: [string, () => string][] = [
+    ['64 token ids', () => JSON.stringify({ model: 'm', prompt: Array.from(tokens(64)), max_tokens: 16, stream: true })],
+    ['4096 token ids', () => JSON.stringify({ model: 'm', prompt: Array.from(tokens(4096)), max_tokens: 16, stream: true })],
+    ['16 KB text', () => JSON.stringify({ model: 'm', prompt: `${Math.floor(rand() * 1e6)} ${text}`, max_tokens: 16, stream: true })],
+  ]
+  for (const [name, make] of shapes) {
+    const bodies = Array.from({ length: 64 }, make)
+    const bytes = bodies.reduce((a, b) => a + b.length, 0) / bodies.length
+    const n = Math.max(500, Math.round(2e7 / bytes))
+    const reps = { exact: [] as number[], parse: [] as number[] }
+    for (let r = 0; r < REPS + 1; r++) {
+      for (const [k, fn] of [['exact', parseJsonExact], ['parse', JSON.parse]] as const) {
+        let keys = 0
+        const t0 = now()
+        for (let i = 0; i < n; i++) keys += Object.keys(fn(bodies[i & 63] as string) as object).length
+        const us = (now() - t0) / n
+        if (keys !== n * 4) throw new Error('a body parsed wrong')
+        if (r > 0) reps[k].push(us)
+      }
+    }
+    const exact = median(reps.exact)
+    const parse = median(reps.parse)
+    out[name] = { bytes: Math.round(bytes), exact_us: exact, json_parse_us: parse, ratio: exact / parse }
+  }
+  return out
+}
+const completionsBody = benchCompletionsBody()
+
 const result = {
   command: 'npm run bench:micro',
   node: process.version,
@@ -298,6 +334,7 @@ const result = {
   index_apply: apply,
   find_matches_24_blocks_64_worker_ranks: { all_hold_all: findAll, staggered_depths: findStaggered },
   route_body_4096_tokens: routeBody,
+  completions_body_exact_parse: completionsBody,
 }
 mkdirSync(resultsDir, { recursive: true })
 writeFileSync(join(resultsDir, 'micro.json'), JSON.stringify(result, null, 2) + '\n')
@@ -322,4 +359,6 @@ console.log(`  staggered depths (a drop at every block)        ${f(findStaggered
 console.log(`\n/v1/route body, 4,096 token ids (${routeBody.bytes_per_body.toLocaleString('en-US')} bytes of JSON), µs per body`)
 console.log(`  WebAssembly SIMD scanner ${f(routeBody.simd_us, 1).padStart(8)}   (${f(routeBody.simd_mb_per_s, 0)} MB/s)`)
 console.log(`  byte loop alone          ${f(routeBody.byte_loop_us, 1).padStart(8)}   (a runtime without SIMD; ratio ${f(routeBody.simd_us / routeBody.byte_loop_us, 2)})`)
+console.log('\n/v1/completions body with exact u64s (parseJsonExact) vs JSON.parse alone, µs per body')
+for (const [k, v] of Object.entries(completionsBody)) console.log(`  ${k.padEnd(15)} ${String(v.bytes).padStart(7)} bytes  ${f(v.exact_us).padStart(8)}  ${f(v.json_parse_us).padStart(8)}   (ratio ${f(v.ratio)})`)
 console.log(`\nwrote ${join('bench', 'results', 'micro.json')}`)

@@ -22,8 +22,8 @@ import { ChunkWriter } from './http/chunked.js'
 export interface ProxyCall {
   /** Upstream path: /v1/completions or /v1/chat/completions. */
   path: string
-  /** The client's JSON body, forwarded as is. */
-  payload: string
+  /** The client's JSON body, forwarded byte for byte. */
+  payload: Uint8Array
   stream: boolean
   route: RouteInput
   model: string
@@ -364,6 +364,7 @@ class ProxyRun {
 }
 
 const NO_TOKENS: ArrayLike<number> = Object.freeze([])
+const NO_BYTES = new Uint8Array(0)
 
 /** The message of whatever was thrown: a dispatcher may throw something that is not an Error. */
 function errorText(err: unknown): string {
@@ -551,7 +552,7 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
     if (this.first) {
       this.first = false
       // past the first token nothing is retried: let the prompt go while the stream lasts
-      run.call.payload = ''
+      run.call.payload = NO_BYTES
       run.call.route.tokens = NO_TOKENS
       this.a.booking.prefillComplete()
       m.observeTtft((now - run.started) / 1000)

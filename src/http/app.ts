@@ -28,6 +28,7 @@ import { Proxy } from '../proxy.js'
 import type { ProxyCall } from '../proxy.js'
 import { errorHandler, sendError } from './errors.js'
 import { parseJsonExact, readU64, serializeJson } from './json.js'
+import { readBody } from './body.js'
 import { RouteBodyScanner } from './route-body.js'
 import type { RouteBody } from './route-body.js'
 
@@ -158,9 +159,9 @@ function headerValue(req: FastifyRequest, name: string): string | undefined {
   return Array.isArray(v) ? v[0] : v
 }
 
-/** The JSON text a request's body was parsed from. */
-const BODY_TEXT = Symbol('kvr.bodyText')
-type RequestWithText = FastifyRequest & { [BODY_TEXT]?: string }
+/** The bytes a request's JSON body was parsed from. */
+const BODY_BYTES = Symbol('kvr.bodyBytes')
+type RequestWithBytes = FastifyRequest & { [BODY_BYTES]?: Buffer }
 
 export async function buildApp(opts: AppOptions): Promise<App> {
   const router = opts.router
@@ -182,14 +183,18 @@ export async function buildApp(opts: AppOptions): Promise<App> {
   })
   // JSON with exact u64s everywhere (the scanner context below replaces it for its routes)
   fastify.removeContentTypeParser(['application/json', 'text/plain'])
-  fastify.addContentTypeParser('application/json', { parseAs: 'string' }, (req, body, done) => {
-    try {
-      // the proxy forwards these very bytes: exact, and no second serialization per request
-      ;(req as RequestWithText)[BODY_TEXT] = body as string
-      done(null, (body as string).length === 0 ? undefined : parseJsonExact(body as string))
-    } catch (err) {
-      done(new KvrError('KVR_ERR_INVALID_REQUEST', `malformed JSON: ${(err as Error).message}`), undefined)
-    }
+  fastify.addContentTypeParser('application/json', (req, payload, done) => {
+    // the proxy forwards these very bytes, as they came and without a copy (src/http/body.ts):
+    // handed the text, undici would encode it into a buffer of its own
+    readBody(payload, cfg.bodyLimit, headerValue(req, 'content-length'), (err, bytes) => {
+      if (err !== null || bytes === undefined) return done(err ?? new Error('no body'), undefined)
+      try {
+        ;(req as RequestWithBytes)[BODY_BYTES] = bytes
+        done(null, bytes.length === 0 ? undefined : parseJsonExact(bytes.toString('utf8')))
+      } catch (e) {
+        done(new KvrError('KVR_ERR_INVALID_REQUEST', `malformed JSON: ${(e as Error).message}`), undefined)
+      }
+    })
   })
 
   const apiKey = cfg.apiKey === null ? null : Buffer.from(`Bearer ${cfg.apiKey}`)
@@ -512,8 +517,8 @@ export async function buildApp(opts: AppOptions): Promise<App> {
     if (tokens !== null && tokens.length === 0) throw new KvrError('KVR_ERR_EMPTY_PROMPT', 'prompt is empty')
     const input = commonRoute(req, body, tokens, textLength)
     const model = typeof body.model === 'string' ? body.model : cfg.modelName
-    const payload = (req as RequestWithText)[BODY_TEXT] ?? JSON.stringify(body)
-    ;(req as RequestWithText)[BODY_TEXT] = undefined
+    const payload = (req as RequestWithBytes)[BODY_BYTES] ?? Buffer.from(JSON.stringify(body))
+    ;(req as RequestWithBytes)[BODY_BYTES] = undefined
     req.body = undefined
     return { path, payload, stream: body.stream === true, route: input, model }
   }

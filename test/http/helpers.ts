@@ -36,14 +36,16 @@ export async function harness(argv: string[] = [], tokenizer: TextTokenizer | nu
   }
 }
 
-export type Handler = (req: IncomingMessage, body: string, res: ServerResponse) => void | Promise<void>
+/** An upstream's answer to one request; `raw` is the body's bytes as they arrived. */
+export type Handler = (req: IncomingMessage, body: string, res: ServerResponse, raw: Buffer) => void | Promise<void>
 
 export async function upstream(handler: Handler): Promise<{ url: string; server: Server; close(): Promise<void> }> {
   const server = createServer((req, res) => {
     const chunks: Buffer[] = []
     req.on('data', (c: Buffer) => chunks.push(c))
     req.on('end', () => {
-      void handler(req, Buffer.concat(chunks).toString('utf8'), res)
+      const raw = Buffer.concat(chunks)
+      void handler(req, raw.toString('utf8'), res, raw)
     })
   })
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r))

@@ -45,6 +45,25 @@ t.test('non-streaming: nvext.worker_id with the exact u64 id, booking released',
   await s.close()
 })
 
+t.test('the client\'s body reaches the worker byte for byte, bytes that are not UTF-8 included', async (t) => {
+  let got: Buffer | null = null
+  const f = await fleet([
+    (_req, _body, res, raw) => {
+      got = raw
+      res.writeHead(200, { 'content-type': 'application/json' })
+      res.end('{"id":"x","choices":[]}')
+    },
+  ])
+  // a string member holding a lone continuation byte and a multi-byte character, then padding
+  // long enough that the body comes in more than one read
+  const sent = Buffer.concat([Buffer.from('{"prompt":' + JSON.stringify(tokens(8)) + ',"user":"a'), Buffer.from([0x80]), Buffer.from('é","pad":"' + 'x'.repeat(200_000) + '"}')])
+  const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: sent })
+  t.equal(r.status, 200)
+  await r.text()
+  t.ok(got !== null && sent.equals(got), 'the same bytes')
+  await f.close()
+})
+
 t.test('client abort mid-stream frees the booking and aborts the upstream request', async (t) => {
   let upstreamClosed = false
   const f = await fleet([

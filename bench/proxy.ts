@@ -19,7 +19,9 @@
 // p99 difference is what the hop adds. ROUTER_NODE_FLAGS="…" passes node flags to the router
 // child (diagnosis: --trace-gc, --cpu-prof, --import of a probe). BENCH_PROXY_MODE=kv runs the
 // router in kv mode instead, so each request also takes an overlap query through the shard; the
-// upstreams emit no KV events, so the choice still spreads by load.
+// upstreams emit no KV events, so the choice still spreads by load. BENCH_PROXY_PROMPT_TOKENS=4096
+// sends long prompts instead of 64-token ones: what KV-aware routing usually carries, and where
+// the router's body handling and its GC show (README, Benchmarks, session 13).
 //
 // Reference rounds: the same paired rounds with a bare TCP relay in the router's place (a Node
 // process that pipes each client connection to one upstream, parsing nothing). They tell what
@@ -196,7 +198,11 @@ function uniquePrompt(tokens: number): string {
   return JSON.stringify({ model: 'mock', prompt: ids, max_tokens: MAX_TOKENS, stream: true })
 }
 
-const PROMPT_TOKENS = 64
+const PROMPT_TOKENS = ((): number => {
+  const v = Number(process.env.BENCH_PROXY_PROMPT_TOKENS ?? 64)
+  if (!Number.isInteger(v) || v < 1 || v > 65536) throw new Error(`BENCH_PROXY_PROMPT_TOKENS must be an integer in [1, 65536], got ${process.env.BENCH_PROXY_PROMPT_TOKENS}`)
+  return v
+})()
 const MAX_TOKENS = 16
 
 interface Lane {

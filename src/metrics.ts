@@ -136,7 +136,9 @@ export class RouterMetrics {
     // timer samples it (no JS runs for it). Each sample is the time between two of its ticks, so
     // the period is taken off to leave the delay (prom-client's nodejs_eventloop_lag_* keep it in,
     // which puts an idle loop's p50 at 10 ms; hence names of our own). Each scrape reports the
-    // interval since the last one and starts a new one; the sample that spans a scrape is lost.
+    // interval since the last one and starts a new one, as prom-client's do: one scraper is
+    // assumed (with two, each sees only its share of the intervals), and the sample that spans a
+    // scrape is lost.
     this.loopDelay = monitorEventLoopDelay({ resolution: LOOP_DELAY_RESOLUTION_MS })
     this.loopDelay.enable()
     const loop = this.loopDelay

@@ -29,6 +29,7 @@ import type { ProxyCall } from '../proxy.js'
 import { errorHandler, sendError } from './errors.js'
 import { parseJsonExact, readU64, serializeJson } from './json.js'
 import { readBody } from './body.js'
+import { isUtf8 } from 'node:buffer'
 import { RouteBodyScanner } from './route-body.js'
 import type { RouteBody } from './route-body.js'
 
@@ -188,6 +189,9 @@ export async function buildApp(opts: AppOptions): Promise<App> {
     // handed the text, undici would encode it into a buffer of its own
     readBody(payload, cfg.bodyLimit, headerValue(req, 'content-length'), (err, bytes) => {
       if (err !== null || bytes === undefined) return done(err ?? new Error('no body'), undefined)
+      // JSON is UTF-8 (RFC 8259): bytes that are not would reach the worker as they came while
+      // the router read them with replacement characters, so they are refused instead
+      if (!isUtf8(bytes)) return done(new KvrError('KVR_ERR_INVALID_REQUEST', 'the body is not valid UTF-8'), undefined)
       try {
         ;(req as RequestWithBytes)[BODY_BYTES] = bytes
         done(null, bytes.length === 0 ? undefined : parseJsonExact(bytes.toString('utf8')))

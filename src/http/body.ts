@@ -11,7 +11,9 @@ import { KvrError } from '../shared/errors.js'
 /**
  * Reads `payload` to its end: `done(null, bytes)`, or `done(err)` once: a body over `limit`
  * bytes (413, as soon as the Content-Length or the bytes received say so), one shorter or longer
- * than its Content-Length (400), or the stream's own error (the client went away).
+ * than its Content-Length (400), or a client that went away mid-upload (499, not a server error).
+ * The limit counts the bytes as they arrive; a preParsing hook that decompressed the body would
+ * need fastify's check of the encoded length too (none is installed).
  */
 export function readBody(payload: Readable, limit: number, contentLength: string | undefined, done: (err: Error | null, bytes?: Buffer) => void): void {
   const declared = contentLength === undefined ? Number.NaN : Number(contentLength)
@@ -42,7 +44,7 @@ export function readBody(payload: Readable, limit: number, contentLength: string
     finish(null, owned ? first : Buffer.from(first))
   }
   const onError = (err: Error): void => {
-    finish(err)
+    finish(new KvrError('KVR_ERR_REQUEST_CANCELLED', `the client went away before its body was complete (${err.message})`, { cause: err }))
   }
   payload.on('data', onData)
   payload.on('end', onEnd)

@@ -1,7 +1,7 @@
 // JSON at the HTTP edge with exact u64s. JSON.parse turns an integer above 2^53 into a rounded
 // double, so a body whose parse holds a number past Number.MAX_SAFE_INTEGER is parsed again with
-// every bare integer literal of 16+ digits turned into a decimal string; u64 fields accept
-// integers and decimal strings alike. On the way out, u64 values are written as exact JSON
+// every bare integer literal past it turned into a decimal string; u64 fields accept integers and
+// decimal strings alike. On the way out, u64 values are written as exact JSON
 // integers (serializeJson handles bigint).
 import { KvrError } from '../shared/errors.js'
 
@@ -11,7 +11,8 @@ import { KvrError } from '../shared/errors.js'
  * The check runs on the parsed value, not the text: a regular-expression scan of the text for 16
  * digits in a row cost twice the parse itself on a 4,096-token prompt (`npm run bench:micro`),
  * while a walk of the parsed value reads each number once. Bodies that hold such a number (a u64
- * worker id sent as a JSON number) are rare and take the slow path.
+ * worker id sent as a JSON number) are rare and take the slow path; a leading-zero or negative
+ * literal is never quoted (the first is not JSON, the second not a u64).
  */
 export function parseJsonExact(text: string): unknown {
   const value: unknown = JSON.parse(text)
@@ -41,6 +42,17 @@ function holdsUnsafeNumber(root: unknown): boolean {
   return false
 }
 
+const MAX_SAFE_TEXT = String(Number.MAX_SAFE_INTEGER)
+
+/**
+ * A bare unsigned integer literal past 2^53 − 1: the ones JSON.parse would round. Only these are
+ * quoted, so a safe 16-digit integer is a number whatever else the body holds.
+ */
+function unsafeIntegerLiteral(lit: string): boolean {
+  if (lit.length < MAX_SAFE_TEXT.length || !/^\d+$/.test(lit)) return false
+  return lit.length > MAX_SAFE_TEXT.length || lit > MAX_SAFE_TEXT
+}
+
 function quoteLongIntegers(text: string): string {
   let out = ''
   let last = 0
@@ -64,7 +76,7 @@ function quoteLongIntegers(text: string): string {
         else break
       }
       const lit = text.slice(i, j)
-      if (/^\d{16,}$/.test(lit)) {
+      if (unsafeIntegerLiteral(lit)) {
         out += text.slice(last, i) + '"' + lit + '"'
         last = j
       }

@@ -69,9 +69,10 @@ t.test('a body shorter or longer than its Content-Length is a 400', async (t) =>
   t.match(long.err, { code: 'KVR_ERR_INVALID_REQUEST' })
 })
 
-t.test('a stream that fails (the client went away) reports its error once', async (t) => {
-  const boom = new Error('aborted')
+t.test('a stream that fails (the client went away) is a cancelled request, reported once, not a server error', async (t) => {
+  const boom = Object.assign(new Error('aborted'), { code: 'ECONNRESET' })
   const r = await read([Buffer.alloc(10)], { fail: boom })
-  t.equal(r.err, boom)
+  t.match(r.err, { code: 'KVR_ERR_REQUEST_CANCELLED', statusCode: 499, message: /went away.*aborted/ })
+  t.equal((r.err as Error & { cause?: unknown }).cause, boom, 'the stream\'s error is kept as the cause')
   t.equal(r.calls, 1)
 })

@@ -45,22 +45,31 @@ t.test('non-streaming: nvext.worker_id with the exact u64 id, booking released',
   await s.close()
 })
 
-t.test('the client\'s body reaches the worker byte for byte, bytes that are not UTF-8 included', async (t) => {
+t.test('the client\'s body reaches the worker byte for byte; a body that is not UTF-8 is refused', async (t) => {
   let got: Buffer | null = null
+  let calls = 0
   const f = await fleet([
     (_req, _body, res, raw) => {
+      calls++
       got = raw
       res.writeHead(200, { 'content-type': 'application/json' })
       res.end('{"id":"x","choices":[]}')
     },
   ])
-  // a string member holding a lone continuation byte and a multi-byte character, then padding
-  // long enough that the body comes in more than one read
-  const sent = Buffer.concat([Buffer.from('{"prompt":' + JSON.stringify(tokens(8)) + ',"user":"a'), Buffer.from([0x80]), Buffer.from('é","pad":"' + 'x'.repeat(200_000) + '"}')])
+  // spacing JSON.stringify would not write, an escape, characters of two to four bytes, and
+  // padding long enough that the body comes in more than one read
+  const sent = Buffer.from(`{ "prompt" : ${JSON.stringify(tokens(8))},\n "user":"\\u00e9 é € 𝄞", "pad":"${'x'.repeat(200_000)}" }`)
   const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: sent })
   t.equal(r.status, 200)
   await r.text()
   t.ok(got !== null && sent.equals(got), 'the same bytes')
+  // a lone continuation byte inside a string: the router would read it as U+FFFD while the
+  // worker got the byte, so it is refused
+  const bad = Buffer.concat([Buffer.from(`{"prompt":${JSON.stringify(tokens(8))},"user":"a`), Buffer.from([0x80]), Buffer.from('"}')])
+  const b = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: bad })
+  t.equal(b.status, 400)
+  t.match(await b.json(), { error: { code: 'KVR_ERR_INVALID_REQUEST', message: /not valid UTF-8/ } })
+  t.equal(calls, 1, 'the refused body never reached a worker')
   await f.close()
 })
 

@@ -343,8 +343,9 @@ export async function buildApp(opts: AppOptions): Promise<App> {
   await fastify.register(async (scope) => {
     const scanner = new RouteBodyScanner()
     scope.removeContentTypeParser('application/json')
-    scope.addContentTypeParser('application/json', { parseAs: 'buffer' }, (_req, body, done) => {
-      done(null, body)
+    // the scanner reads the bytes where they are: Node's own buffer of the body, not a copy
+    scope.addContentTypeParser('application/json', (req, payload, done) => {
+      readBody(payload, cfg.bodyLimit, headerValue(req, 'content-length'), (err, bytes) => done(err, bytes))
     })
 
     const routeInput = (body: RouteBody): RouteInput => {

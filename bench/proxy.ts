@@ -63,7 +63,7 @@ export interface GcTotals {
  * previous scrape (`kvrouter_eventloop_delay_*`: each scrape starts a new interval, so the reading at
  * a phase's end covers the phase).
  */
-async function gcTotals(base: string): Promise<GcTotals & { loopP99Ms: number; loopMaxMs: number }> {
+async function readRouterPauses(base: string): Promise<GcTotals & { loopP99Ms: number; loopMaxMs: number }> {
   const body = await (await fetch(`${base}/metrics`)).text()
   const read = (what: 'count' | 'sum', kind: string): number => {
     const m = body.match(new RegExp(`^nodejs_gc_duration_seconds_${what}\\{kind="${kind}"\\} (\\S+)$`, 'm'))
@@ -217,7 +217,7 @@ interface Lane {
 async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent, pids: { hop?: number | undefined; upstreams?: number | undefined } = {}): Promise<PhaseResult[]> {
   const hopPid = pids.hop
   const routerUrl = lanes.find((l) => l.path === 'router')?.urls[0]
-  const gc0 = routerUrl === undefined ? null : await gcTotals(routerUrl)
+  const gc0 = routerUrl === undefined ? null : await readRouterPauses(routerUrl)
   const hop0 = processTicks(hopPid)
   const up0 = processTicks(pids.upstreams)
   const client0 = process.cpuUsage()
@@ -294,7 +294,7 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
   const client1 = process.cpuUsage(client0)
   const pct = (t0: number | null, t1: number | null): number | null => (t0 === null || t1 === null ? null : ((t1 - t0) / TICKS_PER_S / wallS) * 100)
   const cpuPct = { client: ((client1.user + client1.system) / 1e6 / wallS) * 100, upstreams: pct(up0, processTicks(pids.upstreams)), hop: pct(hop0, hop1) }
-  const gc1 = routerUrl === undefined ? null : await gcTotals(routerUrl)
+  const gc1 = routerUrl === undefined ? null : await readRouterPauses(routerUrl)
   const hopGc = gc0 === null || gc1 === null ? null : gcDiff(gc0, gc1)
   return lanes.map((l, i) => {
     const st = stats[i] as (typeof stats)[number]

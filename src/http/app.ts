@@ -9,6 +9,7 @@
 //   GET|POST /busy_threshold
 //   GET  /health, /live, /ready, /metrics
 // With --api-key every POST and DELETE needs `Authorization: Bearer KEY`.
+import { isUtf8 } from 'node:buffer'
 import { timingSafeEqual } from 'node:crypto'
 import Fastify from 'fastify'
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
@@ -29,7 +30,6 @@ import type { ProxyCall } from '../proxy.js'
 import { errorHandler, sendError } from './errors.js'
 import { parseJsonExact, readU64, serializeJson } from './json.js'
 import { readBody } from './body.js'
-import { isUtf8 } from 'node:buffer'
 import { RouteBodyScanner } from './route-body.js'
 import type { RouteBody } from './route-body.js'
 
@@ -188,7 +188,7 @@ export async function buildApp(opts: AppOptions): Promise<App> {
     // the proxy forwards these very bytes, as they came and without a copy (src/http/body.ts):
     // handed the text, undici would encode it into a buffer of its own
     readBody(payload, cfg.bodyLimit, headerValue(req, 'content-length'), (err, bytes) => {
-      if (err !== null || bytes === undefined) return done(err ?? new Error('no body'), undefined)
+      if (err !== null || bytes === undefined) return done(err, undefined)
       // JSON is UTF-8 (RFC 8259): bytes that are not would reach the worker as they came while
       // the router read them with replacement characters, so they are refused instead
       if (!isUtf8(bytes)) return done(new KvrError('KVR_ERR_INVALID_REQUEST', 'the body is not valid UTF-8'), undefined)
@@ -345,7 +345,7 @@ export async function buildApp(opts: AppOptions): Promise<App> {
     scope.removeContentTypeParser('application/json')
     // the scanner reads the bytes where they are: Node's own buffer of the body, not a copy
     scope.addContentTypeParser('application/json', (req, payload, done) => {
-      readBody(payload, cfg.bodyLimit, headerValue(req, 'content-length'), (err, bytes) => done(err, bytes))
+      readBody(payload, cfg.bodyLimit, headerValue(req, 'content-length'), done)
     })
 
     const routeInput = (body: RouteBody): RouteInput => {

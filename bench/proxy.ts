@@ -23,6 +23,15 @@
 // sends long prompts instead of 64-token ones: what KV-aware routing usually carries, and where
 // the router's body handling and its GC show (README, Benchmarks, session 13).
 //
+// Where the TTFT overhead arises: every request carries its send time and the upstream stamps its
+// first event with when the request reached it and when the event left, all on CLOCK_MONOTONIC,
+// which every process on the machine shares. So each TTFT splits into ingress (client sends ->
+// upstream has the whole request), the upstream's own 50 ms, and egress (first event leaves the
+// upstream -> client has it); a path's p99 of each, against the direct path's in the same round,
+// says whether the hop's cost is on the way in (parse, route, book, dispatch) or on the way out
+// (parse the upstream's response, rewrite the first event, write it). The field is extra JSON the
+// router forwards untouched and the upstreams ignore.
+//
 // Reference rounds: the same paired rounds with a bare TCP relay in the router's place (a Node
 // process that pipes each client connection to one upstream, parsing nothing). They tell what
 // one more process hop costs on this machine at that hour, so that the router's figure can be
@@ -41,6 +50,10 @@ export interface PhaseResult {
   meanOpen: number
   ttftMs: { p50: number; p99: number }
   totalMs: { p50: number; p99: number }
+  /** Client sends -> the upstream has the whole request (CLOCK_MONOTONIC on both sides). */
+  ingressMs: { p50: number; p99: number }
+  /** The upstream writes the first event -> the client has it. */
+  egressMs: { p50: number; p99: number }
   /** CPU time (all threads, from /proc) of the process in the path, the router or the relay, per request of the phase; null for direct phases or off Linux. */
   hopCpuUsPerRequest: number | null
   /** CPU of each process over the phase, in % of one core (the machine has to share its cores between them). */
@@ -87,6 +100,9 @@ export interface Round {
   hop: PhaseResult
   p99TtftOverheadMs: number
   p99TotalOverheadMs: number
+  /** The hop's p99 ingress and egress less the direct path's: where the TTFT overhead arises. */
+  p99IngressOverheadMs: number
+  p99EgressOverheadMs: number
 }
 
 export interface ProxyResult {
@@ -108,11 +124,15 @@ export interface ProxyResult {
   paired: Round[]
   pairedP99TtftOverheadMsMedian: number
   pairedP99TotalOverheadMsMedian: number
+  pairedP99IngressOverheadMsMedian: number
+  pairedP99EgressOverheadMsMedian: number
   routerCpuUsPerRequestMedian: number | null
   /** Paired rounds with the bare TCP relay in the router's place: the cost of the hop alone. */
   reference: Round[]
   referenceP99TtftOverheadMsMedian: number
   referenceP99TotalOverheadMsMedian: number
+  referenceP99IngressOverheadMsMedian: number
+  referenceP99EgressOverheadMsMedian: number
   relayCpuUsPerRequestMedian: number | null
 }
 
@@ -126,6 +146,11 @@ function quantile(sorted: number[], q: number): number {
 const TTFT_MS = 50
 const ITL_MS = 50
 
+/** CLOCK_MONOTONIC in µs: the same clock in every process of the machine. */
+function monoUs(): number {
+  return Number(process.hrtime.bigint() / 1000n)
+}
+
 /** Child process: `count` fixed-timing OpenAI-style SSE servers; prints their URLs. */
 async function upstreams(count: number): Promise<void> {
   const { createServer } = await import('node:http')
@@ -134,6 +159,7 @@ async function upstreams(count: number): Promise<void> {
     const server = createServer((req, res) => {
       req.resume()
       req.on('end', () => {
+        const arrived = monoUs()
         res.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' })
         let sent = 0
         const tick = (): void => {
@@ -143,7 +169,9 @@ async function upstreams(count: number): Promise<void> {
             return
           }
           sent++
-          res.write(`data: {"id":"u","object":"text_completion","choices":[{"index":0,"text":"t${sent}","finish_reason":${sent === MAX_TOKENS ? '"length"' : 'null'}}]}\n\n`)
+          // the first event says when the request arrived and when the event left (the bench's split)
+          const stamp = sent === 1 ? `"bench_in":${arrived},"bench_out":${monoUs()},` : ''
+          res.write(`data: {"id":"u","object":"text_completion",${stamp}"choices":[{"index":0,"text":"t${sent}","finish_reason":${sent === MAX_TOKENS ? '"length"' : 'null'}}]}\n\n`)
           setTimeout(tick, ITL_MS)
         }
         setTimeout(tick, TTFT_MS)
@@ -183,7 +211,7 @@ async function relay(urls: string[]): Promise<void> {
 }
 
 let promptSeed = 1
-function uniquePrompt(tokens: number): string {
+function uniquePrompt(tokens: number, sent: number): string {
   // xorshift over a per-request seed: every prompt differs from its first block on
   let x = (promptSeed++ * 2654435761) >>> 0 || 1
   const ids: number[] = []
@@ -195,7 +223,13 @@ function uniquePrompt(tokens: number): string {
     x >>>= 0
     ids.push(x % 150_000)
   }
-  return JSON.stringify({ model: 'mock', prompt: ids, max_tokens: MAX_TOKENS, stream: true })
+  return JSON.stringify({ bench_sent: sent, model: 'mock', prompt: ids, max_tokens: MAX_TOKENS, stream: true })
+}
+
+/** bench_in and bench_out of a first event, or null when the chunk does not hold both. */
+function stamps(chunk: Buffer): { in: number; out: number } | null {
+  const m = /"bench_in":(\d+),"bench_out":(\d+)/.exec(chunk.toString('latin1'))
+  return m === null ? null : { in: Number(m[1]), out: Number(m[2]) }
 }
 
 const PROMPT_TOKENS = ((): number => {
@@ -222,7 +256,7 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
   const up0 = processTicks(pids.upstreams)
   const client0 = process.cpuUsage()
   const wall0 = performance.now()
-  const stats = lanes.map(() => ({ ttft: [] as number[], total: [] as number[], errors: 0, requests: 0, open: 0, openArea: 0, lastChange: performance.now() }))
+  const stats = lanes.map(() => ({ ttft: [] as number[], total: [] as number[], ingress: [] as number[], egress: [] as number[], errors: 0, requests: 0, open: 0, openArea: 0, lastChange: performance.now() }))
   const track = (st: (typeof stats)[number], d: number): void => {
     const now = performance.now()
     st.openArea += st.open * (now - st.lastChange)
@@ -230,7 +264,7 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
     st.open += d
   }
   const inflight: Promise<void>[] = []
-  const one = (st: (typeof stats)[number], url: URL, body: string): Promise<void> =>
+  const one = (st: (typeof stats)[number], url: URL, body: string, sent: number): Promise<void> =>
     new Promise<void>((resolve) => {
       // undici's dispatcher callbacks, not a Readable body iterated with for-await: the load
       // generator shares the 2 cores with the router, and its own per-chunk promises and ticks
@@ -239,10 +273,15 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
       track(st, 1)
       let status = 0
       let first = -1
+      let split: { ingress: number; egress: number } | null = null
       const done = (ok: boolean): void => {
         if (ok && status === 200 && first >= 0) {
           st.ttft.push(first - t0)
           st.total.push(performance.now() - t0)
+          if (split !== null) {
+            st.ingress.push(split.ingress)
+            st.egress.push(split.egress)
+          }
         } else st.errors++
         track(st, -1)
         resolve()
@@ -256,7 +295,12 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
             return true
           },
           onData(chunk: Buffer) {
-            if (first < 0 && chunk.length > 0) first = performance.now()
+            if (first < 0 && chunk.length > 0) {
+              first = performance.now()
+              const got = monoUs()
+              const s = stamps(chunk)
+              if (s !== null) split = { ingress: (s.in - sent) / 1000, egress: (got - s.out) / 1000 }
+            }
             return true
           },
           onComplete() {
@@ -283,7 +327,8 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
     const lane = k % lanes.length
     const st = stats[lane] as (typeof stats)[number]
     const urls = targets[lane] as URL[]
-    inflight.push(one(st, urls[st.requests % urls.length] as URL, uniquePrompt(PROMPT_TOKENS)))
+    const sent = monoUs()
+    inflight.push(one(st, urls[st.requests % urls.length] as URL, uniquePrompt(PROMPT_TOKENS, sent), sent))
     st.requests++
     k++
   }
@@ -298,8 +343,7 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
   const hopGc = gc0 === null || gc1 === null ? null : gcDiff(gc0, gc1)
   return lanes.map((l, i) => {
     const st = stats[i] as (typeof stats)[number]
-    st.ttft.sort((a, b) => a - b)
-    st.total.sort((a, b) => a - b)
+    for (const xs of [st.ttft, st.total, st.ingress, st.egress]) xs.sort((a, b) => a - b)
     const openDuringSends = st.openArea + st.open * (sendEnd - st.lastChange)
     return {
       path: l.path,
@@ -308,6 +352,8 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
       meanOpen: openDuringSends / (sendEnd - start),
       ttftMs: { p50: quantile(st.ttft, 0.5), p99: quantile(st.ttft, 0.99) },
       totalMs: { p50: quantile(st.total, 0.5), p99: quantile(st.total, 0.99) },
+      ingressMs: { p50: quantile(st.ingress, 0.5), p99: quantile(st.ingress, 0.99) },
+      egressMs: { p50: quantile(st.egress, 0.5), p99: quantile(st.egress, 0.99) },
       hopCpuUsPerRequest: l.path === 'direct' || hop0 === null || hop1 === null ? null : (((hop1 - hop0) / TICKS_PER_S) * 1e6) / st.requests,
       cpuPct,
       hopGc: l.path === 'router' ? hopGc : null,
@@ -317,7 +363,14 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
 }
 
 function round(d: PhaseResult, r: PhaseResult): Round {
-  return { direct: d, hop: r, p99TtftOverheadMs: r.ttftMs.p99 - d.ttftMs.p99, p99TotalOverheadMs: r.totalMs.p99 - d.totalMs.p99 }
+  return {
+    direct: d,
+    hop: r,
+    p99TtftOverheadMs: r.ttftMs.p99 - d.ttftMs.p99,
+    p99TotalOverheadMs: r.totalMs.p99 - d.totalMs.p99,
+    p99IngressOverheadMs: r.ingressMs.p99 - d.ingressMs.p99,
+    p99EgressOverheadMs: r.egressMs.p99 - d.egressMs.p99,
+  }
 }
 
 export async function benchProxy(cli: string, opts: { streams?: number; seconds?: number; engines?: number; mode?: 'round-robin' | 'kv' } = {}): Promise<ProxyResult> {
@@ -384,10 +437,14 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
       paired,
       pairedP99TtftOverheadMsMedian: median(paired.map((x) => x.p99TtftOverheadMs)),
       pairedP99TotalOverheadMsMedian: median(paired.map((x) => x.p99TotalOverheadMs)),
+      pairedP99IngressOverheadMsMedian: median(paired.map((x) => x.p99IngressOverheadMs)),
+      pairedP99EgressOverheadMsMedian: median(paired.map((x) => x.p99EgressOverheadMs)),
       routerCpuUsPerRequestMedian: cpu.every((x) => x !== null) ? median(cpu as number[]) : null,
       reference,
       referenceP99TtftOverheadMsMedian: median(reference.map((x) => x.p99TtftOverheadMs)),
       referenceP99TotalOverheadMsMedian: median(reference.map((x) => x.p99TotalOverheadMs)),
+      referenceP99IngressOverheadMsMedian: median(reference.map((x) => x.p99IngressOverheadMs)),
+      referenceP99EgressOverheadMsMedian: median(reference.map((x) => x.p99EgressOverheadMs)),
       relayCpuUsPerRequestMedian: relayCpu.every((x) => x !== null) ? median(relayCpu as number[]) : null,
     }
   } finally {
@@ -400,11 +457,11 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
 
 export function printProxy(p: ProxyResult): void {
   console.log(`\nproxy: ${p.engines} fixed-timing upstreams (first token ${p.ttftMs} ms, then every ${p.itlMs} ms, ${p.maxTokens} tokens), ${p.promptTokens}-token prompts, open-loop at ${p.ratePerSec}/s per path for ~${p.streamsTarget} concurrent streams, ${p.seconds} s per phase, router in ${p.mode} mode`)
-  console.log('round        | path   | requests | errors | mean open | TTFT p50 ms | TTFT p99 ms | total p50 ms | total p99 ms | hop CPU µs/req')
+  console.log('round        | path   | requests | errors | mean open | TTFT p50 ms | TTFT p99 ms | total p50 ms | total p99 ms | ingress p50 / p99 ms | egress p50 / p99 ms | hop CPU µs/req')
   const rows = (label: string, rs: Round[]): void =>
     rs.forEach((r, i) => {
       for (const x of [r.direct, r.hop]) {
-        console.log(`${`${label} ${i + 1}`.padEnd(12)} | ${x.path.padEnd(6)} | ${String(x.requests).padStart(8)} | ${String(x.errors).padStart(6)} | ${x.meanOpen.toFixed(0).padStart(9)} | ${x.ttftMs.p50.toFixed(2).padStart(11)} | ${x.ttftMs.p99.toFixed(2).padStart(11)} | ${x.totalMs.p50.toFixed(2).padStart(12)} | ${x.totalMs.p99.toFixed(2).padStart(12)} | ${(x.hopCpuUsPerRequest === null ? '–' : x.hopCpuUsPerRequest.toFixed(0)).padStart(14)}`)
+        console.log(`${`${label} ${i + 1}`.padEnd(12)} | ${x.path.padEnd(6)} | ${String(x.requests).padStart(8)} | ${String(x.errors).padStart(6)} | ${x.meanOpen.toFixed(0).padStart(9)} | ${x.ttftMs.p50.toFixed(2).padStart(11)} | ${x.ttftMs.p99.toFixed(2).padStart(11)} | ${x.totalMs.p50.toFixed(2).padStart(12)} | ${x.totalMs.p99.toFixed(2).padStart(12)} | ${`${x.ingressMs.p50.toFixed(2)} / ${x.ingressMs.p99.toFixed(2)}`.padStart(20)} | ${`${x.egressMs.p50.toFixed(2)} / ${x.egressMs.p99.toFixed(2)}`.padStart(19)} | ${(x.hopCpuUsPerRequest === null ? '–' : x.hopCpuUsPerRequest.toFixed(0)).padStart(14)}`)
       }
       const c = r.hop.cpuPct
       const d = r.direct.cpuPct
@@ -415,13 +472,13 @@ export function printProxy(p: ProxyResult): void {
       const gcText = g === null ? '' : ` | router GC pauses: ${g.scavenges} scavenges, ${g.scavengeMs.toFixed(1)} ms${g.majors > 0 ? `; ${g.majors} major, ${g.majorMs.toFixed(1)} ms` : ''}`
       const ld = r.hop.hopLoopDelayMs
       const loopText = ld === null ? '' : ` | router event-loop delay p99 ${ld.p99.toFixed(1)} ms, max ${ld.max.toFixed(1)} ms`
-      console.log(`${''.padEnd(12)} | p99 overhead: TTFT ${r.p99TtftOverheadMs.toFixed(2)} ms, total ${r.p99TotalOverheadMs.toFixed(2)} ms | CPU of one core: ${load}${gcText}${loopText}`)
+      console.log(`${''.padEnd(12)} | p99 overhead: TTFT ${r.p99TtftOverheadMs.toFixed(2)} ms (ingress ${r.p99IngressOverheadMs.toFixed(2)}, egress ${r.p99EgressOverheadMs.toFixed(2)}), total ${r.p99TotalOverheadMs.toFixed(2)} ms | CPU of one core: ${load}${gcText}${loopText}`)
     })
   rows('sequential', p.rounds)
   rows('paired', p.paired)
   rows('reference', p.reference)
-  console.log(`p99 overhead, medians: paired TTFT ${p.pairedP99TtftOverheadMsMedian.toFixed(2)} ms, total ${p.pairedP99TotalOverheadMsMedian.toFixed(2)} ms; sequential TTFT ${p.p99TtftOverheadMsMedian.toFixed(2)} ms, total ${p.p99TotalOverheadMsMedian.toFixed(2)} ms; router CPU ${p.routerCpuUsPerRequestMedian === null ? '–' : p.routerCpuUsPerRequestMedian.toFixed(0)} µs per request`)
-  console.log(`reference hop (a bare TCP relay in the router's place, paired rounds): p99 overhead, medians: TTFT ${p.referenceP99TtftOverheadMsMedian.toFixed(2)} ms, total ${p.referenceP99TotalOverheadMsMedian.toFixed(2)} ms; relay CPU ${p.relayCpuUsPerRequestMedian === null ? '–' : p.relayCpuUsPerRequestMedian.toFixed(0)} µs per request`)
+  console.log(`p99 overhead, medians: paired TTFT ${p.pairedP99TtftOverheadMsMedian.toFixed(2)} ms (ingress ${p.pairedP99IngressOverheadMsMedian.toFixed(2)}, egress ${p.pairedP99EgressOverheadMsMedian.toFixed(2)}), total ${p.pairedP99TotalOverheadMsMedian.toFixed(2)} ms; sequential TTFT ${p.p99TtftOverheadMsMedian.toFixed(2)} ms, total ${p.p99TotalOverheadMsMedian.toFixed(2)} ms; router CPU ${p.routerCpuUsPerRequestMedian === null ? '–' : p.routerCpuUsPerRequestMedian.toFixed(0)} µs per request`)
+  console.log(`reference hop (a bare TCP relay in the router's place, paired rounds): p99 overhead, medians: TTFT ${p.referenceP99TtftOverheadMsMedian.toFixed(2)} ms (ingress ${p.referenceP99IngressOverheadMsMedian.toFixed(2)}, egress ${p.referenceP99EgressOverheadMsMedian.toFixed(2)}), total ${p.referenceP99TotalOverheadMsMedian.toFixed(2)} ms; relay CPU ${p.relayCpuUsPerRequestMedian === null ? '–' : p.relayCpuUsPerRequestMedian.toFixed(0)} µs per request`)
 }
 
 if (process.argv[2] === '--upstreams') {

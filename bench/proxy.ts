@@ -32,6 +32,12 @@
 // (parse the upstream's response, rewrite the first event, write it). The field is extra JSON the
 // router forwards untouched and the upstreams ignore.
 //
+// Bare rounds: the same paired rounds with the smallest proxy on the router's own stack in its
+// place: fastify takes the body as bytes, undici sends it to the next upstream in turn, and each
+// chunk of the answer goes back through Node's response. It parses no JSON, routes, books and
+// counts nothing. What it adds over the relay is the stack's share of the overhead; what the router
+// adds over it is the router's own work.
+//
 // Reference rounds: the same paired rounds with a bare TCP relay in the router's place (a Node
 // process that pipes each client connection to one upstream, parsing nothing). They tell what
 // one more process hop costs on this machine at that hour, so that the router's figure can be
@@ -43,7 +49,7 @@ import { child, median, processTicks, TICKS_PER_S } from './common.js'
 import { ROUTER_V8_FLAGS } from '../src/v8-flags.js'
 
 export interface PhaseResult {
-  path: 'direct' | 'router' | 'relay'
+  path: 'direct' | 'router' | 'relay' | 'bare'
   requests: number
   errors: number
   /** Streams open at once, averaged over the phase. */
@@ -134,6 +140,13 @@ export interface ProxyResult {
   referenceP99IngressOverheadMsMedian: number
   referenceP99EgressOverheadMsMedian: number
   relayCpuUsPerRequestMedian: number | null
+  /** Paired rounds with the bare fastify + undici proxy in the router's place: the stack's floor. */
+  bare: Round[]
+  bareP99TtftOverheadMsMedian: number
+  bareP99TotalOverheadMsMedian: number
+  bareP99IngressOverheadMsMedian: number
+  bareP99EgressOverheadMsMedian: number
+  bareCpuUsPerRequestMedian: number | null
 }
 
 function quantile(sorted: number[], q: number): number {
@@ -207,6 +220,53 @@ async function relay(urls: string[]): Promise<void> {
   })
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r))
   process.stdout.write(`relay ready http://127.0.0.1:${(server.address() as { port: number }).port}\n`)
+  process.on('SIGTERM', () => process.exit(0))
+}
+
+/**
+ * Child process: the bare proxy on the router's stack (fastify, undici), round-robin over the
+ * upstreams, with nothing of the router's own work (see the header).
+ */
+async function bare(urls: string[]): Promise<void> {
+  const { default: Fastify } = await import('fastify')
+  const upstream = new Agent({ connections: 1024, keepAliveTimeout: 30_000 })
+  const app = Fastify({ bodyLimit: 64 << 20 })
+  app.removeAllContentTypeParsers()
+  app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (_req, body, done) => done(null, body))
+  let next = 0
+  app.post('/v1/completions', (req, reply) => {
+    const url = new URL(urls[next++ % urls.length] as string)
+    const res = reply.raw
+    reply.hijack()
+    let abort: ((err?: Error) => void) | null = null
+    res.on('close', () => {
+      if (!res.writableFinished) abort?.(new Error('client gone'))
+    })
+    upstream.dispatch(
+      { origin: url.origin, path: '/v1/completions', method: 'POST', headers: { 'content-type': 'application/json' }, body: req.body as Buffer },
+      {
+        onConnect(a: (err?: Error) => void) {
+          abort = a
+        },
+        onHeaders(status: number) {
+          res.writeHead(status, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' })
+          return true
+        },
+        onData(chunk: Buffer) {
+          res.write(chunk)
+          return true
+        },
+        onComplete() {
+          res.end()
+        },
+        onError() {
+          res.destroy()
+        },
+      },
+    )
+  })
+  const at = await app.listen({ port: 0, host: '127.0.0.1' })
+  process.stdout.write(`bare ready ${at}\n`)
   process.on('SIGTERM', () => process.exit(0))
 }
 
@@ -384,6 +444,7 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
   const workerArgs = directUrls.flatMap((u, i) => ['--worker', `${i + 1}=${u}`])
   let router: ChildProcess | undefined
   let relayChild: ChildProcess | undefined
+  let bareChild: ChildProcess | undefined
   // paired rounds hold `streams` open on each path at once
   const agent = new Agent({ connections: 2 * streams + 56, pipelining: 1, keepAliveTimeout: 30_000 })
   try {
@@ -411,6 +472,17 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
       paired.push(round(d, r))
     }
     const cpu = [...rounds, ...paired].map((x) => x.hop.hopCpuUsPerRequest)
+    const br = await child([self, '--bare', ...directUrls], /bare ready (\S+)/)
+    bareChild = br.p
+    const bared: Lane = { path: 'bare', urls: [br.m[1] as string] }
+    await phase([bared], rate, 3, agent)
+    const bareRounds: Round[] = []
+    for (let i = 0; i < 3; i++) {
+      const [d, r] = (await phase([direct, bared], rate, seconds, agent, { hop: br.p.pid, upstreams: up.p.pid })) as [PhaseResult, PhaseResult]
+      bareRounds.push(round(d, r))
+    }
+    br.p.kill('SIGTERM')
+    const bareCpu = bareRounds.map((x) => x.hop.hopCpuUsPerRequest)
     const rl = await child([self, '--relay', ...directUrls], /relay ready (\S+)/)
     relayChild = rl.p
     const relayed: Lane = { path: 'relay', urls: [rl.m[1] as string] }
@@ -446,11 +518,18 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
       referenceP99IngressOverheadMsMedian: median(reference.map((x) => x.p99IngressOverheadMs)),
       referenceP99EgressOverheadMsMedian: median(reference.map((x) => x.p99EgressOverheadMs)),
       relayCpuUsPerRequestMedian: relayCpu.every((x) => x !== null) ? median(relayCpu as number[]) : null,
+      bare: bareRounds,
+      bareP99TtftOverheadMsMedian: median(bareRounds.map((x) => x.p99TtftOverheadMs)),
+      bareP99TotalOverheadMsMedian: median(bareRounds.map((x) => x.p99TotalOverheadMs)),
+      bareP99IngressOverheadMsMedian: median(bareRounds.map((x) => x.p99IngressOverheadMs)),
+      bareP99EgressOverheadMsMedian: median(bareRounds.map((x) => x.p99EgressOverheadMs)),
+      bareCpuUsPerRequestMedian: bareCpu.every((x) => x !== null) ? median(bareCpu as number[]) : null,
     }
   } finally {
     await agent.close()
     router?.kill('SIGTERM')
     relayChild?.kill('SIGTERM')
+    bareChild?.kill('SIGTERM')
     up.p.kill('SIGTERM')
   }
 }
@@ -476,8 +555,10 @@ export function printProxy(p: ProxyResult): void {
     })
   rows('sequential', p.rounds)
   rows('paired', p.paired)
+  rows('bare', p.bare)
   rows('reference', p.reference)
   console.log(`p99 overhead, medians: paired TTFT ${p.pairedP99TtftOverheadMsMedian.toFixed(2)} ms (ingress ${p.pairedP99IngressOverheadMsMedian.toFixed(2)}, egress ${p.pairedP99EgressOverheadMsMedian.toFixed(2)}), total ${p.pairedP99TotalOverheadMsMedian.toFixed(2)} ms; sequential TTFT ${p.p99TtftOverheadMsMedian.toFixed(2)} ms, total ${p.p99TotalOverheadMsMedian.toFixed(2)} ms; router CPU ${p.routerCpuUsPerRequestMedian === null ? '–' : p.routerCpuUsPerRequestMedian.toFixed(0)} µs per request`)
+  console.log(`bare proxy (fastify + undici, no routing, in the router's place, paired rounds): p99 overhead, medians: TTFT ${p.bareP99TtftOverheadMsMedian.toFixed(2)} ms (ingress ${p.bareP99IngressOverheadMsMedian.toFixed(2)}, egress ${p.bareP99EgressOverheadMsMedian.toFixed(2)}), total ${p.bareP99TotalOverheadMsMedian.toFixed(2)} ms; its CPU ${p.bareCpuUsPerRequestMedian === null ? '–' : p.bareCpuUsPerRequestMedian.toFixed(0)} µs per request`)
   console.log(`reference hop (a bare TCP relay in the router's place, paired rounds): p99 overhead, medians: TTFT ${p.referenceP99TtftOverheadMsMedian.toFixed(2)} ms (ingress ${p.referenceP99IngressOverheadMsMedian.toFixed(2)}, egress ${p.referenceP99EgressOverheadMsMedian.toFixed(2)}), total ${p.referenceP99TotalOverheadMsMedian.toFixed(2)} ms; relay CPU ${p.relayCpuUsPerRequestMedian === null ? '–' : p.relayCpuUsPerRequestMedian.toFixed(0)} µs per request`)
 }
 
@@ -485,6 +566,8 @@ if (process.argv[2] === '--upstreams') {
   await upstreams(Number(process.argv[3] ?? 4))
 } else if (process.argv[2] === '--relay') {
   await relay(process.argv.slice(3))
+} else if (process.argv[2] === '--bare') {
+  await bare(process.argv.slice(3))
 } else if (process.argv[1]?.endsWith('proxy.js') === true) {
   const cli = new URL('../src/cli.js', import.meta.url).pathname
   const r = await benchProxy(cli, { seconds: Number(process.env.BENCH_PROXY_SECS ?? 10), mode: process.env.BENCH_PROXY_MODE === 'kv' ? 'kv' : 'round-robin' })

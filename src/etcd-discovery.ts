@@ -13,7 +13,7 @@
 // config when present. Start lists both prefixes, then watches them from the listed revision;
 // after a lost connection the watch resumes and a full re-list reconciles anything missed
 // (removals of vanished workers, additions and changes), so a restarted etcd is caught up with.
-import { Etcd3, type IKeyValue } from 'etcd3'
+import type { Etcd3, IKeyValue } from 'etcd3'
 import { EventEmitter } from 'node:events'
 import { KvrError } from './shared/errors.js'
 
@@ -97,15 +97,21 @@ export class EtcdDiscovery extends EventEmitter {
   private readonly cards: string
   private closed = false
 
-  private constructor(private readonly opts: EtcdDiscoveryOptions) {
+  private constructor(
+    private readonly opts: EtcdDiscoveryOptions,
+    client: Etcd3,
+  ) {
     super()
-    this.client = new Etcd3({ hosts: opts.url, dialTimeout: opts.dialTimeoutMs ?? 3000 })
+    this.client = client
     this.instances = instancesPrefix(opts.namespace, opts.component, opts.endpoint)
     this.cards = cardsPrefix(opts.namespace, opts.component, opts.endpoint)
   }
 
   static async start(opts: EtcdDiscoveryOptions): Promise<EtcdDiscovery> {
-    const d = new EtcdDiscovery(opts)
+    // loaded here, not at startup: the etcd client and its gRPC stack cost a router that does not
+    // use etcd (the default) about 0.3 s of startup and their memory
+    const { Etcd3 } = await import('etcd3')
+    const d = new EtcdDiscovery(opts, new Etcd3({ hosts: opts.url, dialTimeout: opts.dialTimeoutMs ?? 3000 }))
     let revision: string
     try {
       revision = await d.resync()

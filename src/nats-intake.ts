@@ -7,7 +7,7 @@
 // The connection reconnects forever; losing it is visible in `connected` (readiness) and in the
 // counters, and nothing needs a restart. A start against an unreachable server fails with an
 // error naming the URL.
-import { connect, Events, type NatsConnection, type Subscription } from 'nats'
+import type { Events, NatsConnection, Subscription } from 'nats'
 import { EventEmitter } from 'node:events'
 import type { ShardPool } from './shard-pool.js'
 import { KvrError } from './shared/errors.js'
@@ -64,6 +64,7 @@ export class NatsIntake extends EventEmitter {
   private constructor(
     private readonly nc: NatsConnection,
     private readonly opts: NatsIntakeOptions,
+    private readonly events: typeof Events,
   ) {
     super()
   }
@@ -72,6 +73,8 @@ export class NatsIntake extends EventEmitter {
     for (const [k, v] of [['namespace', opts.namespace], ['component', opts.component]] as const) {
       if (!NAME_RE.test(v)) throw new KvrError('KVR_ERR_INVALID_OPTION', `${k} must match ${NAME_RE.source}, got "${v}"`)
     }
+    // loaded here, not at startup: a router without NATS (the default) need not load the client
+    const { connect, Events } = await import('nats')
     let nc: NatsConnection
     try {
       nc = await connect({
@@ -84,7 +87,7 @@ export class NatsIntake extends EventEmitter {
     } catch (err) {
       throw new KvrError('KVR_ERR_INVALID_OPTION', `cannot connect to NATS at ${opts.url}: ${(err as Error).message}`, { cause: err })
     }
-    const intake = new NatsIntake(nc, opts)
+    const intake = new NatsIntake(nc, opts, Events)
     intake.subscribe()
     void intake.watchStatus()
     return intake
@@ -139,15 +142,15 @@ export class NatsIntake extends EventEmitter {
 
   private async watchStatus(): Promise<void> {
     for await (const s of this.nc.status()) {
-      if (s.type === Events.Disconnect) {
+      if (s.type === this.events.Disconnect) {
         this.counters.disconnects++
         this.isUp = false
         this.emit('disconnected')
-      } else if (s.type === Events.Reconnect) {
+      } else if (s.type === this.events.Reconnect) {
         this.counters.reconnects++
         this.isUp = true
         this.emit('reconnected')
-      } else if (s.type === Events.Error) {
+      } else if (s.type === this.events.Error) {
         this.counters.errors++
       }
     }

@@ -5,7 +5,6 @@
 //     src/nats-intake.ts subscribes to and decodes (its helpers name the subjects here too).
 // Delivery is at most once, as on a NATS core subject: a router that is away loses events, and
 // the engine's event ring (event-ring.ts) is what a router recovers them from.
-import { connect } from 'nats'
 import type { NatsConnection } from 'nats'
 import { encodeRouterEvent } from '../shared/events.js'
 import type { RouterEvent } from '../shared/events.js'
@@ -104,6 +103,8 @@ const utf8 = new TextEncoder()
 /** NATS connection with endless reconnects; an unreachable server at start is a KvrError naming it. */
 export async function connectNats(url: string, name = 'kv-router-mocker'): Promise<NatsConnection> {
   try {
+    // loaded on first use, as the router's intake does (src/nats-intake.ts)
+    const { connect } = await import('nats')
     return await connect({ servers: url, name, maxReconnectAttempts: -1, reconnectTimeWait: 250, timeout: 5000 })
   } catch (err) {
     throw new KvrError('KVR_ERR_INVALID_OPTION', `cannot connect to NATS at ${url}: ${(err as Error).message}`, { cause: err })

@@ -3,8 +3,7 @@
 // src/etcd-discovery.ts lists and watches), written under the lease and kept alive with it; the
 // lease is revoked on shutdown so the router drops the worker at once instead of after the TTL.
 // Embedded/HTTP mode: POST /v1/workers on a router, DELETE on shutdown.
-import { Etcd3 } from 'etcd3'
-import type { Lease } from 'etcd3'
+import type { Etcd3, Lease } from 'etcd3'
 import { EventEmitter } from 'node:events'
 import { KvrError } from '../shared/errors.js'
 import { cardsPrefix, instancesPrefix } from '../etcd-discovery.js'
@@ -76,13 +75,18 @@ export class EtcdRegistrar {
   private readonly client: Etcd3
   private readonly leases: EtcdLease[] = []
 
-  private constructor(private readonly o: EtcdRegistrarOptions) {
-    this.client = new Etcd3({ hosts: o.url, dialTimeout: o.connectTimeoutMs ?? 3000 })
+  private constructor(
+    private readonly o: EtcdRegistrarOptions,
+    client: Etcd3,
+  ) {
+    this.client = client
   }
 
   /** Connects; an unreachable etcd is a KvrError naming the URL. */
   static async connect(o: EtcdRegistrarOptions): Promise<EtcdRegistrar> {
-    const r = new EtcdRegistrar(o)
+    // loaded on first use: a fleet without etcd (npm start's) need not load its gRPC stack
+    const { Etcd3 } = await import('etcd3')
+    const r = new EtcdRegistrar(o, new Etcd3({ hosts: o.url, dialTimeout: o.connectTimeoutMs ?? 3000 }))
     try {
       await withTimeout(r.client.get('v1/instances/').exists(), o.connectTimeoutMs ?? 5000)
     } catch (err) {

@@ -443,8 +443,8 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
   const directUrls = (up.m[1] as string).trim().split(/\s+/)
   const workerArgs = directUrls.flatMap((u, i) => ['--worker', `${i + 1}=${u}`])
   let router: ChildProcess | undefined
-  let relayChild: ChildProcess | undefined
-  let bareChild: ChildProcess | undefined
+  /** The reference processes (bare proxy, relay), killed at the end whatever happens. */
+  const others: ChildProcess[] = []
   // paired rounds hold `streams` open on each path at once
   const agent = new Agent({ connections: 2 * streams + 56, pipelining: 1, keepAliveTimeout: 30_000 })
   try {
@@ -472,27 +472,23 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
       paired.push(round(d, r))
     }
     const cpu = [...rounds, ...paired].map((x) => x.hop.hopCpuUsPerRequest)
-    const br = await child([self, '--bare', ...directUrls], /bare ready (\S+)/)
-    bareChild = br.p
-    const bared: Lane = { path: 'bare', urls: [br.m[1] as string] }
-    await phase([bared], rate, 3, agent)
-    const bareRounds: Round[] = []
-    for (let i = 0; i < 3; i++) {
-      const [d, r] = (await phase([direct, bared], rate, seconds, agent, { hop: br.p.pid, upstreams: up.p.pid })) as [PhaseResult, PhaseResult]
-      bareRounds.push(round(d, r))
+    /** Three paired rounds with another process in the router's place (it stays up until the end, or an error). */
+    const referenceRounds = async (path: 'bare' | 'relay'): Promise<Round[]> => {
+      const c = await child([self, `--${path}`, ...directUrls], new RegExp(`${path} ready (\\S+)`))
+      others.push(c.p)
+      const lane: Lane = { path, urls: [c.m[1] as string] }
+      await phase([lane], rate, 3, agent)
+      const out: Round[] = []
+      for (let i = 0; i < 3; i++) out.push(round(...((await phase([direct, lane], rate, seconds, agent, { hop: c.p.pid, upstreams: up.p.pid })) as [PhaseResult, PhaseResult])))
+      c.p.kill('SIGTERM')
+      return out
     }
-    br.p.kill('SIGTERM')
-    const bareCpu = bareRounds.map((x) => x.hop.hopCpuUsPerRequest)
-    const rl = await child([self, '--relay', ...directUrls], /relay ready (\S+)/)
-    relayChild = rl.p
-    const relayed: Lane = { path: 'relay', urls: [rl.m[1] as string] }
-    await phase([relayed], rate, 3, agent)
-    const reference: Round[] = []
-    for (let i = 0; i < 3; i++) {
-      const [d, r] = (await phase([direct, relayed], rate, seconds, agent, { hop: rl.p.pid, upstreams: up.p.pid })) as [PhaseResult, PhaseResult]
-      reference.push(round(d, r))
+    const bareRounds = await referenceRounds('bare')
+    const reference = await referenceRounds('relay')
+    const cpuMedian = (rs: Round[]): number | null => {
+      const xs = rs.map((x) => x.hop.hopCpuUsPerRequest)
+      return xs.every((x) => x !== null) ? median(xs as number[]) : null
     }
-    const relayCpu = reference.map((x) => x.hop.hopCpuUsPerRequest)
     return {
       streamsTarget: streams,
       mode,
@@ -517,19 +513,18 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
       referenceP99TotalOverheadMsMedian: median(reference.map((x) => x.p99TotalOverheadMs)),
       referenceP99IngressOverheadMsMedian: median(reference.map((x) => x.p99IngressOverheadMs)),
       referenceP99EgressOverheadMsMedian: median(reference.map((x) => x.p99EgressOverheadMs)),
-      relayCpuUsPerRequestMedian: relayCpu.every((x) => x !== null) ? median(relayCpu as number[]) : null,
+      relayCpuUsPerRequestMedian: cpuMedian(reference),
       bare: bareRounds,
       bareP99TtftOverheadMsMedian: median(bareRounds.map((x) => x.p99TtftOverheadMs)),
       bareP99TotalOverheadMsMedian: median(bareRounds.map((x) => x.p99TotalOverheadMs)),
       bareP99IngressOverheadMsMedian: median(bareRounds.map((x) => x.p99IngressOverheadMs)),
       bareP99EgressOverheadMsMedian: median(bareRounds.map((x) => x.p99EgressOverheadMs)),
-      bareCpuUsPerRequestMedian: bareCpu.every((x) => x !== null) ? median(bareCpu as number[]) : null,
+      bareCpuUsPerRequestMedian: cpuMedian(bareRounds),
     }
   } finally {
     await agent.close()
     router?.kill('SIGTERM')
-    relayChild?.kill('SIGTERM')
-    bareChild?.kill('SIGTERM')
+    for (const o of others) o.kill('SIGTERM')
     up.p.kill('SIGTERM')
   }
 }

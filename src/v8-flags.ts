@@ -8,6 +8,10 @@
 // per 800 ms under that load, and those pauses were the router's TTFT p99. At 64 MB the scavenges
 // are a fifth as many and the p99 overhead fell from 6–11 ms to 1–2 ms in paired rounds of
 // `node dist/bench/proxy.js` (bench/HISTORY.md, bench:route, session 5). The cost is memory: up to 128 MB more RSS.
+// Re-measured in session 14 (README, "Node flags"), with about 4 KB of heap per open stream
+// instead of 9: V8's default young generation now gives 64-token streams a shorter tail, but
+// 4,096-token prompts more mark-compacts and /v1/route 15% fewer requests/s. Long prompts are
+// what a KV-aware router carries, so 64 MB stays.
 //
 // Why no memory reducer: when the router idles, V8's memory reducer runs "reduce" full GCs that
 // shrink the heap, which then has to grow back under the load that follows. That is the likely

@@ -17,26 +17,29 @@
 // shared machine the direct path's own p99 moved by 5 ms from one 10 s phase to the next, more
 // than the bar; in a paired round whatever the machine does falls on both paths alike, so the
 // p99 difference is what the hop adds. ROUTER_NODE_FLAGS="…" passes node flags to the router
-// child (diagnosis: --trace-gc, --cpu-prof, --import of a probe). BENCH_PROXY_MODE=kv runs the
+// child, and to the bare proxy below (diagnosis: --trace-gc, --cpu-prof, --import of a probe; a
+// V8 flag then applies to both). BENCH_PROXY_MODE=kv runs the
 // router in kv mode instead, so each request also takes an overlap query through the shard; the
 // upstreams emit no KV events, so the choice still spreads by load. BENCH_PROXY_PROMPT_TOKENS=4096
 // sends long prompts instead of 64-token ones: what KV-aware routing usually carries, and where
-// the router's body handling and its GC show (README, Benchmarks, session 13).
+// the router's body handling and its GC show (bench/HISTORY.md, bench:route, session 13).
 //
-// Where the TTFT overhead arises: every request carries its send time and the upstream stamps its
-// first event with when the request reached it and when the event left, all on CLOCK_MONOTONIC,
-// which every process on the machine shares. So each TTFT splits into ingress (client sends ->
+// Where the TTFT overhead arises: the client notes when it hands each request to undici and the
+// upstream stamps its first event with when the request reached it and when the event left, all on
+// CLOCK_MONOTONIC, which every process on the machine shares. So each TTFT splits into ingress (client sends ->
 // upstream has the whole request), the upstream's own 50 ms, and egress (first event leaves the
 // upstream -> client has it); a path's p99 of each, against the direct path's in the same round,
 // says whether the hop's cost is on the way in (parse, route, book, dispatch) or on the way out
-// (parse the upstream's response, rewrite the first event, write it). The field is extra JSON the
-// router forwards untouched and the upstreams ignore.
+// (parse the upstream's response, rewrite the first event, write it). The router only appends
+// `nvext` to the first event, so the stamps reach the client; a request without them fails the run.
 //
 // Bare rounds: the same paired rounds with the smallest proxy on the router's own stack in its
-// place: fastify takes the body as bytes, undici sends it to the next upstream in turn, and each
+// place: fastify takes the body as bytes (its default reader, one copy more than the router's, which
+// at 64 tokens is a few hundred bytes), undici sends it to the next upstream in turn, and each
 // chunk of the answer goes back through Node's response. It parses no JSON, routes, books and
-// counts nothing. What it adds over the relay is the stack's share of the overhead; what the router
-// adds over it is the router's own work.
+// counts nothing. It runs with the router's V8 flags, so that the two differ in their work only.
+// What it adds over the relay is the stack's share of the overhead; what the router adds over it
+// is the router's own work.
 //
 // Reference rounds: the same paired rounds with a bare TCP relay in the router's place (a Node
 // process that pipes each client connection to one upstream, parsing nothing). They tell what
@@ -60,7 +63,7 @@ export interface PhaseResult {
   ingressMs: { p50: number; p99: number }
   /** The upstream writes the first event -> the client has it. */
   egressMs: { p50: number; p99: number }
-  /** CPU time (all threads, from /proc) of the process in the path, the router or the relay, per request of the phase; null for direct phases or off Linux. */
+  /** CPU time (all threads, from /proc) of the process in the path (router, bare proxy or relay), per request of the phase; null for direct phases or off Linux. */
   hopCpuUsPerRequest: number | null
   /** CPU of each process over the phase, in % of one core (the machine has to share its cores between them). */
   cpuPct: { client: number; upstreams: number | null; hop: number | null }
@@ -102,7 +105,7 @@ function gcDiff(a: GcTotals, b: GcTotals): GcTotals {
 /** One direct phase and one routed phase (or both lanes of one paired phase) and their p99 difference. */
 export interface Round {
   direct: PhaseResult
-  /** The lane through the extra process: the router, or the relay in reference rounds. */
+  /** The lane through the extra process: the router, or the bare proxy or the relay in their rounds. */
   hop: PhaseResult
   p99TtftOverheadMs: number
   p99TotalOverheadMs: number
@@ -182,7 +185,6 @@ async function upstreams(count: number): Promise<void> {
             return
           }
           sent++
-          // the first event says when the request arrived and when the event left (the bench's split)
           const stamp = sent === 1 ? `"bench_in":${arrived},"bench_out":${monoUs()},` : ''
           res.write(`data: {"id":"u","object":"text_completion",${stamp}"choices":[{"index":0,"text":"t${sent}","finish_reason":${sent === MAX_TOKENS ? '"length"' : 'null'}}]}\n\n`)
           setTimeout(tick, ITL_MS)
@@ -271,7 +273,7 @@ async function bare(urls: string[]): Promise<void> {
 }
 
 let promptSeed = 1
-function uniquePrompt(tokens: number, sent: number): string {
+function uniquePrompt(tokens: number): string {
   // xorshift over a per-request seed: every prompt differs from its first block on
   let x = (promptSeed++ * 2654435761) >>> 0 || 1
   const ids: number[] = []
@@ -283,7 +285,7 @@ function uniquePrompt(tokens: number, sent: number): string {
     x >>>= 0
     ids.push(x % 150_000)
   }
-  return JSON.stringify({ bench_sent: sent, model: 'mock', prompt: ids, max_tokens: MAX_TOKENS, stream: true })
+  return JSON.stringify({ model: 'mock', prompt: ids, max_tokens: MAX_TOKENS, stream: true })
 }
 
 /** bench_in and bench_out of a first event, or null when the chunk does not hold both. */
@@ -324,8 +326,9 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
     st.open += d
   }
   const inflight: Promise<void>[] = []
-  const one = (st: (typeof stats)[number], url: URL, body: string, sent: number): Promise<void> =>
+  const one = (st: (typeof stats)[number], url: URL, body: string): Promise<void> =>
     new Promise<void>((resolve) => {
+      const sent = monoUs()
       // undici's dispatcher callbacks, not a Readable body iterated with for-await: the load
       // generator shares the 2 cores with the router, and its own per-chunk promises and ticks
       // would take CPU from the process being measured
@@ -387,8 +390,7 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
     const lane = k % lanes.length
     const st = stats[lane] as (typeof stats)[number]
     const urls = targets[lane] as URL[]
-    const sent = monoUs()
-    inflight.push(one(st, urls[st.requests % urls.length] as URL, uniquePrompt(PROMPT_TOKENS, sent), sent))
+    inflight.push(one(st, urls[st.requests % urls.length] as URL, uniquePrompt(PROMPT_TOKENS)))
     st.requests++
     k++
   }
@@ -403,6 +405,8 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
   const hopGc = gc0 === null || gc1 === null ? null : gcDiff(gc0, gc1)
   return lanes.map((l, i) => {
     const st = stats[i] as (typeof stats)[number]
+    // a first event without the upstream's stamps would drop out of the split unseen
+    if (st.ingress.length !== st.ttft.length) throw new Error(`${l.path}: ${st.ttft.length - st.ingress.length} of ${st.ttft.length} first events came without the upstream's time stamps`)
     for (const xs of [st.ttft, st.total, st.ingress, st.egress]) xs.sort((a, b) => a - b)
     const openDuringSends = st.openArea + st.open * (sendEnd - st.lastChange)
     return {
@@ -447,9 +451,10 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
   const others: ChildProcess[] = []
   // paired rounds hold `streams` open on each path at once
   const agent = new Agent({ connections: 2 * streams + 56, pipelining: 1, keepAliveTimeout: 30_000 })
+  const routerFlags = [...ROUTER_V8_FLAGS, ...(process.env.ROUTER_NODE_FLAGS ?? '').split(' ').filter((x) => x !== '')]
   try {
     const started = await child(
-      [...ROUTER_V8_FLAGS, ...(process.env.ROUTER_NODE_FLAGS ?? '').split(' ').filter((x) => x !== ''), cli, 'serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-block-size', '64', '--router-queue-threshold', 'none', '--router-mode', mode, ...workerArgs],
+      [...routerFlags, cli, 'serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-block-size', '64', '--router-queue-threshold', 'none', '--router-mode', mode, ...workerArgs],
       /listening on (http:\/\/\S+)/,
     )
     router = started.p
@@ -471,10 +476,9 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
       const [d, r] = (await phase([direct, routed], rate, seconds, agent, pids)) as [PhaseResult, PhaseResult]
       paired.push(round(d, r))
     }
-    const cpu = [...rounds, ...paired].map((x) => x.hop.hopCpuUsPerRequest)
-    /** Three paired rounds with another process in the router's place (it stays up until the end, or an error). */
+    /** Three paired rounds with another process in the router's place; the bare proxy gets the router's V8 flags. */
     const referenceRounds = async (path: 'bare' | 'relay'): Promise<Round[]> => {
-      const c = await child([self, `--${path}`, ...directUrls], new RegExp(`${path} ready (\\S+)`))
+      const c = await child([...(path === 'bare' ? routerFlags : []), self, `--${path}`, ...directUrls], new RegExp(`${path} ready (\\S+)`))
       others.push(c.p)
       const lane: Lane = { path, urls: [c.m[1] as string] }
       await phase([lane], rate, 3, agent)
@@ -507,7 +511,7 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
       pairedP99TotalOverheadMsMedian: median(paired.map((x) => x.p99TotalOverheadMs)),
       pairedP99IngressOverheadMsMedian: median(paired.map((x) => x.p99IngressOverheadMs)),
       pairedP99EgressOverheadMsMedian: median(paired.map((x) => x.p99EgressOverheadMs)),
-      routerCpuUsPerRequestMedian: cpu.every((x) => x !== null) ? median(cpu as number[]) : null,
+      routerCpuUsPerRequestMedian: cpuMedian([...rounds, ...paired]),
       reference,
       referenceP99TtftOverheadMsMedian: median(reference.map((x) => x.p99TtftOverheadMs)),
       referenceP99TotalOverheadMsMedian: median(reference.map((x) => x.p99TotalOverheadMs)),

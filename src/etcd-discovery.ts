@@ -108,8 +108,8 @@ export class EtcdDiscovery extends EventEmitter {
   }
 
   static async start(opts: EtcdDiscoveryOptions): Promise<EtcdDiscovery> {
-    // loaded here, not at startup: the etcd client and its gRPC stack cost a router that does not
-    // use etcd (the default) about 0.3 s of startup and their memory
+    // loaded here, not at startup: a router that does not use etcd (the default) starts 0.1 s
+    // sooner and 19 MB smaller without the etcd client and its gRPC stack (README, NATS intake)
     const { Etcd3 } = await import('etcd3')
     const d = new EtcdDiscovery(opts, new Etcd3({ hosts: opts.url, dialTimeout: opts.dialTimeoutMs ?? 3000 }))
     let revision: string

@@ -1,5 +1,5 @@
-// A router without NATS or etcd (the default, and `npm start`) must not load their clients: the
-// etcd client brings a gRPC stack that cost about 0.3 s of startup and its memory. They are loaded
+// A router without NATS or etcd (the default, and `npm start`) must not load their clients: without
+// them it starts 0.1 s sooner and 19 MB smaller (README, NATS intake and etcd discovery). They are loaded
 // where a connection is made (src/nats-intake.ts, src/etcd-discovery.ts, src/mocker/); the
 // integration tests show those paths still work against the real services.
 import t from 'tap'
@@ -42,7 +42,8 @@ function loadedAtListen(args: string[]): Promise<{ etcd3: boolean; nats: boolean
       p.kill('SIGKILL')
       resolve({ etcd3: m[1] === 'true', nats: m[2] === 'true' })
     })
-    p.on('exit', (code) => {
+    // 'close', not 'exit': a child that exits right after its report may still have output unread
+    p.on('close', (code) => {
       clearTimeout(timer)
       reject(new Error(`exited ${code} before reporting: ${out} ${err}`))
     })

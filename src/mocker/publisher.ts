@@ -102,9 +102,10 @@ const utf8 = new TextEncoder()
 
 /** NATS connection with endless reconnects; an unreachable server at start is a KvrError naming it. */
 export async function connectNats(url: string, name = 'kv-router-mocker'): Promise<NatsConnection> {
+  // loaded on first use, as the router's intake does (src/nats-intake.ts); outside the try, so a
+  // broken install is not reported as an unreachable server
+  const { connect } = await import('nats')
   try {
-    // loaded on first use, as the router's intake does (src/nats-intake.ts)
-    const { connect } = await import('nats')
     return await connect({ servers: url, name, maxReconnectAttempts: -1, reconnectTimeWait: 250, timeout: 5000 })
   } catch (err) {
     throw new KvrError('KVR_ERR_INVALID_OPTION', `cannot connect to NATS at ${url}: ${(err as Error).message}`, { cause: err })

@@ -130,26 +130,33 @@ export interface ProxyResult {
   p99TtftOverheadMsMedian: number
   p99TotalOverheadMsMedian: number
   /** Paired rounds: both paths at once, requests interleaved one by one (the headline). */
-  paired: Round[]
-  pairedP99TtftOverheadMsMedian: number
-  pairedP99TotalOverheadMsMedian: number
-  pairedP99IngressOverheadMsMedian: number
-  pairedP99EgressOverheadMsMedian: number
+  paired: PairedSummary
+  /** The router's CPU per request, median over the sequential and the paired rounds. */
   routerCpuUsPerRequestMedian: number | null
-  /** Paired rounds with the bare TCP relay in the router's place: the cost of the hop alone. */
-  reference: Round[]
-  referenceP99TtftOverheadMsMedian: number
-  referenceP99TotalOverheadMsMedian: number
-  referenceP99IngressOverheadMsMedian: number
-  referenceP99EgressOverheadMsMedian: number
-  relayCpuUsPerRequestMedian: number | null
   /** Paired rounds with the bare fastify + undici proxy in the router's place: the stack's floor. */
-  bare: Round[]
-  bareP99TtftOverheadMsMedian: number
-  bareP99TotalOverheadMsMedian: number
-  bareP99IngressOverheadMsMedian: number
-  bareP99EgressOverheadMsMedian: number
-  bareCpuUsPerRequestMedian: number | null
+  bare: PairedSummary
+  /** Paired rounds with the bare TCP relay in the router's place: the cost of the hop alone. */
+  relay: PairedSummary
+}
+
+/** A set of paired rounds and the medians of their p99 overheads (ms) and of the hop's CPU per request. */
+export interface PairedSummary {
+  rounds: Round[]
+  ttftMs: number
+  totalMs: number
+  ingressMs: number
+  egressMs: number
+  cpuUsPerRequest: number | null
+}
+
+function cpuMedian(rs: Round[]): number | null {
+  const xs = rs.map((x) => x.hop.hopCpuUsPerRequest)
+  return xs.every((x) => x !== null) ? median(xs as number[]) : null
+}
+
+function summary(rounds: Round[]): PairedSummary {
+  const m = (k: 'p99TtftOverheadMs' | 'p99TotalOverheadMs' | 'p99IngressOverheadMs' | 'p99EgressOverheadMs'): number => median(rounds.map((x) => x[k]))
+  return { rounds, ttftMs: m('p99TtftOverheadMs'), totalMs: m('p99TotalOverheadMs'), ingressMs: m('p99IngressOverheadMs'), egressMs: m('p99EgressOverheadMs'), cpuUsPerRequest: cpuMedian(rounds) }
 }
 
 function quantile(sorted: number[], q: number): number {
@@ -488,11 +495,7 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
       return out
     }
     const bareRounds = await referenceRounds('bare')
-    const reference = await referenceRounds('relay')
-    const cpuMedian = (rs: Round[]): number | null => {
-      const xs = rs.map((x) => x.hop.hopCpuUsPerRequest)
-      return xs.every((x) => x !== null) ? median(xs as number[]) : null
-    }
+    const relayRounds = await referenceRounds('relay')
     return {
       streamsTarget: streams,
       mode,
@@ -506,24 +509,10 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
       rounds,
       p99TtftOverheadMsMedian: median(rounds.map((x) => x.p99TtftOverheadMs)),
       p99TotalOverheadMsMedian: median(rounds.map((x) => x.p99TotalOverheadMs)),
-      paired,
-      pairedP99TtftOverheadMsMedian: median(paired.map((x) => x.p99TtftOverheadMs)),
-      pairedP99TotalOverheadMsMedian: median(paired.map((x) => x.p99TotalOverheadMs)),
-      pairedP99IngressOverheadMsMedian: median(paired.map((x) => x.p99IngressOverheadMs)),
-      pairedP99EgressOverheadMsMedian: median(paired.map((x) => x.p99EgressOverheadMs)),
+      paired: summary(paired),
       routerCpuUsPerRequestMedian: cpuMedian([...rounds, ...paired]),
-      reference,
-      referenceP99TtftOverheadMsMedian: median(reference.map((x) => x.p99TtftOverheadMs)),
-      referenceP99TotalOverheadMsMedian: median(reference.map((x) => x.p99TotalOverheadMs)),
-      referenceP99IngressOverheadMsMedian: median(reference.map((x) => x.p99IngressOverheadMs)),
-      referenceP99EgressOverheadMsMedian: median(reference.map((x) => x.p99EgressOverheadMs)),
-      relayCpuUsPerRequestMedian: cpuMedian(reference),
-      bare: bareRounds,
-      bareP99TtftOverheadMsMedian: median(bareRounds.map((x) => x.p99TtftOverheadMs)),
-      bareP99TotalOverheadMsMedian: median(bareRounds.map((x) => x.p99TotalOverheadMs)),
-      bareP99IngressOverheadMsMedian: median(bareRounds.map((x) => x.p99IngressOverheadMs)),
-      bareP99EgressOverheadMsMedian: median(bareRounds.map((x) => x.p99EgressOverheadMs)),
-      bareCpuUsPerRequestMedian: cpuMedian(bareRounds),
+      bare: summary(bareRounds),
+      relay: summary(relayRounds),
     }
   } finally {
     await agent.close()
@@ -553,12 +542,14 @@ export function printProxy(p: ProxyResult): void {
       console.log(`${''.padEnd(12)} | p99 overhead: TTFT ${r.p99TtftOverheadMs.toFixed(2)} ms (ingress ${r.p99IngressOverheadMs.toFixed(2)}, egress ${r.p99EgressOverheadMs.toFixed(2)}), total ${r.p99TotalOverheadMs.toFixed(2)} ms | CPU of one core: ${load}${gcText}${loopText}`)
     })
   rows('sequential', p.rounds)
-  rows('paired', p.paired)
-  rows('bare', p.bare)
-  rows('reference', p.reference)
-  console.log(`p99 overhead, medians: paired TTFT ${p.pairedP99TtftOverheadMsMedian.toFixed(2)} ms (ingress ${p.pairedP99IngressOverheadMsMedian.toFixed(2)}, egress ${p.pairedP99EgressOverheadMsMedian.toFixed(2)}), total ${p.pairedP99TotalOverheadMsMedian.toFixed(2)} ms; sequential TTFT ${p.p99TtftOverheadMsMedian.toFixed(2)} ms, total ${p.p99TotalOverheadMsMedian.toFixed(2)} ms; router CPU ${p.routerCpuUsPerRequestMedian === null ? '–' : p.routerCpuUsPerRequestMedian.toFixed(0)} µs per request`)
-  console.log(`bare proxy (fastify + undici, no routing, in the router's place, paired rounds): p99 overhead, medians: TTFT ${p.bareP99TtftOverheadMsMedian.toFixed(2)} ms (ingress ${p.bareP99IngressOverheadMsMedian.toFixed(2)}, egress ${p.bareP99EgressOverheadMsMedian.toFixed(2)}), total ${p.bareP99TotalOverheadMsMedian.toFixed(2)} ms; its CPU ${p.bareCpuUsPerRequestMedian === null ? '–' : p.bareCpuUsPerRequestMedian.toFixed(0)} µs per request`)
-  console.log(`reference hop (a bare TCP relay in the router's place, paired rounds): p99 overhead, medians: TTFT ${p.referenceP99TtftOverheadMsMedian.toFixed(2)} ms (ingress ${p.referenceP99IngressOverheadMsMedian.toFixed(2)}, egress ${p.referenceP99EgressOverheadMsMedian.toFixed(2)}), total ${p.referenceP99TotalOverheadMsMedian.toFixed(2)} ms; relay CPU ${p.relayCpuUsPerRequestMedian === null ? '–' : p.relayCpuUsPerRequestMedian.toFixed(0)} µs per request`)
+  rows('paired', p.paired.rounds)
+  rows('bare', p.bare.rounds)
+  rows('reference', p.relay.rounds)
+  const us = (x: number | null): string => (x === null ? '–' : x.toFixed(0))
+  const medians = (s: PairedSummary): string => `TTFT ${s.ttftMs.toFixed(2)} ms (ingress ${s.ingressMs.toFixed(2)}, egress ${s.egressMs.toFixed(2)}), total ${s.totalMs.toFixed(2)} ms`
+  console.log(`p99 overhead, medians: paired ${medians(p.paired)}; sequential TTFT ${p.p99TtftOverheadMsMedian.toFixed(2)} ms, total ${p.p99TotalOverheadMsMedian.toFixed(2)} ms; router CPU ${us(p.routerCpuUsPerRequestMedian)} µs per request`)
+  console.log(`bare proxy (fastify + undici, no routing, in the router's place, paired rounds): p99 overhead, medians: ${medians(p.bare)}; its CPU ${us(p.bare.cpuUsPerRequest)} µs per request`)
+  console.log(`reference hop (a bare TCP relay in the router's place, paired rounds): p99 overhead, medians: ${medians(p.relay)}; relay CPU ${us(p.relay.cpuUsPerRequest)} µs per request`)
 }
 
 if (process.argv[2] === '--upstreams') {

@@ -14,6 +14,7 @@ import type { TextTokenizer } from './tokenizer.js'
 import { isKvrError } from './shared/errors.js'
 import { die } from './cli-flags.js'
 import { settleHeap } from './heap-settle.js'
+import { applyNice } from './priority.js'
 
 const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string }
 
@@ -58,6 +59,15 @@ async function serve(argv: string[]): Promise<void> {
     return
   }
   for (const line of notYetInEffect(cfg)) process.stderr.write(`kv-router: warning: ${line}\n`)
+  // before any thread of ours starts: shards and tokenizers inherit the main thread's niceness
+  if (cfg.nice !== null) {
+    try {
+      applyNice(cfg.nice)
+    } catch (err) {
+      if (isKvrError(err)) die(`serve: ${err.message}`)
+      throw err
+    }
+  }
   let tokenizer: TextTokenizer | null
   try {
     tokenizer = await loadTokenizer(cfg.tokenizer, cfg.tokenizerThreads)
@@ -99,7 +109,7 @@ async function serve(argv: string[]): Promise<void> {
   const addr = app.fastify.server.address()
   const port = typeof addr === 'object' && addr !== null ? addr.port : cfg.httpPort
   process.stdout.write(
-    `kv-router listening on http://${cfg.httpHost}:${port} (mode ${cfg.mode}, block size ${cfg.blockSize}, ${router.pool.size} shard(s), ${router.workers().length} worker(s)${fleet.length > 0 ? `, ${fleet.length} embedded simulated` : ''})\n`,
+    `kv-router listening on http://${cfg.httpHost}:${port} (mode ${cfg.mode}, block size ${cfg.blockSize}, ${router.pool.size} shard(s), ${router.workers().length} worker(s)${fleet.length > 0 ? `, ${fleet.length} embedded simulated` : ''}${cfg.nice !== null ? `, nice ${cfg.nice}` : ''})\n`,
   )
   let stopping = false
   const stop = (signal: string): void => {

@@ -28,6 +28,7 @@ interface Service {
   profiles?: string[]
   depends_on?: Record<string, { condition: string }>
   healthcheck?: { test: string[] }
+  ulimits?: Record<string, number | { soft: number; hard: number }>
 }
 
 /** Compose's interpolation with no variables set: `${X:-default}` is the default; `${X}` is refused. */
@@ -96,6 +97,10 @@ t.test('the router command is a valid `kv-router serve` and points at the fleet'
   t.equal(cfg.mode, 'kv')
   t.equal(hostPort(cfg.natsUrl ?? ''), 'nats:4222', 'KV events from the nats service')
   t.equal(hostPort(cfg.etcdUrl ?? ''), 'etcd:2379', 'workers from the etcd service')
+  t.equal(cfg.nice, 0, 'niceness 0 unless KVR_ROUTER_NICE says otherwise')
+  // the image runs as an unprivileged user, for whom RLIMIT_NICE is what allows 20 - limit
+  const limit = svc('router').ulimits?.nice
+  t.equal(typeof limit === 'object' ? limit.soft : limit, 40, 'RLIMIT_NICE lets any KVR_ROUTER_NICE down to -20 take effect')
   const port = cfg.httpPort
   t.ok((svc('router').ports ?? []).some((p) => p.endsWith(`:${port}`)), 'the published port is the one it listens on')
   t.match(svc('router').healthcheck?.test.join(' ') ?? '', new RegExp(`127\\.0\\.0\\.1:${port}/ready`), 'healthy once /ready says so')

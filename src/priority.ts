@@ -1,0 +1,59 @@
+// --nice: the scheduling priority of the router's threads. Where the router shares cores with
+// engines, tokenizers or a load generator, each wake-up of its event loop can wait for a core
+// behind them, and on a 2-core machine shared with the load generator that wait was most of what
+// the proxy added to a first token at p99 (README, Benchmarks, session 15). A negative niceness
+// lets the kernel run the router first, as nginx's worker_priority does for its workers.
+//
+// Linux keeps a niceness per thread: setpriority() on an id changes that one thread, and a new
+// thread starts with its creator's. So every thread that exists now is set by its id (V8's GC
+// helpers, which a scavenge waits for, and libuv's pool), and the shard and tokenizer threads,
+// started later from the main thread, inherit the main thread's. Elsewhere one call covers the
+// process.
+import { readdirSync } from 'node:fs'
+import { setPriority } from 'node:os'
+import { KvrError } from './shared/errors.js'
+
+/** The code of a failed libuv call (os.setPriority throws a SystemError carrying it in .info). */
+function errnoOf(err: unknown): string {
+  const e = err as { code?: unknown; info?: { code?: unknown } } | null
+  const c = e?.info?.code ?? e?.code
+  return typeof c === 'string' ? c : 'unknown error'
+}
+
+function threadIds(): number[] {
+  try {
+    return readdirSync('/proc/self/task').map(Number).filter((n) => Number.isInteger(n) && n > 0)
+  } catch {
+    return []
+  }
+}
+
+/**
+ * Sets the niceness of every thread of this process (and, through inheritance, of the threads it
+ * starts later). Throws KVR_ERR_PRIORITY_DENIED when the system refuses: a niceness below the
+ * current one needs root, CAP_SYS_NICE or an RLIMIT_NICE of at least 20 - nice (what a container
+ * of an unprivileged user can be given). Returns the threads set.
+ */
+export function applyNice(nice: number): number {
+  const tids = threadIds()
+  try {
+    // the calling thread first: a refusal then comes before any other thread was changed
+    setPriority(0, nice)
+  } catch (err) {
+    const code = errnoOf(err)
+    const why = code === 'EACCES' || code === 'EPERM' ? `; a niceness below the current one needs root, CAP_SYS_NICE or an RLIMIT_NICE (ulimit -e) of at least ${20 - nice}` : ''
+    throw new KvrError('KVR_ERR_PRIORITY_DENIED', `--nice ${nice}: the system refused the priority (${code})${why}`)
+  }
+  let set = 1
+  for (const tid of tids) {
+    if (tid === process.pid) continue
+    try {
+      setPriority(tid, nice)
+      set++
+    } catch (err) {
+      // a thread that ended since the listing is no loss
+      if (errnoOf(err) !== 'ESRCH') throw new KvrError('KVR_ERR_PRIORITY_DENIED', `--nice ${nice}: the system refused the priority of thread ${tid} (${errnoOf(err)})`)
+    }
+  }
+  return set
+}

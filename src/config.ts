@@ -126,7 +126,7 @@ export const FLAGS: readonly FlagDef[] = [
   F({ flag: '--proxy-retries', key: 'proxyRetries', env: ['DYN_PROXY_RETRIES'], kind: 'int', min: 0, max: 16, dflt: 2, help: 'retries on another worker when one fails before its first token' }),
   F({ flag: '--http-body-limit', key: 'bodyLimit', env: ['DYN_HTTP_BODY_LIMIT'], kind: 'int', min: 1024, max: 1 << 30, dflt: 16 * 1024 * 1024, help: 'largest request body in bytes (413 above)' }),
   F({ flag: '--shutdown-timeout-secs', key: 'shutdownTimeoutSecs', env: ['DYN_SHUTDOWN_TIMEOUT_SECS'], kind: 'num', min: 0, max: 3600, dflt: 30, help: 'how long SIGTERM waits for in-flight requests' }),
-  F({ flag: '--nice', key: 'nice', env: ['DYN_ROUTER_NICE'], kind: 'int', min: -20, max: 19, dflt: null, help: 'scheduling niceness of the router\'s threads; negative runs it ahead of engines or load generators on shared cores (needs root or CAP_SYS_NICE)' }),
+  F({ flag: '--nice', key: 'nice', env: ['DYN_ROUTER_NICE'], kind: 'int', min: -20, max: 19, dflt: null, help: 'scheduling niceness of the router\'s threads; negative runs it ahead of engines or load generators on shared cores (below the current one needs root, CAP_SYS_NICE or RLIMIT_NICE)' }),
   F({ flag: '--seed', key: 'seed', env: ['DYN_ROUTER_SEED'], kind: 'int', min: 0, max: 0xffffffff, dflt: undefined, help: 'seed of the selection RNG (tests)' }),
 ]
 

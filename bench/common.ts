@@ -20,14 +20,20 @@ export function repoRoot(): string {
 /** Starts `node ...args`; resolves once stdout matches `ready`, rejects if it exits first. */
 export function child(args: string[], ready: RegExp): Promise<{ p: ChildProcess; m: RegExpMatchArray }> {
   return new Promise((resolve, reject) => {
-    const p = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'inherit'] })
+    // stderr is passed on as it comes, and its first line kept: a child that refuses its options says why there
+    const p = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'] })
     let out = ''
+    let err = ''
+    p.stderr?.on('data', (d: Buffer) => {
+      process.stderr.write(d)
+      if (err.length < 4096) err += d.toString()
+    })
     p.stdout?.on('data', (d: Buffer) => {
       out += d.toString()
       const m = out.match(ready)
       if (m !== null) resolve({ p, m })
     })
-    p.on('exit', (code) => reject(new Error(`child exited ${code}: ${out}`)))
+    p.on('exit', (code) => reject(new Error(`child exited ${code}: ${err.split('\n')[0] ?? ''} ${out}`)))
   })
 }
 

@@ -43,9 +43,10 @@
 //
 // Priority rounds: the same paired rounds against a second router started with `--nice -10`
 // (src/priority.ts), so that its threads run ahead of the load generator and the upstreams that
-// share the machine's cores, as they would on a host of their own. They tell how much of the
-// overhead is the router's wait for a core rather than its work. Where the system refuses a
-// negative niceness (no root, CAP_SYS_NICE or RLIMIT_NICE), the rounds are not run and the result says why.
+// share the machine's cores. The overhead then falls, but not for free: the load generator and
+// the upstreams wait instead, which slows the direct path too (README, "Scheduling priority"), so
+// read these rounds with the direct path's own p99 beside them. Where the system refuses a
+// negative niceness (no root, CAP_SYS_NICE or RLIMIT_NICE), they are not run and the result says why.
 //
 // Reference rounds: the same paired rounds with a bare TCP relay in the router's place (a Node
 // process that pipes each client connection to one upstream, parsing nothing). They tell what
@@ -55,7 +56,7 @@
 // process in the router's place first serves a paired round that is not counted (the priority
 // rounds' router two, as much load as the first router had served before its paired rounds): in
 // ten runs the first round of a fresh bare proxy was always the slowest of its three, at 2.05-16.87
-// ms against 0.34-3.12 ms for the other two.
+// ms against 0.34-3.12 ms for the other two (bench/HISTORY.md, bench:route, session 15).
 import type { ChildProcess } from 'node:child_process'
 import { Agent } from 'undici'
 import { child, median, processTicks, TICKS_PER_S } from './common.js'
@@ -501,23 +502,36 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
       others.push(c.p)
       const lane: Lane = { path, urls: [c.m[1] as string] }
       const pids = { hop: c.p.pid, upstreams: up.p.pid }
-      await phase([lane], rate, 3, agent)
-      for (let i = 0; i < warm; i++) await phase([direct, lane], rate, seconds, agent, pids)
-      const out: Round[] = []
-      for (let i = 0; i < 3; i++) out.push(round(...((await phase([direct, lane], rate, seconds, agent, pids)) as [PhaseResult, PhaseResult])))
-      c.p.kill('SIGTERM')
-      return out
+      try {
+        await phase([lane], rate, 3, agent)
+        for (let i = 0; i < warm; i++) await phase([direct, lane], rate, seconds, agent, pids)
+        const out: Round[] = []
+        for (let i = 0; i < 3; i++) out.push(round(...((await phase([direct, lane], rate, seconds, agent, pids)) as [PhaseResult, PhaseResult])))
+        return out
+      } finally {
+        // gone before the next process takes its place, not draining beside it
+        if (c.p.exitCode === null && c.p.signalCode === null) {
+          const gone = new Promise((r) => c.p.once('exit', r))
+          c.p.kill('SIGTERM')
+          await gone
+        }
+      }
     }
     let priority: ProxyResult['priority']
+    let nice: { p: ChildProcess; m: RegExpMatchArray } | null = null
+    let refused: string | null = null
     try {
-      const c = await child([...serveArgs, '--nice', String(PRIORITY_NICE)], /listening on (http:\/\/\S+)/)
-      // two rounds not counted: the load the first router had served before its paired rounds, in
-      // which a fresh router's heap makes its first growth under load, with its one mark-compact
-      priority = { nice: PRIORITY_NICE, summary: summary(await roundsWith(c, 'router', 2)), refused: null }
+      nice = await child([...serveArgs, '--nice', String(PRIORITY_NICE)], /listening on (http:\/\/\S+)/)
     } catch (err) {
-      // the router exits 2 with its reason on stderr (shown above); the benchmark goes on without these rounds
-      priority = { nice: PRIORITY_NICE, summary: null, refused: `the router could not start with --nice ${PRIORITY_NICE}: ${(err as Error).message.split('\n')[0]} (a negative niceness needs root, CAP_SYS_NICE or RLIMIT_NICE)` }
+      // a refused niceness is exit 2 with the router's reason; anything else is the benchmark's failure
+      const m = /^child exited 2: (.*)/.exec((err as Error).message)
+      if (m === null) throw err
+      refused = (m[1] as string).trim()
     }
+    // two rounds not counted: the load the first router had served before its paired rounds, in
+    // which a fresh router's heap makes its first growth under load, with its one mark-compact
+    if (nice !== null) priority = { nice: PRIORITY_NICE, summary: summary(await roundsWith(nice, 'router', 2)), refused: null }
+    else priority = { nice: PRIORITY_NICE, summary: null, refused }
     /** The bare proxy gets the router's V8 flags. */
     const referenceRounds = async (path: 'bare' | 'relay'): Promise<Round[]> =>
       roundsWith(await child([...(path === 'bare' ? routerFlags : []), self, `--${path}`, ...directUrls], new RegExp(`${path} ready (\\S+)`)), path, 1)
@@ -577,7 +591,10 @@ export function printProxy(p: ProxyResult): void {
   const us = (x: number | null): string => (x === null ? '–' : x.toFixed(0))
   const medians = (s: PairedSummary): string => `TTFT ${s.ttftMs.toFixed(2)} ms (ingress ${s.ingressMs.toFixed(2)}, egress ${s.egressMs.toFixed(2)}), total ${s.totalMs.toFixed(2)} ms`
   console.log(`p99 overhead, medians: paired ${medians(p.paired)}; sequential TTFT ${p.p99TtftOverheadMsMedian.toFixed(2)} ms, total ${p.p99TotalOverheadMsMedian.toFixed(2)} ms; router CPU ${us(p.routerCpuUsPerRequestMedian)} µs per request`)
-  console.log(p.priority.summary === null ? `router at --nice ${p.priority.nice}: not run: ${p.priority.refused}` : `router at --nice ${p.priority.nice} (its threads ahead of the load generator and the upstreams on the shared cores), paired rounds: p99 overhead, medians: ${medians(p.priority.summary)}; its CPU ${us(p.priority.summary.cpuUsPerRequest)} µs per request`)
+  // absolute p99s beside the overheads: at a higher priority the router's overhead falls partly because the direct path slows
+  const abs = (rs: Round[]): string => `direct ${median(rs.map((r) => r.direct.ttftMs.p99)).toFixed(2)} ms, routed ${median(rs.map((r) => r.hop.ttftMs.p99)).toFixed(2)} ms`
+  const ps = p.priority.summary
+  console.log(ps === null ? `router at --nice ${p.priority.nice}: not run: ${p.priority.refused}` : `router at --nice ${p.priority.nice} (its threads ahead of the load generator and the upstreams on the shared cores), paired rounds: p99 overhead, medians: ${medians(ps)}; its CPU ${us(ps.cpuUsPerRequest)} µs per request; TTFT p99 medians ${abs(ps.rounds)} (at the default priority ${abs(p.paired.rounds)})`)
   console.log(`bare proxy (fastify + undici, no routing, in the router's place, paired rounds): p99 overhead, medians: ${medians(p.bare)}; its CPU ${us(p.bare.cpuUsPerRequest)} µs per request`)
   console.log(`reference hop (a bare TCP relay in the router's place, paired rounds): p99 overhead, medians: ${medians(p.relay)}; relay CPU ${us(p.relay.cpuUsPerRequest)} µs per request`)
 }

@@ -232,7 +232,7 @@ export class Proxy {
  * One proxied request from booking to its end, across attempts. Plain callbacks, not a promise
  * chain: a stream keeps its run alive for its whole life, and each pending promise with its
  * reactions, closures and contexts would be held, and copied by every scavenge, as long
- * (`node dist/bench/stream-heap.js`: see the README's Benchmarks, session 12).
+ * (`node dist/bench/stream-heap.js`: bench/HISTORY.md, bench:route, session 12).
  */
 class ProxyRun {
   readonly gone = new ClientGone()

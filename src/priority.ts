@@ -33,7 +33,7 @@ function threadIds(): number[] {
  * Sets the niceness of every thread of this process (and, through inheritance, of the threads it
  * starts later). Throws KVR_ERR_PRIORITY_DENIED when the system refuses: a niceness below the
  * current one needs root, CAP_SYS_NICE or an RLIMIT_NICE of at least 20 - nice (what a container
- * of an unprivileged user can be given). Returns the threads set.
+ * of an unprivileged user can be given).
  */
 function refused(nice: number, what: string, err: unknown): KvrError {
   const code = errnoOf(err)
@@ -42,7 +42,7 @@ function refused(nice: number, what: string, err: unknown): KvrError {
   return new KvrError('KVR_ERR_PRIORITY_DENIED', `--nice ${nice}: the system refused ${what} (${code})${why}`)
 }
 
-export function applyNice(nice: number): number {
+export function applyNice(nice: number): void {
   const tids = threadIds()
   try {
     // the calling thread first: a refusal then comes before any other thread was changed
@@ -50,16 +50,13 @@ export function applyNice(nice: number): number {
   } catch (err) {
     throw refused(nice, 'the priority', err)
   }
-  let set = 1
   for (const tid of tids) {
     if (tid === process.pid) continue
     try {
       setPriority(tid, nice)
-      set++
     } catch (err) {
       // a thread that ended since the listing is no loss
       if (errnoOf(err) !== 'ESRCH') throw refused(nice, `the priority of thread ${tid}`, err)
     }
   }
-  return set
 }

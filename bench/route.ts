@@ -1,6 +1,6 @@
 // Route-decision benchmark (npm run bench:route): selection plus booking, given overlaps, at
-// 8, 64 and 512 worker-ranks, and queue push/pop throughput at 10,000 waiting requests; then
-// the HTTP part (bars of issue #5), measured side by side in one run:
+// 8, 64 and 512 worker-ranks, queue push/pop throughput at 10,000 waiting requests, and the
+// proxy's booking of an attempt through the whole Router.route path; then the HTTP part (bars of issue #5), measured side by side in one run:
 //   - POST /v1/route with 4,096-token JSON prompts and 16 workers vs a bare fastify route that
 //     takes the same bodies as a raw buffer and answers a constant (autocannon from this
 //     process, same settings, against a server child process `route.js --serve`), with the
@@ -29,6 +29,7 @@ import { parseServeConfig } from '../src/config.js'
 import type { ServeConfig } from '../src/config.js'
 import { buildApp } from '../src/http/app.js'
 import { Router } from '../src/router.js'
+import { ClientGone, Proxy } from '../src/proxy.js'
 import { computeBlockHashes, computeSequenceHashes } from '../src/shared/hashing.js'
 import { PendingQueue } from '../src/scheduler/pending-queue.js'
 import { Xoshiro128 } from '../src/scheduler/rng.js'
@@ -204,6 +205,39 @@ async function benchFacadeQueue(): Promise<{ pairsPerSec: number; reps: number[]
   return { pairsPerSec: median(reps), reps }
 }
 
+const BOOKINGS = 50_000
+
+/**
+ * What the proxy pays to book one attempt and free it: Proxy.book through Router.route (hashing,
+ * the shard's overlap query in kv mode, selection, booking) and the release, one at a time, 4
+ * workers, a 64-token prompt: the proxy benchmark's requests. Time per booking, median of REPS.
+ */
+async function benchBooking(mode: 'round-robin' | 'kv'): Promise<{ mode: string; us: number; reps: number[] }> {
+  const cfg = parseServeConfig(['--router-block-size', '64', '--router-event-threads', '1', '--seed', '1', '--router-queue-threshold', 'none', '--router-mode', mode], {}) as ServeConfig
+  const router = await Router.start(cfg)
+  try {
+    for (let w = 1; w <= 4; w++) await router.addWorker({ id: BigInt(w), url: `http://127.0.0.1:${9000 + w}` })
+    const proxy = new Proxy(router, { retries: 2 })
+    const tokens = Array.from({ length: 64 }, (_, i) => (i * 7919) % 150_000)
+    const one = async (): Promise<void> => {
+      const a = await proxy.book({ tokens, isl: tokens.length }, new ClientGone())
+      proxy.release(a.booking)
+    }
+    for (let i = 0; i < BOOKINGS; i++) await one()
+    const reps: number[] = []
+    for (let r = 0; r < REPS; r++) {
+      const t0 = process.hrtime.bigint()
+      for (let i = 0; i < BOOKINGS; i++) await one()
+      reps.push(Number(process.hrtime.bigint() - t0) / 1000 / BOOKINGS)
+    }
+    if (proxy.releasedTotal !== BOOKINGS * (REPS + 1)) throw new Error(`bookings released ${proxy.releasedTotal}, expected ${BOOKINGS * (REPS + 1)}`)
+    await proxy.close()
+    return { mode, us: median(reps), reps }
+  } finally {
+    await router.close()
+  }
+}
+
 
 // ---------------------------------------------------------------------------------------------
 // HTTP
@@ -325,6 +359,7 @@ async function main(): Promise<void> {
   for (const w of WORKER_COUNTS) decisions.push(benchDecisions(w))
   const heap = benchHeap()
   const facade = await benchFacadeQueue()
+  const booking = [await benchBooking('round-robin'), await benchBooking('kv')]
   const result = {
     benchmark: 'route',
     date: new Date().toISOString(),
@@ -336,6 +371,7 @@ async function main(): Promise<void> {
     reps: REPS,
     decision: decisions,
     queue: { depth: QUEUE_DEPTH, heapPopPushPairsPerSec: heap.pairsPerSec, heapReps: heap.reps, schedulerDispatchEnqueuePairsPerSec: facade.pairsPerSec, schedulerReps: facade.reps },
+    booking,
   }
   const dir = join(repoRoot(), 'bench', 'results')
   mkdirSync(dir, { recursive: true })
@@ -346,6 +382,7 @@ async function main(): Promise<void> {
     console.log(`${String(d.workers).padStart(12)} | ${String(d.population).padStart(9)} | ${d.p50Us.toFixed(2).padStart(7)} | ${d.p99Us.toFixed(2).padStart(7)} | ${d.meanUs.toFixed(2).padStart(7)}`)
   }
   console.log(`queue at ${QUEUE_DEPTH} waiting: heap pop+push ${(heap.pairsPerSec / 1e6).toFixed(2)} M pairs/s; scheduler dispatch+enqueue ${(facade.pairsPerSec / 1e3).toFixed(1)} k pairs/s`)
+  console.log(`proxy booking (Proxy.book + release, 64-token prompt, 4 workers), median of ${REPS} × ${BOOKINGS}: ${booking.map((b) => `${b.mode} ${b.us.toFixed(2)} µs`).join(', ')}`)
   await mainHttp(result)
 }
 

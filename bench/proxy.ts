@@ -56,7 +56,7 @@
 // process in the router's place first serves a paired round that is not counted (the priority
 // rounds' router two, as much load as the first router had served before its paired rounds): in
 // ten runs the first round of a fresh bare proxy was always the slowest of its three, at 2.05-16.87
-// ms against 0.34-3.12 ms for the other two (README, Benchmarks, session 15).
+// ms against 0.34-3.12 ms for the other two (bench/HISTORY.md, bench:route, session 15).
 import type { ChildProcess } from 'node:child_process'
 import { Agent } from 'undici'
 import { child, median, processTicks, TICKS_PER_S } from './common.js'

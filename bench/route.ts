@@ -1,6 +1,7 @@
 // Route-decision benchmark (npm run bench:route): selection plus booking, given overlaps, at
 // 8, 64 and 512 worker-ranks, queue push/pop throughput at 10,000 waiting requests, and the
-// proxy's booking of an attempt through the whole Router.route path; then the HTTP part (bars of issue #5), measured side by side in one run:
+// proxy's booking of an attempt through the whole Router.route path; then the HTTP part (bars
+// of issue #5), measured side by side in one run:
 //   - POST /v1/route with 4,096-token JSON prompts and 16 workers vs a bare fastify route that
 //     takes the same bodies as a raw buffer and answers a constant (autocannon from this
 //     process, same settings, against a server child process `route.js --serve`), with the

@@ -189,10 +189,11 @@ export class Proxy {
    * retry that rarely comes cost each request a table as long as the fleet.)
    */
   async rebook(route: RouteInput, signal: CancelSignal, tried: WorkerRankRef[]): Promise<Attempt | string> {
+    // the same array throughout: each worker-rank found without a URL below joins it
+    route.exclude = tried
     for (;;) {
       let a: Attempt
       try {
-        route.exclude = tried
         a = await this.book(route, signal)
       } catch (err) {
         // the client is told what happened (its worker failed) and why it was not retried; a

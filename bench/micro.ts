@@ -1,5 +1,6 @@
 // Micro benchmarks of the single-threaded building blocks: block hashing, index apply,
-// find_matches, reading /v1/route's token ids and parsing a completions body with exact u64s. Run with `npm run bench:micro`; writes
+// find_matches, reading /v1/route's token ids, parsing a completions body with exact u64s, and
+// process.nextTick after the router's start-up GC (bench/next-tick.ts). Run with `npm run bench:micro`; writes
 // bench/results/micro.json and prints a table.
 // Every figure is the median over several repetitions in this one process: the machines are
 // shared and noisy, so single runs mean little.
@@ -13,6 +14,7 @@ import { encodeRouterEvent, toDecoded } from '../src/shared/events.js'
 import { RouteBodyScanner } from '../src/http/route-body.js'
 import { parseJsonExact } from '../src/http/json.js'
 import { median } from './common.js'
+import { benchNextTick, printNextTick } from './next-tick.js'
 
 const REPS = Number(process.env.BENCH_REPS ?? 7)
 const here = dirname(fileURLToPath(import.meta.url))
@@ -324,6 +326,7 @@ function benchCompletionsBody(): Record<string, { bytes: number; exact_us: numbe
   return out
 }
 const completionsBody = benchCompletionsBody()
+const nextTick = benchNextTick()
 
 const result = {
   command: 'npm run bench:micro',
@@ -335,6 +338,7 @@ const result = {
   find_matches_24_blocks_64_worker_ranks: { all_hold_all: findAll, staggered_depths: findStaggered },
   route_body_4096_tokens: routeBody,
   completions_body_exact_parse: completionsBody,
+  next_tick_after_startup_gc: nextTick,
 }
 mkdirSync(resultsDir, { recursive: true })
 writeFileSync(join(resultsDir, 'micro.json'), JSON.stringify(result, null, 2) + '\n')
@@ -361,4 +365,5 @@ console.log(`  WebAssembly SIMD scanner ${f(routeBody.simd_us, 1).padStart(8)}  
 console.log(`  byte loop alone          ${f(routeBody.byte_loop_us, 1).padStart(8)}   (a runtime without SIMD; ratio ${f(routeBody.simd_us / routeBody.byte_loop_us, 2)})`)
 console.log('\n/v1/completions body with exact u64s (parseJsonExact) vs JSON.parse alone, µs per body')
 for (const [k, v] of Object.entries(completionsBody)) console.log(`  ${k.padEnd(15)} ${String(v.bytes).padStart(7)} bytes  ${f(v.exact_us).padStart(8)}  ${f(v.json_parse_us).padStart(8)}   (ratio ${f(v.ratio)})`)
+printNextTick(nextTick)
 console.log(`\nwrote ${join('bench', 'results', 'micro.json')}`)

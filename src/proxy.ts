@@ -171,8 +171,8 @@ export class Proxy {
    * Books an attempt on the run's own RouteInput, which takes the attempt's id (its Booking keeps
    * it). Not on a copy: in Node 20's V8, `{ ...route, id, updateStates, signal }` adds each
    * property after the spread on a slow path, about 0.8 µs apiece: a booking in round-robin mode
-   * took about 7 µs with the copy and 2–3 without (`npm run bench:route`, "proxy booking"; README,
-   * Benchmarks, session 16).
+   * took about 7 µs with the copy and 2–3 without (`npm run bench:route`, "proxy booking";
+   * bench/HISTORY.md, bench:route, session 16).
    */
   async book(route: RouteInput, signal: CancelSignal): Promise<Attempt> {
     const id = this.router.newRequestId()

@@ -76,7 +76,9 @@ export function printNextTick(r: NextTickResult): void {
 }
 
 if (process.argv[2] === '--child') {
-  await childMain(process.argv[3] as NextTickCase)
+  const kind = process.argv[3] as NextTickCase
+  if (!NEXT_TICK_CASES.includes(kind)) throw new Error(`next-tick child: unknown case ${String(kind)} (one of ${NEXT_TICK_CASES.join(', ')})`)
+  await childMain(kind)
 } else if (process.argv[1] === fileURLToPath(import.meta.url)) {
   printNextTick(benchNextTick())
 }

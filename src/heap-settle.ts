@@ -36,13 +36,12 @@ export function settleHeap(): number | null {
     return null
   }
   // One tick stays queued across the GC, so that one of Node's tick records is alive while it runs.
-  // process.nextTick builds each record with an object literal with symbol keys, and V8 holds the
-  // maps such a literal goes through only while an object has them: a full GC with no record alive
-  // frees them, the next record gets new ones, and V8 then marks the literal's key stores
-  // megamorphic for good, so that every nextTick from then on (Node's streams call it for each chunk
-  // read or written) goes through a runtime call. With the GC run on an empty queue, a nextTick in
-  // the router took 400-580 ns against 60-70 before it, and the router's CPU profile under load
-  // showed ~40 µs per request in that runtime call (README, Benchmarks, session 17).
+  // process.nextTick builds each record with an object literal with symbol keys. A full GC with no
+  // record alive (and, as at start-up, no optimized code inlining the literal) freed the maps that
+  // literal goes through; the next record got new ones, the literal's key stores turned megamorphic
+  // and stayed so, and every nextTick from then on (Node's streams call it for each chunk read or
+  // written) was a runtime call: 390-580 ns against 57-70, about 40 µs of CPU per proxied request
+  // under load (README, Benchmarks, session 17; `node dist/bench/next-tick.js`).
   process.nextTick(noop)
   const t = performance.now()
   gc()

@@ -1,8 +1,9 @@
 // What the router's start-up GC does to process.nextTick (src/heap-settle.ts). Node builds each
-// tick record with an object literal with symbol keys; a full GC while no record is alive frees
-// the maps of that literal, and V8 then treats its key stores as megamorphic for good, so every
-// nextTick afterwards takes a runtime call. Node's streams call nextTick for each chunk read or
-// written, so the router pays it on every upstream chunk of every stream.
+// tick record with an object literal with symbol keys. After a full GC with no record alive, and
+// no optimized code yet inlining the literal, every nextTick was measured to take a runtime call
+// (its key stores megamorphic, as a CPU profile showed) for the rest of the process's life.
+// Node's streams call nextTick for each chunk read or written, so the router paid it on every
+// upstream chunk of every stream.
 //
 // Each case runs in a fresh process with the router's V8 flags: nextTick is used a little (as while
 // the router starts), then the case's GC, if any, then nextTick is timed in bursts of 1,000 from one

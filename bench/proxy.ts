@@ -57,6 +57,15 @@
 // rounds' router two, as much load as the first router had served before its paired rounds): in
 // ten runs the first round of a fresh bare proxy was always the slowest of its three, at 2.05-16.87
 // ms against 0.34-3.12 ms for the other two (bench/HISTORY.md, bench:route, session 15).
+//
+// Side-by-side rounds: the router and the bare proxy served at once, three lanes (direct, router,
+// bare) interleaved one by one, so that both meet the same moments of the machine. The bare
+// rounds above run minutes after the router's, and the machine's phase moved by more than the
+// router's excess over the bare proxy between them: in session 17 that excess was 0.21-2.44 ms
+// across runs, yet in a one-off run of eight rounds side by side the router's median was below
+// the bare proxy's (bench/HISTORY.md, bench:route, session 18). Three lanes load the machine
+// half as much again as two, so these rounds compare the two proxies with each other; the bar is
+// read from the paired rounds.
 import type { ChildProcess } from 'node:child_process'
 import { Agent } from 'undici'
 import { child, median, processTicks, TICKS_PER_S } from './common.js'
@@ -150,6 +159,36 @@ export interface ProxyResult {
   bare: PairedSummary
   /** Paired rounds with the bare TCP relay in the router's place: the cost of the hop alone. */
   relay: PairedSummary
+  /** Rounds with the router and the bare proxy served at once, each against the same direct path. */
+  sideBySide: SideBySide
+}
+
+/** One round of three lanes at once: direct, router and bare proxy, requests interleaved one by one. */
+export interface SideBySideRound {
+  router: Round
+  bare: Round
+}
+
+export interface SideBySide {
+  rounds: SideBySideRound[]
+  /** Medians over the rounds of each one's p99 TTFT overhead (ms). */
+  routerTtftMs: number
+  bareTtftMs: number
+  /** Median over the rounds of the router's overhead less the bare proxy's in the same round (ms). */
+  routerLessBareTtftMs: number
+  routerCpuUsPerRequest: number | null
+  bareCpuUsPerRequest: number | null
+}
+
+function sideBySide(rounds: SideBySideRound[]): SideBySide {
+  return {
+    rounds,
+    routerTtftMs: median(rounds.map((x) => x.router.p99TtftOverheadMs)),
+    bareTtftMs: median(rounds.map((x) => x.bare.p99TtftOverheadMs)),
+    routerLessBareTtftMs: median(rounds.map((x) => x.router.p99TtftOverheadMs - x.bare.p99TtftOverheadMs)),
+    routerCpuUsPerRequest: cpuMedian(rounds.map((x) => x.router)),
+    bareCpuUsPerRequest: cpuMedian(rounds.map((x) => x.bare)),
+  }
 }
 
 /** A set of paired rounds and the medians of their p99 overheads (ms) and of the hop's CPU per request. */
@@ -327,18 +366,19 @@ const MAX_TOKENS = 16
 interface Lane {
   path: PhaseResult['path']
   urls: string[]
+  /** The process behind the lane (router, bare proxy or relay), whose CPU the phase reads; none for the direct path. */
+  pid?: number | undefined
 }
 
 /**
  * Open-loop load over one or more lanes at `rate` requests/s each: request k goes to lane
  * k mod lanes, so lanes run side by side and share whatever the machine does meanwhile.
  */
-async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent, pids: { hop?: number | undefined; upstreams?: number | undefined } = {}): Promise<PhaseResult[]> {
-  const hopPid = pids.hop
+async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent, upstreamsPid?: number): Promise<PhaseResult[]> {
   const routerUrl = lanes.find((l) => l.path === 'router')?.urls[0]
   const gc0 = routerUrl === undefined ? null : await readRouterPauses(routerUrl)
-  const hop0 = processTicks(hopPid)
-  const up0 = processTicks(pids.upstreams)
+  const hop0 = lanes.map((l) => processTicks(l.pid))
+  const up0 = processTicks(upstreamsPid)
   const client0 = process.cpuUsage()
   const wall0 = performance.now()
   const stats = lanes.map(() => ({ ttft: [] as number[], total: [] as number[], ingress: [] as number[], egress: [] as number[], errors: 0, requests: 0, open: 0, openArea: 0, lastChange: performance.now() }))
@@ -419,11 +459,12 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
   }
   const sendEnd = performance.now()
   await Promise.all(inflight)
-  const hop1 = processTicks(hopPid)
+  const hop1 = lanes.map((l) => processTicks(l.pid))
   const wallS = (performance.now() - wall0) / 1000
   const client1 = process.cpuUsage(client0)
   const pct = (t0: number | null, t1: number | null): number | null => (t0 === null || t1 === null ? null : ((t1 - t0) / TICKS_PER_S / wallS) * 100)
-  const cpuPct = { client: ((client1.user + client1.system) / 1e6 / wallS) * 100, upstreams: pct(up0, processTicks(pids.upstreams)), hop: pct(hop0, hop1) }
+  const clientPct = ((client1.user + client1.system) / 1e6 / wallS) * 100
+  const upstreamsPct = pct(up0, processTicks(upstreamsPid))
   const gc1 = routerUrl === undefined ? null : await readRouterPauses(routerUrl)
   const hopGc = gc0 === null || gc1 === null ? null : gcDiff(gc0, gc1)
   return lanes.map((l, i) => {
@@ -432,6 +473,8 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
     if (st.ingress.length !== st.ttft.length) throw new Error(`${l.path}: ${st.ttft.length - st.ingress.length} of ${st.ttft.length} first events came without the upstream's time stamps`)
     for (const xs of [st.ttft, st.total, st.ingress, st.egress]) xs.sort((a, b) => a - b)
     const openDuringSends = st.openArea + st.open * (sendEnd - st.lastChange)
+    const h0 = hop0[i] ?? null
+    const h1 = hop1[i] ?? null
     return {
       path: l.path,
       requests: st.requests,
@@ -441,8 +484,8 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
       totalMs: { p50: quantile(st.total, 0.5), p99: quantile(st.total, 0.99) },
       ingressMs: { p50: quantile(st.ingress, 0.5), p99: quantile(st.ingress, 0.99) },
       egressMs: { p50: quantile(st.egress, 0.5), p99: quantile(st.egress, 0.99) },
-      hopCpuUsPerRequest: l.path === 'direct' || hop0 === null || hop1 === null ? null : (((hop1 - hop0) / TICKS_PER_S) * 1e6) / st.requests,
-      cpuPct,
+      hopCpuUsPerRequest: h0 === null || h1 === null ? null : (((h1 - h0) / TICKS_PER_S) * 1e6) / st.requests,
+      cpuPct: { client: clientPct, upstreams: upstreamsPct, hop: pct(h0, h1) },
       hopGc: l.path === 'router' ? hopGc : null,
       hopLoopDelayMs: l.path === 'router' && gc1 !== null ? { p99: gc1.loopP99Ms, max: gc1.loopMaxMs } : null,
     }
@@ -472,41 +515,44 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
   let router: ChildProcess | undefined
   /** The reference processes (bare proxy, relay), killed at the end whatever happens. */
   const others: ChildProcess[] = []
-  // paired rounds hold `streams` open on each path at once
-  const agent = new Agent({ connections: 2 * streams + 56, pipelining: 1, keepAliveTimeout: 30_000 })
+  // paired rounds hold `streams` open on each path at once, side-by-side rounds on each of three
+  const agent = new Agent({ connections: 3 * streams + 56, pipelining: 1, keepAliveTimeout: 30_000 })
   const routerFlags = [...ROUTER_V8_FLAGS, ...(process.env.ROUTER_NODE_FLAGS ?? '').split(' ').filter((x) => x !== '')]
   try {
     const serveArgs = [...routerFlags, cli, 'serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-block-size', '64', '--router-queue-threshold', 'none', '--router-mode', mode, ...workerArgs]
     const started = await child(serveArgs, /listening on (http:\/\/\S+)/)
     router = started.p
-    const pids = { hop: router.pid, upstreams: up.p.pid }
+    const upPid = up.p.pid
     const direct: Lane = { path: 'direct', urls: directUrls }
-    const routed: Lane = { path: 'router', urls: [started.m[1] as string] }
+    const routed: Lane = { path: 'router', urls: [started.m[1] as string], pid: router.pid }
     // calibrate the stream length, then the rate that keeps `streams` open
     const [probe] = (await phase([direct], 20, 3, agent)) as [PhaseResult]
     const rate = Math.max(1, Math.round(streams / (probe.totalMs.p50 / 1000)))
     await phase([routed], rate, 3, agent)
     const rounds: Round[] = []
     for (let i = 0; i < 2; i++) {
-      const [d] = (await phase([direct], rate, seconds, agent, pids)) as [PhaseResult]
-      const [r] = (await phase([routed], rate, seconds, agent, pids)) as [PhaseResult]
+      const [d] = (await phase([direct], rate, seconds, agent, upPid)) as [PhaseResult]
+      const [r] = (await phase([routed], rate, seconds, agent, upPid)) as [PhaseResult]
       rounds.push(round(d, r))
     }
     const paired: Round[] = []
     for (let i = 0; i < 3; i++) {
-      const [d, r] = (await phase([direct, routed], rate, seconds, agent, pids)) as [PhaseResult, PhaseResult]
+      const [d, r] = (await phase([direct, routed], rate, seconds, agent, upPid)) as [PhaseResult, PhaseResult]
       paired.push(round(d, r))
     }
-    /** Three paired rounds with `c` in the router's place, after `warm` that are not counted (see the header). */
-    const roundsWith = async (c: { p: ChildProcess; m: RegExpMatchArray }, path: Lane['path'], warm: number): Promise<Round[]> => {
+    /**
+     * Three paired rounds with `c` in the router's place, after `warm` that are not counted (see the
+     * header); then `andThen`, if given, while `c` still runs.
+     */
+    const roundsWith = async (c: { p: ChildProcess; m: RegExpMatchArray }, path: Lane['path'], warm: number, andThen?: (lane: Lane) => Promise<void>): Promise<Round[]> => {
       others.push(c.p)
-      const lane: Lane = { path, urls: [c.m[1] as string] }
-      const pids = { hop: c.p.pid, upstreams: up.p.pid }
+      const lane: Lane = { path, urls: [c.m[1] as string], pid: c.p.pid }
       try {
         await phase([lane], rate, 3, agent)
-        for (let i = 0; i < warm; i++) await phase([direct, lane], rate, seconds, agent, pids)
+        for (let i = 0; i < warm; i++) await phase([direct, lane], rate, seconds, agent, upPid)
         const out: Round[] = []
-        for (let i = 0; i < 3; i++) out.push(round(...((await phase([direct, lane], rate, seconds, agent, pids)) as [PhaseResult, PhaseResult])))
+        for (let i = 0; i < 3; i++) out.push(round(...((await phase([direct, lane], rate, seconds, agent, upPid)) as [PhaseResult, PhaseResult])))
+        if (andThen !== undefined) await andThen(lane)
         return out
       } finally {
         // gone before the next process takes its place, not draining beside it
@@ -533,9 +579,19 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
     if (nice !== null) priority = { nice: PRIORITY_NICE, summary: summary(await roundsWith(nice, 'router', 2)), refused: null }
     else priority = { nice: PRIORITY_NICE, summary: null, refused }
     /** The bare proxy gets the router's V8 flags. */
-    const referenceRounds = async (path: 'bare' | 'relay'): Promise<Round[]> =>
-      roundsWith(await child([...(path === 'bare' ? routerFlags : []), self, `--${path}`, ...directUrls], new RegExp(`${path} ready (\\S+)`)), path, 1)
-    const bareRounds = await referenceRounds('bare')
+    const referenceRounds = async (path: 'bare' | 'relay', andThen?: (lane: Lane) => Promise<void>): Promise<Round[]> =>
+      roundsWith(await child([...(path === 'bare' ? routerFlags : []), self, `--${path}`, ...directUrls], new RegExp(`${path} ready (\\S+)`)), path, 1, andThen)
+    const together: SideBySideRound[] = []
+    const bareRounds = await referenceRounds('bare', async (bareLane) => {
+      // the router idled through the priority and bare rounds: its connections are let go after
+      // 5 s idle, so it serves alone for a moment first, then one round together uncounted
+      await phase([routed], rate, 3, agent)
+      await phase([direct, routed, bareLane], rate, seconds, agent, upPid)
+      for (let i = 0; i < 3; i++) {
+        const [d, r, b] = (await phase([direct, routed, bareLane], rate, seconds, agent, upPid)) as [PhaseResult, PhaseResult, PhaseResult]
+        together.push({ router: round(d, r), bare: round(d, b) })
+      }
+    })
     const relayRounds = await referenceRounds('relay')
     return {
       streamsTarget: streams,
@@ -554,6 +610,7 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
       routerCpuUsPerRequestMedian: cpuMedian([...rounds, ...paired]),
       priority,
       bare: summary(bareRounds),
+      sideBySide: sideBySide(together),
       relay: summary(relayRounds),
     }
   } finally {
@@ -567,16 +624,18 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
 export function printProxy(p: ProxyResult): void {
   console.log(`\nproxy: ${p.engines} fixed-timing upstreams (first token ${p.ttftMs} ms, then every ${p.itlMs} ms, ${p.maxTokens} tokens), ${p.promptTokens}-token prompts, open-loop at ${p.ratePerSec}/s per path for ~${p.streamsTarget} concurrent streams, ${p.seconds} s per phase, router in ${p.mode} mode`)
   console.log('round        | path   | requests | errors | mean open | TTFT p50 ms | TTFT p99 ms | total p50 ms | total p99 ms | ingress p50 / p99 ms | egress p50 / p99 ms | hop CPU µs/req')
+  const row = (label: string, x: PhaseResult): void =>
+    console.log(`${label.padEnd(12)} | ${x.path.padEnd(6)} | ${String(x.requests).padStart(8)} | ${String(x.errors).padStart(6)} | ${x.meanOpen.toFixed(0).padStart(9)} | ${x.ttftMs.p50.toFixed(2).padStart(11)} | ${x.ttftMs.p99.toFixed(2).padStart(11)} | ${x.totalMs.p50.toFixed(2).padStart(12)} | ${x.totalMs.p99.toFixed(2).padStart(12)} | ${`${x.ingressMs.p50.toFixed(2)} / ${x.ingressMs.p99.toFixed(2)}`.padStart(20)} | ${`${x.egressMs.p50.toFixed(2)} / ${x.egressMs.p99.toFixed(2)}`.padStart(19)} | ${(x.hopCpuUsPerRequest === null ? '–' : x.hopCpuUsPerRequest.toFixed(0)).padStart(14)}`)
+  const f = (x: number | null): string => (x === null ? '–' : `${x.toFixed(0)}%`)
   const rows = (label: string, rs: Round[]): void =>
     rs.forEach((r, i) => {
-      for (const x of [r.direct, r.hop]) {
-        console.log(`${`${label} ${i + 1}`.padEnd(12)} | ${x.path.padEnd(6)} | ${String(x.requests).padStart(8)} | ${String(x.errors).padStart(6)} | ${x.meanOpen.toFixed(0).padStart(9)} | ${x.ttftMs.p50.toFixed(2).padStart(11)} | ${x.ttftMs.p99.toFixed(2).padStart(11)} | ${x.totalMs.p50.toFixed(2).padStart(12)} | ${x.totalMs.p99.toFixed(2).padStart(12)} | ${`${x.ingressMs.p50.toFixed(2)} / ${x.ingressMs.p99.toFixed(2)}`.padStart(20)} | ${`${x.egressMs.p50.toFixed(2)} / ${x.egressMs.p99.toFixed(2)}`.padStart(19)} | ${(x.hopCpuUsPerRequest === null ? '–' : x.hopCpuUsPerRequest.toFixed(0)).padStart(14)}`)
-      }
+      for (const x of [r.direct, r.hop]) row(`${label} ${i + 1}`, x)
       const c = r.hop.cpuPct
       const d = r.direct.cpuPct
-      const f = (x: number | null): string => (x === null ? '–' : `${x.toFixed(0)}%`)
       const hop = r.hop.path
-      const load = c === d ? `client ${f(c.client)}, upstreams ${f(c.upstreams)}, ${hop} ${f(c.hop)}` : `direct phase: client ${f(d.client)}, upstreams ${f(d.upstreams)}; routed phase: client ${f(c.client)}, upstreams ${f(c.upstreams)}, ${hop} ${f(c.hop)}`
+      // the lanes of one phase share the phase's client and upstreams readings
+      const samePhase = c.client === d.client && c.upstreams === d.upstreams
+      const load = samePhase ? `client ${f(c.client)}, upstreams ${f(c.upstreams)}, ${hop} ${f(c.hop)}` : `direct phase: client ${f(d.client)}, upstreams ${f(d.upstreams)}; routed phase: client ${f(c.client)}, upstreams ${f(c.upstreams)}, ${hop} ${f(c.hop)}`
       const g = r.hop.hopGc
       const gcText = g === null ? '' : ` | router GC pauses: ${g.scavenges} scavenges, ${g.scavengeMs.toFixed(1)} ms${g.majors > 0 ? `; ${g.majors} major, ${g.majorMs.toFixed(1)} ms` : ''}`
       const ld = r.hop.hopLoopDelayMs
@@ -588,6 +647,12 @@ export function printProxy(p: ProxyResult): void {
   if (p.priority.summary !== null) rows(`nice ${p.priority.nice}`, p.priority.summary.rounds)
   rows('bare', p.bare.rounds)
   rows('reference', p.relay.rounds)
+  const sb = p.sideBySide
+  sb.rounds.forEach((r, i) => {
+    for (const x of [r.router.direct, r.router.hop, r.bare.hop]) row(`together ${i + 1}`, x)
+    const c = r.router.hop.cpuPct
+    console.log(`${''.padEnd(12)} | p99 TTFT overhead: router ${r.router.p99TtftOverheadMs.toFixed(2)} ms, bare ${r.bare.p99TtftOverheadMs.toFixed(2)} ms, router less bare ${(r.router.p99TtftOverheadMs - r.bare.p99TtftOverheadMs).toFixed(2)} ms | CPU of one core: client ${f(c.client)}, upstreams ${f(c.upstreams)}, router ${f(c.hop)}, bare ${f(r.bare.hop.cpuPct.hop)}`)
+  })
   const us = (x: number | null): string => (x === null ? '–' : x.toFixed(0))
   const medians = (s: PairedSummary): string => `TTFT ${s.ttftMs.toFixed(2)} ms (ingress ${s.ingressMs.toFixed(2)}, egress ${s.egressMs.toFixed(2)}), total ${s.totalMs.toFixed(2)} ms`
   console.log(`p99 overhead, medians: paired ${medians(p.paired)}; sequential TTFT ${p.p99TtftOverheadMsMedian.toFixed(2)} ms, total ${p.p99TotalOverheadMsMedian.toFixed(2)} ms; router CPU ${us(p.routerCpuUsPerRequestMedian)} µs per request`)
@@ -597,6 +662,7 @@ export function printProxy(p: ProxyResult): void {
   console.log(ps === null ? `router at --nice ${p.priority.nice}: not run: ${p.priority.refused}` : `router at --nice ${p.priority.nice} (its threads ahead of the load generator and the upstreams on the shared cores), paired rounds: p99 overhead, medians: ${medians(ps)}; its CPU ${us(ps.cpuUsPerRequest)} µs per request; TTFT p99 medians ${abs(ps.rounds)} (at the default priority ${abs(p.paired.rounds)})`)
   console.log(`bare proxy (fastify + undici, no routing, in the router's place, paired rounds): p99 overhead, medians: ${medians(p.bare)}; its CPU ${us(p.bare.cpuUsPerRequest)} µs per request`)
   console.log(`reference hop (a bare TCP relay in the router's place, paired rounds): p99 overhead, medians: ${medians(p.relay)}; relay CPU ${us(p.relay.cpuUsPerRequest)} µs per request`)
+  console.log(`router and bare proxy side by side (three lanes at once, each against the same direct path): p99 TTFT overhead, medians: router ${sb.routerTtftMs.toFixed(2)} ms, bare ${sb.bareTtftMs.toFixed(2)} ms, router less bare ${sb.routerLessBareTtftMs.toFixed(2)} ms; CPU µs per request: router ${us(sb.routerCpuUsPerRequest)}, bare ${us(sb.bareCpuUsPerRequest)}`)
 }
 
 if (process.argv[2] === '--upstreams') {

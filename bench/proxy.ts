@@ -60,12 +60,12 @@
 //
 // Side-by-side rounds: the router and the bare proxy served at once, three lanes (direct, router,
 // bare) interleaved one by one, so that both meet the same moments of the machine. The bare
-// rounds above run minutes after the router's, and the machine's phase moved by more than the
-// router's excess over the bare proxy between them: in session 17 that excess was 0.21-2.44 ms
-// across runs, yet in a one-off run of eight rounds side by side the router's median was below
-// the bare proxy's (bench/HISTORY.md, bench:route, session 18). Three lanes load the machine
-// half as much again as two, so these rounds compare the two proxies with each other; the bar is
-// read from the paired rounds.
+// rounds above run minutes after the router's, in another phase of the machine: in session 17
+// the router's overhead exceeded the bare proxy's by 0.21-2.44 ms across runs, yet in a one-off
+// run of eight rounds side by side the router's median was below the bare proxy's (2.57 against
+// 2.87 ms; README, Benchmarks, session 18). Three lanes load the machine half as much again as
+// two, so these rounds compare the two proxies with each other; the bar is read from the paired
+// rounds.
 import type { ChildProcess } from 'node:child_process'
 import { Agent } from 'undici'
 import { child, median, processTicks, TICKS_PER_S } from './common.js'

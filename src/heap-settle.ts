@@ -41,7 +41,7 @@ export function settleHeap(): number | null {
   // literal goes through; the next record got new ones, the literal's key stores turned megamorphic
   // and stayed so, and every nextTick from then on (Node's streams call it for each chunk read or
   // written) was a runtime call: 390-580 ns against 57-70, about 40 µs of CPU per proxied request
-  // under load (README, Benchmarks, session 17; `node dist/bench/next-tick.js`).
+  // under load (bench/HISTORY.md, bench:route, session 17; `node dist/bench/next-tick.js`).
   process.nextTick(noop)
   const t = performance.now()
   gc()

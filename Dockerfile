@@ -20,5 +20,5 @@ COPY --from=build /app/dist dist
 USER node
 # The router's V8 flags (src/v8-flags.ts: a fixed 64 MB young generation, no memory reducer):
 # Node refuses the young-generation ones in NODE_OPTIONS, so they are on the command line.
-ENTRYPOINT ["node", "--min-semi-space-size=64", "--max-semi-space-size=64", "--no-memory-reducer", "--heap-growing-percent=100", "dist/src/cli.js"]
+ENTRYPOINT ["node", "--min-semi-space-size=64", "--max-semi-space-size=64", "--no-memory-reducer", "--heap-growing-percent=100", "--initial-old-space-size=128", "dist/src/cli.js"]
 CMD ["serve"]

@@ -63,7 +63,7 @@
 // rounds above run minutes after the router's, in another phase of the machine: in session 17
 // the router's overhead exceeded the bare proxy's by 0.21-2.44 ms across runs, yet in a one-off
 // run of eight rounds side by side the router's median was below the bare proxy's (2.57 against
-// 2.87 ms; README, Benchmarks, session 18). Three lanes load the machine half as much again as
+// 2.87 ms; bench/HISTORY.md, bench:route, session 18). Three lanes load the machine half as much again as
 // two, so these rounds compare the two proxies with each other; the bar is read from the paired
 // rounds.
 import type { ChildProcess } from 'node:child_process'
@@ -575,7 +575,7 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
       refused = (m[1] as string).trim()
     }
     // two rounds not counted: the load the first router had served before its paired rounds, in
-    // which a fresh router's heap makes its first growth under load, with its one mark-compact
+    // which a fresh router's heap makes its first growth under load
     if (nice !== null) priority = { nice: PRIORITY_NICE, summary: summary(await roundsWith(nice, 'router', 2)), refused: null }
     else priority = { nice: PRIORITY_NICE, summary: null, refused }
     /** The bare proxy gets the router's V8 flags. */

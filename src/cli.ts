@@ -1,4 +1,4 @@
-#!/usr/bin/env -S node --min-semi-space-size=64 --max-semi-space-size=64 --no-memory-reducer --heap-growing-percent=100
+#!/usr/bin/env -S node --min-semi-space-size=64 --max-semi-space-size=64 --no-memory-reducer --heap-growing-percent=100 --initial-old-space-size=128
 // The `kv-router` executable: `serve` (the router), `mocker` (simulated engines, src/mocker/)
 // and `replay`. Invalid options exit with status 2 and one line naming the option and what it
 // accepts.

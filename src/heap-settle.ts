@@ -5,7 +5,7 @@
 // shard pool) still sits in the young generation when the first requests come. The first two
 // scavenges under load then copy all of it, and the second promotes it, which filled the old
 // generation to its first limit and set off a mark-compact right behind it: in a one-off
-// harness (README, Benchmarks, session 10) 21–31 ms scavenges and an 11–13 ms mark-compact in
+// harness (bench/HISTORY.md, bench:route, session 10) 21–31 ms scavenges and an 11–13 ms mark-compact in
 // the first 10 s of load, and a p99 TTFT overhead of 13.7 and 16.4 ms in that first round. Done
 // here, while nothing waits on the router, the same work costs about 25 ms once, and the first
 // round's overhead was 2.4 and 2.6 ms. One full GC moves every live young object to the

@@ -31,4 +31,19 @@
 // under load), and none after (bench/HISTORY.md, bench:route, session 12; the rounds now print
 // the router's GC pauses). The cost is memory: the old generation may grow to twice what is live
 // (a few tens of MB here) before it is collected.
-export const ROUTER_V8_FLAGS: readonly string[] = Object.freeze(['--min-semi-space-size=64', '--max-semi-space-size=64', '--no-memory-reducer', '--heap-growing-percent=100'])
+//
+// Why an old generation of at least 128 MB before V8 collects it: V8 starts marking when what is
+// left below the old generation's limit falls to the young generation's size (64 MB here), and the
+// limit it sets after a full GC is about twice what is live plus that same 64 MB. For the router,
+// with some 14 MB live after the full GC of start-up (src/heap-settle.ts), that left about 9 MB
+// for what the scavenges promote, and the first minute under load promotes about that much:
+// `--trace-incremental-marking` showed marking start at 22 MB of an 89 MB limit 44 s into
+// `node dist/bench/proxy.js`. That first mark-compact came 44-50 s into the load in each of session
+// 19's three runs of that benchmark, and fell in a counted round in two of session 18's four runs
+// of bench:route. A limit set with this flag is also a floor for every limit
+// after it, so marking now waits until about 64 MB: in a 30-s-per-phase run (4.5 minutes of load in
+// 640 s) the old generation grew from 13 to 31 MB with no mark-compact at all (bench/HISTORY.md,
+// bench:route, session 19). Mark-compacts are deferred, not removed: at that run's 0.03-0.045 MB/s
+// of promotion under load the next would come after another 12-20 minutes. The cost is memory: up
+// to some 50 MB more of dead objects in each thread's heap before they are collected.
+export const ROUTER_V8_FLAGS: readonly string[] = Object.freeze(['--min-semi-space-size=64', '--max-semi-space-size=64', '--no-memory-reducer', '--heap-growing-percent=100', '--initial-old-space-size=128'])

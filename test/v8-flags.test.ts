@@ -34,3 +34,51 @@ t.test('the executable runs through its shebang', async (t) => {
   t.equal(r.status, 0, r.stderr)
   t.match(r.stdout, '--router-mode')
 })
+
+// What the scavenges promote after a full GC, in small steps with the event loop turning between
+// them (V8 starts marking from a task), until 50 MB or so of dead objects are old; prints how much
+// was old when the first mark-compact began, or null when none came.
+const PROMOTE = `
+const v8 = require('v8')
+const old = (s) => s.heapSpaceStatistics.find((x) => x.spaceName === 'old_space').spaceUsedSize
+gc()
+const p = new v8.GCProfiler()
+p.start()
+const ring = []
+const young = new Array(1024)
+let i = 0
+function step() {
+  for (let k = 0; k < 10 && i < 500; k++, i++) {
+    for (let j = 0; j < 32768; j++) young[j & 1023] = { j }
+    const keep = new Array(3000)
+    for (let j = 0; j < 3000; j++) keep[j] = { j }
+    ring.push(keep)
+    if (ring.length > 200) ring.shift()
+  }
+  if (i < 500) return setImmediate(step)
+  const s = p.stop().statistics
+  const base = s[0] ? old(s[0].beforeGC) : 0
+  const mc = s.find((x) => x.gcType === 'MarkSweepCompact')
+  const last = s.at(-1)
+  process.stdout.write(JSON.stringify({ firstMarkCompactMb: mc ? (old(mc.beforeGC) - base) / 2 ** 20 : null, grewMb: last ? (old(last.afterGC) - base) / 2 ** 20 : 0 }))
+}
+setImmediate(step)
+`
+
+function promote(flags: readonly string[]): { firstMarkCompactMb: number | null; grewMb: number } {
+  const r = spawnSync(process.execPath, [...flags, '--expose-gc', '-e', PROMOTE], { encoding: 'utf8' })
+  if (r.status !== 0) throw new Error(r.stderr)
+  return JSON.parse(r.stdout) as { firstMarkCompactMb: number | null; grewMb: number }
+}
+
+t.test('the flags let the old generation take some 40 MB of promoted garbage without a mark-compact', async (t) => {
+  const floor = ROUTER_V8_FLAGS.find((f) => f.startsWith('--initial-old-space-size='))
+  t.ok(floor, 'the old generation has a floor')
+  const withFloor = promote(ROUTER_V8_FLAGS)
+  t.ok(withFloor.grewMb >= 40, `the old generation grew by ${withFloor.grewMb.toFixed(1)} MB`)
+  t.equal(withFloor.firstMarkCompactMb, null, 'and was not collected')
+  // the same without the floor, so that this test fails if the flag stops meaning what it did
+  const without = promote(ROUTER_V8_FLAGS.filter((f) => f !== floor))
+  t.not(without.firstMarkCompactMb, null, 'without the floor a mark-compact comes')
+  t.ok((without.firstMarkCompactMb ?? Infinity) < 30, `after ${without.firstMarkCompactMb?.toFixed(1)} MB of promotion`)
+})

@@ -4,7 +4,7 @@
 // on a local network) is kept as it came. That spares one ArrayBuffer per request, which only a
 // GC frees: with 4,096-token prompts the router made 53 KB of them per request, and V8 counts
 // that memory against the old generation's headroom until it set off a mark-compact every few
-// seconds (README, Benchmarks, session 13).
+// seconds (bench/HISTORY.md, bench:route, session 13).
 import type { Readable } from 'node:stream'
 import { KvrError } from '../shared/errors.js'
 

@@ -48,7 +48,9 @@ export class HfTokenizer implements TextTokenizer {
   private readonly pool: Piscina<string, Uint32Array>
 
   private constructor(path: string, threads: number) {
-    this.pool = new Piscina({ filename: taskUrl.href, workerData: { path }, maxThreads: threads, minThreads: 1, execArgv: process.execArgv })
+    // no execArgv: a worker inherits the parent's Node options by default, while one given them
+    // explicitly refuses V8 flags, and the router always runs with some (src/v8-flags.ts)
+    this.pool = new Piscina({ filename: taskUrl.href, workerData: { path }, maxThreads: threads, minThreads: 1 })
   }
 
   /** Loads and checks the tokenizer (one warm-up call), so a bad file fails at startup. */

@@ -5,8 +5,8 @@ import t from 'tap'
 import { spawn } from 'node:child_process'
 import { ConfigError, FLAGS, parseServeConfig, serveHelp } from '../src/config.js'
 import type { ServeConfig } from '../src/config.js'
+import { cliArgv } from './helpers/cli.js'
 
-const cli = new URL('../dist/src/cli.js', import.meta.url).pathname
 
 function parse(argv: string[], env: NodeJS.ProcessEnv = {}): ServeConfig {
   const c = parseServeConfig(argv, env)
@@ -133,7 +133,7 @@ t.test('help lists every flag with its variable', async (t) => {
 
 function run(args: string[], env: NodeJS.ProcessEnv = {}): Promise<{ code: number | null; stdout: string; stderr: string }> {
   return new Promise((resolve) => {
-    const p = spawn(process.execPath, [cli, ...args], { env: { PATH: process.env.PATH, ...env } })
+    const p = spawn(process.execPath, cliArgv(args), { env: { PATH: process.env.PATH, ...env } })
     let stdout = ''
     let stderr = ''
     p.stdout.on('data', (d: Buffer) => (stdout += d.toString()))

@@ -5,7 +5,7 @@ import t from 'tap'
 import { spawn, spawnSync } from 'node:child_process'
 import { readdirSync, readFileSync } from 'node:fs'
 import { setPriority } from 'node:os'
-import { cliPath, runCli } from './helpers/cli.js'
+import { cliArgv, runCli } from './helpers/cli.js'
 import { parseServeConfig } from '../src/config.js'
 
 const notLinux = process.platform === 'linux' ? false : 'reads thread niceness from /proc (Linux)'
@@ -109,13 +109,13 @@ function cannotRunAsNobody(): string | false {
   if (process.getuid?.() !== 0) return 'needs root to start the router as another user (the previous test saw this side when not root)'
   const limit = /^Max nice priority\s+(\d+)/m.exec(readFileSync('/proc/self/limits', 'utf8'))
   if (limit !== null && Number(limit[1]) >= 25) return `RLIMIT_NICE ${limit[1]} lets any user take -5`
-  const v = spawnSync(process.execPath, [cliPath, '--version'], { uid: 65534, gid: 65534, env: { PATH: process.env.PATH }, encoding: 'utf8' })
+  const v = spawnSync(process.execPath, cliArgv(['--version']), { uid: 65534, gid: 65534, env: { PATH: process.env.PATH }, encoding: 'utf8' })
   if (!/^\d+\.\d+\.\d+/.test(v.stdout ?? '')) return `nobody cannot run the checkout's CLI here (${v.error?.message ?? (v.stderr ?? '').split('\n')[0]})`
   return false
 }
 
 t.test('started as a user who may not raise a priority: exit 2 with one line, nothing served', { skip: cannotRunAsNobody() }, async (t) => {
-  const p = spawn(process.execPath, [cliPath, 'serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-event-threads', '1', '--worker', '1=http://127.0.0.1:9', '--nice', '-5'], { uid: 65534, gid: 65534, env: { PATH: process.env.PATH } })
+  const p = spawn(process.execPath, cliArgv(['serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-event-threads', '1', '--worker', '1=http://127.0.0.1:9', '--nice', '-5']), { uid: 65534, gid: 65534, env: { PATH: process.env.PATH } })
   let out = ''
   let err = ''
   p.stdout.on('data', (d: Buffer) => (out += d.toString()))

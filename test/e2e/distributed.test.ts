@@ -9,12 +9,12 @@ import { connect } from 'nats'
 import { Etcd3 } from 'etcd3'
 import { startEtcd, startNats } from '../helpers/services.js'
 import { waitUntil } from '../helpers/wait.js'
+import { cliArgv } from '../helpers/cli.js'
 import { MockerFleet, type MockerWorker } from '../../src/mocker/fleet.js'
 import { encodeEnvelope, encodeRouterEvent } from '../../src/shared/events.js'
 import { cardsPrefix, instancesPrefix } from '../../src/etcd-discovery.js'
 import { kvEventSubjects } from '../../src/nats-intake.js'
 
-const cli = new URL('../../dist/src/cli.js', import.meta.url).pathname
 const BS = 16
 
 t.test('serve with NATS and etcd: discovery, routing by prefix, lease expiry, NATS loss', async (t) => {
@@ -24,7 +24,7 @@ t.test('serve with NATS and etcd: discovery, routing by prefix, lease expiry, NA
   t.teardown(() => etcd.stop())
 
   // the router, as its own process
-  const p = spawn(process.execPath, [cli, 'serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-block-size', String(BS), '--tokenizer', 'bytes', '--router-event-threads', '1', '--nats-url', nats.url, '--etcd-url', etcd.url], { env: { PATH: process.env.PATH } })
+  const p = spawn(process.execPath, cliArgv(['serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-block-size', String(BS), '--tokenizer', 'bytes', '--router-event-threads', '1', '--nats-url', nats.url, '--etcd-url', etcd.url]), { env: { PATH: process.env.PATH } })
   let out = ''
   let err = ''
   p.stdout.on('data', (d: Buffer) => (out += d.toString()))
@@ -155,7 +155,7 @@ t.test('serve with NATS and etcd: discovery, routing by prefix, lease expiry, NA
 })
 
 t.test('an unreachable etcd at start is one clear line and exit status 2', async (t) => {
-  const p = spawn(process.execPath, [cli, 'serve', '--http-port', '0', '--etcd-url', 'http://127.0.0.1:1'], { env: { PATH: process.env.PATH } })
+  const p = spawn(process.execPath, cliArgv(['serve', '--http-port', '0', '--etcd-url', 'http://127.0.0.1:1']), { env: { PATH: process.env.PATH } })
   let err = ''
   p.stderr.on('data', (d: Buffer) => (err += d.toString()))
   const code = await new Promise<number | null>((r) => p.on('close', r))

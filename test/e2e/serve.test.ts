@@ -6,13 +6,13 @@ import t from 'tap'
 import { spawn } from 'node:child_process'
 import type { ChildProcessWithoutNullStreams } from 'node:child_process'
 import OpenAI from 'openai'
+import { cliArgv } from '../helpers/cli.js'
 
-const cli = new URL('../../dist/src/cli.js', import.meta.url).pathname
 const KEY = 'e2e-key'
 
 function start(args: string[], ready: RegExp): Promise<{ p: ChildProcessWithoutNullStreams; out: () => string; match: RegExpMatchArray; exit: Promise<number | null> }> {
   return new Promise((resolve, reject) => {
-    const p = spawn(process.execPath, [cli, ...args], { env: { PATH: process.env.PATH } })
+    const p = spawn(process.execPath, cliArgv(args), { env: { PATH: process.env.PATH } })
     let out = ''
     let err = ''
     const exit = new Promise<number | null>((r) => p.on('close', (code) => r(code)))

@@ -3,8 +3,18 @@
 import { spawn } from 'node:child_process'
 import type { ChildProcessWithoutNullStreams } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
+import { ROUTER_V8_FLAGS } from '../../src/v8-flags.js'
 
 export const cliPath = fileURLToPath(new URL('../../dist/src/cli.js', import.meta.url))
+
+/**
+ * The argv that starts the CLI the way its shebang, `npm start` and the Dockerfile do: with the
+ * router's V8 flags. A test that left them out once hid a crash they caused (a worker thread given
+ * them explicitly refuses them).
+ */
+export function cliArgv(args: string[]): string[] {
+  return [...ROUTER_V8_FLAGS, cliPath, ...args]
+}
 
 export interface CliProcess {
   p: ChildProcessWithoutNullStreams
@@ -14,7 +24,7 @@ export interface CliProcess {
 }
 
 export function runCli(args: string[]): CliProcess {
-  const p = spawn(process.execPath, [cliPath, ...args], { env: { PATH: process.env.PATH } })
+  const p = spawn(process.execPath, cliArgv(args), { env: { PATH: process.env.PATH } })
   let out = ''
   let err = ''
   p.stdout.on('data', (d: Buffer) => (out += d.toString()))

@@ -6,6 +6,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { BytesTokenizer, HfTokenizer, chatPromptText, loadTokenizer } from '../../src/tokenizer.js'
 import { harness, upstream } from './helpers.js'
+import { runCli } from '../helpers/cli.js'
 
 const fixture = new URL('./fixtures/tokenizer.json', import.meta.url).pathname
 
@@ -61,6 +62,40 @@ t.test('text prompts through the router use the tokenizer', async (t) => {
   // 5 + 2 tokens of text, plus the chat template's tokens
   t.match(m.body, /dynamo_component_router_input_sequence_tokens_count\{[^}]*\} 3/)
   t.match(m.body, /dynamo_component_router_input_sequence_tokens_sum\{[^}]*\} (\d+)/)
+})
+
+t.test('process: `serve --tokenizer tokenizer.json` as the shebang starts it tokenizes on its threads', async (t) => {
+  // the tokenizer's threads once got the process's V8 flags handed to them explicitly, which a
+  // worker refuses: the router then died at startup, and only when started as users start it
+  const s = await upstream((_req, body, res) => {
+    res.writeHead(200, { 'content-type': 'application/json' })
+    res.end(JSON.stringify({ echo: JSON.parse(body) as unknown }))
+  })
+  const c = runCli(['serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-event-threads', '1', '--router-block-size', '2', '--tokenizer', fixture, '--worker', `1=${s.url}`])
+  t.teardown(async () => {
+    c.p.kill('SIGKILL')
+    await c.exited
+    await s.close()
+  })
+  const base = await new Promise<string | null>((resolve) => {
+    const timer = setInterval(() => {
+      const m = /listening on (http:\/\/\S+)/.exec(c.out())
+      if (m !== null) {
+        clearInterval(timer)
+        resolve(m[1] as string)
+      }
+    }, 20)
+    void c.exited.then(() => {
+      clearInterval(timer)
+      resolve(null)
+    })
+  })
+  if (base === null) return t.fail(`the router exited: ${c.err()}`)
+  const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: 'hello world kv cache router' }) })
+  t.equal(r.status, 200)
+  t.match(await r.text(), '"prompt":"hello world kv cache router"')
+  const m = await (await fetch(`${base}/metrics`)).text()
+  t.match(m, /dynamo_component_router_input_sequence_tokens_sum\{[^}]*\} 5\n/, 'five tokens, as the fixture splits the text')
 })
 
 t.test('non-kv mode accepts text without a tokenizer', async (t) => {

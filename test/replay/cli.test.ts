@@ -9,8 +9,8 @@ import { Writable } from 'node:stream'
 import { parseReplayArgs, progressLine, replayHelp, ReplayUsageError, runReplay, selectRequests } from '../../src/replay/main.js'
 import type { ReplayRecord } from '../../src/replay/client.js'
 import { sleep, sseScript, sseServer } from './fixtures/sse-server.js'
+import { cliArgv } from '../helpers/cli.js'
 
-const cli = new URL('../../dist/src/cli.js', import.meta.url).pathname
 const dir = mkdtempSync(join(tmpdir(), 'kvr-replay-'))
 const tracePath = join(dir, 'trace.jsonl')
 const lines = [
@@ -35,7 +35,7 @@ function sink(tty = false): { stream: Writable & { isTTY?: boolean }; text: () =
 
 function run(args: string[]): Promise<{ code: number | null; stderr: string; stdout: string }> {
   return new Promise((resolve) => {
-    const p = spawn(process.execPath, [cli, 'replay', ...args], { env: { PATH: process.env.PATH } })
+    const p = spawn(process.execPath, cliArgv(['replay', ...args]), { env: { PATH: process.env.PATH } })
     let stderr = ''
     let stdout = ''
     p.stderr.on('data', (d: Buffer) => (stderr += d.toString()))
@@ -185,7 +185,7 @@ t.test('in process: help, unreadable traces and an unwritable --output are usage
 t.test('SIGINT stops the replay: in-flight requests are aborted, the rest not sent, exit 1', async (t) => {
   const srv = await sseServer(sseScript({ ttftMs: 10_000 }))
   t.teardown(() => srv.close())
-  const p = spawn(process.execPath, [cli, 'replay', '--trace', tracePath, '--url', srv.url, '--model', 'm'], { env: { PATH: process.env.PATH } })
+  const p = spawn(process.execPath, cliArgv(['replay', '--trace', tracePath, '--url', srv.url, '--model', 'm']), { env: { PATH: process.env.PATH } })
   let stdout = ''
   let stderr = ''
   p.stdout.on('data', (d: Buffer) => (stdout += d.toString()))

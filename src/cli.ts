@@ -15,6 +15,7 @@ import { isKvrError } from './shared/errors.js'
 import { die } from './cli-flags.js'
 import { settleHeap } from './heap-settle.js'
 import { applyNice } from './priority.js'
+import { workerHeapsAtDefaults } from './v8-flags.js'
 
 const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string }
 
@@ -132,6 +133,9 @@ async function serve(argv: string[]): Promise<void> {
   process.on('SIGTERM', () => stop('SIGTERM'))
   process.on('SIGINT', () => stop('SIGINT'))
 }
+
+// before any thread starts: the heap sizes of the shebang's flags are the main thread's alone
+workerHeapsAtDefaults()
 
 const [command, ...rest] = process.argv.slice(2)
 if (command === undefined || command === '-h' || command === '--help' || command === 'help') {

@@ -1,3 +1,5 @@
+import { setFlagsFromString } from 'node:v8'
+
 // V8 flags the router process is started with: the shebang of src/cli.ts, `npm start` and the
 // benchmarks all pass these (a test keeps the three in step). They cannot be set once the process
 // runs: V8 sizes its young generation when the heap is created.
@@ -45,5 +47,36 @@
 // 640 s) the old generation grew from 13 to 31 MB with no mark-compact at all (bench/HISTORY.md,
 // bench:route, session 19). Mark-compacts are deferred, not removed: at that run's 0.03-0.045 MB/s
 // of promotion under load the next would come after another 12-20 minutes. The cost is memory: up
-// to some 50 MB more of dead objects in each thread's heap before they are collected.
+// to some 50 MB more of dead objects in the main thread's heap before they are collected (the
+// sizing flags are the main thread's alone: workerHeapsAtDefaults below).
 export const ROUTER_V8_FLAGS: readonly string[] = Object.freeze(['--min-semi-space-size=64', '--max-semi-space-size=64', '--no-memory-reducer', '--heap-growing-percent=100', '--initial-old-space-size=128'])
+
+/** The flags above that size a heap: V8 reads them once, when it creates an isolate's heap. */
+const HEAP_SIZE_FLAGS: readonly string[] = Object.freeze(['--min-semi-space-size', '--max-semi-space-size', '--initial-old-space-size'])
+
+/**
+ * Gives the threads started after this call V8's own heap sizes; returns the flags it set back.
+ *
+ * V8 flags belong to the process, so without this every worker thread (each index shard, each
+ * tokenizer thread) would get the main thread's fixed 64 MB semi-spaces and its 128 MB old
+ * generation floor. What those buy, a proxy's requests held up by fewer pauses, is the main
+ * thread's alone, and the cost is per thread: a thread that keeps allocating touches all of its
+ * young generation in time. In a one-off run (a pool of 4 shards replaying the Mooncake trace's
+ * events 20 times, in a process with these flags) the process peaked at 557 MB with them and at
+ * 441 MB with this call, and an index benchmark of V8's defaults is what `npm run bench:index`
+ * has always measured. Heap sizes are read when an isolate's heap is made, so the main thread,
+ * whose heap exists already, keeps its sizes (test/v8-flags.test.ts checks both sides).
+ * Only flags this process got exactly as the router sets them are touched: a size the operator
+ * chose on the command line for every thread stays.
+ */
+export function workerHeapsAtDefaults(execArgv: readonly string[] = process.execArgv): string[] {
+  const reset: string[] = []
+  for (const name of HEAP_SIZE_FLAGS) {
+    const ours = ROUTER_V8_FLAGS.find((f) => f.startsWith(`${name}=`))
+    if (ours === undefined || !execArgv.includes(ours)) continue
+    // 0 is V8's "not set": an isolate made from now on sizes that part of its heap itself
+    setFlagsFromString(`${name}=0`)
+    reset.push(name)
+  }
+  return reset
+}

@@ -82,3 +82,56 @@ t.test('the flags let the old generation take some 40 MB of promoted garbage wit
   t.not(without.firstMarkCompactMb, null, 'without the floor a mark-compact comes')
   t.ok((without.firstMarkCompactMb ?? Infinity) < 30, `after ${without.firstMarkCompactMb?.toFixed(1)} MB of promotion`)
 })
+
+// In a process started with the router's flags: the young generation (as each thread starts) and the old generation's
+// first mark-compact of the main thread and of a worker thread started after
+// workerHeapsAtDefaults() (or without it, `call` false), each promoting garbage as PROMOTE does.
+interface ThreadHeap {
+  youngMb: number
+  firstMarkCompactMb: number | null
+  grewMb: number
+}
+
+function threads(call: boolean): { reset: string[]; main: ThreadHeap; worker: ThreadHeap } {
+  const v8Flags = new URL('dist/src/v8-flags.js', root).href
+  // PROMOTE as a function of what to do with its line, run once in each thread
+  const measure = `(function (done) {${PROMOTE.replace('process.stdout.write(', 'done(')}})`
+  const probe = `
+const v8 = require('v8')
+const { Worker } = require('worker_threads')
+const young = () => v8.getHeapSpaceStatistics().find((x) => x.space_name === 'new_space').space_size / 2 ** 20
+const youngMb = young()
+import(${JSON.stringify(v8Flags)}).then((m) => {
+  const reset = ${call ? 'm.workerHeapsAtDefaults()' : '[]'}
+  const inWorker = 'const { parentPort } = require("worker_threads"); const youngMb = require("v8").getHeapSpaceStatistics().find((x) => x.space_name === "new_space").space_size / 2 ** 20; ' + ${JSON.stringify(measure)} + '((s) => parentPort.postMessage({ youngMb, ...JSON.parse(s) }))'
+  const w = new Worker(inWorker, { eval: true })
+  w.on('error', (e) => { throw e })
+  w.on('message', (worker) => {
+    ${measure}((s) => process.stdout.write(JSON.stringify({ reset, worker, main: { youngMb, ...JSON.parse(s) } })))
+  })
+})
+`
+  const r = spawnSync(process.execPath, [...ROUTER_V8_FLAGS, '--expose-gc', '-e', probe], { encoding: 'utf8' })
+  if (r.status !== 0) throw new Error(r.stderr)
+  return JSON.parse(r.stdout) as ReturnType<typeof threads>
+}
+
+t.test('worker threads get V8 own heap sizes, the main thread keeps the flags', async (t) => {
+  const before = threads(false)
+  t.equal(before.worker.youngMb, 64, 'without the call a worker gets the 64 MB semi-space too')
+  t.equal(before.worker.firstMarkCompactMb, null, 'and the old generation floor')
+  const after = threads(true)
+  t.same(after.reset, ['--min-semi-space-size', '--max-semi-space-size', '--initial-old-space-size'])
+  t.ok(after.worker.youngMb <= 16, `a worker started after the call sizes its young generation itself (${after.worker.youngMb} MB)`)
+  t.not(after.worker.firstMarkCompactMb, null, 'and collects its old generation as V8 would')
+  t.ok(after.main.youngMb >= 64, `the main thread keeps its young generation (${after.main.youngMb} MB)`)
+  t.equal(after.main.firstMarkCompactMb, null, 'and its old generation floor')
+  t.ok(after.main.grewMb >= 40, `(${after.main.grewMb.toFixed(1)} MB promoted)`)
+})
+
+t.test('only flags set as the router sets them are given back', async (t) => {
+  // a process without them: nothing to do, and V8's flags are left as they are
+  const { workerHeapsAtDefaults } = await import('../src/v8-flags.js')
+  t.same(workerHeapsAtDefaults([]), [])
+  t.same(workerHeapsAtDefaults(['--max-semi-space-size=32']), [], "an operator's own size stays")
+})

@@ -24,7 +24,7 @@ import type { AddressInfo } from 'node:net'
 import autocannon from 'autocannon'
 import { benchProxy, printProxy } from './proxy.js'
 import { benchStreamHeap, printStreamHeap } from './stream-heap.js'
-import { ROUTER_V8_FLAGS } from '../src/v8-flags.js'
+import { ROUTER_V8_FLAGS, workerHeapsAtDefaults } from '../src/v8-flags.js'
 import Fastify from 'fastify'
 import { parseServeConfig } from '../src/config.js'
 import type { ServeConfig } from '../src/config.js'
@@ -258,6 +258,8 @@ function httpPrompts(): number[][] {
 
 /** Server child: a bare fastify baseline and the router app on two ports. */
 async function serveChild(): Promise<void> {
+  // as kv-router does before its threads start: the flags' heap sizes are the main thread's
+  workerHeapsAtDefaults()
   const base = Fastify({ bodyLimit: 16 * 1024 * 1024 })
   base.removeContentTypeParser('application/json')
   base.addContentTypeParser('application/json', { parseAs: 'buffer' }, (_req, body, done) => done(null, body))

@@ -61,10 +61,10 @@ const HEAP_SIZE_FLAGS: readonly string[] = Object.freeze(['--min-semi-space-size
  * tokenizer thread) would get the main thread's fixed 64 MB semi-spaces and its 128 MB old
  * generation floor. What those buy, a proxy's requests held up by fewer pauses, is the main
  * thread's alone, and the cost is per thread: a thread that keeps allocating touches all of its
- * young generation in time. In a one-off run (a pool of 4 shards replaying the Mooncake trace's
- * events 20 times, in a process with these flags) the process peaked at 557 MB with them and at
- * 441 MB with this call, and an index benchmark of V8's defaults is what `npm run bench:index`
- * has always measured. Heap sizes are read when an isolate's heap is made, so the main thread,
+ * young generation in time: with 4 shards taking the Mooncake trace's events 20 times, a process
+ * with these flags peaked at 560 MB with them in every thread and at 438 MB with this call
+ * (`npm run bench:thread-heaps`, medians of 3), and V8's defaults are what `npm run bench:index`
+ * has always measured the shards with. Heap sizes are read when an isolate's heap is made, so the main thread,
  * whose heap exists already, keeps its sizes (test/v8-flags.test.ts checks both sides).
  * Only flags this process got exactly as the router sets them are touched: a size the operator
  * chose on the command line for every thread stays.

@@ -7,7 +7,6 @@ import { ConfigError, FLAGS, parseServeConfig, serveHelp } from '../src/config.j
 import type { ServeConfig } from '../src/config.js'
 import { cliArgv } from './helpers/cli.js'
 
-
 function parse(argv: string[], env: NodeJS.ProcessEnv = {}): ServeConfig {
   const c = parseServeConfig(argv, env)
   if (c === 'help') throw new Error('help')

@@ -5,7 +5,7 @@ import t from 'tap'
 import { spawn, spawnSync } from 'node:child_process'
 import { readdirSync, readFileSync } from 'node:fs'
 import { setPriority } from 'node:os'
-import { cliArgv, runCli } from './helpers/cli.js'
+import { cliArgv, runCli, waitForOutput } from './helpers/cli.js'
 import { parseServeConfig } from '../src/config.js'
 
 const notLinux = process.platform === 'linux' ? false : 'reads thread niceness from /proc (Linux)'
@@ -44,19 +44,7 @@ async function mayTake(nice: number): Promise<boolean> {
 
 async function serveWith(nice: number, shards = 2): Promise<{ threads: { name: string; nice: number }[]; line: string } | { code: number | null; stderr: string }> {
   const c = runCli(['serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-event-threads', String(shards), '--worker', '1=http://127.0.0.1:9', '--nice', String(nice)])
-  const line = await new Promise<string | null>((resolve) => {
-    const timer = setInterval(() => {
-      const m = /kv-router listening on [^\n]*\n/.exec(c.out())
-      if (m !== null) {
-        clearInterval(timer)
-        resolve(m[0])
-      }
-    }, 20)
-    void c.exited.then(() => {
-      clearInterval(timer)
-      resolve(null)
-    })
-  })
+  const line = (await waitForOutput(c, /kv-router listening on [^\n]*\n/))?.[0] ?? null
   if (line === null) return { code: await c.exited, stderr: c.err() }
   const threads = threadNiceness(c.p.pid as number)
   c.p.kill('SIGKILL')

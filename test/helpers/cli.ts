@@ -31,3 +31,20 @@ export function runCli(args: string[]): CliProcess {
   p.stderr.on('data', (d: Buffer) => (err += d.toString()))
   return { p, out: () => out, err: () => err, exited: new Promise((r) => p.on('close', (code) => r(code))) }
 }
+
+/** Resolves with the first match of `re` in the process's stdout, or null if it exits before. */
+export function waitForOutput(c: CliProcess, re: RegExp): Promise<RegExpExecArray | null> {
+  return new Promise((resolve) => {
+    const timer = setInterval(() => {
+      const m = re.exec(c.out())
+      if (m !== null) {
+        clearInterval(timer)
+        resolve(m)
+      }
+    }, 20)
+    void c.exited.then(() => {
+      clearInterval(timer)
+      resolve(re.exec(c.out()))
+    })
+  })
+}

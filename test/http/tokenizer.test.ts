@@ -6,7 +6,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { BytesTokenizer, HfTokenizer, chatPromptText, loadTokenizer } from '../../src/tokenizer.js'
 import { harness, upstream } from './helpers.js'
-import { runCli } from '../helpers/cli.js'
+import { runCli, waitForOutput } from '../helpers/cli.js'
 
 const fixture = new URL('./fixtures/tokenizer.json', import.meta.url).pathname
 
@@ -77,20 +77,8 @@ t.test('process: `serve --tokenizer tokenizer.json` as the shebang starts it tok
     await c.exited
     await s.close()
   })
-  const base = await new Promise<string | null>((resolve) => {
-    const timer = setInterval(() => {
-      const m = /listening on (http:\/\/\S+)/.exec(c.out())
-      if (m !== null) {
-        clearInterval(timer)
-        resolve(m[1] as string)
-      }
-    }, 20)
-    void c.exited.then(() => {
-      clearInterval(timer)
-      resolve(null)
-    })
-  })
-  if (base === null) return t.fail(`the router exited: ${c.err()}`)
+  const base = (await waitForOutput(c, /listening on (http:\/\/\S+)/))?.[1]
+  if (base === undefined) return t.fail(`the router exited: ${c.err()}`)
   const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: 'hello world kv cache router' }) })
   t.equal(r.status, 200)
   t.match(await r.text(), '"prompt":"hello world kv cache router"')

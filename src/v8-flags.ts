@@ -1,8 +1,9 @@
 import { setFlagsFromString } from 'node:v8'
 
 // V8 flags the router process is started with: the shebang of src/cli.ts, `npm start` and the
-// benchmarks all pass these (a test keeps the three in step). They cannot be set once the process
-// runs: V8 sizes its young generation when the heap is created.
+// benchmarks all pass these (a test keeps the three in step). Setting them once the process runs
+// is too late for the main thread: V8 sizes a heap when it creates it (which is also why
+// workerHeapsAtDefaults below can give later threads other sizes).
 //
 // Why a fixed 64 MB young generation: each open stream keeps young objects alive for its whole
 // life (`--trace-gc-nvp` at 200 streams: about 1.9 MB survives every scavenge, some 9 KB per

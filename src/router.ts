@@ -95,7 +95,8 @@ export class Router {
   private slotCacheVersion = -1
   private approxEventIds = new Map<bigint, bigint>()
   private nextRequest = 0
-  private readonly idPrefix = `r${Date.now().toString(36)}-`
+  /** The prefix of the ids this router makes for bookings (newRequestId). */
+  readonly requestIdPrefix = `r${Date.now().toString(36)}-`
   private closed = false
   /** KV-event intake from NATS (`--nats-url`), or null in embedded mode. */
   nats: NatsIntake | null = null
@@ -170,7 +171,8 @@ export class Router {
         if (w.blockSize !== null) reg.blockSize = w.blockSize
         if (w.totalKvBlocks !== null) reg.capacity = w.totalKvBlocks
         if (w.maxNumBatchedTokens !== null) reg.maxNumBatchedTokens = w.maxNumBatchedTokens
-        void this.addWorker(reg).catch(() => undefined)
+        // a registration the index cannot hold is refused, not dropped unseen (found by review)
+        void this.addWorker(reg).catch((err: unknown) => process.emitWarning(`worker ${w.workerId} from etcd was not registered: ${err instanceof Error ? err.message : String(err)}`, { code: 'KVR_WORKER_NOT_REGISTERED' }))
       }
       d.on('added', add)
       d.on('updated', add)
@@ -230,7 +232,13 @@ export class Router {
       failures: 0,
       source: reg.source ?? 'static',
     }
-    for (let r = 0; r < dpRanks; r++) await this.pool.ensureWorker(reg.id, r)
+    for (let r = 0; r < dpRanks; r++) {
+      // A full table of worker-ranks used to be ignored here: the worker was answered 201, and
+      // every KV event of it was then dropped as too_many_workers, so it could never get a hit.
+      if (!(await this.pool.ensureWorker(reg.id, r))) {
+        throw new KvrError('KVR_ERR_TOO_MANY_WORKERS', `worker ${reg.id} rank ${r} does not fit: its index shard holds its maximum of ${this.pool.maxWorkerRanksPerShard} worker-ranks (workers known only from their KV events count too; DELETE /v1/workers/{id} drops them)`)
+      }
+    }
     // The scheduler learns the ranks and the table the URL in one synchronous step: with an await
     // between them a request could be routed to a rank whose worker has no URL yet, and the
     // proxy would count that as a failed attempt.
@@ -245,9 +253,14 @@ export class Router {
     return info
   }
 
+  /**
+   * Drops a worker from routing and from the index. A worker known only from its KV events (sent
+   * before it registered, or never registered) holds worker-rank slots and blocks too, and this is
+   * the way to free them; false when the id is neither registered nor in the index.
+   */
   private async removeWorkerNow(id: bigint): Promise<boolean> {
-    if (!this.workerTable.delete(id)) return false
-    this.scheduler.removeWorker(id)
+    if (this.workerTable.delete(id)) this.scheduler.removeWorker(id)
+    else if ((await this.pool.indexedRanks(id)) === 0) return false
     await this.pool.removeWorker(id)
     return true
   }
@@ -274,7 +287,16 @@ export class Router {
   // ---- routing ----
 
   newRequestId(): string {
-    return this.idPrefix + (this.nextRequest++).toString(36)
+    return this.requestIdPrefix + (this.nextRequest++).toString(36)
+  }
+
+  /**
+   * Whether an id is in the space newRequestId draws from. Every booking answer shows that space's
+   * prefix and counter, so a client that booked the next ids under its own name would make
+   * unrelated proxied requests fail as duplicates; client-chosen ids are kept out of it instead.
+   */
+  isRouterRequestId(id: string): boolean {
+    return id.startsWith(this.requestIdPrefix)
   }
 
   private takeScratch(n: number): Scratch {

@@ -572,6 +572,19 @@ export class ShardPool extends EventEmitter {
     await this.control(sh, (api) => api.barrier(sh.enqueued))
   }
 
+  /** How many ranks of a worker the index holds, whether it registered or only sent events. */
+  async indexedRanks(workerId: bigint): Promise<number> {
+    const sh = this.shards[this.shardOf(workerId)] as Shard
+    const sizes = await this.control(sh, (api) => api.treeSizes(sh.enqueued))
+    let n = 0
+    for (const s of sizes) if (s.worker_id === workerId) n++
+    return n
+  }
+
+  get maxWorkerRanksPerShard(): number {
+    return this.opts.maxWorkerRanksPerShard
+  }
+
   /** Blocks held by every registered worker-rank, over all shards (`overlap_blocks` is 0). */
   async treeSizes(): Promise<OverlapScore[]> {
     const parts = await Promise.all(this.shards.map((sh) => this.control(sh, (api) => api.treeSizes(sh.enqueued))))

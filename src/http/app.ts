@@ -27,7 +27,7 @@ import { chatPromptText } from '../tokenizer.js'
 import type { ChatMessage, TextTokenizer } from '../tokenizer.js'
 import { Proxy } from '../proxy.js'
 import type { ProxyCall } from '../proxy.js'
-import { errorHandler, sendError } from './errors.js'
+import { clientErrorHandler, errorHandler, sendError } from './errors.js'
 import { parseJsonExact, readU64, serializeJson } from './json.js'
 import { readBody } from './body.js'
 import { RouteBodyScanner } from './route-body.js'
@@ -174,6 +174,9 @@ export async function buildApp(opts: AppOptions): Promise<App> {
     ajv: { customOptions: { coerceTypes: false, removeAdditional: false, allErrors: false } },
     forceCloseConnections: 'idle',
     return503OnClosing: true,
+    // a path fastify cannot decode, and Node's parser errors, in the catalogue's JSON like the rest
+    frameworkErrors: (err, _req, reply) => void sendError(reply, err),
+    clientErrorHandler,
   })
   const proxy = new Proxy(router, { retries: cfg.proxyRetries, dispatcher: opts.dispatcher })
   let closing = false
@@ -247,9 +250,17 @@ export async function buildApp(opts: AppOptions): Promise<App> {
     const health = router.pool.health()
     const cached = new Map<string, number>()
     const lastEvent = new Map<string, bigint>()
-    for (const t of await router.pool.treeSizes()) {
+    const sizes = await router.pool.treeSizes()
+    for (const t of sizes) {
       cached.set(`${t.worker_id}:${t.dp_rank}`, t.tree_size)
       if (t.last_event_id !== undefined) lastEvent.set(`${t.worker_id}:${t.dp_rank}`, t.last_event_id)
+    }
+    // worker-ranks the index holds from KV events alone: no URL to route to, yet they take slots
+    // and memory until their worker registers or DELETE /v1/workers/{id} drops them
+    const unregistered = []
+    for (const t of sizes) {
+      const w = router.worker(t.worker_id)
+      if (w === undefined || t.dp_rank >= w.dpRanks) unregistered.push({ worker_id: t.worker_id, dp_rank: t.dp_rank, cached_blocks: t.tree_size, last_event_id: t.last_event_id ?? null })
     }
     const out = router.workers().map((w) => {
       const ranks = []
@@ -272,7 +283,7 @@ export async function buildApp(opts: AppOptions): Promise<App> {
         ranks,
       }
     })
-    return reply.header('content-type', 'application/json').send(serializeJson({ workers: out }))
+    return reply.header('content-type', 'application/json').send(serializeJson({ workers: out, unregistered }))
   })
   // The index itself, as the Stored events that rebuild it (parents first), for inspection and
   // for checking it against the engines' own caches. Optionally one worker's part only.
@@ -308,7 +319,7 @@ export async function buildApp(opts: AppOptions): Promise<App> {
   })
   fastify.delete('/v1/workers/:id', async (req, reply) => {
     const id = readU64((req.params as { id: string }).id, 'worker id')
-    if (!(await router.removeWorker(id))) throw new KvrError('KVR_ERR_UNKNOWN_WORKER', `worker ${id} is not registered`)
+    if (!(await router.removeWorker(id))) throw new KvrError('KVR_ERR_UNKNOWN_WORKER', `worker ${id} is neither registered nor in the index`)
     return reply.header('content-type', 'application/json').send(`{"removed":${id.toString()}}`)
   })
 
@@ -391,6 +402,7 @@ export async function buildApp(opts: AppOptions): Promise<App> {
       if (update === true) {
         const id = rest.request_id
         if (id !== undefined && (typeof id !== 'string' || id.length === 0 || id.length > 256)) throw new KvrError('KVR_ERR_INVALID_REQUEST', 'request_id must be a non-empty string (≤ 256 chars)')
+        if (id !== undefined && router.isRouterRequestId(id as string)) throw new KvrError('KVR_ERR_INVALID_REQUEST', `request_id ${JSON.stringify(id)} is in the router's own id space (ids it makes begin with ${JSON.stringify(router.requestIdPrefix)}): choose another`)
         input.id = (id as string | undefined) ?? router.newRequestId()
       }
       const { decision } = await router.route(input)

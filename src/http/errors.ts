@@ -2,7 +2,9 @@
 // status. fastify's own errors (bad JSON, body too large, schema) are mapped onto the catalogue;
 // the all-busy 503 also carries Dynamo's body fields (spec §4.7) and every retryable 503 a
 // Retry-After header.
-import type { FastifyError, FastifyReply, FastifyRequest } from 'fastify'
+import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
+import { STATUS_CODES } from 'node:http'
+import type { Socket } from 'node:net'
 import { ErrorCodes, KvrError, isKvrError } from '../shared/errors.js'
 import type { ErrorCode } from '../shared/errors.js'
 import { RetryableError } from '../scheduler/rejection.js'
@@ -21,6 +23,10 @@ export function toKvrError(err: unknown): KvrError {
         return new KvrError('KVR_ERR_INVALID_REQUEST', 'the body is empty; a JSON object is required')
       case 'FST_ERR_CTP_INVALID_JSON_BODY':
         return new KvrError('KVR_ERR_INVALID_REQUEST', `malformed JSON: ${e.message}`)
+      case 'FST_ERR_BAD_URL':
+        return new KvrError('KVR_ERR_INVALID_REQUEST', `the path is not valid percent-encoded UTF-8: ${e.message}`)
+      case 'FST_ERR_MAX_PARAM_LENGTH':
+        return new KvrError('KVR_ERR_URI_TOO_LONG', e.message)
       default:
         break
     }
@@ -61,4 +67,26 @@ export function errorHandler(err: unknown, _req: FastifyRequest, reply: FastifyR
 
 export function statusOf(code: ErrorCode): number {
   return ErrorCodes[code].status
+}
+
+/**
+ * Errors Node's HTTP parser raises before any route runs (bad framing, a Content-Length that is
+ * not a number or disagrees with Transfer-Encoding, oversized headers, a request that never
+ * finishes). fastify's default answers them in its own JSON shape; clients of the router read one
+ * shape only, so they get the catalogue's here too.
+ */
+export function clientErrorHandler(this: FastifyInstance, err: NodeJS.ErrnoException, socket: Socket): void {
+  if (err.code === 'ECONNRESET' || socket.destroyed) return
+  const e =
+    err.code === 'ERR_HTTP_REQUEST_TIMEOUT'
+      ? new KvrError('KVR_ERR_REQUEST_TIMEOUT')
+      : err.code === 'HPE_HEADER_OVERFLOW'
+        ? new KvrError('KVR_ERR_HEADERS_TOO_LARGE')
+        : new KvrError('KVR_ERR_MALFORMED_HTTP', `the request is not well-formed HTTP/1.1 (${err.code ?? 'parse error'})`)
+  this.log.trace({ err }, 'client error')
+  if (socket.writable) {
+    const body = errorBody(e)
+    socket.write(`HTTP/1.1 ${e.statusCode} ${STATUS_CODES[e.statusCode] ?? ''}\r\nContent-Length: ${Buffer.byteLength(body)}\r\nContent-Type: application/json; charset=utf-8\r\nConnection: close\r\n\r\n${body}`)
+  }
+  socket.destroy(err)
 }

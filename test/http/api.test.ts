@@ -283,3 +283,62 @@ t.test('membership changes of one worker apply in order: a removal during a pend
   t.equal(slots(), 1)
   t.ok(await h.router.removeWorker(id))
 })
+
+t.test('workers known only from KV events: listed, removable, and a full table refuses registration (found by review)', async (t) => {
+  const own = await harness(['--router-block-size', '4'])
+  t.teardown(() => own.close())
+  const send = (body: string) => own.app.fastify.inject({ method: 'POST', url: '/v1/kv-events', payload: body, headers: json })
+  const stored = (w: bigint, rank = 0) => encodeRouterEvent({ worker_id: w, event: { event_id: 1n, dp_rank: rank, data: { stored: { parent_hash: null, blocks: [{ block_hash: 4242n + w, tokens_hash: 4242n + w }] } } } })
+  await own.app.fastify.inject({ method: 'POST', url: '/v1/workers', payload: JSON.stringify({ id: 1, url: 'http://127.0.0.1:9' }), headers: json })
+  t.equal((await send(`[${stored(424242n)},${stored(1n, 7)}]`)).statusCode, 202)
+  await own.router.pool.flush()
+  const list = (await own.app.fastify.inject({ method: 'GET', url: '/v1/workers' })).json() as { workers: unknown[]; unregistered: { worker_id: number; dp_rank: number; cached_blocks: number }[] }
+  t.equal(list.workers.length, 1)
+  t.same(
+    list.unregistered.map((u) => [u.worker_id, u.dp_rank, u.cached_blocks]).sort((a, b) => (a[0] as number) - (b[0] as number)),
+    [
+      [1, 7, 1],
+      [424242, 0, 1],
+    ],
+    'an unregistered worker and a rank beyond a worker\'s dp_size',
+  )
+  const del = await own.app.fastify.inject({ method: 'DELETE', url: '/v1/workers/424242' })
+  t.equal(del.statusCode, 200, 'an id known only from events can be dropped')
+  const dump = await own.app.fastify.inject({ method: 'GET', url: '/v1/kv/dump?worker_id=424242' })
+  t.equal(dump.body, '{"events":[]}', 'its blocks are gone from the index')
+  t.equal((await own.app.fastify.inject({ method: 'DELETE', url: '/v1/workers/424242' })).statusCode, 404, 'and then it is unknown')
+  t.equal((await own.app.fastify.inject({ method: 'DELETE', url: '/v1/workers/999' })).statusCode, 404)
+
+  // fill the shard's worker-rank table with event-only workers
+  const max = own.router.pool.maxWorkerRanksPerShard
+  const ghosts: string[] = []
+  for (let i = 0; i < max; i++) ghosts.push(stored(5_000_000n + BigInt(i)))
+  t.equal((await send(`[${ghosts.join(',')}]`)).statusCode, 202)
+  await own.router.pool.flush()
+  const refused = await own.app.fastify.inject({ method: 'POST', url: '/v1/workers', payload: JSON.stringify({ id: 31337, url: 'http://127.0.0.1:9' }), headers: json })
+  t.equal(refused.statusCode, 503, 'a worker the index cannot hold is not answered 201')
+  t.match(refused.json(), { error: { code: 'KVR_ERR_TOO_MANY_WORKERS' } })
+  t.equal(own.router.worker(31337n), undefined, 'and not routed to')
+  t.equal((await own.app.fastify.inject({ method: 'DELETE', url: '/v1/workers/5000000' })).statusCode, 200)
+  const ok = await own.app.fastify.inject({ method: 'POST', url: '/v1/workers', payload: JSON.stringify({ id: 31337, url: 'http://127.0.0.1:9' }), headers: json })
+  t.equal(ok.statusCode, 201, 'a freed slot takes it')
+  t.equal((await send(stored(31337n))).statusCode, 202)
+  await own.router.pool.flush()
+  const ov = await own.app.fastify.inject({ method: 'POST', url: '/v1/overlap', payload: `{"block_hashes":[${4242n + 31337n}]}`, headers: json })
+  t.match(ov.body, '"worker_id":31337', 'its events are indexed')
+})
+
+t.test('request ids: a client cannot book in the router\'s own id space (found by review)', async (t) => {
+  const auto = await post('/v1/route', { token_ids: tokens(8), update_states: true })
+  const id = (auto.json() as { request_id: string }).request_id
+  t.ok(id.startsWith(h.router.requestIdPrefix))
+  const next = h.router.requestIdPrefix + 'zz'
+  const taken = await post('/v1/route', { token_ids: tokens(8), update_states: true, request_id: next })
+  t.equal(taken.statusCode, 400)
+  t.match(taken.json(), { error: { code: 'KVR_ERR_INVALID_REQUEST', message: /router's own id space/ } })
+  t.equal(h.router.scheduler.stats().bookedRequests, 1, 'nothing booked under it')
+  const mine = await post('/v1/route', { token_ids: tokens(8), update_states: true, request_id: 'client-' + id })
+  t.equal(mine.statusCode, 200, 'an id of the client\'s own is booked')
+  t.ok(h.router.scheduler.free(id))
+  t.ok(h.router.scheduler.free('client-' + id))
+})

@@ -1,5 +1,7 @@
 // Every route's error paths through inject(): malformed JSON, wrong types, token ids out of
 // range, empty prompts, unknown pinned workers, oversized bodies, missing or wrong API keys.
+import { connect } from 'node:net'
+import type { AddressInfo } from 'node:net'
 import t from 'tap'
 import { harness, tokens } from './helpers.js'
 
@@ -252,4 +254,37 @@ t.test('/v1/route members: u64 exact, "__proto__" inert, escaped names read (fou
   const control = await call('POST', '/v1/route', '{"a\nb":1,"token_ids":[1,2,3,4]}')
   t.equal(control.status, 400, 'a raw control character in a member name is refused, as JSON.parse refuses it')
   t.match(control.body.error?.message, /member name/)
+})
+
+t.test('errors before any route runs are catalogue JSON too: bad path encoding, bad HTTP framing, oversized headers (found by review)', async (t) => {
+  for (const url of ['/v1/workers/%zz', '/v1/route/%FF%FE']) {
+    const r = await call('DELETE', url)
+    t.equal(r.status, 400, url)
+    t.equal(r.body.error?.code, 'KVR_ERR_INVALID_REQUEST', url)
+  }
+  const own = await harness(['--router-block-size', '4'])
+  t.teardown(() => own.close())
+  await own.app.fastify.listen({ port: 0, host: '127.0.0.1' })
+  const port = (own.app.fastify.server.address() as AddressInfo).port
+  const raw = (text: string): Promise<string> =>
+    new Promise((resolve, reject) => {
+      const s = connect(port, '127.0.0.1', () => s.end(text))
+      let got = ''
+      s.setEncoding('latin1')
+      s.on('data', (d: string) => (got += d))
+      s.on('close', () => resolve(got))
+      s.on('error', reject)
+    })
+  const cases: [string, string, number, string][] = [
+    ['a Content-Length that is not a number', 'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: -1\r\n\r\n{}', 400, 'KVR_ERR_MALFORMED_HTTP'],
+    ['Content-Length with Transfer-Encoding', 'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n', 400, 'KVR_ERR_MALFORMED_HTTP'],
+    ['an unknown method', 'FOO / HTTP/1.1\r\nHost: x\r\n\r\n', 400, 'KVR_ERR_MALFORMED_HTTP'],
+    ['headers over the limit', `GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ${'a'.repeat(20_000)}\r\n\r\n`, 431, 'KVR_ERR_HEADERS_TOO_LARGE'],
+  ]
+  for (const [what, text, status, code] of cases) {
+    const got = await raw(text)
+    t.match(got, new RegExp(`^HTTP/1\\.1 ${status} `), what)
+    const body = got.slice(got.indexOf('\r\n\r\n') + 4)
+    t.match(JSON.parse(body), { error: { code } }, what)
+  }
 })

@@ -78,6 +78,8 @@ interface FlagDef {
   min?: number
   max?: number
   values?: readonly string[]
+  /** kind 'url': the schemes each URL of the list may have. */
+  schemes?: readonly string[]
   aliases?: readonly string[]
   help: string
 }
@@ -115,8 +117,8 @@ export const FLAGS: readonly FlagDef[] = [
   F({ flag: '--namespace', key: 'namespace', env: ['DYN_NAMESPACE'], kind: 'name', dflt: 'dynamo', help: 'Dynamo namespace' }),
   F({ flag: '--component', key: 'component', env: ['DYN_COMPONENT'], kind: 'name', dflt: 'backend', help: 'Dynamo component of the workers' }),
   F({ flag: '--endpoint', key: 'endpoint', env: ['DYN_ROUTER_ENDPOINT'], kind: 'endpoint', dflt: null, help: 'ns.component.endpoint (standalone form)' }),
-  F({ flag: '--nats-url', key: 'natsUrl', env: ['NATS_SERVER'], kind: 'url', dflt: null, help: 'NATS server: KV events from namespace.{ns}.component.{component}.kv-events' }),
-  F({ flag: '--etcd-url', key: 'etcdUrl', env: ['ETCD_ENDPOINTS'], kind: 'url', dflt: null, help: 'etcd: workers from v1/instances/{ns}/{component}/{endpoint}/ (see README)' }),
+  F({ flag: '--nats-url', key: 'natsUrl', env: ['NATS_SERVER'], kind: 'url', schemes: ['nats', 'tls', 'ws', 'wss'], dflt: null, help: 'NATS server: KV events from namespace.{ns}.component.{component}.kv-events' }),
+  F({ flag: '--etcd-url', key: 'etcdUrl', env: ['ETCD_ENDPOINTS'], kind: 'url', schemes: ['http', 'https'], dflt: null, help: 'etcd: workers from v1/instances/{ns}/{component}/{endpoint}/ (see README)' }),
   F({ flag: '--worker', key: 'workers', env: ['DYN_ROUTER_WORKERS'], kind: 'workers', dflt: [], help: 'static worker: URL or ID=URL (repeatable; env: comma-separated)' }),
   F({ flag: '--tokenizer', key: 'tokenizer', env: ['DYN_TOKENIZER'], kind: 'str', dflt: null, help: 'tokenizer.json path for text prompts, or "bytes" (UTF-8 bytes as tokens)' }),
   F({ flag: '--tokenizer-threads', key: 'tokenizerThreads', env: ['DYN_TOKENIZER_THREADS'], kind: 'int', min: 1, max: 64, dflt: 1, help: 'piscina threads for tokenizing' }),
@@ -143,7 +145,7 @@ function accepts(d: FlagDef): string {
     case 'enum':
       return `one of ${(d.values ?? []).join('|')}`
     case 'url':
-      return 'a URL (comma-separated for several)'
+      return `a ${(d.schemes ?? ['http']).map((x) => x + '://').join(' or ')} URL (comma-separated for several servers of one cluster)`
     case 'workers':
       return 'a worker URL (http://host:port) or ID=URL with ID a u64'
     case 'name':
@@ -170,13 +172,35 @@ function parseWorker(text: string, position: number): StaticWorkerSpec | null {
     url = text.slice(eq + 1)
   }
   if (id === null) return null
+  const checked = workerUrl(url)
+  return checked === null ? null : Object.freeze({ id, url: checked })
+}
+
+/**
+ * A worker's HTTP endpoint as the proxy will use it (no trailing slash), or null when it cannot be
+ * one: not http(s), no host, a port out of range. POST /v1/workers and --worker both check with it,
+ * so a worker is never registered with a URL that fails every request sent to it.
+ */
+export function workerUrl(text: string): string | null {
+  if (/\s/.test(text)) return null
   try {
-    const u = new URL(url)
-    if (u.protocol !== 'http:' && u.protocol !== 'https:') return null
+    const u = new URL(text)
+    if ((u.protocol !== 'http:' && u.protocol !== 'https:') || u.hostname === '') return null
   } catch {
     return null
   }
-  return Object.freeze({ id, url: url.replace(/\/+$/, '') })
+  return text.replace(/\/+$/, '')
+}
+
+/**
+ * The servers of a --nats-url or --etcd-url value. The client libraries take a list; handed the
+ * flag's text whole, they took a comma-separated list for one server and failed (found by review).
+ */
+export function urlList(text: string): string[] {
+  return text
+    .split(',')
+    .map((x) => x.trim())
+    .filter((x) => x !== '')
 }
 
 function convert(d: FlagDef, raw: string, prev: unknown): unknown {
@@ -203,10 +227,12 @@ function convert(d: FlagDef, raw: string, prev: unknown): unknown {
     case 'enum':
       return (d.values ?? []).includes(t) ? t : undefined
     case 'url': {
-      if (t === '') return undefined
-      for (const part of t.split(',')) {
+      const list = urlList(t)
+      if (list.length === 0) return undefined
+      for (const part of list) {
         try {
-          new URL(part.trim())
+          const u = new URL(part)
+          if (!(d.schemes ?? []).includes(u.protocol.slice(0, -1)) || u.hostname === '') return undefined
         } catch {
           return undefined
         }

@@ -15,6 +15,7 @@
 // (removals of vanished workers, additions and changes), so a restarted etcd is caught up with.
 import type { Etcd3, IKeyValue } from 'etcd3'
 import { EventEmitter } from 'node:events'
+import { urlList } from './config.js'
 import { KvrError } from './shared/errors.js'
 
 export interface EtcdDiscoveryOptions {
@@ -111,7 +112,7 @@ export class EtcdDiscovery extends EventEmitter {
     // loaded here, not at startup: a router that does not use etcd (the default) starts 0.1 s
     // sooner and 19 MB smaller without the etcd client and its gRPC stack (README, NATS intake)
     const { Etcd3 } = await import('etcd3')
-    const d = new EtcdDiscovery(opts, new Etcd3({ hosts: opts.url, dialTimeout: opts.dialTimeoutMs ?? 3000 }))
+    const d = new EtcdDiscovery(opts, new Etcd3({ hosts: urlList(opts.url), dialTimeout: opts.dialTimeoutMs ?? 3000 }))
     let revision: string
     try {
       revision = await d.resync()

@@ -10,6 +10,7 @@
 import type { Events, NatsConnection, Subscription } from 'nats'
 import { EventEmitter } from 'node:events'
 import type { ShardPool } from './shard-pool.js'
+import { urlList } from './config.js'
 import { KvrError } from './shared/errors.js'
 
 export interface NatsIntakeOptions {
@@ -78,7 +79,7 @@ export class NatsIntake extends EventEmitter {
     let nc: NatsConnection
     try {
       nc = await connect({
-        servers: opts.url,
+        servers: urlList(opts.url),
         name: opts.name ?? 'kv-router',
         maxReconnectAttempts: -1,
         reconnectTimeWait: 250,

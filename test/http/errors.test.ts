@@ -288,3 +288,37 @@ t.test('errors before any route runs are catalogue JSON too: bad path encoding, 
     t.match(JSON.parse(body), { error: { code } }, what)
   }
 })
+
+t.test('unusable worker URLs, non-UTF-8 scanned bodies, loose dp ranks, priorities beyond i32 → 400 (found by review)', async (t) => {
+  for (const url of ['http://', 'http://exa mple:80', 'http://127.0.0.1:99999', 'https://:80']) {
+    const r = await call('POST', '/v1/workers', JSON.stringify({ id: 11, url }))
+    t.equal(r.status, 400, url)
+    t.match(r.body.error, { code: 'KVR_ERR_INVALID_REQUEST', message: /url must be/ }, url)
+  }
+  t.equal(h.router.worker(11n), undefined, 'none of them registered')
+  const bad = Buffer.concat([Buffer.from('{"token_ids":[1,2,3,4],"update_states":true,"request_id":"'), Buffer.from([0xff, 0xfe]), Buffer.from('"}')])
+  for (const url of ['/v1/route', '/v1/overlap', '/v1/kv-events']) {
+    const res = await h.app.fastify.inject({ method: 'POST', url, payload: bad, headers: auth })
+    t.equal(res.statusCode, 400, url)
+    t.match(res.json(), { error: { code: 'KVR_ERR_INVALID_REQUEST', message: /UTF-8/ } }, url)
+  }
+  t.equal(h.router.scheduler.stats().bookedRequests, 0, 'nothing booked under replacement characters')
+  const pin = { ...auth, 'x-worker-instance-id': '5' }
+  for (const rank of ['', '0x0', '1e0', ' 1']) {
+    const r = await call('POST', '/v1/completions', JSON.stringify({ prompt: tokens(8) }), { ...pin, 'x-dp-rank': rank })
+    t.equal(r.status, 400, `x-dp-rank ${JSON.stringify(rank)}`)
+    t.match(r.body.error?.message, /decimal integer/)
+  }
+  const unpinned = await call('POST', '/v1/completions', JSON.stringify({ prompt: tokens(8) }), { ...auth, 'x-dp-rank': '0' })
+  t.equal(unpinned.status, 400)
+  t.match(unpinned.body.error?.message, /needs the worker/)
+  const rankOnly = await call('POST', '/v1/route', JSON.stringify({ token_ids: tokens(8), dp_rank: 0 }))
+  t.equal(rankOnly.status, 400)
+  t.match(rankOnly.body.error?.message, /needs the worker/)
+  for (const p of ['2147483648', '-2147483649', '1e300']) {
+    const r = await call('POST', '/v1/route', `{"token_ids":[1,2,3,4],"priority":${p}}`)
+    t.equal(r.status, 400, `priority ${p}`)
+    t.match(r.body.error?.message, /priority must be an integer in \[-2\^31, 2\^31\)/)
+  }
+  t.equal((await call('POST', '/v1/route', '{"token_ids":[1,2,3,4],"priority":-2147483648}')).status, 200, 'the i32 minimum is taken')
+})

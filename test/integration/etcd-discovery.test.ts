@@ -118,3 +118,16 @@ t.test('an unreachable etcd at start is a clear error naming the URL', async (t)
     message: new RegExp(`cannot reach etcd at http://127\\.0\\.0\\.1:${port}`),
   })
 })
+
+t.test('a comma-separated --etcd-url is several endpoints: discovery starts when one of them is up (found by review)', async (t) => {
+  const etcd = await startEtcd()
+  t.teardown(() => etcd.stop())
+  const dead = `http://127.0.0.1:${await getFreePort()}`
+  const d = await EtcdDiscovery.start({ url: `${dead},${etcd.url}`, namespace: NS, component: COMP, endpoint: EP, dialTimeoutMs: 3000 })
+  t.teardown(() => d.close())
+  const client = new Etcd3({ hosts: etcd.url })
+  t.teardown(() => client.close())
+  const w = await register(client, { url: 'http://127.0.0.1:9' })
+  await waitUntil('the worker discovered', () => d.workers.has(w.id))
+  t.equal(d.workers.get(w.id)?.url, 'http://127.0.0.1:9', 'a worker registered through the live endpoint is seen')
+})

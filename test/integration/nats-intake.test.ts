@@ -83,3 +83,16 @@ t.test('an unreachable server at start is a clear error naming the URL', async (
   })
   await t.rejects(NatsIntake.start({ url: 'nats://127.0.0.1:1', namespace: 'bad ns', component: 'backend', pool }), { message: /namespace/ })
 })
+
+t.test('a comma-separated --nats-url is several servers: the intake connects when one of them is up (found by review)', async (t) => {
+  const nats = await startNats()
+  t.teardown(() => nats.stop())
+  const pool = await ShardPool.start({ shards: 1 })
+  t.teardown(() => pool.close())
+  const dead = `nats://127.0.0.1:${await getFreePort()}`
+  for (const url of [`${dead},${nats.url}`, `${nats.url}, ${dead}`]) {
+    const intake = await NatsIntake.start({ url, namespace: 'dynamo', component: 'backend', pool, connectTimeoutMs: 3000 })
+    t.equal(intake.connected, true, url)
+    await intake.close()
+  }
+})

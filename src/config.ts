@@ -27,6 +27,14 @@ export interface ServeConfig {
   readonly temperature: number
   readonly kvEvents: boolean
   readonly ttlSecs: number
+  /** Approximate mode: entries the predicted-cache tree holds before it is pruned. */
+  readonly maxTreeSize: number
+  /** Approximate mode: the share of maxTreeSize a prune keeps. */
+  readonly pruneTargetRatio: number
+  /** Blocks one indexer shard holds at most; events beyond are rejected as `capacity`. */
+  readonly maxIndexBlocks: number
+  /** device-aware-weighted: a non-CPU worker's throughput in CPU workers. */
+  readonly cudaToCpuRatio: number
   readonly queueThreshold: number | null
   readonly queuePolicy: QueuePolicy
   readonly queueMaxPending: number
@@ -98,6 +106,10 @@ export const FLAGS: readonly FlagDef[] = [
   F({ flag: '--router-temperature', key: 'temperature', env: ['DYN_ROUTER_TEMPERATURE'], kind: 'num', min: 0, dflt: 0.0, help: '0 = pick the cheapest; > 0 = softmax sampling' }),
   F({ flag: '--router-kv-events', key: 'kvEvents', env: ['DYN_ROUTER_USE_KV_EVENTS', 'DYN_KV_EVENTS'], aliases: ['--kv-events'], kind: 'bool', dflt: true, help: 'index workers\' KV events (--no-… = approximate mode)' }),
   F({ flag: '--router-ttl-secs', key: 'ttlSecs', env: ['DYN_ROUTER_TTL_SECS'], aliases: ['--router-ttl'], kind: 'num', min: 0.001, dflt: 120, help: 'approximate mode: seconds a routed prefix is assumed cached' }),
+  F({ flag: '--router-max-tree-size', key: 'maxTreeSize', env: ['DYN_ROUTER_MAX_TREE_SIZE'], kind: 'int', min: 1, max: 2 ** 31 - 1, dflt: 1 << 20, help: 'approximate mode: predicted entries kept before a prune' }),
+  F({ flag: '--router-prune-target-ratio', key: 'pruneTargetRatio', env: ['DYN_ROUTER_PRUNE_TARGET_RATIO'], kind: 'num', min: 0, max: 1, dflt: 0.8, help: 'approximate mode: share of --router-max-tree-size a prune keeps' }),
+  F({ flag: '--router-max-index-blocks', key: 'maxIndexBlocks', env: ['DYN_ROUTER_MAX_INDEX_BLOCKS'], kind: 'int', min: 1, max: 67_000_000, dflt: 60_000_000, help: 'blocks one indexer shard holds at most (KV events beyond it are rejected and counted as capacity)' }),
+  F({ flag: '--encoder-cuda-to-cpu-ratio', key: 'cudaToCpuRatio', env: ['DYN_ENCODER_CUDA_TO_CPU_RATIO'], kind: 'num', min: 0.001, max: 1_000_000, dflt: 8, help: 'device-aware-weighted mode: how many CPU workers one non-CPU worker is worth' }),
   F({ flag: '--router-queue-threshold', key: 'queueThreshold', env: ['DYN_ROUTER_QUEUE_THRESHOLD'], kind: 'nullnum', min: 0, dflt: 4.0, help: 'queue when every worker has more unstarted prefill than this × max_num_batched_tokens ("none" disables)' }),
   F({ flag: '--router-queue-policy', key: 'queuePolicy', env: ['DYN_ROUTER_QUEUE_POLICY'], kind: 'enum', values: QUEUE_POLICIES, dflt: 'fcfs', help: 'order of waiting requests' }),
   F({ flag: '--router-queue-max-pending', key: 'queueMaxPending', env: ['DYN_ROUTER_QUEUE_MAX_PENDING'], kind: 'int', min: 0, max: 1 << 24, dflt: 10_000, help: 'waiting requests beyond this get 503 + Retry-After' }),

@@ -126,7 +126,8 @@ export class Router {
         activeDecodeBlocksThreshold: config.activeDecodeBlocksThreshold,
         activePrefillTokensThreshold: config.activePrefillTokensThreshold,
         activePrefillTokensThresholdFrac: config.activePrefillTokensThresholdFrac,
-        approximate: { enabled: approx, ttlSecs: config.ttlSecs },
+        approximate: { enabled: approx, ttlSecs: config.ttlSecs, maxTreeSize: config.maxTreeSize, pruneTargetRatio: config.pruneTargetRatio },
+        cudaToCpuRatio: config.cudaToCpuRatio,
         seed: config.seed,
       },
       sink === undefined ? {} : { approxSink: sink },
@@ -137,6 +138,7 @@ export class Router {
   static async start(config: ServeConfig): Promise<Router> {
     const po: ShardPoolOptions = {}
     if (config.eventThreads > 0) po.shards = config.eventThreads
+    po.maxBlocksPerShard = config.maxIndexBlocks
     if (config.shardSpinUs !== null) po.shardSpinUs = config.shardSpinUs
     if (config.querySpinUs !== null) po.querySpinUs = config.querySpinUs
     const pool = await ShardPool.start(po)

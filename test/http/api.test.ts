@@ -342,3 +342,29 @@ t.test('request ids: a client cannot book in the router\'s own id space (found b
   t.ok(h.router.scheduler.free(id))
   t.ok(h.router.scheduler.free('client-' + id))
 })
+
+t.test('--encoder-cuda-to-cpu-ratio and --router-max-index-blocks reach the scheduler and the shards (found by review)', async (t) => {
+  const dev = await harness(['--router-block-size', '4', '--router-mode', 'device-aware-weighted', '--encoder-cuda-to-cpu-ratio', '1'])
+  t.teardown(() => dev.close())
+  await dev.router.addWorker({ id: 1n, url: 'http://127.0.0.1:9', device: 'cpu' })
+  await dev.router.addWorker({ id: 2n, url: 'http://127.0.0.1:10', device: 'gpu' })
+  const picks: string[] = []
+  for (let i = 0; i < 6; i++) {
+    const r = await dev.app.fastify.inject({ method: 'POST', url: '/v1/route', payload: JSON.stringify({ token_ids: tokens(8, i * 100), update_states: true }), headers: json })
+    picks.push(String((r.json() as { worker_id: number }).worker_id))
+  }
+  // at ratio 1 a GPU worker counts as one CPU worker, so the two take turns (at 8 the GPU took 5 of 6)
+  t.same(picks.slice().sort(), ['1', '1', '1', '2', '2', '2'], picks.join(' '))
+
+  const capped = await harness(['--router-block-size', '4', '--router-max-index-blocks', '3'])
+  t.teardown(() => capped.close())
+  const blocks = [1n, 2n, 3n, 4n, 5n].map((b) => ({ block_hash: b, tokens_hash: b }))
+  const ev = encodeRouterEvent({ worker_id: 9n, event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: null, blocks } } } })
+  t.equal((await capped.app.fastify.inject({ method: 'POST', url: '/v1/kv-events', payload: ev, headers: json })).statusCode, 202)
+  await capped.router.pool.flush()
+  const m = (await capped.app.fastify.inject({ method: 'GET', url: '/metrics' })).body
+  t.match(m, /kvrouter_shard_events_rejected_total\{[^}]*reason="capacity"[^}]*\} [1-9]/, 'blocks past the cap are rejected as capacity')
+  const dump = (await capped.app.fastify.inject({ method: 'GET', url: '/v1/kv/dump' })).json() as { events: { event: { data: { stored: { blocks: unknown[] } } } }[] }
+  const held = dump.events.reduce((n, e) => n + e.event.data.stored.blocks.length, 0)
+  t.ok(held <= 3, `the shard holds at most 3 blocks (held ${held})`)
+})

@@ -49,7 +49,7 @@ export interface AppOptions {
 export interface App {
   fastify: FastifyInstance
   proxy: Proxy
-  /** Stops accepting, drains in-flight proxied requests up to timeoutMs, then cuts what is left and closes; true when everything drained. */
+  /** Stops accepting, drains every open request (proxied, or still arriving) up to timeoutMs, then cuts what is left and closes; true when nothing had to be cut. */
   shutdown(timeoutMs: number): Promise<boolean>
 }
 
@@ -573,21 +573,34 @@ export async function buildApp(opts: AppOptions): Promise<App> {
 
   const shutdown = async (timeoutMs: number): Promise<boolean> => {
     closing = true
-    const deadline = Date.now() + timeoutMs
-    const drained = await proxy.drain(timeoutMs)
+    let cut = false
+    // The listener closes at once, so new connections are refused: a balancer that fails over on
+    // a refused connection moves on now, not after the drain (it used to stay open, answering
+    // 503, for as long as the drain took; found by review). A request on a connection already
+    // open gets 503 with `connection: close` from the onRequest hook above.
     const closed = fastify.close()
-    // Whatever is still open at the deadline is cut: fastify's close waits for every connection
-    // that is not idle, and a stream that never ends, a body still uploading or a connection
-    // opened and never used would hold the process forever. A cut client connection is a client
-    // disconnect to the proxy: its upstream request is aborted and its booking freed.
-    const cut = setTimeout(() => fastify.server.closeAllConnections(), Math.max(0, deadline - Date.now()))
+    // A keep-alive connection whose last response ends during the drain turns idle, and Node
+    // closes idle connections only when asked: asked here until none is left, or the close would
+    // wait out fastify's keep-alive timeout (72 s). A connection still uploading a body is not
+    // idle, so that request is drained like a proxied one.
+    const sweep = setInterval(() => fastify.server.closeIdleConnections(), 25)
+    // Whatever is still open at the deadline is cut: a stream that never ends, a body that never
+    // finishes uploading. A cut client connection is a client disconnect to the proxy: its
+    // upstream request is aborted and its booking freed.
+    const deadline = setTimeout(() => {
+      cut = true
+      fastify.server.closeAllConnections()
+    }, timeoutMs)
     try {
       await closed
     } finally {
-      clearTimeout(cut)
+      clearInterval(sweep)
+      clearTimeout(deadline)
     }
-    await proxy.close(!drained)
-    return drained
+    // the runs of cut connections end as their upstream aborts settle
+    const idle = await proxy.drain(1000)
+    await proxy.close(cut || !idle)
+    return !cut && idle
   }
   return { fastify, proxy, shutdown }
 }

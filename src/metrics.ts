@@ -301,22 +301,27 @@ export class RouterMetrics {
     })
     new Counter({
       name: 'dynamo_component_kv_cache_events_applied',
-      help: 'KV events by outcome, all shards (event_type is "all": the shards count outcomes, not types)',
+      help: 'KV events by type and outcome, all shards: status ok or the reason it was rejected (a malformed message has no type: event_type "unknown")',
       labelNames: ['event_type', 'status'],
       registers: [r],
       collect() {
         this.reset()
-        let ok = 0
         let bad = 0
+        const ok = { stored: 0, removed: 0, cleared: 0 }
         const rejected: Record<string, number> = {}
         for (const c of pool.counters()) {
-          ok += c.applied
           bad += c.malformed
-          for (const [k, v] of Object.entries(c.rejected)) rejected[k] = (rejected[k] ?? 0) + v
+          for (const type of ['stored', 'removed', 'cleared'] as const) {
+            ok[type] += c.appliedByType[type]
+            for (const [reason, v] of Object.entries(c.rejectedByType[type])) if (v > 0) rejected[`${type}\u0000${reason}`] = (rejected[`${type}\u0000${reason}`] ?? 0) + v
+          }
         }
-        this.inc({ event_type: 'all', status: 'ok' }, ok)
-        this.inc({ event_type: 'all', status: 'malformed' }, bad)
-        for (const [k, v] of Object.entries(rejected)) this.inc({ event_type: 'all', status: k }, v)
+        for (const type of ['stored', 'removed', 'cleared'] as const) this.inc({ event_type: type, status: 'ok' }, ok[type])
+        this.inc({ event_type: 'unknown', status: 'malformed' }, bad)
+        for (const [k, v] of Object.entries(rejected)) {
+          const cut = k.indexOf('\u0000')
+          this.inc({ event_type: k.slice(0, cut), status: k.slice(cut + 1) }, v)
+        }
       },
     })
     const shardGauge = (name: string, help: string, pick: (c: ReturnType<typeof pool.counters>[number]) => number): void => {

@@ -15,7 +15,7 @@ import * as Comlink from 'comlink'
 import nodeEndpoint from 'comlink/dist/esm/node-adapter.mjs'
 import { RingProducer, checkRingCapacity } from './shared/ring.js'
 import {
-  BoardLayout, C_APPLIED, C_BLOCKS, C_END, C_MALFORMED, C_MISPLACED, C_NODES, C_PROCESSED, C_QUERIES, C_RECEIVED, C_REJECTED, C_WORKERS, CTRL_WORDS, DOORBELL,
+  BoardLayout, C_APPLIED, C_BLOCKS, C_CLEARED, C_END, C_MALFORMED, C_MISPLACED, C_NODES, C_PROCESSED, C_QUERIES, C_RECEIVED, C_REJECTED, C_REMOVED, C_STORED, C_WORKERS, CTRL_WORDS, DOORBELL,
   B_ANSWERS, B_MAIN_WAITING, CONTROL_POSTED, HEARTBEAT, PRODUCER_WAIT, Q_FLAGS, Q_N, Q_PENDING, QF_EARLY_EXIT, QRING_BASE, QRING_READ, QRING_SIZE, QRING_WRITE, RESULT_WORDS,
   RING_READ, RING_WRITE, SLEEPING, STATE, MAX_SHARDS, CONTROL_BYTES, CONTROL_REMOVE_WORKER, ShardState, shardOf, type ShardInit,
 } from './shared/shard-protocol.js'
@@ -92,6 +92,10 @@ export interface ShardCounters {
   applied: number
   malformed: number
   rejected: Record<string, number>
+  /** Events applied whole, by kind. */
+  appliedByType: { stored: number; removed: number; cleared: number }
+  /** Rejections by event kind, then reason. */
+  rejectedByType: { stored: Record<string, number>; removed: Record<string, number>; cleared: Record<string, number> }
   blocks: number
   nodes: number
   workerRanks: number
@@ -614,7 +618,16 @@ export class ShardPool extends EventEmitter {
     return this.shards.map((sh) => {
       const c = sh.ctrl
       const rejected: Record<string, number> = {}
-      for (let i = 0; i < REJECT_REASON_COUNT; i++) rejected[REJECT_REASON_NAMES[i] as string] = Atomics.load(c, C_REJECTED + i) >>> 0
+      const rejectedByType: ShardCounters['rejectedByType'] = { stored: {}, removed: {}, cleared: {} }
+      const kinds = [rejectedByType.stored, rejectedByType.removed, rejectedByType.cleared]
+      for (let k = 0; k < 3; k++) {
+        for (let i = 0; i < REJECT_REASON_COUNT; i++) {
+          const name = REJECT_REASON_NAMES[i] as string
+          const v = Atomics.load(c, C_REJECTED + k * REJECT_REASON_COUNT + i) >>> 0
+          ;(kinds[k] as Record<string, number>)[name] = v
+          rejected[name] = (rejected[name] ?? 0) + v
+        }
+      }
       // processed is published last by the shard: read it first, the rest are at least as new
       const processed = Atomics.load(c, C_PROCESSED) >>> 0
       return {
@@ -627,6 +640,8 @@ export class ShardPool extends EventEmitter {
         applied: Atomics.load(c, C_APPLIED) >>> 0,
         malformed: Atomics.load(c, C_MALFORMED) >>> 0,
         rejected,
+        appliedByType: { stored: Atomics.load(c, C_STORED) >>> 0, removed: Atomics.load(c, C_REMOVED) >>> 0, cleared: Atomics.load(c, C_CLEARED) >>> 0 },
+        rejectedByType,
         blocks: Atomics.load(c, C_BLOCKS) >>> 0,
         nodes: Atomics.load(c, C_NODES) >>> 0,
         workerRanks: Atomics.load(c, C_WORKERS) >>> 0,

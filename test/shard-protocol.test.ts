@@ -18,7 +18,7 @@ t.test('every control word has its own position inside the block', async (t) => 
   t.equal(new Set(all).size, all.length, 'no two words share a position')
   for (const w of all) t.ok(w >= 0 && w < P.QRING_BASE, `word ${w} lies before the query ring`)
   t.equal(P.CTRL_WORDS, P.QRING_BASE + P.QRING_SIZE)
-  t.ok(P.C_REJECTED + REJECT_REASON_COUNT <= P.C_MISPLACED, 'the rejection counters fit between C_REJECTED and C_MISPLACED')
+  t.ok(P.C_REJECTED + 3 * REJECT_REASON_COUNT <= P.C_MISPLACED, 'the rejection counters of three event kinds fit between C_REJECTED and C_MISPLACED')
   t.ok(P.C_MISPLACED < P.C_END)
 })
 

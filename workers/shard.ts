@@ -112,7 +112,7 @@ function publishCounters(): void {
   Atomics.store(ctrl, C_STORED, (index.appliedByKind[1] as number) | 0)
   Atomics.store(ctrl, C_REMOVED, (index.appliedByKind[2] as number) | 0)
   Atomics.store(ctrl, C_CLEARED, (index.appliedByKind[3] as number) | 0)
-  for (let i = 0; i < REJECT_REASON_COUNT; i++) Atomics.store(ctrl, C_REJECTED + i, (index.rejectedByReason[i] as number) | 0)
+  for (let i = 0; i < 3 * REJECT_REASON_COUNT; i++) Atomics.store(ctrl, C_REJECTED + i, (index.rejectedByKindReason[REJECT_REASON_COUNT + i] as number) | 0)
   // last: a reader that sees this count sees every counter above as of that message
   Atomics.store(ctrl, C_PROCESSED, processed | 0)
 }

@@ -150,6 +150,8 @@ export class KvIndex {
   readonly appliedByKind = new Float64Array(4)
   /** Rejections by RejectReason (a batched remove counts each missing hash). */
   readonly rejectedByReason = new Float64Array(REJECT_REASON_COUNT)
+  /** The same rejections by event kind too, [kind × REJECT_REASON_COUNT + reason] (spec §3.2's event_type label). */
+  readonly rejectedByKindReason = new Float64Array(4 * REJECT_REASON_COUNT)
   liveEntries = 0
   liveNodes = 1
   liveWorkers = 0
@@ -316,11 +318,11 @@ export class KvIndex {
    */
   apply(ev: DecodedEvent): number {
     const w = this.ensureWorker(ev.workerLo, ev.workerHi, ev.dpRank)
-    if (w === NIL) return this.reject(RejectReason.TooManyWorkers)
+    if (w === NIL) return this.reject(RejectReason.TooManyWorkers, ev.kind)
     this.wEvLo[w] = ev.eventIdLo
     this.wEvHi[w] = ev.eventIdHi
     this.wEvSeen[w] = 1
-    if (ev.tier !== 0) return this.reject(RejectReason.NonDeviceTier)
+    if (ev.tier !== 0) return this.reject(RejectReason.NonDeviceTier, ev.kind)
     if (ev.kind === EventKind.Stored) return this.applyStored(w, ev)
     if (ev.kind === EventKind.Removed) return this.applyRemoved(w, ev)
     this.clearWorker(ev.workerLo, ev.workerHi, false)
@@ -328,8 +330,10 @@ export class KvIndex {
     return APPLY_OK
   }
 
-  private reject(reason: RejectReason): number {
+  private reject(reason: RejectReason, kind: EventKind): number {
     this.rejectedByReason[reason] = (this.rejectedByReason[reason] as number) + 1
+    const k = kind * REJECT_REASON_COUNT + reason
+    this.rejectedByKindReason[k] = (this.rejectedByKindReason[k] as number) + 1
     return reason + 1
   }
 
@@ -337,7 +341,7 @@ export class KvIndex {
     let cur = ROOT
     if (ev.hasParent) {
       const pe = this.findEntry(w, ev.parentLo, ev.parentHi)
-      if (pe === NIL) return this.reject(RejectReason.ParentBlockNotFound)
+      if (pe === NIL) return this.reject(RejectReason.ParentBlockNotFound, EventKind.Stored)
       cur = this.E[pe * ES + E_NODE] as number
     }
     const n = ev.count
@@ -361,7 +365,7 @@ export class KvIndex {
         continue
       }
       // A hash the worker already holds at cur or above it would make the chain a cycle.
-      if (e !== NIL && this.isAncestorOrSelf(this.E[e * ES + E_NODE] as number, cur)) return this.reject(RejectReason.InvalidBlock)
+      if (e !== NIL && this.isAncestorOrSelf(this.E[e * ES + E_NODE] as number, cur)) return this.reject(RejectReason.InvalidBlock, EventKind.Stored)
       if (node === NIL) {
         if (e !== NIL && !this.isAttached(this.E[e * ES + E_NODE] as number)) {
           node = this.E[e * ES + E_NODE] as number
@@ -380,7 +384,7 @@ export class KvIndex {
         this.removeEntry(e)
       } else if (this.liveEntries >= this.maxBlocks) {
         if (((this.N[node * NS + N_COUNT] as number) & COUNT_MASK) === 0) this.freeNode(node)
-        return this.reject(RejectReason.Capacity)
+        return this.reject(RejectReason.Capacity, EventKind.Stored)
       }
       this.addEntry(w, node, bhLo, bhHi)
       cur = node
@@ -396,7 +400,7 @@ export class KvIndex {
       if ((i & (WARM - 1)) === 0 && n - i >= WARM_MIN) this.warm(w, ev.blockLo, ev.blockHi, i, Math.min(n, i + WARM), true)
       const e = this.findEntry(w, (ev.blockLo[i] as number) | 0, (ev.blockHi[i] as number) | 0)
       if (e === NIL) {
-        const r = this.reject(RejectReason.BlockNotFound)
+        const r = this.reject(RejectReason.BlockNotFound, EventKind.Removed)
         if (first === APPLY_OK) first = r
         continue
       }

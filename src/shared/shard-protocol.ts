@@ -73,12 +73,16 @@ export const C_QUERIES = C_RECEIVED + 7
 export const C_STORED = C_RECEIVED + 8
 export const C_REMOVED = C_RECEIVED + 9
 export const C_CLEARED = C_RECEIVED + 10
-/** Rejections by RejectReason (kv-index.ts), REJECT_REASON_COUNT words. */
+/**
+ * Rejections by event kind and RejectReason (kv-index.ts): word C_REJECTED + (kind − 1) ×
+ * REJECT_REASON_COUNT + reason, for the kinds stored, removed, cleared.
+ */
 export const C_REJECTED = C_RECEIVED + 11
+export const C_REJECTED_WORDS = 18
 /** Events whose decoded worker belongs to another shard (applied anyway, counted). */
-export const C_MISPLACED = C_RECEIVED + 19
+export const C_MISPLACED = C_REJECTED + C_REJECTED_WORDS
 /** One past the last counter. */
-export const C_END = C_RECEIVED + 20
+export const C_END = C_MISPLACED + 1
 /** Main thread, per query: the query ring's slot ids. */
 export const QRING_BASE = 5 * LINE
 export const QRING_SIZE = 256

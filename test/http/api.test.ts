@@ -124,7 +124,7 @@ t.test('metrics, models, health, ready', async (t) => {
     `dynamo_frontend_worker_active_decode_blocks{worker_id="${BIG}",dp_rank="0",worker_type="decode"}`,
     'kvrouter_shard_events_applied_total{shard="0"} ',
     'kvrouter_shard_blocks{shard="0"} 3',
-    'dynamo_component_kv_cache_events_applied{event_type="all",status="ok"}',
+    'dynamo_component_kv_cache_events_applied{event_type="stored",status="ok"} 1',
     'kvrouter_http_events_received_total 1',
     'nodejs_gc_duration_seconds_bucket{le="0.005",kind="minor"}',
     'nodejs_gc_duration_seconds_count{kind="major"}',
@@ -367,4 +367,30 @@ t.test('--encoder-cuda-to-cpu-ratio and --router-max-index-blocks reach the sche
   const dump = (await capped.app.fastify.inject({ method: 'GET', url: '/v1/kv/dump' })).json() as { events: { event: { data: { stored: { blocks: unknown[] } } } }[] }
   const held = dump.events.reduce((n, e) => n + e.event.data.stored.blocks.length, 0)
   t.ok(held <= 3, `the shard holds at most 3 blocks (held ${held})`)
+})
+
+t.test('kv_cache_events_applied counts by event type and status, as spec §3.2 names them (found by review)', async (t) => {
+  const own = await harness(['--router-block-size', '4'])
+  t.teardown(() => own.close())
+  const ev = (id: bigint, data: object | string) => JSON.stringify({ worker_id: 3, event: { event_id: Number(id), dp_rank: 0, data } })
+  const batch = [
+    ev(1n, { stored: { parent_hash: null, blocks: [{ block_hash: 11, tokens_hash: 22 }] } }),
+    ev(2n, { stored: { parent_hash: 999, blocks: [{ block_hash: 12, tokens_hash: 23 }] } }),
+    ev(3n, { removed: { block_hashes: [11] } }),
+    ev(4n, { removed: { block_hashes: [77] } }),
+    ev(5n, 'cleared'),
+  ]
+  t.equal((await own.app.fastify.inject({ method: 'POST', url: '/v1/kv-events', payload: `[${batch.join(',')}]`, headers: json })).statusCode, 202)
+  await own.router.pool.flush()
+  const m = (await own.app.fastify.inject({ method: 'GET', url: '/metrics' })).body
+  const line = (type: string, status: string): number => {
+    const hit = m.split('\n').find((l) => l.startsWith(`dynamo_component_kv_cache_events_applied{event_type="${type}",status="${status}"}`))
+    return hit === undefined ? -1 : Number(hit.split(' ').pop())
+  }
+  t.equal(line('stored', 'ok'), 1)
+  t.equal(line('stored', 'parent_block_not_found'), 1)
+  t.equal(line('removed', 'ok'), 1)
+  t.equal(line('removed', 'block_not_found'), 1)
+  t.equal(line('cleared', 'ok'), 1)
+  t.notMatch(m, 'event_type="all"', 'no lumped label any more')
 })

@@ -149,6 +149,7 @@ if (command === undefined || command === '-h' || command === '--help' || command
 } else if (command === 'replay') {
   await (await import('./replay/main.js')).replayMain(rest)
 } else {
-  process.stderr.write(`kv-router: unknown command "${command}"\n\n${usage}`)
-  process.exitCode = 2
+  // one line, as for a bad option: the usage is a --help away, and 14 lines of it would bury
+  // the mistake in a script's log
+  die(`unknown command ${JSON.stringify(command)} (see kv-router --help)`)
 }

@@ -11,7 +11,7 @@ import { die } from '../cli-flags.js'
 import { isKvrError } from '../shared/errors.js'
 import { ENGINE_DEFAULTS } from './engine.js'
 import type { PreemptionMode } from './engine.js'
-import { MockerFleet } from './fleet.js'
+import { FleetListenError, MockerFleet } from './fleet.js'
 import type { FleetOptions } from './fleet.js'
 
 export const mockerHelp = `usage: kv-router mocker [options]
@@ -239,6 +239,7 @@ export async function mockerMain(argv: string[]): Promise<void> {
   try {
     fleet = await MockerFleet.start(o)
   } catch (err) {
+    if (err instanceof FleetListenError) die(`mocker: ${err.option === 'host' ? '--host' : '--http-port'}: ${err.message}`)
     if (isKvrError(err)) die(`mocker: ${err.message}`)
     throw err
   }

@@ -3,6 +3,8 @@
 // prefix hits through the router, unregistering on SIGTERM), and NATS + etcd mode.
 import t from 'tap'
 import { Etcd3 } from 'etcd3'
+import { createServer } from 'node:net'
+import type { AddressInfo } from 'node:net'
 import { MockerArgError, parseMockerArgs } from '../../src/mocker/main.js'
 import { startEtcd, startNats } from '../helpers/services.js'
 import { waitUntil } from '../helpers/wait.js'
@@ -39,6 +41,22 @@ t.test('invalid flags exit 2 with one line naming the flag', async (t) => {
   t.match(help.out(), /usage: kv-router mocker/)
   t.match(help.out(), /--num-gpu-blocks-override N/)
   t.match(help.out(), /kv-router mocker: ready <N> engine\(s\) <url>/)
+})
+
+t.test('a listen failure exits 2 with one line naming --host or --http-port', async (t) => {
+  // a port the OS hands out, held by this test so the engine finds it taken
+  const taken = createServer()
+  await new Promise<void>((resolve) => taken.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => new Promise<void>((resolve) => taken.close(() => resolve())))
+  const port = (taken.address() as AddressInfo).port
+  // not an IPv4 address, so it goes to the resolver: ENOTFOUND, or EAI_AGAIN without DNS
+  const badHost = run(['mocker', '--host', '999.1.1.1'])
+  const busy = run(['mocker', '--host', '127.0.0.1', '--http-port', String(port)])
+  t.equal(await badHost.exited, 2)
+  t.match(badHost.err(), /^kv-router: mocker: --host: cannot listen on 999\.1\.1\.1:0: getaddrinfo E[A-Z_]+ 999\.1\.1\.1\n$/)
+  t.equal(await busy.exited, 2)
+  t.equal(busy.err(), `kv-router: mocker: --http-port: cannot listen on 127.0.0.1:${port}: listen EADDRINUSE: address already in use 127.0.0.1:${port}\n`)
+  t.equal(badHost.out() + busy.out(), '', 'no ready line')
 })
 
 t.test('the parser, flag by flag', async (t) => {

@@ -9,7 +9,7 @@ import { createWriteStream } from 'node:fs'
 import type { WriteStream } from 'node:fs'
 import { readTrace, TraceFormatError } from '../trace.js'
 import type { TraceRequest } from '../trace.js'
-import { die } from '../cli-flags.js'
+import { die, isHttpUrl, parseIntArg, parseNumArg } from '../cli-flags.js'
 import { startReplay } from './client.js'
 import type { ReplayProgress } from './client.js'
 import { formatSummary, summarize } from './summary.js'
@@ -85,28 +85,22 @@ export function parseReplayArgs(argv: readonly string[]): ReplayArgs | 'help' {
   const positive = (name: string, dflt: number): number => {
     const s = v.get(name)
     if (s === undefined) return dflt
-    const n = Number(s)
-    if (s.trim() === '' || !Number.isFinite(n) || n <= 0) throw new ReplayUsageError(`${name} must be a positive number, got ${JSON.stringify(s)}`)
+    const n = parseNumArg(s, 0, Infinity)
+    if (n === undefined || n === 0) throw new ReplayUsageError(`${name} must be a positive number, got ${JSON.stringify(s)}`)
     return n
   }
   const count = (name: string): number | null => {
     const s = v.get(name)
     if (s === undefined) return null
-    const n = Number(s)
-    if (!/^[0-9]+$/.test(s) || n < 1 || !Number.isSafeInteger(n)) throw new ReplayUsageError(`${name} must be a positive integer, got ${JSON.stringify(s)}`)
+    const n = parseIntArg(s, 1, Number.MAX_SAFE_INTEGER)
+    if (n === undefined) throw new ReplayUsageError(`${name} must be a positive integer, got ${JSON.stringify(s)}`)
     return n
   }
   const trace = v.get('--trace')
   if (trace === undefined || trace === '') throw new ReplayUsageError('--trace FILE is required')
   const url = v.get('--url')
   if (url === undefined) throw new ReplayUsageError('--url URL is required')
-  let parsed: URL
-  try {
-    parsed = new URL(url)
-  } catch {
-    throw new ReplayUsageError(`--url must be an http(s) URL, got ${JSON.stringify(url)}`)
-  }
-  if (parsed.protocol !== 'http:' && parsed.protocol !== 'https:') throw new ReplayUsageError(`--url must be an http(s) URL, got ${JSON.stringify(url)}`)
+  if (!isHttpUrl(url)) throw new ReplayUsageError(`--url must be an http(s) URL, got ${JSON.stringify(url)}`)
   const durationMin = v.has('--duration-min') ? positive('--duration-min', 0) : null
   return {
     trace,

@@ -89,6 +89,21 @@ t.test('the parser, flag by flag', async (t) => {
   bad(['positional'], /unexpected argument "positional"/)
 })
 
+t.test('the parser reads numbers and URLs as serve does, and refuses hosts that break the engine URL', async (t) => {
+  const bad = (args: string[], re: RegExp): void => void t.throws(() => parseMockerArgs(args), re, args.join(' '))
+  bad(['--speedup-ratio', '0b11'], /^--speedup-ratio must be a number ≥ 0 \(at most 1000000000\), got "0b11"$/)
+  bad(['--decode-speedup-ratio', '0x10'], /^--decode-speedup-ratio must be a number > 0/)
+  bad(['--speedup-ratio', 'Infinity'], /^--speedup-ratio must be a number/)
+  bad(['--router-url', 'http://127.0.0.1:99999'], /^--router-url must be an http\(s\) URL \(http:\/\/host:port\), got "http:\/\/127\.0\.0\.1:99999"$/)
+  bad(['--etcd-url', 'http://h:-1'], /^--etcd-url must be an http\(s\) URL/)
+  bad(['--advertise-host', 'a/b'], /^--advertise-host must be a host name or IP address, got "a\/b"$/)
+  bad(['--advertise-host', 'user@h'], /^--advertise-host must be a host name or IP address/)
+  bad(['--advertise-host', 'h:80'], /^--advertise-host must be a host name or IP address/)
+  bad(['--advertise-host', 'h?x'], /^--advertise-host must be a host name or IP address/)
+  t.match(parseMockerArgs(['--speedup-ratio', '1e-3', '--decode-speedup-ratio', ' 2 ']), { fleet: { speedupRatio: 0.001, decodeSpeedupRatio: 2 } })
+  for (const host of ['engine-1', '10.0.0.7', '::1', 'Engine.Example.com']) t.match(parseMockerArgs(['--advertise-host', host]), { fleet: { advertiseHost: host } }, host)
+})
+
 t.test('--router-url: registers with a spawned router, events and prefix hits flow, SIGTERM unregisters', async (t) => {
   const KEY = 'mk'
   const router = run(['serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-block-size', '16', '--tokenizer', 'bytes', '--router-event-threads', '1', '--api-key', KEY])

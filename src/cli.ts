@@ -12,6 +12,7 @@ import { MockerFleet } from './mocker/fleet.js'
 import { loadTokenizer } from './tokenizer.js'
 import type { TextTokenizer } from './tokenizer.js'
 import { isKvrError } from './shared/errors.js'
+import { U64_MAX } from './shared/u64.js'
 import { die } from './cli-flags.js'
 import { settleHeap } from './heap-settle.js'
 import { applyNice } from './priority.js'
@@ -94,9 +95,15 @@ async function serve(argv: string[]): Promise<void> {
   // The embedded fleet (`npm start`): mocker engines in this process, their KV events handed
   // straight to the shards. Sped up 10×, so a short demo request answers in milliseconds while
   // the timing model still orders prefill and decode costs as a real engine would.
+  // Numbered after the largest static --worker id: a --worker without an id takes its position
+  // (1, 2, …), and an engine given the same id would silently replace it.
+  const firstEmbeddedId = cfg.workers.reduce((max, w) => (w.id > max ? w.id : max), 0n) + 1n
+  if (cfg.embeddedFleet > 0 && firstEmbeddedId + BigInt(cfg.embeddedFleet - 1) > U64_MAX) {
+    die(`serve: --embedded-fleet: no room for ${cfg.embeddedFleet} worker id(s) after the largest --worker id ${firstEmbeddedId - 1n}`)
+  }
   const embedded =
     cfg.embeddedFleet > 0
-      ? await MockerFleet.start({ numWorkers: cfg.embeddedFleet, firstWorkerId: 1n, blockSize: cfg.blockSize, numGpuBlocks: 16384, speedupRatio: 10, modelName: cfg.modelName, onEvent: (ev) => router.ingestEvent(ev) })
+      ? await MockerFleet.start({ numWorkers: cfg.embeddedFleet, firstWorkerId: firstEmbeddedId, blockSize: cfg.blockSize, numGpuBlocks: 16384, speedupRatio: 10, modelName: cfg.modelName, onEvent: (ev) => router.ingestEvent(ev) })
       : null
   const fleet = embedded?.workers ?? []
   for (const e of fleet) await router.addWorker({ id: e.workerId, url: e.url, capacity: e.capacity, maxNumBatchedTokens: e.engine.config.maxNumBatchedTokens })
@@ -149,6 +156,7 @@ if (command === undefined || command === '-h' || command === '--help' || command
 } else if (command === 'replay') {
   await (await import('./replay/main.js')).replayMain(rest)
 } else {
-  process.stderr.write(`kv-router: unknown command "${command}"\n\n${usage}`)
-  process.exitCode = 2
+  // one line, as for a bad option: the usage is a --help away, and 14 lines of it would bury
+  // the mistake in a script's log
+  die(`unknown command ${JSON.stringify(command)} (see kv-router --help)`)
 }

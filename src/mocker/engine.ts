@@ -39,6 +39,7 @@ import { BlockPool } from '../block-pool.js'
 import type { RouterEvent } from '../shared/events.js'
 import { KvrError } from '../shared/errors.js'
 import { blockHashesInto, sequenceHashesInto } from '../shared/hashing.js'
+import { MAX_TIMER_MS } from '../shared/timers.js'
 import { EventRing } from './event-ring.js'
 import { stepMs } from './timing.js'
 
@@ -414,7 +415,9 @@ export class MockEngine {
       const f = this.inFlight
       if (f !== null) {
         if (now < f.end) {
-          this.timeout = setTimeout(this.loop, f.end - now)
+          // a step slowed past Node's timer range (a tiny --speedup-ratio, a huge prefill)
+          // would fire after 1 ms and spin; capped, the loop wakes early and waits again
+          this.timeout = setTimeout(this.loop, Math.min(f.end - now, MAX_TIMER_MS))
           return
         }
         this.inFlight = null

@@ -10,6 +10,7 @@
 // the engine, flush the publishers.
 import type { NatsConnection } from 'nats'
 import type { RouterEvent } from '../shared/events.js'
+import { KvrError } from '../shared/errors.js'
 import { MockEngine } from './engine.js'
 import type { EngineConfig } from './engine.js'
 import { EngineServer } from './server.js'
@@ -50,6 +51,19 @@ export interface FleetOptions extends Partial<Omit<EngineConfig, 'workerId'>> {
   onWarning?: (message: string) => void
   /** An engine's etcd lease is gone (etcd unreachable for longer than the TTL). */
   onLeaseLost?: (workerId: bigint, err: Error) => void
+}
+
+/**
+ * An engine could not listen. `option` says which of the fleet's options to blame, so a CLI
+ * can name its flag: the host for an address that does not resolve or is not this machine's,
+ * the port otherwise (taken, or privileged).
+ */
+export class FleetListenError extends KvrError {
+  readonly option: 'host' | 'port'
+  constructor(host: string, port: number, cause: NodeJS.ErrnoException) {
+    super('KVR_ERR_INVALID_OPTION', `cannot listen on ${host}:${port}: ${cause.message}`, { cause })
+    this.option = cause.syscall === 'getaddrinfo' || cause.code === 'EADDRNOTAVAIL' ? 'host' : 'port'
+  }
 }
 
 /** Longest wait of one shutdown step (lease revoke, unregister, flush). */
@@ -187,7 +201,9 @@ export class MockerFleet {
       }
       engineOpts.onStep = () => load?.update()
       const engine = new MockEngine(engineOpts)
-      const so: ConstructorParameters<typeof EngineServer>[0] = { engine, host: o.host ?? '127.0.0.1', port: o.port === undefined || o.port === 0 ? 0 : o.port + i }
+      const host = o.host ?? '127.0.0.1'
+      const port = o.port === undefined || o.port === 0 ? 0 : o.port + i
+      const so: ConstructorParameters<typeof EngineServer>[0] = { engine, host, port }
       if (o.advertiseHost !== undefined) so.advertiseHost = o.advertiseHost
       if (o.modelName !== undefined) so.modelName = o.modelName
       if (o.defaultMaxTokens !== undefined) so.defaultMaxTokens = o.defaultMaxTokens
@@ -195,7 +211,13 @@ export class MockerFleet {
       const w = new MockerWorker(engine, server, pubs)
       w.lease = lease
       this.workers.push(w)
-      await server.listen()
+      try {
+        await server.listen()
+      } catch (err) {
+        // a bad host or a busy port is the user's option, not a bug: coded, so the CLI prints
+        // one line instead of a stack trace
+        throw new FleetListenError(host, port, err as NodeJS.ErrnoException)
+      }
       if (this.nats !== null) {
         const lo: ConstructorParameters<typeof LoadPublisher>[3] = {}
         if (o.loadIntervalMs !== undefined) lo.intervalMs = o.loadIntervalMs

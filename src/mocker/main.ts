@@ -7,12 +7,13 @@
 //
 // Invalid options exit 2 with one line naming the option; SIGTERM/SIGINT revoke the leases (or
 // unregister from the router), close the servers and exit 0.
-import { die } from '../cli-flags.js'
+import { die, isHttpUrl, parseIntArg, parseNumArg } from '../cli-flags.js'
 import { isKvrError } from '../shared/errors.js'
 import { ENGINE_DEFAULTS } from './engine.js'
 import type { PreemptionMode } from './engine.js'
-import { MockerFleet } from './fleet.js'
+import { FleetListenError, MockerFleet } from './fleet.js'
 import type { FleetOptions } from './fleet.js'
+import { urlHost } from './server.js'
 
 export const mockerHelp = `usage: kv-router mocker [options]
 
@@ -61,7 +62,7 @@ export interface MockerCli {
   numWorkers: number
 }
 
-type Kind = 'int' | 'num' | 'bool' | 'str' | 'url'
+type Kind = 'int' | 'num' | 'bool' | 'str' | 'url' | 'host'
 interface Spec {
   kind: Kind
   min?: number
@@ -84,7 +85,7 @@ const SPECS: Record<string, Spec> = {
   '--model-name': { kind: 'str' },
   '--host': { kind: 'str' },
   '--http-port': { kind: 'int', min: 0, max: 65535 },
-  '--advertise-host': { kind: 'str' },
+  '--advertise-host': { kind: 'host' },
   '--router-url': { kind: 'url' },
   '--api-key': { kind: 'str' },
   '--first-worker-id': { kind: 'int', min: 0, max: Number.MAX_SAFE_INTEGER },
@@ -181,17 +182,29 @@ export function parseMockerArgs(argv: readonly string[]): MockerCli | 'help' {
   return { fleet: f, numWorkers }
 }
 
+/**
+ * Whether `host` makes a sound engine URL, built the way the engines build theirs: "a/b" or
+ * "u@h" would otherwise be registered with a router as a URL that points elsewhere or nowhere.
+ */
+function isUrlHost(host: string): boolean {
+  try {
+    const u = new URL(`http://${urlHost(host)}:1/`)
+    return u.port === '1' && u.pathname === '/' && u.username === '' && u.password === ''
+  } catch {
+    return false
+  }
+}
+
 function convert(name: string, s: Spec, raw: string): string | number | boolean {
   switch (s.kind) {
     case 'int': {
-      const n = Number(raw)
-      if (!/^[0-9]+$/.test(raw) || n < (s.min as number) || n > (s.max as number)) throw new MockerArgError(`${name} must be an integer in [${s.min}, ${s.max}], got ${JSON.stringify(raw)}`)
+      const n = parseIntArg(raw, s.min as number, s.max as number)
+      if (n === undefined) throw new MockerArgError(`${name} must be an integer in [${s.min}, ${s.max}], got ${JSON.stringify(raw)}`)
       return n
     }
     case 'num': {
-      const n = Number(raw)
-      const lowOk = s.open === true ? n > (s.min as number) : n >= (s.min as number)
-      if (raw.trim() === '' || !Number.isFinite(n) || !lowOk || n > (s.max as number)) {
+      const n = parseNumArg(raw, s.min as number, s.max as number)
+      if (n === undefined || (s.open === true && n === s.min)) {
         throw new MockerArgError(`${name} must be a number ${s.open === true ? '>' : '≥'} ${s.min} (at most ${s.max}), got ${JSON.stringify(raw)}`)
       }
       return n
@@ -201,8 +214,11 @@ function convert(name: string, s: Spec, raw: string): string | number | boolean 
       if (raw === 'false' || raw === '0') return false
       throw new MockerArgError(`${name} must be true or false, got ${JSON.stringify(raw)}`)
     case 'url':
-      if (!/^https?:\/\/[^\s/]+/.test(raw)) throw new MockerArgError(`${name} must be an http(s) URL (http://host:port), got ${JSON.stringify(raw)}`)
+      if (!isHttpUrl(raw)) throw new MockerArgError(`${name} must be an http(s) URL (http://host:port), got ${JSON.stringify(raw)}`)
       return raw.replace(/\/+$/, '')
+    case 'host':
+      if (!isUrlHost(raw)) throw new MockerArgError(`${name} must be a host name or IP address, got ${JSON.stringify(raw)}`)
+      return raw
     default:
       if (raw === '' || /\s/.test(raw)) throw new MockerArgError(`${name} must be a non-empty value without spaces, got ${JSON.stringify(raw)}`)
       if (s.values !== undefined && !s.values.includes(raw)) throw new MockerArgError(`${name} must be one of ${s.values.join('|')}, got ${JSON.stringify(raw)}`)
@@ -239,6 +255,7 @@ export async function mockerMain(argv: string[]): Promise<void> {
   try {
     fleet = await MockerFleet.start(o)
   } catch (err) {
+    if (err instanceof FleetListenError) die(`mocker: ${err.option === 'host' ? '--host' : '--http-port'}: ${err.message}`)
     if (isKvrError(err)) die(`mocker: ${err.message}`)
     throw err
   }

@@ -45,6 +45,11 @@ export interface EngineServerOptions {
   maxBodyBytes?: number
 }
 
+/** `host` as it goes into a URL: an IPv6 address in brackets. */
+export function urlHost(host: string): string {
+  return host.includes(':') ? `[${host}]` : host
+}
+
 const SSE_HEADERS = { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' }
 const JSON_HEADERS = { 'content-type': 'application/json' }
 
@@ -187,7 +192,7 @@ export class EngineServer {
     })
     const a = this.server.address() as AddressInfo
     const adv = this.o.advertiseHost ?? host
-    this.url = `http://${adv.includes(':') ? `[${adv}]` : adv}:${a.port}`
+    this.url = `http://${urlHost(adv)}:${a.port}`
     return this.url
   }
 

@@ -17,6 +17,7 @@ import { Agent, request } from 'undici'
 import type { Dispatcher } from 'undici'
 import { expandTokens } from '../trace.js'
 import type { TraceRequest } from '../trace.js'
+import { MAX_TIMER_MS } from '../shared/timers.js'
 
 export interface ReplayRecord {
   /** Index of the request in the replayed list (trace order, 0-based). */
@@ -150,6 +151,7 @@ export class ReplayRun {
   constructor(options: ReplayOptions) {
     this.o = { speedup: 1, maxInFlight: 2048, timeoutMs: 600_000, ...options }
     if (!(this.o.speedup > 0) || !Number.isFinite(this.o.speedup)) throw new RangeError(`speedup must be a positive number, got ${this.o.speedup}`)
+    if (!(this.o.timeoutMs > 0) || this.o.timeoutMs > MAX_TIMER_MS) throw new RangeError(`timeoutMs must be in (0, ${MAX_TIMER_MS}], Node's timer range, got ${this.o.timeoutMs}`)
     if (!Number.isInteger(this.o.maxInFlight) || this.o.maxInFlight < 1) throw new RangeError(`maxInFlight must be a positive integer, got ${this.o.maxInFlight}`)
     this.endpoint = `${this.o.url.replace(/\/+$/, '')}/v1/completions`
     this.headers = { 'content-type': 'application/json', accept: 'text/event-stream' }
@@ -380,15 +382,25 @@ function errorMessage(text: string): string {
   return text.length > 200 ? `${text.slice(0, 200)}…` : text
 }
 
-/** Resolves after ms, or at once when the signal aborts (the caller checks which). */
+/**
+ * Resolves after ms, or at once when the signal aborts (the caller checks which). A trace
+ * slowed down by a small --speedup can put its next arrival beyond Node's timer range, so a
+ * long wait is a chain of timers of at most MAX_TIMER_MS each.
+ */
 function sleep(ms: number, signal?: AbortSignal): Promise<void> {
+  const end = performance.now() + ms
   return new Promise((resolve) => {
+    let timer: NodeJS.Timeout
     const done = (): void => {
       clearTimeout(timer)
       signal?.removeEventListener('abort', done)
       resolve()
     }
-    const timer = setTimeout(done, ms)
+    const arm = (): void => {
+      const left = end - performance.now()
+      timer = left > MAX_TIMER_MS ? setTimeout(arm, MAX_TIMER_MS) : setTimeout(done, left)
+    }
+    arm()
     signal?.addEventListener('abort', done)
   })
 }

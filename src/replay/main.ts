@@ -9,8 +9,9 @@ import { createWriteStream } from 'node:fs'
 import type { WriteStream } from 'node:fs'
 import { readTrace, TraceFormatError } from '../trace.js'
 import type { TraceRequest } from '../trace.js'
-import { die } from '../cli-flags.js'
+import { die, isHttpUrl, parseIntArg, parseNumArg } from '../cli-flags.js'
 import { startReplay } from './client.js'
+import { MAX_TIMER_MS } from '../shared/timers.js'
 import type { ReplayProgress } from './client.js'
 import { formatSummary, summarize } from './summary.js'
 
@@ -28,7 +29,7 @@ output_length, streamed with usage. Prints TTFT, ITL, throughput, the prefix-cac
   --limit N             only the first N requests
   --duration-min M      only requests with timestamp < M minutes
   --max-in-flight N     safety cap on outstanding requests; later ones wait (default 2048)
-  --timeout-s S         per-request deadline (default 600)
+  --timeout-s S         per-request deadline (default 600; at most 2147483.647, Node's timer range)
   --model NAME          model field (default: the first of URL/v1/models, else kv-router-model)
   --api-key KEY         sent as Authorization: Bearer KEY
   --output FILE.jsonl   one record per request, in completion order
@@ -59,6 +60,9 @@ export interface ReplayArgs {
   quiet: boolean
 }
 
+/** Seconds of the longest timer Node keeps: a longer --timeout-s would fire after 1 ms. */
+const MAX_TIMEOUT_S = MAX_TIMER_MS / 1000
+
 const VALUE_FLAGS = ['--trace', '--url', '--speedup', '--limit', '--duration-min', '--max-in-flight', '--timeout-s', '--model', '--api-key', '--output', '--time-scale'] as const
 const BOOL_FLAGS = ['--quiet'] as const
 
@@ -82,31 +86,25 @@ export function parseReplayArgs(argv: readonly string[]): ReplayArgs | 'help' {
       throw new ReplayUsageError(`unknown option ${JSON.stringify(a)} (kv-router replay --help lists them)`)
     }
   }
-  const positive = (name: string, dflt: number): number => {
+  const positive = (name: string, dflt: number, max = Infinity, why = ''): number => {
     const s = v.get(name)
     if (s === undefined) return dflt
-    const n = Number(s)
-    if (s.trim() === '' || !Number.isFinite(n) || n <= 0) throw new ReplayUsageError(`${name} must be a positive number, got ${JSON.stringify(s)}`)
+    const n = parseNumArg(s, 0, max)
+    if (n === undefined || n === 0) throw new ReplayUsageError(`${name} must be a positive number${max < Infinity ? ` at most ${max}${why}` : ''}, got ${JSON.stringify(s)}`)
     return n
   }
   const count = (name: string): number | null => {
     const s = v.get(name)
     if (s === undefined) return null
-    const n = Number(s)
-    if (!/^[0-9]+$/.test(s) || n < 1 || !Number.isSafeInteger(n)) throw new ReplayUsageError(`${name} must be a positive integer, got ${JSON.stringify(s)}`)
+    const n = parseIntArg(s, 1, Number.MAX_SAFE_INTEGER)
+    if (n === undefined) throw new ReplayUsageError(`${name} must be a positive integer, got ${JSON.stringify(s)}`)
     return n
   }
   const trace = v.get('--trace')
   if (trace === undefined || trace === '') throw new ReplayUsageError('--trace FILE is required')
   const url = v.get('--url')
   if (url === undefined) throw new ReplayUsageError('--url URL is required')
-  let parsed: URL
-  try {
-    parsed = new URL(url)
-  } catch {
-    throw new ReplayUsageError(`--url must be an http(s) URL, got ${JSON.stringify(url)}`)
-  }
-  if (parsed.protocol !== 'http:' && parsed.protocol !== 'https:') throw new ReplayUsageError(`--url must be an http(s) URL, got ${JSON.stringify(url)}`)
+  if (!isHttpUrl(url)) throw new ReplayUsageError(`--url must be an http(s) URL, got ${JSON.stringify(url)}`)
   const durationMin = v.has('--duration-min') ? positive('--duration-min', 0) : null
   return {
     trace,
@@ -115,7 +113,7 @@ export function parseReplayArgs(argv: readonly string[]): ReplayArgs | 'help' {
     limit: count('--limit'),
     durationMin,
     maxInFlight: count('--max-in-flight') ?? 2048,
-    timeoutS: positive('--timeout-s', 600),
+    timeoutS: positive('--timeout-s', 600, MAX_TIMEOUT_S, ' (about 24.8 days, the longest timer Node keeps)'),
     model: v.get('--model') ?? null,
     apiKey: v.get('--api-key') ?? null,
     output: v.get('--output') ?? null,

@@ -3,6 +3,8 @@
 // prefix hits through the router, unregistering on SIGTERM), and NATS + etcd mode.
 import t from 'tap'
 import { Etcd3 } from 'etcd3'
+import { createServer } from 'node:net'
+import type { AddressInfo } from 'node:net'
 import { MockerArgError, parseMockerArgs } from '../../src/mocker/main.js'
 import { startEtcd, startNats } from '../helpers/services.js'
 import { waitUntil } from '../helpers/wait.js'
@@ -41,6 +43,22 @@ t.test('invalid flags exit 2 with one line naming the flag', async (t) => {
   t.match(help.out(), /kv-router mocker: ready <N> engine\(s\) <url>/)
 })
 
+t.test('a listen failure exits 2 with one line naming --host or --http-port', async (t) => {
+  // a port the OS hands out, held by this test so the engine finds it taken
+  const taken = createServer()
+  await new Promise<void>((resolve) => taken.listen(0, '127.0.0.1', resolve))
+  t.teardown(() => new Promise<void>((resolve) => taken.close(() => resolve())))
+  const port = (taken.address() as AddressInfo).port
+  // not an IPv4 address, so it goes to the resolver: ENOTFOUND, or EAI_AGAIN without DNS
+  const badHost = run(['mocker', '--host', '999.1.1.1'])
+  const busy = run(['mocker', '--host', '127.0.0.1', '--http-port', String(port)])
+  t.equal(await badHost.exited, 2)
+  t.match(badHost.err(), /^kv-router: mocker: --host: cannot listen on 999\.1\.1\.1:0: getaddrinfo E[A-Z_]+ 999\.1\.1\.1\n$/)
+  t.equal(await busy.exited, 2)
+  t.equal(busy.err(), `kv-router: mocker: --http-port: cannot listen on 127.0.0.1:${port}: listen EADDRINUSE: address already in use 127.0.0.1:${port}\n`)
+  t.equal(badHost.out() + busy.out(), '', 'no ready line')
+})
+
 t.test('the parser, flag by flag', async (t) => {
   const bad = (args: string[], re: RegExp): void => {
     t.throws(() => parseMockerArgs(args), re, args.join(' '))
@@ -69,6 +87,21 @@ t.test('the parser, flag by flag', async (t) => {
   bad(['--router-url', 'http://r:1', '--nats-url', 'nats://n:1'], /cannot be combined/)
   bad(['--api-key', 'k'], /only used with --router-url/)
   bad(['positional'], /unexpected argument "positional"/)
+})
+
+t.test('the parser reads numbers and URLs as serve does, and refuses hosts that break the engine URL', async (t) => {
+  const bad = (args: string[], re: RegExp): void => void t.throws(() => parseMockerArgs(args), re, args.join(' '))
+  bad(['--speedup-ratio', '0b11'], /^--speedup-ratio must be a number ≥ 0 \(at most 1000000000\), got "0b11"$/)
+  bad(['--decode-speedup-ratio', '0x10'], /^--decode-speedup-ratio must be a number > 0/)
+  bad(['--speedup-ratio', 'Infinity'], /^--speedup-ratio must be a number/)
+  bad(['--router-url', 'http://127.0.0.1:99999'], /^--router-url must be an http\(s\) URL \(http:\/\/host:port\), got "http:\/\/127\.0\.0\.1:99999"$/)
+  bad(['--etcd-url', 'http://h:-1'], /^--etcd-url must be an http\(s\) URL/)
+  bad(['--advertise-host', 'a/b'], /^--advertise-host must be a host name or IP address, got "a\/b"$/)
+  bad(['--advertise-host', 'user@h'], /^--advertise-host must be a host name or IP address/)
+  bad(['--advertise-host', 'h:80'], /^--advertise-host must be a host name or IP address/)
+  bad(['--advertise-host', 'h?x'], /^--advertise-host must be a host name or IP address/)
+  t.match(parseMockerArgs(['--speedup-ratio', '1e-3', '--decode-speedup-ratio', ' 2 ']), { fleet: { speedupRatio: 0.001, decodeSpeedupRatio: 2 } })
+  for (const host of ['engine-1', '10.0.0.7', '::1', 'Engine.Example.com']) t.match(parseMockerArgs(['--advertise-host', host]), { fleet: { advertiseHost: host } }, host)
 })
 
 t.test('--router-url: registers with a spawned router, events and prefix hits flow, SIGTERM unregisters', async (t) => {

@@ -177,3 +177,26 @@ t.test('the step loop keeps time: no drift over hundreds of short steps', async 
   t.ok(elapsed <= modelled * 1.15 + 25, `within 15% + 25 ms of the modelled ${modelled.toFixed(1)} ms (took ${elapsed.toFixed(1)} ms)`)
   t.ok(r.firstTokenAt - r.arrivedAt < 60, 'first token after the prefill step (17.5 ms modelled)')
 })
+
+t.test('a step longer than Node\'s timer range waits, instead of waking every millisecond', async (t) => {
+  const warnings: string[] = []
+  const onWarning = (w: Error): void => void warnings.push(w.name)
+  process.on('warning', onWarning)
+  t.teardown(() => void process.off('warning', onWarning))
+  // the loop reads the clock once per wake: counting reads counts wakes
+  let reads = 0
+  const now = (): number => {
+    reads++
+    return performance.now()
+  }
+  // a 64-token prefill is ≈17.5 ms modelled; at 1e-9 it lasts ≈1.75·10^10 ms, past 2^31 − 1
+  const e = new MockEngine({ workerId: 4n, speedupRatio: 1e-9, now })
+  t.teardown(() => e.close())
+  const r = e.submit(Array.from({ length: 64 }, (_, i) => i), 1)
+  await waitUntil('the prefill step started', () => r.computed > 0, 2000)
+  const before = reads
+  await new Promise((resolve) => setTimeout(resolve, 200))
+  t.ok(reads - before <= 2, `the loop woke ${reads - before} time(s) in 200 ms`)
+  t.equal(r.outputTokens, 0, 'the step is not over')
+  t.same(warnings.filter((w) => w === 'TimeoutOverflowWarning'), [], 'no timer overflowed')
+})

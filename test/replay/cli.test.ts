@@ -49,6 +49,7 @@ t.test('parse: defaults, both flag forms, help', async (t) => {
   t.same(a, { trace: 'f.jsonl', url: 'http://127.0.0.1:8000', speedup: 1, limit: null, durationMin: null, maxInFlight: 2048, timeoutS: 600, model: null, apiKey: null, output: null, timeScale: 1, quiet: false })
   const b = parseReplayArgs(['--trace=f', '--url', 'https://h', '--speedup', '2.5', '--limit=10', '--duration-min', '0.5', '--max-in-flight', '8', '--timeout-s', '3', '--model', 'm', '--api-key', 'k', '--output', 'o.jsonl', '--time-scale', '4', '--quiet'])
   t.match(b, { speedup: 2.5, limit: 10, durationMin: 0.5, maxInFlight: 8, timeoutS: 3, model: 'm', apiKey: 'k', output: 'o.jsonl', timeScale: 4, quiet: true })
+  t.match(parseReplayArgs(['--trace=f', '--url', 'https://h', '--timeout-s', '2147483.647']), { timeoutS: 2147483.647 }, 'the longest timer Node keeps')
   t.equal(parseReplayArgs(['--trace', 'x', '--help']), 'help')
   t.equal(parseReplayArgs(['-h']), 'help')
 })
@@ -69,6 +70,11 @@ t.test('parse: every invalid flag is refused with a message naming it', async (t
     [[...base, '--duration-min', '-1'], /--duration-min/],
     [[...base, '--timeout-s', 'x'], /--timeout-s must be a positive number/],
     [[...base, '--time-scale', 'NaN'], /--time-scale must be a positive number/],
+    [[...base, '--speedup', '0x10'], /^--speedup must be a positive number, got "0x10"$/],
+    [[...base, '--timeout-s', '0b11'], /^--timeout-s must be a positive number at most 2147483\.647 .*, got "0b11"$/],
+    [[...base, '--limit', '0x10'], /^--limit must be a positive integer, got "0x10"$/],
+    [['--trace', 'f', '--url', 'http://127.0.0.1:99999'], /^--url must be an http\(s\) URL/],
+    [[...base, '--timeout-s', '2147484'], /^--timeout-s must be a positive number at most 2147483\.647 \(about 24\.8 days, the longest timer Node keeps\), got "2147484"$/],
     [[...base, '--bogus'], /unknown option "--bogus"/],
     [[...base, '--quiet=yes'], /--quiet takes no value/],
     [[...base, '--output'], /--output needs a value/],
@@ -83,6 +89,7 @@ t.test('the CLI: invalid flags and unreadable traces exit 2 with one line', asyn
     [['--trace', tracePath], /^kv-router: replay: --url URL is required\n$/],
     [['--trace', join(dir, 'missing.jsonl'), '--url', 'http://127.0.0.1:1'], /^kv-router: replay: --trace: cannot read .*missing\.jsonl: ENOENT\n$/],
     [['--trace', tracePath, '--url', 'http://127.0.0.1:1', '--nope'], /^kv-router: replay: unknown option "--nope"/],
+    [['--trace', tracePath, '--url', 'http://127.0.0.1:1', '--timeout-s', '3000000'], /^kv-router: replay: --timeout-s must be a positive number at most 2147483\.647 .*, got "3000000"\n$/],
   ]
   const results = await Promise.all(cases.map(([argv]) => run(argv)))
   results.forEach((r, i) => {

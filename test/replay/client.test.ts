@@ -126,8 +126,30 @@ t.test('abort: in-flight requests fail, unsent ones are recorded as not sent', a
   t.equal(run.progress().failed, 2)
 })
 
+t.test('a wait beyond Node\'s timer range is kept, not cut to 1 ms', async (t) => {
+  const warnings: string[] = []
+  const onWarning = (w: Error): void => void warnings.push(w.name)
+  process.on('warning', onWarning)
+  t.teardown(() => void process.off('warning', onWarning))
+  const srv = await sseServer(sseScript())
+  t.teardown(() => srv.close())
+  const ac = new AbortController()
+  // the second request is due 3 s / 1e-6 = 3·10^9 ms (about 35 days) after the first
+  const run = startReplay({ url: srv.url, requests: [req(0, 64, 1), req(3000, 64, 1)], speedup: 1e-6, signal: ac.signal })
+  while (run.progress().done < 1) await sleep(5)
+  await sleep(200)
+  t.equal(run.progress().sent, 1, 'the second request still waits')
+  ac.abort()
+  const { records } = await run.done
+  t.equal(records[0]?.error, null)
+  t.equal(records[1]?.error, 'not sent: replay aborted')
+  t.same(warnings.filter((w) => w === 'TimeoutOverflowWarning'), [], 'no timer overflowed')
+})
+
 t.test('invalid options are refused', async (t) => {
   t.throws(() => startReplay({ url: 'http://127.0.0.1:1', requests: [], speedup: 0 }), RangeError)
+  t.throws(() => startReplay({ url: 'http://127.0.0.1:1', requests: [], timeoutMs: 2 ** 31 }), { name: 'RangeError', message: /timeoutMs must be in \(0, 2147483647\]/ })
+  t.throws(() => startReplay({ url: 'http://127.0.0.1:1', requests: [], timeoutMs: 0 }), RangeError)
   t.throws(() => startReplay({ url: 'http://127.0.0.1:1', requests: [], maxInFlight: 0 }), RangeError)
   const r = await replayTrace({ url: 'http://127.0.0.1:1', requests: [] })
   t.same(r.records, [])

@@ -1,7 +1,7 @@
 // The one way every `kv-router` command refuses its flags: one line on stderr naming the flag
-// and what it accepts, and exit status 2. And the value readers `mocker` and `replay` share with
-// `serve`'s rules (src/config.ts applies the same ones), so a value one command takes is not
-// refused by another, or the other way round.
+// and what it accepts, and exit status 2. And the value readers of every command (`serve`'s
+// src/config.ts, `mocker`, `replay`), so a value one command takes is not refused by another, or
+// the other way round.
 
 export function die(line: string): never {
   process.stderr.write(`kv-router: ${line}\n`)
@@ -32,9 +32,11 @@ export function parseNumArg(text: string, min: number, max: number): number | un
  * would let `http://h:99999` through, to fail only at the first request.
  */
 export function isHttpUrl(text: string): boolean {
+  // the parser drops spaces and tabs it finds, so "exa mple" would not reach it as written
+  if (/\s/.test(text)) return false
   try {
     const u = new URL(text)
-    return u.protocol === 'http:' || u.protocol === 'https:'
+    return (u.protocol === 'http:' || u.protocol === 'https:') && u.hostname !== ''
   } catch {
     return false
   }

@@ -2,6 +2,7 @@
 // the command line wins over the environment. Everything is validated here, once, and the result
 // is frozen; an invalid value is a ConfigError whose message is the one line the CLI prints
 // before exiting with status 2.
+import { isHttpUrl, parseIntArg, parseNumArg } from './cli-flags.js'
 import { ROUTER_MODES, QUEUE_POLICIES } from './scheduler/options.js'
 import type { QueuePolicy, RouterMode } from './scheduler/options.js'
 
@@ -194,14 +195,7 @@ function parseWorker(text: string, position: number): StaticWorkerSpec | null {
  * so a worker is never registered with a URL that fails every request sent to it.
  */
 export function workerUrl(text: string): string | null {
-  if (/\s/.test(text)) return null
-  try {
-    const u = new URL(text)
-    if ((u.protocol !== 'http:' && u.protocol !== 'https:') || u.hostname === '') return null
-  } catch {
-    return null
-  }
-  return text.replace(/\/+$/, '')
+  return isHttpUrl(text) ? text.replace(/\/+$/, '') : null
 }
 
 /**
@@ -218,18 +212,12 @@ export function urlList(text: string): string[] {
 function convert(d: FlagDef, raw: string, prev: unknown): unknown {
   const t = raw.trim()
   switch (d.kind) {
-    case 'int': {
-      if (!/^-?[0-9]+$/.test(t)) return undefined
-      const v = Number(t)
-      return Number.isSafeInteger(v) && v >= (d.min ?? 0) && v <= (d.max ?? Infinity) ? v : undefined
-    }
+    case 'int':
+      return parseIntArg(t, d.min ?? 0, d.max ?? Infinity)
     case 'num':
-    case 'nullnum': {
+    case 'nullnum':
       if (d.kind === 'nullnum' && (t === 'none' || t === 'null' || t === 'off')) return null
-      if (t === '' || !/^[-+0-9.eE]+$/.test(t)) return undefined
-      const v = Number(t)
-      return Number.isFinite(v) && v >= (d.min ?? 0) && v <= (d.max ?? Infinity) ? v : undefined
-    }
+      return parseNumArg(t, d.min ?? 0, d.max ?? Infinity)
     case 'bool': {
       const l = t.toLowerCase()
       if (l === 'true' || l === '1' || l === 'yes' || l === 'on') return true

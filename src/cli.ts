@@ -101,12 +101,17 @@ async function serve(argv: string[]): Promise<void> {
   if (cfg.embeddedFleet > 0 && firstEmbeddedId + BigInt(cfg.embeddedFleet - 1) > U64_MAX) {
     die(`serve: --embedded-fleet: no room for ${cfg.embeddedFleet} worker id(s) after the largest --worker id ${firstEmbeddedId - 1n}`)
   }
-  const embedded =
-    cfg.embeddedFleet > 0
-      ? await MockerFleet.start({ numWorkers: cfg.embeddedFleet, firstWorkerId: firstEmbeddedId, blockSize: cfg.blockSize, numGpuBlocks: 16384, speedupRatio: 10, modelName: cfg.modelName, onEvent: (ev) => router.ingestEvent(ev) })
-      : null
+  let embedded: MockerFleet | null = null
+  try {
+    if (cfg.embeddedFleet > 0) embedded = await MockerFleet.start({ numWorkers: cfg.embeddedFleet, firstWorkerId: firstEmbeddedId, blockSize: cfg.blockSize, numGpuBlocks: 16384, speedupRatio: 10, modelName: cfg.modelName, onEvent: (ev) => router.ingestEvent(ev) })
+    for (const e of embedded?.workers ?? []) await router.addWorker({ id: e.workerId, url: e.url, capacity: e.capacity, maxNumBatchedTokens: e.engine.config.maxNumBatchedTokens })
+  } catch (err) {
+    // a start-up failure is one line, as for every other part of serve, not a stack trace
+    await embedded?.close()
+    await router.close()
+    die(`serve: --embedded-fleet: the simulated engines did not start: ${(err as Error).message}`)
+  }
   const fleet = embedded?.workers ?? []
-  for (const e of fleet) await router.addWorker({ id: e.workerId, url: e.url, capacity: e.capacity, maxNumBatchedTokens: e.engine.config.maxNumBatchedTokens })
   try {
     await app.fastify.ready()
     settleHeap()

@@ -322,8 +322,9 @@ class ProxyRun {
   }
 
   /** The worker answered 5xx, or ended its stream without a chunk: retryable. */
-  notDelivered(a: Attempt): void {
-    this.retryAfter(a, new KvrError('KVR_ERR_UPSTREAM', `worker ${a.decision.workerId} failed before its first token`))
+  notDelivered(a: Attempt, detail?: string): void {
+    const why = detail === undefined ? '' : `: ${detail}`
+    this.retryAfter(a, new KvrError('KVR_ERR_UPSTREAM', `worker ${a.decision.workerId} failed before its first token${why}`))
   }
 
   /** The attempt failed before anything reached the client. */
@@ -438,8 +439,6 @@ function upstreamTarget(url: string): { origin: string; path: string } {
 const enum Mode {
   /** Headers not seen yet. */
   Waiting,
-  /** A 5xx: its body is dropped and the attempt is retryable. */
-  Failed,
   /** A non-streamed answer, collected whole. */
   Whole,
   /** An SSE stream, forwarded chunk by chunk. */
@@ -531,11 +530,29 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
         if (name.length === 12 && name.toString().toLowerCase() === 'content-type') this.contentType = (headers[i + 1] as Buffer | string).toString()
       }
     }
-    if (statusCode >= 500) this.mode = Mode.Failed
-    else if (this.run.call.stream && statusCode === 200 && this.contentType.includes('text/event-stream')) {
+    if (statusCode >= 500) return this.failedAtHeaders()
+    if (this.run.call.stream && statusCode === 200 && this.contentType.includes('text/event-stream')) {
       this.mode = Mode.Stream
       this.resumeUpstream = resume
     } else this.mode = Mode.Whole
+    return true
+  }
+
+  /**
+   * A 5xx is retryable from its status line on: the retry goes out now, not when the body ends,
+   * which for a worker that never finishes it would be undici's bodyTimeout (300 s) later. The
+   * body is not read (the client's error names the worker, not what it said), so the request is
+   * aborted: its connection cannot serve another request before that body is read whole anyway.
+   */
+  private failedAtHeaders(): true {
+    if (!this.settle()) return true
+    try {
+      this.abortUpstream?.(new Error(`worker answered ${this.status}`))
+    } catch {
+      // a dispatcher that cannot abort: the retry goes on all the same, and the body, read on
+      // (not paused), is dropped as it comes
+    }
+    this.run.notDelivered(this.a, `it answered ${this.status}`)
     return true
   }
 
@@ -629,7 +646,6 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
   onComplete(): void {
     if (!this.settle()) return
     const run = this.run
-    if (this.mode === Mode.Failed) return run.notDelivered(this.a)
     if (this.mode === Mode.Stream) {
       // ended without a single chunk: a failure before the first token
       if (this.first) return run.notDelivered(this.a)

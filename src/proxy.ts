@@ -322,6 +322,15 @@ class ProxyRun {
     this.end(200)
   }
 
+  /**
+   * A stream cut after its first token, by its worker (502: the client got an error event) or by
+   * the client (499). Counted as such: a 200 would hide the failure from an error rate.
+   */
+  cut(status: number): void {
+    this.exchange = null
+    this.end(status)
+  }
+
   /** The worker answered 5xx, or ended its stream without a byte: retryable. */
   notDelivered(a: Attempt, detail?: string): void {
     const why = detail === undefined ? '' : `: ${detail}`
@@ -790,7 +799,7 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
     const raw = run.reply.raw
     if (run.gone.aborted) {
       raw.destroy()
-      return run.delivered()
+      return run.cut(499)
     }
     run.proxy.metrics.upstreamErrors.inc({ phase: 'after_first_token' })
     const e = new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} failed mid-stream: ${err.message}`)
@@ -801,7 +810,7 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
     this.tail = null
     const event = `data: ${JSON.stringify({ error: { ...e.toJSON(), type: 'upstream_error' } })}\n\n`
     raw.end(this.open ? `\n\n${event}` : event)
-    run.delivered()
+    run.cut(502)
   }
 }
 

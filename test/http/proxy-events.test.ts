@@ -90,12 +90,17 @@ t.test('a worker that dies inside an event: the partial event is dropped and the
   const f = await fleet([(_req, _body, res) => writeApart(res, scripts[n++] as string[], () => res.socket?.destroy())])
   t.teardown(() => f.close())
   for (let i = 0; i < scripts.length; i++) {
+    const failed = await requests(502)
+    const ok = await requests(200)
     const r = await post({ prompt: tokens(12), stream: true })
     t.equal(r.status, 200)
     const evs = events(t, await r.text())
     t.same(evs.slice(0, 2).map(text), ['one', 'two'], `script ${i}: the whole events, in order`)
     t.equal(evs.length, 3, `script ${i}: nothing of the third event`)
     t.match(errorOf(evs[2]), { code: 'KVR_ERR_UPSTREAM', message: /^worker 100 failed mid-stream/ }, `script ${i}: the error event last`)
+    await until(() => h.app.proxy.inFlight === 0)
+    t.equal((await requests(502)) - failed, 1, `script ${i}: counted as 502`)
+    t.equal((await requests(200)) - ok, 0, `script ${i}: not counted as 200`)
   }
   t.equal(booked(), 0)
 })
@@ -217,4 +222,27 @@ t.test('a 5xx whose body never ends is retried at once, and its upstream request
     t.pass(`stream ${stream}: the 503's request was aborted`)
     t.equal(booked(), 0)
   }
+})
+
+t.test('a client that leaves mid-stream is counted as 499, not 200', async (t) => {
+  let upstreamClosed = false
+  const f = await fleet([
+    (_req, _body, res) => {
+      res.writeHead(200, { 'content-type': 'text/event-stream' })
+      res.write(sse(chunk('first')))
+      res.on('close', () => (upstreamClosed = true))
+    },
+  ])
+  t.teardown(() => f.close())
+  const cancelled = await requests(499)
+  const ok = await requests(200)
+  const ac = new AbortController()
+  const r = await post({ prompt: tokens(12), stream: true }, ac.signal)
+  const reader = (r.body as ReadableStream<Uint8Array>).getReader()
+  await reader.read()
+  ac.abort()
+  await until(() => upstreamClosed && h.app.proxy.inFlight === 0)
+  t.equal((await requests(499)) - cancelled, 1, 'counted as 499')
+  t.equal((await requests(200)) - ok, 0, 'not counted as 200')
+  t.equal(booked(), 0)
 })

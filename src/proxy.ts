@@ -1,15 +1,16 @@
 // The streaming proxy (DESIGN §1 steps 6–7) and the booking lifecycle of one request:
 //
-//   route+book ──► upstream request ──► first chunk ──► ... ──► end ───────────► free
+//   route+book ──► upstream request ──► first event ──► ... ──► end ───────────► free
 //        ▲              │ connect error / 5xx / dies       │ upstream dies      ▲
-//        │              ▼ before the first chunk           ▼ after it           │
+//        │              ▼ before the first event           ▼ after it           │
 //        └── route again, tried ones excluded (free old)   error event, end ─────┤
 //   client disconnects at any point: abort the upstream request ────────────────┘
 //
 // A booking is freed exactly once whatever happens (Booking.release). Nothing is written to the
-// client before the first upstream chunk, so a failure up to then can still be retried on the
-// best worker-rank not tried yet. Past the first chunk nothing is retried, and the prompt is let
-// go while the stream lasts.
+// client before the first whole upstream event (its first token), so a failure up to then, one
+// inside that event included, can still be retried on the best worker-rank not tried yet. Past
+// it nothing is retried, and the prompt is let go while the stream lasts. Events reach the
+// client whole, so the error event that ends a failed stream is always an event of its own.
 import type { FastifyReply } from 'fastify'
 import { Agent } from 'undici'
 import type { Dispatcher } from 'undici'
@@ -315,15 +316,25 @@ class ProxyRun {
     }
   }
 
-  /** The response was delivered, or the stream ended (with an error event if the worker died after the first chunk). */
+  /** The response was delivered, or the stream ended as its worker ended it. */
   delivered(): void {
     this.exchange = null
     this.end(200)
   }
 
-  /** The worker answered 5xx, or ended its stream without a chunk: retryable. */
-  notDelivered(a: Attempt): void {
-    this.retryAfter(a, new KvrError('KVR_ERR_UPSTREAM', `worker ${a.decision.workerId} failed before its first token`))
+  /**
+   * A stream cut after its first token, by its worker (502: the client got an error event) or by
+   * the client (499). Counted as such: a 200 would hide the failure from an error rate.
+   */
+  cut(status: number): void {
+    this.exchange = null
+    this.end(status)
+  }
+
+  /** The worker answered 5xx, or ended its stream without a byte: retryable. */
+  notDelivered(a: Attempt, detail?: string): void {
+    const why = detail === undefined ? '' : `: ${detail}`
+    this.retryAfter(a, new KvrError('KVR_ERR_UPSTREAM', `worker ${a.decision.workerId} failed before its first token${why}`))
   }
 
   /** The attempt failed before anything reached the client. */
@@ -382,8 +393,12 @@ const NO_BYTES = new Uint8Array(0)
 function errorText(err: unknown): string {
   return err instanceof Error ? err.message : String(err)
 }
-/** Longest first event held back for its worker id (one token's event is a few hundred bytes). */
-const FIRST_EVENT_LIMIT = 256 * 1024
+/**
+ * Longest event held back until it is whole: the first for its worker id, any other so that a
+ * worker dying inside it leaves no half of it on the client's wire (one token's event is a few
+ * hundred bytes).
+ */
+const EVENT_HOLD_LIMIT = 256 * 1024
 
 /** Index just past the blank line that ends the first SSE event (LF or CRLF lines); -1 if none yet. */
 export function eventEnd(text: string | Buffer): number {
@@ -391,6 +406,24 @@ export function eventEnd(text: string | Buffer): number {
   const crlf = text.indexOf('\r\n\r\n')
   if (crlf >= 0 && (lf < 0 || crlf < lf)) return crlf + 4
   return lf < 0 ? -1 : lf + 2
+}
+
+/**
+ * Whether a chunk ends where an SSE event does (a blank line, LF or CRLF). Every streamed read
+ * takes this test, and nearly all pass it: a few byte compares, nothing allocated.
+ */
+export function endsEvent(b: Uint8Array): boolean {
+  const n = b.length
+  if (n < 2 || b[n - 1] !== 10) return false
+  const c = b[n - 2]
+  return c === 10 || (c === 13 && n >= 4 && b[n - 3] === 10 && b[n - 4] === 13)
+}
+
+/** Index just past the blank line that ends the last SSE event (LF or CRLF lines); 0 if none. */
+export function lastEventEnd(b: Buffer): number {
+  const lf = b.lastIndexOf('\n\n')
+  const crlf = b.lastIndexOf('\r\n\r\n')
+  return Math.max(lf < 0 ? 0 : lf + 2, crlf < 0 ? 0 : crlf + 4)
 }
 
 const DONE = Buffer.from('[DONE]', 'latin1')
@@ -438,8 +471,6 @@ function upstreamTarget(url: string): { origin: string; path: string } {
 const enum Mode {
   /** Headers not seen yet. */
   Waiting,
-  /** A 5xx: its body is dropped and the attempt is retryable. */
-  Failed,
   /** A non-streamed answer, collected whole. */
   Whole,
   /** An SSE stream, forwarded chunk by chunk. */
@@ -461,11 +492,18 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
   private resumeUpstream: (() => void) | null = null
   /** A non-streamed answer's chunks. */
   private parts: Buffer[] | null = null
-  /** The client's side of a stream, once its headers are out. */
+  /** The client's side of a stream, once its first event and headers are out. */
   private out: ChunkWriter | null = null
+  /** No whole event has come yet: nothing was sent, and a failure is retried. */
   private first = true
-  /** The bytes of the first event, while its end has not arrived (kept as bytes: a chunk may end inside a character). */
-  private pending: Buffer | null = null
+  /**
+   * The bytes after the last event end that came, until their event ends (kept as bytes: a chunk
+   * may end inside a character). An event goes to the client whole or not at all: a worker that
+   * dies inside one would otherwise leave half of it on the wire, the error event glued to it.
+   */
+  private held: Buffer | null = null
+  /** The client's stream ends inside an event: one too long to hold went out as it came. */
+  private open = false
   /** A chunk ending in the `data: [DONE]` event, held to go out with the end of the body. */
   private tail: Buffer | null = null
   private last = 0
@@ -531,11 +569,29 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
         if (name.length === 12 && name.toString().toLowerCase() === 'content-type') this.contentType = (headers[i + 1] as Buffer | string).toString()
       }
     }
-    if (statusCode >= 500) this.mode = Mode.Failed
-    else if (this.run.call.stream && statusCode === 200 && this.contentType.includes('text/event-stream')) {
+    if (statusCode >= 500) return this.failedAtHeaders()
+    if (this.run.call.stream && statusCode === 200 && this.contentType.includes('text/event-stream')) {
       this.mode = Mode.Stream
       this.resumeUpstream = resume
     } else this.mode = Mode.Whole
+    return true
+  }
+
+  /**
+   * A 5xx is retryable from its status line on: the retry goes out now, not when the body ends,
+   * which for a worker that never finishes it would be undici's bodyTimeout (300 s) later. The
+   * body is not read (the client's error names the worker, not what it said), so the request is
+   * aborted: its connection cannot serve another request before that body is read whole anyway.
+   */
+  private failedAtHeaders(): true {
+    if (!this.settle()) return true
+    try {
+      this.abortUpstream?.(new Error(`worker answered ${this.status}`))
+    } catch {
+      // a dispatcher that cannot abort: the retry goes on all the same, and the body, read on
+      // (not paused), is dropped as it comes
+    }
+    this.run.notDelivered(this.a, `it answered ${this.status}`)
     return true
   }
 
@@ -557,42 +613,63 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
 
   /** Writes one upstream chunk to the client; false when the client's socket is full. */
   private forward(chunk: Buffer): boolean {
+    const out = this.out
+    if (out === null) return this.firstEvent(chunk)
+    let b = chunk
+    // The common read ends exactly where an event does and goes out as it came: a look at its
+    // last bytes, no string, no copy. Only a read that ends inside an event is cut.
+    if (this.held !== null || !endsEvent(chunk)) {
+      const whole = this.wholeEvents(chunk)
+      if (whole === null) return true
+      b = whole
+    } else this.open = false
     const now = performance.now()
-    const run = this.run
-    const raw = run.reply.raw
-    const m = run.proxy.metrics
-    if (this.first) {
-      this.first = false
-      // past the first token nothing is retried: let the prompt go while the stream lasts
-      run.call.payload = NO_BYTES
-      run.call.route.tokens = NO_TOKENS
-      this.a.booking.prefillComplete()
-      m.observeTtft((now - run.started) / 1000)
-      run.reply.hijack()
-      raw.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-worker-id': this.a.decision.workerId.toString() })
-      this.last = now
-      const ok = this.firstEvent(chunk)
-      if (this.pending === null) this.chunks++
-      return ok
-    }
-    m.observeItl((now - this.last) / 1000)
+    this.run.proxy.metrics.observeItl((now - this.last) / 1000)
     this.last = now
     this.chunks++
-    if (this.pending !== null) return this.firstEvent(Buffer.concat([this.pending, chunk]))
-    const out = this.out as ChunkWriter
+    return this.send(out, b)
+  }
+
+  /**
+   * The bytes held, then `chunk`, up to the last event end in them; what follows is held until its
+   * event ends. null when no event ends yet.
+   */
+  private wholeEvents(chunk: Buffer): Buffer | null {
+    // past an event too long to hold, the stream goes out as it comes until an event ends a read
+    if (this.open) return chunk
+    const held = this.held
+    const bytes = held === null ? chunk : Buffer.concat([held, chunk])
+    const cut = lastEventEnd(bytes)
+    if (cut === bytes.length) {
+      this.held = null
+      return bytes
+    }
+    if (bytes.length - cut >= EVENT_HOLD_LIMIT) {
+      // no end of event in sight (not SSE after all, or an event of this size): holding on would
+      // buffer the stream whole, so it goes out as it is, and an error after it ends it first
+      this.held = null
+      this.open = true
+      return bytes
+    }
+    this.held = cut === 0 ? bytes : bytes.subarray(cut)
+    return cut === 0 ? null : bytes.subarray(0, cut)
+  }
+
+  /** Writes whole events; false when the client's socket is full. */
+  private send(out: ChunkWriter, b: Buffer): boolean {
     if (this.tail !== null) {
       // data after [DONE]: whatever the worker sends goes on, in order
       out.write(this.tail)
       this.tail = null
     }
-    if (endsWithDone(chunk)) {
+    if (endsWithDone(b)) {
       // the end of the body usually follows in the same read: both then go out in one write
       // (onComplete); if it does not, the event goes out on its own once this read is parsed
-      this.tail = chunk
+      this.tail = b
       process.nextTick(flushTail, this)
       return true
     }
-    return out.write(chunk)
+    return out.write(b)
   }
 
   /** Sends a held [DONE] chunk on its own (the end of the body did not come with it). */
@@ -604,48 +681,75 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
   }
 
   /** The first event carries nvext.worker_id: it is held until complete, then rewritten. */
-  private firstEvent(bytes: Buffer): boolean {
+  private firstEvent(chunk: Buffer): boolean {
+    const bytes = this.held === null ? chunk : Buffer.concat([this.held, chunk])
     let cut = eventEnd(bytes)
     let event: Buffer
     if (cut >= 0) {
       // the event ends in ASCII line ends, so it holds whole characters only
       event = Buffer.from(injectWorkerId(bytes.toString('utf8', 0, cut), this.a.decision))
-    } else if (bytes.length < FIRST_EVENT_LIMIT) {
-      this.pending = bytes
+    } else if (bytes.length < EVENT_HOLD_LIMIT) {
+      this.held = bytes
       return true
     } else {
       // no end of event in sight (not SSE after all, or an event of this size): waiting longer
       // would hold the stream back and buffer it whole, so it goes out as it is
       cut = bytes.length
       event = bytes
+      this.open = true
     }
-    this.pending = null
-    const out = new ChunkWriter(this.run.reply.raw)
+    this.held = null
+    const ok = this.startStream(event)
+    if (cut === bytes.length) return ok
+    const rest = this.wholeEvents(bytes.subarray(cut))
+    return rest === null ? ok : this.send(this.out as ChunkWriter, rest) && ok
+  }
+
+  /**
+   * Sends the first event, with the client's headers: the first token, which marks prefill done
+   * and past which nothing is retried. Not before: a worker that fails before its first event is
+   * whole (inside it included) has delivered no token, and its request goes to another worker.
+   */
+  private startStream(event: Buffer): boolean {
+    const now = performance.now()
+    const run = this.run
+    this.first = false
+    // past the first token nothing is retried: let the prompt go while the stream lasts
+    run.call.payload = NO_BYTES
+    run.call.route.tokens = NO_TOKENS
+    this.a.booking.prefillComplete()
+    run.proxy.metrics.observeTtft((now - run.started) / 1000)
+    this.last = now
+    this.chunks++
+    run.reply.hijack()
+    const raw = run.reply.raw
+    raw.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-worker-id': this.a.decision.workerId.toString() })
+    const out = new ChunkWriter(raw)
     this.out = out
-    const ok = out.begin(event)
-    return cut < bytes.length ? out.write(bytes.subarray(cut)) : ok
+    return out.begin(event)
   }
 
   onComplete(): void {
     if (!this.settle()) return
     const run = this.run
-    if (this.mode === Mode.Failed) return run.notDelivered(this.a)
     if (this.mode === Mode.Stream) {
-      // ended without a single chunk: a failure before the first token
-      if (this.first) return run.notDelivered(this.a)
-      run.proxy.metrics.observeOutput(this.chunks)
+      const held = this.held
+      this.held = null
+      // ended without a single byte: a failure before the first token
+      if (this.first && held === null) return run.notDelivered(this.a)
       run.proxy.release(this.a.booking)
       this.worker.failures = 0
-      const out = this.out
-      if (out !== null) {
-        out.end(this.tail)
-        this.tail = null
-      } else {
-        // the first event never ended: what came goes out as it is
-        const raw = run.reply.raw
-        if (this.pending !== null) raw.write(this.pending)
-        raw.end()
+      // A body that ends, cleanly, inside an event goes out as the worker sent it, as a client
+      // reading the worker would get it (an SSE client drops an unfinished last event). Only
+      // when the worker fails does the router add an event of its own.
+      if (this.first) this.startStream(held as Buffer)
+      else if (held !== null) {
+        if (this.tail !== null) (this.out as ChunkWriter).write(this.tail)
+        this.tail = held
       }
+      run.proxy.metrics.observeOutput(this.chunks)
+      ;(this.out as ChunkWriter).end(this.tail)
+      this.tail = null
       return run.delivered()
     }
     this.whole()
@@ -686,6 +790,7 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
     const run = this.run
     const d = this.a.decision
     if (this.mode !== Mode.Stream || this.first) {
+      // nothing was sent: a first event not yet whole is dropped with the attempt
       if (run.gone.aborted) return run.attemptFailed(this.a, err)
       const what = this.mode === Mode.Waiting ? `(${this.worker.url}) did not answer` : 'failed before its first token'
       return run.attemptFailed(this.a, new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} ${what}: ${err.message}`))
@@ -694,15 +799,18 @@ class UpstreamExchange implements Dispatcher.DispatchHandlers {
     const raw = run.reply.raw
     if (run.gone.aborted) {
       raw.destroy()
-      return run.delivered()
+      return run.cut(499)
     }
     run.proxy.metrics.upstreamErrors.inc({ phase: 'after_first_token' })
     const e = new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} failed mid-stream: ${err.message}`)
-    if (this.pending !== null) raw.write(this.pending)
+    // the error is an event of its own: the unfinished event is dropped, and one too long to
+    // hold, already out in part, is ended first (a client then fails to read that one, not the error)
+    this.held = null
     if (this.tail !== null) (this.out as ChunkWriter).write(this.tail)
     this.tail = null
-    raw.end(`data: ${JSON.stringify({ error: { ...e.toJSON(), type: 'upstream_error' } })}\n\n`)
-    run.delivered()
+    const event = `data: ${JSON.stringify({ error: { ...e.toJSON(), type: 'upstream_error' } })}\n\n`
+    raw.end(this.open ? `\n\n${event}` : event)
+    run.cut(502)
   }
 }
 

@@ -5,7 +5,7 @@ import { createServer } from 'node:http'
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { connect } from 'node:net'
 import { chunkFrame, ChunkWriter } from '../../src/http/chunked.js'
-import { endsWithDone, eventEnd, injectWorkerId } from '../../src/proxy.js'
+import { endsEvent, endsWithDone, eventEnd, injectWorkerId, lastEventEnd } from '../../src/proxy.js'
 
 /** Decodes a chunked body; throws on any framing error. */
 function unchunk(body: Buffer): Buffer[] {
@@ -210,4 +210,22 @@ t.test('eventEnd: the first blank line, with LF or CRLF line ends', async (t) =>
   t.equal(eventEnd('data: x\n\ndata: y\r\n\r\n'), 9)
   t.equal(eventEnd('data: x\ndata: y\n'), -1, 'not ended yet')
   t.equal(eventEnd('data: x\r\n'), -1)
+})
+
+t.test('endsEvent: a chunk that ends with a blank line, LF or CRLF, and no other', async (t) => {
+  const yes = ['data: x\n\n', '\n\n', 'data: x\r\n\r\n', 'data: x\r\n\n', 'data: [DONE]\n\n', ': comment\n\n']
+  const no = ['', '\n', 'data: x\n', 'data: x\r\n', 'data: x\n\r\n', '\r\n\r', 'data: x\n\ndata: y', 'data: x\n\n ', '\r\n', 'x\r\n\r\nx']
+  for (const x of yes) t.ok(endsEvent(Buffer.from(x)), JSON.stringify(x))
+  for (const x of no) t.notOk(endsEvent(Buffer.from(x)), JSON.stringify(x))
+})
+
+t.test('lastEventEnd: just past the last blank line, LF or CRLF; 0 when there is none', async (t) => {
+  const at = (s: string): number => lastEventEnd(Buffer.from(s))
+  t.equal(at('data: x\n\ndata: y\n\ndata: z'), 18)
+  t.equal(at('data: x\r\n\r\ndata: y'), 11)
+  t.equal(at('data: x\r\n\r\ndata: y\n\nz'), 20, 'the later of the two')
+  t.equal(at('data: x\n\ndata: y\r\n\r\nz'), 20)
+  t.equal(at('data: x\n\n'), 9, 'the whole chunk')
+  t.equal(at('data: x\ndata: y\n'), 0, 'no event ends')
+  t.equal(at(''), 0)
 })

@@ -11,6 +11,8 @@
 // With --api-key every POST and DELETE needs `Authorization: Bearer KEY`.
 import { isUtf8 } from 'node:buffer'
 import { timingSafeEqual } from 'node:crypto'
+import { Server as NetServer } from 'node:net'
+import type { Socket } from 'node:net'
 import Fastify from 'fastify'
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import type { Dispatcher } from 'undici'
@@ -178,6 +180,12 @@ export async function buildApp(opts: AppOptions): Promise<App> {
     // a path fastify cannot decode, and Node's parser errors, in the catalogue's JSON like the rest
     frameworkErrors: (err, _req, reply) => void sendError(reply, err),
     clientErrorHandler,
+  })
+  // The connections open, for the shutdown's sweep: one listener per connection, nothing per request.
+  const sockets = new Set<Socket>()
+  fastify.server.on('connection', (s: Socket) => {
+    sockets.add(s)
+    s.once('close', () => sockets.delete(s))
   })
   const proxy = new Proxy(router, { retries: cfg.proxyRetries, dispatcher: opts.dispatcher })
   let closing = false
@@ -571,19 +579,38 @@ export async function buildApp(opts: AppOptions): Promise<App> {
 
   await fastify.ready()
 
+  /**
+   * Closes the connections that carry nothing: no response being written (`_httpMessage`, Node's
+   * own link from a socket to its response, is cleared only once the last byte is handed to the
+   * OS), nothing buffered, and nothing read since the last sweep (no request's headers arriving).
+   * Node's closeIdleConnections is not used: it destroys a connection as soon as end() was called,
+   * cutting a response still being written to a slow reader (found by review: 3.9 MB of a 20 MB
+   * answer arrived).
+   */
+  const lastRead = new WeakMap<Socket, number>()
+  const sweep = (): void => {
+    for (const s of sockets) {
+      if ((s as Socket & { _httpMessage?: unknown })._httpMessage != null || s.writableLength > 0) continue
+      const read = s.bytesRead
+      if (lastRead.get(s) === read) s.destroySoon()
+      else lastRead.set(s, read)
+    }
+  }
+
   const shutdown = async (timeoutMs: number): Promise<boolean> => {
     closing = true
     let cut = false
     // The listener closes at once, so new connections are refused: a balancer that fails over on
-    // a refused connection moves on now, not after the drain (it used to stay open, answering
-    // 503, for as long as the drain took; found by review). A request on a connection already
-    // open gets 503 with `connection: close` from the onRequest hook above.
-    const closed = fastify.close()
-    // A keep-alive connection whose last response ends during the drain turns idle, and Node
-    // closes idle connections only when asked: asked here until none is left, or the close would
-    // wait out fastify's keep-alive timeout (72 s). A connection still uploading a body is not
-    // idle, so that request is drained like a proxied one.
-    const sweep = setInterval(() => fastify.server.closeIdleConnections(), 25)
+    // a refused connection moves on now, not after the drain (found by review). net.Server's close,
+    // not http.Server's: the latter also runs closeIdleConnections (see sweep). A request on a
+    // connection already open gets 503 with `connection: close` from the onRequest hook above.
+    const drained = new Promise<void>((resolve) => fastify.server.once('close', () => resolve()))
+    NetServer.prototype.close.call(fastify.server)
+    // A keep-alive connection whose last response ends during the drain turns idle and would stay
+    // open for fastify's keep-alive timeout (72 s): swept until none is left. A connection still
+    // uploading a body has its response assigned, so that request is drained like a proxied one.
+    sweep()
+    const sweeping = setInterval(sweep, 25)
     // Whatever is still open at the deadline is cut: a stream that never ends, a body that never
     // finishes uploading. A cut client connection is a client disconnect to the proxy: its
     // upstream request is aborted and its booking freed.
@@ -592,11 +619,12 @@ export async function buildApp(opts: AppOptions): Promise<App> {
       fastify.server.closeAllConnections()
     }, timeoutMs)
     try {
-      await closed
+      await drained
     } finally {
-      clearInterval(sweep)
+      clearInterval(sweeping)
       clearTimeout(deadline)
     }
+    await fastify.close()
     // the runs of cut connections end as their upstream aborts settle
     const idle = await proxy.drain(1000)
     await proxy.close(cut || !idle)

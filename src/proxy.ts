@@ -176,7 +176,7 @@ export class Proxy {
    * bench/HISTORY.md, bench:route, session 16).
    */
   async book(route: RouteInput, signal: CancelSignal): Promise<Attempt> {
-    const id = this.router.newRequestId()
+    const id = this.router.newRequestId(true)
     route.id = id
     route.updateStates = true
     route.signal = signal

@@ -97,6 +97,7 @@ export class Router {
   private nextRequest = 0
   /** The prefix of the ids this router makes for bookings (newRequestId). */
   readonly requestIdPrefix = `r${Date.now().toString(36)}-`
+  private readonly proxiedIdPrefix = `${this.requestIdPrefix}~`
   private closed = false
   /** KV-event intake from NATS (`--nats-url`), or null in embedded mode. */
   nats: NatsIntake | null = null
@@ -234,10 +235,13 @@ export class Router {
       failures: 0,
       source: reg.source ?? 'static',
     }
+    // a worker the index knew nothing of leaves nothing in it when its registration is refused
+    const known = this.workerTable.has(reg.id) || (await this.pool.indexedRanks(reg.id)) > 0
     for (let r = 0; r < dpRanks; r++) {
       // A full table of worker-ranks used to be ignored here: the worker was answered 201, and
       // every KV event of it was then dropped as too_many_workers, so it could never get a hit.
       if (!(await this.pool.ensureWorker(reg.id, r))) {
+        if (!known) await this.pool.removeWorker(reg.id)
         throw new KvrError('KVR_ERR_TOO_MANY_WORKERS', `worker ${reg.id} rank ${r} does not fit: its index shard holds its maximum of ${this.pool.maxWorkerRanksPerShard} worker-ranks (workers known only from their KV events count too; DELETE /v1/workers/{id} drops them)`)
       }
     }
@@ -288,8 +292,18 @@ export class Router {
 
   // ---- routing ----
 
-  newRequestId(): string {
-    return this.requestIdPrefix + (this.nextRequest++).toString(36)
+  /**
+   * A fresh booking id. The proxy's own are marked (`~` is no base-36 digit), so that the release
+   * routes of /v1/route can tell them apart: a proxied request's booking ends with its stream, and
+   * a client guessing its sequential id must not free it early (found by review).
+   */
+  newRequestId(proxied = false): string {
+    return (proxied ? this.proxiedIdPrefix : this.requestIdPrefix) + (this.nextRequest++).toString(36)
+  }
+
+  /** Whether an id is one of the proxy's bookings (newRequestId(true)). */
+  isProxiedRequestId(id: string): boolean {
+    return id.startsWith(this.proxiedIdPrefix)
   }
 
   /**

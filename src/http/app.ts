@@ -458,11 +458,13 @@ export async function buildApp(opts: AppOptions): Promise<App> {
 
     scope.post('/v1/route/:id/prefill-complete', async (req, reply) => {
       const id = (req.params as { id: string }).id
+      if (router.isProxiedRequestId(id)) throw proxiedBooking(id)
       if (!router.scheduler.markPrefillComplete(id)) throw new KvrError('KVR_ERR_UNKNOWN_REQUEST', `no booked request ${id}`)
       return reply.send({ request_id: id, prefill_complete: true })
     })
     scope.delete('/v1/route/:id', async (req, reply) => {
       const id = (req.params as { id: string }).id
+      if (router.isProxiedRequestId(id)) throw proxiedBooking(id)
       if (!router.scheduler.free(id)) throw new KvrError('KVR_ERR_UNKNOWN_REQUEST', `no booked request ${id}`)
       return reply.send({ request_id: id, released: true })
     })
@@ -632,6 +634,9 @@ export async function buildApp(opts: AppOptions): Promise<App> {
   }
   return { fastify, proxy, shutdown }
 }
+
+/** A booking of a request the router proxies: it follows that request, not the release routes. */
+const proxiedBooking = (id: string): KvrError => new KvrError('KVR_ERR_UNKNOWN_REQUEST', `no request booked through /v1/route has the id ${id}: it is one the router is proxying, whose booking ends with its stream`)
 
 const isWs = (c: number | undefined): boolean => c === 32 || c === 10 || c === 13 || c === 9
 

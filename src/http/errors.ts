@@ -84,7 +84,10 @@ export function clientErrorHandler(this: FastifyInstance, err: NodeJS.ErrnoExcep
         ? new KvrError('KVR_ERR_HEADERS_TOO_LARGE')
         : new KvrError('KVR_ERR_MALFORMED_HTTP', `the request is not well-formed HTTP/1.1 (${err.code ?? 'parse error'})`)
   this.log.trace({ err }, 'client error')
-  if (socket.writable) {
+  // a response already under way on this connection (bytes after a request that is being answered)
+  // must not get a status line written into its middle: the connection is only closed
+  const answering = (socket as Socket & { _httpMessage?: unknown })._httpMessage != null
+  if (socket.writable && !answering) {
     const body = errorBody(e)
     socket.write(`HTTP/1.1 ${e.statusCode} ${STATUS_CODES[e.statusCode] ?? ''}\r\nContent-Length: ${Buffer.byteLength(body)}\r\nContent-Type: application/json; charset=utf-8\r\nConnection: close\r\n\r\n${body}`)
   }

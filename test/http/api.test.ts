@@ -320,6 +320,10 @@ t.test('workers known only from KV events: listed, removable, and a full table r
   t.match(refused.json(), { error: { code: 'KVR_ERR_TOO_MANY_WORKERS' } })
   t.equal(own.router.worker(31337n), undefined, 'and not routed to')
   t.equal((await own.app.fastify.inject({ method: 'DELETE', url: '/v1/workers/5000000' })).statusCode, 200)
+  // one slot free: a worker of two ranks does not fit, and leaves no rank behind
+  const two = await own.app.fastify.inject({ method: 'POST', url: '/v1/workers', payload: JSON.stringify({ id: 777, url: 'http://127.0.0.1:9', dp_size: 2 }), headers: json })
+  t.equal(two.statusCode, 503)
+  t.equal(await own.router.pool.indexedRanks(777n), 0, 'the rank that fitted was given back')
   const ok = await own.app.fastify.inject({ method: 'POST', url: '/v1/workers', payload: JSON.stringify({ id: 31337, url: 'http://127.0.0.1:9' }), headers: json })
   t.equal(ok.statusCode, 201, 'a freed slot takes it')
   t.equal((await send(stored(31337n))).statusCode, 202)
@@ -341,6 +345,18 @@ t.test('request ids: a client cannot book in the router\'s own id space (found b
   t.equal(mine.statusCode, 200, 'an id of the client\'s own is booked')
   t.ok(h.router.scheduler.free(id))
   t.ok(h.router.scheduler.free('client-' + id))
+  // the proxy's own bookings cannot be released or marked through the /v1/route routes
+  const proxied = h.router.newRequestId(true)
+  t.ok(h.router.isProxiedRequestId(proxied))
+  t.notOk(h.router.isProxiedRequestId(h.router.newRequestId()))
+  await h.router.route({ tokens: tokens(8), id: proxied, updateStates: true })
+  for (const [method, url] of [['DELETE', `/v1/route/${proxied}`], ['POST', `/v1/route/${proxied}/prefill-complete`]] as const) {
+    const r = await h.app.fastify.inject({ method, url, headers: json, payload: method === 'POST' ? '' : undefined })
+    t.equal(r.statusCode, 404, `${method} ${url}`)
+    t.match(r.json(), { error: { code: 'KVR_ERR_UNKNOWN_REQUEST', message: /the router is proxying/ } })
+  }
+  t.equal(h.router.scheduler.stats().bookedRequests, 1, 'the proxied booking is still held')
+  t.ok(h.router.scheduler.free(proxied))
 })
 
 t.test('--encoder-cuda-to-cpu-ratio and --router-max-index-blocks reach the scheduler and the shards (found by review)', async (t) => {

@@ -3,7 +3,7 @@
 import { connect } from 'node:net'
 import type { AddressInfo } from 'node:net'
 import t from 'tap'
-import { harness, tokens } from './helpers.js'
+import { harness, tokens, upstream } from './helpers.js'
 
 const KEY = 'sekret'
 const h = await harness(['--api-key', KEY, '--router-block-size', '4', '--http-body-limit', '4096', '--worker', '5=http://127.0.0.1:9'])
@@ -321,4 +321,37 @@ t.test('unusable worker URLs, non-UTF-8 scanned bodies, loose dp ranks, prioriti
     t.match(r.body.error?.message, /priority must be an integer in \[-2\^31, 2\^31\)/)
   }
   t.equal((await call('POST', '/v1/route', '{"token_ids":[1,2,3,4],"priority":-2147483648}')).status, 200, 'the i32 minimum is taken')
+})
+
+t.test('a parse error on a connection that is being answered closes it without a status line in the answer (found by review)', async (t) => {
+  const own = await harness(['--router-block-size', '4'])
+  t.teardown(() => own.close())
+  let finish: (() => void) | undefined
+  const s = await upstream((_req, _body, res) => {
+    res.writeHead(200, { 'content-type': 'text/event-stream' })
+    res.write(`data: ${JSON.stringify({ id: 'c', choices: [{ index: 0, text: 'a' }] })}\n\n`)
+    finish = () => res.end('data: [DONE]\n\n')
+  })
+  t.teardown(() => {
+    finish?.()
+    return s.close()
+  })
+  await own.router.addWorker({ id: 8n, url: s.url })
+  await own.app.fastify.listen({ port: 0, host: '127.0.0.1' })
+  const port = (own.app.fastify.server.address() as AddressInfo).port
+  const body = JSON.stringify({ prompt: tokens(8), stream: true })
+  let got = ''
+  const c = connect(port, '127.0.0.1')
+  c.setEncoding('latin1')
+  c.on('data', (d: string) => (got += d))
+  c.on('error', () => {})
+  const closed = new Promise((resolve) => c.on('close', resolve))
+  await new Promise((resolve) => c.on('connect', resolve))
+  c.write(`POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`)
+  const end = Date.now() + 5000
+  while (!got.includes('"text":"a"') && Date.now() < end) await new Promise((resolve) => setTimeout(resolve, 10))
+  t.match(got, /^HTTP\/1\.1 200 /, 'the stream is under way')
+  c.write('GARBAGE GARBAGE\r\n\r\n')
+  await closed
+  t.equal(got.split('HTTP/1.1 ').length - 1, 1, 'one status line only: none written into the stream')
 })

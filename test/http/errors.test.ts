@@ -1,9 +1,8 @@
 // Every route's error paths through inject(): malformed JSON, wrong types, token ids out of
 // range, empty prompts, unknown pinned workers, oversized bodies, missing or wrong API keys.
 import { connect } from 'node:net'
-import type { AddressInfo } from 'node:net'
 import t from 'tap'
-import { harness, tokens, upstream } from './helpers.js'
+import { harness, listening, tokens, upstream } from './helpers.js'
 
 const KEY = 'sekret'
 const h = await harness(['--api-key', KEY, '--router-block-size', '4', '--http-body-limit', '4096', '--worker', '5=http://127.0.0.1:9'])
@@ -264,8 +263,7 @@ t.test('errors before any route runs are catalogue JSON too: bad path encoding, 
   }
   const own = await harness(['--router-block-size', '4'])
   t.teardown(() => own.close())
-  await own.app.fastify.listen({ port: 0, host: '127.0.0.1' })
-  const port = (own.app.fastify.server.address() as AddressInfo).port
+  const port = await listening(own)
   const raw = (text: string): Promise<string> =>
     new Promise((resolve, reject) => {
       const s = connect(port, '127.0.0.1', () => s.end(text))
@@ -337,8 +335,7 @@ t.test('a parse error on a connection that is being answered closes it without a
     return s.close()
   })
   await own.router.addWorker({ id: 8n, url: s.url })
-  await own.app.fastify.listen({ port: 0, host: '127.0.0.1' })
-  const port = (own.app.fastify.server.address() as AddressInfo).port
+  const port = await listening(own)
   const body = JSON.stringify({ prompt: tokens(8), stream: true })
   let got = ''
   const c = connect(port, '127.0.0.1')

@@ -100,3 +100,21 @@ export async function workerFleet(h: Harness, handlers: Handler[]) {
     },
   }
 }
+
+/** Sum of a metric's samples on `hh`'s /metrics whose labels include all of `labels`. */
+export async function metricSum(hh: Harness, name: string, labels: Record<string, string> = {}): Promise<number> {
+  const body = (await hh.app.fastify.inject({ method: 'GET', url: '/metrics' })).body
+  let sum = 0
+  for (const line of body.split('\n')) {
+    if (!line.startsWith(`${name}{`) && !line.startsWith(`${name} `)) continue
+    if (!Object.entries(labels).every(([k, v]) => line.includes(`${k}="${v}"`))) continue
+    sum += Number(line.slice(line.lastIndexOf(' ') + 1))
+  }
+  return sum
+}
+
+/** Starts `hh`'s app on a free loopback port and returns the port. */
+export async function listening(hh: Harness): Promise<number> {
+  await hh.app.fastify.listen({ host: '127.0.0.1', port: 0 })
+  return (hh.app.fastify.server.address() as AddressInfo).port
+}

@@ -8,7 +8,7 @@ import t from 'tap'
 import type { Test } from 'tap'
 import type { ServerResponse } from 'node:http'
 import type { AddressInfo } from 'node:net'
-import { chunk, harness, sse, tokens, until, workerFleet } from './helpers.js'
+import { chunk, harness, metricSum, sse, tokens, until, workerFleet } from './helpers.js'
 import type { Handler } from './helpers.js'
 
 const h = await harness(['--router-block-size', '4', '--proxy-retries', '2'])
@@ -23,17 +23,7 @@ const booked = (): number => h.router.scheduler.stats().bookedRequests
 const post = (body: unknown, signal?: AbortSignal) =>
   fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal })
 
-/** Sum of a metric's samples whose labels include all of `labels`. */
-async function metric(name: string, labels: Record<string, string> = {}): Promise<number> {
-  const body = (await h.app.fastify.inject({ method: 'GET', url: '/metrics' })).body
-  let sum = 0
-  for (const line of body.split('\n')) {
-    if (!line.startsWith(`${name}{`) && !line.startsWith(`${name} `)) continue
-    if (!Object.entries(labels).every(([k, v]) => line.includes(`${k}="${v}"`))) continue
-    sum += Number(line.slice(line.lastIndexOf(' ') + 1))
-  }
-  return sum
-}
+const metric = (name: string, labels: Record<string, string> = {}) => metricSum(h, name, labels)
 const requests = (status: number) => metric('dynamo_frontend_requests_total', { endpoint: '/v1/completions', status: String(status) })
 
 /**

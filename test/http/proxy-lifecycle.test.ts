@@ -12,7 +12,7 @@ import { connect } from 'node:net'
 import type { AddressInfo, Socket } from 'node:net'
 import { Agent, buildConnector, Dispatcher } from 'undici'
 import type { TextTokenizer } from '../../src/tokenizer.js'
-import { chunk, harness, sse, tokens, until, upstream, workerFleet } from './helpers.js'
+import { chunk, harness, metricSum, sse, tokens, until, upstream, workerFleet } from './helpers.js'
 import type { Handler, Harness } from './helpers.js'
 
 const h = await harness(['--router-block-size', '4', '--proxy-retries', '2'])
@@ -27,17 +27,7 @@ const fleet = (handlers: Handler[], hh: Harness = h) => workerFleet(hh, handlers
 
 const booked = (hh: Harness = h): number => hh.router.scheduler.stats().bookedRequests
 
-/** Sum of a metric's samples whose labels include all of `labels`. */
-async function metric(name: string, labels: Record<string, string> = {}, hh: Harness = h): Promise<number> {
-  const body = (await hh.app.fastify.inject({ method: 'GET', url: '/metrics' })).body
-  let sum = 0
-  for (const line of body.split('\n')) {
-    if (!line.startsWith(`${name}{`) && !line.startsWith(`${name} `)) continue
-    if (!Object.entries(labels).every(([k, v]) => line.includes(`${k}="${v}"`))) continue
-    sum += Number(line.slice(line.lastIndexOf(' ') + 1))
-  }
-  return sum
-}
+const metric = (name: string, labels: Record<string, string> = {}, hh: Harness = h) => metricSum(hh, name, labels)
 const requests = (status: number, hh: Harness = h) => metric('dynamo_frontend_requests_total', { endpoint: '/v1/completions', status: String(status) }, hh)
 const inflightGauge = (hh: Harness = h) => metric('dynamo_frontend_inflight_requests', {}, hh)
 

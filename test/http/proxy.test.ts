@@ -9,7 +9,7 @@ import { request as httpRequest } from 'node:http'
 import type { IncomingMessage } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { fullGc } from '../../src/heap-settle.js'
-import { chunk, harness, sse, tokens, until, upstream, workerFleet } from './helpers.js'
+import { chunk, harness, listening, sse, tokens, until, upstream, workerFleet } from './helpers.js'
 import type { Handler, Harness } from './helpers.js'
 
 const BIG = 18446744073709551557n
@@ -553,8 +553,7 @@ t.test('shutdown returns by its deadline whatever connections are open: unused, 
 
 t.test('shutdown waits for a request whose body is still arriving, then serves it (found by review)', async (t) => {
   const h5 = await harness(['--router-block-size', '4'])
-  await h5.app.fastify.listen({ host: '127.0.0.1', port: 0 })
-  const port = (h5.app.fastify.server.address() as AddressInfo).port
+  const port = await listening(h5)
   const s = await upstream((_req, _body, res) => {
     res.writeHead(200, { 'content-type': 'application/json' })
     res.end(JSON.stringify(chunk('whole')))
@@ -583,8 +582,7 @@ t.test('shutdown waits for a request whose body is still arriving, then serves i
 
 t.test('shutdown does not cut an answer still being written to a slow reader (found by review)', async (t) => {
   const h6 = await harness(['--router-block-size', '4'])
-  await h6.app.fastify.listen({ host: '127.0.0.1', port: 0 })
-  const port = (h6.app.fastify.server.address() as AddressInfo).port
+  const port = await listening(h6)
   let answered = false
   const big = 'a'.repeat(20_000_000)
   const s = await upstream((_req, _body, res) => {

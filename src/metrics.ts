@@ -40,6 +40,8 @@ function branch<K, V>(m: Map<K, V>, key: K, make: () => V): V {
   return v
 }
 
+const EVENT_TYPES = ['stored', 'removed', 'cleared'] as const
+
 export class RouterMetrics {
   readonly registry = new Registry()
   readonly routerId: string
@@ -307,21 +309,14 @@ export class RouterMetrics {
       collect() {
         this.reset()
         let bad = 0
-        const ok = { stored: 0, removed: 0, cleared: 0 }
-        const rejected: Record<string, number> = {}
         for (const c of pool.counters()) {
           bad += c.malformed
-          for (const type of ['stored', 'removed', 'cleared'] as const) {
-            ok[type] += c.appliedByType[type]
-            for (const [reason, v] of Object.entries(c.rejectedByType[type])) if (v > 0) rejected[`${type}\u0000${reason}`] = (rejected[`${type}\u0000${reason}`] ?? 0) + v
+          for (const type of EVENT_TYPES) {
+            this.inc({ event_type: type, status: 'ok' }, c.appliedByType[type])
+            for (const [reason, v] of Object.entries(c.rejectedByType[type])) if (v > 0) this.inc({ event_type: type, status: reason }, v)
           }
         }
-        for (const type of ['stored', 'removed', 'cleared'] as const) this.inc({ event_type: type, status: 'ok' }, ok[type])
         this.inc({ event_type: 'unknown', status: 'malformed' }, bad)
-        for (const [k, v] of Object.entries(rejected)) {
-          const cut = k.indexOf('\u0000')
-          this.inc({ event_type: k.slice(0, cut), status: k.slice(cut + 1) }, v)
-        }
       },
     })
     const shardGauge = (name: string, help: string, pick: (c: ReturnType<typeof pool.counters>[number]) => number): void => {

@@ -30,7 +30,7 @@ import { chatPromptText } from '../tokenizer.js'
 import type { ChatMessage, TextTokenizer } from '../tokenizer.js'
 import { Proxy } from '../proxy.js'
 import type { ProxyCall } from '../proxy.js'
-import { clientErrorHandler, errorHandler, sendError } from './errors.js'
+import { clientErrorHandler, errorHandler, responseUnderWay, sendError } from './errors.js'
 import { parseJsonExact, readU64, serializeJson } from './json.js'
 import { readBody } from './body.js'
 import { RouteBodyScanner } from './route-body.js'
@@ -592,7 +592,7 @@ export async function buildApp(opts: AppOptions): Promise<App> {
   const lastRead = new WeakMap<Socket, number>()
   const sweep = (): void => {
     for (const s of sockets) {
-      if ((s as Socket & { _httpMessage?: unknown })._httpMessage != null || s.writableLength > 0) continue
+      if (responseUnderWay(s) || s.writableLength > 0) continue
       const read = s.bytesRead
       if (lastRead.get(s) === read) s.destroySoon()
       else lastRead.set(s, read)

@@ -24,6 +24,15 @@
 // sends long prompts instead of 64-token ones: what KV-aware routing usually carries, and where
 // the router's body handling and its GC show (bench/HISTORY.md, bench:route, session 13).
 //
+// Alternating rounds: the paired rounds' two paths each hold `streams` open, so the machine carries
+// twice the bar's load. These hold the bar's load exactly, one path at a time: each path serves
+// four short slices in the order direct, routed, routed, direct, direct, routed, routed, direct,
+// each slice ramping up from idle, and only requests sent once a slice's streams are all open
+// count; a path's p99 is over its slices' pooled samples (as many as one paired phase has). Slices
+// of a few seconds share the machine's slower drift; what a paired round shares and these do not
+// is the moment-to-moment noise. In the session they were added (bench/HISTORY.md, bench:route,
+// session 22) the two kinds gave the same overheads within their rounds' spread.
+//
 // Where the TTFT overhead arises: the client notes when it hands each request to undici and the
 // upstream stamps its first event with when the request reached it and when the event left, all on
 // CLOCK_MONOTONIC, which every process on the machine shares. So each TTFT splits into ingress (client sends ->
@@ -118,6 +127,17 @@ async function readRouterPauses(base: string): Promise<GcTotals & { loopP99Ms: n
   return { scavenges: read('count', 'minor'), scavengeMs: read('sum', 'minor') * 1000, majors: read('count', 'major'), majorMs: read('sum', 'major') * 1000, loopP99Ms: lag('p99'), loopMaxMs: lag('max') }
 }
 
+function sumGc(gs: GcTotals[]): GcTotals {
+  const t: GcTotals = { scavenges: 0, scavengeMs: 0, majors: 0, majorMs: 0 }
+  for (const g of gs) {
+    t.scavenges += g.scavenges
+    t.scavengeMs += g.scavengeMs
+    t.majors += g.majors
+    t.majorMs += g.majorMs
+  }
+  return t
+}
+
 function gcDiff(a: GcTotals, b: GcTotals): GcTotals {
   return { scavenges: b.scavenges - a.scavenges, scavengeMs: b.scavengeMs - a.scavengeMs, majors: b.majors - a.majors, majorMs: b.majorMs - a.majorMs }
 }
@@ -151,6 +171,8 @@ export interface ProxyResult {
   p99TotalOverheadMsMedian: number
   /** Paired rounds: both paths at once, requests interleaved one by one (the headline). */
   paired: PairedSummary
+  /** Alternating rounds: one path at a time in short slices, the bar's load exactly (see alternatingRound). */
+  alternating: PairedSummary
   /** The router's CPU per request, median over the sequential and the paired rounds. */
   routerCpuUsPerRequestMedian: number | null
   /** Paired rounds with a router started with --nice (PRIORITY_NICE); refused says why they did not run. */
@@ -374,14 +396,14 @@ interface Lane {
  * Open-loop load over one or more lanes at `rate` requests/s each: request k goes to lane
  * k mod lanes, so lanes run side by side and share whatever the machine does meanwhile.
  */
-async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent, upstreamsPid?: number): Promise<PhaseResult[]> {
+async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent, upstreamsPid?: number, countFromMs = 0): Promise<PhaseResult[]> {
   const routerUrl = lanes.find((l) => l.path === 'router')?.urls[0]
   const gc0 = routerUrl === undefined ? null : await readRouterPauses(routerUrl)
   const hop0 = lanes.map((l) => processTicks(l.pid))
   const up0 = processTicks(upstreamsPid)
   const client0 = process.cpuUsage()
   const wall0 = performance.now()
-  const stats = lanes.map(() => ({ ttft: [] as number[], total: [] as number[], ingress: [] as number[], egress: [] as number[], errors: 0, requests: 0, open: 0, openArea: 0, lastChange: performance.now() }))
+  const stats = lanes.map(() => ({ ttft: [] as number[], total: [] as number[], ingress: [] as number[], egress: [] as number[], errors: 0, rampErrors: 0, requests: 0, counted: 0, open: 0, openArea: 0, lastChange: performance.now() }))
   const track = (st: (typeof stats)[number], d: number): void => {
     const now = performance.now()
     st.openArea += st.open * (now - st.lastChange)
@@ -389,7 +411,7 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
     st.open += d
   }
   const inflight: Promise<void>[] = []
-  const one = (st: (typeof stats)[number], url: URL, body: string): Promise<void> =>
+  const one = (st: (typeof stats)[number], url: URL, body: string, counted: boolean): Promise<void> =>
     new Promise<void>((resolve) => {
       const sent = monoUs()
       // undici's dispatcher callbacks, not a Readable body iterated with for-await: the load
@@ -401,7 +423,10 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
       let first = -1
       let split: { ingress: number; egress: number } | null = null
       const done = (ok: boolean): void => {
-        if (ok && status === 200 && first >= 0) {
+        if (!counted) {
+          // a ramp-up request: it loads the machine like the others, its times are not kept
+          if (!(ok && status === 200 && first >= 0)) st.rampErrors++
+        } else if (ok && status === 200 && first >= 0) {
           st.ttft.push(first - t0)
           st.total.push(performance.now() - t0)
           if (split !== null) {
@@ -441,6 +466,7 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
   const targets = lanes.map((l) => l.urls.map((u) => new URL(u)))
   const start = performance.now()
   const end = start + seconds * 1000
+  const countFrom = start + countFromMs
   const interval = 1000 / (rate * lanes.length)
   let k = 0
   for (;;) {
@@ -453,11 +479,20 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
     const lane = k % lanes.length
     const st = stats[lane] as (typeof stats)[number]
     const urls = targets[lane] as URL[]
-    inflight.push(one(st, urls[st.requests % urls.length] as URL, uniquePrompt(PROMPT_TOKENS)))
+    const counted = due >= countFrom
+    if (counted && st.counted === 0) {
+      // the open-stream average covers the counted sends only
+      st.openArea = 0
+      st.lastChange = performance.now()
+    }
+    inflight.push(one(st, urls[st.requests % urls.length] as URL, uniquePrompt(PROMPT_TOKENS), counted))
     st.requests++
+    if (counted) st.counted++
     k++
   }
   const sendEnd = performance.now()
+  // the streams still open drain after the last send: the average is of the sends' span only
+  const openDuringSends = stats.map((st) => st.openArea + st.open * (sendEnd - st.lastChange))
   await Promise.all(inflight)
   const hop1 = lanes.map((l) => processTicks(l.pid))
   const wallS = (performance.now() - wall0) / 1000
@@ -472,14 +507,13 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
     // a first event without the upstream's stamps would drop out of the split unseen
     if (st.ingress.length !== st.ttft.length) throw new Error(`${l.path}: ${st.ttft.length - st.ingress.length} of ${st.ttft.length} first events came without the upstream's time stamps`)
     for (const xs of [st.ttft, st.total, st.ingress, st.egress]) xs.sort((a, b) => a - b)
-    const openDuringSends = st.openArea + st.open * (sendEnd - st.lastChange)
     const h0 = hop0[i] ?? null
     const h1 = hop1[i] ?? null
-    return {
+    const result: PhaseResult = {
       path: l.path,
-      requests: st.requests,
-      errors: st.errors,
-      meanOpen: openDuringSends / (sendEnd - start),
+      requests: st.counted,
+      errors: st.errors + st.rampErrors,
+      meanOpen: (openDuringSends[i] as number) / (sendEnd - Math.max(start, countFrom)),
       ttftMs: { p50: quantile(st.ttft, 0.5), p99: quantile(st.ttft, 0.99) },
       totalMs: { p50: quantile(st.total, 0.5), p99: quantile(st.total, 0.99) },
       ingressMs: { p50: quantile(st.ingress, 0.5), p99: quantile(st.ingress, 0.99) },
@@ -489,7 +523,44 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
       hopGc: l.path === 'router' ? hopGc : null,
       hopLoopDelayMs: l.path === 'router' && gc1 !== null ? { p99: gc1.loopP99Ms, max: gc1.loopMaxMs } : null,
     }
+    samplesOf.set(result, { ttft: st.ttft, total: st.total, ingress: st.ingress, egress: st.egress, sent: st.requests })
+    return result
   })
+}
+
+/** Each phase lane's sorted samples, kept beside its result (not in the JSON) so that slices can be merged. */
+const samplesOf = new WeakMap<PhaseResult, { ttft: number[]; total: number[]; ingress: number[]; egress: number[]; sent: number }>()
+
+/** Slices of one lane as one result: their samples pooled, counts summed, CPU weighted by requests sent. */
+function merge(slices: PhaseResult[]): PhaseResult {
+  const first = slices[0]
+  if (first === undefined) throw new Error('merge: no slices')
+  const raw = slices.map((x) => {
+    const r = samplesOf.get(x)
+    if (r === undefined) throw new Error('merge: a slice without its samples')
+    return r
+  })
+  const pool = (k: 'ttft' | 'total' | 'ingress' | 'egress'): number[] => raw.flatMap((r) => r[k]).sort((a, b) => a - b)
+  const q = (xs: number[]): { p50: number; p99: number } => ({ p50: quantile(xs, 0.5), p99: quantile(xs, 0.99) })
+  const mean = (xs: (number | null)[]): number | null => (xs.every((x) => x !== null) ? (xs as number[]).reduce((a, b) => a + b, 0) / xs.length : null)
+  const sent = raw.reduce((a, r) => a + r.sent, 0)
+  const cpu = slices.every((x) => x.hopCpuUsPerRequest !== null) ? slices.reduce((a, x, i) => a + (x.hopCpuUsPerRequest as number) * (raw[i] as { sent: number }).sent, 0) / sent : null
+  const gcs = slices.map((x) => x.hopGc)
+  const loops = slices.map((x) => x.hopLoopDelayMs)
+  return {
+    path: first.path,
+    requests: slices.reduce((a, x) => a + x.requests, 0),
+    errors: slices.reduce((a, x) => a + x.errors, 0),
+    meanOpen: mean(slices.map((x) => x.meanOpen)) as number,
+    ttftMs: q(pool('ttft')),
+    totalMs: q(pool('total')),
+    ingressMs: q(pool('ingress')),
+    egressMs: q(pool('egress')),
+    hopCpuUsPerRequest: cpu,
+    cpuPct: { client: mean(slices.map((x) => x.cpuPct.client)) as number, upstreams: mean(slices.map((x) => x.cpuPct.upstreams)), hop: mean(slices.map((x) => x.cpuPct.hop)) },
+    hopGc: gcs.every((g) => g !== null) ? sumGc(gcs as GcTotals[]) : null,
+    hopLoopDelayMs: loops.every((l) => l !== null) ? { p99: median(loops.map((l) => (l as { p99: number }).p99)), max: Math.max(...loops.map((l) => (l as { max: number }).max)) } : null,
+  }
 }
 
 function round(d: PhaseResult, r: PhaseResult): Round {
@@ -501,6 +572,29 @@ function round(d: PhaseResult, r: PhaseResult): Round {
     p99IngressOverheadMs: r.ingressMs.p99 - d.ingressMs.p99,
     p99EgressOverheadMs: r.egressMs.p99 - d.egressMs.p99,
   }
+}
+
+/**
+ * One alternating round: the bar's load, `streams` open on one path at a time, the paths taking
+ * turns in short slices (direct, routed, routed, direct, and again) so that the machine's drift over
+ * the round falls on both alike. Each slice ramps up from idle; only requests sent once its streams
+ * are all open count (a stream's length after the start), and a path's p99 is over the pooled
+ * samples of its slices, as many as one paired phase has.
+ */
+async function alternatingRound(direct: Lane, routed: Lane, rate: number, streamMs: number, seconds: number, agent: Agent, upstreamsPid: number | undefined): Promise<Round> {
+  const slices = 4
+  // a tenth over the calibrated stream length: by then streams end as fast as new ones open
+  const rampMs = Math.ceil(streamMs * 1.1)
+  const sliceS = seconds / slices + rampMs / 1000
+  const out: { direct: PhaseResult[]; router: PhaseResult[] } = { direct: [], router: [] }
+  for (let i = 0; i < slices; i++) {
+    const order = i % 2 === 0 ? [direct, routed] : [routed, direct]
+    for (const lane of order) {
+      const [x] = (await phase([lane], rate, sliceS, agent, upstreamsPid, rampMs)) as [PhaseResult]
+      out[lane.path === 'direct' ? 'direct' : 'router'].push(x)
+    }
+  }
+  return round(merge(out.direct), merge(out.router))
 }
 
 export async function benchProxy(cli: string, opts: { streams?: number; seconds?: number; engines?: number; mode?: 'round-robin' | 'kv' } = {}): Promise<ProxyResult> {
@@ -540,6 +634,8 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
       const [d, r] = (await phase([direct, routed], rate, seconds, agent, upPid)) as [PhaseResult, PhaseResult]
       paired.push(round(d, r))
     }
+    const alternating: Round[] = []
+    for (let i = 0; i < 3; i++) alternating.push(await alternatingRound(direct, routed, rate, probe.totalMs.p50, seconds, agent, upPid))
     /**
      * Three paired rounds with `c` in the router's place, after `warm` that are not counted (see the
      * header); then `andThen`, if given, while `c` still runs.
@@ -607,6 +703,7 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
       p99TtftOverheadMsMedian: median(rounds.map((x) => x.p99TtftOverheadMs)),
       p99TotalOverheadMsMedian: median(rounds.map((x) => x.p99TotalOverheadMs)),
       paired: summary(paired),
+      alternating: summary(alternating),
       routerCpuUsPerRequestMedian: cpuMedian([...rounds, ...paired]),
       priority,
       bare: summary(bareRounds),
@@ -644,6 +741,7 @@ export function printProxy(p: ProxyResult): void {
     })
   rows('sequential', p.rounds)
   rows('paired', p.paired.rounds)
+  rows('alternate', p.alternating.rounds)
   if (p.priority.summary !== null) rows(`nice ${p.priority.nice}`, p.priority.summary.rounds)
   rows('bare', p.bare.rounds)
   rows('reference', p.relay.rounds)
@@ -655,7 +753,7 @@ export function printProxy(p: ProxyResult): void {
   })
   const us = (x: number | null): string => (x === null ? '–' : x.toFixed(0))
   const medians = (s: PairedSummary): string => `TTFT ${s.ttftMs.toFixed(2)} ms (ingress ${s.ingressMs.toFixed(2)}, egress ${s.egressMs.toFixed(2)}), total ${s.totalMs.toFixed(2)} ms`
-  console.log(`p99 overhead, medians: paired ${medians(p.paired)}; sequential TTFT ${p.p99TtftOverheadMsMedian.toFixed(2)} ms, total ${p.p99TotalOverheadMsMedian.toFixed(2)} ms; router CPU ${us(p.routerCpuUsPerRequestMedian)} µs per request`)
+  console.log(`p99 overhead, medians: paired ${medians(p.paired)}; alternating (one path at a time, ~${p.streamsTarget} streams in all) ${medians(p.alternating)}; sequential TTFT ${p.p99TtftOverheadMsMedian.toFixed(2)} ms, total ${p.p99TotalOverheadMsMedian.toFixed(2)} ms; router CPU ${us(p.routerCpuUsPerRequestMedian)} µs per request`)
   // absolute p99s beside the overheads: at a higher priority the router's overhead falls partly because the direct path slows
   const abs = (rs: Round[]): string => `direct ${median(rs.map((r) => r.direct.ttftMs.p99)).toFixed(2)} ms, routed ${median(rs.map((r) => r.hop.ttftMs.p99)).toFixed(2)} ms`
   const ps = p.priority.summary

@@ -148,6 +148,8 @@ export interface Round {
   /** The lane through the extra process: the router, or the bare proxy or the relay in their rounds. */
   hop: PhaseResult
   p99TtftOverheadMs: number
+  /** 95% bootstrap interval of p99TtftOverheadMs: the round's own sampling noise. */
+  p99TtftOverheadCi95Ms: [number, number]
   p99TotalOverheadMs: number
   /** The hop's p99 ingress and egress less the direct path's: where the TTFT overhead arises. */
   p99IngressOverheadMs: number
@@ -217,6 +219,9 @@ function sideBySide(rounds: SideBySideRound[]): SideBySide {
 export interface PairedSummary {
   rounds: Round[]
   ttftMs: number
+  /** The p99 TTFT overhead over the rounds' samples pooled (three times a round's), and its 95% bootstrap interval. */
+  pooledTtftMs: number
+  pooledTtftCi95Ms: [number, number]
   totalMs: number
   ingressMs: number
   egressMs: number
@@ -230,7 +235,10 @@ function cpuMedian(rs: Round[]): number | null {
 
 function summary(rounds: Round[]): PairedSummary {
   const m = (k: 'p99TtftOverheadMs' | 'p99TotalOverheadMs' | 'p99IngressOverheadMs' | 'p99EgressOverheadMs'): number => median(rounds.map((x) => x[k]))
-  return { rounds, ttftMs: m('p99TtftOverheadMs'), totalMs: m('p99TotalOverheadMs'), ingressMs: m('p99IngressOverheadMs'), egressMs: m('p99EgressOverheadMs'), cpuUsPerRequest: cpuMedian(rounds) }
+  const pool = (side: 'direct' | 'hop'): number[] => rounds.flatMap((x) => ttftSamples(x[side])).sort((a, b) => a - b)
+  const d = pool('direct')
+  const h = pool('hop')
+  return { rounds, ttftMs: m('p99TtftOverheadMs'), pooledTtftMs: quantile(h, 0.99) - quantile(d, 0.99), pooledTtftCi95Ms: overheadCi(d, h), totalMs: m('p99TotalOverheadMs'), ingressMs: m('p99IngressOverheadMs'), egressMs: m('p99EgressOverheadMs'), cpuUsPerRequest: cpuMedian(rounds) }
 }
 
 function quantile(sorted: number[], q: number): number {
@@ -541,26 +549,82 @@ function merge(slices: PhaseResult[]): PhaseResult {
     return r
   })
   const pool = (k: 'ttft' | 'total' | 'ingress' | 'egress'): number[] => raw.flatMap((r) => r[k]).sort((a, b) => a - b)
+  const ttft = pool('ttft')
+  const total = pool('total')
+  const ingress = pool('ingress')
+  const egress = pool('egress')
   const q = (xs: number[]): { p50: number; p99: number } => ({ p50: quantile(xs, 0.5), p99: quantile(xs, 0.99) })
   const mean = (xs: (number | null)[]): number | null => (xs.every((x) => x !== null) ? (xs as number[]).reduce((a, b) => a + b, 0) / xs.length : null)
   const sent = raw.reduce((a, r) => a + r.sent, 0)
   const cpu = slices.every((x) => x.hopCpuUsPerRequest !== null) ? slices.reduce((a, x, i) => a + (x.hopCpuUsPerRequest as number) * (raw[i] as { sent: number }).sent, 0) / sent : null
   const gcs = slices.map((x) => x.hopGc)
   const loops = slices.map((x) => x.hopLoopDelayMs)
-  return {
+  const merged: PhaseResult = {
     path: first.path,
     requests: slices.reduce((a, x) => a + x.requests, 0),
     errors: slices.reduce((a, x) => a + x.errors, 0),
     meanOpen: mean(slices.map((x) => x.meanOpen)) as number,
-    ttftMs: q(pool('ttft')),
-    totalMs: q(pool('total')),
-    ingressMs: q(pool('ingress')),
-    egressMs: q(pool('egress')),
+    ttftMs: q(ttft),
+    totalMs: q(total),
+    ingressMs: q(ingress),
+    egressMs: q(egress),
     hopCpuUsPerRequest: cpu,
     cpuPct: { client: mean(slices.map((x) => x.cpuPct.client)) as number, upstreams: mean(slices.map((x) => x.cpuPct.upstreams)), hop: mean(slices.map((x) => x.cpuPct.hop)) },
     hopGc: gcs.every((g) => g !== null) ? sumGc(gcs as GcTotals[]) : null,
     hopLoopDelayMs: loops.every((l) => l !== null) ? { p99: median(loops.map((l) => (l as { p99: number }).p99)), max: Math.max(...loops.map((l) => (l as { max: number }).max)) } : null,
   }
+  samplesOf.set(merged, { ttft, total, ingress, egress, sent })
+  return merged
+}
+
+/** Bootstrap resamples per interval: enough for the 2.5th and 97.5th percentiles to settle to a few hundredths of a ms. */
+const RESAMPLES = 2000
+
+/**
+ * The p99 of one resample (with replacement) of `sorted`, the same order statistic as quantile():
+ * with the samples sorted, it is the sample at the resample's (n - floor(0.99 n))-th largest drawn
+ * index, so only that many of the largest indices drawn are kept.
+ */
+function resampledP99(sorted: number[], next: () => number): number {
+  const n = sorted.length
+  const k = n - Math.min(n - 1, Math.floor(0.99 * n))
+  const top: number[] = []
+  for (let i = 0; i < n; i++) {
+    const j = Math.floor(next() * n)
+    if (top.length === k && j <= (top[0] as number)) continue
+    // `top` ascending, its smallest first: the k-th largest drawn so far
+    let at = 0
+    while (at < top.length && (top[at] as number) < j) at++
+    top.splice(at, 0, j)
+    if (top.length > k) top.shift()
+  }
+  return sorted[top[0] as number] as number
+}
+
+/**
+ * 95% bootstrap interval of p99(hop) - p99(direct): how far the figure of one round could move on
+ * the same machine moments from the sampling alone. A seeded generator, so a result file's
+ * intervals can be recomputed.
+ */
+function overheadCi(direct: number[], hop: number[]): [number, number] {
+  if (direct.length === 0 || hop.length === 0) return [NaN, NaN]
+  let x = 0x9e3779b9
+  const next = (): number => {
+    x ^= x << 13
+    x ^= x >>> 17
+    x ^= x << 5
+    return (x >>> 0) / 4294967296
+  }
+  const diffs: number[] = []
+  for (let b = 0; b < RESAMPLES; b++) diffs.push(resampledP99(hop, next) - resampledP99(direct, next))
+  diffs.sort((a, b) => a - b)
+  return [quantile(diffs, 0.025), quantile(diffs, 0.975)]
+}
+
+function ttftSamples(x: PhaseResult): number[] {
+  const r = samplesOf.get(x)
+  if (r === undefined) throw new Error(`${x.path}: a phase result without its samples`)
+  return r.ttft
 }
 
 function round(d: PhaseResult, r: PhaseResult): Round {
@@ -568,6 +632,7 @@ function round(d: PhaseResult, r: PhaseResult): Round {
     direct: d,
     hop: r,
     p99TtftOverheadMs: r.ttftMs.p99 - d.ttftMs.p99,
+    p99TtftOverheadCi95Ms: overheadCi(ttftSamples(d), ttftSamples(r)),
     p99TotalOverheadMs: r.totalMs.p99 - d.totalMs.p99,
     p99IngressOverheadMs: r.ingressMs.p99 - d.ingressMs.p99,
     p99EgressOverheadMs: r.egressMs.p99 - d.egressMs.p99,
@@ -737,7 +802,8 @@ export function printProxy(p: ProxyResult): void {
       const gcText = g === null ? '' : ` | router GC pauses: ${g.scavenges} scavenges, ${g.scavengeMs.toFixed(1)} ms${g.majors > 0 ? `; ${g.majors} major, ${g.majorMs.toFixed(1)} ms` : ''}`
       const ld = r.hop.hopLoopDelayMs
       const loopText = ld === null ? '' : ` | router event-loop delay p99 ${ld.p99.toFixed(1)} ms, max ${ld.max.toFixed(1)} ms`
-      console.log(`${''.padEnd(12)} | p99 overhead: TTFT ${r.p99TtftOverheadMs.toFixed(2)} ms (ingress ${r.p99IngressOverheadMs.toFixed(2)}, egress ${r.p99EgressOverheadMs.toFixed(2)}), total ${r.p99TotalOverheadMs.toFixed(2)} ms | CPU of one core: ${load}${gcText}${loopText}`)
+      const [lo, hi] = r.p99TtftOverheadCi95Ms
+      console.log(`${''.padEnd(12)} | p99 overhead: TTFT ${r.p99TtftOverheadMs.toFixed(2)} ms (95% bootstrap ${lo.toFixed(2)} to ${hi.toFixed(2)}; ingress ${r.p99IngressOverheadMs.toFixed(2)}, egress ${r.p99EgressOverheadMs.toFixed(2)}), total ${r.p99TotalOverheadMs.toFixed(2)} ms | CPU of one core: ${load}${gcText}${loopText}`)
     })
   rows('sequential', p.rounds)
   rows('paired', p.paired.rounds)
@@ -752,7 +818,7 @@ export function printProxy(p: ProxyResult): void {
     console.log(`${''.padEnd(12)} | p99 TTFT overhead: router ${r.router.p99TtftOverheadMs.toFixed(2)} ms, bare ${r.bare.p99TtftOverheadMs.toFixed(2)} ms, router less bare ${(r.router.p99TtftOverheadMs - r.bare.p99TtftOverheadMs).toFixed(2)} ms | CPU of one core: client ${f(c.client)}, upstreams ${f(c.upstreams)}, router ${f(c.hop)}, bare ${f(r.bare.hop.cpuPct.hop)}`)
   })
   const us = (x: number | null): string => (x === null ? '–' : x.toFixed(0))
-  const medians = (s: PairedSummary): string => `TTFT ${s.ttftMs.toFixed(2)} ms (ingress ${s.ingressMs.toFixed(2)}, egress ${s.egressMs.toFixed(2)}), total ${s.totalMs.toFixed(2)} ms`
+  const medians = (s: PairedSummary): string => `TTFT ${s.ttftMs.toFixed(2)} ms (pooled over the rounds ${s.pooledTtftMs.toFixed(2)} ms, 95% bootstrap ${s.pooledTtftCi95Ms[0].toFixed(2)} to ${s.pooledTtftCi95Ms[1].toFixed(2)}; ingress ${s.ingressMs.toFixed(2)}, egress ${s.egressMs.toFixed(2)}), total ${s.totalMs.toFixed(2)} ms`
   console.log(`p99 overhead, medians: paired ${medians(p.paired)}; alternating (one path at a time, ~${p.streamsTarget} streams in all) ${medians(p.alternating)}; sequential TTFT ${p.p99TtftOverheadMsMedian.toFixed(2)} ms, total ${p.p99TotalOverheadMsMedian.toFixed(2)} ms; router CPU ${us(p.routerCpuUsPerRequestMedian)} µs per request`)
   // absolute p99s beside the overheads: at a higher priority the router's overhead falls partly because the direct path slows
   const abs = (rs: Round[]): string => `direct ${median(rs.map((r) => r.direct.ttftMs.p99)).toFixed(2)} ms, routed ${median(rs.map((r) => r.hop.ttftMs.p99)).toFixed(2)} ms`

@@ -74,7 +74,13 @@
 // run of eight rounds side by side the router's median was below the bare proxy's (2.57 against
 // 2.87 ms; bench/HISTORY.md, bench:route, session 18). Three lanes load the machine half as much again as
 // two, so these rounds compare the two proxies with each other; the bar is read from the paired
-// rounds.
+// and alternating rounds.
+//
+// Each round's p99 overhead comes with a 95% bootstrap interval, and each kind of round with the
+// p99 over its rounds' samples pooled: the p99 of one phase rests on its slowest 1% (24 requests
+// in 10 s), and in the session the intervals were added its sampling alone moved it by a
+// millisecond or two either way, as much as the round-to-round spread that earlier sessions
+// put down to the machine's phases (bench/HISTORY.md, bench:route, session 22).
 import type { ChildProcess } from 'node:child_process'
 import { Agent } from 'undici'
 import { child, median, processTicks, TICKS_PER_S } from './common.js'

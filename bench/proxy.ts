@@ -83,6 +83,7 @@
 // put down to the machine's phases (bench/HISTORY.md, bench:route, session 22).
 import type { ChildProcess } from 'node:child_process'
 import { Agent } from 'undici'
+import { quantile, quantileDifferenceInterval } from './bootstrap.js'
 import { child, median, processTicks, TICKS_PER_S } from './common.js'
 import { ROUTER_V8_FLAGS } from '../src/v8-flags.js'
 
@@ -249,10 +250,6 @@ function summary(rounds: Round[]): PairedSummary {
   return { rounds, ttftMs: m('p99TtftOverheadMs'), pooledTtftMs: quantile(h, 0.99) - quantile(d, 0.99), pooledTtftCi95Ms: overheadCi(d, h), totalMs: m('p99TotalOverheadMs'), ingressMs: m('p99IngressOverheadMs'), egressMs: m('p99EgressOverheadMs'), cpuUsPerRequest: cpuMedian(rounds) }
 }
 
-function quantile(sorted: number[], q: number): number {
-  if (sorted.length === 0) return NaN
-  return sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] as number
-}
 
 
 
@@ -585,48 +582,13 @@ function merge(slices: PhaseResult[]): PhaseResult {
   return merged
 }
 
-/** Bootstrap resamples per interval: enough for the 2.5th and 97.5th percentiles to settle to a few hundredths of a ms. */
-const RESAMPLES = 2000
-
-/**
- * The p99 of one resample (with replacement) of `sorted`, the same order statistic as quantile():
- * with the samples sorted, it is the sample at the resample's (n - floor(0.99 n))-th largest drawn
- * index, so only that many of the largest indices drawn are kept.
- */
-function resampledP99(sorted: number[], next: () => number): number {
-  const n = sorted.length
-  const k = n - Math.min(n - 1, Math.floor(0.99 * n))
-  const top: number[] = []
-  for (let i = 0; i < n; i++) {
-    const j = Math.floor(next() * n)
-    if (top.length === k && j <= (top[0] as number)) continue
-    // `top` ascending, its smallest first: the k-th largest drawn so far
-    let at = 0
-    while (at < top.length && (top[at] as number) < j) at++
-    top.splice(at, 0, j)
-    if (top.length > k) top.shift()
-  }
-  return sorted[top[0] as number] as number
-}
-
 /**
  * 95% bootstrap interval of p99(hop) - p99(direct): how far the figure of one round could move on
- * the same machine moments from the sampling alone. A seeded generator, so a result file's
- * intervals can be recomputed.
+ * the same machine moments from the sampling alone (2,000 resamples: the interval's ends settle to
+ * a few hundredths of a ms).
  */
 function overheadCi(direct: number[], hop: number[]): [number, number] {
-  if (direct.length === 0 || hop.length === 0) return [NaN, NaN]
-  let x = 0x9e3779b9
-  const next = (): number => {
-    x ^= x << 13
-    x ^= x >>> 17
-    x ^= x << 5
-    return (x >>> 0) / 4294967296
-  }
-  const diffs: number[] = []
-  for (let b = 0; b < RESAMPLES; b++) diffs.push(resampledP99(hop, next) - resampledP99(direct, next))
-  diffs.sort((a, b) => a - b)
-  return [quantile(diffs, 0.025), quantile(diffs, 0.975)]
+  return quantileDifferenceInterval(direct, hop, { q: 0.99, level: 0.95, resamples: 2000 })
 }
 
 function ttftSamples(x: PhaseResult): number[] {

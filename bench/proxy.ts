@@ -805,12 +805,59 @@ export function printProxy(p: ProxyResult): void {
   console.log(`router and bare proxy side by side (three lanes at once, each against the same direct path): p99 TTFT overhead, medians: router ${sb.routerTtftMs.toFixed(2)} ms, bare ${sb.bareTtftMs.toFixed(2)} ms, router less bare ${sb.routerLessBareTtftMs.toFixed(2)} ms; CPU µs per request: router ${us(sb.routerCpuUsPerRequest)}, bare ${us(sb.bareCpuUsPerRequest)}`)
 }
 
+/**
+ * Diagnosis (`BENCH_PROXY_ALTERNATING=1 node dist/bench/proxy.js`): the alternating rounds alone,
+ * with the router, the bare proxy and the relay each in turn in the hop's place, the three
+ * interleaved round by round so that they meet the same phases of the machine. It says whether a
+ * figure of the alternating rounds belongs to the router or to any hop at that load.
+ */
+async function alternatingHops(cli: string, seconds: number): Promise<void> {
+  const streams = 200
+  const self = new URL(import.meta.url).pathname
+  const up = await child([self, '--upstreams', '4'], /upstreams ready ([^\n]+)\n/)
+  const directUrls = (up.m[1] as string).trim().split(/\s+/)
+  const routerFlags = [...ROUTER_V8_FLAGS, ...(process.env.ROUTER_NODE_FLAGS ?? '').split(' ').filter((x) => x !== '')]
+  const agent = new Agent({ connections: 2 * streams + 56, pipelining: 1, keepAliveTimeout: 30_000 })
+  const procs: ChildProcess[] = [up.p]
+  try {
+    const workerArgs = directUrls.flatMap((u, i) => ['--worker', `${i + 1}=${u}`])
+    const started = [
+      ['router', await child([...routerFlags, cli, 'serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-block-size', '64', '--router-queue-threshold', 'none', '--router-mode', 'round-robin', ...workerArgs], /listening on (http:\/\/\S+)/)],
+      ['bare', await child([...routerFlags, self, '--bare', ...directUrls], /bare ready (\S+)/)],
+      ['relay', await child([self, '--relay', ...directUrls], /relay ready (\S+)/)],
+    ] as const
+    for (const [, c] of started) procs.push(c.p)
+    const direct: Lane = { path: 'direct', urls: directUrls }
+    const hops: Lane[] = started.map(([path, c]) => ({ path, urls: [c.m[1] as string], pid: c.p.pid }))
+    const [probe] = (await phase([direct], 20, 3, agent)) as [PhaseResult]
+    const rate = Math.max(1, Math.round(streams / (probe.totalMs.p50 / 1000)))
+    // each hop warmed as the main run warms its processes: a phase alone, then one paired round
+    for (const h of hops) {
+      await phase([h], rate, 3, agent)
+      await phase([direct, h], rate, seconds, agent)
+    }
+    const rounds = new Map<string, Round[]>(hops.map((h) => [h.path, []]))
+    for (let i = 0; i < 3; i++) for (const h of hops) rounds.get(h.path)?.push(await alternatingRound(direct, h, rate, probe.totalMs.p50, 2 * seconds, agent, up.p.pid))
+    console.log(`alternating rounds, ${2 * seconds} s each, open-loop at ${rate}/s, one path at a time; p99 TTFT overhead per round (95% bootstrap), pooled over the three, hop CPU µs per request`)
+    for (const [path, rs] of rounds) {
+      const s = summary(rs)
+      const each = rs.map((r) => `${r.p99TtftOverheadMs.toFixed(2)} (${r.p99TtftOverheadCi95Ms[0].toFixed(2)} to ${r.p99TtftOverheadCi95Ms[1].toFixed(2)}), p50 +${(r.hop.ttftMs.p50 - r.direct.ttftMs.p50).toFixed(2)}`).join(' | ')
+      console.log(`${path.padEnd(6)} | ${each} | pooled ${s.pooledTtftMs.toFixed(2)} (${s.pooledTtftCi95Ms[0].toFixed(2)} to ${s.pooledTtftCi95Ms[1].toFixed(2)}) | CPU ${s.cpuUsPerRequest === null ? '–' : s.cpuUsPerRequest.toFixed(0)}`)
+    }
+  } finally {
+    await agent.close()
+    for (const p of procs) p.kill('SIGTERM')
+  }
+}
+
 if (process.argv[2] === '--upstreams') {
   await upstreams(Number(process.argv[3] ?? 4))
 } else if (process.argv[2] === '--relay') {
   await relay(process.argv.slice(3))
 } else if (process.argv[2] === '--bare') {
   await bare(process.argv.slice(3))
+} else if (process.argv[1]?.endsWith('proxy.js') === true && process.env.BENCH_PROXY_ALTERNATING === '1') {
+  await alternatingHops(new URL('../src/cli.js', import.meta.url).pathname, Number(process.env.BENCH_PROXY_SECS ?? 10))
 } else if (process.argv[1]?.endsWith('proxy.js') === true) {
   const cli = new URL('../src/cli.js', import.meta.url).pathname
   const r = await benchProxy(cli, { seconds: Number(process.env.BENCH_PROXY_SECS ?? 10), mode: process.env.BENCH_PROXY_MODE === 'kv' ? 'kv' : 'round-robin' })

@@ -30,8 +30,9 @@
 // each slice ramping up from idle, and only requests sent once a slice's streams are all open
 // count; a path's p99 is over its slices' pooled samples (as many as one paired phase has). Slices
 // of a few seconds share the machine's slower drift; what a paired round shares and these do not
-// is the moment-to-moment noise. In the session they were added (bench/HISTORY.md, bench:route,
-// session 22) the two kinds gave the same overheads within their rounds' spread.
+// is the moment-to-moment noise. In session 22's runs (README, Benchmarks) the router's overhead
+// was the higher of the two in two runs of three: at the bar's load it took more CPU per request
+// and its p50 overhead was twice the paired rounds'.
 //
 // Where the TTFT overhead arises: the client notes when it hands each request to undici and the
 // upstream stamps its first event with when the request reached it and when the event left, all on
@@ -249,8 +250,6 @@ function summary(rounds: Round[]): PairedSummary {
   const h = pool('hop')
   return { rounds, ttftMs: m('p99TtftOverheadMs'), pooledTtftMs: quantile(h, 0.99) - quantile(d, 0.99), pooledTtftCi95Ms: overheadCi(d, h), totalMs: m('p99TotalOverheadMs'), ingressMs: m('p99IngressOverheadMs'), egressMs: m('p99EgressOverheadMs'), cpuUsPerRequest: cpuMedian(rounds) }
 }
-
-
 
 
 /** The niceness of the priority rounds' router: ahead of everything at the default 0. */

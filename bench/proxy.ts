@@ -608,6 +608,42 @@ function round(d: PhaseResult, r: PhaseResult): Round {
   }
 }
 
+/** This module's file: run again as the upstreams, the bare proxy or the relay. */
+const SELF = new URL(import.meta.url).pathname
+
+/** The router's node flags: its own V8 flags, then ROUTER_NODE_FLAGS (see the header). */
+function routerNodeFlags(): string[] {
+  return [...ROUTER_V8_FLAGS, ...(process.env.ROUTER_NODE_FLAGS ?? '').split(' ').filter((x) => x !== '')]
+}
+
+/** The upstreams' child process and their URLs. */
+async function startUpstreams(engines: number): Promise<{ p: ChildProcess; urls: string[] }> {
+  const up = await child([SELF, '--upstreams', String(engines)], /upstreams ready ([^\n]+)\n/)
+  return { p: up.p, urls: (up.m[1] as string).trim().split(/\s+/) }
+}
+
+/** `kv-router serve` in front of the upstreams, with the router's node flags. */
+function serveArgs(cli: string, mode: 'round-robin' | 'kv', upstreamUrls: string[]): string[] {
+  const workers = upstreamUrls.flatMap((u, i) => ['--worker', `${i + 1}=${u}`])
+  return [...routerNodeFlags(), cli, 'serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-block-size', '64', '--router-queue-threshold', 'none', '--router-mode', mode, ...workers]
+}
+
+/** A reference process in the router's place; the bare proxy gets the router's V8 flags, so that the two differ in their work only. */
+function startReference(path: 'bare' | 'relay', upstreamUrls: string[]): Promise<{ p: ChildProcess; m: RegExpMatchArray }> {
+  return child([...(path === 'bare' ? routerNodeFlags() : []), SELF, `--${path}`, ...upstreamUrls], new RegExp(`${path} ready (\\S+)`))
+}
+
+/** The stream length on the direct path, unloaded, and the open-loop rate that keeps `streams` open. */
+async function calibrate(direct: Lane, streams: number, agent: Agent): Promise<{ rate: number; streamMs: number }> {
+  const [probe] = (await phase([direct], 20, 3, agent)) as [PhaseResult]
+  return { rate: Math.max(1, Math.round(streams / (probe.totalMs.p50 / 1000))), streamMs: probe.totalMs.p50 }
+}
+
+/** A bootstrap interval as printed. */
+function interval([lo, hi]: [number, number]): string {
+  return `${lo.toFixed(2)} to ${hi.toFixed(2)}`
+}
+
 /**
  * One alternating round: the bar's load, `streams` open on one path at a time, the paths taking
  * turns in short slices (direct, routed, routed, direct, and again) so that the machine's drift over
@@ -641,26 +677,21 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
   const headlineSeconds = 2 * seconds
   const mode = opts.mode ?? 'round-robin'
   const engines = opts.engines ?? 4
-  const self = new URL(import.meta.url).pathname
-  const up = await child([self, '--upstreams', String(engines)], /upstreams ready ([^\n]+)\n/)
-  const directUrls = (up.m[1] as string).trim().split(/\s+/)
-  const workerArgs = directUrls.flatMap((u, i) => ['--worker', `${i + 1}=${u}`])
+  const up = await startUpstreams(engines)
+  const directUrls = up.urls
   let router: ChildProcess | undefined
   /** The reference processes (bare proxy, relay), killed at the end whatever happens. */
   const others: ChildProcess[] = []
   // paired rounds hold `streams` open on each path at once, side-by-side rounds on each of three
   const agent = new Agent({ connections: 3 * streams + 56, pipelining: 1, keepAliveTimeout: 30_000 })
-  const routerFlags = [...ROUTER_V8_FLAGS, ...(process.env.ROUTER_NODE_FLAGS ?? '').split(' ').filter((x) => x !== '')]
   try {
-    const serveArgs = [...routerFlags, cli, 'serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-block-size', '64', '--router-queue-threshold', 'none', '--router-mode', mode, ...workerArgs]
-    const started = await child(serveArgs, /listening on (http:\/\/\S+)/)
+    const serve = serveArgs(cli, mode, directUrls)
+    const started = await child(serve, /listening on (http:\/\/\S+)/)
     router = started.p
     const upPid = up.p.pid
     const direct: Lane = { path: 'direct', urls: directUrls }
     const routed: Lane = { path: 'router', urls: [started.m[1] as string], pid: router.pid }
-    // calibrate the stream length, then the rate that keeps `streams` open
-    const [probe] = (await phase([direct], 20, 3, agent)) as [PhaseResult]
-    const rate = Math.max(1, Math.round(streams / (probe.totalMs.p50 / 1000)))
+    const { rate, streamMs } = await calibrate(direct, streams, agent)
     await phase([routed], rate, 3, agent)
     const rounds: Round[] = []
     for (let i = 0; i < 2; i++) {
@@ -674,7 +705,7 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
       paired.push(round(d, r))
     }
     const alternating: Round[] = []
-    for (let i = 0; i < 3; i++) alternating.push(await alternatingRound(direct, routed, rate, probe.totalMs.p50, headlineSeconds, agent, upPid))
+    for (let i = 0; i < 3; i++) alternating.push(await alternatingRound(direct, routed, rate, streamMs, headlineSeconds, agent, upPid))
     /**
      * Three paired rounds with `c` in the router's place, after `warm` that are not counted (see the
      * header); then `andThen`, if given, while `c` still runs.
@@ -702,7 +733,7 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
     let nice: { p: ChildProcess; m: RegExpMatchArray } | null = null
     let refused: string | null = null
     try {
-      nice = await child([...serveArgs, '--nice', String(PRIORITY_NICE)], /listening on (http:\/\/\S+)/)
+      nice = await child([...serve, '--nice', String(PRIORITY_NICE)], /listening on (http:\/\/\S+)/)
     } catch (err) {
       // a refused niceness is exit 2 with the router's reason; anything else is the benchmark's failure
       const m = /^child exited 2: (.*)/.exec((err as Error).message)
@@ -713,9 +744,7 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
     // which a fresh router's heap makes its first growth under load
     if (nice !== null) priority = { nice: PRIORITY_NICE, summary: summary(await roundsWith(nice, 'router', 2)), refused: null }
     else priority = { nice: PRIORITY_NICE, summary: null, refused }
-    /** The bare proxy gets the router's V8 flags. */
-    const referenceRounds = async (path: 'bare' | 'relay', andThen?: (lane: Lane) => Promise<void>): Promise<Round[]> =>
-      roundsWith(await child([...(path === 'bare' ? routerFlags : []), self, `--${path}`, ...directUrls], new RegExp(`${path} ready (\\S+)`)), path, 1, andThen)
+    const referenceRounds = async (path: 'bare' | 'relay', andThen?: (lane: Lane) => Promise<void>): Promise<Round[]> => roundsWith(await startReference(path, directUrls), path, 1, andThen)
     const together: SideBySideRound[] = []
     const bareRounds = await referenceRounds('bare', async (bareLane) => {
       // the router idled through the priority and bare rounds: its connections are let go after
@@ -777,8 +806,7 @@ export function printProxy(p: ProxyResult): void {
       const gcText = g === null ? '' : ` | router GC pauses: ${g.scavenges} scavenges, ${g.scavengeMs.toFixed(1)} ms${g.majors > 0 ? `; ${g.majors} major, ${g.majorMs.toFixed(1)} ms` : ''}`
       const ld = r.hop.hopLoopDelayMs
       const loopText = ld === null ? '' : ` | router event-loop delay p99 ${ld.p99.toFixed(1)} ms, max ${ld.max.toFixed(1)} ms`
-      const [lo, hi] = r.p99TtftOverheadCi95Ms
-      console.log(`${''.padEnd(12)} | p99 overhead: TTFT ${r.p99TtftOverheadMs.toFixed(2)} ms (95% bootstrap ${lo.toFixed(2)} to ${hi.toFixed(2)}; ingress ${r.p99IngressOverheadMs.toFixed(2)}, egress ${r.p99EgressOverheadMs.toFixed(2)}), total ${r.p99TotalOverheadMs.toFixed(2)} ms | CPU of one core: ${load}${gcText}${loopText}`)
+      console.log(`${''.padEnd(12)} | p99 overhead: TTFT ${r.p99TtftOverheadMs.toFixed(2)} ms (95% bootstrap ${interval(r.p99TtftOverheadCi95Ms)}; ingress ${r.p99IngressOverheadMs.toFixed(2)}, egress ${r.p99EgressOverheadMs.toFixed(2)}), total ${r.p99TotalOverheadMs.toFixed(2)} ms | CPU of one core: ${load}${gcText}${loopText}`)
     })
   rows('sequential', p.rounds)
   rows('paired', p.paired.rounds)
@@ -793,7 +821,7 @@ export function printProxy(p: ProxyResult): void {
     console.log(`${''.padEnd(12)} | p99 TTFT overhead: router ${r.router.p99TtftOverheadMs.toFixed(2)} ms, bare ${r.bare.p99TtftOverheadMs.toFixed(2)} ms, router less bare ${(r.router.p99TtftOverheadMs - r.bare.p99TtftOverheadMs).toFixed(2)} ms | CPU of one core: client ${f(c.client)}, upstreams ${f(c.upstreams)}, router ${f(c.hop)}, bare ${f(r.bare.hop.cpuPct.hop)}`)
   })
   const us = (x: number | null): string => (x === null ? '–' : x.toFixed(0))
-  const medians = (s: PairedSummary): string => `TTFT ${s.ttftMs.toFixed(2)} ms (pooled over the rounds ${s.pooledTtftMs.toFixed(2)} ms, 95% bootstrap ${s.pooledTtftCi95Ms[0].toFixed(2)} to ${s.pooledTtftCi95Ms[1].toFixed(2)}; ingress ${s.ingressMs.toFixed(2)}, egress ${s.egressMs.toFixed(2)}), total ${s.totalMs.toFixed(2)} ms`
+  const medians = (s: PairedSummary): string => `TTFT ${s.ttftMs.toFixed(2)} ms (pooled over the rounds ${s.pooledTtftMs.toFixed(2)} ms, 95% bootstrap ${interval(s.pooledTtftCi95Ms)}; ingress ${s.ingressMs.toFixed(2)}, egress ${s.egressMs.toFixed(2)}), total ${s.totalMs.toFixed(2)} ms`
   console.log(`p99 overhead, medians: paired ${medians(p.paired)}; alternating (one path at a time, ~${p.streamsTarget} streams in all) ${medians(p.alternating)}; sequential TTFT ${p.p99TtftOverheadMsMedian.toFixed(2)} ms, total ${p.p99TotalOverheadMsMedian.toFixed(2)} ms; router CPU ${us(p.routerCpuUsPerRequestMedian)} µs per request`)
   // absolute p99s beside the overheads: at a higher priority the router's overhead falls partly because the direct path slows
   const abs = (rs: Round[]): string => `direct ${median(rs.map((r) => r.direct.ttftMs.p99)).toFixed(2)} ms, routed ${median(rs.map((r) => r.hop.ttftMs.p99)).toFixed(2)} ms`
@@ -812,36 +840,31 @@ export function printProxy(p: ProxyResult): void {
  */
 async function alternatingHops(cli: string, seconds: number): Promise<void> {
   const streams = 200
-  const self = new URL(import.meta.url).pathname
-  const up = await child([self, '--upstreams', '4'], /upstreams ready ([^\n]+)\n/)
-  const directUrls = (up.m[1] as string).trim().split(/\s+/)
-  const routerFlags = [...ROUTER_V8_FLAGS, ...(process.env.ROUTER_NODE_FLAGS ?? '').split(' ').filter((x) => x !== '')]
+  const up = await startUpstreams(4)
   const agent = new Agent({ connections: 2 * streams + 56, pipelining: 1, keepAliveTimeout: 30_000 })
   const procs: ChildProcess[] = [up.p]
   try {
-    const workerArgs = directUrls.flatMap((u, i) => ['--worker', `${i + 1}=${u}`])
     const started = [
-      ['router', await child([...routerFlags, cli, 'serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-block-size', '64', '--router-queue-threshold', 'none', '--router-mode', 'round-robin', ...workerArgs], /listening on (http:\/\/\S+)/)],
-      ['bare', await child([...routerFlags, self, '--bare', ...directUrls], /bare ready (\S+)/)],
-      ['relay', await child([self, '--relay', ...directUrls], /relay ready (\S+)/)],
+      ['router', await child(serveArgs(cli, 'round-robin', up.urls), /listening on (http:\/\/\S+)/)],
+      ['bare', await startReference('bare', up.urls)],
+      ['relay', await startReference('relay', up.urls)],
     ] as const
     for (const [, c] of started) procs.push(c.p)
-    const direct: Lane = { path: 'direct', urls: directUrls }
+    const direct: Lane = { path: 'direct', urls: up.urls }
     const hops: Lane[] = started.map(([path, c]) => ({ path, urls: [c.m[1] as string], pid: c.p.pid }))
-    const [probe] = (await phase([direct], 20, 3, agent)) as [PhaseResult]
-    const rate = Math.max(1, Math.round(streams / (probe.totalMs.p50 / 1000)))
+    const { rate, streamMs } = await calibrate(direct, streams, agent)
     // each hop warmed as the main run warms its processes: a phase alone, then one paired round
     for (const h of hops) {
       await phase([h], rate, 3, agent)
       await phase([direct, h], rate, seconds, agent)
     }
     const rounds = new Map<string, Round[]>(hops.map((h) => [h.path, []]))
-    for (let i = 0; i < 3; i++) for (const h of hops) rounds.get(h.path)?.push(await alternatingRound(direct, h, rate, probe.totalMs.p50, 2 * seconds, agent, up.p.pid))
+    for (let i = 0; i < 3; i++) for (const h of hops) rounds.get(h.path)?.push(await alternatingRound(direct, h, rate, streamMs, 2 * seconds, agent, up.p.pid))
     console.log(`alternating rounds, ${2 * seconds} s each, open-loop at ${rate}/s, one path at a time; p99 TTFT overhead per round (95% bootstrap), pooled over the three, hop CPU µs per request`)
     for (const [path, rs] of rounds) {
       const s = summary(rs)
-      const each = rs.map((r) => `${r.p99TtftOverheadMs.toFixed(2)} (${r.p99TtftOverheadCi95Ms[0].toFixed(2)} to ${r.p99TtftOverheadCi95Ms[1].toFixed(2)}), p50 +${(r.hop.ttftMs.p50 - r.direct.ttftMs.p50).toFixed(2)}`).join(' | ')
-      console.log(`${path.padEnd(6)} | ${each} | pooled ${s.pooledTtftMs.toFixed(2)} (${s.pooledTtftCi95Ms[0].toFixed(2)} to ${s.pooledTtftCi95Ms[1].toFixed(2)}) | CPU ${s.cpuUsPerRequest === null ? '–' : s.cpuUsPerRequest.toFixed(0)}`)
+      const each = rs.map((r) => `${r.p99TtftOverheadMs.toFixed(2)} (${interval(r.p99TtftOverheadCi95Ms)}), p50 +${(r.hop.ttftMs.p50 - r.direct.ttftMs.p50).toFixed(2)}`).join(' | ')
+      console.log(`${path.padEnd(6)} | ${each} | pooled ${s.pooledTtftMs.toFixed(2)} (${interval(s.pooledTtftCi95Ms)}) | CPU ${s.cpuUsPerRequest === null ? '–' : s.cpuUsPerRequest.toFixed(0)}`)
     }
   } finally {
     await agent.close()

@@ -87,9 +87,14 @@ import { Agent } from 'undici'
 import { quantile, quantileDifferenceInterval } from './bootstrap.js'
 import { child, median, processTicks, TICKS_PER_S } from './common.js'
 import { ROUTER_V8_FLAGS } from '../src/v8-flags.js'
+import { rawClientProxy, rawServerProxy } from './raw-http.js'
+
+/** Processes that can stand in the router's place: reference proxies, and the raw-socket measuring sticks of bench/raw-http.ts. */
+const REFERENCES = ['bare', 'relay', 'raw-client', 'raw-server', 'raw-both'] as const
+type Reference = (typeof REFERENCES)[number]
 
 export interface PhaseResult {
-  path: 'direct' | 'router' | 'relay' | 'bare'
+  path: 'direct' | 'router' | Reference
   requests: number
   errors: number
   /** Streams open at once, averaged over the phase. */
@@ -628,9 +633,13 @@ function serveArgs(cli: string, mode: 'round-robin' | 'kv', upstreamUrls: string
   return [...routerNodeFlags(), cli, 'serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-block-size', '64', '--router-queue-threshold', 'none', '--router-mode', mode, ...workers]
 }
 
-/** A reference process in the router's place; the bare proxy gets the router's V8 flags, so that the two differ in their work only. */
-function startReference(path: 'bare' | 'relay', upstreamUrls: string[]): Promise<{ p: ChildProcess; m: RegExpMatchArray }> {
-  return child([...(path === 'bare' ? routerNodeFlags() : []), SELF, `--${path}`, ...upstreamUrls], new RegExp(`${path} ready (\\S+)`))
+/**
+ * A reference process in the router's place. Those that parse HTTP get the router's V8 flags, so
+ * that they differ from it in their work only; the relay, which allocates next to nothing, runs as
+ * it always has.
+ */
+function startReference(path: Reference, upstreamUrls: string[]): Promise<{ p: ChildProcess; m: RegExpMatchArray }> {
+  return child([...(path === 'relay' ? [] : routerNodeFlags()), SELF, `--${path}`, ...upstreamUrls], new RegExp(`${path} ready (\\S+)`))
 }
 
 /** The stream length on the direct path, unloaded, and the open-loop rate that keeps `streams` open. */
@@ -834,22 +843,24 @@ export function printProxy(p: ProxyResult): void {
 
 /**
  * Diagnosis (`BENCH_PROXY_ALTERNATING=1 node dist/bench/proxy.js`): the alternating rounds alone,
- * with the router, the bare proxy and the relay each in turn in the hop's place, the three
- * interleaved round by round so that they meet the same phases of the machine. It says whether a
- * figure of the alternating rounds belongs to the router or to any hop at that load.
+ * with the router, the bare proxy and the relay each in turn in the hop's place, interleaved round
+ * by round so that they meet the same phases of the machine. It says whether a figure of the
+ * alternating rounds belongs to the router or to any hop at that load. `BENCH_PROXY_HOPS` names
+ * the hops instead (comma-separated; `router` and any of REFERENCES), e.g. the raw-socket proxies
+ * of bench/raw-http.ts beside the bare one, to see which side of Node's HTTP stack a figure is on.
  */
-async function alternatingHops(cli: string, seconds: number): Promise<void> {
+async function alternatingHops(cli: string, seconds: number, names: readonly ('router' | Reference)[]): Promise<void> {
   const streams = 200
   const up = await startUpstreams(4)
   const agent = new Agent({ connections: 2 * streams + 56, pipelining: 1, keepAliveTimeout: 30_000 })
   const procs: ChildProcess[] = [up.p]
   try {
-    const started = [
-      ['router', await child(serveArgs(cli, 'round-robin', up.urls), /listening on (http:\/\/\S+)/)],
-      ['bare', await startReference('bare', up.urls)],
-      ['relay', await startReference('relay', up.urls)],
-    ] as const
-    for (const [, c] of started) procs.push(c.p)
+    const started: [PhaseResult['path'], { p: ChildProcess; m: RegExpMatchArray }][] = []
+    for (const name of names) {
+      const c = name === 'router' ? await child(serveArgs(cli, 'round-robin', up.urls), /listening on (http:\/\/\S+)/) : await startReference(name, up.urls)
+      procs.push(c.p)
+      started.push([name, c])
+    }
     const direct: Lane = { path: 'direct', urls: up.urls }
     const hops: Lane[] = started.map(([path, c]) => ({ path, urls: [c.m[1] as string], pid: c.p.pid }))
     const { rate, streamMs } = await calibrate(direct, streams, agent)
@@ -864,12 +875,21 @@ async function alternatingHops(cli: string, seconds: number): Promise<void> {
     for (const [path, rs] of rounds) {
       const s = summary(rs)
       const each = rs.map((r) => `${r.p99TtftOverheadMs.toFixed(2)} (${interval(r.p99TtftOverheadCi95Ms)}), p50 +${(r.hop.ttftMs.p50 - r.direct.ttftMs.p50).toFixed(2)}`).join(' | ')
-      console.log(`${path.padEnd(6)} | ${each} | pooled ${s.pooledTtftMs.toFixed(2)} (${interval(s.pooledTtftCi95Ms)}) | CPU ${s.cpuUsPerRequest === null ? '–' : s.cpuUsPerRequest.toFixed(0)}`)
+      console.log(`${path.padEnd(10)} | ${each} | pooled ${s.pooledTtftMs.toFixed(2)} (${interval(s.pooledTtftCi95Ms)}) | CPU ${s.cpuUsPerRequest === null ? '–' : s.cpuUsPerRequest.toFixed(0)}`)
     }
   } finally {
     await agent.close()
     for (const p of procs) p.kill('SIGTERM')
   }
+}
+
+/** The hops BENCH_PROXY_HOPS names, checked before anything starts. */
+function hopNames(list: string): ('router' | Reference)[] {
+  const names = list.split(',').map((n) => n.trim())
+  const known: readonly string[] = ['router', ...REFERENCES]
+  const unknown = names.filter((n) => !known.includes(n))
+  if (unknown.length > 0 || names.length === 0) throw new Error(`BENCH_PROXY_HOPS takes a comma-separated list of ${known.join(', ')}; got ${JSON.stringify(list)}`)
+  return names as ('router' | Reference)[]
 }
 
 if (process.argv[2] === '--upstreams') {
@@ -878,9 +898,16 @@ if (process.argv[2] === '--upstreams') {
   await relay(process.argv.slice(3))
 } else if (process.argv[2] === '--bare') {
   await bare(process.argv.slice(3))
+} else if (process.argv[2] === '--raw-client') {
+  await rawClientProxy(process.argv.slice(3))
+} else if (process.argv[2] === '--raw-server') {
+  await rawServerProxy(process.argv.slice(3), 'undici')
+} else if (process.argv[2] === '--raw-both') {
+  await rawServerProxy(process.argv.slice(3), 'raw')
 } else if (process.argv[1]?.endsWith('proxy.js') === true && process.env.BENCH_PROXY_ALTERNATING === '1') {
-  await alternatingHops(new URL('../src/cli.js', import.meta.url).pathname, Number(process.env.BENCH_PROXY_SECS ?? 10))
+  await alternatingHops(new URL('../src/cli.js', import.meta.url).pathname, Number(process.env.BENCH_PROXY_SECS ?? 10), hopNames(process.env.BENCH_PROXY_HOPS ?? 'router,bare,relay'))
 } else if (process.argv[1]?.endsWith('proxy.js') === true) {
+  if (process.env.BENCH_PROXY_HOPS !== undefined) throw new Error('BENCH_PROXY_HOPS names the hops of BENCH_PROXY_ALTERNATING=1; the full run has its own')
   const cli = new URL('../src/cli.js', import.meta.url).pathname
   const r = await benchProxy(cli, { seconds: Number(process.env.BENCH_PROXY_SECS ?? 10), mode: process.env.BENCH_PROXY_MODE === 'kv' ? 'kv' : 'round-robin' })
   printProxy(r)

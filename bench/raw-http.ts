@@ -5,6 +5,7 @@
 // between. They understand exactly what the benchmark's client and upstreams send (a POST with a
 // Content-Length body; a 200 with a chunked SSE body) and nothing else. Not for use in front of
 // anything: a client-facing parser this loose is what request smuggling is made of.
+import { connect, createServer } from 'node:net'
 import type { Socket } from 'node:net'
 import { Agent } from 'undici'
 import { chunkFrame } from '../src/http/chunked.js'
@@ -29,8 +30,7 @@ const LAST_END = -3
  * A keep-alive client, round-robin over `urls`, that sends the request head and body in one write
  * and decodes the chunked body as it comes. Returns the send function; a send returns its abort.
  */
-export async function rawClient(urls: string[]): Promise<(body: Uint8Array, answer: Answer) => () => void> {
-  const net = await import('node:net')
+export function rawClient(urls: string[]): (body: Uint8Array, answer: Answer) => () => void {
   const targets = urls.map((u) => new URL(u))
   const idle: Socket[][] = targets.map(() => [])
   let next = 0
@@ -40,7 +40,7 @@ export async function rawClient(urls: string[]): Promise<(body: Uint8Array, answ
     const pool = idle[i] as Socket[]
     let sock = pool.pop()
     if (sock === undefined) {
-      const fresh = net.connect(Number(t.port), t.hostname)
+      const fresh = connect(Number(t.port), t.hostname)
       fresh.setNoDelay(true)
       // an idle connection the upstream closes (its keep-alive timeout) leaves the pool
       fresh.on('close', () => {
@@ -118,7 +118,7 @@ export async function rawClient(urls: string[]): Promise<(body: Uint8Array, answ
 /** Child process: fastify (Node's `http` server) in front, the raw client behind. */
 export async function rawClientProxy(urls: string[]): Promise<void> {
   const { default: Fastify } = await import('fastify')
-  const send = await rawClient(urls)
+  const send = rawClient(urls)
   const app = Fastify({ bodyLimit: 64 << 20 })
   app.removeAllContentTypeParsers()
   app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (_req, body, done) => done(null, body))
@@ -158,11 +158,10 @@ const LAST_CHUNK = Buffer.from('0\r\n\r\n', 'latin1')
  * the blank line, its body by Content-Length), undici or the raw client behind.
  */
 export async function rawServerProxy(urls: string[], behind: 'undici' | 'raw'): Promise<void> {
-  const net = await import('node:net')
-  const send = behind === 'raw' ? await rawClient(urls) : null
+  const send = behind === 'raw' ? rawClient(urls) : null
   const upstream = new Agent({ connections: 1024, keepAliveTimeout: 30_000 })
   let next = 0
-  const server = net.createServer((c) => {
+  const server = createServer((c) => {
     c.setNoDelay(true)
     let buf: Buffer = Buffer.alloc(0)
     let busy = false

@@ -15,7 +15,7 @@ interface Heard {
   ended: 'end' | 'error'
 }
 
-function ask(send: Awaited<ReturnType<typeof rawClient>>, body: string): Promise<Heard> {
+function ask(send: ReturnType<typeof rawClient>, body: string): Promise<Heard> {
   return new Promise((resolve) => {
     let status = 0
     let data = ''
@@ -81,7 +81,7 @@ t.test('a chunked body split at every byte is decoded whole, sizes in either cas
     await trickle(s, HEAD + events.map((e, i) => `${hex[i]}\r\n${e}\r\n`).join('') + '0\r\n\r\n')
   })
   t.ok(sizes(true).some((h) => /[A-F]/.test(h)), 'the upper-case sizes hold letters')
-  const send = await rawClient([url])
+  const send = rawClient([url])
   for (const body of ['{"prompt":[1]}', '{"prompt":[2,3]}']) {
     const heard = await ask(send, body)
     t.same(heard, { status: 200, data: events.join(''), ended: 'end' })
@@ -98,7 +98,7 @@ t.test('a connection cut inside the body ends the answer as an error, and the ne
       s.destroy()
     } else await trickle(s, `${HEAD}5\r\nhello\r\n0\r\n\r\n`)
   })
-  const send = await rawClient([url])
+  const send = rawClient([url])
   const cut = await ask(send, '{}')
   t.equal(cut.ended, 'error')
   t.equal(cut.data, 'data: {"a":1}\n\ndata', 'what came before the cut was passed on as it came')
@@ -113,7 +113,7 @@ t.test('an idle connection the server closes leaves the pool', async (t) => {
     // the upstream's keep-alive timeout, early
     if (n++ === 0) s.end()
   })
-  const send = await rawClient([url])
+  const send = rawClient([url])
   t.same(await ask(send, '{}'), { status: 200, data: 'ok', ended: 'end' })
   await new Promise((r) => setTimeout(r, 50))
   t.same(await ask(send, '{}'), { status: 200, data: 'ok', ended: 'end' }, 'the second request did not go on the closed connection')
@@ -123,7 +123,7 @@ t.test('an idle connection the server closes leaves the pool', async (t) => {
 t.test('round-robin over the upstreams', async (t) => {
   const a = await server(t, (s) => trickle(s, `${HEAD}1\r\na\r\n0\r\n\r\n`))
   const b = await server(t, (s) => trickle(s, `${HEAD}1\r\nb\r\n0\r\n\r\n`))
-  const send = await rawClient([a.url, b.url])
+  const send = rawClient([a.url, b.url])
   const got: string[] = []
   for (let i = 0; i < 4; i++) got.push((await ask(send, '{}')).data)
   t.same(got, ['a', 'b', 'a', 'b'])

@@ -1,5 +1,6 @@
 // Helpers the benchmarks share: the repository root (results go under it), a child process
-// awaited until its stdout shows a ready line, the median of repetitions, and a process's CPU
+// awaited until its stdout shows a ready line (and the child's side of that: announceReady), the
+// fastify app of the stand-in proxies, the median of repetitions, and a process's CPU
 // time from /proc.
 import { spawn } from 'node:child_process'
 import type { ChildProcess } from 'node:child_process'
@@ -57,4 +58,25 @@ export function processTicks(pid: number | undefined): number | null {
   } catch {
     return null
   }
+}
+
+/**
+ * A benchmark child's last step: the ready line `child` waits for (`NAME ready URL…`), and an exit
+ * on SIGTERM, which is how the parent stops it.
+ */
+export function announceReady(name: string, urls: string): void {
+  process.stdout.write(`${name} ready ${urls}\n`)
+  process.on('SIGTERM', () => process.exit(0))
+}
+
+/**
+ * The fastify app of the proxies that stand in the router's place: it takes a JSON body as the
+ * bytes that came, unparsed, so that what a proxy adds is its forwarding and nothing else.
+ */
+export async function bytesApp(): Promise<import('fastify').FastifyInstance> {
+  const { default: Fastify } = await import('fastify')
+  const app = Fastify({ bodyLimit: 64 << 20 })
+  app.removeAllContentTypeParsers()
+  app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (_req, body, done) => done(null, body))
+  return app
 }

@@ -85,7 +85,7 @@
 import type { ChildProcess } from 'node:child_process'
 import { Agent } from 'undici'
 import { quantile, quantileDifferenceInterval } from './bootstrap.js'
-import { child, median, processTicks, TICKS_PER_S } from './common.js'
+import { announceReady, bytesApp, child, median, processTicks, TICKS_PER_S } from './common.js'
 import { ROUTER_V8_FLAGS } from '../src/v8-flags.js'
 import { rawClientProxy, rawServerProxy } from './raw-http.js'
 
@@ -296,8 +296,7 @@ async function upstreams(count: number): Promise<void> {
     await new Promise<void>((r) => server.listen(0, '127.0.0.1', r))
     urls.push(`http://127.0.0.1:${(server.address() as { port: number }).port}`)
   }
-  process.stdout.write(`upstreams ready ${urls.join(' ')}\n`)
-  process.on('SIGTERM', () => process.exit(0))
+  announceReady('upstreams', urls.join(' '))
 }
 
 /**
@@ -322,8 +321,7 @@ async function relay(urls: string[]): Promise<void> {
     upstream.on('close', () => client.destroy())
   })
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r))
-  process.stdout.write(`relay ready http://127.0.0.1:${(server.address() as { port: number }).port}\n`)
-  process.on('SIGTERM', () => process.exit(0))
+  announceReady('relay', `http://127.0.0.1:${(server.address() as { port: number }).port}`)
 }
 
 /**
@@ -331,11 +329,8 @@ async function relay(urls: string[]): Promise<void> {
  * upstreams, with nothing of the router's own work (see the header).
  */
 async function bare(urls: string[]): Promise<void> {
-  const { default: Fastify } = await import('fastify')
   const upstream = new Agent({ connections: 1024, keepAliveTimeout: 30_000 })
-  const app = Fastify({ bodyLimit: 64 << 20 })
-  app.removeAllContentTypeParsers()
-  app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (_req, body, done) => done(null, body))
+  const app = await bytesApp()
   let next = 0
   app.post('/v1/completions', (req, reply) => {
     const url = new URL(urls[next++ % urls.length] as string)
@@ -368,9 +363,7 @@ async function bare(urls: string[]): Promise<void> {
       },
     )
   })
-  const at = await app.listen({ port: 0, host: '127.0.0.1' })
-  process.stdout.write(`bare ready ${at}\n`)
-  process.on('SIGTERM', () => process.exit(0))
+  announceReady('bare', await app.listen({ port: 0, host: '127.0.0.1' }))
 }
 
 let promptSeed = 1

@@ -9,6 +9,7 @@ import { connect, createServer } from 'node:net'
 import type { Socket } from 'node:net'
 import { Agent } from 'undici'
 import { chunkFrame } from '../src/http/chunked.js'
+import { announceReady, bytesApp } from './common.js'
 
 interface Answer {
   /** The response's headers are in; its body follows. */
@@ -117,11 +118,8 @@ export function rawClient(urls: string[]): (body: Uint8Array, answer: Answer) =>
 
 /** Child process: fastify (Node's `http` server) in front, the raw client behind. */
 export async function rawClientProxy(urls: string[]): Promise<void> {
-  const { default: Fastify } = await import('fastify')
   const send = rawClient(urls)
-  const app = Fastify({ bodyLimit: 64 << 20 })
-  app.removeAllContentTypeParsers()
-  app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (_req, body, done) => done(null, body))
+  const app = await bytesApp()
   app.post('/v1/completions', (req, reply) => {
     const res = reply.raw
     reply.hijack()
@@ -145,9 +143,7 @@ export async function rawClientProxy(urls: string[]): Promise<void> {
       if (!res.writableFinished) abort()
     })
   })
-  const at = await app.listen({ port: 0, host: '127.0.0.1' })
-  process.stdout.write(`raw-client ready ${at}\n`)
-  process.on('SIGTERM', () => process.exit(0))
+  announceReady('raw-client', await app.listen({ port: 0, host: '127.0.0.1' }))
 }
 
 const RESPONSE_HEAD = Buffer.from('HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\nconnection: keep-alive\r\ntransfer-encoding: chunked\r\n\r\n', 'latin1')
@@ -159,7 +155,7 @@ const LAST_CHUNK = Buffer.from('0\r\n\r\n', 'latin1')
  */
 export async function rawServerProxy(urls: string[], behind: 'undici' | 'raw'): Promise<void> {
   const send = behind === 'raw' ? rawClient(urls) : null
-  const upstream = new Agent({ connections: 1024, keepAliveTimeout: 30_000 })
+  let upstream: Agent | null = null
   let next = 0
   const server = createServer((c) => {
     c.setNoDelay(true)
@@ -186,7 +182,7 @@ export async function rawServerProxy(urls: string[], behind: 'undici' | 'raw'): 
         abort = send(body, { head: () => c.write(RESPONSE_HEAD), data: (b) => c.write(chunkFrame(b)), end: answered, error: () => c.destroy() })
         return
       }
-      upstream.dispatch(
+      ;(upstream ??= new Agent({ connections: 1024, keepAliveTimeout: 30_000 })).dispatch(
         { origin: urls[next++ % urls.length] as string, path: '/v1/completions', method: 'POST', headers: { 'content-type': 'application/json' }, body },
         {
           onConnect(a: (err?: Error) => void) {
@@ -217,6 +213,5 @@ export async function rawServerProxy(urls: string[], behind: 'undici' | 'raw'): 
     })
   })
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r))
-  process.stdout.write(`${behind === 'raw' ? 'raw-both' : 'raw-server'} ready http://127.0.0.1:${(server.address() as { port: number }).port}\n`)
-  process.on('SIGTERM', () => process.exit(0))
+  announceReady(behind === 'raw' ? 'raw-both' : 'raw-server', `http://127.0.0.1:${(server.address() as { port: number }).port}`)
 }

@@ -83,6 +83,7 @@
 // millisecond or two either way, as much as the round-to-round spread that earlier sessions
 // put down to the machine's phases (bench/HISTORY.md, bench:route, session 22).
 import type { ChildProcess } from 'node:child_process'
+import { createServer, type ServerResponse } from 'node:http'
 import { Agent } from 'undici'
 import { quantile, quantileDifferenceInterval } from './bootstrap.js'
 import { announceReady, bytesApp, child, median, processTicks, TICKS_PER_S } from './common.js'
@@ -90,7 +91,7 @@ import { ROUTER_V8_FLAGS } from '../src/v8-flags.js'
 import { rawClientProxy, rawServerProxy } from './raw-http.js'
 
 /** Processes that can stand in the router's place: reference proxies, and the raw-socket measuring sticks of bench/raw-http.ts. */
-const REFERENCES = ['bare', 'relay', 'raw-client', 'raw-server', 'raw-both'] as const
+const REFERENCES = ['bare', 'bare-node', 'relay', 'raw-client', 'raw-server', 'raw-both'] as const
 type Reference = (typeof REFERENCES)[number]
 
 export interface PhaseResult {
@@ -270,7 +271,6 @@ function monoUs(): number {
 
 /** Child process: `count` fixed-timing OpenAI-style SSE servers; prints their URLs. */
 async function upstreams(count: number): Promise<void> {
-  const { createServer } = await import('node:http')
   const urls: string[] = []
   for (let i = 0; i < count; i++) {
     const server = createServer((req, res) => {
@@ -325,23 +325,20 @@ async function relay(urls: string[]): Promise<void> {
 }
 
 /**
- * Child process: the bare proxy on the router's stack (fastify, undici), round-robin over the
- * upstreams, with nothing of the router's own work (see the header).
+ * The bare proxies' forwarding: the body to the next upstream in turn through undici, each chunk
+ * of the answer back through Node's response as it comes, the upstream request aborted when the
+ * client goes.
  */
-async function bare(urls: string[]): Promise<void> {
-  const upstream = new Agent({ connections: 1024, keepAliveTimeout: 30_000 })
-  const app = await bytesApp()
+function bareForwarder(urls: string[], upstream: Agent): (body: Buffer, res: ServerResponse) => void {
   let next = 0
-  app.post('/v1/completions', (req, reply) => {
+  return (body, res) => {
     const url = new URL(urls[next++ % urls.length] as string)
-    const res = reply.raw
-    reply.hijack()
     let abort: ((err?: Error) => void) | null = null
     res.on('close', () => {
       if (!res.writableFinished) abort?.(new Error('client gone'))
     })
     upstream.dispatch(
-      { origin: url.origin, path: '/v1/completions', method: 'POST', headers: { 'content-type': 'application/json' }, body: req.body as Buffer },
+      { origin: url.origin, path: '/v1/completions', method: 'POST', headers: { 'content-type': 'application/json' }, body },
       {
         onConnect(a: (err?: Error) => void) {
           abort = a
@@ -362,8 +359,53 @@ async function bare(urls: string[]): Promise<void> {
         },
       },
     )
+  }
+}
+
+/** A stand-in proxy listening, and how to stop it. */
+export interface BareProxy {
+  url: string
+  close: () => Promise<void>
+}
+
+/**
+ * The bare proxy, round-robin over the upstreams, with nothing of the router's own work (see the
+ * header). On the router's stack (`fastify`: fastify, undici), or without fastify (`node`: Node's
+ * HTTP server alone, the same parser, llhttp, and the same response), so that the two differ by
+ * what fastify itself costs a request: routing, its request and reply objects, hooks, body reader.
+ */
+export async function bareProxy(urls: string[], on: 'fastify' | 'node'): Promise<BareProxy> {
+  const upstream = new Agent({ connections: 1024, keepAliveTimeout: 30_000 })
+  const forward = bareForwarder(urls, upstream)
+  if (on === 'fastify') {
+    const app = await bytesApp()
+    app.post('/v1/completions', (req, reply) => {
+      reply.hijack()
+      forward(req.body as Buffer, reply.raw)
+    })
+    return { url: await app.listen({ port: 0, host: '127.0.0.1' }), close: () => app.close().then(() => upstream.close()) }
+  }
+  const server = createServer((req, res) => {
+    if (req.method !== 'POST' || req.url !== '/v1/completions') {
+      req.resume()
+      res.writeHead(404).end()
+      return
+    }
+    const parts: Buffer[] = []
+    req.on('data', (c: Buffer) => parts.push(c))
+    req.on('end', () => forward(parts.length === 1 ? (parts[0] as Buffer) : Buffer.concat(parts), res))
   })
-  announceReady('bare', await app.listen({ port: 0, host: '127.0.0.1' }))
+  // fastify's default, which the other kind runs with
+  server.keepAliveTimeout = 72_000
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r))
+  return {
+    url: `http://127.0.0.1:${(server.address() as { port: number }).port}`,
+    close: () =>
+      new Promise<void>((r) => {
+        server.closeAllConnections()
+        server.close(() => r())
+      }).then(() => upstream.close()),
+  }
 }
 
 let promptSeed = 1
@@ -890,7 +932,9 @@ if (process.argv[2] === '--upstreams') {
 } else if (process.argv[2] === '--relay') {
   await relay(process.argv.slice(3))
 } else if (process.argv[2] === '--bare') {
-  await bare(process.argv.slice(3))
+  announceReady('bare', (await bareProxy(process.argv.slice(3), 'fastify')).url)
+} else if (process.argv[2] === '--bare-node') {
+  announceReady('bare-node', (await bareProxy(process.argv.slice(3), 'node')).url)
 } else if (process.argv[2] === '--raw-client') {
   await rawClientProxy(process.argv.slice(3))
 } else if (process.argv[2] === '--raw-server') {

@@ -8,6 +8,11 @@ export function quantile(sorted: number[], q: number): number {
   return sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] as number
 }
 
+/** The q-quantile (as quantile() takes it) of samples in any order, sorted in a copy. */
+export function quantileOf(xs: ArrayLike<number>, q: number): number {
+  return quantile(Array.from(xs).sort((a, b) => a - b), q)
+}
+
 /**
  * The q-quantile (as quantile() takes it) of one resample with replacement of ascending `sorted`,
  * `next` giving uniform draws in [0, 1). With the samples sorted, that quantile is the sample at

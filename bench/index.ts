@@ -37,6 +37,7 @@ import { KvIndex } from '../src/shared/kv-index.js'
 import { EventDecoder } from '../src/shared/event-decoder.js'
 import { ShardPool } from '../src/shard-pool.js'
 import { median } from './common.js'
+import { quantileOf } from './bootstrap.js'
 import { u64Hi, u64Lo } from '../src/shared/u64.js'
 
 function arg(name: string, dflt: number | undefined): number | undefined {
@@ -54,11 +55,6 @@ const shardCounts = [1, 2, 4]
 const shardSpinUs = arg('shard-spin-us', undefined)
 const querySpinUs = arg('query-spin-us', undefined)
 const only = arg('only-shards', undefined)
-
-function quantile(xs: Float64Array, n: number, q: number): number {
-  const s = Array.from(xs.subarray(0, n)).sort((a, b) => a - b)
-  return s[Math.min(s.length - 1, Math.floor(q * s.length))] ?? 0
-}
 
 interface RunResult {
   seconds: number
@@ -107,7 +103,7 @@ class SingleTarget implements Target {
       }
     }
     const seconds = (performance.now() - t0) / 1000
-    return Promise.resolve({ seconds, lookupP50: quantile(lookups, li, 0.5), lookupP99: quantile(lookups, li, 0.99), ringFull: 0, bytesPerBlock: ix.bytes / ix.liveEntries, entries: ix.liveEntries })
+    return Promise.resolve({ seconds, lookupP50: quantileOf(lookups.subarray(0, li), 0.5), lookupP99: quantileOf(lookups.subarray(0, li), 0.99), ringFull: 0, bytesPerBlock: ix.bytes / ix.liveEntries, entries: ix.liveEntries })
   }
 
   clear(): Promise<void> {
@@ -189,7 +185,7 @@ class PoolTarget implements Target {
     const ringFull = ringFullTotal - this.ringFullBefore
     this.ringFullBefore = ringFullTotal
     if (c.reduce((s, x) => s + x.malformed + x.lost, 0) !== 0) throw new Error('bench: events were malformed or lost')
-    return { seconds, lookupP50: quantile(lookups, li, 0.5), lookupP99: quantile(lookups, li, 0.99), ringFull, bytesPerBlock: bytes / entries, entries }
+    return { seconds, lookupP50: quantileOf(lookups.subarray(0, li), 0.5), lookupP99: quantileOf(lookups.subarray(0, li), 0.99), ringFull, bytesPerBlock: bytes / entries, entries }
   }
 
   async clear(): Promise<void> {

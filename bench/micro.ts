@@ -14,16 +14,13 @@ import { encodeRouterEvent, toDecoded } from '../src/shared/events.js'
 import { RouteBodyScanner } from '../src/http/route-body.js'
 import { parseJsonExact } from '../src/http/json.js'
 import { median } from './common.js'
+import { quantileOf } from './bootstrap.js'
 import { benchNextTick, printNextTick } from './next-tick.js'
 
 const REPS = Number(process.env.BENCH_REPS ?? 7)
 const here = dirname(fileURLToPath(import.meta.url))
 const resultsDir = join(here, '..', '..', 'bench', 'results')
 
-function quantile(xs: Float64Array | number[], q: number): number {
-  const s = Array.from(xs).sort((a, b) => a - b)
-  return s[Math.min(s.length - 1, Math.floor(q * s.length))] as number
-}
 const now = (): number => Number(process.hrtime.bigint()) / 1e3 // µs
 
 // --- deterministic inputs -------------------------------------------------------------------
@@ -254,7 +251,7 @@ function benchFind(kind: 'all-hold-all' | 'staggered'): { p50_us: number; p99_us
     samples[i] = Number(process.hrtime.bigint() - t0) / 1e3
   }
   if (sink === 0) throw new Error('unreachable')
-  return { p50_us: quantile(samples, 0.5), p99_us: quantile(samples, 0.99), mean_us: median(means) }
+  return { p50_us: quantileOf(samples, 0.5), p99_us: quantileOf(samples, 0.99), mean_us: median(means) }
 }
 
 // --- run ------------------------------------------------------------------------------------

@@ -919,11 +919,12 @@ async function alternatingHops(cli: string, seconds: number, names: readonly ('r
 }
 
 /** The hops BENCH_PROXY_HOPS names, checked before anything starts. */
-function hopNames(list: string): ('router' | Reference)[] {
+export function hopNames(list: string): ('router' | Reference)[] {
   const names = list.split(',').map((n) => n.trim())
   const known: readonly string[] = ['router', ...REFERENCES]
   const unknown = names.filter((n) => !known.includes(n))
-  if (unknown.length > 0 || names.length === 0) throw new Error(`BENCH_PROXY_HOPS takes a comma-separated list of ${known.join(', ')}; got ${JSON.stringify(list)}`)
+  // a name twice would merge its rounds into one row, read as one hop's
+  if (unknown.length > 0 || names.length === 0 || new Set(names).size !== names.length) throw new Error(`BENCH_PROXY_HOPS takes a comma-separated list of ${known.join(', ')}, each at most once; got ${JSON.stringify(list)}`)
   return names as ('router' | Reference)[]
 }
 

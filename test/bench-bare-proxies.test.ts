@@ -1,14 +1,14 @@
 // The two bare proxies of bench/proxy.ts, on fastify and on Node's HTTP server alone: the
 // diagnosis reads their difference as what fastify costs a request, which holds only if both do
 // the same work: the body forwarded as it came, round-robin, every chunk passed back as it comes,
-// and the upstream request aborted when the client goes.
+// and the upstream request aborted when the client goes. Also the hop list BENCH_PROXY_HOPS takes.
 import t from 'tap'
 import type { Test } from 'tap'
 import { createServer } from 'node:http'
 import type { ServerResponse } from 'node:http'
 import { once } from 'node:events'
 import { Agent, request } from 'undici'
-import { bareProxy } from '../bench/proxy.js'
+import { bareProxy, hopNames } from '../bench/proxy.js'
 
 interface Upstream {
   url: string
@@ -119,4 +119,11 @@ t.test('node: a path other than /v1/completions is a 404', async (t) => {
   await res.body.dump()
   t.equal(res.statusCode, 404)
   t.same(a.bodies, [], 'nothing reached the upstream')
+})
+
+t.test('BENCH_PROXY_HOPS: known names, each at most once', async (t) => {
+  t.same(hopNames('router, bare,bare-node,relay'), ['router', 'bare', 'bare-node', 'relay'])
+  t.throws(() => hopNames('router,bare-nod'), /each at most once; got "router,bare-nod"/, 'an unknown name')
+  t.throws(() => hopNames('bare,relay,bare'), /each at most once/, 'a name twice, whose rounds would merge into one row')
+  t.throws(() => hopNames(''), /comma-separated list/, 'nothing named')
 })

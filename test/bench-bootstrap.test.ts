@@ -2,7 +2,7 @@
 // largest indices drawn must give exactly the quantile of the resample built and sorted, and the
 // interval must cover the true difference of two known distributions about as often as it claims.
 import t from 'tap'
-import { quantile, quantileDifferenceInterval, resampledQuantile, uniformDraws } from '../bench/bootstrap.js'
+import { quantile, quantileDifferenceInterval, quantileOf, resampledQuantile, uniformDraws } from '../bench/bootstrap.js'
 
 /** The resample built in full from the same draws, sorted, and its quantile taken. */
 function resampledByHand(sorted: number[], q: number, next: () => number): number {
@@ -23,6 +23,15 @@ t.test('quantile takes the sample at floor(q n), NaN when empty', async (t) => {
   t.equal(quantile([1, 2, 3, 4], 0.99), 4)
   t.equal(quantile([7], 0.99), 7)
   t.ok(Number.isNaN(quantile([], 0.5)))
+})
+
+t.test('quantileOf sorts a copy numerically, of a typed array or a plain one', async (t) => {
+  const xs = new Float64Array([10, 9, 100, 2, 1])
+  t.equal(quantileOf(xs, 0.5), 9, 'numeric order: as text, 100 would sort before 2')
+  t.equal(quantileOf(xs.subarray(0, 2), 0.99), 10)
+  t.equal(quantileOf([3, 1, 2], 0), 1)
+  t.same(Array.from(xs), [10, 9, 100, 2, 1], 'the samples are left in their order')
+  t.ok(Number.isNaN(quantileOf(new Float64Array(0), 0.99)))
 })
 
 t.test('the kept largest indices give the quantile of the whole resample', async (t) => {

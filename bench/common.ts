@@ -1,8 +1,9 @@
 // Helpers the benchmarks share: the repository root (results go under it), a child process
 // awaited until its stdout shows a ready line (and the child's side of that: announceReady), the
-// fastify app of the stand-in proxies, the median of repetitions, and a process's CPU
+// fastify app and undici Agent of the stand-in proxies, the median of repetitions, and a process's CPU
 // time from /proc.
 import { spawn } from 'node:child_process'
+import { Agent } from 'undici'
 import type { ChildProcess } from 'node:child_process'
 import { existsSync, readFileSync } from 'node:fs'
 import { dirname, join } from 'node:path'
@@ -79,4 +80,13 @@ export async function bytesApp(): Promise<import('fastify').FastifyInstance> {
   app.removeAllContentTypeParsers()
   app.addContentTypeParser('application/json', { parseAs: 'buffer' }, (_req, body, done) => done(null, body))
   return app
+}
+
+/**
+ * The undici Agent of a stand-in proxy: the router's pool (src/proxy.ts) without its timeouts,
+ * which the benchmark's fixed-timing upstreams never come near, so that the stand-ins and the
+ * router open and reuse their upstream connections alike.
+ */
+export function standInAgent(): Agent {
+  return new Agent({ connections: 1024, keepAliveTimeout: 30_000 })
 }

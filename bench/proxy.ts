@@ -86,7 +86,7 @@ import type { ChildProcess } from 'node:child_process'
 import { createServer, type ServerResponse } from 'node:http'
 import { Agent } from 'undici'
 import { quantile, quantileDifferenceInterval } from './bootstrap.js'
-import { announceReady, bytesApp, child, median, processTicks, TICKS_PER_S } from './common.js'
+import { announceReady, bytesApp, child, median, processTicks, standInAgent, TICKS_PER_S } from './common.js'
 import { ROUTER_V8_FLAGS } from '../src/v8-flags.js'
 import { rawClientProxy, rawServerProxy } from './raw-http.js'
 
@@ -375,7 +375,7 @@ export interface BareProxy {
  * what fastify itself costs a request: routing, its request and reply objects, hooks, body reader.
  */
 export async function bareProxy(urls: string[], on: 'fastify' | 'node'): Promise<BareProxy> {
-  const upstream = new Agent({ connections: 1024, keepAliveTimeout: 30_000 })
+  const upstream = standInAgent()
   const forward = bareForwarder(urls, upstream)
   if (on === 'fastify') {
     const app = await bytesApp()
@@ -924,7 +924,7 @@ export function hopNames(list: string): ('router' | Reference)[] {
   const known: readonly string[] = ['router', ...REFERENCES]
   const unknown = names.filter((n) => !known.includes(n))
   // a name twice would merge its rounds into one row, read as one hop's
-  if (unknown.length > 0 || names.length === 0 || new Set(names).size !== names.length) throw new Error(`BENCH_PROXY_HOPS takes a comma-separated list of ${known.join(', ')}, each at most once; got ${JSON.stringify(list)}`)
+  if (unknown.length > 0 || new Set(names).size !== names.length) throw new Error(`BENCH_PROXY_HOPS takes a comma-separated list of ${known.join(', ')}, each at most once; got ${JSON.stringify(list)}`)
   return names as ('router' | Reference)[]
 }
 

@@ -7,9 +7,9 @@
 // anything: a client-facing parser this loose is what request smuggling is made of.
 import { connect, createServer } from 'node:net'
 import type { Socket } from 'node:net'
-import { Agent } from 'undici'
+import type { Agent } from 'undici'
 import { chunkFrame } from '../src/http/chunked.js'
-import { announceReady, bytesApp } from './common.js'
+import { announceReady, bytesApp, standInAgent } from './common.js'
 
 interface Answer {
   /** The response's headers are in; its body follows. */
@@ -182,7 +182,7 @@ export async function rawServerProxy(urls: string[], behind: 'undici' | 'raw'): 
         abort = send(body, { head: () => c.write(RESPONSE_HEAD), data: (b) => c.write(chunkFrame(b)), end: answered, error: () => c.destroy() })
         return
       }
-      ;(upstream ??= new Agent({ connections: 1024, keepAliveTimeout: 30_000 })).dispatch(
+      ;(upstream ??= standInAgent()).dispatch(
         { origin: urls[next++ % urls.length] as string, path: '/v1/completions', method: 'POST', headers: { 'content-type': 'application/json' }, body },
         {
           onConnect(a: (err?: Error) => void) {

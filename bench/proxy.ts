@@ -83,6 +83,7 @@
 // millisecond or two either way, as much as the round-to-round spread that earlier sessions
 // put down to the machine's phases (bench/HISTORY.md, bench:route, session 22).
 import type { ChildProcess } from 'node:child_process'
+import { existsSync } from 'node:fs'
 import { createServer, type ServerResponse } from 'node:http'
 import { Agent } from 'undici'
 import { quantile, quantileDifferenceInterval } from './bootstrap.js'
@@ -93,9 +94,11 @@ import { rawClientProxy, rawServerProxy } from './raw-http.js'
 /** Processes that can stand in the router's place: reference proxies, and the raw-socket measuring sticks of bench/raw-http.ts. */
 const REFERENCES = ['bare', 'bare-node', 'relay', 'raw-client', 'raw-server', 'raw-both'] as const
 type Reference = (typeof REFERENCES)[number]
+/** `router-b` is a second build of the router (BENCH_PROXY_ROUTER_B), for an A/B of a change. */
+type HopName = 'router' | 'router-b' | Reference
 
 export interface PhaseResult {
-  path: 'direct' | 'router' | Reference
+  path: 'direct' | HopName
   requests: number
   errors: number
   /** Streams open at once, averaged over the phase. */
@@ -437,6 +440,9 @@ const PROMPT_TOKENS = ((): number => {
 })()
 const MAX_TOKENS = 16
 
+/** A build of the router, whose GC pauses and loop delay a phase reads through its probe route. */
+const isRouter = (path: PhaseResult['path']): boolean => path === 'router' || path === 'router-b'
+
 interface Lane {
   path: PhaseResult['path']
   urls: string[]
@@ -449,7 +455,8 @@ interface Lane {
  * k mod lanes, so lanes run side by side and share whatever the machine does meanwhile.
  */
 async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent, upstreamsPid?: number, countFromMs = 0): Promise<PhaseResult[]> {
-  const routerUrl = lanes.find((l) => l.path === 'router')?.urls[0]
+  const routerLane = lanes.find((l) => isRouter(l.path))
+  const routerUrl = routerLane?.urls[0]
   const gc0 = routerUrl === undefined ? null : await readRouterPauses(routerUrl)
   const hop0 = lanes.map((l) => processTicks(l.pid))
   const up0 = processTicks(upstreamsPid)
@@ -572,8 +579,8 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
       egressMs: { p50: quantile(st.egress, 0.5), p99: quantile(st.egress, 0.99) },
       hopCpuUsPerRequest: h0 === null || h1 === null ? null : (((h1 - h0) / TICKS_PER_S) * 1e6) / st.requests,
       cpuPct: { client: clientPct, upstreams: upstreamsPct, hop: pct(h0, h1) },
-      hopGc: l.path === 'router' ? hopGc : null,
-      hopLoopDelayMs: l.path === 'router' && gc1 !== null ? { p99: gc1.loopP99Ms, max: gc1.loopMaxMs } : null,
+      hopGc: l === routerLane ? hopGc : null,
+      hopLoopDelayMs: l === routerLane && gc1 !== null ? { p99: gc1.loopP99Ms, max: gc1.loopMaxMs } : null,
     }
     samplesOf.set(result, { ttft: st.ttft, total: st.total, ingress: st.ingress, egress: st.egress, sent: st.requests })
     return result
@@ -884,7 +891,7 @@ export function printProxy(p: ProxyResult): void {
  * the hops instead (comma-separated; `router` and any of REFERENCES), e.g. the raw-socket proxies
  * of bench/raw-http.ts beside the bare one, to see which side of Node's HTTP stack a figure is on.
  */
-async function alternatingHops(cli: string, seconds: number, names: readonly ('router' | Reference)[]): Promise<void> {
+async function alternatingHops(cli: string, seconds: number, names: readonly HopName[], cliB?: string): Promise<void> {
   const streams = 200
   const up = await startUpstreams(4)
   const agent = new Agent({ connections: 2 * streams + 56, pipelining: 1, keepAliveTimeout: 30_000 })
@@ -892,7 +899,10 @@ async function alternatingHops(cli: string, seconds: number, names: readonly ('r
   try {
     const started: [PhaseResult['path'], { p: ChildProcess; m: RegExpMatchArray }][] = []
     for (const name of names) {
-      const c = name === 'router' ? await child(serveArgs(cli, 'round-robin', up.urls), /listening on (http:\/\/\S+)/) : await startReference(name, up.urls)
+      const c =
+        name === 'router' || name === 'router-b'
+          ? await child(serveArgs(name === 'router' ? cli : (cliB as string), 'round-robin', up.urls), /listening on (http:\/\/\S+)/)
+          : await startReference(name, up.urls)
       procs.push(c.p)
       started.push([name, c])
     }
@@ -910,7 +920,10 @@ async function alternatingHops(cli: string, seconds: number, names: readonly ('r
     for (const [path, rs] of rounds) {
       const s = summary(rs)
       const each = rs.map((r) => `${r.p99TtftOverheadMs.toFixed(2)} (${interval(r.p99TtftOverheadCi95Ms)}), p50 +${(r.hop.ttftMs.p50 - r.direct.ttftMs.p50).toFixed(2)}`).join(' | ')
-      console.log(`${path.padEnd(10)} | ${each} | pooled ${s.pooledTtftMs.toFixed(2)} (${interval(s.pooledTtftCi95Ms)}) | CPU ${s.cpuUsPerRequest === null ? '–' : s.cpuUsPerRequest.toFixed(0)}`)
+      const gcs = rs.map((r) => r.hop.hopGc)
+      const g = gcs.every((x) => x !== null) ? sumGc(gcs as GcTotals[]) : null
+      const gc = g === null ? '' : ` | GC in the three: ${g.scavenges} scavenges (${g.scavengeMs.toFixed(0)} ms), ${g.majors} mark-compacts (${g.majorMs.toFixed(0)} ms)`
+      console.log(`${path.padEnd(10)} | ${each} | pooled ${s.pooledTtftMs.toFixed(2)} (${interval(s.pooledTtftCi95Ms)}) | CPU ${s.cpuUsPerRequest === null ? '–' : s.cpuUsPerRequest.toFixed(0)}${gc}`)
     }
   } finally {
     await agent.close()
@@ -918,14 +931,19 @@ async function alternatingHops(cli: string, seconds: number, names: readonly ('r
   }
 }
 
-/** The hops BENCH_PROXY_HOPS names, checked before anything starts. */
-export function hopNames(list: string): ('router' | Reference)[] {
+/**
+ * The hops BENCH_PROXY_HOPS names, checked before anything starts. `router-b` needs `routerB`, the
+ * path of another build's `dist/src/cli.js` (a worktree with the change), and `routerB` needs it.
+ */
+export function hopNames(list: string, routerB?: string): HopName[] {
   const names = list.split(',').map((n) => n.trim())
-  const known: readonly string[] = ['router', ...REFERENCES]
+  const known: readonly string[] = ['router', 'router-b', ...REFERENCES]
   const unknown = names.filter((n) => !known.includes(n))
   // a name twice would merge its rounds into one row, read as one hop's
   if (unknown.length > 0 || new Set(names).size !== names.length) throw new Error(`BENCH_PROXY_HOPS takes a comma-separated list of ${known.join(', ')}, each at most once; got ${JSON.stringify(list)}`)
-  return names as ('router' | Reference)[]
+  if (names.includes('router-b') !== (routerB !== undefined)) throw new Error('BENCH_PROXY_ROUTER_B (the path of a second build\'s dist/src/cli.js) and the hop router-b in BENCH_PROXY_HOPS go together')
+  if (routerB !== undefined && !existsSync(routerB)) throw new Error(`BENCH_PROXY_ROUTER_B: no file ${JSON.stringify(routerB)}`)
+  return names as HopName[]
 }
 
 if (process.argv[2] === '--upstreams') {
@@ -943,9 +961,10 @@ if (process.argv[2] === '--upstreams') {
 } else if (process.argv[2] === '--raw-both') {
   await rawServerProxy(process.argv.slice(3), 'raw')
 } else if (process.argv[1]?.endsWith('proxy.js') === true && process.env.BENCH_PROXY_ALTERNATING === '1') {
-  await alternatingHops(new URL('../src/cli.js', import.meta.url).pathname, Number(process.env.BENCH_PROXY_SECS ?? 10), hopNames(process.env.BENCH_PROXY_HOPS ?? 'router,bare,relay'))
+  const routerB = process.env.BENCH_PROXY_ROUTER_B
+  await alternatingHops(new URL('../src/cli.js', import.meta.url).pathname, Number(process.env.BENCH_PROXY_SECS ?? 10), hopNames(process.env.BENCH_PROXY_HOPS ?? 'router,bare,relay', routerB), routerB)
 } else if (process.argv[1]?.endsWith('proxy.js') === true) {
-  if (process.env.BENCH_PROXY_HOPS !== undefined) throw new Error('BENCH_PROXY_HOPS names the hops of BENCH_PROXY_ALTERNATING=1; the full run has its own')
+  if (process.env.BENCH_PROXY_HOPS !== undefined || process.env.BENCH_PROXY_ROUTER_B !== undefined) throw new Error('BENCH_PROXY_HOPS and BENCH_PROXY_ROUTER_B name the hops of BENCH_PROXY_ALTERNATING=1; the full run has its own')
   const cli = new URL('../src/cli.js', import.meta.url).pathname
   const r = await benchProxy(cli, { seconds: Number(process.env.BENCH_PROXY_SECS ?? 10), mode: process.env.BENCH_PROXY_MODE === 'kv' ? 'kv' : 'round-robin' })
   printProxy(r)

@@ -484,7 +484,7 @@ const enum Mode {
  * writes pauses the upstream parser until the client's socket drains, so a slow reader cannot
  * make the router buffer a whole response.
  */
-class UpstreamExchange implements Dispatcher.DispatchHandlers {
+class UpstreamExchange implements Dispatcher.DispatchHandler {
   private mode = Mode.Waiting
   private status = 0
   private contentType = ''

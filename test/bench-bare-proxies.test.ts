@@ -7,6 +7,7 @@ import type { Test } from 'tap'
 import { createServer } from 'node:http'
 import type { ServerResponse } from 'node:http'
 import { once } from 'node:events'
+import { fileURLToPath } from 'node:url'
 import { Agent, request } from 'undici'
 import { bareProxy, hopNames } from '../bench/proxy.js'
 
@@ -126,4 +127,13 @@ t.test('BENCH_PROXY_HOPS: known names, each at most once', async (t) => {
   t.throws(() => hopNames('router,bare-nod'), /each at most once; got "router,bare-nod"/, 'an unknown name')
   t.throws(() => hopNames('bare,relay,bare'), /each at most once/, 'a name twice, whose rounds would merge into one row')
   t.throws(() => hopNames(''), /comma-separated list/, 'nothing named')
+})
+
+t.test('BENCH_PROXY_ROUTER_B: a second build, named and given together', async (t) => {
+  // any file that exists will do: the check is that the path names one
+  const cli = fileURLToPath(import.meta.url)
+  t.same(hopNames('router,router-b', cli), ['router', 'router-b'])
+  t.throws(() => hopNames('router,router-b'), /go together/, 'router-b with no build to run')
+  t.throws(() => hopNames('router,bare', cli), /go together/, 'a build that no hop would run')
+  t.throws(() => hopNames('router-b', `${cli}.missing`), /BENCH_PROXY_ROUTER_B: no file ".*\.missing"/, 'a path with nothing there')
 })

@@ -35,7 +35,7 @@ t.test('every listener runs; the errors are thrown once all have', async (t) => 
 /** Accepts every request, never answers, and throws when asked to abort one. */
 class Unabortable extends Dispatcher {
   dispatched = 0
-  override dispatch(_opts: Dispatcher.DispatchOptions, handler: Dispatcher.DispatchHandlers): boolean {
+  override dispatch(_opts: Dispatcher.DispatchOptions, handler: Dispatcher.DispatchHandler): boolean {
     this.dispatched++
     handler.onConnect?.(() => {
       throw new Error('this dispatcher cannot abort')

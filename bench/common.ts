@@ -1,7 +1,7 @@
 // Helpers the benchmarks share: the repository root (results go under it), a child process
 // awaited until its stdout shows a ready line (and the child's side of that: announceReady), the
 // fastify app and undici Agent of the stand-in proxies, the median of repetitions, and a process's CPU
-// time from /proc.
+// time and the machine's steal time from /proc.
 import { spawn } from 'node:child_process'
 import { Agent } from 'undici'
 import type { ChildProcess } from 'node:child_process'
@@ -56,6 +56,29 @@ export function processTicks(pid: number | undefined): number | null {
     // the command name may hold spaces: fields are counted after its closing parenthesis
     const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
     return Number(f[11]) + Number(f[12])
+  } catch {
+    return null
+  }
+}
+
+/**
+ * The steal time in /proc/stat's text, all CPUs together, in ticks: time in which the hypervisor
+ * ran something else while this machine's virtual CPUs had work to do. Null if the text has no
+ * aggregate line with the field (kernels before 2.6.11, or not Linux).
+ */
+export function stealTicksOf(procStat: string): number | null {
+  const end = procStat.indexOf('\n')
+  const line = end === -1 ? procStat : procStat.slice(0, end)
+  // cpu user nice system idle iowait irq softirq steal ...
+  const f = line.trim().split(/\s+/)
+  if (f[0] !== 'cpu' || f[8] === undefined || !/^\d+$/.test(f[8])) return null
+  return Number(f[8])
+}
+
+/** The machine's steal time so far, in ticks (TICKS_PER_S); null off Linux. */
+export function machineStealTicks(): number | null {
+  try {
+    return stealTicksOf(readFileSync('/proc/stat', 'utf8'))
   } catch {
     return null
   }

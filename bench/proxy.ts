@@ -87,7 +87,7 @@ import { existsSync } from 'node:fs'
 import { createServer, type ServerResponse } from 'node:http'
 import { Agent } from 'undici'
 import { quantile, quantileDifferenceInterval } from './bootstrap.js'
-import { announceReady, bytesApp, child, median, processTicks, standInAgent, TICKS_PER_S } from './common.js'
+import { announceReady, bytesApp, child, machineStealTicks, median, processTicks, standInAgent, TICKS_PER_S } from './common.js'
 import { ROUTER_V8_FLAGS } from '../src/v8-flags.js'
 import { rawClientProxy, rawServerProxy } from './raw-http.js'
 
@@ -117,6 +117,11 @@ export interface PhaseResult {
   hopGc: GcTotals | null
   /** The router's main-thread event-loop delay over the phase (router lanes only), from its /metrics: busy, or waiting for a core. */
   hopLoopDelayMs: { p99: number; max: number } | null
+  /**
+   * The machine's steal time over the phase (ms, all CPUs together): the hypervisor running
+   * something else while this VM had work. Null off Linux.
+   */
+  stealMs: number | null
 }
 
 export interface GcTotals {
@@ -460,6 +465,7 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
   const gc0 = routerUrl === undefined ? null : await readRouterPauses(routerUrl)
   const hop0 = lanes.map((l) => processTicks(l.pid))
   const up0 = processTicks(upstreamsPid)
+  const steal0 = machineStealTicks()
   const client0 = process.cpuUsage()
   const wall0 = performance.now()
   const stats = lanes.map(() => ({ ttft: [] as number[], total: [] as number[], ingress: [] as number[], egress: [] as number[], errors: 0, rampErrors: 0, requests: 0, counted: 0, open: 0, openArea: 0, lastChange: performance.now() }))
@@ -554,6 +560,8 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
   const openDuringSends = stats.map((st) => st.openArea + st.open * (sendEnd - st.lastChange))
   await Promise.all(inflight)
   const hop1 = lanes.map((l) => processTicks(l.pid))
+  const steal1 = machineStealTicks()
+  const stealMs = steal0 === null || steal1 === null ? null : ((steal1 - steal0) / TICKS_PER_S) * 1000
   const wallS = (performance.now() - wall0) / 1000
   const client1 = process.cpuUsage(client0)
   const pct = (t0: number | null, t1: number | null): number | null => (t0 === null || t1 === null ? null : ((t1 - t0) / TICKS_PER_S / wallS) * 100)
@@ -581,6 +589,7 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
       cpuPct: { client: clientPct, upstreams: upstreamsPct, hop: pct(h0, h1) },
       hopGc: l === routerLane ? hopGc : null,
       hopLoopDelayMs: l === routerLane && gc1 !== null ? { p99: gc1.loopP99Ms, max: gc1.loopMaxMs } : null,
+      stealMs,
     }
     samplesOf.set(result, { ttft: st.ttft, total: st.total, ingress: st.ingress, egress: st.egress, sent: st.requests })
     return result
@@ -623,6 +632,7 @@ function merge(slices: PhaseResult[]): PhaseResult {
     cpuPct: { client: mean(slices.map((x) => x.cpuPct.client)) as number, upstreams: mean(slices.map((x) => x.cpuPct.upstreams)), hop: mean(slices.map((x) => x.cpuPct.hop)) },
     hopGc: gcs.every((g) => g !== null) ? sumGc(gcs as GcTotals[]) : null,
     hopLoopDelayMs: loops.every((l) => l !== null) ? { p99: median(loops.map((l) => (l as { p99: number }).p99)), max: Math.max(...loops.map((l) => (l as { max: number }).max)) } : null,
+    stealMs: slices.every((x) => x.stealMs !== null) ? slices.reduce((a, x) => a + (x.stealMs as number), 0) : null,
   }
   samplesOf.set(merged, { ttft, total, ingress, egress, sent })
   return merged
@@ -838,6 +848,16 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
   }
 }
 
+/**
+ * A round's steal time: a round in which the hypervisor held back this VM's CPUs is the machine's,
+ * whatever the hop did. Nothing where /proc/stat cannot say.
+ */
+function stealText(direct: PhaseResult, hop: PhaseResult, samePhase: boolean): string {
+  const ms = (x: number | null): string => (x === null ? '–' : `${x.toFixed(0)} ms`)
+  if (direct.stealMs === null && hop.stealMs === null) return ''
+  return samePhase ? ` | machine steal ${ms(hop.stealMs)}` : ` | machine steal: direct phase ${ms(direct.stealMs)}, routed phase ${ms(hop.stealMs)}`
+}
+
 export function printProxy(p: ProxyResult): void {
   console.log(`\nproxy: ${p.engines} fixed-timing upstreams (first token ${p.ttftMs} ms, then every ${p.itlMs} ms, ${p.maxTokens} tokens), ${p.promptTokens}-token prompts, open-loop at ${p.ratePerSec}/s per path for ~${p.streamsTarget} concurrent streams, ${p.seconds} s per phase (paired and alternating rounds ${p.headlineSeconds} s), router in ${p.mode} mode`)
   console.log('round        | path   | requests | errors | mean open | TTFT p50 ms | TTFT p99 ms | total p50 ms | total p99 ms | ingress p50 / p99 ms | egress p50 / p99 ms | hop CPU µs/req')
@@ -857,7 +877,7 @@ export function printProxy(p: ProxyResult): void {
       const gcText = g === null ? '' : ` | router GC pauses: ${g.scavenges} scavenges, ${g.scavengeMs.toFixed(1)} ms${g.majors > 0 ? `; ${g.majors} major, ${g.majorMs.toFixed(1)} ms` : ''}`
       const ld = r.hop.hopLoopDelayMs
       const loopText = ld === null ? '' : ` | router event-loop delay p99 ${ld.p99.toFixed(1)} ms, max ${ld.max.toFixed(1)} ms`
-      console.log(`${''.padEnd(12)} | p99 overhead: TTFT ${r.p99TtftOverheadMs.toFixed(2)} ms (95% bootstrap ${interval(r.p99TtftOverheadCi95Ms)}; ingress ${r.p99IngressOverheadMs.toFixed(2)}, egress ${r.p99EgressOverheadMs.toFixed(2)}), total ${r.p99TotalOverheadMs.toFixed(2)} ms | CPU of one core: ${load}${gcText}${loopText}`)
+      console.log(`${''.padEnd(12)} | p99 overhead: TTFT ${r.p99TtftOverheadMs.toFixed(2)} ms (95% bootstrap ${interval(r.p99TtftOverheadCi95Ms)}; ingress ${r.p99IngressOverheadMs.toFixed(2)}, egress ${r.p99EgressOverheadMs.toFixed(2)}), total ${r.p99TotalOverheadMs.toFixed(2)} ms | CPU of one core: ${load}${gcText}${loopText}${stealText(r.direct, r.hop, samePhase)}`)
     })
   rows('sequential', p.rounds)
   rows('paired', p.paired.rounds)
@@ -869,7 +889,7 @@ export function printProxy(p: ProxyResult): void {
   sb.rounds.forEach((r, i) => {
     for (const x of [r.router.direct, r.router.hop, r.bare.hop]) row(`together ${i + 1}`, x)
     const c = r.router.hop.cpuPct
-    console.log(`${''.padEnd(12)} | p99 TTFT overhead: router ${r.router.p99TtftOverheadMs.toFixed(2)} ms, bare ${r.bare.p99TtftOverheadMs.toFixed(2)} ms, router less bare ${(r.router.p99TtftOverheadMs - r.bare.p99TtftOverheadMs).toFixed(2)} ms | CPU of one core: client ${f(c.client)}, upstreams ${f(c.upstreams)}, router ${f(c.hop)}, bare ${f(r.bare.hop.cpuPct.hop)}`)
+    console.log(`${''.padEnd(12)} | p99 TTFT overhead: router ${r.router.p99TtftOverheadMs.toFixed(2)} ms, bare ${r.bare.p99TtftOverheadMs.toFixed(2)} ms, router less bare ${(r.router.p99TtftOverheadMs - r.bare.p99TtftOverheadMs).toFixed(2)} ms | CPU of one core: client ${f(c.client)}, upstreams ${f(c.upstreams)}, router ${f(c.hop)}, bare ${f(r.bare.hop.cpuPct.hop)}${stealText(r.router.direct, r.router.hop, true)}`)
   })
   const us = (x: number | null): string => (x === null ? '–' : x.toFixed(0))
   const medians = (s: PairedSummary): string => `TTFT ${s.ttftMs.toFixed(2)} ms (pooled over the rounds ${s.pooledTtftMs.toFixed(2)} ms, 95% bootstrap ${interval(s.pooledTtftCi95Ms)}; ingress ${s.ingressMs.toFixed(2)}, egress ${s.egressMs.toFixed(2)}), total ${s.totalMs.toFixed(2)} ms`
@@ -923,7 +943,11 @@ async function alternatingHops(cli: string, seconds: number, names: readonly Hop
       const gcs = rs.map((r) => r.hop.hopGc)
       const g = gcs.every((x) => x !== null) ? sumGc(gcs as GcTotals[]) : null
       const gc = g === null ? '' : ` | GC in the three: ${g.scavenges} scavenges (${g.scavengeMs.toFixed(0)} ms), ${g.majors} mark-compacts (${g.majorMs.toFixed(0)} ms)`
-      console.log(`${path.padEnd(10)} | ${each} | pooled ${s.pooledTtftMs.toFixed(2)} (${interval(s.pooledTtftCi95Ms)}) | CPU ${s.cpuUsPerRequest === null ? '–' : s.cpuUsPerRequest.toFixed(0)}${gc}`)
+      const steal = (side: 'direct' | 'hop'): string => {
+        const xs = rs.map((r) => r[side].stealMs)
+        return xs.every((x) => x !== null) ? `${(xs as number[]).reduce((a, b) => a + b, 0).toFixed(0)} ms` : '–'
+      }
+      console.log(`${path.padEnd(10)} | ${each} | pooled ${s.pooledTtftMs.toFixed(2)} (${interval(s.pooledTtftCi95Ms)}) | CPU ${s.cpuUsPerRequest === null ? '–' : s.cpuUsPerRequest.toFixed(0)}${gc} | machine steal in the three: direct phases ${steal('direct')}, ${path} phases ${steal('hop')}`)
     }
   } finally {
     await agent.close()

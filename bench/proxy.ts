@@ -445,7 +445,7 @@ const PROMPT_TOKENS = ((): number => {
 })()
 const MAX_TOKENS = 16
 
-/** A build of the router, whose GC pauses and loop delay a phase reads through its probe route. */
+/** A build of the router: a phase reads its GC pauses and event-loop delay from its /metrics. */
 const isRouter = (path: PhaseResult['path']): boolean => path === 'router' || path === 'router-b'
 
 interface Lane {
@@ -908,8 +908,10 @@ export function printProxy(p: ProxyResult): void {
  * with the router, the bare proxy and the relay each in turn in the hop's place, interleaved round
  * by round so that they meet the same phases of the machine. It says whether a figure of the
  * alternating rounds belongs to the router or to any hop at that load. `BENCH_PROXY_HOPS` names
- * the hops instead (comma-separated; `router` and any of REFERENCES), e.g. the raw-socket proxies
- * of bench/raw-http.ts beside the bare one, to see which side of Node's HTTP stack a figure is on.
+ * the hops instead (comma-separated; `router`, `router-b` and any of REFERENCES), e.g. the
+ * raw-socket proxies of bench/raw-http.ts beside the bare one, to see which side of Node's HTTP
+ * stack a figure is on, or `router,router-b` with BENCH_PROXY_ROUTER_B naming another build's
+ * cli.js, to see what a change does.
  */
 async function alternatingHops(cli: string, seconds: number, names: readonly HopName[], cliB?: string): Promise<void> {
   const streams = 200

@@ -77,6 +77,10 @@ async function serve(argv: string[]): Promise<void> {
     if (isKvrError(err)) die(`serve: ${err.message}`)
     throw err
   }
+  // an engine renders chat with the model's template; without it the router hashes other tokens
+  if (tokenizer?.kind === 'hf' && tokenizer.chatTemplate === null) {
+    process.stderr.write(`kv-router: warning: no chat template beside ${cfg.tokenizer ?? ''} (chat_template.jinja, or chat_template in tokenizer_config.json): chat requests are tokenized with kv-router's own template, which engines do not use, so they will not match cached prefixes\n`)
+  }
   let router: Router
   try {
     router = await Router.start(cfg)

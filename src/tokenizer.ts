@@ -1,11 +1,14 @@
 // Text prompts to token ids. Three choices (--tokenizer): none (text prompts are refused with a
 // clear 400 in kv mode), `bytes` (the UTF-8 bytes are the tokens: demos and simulated engines)
 // or a Hugging Face tokenizer.json, run on piscina threads so tokenizing never blocks the event
-// loop. Chat messages become one text with a fixed template (below) that the simulated engine
-// uses too, so router and engine hash the same tokens.
+// loop. A chat request is tokenized as the engine tokenizes it: rendered by the model's chat
+// template (src/shared/chat-template.ts) when the tokenizer's folder has one, else by the fixed
+// template below, which the simulated engine uses too.
 import { existsSync, readFileSync } from 'node:fs'
 import { Piscina } from 'piscina'
 import { KvrError } from './shared/errors.js'
+import { ChatTemplate, findChatTemplate, TEMPLATE_REFUSED } from './shared/chat-template.js'
+import type { ChatRequest, ChatTemplateSource, TokenizeTask } from './shared/chat-template.js'
 
 export interface ChatMessage {
   role: string
@@ -27,14 +30,27 @@ function contentText(c: unknown): string {
 
 export interface TextTokenizer {
   readonly kind: 'bytes' | 'hf'
-  encode(text: string): Promise<Uint32Array | Uint8Array>
+  /** Where the model's chat template came from; null when chat uses the fixed template. */
+  readonly chatTemplate: string | null
+  /**
+   * A prompt's tokens. `addSpecialTokens` is what vLLM and SGLang do by default for a completion
+   * (true: a BOS where the tokenizer adds one) and for a rendered chat (false: the template
+   * writes its own).
+   */
+  encode(text: string, addSpecialTokens: boolean): Promise<Uint32Array | Uint8Array>
+  /** A chat request's tokens; a template that refuses the messages is a KVR_ERR_INVALID_REQUEST. */
+  encodeChat(chat: ChatRequest, addSpecialTokens: boolean): Promise<Uint32Array | Uint8Array>
   close(): Promise<void>
 }
 
 export class BytesTokenizer implements TextTokenizer {
   readonly kind = 'bytes' as const
+  readonly chatTemplate = null
   encode(text: string): Promise<Uint8Array> {
     return Promise.resolve(Buffer.from(text, 'utf8'))
+  }
+  encodeChat(chat: ChatRequest): Promise<Uint8Array> {
+    return this.encode(chatPromptText(chat.messages as ChatMessage[]))
   }
   close(): Promise<void> {
     return Promise.resolve()
@@ -45,9 +61,13 @@ const taskUrl = new URL(`../workers/tokenize${import.meta.url.endsWith('.ts') ? 
 
 export class HfTokenizer implements TextTokenizer {
   readonly kind = 'hf' as const
-  private readonly pool: Piscina<string, Uint32Array>
+  private readonly pool: Piscina<TokenizeTask, Uint32Array>
 
-  private constructor(path: string, threads: number) {
+  private constructor(
+    path: string,
+    threads: number,
+    readonly chatTemplate: string | null,
+  ) {
     // no execArgv: a worker inherits the parent's Node options by default, while one given them
     // explicitly refuses V8 flags, and the router always runs with some (src/v8-flags.ts)
     this.pool = new Piscina({ filename: taskUrl.href, workerData: { path }, maxThreads: threads, minThreads: 1 })
@@ -61,9 +81,17 @@ export class HfTokenizer implements TextTokenizer {
     } catch (err) {
       throw new KvrError('KVR_ERR_INVALID_OPTION', `--tokenizer: ${path} is not a JSON tokenizer file (${(err as Error).message})`)
     }
-    const t = new HfTokenizer(path, threads)
+    // checked here, once, so that a template that does not parse stops the start rather than every chat request
+    let source: ChatTemplateSource | null
     try {
-      await t.encode('warm up')
+      source = findChatTemplate(path)
+      if (source !== null) new ChatTemplate(source)
+    } catch (err) {
+      throw new KvrError('KVR_ERR_INVALID_OPTION', `--tokenizer: the chat template beside ${path} could not be read (${(err as Error).message})`)
+    }
+    const t = new HfTokenizer(path, threads, source?.from ?? null)
+    try {
+      await t.encode('warm up', true)
     } catch (err) {
       await t.close()
       throw new KvrError('KVR_ERR_INVALID_OPTION', `--tokenizer: ${path} could not be loaded (${(err as Error).message})`)
@@ -71,8 +99,19 @@ export class HfTokenizer implements TextTokenizer {
     return t
   }
 
-  encode(text: string): Promise<Uint32Array> {
-    return this.pool.run(text)
+  encode(text: string, addSpecialTokens: boolean): Promise<Uint32Array> {
+    return this.pool.run({ text, addSpecialTokens })
+  }
+
+  async encodeChat(chat: ChatRequest, addSpecialTokens: boolean): Promise<Uint32Array> {
+    if (this.chatTemplate === null) return this.encode(chatPromptText(chat.messages as ChatMessage[]), addSpecialTokens)
+    try {
+      return await this.pool.run({ chat, addSpecialTokens })
+    } catch (err) {
+      const m = (err as Error).message
+      if (m.startsWith(TEMPLATE_REFUSED)) throw new KvrError('KVR_ERR_INVALID_REQUEST', `the model's chat template refused the messages: ${m.slice(TEMPLATE_REFUSED.length)}`)
+      throw err
+    }
   }
 
   close(): Promise<void> {

@@ -1,22 +1,39 @@
-// Piscina task: tokenizes text with a Hugging Face tokenizer.json off the main event loop.
-// The tokenizer is loaded once per thread, on its first task, from workerData.path (so a bad
-// file rejects that task instead of killing the thread); nothing is downloaded.
+// Piscina task: tokenizes text, or a chat request rendered by the model's chat template, with a
+// Hugging Face tokenizer.json off the main event loop. The tokenizer and template are loaded once
+// per thread, on its first task, from workerData.path (so a bad file rejects that task instead of
+// killing the thread); nothing is downloaded.
 import { readFileSync, existsSync } from 'node:fs'
 import { dirname, join } from 'node:path'
 import { workerData } from 'node:worker_threads'
 import { Tokenizer } from '@huggingface/tokenizers'
+import { ChatTemplate, findChatTemplate, TEMPLATE_REFUSED } from '../src/shared/chat-template.js'
+import type { TokenizeTask } from '../src/shared/chat-template.js'
 
 let tokenizer: Tokenizer | undefined
+let template: ChatTemplate | null | undefined
 
 function load(): Tokenizer {
   const path = (workerData as { path: string }).path
   const json = JSON.parse(readFileSync(path, 'utf8')) as object
   const configPath = join(dirname(path), 'tokenizer_config.json')
   const config = existsSync(configPath) ? (JSON.parse(readFileSync(configPath, 'utf8')) as object) : {}
+  const source = findChatTemplate(path)
+  template = source === null ? null : new ChatTemplate(source)
   return new Tokenizer(json, config)
 }
 
-export default function tokenize(text: string): Uint32Array {
+export default function tokenize(task: TokenizeTask): Uint32Array {
   tokenizer ??= load()
-  return Uint32Array.from(tokenizer.encode(text, { add_special_tokens: false }).ids)
+  let text: string
+  if ('text' in task) text = task.text
+  else {
+    // the main thread sends chat here only when the model has a template (HfTokenizer.encodeChat)
+    if (template == null) throw new Error('no chat template')
+    try {
+      text = template.render(task.chat)
+    } catch (err) {
+      throw new Error(`${TEMPLATE_REFUSED}${(err as Error).message}`)
+    }
+  }
+  return Uint32Array.from(tokenizer.encode(text, { add_special_tokens: task.addSpecialTokens }).ids)
 }

@@ -83,6 +83,7 @@ const completionSchema = {
     model: { type: 'string' },
     prompt: { anyOf: [{ type: 'string' }, { type: 'array' }] },
     stream: { type: 'boolean' },
+    add_special_tokens: { type: 'boolean' },
     max_tokens: { type: ['integer', 'null'], minimum: 0 },
     nvext: nvextSchema,
   },
@@ -92,8 +93,13 @@ const chatSchema = {
   required: ['messages'],
   properties: {
     model: { type: 'string' },
-    messages: { type: 'array', minItems: 1, items: { type: 'object', required: ['role'], properties: { role: { type: 'string' } } } },
+    // content: text, a list of parts, or null (an assistant turn that only calls tools)
+    messages: { type: 'array', minItems: 1, items: { type: 'object', required: ['role'], properties: { role: { type: 'string' }, content: { anyOf: [{ type: 'string' }, { type: 'array' }, { type: 'null' }] } } } },
     stream: { type: 'boolean' },
+    add_special_tokens: { type: 'boolean' },
+    add_generation_prompt: { type: 'boolean' },
+    chat_template_kwargs: { type: 'object' },
+    tools: { type: 'array' },
     max_tokens: { type: ['integer', 'null'], minimum: 0 },
     max_completion_tokens: { type: ['integer', 'null'], minimum: 0 },
     nvext: nvextSchema,
@@ -165,7 +171,9 @@ function headerValue(req: FastifyRequest, name: string): string | undefined {
 
 /** The bytes a request's JSON body was parsed from. */
 const BODY_BYTES = Symbol('kvr.bodyBytes')
-type RequestWithBytes = FastifyRequest & { [BODY_BYTES]?: Buffer }
+/** Set on an inference request the proxy took: the proxy counts it, with the status its stream ended on. */
+const PROXIED = Symbol('proxied')
+type RequestWithBytes = FastifyRequest & { [BODY_BYTES]?: Buffer; [PROXIED]?: true }
 
 export async function buildApp(opts: AppOptions): Promise<App> {
   const router = opts.router
@@ -213,14 +221,21 @@ export async function buildApp(opts: AppOptions): Promise<App> {
     })
   })
 
-  const apiKey = cfg.apiKey === null ? null : Buffer.from(`Bearer ${cfg.apiKey}`)
+  const apiKey = cfg.apiKey === null ? null : Buffer.from(cfg.apiKey)
   if (apiKey !== null) {
     fastify.addHook('onRequest', async (req, reply) => {
       if (req.method !== 'POST' && req.method !== 'DELETE' && req.method !== 'PUT' && req.method !== 'PATCH') return
-      const got = Buffer.from(headerValue(req, 'authorization') ?? '')
-      if (got.length !== apiKey.length || !timingSafeEqual(got, apiKey)) {
-        await sendError(reply, new KvrError('KVR_ERR_UNAUTHORIZED', got.length === 0 ? 'missing Authorization: Bearer header (--api-key is set)' : 'wrong API key'))
+      const header = headerValue(req, 'authorization') ?? ''
+      // the scheme's name is case-insensitive (RFC 9110 §11.1): `bearer KEY` is the same credential
+      const m = /^([A-Za-z]+) +(.*)$/.exec(header)
+      let problem: string | null = null
+      if (header.length === 0) problem = 'missing Authorization: Bearer header (--api-key is set)'
+      else if (m === null || (m[1] as string).toLowerCase() !== 'bearer') problem = 'the Authorization header must be `Bearer KEY` (--api-key is set)'
+      else {
+        const got = Buffer.from(m[2] as string)
+        if (got.length !== apiKey.length || !timingSafeEqual(got, apiKey)) problem = 'wrong API key'
       }
+      if (problem !== null) await sendError(reply, new KvrError('KVR_ERR_UNAUTHORIZED', problem))
     })
   }
   // callback style: an async hook costs every request a promise and a microtask turn
@@ -491,13 +506,13 @@ export async function buildApp(opts: AppOptions): Promise<App> {
 
   // ---- OpenAI-compatible inference ----
 
-  const tokensOf = async (text: string): Promise<ArrayLike<number> | null> => {
-    if (tokenizer === null) {
-      if (cfg.mode === 'kv') throw new KvrError('KVR_ERR_NO_TOKENIZER', 'a text prompt needs a tokenizer in kv mode: start the router with --tokenizer PATH (a tokenizer.json) or --tokenizer bytes, or send token ids')
-      return null
-    }
-    return tokenizer.encode(text)
+  const noTokenizer = (): null => {
+    if (cfg.mode === 'kv') throw new KvrError('KVR_ERR_NO_TOKENIZER', 'a text prompt needs a tokenizer in kv mode: start the router with --tokenizer PATH (a tokenizer.json) or --tokenizer bytes, or send token ids')
+    return null
   }
+  // vLLM's request field, with its defaults: a completion gets the tokenizer's BOS, a rendered chat not
+  const specialTokens = (body: Record<string, unknown>, dflt: boolean): boolean => (typeof body.add_special_tokens === 'boolean' ? body.add_special_tokens : dflt)
+  const tokensOf = async (text: string, body: Record<string, unknown>): Promise<ArrayLike<number> | null> => (tokenizer === null ? noTokenizer() : tokenizer.encode(text, specialTokens(body, true)))
 
   const commonRoute = (req: FastifyRequest, body: Record<string, unknown>, tokens: ArrayLike<number> | null, textLength: number): RouteInput => {
     const input: RouteInput = { tokens: tokens ?? [], isl: tokens === null ? Math.ceil(textLength / 4) : tokens.length }
@@ -535,22 +550,27 @@ export async function buildApp(opts: AppOptions): Promise<App> {
     if (Array.isArray(nv.token_data) && nv.token_data.length > 0) {
       tokens = nv.token_data
     } else if (chat) {
-      const text = chatPromptText(body.messages as ChatMessage[])
-      textLength = text.length
-      tokens = await tokensOf(text)
+      if (tokenizer === null) {
+        textLength = chatPromptText(body.messages as ChatMessage[]).length
+        tokens = noTokenizer()
+      } else {
+        const kwargs = body.chat_template_kwargs as Record<string, unknown> | undefined
+        const chatRequest = { messages: body.messages as unknown[], addGenerationPrompt: body.add_generation_prompt !== false, kwargs: kwargs ?? null, tools: (body.tools as unknown[] | undefined) ?? null }
+        tokens = await tokenizer.encodeChat(chatRequest, specialTokens(body, false))
+      }
     } else {
       const p = body.prompt
       if (typeof p === 'string') {
         if (p.length === 0) throw new KvrError('KVR_ERR_EMPTY_PROMPT', 'prompt is empty')
         textLength = p.length
-        tokens = await tokensOf(p)
+        tokens = await tokensOf(p, body)
       } else {
         const arr = p as unknown[]
         if (arr.length === 0) throw new KvrError('KVR_ERR_EMPTY_PROMPT', 'prompt is empty')
         if (typeof arr[0] === 'number') tokens = arr as number[]
         else if (arr.length === 1 && typeof arr[0] === 'string') {
           textLength = (arr[0] as string).length
-          tokens = await tokensOf(arr[0] as string)
+          tokens = await tokensOf(arr[0] as string, body)
         } else if (arr.length === 1 && Array.isArray(arr[0])) tokens = arr[0] as number[]
         else throw new KvrError('KVR_ERR_INVALID_REQUEST', 'prompt must be a string, an array of token ids, or one of them in an array (batches are not supported)')
       }
@@ -561,8 +581,25 @@ export async function buildApp(opts: AppOptions): Promise<App> {
     const payload = (req as RequestWithBytes)[BODY_BYTES] ?? Buffer.from(JSON.stringify(body))
     ;(req as RequestWithBytes)[BODY_BYTES] = undefined
     req.body = undefined
+    ;(req as RequestWithBytes)[PROXIED] = true
     return { path, payload, stream: body.stream === true, route: input, model }
   }
+
+  /**
+   * Counts in dynamo_frontend_requests_total an inference request answered before the proxy took
+   * it: refused by its key, size, JSON, schema, prompt or chat template, or by a router shutting
+   * down. Each of those is an answer a client got, and error-rate dashboards read this series.
+   */
+  const countUnproxied =
+    (path: string) =>
+    (req: FastifyRequest, reply: FastifyReply, done: () => void): void => {
+      if ((req as RequestWithBytes)[PROXIED] !== true) {
+        const b = req.body
+        const body = b !== null && typeof b === 'object' && !Array.isArray(b) ? (b as Record<string, unknown>) : {}
+        router.metrics.request(typeof body.model === 'string' ? body.model : cfg.modelName, path, body.stream === true ? 'stream' : 'unary', reply.statusCode)
+      }
+      done()
+    }
 
   // returns nothing: the proxy answers the client itself, errors included, so fastify holds no
   // promise for the life of a stream
@@ -576,8 +613,8 @@ export async function buildApp(opts: AppOptions): Promise<App> {
           else void reply.send(err)
         })
     }
-  fastify.post('/v1/completions', { schema: { body: completionSchema } }, inference('/v1/completions', false))
-  fastify.post('/v1/chat/completions', { schema: { body: chatSchema } }, inference('/v1/chat/completions', true))
+  fastify.post('/v1/completions', { schema: { body: completionSchema }, onResponse: countUnproxied('/v1/completions') }, inference('/v1/completions', false))
+  fastify.post('/v1/chat/completions', { schema: { body: chatSchema }, onResponse: countUnproxied('/v1/chat/completions') }, inference('/v1/chat/completions', true))
 
   await fastify.ready()
 

@@ -42,7 +42,17 @@ t.test('api key: missing or wrong → 401 on every mutating and ingest route', a
     const wrong = await call(method as 'POST', url, payload, { 'content-type': 'application/json', authorization: 'Bearer nope' })
     t.equal(wrong.status, 401, `${method} ${url} with a wrong key`)
     t.match(wrong.body.error?.message, /wrong API key/)
+    const scheme = await call(method as 'POST', url, payload, { 'content-type': 'application/json', authorization: 'Basic k' })
+    t.equal(scheme.status, 401, `${method} ${url} with another scheme`)
+    t.match(scheme.body.error?.message, /must be `Bearer KEY`/)
+    const bare = await call(method as 'POST', url, payload, { 'content-type': 'application/json', authorization: 'k' })
+    t.match(bare.body.error?.message, /must be `Bearer KEY`/, 'the key alone, no scheme')
   }
+  for (const scheme of ['Bearer', 'bearer', 'BEARER']) {
+    const ok = await call('POST', '/busy_threshold', '{}', { 'content-type': 'application/json', authorization: `${scheme} ${KEY}` })
+    t.equal(ok.status, 200, `the key under the scheme spelt ${scheme}`)
+  }
+  t.equal((await call('POST', '/busy_threshold', '{}', { 'content-type': 'application/json', authorization: `Bearer ${KEY}x` })).status, 401, 'the key with a byte more')
   // reads stay open
   for (const url of ['/health', '/ready', '/metrics', '/v1/models', '/v1/workers', '/busy_threshold']) {
     t.equal((await call('GET', url, undefined, {})).status, 200, `GET ${url}`)
@@ -351,4 +361,33 @@ t.test('a parse error on a connection that is being answered closes it without a
   c.write('GARBAGE GARBAGE\r\n\r\n')
   await closed
   t.equal(got.split('HTTP/1.1 ').length - 1, 1, 'one status line only: none written into the stream')
+})
+
+t.test('every answered inference request is counted in dynamo_frontend_requests_total, once (found by a user walkthrough)', async (t) => {
+  // refusals before the proxy took the request used to go uncounted: 15 400s showed as 5
+  const count = async (endpoint: string, status: number): Promise<number> => {
+    let n = 0
+    for (const line of (await h.app.fastify.inject({ method: 'GET', url: '/metrics' })).body.split('\n')) {
+      if (line.startsWith('dynamo_frontend_requests_total{') && line.includes(`endpoint="${endpoint}"`) && line.includes(`status="${status}"`)) n += Number(line.slice(line.lastIndexOf(' ') + 1))
+    }
+    return n
+  }
+  const cases: [string, string, Record<string, string>, number, string][] = [
+    ['/v1/completions', '{"prompt": [1,', auth, 400, 'malformed JSON'],
+    ['/v1/completions', '{"prompt": 5}', auth, 400, 'a prompt of the wrong type'],
+    ['/v1/completions', '{"prompt": ""}', auth, 400, 'an empty prompt'],
+    ['/v1/completions', '{"prompt": [1]}', { ...auth, 'content-type': 'text/csv' }, 415, 'not JSON'],
+    ['/v1/completions', JSON.stringify({ prompt: tokens(2000) }), auth, 413, 'a body over the limit'],
+    ['/v1/completions', '{"prompt": [1]}', { 'content-type': 'application/json' }, 401, 'no key'],
+    ['/v1/chat/completions', '{"messages": []}', auth, 400, 'no messages'],
+    ['/v1/chat/completions', '{"messages": [{"role": "user", "content": 5}]}', auth, 400, 'content of the wrong type'],
+    ['/v1/completions', JSON.stringify({ prompt: tokens(8), nvext: { backend_instance_id: '18446744073709551615' } }), auth, 404, 'an unknown pinned worker'],
+    ['/v1/completions', JSON.stringify({ prompt: tokens(8), nvext: { backend_instance_id: 5 } }), auth, 502, 'proxied to a dead worker (the proxy counts it)'],
+  ]
+  for (const [url, payload, headers, status, what] of cases) {
+    const before = await count(url, status)
+    const r = await h.app.fastify.inject({ method: 'POST', url, payload, headers })
+    t.equal(r.statusCode, status, what)
+    t.equal(await count(url, status), before + 1, `${what}: counted once`)
+  }
 })

@@ -360,10 +360,14 @@ t.test('a client that leaves while its prompt is being tokenized: the run hears 
   const tokenized = new Promise<void>((r) => (release = r))
   const tok: TextTokenizer = {
     kind: 'bytes',
+    chatTemplate: null,
     async encode(text: string) {
       calls++
       await tokenized
       return Buffer.from(text, 'utf8')
+    },
+    encodeChat() {
+      throw new Error('not sent here')
     },
     async close() {},
   }

@@ -8,7 +8,7 @@ import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { HfTokenizer } from '../../src/tokenizer.js'
 import { findChatTemplate } from '../../src/shared/chat-template.js'
-import { harness, upstream } from './helpers.js'
+import { tokenizedRouter } from './helpers.js'
 
 const fixture = new URL('./fixtures/tokenizer.json', import.meta.url).pathname
 const BOS = 13
@@ -71,17 +71,7 @@ t.test('a template that does not parse stops the start; none at all falls back t
 
 t.test('through the router: the tokens routed are the template tokens; the request fields reach the tokenizer', async (t) => {
   const tok = await HfTokenizer.load(modelDir({ config: { chat_template: CHATML, bos_token: '<s>' } }), 1)
-  const h = await harness(['--router-block-size', '2'], tok)
-  const s = await upstream((_req, body, res) => {
-    res.writeHead(200, { 'content-type': 'application/json' })
-    res.end(JSON.stringify({ echo: JSON.parse(body) as unknown }))
-  })
-  t.teardown(async () => {
-    await h.close()
-    await s.close()
-    await tok.close()
-  })
-  await h.router.addWorker({ id: 1n, url: s.url })
+  const h = await tokenizedRouter(t, tok)
   const post = (url: string, body: object) => h.app.fastify.inject({ method: 'POST', url, headers: { 'content-type': 'application/json' }, payload: JSON.stringify(body) })
   const sum = async (): Promise<number> => Number(/dynamo_component_router_input_sequence_tokens_sum\{[^}]*\} (\d+)/.exec((await h.app.fastify.inject({ method: 'GET', url: '/metrics' })).body)?.[1] ?? Number.NaN)
   const messages = [{ role: 'user', content: 'hello kv cache' }]

@@ -60,6 +60,25 @@ export async function upstream(handler: Handler): Promise<{ url: string; server:
   }
 }
 
+/**
+ * A router (block size 2) with the tokenizer `tok` and one worker (id 1) that answers every
+ * request with the body it got; the test's teardown closes all three, the tokenizer last.
+ */
+export async function tokenizedRouter(t: { teardown(fn: () => Promise<void>): void }, tok: TextTokenizer): Promise<Harness> {
+  const h = await harness(['--router-block-size', '2'], tok)
+  const s = await upstream((_req, body, res) => {
+    res.writeHead(200, { 'content-type': 'application/json' })
+    res.end(JSON.stringify({ echo: JSON.parse(body) as unknown }))
+  })
+  t.teardown(async () => {
+    await h.close()
+    await s.close()
+    await tok.close()
+  })
+  await h.router.addWorker({ id: 1n, url: s.url })
+  return h
+}
+
 export function tokens(n: number, from = 0): number[] {
   return Array.from({ length: n }, (_, i) => from + i)
 }

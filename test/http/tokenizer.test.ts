@@ -5,7 +5,7 @@ import { writeFileSync, mkdtempSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { BytesTokenizer, HfTokenizer, chatPromptText, loadTokenizer } from '../../src/tokenizer.js'
-import { harness, upstream } from './helpers.js'
+import { harness, tokenizedRouter, upstream } from './helpers.js'
 import { runCli, waitForOutput } from '../helpers/cli.js'
 
 const fixture = new URL('./fixtures/tokenizer.json', import.meta.url).pathname
@@ -40,17 +40,7 @@ t.test('bytes tokenizer and chat template', async (t) => {
 
 t.test('text prompts through the router use the tokenizer', async (t) => {
   const tok = await HfTokenizer.load(fixture, 1)
-  const h = await harness(['--router-block-size', '2'], tok)
-  const s = await upstream((_req, body, res) => {
-    res.writeHead(200, { 'content-type': 'application/json' })
-    res.end(JSON.stringify({ echo: JSON.parse(body) as unknown }))
-  })
-  t.teardown(async () => {
-    await h.close()
-    await s.close()
-    await tok.close()
-  })
-  await h.router.addWorker({ id: 1n, url: s.url })
+  const h = await tokenizedRouter(t, tok)
   const r = await h.app.fastify.inject({ method: 'POST', url: '/v1/completions', headers: { 'content-type': 'application/json' }, payload: JSON.stringify({ prompt: 'hello world kv cache router' }) })
   t.equal(r.statusCode, 200)
   t.match(r.body, '"prompt":"hello world kv cache router"', 'the text is forwarded as sent')

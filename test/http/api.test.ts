@@ -110,6 +110,14 @@ t.test('busy thresholds: all busy gives Dynamo\'s 503 with Retry-After', async (
   t.match(get.body, '"active_prefill_tokens_threshold":null')
 })
 
+t.test('busy thresholds: a field the route does not know is refused, nothing changed (found by a user walkthrough)', async (t) => {
+  const before = (await h.app.fastify.inject({ method: 'GET', url: '/busy_threshold' })).body
+  const r = await post('/busy_threshold', { active_prefil_tokens_threshold: 5, active_decode_blocks_threshold: 0.5 })
+  t.equal(r.statusCode, 400)
+  t.match(r.json(), { error: { code: 'KVR_ERR_INVALID_REQUEST', message: /no field "active_prefil_tokens_threshold"; it takes model, active_decode_blocks_threshold,/ } })
+  t.equal((await h.app.fastify.inject({ method: 'GET', url: '/busy_threshold' })).body, before, 'the valid field beside it was not applied either')
+})
+
 t.test('metrics, models, health, ready', async (t) => {
   const m = await h.app.fastify.inject({ method: 'GET', url: '/metrics' })
   t.equal(m.statusCode, 200)

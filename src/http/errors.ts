@@ -13,7 +13,12 @@ export function toKvrError(err: unknown): KvrError {
   if (isKvrError(err)) return err
   const e = err as FastifyError & { validation?: unknown; validationContext?: string }
   if (e !== null && typeof e === 'object') {
-    if (e.validation !== undefined) return new KvrError('KVR_ERR_INVALID_REQUEST', e.message)
+    if (e.validation !== undefined) {
+      // Ajv's message for a field the schema does not have leaves out which field it was
+      const first = (Array.isArray(e.validation) ? e.validation[0] : undefined) as { keyword?: string; params?: { additionalProperty?: unknown } } | undefined
+      const extra = first?.keyword === 'additionalProperties' ? ` (${JSON.stringify(first.params?.additionalProperty)})` : ''
+      return new KvrError('KVR_ERR_INVALID_REQUEST', `${e.message}${extra}`)
+    }
     switch (e.code) {
       case 'FST_ERR_CTP_BODY_TOO_LARGE':
         return new KvrError('KVR_ERR_BODY_TOO_LARGE', e.message)

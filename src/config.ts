@@ -280,16 +280,9 @@ for (const d of FLAGS) {
 export function parseServeConfig(argv: readonly string[], env: NodeJS.ProcessEnv = process.env): ServeConfig | 'help' {
   const out: Record<string, unknown> = {}
   for (const d of FLAGS) out[d.key] = d.dflt
-  // environment first, the command line then overrides it
-  for (const d of FLAGS) {
-    for (const name of [...d.env].reverse()) {
-      const raw = env[name]
-      if (raw === undefined || raw === '') continue
-      const v = convert(d, raw, [])
-      if (v === undefined) fail(`${name} (${d.flag})`, d, raw)
-      out[d.key] = v
-    }
-  }
+  // the command line first: a variable it overrides is not read at all, so a stale or wrong one
+  // left in the environment cannot stop a router whose command line says otherwise
+  const given = new Set<string>()
   let cliWorkers: StaticWorkerSpec[] | null = null
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i] as string
@@ -305,6 +298,7 @@ export function parseServeConfig(argv: readonly string[], env: NodeJS.ProcessEnv
       if (!negated) d = undefined
     }
     if (d === undefined) throw new ConfigError(`unknown option ${name} (see kv-router serve --help)`)
+    given.add(d.key)
     if (negated) {
       if (eq > 0) throw new ConfigError(`${name} takes no value`)
       out[d.key] = false
@@ -333,6 +327,17 @@ export function parseServeConfig(argv: readonly string[], env: NodeJS.ProcessEnv
     out[d.key] = v
   }
   if (cliWorkers !== null) out.workers = cliWorkers
+  for (const d of FLAGS) {
+    if (given.has(d.key)) continue
+    // of several names for one option, the first listed wins
+    for (const name of [...d.env].reverse()) {
+      const raw = env[name]
+      if (raw === undefined || raw === '') continue
+      const v = convert(d, raw, [])
+      if (v === undefined) fail(`${name} (${d.flag})`, d, raw)
+      out[d.key] = v
+    }
+  }
   const workers = out.workers as StaticWorkerSpec[]
   const ids = new Set<bigint>()
   for (const w of workers) {

@@ -125,6 +125,20 @@ t.test('each invalid value: one line naming the flag and what it accepts', async
   t.throws(() => parseServeConfig([], { DYN_ROUTER_TEMPERATURE: 'warm' }), /^DYN_ROUTER_TEMPERATURE \(--router-temperature\) must be a number/)
 })
 
+t.test('a variable the command line overrides is not read, so a bad one does not stop the router', async (t) => {
+  const bad = { DYN_ROUTER_TEMPERATURE: 'warm', DYN_ROUTER_WORKERS: 'not a url', DYN_ROUTER_USE_KV_EVENTS: 'maybe' }
+  const c = parse(['--router-temperature', '0.5', '--worker', 'http://w:1', '--no-router-kv-events'], bad)
+  t.equal(c.temperature, 0.5)
+  t.same(c.workers.map((w) => w.url), ['http://w:1'])
+  t.equal(c.kvEvents, false)
+  // an alias on the command line overrides every variable of its option
+  t.equal(parse(['--block-size', '32'], { DYN_ROUTER_BLOCK_SIZE: 'x', DYN_KV_CACHE_BLOCK_SIZE: 'y' }).blockSize, 32)
+  // the ones it does not override are still checked
+  t.throws(() => parse(['--router-temperature', '0.5', '--worker', 'http://w:1'], bad), /^DYN_ROUTER_USE_KV_EVENTS \(--router-kv-events\) must be true or false/)
+  t.throws(() => parse(['--router-temperature', '0.5'], { DYN_ROUTER_QUEUE_POLICY: 'random' }), /^DYN_ROUTER_QUEUE_POLICY \(--router-queue-policy\) must be one of/)
+  t.equal(parseServeConfig(['--help'], bad), 'help', '--help is shown whatever the environment holds')
+})
+
 t.test('help lists every flag with its variable', async (t) => {
   t.equal(parseServeConfig(['--help']), 'help')
   const text = serveHelp()

@@ -8,7 +8,9 @@
 //   GET  /health, /v1/models, /stats
 //
 // Every answer carries usage with prompt_tokens_details.cached_tokens (the engine's prefix hit
-// when the prefill was scheduled); a stream always ends with a usage chunk, then [DONE]. Chunk
+// when the prefill was scheduled); a stream ends with a usage chunk before [DONE] when the request
+// asks for one (stream_options.include_usage, as vLLM and OpenAI do: a client that reads
+// choices[0] of every chunk would fail on it otherwise). Chunk
 // text is built from per-request prefixes and per-word suffixes made once, so a token costs one
 // string concatenation and one write. A client that disconnects aborts its request, which
 // frees its blocks at once.
@@ -98,6 +100,7 @@ class Completion implements RequestListener {
     private readonly res: ServerResponse,
     private readonly chat: boolean,
     private readonly stream: boolean,
+    private readonly includeUsage: boolean,
     id: string,
     model: string,
     private readonly onDone: () => void,
@@ -131,7 +134,7 @@ class Completion implements RequestListener {
     this.onDone()
     if (this.stream) {
       if (!this.started) this.res.writeHead(200, SSE_HEADERS)
-      this.res.end(`${this.chunk(r, true)}data: ${this.base},"choices":[],${this.usage(r)}}\n\ndata: [DONE]\n\n`)
+      this.res.end(this.includeUsage ? `${this.chunk(r, true)}data: ${this.base},"choices":[],${this.usage(r)}}\n\ndata: [DONE]\n\n` : `${this.chunk(r, true)}data: [DONE]\n\n`)
       return
     }
     const text = JSON.stringify(outputText(r.outputTokens))
@@ -264,7 +267,9 @@ export class EngineServer {
       if (typeof maxTokens !== 'number' || !Number.isInteger(maxTokens) || maxTokens < 1) throw new KvrError('KVR_ERR_INVALID_REQUEST', `max_tokens must be a positive integer, got ${JSON.stringify(mt)}`)
       const model = typeof b.model === 'string' ? b.model : this.modelName
       const id = `${chat ? 'chatcmpl' : 'cmpl'}-${this.engine.workerId}-${this.nextId++}`
-      c = new Completion(res, chat, b.stream === true, id, model, () => this.requestsServed++)
+      const so = b.stream_options
+      const includeUsage = so !== null && typeof so === 'object' && (so as { include_usage?: unknown }).include_usage === true
+      c = new Completion(res, chat, b.stream === true, includeUsage, id, model, () => this.requestsServed++)
       r = this.engine.submit(tokens, maxTokens, c)
     } catch (err) {
       if (!isKvrError(err)) throw err

@@ -47,12 +47,17 @@ t.test('a repeated prompt goes to the worker that cached it, and hits', async (t
 })
 
 t.test('streaming with usage; the engine answers 404 and 400 itself', async (t) => {
-  // the usage chunk comes whether or not stream_options asks for it
-  const r = await fetch(`${base}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ messages: [{ role: 'user', content: 'hi' }], max_tokens: 2, stream: true }) })
-  const text = await r.text()
+  // the usage chunk comes when stream_options asks for it, through the router, and only then
+  const ask = (so: object | undefined): Promise<string> =>
+    fetch(`${base}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ messages: [{ role: 'user', content: 'hi' }], max_tokens: 2, stream: true, ...(so === undefined ? {} : { stream_options: so }) }) }).then((r) => r.text())
+  const text = await ask({ include_usage: true })
   t.match(text, '"role":"assistant"')
   t.match(text, '"usage":{"prompt_tokens"')
   t.match(text, 'data: [DONE]')
+  const plain = await ask(undefined)
+  t.match(plain, '"role":"assistant"')
+  t.notMatch(plain, '"usage"')
+  t.match(plain, 'data: [DONE]')
   const e = fleet[0] as MockerWorker
   t.equal((await fetch(`${e.url}/nothing`, { method: 'POST' })).status, 404)
   t.equal((await fetch(`${e.url}/v1/completions`, { method: 'POST', body: '{bad' })).status, 400)

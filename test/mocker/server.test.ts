@@ -65,7 +65,7 @@ t.test('chat: unary and streamed, messages through the shared chat template', as
   t.equal(u.object, 'chat.completion')
   t.same(u.choices[0]?.message, { role: 'assistant', content: 'the cache is' })
   t.equal(u.usage.prompt_tokens, Buffer.byteLength(chatPromptText(messages)))
-  const s = await post('/v1/chat/completions', { messages, max_tokens: 3, stream: true })
+  const s = await post('/v1/chat/completions', { messages, max_tokens: 3, stream: true, stream_options: { include_usage: true } })
   const chunks = sse(s.text)
   t.equal(chunks.length, 5, 'three tokens, the usage chunk, [DONE]')
   const [c0, c1, c2, cu] = chunks as Record<string, unknown>[]
@@ -79,10 +79,20 @@ t.test('chat: unary and streamed, messages through the shared chat template', as
 })
 
 t.test('streamed completion with one token: token, usage, done', async (t) => {
-  const chunks = sse((await post('/v1/completions', { prompt: [1, 2, 3], max_tokens: 1, stream: true })).text)
+  const chunks = sse((await post('/v1/completions', { prompt: [1, 2, 3], max_tokens: 1, stream: true, stream_options: { include_usage: true } })).text)
   t.equal(chunks.length, 3)
   t.match(chunks[0], { object: 'text_completion', choices: [{ text: 'the', finish_reason: 'length' }] })
   t.match(chunks[1], { choices: [], usage: { prompt_tokens: 3, completion_tokens: 1, total_tokens: 4 } })
+})
+
+t.test('a stream carries the usage chunk only when stream_options.include_usage asks for it', async (t) => {
+  for (const so of [undefined, null, {}, { include_usage: false }, { include_usage: 'true' }]) {
+    const chunks = sse((await post('/v1/completions', { prompt: [1, 2, 3], max_tokens: 2, stream: true, ...(so === undefined ? {} : { stream_options: so }) })).text)
+    t.equal(chunks.length, 3, `stream_options ${JSON.stringify(so)}: two tokens, [DONE]`)
+    t.match(chunks[1], { choices: [{ text: ' cache', finish_reason: 'length' }] })
+    t.equal(chunks[2], '[DONE]')
+    t.notOk(chunks.some((c) => typeof c === 'object' && c !== null && 'usage' in c), 'no usage anywhere')
+  }
 })
 
 t.test('prompt forms and errors', async (t) => {

@@ -51,8 +51,15 @@ export interface AppOptions {
 export interface App {
   fastify: FastifyInstance
   proxy: Proxy
-  /** Stops accepting, drains every open request (proxied, or still arriving) up to timeoutMs, then cuts what is left and closes; true when nothing had to be cut. */
-  shutdown(timeoutMs: number): Promise<boolean>
+  /** Stops accepting, drains every open request (proxied, or still arriving) up to timeoutMs, then cuts what is left and closes. */
+  shutdown(timeoutMs: number): Promise<ShutdownResult>
+}
+
+export interface ShutdownResult {
+  /** Nothing had to be cut. */
+  drained: boolean
+  /** Proxied requests still in flight at the deadline, whose clients were cut off. */
+  cut: number
 }
 
 const u64Schema = { anyOf: [{ type: 'integer', minimum: 0 }, { type: 'string', pattern: '^(0|[1-9][0-9]{0,19})$' }] }
@@ -638,9 +645,10 @@ export async function buildApp(opts: AppOptions): Promise<App> {
     }
   }
 
-  const shutdown = async (timeoutMs: number): Promise<boolean> => {
+  const shutdown = async (timeoutMs: number): Promise<ShutdownResult> => {
     closing = true
     let cut = false
+    let cutRequests = 0
     // The listener closes at once, so new connections are refused: a balancer that fails over on
     // a refused connection moves on now, not after the drain (found by review). net.Server's close,
     // not http.Server's: the latter also runs closeIdleConnections (see sweep). A request on a
@@ -657,6 +665,7 @@ export async function buildApp(opts: AppOptions): Promise<App> {
     // upstream request is aborted and its booking freed.
     const deadline = setTimeout(() => {
       cut = true
+      cutRequests = proxy.inFlight
       fastify.server.closeAllConnections()
     }, timeoutMs)
     try {
@@ -669,7 +678,7 @@ export async function buildApp(opts: AppOptions): Promise<App> {
     // the runs of cut connections end as their upstream aborts settle
     const idle = await proxy.drain(1000)
     await proxy.close(cut || !idle)
-    return !cut && idle
+    return { drained: !cut && idle, cut: cutRequests }
   }
   return { fastify, proxy, shutdown }
 }

@@ -73,7 +73,7 @@ t.test('completions: text prompt, nvext.worker_id, and a prefix-cache hit the se
 t.test('chat: unary and streaming', async (t) => {
   const c = await client.chat.completions.create({ model: 'sim-model', messages: [{ role: 'user', content: 'Hello there, how are you?' }], max_tokens: 2 })
   t.equal(c.choices[0]?.message.content, 'the cache')
-  const stream = await client.chat.completions.create({ model: 'sim-model', messages: [{ role: 'user', content: 'Stream to me please.' }], max_tokens: 4, stream: true })
+  const stream = await client.chat.completions.create({ model: 'sim-model', messages: [{ role: 'user', content: 'Stream to me please.' }], max_tokens: 4, stream: true, stream_options: { include_usage: true } })
   let text = ''
   let n = 0
   let worker: unknown
@@ -82,7 +82,7 @@ t.test('chat: unary and streaming', async (t) => {
     n++
     text += chunk.choices[0]?.delta?.content ?? ''
   }
-  t.equal(n, 5, 'four tokens, then the usage chunk')
+  t.equal(n, 5, 'four tokens, then the usage chunk it asked for')
   t.equal(text, 'the cache is warm')
   t.ok(worker !== undefined, 'the first chunk carries nvext.worker_id')
   const cs = await client.completions.create({ model: 'sim-model', prompt: 'streamed completion prompt', max_tokens: 3, stream: true })
@@ -112,7 +112,7 @@ t.test('SIGTERM drains the in-flight stream, then the router exits 0', async (t)
     if (r.done === true) break
     n++
   }
-  t.equal(n, 16, 'every token of the in-flight stream arrived (and the usage chunk)')
+  t.equal(n, 15, 'every token of the in-flight stream arrived (no usage chunk: not asked for)')
   t.equal(await router.exit, 0)
   t.match(router.out(), /SIGTERM: draining 1 in-flight request/)
   t.match(router.out(), /stopped\n/)

@@ -483,7 +483,7 @@ t.test('shutdown drains: a stream in flight finishes whole, a new connection is 
   }
   t.match(rest, '"text":"last"', 'the stream in flight ended whole')
   t.match(rest, 'data: [DONE]')
-  t.equal(await closing, true, 'shutdown reports a complete drain')
+  t.same(await closing, { drained: true, cut: 0 }, 'shutdown reports a complete drain')
   await h2.router.close()
 })
 
@@ -505,8 +505,9 @@ t.test('shutdown past its timeout cuts a stream that never ends, frees its booki
   await reader.read()
   t.equal(h3.router.scheduler.stats().bookedRequests, 1)
   const t0 = Date.now()
-  const drained = await h3.app.shutdown(300)
+  const { drained, cut } = await h3.app.shutdown(300)
   t.equal(drained, false, 'shutdown reports that it did not drain')
+  t.equal(cut, 1, 'and that it cut the one stream in flight')
   t.ok(Date.now() - t0 < 3000, `it returned soon after its timeout (${Date.now() - t0} ms)`)
   await t.rejects(
     (async () => {
@@ -544,7 +545,7 @@ t.test('shutdown returns by its deadline whatever connections are open: unused, 
   const t0 = Date.now()
   // whether the request with half a body is answered 503 or cut depends on whether the router
   // parsed its headers before the shutdown began; either way the shutdown keeps its deadline
-  t.type(await h4.app.shutdown(300), 'boolean')
+  t.type((await h4.app.shutdown(300)).drained, 'boolean')
   t.ok(Date.now() - t0 < 2500, `shutdown returned ${Date.now() - t0} ms after it began (deadline 300 ms)`)
   await closedAll
   t.ok(sockets.every((c) => c.destroyed), 'every connection was closed')
@@ -573,7 +574,7 @@ t.test('shutdown waits for a request whose body is still arriving, then serves i
   const closing = h5.app.shutdown(5000)
   await new Promise((resolve) => setTimeout(resolve, 200))
   c.write(body.slice(5))
-  t.equal(await closing, true, 'a complete drain: nothing was cut')
+  t.same(await closing, { drained: true, cut: 0 }, 'a complete drain: nothing was cut')
   await ended
   t.match(answer, /^HTTP\/1\.1 200 /, 'the request that was arriving was served')
   t.match(answer, '"text":"whole"')
@@ -607,7 +608,7 @@ t.test('shutdown does not cut an answer still being written to a slow reader (fo
   const closing = h6.app.shutdown(10_000)
   await new Promise((resolve) => setTimeout(resolve, 100))
   c.resume()
-  t.equal(await closing, true, 'a complete drain')
+  t.same(await closing, { drained: true, cut: 0 }, 'a complete drain')
   await ended
   const all = Buffer.concat(parts)
   const head = all.subarray(0, all.indexOf('\r\n\r\n')).toString()

@@ -2,11 +2,10 @@
 // Hugging Face tokenizer.json off the main event loop. The tokenizer and template are loaded once
 // per thread, on its first task, from workerData.path (so a bad file rejects that task instead of
 // killing the thread); nothing is downloaded.
-import { readFileSync, existsSync } from 'node:fs'
-import { dirname, join } from 'node:path'
+import { readFileSync } from 'node:fs'
 import { workerData } from 'node:worker_threads'
 import { Tokenizer } from '@huggingface/tokenizers'
-import { ChatTemplate, findChatTemplate, TEMPLATE_REFUSED } from '../src/shared/chat-template.js'
+import { ChatTemplate, findChatTemplate, TEMPLATE_REFUSED, tokenizerConfig } from '../src/shared/chat-template.js'
 import type { TokenizeTask } from '../src/shared/chat-template.js'
 
 let tokenizer: Tokenizer | undefined
@@ -15,9 +14,8 @@ let template: ChatTemplate | null | undefined
 function load(): Tokenizer {
   const path = (workerData as { path: string }).path
   const json = JSON.parse(readFileSync(path, 'utf8')) as object
-  const configPath = join(dirname(path), 'tokenizer_config.json')
-  const config = existsSync(configPath) ? (JSON.parse(readFileSync(configPath, 'utf8')) as object) : {}
-  const source = findChatTemplate(path)
+  const config = tokenizerConfig(path)
+  const source = findChatTemplate(path, config)
   template = source === null ? null : new ChatTemplate(source)
   return new Tokenizer(json, config)
 }

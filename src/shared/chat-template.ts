@@ -37,16 +37,21 @@ function tokenText(v: unknown): string {
   return ''
 }
 
+/** tokenizer_config.json beside a tokenizer.json, parsed; {} when there is none. */
+export function tokenizerConfig(tokenizerPath: string): Record<string, unknown> {
+  const configPath = join(dirname(tokenizerPath), 'tokenizer_config.json')
+  return existsSync(configPath) ? (JSON.parse(readFileSync(configPath, 'utf8')) as Record<string, unknown>) : {}
+}
+
 /**
  * The chat template of the model whose tokenizer.json is at `tokenizerPath`: `chat_template.jinja`
  * beside it (where recent Hugging Face releases keep it), else `chat_template` in
  * tokenizer_config.json (a string, or a list of named templates, of which `default` is the one a
  * chat request gets). Null when the model has none.
  */
-export function findChatTemplate(tokenizerPath: string): ChatTemplateSource | null {
+export function findChatTemplate(tokenizerPath: string, config: Record<string, unknown> = tokenizerConfig(tokenizerPath)): ChatTemplateSource | null {
   const dir = dirname(tokenizerPath)
   const configPath = join(dir, 'tokenizer_config.json')
-  const config = existsSync(configPath) ? (JSON.parse(readFileSync(configPath, 'utf8')) as Record<string, unknown>) : {}
   const specials = { bosToken: tokenText(config.bos_token), eosToken: tokenText(config.eos_token) }
   const jinjaPath = join(dir, 'chat_template.jinja')
   if (existsSync(jinjaPath)) return { text: readFileSync(jinjaPath, 'utf8'), from: jinjaPath, ...specials }

@@ -5,6 +5,7 @@
 import { isHttpUrl, parseIntArg, parseNumArg } from './cli-flags.js'
 import { ROUTER_MODES, QUEUE_POLICIES } from './scheduler/options.js'
 import type { QueuePolicy, RouterMode } from './scheduler/options.js'
+import { MAX_SHARDS } from './shared/shard-protocol.js'
 
 export class ConfigError extends Error {
   override name = 'ConfigError'
@@ -124,7 +125,7 @@ export const FLAGS: readonly FlagDef[] = [
   F({ flag: '--router-durable-kv-events', key: 'durableKvEvents', env: ['DYN_ROUTER_DURABLE_KV_EVENTS'], kind: 'bool', dflt: false, help: 'JetStream event intake (needs NATS; a later issue)' }),
   F({ flag: '--router-snapshot-threshold', key: 'snapshotThreshold', env: ['DYN_ROUTER_SNAPSHOT_THRESHOLD'], kind: 'int', min: 1, max: Number.MAX_SAFE_INTEGER, dflt: 1_000_000, help: 'JetStream only' }),
   F({ flag: '--router-reset-states', key: 'resetStates', env: ['DYN_ROUTER_RESET_STATES'], kind: 'bool', dflt: false, help: 'JetStream only' }),
-  F({ flag: '--router-event-threads', key: 'eventThreads', env: ['DYN_ROUTER_EVENT_THREADS'], kind: 'int', min: 0, max: 256, dflt: 0, help: 'indexer shard threads (0 = one per spare core)' }),
+  F({ flag: '--router-event-threads', key: 'eventThreads', env: ['DYN_ROUTER_EVENT_THREADS'], kind: 'int', min: 0, max: MAX_SHARDS, dflt: 0, help: 'indexer shard threads (0 = one per spare core: the CPUs the process may use, capped by its cgroup CPU quota, less one)' }),
   F({ flag: '--router-shard-spin-us', key: 'shardSpinUs', env: ['DYN_ROUTER_SHARD_SPIN_US'], kind: 'nullnum', min: 0, max: 1_000_000, dflt: null, help: 'µs an idle indexer shard spins before it sleeps (default 200 with a core to spare beyond the event loop and the shards, else 0)' }),
   F({ flag: '--router-query-spin-us', key: 'querySpinUs', env: ['DYN_ROUTER_QUERY_SPIN_US'], kind: 'nullnum', min: 0, max: 1_000_000, dflt: null, help: 'µs the event loop spins for an overlap answer before it awaits (default 60 with a core to spare for every shard, else 0)' }),
   F({ flag: '--namespace', key: 'namespace', env: ['DYN_NAMESPACE'], kind: 'name', dflt: 'dynamo', help: 'Dynamo namespace' }),

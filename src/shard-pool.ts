@@ -8,7 +8,7 @@
 // the ring and a few atomic loads: no decoding and no per-block work. A full ring never drops a
 // message: it is queued here, counted, and written as the shard frees space (push() returns
 // false meanwhile, as a stream's write() does, so an intake can pause).
-import { availableParallelism } from 'node:os'
+import { cpuBudget } from './cpu-budget.js'
 import { Worker } from 'node:worker_threads'
 import { EventEmitter } from 'node:events'
 import * as Comlink from 'comlink'
@@ -27,7 +27,7 @@ import { KvrError } from './shared/errors.js'
 import type { ShardApi, ShardStats } from '../workers/shard.js'
 
 export interface ShardPoolOptions {
-  /** Number of shard threads, at most 31; default max(1, availableParallelism() − 1). */
+  /** Number of shard threads, at most 31; default max(1, cores − 1), cores as cpuBudget() counts them. */
   shards?: number
   /** Bytes of each shard's event ring (power of two); default 4 MiB. */
   ringBytes?: number
@@ -186,7 +186,7 @@ export class ShardPool extends EventEmitter {
 
   private constructor(options: ShardPoolOptions) {
     super()
-    const cores = availableParallelism()
+    const cores = cpuBudget()
     const shards = positive('shards', options.shards, Math.min(MAX_SHARDS, Math.max(1, cores - 1)), MAX_SHARDS)
     const o: Required<ShardPoolOptions> = {
       shards,

@@ -96,7 +96,7 @@ t.test('each invalid value: one line naming the flag and what it accepts', async
     [['--router-queue-max-pending', '-5'], /^--router-queue-max-pending must be an integer/],
     [['--router-kv-events', 'maybe'], /^--router-kv-events must be true or false/],
     [['--active-decode-blocks-threshold', '1.5'], /^--active-decode-blocks-threshold must be a number in \[0, 1\]/],
-    [['--router-event-threads', '1000'], /^--router-event-threads must be an integer in \[0, 256\]/],
+    [['--router-event-threads', '32'], /^--router-event-threads must be an integer in \[0, 31\]/],
     [['--nats-url', 'not a url'], /^--nats-url must be a nats:\/\/ or tls:\/\/ or ws:\/\/ or wss:\/\/ URL/],
     [['--nats-url', 'foo:bar'], /^--nats-url must be a nats:\/\//],
     [['--nats-url', 'nats://127.0.0.1:4222,http://x:1'], /^--nats-url must be a nats:\/\//],

@@ -29,6 +29,8 @@ interface Service {
   depends_on?: Record<string, { condition: string }>
   healthcheck?: { test: string[] }
   ulimits?: Record<string, number | { soft: number; hard: number }>
+  stop_grace_period?: string
+  restart?: string
 }
 
 /** Compose's interpolation with no variables set: `${X:-default}` is the default; `${X}` is refused. */
@@ -105,6 +107,12 @@ t.test('the router command is a valid `kv-router serve` and points at the fleet'
   t.ok((svc('router').ports ?? []).some((p) => p.endsWith(`:${port}`)), 'the published port is the one it listens on')
   t.match(svc('router').healthcheck?.test.join(' ') ?? '', new RegExp(`127\\.0\\.0\\.1:${port}/ready`), 'healthy once /ready says so')
   t.ok(cmd('etcd').includes('--advertise-client-urls=http://etcd:2379'), 'etcd advertises the address the router uses')
+  // Docker sends SIGKILL at the grace period: the router's own deadline must come first, with
+  // time left to cut the rest, free its bookings and stop its threads
+  const grace = /^(\d+)s$/.exec(svc('router').stop_grace_period ?? '')
+  t.ok(grace, 'a grace period in seconds')
+  t.ok(Number(grace?.[1]) >= cfg.shutdownTimeoutSecs + 5, `grace ${svc('router').stop_grace_period} leaves 5 s after the drain deadline (${cfg.shutdownTimeoutSecs} s)`)
+  for (const name of ['router', 'mocker']) t.equal(svc(name).restart, 'unless-stopped', `${name} comes back if it exits`)
 })
 
 t.test('the engines are a valid `kv-router mocker` that the router can reach and agree with', async (t) => {

@@ -264,3 +264,21 @@ t.test('a new chain goes into slots side by side, even when the free ones were f
   t.equal(index.bytes, bytesBefore)
   t.same(sizes(index), { '1:0': 0, '2:0': 0, '3:0': 24, '4:0': 24 })
 })
+
+t.test('a first block whose tokens_hash is 0 is a block like any other, not the root (found by an input review)', async (t) => {
+  const ix = new KvIndex()
+  apply(ix, stored(1, null, [[100, 7], [101, 8]]))
+  t.equal(apply(ix, stored(2, null, [[10, 0]])), 0)
+  t.same(scores(ix, [0, 7, 8]), { '2:0': 1 }, 'worker 1 holds no block 0')
+  t.same(scores(ix, [7, 8]), { '1:0': 2 })
+  t.equal(ix.liveNodes, 4, 'root + three nodes')
+  const dumped = ix.dump().flatMap((e) => (typeof e.event.data === 'object' && 'stored' in e.event.data ? e.event.data.stored.blocks.map((b) => `${e.worker_id}:${b.tokens_hash}`) : []))
+  t.same(dumped.sort(), ['1:7', '1:8', '2:0'], 'the dump has the block')
+  t.equal(apply(ix, removed(2, [10])), 0)
+  t.same(scores(ix, [7, 8]), { '1:0': 2 }, "worker 2's remove leaves worker 1 whole")
+  t.same(sizes(ix), { '1:0': 2, '2:0': 0 })
+  t.equal(ix.liveNodes, 3, 'the root is still there')
+  // and a zero under a zero, and the root's hint never set by a first block
+  apply(ix, stored(3, null, [[20, 0], [21, 0]]))
+  t.same(scores(ix, [0, 0, 0]), { '3:0': 2 })
+})

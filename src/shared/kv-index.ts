@@ -217,6 +217,9 @@ export class KvIndex {
     this.E = new Int32Array(cap * ES)
     // The root holds every worker implicitly and is never freed.
     this.N[ROOT * NS + N_COUNT] = 0
+    // no child hint: a zero-filled hint would name slot 0, the root itself, and a first block whose
+    // tokens_hash is 0 would then be found as the root (found by an input review)
+    this.N[ROOT * NS + N_KID] = NIL
   }
 
   // ------------------------------------------------------------------------------------------

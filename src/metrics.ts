@@ -65,6 +65,7 @@ export class RouterMetrics {
   private readonly retries: Counter<string>
   readonly upstreamErrors: Counter<string>
   private readonly eventsHttp: Counter<string>
+  private readonly eventsHttpRefused: Counter<string>
   private readonly gcObserver: PerformanceObserver
   private readonly loopDelay: IntervalHistogram
 
@@ -123,6 +124,7 @@ export class RouterMetrics {
     this.retries = new Counter({ name: 'kvrouter_proxy_retries_total', help: 'Requests retried on another worker after a failure before the first token', registers: [r] })
     this.upstreamErrors = new Counter({ name: 'kvrouter_proxy_upstream_errors_total', help: 'Upstream failures by phase', labelNames: ['phase'], registers: [r] })
     this.eventsHttp = new Counter({ name: 'kvrouter_http_events_received_total', help: 'KV events received over POST /v1/kv-events', registers: [r] })
+    this.eventsHttpRefused = new Counter({ name: 'kvrouter_http_events_refused_total', help: 'POST /v1/kv-events batches refused whole: an event that does not decode, or a full backlog (503)', registers: [r] })
     // every request in flight waits out a pause of the main thread: when the latency tail moves,
     // the scavenges are the first thing to look at (the name is prom-client's default metric's)
     const gc = new Histogram({ name: 'nodejs_gc_duration_seconds', help: 'Garbage collection pauses of the main thread, by kind', labelNames: ['kind'], buckets: GC_BUCKETS, registers: [r] })
@@ -248,11 +250,21 @@ export class RouterMetrics {
     shardCounter('kvrouter_shard_events_received_total', 'Event messages the shard took from its ring', (c) => c.received)
     shardCounter('kvrouter_shard_events_applied_total', 'Events applied to the shard\'s index', (c) => c.applied)
     shardCounter('kvrouter_shard_events_malformed_total', 'Event messages that did not decode', (c) => c.malformed)
+    shardCounter('kvrouter_shard_events_misplaced_total', 'Event messages whose worker belongs to another shard (the intake read another worker id than the decoder), sent on to that shard', (c) => c.misplaced)
     shardCounter('kvrouter_shard_queries_total', 'Overlap queries answered', (c) => c.queries)
     shardCounter('kvrouter_shard_ring_full_total', 'Pushes that found the shard\'s ring full (queued, never dropped)', (c) => c.ringFull)
     shardCounter('kvrouter_shard_ring_waits_total', 'Times the event producer slept until the shard had freed half its ring', (c) => c.ringWaits)
     shardCounter('kvrouter_shard_restarts_total', 'Shard thread restarts', (c) => c.restarts)
     shardCounter('kvrouter_shard_events_lost_total', 'Events lost with a dead shard thread', (c) => c.lost)
+    new Counter({
+      name: 'kvrouter_events_dropped_total',
+      help: 'Event messages from NATS dropped because the backlog waiting for the shards held its maximum (256 MiB)',
+      registers: [r],
+      collect() {
+        this.reset()
+        this.inc(pool.dropped)
+      },
+    })
     // NATS intake and etcd discovery, read at scrape time (absent series while not configured)
     new Counter({
       name: 'kvrouter_nats_total',
@@ -316,7 +328,8 @@ export class RouterMetrics {
             for (const [reason, v] of Object.entries(c.rejectedByType[type])) if (v > 0) this.inc({ event_type: type, status: reason }, v)
           }
         }
-        this.inc({ event_type: 'unknown', status: 'malformed' }, bad)
+        // and the messages refused before any shard saw them (empty, or a NUL first byte)
+        this.inc({ event_type: 'unknown', status: 'malformed' }, bad + pool.rejectedAtIntake)
       },
     })
     const shardGauge = (name: string, help: string, pick: (c: ReturnType<typeof pool.counters>[number]) => number): void => {
@@ -412,5 +425,9 @@ export class RouterMetrics {
 
   eventsReceived(n: number): void {
     this.eventsHttp.inc(n)
+  }
+
+  eventsRefused(n: number): void {
+    this.eventsHttpRefused.inc(n)
   }
 }

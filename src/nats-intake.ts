@@ -113,9 +113,9 @@ export class NatsIntake extends EventEmitter {
             }
             c.messages++
             c.bytes += msg.data.length
-            if (!pool.push(msg.data) && pool.pendingMessages > backlog && !this.slow) {
+            if (!pool.offer(msg.data) && pool.pendingMessages > backlog && !this.slow) {
               // Core NATS cannot be paused: the backlog waits here, counted, until the shards
-              // catch up ('drain'); the server cuts clients that fall too far behind.
+              // catch up ('drain'); past the pool's maxPendingBytes, offer() drops and counts
               this.slow = true
               c.slowConsumer++
               this.emit('slowConsumer', pool.pendingMessages)

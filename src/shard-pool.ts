@@ -52,6 +52,11 @@ export interface ShardPoolOptions {
   shardYieldMaxMs?: number
   /** How long a query spins on the event loop for its answer before it awaits; default 60 µs when a core is spare for every shard beside the event loop, else 0. */
   querySpinUs?: number
+  /**
+   * Bytes of event messages queued behind full rings, all shards, above which offer() drops
+   * (counted) and the HTTP ingest refuses with 503; default 256 MiB. push() always queues.
+   */
+  maxPendingBytes?: number
 }
 
 /** The merged answer of one overlap query. */
@@ -183,6 +188,12 @@ export class ShardPool extends EventEmitter {
   private closed = false
   /** Messages refused before routing: empty, or starting with a NUL byte (malformed events). */
   rejectedAtIntake = 0
+  /** Messages a shard sent back because they belong to another shard's worker, pushed there. */
+  rerouted = 0
+  /** Messages offer() dropped because the backlog held maxPendingBytes. */
+  dropped = 0
+  /** Bytes of the messages queued behind full rings, all shards. */
+  private queuedBytes = 0
 
   private constructor(options: ShardPoolOptions) {
     super()
@@ -208,6 +219,7 @@ export class ShardPool extends EventEmitter {
       // bench:index: saturated lookup p99 medians about 53 -> 42 µs, paced 85-98 -> 62-69 µs;
       // /v1/route throughput unchanged within noise.
       querySpinUs: options.querySpinUs ?? (cores > shards ? 60 : 0),
+      maxPendingBytes: positive('maxPendingBytes', options.maxPendingBytes, 256 * 1024 * 1024, Number.MAX_SAFE_INTEGER),
     }
     try {
       checkRingCapacity(o.ringBytes)
@@ -273,6 +285,7 @@ export class ShardPool extends EventEmitter {
       dead: false,
       exited: new Promise<number>((resolve) => worker.once('exit', resolve)),
     }
+    worker.on('message', (m: unknown) => this.onShardMessage(m))
     worker.on('error', (err) => this.emit('shardError', index, err))
     worker.on('exit', (code) => this.onExit(shard, code))
     return shard
@@ -314,6 +327,38 @@ export class ShardPool extends EventEmitter {
     return this.pushTo(this.shards[k] as Shard, msg)
   }
 
+  /** An event a shard decoded for a worker it does not own (see workers/shard.ts): to its owner. */
+  private onShardMessage(m: unknown): void {
+    const e = m as { misplacedEvent?: unknown; lo?: unknown; hi?: unknown } | null
+    if (e === null || typeof e !== 'object' || !(e.misplacedEvent instanceof Uint8Array) || typeof e.lo !== 'number' || typeof e.hi !== 'number') return
+    if (this.closing) return
+    this.rerouted++
+    this.pushTo(this.shards[shardOf(e.lo, e.hi, this.size)] as Shard, e.misplacedEvent)
+  }
+
+  /**
+   * push() for a source that cannot be slowed down (core NATS): while the backlog behind full
+   * rings holds maxPendingBytes the message is dropped and counted, so a flood costs events, not
+   * the router's memory (found by an input review). False when dropped or queued.
+   */
+  offer(msg: Uint8Array): boolean {
+    if (this.queuedBytes >= this.opts.maxPendingBytes) {
+      this.dropped++
+      return false
+    }
+    return this.push(msg)
+  }
+
+  /** True when the backlog behind full rings holds maxPendingBytes (the HTTP ingest refuses then). */
+  get backlogFull(): boolean {
+    return this.queuedBytes >= this.opts.maxPendingBytes
+  }
+
+  /** Bytes of event messages queued behind full rings, all shards. */
+  get pendingBytes(): number {
+    return this.queuedBytes
+  }
+
   private pushTo(sh: Shard, msg: Uint8Array): boolean {
     sh.enqueued = (sh.enqueued + 1) | 0
     if (sh.pendingHead === sh.pending.length) {
@@ -325,6 +370,7 @@ export class ShardPool extends EventEmitter {
     } else {
       sh.pending.push({ bytes: copyBytes(msg, 0), offset: 0 })
     }
+    this.queuedBytes += msg.length
     sh.ringFull++
     this.waitForSpace(sh)
     return false
@@ -349,6 +395,7 @@ export class ShardPool extends EventEmitter {
         p.offset = sh.producer.write(p.bytes, p.offset)
         this.ring(sh)
         if (p.offset === p.bytes.length) {
+          this.queuedBytes -= p.bytes.length
           sh.pending[sh.pendingHead++] = WRITTEN
           if (sh.pendingHead > 1024 && sh.pendingHead * 2 > sh.pending.length) {
             sh.pending.splice(0, sh.pendingHead)
@@ -780,6 +827,7 @@ export class ShardPool extends EventEmitter {
       if (!sh.dead) continue
       // what a shard that died during close never applied is reported, not silently dropped
       sh.lost += Math.max(0, (sh.enqueued - Atomics.load(sh.ctrl, C_PROCESSED)) | 0)
+      for (let i = sh.pendingHead; i < sh.pending.length; i++) this.queuedBytes -= (sh.pending[i] as Pending).bytes.length
       sh.pending.length = 0
       sh.pendingHead = 0
     }

@@ -277,3 +277,49 @@ t.test('a busy shard takes control calls and answers barriers mid-backlog, not w
   await pool.flush()
   t.equal(pool.counters()[0]?.processed, total)
 })
+
+t.test('an event the intake sends to the wrong shard goes on to its own, and its worker\'s later events reach it (found by an input review)', async (t) => {
+  const pool = await ShardPool.start({ shards: 2, ringBytes: 4096 })
+  t.teardown(() => pool.close())
+  // two workers on different shards
+  let a = 1n
+  while (pool.shardOf(a) !== 0) a++
+  let b = 1n
+  while (pool.shardOf(b) !== 1) b++
+  const json = (ev: RouterEvent): string => Buffer.from(encodeRouterEvent(ev)).toString('utf8')
+  // the scan meets a's id first (an unknown key, nested) and the decoder reads b's; an escaped key
+  // hides b's id from the scan altogether; an envelope names a as its publisher
+  const nested = `{"trace":{"worker_id":${a}},${json(chain(b, null, [1, 2])).slice(1)}`
+  const escaped = json(chain(b, 2, [3])).replace('"worker_id"', '"worker\\u005fid"')
+  pool.push(Buffer.from(nested))
+  pool.push(Buffer.from(escaped))
+  // the bounce takes a message to the main thread and back: wait for it, then flush its shard
+  for (let i = 0; i < 100 && pool.rerouted < 2; i++) await new Promise((r) => setTimeout(r, 10))
+  t.equal(pool.rerouted, 2, 'both sent on')
+  await pool.flush()
+  const c = pool.counters()
+  t.equal((c[0]?.misplaced ?? 0) + (c[1]?.misplaced ?? 0), 2, 'counted as misplaced where they landed')
+  t.same(canon(await pool.overlapScores([1n, 2n, 3n], { readYourWrites: true })), [`${b}:0=3/3`], 'applied, once, for the worker they name')
+  // the worker's own cleared reaches the shard that holds its blocks
+  pool.push(bytes({ worker_id: b, event: { event_id: 9n, dp_rank: 0, data: 'cleared' } }))
+  t.same(canon(await pool.overlapScores([1n, 2n, 3n], { readYourWrites: true })), [], 'cleared where they are')
+})
+
+t.test('offer() drops past the backlog cap, counted; push() always queues', async (t) => {
+  // offers in one synchronous loop outrun the shard: its small ring fills and the rest wait in the backlog
+  const pool = await ShardPool.start({ shards: 1, ringBytes: 1024, maxPendingBytes: 4096 })
+  t.teardown(() => pool.close())
+  const msg = bytes(chain(5n, null, [1, 2, 3, 4, 5, 6, 7, 8]))
+  for (let i = 0; i < 2000; i++) pool.offer(msg)
+  t.ok(pool.dropped > 0, `${pool.dropped} dropped`)
+  t.ok(pool.pendingBytes < 4096 + msg.length, `the backlog stays at the cap (${pool.pendingBytes} bytes)`)
+  t.equal(pool.backlogFull, pool.pendingBytes >= 4096)
+  const before = pool.dropped
+  pool.push(msg)
+  t.equal(pool.dropped, before, 'push() never drops')
+  await pool.flush()
+  t.equal(pool.pendingBytes, 0, 'the backlog drains to nothing')
+  t.notOk(pool.backlogFull)
+  t.same(canon(await pool.overlapScores([1n, 2n, 3n, 4n, 5n, 6n, 7n, 8n])), ['5:0=8/8'], 'what was taken was applied')
+  t.ok(pool.counters()[0]?.received === 2001 - pool.dropped, 'every offer taken reached the shard, every other was dropped')
+})

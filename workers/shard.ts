@@ -94,7 +94,17 @@ function onMessage(bytes: Uint8Array): void {
     processed++
     return
   }
-  if (shardOf(ev.workerLo, ev.workerHi, init.shards) !== me) misplaced++
+  if (shardOf(ev.workerLo, ev.workerHi, init.shards) !== me) {
+    // The main thread's scan read another worker id than the decoder did (an unknown key holding
+    // a worker_id before the real one, an escaped key, an envelope whose publisher is not the
+    // event's worker). Applied here, the blocks would sit where that worker's cleared and
+    // removals never reach (found by an input review): sent back to go to the owning shard.
+    misplaced++
+    processed++
+    const copy = bytes.slice()
+    parentPort?.postMessage({ misplacedEvent: copy, lo: ev.workerLo, hi: ev.workerHi }, [copy.buffer])
+    return
+  }
   if (index.apply(ev) === 0) applied++
   processed++
   if (queriesWaiting()) serveQueries()

@@ -494,17 +494,30 @@ export async function buildApp(opts: AppOptions): Promise<App> {
     })
 
     scope.post('/v1/kv-events', async (req, reply) => {
+      // a sender that outruns the shards is told to wait, before anything of its batch is taken,
+      // rather than grow the backlog without bound (found by an input review)
+      if (router.pool.backlogFull) {
+        router.metrics.eventsRefused(1)
+        reply.header('retry-after', '1')
+        throw new KvrError('KVR_ERR_EVENT_BACKLOG', `${router.pool.pendingMessages} event messages (${router.pool.pendingBytes} bytes) wait for the indexer shards`)
+      }
       const buf = req.body as Buffer
-      const parts = splitEvents(buf)
+      let parts: Uint8Array[]
       // validate the whole batch first, so a bad event refuses the batch and nothing half-applies
       const ids: bigint[] = []
-      for (let i = 0; i < parts.length; i++) {
-        try {
-          ids.push(parseRouterEvent(parts[i] as Uint8Array).worker_id)
-        } catch (err) {
-          const e = err as KvrError
-          throw new KvrError(e.code ?? 'KVR_ERR_EVENT_MALFORMED_JSON', parts.length > 1 ? `event ${i}: ${e.message}` : e.message)
+      try {
+        parts = splitEvents(buf)
+        for (let i = 0; i < parts.length; i++) {
+          try {
+            ids.push(parseRouterEvent(parts[i] as Uint8Array).worker_id)
+          } catch (err) {
+            const e = err as KvrError
+            throw new KvrError(e.code ?? 'KVR_ERR_EVENT_MALFORMED_JSON', parts.length > 1 ? `event ${i}: ${e.message}` : e.message)
+          }
         }
+      } catch (err) {
+        router.metrics.eventsRefused(1)
+        throw err
       }
       let backpressure = false
       for (let i = 0; i < parts.length; i++) if (!router.ingest(parts[i] as Uint8Array, ids[i])) backpressure = true

@@ -16,6 +16,7 @@ export const ErrorCodes = {
   KVR_ERR_EVENT_MISSING_FIELD: { status: 400, summary: 'a required field is missing' },
   KVR_ERR_EVENT_UNKNOWN_VARIANT: { status: 400, summary: 'the event data names an unknown variant' },
   KVR_ERR_EVENT_TOO_LARGE: { status: 413, summary: 'the event is larger than the configured limit' },
+  KVR_ERR_EVENT_BACKLOG: { status: 503, summary: 'the events waiting for the indexer shards fill the backlog; retry later' },
   // index
   KVR_ERR_INDEX_CAPACITY: { status: 503, summary: 'the index holds its configured maximum of blocks' },
   KVR_ERR_TOO_MANY_WORKERS: { status: 503, summary: 'more worker-ranks than one index can hold' },

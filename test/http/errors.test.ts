@@ -216,6 +216,35 @@ t.test('events: a bad event refuses the whole batch', async (t) => {
   t.same(good.body, { accepted: 1, backpressure: false })
 })
 
+t.test('events: refused batches are counted, and a full backlog refuses with 503 before taking anything (found by an input review)', async (t) => {
+  const refused = async (): Promise<number> => Number(/^kvrouter_http_events_refused_total (\d+)$/m.exec(await h.router.metrics.registry.metrics())?.[1])
+  const n0 = await refused()
+  t.equal((await call('POST', '/v1/kv-events', '[1]')).status, 400)
+  t.equal((await call('POST', '/v1/kv-events', '[{"worker_id":5}] trailing')).status, 400)
+  t.equal(await refused(), n0 + 2, 'each refused batch counted once, whatever refused it')
+  const ok = '{"worker_id":5,"event":{"event_id":1,"data":"cleared","dp_rank":0}}'
+  const enqueued = h.router.pool.counters()[0]?.enqueued ?? 0
+  // the pool's own cap is tested in test/shard-pool.test.ts; here, what the route does with it
+  Object.defineProperty(h.router.pool, 'backlogFull', { configurable: true, get: () => true })
+  try {
+    const r = await call('POST', '/v1/kv-events', `[${ok}]`)
+    t.equal(r.status, 503)
+    t.equal(r.body.error?.code, 'KVR_ERR_EVENT_BACKLOG')
+    t.equal(r.headers['retry-after'], '1')
+    t.match(r.body.error?.message, /wait for the indexer shards/)
+  } finally {
+    delete (h.router.pool as unknown as Record<string, unknown>).backlogFull
+  }
+  t.equal(h.router.pool.counters()[0]?.enqueued ?? 0, enqueued, 'nothing of it was taken')
+  t.equal(await refused(), n0 + 3)
+  t.equal((await call('POST', '/v1/kv-events', `[${ok}]`)).status, 202, 'taken again once the backlog has room')
+  // messages the pool refuses before any shard sees them count as malformed events
+  const malformed = async (): Promise<number> => Number(/^dynamo_component_kv_cache_events_applied\{event_type="unknown",status="malformed"\} (\d+)$/m.exec(await h.router.metrics.registry.metrics())?.[1])
+  const m0 = await malformed()
+  h.router.pool.push(new Uint8Array(0))
+  t.equal(await malformed(), m0 + 1)
+})
+
 t.test('events: every element must be an object, and nothing may follow the array (found by review)', async (t) => {
   const ok = '{"worker_id":5,"event":{"event_id":1,"data":"cleared","dp_rank":0}}'
   const cases: [string, string, RegExp][] = [

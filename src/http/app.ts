@@ -264,8 +264,13 @@ export async function buildApp(opts: AppOptions): Promise<App> {
     const recovering = health.filter((h) => h !== 'exact').length
     const pending = router.pool.pendingMessages
     const conn = router.connected
-    const ready = recovering === 0 && !closing && conn.nats !== false && conn.etcd !== false
-    return reply.code(ready ? 200 : 503).send({ ready, shards: health.length, recovering_shards: recovering, pending_event_messages: pending, workers: router.workers().length, nats: conn.nats, etcd: conn.etcd })
+    // A lost NATS or etcd connection leaves the router able to route (on an index that stops
+    // learning, with the workers it last knew), and it hits every replica at once: a balancer
+    // that took them all out would turn a control-plane blip into an outage (found by an
+    // operator review). So it is `degraded` here and in kvrouter_connected, not unready.
+    const ready = recovering === 0 && !closing
+    const degraded = conn.nats === false || conn.etcd === false
+    return reply.code(ready ? 200 : 503).send({ ready, degraded, shards: health.length, recovering_shards: recovering, pending_event_messages: pending, workers: router.workers().length, nats: conn.nats, etcd: conn.etcd })
   })
   fastify.get('/metrics', async (_req, reply) => {
     const text = await router.metrics.registry.metrics()

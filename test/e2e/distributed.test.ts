@@ -2,7 +2,7 @@
 // against a real nats-server and etcd; simulated engines register in etcd under leases and
 // publish their KV events on NATS (one through the mocker's own NATS and etcd mode, one with its
 // events wrapped in the event-plane envelope and a lease taken by the test). A repeated prompt goes to the worker that holds its prefix;
-// a worker whose lease ends leaves routing and the index; losing NATS shows in /ready.
+// a worker whose lease ends leaves routing and the index; losing NATS shows in /ready as degraded.
 import t from 'tap'
 import { spawn } from 'node:child_process'
 import { connect } from 'nats'
@@ -145,12 +145,16 @@ t.test('serve with NATS and etcd: discovery, routing by prefix, lease expiry, NA
   t.match(metrics, /kvrouter_connected\{service="etcd"\} 1/)
   t.match(metrics, /kvrouter_etcd_total\{what="deletes"\} [1-9]/)
 
-  // NATS goes away: not ready; it comes back: ready again, without a restart
+  // NATS goes away: still ready (it routes), but degraded; it comes back: not degraded, without a restart
+  t.equal((await get('/ready')).body['degraded'], false)
   await nats.kill()
-  await waitUntil('not ready without NATS', async () => (await get('/ready')).status === 503, 10_000)
-  t.equal((await get('/ready')).body['nats'], false)
+  await waitUntil('degraded without NATS', async () => (await get('/ready')).body['degraded'] === true, 10_000)
+  const during = await get('/ready')
+  t.equal(during.status, 200, 'a balancer keeps routing through it')
+  t.equal(during.body['nats'], false)
+  t.not((await ask()).worker, '', 'and it routes')
   await nats.start()
-  await waitUntil('ready again', async () => (await get('/ready')).status === 200, 15_000)
+  await waitUntil('whole again', async () => (await get('/ready')).body['degraded'] === false, 15_000)
   t.equal((await get('/ready')).body['nats'], true)
 })
 

@@ -20,6 +20,7 @@ import { workerUrl } from '../config.js'
 import type { Router } from '../router.js'
 import type { RouteInput } from '../router.js'
 import type { RouterConfigOverride } from '../scheduler/scheduler.js'
+import { MAX_ISL } from '../scheduler/scheduler.js'
 import type { Candidate } from '../scheduler/selector.js'
 import type { DeviceType } from '../scheduler/worker-ranks.js'
 import { KvrError } from '../shared/errors.js'
@@ -433,7 +434,7 @@ export async function buildApp(opts: AppOptions): Promise<App> {
       }
       if (rest.isl !== undefined) {
         const n = rest.isl
-        if (typeof n !== 'number' || !Number.isInteger(n) || n < 0) throw new KvrError('KVR_ERR_INVALID_REQUEST', 'isl must be a non-negative integer')
+        if (typeof n !== 'number' || !Number.isInteger(n) || n < 0 || n > MAX_ISL) throw new KvrError('KVR_ERR_INVALID_REQUEST', `isl must be an integer in [0, 2^32), got ${JSON.stringify(n)}`)
         input.isl = n
       }
       return input

@@ -25,6 +25,9 @@ import { CostInputs, Selector } from './selector.js'
 import type { WorkerRankInfo } from './worker-ranks.js'
 import { WorkerRanks } from './worker-ranks.js'
 
+/** Largest prompt length a request may declare: a u32, as token counts are. */
+export const MAX_ISL = 0xffffffff
+
 /** Per-request overrides (nvext.router_config_override). */
 export interface RouterConfigOverride {
   overlapScoreWeight?: number
@@ -396,7 +399,9 @@ export class Scheduler {
       if (this.sequences.has(id) || this.waitingIds.has(id)) throw new KvrError('KVR_ERR_DUPLICATE_REQUEST', `request ${id} is already booked or waiting`)
     }
     const isl = req.isl
-    if (typeof isl !== 'number' || !(isl >= 0) || !Number.isFinite(isl)) throw new KvrError('KVR_ERR_INVALID_OPTION', `request.isl must be a non-negative number, got ${String(isl)}`)
+    // bounded so that sums of bookings stay exact doubles: one of 1e300 absorbed every other
+    // booking's tokens into it and left its worker busy for good (found by an input review)
+    if (typeof isl !== 'number' || !(isl >= 0) || !(isl <= MAX_ISL)) throw new KvrError('KVR_ERR_INVALID_OPTION', `request.isl must be a number in [0, 2^32), got ${String(isl)}`)
     return booked
   }
 

@@ -12,6 +12,7 @@ import { EventEmitter } from 'node:events'
 import type { ShardPool } from './shard-pool.js'
 import { urlList } from './config.js'
 import { KvrError } from './shared/errors.js'
+import { parseJsonExact, readU64 } from './http/json.js'
 
 export interface NatsIntakeOptions {
   url: string
@@ -177,17 +178,18 @@ function num(v: unknown): number | null {
  * it is neither. Worker ids are read from the text so ids above 2^53 stay exact.
  */
 export function parseLoadEvent(bytes: Uint8Array): WorkerLoad | null {
-  const text = dec.decode(bytes)
-  const idMatch = /"worker_id"\s*:\s*"?(\d{1,20})"?/.exec(text)
-  if (idMatch === null) return null
+  // the top-level worker_id, exactly: a pattern over the text took `1.9` as worker 1, or an id
+  // nested in another member (found by an input review)
   let obj: Record<string, unknown>
+  let workerId: bigint
   try {
-    obj = JSON.parse(text) as Record<string, unknown>
+    const v = parseJsonExact(dec.decode(bytes))
+    if (typeof v !== 'object' || v === null || Array.isArray(v)) return null
+    obj = v as Record<string, unknown>
+    workerId = readU64(obj['worker_id'], 'worker_id')
   } catch {
     return null
   }
-  const workerId = BigInt(idMatch[1] as string)
-  if (workerId > 0xffffffffffffffffn) return null
   const data = obj['data'] as Record<string, unknown> | undefined
   if (data !== undefined && typeof data === 'object' && data !== null) {
     const ws = (data['worker_stats'] ?? {}) as Record<string, unknown>

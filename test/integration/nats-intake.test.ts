@@ -71,6 +71,14 @@ t.test('worker load metrics on kv_metrics', async (t) => {
   await waitUntil('the malformed one counted', () => intake.counters.metricsMalformed === 1)
   t.same(parseLoadEvent(enc.encode('{"worker_id":5,"dp_rank":1,"active_decode_blocks":9}')), { workerId: 5n, dpRank: 1, activeBlocks: 9, totalBlocks: null, requestsWaiting: null })
   t.equal(parseLoadEvent(enc.encode('{"worker_id":5,')), null)
+  // the top-level worker_id, exactly (found by an input review)
+  const busy = '"data":{"kv_stats":{"kv_active_blocks":999,"kv_total_blocks":1000}}'
+  t.equal(parseLoadEvent(enc.encode(`{"worker_id":1.9,${busy}}`)), null, 'a fraction is no worker id')
+  t.equal(parseLoadEvent(enc.encode(`{"worker_id":-1,${busy}}`)), null)
+  t.equal(parseLoadEvent(enc.encode(`{"worker_id":18446744073709551616,${busy}}`)), null, '2^64 is out of range')
+  t.equal(parseLoadEvent(enc.encode(`{"meta":{"worker_id":1},${busy}}`)), null, 'a nested id is not the worker id')
+  t.equal(parseLoadEvent(enc.encode(`{"meta":{"worker_id":1},"worker_id":"7",${busy}}`))?.workerId, 7n, 'the top-level one, as a decimal string too')
+  t.equal(parseLoadEvent(enc.encode(`[{"worker_id":1}]`)), null)
 })
 
 t.test('an unreachable server at start is a clear error naming the URL', async (t) => {

@@ -96,13 +96,22 @@ const completionSchema = {
     nvext: nvextSchema,
   },
 }
+const contentPartSchema = {
+  type: 'object',
+  required: ['type'],
+  properties: { type: { type: 'string' }, text: { type: 'string' } },
+  if: { properties: { type: { const: 'text' } } },
+  then: { required: ['text'] },
+}
 const chatSchema = {
   type: 'object',
   required: ['messages'],
   properties: {
     model: { type: 'string' },
-    // content: text, a list of parts, or null (an assistant turn that only calls tools)
-    messages: { type: 'array', minItems: 1, items: { type: 'object', required: ['role'], properties: { role: { type: 'string' }, content: { anyOf: [{ type: 'string' }, { type: 'array' }, { type: 'null' }] } } } },
+    // content: text, a list of parts, or null (an assistant turn that only calls tools); a part
+    // is an object naming its type, and a text part's text is a string (a number there was
+    // read as empty text; found by an input review)
+    messages: { type: 'array', minItems: 1, items: { type: 'object', required: ['role'], properties: { role: { type: 'string' }, content: { anyOf: [{ type: 'string' }, { type: 'array', items: contentPartSchema }, { type: 'null' }] } } } },
     stream: { type: 'boolean' },
     add_special_tokens: { type: 'boolean' },
     add_generation_prompt: { type: 'boolean' },

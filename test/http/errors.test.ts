@@ -85,6 +85,11 @@ t.test('wrong types → 400', async (t) => {
     ['/v1/completions', { prompt: tokens(8), nvext: { router_config_override: { router_temperature: -1 } } }],
     ['/v1/completions', { prompt: [['a'], ['b']] }],
     ['/v1/chat/completions', { messages: 'hi' }],
+    ['/v1/chat/completions', { messages: [{ role: 'user', content: [5] }] }],
+    ['/v1/chat/completions', { messages: [{ role: 'user', content: [null] }] }],
+    ['/v1/chat/completions', { messages: [{ role: 'user', content: [{ type: 'text', text: 7 }] }] }],
+    ['/v1/chat/completions', { messages: [{ role: 'user', content: [{ type: 'text' }] }] }],
+    ['/v1/chat/completions', { messages: [{ role: 'user', content: [{ text: 'no type' }] }] }],
     ['/v1/chat/completions', { messages: [] }],
     ['/v1/route', { token_ids: 'abc' }],
     ['/v1/route', { token_ids: tokens(8), update_states: 'yes' }],
@@ -217,6 +222,12 @@ t.test('events: a bad event refuses the whole batch', async (t) => {
   const good = await call('POST', '/v1/kv-events', ok)
   t.equal(good.status, 202)
   t.same(good.body, { accepted: 1, backpressure: false })
+})
+
+t.test('chat content parts: text parts with their text and parts of other types pass the schema', async (t) => {
+  const content = [{ type: 'text', text: 'look' }, { type: 'image_url', image_url: { url: 'data:image/png;base64,AA==' } }]
+  const r = await call('POST', '/v1/chat/completions', JSON.stringify({ messages: [{ role: 'user', content }, { role: 'assistant', content: null }], nvext: { token_data: tokens(8) } }))
+  t.not(r.status, 400, `not refused as invalid (${r.status} ${r.body.error?.code ?? ''})`)
 })
 
 t.test('events: refused batches are counted, and a full backlog refuses with 503 before taking anything (found by an input review)', async (t) => {

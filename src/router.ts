@@ -166,7 +166,7 @@ export class Router {
     if (c.etcdUrl !== null) {
       const d = await EtcdDiscovery.start({ url: c.etcdUrl, namespace: ns, component, endpoint })
       this.discovery = d
-      const add = (w: DiscoveredWorker): void => {
+      const add = (w: DiscoveredWorker): Promise<unknown> => {
         if (w.blockSize !== null && w.blockSize !== c.blockSize) {
           process.emitWarning(`worker ${w.workerId} announces block size ${w.blockSize}, the router hashes with ${c.blockSize}: its blocks will never match`, { code: 'KVR_BLOCK_SIZE_MISMATCH' })
         }
@@ -175,12 +175,15 @@ export class Router {
         if (w.totalKvBlocks !== null) reg.capacity = w.totalKvBlocks
         if (w.maxNumBatchedTokens !== null) reg.maxNumBatchedTokens = w.maxNumBatchedTokens
         // a registration the index cannot hold is refused, not dropped unseen (found by review)
-        void this.addWorker(reg).catch((err: unknown) => process.emitWarning(`worker ${w.workerId} from etcd was not registered: ${err instanceof Error ? err.message : String(err)}`, { code: 'KVR_WORKER_NOT_REGISTERED' }))
+        return this.addWorker(reg).catch((err: unknown) => process.emitWarning(`worker ${w.workerId} from etcd was not registered: ${err instanceof Error ? err.message : String(err)}`, { code: 'KVR_WORKER_NOT_REGISTERED' }))
       }
-      d.on('added', add)
-      d.on('updated', add)
+      d.on('added', (w: DiscoveredWorker) => void add(w))
+      d.on('updated', (w: DiscoveredWorker) => void add(w))
       d.on('removed', (id: bigint) => void this.removeWorker(id).catch(() => undefined))
-      for (const w of d.workers.values()) add(w)
+      // the workers etcd lists at start are registered before the router says it is up, so its
+      // first answers and its start-up line count them (the line said 0 workers; found by an
+      // operator review)
+      await Promise.all([...d.workers.values()].map(add))
     }
   }
 

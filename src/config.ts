@@ -28,6 +28,8 @@ export interface ServeConfig {
   readonly decodeActiveRequestWeight: number
   readonly temperature: number
   readonly kvEvents: boolean
+  /** Recover missed KV events from workers that answer the worker query (spec §3.7). */
+  readonly eventRecovery: boolean
   readonly ttlSecs: number
   /** Approximate mode: entries the predicted-cache tree holds before it is pruned. */
   readonly maxTreeSize: number
@@ -107,6 +109,7 @@ export const FLAGS: readonly FlagDef[] = [
   F({ flag: '--router-decode-active-request-weight', key: 'decodeActiveRequestWeight', env: ['DYN_ROUTER_DECODE_ACTIVE_REQUEST_WEIGHT'], kind: 'num', min: 0, dflt: 0, help: 'cost per request in flight on a worker' }),
   F({ flag: '--router-temperature', key: 'temperature', env: ['DYN_ROUTER_TEMPERATURE'], kind: 'num', min: 0, dflt: 0.0, help: '0 = pick the cheapest; > 0 = softmax sampling' }),
   F({ flag: '--router-kv-events', key: 'kvEvents', env: ['DYN_ROUTER_USE_KV_EVENTS', 'DYN_KV_EVENTS'], aliases: ['--kv-events'], kind: 'bool', dflt: true, help: 'index workers\' KV events (--no-… = approximate mode)' }),
+  F({ flag: '--router-event-recovery', key: 'eventRecovery', env: ['DYN_ROUTER_EVENT_RECOVERY'], kind: 'bool', dflt: true, help: 'fetch what a worker\'s KV events missed (a gap in its event ids, or a router that starts after it cached blocks) through its worker query, POST {url}/v1/kv/query (--no-… = count gaps and accept them)' }),
   F({ flag: '--router-ttl-secs', key: 'ttlSecs', env: ['DYN_ROUTER_TTL_SECS'], aliases: ['--router-ttl'], kind: 'num', min: 0.001, dflt: 120, help: 'approximate mode: seconds a routed prefix is assumed cached' }),
   F({ flag: '--router-max-tree-size', key: 'maxTreeSize', env: ['DYN_ROUTER_MAX_TREE_SIZE'], kind: 'int', min: 1, max: 2 ** 31 - 1, dflt: 1 << 20, help: 'approximate mode: predicted entries kept before a prune' }),
   F({ flag: '--router-prune-target-ratio', key: 'pruneTargetRatio', env: ['DYN_ROUTER_PRUNE_TARGET_RATIO'], kind: 'num', min: 0, max: 1, dflt: 0.8, help: 'approximate mode: share of --router-max-tree-size a prune keeps' }),

@@ -250,12 +250,25 @@ export class RouterMetrics {
     shardCounter('kvrouter_shard_events_received_total', 'Event messages the shard took from its ring', (c) => c.received)
     shardCounter('kvrouter_shard_events_applied_total', 'Events applied to the shard\'s index', (c) => c.applied)
     shardCounter('kvrouter_shard_events_malformed_total', 'Event messages that did not decode', (c) => c.malformed)
+    shardCounter('kvrouter_shard_event_gaps_total', 'Gaps in a worker-rank\'s event ids (spec §3.7): events it published that never arrived', (c) => c.gaps)
     shardCounter('kvrouter_shard_events_misplaced_total', 'Event messages whose worker belongs to another shard (the intake read another worker id than the decoder), sent on to that shard', (c) => c.misplaced)
     shardCounter('kvrouter_shard_queries_total', 'Overlap queries answered', (c) => c.queries)
     shardCounter('kvrouter_shard_ring_full_total', 'Pushes that found the shard\'s ring full (queued, never dropped)', (c) => c.ringFull)
     shardCounter('kvrouter_shard_ring_waits_total', 'Times the event producer slept until the shard had freed half its ring', (c) => c.ringWaits)
     shardCounter('kvrouter_shard_restarts_total', 'Shard thread restarts', (c) => c.restarts)
     shardCounter('kvrouter_shard_events_lost_total', 'Events lost with a dead shard thread', (c) => c.lost)
+    new Counter({
+      name: 'kvrouter_index_recovery_total',
+      help: 'Recovery of missed KV events through worker queries: gaps reported, recoveries answered with the missing range or a tree dump, recoveries failed (the gap stays a hole)',
+      labelNames: ['what'],
+      registers: [r],
+      collect() {
+        this.reset()
+        const c = router.recovery?.counters
+        if (c === undefined) return
+        for (const [what, v] of [['gaps', c.gaps], ['ranges', c.ranges], ['dumps', c.dumps], ['failed', c.failed]] as const) this.inc({ what }, v)
+      },
+    })
     new Counter({
       name: 'kvrouter_events_dropped_total',
       help: 'Event messages from NATS dropped because the backlog waiting for the shards held its maximum (256 MiB)',

@@ -15,6 +15,7 @@ import type { RouterEvent, StoredBlock } from './shared/events.js'
 import { KvrError } from './shared/errors.js'
 import { u64FromParts } from './shared/u64.js'
 import { RouterMetrics } from './metrics.js'
+import { IndexRecovery } from './index-recovery.js'
 import { NatsIntake, type WorkerLoad } from './nats-intake.js'
 import { EtcdDiscovery, type DiscoveredWorker } from './etcd-discovery.js'
 
@@ -103,6 +104,8 @@ export class Router {
   nats: NatsIntake | null = null
   /** Worker discovery through etcd (`--etcd-url`), or null. */
   discovery: EtcdDiscovery | null = null
+  /** Recovery of missed KV events (spec §3.7), or null in approximate mode or with --no-router-event-recovery. */
+  readonly recovery: IndexRecovery | null
 
   private constructor(config: ServeConfig, pool: ShardPool) {
     this.config = config
@@ -133,6 +136,7 @@ export class Router {
       },
       sink === undefined ? {} : { approxSink: sink },
     )
+    this.recovery = config.kvEvents && config.eventRecovery ? new IndexRecovery(pool, { urlOf: (id) => this.workerTable.get(id)?.url }) : null
     this.metrics = new RouterMetrics(this)
   }
 
@@ -259,6 +263,9 @@ export class Router {
       this.scheduler.addWorkerRank(reg.id, r, rankInfo)
     }
     this.workerTable.set(reg.id, info)
+    // a new worker, or one now elsewhere: what it has cached is fetched (a model card arriving
+    // for a worker already known changes neither)
+    if (old === undefined || old.url !== info.url || old.dpRanks !== dpRanks) void this.recovery?.workerAdded(reg.id, dpRanks)
     return info
   }
 
@@ -268,6 +275,7 @@ export class Router {
    * the way to free them; false when the id is neither registered nor in the index.
    */
   private async removeWorkerNow(id: bigint): Promise<boolean> {
+    this.recovery?.workerRemoved(id)
     if (this.workerTable.delete(id)) this.scheduler.removeWorker(id)
     else if ((await this.pool.indexedRanks(id)) === 0) return false
     await this.pool.removeWorker(id)
@@ -459,6 +467,8 @@ export class Router {
     await this.discovery?.close().catch(() => undefined)
     this.scheduler.close()
     this.metrics.close()
+    // before the pool: holds behind queries in flight are let go, so the shards can drain
+    this.recovery?.close()
     await this.pool.close()
   }
 }

@@ -15,7 +15,7 @@ import * as Comlink from 'comlink'
 import nodeEndpoint from 'comlink/dist/esm/node-adapter.mjs'
 import { RingProducer, checkRingCapacity } from './shared/ring.js'
 import {
-  BoardLayout, C_APPLIED, C_BLOCKS, C_CLEARED, C_END, C_MALFORMED, C_MISPLACED, C_NODES, C_PROCESSED, C_QUERIES, C_RECEIVED, C_REJECTED, C_REMOVED, C_STORED, C_WORKERS, CTRL_WORDS, DOORBELL,
+  BoardLayout, C_APPLIED, C_BLOCKS, C_CLEARED, C_END, C_GAPS, C_MALFORMED, C_MISPLACED, CONTROL_PARK, CONTROL_RANK_BYTES, CONTROL_RECOVERABLE, CONTROL_RECOVERY, CONTROL_RECOVERY_BYTES, RecoveryKind, C_NODES, C_PROCESSED, C_QUERIES, C_RECEIVED, C_REJECTED, C_REMOVED, C_STORED, C_WORKERS, CTRL_WORDS, DOORBELL,
   B_ANSWERS, B_MAIN_WAITING, CONTROL_POSTED, HEARTBEAT, PRODUCER_WAIT, Q_FLAGS, Q_N, Q_PENDING, QF_EARLY_EXIT, QRING_BASE, QRING_READ, QRING_SIZE, QRING_WRITE, RESULT_WORDS,
   RING_READ, RING_WRITE, SLEEPING, STATE, MAX_SHARDS, CONTROL_BYTES, CONTROL_REMOVE_WORKER, ShardState, shardOf, type ShardInit,
 } from './shared/shard-protocol.js'
@@ -57,6 +57,14 @@ export interface ShardPoolOptions {
    * (counted) and the HTTP ingest refuses with 503; default 256 MiB. push() always queues.
    */
   maxPendingBytes?: number
+}
+
+/** Event ids a worker-rank skipped: [from, to], both inclusive (the next event it sent is to + 1). */
+export interface EventGap {
+  workerId: bigint
+  dpRank: number
+  from: bigint
+  to: bigint
 }
 
 /** The merged answer of one overlap query. */
@@ -107,6 +115,8 @@ export interface ShardCounters {
   queries: number
   /** Events whose decoded worker id belongs to another shard (an envelope whose publisher_id is not its worker_id). */
   misplaced: number
+  /** Gaps in worker-ranks' event ids (spec §3.7), recovered or not. */
+  gaps: number
   ringFull: number
   /** Times the producer slept until the shard had freed half the ring. */
   ringWaits: number
@@ -327,13 +337,64 @@ export class ShardPool extends EventEmitter {
     return this.pushTo(this.shards[k] as Shard, msg)
   }
 
-  /** An event a shard decoded for a worker it does not own (see workers/shard.ts): to its owner. */
+  /**
+   * What a shard posts besides comlink's replies: an event it decoded for a worker it does not
+   * own (to its owner), or a gap in a recoverable worker's event ids ('gap', see
+   * src/index-recovery.ts).
+   */
   private onShardMessage(m: unknown): void {
-    const e = m as { misplacedEvent?: unknown; lo?: unknown; hi?: unknown } | null
-    if (e === null || typeof e !== 'object' || !(e.misplacedEvent instanceof Uint8Array) || typeof e.lo !== 'number' || typeof e.hi !== 'number') return
+    if (m === null || typeof m !== 'object') return
+    const e = m as { misplacedEvent?: unknown; lo?: unknown; hi?: unknown; gap?: { lo: number; hi: number; rank: number; fromLo: number; fromHi: number; toLo: number; toHi: number } }
+    if (e.gap !== undefined) {
+      const g = e.gap
+      const gap: EventGap = { workerId: u64FromParts(g.lo, g.hi), dpRank: g.rank, from: u64FromParts(g.fromLo, g.fromHi), to: u64FromParts(g.toLo, g.toHi) - 1n }
+      this.emit('gap', gap)
+      return
+    }
+    if (!(e.misplacedEvent instanceof Uint8Array) || typeof e.lo !== 'number' || typeof e.hi !== 'number') return
     if (this.closing) return
     this.rerouted++
     this.pushTo(this.shards[shardOf(e.lo, e.hi, this.size)] as Shard, e.misplacedEvent)
+  }
+
+  // ---- gap recovery (spec §3.7): records that travel in order with the worker's events ----
+
+  private rankRecord(op: number, workerId: bigint, dpRank: number, flag: number, header = CONTROL_RANK_BYTES, payload: Uint8Array | null = null): Uint8Array {
+    const rec = new Uint8Array(header + (payload?.length ?? 0))
+    const v = new DataView(rec.buffer)
+    rec[1] = op
+    rec[2] = flag
+    v.setUint32(4, u64Lo(workerId), true)
+    v.setUint32(8, u64Hi(workerId), true)
+    v.setUint32(12, dpRank, true)
+    if (payload !== null) rec.set(payload, header)
+    return rec
+  }
+
+  /** Whether a worker's gaps are held for recovery (it answers worker queries) or accepted. */
+  setRecoverable(workerId: bigint, on: boolean): void {
+    this.pushTo(this.shards[this.shardOf(workerId)] as Shard, this.rankRecord(CONTROL_RECOVERABLE, workerId, 0, on ? 1 : 0))
+  }
+
+  /** Holds a worker-rank's events from here until deliverRecovery (before asking for a dump). */
+  park(workerId: bigint, dpRank: number): void {
+    this.pushTo(this.shards[this.shardOf(workerId)] as Shard, this.rankRecord(CONTROL_PARK, workerId, dpRank, 0))
+  }
+
+  /**
+   * Ends a hold: `events` (a JSON array of RouterEvents, the worker query's answer) are applied,
+   * after clearing the worker-rank for a tree dump, then the events held meanwhile; with Failed,
+   * the held events alone (the gap stays a hole). A dump's ids are synthetic: `lastId` is the
+   * worker-rank's last event id it stands for, when known (else its next event is taken
+   * whatever its id).
+   */
+  deliverRecovery(workerId: bigint, dpRank: number, kind: RecoveryKind, events: Uint8Array | null, lastId: bigint | null = null): void {
+    const rec = this.rankRecord(CONTROL_RECOVERY, workerId, dpRank, kind, CONTROL_RECOVERY_BYTES, kind === RecoveryKind.Failed ? null : events)
+    if (lastId !== null) {
+      rec[3] = 1
+      new DataView(rec.buffer).setBigUint64(16, lastId, true)
+    }
+    this.pushTo(this.shards[this.shardOf(workerId)] as Shard, rec)
   }
 
   /**
@@ -694,6 +755,7 @@ export class ShardPool extends EventEmitter {
         workerRanks: Atomics.load(c, C_WORKERS) >>> 0,
         queries: Atomics.load(c, C_QUERIES) >>> 0,
         misplaced: Atomics.load(c, C_MISPLACED) >>> 0,
+        gaps: Atomics.load(c, C_GAPS) >>> 0,
         ringFull: sh.ringFull,
         ringWaits: sh.ringWaits,
         pendingMessages: sh.pending.length - sh.pendingHead,

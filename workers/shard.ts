@@ -18,10 +18,12 @@ import { KvrError } from '../src/shared/errors.js'
 import type { RouterEvent } from '../src/shared/events.js'
 import { RingConsumer } from '../src/shared/ring.js'
 import {
-  BoardLayout, C_APPLIED, C_BLOCKS, C_CLEARED, C_MALFORMED, C_MISPLACED, C_NODES, C_PROCESSED, C_QUERIES, C_RECEIVED, C_REJECTED, C_REMOVED,
+  BoardLayout, C_APPLIED, C_BLOCKS, C_CLEARED, C_GAPS, C_MALFORMED, C_MISPLACED, C_NODES, C_PROCESSED, C_QUERIES, C_RECEIVED, C_REJECTED, C_REMOVED,
   B_ANSWERS, B_MAIN_WAITING, CONTROL_POSTED, C_STORED, C_WORKERS, DOORBELL, HEARTBEAT, PRODUCER_WAIT, Q_FLAGS, Q_N, Q_PENDING, QF_EARLY_EXIT, QRING_BASE, QRING_READ, QRING_SIZE,
-  QRING_WRITE, RESULT_WORDS, RING_READ, CONTROL_BYTES, CONTROL_REMOVE_WORKER, RING_WRITE, SLEEPING, STATE, ShardState, shardOf, type ShardInit,
+  QRING_WRITE, RESULT_WORDS, RING_READ, CONTROL_BYTES, CONTROL_PARK, CONTROL_RANK_BYTES, CONTROL_RECOVERABLE, CONTROL_RECOVERY, CONTROL_RECOVERY_BYTES, CONTROL_REMOVE_WORKER, RING_WRITE, RecoveryKind,
+  SLEEPING, STATE, ShardState, shardOf, type ShardInit,
 } from '../src/shared/shard-protocol.js'
+import { splitEvents } from '../src/shared/event-array.js'
 
 const init = workerData as ShardInit
 const me = init.index
@@ -61,6 +63,7 @@ let received = 0
 let applied = 0
 let malformed = 0
 let misplaced = 0
+let gaps = 0
 let processed = 0
 let queries = 0
 /** QRING_READ as this thread last stored it: only this thread moves it while it runs. */
@@ -68,10 +71,103 @@ let qRead = Atomics.load(ctrl, QRING_READ) >>> 0
 let stopping = false
 const waiters: { seq: number; resolve: () => void }[] = []
 
+// ---- gap recovery (spec §3.7) ----
+// A worker-rank whose next event id skips ahead has lost events (a NATS outage, a router that
+// was down). For a worker that answers worker queries (the main thread says which), its events
+// are held from the gap on ("parked") while the main thread fetches the missing range or a dump,
+// then the recovery is applied and the held events after it, in order: what Dynamo does
+// synchronously per worker, without holding up the other workers of this shard. A held message
+// counts as processed only once applied, so barriers and read-your-writes queries wait for it.
+// Other workers' gaps are counted and the event applied, a hole accepted, as the spec says.
+
+/** Worker ids ("lo:hi") whose gaps are recovered. */
+const recoverable = new Set<string>()
+interface Park {
+  msgs: Uint8Array[]
+  bytes: number
+}
+/** Held events per worker-rank ("lo:hi:rank"), in arrival order. */
+const parks = new Map<string, Park>()
+/** Held bytes per worker-rank past which the hold is given up (applied, the hole accepted). */
+const PARK_MAX_BYTES = 64 * 1024 * 1024
+const lastId = { lo: 0, hi: 0 }
+const rankKey = (lo: number, hi: number, rank: number): string => `${lo}:${hi}:${rank}`
+
+/** True when event `ev` skips ids after the worker-rank's last one. */
+function isGap(lo: number, hi: number, rank: number, idLo: number, idHi: number): boolean {
+  if (!index.lastEventId(lo, hi, rank, lastId)) return false
+  // next = last + 1, as u32 halves
+  let nLo = (lastId.lo + 1) >>> 0
+  let nHi = lastId.hi
+  if (nLo === 0) nHi = (nHi + 1) >>> 0
+  return idHi > nHi || (idHi === nHi && idLo > nLo)
+}
+
+function park(key: string, bytes: Uint8Array): Park {
+  let p = parks.get(key)
+  if (p === undefined) {
+    p = { msgs: [], bytes: 0 }
+    parks.set(key, p)
+  }
+  p.msgs.push(bytes.slice())
+  p.bytes += bytes.length
+  return p
+}
+
+/** Applies a worker-rank's held events in order and lets its events through again. */
+function unpark(key: string): void {
+  const p = parks.get(key)
+  if (p === undefined) return
+  parks.delete(key)
+  for (const m of p.msgs) applyMessage(m, Released)
+}
+
 /** A control record in the ring (first byte 0, which no JSON message has): ordered with events. */
 function onControl(bytes: Uint8Array): void {
   const v = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength)
-  if (bytes.length >= CONTROL_BYTES && bytes[1] === CONTROL_REMOVE_WORKER) index.removeWorker(v.getUint32(4, true), v.getUint32(8, true))
+  const op = bytes[1]
+  if (bytes.length >= CONTROL_BYTES && op === CONTROL_REMOVE_WORKER) {
+    const lo = v.getUint32(4, true)
+    const hi = v.getUint32(8, true)
+    // its held events came before the removal: applied, then removed with everything else
+    if (parks.size !== 0) for (const key of [...parks.keys()]) if (key.startsWith(`${lo}:${hi}:`)) unpark(key)
+    recoverable.delete(`${lo}:${hi}`)
+    index.removeWorker(lo, hi)
+  } else if (bytes.length >= CONTROL_RANK_BYTES) {
+    const lo = v.getUint32(4, true)
+    const hi = v.getUint32(8, true)
+    const rank = v.getUint32(12, true)
+    const key = rankKey(lo, hi, rank)
+    if (op === CONTROL_RECOVERABLE) {
+      if (bytes[2] === 1) recoverable.add(`${lo}:${hi}`)
+      else recoverable.delete(`${lo}:${hi}`)
+    } else if (op === CONTROL_PARK) {
+      if (!parks.has(key)) parks.set(key, { msgs: [], bytes: 0 })
+    } else if (op === CONTROL_RECOVERY) {
+      // a recovery for a hold given up meanwhile comes too late to apply in order: dropped
+      if (parks.has(key)) {
+        const kind = bytes[2]
+        if (kind === RecoveryKind.TreeDump) index.resetWorkerRank(lo, hi, rank)
+        if (kind === RecoveryKind.Events || kind === RecoveryKind.TreeDump) {
+          let parts: Uint8Array[] = []
+          try {
+            parts = splitEvents(bytes.subarray(CONTROL_RECOVERY_BYTES))
+          } catch (err) {
+            // the main thread checked the answer's shape; a worker's bad events are dropped here
+            if (!(err instanceof KvrError)) throw err
+          }
+          for (const part of parts) applyMessage(part, Recovered)
+        }
+        // a dump's ids are synthetic: the worker's own go on from the id the main thread names
+        // (the newest it reported before the dump), or, unnamed, from whatever comes next
+        if (kind === RecoveryKind.TreeDump) {
+          if (bytes[3] === 1 && bytes.length >= CONTROL_RECOVERY_BYTES) index.setEventId(lo, hi, rank, v.getUint32(16, true), v.getUint32(20, true))
+          else index.forgetEventId(lo, hi, rank)
+        }
+        unpark(key)
+      }
+    }
+  }
   processed++
 }
 
@@ -84,14 +180,32 @@ function onMessage(bytes: Uint8Array): void {
   }
   received++
   Atomics.add(ctrl, HEARTBEAT, 1)
+  applyMessage(bytes, Live)
+  if (queriesWaiting()) serveQueries()
+}
+
+/** How applyMessage takes a message: as it arrives, as part of a recovery, or let go after a hold. */
+const Live = 0
+const Recovered = 1
+const Released = 2
+type Mode = typeof Live | typeof Recovered | typeof Released
+
+/**
+ * Decodes and applies one event message. A recovered event is part of its recovery record (not
+ * a message of its own, never held or checked for gaps); a released one was held, and is
+ * applied now whatever its id (a recovery that could not fill the gap leaves a hole, accepted).
+ */
+function applyMessage(bytes: Uint8Array, mode: Mode): void {
   let ev
   try {
     ev = decoder.decode(bytes)
   } catch (err) {
     // bad input is counted and dropped; anything else is a bug that must restart this shard
     if (!(err instanceof KvrError)) throw err
-    malformed++
-    processed++
+    if (mode === Live) {
+      malformed++
+      processed++
+    }
     return
   }
   if (shardOf(ev.workerLo, ev.workerHi, init.shards) !== me) {
@@ -99,15 +213,37 @@ function onMessage(bytes: Uint8Array): void {
     // a worker_id before the real one, an escaped key, an envelope whose publisher is not the
     // event's worker). Applied here, the blocks would sit where that worker's cleared and
     // removals never reach (found by an input review): sent back to go to the owning shard.
+    if (mode === Recovered) return
     misplaced++
     processed++
     const copy = bytes.slice()
     parentPort?.postMessage({ misplacedEvent: copy, lo: ev.workerLo, hi: ev.workerHi }, [copy.buffer])
     return
   }
+  if (mode === Live) {
+    if (parks.size !== 0) {
+      const key = rankKey(ev.workerLo, ev.workerHi, ev.dpRank)
+      const held = parks.get(key)
+      if (held !== undefined) {
+        // behind a recovery in flight; past the hold's bound, everything held goes now, this
+        // one last (the decoder's event object is reused, so this one is applied from its bytes)
+        park(key, bytes)
+        if (held.bytes > PARK_MAX_BYTES) unpark(key)
+        return
+      }
+    }
+    if (isGap(ev.workerLo, ev.workerHi, ev.dpRank, ev.eventIdLo, ev.eventIdHi)) {
+      gaps++
+      if (recoverable.size !== 0 && recoverable.has(`${ev.workerLo}:${ev.workerHi}`)) {
+        const from = { lo: (lastId.lo + 1) >>> 0, hi: lastId.lo === 0xffffffff ? (lastId.hi + 1) >>> 0 : lastId.hi }
+        park(rankKey(ev.workerLo, ev.workerHi, ev.dpRank), bytes)
+        parentPort?.postMessage({ gap: { lo: ev.workerLo, hi: ev.workerHi, rank: ev.dpRank, fromLo: from.lo, fromHi: from.hi, toLo: ev.eventIdLo, toHi: ev.eventIdHi } })
+        return
+      }
+    }
+  }
   if (index.apply(ev) === 0) applied++
-  processed++
-  if (queriesWaiting()) serveQueries()
+  if (mode !== Recovered) processed++
 }
 
 function publishCounters(): void {
@@ -115,6 +251,7 @@ function publishCounters(): void {
   Atomics.store(ctrl, C_APPLIED, applied | 0)
   Atomics.store(ctrl, C_MALFORMED, malformed | 0)
   Atomics.store(ctrl, C_MISPLACED, misplaced | 0)
+  Atomics.store(ctrl, C_GAPS, gaps | 0)
   Atomics.store(ctrl, C_BLOCKS, index.liveEntries)
   Atomics.store(ctrl, C_NODES, index.liveNodes)
   Atomics.store(ctrl, C_WORKERS, index.liveWorkers)
@@ -303,6 +440,8 @@ const api = {
     }
   },
   async shutdown(seq: number): Promise<ShardStats> {
+    // held events count as processed only once applied: let them go, or the barrier never passes
+    for (const key of [...parks.keys()]) unpark(key)
     await barrier(seq)
     stopping = true
     Atomics.add(ctrl, DOORBELL, 1)

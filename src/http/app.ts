@@ -21,6 +21,7 @@ import type { Router } from '../router.js'
 import type { RouteInput } from '../router.js'
 import type { RouterConfigOverride } from '../scheduler/scheduler.js'
 import { MAX_ISL } from '../scheduler/scheduler.js'
+import { splitEvents } from '../shared/event-array.js'
 import type { Candidate } from '../scheduler/selector.js'
 import type { DeviceType } from '../scheduler/worker-ranks.js'
 import { KvrError } from '../shared/errors.js'
@@ -314,8 +315,11 @@ export async function buildApp(opts: AppOptions): Promise<App> {
       const ranks = []
       for (let r = 0; r < w.dpRanks; r++) {
         const s = stats.find((x) => x.workerId === w.id && x.dpRank === r)
-        ranks.push({ dp_rank: r, cached_blocks: cached.get(`${w.id}:${r}`) ?? 0, last_event_id: lastEvent.get(`${w.id}:${r}`) ?? null, active_blocks: s?.activeBlocks ?? 0, prefill_tokens: s?.prefillTokens ?? 0, in_flight: s?.inFlight ?? 0 })
+        ranks.push({ dp_rank: r, index: router.recovery?.stateOf(w.id, r) ?? 'exact', cached_blocks: cached.get(`${w.id}:${r}`) ?? 0, last_event_id: lastEvent.get(`${w.id}:${r}`) ?? null, active_blocks: s?.activeBlocks ?? 0, prefill_tokens: s?.prefillTokens ?? 0, in_flight: s?.inFlight ?? 0 })
       }
+      // the shard's state first (a restarted shard lost every worker it held), then the ranks'
+      const shardState = health[router.pool.shardOf(w.id)] ?? 'exact'
+      const index = shardState !== 'exact' ? shardState : ranks.some((x) => x.index === 'recovering') ? 'recovering' : ranks.some((x) => x.index === 'degraded') ? 'degraded' : 'exact'
       return {
         id: w.id,
         url: w.url,
@@ -327,7 +331,7 @@ export async function buildApp(opts: AppOptions): Promise<App> {
         max_num_batched_tokens: w.maxNumBatchedTokens ?? null,
         health: w.failures === 0 ? 'ok' : 'failing',
         consecutive_failures: w.failures,
-        index: health[router.pool.shardOf(w.id)] ?? 'exact',
+        index,
         ranks,
       }
     })
@@ -713,55 +717,3 @@ export async function buildApp(opts: AppOptions): Promise<App> {
 
 /** A booking of a request the router proxies: it follows that request, not the release routes. */
 const proxiedBooking = (id: string): KvrError => new KvrError('KVR_ERR_UNKNOWN_REQUEST', `no request booked through /v1/route has the id ${id}: it is one the router is proxying, whose booking ends with its stream`)
-
-const isWs = (c: number | undefined): boolean => c === 32 || c === 10 || c === 13 || c === 9
-
-/** One event or a JSON array of them → the raw bytes of each event. */
-export function splitEvents(buf: Buffer | undefined): Uint8Array[] {
-  if (!(buf instanceof Uint8Array)) throw new KvrError('KVR_ERR_EVENT_MALFORMED_JSON', 'the body must be one RouterEvent object or an array of them')
-  let i = 0
-  while (isWs(buf[i])) i++
-  if (buf[i] !== 91) return [buf]
-  const wrongType = (): KvrError => new KvrError('KVR_ERR_EVENT_WRONG_TYPE', 'each element of the events array must be a RouterEvent object')
-  const out: Uint8Array[] = []
-  // between elements: a "{" opens one, "," separates, "]" ends the array; anything else at the
-  // top level is an element that is not an object, or broken JSON
-  let expectValue = true
-  for (let j = i + 1; j < buf.length; j++) {
-    const c = buf[j] as number
-    if (isWs(c)) continue
-    if (c === 93 && (out.length === 0 || !expectValue)) {
-      let k = j + 1
-      while (isWs(buf[k])) k++
-      if (k !== buf.length) throw new KvrError('KVR_ERR_EVENT_MALFORMED_JSON', `unexpected data after the events array at byte ${k}`)
-      return out
-    }
-    if (c === 44 && !expectValue) {
-      expectValue = true
-      continue
-    }
-    if (c !== 123) {
-      if (c === 93) throw new KvrError('KVR_ERR_EVENT_MALFORMED_JSON', `a trailing comma in the events array at byte ${j}`)
-      if (expectValue) throw wrongType()
-      throw new KvrError('KVR_ERR_EVENT_MALFORMED_JSON', `expected "," or "]" in the events array at byte ${j}`)
-    }
-    if (!expectValue) throw new KvrError('KVR_ERR_EVENT_MALFORMED_JSON', `expected "," or "]" in the events array at byte ${j}`)
-    // one object: find its end, strings and nesting considered; the event parser validates it
-    const start = j
-    let depth = 0
-    let inString = false
-    for (; j < buf.length; j++) {
-      const d = buf[j]
-      if (inString) {
-        if (d === 92) j++
-        else if (d === 34) inString = false
-      } else if (d === 34) inString = true
-      else if (d === 123 || d === 91) depth++
-      else if ((d === 125 || d === 93) && --depth === 0) break
-    }
-    if (j >= buf.length) break
-    out.push(buf.subarray(start, j + 1))
-    expectValue = false
-  }
-  throw new KvrError('KVR_ERR_EVENT_MALFORMED_JSON', 'the events array is not terminated')
-}

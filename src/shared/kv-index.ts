@@ -322,8 +322,11 @@ export class KvIndex {
   apply(ev: DecodedEvent): number {
     const w = this.ensureWorker(ev.workerLo, ev.workerHi, ev.dpRank)
     if (w === NIL) return this.reject(RejectReason.TooManyWorkers, ev.kind)
-    this.wEvLo[w] = ev.eventIdLo
-    this.wEvHi[w] = ev.eventIdHi
+    // last = max(last, id) (spec §3.7): a replayed older event does not move it back
+    if (this.wEvSeen[w] === 0 || ev.eventIdHi > (this.wEvHi[w] as number) || (ev.eventIdHi === this.wEvHi[w] && ev.eventIdLo > (this.wEvLo[w] as number))) {
+      this.wEvLo[w] = ev.eventIdLo
+      this.wEvHi[w] = ev.eventIdHi
+    }
     this.wEvSeen[w] = 1
     if (ev.tier !== 0) return this.reject(RejectReason.NonDeviceTier, ev.kind)
     if (ev.kind === EventKind.Stored) return this.applyStored(w, ev)
@@ -442,6 +445,52 @@ export class KvIndex {
 
   removeWorker(idLo: number, idHi: number): number {
     return this.clearWorker(idLo, idHi, true)
+  }
+
+  /**
+   * The last event id applied for a worker-rank, as a u64's halves in `out`; false when the
+   * worker-rank is unknown or has applied none since it was registered or last reset.
+   */
+  lastEventId(idLo: number, idHi: number, rank: number, out: { lo: number; hi: number }): boolean {
+    const w = this.workerSlot(idLo, idHi, rank)
+    if (w === NIL || this.wEvSeen[w] !== 1) return false
+    out.lo = this.wEvLo[w] as number
+    out.hi = this.wEvHi[w] as number
+    return true
+  }
+
+  /**
+   * Drops one worker-rank's blocks and forgets its last event id (before a tree dump rebuilds
+   * it: the dump's ids are synthetic, so the next live event is taken whatever its id).
+   */
+  resetWorkerRank(idLo: number, idHi: number, rank: number): number {
+    const w = this.workerSlot(idLo, idHi, rank)
+    if (w === NIL) return 0
+    let dropped = 0
+    let pending = this.wSize[w] as number
+    for (let e = 0; e < this.eHigh && pending > 0; e++) {
+      if (this.E[e * ES + E_W] !== w) continue
+      this.removeEntry(e)
+      dropped++
+      pending--
+    }
+    this.wEvSeen[w] = 0
+    return dropped
+  }
+
+  /** Sets a worker-rank's last event id (after a dump that stands for the events up to it). */
+  setEventId(idLo: number, idHi: number, rank: number, lastLo: number, lastHi: number): void {
+    const w = this.workerSlot(idLo, idHi, rank)
+    if (w === NIL) return
+    this.wEvLo[w] = lastLo
+    this.wEvHi[w] = lastHi
+    this.wEvSeen[w] = 1
+  }
+
+  /** Forgets a worker-rank's last event id, so its next event is taken whatever its id. */
+  forgetEventId(idLo: number, idHi: number, rank: number): void {
+    const w = this.workerSlot(idLo, idHi, rank)
+    if (w !== NIL) this.wEvSeen[w] = 0
   }
 
   // ------------------------------------------------------------------------------------------

@@ -79,14 +79,17 @@ export const C_CLEARED = C_RECEIVED + 10
  */
 export const C_REJECTED = C_RECEIVED + 11
 export const C_REJECTED_WORDS = 18
-/** Events whose decoded worker belongs to another shard (applied anyway, counted). */
+/** Events whose decoded worker belongs to another shard (sent back to go there, counted). */
 export const C_MISPLACED = C_REJECTED + C_REJECTED_WORDS
+/** Gaps in a worker-rank's event ids (spec §3.7), recovered or not. */
+export const C_GAPS = C_MISPLACED + 1
 /** One past the last counter. */
-export const C_END = C_MISPLACED + 1
+export const C_END = C_GAPS + 1
 /** Main thread, per query: the query ring's slot ids. */
 export const QRING_BASE = 5 * LINE
 export const QRING_SIZE = 256
 export const CTRL_WORDS = QRING_BASE + QRING_SIZE
+if (C_END > QRING_BASE) throw new Error('shard counters overrun their line')
 
 export const ShardState = { Starting: 0, Running: 1, Stopping: 2, Stopped: 3 } as const
 export type ShardState = (typeof ShardState)[keyof typeof ShardState]
@@ -151,6 +154,22 @@ export class BoardLayout {
  */
 export const CONTROL_BYTES = 12
 export const CONTROL_REMOVE_WORKER = 1
+/**
+ * Gap recovery (spec §3.7; src/index-recovery.ts). These records also carry the dp rank, a u32
+ * LE at offset 12, and byte 2 holds a flag or a kind.
+ * RECOVERABLE: byte 2 = 1 when the worker answers worker queries (its gaps are then held for
+ * recovery), 0 when not. PARK: hold the worker-rank's events from here until a RECOVERY record.
+ * RECOVERY: byte 2 = a RecoveryKind, byte 3 = 1 when a u64 LE at offset 16 is the worker-rank's
+ * last event id after a tree dump (else it is not known), then from offset 24 (Events, TreeDump)
+ * the events as a JSON array.
+ */
+export const CONTROL_RANK_BYTES = 16
+export const CONTROL_RECOVERY_BYTES = 24
+export const CONTROL_RECOVERABLE = 2
+export const CONTROL_PARK = 3
+export const CONTROL_RECOVERY = 4
+export const RecoveryKind = { Events: 0, TreeDump: 1, Failed: 2 } as const
+export type RecoveryKind = (typeof RecoveryKind)[keyof typeof RecoveryKind]
 
 /** What the main thread hands a shard thread in workerData. */
 export interface ShardInit {

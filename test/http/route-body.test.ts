@@ -2,7 +2,7 @@
 import t from 'tap'
 import { RouteBodyScanner } from '../../src/http/route-body.js'
 import { parseJsonExact, readU64, serializeJson } from '../../src/http/json.js'
-import { splitEvents } from '../../src/http/app.js'
+import { splitEvents } from '../../src/shared/event-array.js'
 
 const s = new RouteBodyScanner()
 const scan = (text: string) => s.scan(Buffer.from(text))

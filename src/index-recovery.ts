@@ -1,0 +1,223 @@
+// Gap detection's other half, and the first look at a new worker (spec §3.7, DESIGN §3): a
+// router that misses a worker's KV events (a NATS outage, a router started after the worker
+// cached blocks) would route on a stale index and call it exact (found by an operator review).
+//
+// A worker that answers the worker query (`POST {url}/v1/kv/query`, as `kv-router mocker`
+// engines do) is recoverable:
+// - when it registers, its cached set is fetched as a tree dump and replaces what the index
+//   holds for it, its live events held meanwhile (a router that starts late catches up);
+// - when a shard sees its event ids skip (workers/shard.ts), the shard holds that worker-rank's
+//   events and this module asks for the missing range (a dump when the range is older than the
+//   worker's ring), then the shard applies it and the held events in order.
+// Whether a worker answers is probed once at registration, with a start id no worker has yet
+// (TooNew); a worker that does not (a plain vLLM or SGLang) has its gaps counted and accepted,
+// as the spec does when recovery fails. A failed recovery lets the held events go and leaves
+// the worker-rank `degraded` until a recovery succeeds.
+import { request } from 'undici'
+import type { Dispatcher } from 'undici'
+import type { ShardPool, EventGap } from './shard-pool.js'
+import { RecoveryKind } from './shared/shard-protocol.js'
+import { parseJsonExact, readU64 } from './http/json.js'
+
+export type IndexState = 'exact' | 'recovering' | 'degraded'
+
+export interface IndexRecoveryOptions {
+  /** The worker's HTTP endpoint, or undefined when it is not registered (its gaps are then accepted). */
+  urlOf(workerId: bigint): string | undefined
+  /** Per attempt: connect, headers and body (ms). Default 5000. */
+  timeoutMs?: number
+  /** Attempts per recovery, with 100 ms, 400 ms… between them. Default 3. */
+  attempts?: number
+  dispatcher?: Dispatcher
+}
+
+export interface IndexRecoveryCounters {
+  /** Gaps reported by the shards for recoverable workers. */
+  gaps: number
+  /** Recoveries answered with the missing events. */
+  ranges: number
+  /** Recoveries answered with a tree dump (registration, or a range older than the worker's ring). */
+  dumps: number
+  /** Recoveries that failed (no answer, an error, an answer that is not one): the held events went on with a hole. */
+  failed: number
+}
+
+const QUERY_PATH = '/v1/kv/query'
+/** A start id no worker reaches: the probe's answer is TooNew from any worker that answers queries. */
+const PROBE_START = 0xffffffffffffffffn
+
+type Answer = { kind: 'Events' | 'TreeDump'; events: Uint8Array } | { kind: 'TooNew'; newest: bigint } | { kind: 'refused'; why: string }
+
+export class IndexRecovery {
+  readonly counters: IndexRecoveryCounters = { gaps: 0, ranges: 0, dumps: 0, failed: 0 }
+  private readonly opts: Required<Omit<IndexRecoveryOptions, 'dispatcher'>> & { dispatcher?: Dispatcher }
+  /** Worker-ranks ("id:rank") recovering now, or left degraded by a failed recovery. */
+  private readonly states = new Map<string, IndexState>()
+  /** Workers that answered the probe. */
+  private readonly recoverable = new Set<bigint>()
+  /** Registrations seen per worker, so a probe that ends after a newer registration or a removal does nothing. */
+  private readonly epochs = new Map<bigint, number>()
+  private readonly inFlight = new Set<AbortController>()
+  private closed = false
+  private readonly onGap = (g: EventGap): void => void this.recoverGap(g)
+
+  constructor(
+    private readonly pool: ShardPool,
+    options: IndexRecoveryOptions,
+  ) {
+    this.opts = { timeoutMs: options.timeoutMs ?? 5000, attempts: options.attempts ?? 3, urlOf: options.urlOf, ...(options.dispatcher === undefined ? {} : { dispatcher: options.dispatcher }) }
+    pool.on('gap', this.onGap)
+  }
+
+  /** The index's state for a worker-rank. */
+  stateOf(workerId: bigint, dpRank: number): IndexState {
+    return this.states.get(`${workerId}:${dpRank}`) ?? 'exact'
+  }
+
+  /**
+   * A worker registered (or re-registered with a new URL): probe it, and when it answers, rebuild
+   * each of its ranks from a dump. Resolves when done; never rejects.
+   */
+  async workerAdded(workerId: bigint, dpRanks: number): Promise<void> {
+    const epoch = (this.epochs.get(workerId) ?? 0) + 1
+    this.epochs.set(workerId, epoch)
+    const url = this.opts.urlOf(workerId)
+    if (url === undefined || this.closed) return
+    const probe = await this.query(url, workerId, 0, PROBE_START, null, 1)
+    if (this.epochs.get(workerId) !== epoch || this.closed) return
+    const answers = probe.kind === 'TooNew'
+    if (answers !== this.recoverable.has(workerId)) {
+      if (answers) this.recoverable.add(workerId)
+      else this.recoverable.delete(workerId)
+      this.pool.setRecoverable(workerId, answers)
+    }
+    if (!answers) return
+    await Promise.all(Array.from({ length: dpRanks }, (_, rank) => this.rebuild(url, workerId, rank, rank === 0 ? probe.newest : null)))
+  }
+
+  /** A worker left: nothing more is asked of it. */
+  workerRemoved(workerId: bigint): void {
+    this.epochs.set(workerId, (this.epochs.get(workerId) ?? 0) + 1)
+    this.recoverable.delete(workerId)
+    for (const key of [...this.states.keys()]) if (key.startsWith(`${workerId}:`)) this.states.delete(key)
+  }
+
+  /** Stops asking: queries in flight are aborted, and their holds let go (as failures). */
+  close(): void {
+    this.closed = true
+    this.pool.off('gap', this.onGap)
+    for (const ac of this.inFlight) ac.abort()
+  }
+
+  /**
+   * Replaces a worker-rank's blocks with the worker's dump. The dump stands for the events up to
+   * at least the newest id the worker reported before it (`newest`, asked for when not given):
+   * the next live event after a later one is then a gap, recovered in turn.
+   */
+  private async rebuild(url: string, workerId: bigint, rank: number, newest: bigint | null): Promise<void> {
+    const key = `${workerId}:${rank}`
+    this.states.set(key, 'recovering')
+    if (newest === null) {
+      const p = await this.query(url, workerId, rank, PROBE_START, null, this.opts.attempts)
+      if (p.kind === 'TooNew') newest = p.newest
+    }
+    this.pool.park(workerId, rank)
+    const a = await this.query(url, workerId, rank, null, null, this.opts.attempts)
+    this.finish(key, workerId, rank, a, newest)
+  }
+
+  private async recoverGap(g: EventGap): Promise<void> {
+    const key = `${g.workerId}:${g.dpRank}`
+    this.counters.gaps++
+    const url = this.opts.urlOf(g.workerId)
+    this.states.set(key, 'recovering')
+    const a: Answer = url === undefined || this.closed ? { kind: 'refused', why: 'not registered' } : await this.query(url, g.workerId, g.dpRank, g.from, g.to, this.opts.attempts)
+    // a range older than the worker's ring comes as a dump: it stands for the events up to the
+    // gap's end, and the held events follow it
+    this.finish(key, g.workerId, g.dpRank, a, g.to)
+  }
+
+  private finish(key: string, workerId: bigint, rank: number, a: Answer, dumpLastId: bigint | null): void {
+    if (a.kind === 'Events' || a.kind === 'TreeDump') {
+      if (a.kind === 'Events') this.counters.ranges++
+      else this.counters.dumps++
+      this.pool.deliverRecovery(workerId, rank, a.kind === 'Events' ? RecoveryKind.Events : RecoveryKind.TreeDump, a.events, a.kind === 'TreeDump' ? dumpLastId : null)
+      this.states.delete(key)
+      return
+    }
+    this.counters.failed++
+    this.pool.deliverRecovery(workerId, rank, RecoveryKind.Failed, null)
+    this.states.set(key, 'degraded')
+    if (a.kind === 'refused') process.emitWarning(`worker ${workerId} rank ${rank}: its KV events could not be recovered (${a.why}); its index may miss blocks until it recovers`, { code: 'KVR_INDEX_DEGRADED' })
+  }
+
+  /** One worker query with retries; never rejects. */
+  private async query(url: string, workerId: bigint, rank: number, start: bigint | null, end: bigint | null, attempts: number): Promise<Answer> {
+    // u64s written as exact JSON integers
+    const body = `{"worker_id":${workerId},"dp_rank":${rank},"start_event_id":${start ?? 'null'},"end_event_id":${end ?? 'null'}}`
+    let last: Answer = { kind: 'refused', why: 'no attempt' }
+    for (let i = 0; i < attempts && !this.closed; i++) {
+      if (i > 0) await new Promise((r) => setTimeout(r, 100 * 4 ** (i - 1)))
+      last = await this.once(url + QUERY_PATH, body)
+      // an answer, or a worker that plainly does not serve the query: no point asking again
+      if (last.kind !== 'refused' || last.why.startsWith('HTTP 404') || last.why.startsWith('HTTP 405')) return last
+    }
+    return last
+  }
+
+  private async once(url: string, body: string): Promise<Answer> {
+    const ac = new AbortController()
+    this.inFlight.add(ac)
+    try {
+      const res = await request(url, {
+        method: 'POST',
+        body,
+        headers: { 'content-type': 'application/json' },
+        signal: ac.signal,
+        headersTimeout: this.opts.timeoutMs,
+        bodyTimeout: this.opts.timeoutMs,
+        ...(this.opts.dispatcher === undefined ? {} : { dispatcher: this.opts.dispatcher }),
+      })
+      const text = await res.body.text()
+      if (res.statusCode !== 200) return { kind: 'refused', why: `HTTP ${res.statusCode}: ${text.slice(0, 200)}` }
+      return answerOf(text)
+    } catch (err) {
+      return { kind: 'refused', why: (err as Error).message }
+    } finally {
+      this.inFlight.delete(ac)
+    }
+  }
+}
+
+/**
+ * The query's answer, externally tagged as serde writes it. The events go to the shard as the
+ * worker wrote them (the array's own bytes): the shard's decoder validates each one.
+ */
+export function answerOf(text: string): Answer {
+  let v: unknown
+  try {
+    v = parseJsonExact(text)
+  } catch {
+    return { kind: 'refused', why: 'the answer is not JSON' }
+  }
+  if (typeof v !== 'object' || v === null || Array.isArray(v)) return { kind: 'refused', why: 'the answer is not an object' }
+  const keys = Object.keys(v)
+  const tag = keys[0]
+  if (keys.length !== 1 || tag === undefined) return { kind: 'refused', why: 'the answer is not one variant' }
+  if (tag === 'TooNew') {
+    const n = ((v as Record<string, unknown>).TooNew as { newest_available?: unknown } | null)?.newest_available
+    try {
+      return { kind: 'TooNew', newest: readU64(n, 'newest_available') }
+    } catch {
+      return { kind: 'refused', why: 'TooNew without its newest_available' }
+    }
+  }
+  if (tag === 'Events' || tag === 'TreeDump') {
+    if (!Array.isArray((v as Record<string, unknown>)[tag])) return { kind: 'refused', why: `${tag} is not an array` }
+    const from = text.indexOf('[')
+    const to = text.lastIndexOf(']')
+    return { kind: tag, events: Buffer.from(text.slice(from, to + 1), 'utf8') }
+  }
+  if (tag === 'Error') return { kind: 'refused', why: `the worker said: ${String((v as Record<string, unknown>).Error)}` }
+  return { kind: 'refused', why: `the worker answered ${tag}` }
+}

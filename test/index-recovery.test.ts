@@ -1,0 +1,231 @@
+// Recovery of missed KV events (spec §3.7): a shard holds a recoverable worker's events from a
+// gap in its ids until the missing range (or a dump) arrives, then applies all in order; a router
+// that registers a worker which answers worker queries rebuilds it from a dump; a worker that does
+// not answer has its gaps counted and accepted. The last two against real simulated engines over
+// HTTP, with events lost on the way as a NATS outage loses them.
+import t from 'tap'
+import { ShardPool, type EventGap } from '../src/shard-pool.js'
+import { encodeRouterEvent, type RouterEvent } from '../src/shared/events.js'
+import { RecoveryKind } from '../src/shared/shard-protocol.js'
+import type { OverlapScore } from '../src/shared/kv-index.js'
+import { answerOf } from '../src/index-recovery.js'
+import { MockerFleet } from '../src/mocker/fleet.js'
+import { Router } from '../src/router.js'
+import { config, until, upstream } from './http/helpers.js'
+
+const key = (s: OverlapScore): string => `${s.worker_id}:${s.dp_rank}=${s.overlap_blocks}/${s.tree_size}`
+const canon = (xs: OverlapScore[]): string[] => xs.map(key).sort()
+
+/** A one-block stored event with an explicit id: block hash 100·tok, tokens hash tok. */
+function ev(worker: bigint, id: number, tok: number, parentTok: number | null): RouterEvent {
+  return { worker_id: worker, event: { event_id: BigInt(id), dp_rank: 0, data: { stored: { parent_hash: parentTok === null ? null : BigInt(parentTok * 100), blocks: [{ block_hash: BigInt(tok * 100), tokens_hash: BigInt(tok) }] } } } }
+}
+const bytes = (e: RouterEvent): Uint8Array => Buffer.from(encodeRouterEvent(e))
+const array = (es: RouterEvent[]): Uint8Array => Buffer.from(`[${es.map(encodeRouterEvent).join(',')}]`)
+const chainOf = (n: number): bigint[] => Array.from({ length: n }, (_, i) => BigInt(i + 1))
+
+t.test('a gap holds the worker-rank\'s events until the missing range is applied, then all in order', async (t) => {
+  const pool = await ShardPool.start({ shards: 1 })
+  t.teardown(() => pool.close())
+  const gaps: EventGap[] = []
+  pool.on('gap', (g: EventGap) => gaps.push(g))
+  pool.setRecoverable(7n, true)
+  pool.push(bytes(ev(7n, 1, 1, null)))
+  pool.push(bytes(ev(7n, 2, 2, 1)))
+  pool.push(bytes(ev(7n, 5, 5, 4)))
+  pool.push(bytes(ev(7n, 6, 6, 5)))
+  // another worker of the same shard is not held up
+  pool.push(bytes(ev(8n, 1, 1, null)))
+  await until(() => gaps.length === 1)
+  t.same(gaps[0], { workerId: 7n, dpRank: 0, from: 3n, to: 4n }, 'the missing ids, both ends inclusive')
+  t.same(canon(await pool.overlapScores(chainOf(6))), ['7:0=2/2', '8:0=1/1'], 'events 5 and 6 held, worker 8 applied')
+  pool.deliverRecovery(7n, 0, RecoveryKind.Events, array([ev(7n, 3, 3, 2), ev(7n, 4, 4, 3)]))
+  t.same(canon(await pool.overlapScores(chainOf(6), { readYourWrites: true })), ['7:0=6/6', '8:0=1/1'], 'the range, then the held events: a whole chain')
+  t.equal(pool.counters()[0]?.gaps, 1)
+  t.same((await pool.treeSizes()).find((s) => s.worker_id === 7n)?.last_event_id, 6n)
+})
+
+t.test('a failed recovery lets the held events go, the hole accepted; a worker not recoverable is never held', async (t) => {
+  const pool = await ShardPool.start({ shards: 1 })
+  t.teardown(() => pool.close())
+  const gaps: EventGap[] = []
+  pool.on('gap', (g: EventGap) => gaps.push(g))
+  pool.setRecoverable(7n, true)
+  pool.push(bytes(ev(7n, 1, 1, null)))
+  pool.push(bytes(ev(7n, 9, 9, null)))
+  await until(() => gaps.length === 1)
+  pool.deliverRecovery(7n, 0, RecoveryKind.Failed, null)
+  t.same(canon(await pool.overlapScores([9n], { readYourWrites: true })), ['7:0=1/2'], 'the held event applied')
+  // not recoverable: counted, applied at once, no gap reported for recovery
+  pool.push(bytes(ev(5n, 1, 1, null)))
+  pool.push(bytes(ev(5n, 4, 4, null)))
+  t.same(canon(await pool.overlapScores([4n], { readYourWrites: true })), ['5:0=1/2'])
+  t.equal(pool.counters()[0]?.gaps, 2, 'both gaps counted')
+  t.equal(gaps.length, 1, 'only the recoverable worker\'s reported')
+  // an older id (a duplicate) is applied and does not move the last id back
+  pool.push(bytes(ev(5n, 2, 2, 1)))
+  t.same((await pool.treeSizes()).find((s) => s.worker_id === 5n)?.last_event_id, 4n)
+})
+
+t.test('a tree dump replaces the worker-rank\'s blocks, the events held meanwhile applied after it', async (t) => {
+  const pool = await ShardPool.start({ shards: 2 })
+  t.teardown(() => pool.close())
+  pool.push(bytes(ev(7n, 1, 1, null)))
+  pool.push(bytes(ev(7n, 2, 2, 1)))
+  await pool.flush()
+  pool.park(7n, 0)
+  pool.push(bytes(ev(7n, 3, 3, 2)))
+  t.same(canon(await pool.overlapScores(chainOf(3))), ['7:0=2/2'], 'held behind the park')
+  // the worker's cached set, as a dump sees it: blocks 1 and 2 evicted, 2 re-stored under 9
+  pool.deliverRecovery(7n, 0, RecoveryKind.TreeDump, array([ev(7n, 0, 9, null), ev(7n, 1, 2, 9)]))
+  t.same(canon(await pool.overlapScores([9n, 2n, 3n], { readYourWrites: true })), ['7:0=3/3'], 'the dump, then block 3 on it')
+  t.same(canon(await pool.overlapScores([1n])), [], 'what the dump does not hold is gone')
+  // the dump's ids are synthetic: the next live id is taken whatever it is, without a gap
+  const gaps: EventGap[] = []
+  pool.on('gap', (g: EventGap) => gaps.push(g))
+  pool.push(bytes(ev(7n, 40, 40, null)))
+  await pool.flush()
+  t.equal(gaps.length, 0)
+  // a dump that names the last id it stands for: an event past the next one is a gap again
+  pool.setRecoverable(7n, true)
+  pool.park(7n, 0)
+  pool.deliverRecovery(7n, 0, RecoveryKind.TreeDump, array([ev(7n, 0, 50, null)]), 60n)
+  pool.push(bytes(ev(7n, 63, 63, null)))
+  await until(() => gaps.length === 1)
+  t.same(gaps[0], { workerId: 7n, dpRank: 0, from: 61n, to: 62n })
+  pool.deliverRecovery(7n, 0, RecoveryKind.Failed, null)
+  t.same(canon(await pool.overlapScores([63n], { readYourWrites: true })), ['7:0=1/2'])
+  // a worker removed while held: its held events applied, then removed with the rest
+  pool.park(7n, 0)
+  pool.push(bytes(ev(7n, 64, 64, null)))
+  await pool.removeWorker(7n)
+  t.same(canon(await pool.overlapScores([50n], { readYourWrites: true })), [])
+  // holds are let go when the pool closes, whatever is still in flight
+  pool.park(8n, 0)
+  pool.push(bytes(ev(8n, 1, 1, null)))
+})
+
+t.test('answers of the worker query', async (t) => {
+  t.same(answerOf('{"TooNew":{"requested_start":5,"requested_end":null,"newest_available":3}}'), { kind: 'TooNew', newest: 3n })
+  t.same(answerOf('{"TooNew":{"requested_start":5,"requested_end":null,"newest_available":18446744073709551615}}'), { kind: 'TooNew', newest: 18446744073709551615n }, 'exact above 2^53')
+  t.match(answerOf('{"TooNew":{"requested_start":5}}'), { kind: 'refused' })
+  const a = answerOf('{"Events":[{"worker_id":18446744073709551615,"event":{"event_id":3,"data":"cleared","dp_rank":0}}]}')
+  t.equal(a.kind, 'Events')
+  t.equal(a.kind === 'Events' ? Buffer.from(a.events).toString() : '', '[{"worker_id":18446744073709551615,"event":{"event_id":3,"data":"cleared","dp_rank":0}}]', 'the array as the worker wrote it')
+  t.equal(answerOf('{"TreeDump":[]}').kind, 'TreeDump')
+  t.match(answerOf('{"Error":"no"}'), { kind: 'refused', why: /no/ })
+  t.match(answerOf('nope'), { kind: 'refused', why: /not JSON/ })
+  t.match(answerOf('{"Events":5}'), { kind: 'refused', why: /not an array/ })
+  t.match(answerOf('{"Events":[],"TreeDump":[]}'), { kind: 'refused', why: /one variant/ })
+  t.match(answerOf('[]'), { kind: 'refused' })
+})
+
+/** A worker's blocks as block hashes, sorted, from events that rebuild them. */
+function blocksOf(events: RouterEvent[], worker: bigint): string[] {
+  const out: string[] = []
+  for (const e of events) {
+    if (e.worker_id !== worker || typeof e.event.data !== 'object' || !('stored' in e.event.data)) continue
+    for (const b of e.event.data.stored.blocks) out.push(String(b.block_hash))
+  }
+  return out.sort()
+}
+
+async function complete(url: string, prompt: number[]): Promise<void> {
+  const r = await fetch(`${url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt, max_tokens: 1 }) })
+  await r.text()
+  if (r.status !== 200) throw new Error(`the engine answered ${r.status}`)
+}
+
+t.test('against a simulated engine: a router that starts late catches up, and events lost on the way are fetched', async (t) => {
+  let deliver: ((e: RouterEvent) => void) | null = null
+  let lose = (_e: RouterEvent): boolean => false
+  const fleet = await MockerFleet.start({ numWorkers: 1, firstWorkerId: 11n, blockSize: 4, speedupRatio: 0, onEvent: (e) => (lose(e) ? undefined : deliver?.(e)) })
+  t.teardown(() => fleet.close())
+  const engine = fleet.workers[0]
+  if (engine === undefined) return t.fail('no engine')
+  // the engine caches blocks before any router listens
+  await complete(engine.url, Array.from({ length: 16 }, (_, i) => i + 1))
+  await complete(engine.url, Array.from({ length: 12 }, (_, i) => 100 + i))
+  const router = await Router.start(config(['--router-block-size', '4', '--router-event-recovery']))
+  t.teardown(() => router.close())
+  deliver = (e) => router.ingestEvent(e)
+  await router.addWorker({ id: engine.workerId, url: engine.url })
+  await until(() => router.recovery?.counters.dumps === 1)
+  await router.pool.flush()
+  t.same(blocksOf(await router.pool.dump(), engine.workerId), blocksOf(engine.engine.ring.treeDump(), engine.workerId), 'after the dump, the index holds what the engine holds')
+  t.equal(blocksOf(await router.pool.dump(), engine.workerId).length, 7, 'four blocks and three')
+
+  // a stretch of events is lost (a NATS outage); the next one that arrives reveals the gap
+  const newest = engine.engine.ring.newestId
+  lose = (e) => e.event.event_id <= newest + 2n
+  await complete(engine.url, Array.from({ length: 8 }, (_, i) => 200 + i))
+  await complete(engine.url, Array.from({ length: 8 }, (_, i) => 300 + i))
+  lose = () => false
+  await complete(engine.url, Array.from({ length: 8 }, (_, i) => 400 + i))
+  await until(() => (router.recovery?.counters.ranges ?? 0) === 1).catch((e: unknown) => {
+    t.comment(JSON.stringify({ counters: router.recovery?.counters, gaps: router.pool.counters()[0]?.gaps, newest: String(engine.engine.ring.newestId), was: String(newest) }))
+    throw e
+  })
+  await router.pool.flush()
+  t.equal(router.recovery?.counters.gaps, 1)
+  t.same(blocksOf(await router.pool.dump(), engine.workerId), blocksOf(engine.engine.ring.treeDump(), engine.workerId), 'the lost events were fetched: the index holds what the engine holds')
+  t.equal(router.recovery?.stateOf(engine.workerId, 0), 'exact')
+  const m = await router.metrics.registry.metrics()
+  t.match(m, /kvrouter_index_recovery_total\{what="dumps"\} 1/)
+  t.match(m, /kvrouter_index_recovery_total\{what="ranges"\} 1/)
+  t.match(m, /kvrouter_shard_event_gaps_total\{shard="0"\} 1/)
+})
+
+t.test('a worker that does not answer the query: its gaps are counted and accepted, never held', async (t) => {
+  let probes = 0
+  const up = await upstream((req, _body, res) => {
+    if (req.url === '/v1/kv/query') probes++
+    res.writeHead(404, { 'content-type': 'application/json' })
+    res.end('{"error":"not here"}')
+  })
+  t.teardown(() => up.close())
+  const router = await Router.start(config(['--router-block-size', '4', '--router-event-recovery']))
+  t.teardown(() => router.close())
+  await router.addWorker({ id: 21n, url: up.url })
+  await until(() => probes === 1)
+  router.ingestEvent(ev(21n, 1, 1, null))
+  router.ingestEvent(ev(21n, 7, 7, null))
+  t.same(canon(await router.pool.overlapScores([7n], { readYourWrites: true })), ['21:0=1/2'], 'applied at once')
+  t.equal(router.pool.counters()[0]?.gaps, 1)
+  t.equal(router.recovery?.counters.gaps, 0, 'no recovery asked for')
+  await new Promise((r) => setTimeout(r, 50))
+  t.equal(probes, 1, 'probed once, at registration, and not again')
+})
+
+t.test('a worker that answers the probe but not the recovery: the held events go on and the rank is degraded', async (t) => {
+  let queries = 0
+  const up = await upstream((req, body, res) => {
+    if (req.url !== '/v1/kv/query') {
+      res.end()
+      return
+    }
+    queries++
+    // the probe gets TooNew; the dump at registration an empty tree; anything after an error
+    const q = JSON.parse(body) as { start_event_id: unknown }
+    res.writeHead(q.start_event_id === null && queries === 2 ? 200 : q.start_event_id === null ? 500 : 200, { 'content-type': 'application/json' })
+    if (queries === 1) res.end('{"TooNew":{"requested_start":18446744073709551615,"requested_end":null,"newest_available":0}}')
+    else if (queries === 2) res.end('{"TreeDump":[]}')
+    else res.end('{"Error":"the ring was dropped"}')
+  })
+  t.teardown(() => up.close())
+  const router = await Router.start(config(['--router-block-size', '4', '--router-event-recovery']))
+  t.teardown(() => router.close())
+  const warnings: string[] = []
+  const onWarning = (w: Error): void => void warnings.push(w.message)
+  process.on('warning', onWarning)
+  t.teardown(() => void process.off('warning', onWarning))
+  await router.addWorker({ id: 31n, url: up.url })
+  await until(() => router.recovery?.counters.dumps === 1)
+  router.ingestEvent(ev(31n, 1, 1, null))
+  router.ingestEvent(ev(31n, 5, 5, null))
+  await until(() => router.recovery?.counters.failed === 1, 10_000)
+  t.same(canon(await router.pool.overlapScores([5n], { readYourWrites: true })), ['31:0=1/2'], 'the held event applied')
+  t.equal(router.recovery?.stateOf(31n, 0), 'degraded')
+  await until(() => warnings.some((w) => /worker 31 rank 0: its KV events could not be recovered/.test(w)))
+  t.pass('a warning names the worker')
+})

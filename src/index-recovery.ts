@@ -75,24 +75,32 @@ export class IndexRecovery {
   }
 
   /**
-   * A worker registered (or re-registered with a new URL): probe it, and when it answers, rebuild
-   * each of its ranks from a dump. Resolves when done; never rejects.
+   * A worker registered (or re-registered with a new URL, or its shard restarted empty): probe
+   * it, and when it answers, rebuild each of its ranks from a dump. Resolves to true when every
+   * rank was rebuilt; never rejects.
    */
-  async workerAdded(workerId: bigint, dpRanks: number): Promise<void> {
+  async workerAdded(workerId: bigint, dpRanks: number): Promise<boolean> {
     const epoch = (this.epochs.get(workerId) ?? 0) + 1
     this.epochs.set(workerId, epoch)
     const url = this.opts.urlOf(workerId)
-    if (url === undefined || this.closed) return
+    if (url === undefined || this.closed) return false
     const probe = await this.query(url, workerId, 0, PROBE_START, null, 1)
-    if (this.epochs.get(workerId) !== epoch || this.closed) return
+    if (this.epochs.get(workerId) !== epoch || this.closed) return false
     const answers = probe.kind === 'TooNew'
     if (answers !== this.recoverable.has(workerId)) {
       if (answers) this.recoverable.add(workerId)
       else this.recoverable.delete(workerId)
       this.pool.setRecoverable(workerId, answers)
     }
-    if (!answers) return
-    await Promise.all(Array.from({ length: dpRanks }, (_, rank) => this.rebuild(url, workerId, rank, rank === 0 ? probe.newest : null)))
+    if (!answers) return false
+    const done = await Promise.all(Array.from({ length: dpRanks }, (_, rank) => this.rebuild(url, workerId, rank, rank === 0 ? probe.newest : null)))
+    return done.every((x) => x)
+  }
+
+  /** A shard restarted empty: its workers' recoverability is told to it again with the rebuild. */
+  async rebuildWorker(workerId: bigint, dpRanks: number): Promise<boolean> {
+    if (this.recoverable.delete(workerId)) this.pool.setRecoverable(workerId, false)
+    return this.workerAdded(workerId, dpRanks)
   }
 
   /** A worker left: nothing more is asked of it. */
@@ -114,7 +122,7 @@ export class IndexRecovery {
    * at least the newest id the worker reported before it (`newest`, asked for when not given):
    * the next live event after a later one is then a gap, recovered in turn.
    */
-  private async rebuild(url: string, workerId: bigint, rank: number, newest: bigint | null): Promise<void> {
+  private async rebuild(url: string, workerId: bigint, rank: number, newest: bigint | null): Promise<boolean> {
     const key = `${workerId}:${rank}`
     this.states.set(key, 'recovering')
     if (newest === null) {
@@ -123,7 +131,7 @@ export class IndexRecovery {
     }
     this.pool.park(workerId, rank)
     const a = await this.query(url, workerId, rank, null, null, this.opts.attempts)
-    this.finish(key, workerId, rank, a, newest)
+    return this.finish(key, workerId, rank, a, newest)
   }
 
   private async recoverGap(g: EventGap): Promise<void> {
@@ -137,18 +145,20 @@ export class IndexRecovery {
     this.finish(key, g.workerId, g.dpRank, a, g.to)
   }
 
-  private finish(key: string, workerId: bigint, rank: number, a: Answer, dumpLastId: bigint | null): void {
+  /** Delivers a recovery's outcome to the shard; true when it was the events or a dump. */
+  private finish(key: string, workerId: bigint, rank: number, a: Answer, dumpLastId: bigint | null): boolean {
     if (a.kind === 'Events' || a.kind === 'TreeDump') {
       if (a.kind === 'Events') this.counters.ranges++
       else this.counters.dumps++
       this.pool.deliverRecovery(workerId, rank, a.kind === 'Events' ? RecoveryKind.Events : RecoveryKind.TreeDump, a.events, a.kind === 'TreeDump' ? dumpLastId : null)
       this.states.delete(key)
-      return
+      return true
     }
     this.counters.failed++
     this.pool.deliverRecovery(workerId, rank, RecoveryKind.Failed, null)
     this.states.set(key, 'degraded')
     if (a.kind === 'refused') process.emitWarning(`worker ${workerId} rank ${rank}: its KV events could not be recovered (${a.why}); its index may miss blocks until it recovers`, { code: 'KVR_INDEX_DEGRADED' })
+    return false
   }
 
   /** One worker query with retries; never rejects. */

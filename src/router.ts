@@ -137,6 +137,7 @@ export class Router {
       sink === undefined ? {} : { approxSink: sink },
     )
     this.recovery = config.kvEvents && config.eventRecovery ? new IndexRecovery(pool, { urlOf: (id) => this.workerTable.get(id)?.url }) : null
+    pool.on('shardRestarted', (shard: number) => void this.rebuildShard(shard))
     this.metrics = new RouterMetrics(this)
   }
 
@@ -274,6 +275,27 @@ export class Router {
    * before it registered, or never registered) holds worker-rank slots and blocks too, and this is
    * the way to free them; false when the id is neither registered nor in the index.
    */
+  /**
+   * A shard thread that died comes back empty (ShardPool), and its answers are marked not exact.
+   * Its registered workers are put back in it, and rebuilt from their dumps where they answer
+   * the worker query; once every one was, the shard is exact again. In approximate mode the
+   * shards hold nothing, so nothing was lost.
+   */
+  private async rebuildShard(shard: number): Promise<void> {
+    if (this.closed) return
+    if (!this.config.kvEvents) return this.pool.markRebuilt(shard)
+    const restarts = this.pool.counters()[shard]?.restarts
+    const workers = this.workers().filter((w) => this.pool.shardOf(w.id) === shard)
+    const rebuilt = await Promise.all(
+      workers.map(async (w) => {
+        for (let r = 0; r < w.dpRanks; r++) await this.pool.ensureWorker(w.id, r).catch(() => false)
+        return this.recovery === null ? false : this.recovery.rebuildWorker(w.id, w.dpRanks)
+      }),
+    )
+    // not after a newer restart, whose own rebuild decides
+    if (this.recovery !== null && rebuilt.every((x) => x) && !this.closed && this.pool.counters()[shard]?.restarts === restarts) this.pool.markRebuilt(shard)
+  }
+
   private async removeWorkerNow(id: bigint): Promise<boolean> {
     this.recovery?.workerRemoved(id)
     if (this.workerTable.delete(id)) this.scheduler.removeWorker(id)

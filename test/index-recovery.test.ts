@@ -229,3 +229,47 @@ t.test('a worker that answers the probe but not the recovery: the held events go
   await until(() => warnings.some((w) => /worker 31 rank 0: its KV events could not be recovered/.test(w)))
   t.pass('a warning names the worker')
 })
+
+t.test('a shard that dies comes back empty and is rebuilt from its workers\' dumps, then exact again', async (t) => {
+  const router = await Router.start(config(['--router-block-size', '4', '--router-event-recovery']))
+  t.teardown(() => router.close())
+  const fleet = await MockerFleet.start({ numWorkers: 2, firstWorkerId: 41n, blockSize: 4, speedupRatio: 0, onEvent: (e) => void router.ingestEvent(e) })
+  t.teardown(() => fleet.close())
+  for (const e of fleet.workers) await router.addWorker({ id: e.workerId, url: e.url })
+  await until(() => router.recovery?.counters.dumps === 2)
+  for (const [i, e] of fleet.workers.entries()) await complete(e.url, Array.from({ length: 12 }, (_, k) => 1000 * i + k))
+  await router.pool.flush()
+  const want = (id: bigint): string[] => blocksOf((fleet.workers.find((e) => e.workerId === id) as (typeof fleet.workers)[number]).engine.ring.treeDump(), id)
+  t.equal(blocksOf(await router.pool.dump(), 41n).length, 3)
+  const restarted = new Promise((r) => router.pool.once('shardRestarted', r))
+  await router.pool.terminateShard(0)
+  await restarted
+  t.equal(router.pool.health()[0], 'recovering', 'empty, and says so')
+  await until(() => router.pool.health()[0] === 'exact', 10_000)
+  t.same(blocksOf(await router.pool.dump(), 41n), want(41n), 'worker 41 rebuilt')
+  t.same(blocksOf(await router.pool.dump(), 42n), want(42n), 'worker 42 rebuilt')
+  // and its gaps are recovered again, not accepted: the fresh shard was told the worker answers
+  const e = fleet.workers[0] as (typeof fleet.workers)[number]
+  const before = router.recovery?.counters.ranges ?? 0
+  router.ingestEvent({ worker_id: e.workerId, event: { event_id: e.engine.ring.newestId + 5n, dp_rank: 0, data: 'cleared' } })
+  await until(() => (router.recovery?.counters.ranges ?? 0) + (router.recovery?.counters.failed ?? 0) > before)
+  t.pass('a gap after the restart goes to recovery')
+})
+
+t.test('without recovery a restarted shard stays not exact; in approximate mode it had nothing to lose', async (t) => {
+  const plain = await Router.start(config(['--router-block-size', '4']))
+  t.teardown(() => plain.close())
+  await plain.addWorker({ id: 51n, url: 'http://127.0.0.1:9' })
+  const r1 = new Promise((r) => plain.pool.once('shardRestarted', r))
+  await plain.pool.terminateShard(0)
+  await r1
+  await new Promise((r) => setTimeout(r, 200))
+  t.equal(plain.pool.health()[0], 'recovering')
+  const approx = await Router.start(config(['--router-block-size', '4', '--no-router-kv-events']))
+  t.teardown(() => approx.close())
+  const r2 = new Promise((r) => approx.pool.once('shardRestarted', r))
+  await approx.pool.terminateShard(0)
+  await r2
+  await until(() => approx.pool.health()[0] === 'exact')
+  t.pass('approximate mode: exact at once')
+})

@@ -269,6 +269,16 @@ export class RouterMetrics {
         for (const [what, v] of [['gaps', c.gaps], ['ranges', c.ranges], ['dumps', c.dumps], ['failed', c.failed]] as const) this.inc({ what }, v)
       },
     })
+    new Gauge({
+      name: 'kvrouter_workers_suspended',
+      help: 'Workers left out of routing after failures in a row (1 s, doubling to 30 s; GET /v1/workers says which)',
+      registers: [r],
+      collect() {
+        let n = 0
+        for (const w of router.workers()) if (router.isSuspended(w)) n++
+        this.set(n)
+      },
+    })
     new Counter({
       name: 'kvrouter_events_dropped_total',
       help: 'Event messages from NATS dropped because the backlog waiting for the shards held its maximum (256 MiB)',

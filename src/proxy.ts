@@ -220,6 +220,14 @@ export class Proxy {
     return this.router.worker(id)
   }
 
+  workerFailed(id: bigint): void {
+    this.router.workerFailed(id)
+  }
+
+  workerAnswered(w: WorkerInfo): void {
+    this.router.workerAnswered(w)
+  }
+
   /** Sends one attempt's request to its worker; the exchange hears the rest. Throws if undici refuses it at once. */
   dispatch(worker: WorkerInfo, call: ProxyCall, a: Attempt, ex: UpstreamExchange): void {
     const target = upstreamTarget(worker.url)
@@ -353,10 +361,15 @@ class ProxyRun {
     p.release(a.booking)
     p.metrics.upstreamErrors.inc({ phase: 'before_first_token' })
     const d = a.decision
-    const w = p.worker(d.workerId)
-    if (w !== undefined) w.failures++
-    ;(this.tried ??= []).push(rankRef(d))
-    if (this.retry++ >= this.retries) return this.fail(failure)
+    p.workerFailed(d.workerId)
+    const tried = (this.tried ??= [])
+    tried.push(rankRef(d))
+    if (this.retry++ >= this.retries) {
+      // the client learns it was retried, and where: the last worker's error alone read as if
+      // only that one had been tried (found by an operator review)
+      if (tried.length > 1) return this.fail(new KvrError('KVR_ERR_UPSTREAM', `${failure.message} (the last of ${tried.length} attempts, on workers ${tried.map((x) => x.workerId).join(', ')})`))
+      return this.fail(failure)
+    }
     p.rebook(this.call.route, this.gone, this.tried).then(
       (next) => {
         if (typeof next === 'string') return this.fail(new KvrError('KVR_ERR_UPSTREAM', `${failure.message}; not retried: ${next}`))
@@ -718,6 +731,7 @@ class UpstreamExchange implements Dispatcher.DispatchHandler {
     run.call.payload = NO_BYTES
     run.call.route.tokens = NO_TOKENS
     this.a.booking.prefillComplete()
+    run.proxy.workerAnswered(this.worker)
     run.proxy.metrics.observeTtft((now - run.started) / 1000)
     this.last = now
     this.chunks++
@@ -738,7 +752,7 @@ class UpstreamExchange implements Dispatcher.DispatchHandler {
       // ended without a single byte: a failure before the first token
       if (this.first && held === null) return run.notDelivered(this.a)
       run.proxy.release(this.a.booking)
-      this.worker.failures = 0
+      run.proxy.workerAnswered(this.worker)
       // A body that ends, cleanly, inside an event goes out as the worker sent it, as a client
       // reading the worker would get it (an SSE client drops an unfinished last event). Only
       // when the worker fails does the router add an event of its own.
@@ -769,7 +783,7 @@ class UpstreamExchange implements Dispatcher.DispatchHandler {
     this.a.booking.prefillComplete()
     m.observeTtft((performance.now() - run.started) / 1000)
     run.proxy.release(this.a.booking)
-    this.worker.failures = 0
+    run.proxy.workerAnswered(this.worker)
     let out = text
     if (this.status === 200) {
       try {

@@ -19,6 +19,10 @@ import { IndexRecovery } from './index-recovery.js'
 import { NatsIntake, type WorkerLoad } from './nats-intake.js'
 import { EtcdDiscovery, type DiscoveredWorker } from './etcd-discovery.js'
 
+/** A failing worker's first time out of routing, and the longest. */
+const SUSPEND_BASE_MS = 1000
+const SUSPEND_MAX_MS = 30_000
+
 export interface WorkerInfo {
   id: bigint
   url: string
@@ -31,6 +35,8 @@ export interface WorkerInfo {
   registeredAt: number
   /** Consecutive proxy failures; a success resets it. */
   failures: number
+  /** performance.now() until which the worker is left out of routing after failures (0: never was). */
+  suspendedUntil: number
   /** Where the worker came from: `--worker` / `POST /v1/workers`, or etcd discovery. */
   source: 'static' | 'etcd'
 }
@@ -241,6 +247,7 @@ export class Router {
       maxNumBatchedTokens: reg.maxNumBatchedTokens,
       registeredAt: Date.now(),
       failures: 0,
+      suspendedUntil: 0,
       source: reg.source ?? 'static',
     }
     // a worker the index knew nothing of leaves nothing in it when its registration is refused
@@ -264,6 +271,7 @@ export class Router {
       this.scheduler.addWorkerRank(reg.id, r, rankInfo)
     }
     this.workerTable.set(reg.id, info)
+    this.suspended.delete(reg.id)
     // a new worker, or one now elsewhere: what it has cached is fetched (a model card arriving
     // for a worker already known changes neither)
     if (old === undefined || old.url !== info.url || old.dpRanks !== dpRanks) void this.recovery?.workerAdded(reg.id, dpRanks)
@@ -298,6 +306,7 @@ export class Router {
 
   private async removeWorkerNow(id: bigint): Promise<boolean> {
     this.recovery?.workerRemoved(id)
+    this.suspended.delete(id)
     if (this.workerTable.delete(id)) this.scheduler.removeWorker(id)
     else if ((await this.pool.indexedRanks(id)) === 0) return false
     await this.pool.removeWorker(id)
@@ -306,6 +315,60 @@ export class Router {
 
   worker(id: bigint): WorkerInfo | undefined {
     return this.workerTable.get(id)
+  }
+
+  // ---- failing workers ----
+
+  /** Workers left out of routing after failures, until their time is up. */
+  private readonly suspended = new Set<bigint>()
+
+  /**
+   * A request to the worker failed before its first token. The worker is left out of routing
+   * for 1 s, doubling with each failure in a row up to 30 s: a dead worker took requests (and
+   * every retry could land on dead ones: a failure frees its bookings, so it looks idle) until
+   * its etcd lease ran out, 10 s by default (found by an operator review). When the time is up,
+   * the next request may go there again: an answer ends the suspension, a failure lengthens it.
+   */
+  workerFailed(id: bigint): void {
+    const w = this.workerTable.get(id)
+    if (w === undefined) return
+    w.failures++
+    w.suspendedUntil = performance.now() + Math.min(SUSPEND_MAX_MS, SUSPEND_BASE_MS * 2 ** Math.min(16, w.failures - 1))
+    this.suspended.add(id)
+  }
+
+  /** A request to the worker got its first token (or its whole answer). */
+  workerAnswered(w: WorkerInfo): void {
+    if (w.failures === 0) return
+    w.failures = 0
+    w.suspendedUntil = 0
+    this.suspended.delete(w.id)
+  }
+
+  /** True while the worker is left out of routing. */
+  isSuspended(w: WorkerInfo): boolean {
+    return w.suspendedUntil > performance.now()
+  }
+
+  /**
+   * `exclude` with the suspended workers' ranks added; `exclude` itself when none is suspended
+   * now, or when every worker is (then none is left out: a try beats a certain refusal).
+   */
+  private withSuspended(exclude: readonly WorkerRankRef[] | undefined): readonly WorkerRankRef[] | undefined {
+    const now = performance.now()
+    let out: WorkerRankRef[] | null = null
+    for (const id of this.suspended) {
+      const w = this.workerTable.get(id)
+      if (w === undefined || w.suspendedUntil <= now) {
+        // its time is up: routed again, and kept only as failing until it answers
+        this.suspended.delete(id)
+        continue
+      }
+      out ??= exclude === undefined ? [] : [...exclude]
+      for (let r = 0; r < w.dpRanks; r++) out.push({ workerId: id, dpRank: r })
+    }
+    if (out === null || this.suspended.size >= this.workerTable.size) return exclude
+    return out
   }
 
   workers(): WorkerInfo[] {
@@ -448,7 +511,8 @@ export class Router {
       if (input.dpRank !== undefined) req.dpRank = input.dpRank
       if (input.overrides !== undefined) req.overrides = input.overrides
       if (input.explain === true) req.explain = true
-      if (input.exclude !== undefined) req.exclude = input.exclude
+      const exclude = this.suspended.size !== 0 && input.workerId === undefined ? this.withSuspended(input.exclude) : input.exclude
+      if (exclude !== undefined) req.exclude = exclude
       if (input.signal !== undefined) req.signal = input.signal
       const decision = await this.scheduler.schedule(req)
       const t4 = performance.now()

@@ -329,7 +329,10 @@ export async function buildApp(opts: AppOptions): Promise<App> {
         device_type: w.device,
         dp_size: w.dpRanks,
         max_num_batched_tokens: w.maxNumBatchedTokens ?? null,
-        health: w.failures === 0 ? 'ok' : 'failing',
+        // suspended: left out of routing after failures in a row; failing: its time out is up,
+        // and the next request may go there (an answer makes it ok)
+        health: w.failures === 0 ? 'ok' : router.isSuspended(w) ? 'suspended' : 'failing',
+        suspended_for_ms: router.isSuspended(w) ? Math.ceil(w.suspendedUntil - performance.now()) : 0,
         consecutive_failures: w.failures,
         index,
         ranks,

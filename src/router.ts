@@ -255,9 +255,11 @@ export class Router {
     for (let r = 0; r < dpRanks; r++) {
       // A full table of worker-ranks used to be ignored here: the worker was answered 201, and
       // every KV event of it was then dropped as too_many_workers, so it could never get a hit.
-      if (!(await this.pool.ensureWorker(reg.id, r))) {
+      // Ranks known only from KV events give way to it first: events with made-up worker ids
+      // could otherwise fill the table and keep every real worker out (found by an input review).
+      if (!(await this.pool.ensureWorker(reg.id, r)) && !((await this.evictUnregistered(reg.id)) && (await this.pool.ensureWorker(reg.id, r)))) {
         if (!known) await this.pool.removeWorker(reg.id)
-        throw new KvrError('KVR_ERR_TOO_MANY_WORKERS', `worker ${reg.id} rank ${r} does not fit: its index shard holds its maximum of ${this.pool.maxWorkerRanksPerShard} worker-ranks (workers known only from their KV events count too; DELETE /v1/workers/{id} drops them)`)
+        throw new KvrError('KVR_ERR_TOO_MANY_WORKERS', `worker ${reg.id} rank ${r} does not fit: its index shard holds its maximum of ${this.pool.maxWorkerRanksPerShard} worker-ranks, all of registered workers`)
       }
     }
     // The scheduler learns the ranks and the table the URL in one synchronous step: with an await
@@ -283,6 +285,27 @@ export class Router {
    * before it registered, or never registered) holds worker-rank slots and blocks too, and this is
    * the way to free them; false when the id is neither registered nor in the index.
    */
+  /**
+   * Drops the worker, known only from its KV events, that holds the fewest blocks in the shard
+   * of `forId`, to make room for a registration; false when every rank there is registered.
+   */
+  private async evictUnregistered(forId: bigint): Promise<boolean> {
+    let victim: { id: bigint; blocks: number } | null = null
+    const blocks = new Map<bigint, number>()
+    for (const t of await this.pool.shardTreeSizes(forId)) {
+      if (t.worker_id === forId || this.workerTable.has(t.worker_id)) continue
+      blocks.set(t.worker_id, (blocks.get(t.worker_id) ?? 0) + t.tree_size)
+    }
+    for (const [id, n] of blocks) if (victim === null || n < victim.blocks) victim = { id, blocks: n }
+    if (victim === null) return false
+    await this.pool.removeWorker(victim.id)
+    this.evictedUnregistered++
+    return true
+  }
+
+  /** Workers known only from KV events dropped to make room for a registration. */
+  evictedUnregistered = 0
+
   /**
    * A shard thread that died comes back empty (ShardPool), and its answers are marked not exact.
    * Its registered workers are put back in it, and rebuilt from their dumps where they answer

@@ -693,6 +693,12 @@ export class ShardPool extends EventEmitter {
     return n
   }
 
+  /** Tree sizes of the worker-ranks held by the shard that owns `workerId`. */
+  async shardTreeSizes(workerId: bigint): Promise<OverlapScore[]> {
+    const sh = this.shards[this.shardOf(workerId)] as Shard
+    return this.control(sh, (api) => api.treeSizes(sh.enqueued))
+  }
+
   get maxWorkerRanksPerShard(): number {
     return this.opts.maxWorkerRanksPerShard
   }

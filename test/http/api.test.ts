@@ -292,7 +292,7 @@ t.test('membership changes of one worker apply in order: a removal during a pend
   t.ok(await h.router.removeWorker(id))
 })
 
-t.test('workers known only from KV events: listed, removable, and a full table refuses registration (found by review)', async (t) => {
+t.test('workers known only from KV events: listed, removable, and giving way to a registration when the table is full (found by reviews)', async (t) => {
   const own = await harness(['--router-block-size', '4'])
   t.teardown(() => own.close())
   const send = (body: string) => own.app.fastify.inject({ method: 'POST', url: '/v1/kv-events', payload: body, headers: json })
@@ -317,27 +317,40 @@ t.test('workers known only from KV events: listed, removable, and a full table r
   t.equal((await own.app.fastify.inject({ method: 'DELETE', url: '/v1/workers/424242' })).statusCode, 404, 'and then it is unknown')
   t.equal((await own.app.fastify.inject({ method: 'DELETE', url: '/v1/workers/999' })).statusCode, 404)
 
-  // fill the shard's worker-rank table with event-only workers
+  // fill the shard's worker-rank table with event-only workers, all of two blocks but one
   const max = own.router.pool.maxWorkerRanksPerShard
+  const two = (w: bigint): string => encodeRouterEvent({ worker_id: w, event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: null, blocks: [{ block_hash: 1n, tokens_hash: 1n }, { block_hash: 2n, tokens_hash: 2n }] } } } })
   const ghosts: string[] = []
-  for (let i = 0; i < max; i++) ghosts.push(stored(5_000_000n + BigInt(i)))
+  for (let i = 0; i < max - 2; i++) ghosts.push(i === 123 ? stored(5_000_000n + BigInt(i)) : two(5_000_000n + BigInt(i)))
   t.equal((await send(`[${ghosts.join(',')}]`)).statusCode, 202)
   await own.router.pool.flush()
-  const refused = await own.app.fastify.inject({ method: 'POST', url: '/v1/workers', payload: JSON.stringify({ id: 31337, url: 'http://127.0.0.1:9' }), headers: json })
-  t.equal(refused.statusCode, 503, 'a worker the index cannot hold is not answered 201')
-  t.match(refused.json(), { error: { code: 'KVR_ERR_TOO_MANY_WORKERS' } })
-  t.equal(own.router.worker(31337n), undefined, 'and not routed to')
-  t.equal((await own.app.fastify.inject({ method: 'DELETE', url: '/v1/workers/5000000' })).statusCode, 200)
-  // one slot free: a worker of two ranks does not fit, and leaves no rank behind
-  const two = await own.app.fastify.inject({ method: 'POST', url: '/v1/workers', payload: JSON.stringify({ id: 777, url: 'http://127.0.0.1:9', dp_size: 2 }), headers: json })
-  t.equal(two.statusCode, 503)
-  t.equal(await own.router.pool.indexedRanks(777n), 0, 'the rank that fitted was given back')
+  // a registration makes room by dropping the event-only worker that holds the fewest blocks
+  // (found by an input review: made-up worker ids in events kept every real worker out)
   const ok = await own.app.fastify.inject({ method: 'POST', url: '/v1/workers', payload: JSON.stringify({ id: 31337, url: 'http://127.0.0.1:9' }), headers: json })
-  t.equal(ok.statusCode, 201, 'a freed slot takes it')
+  t.equal(ok.statusCode, 201, 'a full table takes a registered worker')
+  t.equal(await own.router.pool.indexedRanks(5_000_123n), 0, 'the one-block ghost gave way')
+  t.equal(await own.router.pool.indexedRanks(5_000_000n), 1, 'the others stay')
+  t.equal(own.router.evictedUnregistered, 1)
   t.equal((await send(stored(31337n))).statusCode, 202)
   await own.router.pool.flush()
   const ov = await own.app.fastify.inject({ method: 'POST', url: '/v1/overlap', payload: `{"block_hashes":[${4242n + 31337n}]}`, headers: json })
   t.match(ov.body, '"worker_id":31337', 'its events are indexed')
+})
+
+t.test('a table full of registered worker-ranks refuses a registration, and leaves nothing of it behind', async (t) => {
+  const own = await harness(['--router-block-size', '4'])
+  t.teardown(() => own.close())
+  const reg = (id: number, dp: number) => own.app.fastify.inject({ method: 'POST', url: '/v1/workers', payload: JSON.stringify({ id, url: 'http://127.0.0.1:9', dp_size: dp }), headers: json })
+  t.equal(own.router.pool.maxWorkerRanksPerShard, 2048)
+  t.equal((await reg(1, 1024)).statusCode, 201)
+  t.equal((await reg(2, 1023)).statusCode, 201)
+  // one slot left: a worker of two ranks does not fit, and leaves no rank behind
+  const twoRanks = await reg(777, 2)
+  t.equal(twoRanks.statusCode, 503, 'a worker the index cannot hold is not answered 201')
+  t.match(twoRanks.json(), { error: { code: 'KVR_ERR_TOO_MANY_WORKERS', message: /all of registered workers/ } })
+  t.equal(await own.router.pool.indexedRanks(777n), 0, 'the rank that fitted was given back')
+  t.equal(own.router.worker(777n), undefined, 'and not routed to')
+  t.equal((await reg(778, 1)).statusCode, 201, 'the last slot takes a worker of one rank')
 })
 
 t.test('request ids: a client cannot book in the router\'s own id space (found by review)', async (t) => {

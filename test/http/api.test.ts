@@ -431,3 +431,24 @@ t.test('kv_cache_events_applied counts by event type and status, as spec §3.2 n
   t.equal(line('cleared', 'ok'), 1)
   t.notMatch(m, 'event_type="all"', 'no lumped label any more')
 })
+
+t.test('a large event batch lets other requests through while it is decoded (found by an input review)', async (t) => {
+  const own = await harness(['--router-block-size', '4'])
+  t.teardown(() => own.close())
+  const evs: string[] = []
+  for (let i = 0; i < 40_000; i++) evs.push(`{"worker_id":${i % 50},"event":{"event_id":${i + 1},"data":"cleared","dp_rank":0}}`)
+  const body = `[${evs.join(',')}]`
+  for (let round = 0; round < 3; round++) {
+    const order: string[] = []
+    const batch = own.app.fastify.inject({ method: 'POST', url: '/v1/kv-events', payload: body, headers: json }).then((r) => {
+      order.push('batch')
+      return r
+    })
+    // the batch is being decoded by now
+    await new Promise((r) => setTimeout(r, 5))
+    const health = own.app.fastify.inject({ method: 'GET', url: '/health' }).then(() => order.push('health'))
+    const [r] = await Promise.all([batch, health])
+    t.equal(r.statusCode, 202)
+    t.same(order, ['health', 'batch'], `round ${round}: answered before the batch was`)
+  }
+})

@@ -293,7 +293,8 @@ export class Router {
     let victim: { id: bigint; blocks: number } | null = null
     const blocks = new Map<bigint, number>()
     for (const t of await this.pool.shardTreeSizes(forId)) {
-      if (t.worker_id === forId || this.workerTable.has(t.worker_id)) continue
+      // a worker whose registration is under way holds slots before it is in the table
+      if (t.worker_id === forId || this.workerTable.has(t.worker_id) || this.membership.has(t.worker_id)) continue
       blocks.set(t.worker_id, (blocks.get(t.worker_id) ?? 0) + t.tree_size)
     }
     for (const [id, n] of blocks) if (victim === null || n < victim.blocks) victim = { id, blocks: n }
@@ -308,23 +309,33 @@ export class Router {
 
   /**
    * A shard thread that died comes back empty (ShardPool), and its answers are marked not exact.
-   * Its registered workers are put back in it, and rebuilt from their dumps where they answer
-   * the worker query; once every one was, the shard is exact again. In approximate mode the
-   * shards hold nothing, so nothing was lost.
+   * Its registered workers are put back in it and rebuilt from their dumps where they answer the
+   * worker query (DESIGN: "rebuilt … from worker recovery queries"). A worker that cannot be
+   * rebuilt so is marked `degraded` (its cached blocks are forgotten until its next events
+   * refill them) and a warning says so; then the shard is exact again for every other worker, and
+   * /ready with it: a shard that stayed `recovering` for good kept the replica out of its
+   * balancer until restarted (found by review). In approximate mode the shards hold nothing.
    */
   private async rebuildShard(shard: number): Promise<void> {
     if (this.closed) return
     if (!this.config.kvEvents) return this.pool.markRebuilt(shard)
     const restarts = this.pool.counters()[shard]?.restarts
     const workers = this.workers().filter((w) => this.pool.shardOf(w.id) === shard)
-    const rebuilt = await Promise.all(
+    const lost: bigint[] = []
+    await Promise.all(
       workers.map(async (w) => {
         for (let r = 0; r < w.dpRanks; r++) await this.pool.ensureWorker(w.id, r).catch(() => false)
-        return this.recovery === null ? false : this.recovery.rebuildWorker(w.id, w.dpRanks)
+        const ok = this.recovery === null ? false : await this.recovery.rebuildWorker(w.id, w.dpRanks)
+        if (!ok) {
+          lost.push(w.id)
+          this.recovery?.markLost(w.id, w.dpRanks)
+        }
       }),
     )
     // not after a newer restart, whose own rebuild decides
-    if (this.recovery !== null && rebuilt.every((x) => x) && !this.closed && this.pool.counters()[shard]?.restarts === restarts) this.pool.markRebuilt(shard)
+    if (this.closed || this.pool.counters()[shard]?.restarts !== restarts) return
+    if (lost.length > 0) process.emitWarning(`index shard ${shard} restarted: the cached blocks of worker(s) ${lost.join(', ')} are forgotten until their next KV events (they do not answer the worker query${this.recovery === null ? ', or --no-router-event-recovery' : ''})`, { code: 'KVR_INDEX_DEGRADED' })
+    this.pool.markRebuilt(shard)
   }
 
   private async removeWorkerNow(id: bigint): Promise<boolean> {
@@ -362,7 +373,8 @@ export class Router {
 
   /** A request to the worker got its first token (or its whole answer). */
   workerAnswered(w: WorkerInfo): void {
-    if (w.failures === 0) return
+    // an answer on a registration since replaced says nothing of the new one
+    if (w.failures === 0 || this.workerTable.get(w.id) !== w) return
     w.failures = 0
     w.suspendedUntil = 0
     this.suspended.delete(w.id)

@@ -15,7 +15,7 @@ import * as Comlink from 'comlink'
 import nodeEndpoint from 'comlink/dist/esm/node-adapter.mjs'
 import { RingProducer, checkRingCapacity } from './shared/ring.js'
 import {
-  BoardLayout, C_APPLIED, C_BLOCKS, C_CLEARED, C_END, C_GAPS, C_MALFORMED, C_MISPLACED, CONTROL_PARK, CONTROL_RANK_BYTES, CONTROL_RECOVERABLE, CONTROL_RECOVERY, CONTROL_RECOVERY_BYTES, RecoveryKind, C_NODES, C_PROCESSED, C_QUERIES, C_RECEIVED, C_REJECTED, C_REMOVED, C_STORED, C_WORKERS, CTRL_WORDS, DOORBELL,
+  BoardLayout, C_APPLIED, C_BLOCKS, C_CLEARED, C_END, C_GAPS, C_MALFORMED, C_MISPLACED, CONTROL_PARK, CONTROL_RANK_BYTES, CONTROL_RECOVERABLE, CONTROL_RECOVERY, CONTROL_RECOVERY_BYTES, RecoveryKind, SHARD_TICKET_BIT, C_NODES, C_PROCESSED, C_QUERIES, C_RECEIVED, C_REJECTED, C_REMOVED, C_STORED, C_WORKERS, CTRL_WORDS, DOORBELL,
   B_ANSWERS, B_MAIN_WAITING, CONTROL_POSTED, HEARTBEAT, PRODUCER_WAIT, Q_FLAGS, Q_N, Q_PENDING, QF_EARLY_EXIT, QRING_BASE, QRING_READ, QRING_SIZE, QRING_WRITE, RESULT_WORDS,
   RING_READ, RING_WRITE, SLEEPING, STATE, MAX_SHARDS, CONTROL_BYTES, CONTROL_REMOVE_WORKER, ShardState, shardOf, type ShardInit,
 } from './shared/shard-protocol.js'
@@ -65,6 +65,8 @@ export interface EventGap {
   dpRank: number
   from: bigint
   to: bigint
+  /** The hold's ticket, for deliverRecovery. */
+  ticket: number
 }
 
 /** The merged answer of one overlap query. */
@@ -344,10 +346,10 @@ export class ShardPool extends EventEmitter {
    */
   private onShardMessage(m: unknown): void {
     if (m === null || typeof m !== 'object') return
-    const e = m as { misplacedEvent?: unknown; lo?: unknown; hi?: unknown; gap?: { lo: number; hi: number; rank: number; fromLo: number; fromHi: number; toLo: number; toHi: number } }
+    const e = m as { misplacedEvent?: unknown; lo?: unknown; hi?: unknown; gap?: { lo: number; hi: number; rank: number; fromLo: number; fromHi: number; toLo: number; toHi: number; ticket: number } }
     if (e.gap !== undefined) {
       const g = e.gap
-      const gap: EventGap = { workerId: u64FromParts(g.lo, g.hi), dpRank: g.rank, from: u64FromParts(g.fromLo, g.fromHi), to: u64FromParts(g.toLo, g.toHi) - 1n }
+      const gap: EventGap = { workerId: u64FromParts(g.lo, g.hi), dpRank: g.rank, from: u64FromParts(g.fromLo, g.fromHi), to: u64FromParts(g.toLo, g.toHi) - 1n, ticket: g.ticket }
       this.emit('gap', gap)
       return
     }
@@ -376,10 +378,20 @@ export class ShardPool extends EventEmitter {
     this.pushTo(this.shards[this.shardOf(workerId)] as Shard, this.rankRecord(CONTROL_RECOVERABLE, workerId, 0, on ? 1 : 0))
   }
 
-  /** Holds a worker-rank's events from here until deliverRecovery (before asking for a dump). */
-  park(workerId: bigint, dpRank: number): void {
-    this.pushTo(this.shards[this.shardOf(workerId)] as Shard, this.rankRecord(CONTROL_PARK, workerId, dpRank, 0))
+  /**
+   * Holds a worker-rank's events from here until deliverRecovery with the ticket returned (before
+   * asking for a dump); a hold still open for it is let go first.
+   */
+  park(workerId: bigint, dpRank: number): number {
+    const ticket = this.nextTicket
+    this.nextTicket = (this.nextTicket + 1) & ~SHARD_TICKET_BIT
+    const rec = this.rankRecord(CONTROL_PARK, workerId, dpRank, 0, CONTROL_RECOVERY_BYTES)
+    new DataView(rec.buffer).setUint32(16, ticket, true)
+    this.pushTo(this.shards[this.shardOf(workerId)] as Shard, rec)
+    return ticket
   }
+
+  private nextTicket = 0
 
   /**
    * Ends a hold: `events` (a JSON array of RouterEvents, the worker query's answer) are applied,
@@ -388,11 +400,13 @@ export class ShardPool extends EventEmitter {
    * worker-rank's last event id it stands for, when known (else its next event is taken
    * whatever its id).
    */
-  deliverRecovery(workerId: bigint, dpRank: number, kind: RecoveryKind, events: Uint8Array | null, lastId: bigint | null = null): void {
+  deliverRecovery(workerId: bigint, dpRank: number, ticket: number, kind: RecoveryKind, events: Uint8Array | null, lastId: bigint | null = null): void {
     const rec = this.rankRecord(CONTROL_RECOVERY, workerId, dpRank, kind, CONTROL_RECOVERY_BYTES, kind === RecoveryKind.Failed ? null : events)
+    const v = new DataView(rec.buffer)
+    v.setUint32(16, ticket, true)
     if (lastId !== null) {
       rec[3] = 1
-      new DataView(rec.buffer).setBigUint64(16, lastId, true)
+      v.setBigUint64(24, lastId, true)
     }
     this.pushTo(this.shards[this.shardOf(workerId)] as Shard, rec)
   }

@@ -21,7 +21,7 @@ import {
   BoardLayout, C_APPLIED, C_BLOCKS, C_CLEARED, C_GAPS, C_MALFORMED, C_MISPLACED, C_NODES, C_PROCESSED, C_QUERIES, C_RECEIVED, C_REJECTED, C_REMOVED,
   B_ANSWERS, B_MAIN_WAITING, CONTROL_POSTED, C_STORED, C_WORKERS, DOORBELL, HEARTBEAT, PRODUCER_WAIT, Q_FLAGS, Q_N, Q_PENDING, QF_EARLY_EXIT, QRING_BASE, QRING_READ, QRING_SIZE,
   QRING_WRITE, RESULT_WORDS, RING_READ, CONTROL_BYTES, CONTROL_PARK, CONTROL_RANK_BYTES, CONTROL_RECOVERABLE, CONTROL_RECOVERY, CONTROL_RECOVERY_BYTES, CONTROL_REMOVE_WORKER, RING_WRITE, RecoveryKind,
-  SLEEPING, STATE, ShardState, shardOf, type ShardInit,
+  SHARD_TICKET_BIT, SLEEPING, STATE, ShardState, shardOf, type ShardInit,
 } from '../src/shared/shard-protocol.js'
 import { splitEvents } from '../src/shared/event-array.js'
 
@@ -77,12 +77,19 @@ const waiters: { seq: number; resolve: () => void }[] = []
 // are held from the gap on ("parked") while the main thread fetches the missing range or a dump,
 // then the recovery is applied and the held events after it, in order: what Dynamo does
 // synchronously per worker, without holding up the other workers of this shard. A held message
-// counts as processed only once applied, so barriers and read-your-writes queries wait for it.
-// Other workers' gaps are counted and the event applied, a hole accepted, as the spec says.
+// counts as processed when it is held: barriers (registrations, GET /v1/workers, flush) do not
+// wait for a worker's recovery, which can take seconds. Other workers' gaps are counted and the
+// event applied, a hole accepted, as the spec says.
+//
+// Every hold has a ticket, and only the recovery record with that ticket ends it: a late answer
+// to a hold that something else ended (a removal, the size bound, a shutdown) cannot end a newer
+// one with stale events (found by review). Tickets of holds this thread opens at a gap have the
+// high bit set; the main thread numbers the holds it opens (PARK records) below it.
 
 /** Worker ids ("lo:hi") whose gaps are recovered. */
 const recoverable = new Set<string>()
 interface Park {
+  ticket: number
   msgs: Uint8Array[]
   bytes: number
 }
@@ -90,28 +97,21 @@ interface Park {
 const parks = new Map<string, Park>()
 /** Held bytes per worker-rank past which the hold is given up (applied, the hole accepted). */
 const PARK_MAX_BYTES = 64 * 1024 * 1024
+let nextTicket = 0
+/** Set by shutdown: no hold is opened after it, as nobody would end it. */
+let shuttingDown = false
 const lastId = { lo: 0, hi: 0 }
 const rankKey = (lo: number, hi: number, rank: number): string => `${lo}:${hi}:${rank}`
 
-/** True when event `ev` skips ids after the worker-rank's last one. */
+/** True when event `ev` skips ids after the worker-rank's last one (lastId then holds the last). */
 function isGap(lo: number, hi: number, rank: number, idLo: number, idHi: number): boolean {
   if (!index.lastEventId(lo, hi, rank, lastId)) return false
+  // after 2^64 - 1 nothing can follow without wrapping: no gap
+  if (lastId.lo === 0xffffffff && lastId.hi === 0xffffffff) return false
   // next = last + 1, as u32 halves
-  let nLo = (lastId.lo + 1) >>> 0
-  let nHi = lastId.hi
-  if (nLo === 0) nHi = (nHi + 1) >>> 0
+  const nLo = (lastId.lo + 1) >>> 0
+  const nHi = nLo === 0 ? (lastId.hi + 1) >>> 0 : lastId.hi
   return idHi > nHi || (idHi === nHi && idLo > nLo)
-}
-
-function park(key: string, bytes: Uint8Array): Park {
-  let p = parks.get(key)
-  if (p === undefined) {
-    p = { msgs: [], bytes: 0 }
-    parks.set(key, p)
-  }
-  p.msgs.push(bytes.slice())
-  p.bytes += bytes.length
-  return p
 }
 
 /** Applies a worker-rank's held events in order and lets its events through again. */
@@ -120,6 +120,11 @@ function unpark(key: string): void {
   if (p === undefined) return
   parks.delete(key)
   for (const m of p.msgs) applyMessage(m, Released)
+}
+
+/** Lets every hold go (shutdown, and nobody left to end them). */
+function unparkAll(): void {
+  for (const key of [...parks.keys()]) unpark(key)
 }
 
 /** A control record in the ring (first byte 0, which no JSON message has): ordered with events. */
@@ -139,36 +144,69 @@ function onControl(bytes: Uint8Array): void {
     const rank = v.getUint32(12, true)
     const key = rankKey(lo, hi, rank)
     if (op === CONTROL_RECOVERABLE) {
-      if (bytes[2] === 1) recoverable.add(`${lo}:${hi}`)
+      if (bytes[2] === 1 && !shuttingDown) recoverable.add(`${lo}:${hi}`)
       else recoverable.delete(`${lo}:${hi}`)
-    } else if (op === CONTROL_PARK) {
-      if (!parks.has(key)) parks.set(key, { msgs: [], bytes: 0 })
-    } else if (op === CONTROL_RECOVERY) {
-      // a recovery for a hold given up meanwhile comes too late to apply in order: dropped
-      if (parks.has(key)) {
-        const kind = bytes[2]
-        if (kind === RecoveryKind.TreeDump) index.resetWorkerRank(lo, hi, rank)
-        if (kind === RecoveryKind.Events || kind === RecoveryKind.TreeDump) {
-          let parts: Uint8Array[] = []
-          try {
-            parts = splitEvents(bytes.subarray(CONTROL_RECOVERY_BYTES))
-          } catch (err) {
-            // the main thread checked the answer's shape; a worker's bad events are dropped here
-            if (!(err instanceof KvrError)) throw err
-          }
-          for (const part of parts) applyMessage(part, Recovered)
-        }
-        // a dump's ids are synthetic: the worker's own go on from the id the main thread names
-        // (the newest it reported before the dump), or, unnamed, from whatever comes next
-        if (kind === RecoveryKind.TreeDump) {
-          if (bytes[3] === 1 && bytes.length >= CONTROL_RECOVERY_BYTES) index.setEventId(lo, hi, rank, v.getUint32(16, true), v.getUint32(20, true))
-          else index.forgetEventId(lo, hi, rank)
-        }
-        unpark(key)
-      }
+    } else if (op === CONTROL_PARK && bytes.length >= CONTROL_RECOVERY_BYTES) {
+      // a newer hold replaces an older one, whose events go first
+      unpark(key)
+      if (!shuttingDown) parks.set(key, { ticket: v.getUint32(16, true), msgs: [], bytes: 0 })
+    } else if (op === CONTROL_RECOVERY && bytes.length >= CONTROL_RECOVERY_BYTES) {
+      const p = parks.get(key)
+      // a recovery for a hold that ended meanwhile comes too late to apply in order: dropped
+      if (p !== undefined && p.ticket === v.getUint32(16, true)) recover(lo, hi, rank, key, bytes, v)
     }
   }
   processed++
+}
+
+/** Applies a recovery record to its hold, then the held events, and ends the hold. */
+function recover(lo: number, hi: number, rank: number, key: string, bytes: Uint8Array, v: DataView): void {
+  const kind = bytes[2]
+  // an Events answer holds the missing ids: ids at or below the last applied are already here
+  const known = kind === RecoveryKind.Events && index.lastEventId(lo, hi, rank, lastId)
+  const floorLo = known ? lastId.lo : 0
+  const floorHi = known ? lastId.hi : 0
+  if (kind === RecoveryKind.TreeDump) index.resetWorkerRank(lo, hi, rank)
+  if (kind === RecoveryKind.Events || kind === RecoveryKind.TreeDump) {
+    let parts: Uint8Array[] = []
+    try {
+      parts = splitEvents(bytes.subarray(CONTROL_RECOVERY_BYTES))
+    } catch (err) {
+      // the main thread checked the answer's shape; a worker's bad events are dropped here
+      if (!(err instanceof KvrError)) throw err
+    }
+    const floor = known ? 1 : 0
+    for (let i = 0; i < parts.length; i++) {
+      // a dump of a million events must not hold lookups up, nor look like a stalled thread
+      if ((i & 255) === 255) interrupt()
+      recoverOne(parts[i] as Uint8Array, lo, hi, rank, floor, floorLo, floorHi)
+    }
+  }
+  // a dump's ids are synthetic: the worker's own go on from the id the main thread names (the
+  // newest it reported before the dump), or, unnamed, from whatever comes next
+  if (kind === RecoveryKind.TreeDump) {
+    if (bytes[3] === 1) index.setEventId(lo, hi, rank, v.getUint32(24, true), v.getUint32(28, true))
+    else index.forgetEventId(lo, hi, rank)
+  }
+  unpark(key)
+}
+
+/**
+ * One event of a recovery: applied only when it is the recovered worker-rank's (a worker's answer
+ * naming another would plant blocks there and move its event ids; found by review) and, for a
+ * range, newer than what is applied.
+ */
+function recoverOne(bytes: Uint8Array, lo: number, hi: number, rank: number, floor: number, floorLo: number, floorHi: number): void {
+  let ev
+  try {
+    ev = decoder.decode(bytes)
+  } catch (err) {
+    if (!(err instanceof KvrError)) throw err
+    return
+  }
+  if (ev.workerLo !== lo || ev.workerHi !== hi || ev.dpRank !== rank) return
+  if (floor === 1 && (ev.eventIdHi < floorHi || (ev.eventIdHi === floorHi && ev.eventIdLo <= floorLo))) return
+  if (index.apply(ev) === 0) applied++
 }
 
 function onMessage(bytes: Uint8Array): void {
@@ -184,15 +222,13 @@ function onMessage(bytes: Uint8Array): void {
   if (queriesWaiting()) serveQueries()
 }
 
-/** How applyMessage takes a message: as it arrives, as part of a recovery, or let go after a hold. */
+/** How applyMessage takes a message: as it arrives, or let go after a hold. */
 const Live = 0
-const Recovered = 1
-const Released = 2
-type Mode = typeof Live | typeof Recovered | typeof Released
+const Released = 1
+type Mode = typeof Live | typeof Released
 
 /**
- * Decodes and applies one event message. A recovered event is part of its recovery record (not
- * a message of its own, never held or checked for gaps); a released one was held, and is
+ * Decodes and applies one event message. A released one was held, and counted then: it is
  * applied now whatever its id (a recovery that could not fill the gap leaves a hole, accepted).
  */
 function applyMessage(bytes: Uint8Array, mode: Mode): void {
@@ -213,9 +249,8 @@ function applyMessage(bytes: Uint8Array, mode: Mode): void {
     // a worker_id before the real one, an escaped key, an envelope whose publisher is not the
     // event's worker). Applied here, the blocks would sit where that worker's cleared and
     // removals never reach (found by an input review): sent back to go to the owning shard.
-    if (mode === Recovered) return
     misplaced++
-    processed++
+    if (mode === Live) processed++
     const copy = bytes.slice()
     parentPort?.postMessage({ misplacedEvent: copy, lo: ev.workerLo, hi: ev.workerHi }, [copy.buffer])
     return
@@ -227,23 +262,30 @@ function applyMessage(bytes: Uint8Array, mode: Mode): void {
       if (held !== undefined) {
         // behind a recovery in flight; past the hold's bound, everything held goes now, this
         // one last (the decoder's event object is reused, so this one is applied from its bytes)
-        park(key, bytes)
+        processed++
+        held.msgs.push(bytes.slice())
+        held.bytes += bytes.length
         if (held.bytes > PARK_MAX_BYTES) unpark(key)
         return
       }
     }
     if (isGap(ev.workerLo, ev.workerHi, ev.dpRank, ev.eventIdLo, ev.eventIdHi)) {
       gaps++
-      if (recoverable.size !== 0 && recoverable.has(`${ev.workerLo}:${ev.workerHi}`)) {
-        const from = { lo: (lastId.lo + 1) >>> 0, hi: lastId.lo === 0xffffffff ? (lastId.hi + 1) >>> 0 : lastId.hi }
-        park(rankKey(ev.workerLo, ev.workerHi, ev.dpRank), bytes)
-        parentPort?.postMessage({ gap: { lo: ev.workerLo, hi: ev.workerHi, rank: ev.dpRank, fromLo: from.lo, fromHi: from.hi, toLo: ev.eventIdLo, toHi: ev.eventIdHi } })
+      if (!shuttingDown && recoverable.size !== 0 && recoverable.has(`${ev.workerLo}:${ev.workerHi}`)) {
+        const fromLo = (lastId.lo + 1) >>> 0
+        const fromHi = fromLo === 0 ? (lastId.hi + 1) >>> 0 : lastId.hi
+        const ticket = (SHARD_TICKET_BIT | (nextTicket++ & 0x7fffffff)) >>> 0
+        processed++
+        parks.set(rankKey(ev.workerLo, ev.workerHi, ev.dpRank), { ticket, msgs: [bytes.slice()], bytes: bytes.length })
+        parentPort?.postMessage({ gap: { lo: ev.workerLo, hi: ev.workerHi, rank: ev.dpRank, fromLo, fromHi, toLo: ev.eventIdLo, toHi: ev.eventIdHi, ticket } })
         return
       }
     }
   }
   if (index.apply(ev) === 0) applied++
-  if (mode !== Recovered) processed++
+  // after the apply, not before: a long apply serves queries from inside (interrupt), and one
+  // whose barrier this message passes must see all of it
+  if (mode === Live) processed++
 }
 
 function publishCounters(): void {
@@ -440,9 +482,12 @@ const api = {
     }
   },
   async shutdown(seq: number): Promise<ShardStats> {
-    // held events count as processed only once applied: let them go, or the barrier never passes
-    for (const key of [...parks.keys()]) unpark(key)
+    // nobody will end a hold from here on: what is held goes now, and no new one is opened
+    shuttingDown = true
+    recoverable.clear()
+    unparkAll()
     await barrier(seq)
+    unparkAll()
     stopping = true
     Atomics.add(ctrl, DOORBELL, 1)
     Atomics.notify(ctrl, DOORBELL)

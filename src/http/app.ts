@@ -270,7 +270,7 @@ export async function buildApp(opts: AppOptions): Promise<App> {
 
   fastify.get('/health', async () => ({ status: 'ok' }))
   fastify.get('/live', async () => ({ status: 'ok' }))
-  fastify.get('/ready', async (_req, reply) => {
+  fastify.get('/ready', async (req, reply) => {
     const health = router.pool.health()
     const recovering = health.filter((h) => h !== 'exact').length
     const pending = router.pool.pendingMessages
@@ -279,8 +279,10 @@ export async function buildApp(opts: AppOptions): Promise<App> {
     // learning, with the workers it last knew), and it hits every replica at once: a balancer
     // that took them all out would turn a control-plane blip into an outage (found by an
     // operator review). So it is `degraded` here and in kvrouter_connected, not unready.
-    const ready = recovering === 0 && !closing
+    // ?strict: DESIGN §4.2's readiness, the connections included, for a deployment that wants it
+    const strict = (req.query as Record<string, unknown> | undefined)?.strict !== undefined
     const degraded = conn.nats === false || conn.etcd === false
+    const ready = recovering === 0 && !closing && !(strict && degraded)
     return reply.code(ready ? 200 : 503).send({ ready, degraded, shards: health.length, recovering_shards: recovering, pending_event_messages: pending, workers: router.workers().length, nats: conn.nats, etcd: conn.etcd })
   })
   fastify.get('/metrics', async (_req, reply) => {

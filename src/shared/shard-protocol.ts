@@ -158,13 +158,16 @@ export const CONTROL_REMOVE_WORKER = 1
  * Gap recovery (spec §3.7; src/index-recovery.ts). These records also carry the dp rank, a u32
  * LE at offset 12, and byte 2 holds a flag or a kind.
  * RECOVERABLE: byte 2 = 1 when the worker answers worker queries (its gaps are then held for
- * recovery), 0 when not. PARK: hold the worker-rank's events from here until a RECOVERY record.
- * RECOVERY: byte 2 = a RecoveryKind, byte 3 = 1 when a u64 LE at offset 16 is the worker-rank's
- * last event id after a tree dump (else it is not known), then from offset 24 (Events, TreeDump)
- * the events as a JSON array.
+ * recovery), 0 when not. PARK (32 bytes): hold the worker-rank's events from here until the
+ * RECOVERY record with the same ticket, a u32 LE at offset 16. RECOVERY: byte 2 = a
+ * RecoveryKind, the ticket at offset 16, byte 3 = 1 when a u64 LE at offset 24 is the
+ * worker-rank's last event id after a tree dump (else it is not known), then from offset 32
+ * (Events, TreeDump) the events as a JSON array.
  */
 export const CONTROL_RANK_BYTES = 16
-export const CONTROL_RECOVERY_BYTES = 24
+export const CONTROL_RECOVERY_BYTES = 32
+/** Tickets of the holds a shard opens at a gap have this bit; the main thread's, not. */
+export const SHARD_TICKET_BIT = 0x80000000
 export const CONTROL_RECOVERABLE = 2
 export const CONTROL_PARK = 3
 export const CONTROL_RECOVERY = 4

@@ -152,10 +152,12 @@ t.test('serve with NATS and etcd: discovery, routing by prefix, lease expiry, NA
   const during = await get('/ready')
   t.equal(during.status, 200, 'a balancer keeps routing through it')
   t.equal(during.body['nats'], false)
+  t.equal((await get('/ready?strict')).status, 503, '?strict: the connections count, as DESIGN §4.2 has it')
   t.not((await ask()).worker, '', 'and it routes')
   await nats.start()
   await waitUntil('whole again', async () => (await get('/ready')).body['degraded'] === false, 15_000)
   t.equal((await get('/ready')).body['nats'], true)
+  t.equal((await get('/ready?strict')).status, 200)
 })
 
 t.test('an unreachable etcd at start is one clear line and exit status 2', async (t) => {

@@ -752,7 +752,6 @@ class UpstreamExchange implements Dispatcher.DispatchHandler {
       // ended without a single byte: a failure before the first token
       if (this.first && held === null) return run.notDelivered(this.a)
       run.proxy.release(this.a.booking)
-      run.proxy.workerAnswered(this.worker)
       // A body that ends, cleanly, inside an event goes out as the worker sent it, as a client
       // reading the worker would get it (an SSE client drops an unfinished last event). Only
       // when the worker fails does the router add an event of its own.

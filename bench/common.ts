@@ -106,7 +106,7 @@ export async function bytesApp(): Promise<import('fastify').FastifyInstance> {
 }
 
 /**
- * The undici Agent of a stand-in proxy: the router's pool (src/proxy.ts) without its timeouts,
+ * The undici Agent of a stand-in proxy: the router's pool (src/http/proxy/proxy.ts) without its timeouts,
  * which the benchmark's fixed-timing upstreams never come near, so that the stand-ins and the
  * router open and reuse their upstream connections alike.
  */

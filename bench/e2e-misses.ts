@@ -13,9 +13,9 @@
 //      (RECORDS from `npm run bench:e2e -- --records DIR`, one file per mode)
 import { readFileSync } from 'node:fs'
 import { join } from 'node:path'
-import { readTrace } from '../src/trace.js'
-import type { TraceRequest } from '../src/trace.js'
-import type { ReplayRecord } from '../src/replay/client.js'
+import { readTrace } from '../src/sim/replay/trace.js'
+import type { TraceRequest } from '../src/sim/replay/trace.js'
+import type { ReplayRecord } from '../src/sim/replay/client.js'
 import { repoRoot } from './common.js'
 
 const BLOCK = 64

@@ -24,16 +24,16 @@ import type { ChildProcessWithoutNullStreams } from 'node:child_process'
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs'
 import { availableParallelism, cpus } from 'node:os'
 import { join, relative } from 'node:path'
-import { readTrace } from '../src/trace.js'
-import type { TraceRequest } from '../src/trace.js'
-import { cacheBound } from '../src/replay/bound.js'
-import { startReplay } from '../src/replay/client.js'
-import type { ReplayResult } from '../src/replay/client.js'
-import { percentile, summarize } from '../src/replay/summary.js'
-import type { ReplaySummary } from '../src/replay/summary.js'
+import { readTrace } from '../src/sim/replay/trace.js'
+import type { TraceRequest } from '../src/sim/replay/trace.js'
+import { cacheBound } from '../src/sim/replay/bound.js'
+import { startReplay } from '../src/sim/replay/client.js'
+import type { ReplayResult } from '../src/sim/replay/client.js'
+import { percentile, summarize } from '../src/sim/replay/summary.js'
+import type { ReplaySummary } from '../src/sim/replay/summary.js'
 import { renderE2eSvg } from './e2e-plot.js'
 import { processTicks, repoRoot, TICKS_PER_S } from './common.js'
-import { ROUTER_V8_FLAGS } from '../src/v8-flags.js'
+import { ROUTER_V8_FLAGS } from '../src/runtime/v8-flags.js'
 
 const BLOCK_SIZE = 64
 // kv runs Dynamo's default cost; kv-tuned the Era C knobs this workload wants (README, "Tuning
@@ -126,9 +126,9 @@ interface Child {
   exit: Promise<number | null>
 }
 
-/** Starts `node dist/src/cli.js ARGS` and resolves once stdout matches `ready`. */
+/** Starts `node dist/src/main.js ARGS` and resolves once stdout matches `ready`. */
 function start(args: string[], ready: RegExp, timeoutMs = 60_000): Promise<Child> {
-  const cli = join(repoRoot(), 'dist', 'src', 'cli.js')
+  const cli = join(repoRoot(), 'dist', 'src', 'main.js')
   return new Promise((resolve, reject) => {
     const p = spawn(process.execPath, [...(args[0] === 'serve' ? ROUTER_V8_FLAGS : []), cli, ...args], { env: { PATH: process.env.PATH ?? '' } })
     let out = ''

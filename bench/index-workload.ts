@@ -16,9 +16,9 @@
 import { existsSync } from 'node:fs'
 import { dirname, join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { BlockPool } from '../src/block-pool.js'
-import { encodeRouterEvent, type RouterEvent } from '../src/shared/events.js'
-import { readTrace, TraceBlockHasher, type TraceRequest } from '../src/trace.js'
+import { BlockPool } from '../src/sim/mocker/block-pool.js'
+import { encodeRouterEvent, type RouterEvent } from '../src/codec/events.js'
+import { readTrace, TraceBlockHasher, type TraceRequest } from '../src/sim/replay/trace.js'
 
 export type WorkerAssignment = 'prefix' | 'round-robin'
 
@@ -121,9 +121,9 @@ function repoRoot(): string {
   }
 }
 
-/** `<repo root>/../shared/data/conversation_trace.jsonl`. */
+/** `<repo root>/data/conversation_trace.jsonl`: the Mooncake trace the repository ships. */
 export function defaultTracePath(): string {
-  return resolve(repoRoot(), '..', 'shared', 'data', 'conversation_trace.jsonl')
+  return resolve(repoRoot(), 'data', 'conversation_trace.jsonl')
 }
 
 function positiveInt(name: string, v: number, max = Number.MAX_SAFE_INTEGER): number {

@@ -33,12 +33,12 @@ import { fileURLToPath } from 'node:url'
 import { availableParallelism } from 'node:os'
 import { once } from 'node:events'
 import { buildIndexWorkload, type WorkloadOp } from './index-workload.js'
-import { KvIndex } from '../src/shared/kv-index.js'
-import { EventDecoder } from '../src/shared/event-decoder.js'
-import { ShardPool } from '../src/shard-pool.js'
+import { KvIndex } from '../src/index/kv-index.js'
+import { EventDecoder } from '../src/codec/event-decoder.js'
+import { ShardPool } from '../src/shards/pool.js'
 import { median } from './common.js'
 import { quantileOf } from './bootstrap.js'
-import { u64Hi, u64Lo } from '../src/shared/u64.js'
+import { u64Hi, u64Lo } from '../src/codec/u64.js'
 
 function arg(name: string, dflt: number | undefined): number | undefined {
   const i = process.argv.indexOf(`--${name}`)

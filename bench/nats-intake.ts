@@ -8,8 +8,8 @@ import { fileURLToPath } from 'node:url'
 import { connect } from 'nats'
 import { buildIndexWorkload } from './index-workload.js'
 import { startNats } from '../test/helpers/services.js'
-import { ShardPool } from '../src/shard-pool.js'
-import { NatsIntake, kvEventSubjects } from '../src/nats-intake.js'
+import { ShardPool } from '../src/shards/pool.js'
+import { NatsIntake, kvEventSubjects } from '../src/transport/nats.js'
 
 function arg(name: string, dflt: number): number {
   const i = process.argv.indexOf(`--${name}`)

@@ -1,4 +1,4 @@
-// What the router's start-up GC does to process.nextTick (src/heap-settle.ts). Node builds each
+// What the router's start-up GC does to process.nextTick (src/runtime/heap-settle.ts). Node builds each
 // tick record with an object literal with symbol keys. After a full GC with no record alive, and
 // no optimized code yet inlining the literal, every nextTick was measured to take a runtime call
 // (its key stores megamorphic, as a CPU profile showed) for the rest of the process's life.
@@ -12,8 +12,8 @@
 // `node dist/bench/next-tick.js`.
 import { spawnSync } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
-import { ROUTER_V8_FLAGS } from '../src/v8-flags.js'
-import { fullGc, settleHeap } from '../src/heap-settle.js'
+import { ROUTER_V8_FLAGS } from '../src/runtime/v8-flags.js'
+import { fullGc, settleHeap } from '../src/runtime/heap-settle.js'
 import { median } from './common.js'
 
 export type NextTickCase = 'no-gc' | 'gc-on-empty-queue' | 'settle-heap'

@@ -52,7 +52,7 @@
 // is the router's own work.
 //
 // Priority rounds: the same paired rounds against a second router started with `--nice -10`
-// (src/priority.ts), so that its threads run ahead of the load generator and the upstreams that
+// (src/runtime/nice.ts), so that its threads run ahead of the load generator and the upstreams that
 // share the machine's cores. The overhead then falls, but not for free: the load generator and
 // the upstreams wait instead, which slows the direct path too (README, "Scheduling priority"), so
 // read these rounds with the direct path's own p99 beside them. Where the system refuses a
@@ -88,7 +88,7 @@ import { createServer, type ServerResponse } from 'node:http'
 import { Agent } from 'undici'
 import { quantile, quantileDifferenceInterval } from './bootstrap.js'
 import { announceReady, bytesApp, child, machineStealTicks, median, processTicks, standInAgent, TICKS_PER_S } from './common.js'
-import { ROUTER_V8_FLAGS } from '../src/v8-flags.js'
+import { ROUTER_V8_FLAGS } from '../src/runtime/v8-flags.js'
 import { rawClientProxy, rawServerProxy } from './raw-http.js'
 
 /** Processes that can stand in the router's place: reference proxies, and the raw-socket measuring sticks of bench/raw-http.ts. */
@@ -959,7 +959,7 @@ async function alternatingHops(cli: string, seconds: number, names: readonly Hop
 
 /**
  * The hops BENCH_PROXY_HOPS names, checked before anything starts. `router-b` needs `routerB`, the
- * path of another build's `dist/src/cli.js` (a worktree with the change), and `routerB` needs it.
+ * path of another build's `dist/src/main.js` (a worktree with the change), and `routerB` needs it.
  */
 export function hopNames(list: string, routerB?: string): HopName[] {
   const names = list.split(',').map((n) => n.trim())
@@ -967,7 +967,7 @@ export function hopNames(list: string, routerB?: string): HopName[] {
   const unknown = names.filter((n) => !known.includes(n))
   // a name twice would merge its rounds into one row, read as one hop's
   if (unknown.length > 0 || new Set(names).size !== names.length) throw new Error(`BENCH_PROXY_HOPS takes a comma-separated list of ${known.join(', ')}, each at most once; got ${JSON.stringify(list)}`)
-  if (names.includes('router-b') !== (routerB !== undefined)) throw new Error('BENCH_PROXY_ROUTER_B (the path of a second build\'s dist/src/cli.js) and the hop router-b in BENCH_PROXY_HOPS go together')
+  if (names.includes('router-b') !== (routerB !== undefined)) throw new Error('BENCH_PROXY_ROUTER_B (the path of a second build\'s dist/src/main.js) and the hop router-b in BENCH_PROXY_HOPS go together')
   if (routerB !== undefined && !existsSync(routerB)) throw new Error(`BENCH_PROXY_ROUTER_B: no file ${JSON.stringify(routerB)}`)
   return names as HopName[]
 }
@@ -988,10 +988,10 @@ if (process.argv[2] === '--upstreams') {
   await rawServerProxy(process.argv.slice(3), 'raw')
 } else if (process.argv[1]?.endsWith('proxy.js') === true && process.env.BENCH_PROXY_ALTERNATING === '1') {
   const routerB = process.env.BENCH_PROXY_ROUTER_B
-  await alternatingHops(new URL('../src/cli.js', import.meta.url).pathname, Number(process.env.BENCH_PROXY_SECS ?? 10), hopNames(process.env.BENCH_PROXY_HOPS ?? 'router,bare,relay', routerB), routerB)
+  await alternatingHops(new URL('../src/main.js', import.meta.url).pathname, Number(process.env.BENCH_PROXY_SECS ?? 10), hopNames(process.env.BENCH_PROXY_HOPS ?? 'router,bare,relay', routerB), routerB)
 } else if (process.argv[1]?.endsWith('proxy.js') === true) {
   if (process.env.BENCH_PROXY_HOPS !== undefined || process.env.BENCH_PROXY_ROUTER_B !== undefined) throw new Error('BENCH_PROXY_HOPS and BENCH_PROXY_ROUTER_B name the hops of BENCH_PROXY_ALTERNATING=1; the full run has its own')
-  const cli = new URL('../src/cli.js', import.meta.url).pathname
+  const cli = new URL('../src/main.js', import.meta.url).pathname
   const r = await benchProxy(cli, { seconds: Number(process.env.BENCH_PROXY_SECS ?? 10), mode: process.env.BENCH_PROXY_MODE === 'kv' ? 'kv' : 'round-robin' })
   printProxy(r)
 }

@@ -8,7 +8,7 @@
 import { connect, createServer } from 'node:net'
 import type { Socket } from 'node:net'
 import type { Agent } from 'undici'
-import { chunkFrame } from '../src/http/chunked.js'
+import { chunkFrame } from '../src/http/proxy/chunked.js'
 import { announceReady, bytesApp, standInAgent } from './common.js'
 
 interface Answer {

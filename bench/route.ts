@@ -24,14 +24,14 @@ import type { AddressInfo } from 'node:net'
 import autocannon from 'autocannon'
 import { benchProxy, printProxy } from './proxy.js'
 import { benchStreamHeap, printStreamHeap } from './stream-heap.js'
-import { ROUTER_V8_FLAGS, workerHeapsAtDefaults } from '../src/v8-flags.js'
+import { ROUTER_V8_FLAGS, workerHeapsAtDefaults } from '../src/runtime/v8-flags.js'
 import Fastify from 'fastify'
 import { parseServeConfig } from '../src/config.js'
 import type { ServeConfig } from '../src/config.js'
-import { buildApp } from '../src/http/app.js'
-import { Router } from '../src/router.js'
-import { ClientGone, Proxy } from '../src/proxy.js'
-import { computeBlockHashes, computeSequenceHashes } from '../src/shared/hashing.js'
+import { buildApp } from '../src/http/server.js'
+import { Router } from '../src/core/router.js'
+import { ClientGone, Proxy } from '../src/http/proxy/proxy.js'
+import { computeBlockHashes, computeSequenceHashes } from '../src/codec/hashing.js'
 import { PendingQueue } from '../src/scheduler/pending-queue.js'
 import { Xoshiro128 } from '../src/scheduler/rng.js'
 import { Scheduler } from '../src/scheduler/scheduler.js'
@@ -391,7 +391,7 @@ async function main(): Promise<void> {
 
 async function mainHttp(prior: object = {}): Promise<void> {
   const http = await benchHttpRoute()
-  const proxy = await benchProxy(join(repoRoot(), 'dist', 'src', 'cli.js'), { seconds: HTTP_SECS })
+  const proxy = await benchProxy(join(repoRoot(), 'dist', 'src', 'main.js'), { seconds: HTTP_SECS })
   const streamHeap = await benchStreamHeap()
   const dir = join(repoRoot(), 'bench', 'results')
   mkdirSync(dir, { recursive: true })

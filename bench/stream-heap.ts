@@ -9,7 +9,7 @@
 import { fork } from 'node:child_process'
 import { Agent } from 'undici'
 import { median } from './common.js'
-import { fullGc } from '../src/heap-settle.js'
+import { fullGc } from '../src/runtime/heap-settle.js'
 
 export interface StreamHeapRow {
   promptTokens: number
@@ -80,8 +80,8 @@ export async function benchStreamHeap(opts: { prompts?: number[]; streams?: numb
     const m = process.memoryUsage()
     return { heap: m.heapUsed, external: m.arrayBuffers }
   }
-  const { Router } = await import('../src/router.js')
-  const { buildApp } = await import('../src/http/app.js')
+  const { Router } = await import('../src/core/router.js')
+  const { buildApp } = await import('../src/http/server.js')
   const { parseServeConfig } = await import('../src/config.js')
   const cfg = parseServeConfig(['--router-event-threads', '1', '--router-mode', 'round-robin', '--router-queue-threshold', 'none', '--router-block-size', '64'], {})
   if (cfg === 'help') throw new Error('unexpected help')

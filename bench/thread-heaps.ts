@@ -3,7 +3,7 @@
 // replayed `--passes` times with every worker removed in between, and reports its peak RSS.
 // Three kinds of process, alternated over `--reps` repetitions:
 //   shipped      the router's flags, then workerHeapsAtDefaults() before the shards start, as
-//                src/cli.ts does: the flags' heap sizes stay the main thread's
+//                src/main.ts does: the flags' heap sizes stay the main thread's
 //   every-thread the router's flags with nothing given back: every shard gets the 64 MB
 //                semi-spaces and the old generation floor (the router before session 20)
 //   defaults     no flags at all: V8's own sizes everywhere
@@ -15,7 +15,7 @@ import { once } from 'node:events'
 import { spawnSync } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
 import { median, repoRoot } from './common.js'
-import { ROUTER_V8_FLAGS, workerHeapsAtDefaults } from '../src/v8-flags.js'
+import { ROUTER_V8_FLAGS, workerHeapsAtDefaults } from '../src/runtime/v8-flags.js'
 
 type Kind = 'shipped' | 'every-thread' | 'defaults'
 const KINDS: readonly Kind[] = ['shipped', 'every-thread', 'defaults']
@@ -42,7 +42,7 @@ interface ChildResult {
 async function runChild(kind: Kind, shards: number, passes: number, limit: number): Promise<void> {
   const reset = kind === 'shipped' ? workerHeapsAtDefaults() : []
   const { buildIndexWorkload } = await import('./index-workload.js')
-  const { ShardPool } = await import('../src/shard-pool.js')
+  const { ShardPool } = await import('../src/shards/pool.js')
   const workload = buildIndexWorkload({ workers: 64, limit })
   const rssBeforeShardsMb = process.memoryUsage().rss / 2 ** 20
   const pool = await ShardPool.start({ shards })

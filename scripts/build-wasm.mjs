@@ -10,8 +10,8 @@ import wabtInit from 'wabt'
 
 /** Each .wat, the module generated from it and the name of the constant it exports. */
 export const MODULES = [
-  { wat: 'src/shared/xxh3.wat', ts: 'src/shared/xxh3-wasm.ts', name: 'XXH3_WASM_BASE64' },
-  { wat: 'src/http/token-scan.wat', ts: 'src/http/token-scan-wasm.ts', name: 'TOKEN_SCAN_WASM_BASE64' },
+  { wat: 'src/codec/xxh3.wat', ts: 'src/codec/xxh3-wasm.ts', name: 'XXH3_WASM_BASE64' },
+  { wat: 'src/codec/token-scan.wat', ts: 'src/codec/token-scan-wasm.ts', name: 'TOKEN_SCAN_WASM_BASE64' },
 ]
 
 export async function assemble(watPath) {

@@ -2,10 +2,10 @@
 // the command line wins over the environment. Everything is validated here, once, and the result
 // is frozen; an invalid value is a ConfigError whose message is the one line the CLI prints
 // before exiting with status 2.
-import { isHttpUrl, parseIntArg, parseNumArg } from './cli-flags.js'
+import { isHttpUrl, parseIntArg, parseNumArg } from './cli/flags.js'
 import { ROUTER_MODES, QUEUE_POLICIES } from './scheduler/options.js'
 import type { QueuePolicy, RouterMode } from './scheduler/options.js'
-import { MAX_SHARDS } from './shared/shard-protocol.js'
+import { MAX_SHARDS } from './thread/protocol.js'
 
 export class ConfigError extends Error {
   override name = 'ConfigError'

@@ -1,8 +1,8 @@
 // The README's table of error codes is the catalogue's: every code with its status and summary,
-// in its order, so that a code added or changed in src/shared/errors.ts cannot leave it behind.
+// in its order, so that a code added or changed in src/errors.ts cannot leave it behind.
 import t from 'tap'
 import { readFileSync } from 'node:fs'
-import { ErrorCodes } from '../src/shared/errors.js'
+import { ErrorCodes } from '../src/errors.js'
 
 t.test('README "Errors" lists the catalogue exactly', async (t) => {
   const readme = readFileSync(new URL('../README.md', import.meta.url), 'utf8')

@@ -1,11 +1,11 @@
 // A router without NATS or etcd (the default, and `npm start`) must not load their clients: without
 // them it starts 0.1 s sooner and 19 MB smaller (README, NATS intake and etcd discovery). They are loaded
-// where a connection is made (src/nats-intake.ts, src/etcd-discovery.ts, src/mocker/); the
+// where a connection is made (src/transport/nats.ts, src/transport/etcd.ts, src/mocker/); the
 // integration tests show those paths still work against the real services.
 import t from 'tap'
 import { spawn } from 'node:child_process'
 
-const cli = new URL('../dist/src/cli.js', import.meta.url).pathname
+const cli = new URL('../dist/src/main.js', import.meta.url).pathname
 
 // Preloaded into the process: once it prints its listening line, it reports whether either
 // package is in the CommonJS module cache (both are CommonJS packages, cached there even when

@@ -6,7 +6,7 @@
 // that memory against the old generation's headroom until it set off a mark-compact every few
 // seconds (bench/HISTORY.md, bench:route, session 13).
 import type { Readable } from 'node:stream'
-import { KvrError } from '../shared/errors.js'
+import { KvrError } from '../errors.js'
 
 /**
  * Reads `payload` to its end: `done(null, bytes)`, or `done(err)` once: a body over `limit`

@@ -3,7 +3,7 @@
 // and in-flight requests. A request is a dense handle; every path that ends it (free, stale
 // expiry, worker removal) goes through releaseHandle(), which invalidates the handle first, so a
 // request is released exactly once whatever ends it and however often it is asked to.
-import { KvrError } from '../shared/errors.js'
+import { KvrError } from '../errors.js'
 import { BlockRefs } from './block-refs.js'
 import { growTo } from './typed-arrays.js'
 

@@ -5,7 +5,7 @@
 //   candidates in every router mode. No candidate left → 503 "all workers busy".
 // * queue busy: a rank is busy when its unstarted prefill tokens exceed
 //   threshold × max_num_batched_tokens; only when every candidate is busy does a request wait.
-import { KvrError } from '../shared/errors.js'
+import { KvrError } from '../errors.js'
 import type { ActiveSequences } from './active-sequences.js'
 import type { SchedulerOptions } from './options.js'
 import type { WorkerRanks } from './worker-ranks.js'

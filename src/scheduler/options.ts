@@ -1,6 +1,6 @@
 // Scheduler options: validated once, defaults filled in, then frozen. Every message names the
 // option and the accepted range so the CLI layer can print it as is (spec §4.2–§4.8, §5, §8.1).
-import { KvrError } from '../shared/errors.js'
+import { KvrError } from '../errors.js'
 
 export const ROUTER_MODES = ['kv', 'round-robin', 'random', 'least-loaded', 'power-of-two', 'direct', 'device-aware-weighted'] as const
 export type RouterMode = (typeof ROUTER_MODES)[number]

@@ -1,6 +1,6 @@
 // 503 answers that tell the client when to come back. The codes stay in the one catalogue
-// (src/shared/errors.ts); this subclass only carries the Retry-After value for the HTTP layer.
-import { KvrError } from '../shared/errors.js'
+// (src/errors.ts); this subclass only carries the Retry-After value for the HTTP layer.
+import { KvrError } from '../errors.js'
 
 /** The exact message Dynamo answers when every worker is busy (spec §4.7). */
 export const ALL_WORKERS_BUSY_MESSAGE = 'Service temporarily unavailable: All workers are busy, please retry later'

@@ -7,7 +7,7 @@
 //                         │                 │no                                    │
 //                         │ none: 404/503   ▼                                      ▼
 //                                      select + book ◄─────────────────────────────┘
-import { KvrError } from '../shared/errors.js'
+import { KvrError } from '../errors.js'
 import { ActiveSequences, TRACK_NONE, TRACK_SHARED, TRACK_UNIQUE } from './active-sequences.js'
 import type { ApproxSink } from './approximate.js'
 import { ApproxTracker } from './approximate.js'

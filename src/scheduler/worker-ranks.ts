@@ -2,7 +2,7 @@
 // and on the main thread every such pair is a dense integer slot so that loads, overlaps and
 // candidate sets are plain typed arrays indexed by slot. Registration is rare (discovery), so
 // the bigint-keyed maps live only here; the per-request path reads the typed arrays.
-import { KvrError } from '../shared/errors.js'
+import { KvrError } from '../errors.js'
 import { DEFAULT_MAX_BATCHED_TOKENS } from './options.js'
 import { grow } from './typed-arrays.js'
 

@@ -10,10 +10,10 @@ import { Etcd3 } from 'etcd3'
 import { startEtcd, startNats } from '../helpers/services.js'
 import { waitUntil } from '../helpers/wait.js'
 import { cliArgv } from '../helpers/cli.js'
-import { MockerFleet, type MockerWorker } from '../../src/mocker/fleet.js'
-import { encodeEnvelope, encodeRouterEvent } from '../../src/shared/events.js'
-import { cardsPrefix, instancesPrefix } from '../../src/etcd-discovery.js'
-import { kvEventSubjects } from '../../src/nats-intake.js'
+import { MockerFleet, type MockerWorker } from '../../src/sim/mocker/fleet.js'
+import { encodeEnvelope, encodeRouterEvent } from '../../src/codec/events.js'
+import { cardsPrefix, instancesPrefix } from '../../src/transport/etcd.js'
+import { kvEventSubjects } from '../../src/transport/nats.js'
 
 const BS = 16
 

@@ -3,8 +3,8 @@
 // events over HTTP instead (what `kv-router mocker --router-url` does).
 import t from 'tap'
 import type { AddressInfo } from 'node:net'
-import { MockerFleet, type MockerWorker } from '../../src/mocker/fleet.js'
-import { BytesTokenizer } from '../../src/tokenizer.js'
+import { MockerFleet, type MockerWorker } from '../../src/sim/mocker/fleet.js'
+import { BytesTokenizer } from '../../src/tokenizer/tokenizer.js'
 import { harness, until } from '../http/helpers.js'
 
 const h = await harness(['--router-block-size', '8'], new BytesTokenizer())

@@ -11,7 +11,7 @@ const pkg = JSON.parse(readFileSync(new URL('package.json', root), 'utf8')) as {
 const readme = readFileSync(new URL('README.md', root), 'utf8')
 
 t.test('npm start: ready within 5 s, and the README curl works, with a cache hit the second time', async (t) => {
-  // "tsc … && node FLAGS dist/src/cli.js serve ARGS": run what follows `node`, on a free port
+  // "tsc … && node FLAGS dist/src/main.js serve ARGS": run what follows `node`, on a free port
   const command = pkg.scripts.start.split('&&').pop()?.trim() ?? ''
   const words = command.split(/\s+/)
   t.equal(words[0], 'node', `npm start runs node: ${command}`)

@@ -12,7 +12,7 @@ import { startEtcd, startNats } from '../helpers/services.js'
 import { waitUntil } from '../helpers/wait.js'
 import { runCli as run } from '../helpers/cli.js'
 
-const trace = fileURLToPath(new URL('../../../shared/data/conversation_trace.jsonl', import.meta.url))
+const trace = fileURLToPath(new URL('../../data/conversation_trace.jsonl', import.meta.url))
 const ENGINES = 4
 
 /** block_hash values of the Stored events in a JSON answer, as decimal strings. */

@@ -3,9 +3,9 @@
 import { spawn } from 'node:child_process'
 import type { ChildProcessWithoutNullStreams } from 'node:child_process'
 import { fileURLToPath } from 'node:url'
-import { ROUTER_V8_FLAGS } from '../../src/v8-flags.js'
+import { ROUTER_V8_FLAGS } from '../../src/runtime/v8-flags.js'
 
-export const cliPath = fileURLToPath(new URL('../../dist/src/cli.js', import.meta.url))
+export const cliPath = fileURLToPath(new URL('../../dist/src/main.js', import.meta.url))
 
 /**
  * The argv that starts the CLI the way its shebang, `npm start` and the Dockerfile do: with the

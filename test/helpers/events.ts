@@ -1,6 +1,6 @@
 // Terse builders for index tests. Block pairs are [block_hash, tokens_hash]; the unit
 // convention of the reference tests (tokens_hash = i, block_hash = 100·i) reads well here.
-import type { RouterEvent } from '../../src/shared/events.js'
+import type { RouterEvent } from '../../src/codec/events.js'
 
 let nextId = 0n
 

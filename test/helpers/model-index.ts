@@ -1,7 +1,7 @@
 // A deliberately naive model of the index: object nodes, Maps and Sets, written straight from
-// spec §3.2–3.3 plus the choices documented at the top of src/shared/kv-index.ts. Property tests
+// spec §3.2–3.3 plus the choices documented at the top of src/index/kv-index.ts. Property tests
 // drive it and the typed-array index with the same events and compare every answer.
-import type { RouterEvent } from '../../src/shared/events.js'
+import type { RouterEvent } from '../../src/codec/events.js'
 
 interface MNode {
   tok: bigint

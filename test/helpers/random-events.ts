@@ -1,6 +1,6 @@
 // Seeded random event streams shared by the index property test and the shard pool tests:
 // mostly engine-like chained hashes, some collisions, unknown parents, removals, clears.
-import type { RouterEvent } from '../../src/shared/events.js'
+import type { RouterEvent } from '../../src/codec/events.js'
 import { Rng } from './rng.js'
 import { stored, removed, cleared } from './events.js'
 

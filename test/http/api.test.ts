@@ -1,9 +1,9 @@
 // The non-proxy API through inject(): /v1/route (query only and booked, with its lifecycle),
 // /v1/overlap after real events, /v1/workers with exact u64 ids, busy thresholds, metrics.
 import t from 'tap'
-import { computeBlockHashes, computeSequenceHashes } from '../../src/shared/hashing.js'
-import { encodeRouterEvent } from '../../src/shared/events.js'
-import { fullGc } from '../../src/heap-settle.js'
+import { computeBlockHashes, computeSequenceHashes } from '../../src/codec/hashing.js'
+import { encodeRouterEvent } from '../../src/codec/events.js'
+import { fullGc } from '../../src/runtime/heap-settle.js'
 import { harness, tokens } from './helpers.js'
 
 const BIG = 18446744073709551557n // a u64 far above 2^53

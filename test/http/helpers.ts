@@ -6,10 +6,10 @@ import type { AddressInfo } from 'node:net'
 import type { Dispatcher } from 'undici'
 import { parseServeConfig } from '../../src/config.js'
 import type { ServeConfig } from '../../src/config.js'
-import { buildApp } from '../../src/http/app.js'
-import type { App } from '../../src/http/app.js'
-import { Router } from '../../src/router.js'
-import type { TextTokenizer } from '../../src/tokenizer.js'
+import { buildApp } from '../../src/http/server.js'
+import type { App } from '../../src/http/server.js'
+import { Router } from '../../src/core/router.js'
+import type { TextTokenizer } from '../../src/tokenizer/tokenizer.js'
 
 export interface Harness {
   router: Router

@@ -11,7 +11,7 @@ import type { IncomingMessage } from 'node:http'
 import { connect } from 'node:net'
 import type { AddressInfo, Socket } from 'node:net'
 import { Agent, buildConnector, Dispatcher } from 'undici'
-import type { TextTokenizer } from '../../src/tokenizer.js'
+import type { TextTokenizer } from '../../src/tokenizer/tokenizer.js'
 import { chunk, harness, metricSum, sse, tokens, until, upstream, workerFleet } from './helpers.js'
 import type { Handler, Harness } from './helpers.js'
 

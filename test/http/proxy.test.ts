@@ -8,7 +8,7 @@ import t from 'tap'
 import { request as httpRequest } from 'node:http'
 import type { IncomingMessage } from 'node:http'
 import type { AddressInfo } from 'node:net'
-import { fullGc } from '../../src/heap-settle.js'
+import { fullGc } from '../../src/runtime/heap-settle.js'
 import { chunk, harness, listening, sse, tokens, until, upstream, workerFleet } from './helpers.js'
 import type { Handler, Harness } from './helpers.js'
 

@@ -4,9 +4,9 @@ import { once } from 'node:events'
 import { Etcd3 } from 'etcd3'
 import { startEtcd, getFreePort } from '../helpers/services.js'
 import { waitUntil } from '../helpers/wait.js'
-import { EtcdDiscovery, cardsPrefix, instancesPrefix, toWorker, type DiscoveredWorker } from '../../src/etcd-discovery.js'
-import { ShardPool } from '../../src/shard-pool.js'
-import { encodeRouterEvent } from '../../src/shared/events.js'
+import { EtcdDiscovery, cardsPrefix, instancesPrefix, toWorker, type DiscoveredWorker } from '../../src/transport/etcd.js'
+import { ShardPool } from '../../src/shards/pool.js'
+import { encodeRouterEvent } from '../../src/codec/events.js'
 import { chain } from '../helpers/events.js'
 
 const NS = 'dynamo'
@@ -141,7 +141,7 @@ t.test('a router started against etcd has the workers etcd lists registered by t
   const b = await register(client, { url: 'http://127.0.0.1:9012' })
   t.teardown(() => Promise.all([a.revoke(), b.revoke()]).then(() => undefined, () => undefined))
   const { parseServeConfig } = await import('../../src/config.js')
-  const { Router } = await import('../../src/router.js')
+  const { Router } = await import('../../src/core/router.js')
   const cfg = parseServeConfig(['--router-event-threads', '1', '--router-block-size', '64', '--etcd-url', etcd.url], {})
   if (cfg === 'help') return t.fail('help')
   const router = await Router.start(cfg)

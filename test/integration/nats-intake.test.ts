@@ -4,9 +4,9 @@ import { once } from 'node:events'
 import { connect } from 'nats'
 import { startNats, getFreePort } from '../helpers/services.js'
 import { waitUntil } from '../helpers/wait.js'
-import { NatsIntake, kvEventSubjects, kvMetricsSubject, parseLoadEvent } from '../../src/nats-intake.js'
-import { ShardPool } from '../../src/shard-pool.js'
-import { encodeEnvelope, encodeRouterEvent } from '../../src/shared/events.js'
+import { NatsIntake, kvEventSubjects, kvMetricsSubject, parseLoadEvent } from '../../src/transport/nats.js'
+import { ShardPool } from '../../src/shards/pool.js'
+import { encodeEnvelope, encodeRouterEvent } from '../../src/codec/events.js'
 import { stored } from '../helpers/events.js'
 
 const enc = new TextEncoder()

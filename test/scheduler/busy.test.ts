@@ -1,6 +1,6 @@
 // Load shedding (spec §4.7): three thresholds, busy workers excluded in every mode, all busy → 503.
 import t from 'tap'
-import { isKvrError } from '../../src/shared/errors.js'
+import { isKvrError } from '../../src/errors.js'
 import { ALL_WORKERS_BUSY_MESSAGE, RetryableError } from '../../src/scheduler/rejection.js'
 import { ROUTER_MODES } from '../../src/scheduler/options.js'
 import { blocks, chain, makeScheduler } from './fixtures.js'

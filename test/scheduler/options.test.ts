@@ -1,5 +1,5 @@
 import t from 'tap'
-import { KvrError } from '../../src/shared/errors.js'
+import { KvrError } from '../../src/errors.js'
 import { DEFAULT_MAX_BATCHED_TOKENS, resolveSchedulerOptions } from '../../src/scheduler/options.js'
 
 t.test('defaults follow the spec and the result is frozen', async (t) => {

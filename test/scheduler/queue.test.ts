@@ -1,7 +1,7 @@
 // The router queue (spec §4.6): waiting only when every candidate is busy, policy order,
 // priority, the bound, cancellation and dispatch triggers.
 import t from 'tap'
-import { isKvrError, KvrError } from '../../src/shared/errors.js'
+import { isKvrError, KvrError } from '../../src/errors.js'
 import { PendingQueue } from '../../src/scheduler/pending-queue.js'
 import { policyKey, priorityJump } from '../../src/scheduler/queue-policy.js'
 import { RetryableError } from '../../src/scheduler/rejection.js'

@@ -1,0 +1,854 @@
+// Byte-level decoder for Dynamo `RouterEvent` JSON (spec §2.1), raw or wrapped in the event-plane
+// envelope (spec §2.2). It runs inside the indexer shards on every event, so it decodes straight
+// into one reusable DecodedEvent: u64 values become u32 halves (exact above 2^53, no bigint), block
+// lists land in growable typed arrays, and nothing is allocated per block. Unknown object keys are
+// skipped as serde does; everything else that is not what the schema says is a KvrError.
+import { KvrError, type ErrorCode } from '../errors.js'
+
+export const EventKind = { Stored: 1, Removed: 2, Cleared: 3 } as const
+export type EventKind = (typeof EventKind)[keyof typeof EventKind]
+
+/** Storage tiers of Era C events; only `device` blocks are routed on. */
+export const StorageTier = { Device: 0, HostPinned: 1, Disk: 2, External: 3 } as const
+
+export class DecodedEvent {
+  workerLo = 0
+  workerHi = 0
+  eventIdLo = 0
+  eventIdHi = 0
+  dpRank = 0
+  kind: EventKind = EventKind.Cleared
+  tier = 0
+  hasParent = false
+  parentLo = 0
+  parentHi = 0
+  /** Blocks of a stored event, or hashes of a removed event. */
+  count = 0
+  blockLo: Uint32Array = new Uint32Array(64)
+  blockHi: Uint32Array = new Uint32Array(64)
+  tokensLo: Uint32Array = new Uint32Array(64)
+  tokensHi: Uint32Array = new Uint32Array(64)
+  hasEnvelope = false
+  publisherLo = 0
+  publisherHi = 0
+  sequenceLo = 0
+  sequenceHi = 0
+
+  reset(): void {
+    this.workerLo = this.workerHi = this.eventIdLo = this.eventIdHi = this.dpRank = 0
+    this.kind = EventKind.Cleared
+    this.tier = 0
+    this.hasParent = false
+    this.parentLo = this.parentHi = 0
+    this.count = 0
+    this.hasEnvelope = false
+    this.publisherLo = this.publisherHi = this.sequenceLo = this.sequenceHi = 0
+  }
+
+  ensure(n: number): void {
+    // Called per block: no closure in here, as a captured variable makes every call allocate
+    // a context (about 40 bytes of garbage per block, a scavenge every few ms on a shard).
+    if (n <= this.blockLo.length) return
+    let cap = this.blockLo.length * 2
+    while (cap < n) cap *= 2
+    this.blockLo = grown(this.blockLo, cap)
+    this.blockHi = grown(this.blockHi, cap)
+    this.tokensLo = grown(this.tokensLo, cap)
+    this.tokensHi = grown(this.tokensHi, cap)
+  }
+}
+
+function grown(a: Uint32Array, cap: number): Uint32Array {
+  const b = new Uint32Array(cap)
+  b.set(a)
+  return b
+}
+
+const C_QUOTE = 0x22
+const C_BACKSLASH = 0x5c
+const C_COMMA = 0x2c
+const C_COLON = 0x3a
+const C_LBRACE = 0x7b
+const C_RBRACE = 0x7d
+const C_LBRACKET = 0x5b
+const C_RBRACKET = 0x5d
+const C_MINUS = 0x2d
+const C_ZERO = 0x30
+const C_NINE = 0x39
+/** 10^k for the lengths of the u64 parser's digit runs. */
+const POW10 = [1, 10, 100, 1000, 10000, 100000, 1000000]
+
+function keyBytes(s: string): Uint8Array {
+  return new TextEncoder().encode(s)
+}
+
+const K = {
+  worker_id: keyBytes('worker_id'),
+  event: keyBytes('event'),
+  storage_tier: keyBytes('storage_tier'),
+  event_id: keyBytes('event_id'),
+  data: keyBytes('data'),
+  dp_rank: keyBytes('dp_rank'),
+  stored: keyBytes('stored'),
+  removed: keyBytes('removed'),
+  cleared: keyBytes('cleared'),
+  parent_hash: keyBytes('parent_hash'),
+  blocks: keyBytes('blocks'),
+  block_hash: keyBytes('block_hash'),
+  tokens_hash: keyBytes('tokens_hash'),
+  block_hashes: keyBytes('block_hashes'),
+  publisher_id: keyBytes('publisher_id'),
+  sequence: keyBytes('sequence'),
+  published_at: keyBytes('published_at'),
+  payload: keyBytes('payload'),
+  device: keyBytes('device'),
+  host_pinned: keyBytes('host_pinned'),
+  disk: keyBytes('disk'),
+  external: keyBytes('external'),
+} as const
+
+/** A literal to match four bytes at a time: its little-endian 32-bit words, then the rest. */
+interface WordLiteral {
+  readonly bytes: Uint8Array
+  readonly words: Int32Array
+}
+
+function wordLiteral(s: string): WordLiteral {
+  const bytes = keyBytes(s)
+  const words = new Int32Array(bytes.length >> 2)
+  const v = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength)
+  for (let i = 0; i < words.length; i++) words[i] = v.getInt32(i * 4, true)
+  return { bytes, words }
+}
+
+// The exact block layout serde writes, matched a word at a time first (decoding is about half
+// of a shard's work per block, and these literals are half of the bytes it reads), with the
+// general object parser as the fallback for any other spelling, order or spacing.
+const FAST_BLOCK_HASH = wordLiteral('"block_hash":')
+const FAST_TOKENS_HASH = wordLiteral(',"tokens_hash":')
+const FAST_MM_NULL = wordLiteral(',"mm_extra_info":null}')
+
+const MAX_DEPTH = 64
+const TWO32 = 4294967296
+const textDecoder = new TextDecoder('utf-8', { fatal: false })
+
+/**
+ * Reusable decoder. `decode(bytes)` fills `out` (and returns it) or throws a KvrError naming the
+ * field and byte offset. Not re-entrant: one decoder per thread.
+ */
+export class EventDecoder {
+  readonly out = new DecodedEvent()
+  /**
+   * Called every 64 blocks while a long event is decoded: a shard answers waiting queries
+   * there, so a lookup never waits for a whole large message to be parsed.
+   */
+  interrupt: (() => void) | null = null
+  private buf: Uint8Array = new Uint8Array(0)
+  /** A view of buf's whole backing buffer, for the word-at-a-time reads. */
+  private dv: DataView<ArrayBufferLike> = new DataView(new ArrayBuffer(8))
+  // Views of the last two backing buffers: messages come from one ring, and an enveloped one
+  // switches to this decoder's payload buffer and back (a fragmented one to the ring's assembly
+  // buffer), so two views make every switch free of allocation. They hold at most two buffers.
+  private dvA: DataView<ArrayBufferLike> = this.dv
+  private dvB: DataView<ArrayBufferLike> = this.dv
+  private dvNext = 0
+  /** buf[0]'s offset in dv. */
+  private base = 0
+  private pos = 0
+  private end = 0
+  private keyStart = 0
+  private keyEnd = 0
+  private keyEscaped: string | null = null
+  private numLo = 0
+  private numHi = 0
+  private runLen = 0
+  private payload = new Uint8Array(1024)
+
+  decode(bytes: Uint8Array): DecodedEvent {
+    this.out.reset()
+    this.input(bytes)
+    this.pos = 0
+    this.end = bytes.length
+    this.ws()
+    if (this.pos >= this.end) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'empty input')
+    this.topLevel()
+    this.ws()
+    if (this.pos !== this.end) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'unexpected data after the event')
+    return this.out
+  }
+
+  /** Every switch of buf goes through here, so the word view always matches it. */
+  private input(bytes: Uint8Array): void {
+    this.buf = bytes
+    const backing = bytes.buffer
+    if (this.dvA.buffer === backing) this.dv = this.dvA
+    else if (this.dvB.buffer === backing) this.dv = this.dvB
+    else {
+      this.dv = new DataView(backing)
+      if (this.dvNext === 0) this.dvA = this.dv
+      else this.dvB = this.dv
+      this.dvNext ^= 1
+    }
+    this.base = bytes.byteOffset
+  }
+
+  decodeString(text: string): DecodedEvent {
+    return this.decode(Buffer.from(text, 'utf8'))
+  }
+
+  // --- structure ---------------------------------------------------------------------------
+
+  private topLevel(): void {
+    this.routerEventObject(true)
+  }
+
+  /**
+   * A RouterEvent object; at the top level it may instead be the event-plane envelope, whose
+   * keys are then read too (inside a payload they are unknown keys, skipped).
+   */
+  private routerEventObject(envelopeAllowed: boolean): void {
+    const out = this.out
+    this.expectObjectStart(envelopeAllowed ? 'event' : 'payload event')
+    let sawWorker = false
+    let sawEvent = false
+    let sawPayload = false
+    let sawPublisher = false
+    let sawSequence = false
+    let first = true
+    while (this.nextKey(first)) {
+      first = false
+      if (this.keyIs(K.worker_id)) {
+        this.u64('worker_id')
+        out.workerLo = this.numLo
+        out.workerHi = this.numHi
+        sawWorker = true
+      } else if (this.keyIs(K.event)) {
+        this.kvCacheEvent()
+        sawEvent = true
+      } else if (this.keyIs(K.storage_tier)) {
+        this.storageTier()
+      } else if (!envelopeAllowed) {
+        this.skipValue(0)
+      } else if (this.keyIs(K.publisher_id)) {
+        this.u64('publisher_id')
+        out.publisherLo = this.numLo
+        out.publisherHi = this.numHi
+        sawPublisher = true
+      } else if (this.keyIs(K.sequence)) {
+        this.u64('sequence')
+        out.sequenceLo = this.numLo
+        out.sequenceHi = this.numHi
+        sawSequence = true
+      } else if (this.keyIs(K.published_at)) {
+        this.u64('published_at')
+      } else if (this.keyIs(K.payload)) {
+        this.envelopePayload()
+        sawPayload = true
+      } else {
+        this.skipValue(0)
+      }
+    }
+    if (sawPayload) {
+      if (sawWorker || sawEvent) throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', 'an envelope must not also carry worker_id or event at its top level')
+      if (!sawPublisher) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', 'envelope field "publisher_id" is missing')
+      if (!sawSequence) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', 'envelope field "sequence" is missing')
+      out.hasEnvelope = true
+      return
+    }
+    if (!sawWorker) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', 'field "worker_id" is missing')
+    if (!sawEvent) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', 'field "event" is missing')
+  }
+
+  /** The envelope payload: JSON bytes as an array of byte values, or the object itself. */
+  private envelopePayload(): void {
+    this.ws()
+    const c = this.peek()
+    if (c === C_LBRACE) {
+      this.routerEventObject(false)
+      return
+    }
+    if (c !== C_LBRACKET) throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', 'envelope "payload" must be an array of byte values or an object')
+    this.pos++
+    let n = 0
+    let first = true
+    for (;;) {
+      this.ws()
+      if (this.peek() === C_RBRACKET) {
+        this.pos++
+        break
+      }
+      if (!first) {
+        this.expect(C_COMMA, 'payload')
+        this.ws()
+      }
+      first = false
+      this.u64('payload byte')
+      if (this.numHi !== 0 || this.numLo > 255) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', 'payload bytes must be integers in [0, 255]')
+      if (n === this.payload.length) {
+        const grown = new Uint8Array(n * 2)
+        grown.set(this.payload)
+        this.payload = grown
+      }
+      this.payload[n++] = this.numLo
+    }
+    const saveBuf = this.buf
+    const savePos = this.pos
+    const saveEnd = this.end
+    this.input(this.payload)
+    this.pos = 0
+    this.end = n
+    try {
+      this.ws()
+      this.routerEventObject(false)
+      this.ws()
+      if (this.pos !== this.end) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'unexpected data after the payload event')
+    } catch (err) {
+      if (err instanceof KvrError) throw new KvrError(err.code, `in envelope payload: ${err.message}`)
+      throw err
+    } finally {
+      this.input(saveBuf)
+      this.pos = savePos
+      this.end = saveEnd
+    }
+  }
+
+  private storageTier(): void {
+    this.ws()
+    if (this.isNull()) return
+    this.stringToken('storage_tier')
+    if (this.keyIs(K.device)) this.out.tier = StorageTier.Device
+    else if (this.keyIs(K.host_pinned)) this.out.tier = StorageTier.HostPinned
+    else if (this.keyIs(K.disk)) this.out.tier = StorageTier.Disk
+    else if (this.keyIs(K.external)) this.out.tier = StorageTier.External
+    else throw this.fail('KVR_ERR_EVENT_UNKNOWN_VARIANT', `unknown storage_tier "${this.keyText()}"`)
+  }
+
+  private kvCacheEvent(): void {
+    const out = this.out
+    this.expectObjectStart('event')
+    let sawId = false
+    let sawData = false
+    let first = true
+    while (this.nextKey(first)) {
+      first = false
+      if (this.keyIs(K.event_id)) {
+        this.u64('event_id')
+        out.eventIdLo = this.numLo
+        out.eventIdHi = this.numHi
+        sawId = true
+      } else if (this.keyIs(K.dp_rank)) {
+        this.ws()
+        if (this.isNull()) {
+          out.dpRank = 0
+        } else {
+          this.u64('dp_rank')
+          if (this.numHi !== 0) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', 'dp_rank must fit in u32')
+          out.dpRank = this.numLo
+        }
+      } else if (this.keyIs(K.data)) {
+        this.eventData()
+        sawData = true
+      } else {
+        this.skipValue(0)
+      }
+    }
+    if (!sawId) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', 'field "event.event_id" is missing')
+    if (!sawData) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', 'field "event.data" is missing')
+  }
+
+  /** Externally tagged enum: {"stored": {...}} | {"removed": {...}} | "cleared" (or {"cleared": null}). */
+  private eventData(): void {
+    this.ws()
+    const c = this.peek()
+    if (c === C_QUOTE) {
+      this.stringToken('event.data')
+      if (!this.keyIs(K.cleared)) throw this.fail('KVR_ERR_EVENT_UNKNOWN_VARIANT', `unknown event variant "${this.keyText()}"`)
+      this.out.kind = EventKind.Cleared
+      return
+    }
+    if (c !== C_LBRACE) throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', 'field "event.data" must be an object or "cleared"')
+    this.pos++
+    if (!this.nextKey(true)) throw this.fail('KVR_ERR_EVENT_UNKNOWN_VARIANT', 'event.data names no variant')
+    if (this.keyIs(K.stored)) {
+      this.out.kind = EventKind.Stored
+      this.storedData()
+    } else if (this.keyIs(K.removed)) {
+      this.out.kind = EventKind.Removed
+      this.removedData()
+    } else if (this.keyIs(K.cleared)) {
+      this.out.kind = EventKind.Cleared
+      this.ws()
+      if (!this.isNull()) this.skipValue(0)
+    } else {
+      throw this.fail('KVR_ERR_EVENT_UNKNOWN_VARIANT', `unknown event variant "${this.keyText()}"`)
+    }
+    if (this.nextKey(false)) throw this.fail('KVR_ERR_EVENT_UNKNOWN_VARIANT', 'event.data must name exactly one variant')
+  }
+
+  private storedData(): void {
+    const out = this.out
+    this.expectObjectStart('stored')
+    let sawBlocks = false
+    let first = true
+    while (this.nextKey(first)) {
+      first = false
+      if (this.keyIs(K.parent_hash)) {
+        this.ws()
+        if (this.isNull()) {
+          out.hasParent = false
+        } else {
+          this.u64('parent_hash')
+          out.hasParent = true
+          out.parentLo = this.numLo
+          out.parentHi = this.numHi
+        }
+      } else if (this.keyIs(K.blocks)) {
+        this.storedBlocks()
+        sawBlocks = true
+      } else {
+        this.skipValue(0)
+      }
+    }
+    if (!sawBlocks) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', 'field "stored.blocks" is missing')
+  }
+
+  private storedBlocks(): void {
+    const out = this.out
+    this.arrayStart('stored.blocks')
+    let n = 0
+    while (this.nextElement(n, 'stored.blocks')) {
+      this.expectObjectStart('stored block')
+      if (this.fastBlock(n)) {
+        n++
+        continue
+      }
+      let sawBlock = false
+      let sawTokens = false
+      let first = true
+      while (this.nextKey(first)) {
+        first = false
+        if (this.keyIs(K.block_hash)) {
+          this.u64('block_hash')
+          out.blockLo[n] = this.numLo
+          out.blockHi[n] = this.numHi
+          sawBlock = true
+        } else if (this.keyIs(K.tokens_hash)) {
+          this.u64('tokens_hash')
+          out.tokensLo[n] = this.numLo
+          out.tokensHi[n] = this.numHi
+          sawTokens = true
+        } else {
+          this.skipValue(0)
+        }
+      }
+      if (!sawBlock) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', `field "blocks[${n}].block_hash" is missing`)
+      if (!sawTokens) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', `field "blocks[${n}].tokens_hash" is missing`)
+      n++
+    }
+    out.count = n
+  }
+
+  private removedData(): void {
+    const out = this.out
+    this.expectObjectStart('removed')
+    let saw = false
+    let first = true
+    while (this.nextKey(first)) {
+      first = false
+      if (this.keyIs(K.block_hashes)) {
+        this.arrayStart('removed.block_hashes')
+        let n = 0
+        while (this.nextElement(n, 'removed.block_hashes')) {
+          const q = this.fastDigits(this.pos)
+          if (q >= 0) this.pos = q
+          else this.u64('block_hashes[]')
+          out.blockLo[n] = this.numLo
+          out.blockHi[n] = this.numHi
+          n++
+        }
+        out.count = n
+        saw = true
+      } else {
+        this.skipValue(0)
+      }
+    }
+    if (!saw) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', 'field "removed.block_hashes" is missing')
+  }
+
+  // --- arrays of blocks ----------------------------------------------------------------------
+
+  private arrayStart(field: string): void {
+    this.ws()
+    if (this.peek() !== C_LBRACKET) throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', `field "${field}" must be an array`)
+    this.pos++
+  }
+
+  /** Before element i of a block array: false at its end. Grows the output, lets queries in. */
+  private nextElement(i: number, field: string): boolean {
+    this.ws()
+    if (this.peek() === C_RBRACKET) {
+      this.pos++
+      return false
+    }
+    if (i > 0) {
+      this.expect(C_COMMA, field)
+      this.ws()
+    }
+    this.out.ensure(i + 1)
+    if ((i & 15) === 15 && this.interrupt !== null) this.interrupt()
+    return true
+  }
+
+  // --- tokens ------------------------------------------------------------------------------
+
+  /** Unsigned integer up to 2^64-1, as a JSON integer or a decimal string, into numLo/numHi. */
+  private u64(field: string): void {
+    this.ws()
+    const buf = this.buf
+    let quoted = false
+    if (this.peek() === C_QUOTE) {
+      quoted = true
+      this.pos++
+    }
+    const start = this.pos
+    let c = this.pos < this.end ? (buf[this.pos] as number) : -1
+    if (c === C_MINUS) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', `field "${field}" must not be negative`)
+    if (c < C_ZERO || c > C_NINE) {
+      if (!quoted && (c === 0x6e || c === 0x74 || c === 0x66 || c === C_LBRACE || c === C_LBRACKET)) {
+        throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', `field "${field}" must be an unsigned integer`)
+      }
+      if (quoted || c === C_QUOTE) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', `field "${field}" must be a decimal integer string`)
+      throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', `expected a number for "${field}"`)
+    }
+    // Digits are gathered in small-integer runs (9, then 6, then the rest), whose
+    // multiply-add chains are integer operations; a double chain per digit timed slower. The
+    // first 15 digits fit a double exactly, and the rest are folded in below with one split
+    // into halves instead of a carry per digit (hashes have 19–20 digits).
+    let pos = this.pos
+    const a = this.digitRun(pos, 9)
+    let digits = this.runLen
+    pos += digits
+    let head = a
+    let tail = 0
+    let tailScale = 1
+    if (digits === 9) {
+      const b = this.digitRun(pos, 6)
+      const nb = this.runLen
+      pos += nb
+      digits += nb
+      head = a * (POW10[nb] as number) + b
+      if (nb === 6) {
+        // up to 6 more: a 21st digit is caught below as too many
+        tail = this.digitRun(pos, 6)
+        const nt = this.runLen
+        pos += nt
+        digits += nt
+        tailScale = POW10[nt] as number
+      }
+    }
+    if (digits === 21) {
+      while (pos < this.end && (buf[pos] as number) >= C_ZERO && (buf[pos] as number) <= C_NINE) pos++
+    }
+    this.pos = pos
+    if (digits > 20) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', `field "${field}" exceeds 2^64-1`)
+    let hi = Math.floor(head / TWO32)
+    let lo = head - hi * TWO32
+    if (tailScale > 1) {
+      const l = lo * tailScale + tail
+      const carry = Math.floor(l / TWO32)
+      lo = l - carry * TWO32
+      hi = hi * tailScale + carry
+      if (hi >= TWO32) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', `field "${field}" exceeds 2^64-1`)
+    }
+    if (this.pos - start > 1 && buf[start] === C_ZERO) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', `field "${field}" has a leading zero`)
+    if (this.pos < this.end) {
+      c = buf[this.pos] as number
+      if (c === 0x2e || c === 0x65 || c === 0x45) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', `field "${field}" must be an integer`)
+    }
+    if (quoted) {
+      if (this.peek() !== C_QUOTE) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', `field "${field}" must be a decimal integer string`)
+      this.pos++
+    }
+    this.numLo = lo
+    this.numHi = hi
+  }
+
+  /** Up to `max` (≤ 9, so a small integer) digits from `pos`, stopping at `end`; count in runLen. */
+  private digitRun(pos: number, max: number): number {
+    const buf = this.buf
+    const stop = Math.min(this.end, pos + max)
+    let v = 0
+    let p = pos
+    while (p < stop) {
+      const d = (buf[p] as number) - C_ZERO
+      if (d < 0 || d > 9) break
+      v = v * 10 + d
+      p++
+    }
+    this.runLen = p - pos
+    return v
+  }
+
+  /** Reads a JSON string into keyStart/keyEnd (raw bytes) or keyEscaped (decoded, when escaped). */
+  private stringToken(field: string): void {
+    if (this.peek() !== C_QUOTE) throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', `field "${field}" must be a string`)
+    this.pos++
+    const start = this.pos
+    const buf = this.buf
+    let escaped = false
+    while (this.pos < this.end) {
+      const c = buf[this.pos] as number
+      if (c === C_QUOTE) break
+      if (c === C_BACKSLASH) {
+        escaped = true
+        this.pos += 2
+        continue
+      }
+      if (c < 0x20) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'control character in string')
+      this.pos++
+    }
+    if (this.pos >= this.end) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'unterminated string')
+    this.keyStart = start
+    this.keyEnd = this.pos
+    this.pos++
+    this.keyEscaped = null
+    if (escaped) {
+      try {
+        this.keyEscaped = JSON.parse(textDecoder.decode(buf.subarray(start - 1, this.pos))) as string
+      } catch {
+        throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'invalid escape in string')
+      }
+    }
+  }
+
+  /** Advances to the next key of an object whose `{` was consumed; false at `}`. */
+  private nextKey(first: boolean): boolean {
+    this.ws()
+    const c = this.peek()
+    if (c === C_RBRACE) {
+      this.pos++
+      return false
+    }
+    if (!first) {
+      if (c !== C_COMMA) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'expected "," or "}" in object')
+      this.pos++
+      this.ws()
+    }
+    if (this.peek() !== C_QUOTE) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'expected an object key')
+    this.stringToken('key')
+    this.ws()
+    this.expect(C_COLON, 'object')
+    return true
+  }
+
+  private keyIs(k: Uint8Array): boolean {
+    if (this.keyEscaped !== null) return this.keyEscaped === textDecoder.decode(k)
+    const len = this.keyEnd - this.keyStart
+    if (len !== k.length) return false
+    const buf = this.buf
+    for (let i = 0; i < len; i++) if (buf[this.keyStart + i] !== k[i]) return false
+    return true
+  }
+
+  private keyText(): string {
+    return this.keyEscaped ?? textDecoder.decode(this.buf.subarray(this.keyStart, this.keyEnd))
+  }
+
+  private expectObjectStart(what: string): void {
+    this.ws()
+    if (this.peek() !== C_LBRACE) {
+      if (this.pos >= this.end) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', `truncated input: expected ${what} object`)
+      throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', `${what} must be a JSON object`)
+    }
+    this.pos++
+  }
+
+  private isNull(): boolean {
+    const b = this.buf
+    const p = this.pos
+    if (p + 4 <= this.end && b[p] === 0x6e && b[p + 1] === 0x75 && b[p + 2] === 0x6c && b[p + 3] === 0x6c) {
+      this.pos += 4
+      return true
+    }
+    return false
+  }
+
+  /** Skips (and checks) any JSON value. */
+  private skipValue(depth: number): void {
+    if (depth > MAX_DEPTH) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'nesting too deep')
+    this.ws()
+    const c = this.peek()
+    const buf = this.buf
+    if (c === C_LBRACE) {
+      this.pos++
+      let first = true
+      while (this.nextKey(first)) {
+        first = false
+        this.skipValue(depth + 1)
+      }
+      return
+    }
+    if (c === C_LBRACKET) {
+      this.pos++
+      let first = true
+      for (;;) {
+        this.ws()
+        if (this.peek() === C_RBRACKET) {
+          this.pos++
+          return
+        }
+        if (!first) {
+          this.expect(C_COMMA, 'array')
+        }
+        first = false
+        this.skipValue(depth + 1)
+      }
+    }
+    if (c === C_QUOTE) {
+      this.stringToken('value')
+      return
+    }
+    if (c === C_MINUS || (c >= C_ZERO && c <= C_NINE)) {
+      this.pos++
+      while (this.pos < this.end) {
+        const d = buf[this.pos] as number
+        if ((d >= C_ZERO && d <= C_NINE) || d === 0x2e || d === 0x65 || d === 0x45 || d === 0x2b || d === C_MINUS) this.pos++
+        else break
+      }
+      return
+    }
+    if (this.literal('true') || this.literal('false') || this.isNull()) return
+    if (this.pos >= this.end) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'truncated input')
+    throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'unexpected character')
+  }
+
+  /**
+   * One stored block in serde's exact layout, from just after its `{`: fills block n and returns
+   * true, or returns false with the position unchanged so the general parser takes it (and
+   * reports whatever is wrong with it).
+   */
+  private fastBlock(n: number): boolean {
+    const start = this.pos
+    let p = this.matchWords(FAST_BLOCK_HASH, start)
+    if (p >= 0) p = this.fastDigits(p)
+    if (p < 0) return false
+    const lo = this.numLo
+    const hi = this.numHi
+    p = this.matchWords(FAST_TOKENS_HASH, p)
+    if (p >= 0) p = this.fastDigits(p)
+    if (p < 0) return false
+    const q = this.matchWords(FAST_MM_NULL, p)
+    if (q >= 0) p = q
+    else if (p < this.end && this.buf[p] === C_RBRACE) p++
+    else return false
+    const out = this.out
+    out.blockLo[n] = lo
+    out.blockHi[n] = hi
+    out.tokensLo[n] = this.numLo
+    out.tokensHi[n] = this.numHi
+    this.pos = p
+    return true
+  }
+
+  /** Position after `lit` if it starts at p, else -1. */
+  private matchWords(lit: WordLiteral, p: number): number {
+    const len = lit.bytes.length
+    if (p + len > this.end) return -1
+    const dv = this.dv
+    const at = this.base + p
+    const words = lit.words
+    for (let i = 0; i < words.length; i++) if (dv.getInt32(at + 4 * i, true) !== words[i]) return -1
+    const buf = this.buf
+    const bytes = lit.bytes
+    for (let i = words.length * 4; i < len; i++) if (buf[p + i] !== bytes[i]) return -1
+    return p + len
+  }
+
+  /**
+   * An unquoted JSON integer in [0, 2^64) at p into numLo/numHi, four digits per 32-bit load
+   * while four are there; the position after it, or -1 for anything else (a sign, a quote, a
+   * leading zero, a fraction, more than 20 digits, 2^64 or more), which the general parser then
+   * reads and reports. Hashes have 19–20 digits: five loads instead of twenty byte steps. Each
+   * group is folded into the two 32-bit halves exactly (lo × 10^4 stays below 2^53).
+   */
+  private fastDigits(p: number): number {
+    const buf = this.buf
+    const end = this.end
+    const dv = this.dv
+    const base = this.base
+    const start = p
+    let hi = 0
+    let lo = 0
+    while (p + 4 <= end) {
+      const w = dv.getInt32(base + p, true)
+      // each byte 0x30–0x39: high nibble 3, and adding 6 leaves it 3
+      if (((w & 0xf0f0f0f0) | (((w + 0x06060606) & 0xf0f0f0f0) >>> 4)) !== 0x33333333) break
+      const d = (w - 0x30303030) | 0
+      // little-endian: byte 0 is the first digit; pairs, then the four-digit value
+      const pairs = (Math.imul(d, 10) + (d >>> 8)) & 0x00ff00ff
+      const l = lo * 10000 + Math.imul(pairs & 0xff, 100) + (pairs >>> 16)
+      const carry = Math.floor(l / TWO32)
+      lo = l - carry * TWO32
+      hi = hi * 10000 + carry
+      p += 4
+      if (p - start > 20) return -1
+    }
+    let g = 0
+    let scale = 1
+    while (p < end) {
+      const c = (buf[p] as number) - C_ZERO
+      if (c < 0 || c > 9) break
+      g = g * 10 + c
+      scale *= 10
+      p++
+      if (p - start > 20) return -1
+    }
+    if (scale > 1) {
+      const l = lo * scale + g
+      const carry = Math.floor(l / TWO32)
+      lo = l - carry * TWO32
+      hi = hi * scale + carry
+    }
+    const digits = p - start
+    if (digits === 0 || (digits > 1 && buf[start] === C_ZERO) || hi >= TWO32) return -1
+    if (p < end) {
+      const c = buf[p] as number
+      if (c === 0x2e || c === 0x65 || c === 0x45) return -1
+    }
+    this.numLo = lo
+    this.numHi = hi
+    return p
+  }
+
+  private literal(word: string): boolean {
+    if (this.pos + word.length > this.end) return false
+    for (let i = 0; i < word.length; i++) if (this.buf[this.pos + i] !== word.charCodeAt(i)) return false
+    this.pos += word.length
+    return true
+  }
+
+  private ws(): void {
+    const buf = this.buf
+    while (this.pos < this.end) {
+      const c = buf[this.pos] as number
+      if (c === 0x20 || c === 0x0a || c === 0x0d || c === 0x09) this.pos++
+      else break
+    }
+  }
+
+  private peek(): number {
+    return this.pos < this.end ? (this.buf[this.pos] as number) : -1
+  }
+
+  private expect(ch: number, where: string): void {
+    if (this.peek() !== ch) {
+      if (this.pos >= this.end) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', `truncated input in ${where}`)
+      throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', `expected "${String.fromCharCode(ch)}" in ${where}`)
+    }
+    this.pos++
+  }
+
+  private fail(code: ErrorCode, message: string): KvrError {
+    return new KvrError(code, `${message} (at byte ${this.pos})`)
+  }
+}

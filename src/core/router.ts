@@ -1,0 +1,595 @@
+// The router core, without HTTP: the shard pool (index), the scheduler and the static worker
+// registry, and the one route path every API uses: token ids → local block hashes → overlap
+// query over the shards → sequence hashes → schedule. Per-request buffers come from a small free
+// list so a steady stream of requests allocates only the pool's merged answer.
+import type { ServeConfig } from '../config.js'
+import { ShardPool } from '../shards/pool.js'
+import type { OverlapResult, ShardPoolOptions } from '../shards/pool.js'
+import { Scheduler } from '../scheduler/scheduler.js'
+import type { CancelSignal, RouteDecision, RouterConfigOverride, WorkerRankRef } from '../scheduler/scheduler.js'
+import type { ApproxSink } from '../scheduler/approximate.js'
+import type { DeviceType } from '../scheduler/worker-ranks.js'
+import { promptHashesInto, sequenceHashesInto } from '../codec/hashing.js'
+import { encodeRouterEvent } from '../codec/events.js'
+import type { RouterEvent, StoredBlock } from '../codec/events.js'
+import { KvrError } from '../errors.js'
+import { u64FromParts } from '../codec/u64.js'
+import { RouterMetrics } from '../metrics/registry.js'
+import { IndexRecovery } from '../shards/recovery.js'
+import { NatsIntake, type WorkerLoad } from '../transport/nats.js'
+import { EtcdDiscovery, type DiscoveredWorker } from '../transport/etcd.js'
+
+/** A failing worker's first time out of routing, and the longest. */
+const SUSPEND_BASE_MS = 1000
+const SUSPEND_MAX_MS = 30_000
+
+export interface WorkerInfo {
+  id: bigint
+  url: string
+  blockSize: number
+  /** KV capacity in blocks (0 = unknown). */
+  capacity: number
+  device: DeviceType
+  dpRanks: number
+  maxNumBatchedTokens: number | undefined
+  registeredAt: number
+  /** Consecutive proxy failures; a success resets it. */
+  failures: number
+  /** performance.now() until which the worker is left out of routing after failures (0: never was). */
+  suspendedUntil: number
+  /** Where the worker came from: `--worker` / `POST /v1/workers`, or etcd discovery. */
+  source: 'static' | 'etcd'
+}
+
+export interface WorkerRegistration {
+  id: bigint
+  url: string
+  blockSize?: number
+  capacity?: number
+  device?: DeviceType
+  dpRanks?: number
+  maxNumBatchedTokens?: number
+  source?: 'static' | 'etcd'
+}
+
+export interface RouteInput {
+  /** Token ids of the prompt (validated while hashing), or null when blocks are given. */
+  tokens: ArrayLike<number> | null
+  /** Local block hashes given directly (u64 halves), instead of tokens. */
+  blockLo?: Uint32Array
+  blockHi?: Uint32Array
+  blockCount?: number
+  /** Prompt length in tokens; defaults to tokens.length (or blocks × block size). */
+  isl?: number
+  id?: string
+  workerId?: bigint
+  dpRank?: number
+  priority?: number
+  overrides?: RouterConfigOverride
+  updateStates?: boolean
+  explain?: boolean
+  /** Worker-ranks not to choose: the attempts a retry has tried (see ScheduleRequest.exclude). */
+  exclude?: readonly WorkerRankRef[]
+  signal?: CancelSignal
+}
+
+interface Scratch {
+  lo: Uint32Array
+  hi: Uint32Array
+  sLo: Uint32Array
+  sHi: Uint32Array
+}
+
+const EMPTY_RESULT: OverlapResult = {
+  count: 0,
+  workerIdLo: new Uint32Array(0),
+  workerIdHi: new Uint32Array(0),
+  dpRank: new Uint32Array(0),
+  overlap: new Uint32Array(0),
+  treeSize: new Uint32Array(0),
+  recoveringShards: [],
+}
+
+export class Router {
+  readonly config: ServeConfig
+  readonly pool: ShardPool
+  readonly scheduler: Scheduler
+  readonly metrics: RouterMetrics
+  private readonly workerTable = new Map<bigint, WorkerInfo>()
+  private readonly scratch: Scratch[] = []
+  /** (worker id as a safe number, dp rank) → slot, rebuilt when registrations change. */
+  private slotCache = new Map<number, number>()
+  private slotCacheVersion = -1
+  private approxEventIds = new Map<bigint, bigint>()
+  private nextRequest = 0
+  /** The prefix of the ids this router makes for bookings (newRequestId). */
+  readonly requestIdPrefix = `r${Date.now().toString(36)}-`
+  private readonly proxiedIdPrefix = `${this.requestIdPrefix}~`
+  private closed = false
+  /** KV-event intake from NATS (`--nats-url`), or null in embedded mode. */
+  nats: NatsIntake | null = null
+  /** Worker discovery through etcd (`--etcd-url`), or null. */
+  discovery: EtcdDiscovery | null = null
+  /** Recovery of missed KV events (spec §3.7), or null in approximate mode or with --no-router-event-recovery. */
+  readonly recovery: IndexRecovery | null
+
+  private constructor(config: ServeConfig, pool: ShardPool) {
+    this.config = config
+    this.pool = pool
+    const approx = !config.kvEvents
+    const sink: ApproxSink | undefined = approx ? this.approxSink() : undefined
+    this.scheduler = new Scheduler(
+      {
+        mode: config.mode,
+        blockSize: config.blockSize,
+        overlapScoreWeight: config.overlapScoreWeight,
+        overlapScoreCredit: config.overlapScoreCredit,
+        overlapScoreCreditDecay: config.overlapScoreCreditDecay,
+        decodeActiveRequestWeight: config.decodeActiveRequestWeight,
+        temperature: config.temperature,
+        queueThreshold: config.queueThreshold,
+        queuePolicy: config.queuePolicy,
+        queueMaxPending: config.queueMaxPending,
+        trackActiveBlocks: config.trackActiveBlocks,
+        trackPrefillTokens: config.trackPrefillTokens,
+        assumeKvReuse: config.assumeKvReuse,
+        activeDecodeBlocksThreshold: config.activeDecodeBlocksThreshold,
+        activePrefillTokensThreshold: config.activePrefillTokensThreshold,
+        activePrefillTokensThresholdFrac: config.activePrefillTokensThresholdFrac,
+        approximate: { enabled: approx, ttlSecs: config.ttlSecs, maxTreeSize: config.maxTreeSize, pruneTargetRatio: config.pruneTargetRatio },
+        cudaToCpuRatio: config.cudaToCpuRatio,
+        seed: config.seed,
+      },
+      sink === undefined ? {} : { approxSink: sink },
+    )
+    this.recovery = config.kvEvents && config.eventRecovery ? new IndexRecovery(pool, { urlOf: (id) => this.workerTable.get(id)?.url }) : null
+    pool.on('shardRestarted', (shard: number) => void this.rebuildShard(shard))
+    this.metrics = new RouterMetrics(this)
+  }
+
+  static async start(config: ServeConfig): Promise<Router> {
+    const po: ShardPoolOptions = {}
+    if (config.eventThreads > 0) po.shards = config.eventThreads
+    po.maxBlocksPerShard = config.maxIndexBlocks
+    if (config.shardSpinUs !== null) po.shardSpinUs = config.shardSpinUs
+    if (config.querySpinUs !== null) po.querySpinUs = config.querySpinUs
+    const pool = await ShardPool.start(po)
+    const r = new Router(config, pool)
+    try {
+      for (const w of config.workers) await r.addWorker({ id: w.id, url: w.url })
+      await r.connect()
+    } catch (err) {
+      await r.close()
+      throw err
+    }
+    return r
+  }
+
+  /** KV events from NATS and workers from etcd, when configured (DESIGN §4.3). */
+  private async connect(): Promise<void> {
+    const c = this.config
+    const [ns, component, endpoint] = c.endpoint !== null ? (c.endpoint.split('.') as [string, string, string]) : [c.namespace, c.component, 'generate']
+    if (c.natsUrl !== null) {
+      this.nats = await NatsIntake.start({ url: c.natsUrl, namespace: ns, component, pool: this.pool })
+      // workers' own load (kv_metrics) feeds load shedding, as Dynamo's worker monitor does
+      this.nats.on('load', (l: WorkerLoad) => void this.scheduler.reportLoad(l.workerId, l.dpRank, l.activeBlocks, l.totalBlocks))
+    }
+    if (c.etcdUrl !== null) {
+      const d = await EtcdDiscovery.start({ url: c.etcdUrl, namespace: ns, component, endpoint })
+      this.discovery = d
+      const add = (w: DiscoveredWorker): Promise<unknown> => {
+        if (w.blockSize !== null && w.blockSize !== c.blockSize) {
+          process.emitWarning(`worker ${w.workerId} announces block size ${w.blockSize}, the router hashes with ${c.blockSize}: its blocks will never match`, { code: 'KVR_BLOCK_SIZE_MISMATCH' })
+        }
+        const reg: WorkerRegistration = { id: w.workerId, url: w.url, device: w.deviceType, dpRanks: w.dpSize, source: 'etcd' }
+        if (w.blockSize !== null) reg.blockSize = w.blockSize
+        if (w.totalKvBlocks !== null) reg.capacity = w.totalKvBlocks
+        if (w.maxNumBatchedTokens !== null) reg.maxNumBatchedTokens = w.maxNumBatchedTokens
+        // a registration the index cannot hold is refused, not dropped unseen (found by review)
+        return this.addWorker(reg).catch((err: unknown) => process.emitWarning(`worker ${w.workerId} from etcd was not registered: ${err instanceof Error ? err.message : String(err)}`, { code: 'KVR_WORKER_NOT_REGISTERED' }))
+      }
+      d.on('added', (w: DiscoveredWorker) => void add(w))
+      d.on('updated', (w: DiscoveredWorker) => void add(w))
+      d.on('removed', (id: bigint) => void this.removeWorker(id).catch(() => undefined))
+      // the workers etcd lists at start are registered before the router says it is up, so its
+      // first answers and its start-up line count them (the line said 0 workers; found by an
+      // operator review)
+      await Promise.all([...d.workers.values()].map(add))
+    }
+  }
+
+  /** False while a configured NATS or etcd connection is down. */
+  get connected(): { nats: boolean | null; etcd: boolean | null } {
+    return { nats: this.nats === null ? null : this.nats.connected, etcd: this.discovery === null ? null : this.discovery.connected }
+  }
+
+  // ---- workers ----
+
+  /**
+   * Registers or updates a worker. Membership changes of one worker apply in the order they were
+   * asked for: adding awaits the shards, and etcd can report a worker updated and then removed
+   * within that await (its lease's two keys deleted one after the other); run side by side, the
+   * late add would put back a worker that had just been removed, and it would stay in routing.
+   */
+  addWorker(reg: WorkerRegistration): Promise<WorkerInfo> {
+    return this.inOrder(reg.id, () => this.addWorkerNow(reg))
+  }
+
+  removeWorker(id: bigint): Promise<boolean> {
+    return this.inOrder(id, () => this.removeWorkerNow(id))
+  }
+
+  private readonly membership = new Map<bigint, Promise<unknown>>()
+
+  private inOrder<T>(id: bigint, op: () => Promise<T>): Promise<T> {
+    const prev = this.membership.get(id)
+    const next = prev === undefined ? op() : prev.then(op, op)
+    const tail = next.then(
+      () => undefined,
+      () => undefined,
+    )
+    this.membership.set(id, tail)
+    void tail.then(() => {
+      if (this.membership.get(id) === tail) this.membership.delete(id)
+    })
+    return next
+  }
+
+  private async addWorkerNow(reg: WorkerRegistration): Promise<WorkerInfo> {
+    const dpRanks = reg.dpRanks ?? 1
+    const info: WorkerInfo = {
+      id: reg.id,
+      url: reg.url.replace(/\/+$/, ''),
+      blockSize: reg.blockSize ?? this.config.blockSize,
+      capacity: reg.capacity ?? 0,
+      device: reg.device ?? 'gpu',
+      dpRanks,
+      maxNumBatchedTokens: reg.maxNumBatchedTokens,
+      registeredAt: Date.now(),
+      failures: 0,
+      suspendedUntil: 0,
+      source: reg.source ?? 'static',
+    }
+    // a worker the index knew nothing of leaves nothing in it when its registration is refused
+    const known = this.workerTable.has(reg.id) || (await this.pool.indexedRanks(reg.id)) > 0
+    for (let r = 0; r < dpRanks; r++) {
+      // A full table of worker-ranks used to be ignored here: the worker was answered 201, and
+      // every KV event of it was then dropped as too_many_workers, so it could never get a hit.
+      // Ranks known only from KV events give way to it first: events with made-up worker ids
+      // could otherwise fill the table and keep every real worker out (found by an input review).
+      if (!(await this.pool.ensureWorker(reg.id, r)) && !((await this.evictUnregistered(reg.id)) && (await this.pool.ensureWorker(reg.id, r)))) {
+        if (!known) await this.pool.removeWorker(reg.id)
+        throw new KvrError('KVR_ERR_TOO_MANY_WORKERS', `worker ${reg.id} rank ${r} does not fit: its index shard holds its maximum of ${this.pool.maxWorkerRanksPerShard} worker-ranks, all of registered workers`)
+      }
+    }
+    // The scheduler learns the ranks and the table the URL in one synchronous step: with an await
+    // between them a request could be routed to a rank whose worker has no URL yet, and the
+    // proxy would count that as a failed attempt.
+    const old = this.workerTable.get(reg.id)
+    if (old !== undefined && old.dpRanks > dpRanks) for (let r = dpRanks; r < old.dpRanks; r++) this.scheduler.removeWorkerRank(reg.id, r)
+    for (let r = 0; r < dpRanks; r++) {
+      const rankInfo: { device: DeviceType; totalKvBlocks: number; maxNumBatchedTokens?: number } = { device: info.device, totalKvBlocks: info.capacity }
+      if (info.maxNumBatchedTokens !== undefined) rankInfo.maxNumBatchedTokens = info.maxNumBatchedTokens
+      this.scheduler.addWorkerRank(reg.id, r, rankInfo)
+    }
+    this.workerTable.set(reg.id, info)
+    this.suspended.delete(reg.id)
+    // a new worker, or one now elsewhere: what it has cached is fetched (a model card arriving
+    // for a worker already known changes neither)
+    if (old === undefined || old.url !== info.url || old.dpRanks !== dpRanks) void this.recovery?.workerAdded(reg.id, dpRanks)
+    return info
+  }
+
+  /**
+   * Drops a worker from routing and from the index. A worker known only from its KV events (sent
+   * before it registered, or never registered) holds worker-rank slots and blocks too, and this is
+   * the way to free them; false when the id is neither registered nor in the index.
+   */
+  /**
+   * Drops the worker, known only from its KV events, that holds the fewest blocks in the shard
+   * of `forId`, to make room for a registration; false when every rank there is registered.
+   */
+  private async evictUnregistered(forId: bigint): Promise<boolean> {
+    let victim: { id: bigint; blocks: number } | null = null
+    const blocks = new Map<bigint, number>()
+    for (const t of await this.pool.shardTreeSizes(forId)) {
+      // a worker whose registration is under way holds slots before it is in the table
+      if (t.worker_id === forId || this.workerTable.has(t.worker_id) || this.membership.has(t.worker_id)) continue
+      blocks.set(t.worker_id, (blocks.get(t.worker_id) ?? 0) + t.tree_size)
+    }
+    for (const [id, n] of blocks) if (victim === null || n < victim.blocks) victim = { id, blocks: n }
+    if (victim === null) return false
+    await this.pool.removeWorker(victim.id)
+    this.evictedUnregistered++
+    return true
+  }
+
+  /** Workers known only from KV events dropped to make room for a registration. */
+  evictedUnregistered = 0
+
+  /**
+   * A shard thread that died comes back empty (ShardPool), and its answers are marked not exact.
+   * Its registered workers are put back in it and rebuilt from their dumps where they answer the
+   * worker query (DESIGN: "rebuilt … from worker recovery queries"). A worker that cannot be
+   * rebuilt so is marked `degraded` (its cached blocks are forgotten until its next events
+   * refill them) and a warning says so; then the shard is exact again for every other worker, and
+   * /ready with it: a shard that stayed `recovering` for good kept the replica out of its
+   * balancer until restarted (found by review). In approximate mode the shards hold nothing.
+   */
+  private async rebuildShard(shard: number): Promise<void> {
+    if (this.closed) return
+    if (!this.config.kvEvents) return this.pool.markRebuilt(shard)
+    const restarts = this.pool.counters()[shard]?.restarts
+    const workers = this.workers().filter((w) => this.pool.shardOf(w.id) === shard)
+    const lost: bigint[] = []
+    await Promise.all(
+      workers.map(async (w) => {
+        for (let r = 0; r < w.dpRanks; r++) await this.pool.ensureWorker(w.id, r).catch(() => false)
+        const ok = this.recovery === null ? false : await this.recovery.rebuildWorker(w.id, w.dpRanks)
+        if (!ok) {
+          lost.push(w.id)
+          this.recovery?.markLost(w.id, w.dpRanks)
+        }
+      }),
+    )
+    // not after a newer restart, whose own rebuild decides
+    if (this.closed || this.pool.counters()[shard]?.restarts !== restarts) return
+    if (lost.length > 0) process.emitWarning(`index shard ${shard} restarted: the cached blocks of worker(s) ${lost.join(', ')} are forgotten until their next KV events (they do not answer the worker query${this.recovery === null ? ', or --no-router-event-recovery' : ''})`, { code: 'KVR_INDEX_DEGRADED' })
+    this.pool.markRebuilt(shard)
+  }
+
+  private async removeWorkerNow(id: bigint): Promise<boolean> {
+    this.recovery?.workerRemoved(id)
+    this.suspended.delete(id)
+    if (this.workerTable.delete(id)) this.scheduler.removeWorker(id)
+    else if ((await this.pool.indexedRanks(id)) === 0) return false
+    await this.pool.removeWorker(id)
+    return true
+  }
+
+  worker(id: bigint): WorkerInfo | undefined {
+    return this.workerTable.get(id)
+  }
+
+  // ---- failing workers ----
+
+  /** Workers left out of routing after failures, until their time is up. */
+  private readonly suspended = new Set<bigint>()
+
+  /**
+   * A request to the worker failed before its first token. The worker is left out of routing
+   * for 1 s, doubling with each failure in a row up to 30 s: a dead worker took requests (and
+   * every retry could land on dead ones: a failure frees its bookings, so it looks idle) until
+   * its etcd lease ran out, 10 s by default (found by an operator review). When the time is up,
+   * the next request may go there again: an answer ends the suspension, a failure lengthens it.
+   */
+  workerFailed(id: bigint): void {
+    const w = this.workerTable.get(id)
+    if (w === undefined) return
+    w.failures++
+    w.suspendedUntil = performance.now() + Math.min(SUSPEND_MAX_MS, SUSPEND_BASE_MS * 2 ** Math.min(16, w.failures - 1))
+    this.suspended.add(id)
+  }
+
+  /** A request to the worker got its first token (or its whole answer). */
+  workerAnswered(w: WorkerInfo): void {
+    // an answer on a registration since replaced says nothing of the new one
+    if (w.failures === 0 || this.workerTable.get(w.id) !== w) return
+    w.failures = 0
+    w.suspendedUntil = 0
+    this.suspended.delete(w.id)
+  }
+
+  /** True while the worker is left out of routing. */
+  isSuspended(w: WorkerInfo): boolean {
+    return w.suspendedUntil > performance.now()
+  }
+
+  /**
+   * `exclude` with the suspended workers' ranks added; `exclude` itself when none is suspended
+   * now, or when every worker is (then none is left out: a try beats a certain refusal).
+   */
+  private withSuspended(exclude: readonly WorkerRankRef[] | undefined): readonly WorkerRankRef[] | undefined {
+    const now = performance.now()
+    let out: WorkerRankRef[] | null = null
+    for (const id of this.suspended) {
+      const w = this.workerTable.get(id)
+      if (w === undefined || w.suspendedUntil <= now) {
+        // its time is up: routed again, and kept only as failing until it answers
+        this.suspended.delete(id)
+        continue
+      }
+      out ??= exclude === undefined ? [] : [...exclude]
+      for (let r = 0; r < w.dpRanks; r++) out.push({ workerId: id, dpRank: r })
+    }
+    if (out === null || this.suspended.size >= this.workerTable.size) return exclude
+    return out
+  }
+
+  workers(): WorkerInfo[] {
+    return [...this.workerTable.values()]
+  }
+
+  // ---- events ----
+
+  /** One raw RouterEvent JSON message to its shard; false = backpressure (nothing is lost). */
+  ingest(bytes: Uint8Array, workerId?: bigint): boolean {
+    return this.pool.push(bytes, workerId)
+  }
+
+  ingestEvent(ev: RouterEvent): boolean {
+    return this.pool.push(Buffer.from(encodeRouterEvent(ev)), ev.worker_id)
+  }
+
+  // ---- routing ----
+
+  /**
+   * A fresh booking id. The proxy's own are marked (`~` is no base-36 digit), so that the release
+   * routes of /v1/route can tell them apart: a proxied request's booking ends with its stream, and
+   * a client guessing its sequential id must not free it early (found by review).
+   */
+  newRequestId(proxied = false): string {
+    return (proxied ? this.proxiedIdPrefix : this.requestIdPrefix) + (this.nextRequest++).toString(36)
+  }
+
+  /** Whether an id is one of the proxy's bookings (newRequestId(true)). */
+  isProxiedRequestId(id: string): boolean {
+    return id.startsWith(this.proxiedIdPrefix)
+  }
+
+  /**
+   * Whether an id is in the space newRequestId draws from. Every booking answer shows that space's
+   * prefix and counter, so a client that booked the next ids under its own name would make
+   * unrelated proxied requests fail as duplicates; client-chosen ids are kept out of it instead.
+   */
+  isRouterRequestId(id: string): boolean {
+    return id.startsWith(this.requestIdPrefix)
+  }
+
+  private takeScratch(n: number): Scratch {
+    const s = this.scratch.pop()
+    if (s !== undefined && s.lo.length >= n) return s
+    const c = Math.max(64, 1 << Math.ceil(Math.log2(Math.max(1, n))))
+    return { lo: new Uint32Array(c), hi: new Uint32Array(c), sLo: new Uint32Array(c), sHi: new Uint32Array(c) }
+  }
+
+  private giveScratch(s: Scratch): void {
+    if (this.scratch.length < 256) this.scratch.push(s)
+  }
+
+  /** Slot of (worker, rank) in the scheduler, -1 when not registered there. */
+  slotOf(lo: number, hi: number, rank: number): number {
+    const w = this.scheduler.workers
+    if (this.slotCacheVersion !== w.version) {
+      this.slotCache.clear()
+      this.slotCacheVersion = w.version
+    }
+    if (hi >= 0x200000 || rank > 0x7ff) return w.slotOf(u64FromParts(lo, hi), rank)
+    // hi < 2^21 and rank < 2^11: hi·2^32 + lo fits 53 bits; the rank goes into a float's spare range
+    const key = (hi * 4294967296 + lo) * 2048 + rank
+    let slot = this.slotCache.get(key)
+    if (slot === undefined) {
+      slot = w.slotOf(u64FromParts(lo, hi), rank)
+      if (Number.isSafeInteger(key)) this.slotCache.set(key, slot)
+    }
+    return slot
+  }
+
+  /**
+   * Routes one prompt. Timings go to the overhead histograms. Throws KvrError
+   * (TOKEN_OUT_OF_RANGE, UNKNOWN_WORKER, NO_WORKERS, ALL_WORKERS_BUSY, QUEUE_FULL, …).
+   */
+  async route(input: RouteInput): Promise<{ decision: RouteDecision; overlap: OverlapResult; blocks: number; isl: number }> {
+    if (this.closed) throw new KvrError('KVR_ERR_SHUTTING_DOWN', 'the router is shutting down')
+    const t0 = performance.now()
+    const bs = this.config.blockSize
+    let n: number
+    let sc: Scratch
+    let isl: number
+    if (input.tokens !== null) {
+      const tokens = input.tokens
+      sc = this.takeScratch(Math.floor(tokens.length / bs))
+      try {
+        n = promptHashesInto(tokens, bs, sc.lo, sc.hi, sc.sLo, sc.sHi)
+      } catch (err) {
+        this.giveScratch(sc)
+        throw err
+      }
+      isl = input.isl ?? tokens.length
+    } else {
+      const lo = input.blockLo as Uint32Array
+      const hi = input.blockHi as Uint32Array
+      n = input.blockCount ?? lo.length
+      sc = this.takeScratch(n)
+      sc.lo.set(lo.subarray(0, n))
+      sc.hi.set(hi.subarray(0, n))
+      isl = input.isl ?? n * bs
+      sequenceHashesInto(sc.lo, sc.hi, n, sc.sLo, sc.sHi)
+    }
+    try {
+      const t1 = performance.now()
+      // The non-kv modes need no overlap; kv mode asks the shards (in approximate mode they hold
+      // the synthetic events of the scheduler's predictions).
+      const kv = this.config.mode === 'kv'
+      const overlap = kv && n > 0 ? await this.pool.query(sc.lo, sc.hi, n) : EMPTY_RESULT
+      const t2 = performance.now()
+      const w = this.scheduler.workers
+      let dense: Float64Array | undefined
+      let trees: Float64Array | undefined
+      if (overlap.count > 0) {
+        dense = new Float64Array(w.slotCapacity)
+        if (input.explain === true) trees = new Float64Array(w.slotCapacity)
+        for (let i = 0; i < overlap.count; i++) {
+          const slot = this.slotOf(overlap.workerIdLo[i] as number, overlap.workerIdHi[i] as number, overlap.dpRank[i] as number)
+          if (slot < 0) continue
+          dense[slot] = overlap.overlap[i] as number
+          if (trees !== undefined) trees[slot] = overlap.treeSize[i] as number
+        }
+      }
+      const t3 = performance.now()
+      const update = input.updateStates !== false
+      const id = update ? (input.id ?? this.newRequestId()) : input.id
+      const req: Parameters<Scheduler['schedule']>[0] = {
+        isl,
+        seqLo: sc.sLo,
+        seqHi: sc.sHi,
+        blockCount: n,
+        localLo: sc.lo,
+        localHi: sc.hi,
+        updateStates: update,
+      }
+      if (id !== undefined) req.id = id
+      if (dense !== undefined) req.overlapBlocks = dense
+      if (trees !== undefined) req.treeSizes = trees
+      if (input.priority !== undefined) req.priority = input.priority
+      if (input.workerId !== undefined) req.workerId = input.workerId
+      if (input.dpRank !== undefined) req.dpRank = input.dpRank
+      if (input.overrides !== undefined) req.overrides = input.overrides
+      if (input.explain === true) req.explain = true
+      const exclude = this.suspended.size !== 0 && input.workerId === undefined ? this.withSuspended(input.exclude) : input.exclude
+      if (exclude !== undefined) req.exclude = exclude
+      if (input.signal !== undefined) req.signal = input.signal
+      const decision = await this.scheduler.schedule(req)
+      const t4 = performance.now()
+      this.metrics.observeOverhead(t1 - t0, t2 - t1, t4 - t3, t4 - t0)
+      this.metrics.observeDecision(decision, n, isl)
+      return { decision, overlap, blocks: n, isl }
+    } finally {
+      this.giveScratch(sc)
+    }
+  }
+
+  // ---- approximate mode: the scheduler's predicted blocks become synthetic events ----
+
+  private approxSink(): ApproxSink {
+    const eventId = (w: bigint): bigint => {
+      const id = (this.approxEventIds.get(w) ?? 0n) + 1n
+      this.approxEventIds.set(w, id)
+      return id
+    }
+    return {
+      stored: (workerId, dpRank, localLo, localHi, seqLo, seqHi, n) => {
+        const blocks: StoredBlock[] = []
+        for (let i = 0; i < n; i++) blocks.push({ block_hash: u64FromParts(seqLo[i] as number, seqHi[i] as number), tokens_hash: u64FromParts(localLo[i] as number, localHi[i] as number) })
+        this.ingestEvent({ worker_id: workerId, event: { event_id: eventId(workerId), dp_rank: dpRank, data: { stored: { parent_hash: null, blocks } } } })
+      },
+      removed: (workerId, dpRank, seqLo, seqHi, n) => {
+        const hashes: bigint[] = []
+        for (let i = 0; i < n; i++) hashes.push(u64FromParts(seqLo[i] as number, seqHi[i] as number))
+        this.ingestEvent({ worker_id: workerId, event: { event_id: eventId(workerId), dp_rank: dpRank, data: { removed: { block_hashes: hashes } } } })
+      },
+    }
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return
+    this.closed = true
+    await this.nats?.close().catch(() => undefined)
+    await this.discovery?.close().catch(() => undefined)
+    this.scheduler.close()
+    this.metrics.close()
+    // before the pool: holds behind queries in flight are let go, so the shards can drain
+    this.recovery?.close()
+    await this.pool.close()
+  }
+}

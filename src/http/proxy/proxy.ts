@@ -1,0 +1,860 @@
+// The streaming proxy (DESIGN §1 steps 6–7) and the booking lifecycle of one request:
+//
+//   route+book ──► upstream request ──► first event ──► ... ──► end ───────────► free
+//        ▲              │ connect error / 5xx / dies       │ upstream dies      ▲
+//        │              ▼ before the first event           ▼ after it           │
+//        └── route again, tried ones excluded (free old)   error event, end ─────┤
+//   client disconnects at any point: abort the upstream request ────────────────┘
+//
+// A booking is freed exactly once whatever happens (Booking.release). Nothing is written to the
+// client before the first whole upstream event (its first token), so a failure up to then, one
+// inside that event included, can still be retried on the best worker-rank not tried yet. Past
+// it nothing is retried, and the prompt is let go while the stream lasts. Events reach the
+// client whole, so the error event that ends a failed stream is always an event of its own.
+import type { FastifyReply } from 'fastify'
+import { Agent } from 'undici'
+import type { Dispatcher } from 'undici'
+import type { RouteInput, Router, WorkerInfo } from '../../core/router.js'
+import type { CancelSignal, RouteDecision, WorkerRankRef } from '../../scheduler/scheduler.js'
+import { KvrError, isKvrError } from '../../errors.js'
+import { serializeJson } from '../../codec/json.js'
+import { ChunkWriter } from './chunked.js'
+
+export interface ProxyCall {
+  /** Upstream path: /v1/completions or /v1/chat/completions. */
+  path: string
+  /** The client's JSON body, forwarded byte for byte. */
+  payload: Uint8Array
+  stream: boolean
+  route: RouteInput
+  model: string
+}
+
+/**
+ * Fires when the client goes away. AbortController would do, but each one builds an EventTarget
+ * (a Map, listener records, an Event on abort) for the one listener a request ever has: the
+ * queue's, while it waits. (Its upstream exchange hears it from the run directly.)
+ */
+export class ClientGone implements CancelSignal {
+  aborted = false
+  private listeners: (() => void)[] | null = null
+
+  addEventListener(_type: 'abort', listener: () => void): void {
+    ;(this.listeners ??= []).push(listener)
+  }
+
+  removeEventListener(_type: 'abort', listener: () => void): void {
+    const ls = this.listeners
+    const i = ls === null ? -1 : ls.indexOf(listener)
+    if (i >= 0) (ls as (() => void)[]).splice(i, 1)
+  }
+
+  /**
+   * Runs every listener even when one throws: each holds a booking or an upstream request, and a
+   * listener skipped would leave its booking held until the router restarts. The errors are
+   * thrown together once all have run.
+   */
+  abort(): void {
+    if (this.aborted) return
+    this.aborted = true
+    const ls = this.listeners
+    this.listeners = null
+    if (ls === null) return
+    let failed: unknown[] | undefined
+    for (const l of ls) {
+      try {
+        l()
+      } catch (err) {
+        ;(failed ??= []).push(err)
+      }
+    }
+    if (failed !== undefined) throw failed.length === 1 ? failed[0] : new AggregateError(failed, 'cleaning up after a client disconnect failed')
+  }
+}
+
+class Booking {
+  private freed = false
+  constructor(
+    private readonly router: Router,
+    readonly id: string,
+  ) {}
+
+  prefillComplete(): void {
+    if (!this.freed) this.router.scheduler.markPrefillComplete(this.id)
+  }
+
+  /** Frees the booking; only the first call has an effect. */
+  release(): boolean {
+    if (this.freed) return false
+    this.freed = true
+    this.router.scheduler.free(this.id)
+    return true
+  }
+}
+
+interface Attempt {
+  decision: RouteDecision
+  booking: Booking
+}
+
+export interface ProxyOptions {
+  retries: number
+  /** undici dispatcher; a keep-alive Agent by default. */
+  dispatcher?: Dispatcher
+}
+
+export class Proxy {
+  private readonly dispatcher: Dispatcher
+  private readonly ownDispatcher: boolean
+  private active = 0
+  private idleWaiters: (() => void)[] = []
+  /** Bookings released, all requests (tests check exactly-once through it). */
+  releasedTotal = 0
+
+  constructor(
+    private readonly router: Router,
+    private readonly options: ProxyOptions,
+  ) {
+    this.ownDispatcher = options.dispatcher === undefined
+    this.dispatcher = options.dispatcher ?? new Agent({ connections: 1024, keepAliveTimeout: 30_000, headersTimeout: 300_000, bodyTimeout: 300_000 })
+  }
+
+  get inFlight(): number {
+    return this.active
+  }
+
+  get retries(): number {
+    return this.options.retries
+  }
+
+  /** Resolves once no request is being proxied (or after timeoutMs); true when idle. */
+  async drain(timeoutMs: number): Promise<boolean> {
+    if (this.active === 0) return true
+    return new Promise((resolve) => {
+      const t = setTimeout(() => resolve(this.active === 0), timeoutMs)
+      this.idleWaiters.push(() => {
+        clearTimeout(t)
+        resolve(true)
+      })
+    })
+  }
+
+  /** Closes its own dispatcher: gracefully, or at once (`force`) when requests were cut. */
+  async close(force = false): Promise<void> {
+    if (!this.ownDispatcher) return
+    if (force) await this.dispatcher.destroy()
+    else await this.dispatcher.close()
+  }
+
+  /**
+   * Proxies one request; it answers the client itself, errors included (through fastify's error
+   * handler while nothing has been sent), so the route handler returns nothing for fastify to wait on.
+   */
+  handle(reply: FastifyReply, call: ProxyCall): void {
+    new ProxyRun(this, reply, call).start()
+  }
+
+  /** A run begins: counted in flight. */
+  opened(call: ProxyCall): void {
+    this.active++
+    this.router.metrics.proxyStarted(call.model)
+  }
+
+  /** A run is over, answered with `status` unless the response says otherwise. */
+  closed(reply: FastifyReply, call: ProxyCall, status: number): void {
+    this.router.metrics.proxyEnded(call.model)
+    this.router.metrics.request(call.model, call.path, call.stream ? 'stream' : 'unary', reply.sent && status === 200 ? reply.statusCode : status)
+    this.active--
+    if (this.active === 0) for (const w of this.idleWaiters.splice(0)) w()
+  }
+
+  /**
+   * Books an attempt on the run's own RouteInput, which takes the attempt's id (its Booking keeps
+   * it). Not on a copy: in Node 20's V8, `{ ...route, id, updateStates, signal }` adds each
+   * property after the spread on a slow path, about 0.8 µs apiece: a booking in round-robin mode
+   * took about 7 µs with the copy and 2–3 without (`npm run bench:route`, "proxy booking";
+   * bench/HISTORY.md, bench:route, session 16).
+   */
+  async book(route: RouteInput, signal: CancelSignal): Promise<Attempt> {
+    const id = this.router.newRequestId(true)
+    route.id = id
+    route.updateStates = true
+    route.signal = signal
+    const { decision } = await this.router.route(route)
+    return { decision, booking: new Booking(this.router, id) }
+  }
+
+  /**
+   * A fresh decision among the worker-ranks not tried yet, on the fleet's state as it is now;
+   * when none can take the request, the reason why not. (Ranking every candidate up front for a
+   * retry that rarely comes cost each request a table as long as the fleet.)
+   */
+  async rebook(route: RouteInput, signal: CancelSignal, tried: WorkerRankRef[]): Promise<Attempt | string> {
+    // the same array throughout: each worker-rank found without a URL below joins it
+    route.exclude = tried
+    for (;;) {
+      let a: Attempt
+      try {
+        a = await this.book(route, signal)
+      } catch (err) {
+        // the client is told what happened (its worker failed) and why it was not retried; a
+        // bare 503 "all busy" would hide the failure
+        if (isKvrError(err, 'KVR_ERR_NO_WORKERS')) return 'no other worker is available'
+        if (isKvrError(err, 'KVR_ERR_ALL_WORKERS_BUSY')) return 'every other worker is busy'
+        if (isKvrError(err, 'KVR_ERR_QUEUE_FULL')) return 'the router queue is full'
+        throw err
+      }
+      if (this.router.worker(a.decision.workerId) !== undefined) return a
+      // a worker-rank known only from its KV events has no URL to proxy to: not an attempt
+      this.release(a.booking)
+      tried.push(rankRef(a.decision))
+    }
+  }
+
+  /** Releases a booking (the exchange calls it too) and counts the first release. */
+  release(b: Booking): void {
+    if (b.release()) this.releasedTotal++
+  }
+
+  worker(id: bigint): WorkerInfo | undefined {
+    return this.router.worker(id)
+  }
+
+  workerFailed(id: bigint): void {
+    this.router.workerFailed(id)
+  }
+
+  workerAnswered(w: WorkerInfo): void {
+    this.router.workerAnswered(w)
+  }
+
+  /** Sends one attempt's request to its worker; the exchange hears the rest. Throws if undici refuses it at once. */
+  dispatch(worker: WorkerInfo, call: ProxyCall, a: Attempt, ex: UpstreamExchange): void {
+    const target = upstreamTarget(worker.url)
+    this.dispatcher.dispatch(
+      {
+        origin: target.origin,
+        path: target.path + call.path,
+        method: 'POST',
+        body: call.payload,
+        headers: { 'content-type': 'application/json', accept: call.stream ? 'text/event-stream' : 'application/json', 'x-request-id': a.booking.id },
+      },
+      ex,
+    )
+  }
+
+  get metrics(): Router['metrics'] {
+    return this.router.metrics
+  }
+}
+
+
+/**
+ * One proxied request from booking to its end, across attempts. Plain callbacks, not a promise
+ * chain: a stream keeps its run alive for its whole life, and each pending promise with its
+ * reactions, closures and contexts would be held, and copied by every scavenge, as long
+ * (`node dist/bench/stream-heap.js`: bench/HISTORY.md, bench:route, session 12).
+ */
+class ProxyRun {
+  readonly gone = new ClientGone()
+  /** Retries allowed after the first attempt (none for a pinned request). */
+  private readonly retries: number
+  private retry = 0
+  private tried: WorkerRankRef[] | undefined = undefined
+  /** When the first booking was made: TTFT is counted from here. */
+  started = 0
+  private exchange: UpstreamExchange | null = null
+  private ended = false
+  private readonly onClose = (): void => this.clientClosed()
+
+  constructor(
+    readonly proxy: Proxy,
+    readonly reply: FastifyReply,
+    readonly call: ProxyCall,
+  ) {
+    this.retries = call.route.workerId === undefined ? proxy.retries : 0
+  }
+
+  start(): void {
+    const raw = this.reply.raw
+    raw.on('close', this.onClose)
+    this.proxy.opened(this.call)
+    // a client can leave while its prompt is tokenized, before anything listened for it
+    if (raw.destroyed) return this.fail(new KvrError('KVR_ERR_REQUEST_CANCELLED', 'the client went away'))
+    this.proxy.book(this.call.route, this.gone).then(
+      (a) => {
+        this.started = performance.now()
+        this.attemptGuarded(a)
+      },
+      (err: unknown) => this.fail(err),
+    )
+  }
+
+  /** attempt(), where a throw would otherwise escape a promise callback with the booking held. */
+  private attemptGuarded(a: Attempt): void {
+    try {
+      this.attempt(a)
+    } catch (err) {
+      this.attemptFailed(a, err)
+    }
+  }
+
+  clientClosed(): void {
+    if (this.reply.raw.writableFinished) return
+    try {
+      this.gone.abort()
+      this.exchange?.clientGone()
+    } catch (err) {
+      // thrown from a 'close' listener it would take the process down
+      this.reply.log.error({ err }, 'cleaning up after a client disconnect failed')
+    }
+  }
+
+  /** One upstream attempt on booking `a`. */
+  private attempt(a: Attempt): void {
+    const d = a.decision
+    const worker = this.proxy.worker(d.workerId)
+    if (worker === undefined) return this.attemptFailed(a, new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} has no HTTP endpoint`))
+    const ex = new UpstreamExchange(this, a, worker)
+    this.exchange = ex
+    try {
+      this.proxy.dispatch(worker, this.call, a, ex)
+    } catch (err) {
+      if (ex.settle()) this.attemptFailed(a, new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} (${worker.url}) did not answer: ${errorText(err)}`))
+    }
+  }
+
+  /** The response was delivered, or the stream ended as its worker ended it. */
+  delivered(): void {
+    this.exchange = null
+    this.end(200)
+  }
+
+  /**
+   * A stream cut after its first token, by its worker (502: the client got an error event) or by
+   * the client (499). Counted as such: a 200 would hide the failure from an error rate.
+   */
+  cut(status: number): void {
+    this.exchange = null
+    this.end(status)
+  }
+
+  /** The worker answered 5xx, or ended its stream without a byte: retryable. */
+  notDelivered(a: Attempt, detail?: string): void {
+    const why = detail === undefined ? '' : `: ${detail}`
+    this.retryAfter(a, new KvrError('KVR_ERR_UPSTREAM', `worker ${a.decision.workerId} failed before its first token${why}`))
+  }
+
+  /** The attempt failed before anything reached the client. */
+  attemptFailed(a: Attempt, err: unknown): void {
+    this.exchange = null
+    this.proxy.release(a.booking)
+    if (this.gone.aborted) return this.fail(new KvrError('KVR_ERR_REQUEST_CANCELLED', 'the client went away'))
+    if (!isKvrError(err, 'KVR_ERR_UPSTREAM')) return this.fail(err)
+    this.retryAfter(a, err)
+  }
+
+  /** After a failure before the first token: the next attempt, or the failure when none is left. */
+  private retryAfter(a: Attempt, failure: KvrError): void {
+    this.exchange = null
+    const p = this.proxy
+    p.release(a.booking)
+    p.metrics.upstreamErrors.inc({ phase: 'before_first_token' })
+    const d = a.decision
+    p.workerFailed(d.workerId)
+    const tried = (this.tried ??= [])
+    tried.push(rankRef(d))
+    if (this.retry++ >= this.retries) {
+      // the client learns it was retried, and where: the last worker's error alone read as if
+      // only that one had been tried (found by an operator review)
+      if (tried.length > 1) return this.fail(new KvrError('KVR_ERR_UPSTREAM', `${failure.message} (the last of ${tried.length} attempts, on workers ${tried.map((x) => x.workerId).join(', ')})`))
+      return this.fail(failure)
+    }
+    p.rebook(this.call.route, this.gone, this.tried).then(
+      (next) => {
+        if (typeof next === 'string') return this.fail(new KvrError('KVR_ERR_UPSTREAM', `${failure.message}; not retried: ${next}`))
+        p.metrics.retried()
+        this.attemptGuarded(next)
+      },
+      (err: unknown) => this.fail(err),
+    )
+  }
+
+  /** Ends the run with an error: the client gets it as any route's error, unless something was sent already. */
+  private fail(err: unknown): void {
+    if (this.ended) return
+    const code = (err as { code?: unknown } | null)?.code
+    if (code === 'KVR_ERR_ALL_WORKERS_BUSY' || code === 'KVR_ERR_QUEUE_FULL') this.proxy.metrics.rejected(this.call.model, this.call.path)
+    this.end(isKvrError(err) ? err.statusCode : 500)
+    const reply = this.reply
+    if (reply.sent || reply.raw.headersSent) return
+    void reply.send(err instanceof Error ? err : new Error(String(err)))
+  }
+
+  private end(status: number): void {
+    if (this.ended) return
+    this.ended = true
+    this.reply.raw.off('close', this.onClose)
+    this.proxy.closed(this.reply, this.call, status)
+  }
+}
+
+const NO_TOKENS: ArrayLike<number> = Object.freeze([])
+const NO_BYTES = new Uint8Array(0)
+
+/** The message of whatever was thrown: a dispatcher may throw something that is not an Error. */
+function errorText(err: unknown): string {
+  return err instanceof Error ? err.message : String(err)
+}
+/**
+ * Longest event held back until it is whole: the first for its worker id, any other so that a
+ * worker dying inside it leaves no half of it on the client's wire (one token's event is a few
+ * hundred bytes).
+ */
+const EVENT_HOLD_LIMIT = 256 * 1024
+
+/** Index just past the blank line that ends the first SSE event (LF or CRLF lines); -1 if none yet. */
+export function eventEnd(text: string | Buffer): number {
+  const lf = text.indexOf('\n\n')
+  const crlf = text.indexOf('\r\n\r\n')
+  if (crlf >= 0 && (lf < 0 || crlf < lf)) return crlf + 4
+  return lf < 0 ? -1 : lf + 2
+}
+
+/**
+ * Whether a chunk ends where an SSE event does (a blank line, LF or CRLF). Every streamed read
+ * takes this test, and nearly all pass it: a few byte compares, nothing allocated.
+ */
+export function endsEvent(b: Uint8Array): boolean {
+  const n = b.length
+  if (n < 2 || b[n - 1] !== 10) return false
+  const c = b[n - 2]
+  return c === 10 || (c === 13 && n >= 4 && b[n - 3] === 10 && b[n - 4] === 13)
+}
+
+/** Index just past the blank line that ends the last SSE event (LF or CRLF lines); 0 if none. */
+export function lastEventEnd(b: Buffer): number {
+  const lf = b.lastIndexOf('\n\n')
+  const crlf = b.lastIndexOf('\r\n\r\n')
+  return Math.max(lf < 0 ? 0 : lf + 2, crlf < 0 ? 0 : crlf + 4)
+}
+
+const DONE = Buffer.from('[DONE]', 'latin1')
+
+/**
+ * Whether a chunk ends with the `[DONE]` event that closes an OpenAI-style stream (`data: [DONE]`
+ * and its blank line, LF or CRLF). Inside an event's JSON a line end is always escaped, so a raw
+ * `[DONE]` before the blank line can only be the event itself.
+ */
+export function endsWithDone(b: Uint8Array): boolean {
+  let e = b.length
+  for (let lines = 0; lines < 2; lines++) {
+    if (e === 0 || b[e - 1] !== 10) return false
+    e--
+    if (e > 0 && b[e - 1] === 13) e--
+  }
+  if (e < DONE.length) return false
+  for (let i = 0; i < DONE.length; i++) if (b[e - DONE.length + i] !== DONE[i]) return false
+  return true
+}
+
+/** Origin and path prefix of a worker URL, parsed once per URL. */
+const targets = new Map<string, { origin: string; path: string }>()
+/** nvext.worker_id (the same worker does prefill and decode): built when a response needs it. */
+function workerIdObject(r: WorkerRankRef): object {
+  return { prefill_worker_id: r.workerId, prefill_dp_rank: r.dpRank, decode_worker_id: r.workerId, decode_dp_rank: r.dpRank }
+}
+
+/** The identity of a tried worker-rank, without holding on to the decision it came from. */
+function rankRef(d: RouteDecision): WorkerRankRef {
+  return { workerId: d.workerId, dpRank: d.dpRank }
+}
+
+function upstreamTarget(url: string): { origin: string; path: string } {
+  let t = targets.get(url)
+  if (t === undefined) {
+    const u = new URL(url)
+    t = { origin: u.origin, path: u.pathname.replace(/\/+$/, '') }
+    if (targets.size > 4096) targets.clear()
+    targets.set(url, t)
+  }
+  return t
+}
+
+const enum Mode {
+  /** Headers not seen yet. */
+  Waiting,
+  /** A non-streamed answer, collected whole. */
+  Whole,
+  /** An SSE stream, forwarded chunk by chunk. */
+  Stream,
+}
+
+/**
+ * One request to one worker, driven by undici's dispatcher callbacks rather than its Readable
+ * body: a streamed chunk goes from the parser straight to the client's socket, without a
+ * Readable's buffering, ticks and listeners per chunk. A client that reads slower than the worker
+ * writes pauses the upstream parser until the client's socket drains, so a slow reader cannot
+ * make the router buffer a whole response.
+ */
+class UpstreamExchange implements Dispatcher.DispatchHandler {
+  private mode = Mode.Waiting
+  private status = 0
+  private contentType = ''
+  private abortUpstream: ((err?: Error) => void) | null = null
+  private resumeUpstream: (() => void) | null = null
+  /** A non-streamed answer's chunks. */
+  private parts: Buffer[] | null = null
+  /** The client's side of a stream, once its first event and headers are out. */
+  private out: ChunkWriter | null = null
+  /** No whole event has come yet: nothing was sent, and a failure is retried. */
+  private first = true
+  /**
+   * The bytes after the last event end that came, until their event ends (kept as bytes: a chunk
+   * may end inside a character). An event goes to the client whole or not at all: a worker that
+   * dies inside one would otherwise leave half of it on the wire, the error event glued to it.
+   */
+  private held: Buffer | null = null
+  /** The client's stream ends inside an event: one too long to hold went out as it came. */
+  private open = false
+  /** A chunk ending in the `data: [DONE]` event, held to go out with the end of the body. */
+  private tail: Buffer | null = null
+  private last = 0
+  private chunks = 0
+  private settled = false
+  /** Made when a slow client first fills its socket, not for every stream. */
+  private onDrain: (() => void) | null = null
+
+  constructor(
+    private readonly run: ProxyRun,
+    private readonly a: Attempt,
+    private readonly worker: WorkerInfo,
+  ) {}
+
+  /**
+   * The client went away: the upstream request is aborted (undici then calls onError). Before
+   * undici has a connection for it there is nothing to abort yet: the attempt ends here, so its
+   * booking is freed now rather than when a slow connect finishes, and onConnect aborts the
+   * request the moment it would be sent.
+   */
+  clientGone(): void {
+    if (this.settled) return
+    if (this.abortUpstream === null) {
+      if (this.settle()) this.run.attemptFailed(this.a, new KvrError('KVR_ERR_REQUEST_CANCELLED', 'the client went away'))
+      return
+    }
+    try {
+      this.abortUpstream(new Error('the client went away'))
+    } catch (err) {
+      // a dispatcher that cannot abort will not call onError either: settle here, so the
+      // booking is released all the same
+      this.onError(err instanceof Error ? err : new Error(errorText(err)))
+    }
+  }
+
+  /** Marks the exchange over; false when it already was (each outcome is reported once). */
+  settle(): boolean {
+    if (this.settled) return false
+    this.settled = true
+    if (this.onDrain !== null) this.out?.offDrained(this.onDrain)
+    return true
+  }
+
+  onConnect(abort: (err?: Error) => void): void {
+    this.abortUpstream = abort
+    if (!this.run.gone.aborted) return
+    // the client left before this: never send the request (the attempt may have ended already)
+    if (!this.settled) return this.clientGone()
+    try {
+      abort(new Error('the client went away'))
+    } catch {
+      // the attempt is over and its booking freed; a dispatcher that cannot abort sends a
+      // request nobody waits for, which its worker answers into the void
+    }
+  }
+
+  onHeaders(statusCode: number, headers: Buffer[] | string[] | null, resume: () => void): boolean {
+    if (statusCode < 200) return true
+    this.status = statusCode
+    if (headers !== null) {
+      for (let i = 0; i + 1 < headers.length; i += 2) {
+        const name = headers[i] as Buffer | string
+        if (name.length === 12 && name.toString().toLowerCase() === 'content-type') this.contentType = (headers[i + 1] as Buffer | string).toString()
+      }
+    }
+    if (statusCode >= 500) return this.failedAtHeaders()
+    if (this.run.call.stream && statusCode === 200 && this.contentType.includes('text/event-stream')) {
+      this.mode = Mode.Stream
+      this.resumeUpstream = resume
+    } else this.mode = Mode.Whole
+    return true
+  }
+
+  /**
+   * A 5xx is retryable from its status line on: the retry goes out now, not when the body ends,
+   * which for a worker that never finishes it would be undici's bodyTimeout (300 s) later. The
+   * body is not read (the client's error names the worker, not what it said), so the request is
+   * aborted: its connection cannot serve another request before that body is read whole anyway.
+   */
+  private failedAtHeaders(): true {
+    if (!this.settle()) return true
+    try {
+      this.abortUpstream?.(new Error(`worker answered ${this.status}`))
+    } catch {
+      // a dispatcher that cannot abort: the retry goes on all the same, and the body, read on
+      // (not paused), is dropped as it comes
+    }
+    this.run.notDelivered(this.a, `it answered ${this.status}`)
+    return true
+  }
+
+  onData(chunk: Buffer): boolean {
+    if (this.mode === Mode.Whole) (this.parts ??= []).push(chunk)
+    else if (this.mode === Mode.Stream) {
+      try {
+        if (!this.forward(chunk)) {
+          // the client's socket is full: hold the worker until it drains
+          ;(this.out as ChunkWriter).onceDrained((this.onDrain ??= () => this.resumeUpstream?.()))
+          return false
+        }
+      } catch (err) {
+        this.abortUpstream?.(err as Error)
+      }
+    }
+    return true
+  }
+
+  /** Writes one upstream chunk to the client; false when the client's socket is full. */
+  private forward(chunk: Buffer): boolean {
+    const out = this.out
+    if (out === null) return this.firstEvent(chunk)
+    let b = chunk
+    // The common read ends exactly where an event does and goes out as it came: a look at its
+    // last bytes, no string, no copy. Only a read that ends inside an event is cut.
+    if (this.held !== null || !endsEvent(chunk)) {
+      const whole = this.wholeEvents(chunk)
+      if (whole === null) return true
+      b = whole
+    } else this.open = false
+    const now = performance.now()
+    this.run.proxy.metrics.observeItl((now - this.last) / 1000)
+    this.last = now
+    this.chunks++
+    return this.send(out, b)
+  }
+
+  /**
+   * The bytes held, then `chunk`, up to the last event end in them; what follows is held until its
+   * event ends. null when no event ends yet.
+   */
+  private wholeEvents(chunk: Buffer): Buffer | null {
+    // past an event too long to hold, the stream goes out as it comes until an event ends a read
+    if (this.open) return chunk
+    const held = this.held
+    const bytes = held === null ? chunk : Buffer.concat([held, chunk])
+    const cut = lastEventEnd(bytes)
+    if (cut === bytes.length) {
+      this.held = null
+      return bytes
+    }
+    if (bytes.length - cut >= EVENT_HOLD_LIMIT) {
+      // no end of event in sight (not SSE after all, or an event of this size): holding on would
+      // buffer the stream whole, so it goes out as it is, and an error after it ends it first
+      this.held = null
+      this.open = true
+      return bytes
+    }
+    this.held = cut === 0 ? bytes : bytes.subarray(cut)
+    return cut === 0 ? null : bytes.subarray(0, cut)
+  }
+
+  /** Writes whole events; false when the client's socket is full. */
+  private send(out: ChunkWriter, b: Buffer): boolean {
+    if (this.tail !== null) {
+      // data after [DONE]: whatever the worker sends goes on, in order
+      out.write(this.tail)
+      this.tail = null
+    }
+    if (endsWithDone(b)) {
+      // the end of the body usually follows in the same read: both then go out in one write
+      // (onComplete); if it does not, the event goes out on its own once this read is parsed
+      this.tail = b
+      process.nextTick(flushTail, this)
+      return true
+    }
+    return out.write(b)
+  }
+
+  /** Sends a held [DONE] chunk on its own (the end of the body did not come with it). */
+  flushTail(): void {
+    const t = this.tail
+    if (t === null || this.settled) return
+    this.tail = null
+    ;(this.out as ChunkWriter).write(t)
+  }
+
+  /** The first event carries nvext.worker_id: it is held until complete, then rewritten. */
+  private firstEvent(chunk: Buffer): boolean {
+    const bytes = this.held === null ? chunk : Buffer.concat([this.held, chunk])
+    let cut = eventEnd(bytes)
+    let event: Buffer
+    if (cut >= 0) {
+      // the event ends in ASCII line ends, so it holds whole characters only
+      event = Buffer.from(injectWorkerId(bytes.toString('utf8', 0, cut), this.a.decision))
+    } else if (bytes.length < EVENT_HOLD_LIMIT) {
+      this.held = bytes
+      return true
+    } else {
+      // no end of event in sight (not SSE after all, or an event of this size): waiting longer
+      // would hold the stream back and buffer it whole, so it goes out as it is
+      cut = bytes.length
+      event = bytes
+      this.open = true
+    }
+    this.held = null
+    const ok = this.startStream(event)
+    if (cut === bytes.length) return ok
+    const rest = this.wholeEvents(bytes.subarray(cut))
+    return rest === null ? ok : this.send(this.out as ChunkWriter, rest) && ok
+  }
+
+  /**
+   * Sends the first event, with the client's headers: the first token, which marks prefill done
+   * and past which nothing is retried. Not before: a worker that fails before its first event is
+   * whole (inside it included) has delivered no token, and its request goes to another worker.
+   */
+  private startStream(event: Buffer): boolean {
+    const now = performance.now()
+    const run = this.run
+    this.first = false
+    // past the first token nothing is retried: let the prompt go while the stream lasts
+    run.call.payload = NO_BYTES
+    run.call.route.tokens = NO_TOKENS
+    this.a.booking.prefillComplete()
+    run.proxy.workerAnswered(this.worker)
+    run.proxy.metrics.observeTtft((now - run.started) / 1000)
+    this.last = now
+    this.chunks++
+    run.reply.hijack()
+    const raw = run.reply.raw
+    raw.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-worker-id': this.a.decision.workerId.toString() })
+    const out = new ChunkWriter(raw)
+    this.out = out
+    return out.begin(event)
+  }
+
+  onComplete(): void {
+    if (!this.settle()) return
+    const run = this.run
+    if (this.mode === Mode.Stream) {
+      const held = this.held
+      this.held = null
+      // ended without a single byte: a failure before the first token
+      if (this.first && held === null) return run.notDelivered(this.a)
+      run.proxy.release(this.a.booking)
+      // A body that ends, cleanly, inside an event goes out as the worker sent it, as a client
+      // reading the worker would get it (an SSE client drops an unfinished last event). Only
+      // when the worker fails does the router add an event of its own.
+      if (this.first) this.startStream(held as Buffer)
+      else if (held !== null) {
+        if (this.tail !== null) (this.out as ChunkWriter).write(this.tail)
+        this.tail = held
+      }
+      run.proxy.metrics.observeOutput(this.chunks)
+      ;(this.out as ChunkWriter).end(this.tail)
+      this.tail = null
+      return run.delivered()
+    }
+    this.whole()
+      .then(
+        () => run.delivered(),
+        (err: unknown) => run.attemptFailed(this.a, err),
+      )
+      .catch((err: unknown) => run.reply.log.error({ err }, 'finishing a proxied request failed'))
+  }
+
+  /** A non-streamed answer: nvext.worker_id added, booking released on arrival. */
+  private async whole(): Promise<void> {
+    const run = this.run
+    const d = this.a.decision
+    const m = run.proxy.metrics
+    const text = this.parts === null ? '' : Buffer.concat(this.parts).toString('utf8')
+    this.a.booking.prefillComplete()
+    m.observeTtft((performance.now() - run.started) / 1000)
+    run.proxy.release(this.a.booking)
+    run.proxy.workerAnswered(this.worker)
+    let out = text
+    if (this.status === 200) {
+      try {
+        const obj = JSON.parse(text) as Record<string, unknown>
+        obj.nvext = { ...(typeof obj.nvext === 'object' && obj.nvext !== null ? obj.nvext : {}), worker_id: workerIdObject(this.a.decision) }
+        const usage = obj.usage as { completion_tokens?: unknown } | undefined
+        if (typeof usage?.completion_tokens === 'number') m.observeOutput(usage.completion_tokens)
+        out = serializeJson(obj)
+      } catch {
+        throw new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} answered a body that is not JSON`)
+      }
+    }
+    await run.reply.code(this.status).header('content-type', 'application/json').header('x-worker-id', d.workerId.toString()).send(out)
+  }
+
+  onError(err: Error): void {
+    if (!this.settle()) return
+    const run = this.run
+    const d = this.a.decision
+    if (this.mode !== Mode.Stream || this.first) {
+      // nothing was sent: a first event not yet whole is dropped with the attempt
+      if (run.gone.aborted) return run.attemptFailed(this.a, err)
+      const what = this.mode === Mode.Waiting ? `(${this.worker.url}) did not answer` : 'failed before its first token'
+      return run.attemptFailed(this.a, new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} ${what}: ${err.message}`))
+    }
+    run.proxy.release(this.a.booking)
+    const raw = run.reply.raw
+    if (run.gone.aborted) {
+      raw.destroy()
+      return run.cut(499)
+    }
+    run.proxy.metrics.upstreamErrors.inc({ phase: 'after_first_token' })
+    const e = new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} failed mid-stream: ${err.message}`)
+    // the error is an event of its own: the unfinished event is dropped, and one too long to
+    // hold, already out in part, is ended first (a client then fails to read that one, not the error)
+    this.held = null
+    if (this.tail !== null) (this.out as ChunkWriter).write(this.tail)
+    this.tail = null
+    const event = `data: ${JSON.stringify({ error: { ...e.toJSON(), type: 'upstream_error' } })}\n\n`
+    raw.end(this.open ? `\n\n${event}` : event)
+    run.cut(502)
+  }
+}
+
+function flushTail(ex: UpstreamExchange): void {
+  ex.flushTail()
+}
+
+/**
+ * The first SSE event with nvext.worker_id added. The common event carries no nvext of its own:
+ * the field is spliced in before the object's closing brace, without parsing and re-serializing
+ * the event (serializeJson's replacer made that the costliest step of a stream's first token).
+ * An event with an nvext already, over several lines, or with \u escapes (which could spell
+ * one) is parsed and merged instead; one that is not a JSON object passes unchanged.
+ */
+export function injectWorkerId(event: string, rank: WorkerRankRef): string {
+  const at = event.indexOf('data:')
+  if (at < 0) return event
+  const json = event.slice(at + 5).trim()
+  if (json.charCodeAt(0) !== 123 /* { */) return event
+  const end = json.length - 1
+  // one line, no nvext of its own, no escapes that could spell one
+  if (end > 0 && json.charCodeAt(end) === 125 /* } */ && json.indexOf('\n') < 0 && !json.includes('nvext') && !json.includes('\\u')) {
+    const comma = json.slice(1, end).trim().length === 0 ? '' : ','
+    const id = `{"prefill_worker_id":${rank.workerId},"prefill_dp_rank":${rank.dpRank},"decode_worker_id":${rank.workerId},"decode_dp_rank":${rank.dpRank}}`
+    return `${event.slice(0, at)}data: ${json.slice(0, end)}${comma}"nvext":{"worker_id":${id}}}\n\n`
+  }
+  try {
+    const obj = JSON.parse(json) as Record<string, unknown>
+    obj.nvext = { ...(typeof obj.nvext === 'object' && obj.nvext !== null ? obj.nvext : {}), worker_id: workerIdObject(rank) }
+    return `${event.slice(0, at)}data: ${serializeJson(obj)}\n\n`
+  } catch {
+    return event
+  }
+}

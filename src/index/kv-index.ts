@@ -1,0 +1,1066 @@
+// The KV block index one shard owns (spec §3): a radix tree whose edges are local block hashes
+// (`tokens_hash`), whose nodes know which worker-ranks hold them, plus each worker-rank's map
+// from its external block hashes (`block_hash`) to nodes. All of it lives in typed arrays:
+//
+//   nodes    slot → parent slot + parent generation, edge key (tokens_hash lo/hi), distinct
+//            worker count, head of its entry list, next node in the child hash chain.
+//            A child hash table keyed by (parent slot, tokens_hash) finds children.
+//   entries  one per (worker-rank, block_hash) the index holds: worker, node, block_hash lo/hi,
+//            next entry in the lookup hash chain, next entry of the same node.
+//            A lookup hash table keyed by (worker, block_hash) finds them.
+//
+// Semantics follow spec §3.2–3.4 with these deliberate, documented choices:
+// - A node is freed the moment its last worker leaves it. Its children are detached by bumping
+//   the node's generation: a child whose recorded parent generation no longer matches is
+//   unreachable from the root, exactly like the reference's "clear node.children", and its
+//   subtree stays intact so the worker can re-link it later. No empty node is ever kept.
+// - Re-linking (a stored block whose hash the worker already knows under another place) moves a
+//   detached node under the new parent; a node still attached elsewhere is not torn away from
+//   its other holders: the worker's entry moves to a fresh node instead. A re-link that would
+//   make a node its own ancestor aborts the event with `invalid_block` (the reference checks
+//   only the direct self-reference, which is the common case of this rule).
+// - A worker may reach one node through several block hashes (e.g. LoRA variants with equal
+//   token content); it stays in the node until its last such hash is removed.
+// - find_matches keeps the reference's O(1) "equal count ⇒ same set" step (spec §3.3 step 4).
+import { EventKind, type DecodedEvent } from '../codec/event-decoder.js'
+import type { RouterEvent, StoredBlock } from '../codec/events.js'
+import { u64FromParts } from '../codec/u64.js'
+import { MAX_SLOT, SlotTable } from './slot-table.js'
+
+export const RejectReason = {
+  ParentBlockNotFound: 0,
+  BlockNotFound: 1,
+  InvalidBlock: 2,
+  Capacity: 3,
+  TooManyWorkers: 4,
+  NonDeviceTier: 5,
+} as const
+export type RejectReason = (typeof RejectReason)[keyof typeof RejectReason]
+/** Metric label values, indexed by RejectReason (spec §3.2 status names first). */
+export const REJECT_REASON_NAMES = ['parent_block_not_found', 'block_not_found', 'invalid_block', 'capacity', 'too_many_workers', 'non_device_tier'] as const
+export const REJECT_REASON_COUNT = REJECT_REASON_NAMES.length
+
+/** Result of applying one event: 0 when every part applied, else 1 + the first RejectReason. */
+export const APPLY_OK = 0
+
+export interface KvIndexOptions {
+  /** Cap on held (block, worker-rank) entries; stores beyond it are rejected as `capacity`. */
+  maxBlocks?: number
+  /** Initial entry capacity; arrays grow by half as needed. */
+  initialBlocks?: number
+  /** Cap on registered worker-ranks; events of further ones are rejected as `too_many_workers`. */
+  maxWorkerRanks?: number
+}
+
+export interface OverlapScore {
+  worker_id: bigint
+  dp_rank: number
+  overlap_blocks: number
+  tree_size: number
+  /** treeSizes() only: the event id of the last event applied for this worker-rank, if any. */
+  last_event_id?: bigint
+}
+
+export const MAX_WORKER_RANKS = 0xfffe
+/** Entries and nodes are named by 26-bit slots in the hash tables. */
+export const MAX_BLOCKS = MAX_SLOT - 2
+const NO_WORKER = 0xffff
+/** Records grow by a quarter: more copies while filling, less memory held idle afterwards. */
+const GROWTH = 1.25
+const OPEN = 0xffffffff
+const NIL = -1
+const ROOT = 0
+
+// Node and entry records are laid out as structs inside one Int32Array each, so a hash-chain
+// probe touches one cache line instead of one per field. u32 values are stored as int32 bits.
+// A free node links the free list through N_FIRST (next) and N_KID (previous), a free entry
+// through E_NEXT.
+const NS = 8
+const N_PARENT = 0
+const N_PGEN = 1
+const N_GEN = 2
+const N_TLO = 3
+const N_THI = 4
+/** Low 16 bits: distinct workers holding the node. Bit 16: MIXED (below). */
+const N_COUNT = 5
+const N_FIRST = 6
+/**
+ * The child attached most recently. Along a conversation's chain nearly every node has exactly
+ * one child, so that child is found here and never enters the children table: a walk reads one
+ * record per block, and storing or freeing a chain block touches no table. A node's other
+ * children live in the table (IN_TABLE), which the parent notes (TABLE_KIDS) so a childless or
+ * single-child node answers a miss without probing it.
+ */
+const N_KID = 7
+const COUNT_MASK = 0xffff
+/**
+ * Set once a worker left this node while the node survived, or a node was re-linked under it:
+ * a child may then hold a worker this node does not, so equal worker counts no longer prove
+ * equal worker sets and find_matches compares the sets on this edge.
+ */
+const MIXED = 0x10000
+/** This node is in the children table (it is not, or no longer, its parent's N_KID). */
+const IN_TABLE = 0x20000
+/** Some child of this node is in the children table (set once; cleared when the node is made). */
+const TABLE_KIDS = 0x40000
+/**
+ * The node is free. Free nodes form a doubly linked list through their own records (N_FIRST
+ * the next, N_KID the previous), so any free node can be taken out of it in O(1): see newNode.
+ */
+const FREE = 0x80000
+const ES = 5
+/** Blocks warmed per pass (KvIndex.warm): enough misses in flight, few enough to stay cached. */
+const WARM = 32
+/** Fewer blocks than this have too few misses to overlap: the warm-up would only add work. */
+const WARM_MIN = 4
+const E_W = 0
+const E_NODE = 1
+const E_LO = 2
+const E_HI = 3
+const E_NEXT = 4
+
+function mix3(a: number, b: number, c: number): number {
+  let h = Math.imul(a ^ 0x9e3779b9, 0x85ebca6b)
+  h ^= h >>> 13
+  h = Math.imul(h ^ b, 0xc2b2ae35)
+  h ^= h >>> 16
+  h = Math.imul(h ^ c, 0x27d4eb2f)
+  h ^= h >>> 15
+  return h
+}
+
+function growI32(a: Int32Array, n: number, fill: number): Int32Array<ArrayBuffer> {
+  const b = new Int32Array(n)
+  b.set(a)
+  b.fill(fill, a.length)
+  return b
+}
+function growU32(a: Uint32Array, n: number): Uint32Array<ArrayBuffer> {
+  const b = new Uint32Array(n)
+  b.set(a)
+  return b
+}
+
+export class KvIndex {
+  readonly maxBlocks: number
+  readonly maxWorkerRanks: number
+
+  // --- counters (read by the shard and published to shared memory) ---
+  /** Events fully applied, by kind: [stored, removed, cleared]. */
+  readonly appliedByKind = new Float64Array(4)
+  /** Rejections by RejectReason (a batched remove counts each missing hash). */
+  readonly rejectedByReason = new Float64Array(REJECT_REASON_COUNT)
+  /** The same rejections by event kind too, [kind × REJECT_REASON_COUNT + reason] (spec §3.2's event_type label). */
+  readonly rejectedByKindReason = new Float64Array(4 * REJECT_REASON_COUNT)
+  liveEntries = 0
+  liveNodes = 1
+  liveWorkers = 0
+
+  // --- worker-ranks ---
+  private wIdLo = new Uint32Array(16)
+  private wIdHi = new Uint32Array(16)
+  private wRank = new Uint32Array(16)
+  /** Entries held per worker-rank: the tree size of spec §3.3 step 6. */
+  private wSize = new Uint32Array(16)
+  private wLive = new Uint8Array(16)
+  /** Last event id seen per worker-rank (halves), and whether one was seen. */
+  private wEvLo = new Uint32Array(16)
+  private wEvHi = new Uint32Array(16)
+  private wEvSeen = new Uint8Array(16)
+  private wTable = new Int32Array(32).fill(NIL)
+  private wHigh = 0
+  private wFree: number[] = []
+
+  // --- nodes: NS int32 words each, see N_* ---
+  private N: Int32Array<ArrayBuffer>
+  private nCap: number
+  private nHigh = 1
+  private nFreeHead = NIL
+  private children = new SlotTable()
+
+  // --- entries: ES int32 words each, see E_* ---
+  private E: Int32Array<ArrayBuffer>
+  private eCap: number
+  private eHigh = 0
+  private eFreeHead = NIL
+  private lookup = new SlotTable()
+
+  // --- query scratch ---
+  private seen = new Uint32Array(16)
+  private depthOf = new Uint32Array(16)
+  private stamp = 0
+  private mark = new Uint32Array(16)
+  private markStamp = 0
+  /**
+   * Called between blocks of a long event (every 8 blocks) and inside long rebuilds and copies:
+   * a shard answers waiting queries there, so a lookup never waits for a whole large event. The
+   * structure is consistent at these points; findMatches may run from inside it.
+   */
+  interrupt: (() => void) | null = null
+
+  /** Per warmed block: the entry its probe will meet, then that entry's node, then its parent. */
+  private warmSlots = new Int32Array(WARM)
+  /** Where warm() leaves what it loaded, so the loads are not optimised away. */
+  private warmSink = 0
+
+  /** Worker-rank slots matched by the last findMatches, in discovery order. */
+  matchWorkers = new Int32Array(16)
+  matchCount = 0
+
+  constructor(options: KvIndexOptions = {}) {
+    this.maxBlocks = Math.min(options.maxBlocks ?? MAX_BLOCKS, MAX_BLOCKS)
+    this.maxWorkerRanks = Math.min(options.maxWorkerRanks ?? MAX_WORKER_RANKS, MAX_WORKER_RANKS)
+    const cap = Math.max(16, Math.min(options.initialBlocks ?? 1024, this.maxBlocks + 1))
+    this.nCap = cap
+    this.N = new Int32Array(cap * NS)
+    this.eCap = cap
+    this.E = new Int32Array(cap * ES)
+    // The root holds every worker implicitly and is never freed.
+    this.N[ROOT * NS + N_COUNT] = 0
+    // no child hint: a zero-filled hint would name slot 0, the root itself, and a first block whose
+    // tokens_hash is 0 would then be found as the root (found by an input review)
+    this.N[ROOT * NS + N_KID] = NIL
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // worker-ranks
+
+  /** Slot of a worker-rank, or -1. */
+  workerSlot(idLo: number, idHi: number, rank: number): number {
+    const t = this.wTable
+    const mask = t.length - 1
+    for (let i = mix3(idLo, idHi, rank) & mask; ; i = (i + 1) & mask) {
+      const w = t[i] as number
+      if (w === NIL) return NIL
+      if (this.wIdLo[w] === idLo && this.wIdHi[w] === idHi && this.wRank[w] === rank) return w
+    }
+  }
+
+  /** Slot of a worker-rank, registering it when new; -1 when the index holds too many. */
+  ensureWorker(idLo: number, idHi: number, rank: number): number {
+    const found = this.workerSlot(idLo, idHi, rank)
+    if (found !== NIL) return found
+    if (this.liveWorkers >= this.maxWorkerRanks) return NIL
+    let w: number
+    if (this.wFree.length > 0) w = this.wFree.pop() as number
+    else {
+      w = this.wHigh++
+      if (w >= this.wIdLo.length) this.growWorkers(this.wIdLo.length * 2)
+    }
+    this.wIdLo[w] = idLo
+    this.wIdHi[w] = idHi
+    this.wRank[w] = rank
+    this.wSize[w] = 0
+    this.wLive[w] = 1
+    this.wEvSeen[w] = 0
+    this.liveWorkers++
+    if (this.liveWorkers * 2 > this.wTable.length) this.rebuildWorkerTable(this.wTable.length * 2)
+    else this.insertWorkerKey(w)
+    return w
+  }
+
+  private insertWorkerKey(w: number): void {
+    const t = this.wTable
+    const mask = t.length - 1
+    let i = mix3(this.wIdLo[w] as number, this.wIdHi[w] as number, this.wRank[w] as number) & mask
+    while (t[i] !== NIL) i = (i + 1) & mask
+    t[i] = w
+  }
+
+  private rebuildWorkerTable(size: number): void {
+    this.wTable = new Int32Array(size).fill(NIL)
+    for (let w = 0; w < this.wHigh; w++) if (this.wLive[w] === 1) this.insertWorkerKey(w)
+  }
+
+  private growWorkers(n: number): void {
+    this.wIdLo = growU32(this.wIdLo, n)
+    this.wIdHi = growU32(this.wIdHi, n)
+    this.wRank = growU32(this.wRank, n)
+    this.wSize = growU32(this.wSize, n)
+    const live = new Uint8Array(n)
+    live.set(this.wLive)
+    this.wLive = live
+    this.wEvLo = growU32(this.wEvLo, n)
+    this.wEvHi = growU32(this.wEvHi, n)
+    const seen = new Uint8Array(n)
+    seen.set(this.wEvSeen)
+    this.wEvSeen = seen
+    this.seen = growU32(this.seen, n)
+    this.depthOf = growU32(this.depthOf, n)
+    this.mark = growU32(this.mark, n)
+    this.matchWorkers = growI32(this.matchWorkers, n, 0)
+  }
+
+  private dropWorker(w: number): void {
+    this.wLive[w] = 0
+    this.liveWorkers--
+    this.wFree.push(w)
+    this.rebuildWorkerTable(this.wTable.length)
+  }
+
+  workerIdLo(w: number): number {
+    return this.wIdLo[w] as number
+  }
+  workerIdHi(w: number): number {
+    return this.wIdHi[w] as number
+  }
+  workerRank(w: number): number {
+    return this.wRank[w] as number
+  }
+  /** Number of blocks the worker-rank holds (spec §3.3 tree size). */
+  treeSize(w: number): number {
+    return this.wSize[w] as number
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // events
+
+  /**
+   * Applies one decoded event for worker-rank (ev.worker, ev.dpRank). Returns APPLY_OK or
+   * 1 + the RejectReason of the first failure; every failure is also counted.
+   */
+  apply(ev: DecodedEvent): number {
+    const w = this.ensureWorker(ev.workerLo, ev.workerHi, ev.dpRank)
+    if (w === NIL) return this.reject(RejectReason.TooManyWorkers, ev.kind)
+    // last = max(last, id) (spec §3.7): a replayed older event does not move it back
+    if (this.wEvSeen[w] === 0 || ev.eventIdHi > (this.wEvHi[w] as number) || (ev.eventIdHi === this.wEvHi[w] && ev.eventIdLo > (this.wEvLo[w] as number))) {
+      this.wEvLo[w] = ev.eventIdLo
+      this.wEvHi[w] = ev.eventIdHi
+    }
+    this.wEvSeen[w] = 1
+    if (ev.tier !== 0) return this.reject(RejectReason.NonDeviceTier, ev.kind)
+    if (ev.kind === EventKind.Stored) return this.applyStored(w, ev)
+    if (ev.kind === EventKind.Removed) return this.applyRemoved(w, ev)
+    this.clearWorker(ev.workerLo, ev.workerHi, false)
+    this.appliedByKind[EventKind.Cleared] = (this.appliedByKind[EventKind.Cleared] as number) + 1
+    return APPLY_OK
+  }
+
+  private reject(reason: RejectReason, kind: EventKind): number {
+    this.rejectedByReason[reason] = (this.rejectedByReason[reason] as number) + 1
+    const k = kind * REJECT_REASON_COUNT + reason
+    this.rejectedByKindReason[k] = (this.rejectedByKindReason[k] as number) + 1
+    return reason + 1
+  }
+
+  private applyStored(w: number, ev: DecodedEvent): number {
+    let cur = ROOT
+    if (ev.hasParent) {
+      const pe = this.findEntry(w, ev.parentLo, ev.parentHi)
+      if (pe === NIL) return this.reject(RejectReason.ParentBlockNotFound, EventKind.Stored)
+      cur = this.E[pe * ES + E_NODE] as number
+    }
+    const n = ev.count
+    let fresh = false
+    for (let i = 0; i < n; i++) {
+      if ((i & (WARM - 1)) === 0 && n - i >= WARM_MIN) this.warm(w, ev.blockLo, ev.blockHi, i, Math.min(n, i + WARM), false)
+      if ((i & 7) === 7 && this.interrupt !== null) this.interrupt()
+      // `| 0`: a u32 above 2^31 is a double, boxed into a fresh heap number at every call
+      // that is not inlined; an int32 travels as a small integer (the tables compare int32 bits)
+      const tokLo = (ev.tokensLo[i] as number) | 0
+      const tokHi = (ev.tokensHi[i] as number) | 0
+      const bhLo = (ev.blockLo[i] as number) | 0
+      const bhHi = (ev.blockHi[i] as number) | 0
+      const e = this.findEntry(w, bhLo, bhHi)
+      // A node made by this event has no children yet: skip the probe.
+      let node = fresh ? NIL : this.findChild(cur, tokLo, tokHi)
+      fresh = false
+      if (e !== NIL && this.E[e * ES + E_NODE] === node) {
+        // held already, right here: an idempotent re-store
+        cur = node
+        continue
+      }
+      // A hash the worker already holds at cur or above it would make the chain a cycle.
+      if (e !== NIL && this.isAncestorOrSelf(this.E[e * ES + E_NODE] as number, cur)) return this.reject(RejectReason.InvalidBlock, EventKind.Stored)
+      if (node === NIL) {
+        if (e !== NIL && !this.isAttached(this.E[e * ES + E_NODE] as number)) {
+          node = this.E[e * ES + E_NODE] as number
+          this.relink(node, cur, tokLo, tokHi)
+        } else {
+          node = this.newNode(cur, tokLo, tokHi)
+          fresh = true
+        }
+      }
+      if (e !== NIL) {
+        if (this.E[e * ES + E_NODE] === node) {
+          cur = node
+          continue
+        }
+        // The worker's hash named a node elsewhere in the tree: it now names this one.
+        this.removeEntry(e)
+      } else if (this.liveEntries >= this.maxBlocks) {
+        if (((this.N[node * NS + N_COUNT] as number) & COUNT_MASK) === 0) this.freeNode(node)
+        return this.reject(RejectReason.Capacity, EventKind.Stored)
+      }
+      this.addEntry(w, node, bhLo, bhHi)
+      cur = node
+    }
+    this.appliedByKind[EventKind.Stored] = (this.appliedByKind[EventKind.Stored] as number) + 1
+    return APPLY_OK
+  }
+
+  private applyRemoved(w: number, ev: DecodedEvent): number {
+    let first = APPLY_OK
+    const n = ev.count
+    for (let i = 0; i < n; i++) {
+      if ((i & (WARM - 1)) === 0 && n - i >= WARM_MIN) this.warm(w, ev.blockLo, ev.blockHi, i, Math.min(n, i + WARM), true)
+      const e = this.findEntry(w, (ev.blockLo[i] as number) | 0, (ev.blockHi[i] as number) | 0)
+      if (e === NIL) {
+        const r = this.reject(RejectReason.BlockNotFound, EventKind.Removed)
+        if (first === APPLY_OK) first = r
+        continue
+      }
+      this.removeEntry(e)
+      if ((i & 7) === 7 && this.interrupt !== null) this.interrupt()
+    }
+    if (first === APPLY_OK) this.appliedByKind[EventKind.Removed] = (this.appliedByKind[EventKind.Removed] as number) + 1
+    return first
+  }
+
+  /**
+   * Drops every block of every rank of a worker (spec §3.2 Cleared). With `forget`, the worker's
+   * ranks are unregistered as well (remove_worker). Returns the number of blocks dropped.
+   */
+  clearWorker(idLo: number, idHi: number, forget: boolean): number {
+    const ranks: number[] = []
+    for (let w = 0; w < this.wHigh; w++) {
+      if (this.wLive[w] === 1 && this.wIdLo[w] === idLo && this.wIdHi[w] === idHi) ranks.push(w)
+    }
+    if (ranks.length === 0) return 0
+    let dropped = 0
+    let pending = 0
+    for (const w of ranks) pending += this.wSize[w] as number
+    for (let e = 0; e < this.eHigh && pending > 0; e++) {
+      const ew = this.E[e * ES + E_W] as number
+      if (ew === NO_WORKER) continue
+      if (this.wIdLo[ew] === idLo && this.wIdHi[ew] === idHi && this.wLive[ew] === 1) {
+        this.removeEntry(e)
+        dropped++
+        pending--
+      }
+    }
+    if (forget) for (const w of ranks) this.dropWorker(w)
+    return dropped
+  }
+
+  removeWorker(idLo: number, idHi: number): number {
+    return this.clearWorker(idLo, idHi, true)
+  }
+
+  /**
+   * The last event id applied for a worker-rank, as a u64's halves in `out`; false when the
+   * worker-rank is unknown or has applied none since it was registered or last reset.
+   */
+  lastEventId(idLo: number, idHi: number, rank: number, out: { lo: number; hi: number }): boolean {
+    const w = this.workerSlot(idLo, idHi, rank)
+    if (w === NIL || this.wEvSeen[w] !== 1) return false
+    out.lo = this.wEvLo[w] as number
+    out.hi = this.wEvHi[w] as number
+    return true
+  }
+
+  /**
+   * Drops one worker-rank's blocks and forgets its last event id (before a tree dump rebuilds
+   * it: the dump's ids are synthetic, so the next live event is taken whatever its id).
+   */
+  resetWorkerRank(idLo: number, idHi: number, rank: number): number {
+    const w = this.workerSlot(idLo, idHi, rank)
+    if (w === NIL) return 0
+    let dropped = 0
+    let pending = this.wSize[w] as number
+    for (let e = 0; e < this.eHigh && pending > 0; e++) {
+      if (this.E[e * ES + E_W] !== w) continue
+      this.removeEntry(e)
+      dropped++
+      pending--
+    }
+    this.wEvSeen[w] = 0
+    return dropped
+  }
+
+  /** Sets a worker-rank's last event id (after a dump that stands for the events up to it). */
+  setEventId(idLo: number, idHi: number, rank: number, lastLo: number, lastHi: number): void {
+    const w = this.workerSlot(idLo, idHi, rank)
+    if (w === NIL) return
+    this.wEvLo[w] = lastLo
+    this.wEvHi[w] = lastHi
+    this.wEvSeen[w] = 1
+  }
+
+  /** Forgets a worker-rank's last event id, so its next event is taken whatever its id. */
+  forgetEventId(idLo: number, idHi: number, rank: number): void {
+    const w = this.workerSlot(idLo, idHi, rank)
+    if (w !== NIL) this.wEvSeen[w] = 0
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // queries
+
+  /**
+   * Longest cached contiguous prefix, in blocks, per worker-rank (spec §3.3). The matched slots
+   * land in `matchWorkers[0..return)`, their depths in `depth(slot)`, sizes in `treeSize(slot)`.
+   */
+  findMatches(lo: Uint32Array, hi: Uint32Array, n: number, earlyExit = false): number {
+    this.matchCount = 0
+    if (n === 0) return 0
+    // int32 arguments, as in applyStored: no heap number per call
+    let cur = this.findChild(ROOT, (lo[0] as number) | 0, (hi[0] as number) | 0)
+    if (cur === NIL) return 0
+    const N = this.N
+    const E = this.E
+    const seen = this.seen
+    const depthOf = this.depthOf
+    const out = this.matchWorkers
+    const stamp = this.nextStamp()
+    // Every worker of the first block is a candidate whose depth is still open.
+    let m = 0
+    for (let e = N[cur * NS + N_FIRST] as number; e !== NIL; e = E[e * ES + E_NEXT] as number) {
+      const w = E[e * ES + E_W] as number
+      if (seen[w] !== stamp) {
+        seen[w] = stamp
+        depthOf[w] = OPEN
+        out[m++] = w
+      }
+    }
+    let active = m
+    let depth = 1
+    if (!(earlyExit && active === 1)) {
+      for (let i = 1; i < n; i++) {
+        const child = this.findChild(cur, (lo[i] as number) | 0, (hi[i] as number) | 0)
+        if (child === NIL) break
+        // A child holds a subset of its parent's workers unless the parent is marked mixed, so
+        // there an equal count means nobody left (spec §3.3's O(1) step); otherwise compare.
+        const cw = N[cur * NS + N_COUNT] as number
+        if ((cw & MIXED) !== 0 || ((N[child * NS + N_COUNT] as number) & COUNT_MASK) !== (cw & COUNT_MASK)) {
+          const ms = this.nextMarkStamp()
+          const mark = this.mark
+          for (let e = N[child * NS + N_FIRST] as number; e !== NIL; e = E[e * ES + E_NEXT] as number) mark[E[e * ES + E_W] as number] = ms
+          for (let e = N[cur * NS + N_FIRST] as number; e !== NIL; e = E[e * ES + E_NEXT] as number) {
+            const w = E[e * ES + E_W] as number
+            if (mark[w] !== ms && seen[w] === stamp && depthOf[w] === OPEN) {
+              depthOf[w] = i
+              active--
+            }
+          }
+          if (active === 0) break
+        }
+        cur = child
+        depth = i + 1
+        if (earlyExit && active === 1) break
+      }
+    }
+    for (let k = 0; k < m; k++) {
+      const w = out[k] as number
+      if (depthOf[w] === OPEN) depthOf[w] = depth
+    }
+    this.matchCount = m
+    return m
+  }
+
+  /** findMatches over u64 local hashes, as objects: for tests, tools and the HTTP edge. */
+  overlapScores(local: BigUint64Array | readonly bigint[], earlyExit = false): OverlapScore[] {
+    const n = local.length
+    const lo = new Uint32Array(n)
+    const hi = new Uint32Array(n)
+    for (let i = 0; i < n; i++) {
+      const v = local[i] as bigint
+      lo[i] = Number(v & 0xffffffffn)
+      hi[i] = Number(v >> 32n)
+    }
+    const m = this.findMatches(lo, hi, n, earlyExit)
+    const out: OverlapScore[] = []
+    for (let i = 0; i < m; i++) {
+      const w = this.matchWorkers[i] as number
+      out.push({ worker_id: u64FromParts(this.wIdLo[w] as number, this.wIdHi[w] as number), dp_rank: this.wRank[w] as number, overlap_blocks: this.depthOf[w] as number, tree_size: this.wSize[w] as number })
+    }
+    return out
+  }
+
+  /** Tree sizes of every registered worker-rank. */
+  treeSizes(): OverlapScore[] {
+    const out: OverlapScore[] = []
+    for (let w = 0; w < this.wHigh; w++) {
+      if (this.wLive[w] !== 1) continue
+      const ts: OverlapScore = { worker_id: u64FromParts(this.wIdLo[w] as number, this.wIdHi[w] as number), dp_rank: this.wRank[w] as number, overlap_blocks: 0, tree_size: this.wSize[w] as number }
+      if (this.wEvSeen[w] === 1) ts.last_event_id = u64FromParts(this.wEvLo[w] as number, this.wEvHi[w] as number)
+      out.push(ts)
+    }
+    return out
+  }
+
+  /** Depth of a slot matched by the last findMatches. */
+  depth(w: number): number {
+    return this.depthOf[w] as number
+  }
+
+  private nextMarkStamp(): number {
+    this.markStamp = (this.markStamp + 1) >>> 0
+    if (this.markStamp === 0) {
+      this.mark.fill(0)
+      this.markStamp = 1
+    }
+    return this.markStamp
+  }
+
+  private nextStamp(): number {
+    this.stamp = (this.stamp + 1) >>> 0
+    if (this.stamp === 0) {
+      this.seen.fill(0)
+      this.stamp = 1
+    }
+    return this.stamp
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // children
+
+  private childHash(parent: number, gen: number, lo: number, hi: number): number {
+    return mix3(parent ^ Math.imul(gen, 0x9e3779b1), lo, hi)
+  }
+
+  private isAttached(node: number): boolean {
+    const p = this.N[node * NS + N_PARENT] as number
+    return p !== NIL && this.N[p * NS + N_GEN] === this.N[node * NS + N_PGEN]
+  }
+
+  private findChild(parent: number, lo: number, hi: number): number {
+    lo |= 0
+    hi |= 0
+    const N = this.N
+    const gen = N[parent * NS + N_GEN] as number
+    const kid = N[parent * NS + N_KID] as number
+    if (kid >= 0) {
+      const k = kid * NS
+      if (N[k + N_TLO] === lo && N[k + N_THI] === hi && N[k + N_PARENT] === parent && N[k + N_PGEN] === gen) return kid
+    }
+    if (((N[parent * NS + N_COUNT] as number) & TABLE_KIDS) === 0) return NIL
+    const t = this.children
+    for (let c = t.first(this.childHash(parent, gen, lo, hi)); c !== NIL; c = t.next()) {
+      const b = c * NS
+      if (N[b + N_TLO] === lo && N[b + N_THI] === hi && N[b + N_PARENT] === parent && N[b + N_PGEN] === gen) return c
+    }
+    return NIL
+  }
+
+  /** True when `node` is `of` or one of its ancestors (following parents while attached). */
+  private isAncestorOrSelf(node: number, of: number): boolean {
+    let x = of
+    for (let steps = 0; x !== NIL && x !== ROOT; steps++) {
+      if (x === node) return true
+      if (!this.isAttached(x) || steps > this.nHigh) return false
+      x = this.N[x * NS + N_PARENT] as number
+    }
+    return false
+  }
+
+  /** Takes a node out of its parent's child lookup (hint or table). */
+  private unchainChild(node: number): void {
+    const N = this.N
+    const b = node * NS
+    const cw = N[b + N_COUNT] as number
+    if ((cw & IN_TABLE) !== 0) {
+      this.children.remove(this.childHash(N[b + N_PARENT] as number, N[b + N_PGEN] as number, N[b + N_TLO] as number, N[b + N_THI] as number), node)
+      N[b + N_COUNT] = cw & ~IN_TABLE
+    }
+    const p = N[b + N_PARENT] as number
+    if (p !== NIL && N[p * NS + N_KID] === node) N[p * NS + N_KID] = NIL
+  }
+
+  /** Makes an attached node findable from its parent: as the parent's hint, or in the table. */
+  private chainChild(node: number): void {
+    const N = this.N
+    const parent = N[node * NS + N_PARENT] as number
+    // the root has a child per distinct first block: all of them go to the table
+    if (parent === ROOT) {
+      this.tableInsert(node)
+      return
+    }
+    const pb = parent * NS
+    const old = N[pb + N_KID] as number
+    N[pb + N_KID] = node
+    // the previous hint, if still a child of this parent, moves to the table
+    if (old >= 0 && old !== node) {
+      const ob = old * NS
+      if (N[ob + N_PARENT] === parent && N[ob + N_PGEN] === N[pb + N_GEN] && ((N[ob + N_COUNT] as number) & IN_TABLE) === 0) this.tableInsert(old)
+    }
+  }
+
+  private tableInsert(node: number): void {
+    const N = this.N
+    const b = node * NS
+    const parent = N[b + N_PARENT] as number
+    N[b + N_COUNT] = (N[b + N_COUNT] as number) | IN_TABLE
+    N[parent * NS + N_COUNT] = (N[parent * NS + N_COUNT] as number) | TABLE_KIDS
+    this.children.insert(this.childHash(parent, N[b + N_PGEN] as number, N[b + N_TLO] as number, N[b + N_THI] as number), node)
+    if (this.children.needsRebuild) this.rebuildChildren()
+  }
+
+  /**
+   * Re-inserts the table's own children (it holds only a node's non-hint children, a small part
+   * of all nodes), so a rebuild costs the table's size, not a scan of every node. Queries read
+   * this table, so the new one is built aside while they keep reading the old one.
+   */
+  private rebuildChildren(): void {
+    const slots = this.children.liveSlots()
+    const fresh = new SlotTable()
+    fresh.reset(slots.length)
+    const N = this.N
+    for (let i = 0; i < slots.length; i++) {
+      if ((i & 63) === 63 && this.interrupt !== null) this.interrupt()
+      const node = slots[i] as number
+      const b = node * NS
+      fresh.insert(this.childHash(N[b + N_PARENT] as number, N[b + N_PGEN] as number, N[b + N_TLO] as number, N[b + N_THI] as number), node)
+    }
+    this.children = fresh
+  }
+
+  private relink(node: number, parent: number, lo: number, hi: number): void {
+    this.unchainChild(node)
+    this.N[parent * NS + N_COUNT] = (this.N[parent * NS + N_COUNT] as number) | MIXED
+    this.N[node * NS + N_PARENT] = parent
+    this.N[node * NS + N_PGEN] = this.N[parent * NS + N_GEN] as number
+    this.N[node * NS + N_TLO] = lo
+    this.N[node * NS + N_THI] = hi
+    this.chainChild(node)
+  }
+
+  /**
+   * A child goes into the slot next to its parent when that one is free, else the one before
+   * it, else the most recently freed slot. A lookup walks a chain one node per block, each
+   * node's slot read from its parent's record, so every step is a dependent load; with a
+   * chain's nodes side by side, two share a cache line and the hardware prefetcher sees a
+   * stream, where scattered nodes cost a miss per block. Chains are stored and evicted whole,
+   * so the slots a chain frees are mostly taken by the next chain, side by side again.
+   */
+  private newNode(parent: number, lo: number, hi: number): number {
+    let node = NIL
+    if (parent !== ROOT) {
+      node = this.takeFree(parent + 1)
+      if (node === NIL) node = this.takeFree(parent - 1)
+    }
+    if (node === NIL) {
+      node = this.nFreeHead
+      if (node !== NIL) this.unlinkFree(node)
+      else {
+        node = this.nHigh++
+        if (node >= this.nCap) this.growNodes()
+      }
+    }
+    const N = this.N
+    const b = node * NS
+    N[b + N_PARENT] = parent
+    N[b + N_PGEN] = N[parent * NS + N_GEN] as number
+    N[b + N_TLO] = lo
+    N[b + N_THI] = hi
+    N[b + N_COUNT] = 0
+    N[b + N_FIRST] = NIL
+    N[b + N_KID] = NIL
+    this.liveNodes++
+    this.chainChild(node)
+    return node
+  }
+
+  private freeNode(node: number): void {
+    this.unchainChild(node)
+    const N = this.N
+    const b = node * NS
+    // Bumping the generation detaches every child at once (spec: clear node.children).
+    N[b + N_GEN] = ((N[b + N_GEN] as number) + 1) | 0
+    N[b + N_PARENT] = NIL
+    N[b + N_COUNT] = FREE
+    const head = this.nFreeHead
+    N[b + N_FIRST] = head
+    N[b + N_KID] = NIL
+    if (head !== NIL) N[head * NS + N_KID] = node
+    this.nFreeHead = node
+    this.liveNodes--
+  }
+
+  /**
+   * The node slot that worker-rank slot `w` holds block hash (lo, hi) in, or -1. For tests and
+   * diagnostics: where the allocator put a chain.
+   */
+  nodeSlotOf(w: number, lo: number, hi: number): number {
+    const e = this.findEntry(w, lo, hi)
+    return e === NIL ? NIL : (this.E[e * ES + E_NODE] as number)
+  }
+
+  /** Takes `node` out of the free list when it is free there; NIL when it is not. */
+  private takeFree(node: number): number {
+    if (node < 1 || node >= this.nHigh || ((this.N[node * NS + N_COUNT] as number) & FREE) === 0) return NIL
+    this.unlinkFree(node)
+    return node
+  }
+
+  private unlinkFree(node: number): void {
+    const N = this.N
+    const next = N[node * NS + N_FIRST] as number
+    const prev = N[node * NS + N_KID] as number
+    if (prev === NIL) this.nFreeHead = next
+    else N[prev * NS + N_FIRST] = next
+    if (next !== NIL) N[next * NS + N_KID] = prev
+  }
+
+  private growNodes(): void {
+    this.nCap = Math.min(Math.ceil(this.nCap * GROWTH), MAX_SLOT + 1)
+    this.N = this.grownCopy(this.N, this.nCap * NS)
+  }
+
+  /**
+   * A larger copy of a record array. A copy of millions of words takes milliseconds, so it
+   * goes in chunks with interrupts between: queries then read the old array, which nothing
+   * changes until the copy replaces it.
+   */
+  private grownCopy(a: Int32Array<ArrayBuffer>, words: number): Int32Array<ArrayBuffer> {
+    const n = new Int32Array(words)
+    const CHUNK = 1 << 14
+    for (let at = 0; at < a.length; at += CHUNK) {
+      if (at > 0 && this.interrupt !== null) this.interrupt()
+      n.set(a.subarray(at, Math.min(a.length, at + CHUNK)), at)
+    }
+    return n
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // entries
+
+  /**
+   * Loads what the probes of blocks [from, to) will read: each block's home cell in the lookup
+   * table and, with `entries`, the entry found there and that entry's node. An index of this
+   * size misses every cache at almost every such read (a pointer chase over 16 MB costs about
+   * 150 ns a step on the 2-core test machine), and one block's probe waits for each miss in
+   * turn. Here the loads of different blocks do not depend on one another, so the CPU keeps
+   * many in flight; one level per pass, because each level needs the one before. Only reads:
+   * a cell whose fingerprint later turns out not to match just wasted a load.
+   */
+  private warm(w: number, lo: Uint32Array, hi: Uint32Array, from: number, to: number, entries: boolean): void {
+    const t = this.lookup
+    const slots = this.warmSlots
+    const m = to - from
+    let acc = 0
+    for (let i = 0; i < m; i++) slots[i] = t.peekHome(mix3(w, (lo[from + i] as number) | 0, (hi[from + i] as number) | 0))
+    if (entries) {
+      const E = this.E
+      const N = this.N
+      for (let i = 0; i < m; i++) {
+        const e = slots[i] as number
+        slots[i] = e < 0 ? NIL : (E[e * ES + E_NODE] as number)
+      }
+      for (let i = 0; i < m; i++) {
+        const node = slots[i] as number
+        slots[i] = node < 0 ? NIL : (N[node * NS + N_PARENT] as number)
+      }
+      for (let i = 0; i < m; i++) {
+        const parent = slots[i] as number
+        if (parent >= 0) acc ^= N[parent * NS + N_KID] as number
+      }
+    }
+    this.warmSink ^= acc
+  }
+
+  private findEntry(w: number, lo: number, hi: number): number {
+    lo |= 0
+    hi |= 0
+    const E = this.E
+    const t = this.lookup
+    for (let e = t.first(mix3(w, lo, hi)); e !== NIL; e = t.next()) {
+      const b = e * ES
+      if (E[b + E_LO] === lo && E[b + E_HI] === hi && E[b + E_W] === w) return e
+    }
+    return NIL
+  }
+
+  private addEntry(w: number, node: number, lo: number, hi: number): void {
+    let e = this.eFreeHead
+    if (e !== NIL) this.eFreeHead = this.E[e * ES + E_NEXT] as number
+    else {
+      e = this.eHigh++
+      if (e >= this.eCap) this.growEntries()
+    }
+    const E = this.E
+    const N = this.N
+    const b = e * ES
+    E[b + E_W] = w
+    E[b + E_NODE] = node
+    E[b + E_LO] = lo
+    E[b + E_HI] = hi
+    const nb = node * NS
+    if (!this.nodeHasWorker(node, w)) N[nb + N_COUNT] = (N[nb + N_COUNT] as number) + 1
+    E[b + E_NEXT] = N[nb + N_FIRST] as number
+    N[nb + N_FIRST] = e
+    this.liveEntries++
+    this.wSize[w] = (this.wSize[w] as number) + 1
+    this.lookup.insert(mix3(w, lo, hi), e)
+    if (this.lookup.needsRebuild) this.rebuildLookup()
+  }
+
+  private rebuildLookup(): void {
+    this.lookup.reset(this.liveEntries)
+    const E = this.E
+    for (let e = 0; e < this.eHigh; e++) {
+      // queries never read this table, so they may run while it is rebuilt (milliseconds)
+      if ((e & 63) === 63 && this.interrupt !== null) this.interrupt()
+      const b = e * ES
+      const w = E[b + E_W] as number
+      if (w !== NO_WORKER) this.lookup.insert(mix3(w, E[b + E_LO] as number, E[b + E_HI] as number), e)
+    }
+  }
+
+  private nodeHasWorker(node: number, w: number): boolean {
+    const E = this.E
+    for (let e = this.N[node * NS + N_FIRST] as number; e !== NIL; e = E[e * ES + E_NEXT] as number) if (E[e * ES + E_W] === w) return true
+    return false
+  }
+
+  /** Drops one entry; frees its node when it was the node's last worker. */
+  private removeEntry(e: number): void {
+    const E = this.E
+    const N = this.N
+    const b = e * ES
+    const w = E[b + E_W] as number
+    const node = E[b + E_NODE] as number
+    const nb = node * NS
+    // unlink from the node's entry list, noting whether the worker stays through another hash
+    let prev = NIL
+    let still = false
+    for (let x = N[nb + N_FIRST] as number; x !== NIL; x = E[x * ES + E_NEXT] as number) {
+      if (x === e) {
+        if (prev === NIL) N[nb + N_FIRST] = E[b + E_NEXT] as number
+        else E[prev * ES + E_NEXT] = E[b + E_NEXT] as number
+        continue
+      }
+      if (E[x * ES + E_W] === w) still = true
+      prev = x
+    }
+    if (!still) {
+      N[nb + N_COUNT] = ((N[nb + N_COUNT] as number) - 1) | MIXED
+    }
+    this.lookup.remove(mix3(w, E[b + E_LO] as number, E[b + E_HI] as number), e)
+    E[b + E_W] = NO_WORKER
+    E[b + E_NODE] = NIL
+    E[b + E_NEXT] = this.eFreeHead
+    this.eFreeHead = e
+    this.liveEntries--
+    this.wSize[w] = (this.wSize[w] as number) - 1
+    if (((N[nb + N_COUNT] as number) & COUNT_MASK) === 0) this.freeNode(node)
+  }
+
+  private growEntries(): void {
+    this.eCap = Math.min(Math.ceil(this.eCap * GROWTH), MAX_SLOT + 1)
+    this.E = this.grownCopy(this.E, this.eCap * ES)
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // dump
+
+  /**
+   * The whole index as events that rebuild it in an empty index (spec §3.4): parents before
+   * children, one single-block Stored per (node, worker-rank) with the parent's hash as that
+   * worker knows it. Two shapes the reference dump loses are kept: a worker that holds a block
+   * but not its parent is bridged through synthetic hashes that are removed again, and a
+   * detached subtree is rebuilt under a temporary anchor that is removed at the end. Replaying
+   * the result gives the same find_matches answers and the same tree sizes. Cold path.
+   */
+  dump(): RouterEvent[] {
+    const events: RouterEvent[] = []
+    const children = new Map<number, number[]>()
+    const detachedTops: number[] = []
+    for (let node = 1; node < this.nHigh; node++) {
+      if (this.N[node * NS + N_PARENT] === NIL) continue
+      if (this.isAttached(node)) {
+        const p = this.N[node * NS + N_PARENT] as number
+        const list = children.get(p)
+        if (list === undefined) children.set(p, [node])
+        else list.push(node)
+      } else detachedTops.push(node)
+    }
+    let eventId = 0n
+    const push = (w: number, data: RouterEvent['event']['data']): void => {
+      events.push({ worker_id: u64FromParts(this.wIdLo[w] as number, this.wIdHi[w] as number), event: { event_id: eventId++, data, dp_rank: this.wRank[w] as number } })
+    }
+    let synthCounter = 0
+    const synth = (w: number): bigint => {
+      for (;;) {
+        synthCounter++
+        if (this.findEntry(w, synthCounter, 0xfffffffe) === NIL) return u64FromParts(synthCounter, 0xfffffffe)
+      }
+    }
+    const heldBh = (w: number, node: number): bigint | null => {
+      for (let e = this.N[node * NS + N_FIRST] as number; e !== NIL; e = this.E[e * ES + E_NEXT] as number) {
+        if (this.E[e * ES + E_W] === w) return u64FromParts(this.E[e * ES + E_LO] as number, this.E[e * ES + E_HI] as number)
+      }
+      return null
+    }
+    const tok = (node: number): bigint => u64FromParts(this.N[node * NS + N_TLO] as number, this.N[node * NS + N_THI] as number)
+    let anchorCounter = 0
+
+    const region = (top: number): void => {
+      let anchorTok = 0n
+      const anchors = new Map<number, bigint>()
+      if (top !== ROOT) {
+        do anchorCounter++
+        while (this.findChild(ROOT, anchorCounter, 0xffffffff) !== NIL)
+        anchorTok = u64FromParts(anchorCounter, 0xffffffff)
+      }
+      const queue = top === ROOT ? [...(children.get(ROOT) ?? [])] : [top]
+      for (let qi = 0; qi < queue.length; qi++) {
+        const node = queue[qi] as number
+        for (let e = this.N[node * NS + N_FIRST] as number; e !== NIL; e = this.E[e * ES + E_NEXT] as number) {
+          const w = this.E[e * ES + E_W] as number
+          const missing: number[] = []
+          let parentHash: bigint | null = null
+          let needAnchor = false
+          for (let x = node; ; ) {
+            if (x === top) {
+              needAnchor = true
+              break
+            }
+            const p = this.N[x * NS + N_PARENT] as number
+            if (p === ROOT) break
+            const held = heldBh(w, p)
+            if (held !== null) {
+              parentHash = held
+              break
+            }
+            missing.push(p)
+            x = p
+          }
+          const blocks: StoredBlock[] = []
+          const bridges: bigint[] = []
+          if (needAnchor) {
+            const a = anchors.get(w)
+            if (a === undefined) {
+              const h = synth(w)
+              anchors.set(w, h)
+              blocks.push({ block_hash: h, tokens_hash: anchorTok })
+            } else parentHash = a
+          }
+          for (let i = missing.length - 1; i >= 0; i--) {
+            const h = synth(w)
+            bridges.push(h)
+            blocks.push({ block_hash: h, tokens_hash: tok(missing[i] as number) })
+          }
+          blocks.push({ block_hash: u64FromParts(this.E[e * ES + E_LO] as number, this.E[e * ES + E_HI] as number), tokens_hash: tok(node) })
+          push(w, { stored: { parent_hash: parentHash, blocks } })
+          if (bridges.length > 0) push(w, { removed: { block_hashes: bridges } })
+        }
+        const kids = children.get(node)
+        if (kids !== undefined) for (const k of kids) queue.push(k)
+      }
+      for (const [w, h] of anchors) push(w, { removed: { block_hashes: [h] } })
+    }
+
+    region(ROOT)
+    for (const top of detachedTops) region(top)
+    return events
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // introspection
+
+  /** Bytes held by the index's typed arrays (what a cap on blocks bounds). */
+  get bytes(): number {
+    const b = this.N.byteLength + this.E.byteLength + this.children.bytes + this.lookup.bytes + this.wTable.byteLength
+    return b + this.wIdLo.length * 17
+  }
+}

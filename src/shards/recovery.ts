@@ -1,0 +1,290 @@
+// Gap detection's other half, and the first look at a new worker (spec §3.7, DESIGN §3): a
+// router that misses a worker's KV events (a NATS outage, a router started after the worker
+// cached blocks) would route on a stale index and call it exact (found by an operator review).
+//
+// A worker that answers the worker query (`POST {url}/v1/kv/query`, as `kv-router mocker`
+// engines do) is recoverable:
+// - when it registers, its cached set is fetched as a tree dump and replaces what the index
+//   holds for it, its live events held meanwhile (a router that starts late catches up);
+// - when a shard sees its event ids skip (workers/shard/main.ts), the shard holds that worker-rank's
+//   events and this module asks for the missing range (a dump when the range is older than the
+//   worker's ring), then the shard applies it and the held events in order.
+// Whether a worker answers is probed once at registration, with a start id no worker has yet
+// (TooNew); a worker that does not (a plain vLLM or SGLang) has its gaps counted and accepted,
+// as the spec does when recovery fails. A failed recovery lets the held events go and leaves
+// the worker-rank `degraded` until a recovery succeeds.
+import { request } from 'undici'
+import type { Dispatcher } from 'undici'
+import type { ShardPool, EventGap } from './pool.js'
+import { RecoveryKind } from '../thread/protocol.js'
+import { parseJsonExact, readU64 } from '../codec/json.js'
+
+export type IndexState = 'exact' | 'recovering' | 'degraded'
+
+export interface IndexRecoveryOptions {
+  /** The worker's HTTP endpoint, or undefined when it is not registered (its gaps are then accepted). */
+  urlOf(workerId: bigint): string | undefined
+  /** Per attempt: connect, headers and body (ms). Default 5000. */
+  timeoutMs?: number
+  /** Attempts per recovery, with 100 ms, 400 ms… between them. Default 3. */
+  attempts?: number
+  dispatcher?: Dispatcher
+}
+
+export interface IndexRecoveryCounters {
+  /** Gaps reported by the shards for recoverable workers. */
+  gaps: number
+  /** Recoveries answered with the missing events. */
+  ranges: number
+  /** Recoveries answered with a tree dump (registration, or a range older than the worker's ring). */
+  dumps: number
+  /** Recoveries that failed (no answer, an error, an answer that is not one): the held events went on with a hole. */
+  failed: number
+}
+
+const QUERY_PATH = '/v1/kv/query'
+/** A start id no worker reaches: the probe's answer is TooNew from any worker that answers queries. */
+const PROBE_START = 0xffffffffffffffffn
+
+/** A refusal is final when asking again cannot help (a 404, a bad answer), not when the worker was not reached. */
+type Answer = { kind: 'Events' | 'TreeDump'; events: Uint8Array } | { kind: 'TooNew'; newest: bigint } | { kind: 'refused'; why: string; final: boolean }
+/** A worker's answer larger than this is refused (it is parsed whole). */
+const MAX_ANSWER_BYTES = 256 * 1024 * 1024
+/** First wait before probing an unreachable worker again, and the longest. */
+const PROBE_RETRY_MS = 1000
+const PROBE_RETRY_MAX_MS = 30_000
+
+export class IndexRecovery {
+  readonly counters: IndexRecoveryCounters = { gaps: 0, ranges: 0, dumps: 0, failed: 0 }
+  private readonly opts: Required<Omit<IndexRecoveryOptions, 'dispatcher'>> & { dispatcher?: Dispatcher }
+  /** Worker-ranks ("id:rank") recovering now, or left degraded by a failed recovery. */
+  private readonly states = new Map<string, IndexState>()
+  /** Workers that answered the probe. */
+  private readonly recoverable = new Set<bigint>()
+  /**
+   * The registration each worker is in, numbered from one counter: work begun for a registration
+   * that was removed or replaced meanwhile leaves no state behind (and a removed worker's entry
+   * goes, so the map holds registered workers only).
+   */
+  private readonly epochs = new Map<bigint, number>()
+  private epochSeq = 0
+  private readonly inFlight = new Set<AbortController>()
+  private closed = false
+
+  constructor(
+    private readonly pool: ShardPool,
+    options: IndexRecoveryOptions,
+  ) {
+    this.opts = { timeoutMs: options.timeoutMs ?? 5000, attempts: options.attempts ?? 3, urlOf: options.urlOf, ...(options.dispatcher === undefined ? {} : { dispatcher: options.dispatcher }) }
+    // kept after close(): a gap reported later is answered at once (as failed), so no hold waits
+    pool.on('gap', (g: EventGap) => void this.recoverGap(g))
+  }
+
+  /** The index's state for a worker-rank. */
+  stateOf(workerId: bigint, dpRank: number): IndexState {
+    return this.states.get(`${workerId}:${dpRank}`) ?? 'exact'
+  }
+
+  private current(workerId: bigint, epoch: number): boolean {
+    return !this.closed && this.epochs.get(workerId) === epoch
+  }
+
+  /**
+   * A worker registered (or re-registered with a new URL, or its shard restarted empty): probe
+   * it, and when it answers, rebuild each of its ranks from a dump. A worker that cannot be
+   * reached yet (not up, busy) is probed again, 1 s later and doubling up to 30 s, for as long as
+   * it stays registered: one failed probe left it unrecoverable for good (found by review). One
+   * that answers 404 (or any answer but TooNew) does not serve the query. Resolves to true when
+   * every rank was rebuilt; never rejects.
+   */
+  async workerAdded(workerId: bigint, dpRanks: number, maxProbes = Infinity): Promise<boolean> {
+    const epoch = ++this.epochSeq
+    this.epochs.set(workerId, epoch)
+    for (let wait = PROBE_RETRY_MS, probes = 0; ; wait = Math.min(PROBE_RETRY_MAX_MS, wait * 2)) {
+      const url = this.opts.urlOf(workerId)
+      if (url === undefined || !this.current(workerId, epoch)) return false
+      const probe = await this.query(url, workerId, 0, PROBE_START, null, 1)
+      if (!this.current(workerId, epoch)) return false
+      if (probe.kind === 'refused' && !probe.final) {
+        // out of patience: the caller goes on without it, and the probing goes on behind it
+        if (++probes >= maxProbes) {
+          void this.workerAdded(workerId, dpRanks)
+          return false
+        }
+        await new Promise((r) => setTimeout(r, wait).unref())
+        continue
+      }
+      const answers = probe.kind === 'TooNew'
+      if (answers !== this.recoverable.has(workerId)) {
+        if (answers) this.recoverable.add(workerId)
+        else this.recoverable.delete(workerId)
+        this.pool.setRecoverable(workerId, answers)
+      }
+      if (!answers) return false
+      const done = await Promise.all(Array.from({ length: dpRanks }, (_, rank) => this.rebuild(url, workerId, epoch, rank, rank === 0 ? probe.newest : null)))
+      return done.every((x) => x)
+    }
+  }
+
+  /**
+   * A shard restarted empty: its workers' recoverability is told to it again with the rebuild.
+   * A worker not reached in three probes does not hold the shard up (it is rebuilt when reached).
+   */
+  async rebuildWorker(workerId: bigint, dpRanks: number): Promise<boolean> {
+    if (this.recoverable.delete(workerId)) this.pool.setRecoverable(workerId, false)
+    return this.workerAdded(workerId, dpRanks, 3)
+  }
+
+  /** A worker-rank whose blocks were lost with no way to fetch them back (a shard restart). */
+  markLost(workerId: bigint, dpRanks: number): void {
+    if (!this.epochs.has(workerId)) return
+    for (let r = 0; r < dpRanks; r++) this.states.set(`${workerId}:${r}`, 'degraded')
+  }
+
+  /** A worker left: nothing more is asked of it. */
+  workerRemoved(workerId: bigint): void {
+    this.epochs.delete(workerId)
+    this.recoverable.delete(workerId)
+    for (const key of [...this.states.keys()]) if (key.startsWith(`${workerId}:`)) this.states.delete(key)
+  }
+
+  /** Stops asking: queries in flight are aborted, and their holds let go (as failures). */
+  close(): void {
+    this.closed = true
+    for (const ac of this.inFlight) ac.abort()
+  }
+
+  /**
+   * Replaces a worker-rank's blocks with the worker's dump. The dump stands for the events up to
+   * at least the newest id the worker reported before it (`newest`, asked for when not given):
+   * the next live event after a later one is then a gap, recovered in turn.
+   */
+  private async rebuild(url: string, workerId: bigint, epoch: number, rank: number, newest: bigint | null): Promise<boolean> {
+    if (newest === null) {
+      const p = await this.query(url, workerId, rank, PROBE_START, null, this.opts.attempts)
+      if (p.kind === 'TooNew') newest = p.newest
+    }
+    // a removal during the probe: no hold is opened for a worker that is gone
+    if (!this.current(workerId, epoch)) return false
+    const key = `${workerId}:${rank}`
+    this.states.set(key, 'recovering')
+    const ticket = this.pool.park(workerId, rank)
+    const a = await this.query(url, workerId, rank, null, null, this.opts.attempts)
+    return this.finish(workerId, rank, ticket, epoch, a, newest)
+  }
+
+  private async recoverGap(g: EventGap): Promise<void> {
+    this.counters.gaps++
+    const epoch = this.epochs.get(g.workerId)
+    const url = this.opts.urlOf(g.workerId)
+    if (epoch !== undefined && !this.closed) this.states.set(`${g.workerId}:${g.dpRank}`, 'recovering')
+    const a: Answer = url === undefined || epoch === undefined || this.closed ? { kind: 'refused', why: this.closed ? 'the router is stopping' : 'not registered', final: true } : await this.query(url, g.workerId, g.dpRank, g.from, g.to, this.opts.attempts)
+    // a range older than the worker's ring comes as a dump: it stands for the events up to the
+    // gap's end, and the held events follow it
+    this.finish(g.workerId, g.dpRank, g.ticket, epoch, a, g.to)
+  }
+
+  /**
+   * Ends a hold with its recovery (every hold opened is ended, whatever became of its worker: a
+   * hold that ended otherwise drops it by its ticket). True when it was the events or a dump.
+   */
+  private finish(workerId: bigint, rank: number, ticket: number, epoch: number | undefined, a: Answer, dumpLastId: bigint | null): boolean {
+    const key = `${workerId}:${rank}`
+    const mine = epoch !== undefined && this.current(workerId, epoch)
+    if (a.kind === 'Events' || a.kind === 'TreeDump') {
+      if (a.kind === 'Events') this.counters.ranges++
+      else this.counters.dumps++
+      this.pool.deliverRecovery(workerId, rank, ticket, a.kind === 'Events' ? RecoveryKind.Events : RecoveryKind.TreeDump, a.events, a.kind === 'TreeDump' ? dumpLastId : null)
+      if (mine) this.states.delete(key)
+      return true
+    }
+    this.counters.failed++
+    this.pool.deliverRecovery(workerId, rank, ticket, RecoveryKind.Failed, null)
+    if (!mine) return false
+    this.states.set(key, 'degraded')
+    if (a.kind === 'refused') process.emitWarning(`worker ${workerId} rank ${rank}: its KV events could not be recovered (${a.why}); its index may miss blocks until it recovers`, { code: 'KVR_INDEX_DEGRADED' })
+    return false
+  }
+
+  /** One worker query with retries; never rejects. */
+  private async query(url: string, workerId: bigint, rank: number, start: bigint | null, end: bigint | null, attempts: number): Promise<Answer> {
+    // u64s written as exact JSON integers
+    const body = `{"worker_id":${workerId},"dp_rank":${rank},"start_event_id":${start ?? 'null'},"end_event_id":${end ?? 'null'}}`
+    let last: Answer = { kind: 'refused', why: 'no attempt', final: false }
+    for (let i = 0; i < attempts && !this.closed; i++) {
+      if (i > 0) await new Promise((r) => setTimeout(r, 100 * 4 ** (i - 1)))
+      last = await this.once(url + QUERY_PATH, body)
+      // an answer, or a worker that plainly does not serve the query: no point asking again
+      if (last.kind !== 'refused' || last.final) return last
+    }
+    return last
+  }
+
+  private async once(url: string, body: string): Promise<Answer> {
+    const ac = new AbortController()
+    this.inFlight.add(ac)
+    try {
+      const res = await request(url, {
+        method: 'POST',
+        body,
+        headers: { 'content-type': 'application/json' },
+        signal: ac.signal,
+        headersTimeout: this.opts.timeoutMs,
+        bodyTimeout: this.opts.timeoutMs,
+        ...(this.opts.dispatcher === undefined ? {} : { dispatcher: this.opts.dispatcher }),
+      })
+      // read with a bound: the answer is parsed whole on the event loop
+      const parts: Buffer[] = []
+      let size = 0
+      for await (const chunk of res.body) {
+        size += (chunk as Buffer).length
+        if (size > MAX_ANSWER_BYTES) {
+          ac.abort()
+          return { kind: 'refused', why: `the answer is larger than ${MAX_ANSWER_BYTES} bytes`, final: true }
+        }
+        parts.push(chunk as Buffer)
+      }
+      const text = Buffer.concat(parts).toString('utf8')
+      // a worker that does not serve the query, or refuses it: final
+      if (res.statusCode !== 200) return { kind: 'refused', why: `HTTP ${res.statusCode}: ${text.slice(0, 200)}`, final: res.statusCode < 500 || res.statusCode === 501 }
+      return answerOf(text)
+    } catch (err) {
+      return { kind: 'refused', why: (err as Error).message, final: false }
+    } finally {
+      this.inFlight.delete(ac)
+    }
+  }
+}
+
+/**
+ * The query's answer, externally tagged as serde writes it. The events go to the shard as the
+ * worker wrote them (the array's own bytes): the shard's decoder validates each one.
+ */
+export function answerOf(text: string): Answer {
+  let v: unknown
+  try {
+    v = parseJsonExact(text)
+  } catch {
+    return { kind: 'refused', why: 'the answer is not JSON', final: true }
+  }
+  if (typeof v !== 'object' || v === null || Array.isArray(v)) return { kind: 'refused', why: 'the answer is not an object', final: true }
+  const keys = Object.keys(v)
+  const tag = keys[0]
+  if (keys.length !== 1 || tag === undefined) return { kind: 'refused', why: 'the answer is not one variant', final: true }
+  if (tag === 'TooNew') {
+    const n = ((v as Record<string, unknown>).TooNew as { newest_available?: unknown } | null)?.newest_available
+    try {
+      return { kind: 'TooNew', newest: readU64(n, 'newest_available') }
+    } catch {
+      return { kind: 'refused', why: 'TooNew without its newest_available', final: true }
+    }
+  }
+  if (tag === 'Events' || tag === 'TreeDump') {
+    if (!Array.isArray((v as Record<string, unknown>)[tag])) return { kind: 'refused', why: `${tag} is not an array`, final: true }
+    const from = text.indexOf('[')
+    const to = text.lastIndexOf(']')
+    return { kind: tag, events: Buffer.from(text.slice(from, to + 1), 'utf8') }
+  }
+  if (tag === 'Error') return { kind: 'refused', why: `the worker said: ${String((v as Record<string, unknown>).Error)}`, final: true }
+  return { kind: 'refused', why: `the worker answered ${tag}`, final: true }
+}

@@ -1,0 +1,268 @@
+// N simulated engines in one process (`kv-router mocker --num-workers N`, the embedded fleet of
+// `kv-router serve`, tests): each with its own engine, HTTP server, event ring, event
+// publishers and registration. Engines of one process share one NATS connection and one etcd
+// client.
+//
+// Start order per engine: worker id (an etcd lease, or first-worker-id + i), engine and
+// publishers, HTTP server, then registration — so a router never learns of an engine that
+// cannot answer yet. Shutdown runs the other way: unregister (revoke the lease / DELETE from
+// the router), close the server (in-flight requests are aborted and free their blocks), stop
+// the engine, flush the publishers.
+import type { NatsConnection } from 'nats'
+import type { RouterEvent } from '../../codec/events.js'
+import { KvrError } from '../../errors.js'
+import { MockEngine } from './engine.js'
+import type { EngineConfig } from './engine.js'
+import { EngineServer } from './server.js'
+import { CallbackPublisher, HttpEventPublisher, LoadPublisher, NatsEventPublisher, connectNats, kvEventsSubject, kvMetricsSubject } from './publisher.js'
+import type { EventPublisher } from './publisher.js'
+import { EtcdRegistrar, deregisterFromRouter, registerWithRouter } from './registration.js'
+import type { EtcdLease, EtcdRegistrarOptions, RouterRegistration, WorkerRecord } from './registration.js'
+
+export interface FleetOptions extends Partial<Omit<EngineConfig, 'workerId'>> {
+  /** Engines to start (default 1). */
+  numWorkers?: number
+  /** Worker id of the first engine when ids do not come from etcd leases (default 1). */
+  firstWorkerId?: bigint
+  /** Listen address (default 127.0.0.1). */
+  host?: string
+  /** First engine's port; engine i listens on port + i. 0 (default): free ports. */
+  port?: number
+  /** Host written into the engines' URLs (default: host). */
+  advertiseHost?: string
+  modelName?: string
+  defaultMaxTokens?: number
+  /** In-process event delivery (embedded fleet). */
+  onEvent?: (ev: RouterEvent) => void
+  /** HTTP mode: register with this router (POST /v1/workers) and post events to it. */
+  routerUrl?: string
+  apiKey?: string
+  /** Distributed mode: events and load on NATS. */
+  natsUrl?: string
+  /** Distributed mode: one lease per engine in etcd; lease ids are the worker ids. */
+  etcdUrl?: string
+  namespace?: string
+  component?: string
+  endpoint?: string
+  leaseTtlSecs?: number
+  /** Period of the unconditional kv_metrics report (ms, default 1000). */
+  loadIntervalMs?: number
+  /** Told about failures that do not stop the fleet (lost events, a lost lease). */
+  onWarning?: (message: string) => void
+  /** An engine's etcd lease is gone (etcd unreachable for longer than the TTL). */
+  onLeaseLost?: (workerId: bigint, err: Error) => void
+}
+
+/**
+ * An engine could not listen. `option` says which of the fleet's options to blame, so a CLI
+ * can name its flag: the host for an address that does not resolve or is not this machine's,
+ * the port otherwise (taken, or privileged).
+ */
+export class FleetListenError extends KvrError {
+  readonly option: 'host' | 'port'
+  constructor(host: string, port: number, cause: NodeJS.ErrnoException) {
+    super('KVR_ERR_INVALID_OPTION', `cannot listen on ${host}:${port}: ${cause.message}`, { cause })
+    this.option = cause.syscall === 'getaddrinfo' || cause.code === 'EADDRNOTAVAIL' ? 'host' : 'port'
+  }
+}
+
+/** Longest wait of one shutdown step (lease revoke, unregister, flush). */
+const CLOSE_STEP_MS = 2000
+
+/** Waits for p at most ms; true when it settled successfully in time. */
+function bounded(p: Promise<unknown>, ms: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const t = setTimeout(() => resolve(false), ms)
+    p.then(
+      () => {
+        clearTimeout(t)
+        resolve(true)
+      },
+      () => {
+        clearTimeout(t)
+        resolve(false)
+      },
+    )
+  })
+}
+
+export class MockerWorker {
+  readonly engine: MockEngine
+  readonly server: EngineServer
+  readonly publishers: EventPublisher[]
+  load: LoadPublisher | null = null
+  lease: EtcdLease | null = null
+  routerRegistration: RouterRegistration | null = null
+
+  constructor(engine: MockEngine, server: EngineServer, publishers: EventPublisher[]) {
+    this.engine = engine
+    this.server = server
+    this.publishers = publishers
+  }
+
+  get workerId(): bigint {
+    return this.engine.workerId
+  }
+  get url(): string {
+    return this.server.url
+  }
+  /** KV blocks of the engine. */
+  get capacity(): number {
+    return this.engine.config.numGpuBlocks
+  }
+  get requestsServed(): number {
+    return this.server.requestsServed
+  }
+
+  record(modelName?: string): WorkerRecord {
+    const c = this.engine.config
+    const r: WorkerRecord = { url: this.url, blockSize: c.blockSize, totalKvBlocks: c.numGpuBlocks, maxNumBatchedTokens: c.maxNumBatchedTokens }
+    if (modelName !== undefined) r.modelName = modelName
+    return r
+  }
+
+  /** Resolves once every event so far has been handed to its transports. */
+  async flushEvents(): Promise<void> {
+    await Promise.all(this.publishers.map((p) => p.flush()))
+  }
+
+  /** Bounded at every step: a shutdown must not hang on an etcd, NATS or router that is gone. */
+  async close(): Promise<void> {
+    if (this.lease !== null) await bounded(this.lease.revoke(), CLOSE_STEP_MS)
+    if (this.routerRegistration !== null) await deregisterFromRouter(this.routerRegistration, this.workerId, CLOSE_STEP_MS)
+    await this.server.close()
+    this.engine.close()
+    this.load?.close()
+    await Promise.all(this.publishers.map((p) => bounded(p.close(), CLOSE_STEP_MS)))
+  }
+}
+
+export class MockerFleet {
+  readonly workers: MockerWorker[] = []
+  private nats: NatsConnection | null = null
+  private etcd: EtcdRegistrar | null = null
+  private closed = false
+
+  private constructor(readonly options: FleetOptions) {}
+
+  get urls(): string[] {
+    return this.workers.map((w) => w.url)
+  }
+
+  /** Starts every engine; on any failure, stops what was started and rethrows. */
+  static async start(o: FleetOptions = {}): Promise<MockerFleet> {
+    const f = new MockerFleet(o)
+    try {
+      await f.startAll()
+    } catch (err) {
+      await f.close()
+      throw err
+    }
+    return f
+  }
+
+  private async startAll(): Promise<void> {
+    const o = this.options
+    const n = o.numWorkers ?? 1
+    const ns = o.namespace ?? 'dynamo'
+    const component = o.component ?? 'backend'
+    const endpoint = o.endpoint ?? 'generate'
+    const warn = o.onWarning ?? ((m: string) => process.emitWarning(m, { code: 'KVR_MOCKER' }))
+    if (o.natsUrl !== undefined) this.nats = await connectNats(o.natsUrl)
+    if (o.etcdUrl !== undefined) {
+      const ro: EtcdRegistrarOptions = { url: o.etcdUrl, namespace: ns, component, endpoint }
+      if (o.leaseTtlSecs !== undefined) ro.ttlSecs = o.leaseTtlSecs
+      this.etcd = await EtcdRegistrar.connect(ro)
+    }
+    const first = o.firstWorkerId ?? 1n
+    for (let i = 0; i < n; i++) {
+      const lease = this.etcd === null ? null : await this.etcd.grant()
+      const workerId = lease === null ? first + BigInt(i) : lease.id
+      const pubs: EventPublisher[] = []
+      if (o.onEvent !== undefined) pubs.push(new CallbackPublisher(o.onEvent))
+      if (o.routerUrl !== undefined) {
+        const ho: ConstructorParameters<typeof HttpEventPublisher>[0] = { routerUrl: o.routerUrl, onError: (m) => warn(`engine ${workerId}: ${m}`) }
+        if (o.apiKey !== undefined) ho.apiKey = o.apiKey
+        pubs.push(new HttpEventPublisher(ho))
+      }
+      if (this.nats !== null) pubs.push(new NatsEventPublisher(this.nats, kvEventsSubject(ns, component)))
+      let load: LoadPublisher | null = null
+      const engineOpts: ConstructorParameters<typeof MockEngine>[0] = { workerId }
+      for (const k of ['blockSize', 'numGpuBlocks', 'maxNumSeqs', 'maxNumBatchedTokens', 'enableChunkedPrefill', 'preemptionMode', 'speedupRatio', 'decodeSpeedupRatio'] as const) {
+        if (o[k] !== undefined) (engineOpts as unknown as Record<string, unknown>)[k] = o[k]
+      }
+      if (pubs.length === 1) {
+        const p = pubs[0] as EventPublisher
+        engineOpts.onEvent = (ev) => p.publish(ev)
+      } else if (pubs.length > 1) {
+        engineOpts.onEvent = (ev) => {
+          for (const p of pubs) p.publish(ev)
+        }
+      }
+      engineOpts.onStep = () => load?.update()
+      const engine = new MockEngine(engineOpts)
+      const host = o.host ?? '127.0.0.1'
+      const port = o.port === undefined || o.port === 0 ? 0 : o.port + i
+      const so: ConstructorParameters<typeof EngineServer>[0] = { engine, host, port }
+      if (o.advertiseHost !== undefined) so.advertiseHost = o.advertiseHost
+      if (o.modelName !== undefined) so.modelName = o.modelName
+      if (o.defaultMaxTokens !== undefined) so.defaultMaxTokens = o.defaultMaxTokens
+      const server = new EngineServer(so)
+      const w = new MockerWorker(engine, server, pubs)
+      w.lease = lease
+      this.workers.push(w)
+      try {
+        await server.listen()
+      } catch (err) {
+        // a bad host or a busy port is the user's option, not a bug: coded, so the CLI prints
+        // one line instead of a stack trace
+        throw new FleetListenError(host, port, err as NodeJS.ErrnoException)
+      }
+      if (this.nats !== null) {
+        const lo: ConstructorParameters<typeof LoadPublisher>[3] = {}
+        if (o.loadIntervalMs !== undefined) lo.intervalMs = o.loadIntervalMs
+        load = new LoadPublisher(this.nats, kvMetricsSubject(ns), () => engine.load(), lo)
+        w.load = load
+      }
+      if (lease !== null) {
+        lease.on('lost', (err: Error) => {
+          if (o.onLeaseLost !== undefined) o.onLeaseLost(workerId, err)
+          else warn(`engine ${workerId}: lost its etcd lease: ${err.message}`)
+        })
+        await lease.register(w.record(o.modelName))
+      }
+      if (o.routerUrl !== undefined) {
+        const reg: RouterRegistration = { routerUrl: o.routerUrl }
+        if (o.apiKey !== undefined) reg.apiKey = o.apiKey
+        await registerWithRouter(reg, workerId, w.record(o.modelName))
+        w.routerRegistration = reg
+      }
+    }
+  }
+
+  async flushEvents(): Promise<void> {
+    await Promise.all(this.workers.map((w) => w.flushEvents()))
+    if (this.nats !== null && !this.nats.isClosed()) await this.nats.flush()
+  }
+
+  /** Unregisters and stops every engine, then the shared connections. Idempotent. */
+  async close(): Promise<void> {
+    if (this.closed) return
+    this.closed = true
+    await Promise.all(this.workers.map((w) => w.close()))
+    if (this.etcd !== null) await this.etcd.close()
+    const nc = this.nats
+    if (nc !== null && !nc.isClosed()) {
+      // drain flushes what was published; bounded, as it waits for a server. While the client
+      // is reconnecting, drain resolves without closing, and the reconnect loop would keep the
+      // process alive: close explicitly whatever drain did.
+      await bounded(nc.drain(), CLOSE_STEP_MS)
+      if (!nc.isClosed()) await nc.close().catch(() => undefined)
+    }
+  }
+}
+
+/** Starts a fleet (see FleetOptions). */
+export function startFleet(o: FleetOptions = {}): Promise<MockerFleet> {
+  return MockerFleet.start(o)
+}

@@ -1,0 +1,212 @@
+// Where an engine's KV events and load reports go. Three transports, one interface:
+//   - in process: a callback (the embedded fleet of `kv-router serve`, tests);
+//   - HTTP ingest: POST /v1/kv-events on a router, batched, strictly in order;
+//   - NATS: Dynamo's subjects (spec §2.2, §2.4), the exact subjects and shapes the router's
+//     src/transport/nats.ts subscribes to and decodes (its helpers name the subjects here too).
+// Delivery is at most once, as on a NATS core subject: a router that is away loses events, and
+// the engine's event ring (event-ring.ts) is what a router recovers them from.
+import type { NatsConnection } from 'nats'
+import { encodeRouterEvent } from '../../codec/events.js'
+import type { RouterEvent } from '../../codec/events.js'
+import { KvrError } from '../../errors.js'
+import { kvEventSubjects, kvMetricsSubject } from '../../transport/nats.js'
+import type { EngineLoad } from './engine.js'
+
+export interface EventPublisher {
+  publish(ev: RouterEvent): void
+  /** Resolves once everything published so far has been handed over. */
+  flush(): Promise<void>
+  close(): Promise<void>
+}
+
+/** In-process delivery. */
+export class CallbackPublisher implements EventPublisher {
+  constructor(private readonly fn: (ev: RouterEvent) => void) {}
+  publish(ev: RouterEvent): void {
+    this.fn(ev)
+  }
+  async flush(): Promise<void> {}
+  async close(): Promise<void> {}
+}
+
+export interface HttpEventPublisherOptions {
+  routerUrl: string
+  apiKey?: string
+  /** Events per POST at most. */
+  batch?: number
+  /** Told once per run of failures (the router is away, or refuses the events). */
+  onError?: (message: string) => void
+}
+
+/**
+ * POSTs events to a router's /v1/kv-events as JSON arrays, one request at a time so the router
+ * sees them in order; whatever piles up during a request goes in the next one.
+ */
+export class HttpEventPublisher implements EventPublisher {
+  private outbox: string[] = []
+  private sending: Promise<void> | null = null
+  private failing = false
+  private readonly url: string
+  private readonly headers: Record<string, string>
+  /** Events the router accepted, and events lost to failed POSTs. */
+  delivered = 0
+  lost = 0
+
+  constructor(private readonly o: HttpEventPublisherOptions) {
+    this.url = `${o.routerUrl.replace(/\/+$/, '')}/v1/kv-events`
+    this.headers = { 'content-type': 'application/json' }
+    if (o.apiKey !== undefined) this.headers.authorization = `Bearer ${o.apiKey}`
+  }
+
+  publish(ev: RouterEvent): void {
+    this.outbox.push(encodeRouterEvent(ev))
+    this.sending ??= this.sendLoop()
+  }
+
+  async flush(): Promise<void> {
+    while (this.sending !== null) await this.sending
+  }
+
+  async close(): Promise<void> {
+    await this.flush()
+  }
+
+  private async sendLoop(): Promise<void> {
+    try {
+      while (this.outbox.length > 0) {
+        const batch = this.outbox.splice(0, this.o.batch ?? 512)
+        let problem: string | null = null
+        try {
+          const res = await fetch(this.url, { method: 'POST', headers: this.headers, body: `[${batch.join(',')}]` })
+          if (!res.ok) problem = `the router answered ${res.status} to ${batch.length} KV event(s): ${(await res.text()).slice(0, 200)}`
+          else await res.arrayBuffer()
+        } catch (err) {
+          problem = `cannot post KV events to ${this.url}: ${(err as Error).message}`
+        }
+        if (problem === null) {
+          this.delivered += batch.length
+          this.failing = false
+        } else {
+          this.lost += batch.length
+          if (!this.failing) this.o.onError?.(problem)
+          this.failing = true
+        }
+      }
+    } finally {
+      this.sending = null
+    }
+  }
+}
+
+const utf8 = new TextEncoder()
+
+/** NATS connection with endless reconnects; an unreachable server at start is a KvrError naming it. */
+export async function connectNats(url: string, name = 'kv-router-mocker'): Promise<NatsConnection> {
+  // loaded on first use, as the router's intake does (src/transport/nats.ts); outside the try, so a
+  // broken install is not reported as an unreachable server
+  const { connect } = await import('nats')
+  try {
+    return await connect({ servers: url, name, maxReconnectAttempts: -1, reconnectTimeWait: 250, timeout: 5000 })
+  } catch (err) {
+    throw new KvrError('KVR_ERR_INVALID_OPTION', `cannot connect to NATS at ${url}: ${(err as Error).message}`, { cause: err })
+  }
+}
+
+/** `namespace.{ns}.component.{component}.kv-events`: raw Dynamo RouterEvent JSON per message. */
+export function kvEventsSubject(namespace: string, component: string): string {
+  return kvEventSubjects(namespace, component)[0] as string
+}
+
+export class NatsEventPublisher implements EventPublisher {
+  constructor(
+    private readonly nc: NatsConnection,
+    readonly subject: string,
+  ) {}
+  publish(ev: RouterEvent): void {
+    // while reconnecting, the client buffers; once closed, events have nowhere to go
+    if (!this.nc.isClosed()) this.nc.publish(this.subject, utf8.encode(encodeRouterEvent(ev)))
+  }
+  async flush(): Promise<void> {
+    if (!this.nc.isClosed()) await this.nc.flush()
+  }
+  async close(): Promise<void> {
+    await this.flush().catch(() => undefined)
+  }
+}
+
+/** Dynamo's `LoadEvent { worker_id, data: ForwardPassMetrics }` (spec §2.4) as JSON text. */
+export function loadEventJson(l: EngineLoad): string {
+  const usage = l.totalBlocks > 0 ? l.activeBlocks / l.totalBlocks : 0
+  return (
+    `{"worker_id":${l.workerId},"data":{"worker_stats":{"data_parallel_rank":0,"request_active_slots":${l.running},"request_total_slots":${l.maxNumSeqs},"num_requests_waiting":${l.waiting}},` +
+    `"kv_stats":{"kv_active_blocks":${l.activeBlocks},"kv_total_blocks":${l.totalBlocks},"gpu_cache_usage_perc":${usage},"gpu_prefix_cache_hit_rate":${l.prefixHitRate}},"spec_decode_stats":null}}`
+  )
+}
+
+export interface LoadPublisherOptions {
+  /** Unconditional report period (ms). */
+  intervalMs?: number
+  /** Reports on change are at least this far apart (ms). */
+  minGapMs?: number
+}
+
+/**
+ * kv_metrics for one engine: a report whenever active blocks or the waiting count change, at
+ * most one per minGapMs (Dynamo debounces by 1 ms; with steps every few ms and many engines that
+ * would be a message per step per engine for the router to parse), and one every intervalMs
+ * regardless, so a router that starts late learns the load within a second.
+ */
+export class LoadPublisher {
+  private last = ''
+  private lastAt = -Infinity
+  private pending: NodeJS.Timeout | null = null
+  private readonly heartbeat: NodeJS.Timeout
+  private readonly minGap: number
+  private closed = false
+  reports = 0
+
+  constructor(
+    private readonly nc: NatsConnection,
+    readonly subject: string,
+    private readonly load: () => EngineLoad,
+    o: LoadPublisherOptions = {},
+  ) {
+    this.minGap = o.minGapMs ?? 100
+    this.heartbeat = setInterval(() => this.send(), o.intervalMs ?? 1000)
+    this.heartbeat.unref()
+    this.send()
+  }
+
+  /** The engine's state may have changed (called after every step). */
+  update(): void {
+    if (this.closed || this.pending !== null) return
+    const l = this.load()
+    if (`${l.activeBlocks}/${l.waiting}` === this.last) return
+    const wait = this.lastAt + this.minGap - performance.now()
+    if (wait <= 0) this.send()
+    else {
+      this.pending = setTimeout(() => {
+        this.pending = null
+        this.send()
+      }, wait)
+      this.pending.unref()
+    }
+  }
+
+  private send(): void {
+    if (this.closed || this.nc.isClosed()) return
+    const l = this.load()
+    this.last = `${l.activeBlocks}/${l.waiting}`
+    this.lastAt = performance.now()
+    this.reports++
+    this.nc.publish(this.subject, utf8.encode(loadEventJson(l)))
+  }
+
+  close(): void {
+    this.closed = true
+    clearInterval(this.heartbeat)
+    if (this.pending !== null) clearTimeout(this.pending)
+  }
+}
+
+export { kvMetricsSubject }

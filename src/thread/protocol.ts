@@ -1,0 +1,198 @@
+// Shared-memory layout between the main thread and the indexer shards. One file is the single
+// source of truth for every word position, as both sides index the same Int32Arrays.
+//
+// Per shard, a control block (Int32Array over `ctrl`):
+//
+//   word            writer  meaning
+//   RING_WRITE      main    event ring write position (bytes, mod 2^32)
+//   RING_READ       shard   event ring read position
+//   QRING_WRITE     main    query ring write index (slot ids, mod 2^32)
+//   QRING_READ      shard   query ring read index
+//   DOORBELL        main    bumped + notified to wake a sleeping shard
+//   SLEEPING        shard   1 while the shard waits on DOORBELL (main only notifies then)
+//   CONTROL_POSTED  main    control calls posted (comlink); rings DOORBELL too
+//   PRODUCER_WAIT   main    1 while main waits for ring space (shard notifies RING_READ then)
+//   HEARTBEAT       shard   bumped at least every heartbeat interval, busy or idle
+//   STATE           shard   ShardState
+//   C_*             shard   counters, u32 that wrap (main widens them by reading often)
+//   QRING_BASE..    main    the query ring: QRING_SIZE slot ids
+//
+// Shared by all shards, the query board (Int32Array over `board`), QUERY_SLOTS slots:
+//
+//   slot header   N (blocks), PENDING (bit k set while shard k owes its answer), FLAGS, then
+//                 per shard BARRIER (applied-message count to wait for, or -1)
+//   hashes        lo[maxBlocks], hi[maxBlocks]
+//   results       per shard: COUNT, then maxResults × (idLo, idHi, rank, depth, treeSize)
+//
+// State of a query slot (main thread's view):
+//
+//   free ──write hashes, PENDING = all shard bits, push id to every shard──▶ asked
+//   asked ──each shard: write results, clear its bit with one Atomics.and (the one that
+//           clears the last bit notifies)──▶ answered
+//   asked ──shard dies: main clears its bit the same way (idempotent); if the bit was still
+//           set, its part of the answer is empty and the shard is reported recovering──▶ answered
+//
+// One atomic op both marks a shard done and counts it, so a shard dying at any instant leaves
+// no ambiguity; the bitmask is why a pool has at most MAX_SHARDS shards.
+//   answered ──main merges──▶ free
+//
+// Ahead of the slots, two board-wide words: ANSWERS counts finished queries (bumped by whoever
+// clears a slot's last bit) and MAIN_WAITING says the main thread sleeps on ANSWERS. The main
+// thread collects the queries of one event-loop turn, rings each shard once, and wakes once for
+// however many answers have landed, instead of a futex round trip per query.
+
+// Words are grouped by writer and by how often they change, each group on its own 128-byte
+// stretch (two cache lines, as adjacent-line prefetchers pair them). Packed together, the
+// shard's heartbeat (bumped every few blocks) and the main thread's ring position (bumped every
+// push) shared a line, and every check for waiting queries missed the cache after each push.
+const LINE = 32
+/** Main thread, every push. */
+export const RING_WRITE = 0
+export const PRODUCER_WAIT = 1
+/** Main thread, per query and per control call: a shard polls this group between blocks. */
+export const QRING_WRITE = LINE
+export const DOORBELL = LINE + 1
+/** Bumped by main after posting a control call: a shard about to sleep yields to its event loop first. */
+export const CONTROL_POSTED = LINE + 2
+/** Shard, per batch of messages. */
+export const RING_READ = 2 * LINE
+export const QRING_READ = 2 * LINE + 1
+export const SLEEPING = 2 * LINE + 2
+export const STATE = 2 * LINE + 3
+/** Shard, every few blocks of work; main reads it once per watchdog tick. */
+export const HEARTBEAT = 3 * LINE
+/** Shard counters, published per batch, read by main at scrape time. */
+export const C_RECEIVED = 4 * LINE
+export const C_APPLIED = C_RECEIVED + 1
+export const C_MALFORMED = C_RECEIVED + 2
+export const C_PROCESSED = C_RECEIVED + 3
+export const C_BLOCKS = C_RECEIVED + 4
+export const C_NODES = C_RECEIVED + 5
+export const C_WORKERS = C_RECEIVED + 6
+export const C_QUERIES = C_RECEIVED + 7
+export const C_STORED = C_RECEIVED + 8
+export const C_REMOVED = C_RECEIVED + 9
+export const C_CLEARED = C_RECEIVED + 10
+/**
+ * Rejections by event kind and RejectReason (kv-index.ts): word C_REJECTED + (kind − 1) ×
+ * REJECT_REASON_COUNT + reason, for the kinds stored, removed, cleared.
+ */
+export const C_REJECTED = C_RECEIVED + 11
+export const C_REJECTED_WORDS = 18
+/** Events whose decoded worker belongs to another shard (sent back to go there, counted). */
+export const C_MISPLACED = C_REJECTED + C_REJECTED_WORDS
+/** Gaps in a worker-rank's event ids (spec §3.7), recovered or not. */
+export const C_GAPS = C_MISPLACED + 1
+/** One past the last counter. */
+export const C_END = C_GAPS + 1
+/** Main thread, per query: the query ring's slot ids. */
+export const QRING_BASE = 5 * LINE
+export const QRING_SIZE = 256
+export const CTRL_WORDS = QRING_BASE + QRING_SIZE
+if (C_END > QRING_BASE) throw new Error('shard counters overrun their line')
+
+export const ShardState = { Starting: 0, Running: 1, Stopping: 2, Stopped: 3 } as const
+export type ShardState = (typeof ShardState)[keyof typeof ShardState]
+
+// query slot header
+export const B_ANSWERS = 0
+export const B_MAIN_WAITING = 1
+export const BOARD_HEADER_WORDS = 16
+export const Q_N = 0
+export const Q_PENDING = 1
+export const Q_FLAGS = 2
+export const Q_SHARD_BASE = 4
+/** Per shard in the slot header: BARRIER. */
+export const Q_PER_SHARD = 1
+/** PENDING is one Int32 bitmask. */
+export const MAX_SHARDS = 31
+export const QF_EARLY_EXIT = 1
+export const RESULT_WORDS = 5
+
+export interface BoardGeometry {
+  shards: number
+  slots: number
+  maxBlocks: number
+  maxResults: number
+}
+
+/** Word offsets inside the board for one geometry. */
+export class BoardLayout {
+  readonly headerWords: number
+  readonly resultWords: number
+  readonly slotWords: number
+  readonly totalWords: number
+
+  constructor(readonly g: BoardGeometry) {
+    this.headerWords = Q_SHARD_BASE + g.shards * Q_PER_SHARD
+    this.resultWords = 1 + g.maxResults * RESULT_WORDS
+    this.slotWords = this.headerWords + 2 * g.maxBlocks + g.shards * this.resultWords
+    this.totalWords = BOARD_HEADER_WORDS + g.slots * this.slotWords
+  }
+
+  slot(s: number): number {
+    return BOARD_HEADER_WORDS + s * this.slotWords
+  }
+  barrier(s: number, shard: number): number {
+    return this.slot(s) + Q_SHARD_BASE + shard * Q_PER_SHARD
+  }
+  lo(s: number): number {
+    return this.slot(s) + this.headerWords
+  }
+  hi(s: number): number {
+    return this.slot(s) + this.headerWords + this.g.maxBlocks
+  }
+  results(s: number, shard: number): number {
+    return this.slot(s) + this.headerWords + 2 * this.g.maxBlocks + shard * this.resultWords
+  }
+}
+
+/**
+ * Control records travel in the event ring, so they apply in order with the worker's events:
+ * byte 0 is 0 (no JSON message starts so), byte 1 the operation, then u32 LE worker id low and
+ * high halves at offsets 4 and 8.
+ */
+export const CONTROL_BYTES = 12
+export const CONTROL_REMOVE_WORKER = 1
+/**
+ * Gap recovery (spec §3.7; src/shards/recovery.ts). These records also carry the dp rank, a u32
+ * LE at offset 12, and byte 2 holds a flag or a kind.
+ * RECOVERABLE: byte 2 = 1 when the worker answers worker queries (its gaps are then held for
+ * recovery), 0 when not. PARK (32 bytes): hold the worker-rank's events from here until the
+ * RECOVERY record with the same ticket, a u32 LE at offset 16. RECOVERY: byte 2 = a
+ * RecoveryKind, the ticket at offset 16, byte 3 = 1 when a u64 LE at offset 24 is the
+ * worker-rank's last event id after a tree dump (else it is not known), then from offset 32
+ * (Events, TreeDump) the events as a JSON array.
+ */
+export const CONTROL_RANK_BYTES = 16
+export const CONTROL_RECOVERY_BYTES = 32
+/** Tickets of the holds a shard opens at a gap have this bit; the main thread's, not. */
+export const SHARD_TICKET_BIT = 0x80000000
+export const CONTROL_RECOVERABLE = 2
+export const CONTROL_PARK = 3
+export const CONTROL_RECOVERY = 4
+export const RecoveryKind = { Events: 0, TreeDump: 1, Failed: 2 } as const
+export type RecoveryKind = (typeof RecoveryKind)[keyof typeof RecoveryKind]
+
+/** What the main thread hands a shard thread in workerData. */
+export interface ShardInit {
+  index: number
+  shards: number
+  ctrl: SharedArrayBuffer
+  ring: SharedArrayBuffer
+  board: SharedArrayBuffer
+  geometry: BoardGeometry
+  maxBlocks: number
+  heartbeatMs: number
+  spinUs: number
+  yieldMaxMs: number
+}
+
+/** Partition of worker ids over shards: every event and rank of a worker lands on one shard. */
+export function shardOf(idLo: number, idHi: number, shards: number): number {
+  let h = Math.imul(idLo ^ 0x9e3779b9, 0x85ebca6b)
+  h ^= h >>> 13
+  h = Math.imul(h ^ idHi, 0xc2b2ae35)
+  h ^= h >>> 16
+  return (h >>> 0) % shards
+}

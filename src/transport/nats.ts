@@ -1,0 +1,209 @@
+// KV events from NATS (spec §2.2): the router subscribes to the worker component's event subject
+// (`namespace.{ns}.component.{comp}.kv-events`, and the older `kv_events`) and hands every
+// message, raw RouterEvent JSON or the event-plane envelope, to its shard untouched: O(1)
+// main-thread work per message (ShardPool.push). Worker load metrics (`kv_metrics`, namespace
+// scope, spec §2.4) are decoded here, as they are few and small.
+//
+// The connection reconnects forever; losing it is visible in `connected` (readiness) and in the
+// counters, and nothing needs a restart. A start against an unreachable server fails with an
+// error naming the URL.
+import type { Events, NatsConnection, Subscription } from 'nats'
+import { EventEmitter } from 'node:events'
+import type { ShardPool } from '../shards/pool.js'
+import { urlList } from '../config.js'
+import { KvrError } from '../errors.js'
+import { parseJsonExact, readU64 } from '../codec/json.js'
+
+export interface NatsIntakeOptions {
+  url: string
+  namespace: string
+  component: string
+  pool: ShardPool
+  /** Client name shown by the server. */
+  name?: string
+  /** Messages queued behind full rings above which the intake counts itself a slow consumer. */
+  slowConsumerBacklog?: number
+  connectTimeoutMs?: number
+}
+
+/** A worker's load as it publishes it on `kv_metrics` (spec §2.4), reduced to what routing uses. */
+export interface WorkerLoad {
+  workerId: bigint
+  dpRank: number
+  activeBlocks: number | null
+  totalBlocks: number | null
+  requestsWaiting: number | null
+}
+
+export interface NatsIntakeCounters {
+  messages: number
+  bytes: number
+  metricsMessages: number
+  metricsMalformed: number
+  disconnects: number
+  reconnects: number
+  slowConsumer: number
+  errors: number
+}
+
+export function kvEventSubjects(namespace: string, component: string): string[] {
+  const prefix = `namespace.${namespace}.component.${component}`
+  return [`${prefix}.kv-events`, `${prefix}.kv_events`]
+}
+
+export function kvMetricsSubject(namespace: string): string {
+  return `namespace.${namespace}.kv_metrics`
+}
+
+const NAME_RE = /^[A-Za-z0-9_-]+$/
+
+export class NatsIntake extends EventEmitter {
+  readonly counters: NatsIntakeCounters = { messages: 0, bytes: 0, metricsMessages: 0, metricsMalformed: 0, disconnects: 0, reconnects: 0, slowConsumer: 0, errors: 0 }
+  private subs: Subscription[] = []
+  private isUp = true
+  private slow = false
+
+  private constructor(
+    private readonly nc: NatsConnection,
+    private readonly opts: NatsIntakeOptions,
+    private readonly events: typeof Events,
+  ) {
+    super()
+  }
+
+  static async start(opts: NatsIntakeOptions): Promise<NatsIntake> {
+    for (const [k, v] of [['namespace', opts.namespace], ['component', opts.component]] as const) {
+      if (!NAME_RE.test(v)) throw new KvrError('KVR_ERR_INVALID_OPTION', `${k} must match ${NAME_RE.source}, got "${v}"`)
+    }
+    // loaded here, not at startup: a router without NATS (the default) need not load the client
+    const { connect, Events } = await import('nats')
+    let nc: NatsConnection
+    try {
+      nc = await connect({
+        servers: urlList(opts.url),
+        name: opts.name ?? 'kv-router',
+        maxReconnectAttempts: -1,
+        reconnectTimeWait: 250,
+        timeout: opts.connectTimeoutMs ?? 5000,
+      })
+    } catch (err) {
+      throw new KvrError('KVR_ERR_INVALID_OPTION', `cannot connect to NATS at ${opts.url}: ${(err as Error).message}`, { cause: err })
+    }
+    const intake = new NatsIntake(nc, opts, Events)
+    intake.subscribe()
+    void intake.watchStatus()
+    return intake
+  }
+
+  /** True while connected; false from a disconnect until the client has reconnected. */
+  get connected(): boolean {
+    return this.isUp && !this.nc.isClosed()
+  }
+
+  private subscribe(): void {
+    const { pool } = this.opts
+    const backlog = this.opts.slowConsumerBacklog ?? 10_000
+    const c = this.counters
+    for (const subject of kvEventSubjects(this.opts.namespace, this.opts.component)) {
+      this.subs.push(
+        this.nc.subscribe(subject, {
+          callback: (err, msg) => {
+            if (err !== null) {
+              c.errors++
+              return
+            }
+            c.messages++
+            c.bytes += msg.data.length
+            if (!pool.offer(msg.data) && pool.pendingMessages > backlog && !this.slow) {
+              // Core NATS cannot be paused: the backlog waits here, counted, until the shards
+              // catch up ('drain'); past the pool's maxPendingBytes, offer() drops and counts
+              this.slow = true
+              c.slowConsumer++
+              this.emit('slowConsumer', pool.pendingMessages)
+              pool.once('drain', () => (this.slow = false))
+            }
+          },
+        }),
+      )
+    }
+    this.subs.push(
+      this.nc.subscribe(kvMetricsSubject(this.opts.namespace), {
+        callback: (err, msg) => {
+          if (err !== null) {
+            c.errors++
+            return
+          }
+          c.metricsMessages++
+          const load = parseLoadEvent(msg.data)
+          if (load === null) c.metricsMalformed++
+          else this.emit('load', load)
+        },
+      }),
+    )
+  }
+
+  private async watchStatus(): Promise<void> {
+    for await (const s of this.nc.status()) {
+      if (s.type === this.events.Disconnect) {
+        this.counters.disconnects++
+        this.isUp = false
+        this.emit('disconnected')
+      } else if (s.type === this.events.Reconnect) {
+        this.counters.reconnects++
+        this.isUp = true
+        this.emit('reconnected')
+      } else if (s.type === this.events.Error) {
+        this.counters.errors++
+      }
+    }
+  }
+
+  async close(): Promise<void> {
+    for (const s of this.subs) s.unsubscribe()
+    // drain() can give up without closing when the server is gone, and the client's reconnect
+    // loop would then keep the process alive: always close after it
+    if (!this.nc.isClosed()) await this.nc.drain().catch(() => undefined)
+    if (!this.nc.isClosed()) await this.nc.close().catch(() => undefined)
+  }
+}
+
+const dec = new TextDecoder()
+
+function num(v: unknown): number | null {
+  return typeof v === 'number' && Number.isFinite(v) && v >= 0 ? v : null
+}
+
+/**
+ * `LoadEvent { worker_id, data: ForwardPassMetrics }` or the newer `ActiveLoad` shape; null when
+ * it is neither. Worker ids are read from the text so ids above 2^53 stay exact.
+ */
+export function parseLoadEvent(bytes: Uint8Array): WorkerLoad | null {
+  // the top-level worker_id, exactly: a pattern over the text took `1.9` as worker 1, or an id
+  // nested in another member (found by an input review)
+  let obj: Record<string, unknown>
+  let workerId: bigint
+  try {
+    const v = parseJsonExact(dec.decode(bytes))
+    if (typeof v !== 'object' || v === null || Array.isArray(v)) return null
+    obj = v as Record<string, unknown>
+    workerId = readU64(obj['worker_id'], 'worker_id')
+  } catch {
+    return null
+  }
+  const data = obj['data'] as Record<string, unknown> | undefined
+  if (data !== undefined && typeof data === 'object' && data !== null) {
+    const ws = (data['worker_stats'] ?? {}) as Record<string, unknown>
+    const ks = (data['kv_stats'] ?? {}) as Record<string, unknown>
+    return {
+      workerId,
+      dpRank: num(ws['data_parallel_rank']) ?? 0,
+      activeBlocks: num(ks['kv_active_blocks']),
+      totalBlocks: num(ks['kv_total_blocks']),
+      requestsWaiting: num(ws['num_requests_waiting']),
+    }
+  }
+  if ('active_decode_blocks' in obj) {
+    return { workerId, dpRank: num(obj['dp_rank']) ?? 0, activeBlocks: num(obj['active_decode_blocks']), totalBlocks: null, requestsWaiting: null }
+  }
+  return null
+}

@@ -1,0 +1,380 @@
+// Recovery of missed KV events (spec §3.7): a shard holds a recoverable worker's events from a
+// gap in its ids until the missing range (or a dump) arrives, then applies all in order; a router
+// that registers a worker which answers worker queries rebuilds it from a dump; a worker that does
+// not answer has its gaps counted and accepted. The last two against real simulated engines over
+// HTTP, with events lost on the way as a NATS outage loses them.
+import t from 'tap'
+import type { Test } from 'tap'
+import { ShardPool, type EventGap } from '../../src/shards/pool.js'
+import { encodeRouterEvent, type RouterEvent } from '../../src/codec/events.js'
+import { RecoveryKind } from '../../src/thread/protocol.js'
+import type { OverlapScore } from '../../src/index/kv-index.js'
+import { answerOf } from '../../src/shards/recovery.js'
+import { MockerFleet } from '../../src/sim/mocker/fleet.js'
+import { Router } from '../../src/core/router.js'
+import { config, until, upstream } from '../http/helpers.js'
+import { getFreePorts } from '../helpers/services.js'
+
+const key = (s: OverlapScore): string => `${s.worker_id}:${s.dp_rank}=${s.overlap_blocks}/${s.tree_size}`
+const canon = (xs: OverlapScore[]): string[] => xs.map(key).sort()
+
+/** A one-block stored event with an explicit id: block hash 100·tok, tokens hash tok. */
+function ev(worker: bigint, id: number, tok: number, parentTok: number | null): RouterEvent {
+  return { worker_id: worker, event: { event_id: BigInt(id), dp_rank: 0, data: { stored: { parent_hash: parentTok === null ? null : BigInt(parentTok * 100), blocks: [{ block_hash: BigInt(tok * 100), tokens_hash: BigInt(tok) }] } } } }
+}
+const bytes = (e: RouterEvent): Uint8Array => Buffer.from(encodeRouterEvent(e))
+const array = (es: RouterEvent[]): Uint8Array => Buffer.from(`[${es.map(encodeRouterEvent).join(',')}]`)
+const chainOf = (n: number): bigint[] => Array.from({ length: n }, (_, i) => BigInt(i + 1))
+
+/** A one-shard pool where worker 7 is recoverable, and the gaps it reports. */
+async function recoverablePool(t: Test): Promise<{ pool: ShardPool; gaps: EventGap[] }> {
+  const pool = await ShardPool.start({ shards: 1 })
+  t.teardown(() => pool.close())
+  const gaps: EventGap[] = []
+  pool.on('gap', (g: EventGap) => gaps.push(g))
+  pool.setRecoverable(7n, true)
+  return { pool, gaps }
+}
+
+t.test('a gap holds the worker-rank\'s events until the missing range is applied, then all in order', async (t) => {
+  const { pool, gaps } = await recoverablePool(t)
+  pool.push(bytes(ev(7n, 1, 1, null)))
+  pool.push(bytes(ev(7n, 2, 2, 1)))
+  pool.push(bytes(ev(7n, 5, 5, 4)))
+  pool.push(bytes(ev(7n, 6, 6, 5)))
+  // another worker of the same shard is not held up
+  pool.push(bytes(ev(8n, 1, 1, null)))
+  await until(() => gaps.length === 1)
+  t.match(gaps[0], { workerId: 7n, dpRank: 0, from: 3n, to: 4n }, 'the missing ids, both ends inclusive')
+  t.same(canon(await pool.overlapScores(chainOf(6))), ['7:0=2/2', '8:0=1/1'], 'events 5 and 6 held, worker 8 applied')
+  // a hold does not hold up barriers (registrations, GET /v1/workers): they pass at once
+  await pool.flush()
+  pool.deliverRecovery(7n, 0, gaps[0]?.ticket ?? -1, RecoveryKind.Events, array([ev(7n, 3, 3, 2), ev(7n, 4, 4, 3)]))
+  t.same(canon(await pool.overlapScores(chainOf(6), { readYourWrites: true })), ['7:0=6/6', '8:0=1/1'], 'the range, then the held events: a whole chain')
+  await pool.flush()
+  t.equal(pool.counters()[0]?.gaps, 1)
+  t.same((await pool.treeSizes()).find((s) => s.worker_id === 7n)?.last_event_id, 6n)
+})
+
+t.test('a failed recovery lets the held events go, the hole accepted; a worker not recoverable is never held', async (t) => {
+  const { pool, gaps } = await recoverablePool(t)
+  pool.push(bytes(ev(7n, 1, 1, null)))
+  pool.push(bytes(ev(7n, 9, 9, null)))
+  await until(() => gaps.length === 1)
+  pool.deliverRecovery(7n, 0, gaps[0]?.ticket ?? -1, RecoveryKind.Failed, null)
+  t.same(canon(await pool.overlapScores([9n], { readYourWrites: true })), ['7:0=1/2'], 'the held event applied')
+  // not recoverable: counted, applied at once, no gap reported for recovery
+  pool.push(bytes(ev(5n, 1, 1, null)))
+  pool.push(bytes(ev(5n, 4, 4, null)))
+  t.same(canon(await pool.overlapScores([4n], { readYourWrites: true })), ['5:0=1/2'])
+  await pool.flush()
+  t.equal(pool.counters()[0]?.gaps, 2, 'both gaps counted')
+  t.equal(gaps.length, 1, 'only the recoverable worker\'s reported')
+  // an older id (a duplicate) is applied and does not move the last id back
+  pool.push(bytes(ev(5n, 2, 2, 1)))
+  t.same((await pool.treeSizes()).find((s) => s.worker_id === 5n)?.last_event_id, 4n)
+})
+
+t.test('a tree dump replaces the worker-rank\'s blocks, the events held meanwhile applied after it', async (t) => {
+  const pool = await ShardPool.start({ shards: 2 })
+  t.teardown(() => pool.close())
+  pool.push(bytes(ev(7n, 1, 1, null)))
+  pool.push(bytes(ev(7n, 2, 2, 1)))
+  await pool.flush()
+  const ticket = pool.park(7n, 0)
+  pool.push(bytes(ev(7n, 3, 3, 2)))
+  t.same(canon(await pool.overlapScores(chainOf(3))), ['7:0=2/2'], 'held behind the park')
+  // the worker's cached set, as a dump sees it: blocks 1 and 2 evicted, 2 re-stored under 9
+  pool.deliverRecovery(7n, 0, ticket, RecoveryKind.TreeDump, array([ev(7n, 0, 9, null), ev(7n, 1, 2, 9)]))
+  t.same(canon(await pool.overlapScores([9n, 2n, 3n], { readYourWrites: true })), ['7:0=3/3'], 'the dump, then block 3 on it')
+  t.same(canon(await pool.overlapScores([1n])), [], 'what the dump does not hold is gone')
+  // the dump's ids are synthetic: the next live id is taken whatever it is, without a gap
+  const gaps: EventGap[] = []
+  pool.on('gap', (g: EventGap) => gaps.push(g))
+  pool.push(bytes(ev(7n, 40, 40, null)))
+  await pool.flush()
+  t.equal(gaps.length, 0)
+  // a dump that names the last id it stands for: an event past the next one is a gap again
+  pool.setRecoverable(7n, true)
+  const t2 = pool.park(7n, 0)
+  pool.deliverRecovery(7n, 0, t2, RecoveryKind.TreeDump, array([ev(7n, 0, 50, null)]), 60n)
+  pool.push(bytes(ev(7n, 63, 63, null)))
+  await until(() => gaps.length === 1)
+  t.match(gaps[0], { workerId: 7n, dpRank: 0, from: 61n, to: 62n })
+  pool.deliverRecovery(7n, 0, gaps[0]?.ticket ?? -1, RecoveryKind.Failed, null)
+  t.same(canon(await pool.overlapScores([63n], { readYourWrites: true })), ['7:0=1/2'])
+  // a worker removed while held: its held events applied, then removed with the rest
+  pool.park(7n, 0)
+  pool.push(bytes(ev(7n, 64, 64, null)))
+  await pool.removeWorker(7n)
+  t.same(canon(await pool.overlapScores([50n], { readYourWrites: true })), [])
+  // holds are let go when the pool closes, whatever is still in flight
+  pool.park(8n, 0)
+  pool.push(bytes(ev(8n, 1, 1, null)))
+})
+
+t.test('a late answer cannot end a newer hold; a recovery applies only its own worker-rank\'s newer events (found by review)', async (t) => {
+  const { pool, gaps } = await recoverablePool(t)
+  pool.push(bytes(ev(7n, 1, 1, null)))
+  pool.push(bytes(ev(7n, 5, 5, null)))
+  await until(() => gaps.length === 1)
+  const old = gaps[0]?.ticket ?? -1
+  // something else ends that hold (a re-registration parks the rank again), and a new one opens
+  const fresh = pool.park(7n, 0)
+  pool.push(bytes(ev(7n, 6, 6, null)))
+  pool.deliverRecovery(7n, 0, old, RecoveryKind.Events, array([ev(7n, 2, 2, 1)]))
+  t.same(canon(await pool.overlapScores([2n], { readYourWrites: true })), [], 'the stale answer was dropped')
+  t.same(canon(await pool.overlapScores([6n])), [], 'and the new hold still holds')
+  // the new hold's answer: another worker's event, another rank's, an id already applied, and a good one
+  const other: RouterEvent = { ...ev(8n, 3, 3, null) }
+  const rank3: RouterEvent = { worker_id: 7n, event: { ...ev(7n, 3, 33, null).event, dp_rank: 3 } }
+  // (event 5 went on when the new hold replaced the old one: the last applied id is 5)
+  pool.deliverRecovery(7n, 0, fresh, RecoveryKind.Events, array([other, rank3, ev(7n, 9, 4, null), ev(7n, 2, 22, null)]))
+  t.same(canon(await pool.overlapScores([6n], { readYourWrites: true })), ['7:0=1/4'], 'the held event went on')
+  t.same(canon(await pool.overlapScores([3n])), [], 'no block planted under worker 8')
+  t.same(canon(await pool.overlapScores([33n])), [], 'nor under rank 3')
+  t.same(canon(await pool.overlapScores([4n])), ['7:0=1/4'], 'its own newer event applied')
+  t.same(canon(await pool.overlapScores([22n])), [], 'an id at or below the last applied is not')
+  t.notOk((await pool.treeSizes()).some((x) => x.worker_id === 8n || x.dp_rank === 3), 'no worker-rank made up')
+})
+
+t.test('after event id 2^64 - 1 nothing is a gap', async (t) => {
+  const { pool, gaps } = await recoverablePool(t)
+  const top = (tok: number): RouterEvent => ({ ...ev(7n, 1, tok, null), event: { ...ev(7n, 1, tok, null).event, event_id: 0xffffffffffffffffn } })
+  pool.push(bytes(top(1)))
+  pool.push(bytes(top(2)))
+  await pool.flush()
+  t.equal(gaps.length, 0)
+  t.equal(pool.counters()[0]?.gaps, 0)
+})
+
+t.test('a gap that nobody answers does not keep the pool from closing (found by review)', async (t) => {
+  const pool = await ShardPool.start({ shards: 1 })
+  pool.setRecoverable(7n, true)
+  pool.push(bytes(ev(7n, 1, 1, null)))
+  await pool.flush()
+  // a backlog in the ring, then a gap behind it, and no 'gap' listener to answer it
+  for (let i = 0; i < 2000; i++) pool.push(bytes(ev(9n, i + 1, i + 1, i === 0 ? null : i)))
+  pool.push(bytes(ev(7n, 5, 5, null)))
+  const closed = await Promise.race([pool.close().then(() => true), new Promise((r) => setTimeout(() => r(false), 10_000))])
+  t.equal(closed, true, 'closed')
+})
+
+t.test('answers of the worker query', async (t) => {
+  t.same(answerOf('{"TooNew":{"requested_start":5,"requested_end":null,"newest_available":3}}'), { kind: 'TooNew', newest: 3n })
+  t.same(answerOf('{"TooNew":{"requested_start":5,"requested_end":null,"newest_available":18446744073709551615}}'), { kind: 'TooNew', newest: 18446744073709551615n }, 'exact above 2^53')
+  t.match(answerOf('{"TooNew":{"requested_start":5}}'), { kind: 'refused', final: true })
+  const a = answerOf('{"Events":[{"worker_id":18446744073709551615,"event":{"event_id":3,"data":"cleared","dp_rank":0}}]}')
+  t.equal(a.kind, 'Events')
+  t.equal(a.kind === 'Events' ? Buffer.from(a.events).toString() : '', '[{"worker_id":18446744073709551615,"event":{"event_id":3,"data":"cleared","dp_rank":0}}]', 'the array as the worker wrote it')
+  t.equal(answerOf('{"TreeDump":[]}').kind, 'TreeDump')
+  t.match(answerOf('{"Error":"no"}'), { kind: 'refused', why: /no/ })
+  t.match(answerOf('nope'), { kind: 'refused', why: /not JSON/ })
+  t.match(answerOf('{"Events":5}'), { kind: 'refused', why: /not an array/ })
+  t.match(answerOf('{"Events":[],"TreeDump":[]}'), { kind: 'refused', why: /one variant/ })
+  t.match(answerOf('[]'), { kind: 'refused' })
+})
+
+/** A worker's blocks as block hashes, sorted, from events that rebuild them. */
+function blocksOf(events: RouterEvent[], worker: bigint): string[] {
+  const out: string[] = []
+  for (const e of events) {
+    if (e.worker_id !== worker || typeof e.event.data !== 'object' || !('stored' in e.event.data)) continue
+    for (const b of e.event.data.stored.blocks) out.push(String(b.block_hash))
+  }
+  return out.sort()
+}
+
+async function complete(url: string, prompt: number[]): Promise<void> {
+  const r = await fetch(`${url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt, max_tokens: 1 }) })
+  await r.text()
+  if (r.status !== 200) throw new Error(`the engine answered ${r.status}`)
+}
+
+t.test('against a simulated engine: a router that starts late catches up, and events lost on the way are fetched', async (t) => {
+  let deliver: ((e: RouterEvent) => void) | null = null
+  let lose = (_e: RouterEvent): boolean => false
+  const fleet = await MockerFleet.start({ numWorkers: 1, firstWorkerId: 11n, blockSize: 4, speedupRatio: 0, onEvent: (e) => (lose(e) ? undefined : deliver?.(e)) })
+  t.teardown(() => fleet.close())
+  const engine = fleet.workers[0]
+  if (engine === undefined) return t.fail('no engine')
+  // the engine caches blocks before any router listens
+  await complete(engine.url, Array.from({ length: 16 }, (_, i) => i + 1))
+  await complete(engine.url, Array.from({ length: 12 }, (_, i) => 100 + i))
+  const router = await Router.start(config(['--router-block-size', '4', '--router-event-recovery']))
+  t.teardown(() => router.close())
+  deliver = (e) => router.ingestEvent(e)
+  await router.addWorker({ id: engine.workerId, url: engine.url })
+  await until(() => router.recovery?.counters.dumps === 1)
+  await router.pool.flush()
+  t.same(blocksOf(await router.pool.dump(), engine.workerId), blocksOf(engine.engine.ring.treeDump(), engine.workerId), 'after the dump, the index holds what the engine holds')
+  t.equal(blocksOf(await router.pool.dump(), engine.workerId).length, 7, 'four blocks and three')
+
+  // a stretch of events is lost (a NATS outage); the next one that arrives reveals the gap
+  const newest = engine.engine.ring.newestId
+  lose = (e) => e.event.event_id <= newest + 2n
+  await complete(engine.url, Array.from({ length: 8 }, (_, i) => 200 + i))
+  await complete(engine.url, Array.from({ length: 8 }, (_, i) => 300 + i))
+  lose = () => false
+  await complete(engine.url, Array.from({ length: 8 }, (_, i) => 400 + i))
+  await until(() => (router.recovery?.counters.ranges ?? 0) === 1).catch((e: unknown) => {
+    t.comment(JSON.stringify({ counters: router.recovery?.counters, gaps: router.pool.counters()[0]?.gaps, newest: String(engine.engine.ring.newestId), was: String(newest) }))
+    throw e
+  })
+  await router.pool.flush()
+  t.equal(router.recovery?.counters.gaps, 1)
+  t.same(blocksOf(await router.pool.dump(), engine.workerId), blocksOf(engine.engine.ring.treeDump(), engine.workerId), 'the lost events were fetched: the index holds what the engine holds')
+  t.equal(router.recovery?.stateOf(engine.workerId, 0), 'exact')
+  const m = await router.metrics.registry.metrics()
+  t.match(m, /kvrouter_index_recovery_total\{what="dumps"\} 1/)
+  t.match(m, /kvrouter_index_recovery_total\{what="ranges"\} 1/)
+  t.match(m, /kvrouter_shard_event_gaps_total\{shard="0"\} 1/)
+})
+
+t.test('a worker that does not answer the query: its gaps are counted and accepted, never held', async (t) => {
+  let probes = 0
+  const up = await upstream((req, _body, res) => {
+    if (req.url === '/v1/kv/query') probes++
+    res.writeHead(404, { 'content-type': 'application/json' })
+    res.end('{"error":"not here"}')
+  })
+  t.teardown(() => up.close())
+  const router = await Router.start(config(['--router-block-size', '4', '--router-event-recovery']))
+  t.teardown(() => router.close())
+  await router.addWorker({ id: 21n, url: up.url })
+  await until(() => probes === 1)
+  router.ingestEvent(ev(21n, 1, 1, null))
+  router.ingestEvent(ev(21n, 7, 7, null))
+  t.same(canon(await router.pool.overlapScores([7n], { readYourWrites: true })), ['21:0=1/2'], 'applied at once')
+  // the counters are published after the batch; a control call comes after that
+  await router.pool.flush()
+  t.equal(router.pool.counters()[0]?.gaps, 1)
+  t.equal(router.recovery?.counters.gaps, 0, 'no recovery asked for')
+  await new Promise((r) => setTimeout(r, 50))
+  t.equal(probes, 1, 'probed once, at registration, and not again')
+})
+
+t.test('a worker that answers the probe but not the recovery: the held events go on and the rank is degraded', async (t) => {
+  let queries = 0
+  const up = await upstream((req, body, res) => {
+    if (req.url !== '/v1/kv/query') {
+      res.end()
+      return
+    }
+    queries++
+    // the probe gets TooNew; the dump at registration an empty tree; anything after an error
+    const q = JSON.parse(body) as { start_event_id: unknown }
+    res.writeHead(q.start_event_id === null && queries === 2 ? 200 : q.start_event_id === null ? 500 : 200, { 'content-type': 'application/json' })
+    if (queries === 1) res.end('{"TooNew":{"requested_start":18446744073709551615,"requested_end":null,"newest_available":0}}')
+    else if (queries === 2) res.end('{"TreeDump":[]}')
+    else res.end('{"Error":"the ring was dropped"}')
+  })
+  t.teardown(() => up.close())
+  const router = await Router.start(config(['--router-block-size', '4', '--router-event-recovery']))
+  t.teardown(() => router.close())
+  const warnings: string[] = []
+  const onWarning = (w: Error): void => void warnings.push(w.message)
+  process.on('warning', onWarning)
+  t.teardown(() => void process.off('warning', onWarning))
+  await router.addWorker({ id: 31n, url: up.url })
+  await until(() => router.recovery?.counters.dumps === 1)
+  router.ingestEvent(ev(31n, 1, 1, null))
+  router.ingestEvent(ev(31n, 5, 5, null))
+  await until(() => router.recovery?.counters.failed === 1, 10_000)
+  t.same(canon(await router.pool.overlapScores([5n], { readYourWrites: true })), ['31:0=1/2'], 'the held event applied')
+  t.equal(router.recovery?.stateOf(31n, 0), 'degraded')
+  const named = (): boolean => warnings.some((w) => /worker 31 rank 0: its KV events could not be recovered/.test(w))
+  await until(named).catch(() => undefined)
+  t.ok(named(), 'a warning names the worker')
+})
+
+t.test('a shard that dies comes back empty and is rebuilt from its workers\' dumps, then exact again', async (t) => {
+  const router = await Router.start(config(['--router-block-size', '4', '--router-event-recovery']))
+  t.teardown(() => router.close())
+  const fleet = await MockerFleet.start({ numWorkers: 2, firstWorkerId: 41n, blockSize: 4, speedupRatio: 0, onEvent: (e) => void router.ingestEvent(e) })
+  t.teardown(() => fleet.close())
+  for (const e of fleet.workers) await router.addWorker({ id: e.workerId, url: e.url })
+  await until(() => router.recovery?.counters.dumps === 2)
+  for (const [i, e] of fleet.workers.entries()) await complete(e.url, Array.from({ length: 12 }, (_, k) => 1000 * i + k))
+  await router.pool.flush()
+  const want = (id: bigint): string[] => blocksOf((fleet.workers.find((e) => e.workerId === id) as (typeof fleet.workers)[number]).engine.ring.treeDump(), id)
+  t.equal(blocksOf(await router.pool.dump(), 41n).length, 3)
+  const restarted = new Promise((r) => router.pool.once('shardRestarted', r))
+  await router.pool.terminateShard(0)
+  await restarted
+  t.equal(router.pool.health()[0], 'recovering', 'empty, and says so')
+  await until(() => router.pool.health()[0] === 'exact', 10_000)
+  t.same(blocksOf(await router.pool.dump(), 41n), want(41n), 'worker 41 rebuilt')
+  t.same(blocksOf(await router.pool.dump(), 42n), want(42n), 'worker 42 rebuilt')
+  // and its gaps are recovered again, not accepted: the fresh shard was told the worker answers
+  const e = fleet.workers[0] as (typeof fleet.workers)[number]
+  const before = router.recovery?.counters.ranges ?? 0
+  router.ingestEvent({ worker_id: e.workerId, event: { event_id: e.engine.ring.newestId + 5n, dp_rank: 0, data: 'cleared' } })
+  const asked = (): boolean => (router.recovery?.counters.ranges ?? 0) + (router.recovery?.counters.failed ?? 0) > before
+  await until(asked).catch(() => undefined)
+  t.ok(asked(), 'a gap after the restart goes to recovery')
+})
+
+t.test('a restarted shard whose worker cannot be rebuilt is exact again, that worker degraded with a warning; approximate mode had nothing to lose', async (t) => {
+  const warnings: string[] = []
+  const onWarning = (w: Error): void => void warnings.push(w.message)
+  process.on('warning', onWarning)
+  t.teardown(() => void process.off('warning', onWarning))
+  const up = await upstream((_req, _body, res) => {
+    res.writeHead(404)
+    res.end()
+  })
+  t.teardown(() => up.close())
+  const r = await Router.start(config(['--router-block-size', '4', '--router-event-recovery']))
+  t.teardown(() => r.close())
+  await r.addWorker({ id: 51n, url: up.url })
+  const r1 = new Promise((res) => r.pool.once('shardRestarted', res))
+  await r.pool.terminateShard(0)
+  await r1
+  await until(() => r.pool.health()[0] === 'exact', 10_000)
+  t.equal(r.recovery?.stateOf(51n, 0), 'degraded', 'the worker that could not be rebuilt says so')
+  await until(() => warnings.some((w) => /index shard 0 restarted: the cached blocks of worker\(s\) 51 are forgotten/.test(w)))
+  // without recovery at all, the same
+  const plain = await Router.start(config(['--router-block-size', '4']))
+  t.teardown(() => plain.close())
+  await plain.addWorker({ id: 52n, url: 'http://127.0.0.1:9' })
+  const r2 = new Promise((res) => plain.pool.once('shardRestarted', res))
+  await plain.pool.terminateShard(0)
+  await r2
+  await until(() => plain.pool.health()[0] === 'exact')
+  await until(() => warnings.some((w) => /worker\(s\) 52 are forgotten .*--no-router-event-recovery/.test(w)))
+  const approx = await Router.start(config(['--router-block-size', '4', '--no-router-kv-events']))
+  t.teardown(() => approx.close())
+  const r3 = new Promise((res) => approx.pool.once('shardRestarted', res))
+  await approx.pool.terminateShard(0)
+  await r3
+  await until(() => approx.pool.health()[0] === 'exact').catch(() => undefined)
+  t.equal(approx.pool.health()[0], 'exact', 'approximate mode: exact at once')
+})
+
+t.test('a worker not up when it registers is probed again until it answers, then rebuilt (found by review)', async (t) => {
+  const [port] = await getFreePorts(1)
+  const router = await Router.start(config(['--router-block-size', '4', '--router-event-recovery']))
+  t.teardown(() => router.close())
+  await router.addWorker({ id: 61n, url: `http://127.0.0.1:${port}` })
+  // nothing listens yet: the first probe fails; the worker comes up a moment later
+  await new Promise((r) => setTimeout(r, 300))
+  const { createServer } = await import('node:http')
+  const srv = createServer((req, res) => {
+    let body = ''
+    req.on('data', (c: Buffer) => (body += c.toString()))
+    req.on('end', () => {
+      const q = JSON.parse(body) as { start_event_id: unknown }
+      res.writeHead(200, { 'content-type': 'application/json' })
+      res.end(q.start_event_id === null ? `{"TreeDump":[${encodeRouterEvent(ev(61n, 0, 70, null))}]}` : '{"TooNew":{"requested_start":18446744073709551615,"requested_end":null,"newest_available":3}}')
+    })
+  })
+  await new Promise<void>((r) => srv.listen(port, '127.0.0.1', r))
+  t.teardown(() => new Promise<void>((r) => srv.close(() => r())))
+  await until(() => router.recovery?.counters.dumps === 1, 10_000)
+  t.same(canon(await router.pool.overlapScores([70n], { readYourWrites: true })), ['61:0=1/1'], 'rebuilt from its dump once it answered')
+  // the dump stands for ids up to 3: event 6 is a gap again
+  router.ingestEvent(ev(61n, 6, 71, null))
+  await until(() => (router.recovery?.counters.gaps ?? 0) === 1).catch(() => undefined)
+  t.equal(router.recovery?.counters.gaps, 1, 'a later gap goes to recovery, not accepted')
+})

@@ -1,0 +1,172 @@
+// The replay engine against a local SSE server: requests leave on the trace's schedule scaled
+// by speedup and overlap (open loop); each record carries what the stream said.
+import t from 'tap'
+import { expandTokens } from '../../../src/sim/replay/trace.js'
+import type { TraceRequest } from '../../../src/sim/replay/trace.js'
+import { replayTrace, requestBody, startReplay } from '../../../src/sim/replay/client.js'
+import { sleep, sseScript, sseServer } from '../../fixtures/sse-server.js'
+
+function req(timestamp: number, input = 600, output = 3, ids: number[] = [1, 2]): TraceRequest {
+  return { timestamp, input_length: input, output_length: output, hash_ids: ids }
+}
+
+t.test('requestBody: the expanded tokens, max_tokens, streaming with usage', async (t) => {
+  const r = req(0, 700, 9, [5, 6])
+  const b = JSON.parse(requestBody(r, 'm1')) as Record<string, unknown>
+  t.same(b.prompt, Array.from(expandTokens(r)))
+  t.equal((b.prompt as number[]).length, 700)
+  t.equal(b.model, 'm1')
+  t.equal(b.max_tokens, 9)
+  t.equal(b.stream, true)
+  t.same(b.stream_options, { include_usage: true })
+})
+
+t.test('sends on the trace schedule divided by speedup, without waiting for responses', async (t) => {
+  // every response takes 400 ms, longer than the gaps between sends: a client that waited for
+  // each response would send the last request ≥ 1.6 s late
+  const srv = await sseServer(sseScript({ ttftMs: 400, gapMs: 5 }))
+  t.teardown(() => srv.close())
+  const ts = [0, 200, 400, 600, 800, 2000]
+  const speedup = 4
+  const { records, itlGaps } = await replayTrace({ url: srv.url, requests: ts.map((x) => req(x)), speedup, model: 'm' })
+  t.equal(srv.seen.length, ts.length)
+  const arrivals = srv.seen.map((s) => s.at)
+  const first = arrivals[0] as number
+  arrivals.forEach((at, i) => {
+    const want = (ts[i] as number) / speedup
+    t.ok(Math.abs(at - first - want) < 40, `request ${i} arrived ${(at - first).toFixed(1)} ms after the first, due at ${want}`)
+  })
+  t.ok(srv.maxOpen >= 4, `requests overlapped (${srv.maxOpen} open at once)`)
+  for (const r of records) {
+    t.equal(r.error, null)
+    t.ok(Math.abs(r.scheduled_ms - r.timestamp / speedup) < 1e-9)
+    t.ok(r.sent_ms - r.scheduled_ms < 40, `sent on time (lag ${(r.sent_ms - r.scheduled_ms).toFixed(1)} ms)`)
+    t.ok((r.ttft_ms as number) >= 390 && (r.ttft_ms as number) < 600, `ttft ${r.ttft_ms}`)
+  }
+  t.equal(itlGaps.length, ts.length * 2, 'two gaps per 3-token stream, pooled')
+})
+
+t.test('records: tokens, usage, cached tokens, worker from the header or from nvext', async (t) => {
+  const srv = await sseServer(sseScript({ gapMs: 20, worker: '18446744073709551557', header: false, cached: (b) => ((b.prompt as number[]).length >= 600 ? 512 : 0) }))
+  t.teardown(() => srv.close())
+  const seen: number[] = []
+  const { records, itlGaps } = await replayTrace({ url: srv.url, requests: [req(0, 640, 4), req(10, 100, 2)], apiKey: 'k1', onRecord: (r) => seen.push(r.id) })
+  t.same(seen.sort(), [0, 1], 'onRecord once per request')
+  const [a, b] = records
+  t.equal(a?.worker, '18446744073709551557', 'u64 worker id read exactly from nvext.worker_id')
+  t.equal(a?.output_tokens, 4)
+  t.equal(a?.prompt_tokens, 640)
+  t.equal(a?.cached_tokens, 512)
+  t.equal(a?.status, 200)
+  t.ok((a?.itl_ms as number) >= 15 && (a?.itl_ms as number) < 80, `itl ${a?.itl_ms}`)
+  t.ok((a?.e2e_ms as number) >= (a?.ttft_ms as number))
+  t.equal(b?.cached_tokens, 0)
+  t.equal(b?.output_tokens, 2)
+  t.equal(itlGaps.length, 3 + 1)
+  t.equal(srv.seen[0]?.headers.authorization, 'Bearer k1')
+  t.equal(srv.seen[0]?.headers['content-type'], 'application/json')
+})
+
+t.test('failures are recorded, not thrown: HTTP errors, stream errors, truncated streams, timeouts', async (t) => {
+  const srv = await sseServer(async (body, res) => {
+    const kind = body.max_tokens as number
+    if (kind === 1) {
+      res.writeHead(503, { 'content-type': 'application/json' })
+      res.end('{"error":{"code":"KVR_ERR_ALL_WORKERS_BUSY","message":"all busy"}}')
+    } else if (kind === 2) {
+      res.writeHead(200, { 'content-type': 'text/event-stream' })
+      res.write('data: {"choices":[{"text":"a"}]}\n\n')
+      res.end('data: {"error":{"code":"KVR_ERR_UPSTREAM","message":"worker died"}}\n\n')
+    } else if (kind === 3) {
+      res.writeHead(200, { 'content-type': 'text/event-stream' })
+      res.end('data: {"choices":[{"text":"a"}]}\n\n')
+    } else if (kind === 4) {
+      res.writeHead(200, { 'content-type': 'text/event-stream' })
+      await sleep(2000)
+      res.end()
+    } else {
+      res.writeHead(200, { 'content-type': 'text/event-stream' })
+      res.end('data: not json\n\n')
+    }
+  })
+  t.teardown(() => srv.close())
+  const { records } = await replayTrace({ url: srv.url, requests: [1, 2, 3, 4, 5].map((k) => req(0, 64, k)), timeoutMs: 300 })
+  t.equal(records[0]?.status, 503)
+  t.equal(records[0]?.error, 'HTTP 503: KVR_ERR_ALL_WORKERS_BUSY: all busy')
+  t.match(records[1]?.error, /stream error: worker died/)
+  t.ok(records[1]?.ttft_ms !== null, 'the first token still has its time')
+  t.match(records[2]?.error, /without data: \[DONE\]/)
+  t.match(records[3]?.error, /timed out after 0.3 s/)
+  t.match(records[4]?.error, /malformed stream event/)
+})
+
+t.test('maxInFlight caps outstanding requests; the lateness shows in sent_ms', async (t) => {
+  const srv = await sseServer(sseScript({ ttftMs: 100 }))
+  t.teardown(() => srv.close())
+  const { records } = await replayTrace({ url: srv.url, requests: [0, 0, 0, 0].map((x) => req(x, 64, 1)), maxInFlight: 2 })
+  t.equal(srv.maxOpen, 2)
+  const lags = records.map((r) => r.sent_ms - r.scheduled_ms).sort((a, b) => a - b)
+  t.ok((lags[3] as number) >= 90, `the last two waited for a slot (lags ${lags.map((x) => x.toFixed(0)).join(',')})`)
+})
+
+t.test('abort: in-flight requests fail, unsent ones are recorded as not sent', async (t) => {
+  const srv = await sseServer(sseScript({ ttftMs: 5000 }))
+  t.teardown(() => srv.close())
+  const ac = new AbortController()
+  const run = startReplay({ url: srv.url, requests: [req(0, 64, 1), req(60_000, 64, 1)], signal: ac.signal })
+  while (run.progress().inFlight < 1) await sleep(5)
+  const p = run.progress()
+  t.equal(p.total, 2)
+  t.equal(p.sent, 1)
+  t.equal(p.scheduleS, 60)
+  ac.abort()
+  const { records } = await run.done
+  t.equal(records[0]?.error, 'replay aborted')
+  t.equal(records[1]?.error, 'not sent: replay aborted')
+  t.equal(run.progress().failed, 2)
+})
+
+t.test('a wait beyond Node\'s timer range is kept, not cut to 1 ms', async (t) => {
+  const warnings: string[] = []
+  const onWarning = (w: Error): void => void warnings.push(w.name)
+  process.on('warning', onWarning)
+  t.teardown(() => void process.off('warning', onWarning))
+  const srv = await sseServer(sseScript())
+  t.teardown(() => srv.close())
+  const ac = new AbortController()
+  // the second request is due 3 s / 1e-6 = 3·10^9 ms (about 35 days) after the first
+  const run = startReplay({ url: srv.url, requests: [req(0, 64, 1), req(3000, 64, 1)], speedup: 1e-6, signal: ac.signal })
+  while (run.progress().done < 1) await sleep(5)
+  await sleep(200)
+  t.equal(run.progress().sent, 1, 'the second request still waits')
+  ac.abort()
+  const { records } = await run.done
+  t.equal(records[0]?.error, null)
+  t.equal(records[1]?.error, 'not sent: replay aborted')
+  t.same(warnings.filter((w) => w === 'TimeoutOverflowWarning'), [], 'no timer overflowed')
+})
+
+t.test('invalid options are refused', async (t) => {
+  t.throws(() => startReplay({ url: 'http://127.0.0.1:1', requests: [], speedup: 0 }), RangeError)
+  t.throws(() => startReplay({ url: 'http://127.0.0.1:1', requests: [], timeoutMs: 2 ** 31 }), { name: 'RangeError', message: /timeoutMs must be in \(0, 2147483647\]/ })
+  t.throws(() => startReplay({ url: 'http://127.0.0.1:1', requests: [], timeoutMs: 0 }), RangeError)
+  t.throws(() => startReplay({ url: 'http://127.0.0.1:1', requests: [], maxInFlight: 0 }), RangeError)
+  const r = await replayTrace({ url: 'http://127.0.0.1:1', requests: [] })
+  t.same(r.records, [])
+})
+
+t.test('a trace request whose prompt cannot be built fails alone', async (t) => {
+  const srv = await sseServer(sseScript())
+  t.teardown(() => srv.close())
+  // 1,000 tokens need two 512-token blocks; one id is not enough
+  const { records } = await replayTrace({ url: srv.url, requests: [req(0, 1000, 1, [1]), req(0, 64, 1, [1])] })
+  t.match(records[0]?.error, /^invalid trace request: hash_ids has 1 block/)
+  t.equal(records[1]?.error, null)
+  t.equal(srv.seen.length, 1)
+})
+
+t.test('a refused connection is an error with status 0', async (t) => {
+  const { records } = await replayTrace({ url: 'http://127.0.0.1:1', requests: [req(0, 64, 1)] })
+  t.equal(records[0]?.status, 0)
+  t.ok(records[0]?.error !== null && records[0]?.error !== '', String(records[0]?.error))
+})

@@ -15,42 +15,19 @@ import type { RouterEvent, StoredBlock } from '../codec/events.js'
 import { KvrError } from '../errors.js'
 import { u64FromParts } from '../codec/u64.js'
 import { RouterMetrics } from '../metrics/registry.js'
+import { registerSchedulerMetrics } from '../scheduler/metrics.js'
+import { registerShardMetrics } from '../shards/metrics.js'
+import { registerTransportMetrics } from '../transport/metrics.js'
+import { registerWorkerMetrics } from './metrics.js'
 import { IndexRecovery } from '../shards/recovery.js'
 import { NatsIntake, type WorkerLoad } from '../transport/nats.js'
 import { EtcdDiscovery, type DiscoveredWorker } from '../transport/etcd.js'
+import { RequestIds } from './request-ids.js'
+import { Suspension } from './suspension.js'
+import { WorkerRegistry } from './worker-registry.js'
+import type { WorkerInfo, WorkerRegistration } from './worker-registry.js'
 
-/** A failing worker's first time out of routing, and the longest. */
-const SUSPEND_BASE_MS = 1000
-const SUSPEND_MAX_MS = 30_000
-
-export interface WorkerInfo {
-  id: bigint
-  url: string
-  blockSize: number
-  /** KV capacity in blocks (0 = unknown). */
-  capacity: number
-  device: DeviceType
-  dpRanks: number
-  maxNumBatchedTokens: number | undefined
-  registeredAt: number
-  /** Consecutive proxy failures; a success resets it. */
-  failures: number
-  /** performance.now() until which the worker is left out of routing after failures (0: never was). */
-  suspendedUntil: number
-  /** Where the worker came from: `--worker` / `POST /v1/workers`, or etcd discovery. */
-  source: 'static' | 'etcd'
-}
-
-export interface WorkerRegistration {
-  id: bigint
-  url: string
-  blockSize?: number
-  capacity?: number
-  device?: DeviceType
-  dpRanks?: number
-  maxNumBatchedTokens?: number
-  source?: 'static' | 'etcd'
-}
+export type { WorkerInfo, WorkerRegistration } from './worker-registry.js'
 
 export interface RouteInput {
   /** Token ids of the prompt (validated while hashing), or null when blocks are given. */
@@ -95,16 +72,14 @@ export class Router {
   readonly pool: ShardPool
   readonly scheduler: Scheduler
   readonly metrics: RouterMetrics
-  private readonly workerTable = new Map<bigint, WorkerInfo>()
+  readonly registry = new WorkerRegistry()
+  readonly suspension = new Suspension(this.registry)
+  readonly requestIds = new RequestIds()
   private readonly scratch: Scratch[] = []
   /** (worker id as a safe number, dp rank) → slot, rebuilt when registrations change. */
   private slotCache = new Map<number, number>()
   private slotCacheVersion = -1
   private approxEventIds = new Map<bigint, bigint>()
-  private nextRequest = 0
-  /** The prefix of the ids this router makes for bookings (newRequestId). */
-  readonly requestIdPrefix = `r${Date.now().toString(36)}-`
-  private readonly proxiedIdPrefix = `${this.requestIdPrefix}~`
   private closed = false
   /** KV-event intake from NATS (`--nats-url`), or null in embedded mode. */
   nats: NatsIntake | null = null
@@ -142,9 +117,14 @@ export class Router {
       },
       sink === undefined ? {} : { approxSink: sink },
     )
-    this.recovery = config.kvEvents && config.eventRecovery ? new IndexRecovery(pool, { urlOf: (id) => this.workerTable.get(id)?.url }) : null
+    this.recovery = config.kvEvents && config.eventRecovery ? new IndexRecovery(pool, { urlOf: (id) => this.registry.get(id)?.url }) : null
     pool.on('shardRestarted', (shard: number) => void this.rebuildShard(shard))
-    this.metrics = new RouterMetrics(this)
+    this.metrics = new RouterMetrics(config)
+    const reg = this.metrics.registry
+    registerSchedulerMetrics(reg, this.scheduler)
+    registerShardMetrics(reg, pool, this.recovery)
+    registerTransportMetrics(reg, this)
+    registerWorkerMetrics(reg, this.registry, this.suspension, config.modelName)
   }
 
   static async start(config: ServeConfig): Promise<Router> {
@@ -205,34 +185,18 @@ export class Router {
 
   // ---- workers ----
 
-  /**
-   * Registers or updates a worker. Membership changes of one worker apply in the order they were
-   * asked for: adding awaits the shards, and etcd can report a worker updated and then removed
-   * within that await (its lease's two keys deleted one after the other); run side by side, the
-   * late add would put back a worker that had just been removed, and it would stay in routing.
-   */
+  /** Registers or updates a worker; membership changes of one worker apply in the order asked. */
   addWorker(reg: WorkerRegistration): Promise<WorkerInfo> {
-    return this.inOrder(reg.id, () => this.addWorkerNow(reg))
+    return this.registry.inOrder(reg.id, () => this.addWorkerNow(reg))
   }
 
+  /**
+   * Drops a worker from routing and from the index. A worker known only from its KV events (sent
+   * before it registered, or never registered) holds worker-rank slots and blocks too, and this is
+   * the way to free them; false when the id is neither registered nor in the index.
+   */
   removeWorker(id: bigint): Promise<boolean> {
-    return this.inOrder(id, () => this.removeWorkerNow(id))
-  }
-
-  private readonly membership = new Map<bigint, Promise<unknown>>()
-
-  private inOrder<T>(id: bigint, op: () => Promise<T>): Promise<T> {
-    const prev = this.membership.get(id)
-    const next = prev === undefined ? op() : prev.then(op, op)
-    const tail = next.then(
-      () => undefined,
-      () => undefined,
-    )
-    this.membership.set(id, tail)
-    void tail.then(() => {
-      if (this.membership.get(id) === tail) this.membership.delete(id)
-    })
-    return next
+    return this.registry.inOrder(id, () => this.removeWorkerNow(id))
   }
 
   private async addWorkerNow(reg: WorkerRegistration): Promise<WorkerInfo> {
@@ -251,7 +215,7 @@ export class Router {
       source: reg.source ?? 'static',
     }
     // a worker the index knew nothing of leaves nothing in it when its registration is refused
-    const known = this.workerTable.has(reg.id) || (await this.pool.indexedRanks(reg.id)) > 0
+    const known = this.registry.has(reg.id) || (await this.pool.indexedRanks(reg.id)) > 0
     for (let r = 0; r < dpRanks; r++) {
       // A full table of worker-ranks used to be ignored here: the worker was answered 201, and
       // every KV event of it was then dropped as too_many_workers, so it could never get a hit.
@@ -265,26 +229,21 @@ export class Router {
     // The scheduler learns the ranks and the table the URL in one synchronous step: with an await
     // between them a request could be routed to a rank whose worker has no URL yet, and the
     // proxy would count that as a failed attempt.
-    const old = this.workerTable.get(reg.id)
+    const old = this.registry.get(reg.id)
     if (old !== undefined && old.dpRanks > dpRanks) for (let r = dpRanks; r < old.dpRanks; r++) this.scheduler.removeWorkerRank(reg.id, r)
     for (let r = 0; r < dpRanks; r++) {
       const rankInfo: { device: DeviceType; totalKvBlocks: number; maxNumBatchedTokens?: number } = { device: info.device, totalKvBlocks: info.capacity }
       if (info.maxNumBatchedTokens !== undefined) rankInfo.maxNumBatchedTokens = info.maxNumBatchedTokens
       this.scheduler.addWorkerRank(reg.id, r, rankInfo)
     }
-    this.workerTable.set(reg.id, info)
-    this.suspended.delete(reg.id)
+    this.registry.set(info)
+    this.suspension.forget(reg.id)
     // a new worker, or one now elsewhere: what it has cached is fetched (a model card arriving
     // for a worker already known changes neither)
     if (old === undefined || old.url !== info.url || old.dpRanks !== dpRanks) void this.recovery?.workerAdded(reg.id, dpRanks)
     return info
   }
 
-  /**
-   * Drops a worker from routing and from the index. A worker known only from its KV events (sent
-   * before it registered, or never registered) holds worker-rank slots and blocks too, and this is
-   * the way to free them; false when the id is neither registered nor in the index.
-   */
   /**
    * Drops the worker, known only from its KV events, that holds the fewest blocks in the shard
    * of `forId`, to make room for a registration; false when every rank there is registered.
@@ -294,7 +253,7 @@ export class Router {
     const blocks = new Map<bigint, number>()
     for (const t of await this.pool.shardTreeSizes(forId)) {
       // a worker whose registration is under way holds slots before it is in the table
-      if (t.worker_id === forId || this.workerTable.has(t.worker_id) || this.membership.has(t.worker_id)) continue
+      if (t.worker_id === forId || this.registry.has(t.worker_id) || this.registry.changing(t.worker_id)) continue
       blocks.set(t.worker_id, (blocks.get(t.worker_id) ?? 0) + t.tree_size)
     }
     for (const [id, n] of blocks) if (victim === null || n < victim.blocks) victim = { id, blocks: n }
@@ -320,7 +279,7 @@ export class Router {
     if (this.closed) return
     if (!this.config.kvEvents) return this.pool.markRebuilt(shard)
     const restarts = this.pool.counters()[shard]?.restarts
-    const workers = this.workers().filter((w) => this.pool.shardOf(w.id) === shard)
+    const workers = this.registry.all().filter((w) => this.pool.shardOf(w.id) === shard)
     const lost: bigint[] = []
     await Promise.all(
       workers.map(async (w) => {
@@ -340,74 +299,11 @@ export class Router {
 
   private async removeWorkerNow(id: bigint): Promise<boolean> {
     this.recovery?.workerRemoved(id)
-    this.suspended.delete(id)
-    if (this.workerTable.delete(id)) this.scheduler.removeWorker(id)
+    this.suspension.forget(id)
+    if (this.registry.delete(id)) this.scheduler.removeWorker(id)
     else if ((await this.pool.indexedRanks(id)) === 0) return false
     await this.pool.removeWorker(id)
     return true
-  }
-
-  worker(id: bigint): WorkerInfo | undefined {
-    return this.workerTable.get(id)
-  }
-
-  // ---- failing workers ----
-
-  /** Workers left out of routing after failures, until their time is up. */
-  private readonly suspended = new Set<bigint>()
-
-  /**
-   * A request to the worker failed before its first token. The worker is left out of routing
-   * for 1 s, doubling with each failure in a row up to 30 s: a dead worker took requests (and
-   * every retry could land on dead ones: a failure frees its bookings, so it looks idle) until
-   * its etcd lease ran out, 10 s by default (found by an operator review). When the time is up,
-   * the next request may go there again: an answer ends the suspension, a failure lengthens it.
-   */
-  workerFailed(id: bigint): void {
-    const w = this.workerTable.get(id)
-    if (w === undefined) return
-    w.failures++
-    w.suspendedUntil = performance.now() + Math.min(SUSPEND_MAX_MS, SUSPEND_BASE_MS * 2 ** Math.min(16, w.failures - 1))
-    this.suspended.add(id)
-  }
-
-  /** A request to the worker got its first token (or its whole answer). */
-  workerAnswered(w: WorkerInfo): void {
-    // an answer on a registration since replaced says nothing of the new one
-    if (w.failures === 0 || this.workerTable.get(w.id) !== w) return
-    w.failures = 0
-    w.suspendedUntil = 0
-    this.suspended.delete(w.id)
-  }
-
-  /** True while the worker is left out of routing. */
-  isSuspended(w: WorkerInfo): boolean {
-    return w.suspendedUntil > performance.now()
-  }
-
-  /**
-   * `exclude` with the suspended workers' ranks added; `exclude` itself when none is suspended
-   * now, or when every worker is (then none is left out: a try beats a certain refusal).
-   */
-  private withSuspended(exclude: readonly WorkerRankRef[] | undefined): readonly WorkerRankRef[] | undefined {
-    const now = performance.now()
-    let out: WorkerRankRef[] | null = null
-    for (const id of this.suspended) {
-      const w = this.workerTable.get(id)
-      if (w === undefined || w.suspendedUntil <= now) {
-        // its time is up: routed again, and kept only as failing until it answers
-        this.suspended.delete(id)
-        continue
-      }
-      out ??= exclude === undefined ? [] : [...exclude]
-      for (let r = 0; r < w.dpRanks; r++) out.push({ workerId: id, dpRank: r })
-    }
-    if (out === null || this.suspended.size >= this.workerTable.size) return exclude
-    return out
-  }
-
-  workers(): WorkerInfo[] {
-    return [...this.workerTable.values()]
   }
 
   // ---- events ----
@@ -422,29 +318,6 @@ export class Router {
   }
 
   // ---- routing ----
-
-  /**
-   * A fresh booking id. The proxy's own are marked (`~` is no base-36 digit), so that the release
-   * routes of /v1/route can tell them apart: a proxied request's booking ends with its stream, and
-   * a client guessing its sequential id must not free it early (found by review).
-   */
-  newRequestId(proxied = false): string {
-    return (proxied ? this.proxiedIdPrefix : this.requestIdPrefix) + (this.nextRequest++).toString(36)
-  }
-
-  /** Whether an id is one of the proxy's bookings (newRequestId(true)). */
-  isProxiedRequestId(id: string): boolean {
-    return id.startsWith(this.proxiedIdPrefix)
-  }
-
-  /**
-   * Whether an id is in the space newRequestId draws from. Every booking answer shows that space's
-   * prefix and counter, so a client that booked the next ids under its own name would make
-   * unrelated proxied requests fail as duplicates; client-chosen ids are kept out of it instead.
-   */
-  isRouterRequestId(id: string): boolean {
-    return id.startsWith(this.requestIdPrefix)
-  }
 
   private takeScratch(n: number): Scratch {
     const s = this.scratch.pop()
@@ -528,7 +401,7 @@ export class Router {
       }
       const t3 = performance.now()
       const update = input.updateStates !== false
-      const id = update ? (input.id ?? this.newRequestId()) : input.id
+      const id = update ? (input.id ?? this.requestIds.create()) : input.id
       const req: Parameters<Scheduler['schedule']>[0] = {
         isl,
         seqLo: sc.sLo,
@@ -546,7 +419,7 @@ export class Router {
       if (input.dpRank !== undefined) req.dpRank = input.dpRank
       if (input.overrides !== undefined) req.overrides = input.overrides
       if (input.explain === true) req.explain = true
-      const exclude = this.suspended.size !== 0 && input.workerId === undefined ? this.withSuspended(input.exclude) : input.exclude
+      const exclude = this.suspension.any && input.workerId === undefined ? this.suspension.exclusions(input.exclude) : input.exclude
       if (exclude !== undefined) req.exclude = exclude
       if (input.signal !== undefined) req.signal = input.signal
       const decision = await this.scheduler.schedule(req)

@@ -6,7 +6,6 @@ import { PerformanceObserver, constants as perfConstants, monitorEventLoopDelay 
 import type { IntervalHistogram } from 'node:perf_hooks'
 import { Counter, Gauge, Histogram, Registry } from 'prom-client'
 import { BoundHistogram } from './histogram.js'
-import type { Router } from '../core/router.js'
 import type { RouteDecision } from '../scheduler/scheduler.js'
 
 const MS_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 1000]
@@ -26,6 +25,36 @@ const GC_KINDS: Readonly<Record<number, string>> = {
 
 type H = BoundHistogram
 
+/** What the router's own series are labelled with. */
+export interface MetricLabels {
+  readonly namespace: string
+  readonly component: string
+}
+
+/** Registers a collector (read at scrape time) in `r`: each part of the router registers its own. */
+export function counter(r: Registry, name: string, help: string, read: () => number): void {
+  new Counter({
+    name,
+    help,
+    registers: [r],
+    collect() {
+      this.reset()
+      this.inc(read())
+    },
+  })
+}
+
+export function gauge(r: Registry, name: string, help: string, read: () => number): void {
+  new Gauge({
+    name,
+    help,
+    registers: [r],
+    collect() {
+      this.set(read())
+    },
+  })
+}
+
 /**
  * Distinct `model` label values kept apart; later ones are counted as MODEL_OTHER. The model
  * comes from the client's body, and every distinct value would otherwise be a series for good.
@@ -39,8 +68,6 @@ function branch<K, V>(m: Map<K, V>, key: K, make: () => V): V {
   if (v === undefined) m.set(key, (v = make()))
   return v
 }
-
-const EVENT_TYPES = ['stored', 'removed', 'cleared'] as const
 
 export class RouterMetrics {
   readonly registry = new Registry()
@@ -69,9 +96,9 @@ export class RouterMetrics {
   private readonly gcObserver: PerformanceObserver
   private readonly loopDelay: IntervalHistogram
 
-  constructor(router: Router) {
+  constructor(labels: MetricLabels) {
     const r = this.registry
-    const cfg = router.config
+    const cfg = labels
     this.routerId = `${cfg.namespace}-router-${process.pid}`
     const base = { dynamo_namespace: cfg.namespace, dynamo_component: cfg.component, dynamo_endpoint: 'generate' }
     const comp = ['dynamo_namespace', 'dynamo_component', 'dynamo_endpoint']
@@ -175,211 +202,18 @@ export class RouterMetrics {
       })
     }
     // each series reads its own figure: a scrape may fetch any one of them alone
-    const counter = (name: string, help: string, read: () => number): void => {
-      new Counter({
-        name,
-        help,
-        registers: [r],
-        collect() {
-          this.reset()
-          this.inc(read())
-        },
-      })
-    }
-    counter('process_cpu_user_seconds_total', 'User CPU time of the process, all threads (s)', () => process.cpuUsage().user / 1e6)
-    counter('process_cpu_system_seconds_total', 'System CPU time of the process, all threads (s)', () => process.cpuUsage().system / 1e6)
-    counter('process_cpu_seconds_total', 'User and system CPU time of the process, all threads (s)', () => {
+    counter(r, 'process_cpu_user_seconds_total', 'User CPU time of the process, all threads (s)', () => process.cpuUsage().user / 1e6)
+    counter(r, 'process_cpu_system_seconds_total', 'System CPU time of the process, all threads (s)', () => process.cpuUsage().system / 1e6)
+    counter(r, 'process_cpu_seconds_total', 'User and system CPU time of the process, all threads (s)', () => {
       const c = process.cpuUsage()
       return (c.user + c.system) / 1e6
     })
     new Gauge({ name: 'process_start_time_seconds', help: 'Start of the process since the Unix epoch (s)', registers: [r] }).set(Math.round(Date.now() / 1000 - process.uptime()))
-    const gauge = (name: string, help: string, read: () => number): void => {
-      new Gauge({
-        name,
-        help,
-        registers: [r],
-        collect() {
-          this.set(read())
-        },
-      })
-    }
-    gauge('process_resident_memory_bytes', 'Resident memory of the process (bytes)', () => process.memoryUsage.rss())
-    gauge('nodejs_heap_size_total_bytes', 'V8 heap of the main thread, reserved (bytes)', () => process.memoryUsage().heapTotal)
-    gauge('nodejs_heap_size_used_bytes', 'V8 heap of the main thread, in use (bytes)', () => process.memoryUsage().heapUsed)
-    gauge('nodejs_external_memory_bytes', 'Memory outside the V8 heap held by its objects, buffers in flight included (bytes)', () => process.memoryUsage().external)
+    gauge(r, 'process_resident_memory_bytes', 'Resident memory of the process (bytes)', () => process.memoryUsage.rss())
+    gauge(r, 'nodejs_heap_size_total_bytes', 'V8 heap of the main thread, reserved (bytes)', () => process.memoryUsage().heapTotal)
+    gauge(r, 'nodejs_heap_size_used_bytes', 'V8 heap of the main thread, in use (bytes)', () => process.memoryUsage().heapUsed)
+    gauge(r, 'nodejs_external_memory_bytes', 'Memory outside the V8 heap held by its objects, buffers in flight included (bytes)', () => process.memoryUsage().external)
 
-    const sched = router.scheduler
-    new Gauge({
-      name: 'dynamo_frontend_router_queue_pending_requests',
-      help: 'Requests waiting in the router queue',
-      labelNames: ['worker_type'],
-      registers: [r],
-      collect() {
-        this.set({ worker_type: 'decode' }, sched.stats().queueDepth)
-      },
-    })
-    const slotGauge = (name: string, help: string, pick: (s: ReturnType<typeof sched.stats>['slots'][number]) => number): void => {
-      new Gauge({
-        name,
-        help,
-        labelNames: ['worker_id', 'dp_rank', 'worker_type'],
-        registers: [r],
-        collect() {
-          this.reset()
-          for (const s of sched.stats().slots) this.set({ worker_id: s.workerId.toString(), dp_rank: String(s.dpRank), worker_type: 'decode' }, pick(s))
-        },
-      })
-    }
-    slotGauge('dynamo_frontend_worker_active_decode_blocks', 'KV blocks held by the worker-rank\'s active requests', (s) => s.activeBlocks)
-    slotGauge('dynamo_frontend_worker_active_prefill_tokens', 'Prefill tokens not yet computed on the worker-rank', (s) => s.prefillTokens)
-    slotGauge('kvrouter_worker_inflight_requests', 'Requests booked on the worker-rank', (s) => s.inFlight)
-
-    const pool = router.pool
-    const shardCounter = (name: string, help: string, pick: (c: ReturnType<typeof pool.counters>[number]) => number): void => {
-      new Counter({
-        name,
-        help,
-        labelNames: ['shard'],
-        registers: [r],
-        collect() {
-          this.reset()
-          for (const c of pool.counters()) this.inc({ shard: String(c.shard) }, pick(c))
-        },
-      })
-    }
-    shardCounter('kvrouter_shard_events_received_total', 'Event messages the shard took from its ring', (c) => c.received)
-    shardCounter('kvrouter_shard_events_applied_total', 'Events applied to the shard\'s index', (c) => c.applied)
-    shardCounter('kvrouter_shard_events_malformed_total', 'Event messages that did not decode', (c) => c.malformed)
-    shardCounter('kvrouter_shard_event_gaps_total', 'Gaps in a worker-rank\'s event ids (spec §3.7): events it published that never arrived', (c) => c.gaps)
-    shardCounter('kvrouter_shard_events_misplaced_total', 'Event messages whose worker belongs to another shard (the intake read another worker id than the decoder), sent on to that shard', (c) => c.misplaced)
-    shardCounter('kvrouter_shard_queries_total', 'Overlap queries answered', (c) => c.queries)
-    shardCounter('kvrouter_shard_ring_full_total', 'Pushes that found the shard\'s ring full (queued, never dropped)', (c) => c.ringFull)
-    shardCounter('kvrouter_shard_ring_waits_total', 'Times the event producer slept until the shard had freed half its ring', (c) => c.ringWaits)
-    shardCounter('kvrouter_shard_restarts_total', 'Shard thread restarts', (c) => c.restarts)
-    shardCounter('kvrouter_shard_events_lost_total', 'Events lost with a dead shard thread', (c) => c.lost)
-    new Counter({
-      name: 'kvrouter_index_recovery_total',
-      help: 'Recovery of missed KV events through worker queries: gaps reported, recoveries answered with the missing range or a tree dump, recoveries failed (the gap stays a hole)',
-      labelNames: ['what'],
-      registers: [r],
-      collect() {
-        this.reset()
-        const c = router.recovery?.counters
-        if (c === undefined) return
-        for (const [what, v] of [['gaps', c.gaps], ['ranges', c.ranges], ['dumps', c.dumps], ['failed', c.failed]] as const) this.inc({ what }, v)
-      },
-    })
-    new Gauge({
-      name: 'kvrouter_workers_suspended',
-      help: 'Workers left out of routing after failures in a row (1 s, doubling to 30 s; GET /v1/workers says which)',
-      registers: [r],
-      collect() {
-        let n = 0
-        for (const w of router.workers()) if (router.isSuspended(w)) n++
-        this.set(n)
-      },
-    })
-    new Counter({
-      name: 'kvrouter_events_dropped_total',
-      help: 'Event messages from NATS dropped because the backlog waiting for the shards held its maximum (256 MiB)',
-      registers: [r],
-      collect() {
-        this.reset()
-        this.inc(pool.dropped)
-      },
-    })
-    // NATS intake and etcd discovery, read at scrape time (absent series while not configured)
-    new Counter({
-      name: 'kvrouter_nats_total',
-      help: 'NATS intake: messages, bytes, disconnects, reconnects, slow-consumer episodes, errors',
-      labelNames: ['what'],
-      registers: [r],
-      collect() {
-        this.reset()
-        const n = router.nats
-        if (n === null) return
-        const c = n.counters
-        for (const [what, v] of [['messages', c.messages], ['bytes', c.bytes], ['metrics_messages', c.metricsMessages], ['metrics_malformed', c.metricsMalformed], ['disconnects', c.disconnects], ['reconnects', c.reconnects], ['slow_consumer', c.slowConsumer], ['errors', c.errors]] as const) this.inc({ what }, v)
-      },
-    })
-    new Gauge({
-      name: 'kvrouter_connected',
-      help: '1 while the configured NATS / etcd connection is up, 0 while it is down',
-      labelNames: ['service'],
-      registers: [r],
-      collect() {
-        this.reset()
-        const conn = router.connected
-        if (conn.nats !== null) this.set({ service: 'nats' }, conn.nats ? 1 : 0)
-        if (conn.etcd !== null) this.set({ service: 'etcd' }, conn.etcd ? 1 : 0)
-      },
-    })
-    new Counter({
-      name: 'kvrouter_etcd_total',
-      help: 'etcd discovery: puts, deletes, re-lists, disconnects, malformed records',
-      labelNames: ['what'],
-      registers: [r],
-      collect() {
-        this.reset()
-        const d = router.discovery
-        if (d === null) return
-        for (const [what, v] of Object.entries(d.counters)) this.inc({ what }, v)
-      },
-    })
-    new Counter({
-      name: 'kvrouter_shard_events_rejected_total',
-      help: 'Events the index refused, by reason',
-      labelNames: ['shard', 'reason'],
-      registers: [r],
-      collect() {
-        this.reset()
-        for (const c of pool.counters()) for (const [reason, v] of Object.entries(c.rejected)) this.inc({ shard: String(c.shard), reason }, v)
-      },
-    })
-    new Counter({
-      name: 'dynamo_component_kv_cache_events_applied',
-      help: 'KV events by type and outcome, all shards: status ok or the reason it was rejected (a malformed message has no type: event_type "unknown")',
-      labelNames: ['event_type', 'status'],
-      registers: [r],
-      collect() {
-        this.reset()
-        let bad = 0
-        for (const c of pool.counters()) {
-          bad += c.malformed
-          for (const type of EVENT_TYPES) {
-            this.inc({ event_type: type, status: 'ok' }, c.appliedByType[type])
-            for (const [reason, v] of Object.entries(c.rejectedByType[type])) if (v > 0) this.inc({ event_type: type, status: reason }, v)
-          }
-        }
-        // and the messages refused before any shard saw them (empty, or a NUL first byte)
-        this.inc({ event_type: 'unknown', status: 'malformed' }, bad + pool.rejectedAtIntake)
-      },
-    })
-    const shardGauge = (name: string, help: string, pick: (c: ReturnType<typeof pool.counters>[number]) => number): void => {
-      new Gauge({
-        name,
-        help,
-        labelNames: ['shard'],
-        registers: [r],
-        collect() {
-          for (const c of pool.counters()) this.set({ shard: String(c.shard) }, pick(c))
-        },
-      })
-    }
-    shardGauge('kvrouter_shard_blocks', '(block, worker-rank) entries in the shard\'s index', (c) => c.blocks)
-    shardGauge('kvrouter_shard_nodes', 'Radix-tree nodes in the shard\'s index', (c) => c.nodes)
-    shardGauge('kvrouter_shard_worker_ranks', 'Worker-ranks the shard holds', (c) => c.workerRanks)
-    shardGauge('kvrouter_shard_exact', '1 when the shard\'s answers are exact, 0 while it recovers', (c) => (c.health === 'exact' ? 1 : 0))
-    shardGauge('kvrouter_shard_pending_messages', 'Messages queued behind a full ring', (c) => c.pendingMessages)
-    new Gauge({
-      name: 'dynamo_frontend_model_workers',
-      help: 'Registered workers',
-      labelNames: ['model'],
-      registers: [r],
-      collect() {
-        this.set({ model: cfg.modelName }, router.workers().length)
-      },
-    })
   }
 
   /** Stops watching GC pauses and the event loop (the router is closing). */

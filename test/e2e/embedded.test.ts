@@ -70,8 +70,8 @@ t.test('an engine posting its events over HTTP', async (t) => {
   // registers itself through POST /v1/workers, as `kv-router mocker --router-url` does
   const remoteFleet = await MockerFleet.start({ firstWorkerId: 77n, blockSize: 8, speedupRatio: 0, routerUrl: base })
   const remote = remoteFleet.workers[0] as MockerWorker
-  t.equal(h.router.worker(77n)?.url, remote.url)
-  t.equal(h.router.worker(77n)?.capacity, 16384)
+  t.equal(h.router.registry.get(77n)?.url, remote.url)
+  t.equal(h.router.registry.get(77n)?.capacity, 16384)
   const prompt = 'a prompt for the remote engine only, long enough for several blocks'
   const a = await complete({ prompt, max_tokens: 1, nvext: { backend_instance_id: 77 } })
   t.equal(a.nvext.worker_id.decode_worker_id, 77)
@@ -86,6 +86,6 @@ t.test('an engine posting its events over HTTP', async (t) => {
   t.equal(me?.ranks[0]?.in_flight, 0)
   // closing the fleet unregisters it (DELETE /v1/workers/77)
   await remoteFleet.close()
-  await until(() => h.router.workers().length === 4)
-  t.equal(h.router.worker(77n), undefined)
+  await until(() => h.router.registry.all().length === 4)
+  t.equal(h.router.registry.get(77n), undefined)
 })

@@ -31,7 +31,7 @@ t.test('workers: register with u64 ids (string or integer), list exactly, delete
   const del = await h.app.fastify.inject({ method: 'DELETE', url: `/v1/workers/${BIG - 1n}` })
   t.equal(del.statusCode, 200)
   t.equal(del.body, `{"removed":${BIG - 1n}}`)
-  t.equal(h.router.workers().length, 1)
+  t.equal(h.router.registry.all().length, 1)
 })
 
 t.test('route: query only, then events move the decision to the worker that holds the prefix', async (t) => {
@@ -272,7 +272,7 @@ t.test('membership changes of one worker apply in order: a removal during a pend
   const removing = h.router.removeWorker(id)
   await adding
   t.equal(await removing, true, 'the removal applied after the add')
-  t.equal(h.router.worker(id), undefined, 'not in the worker table')
+  t.equal(h.router.registry.get(id), undefined, 'not in the worker table')
   t.equal(slots(), 0, 'no scheduler slot')
   // an update (the card key deleted first) and then the removal (the instance key)
   await h.router.addWorker({ id, url: 'http://127.0.0.1:9', capacity: 100 })
@@ -280,14 +280,14 @@ t.test('membership changes of one worker apply in order: a removal during a pend
   const removing2 = h.router.removeWorker(id)
   await updating
   t.equal(await removing2, true)
-  t.equal(h.router.worker(id), undefined, 'an update still under way does not bring it back')
+  t.equal(h.router.registry.get(id), undefined, 'an update still under way does not bring it back')
   t.equal(slots(), 0)
   // and the other way round: removed, then added again, ends registered
   const r3 = h.router.removeWorker(id)
   const a3 = h.router.addWorker({ id, url: 'http://127.0.0.1:9' })
   t.equal(await r3, false, 'nothing to remove')
   await a3
-  t.ok(h.router.worker(id) !== undefined, 'registered')
+  t.ok(h.router.registry.get(id) !== undefined, 'registered')
   t.equal(slots(), 1)
   t.ok(await h.router.removeWorker(id))
 })
@@ -349,15 +349,15 @@ t.test('a table full of registered worker-ranks refuses a registration, and leav
   t.equal(twoRanks.statusCode, 503, 'a worker the index cannot hold is not answered 201')
   t.match(twoRanks.json(), { error: { code: 'KVR_ERR_TOO_MANY_WORKERS', message: /all of registered workers/ } })
   t.equal(await own.router.pool.indexedRanks(777n), 0, 'the rank that fitted was given back')
-  t.equal(own.router.worker(777n), undefined, 'and not routed to')
+  t.equal(own.router.registry.get(777n), undefined, 'and not routed to')
   t.equal((await reg(778, 1)).statusCode, 201, 'the last slot takes a worker of one rank')
 })
 
 t.test('request ids: a client cannot book in the router\'s own id space (found by review)', async (t) => {
   const auto = await post('/v1/route', { token_ids: tokens(8), update_states: true })
   const id = (auto.json() as { request_id: string }).request_id
-  t.ok(id.startsWith(h.router.requestIdPrefix))
-  const next = h.router.requestIdPrefix + 'zz'
+  t.ok(id.startsWith(h.router.requestIds.prefix))
+  const next = h.router.requestIds.prefix + 'zz'
   const taken = await post('/v1/route', { token_ids: tokens(8), update_states: true, request_id: next })
   t.equal(taken.statusCode, 400)
   t.match(taken.json(), { error: { code: 'KVR_ERR_INVALID_REQUEST', message: /router's own id space/ } })
@@ -367,9 +367,9 @@ t.test('request ids: a client cannot book in the router\'s own id space (found b
   t.ok(h.router.scheduler.free(id))
   t.ok(h.router.scheduler.free('client-' + id))
   // the proxy's own bookings cannot be released or marked through the /v1/route routes
-  const proxied = h.router.newRequestId(true)
-  t.ok(h.router.isProxiedRequestId(proxied))
-  t.notOk(h.router.isProxiedRequestId(h.router.newRequestId()))
+  const proxied = h.router.requestIds.create(true)
+  t.ok(h.router.requestIds.isProxied(proxied))
+  t.notOk(h.router.requestIds.isProxied(h.router.requestIds.create()))
   await h.router.route({ tokens: tokens(8), id: proxied, updateStates: true })
   for (const [method, url] of [['DELETE', `/v1/route/${proxied}`], ['POST', `/v1/route/${proxied}/prefill-complete`]] as const) {
     const r = await h.app.fastify.inject({ method, url, headers: json, payload: method === 'POST' ? '' : undefined })

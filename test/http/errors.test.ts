@@ -346,7 +346,7 @@ t.test('unusable worker URLs, non-UTF-8 scanned bodies, loose dp ranks, prioriti
     t.equal(r.status, 400, url)
     t.match(r.body.error, { code: 'KVR_ERR_INVALID_REQUEST', message: /url must be/ }, url)
   }
-  t.equal(h.router.worker(11n), undefined, 'none of them registered')
+  t.equal(h.router.registry.get(11n), undefined, 'none of them registered')
   const bad = Buffer.concat([Buffer.from('{"token_ids":[1,2,3,4],"update_states":true,"request_id":"'), Buffer.from([0xff, 0xfe]), Buffer.from('"}')])
   for (const url of ['/v1/route', '/v1/overlap', '/v1/kv-events']) {
     const res = await h.app.fastify.inject({ method: 'POST', url, payload: bad, headers: auth })

@@ -761,14 +761,14 @@ t.test('a worker being registered is never routed to before its URL is known', a
   let turns = 0
   while (!done) {
     const ranks = h.router.scheduler.stats().slots.filter((x) => x.workerId === id).length
-    if (ranks > 0 && h.router.worker(id) === undefined) t.fail(`the scheduler had ${ranks} rank(s) of the worker and the router no URL for it`)
+    if (ranks > 0 && h.router.registry.get(id) === undefined) t.fail(`the scheduler had ${ranks} rank(s) of the worker and the router no URL for it`)
     turns++
     await new Promise((r) => setImmediate(r))
   }
   await adding
   t.ok(turns > 1, 'registration took event-loop turns (the shard is asked), so the window was watched')
   t.equal(h.router.scheduler.stats().slots.filter((x) => x.workerId === id).length, 2, 'both ranks scheduled')
-  t.equal(h.router.worker(id)?.url, s.url)
+  t.equal(h.router.registry.get(id)?.url, s.url)
   await h.router.removeWorker(id)
   await s.close()
 })

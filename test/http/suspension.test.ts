@@ -28,7 +28,7 @@ t.test('dead workers are tried once, then left out while the live one takes ever
   const statuses: number[] = []
   for (let i = 0; i < 30; i++) statuses.push(await post(i))
   t.same(new Set(statuses), new Set([200]), 'every request answered')
-  const failures = (id: bigint): number => h.router.worker(id)?.failures ?? -1
+  const failures = (id: bigint): number => h.router.registry.get(id)?.failures ?? -1
   t.ok(failures(1n) <= 1 && failures(2n) <= 1, `each dead worker tried at most once in the first second (${failures(1n)}, ${failures(2n)})`)
   t.equal(failures(3n), 0)
   const workers = (await h.app.fastify.inject({ method: 'GET', url: '/v1/workers' })).json<{ workers: { id: number; health: string; suspended_for_ms: number }[] }>().workers
@@ -39,17 +39,17 @@ t.test('dead workers are tried once, then left out while the live one takes ever
   const suspendedNow = workers.filter((w) => w.health === 'suspended').length
   t.match(await h.router.metrics.registry.metrics(), new RegExp(`kvrouter_workers_suspended ${suspendedNow}\\b`))
   // when its time is up a dead worker may be tried again; failing again doubles its time out
-  for (const id of [1n, 2n]) h.router.workerFailed(id)
+  for (const id of [1n, 2n]) h.router.suspension.failed(id)
   const after = (await h.app.fastify.inject({ method: 'GET', url: '/v1/workers' })).json<{ workers: { id: number; suspended_for_ms: number }[] }>().workers
   const w1 = after.find((w) => w.id === 1)
   t.ok((w1?.suspended_for_ms ?? 0) > 1000, `a second failure in a row: longer (${w1?.suspended_for_ms} ms)`)
   // an answer ends it
-  const w3 = h.router.worker(3n)
+  const w3 = h.router.registry.get(3n)
   if (w3 === undefined) return t.fail('no worker 3')
-  h.router.workerFailed(3n)
-  t.ok(h.router.isSuspended(w3))
-  h.router.workerAnswered(w3)
-  t.notOk(h.router.isSuspended(w3))
+  h.router.suspension.failed(3n)
+  t.ok(h.router.suspension.isSuspended(w3))
+  h.router.suspension.answered(w3)
+  t.notOk(h.router.suspension.isSuspended(w3))
   t.equal(w3.failures, 0)
 })
 
@@ -58,7 +58,7 @@ t.test('when every worker is out, none is: the request is tried, and the error s
   t.teardown(() => h.close())
   const ports = await getFreePorts(3)
   for (const [i, p] of ports.entries()) await h.router.addWorker({ id: BigInt(i + 1), url: `http://127.0.0.1:${p}` })
-  for (const id of [1n, 2n, 3n]) h.router.workerFailed(id)
+  for (const id of [1n, 2n, 3n]) h.router.suspension.failed(id)
   const r = await h.app.fastify.inject({ method: 'POST', url: '/v1/completions', payload: { prompt: tokens(8) } })
   t.equal(r.statusCode, 502, 'tried, not refused for want of workers')
   const e = r.json<{ error: { code: string; message: string } }>().error

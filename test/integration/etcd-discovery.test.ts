@@ -146,5 +146,5 @@ t.test('a router started against etcd has the workers etcd lists registered by t
   if (cfg === 'help') return t.fail('help')
   const router = await Router.start(cfg)
   t.teardown(() => router.close())
-  t.same(router.workers().map((w) => w.id).sort(), [a.id, b.id].sort(), 'both, with no wait')
+  t.same(router.registry.all().map((w) => w.id).sort(), [a.id, b.id].sort(), 'both, with no wait')
 })

@@ -176,7 +176,7 @@ export class Proxy {
    * bench/HISTORY.md, bench:route, session 16).
    */
   async book(route: RouteInput, signal: CancelSignal): Promise<Attempt> {
-    const id = this.router.newRequestId(true)
+    const id = this.router.requestIds.create(true)
     route.id = id
     route.updateStates = true
     route.signal = signal
@@ -204,7 +204,7 @@ export class Proxy {
         if (isKvrError(err, 'KVR_ERR_QUEUE_FULL')) return 'the router queue is full'
         throw err
       }
-      if (this.router.worker(a.decision.workerId) !== undefined) return a
+      if (this.router.registry.get(a.decision.workerId) !== undefined) return a
       // a worker-rank known only from its KV events has no URL to proxy to: not an attempt
       this.release(a.booking)
       tried.push(rankRef(a.decision))
@@ -217,15 +217,15 @@ export class Proxy {
   }
 
   worker(id: bigint): WorkerInfo | undefined {
-    return this.router.worker(id)
+    return this.router.registry.get(id)
   }
 
   workerFailed(id: bigint): void {
-    this.router.workerFailed(id)
+    this.router.suspension.failed(id)
   }
 
   workerAnswered(w: WorkerInfo): void {
-    this.router.workerAnswered(w)
+    this.router.suspension.answered(w)
   }
 
   /** Sends one attempt's request to its worker; the exchange hears the rest. Throws if undici refuses it at once. */

@@ -1,0 +1,85 @@
+// `kv-router serve`: options, start-up lines, signals. The parts are put together in src/app.ts.
+import { ConfigError, parseServeConfig, serveHelp } from '../config.js'
+import type { ServeConfig } from '../config.js'
+import { startApp } from '../app.js'
+import { loadTokenizer } from '../tokenizer/tokenizer.js'
+import type { TextTokenizer } from '../tokenizer/tokenizer.js'
+import { isKvrError } from '../errors.js'
+import { applyNice } from '../runtime/nice.js'
+import { die } from './flags.js'
+
+/**
+ * Options accepted under Dynamo's names for drop-in command lines, whose features are later
+ * issues: said at start-up rather than ignored silently.
+ */
+function notYetInEffect(cfg: ServeConfig): string[] {
+  const out: string[] = []
+  if (cfg.replicaSync) out.push('--router-replica-sync has no effect yet: bookings are not shared between replicas')
+  if (cfg.durableKvEvents) out.push('--router-durable-kv-events has no effect yet: events are read from core NATS, not JetStream')
+  if (cfg.resetStates) out.push('--router-reset-states has no effect yet (JetStream only)')
+  if (cfg.snapshotThreshold !== 1_000_000) out.push('--router-snapshot-threshold has no effect yet (JetStream only)')
+  return out
+}
+
+export async function serveMain(argv: string[]): Promise<void> {
+  let cfg: ServeConfig | 'help'
+  try {
+    cfg = parseServeConfig(argv)
+  } catch (err) {
+    if (err instanceof ConfigError) die(`serve: ${err.message}`)
+    throw err
+  }
+  if (cfg === 'help') {
+    process.stdout.write(serveHelp())
+    return
+  }
+  for (const line of notYetInEffect(cfg)) process.stderr.write(`kv-router: warning: ${line}\n`)
+  // before any thread of ours starts: shards and tokenizers inherit the main thread's niceness
+  if (cfg.nice !== null) {
+    try {
+      applyNice(cfg.nice)
+    } catch (err) {
+      if (isKvrError(err)) die(`serve: ${err.message}`)
+      throw err
+    }
+  }
+  let tokenizer: TextTokenizer | null
+  try {
+    tokenizer = await loadTokenizer(cfg.tokenizer, cfg.tokenizerThreads)
+  } catch (err) {
+    if (isKvrError(err)) die(`serve: ${err.message}`)
+    throw err
+  }
+  // an engine renders chat with the model's template; without it the router hashes other tokens
+  if (tokenizer?.kind === 'hf' && tokenizer.chatTemplate === null) {
+    process.stderr.write(`kv-router: warning: no chat template beside ${cfg.tokenizer ?? ''} (chat_template.jinja, or chat_template in tokenizer_config.json): chat requests are tokenized with kv-router's own template, which engines do not use, so they will not match cached prefixes\n`)
+  }
+  const { router, app, embedded, port } = await startApp(cfg, tokenizer)
+  const fleet = embedded?.workers ?? []
+  process.stdout.write(
+    `kv-router listening on http://${cfg.httpHost}:${port} (mode ${cfg.mode}, block size ${cfg.blockSize}, ${router.pool.size} shard(s), ${router.registry.all().length} worker(s)${fleet.length > 0 ? `, ${fleet.length} embedded simulated` : ''}${cfg.nice !== null ? `, nice ${cfg.nice}` : ''})\n`,
+  )
+  let stopping = false
+  const stop = (signal: string): void => {
+    if (stopping) {
+      // a second signal while draining: the operator does not want to wait
+      process.stdout.write(`kv-router: ${signal} again: exiting without draining\n`)
+      process.exit(1)
+    }
+    stopping = true
+    process.stdout.write(`kv-router: ${signal}: draining ${app.proxy.inFlight} in-flight request(s)\n`)
+    void (async () => {
+      const { drained, cut } = await app.shutdown(cfg.shutdownTimeoutSecs * 1000)
+      await embedded?.close()
+      await router.close()
+      await tokenizer?.close()
+      // exit 0 all the same: the shutdown asked for happened, and a rollout that meets a stream
+      // longer than the timeout is not a failure of the router; the line says what was lost
+      process.stdout.write(`kv-router: stopped${drained ? '' : ` (drain timed out after ${cfg.shutdownTimeoutSecs} s: ${cut} in-flight request(s) cut)`}\n`)
+      process.exit(0)
+    })()
+  }
+  process.on('SIGTERM', () => stop('SIGTERM'))
+  process.on('SIGINT', () => stop('SIGINT'))
+}
+

@@ -1,0 +1,25 @@
+// The worker registry's series in the router's registry, read at scrape time.
+import { Gauge } from 'prom-client'
+import type { Registry } from 'prom-client'
+import type { Suspension } from './suspension.js'
+import type { WorkerRegistry } from './worker-registry.js'
+
+export function registerWorkerMetrics(r: Registry, workers: WorkerRegistry, suspension: Suspension, modelName: string): void {
+  new Gauge({
+    name: 'kvrouter_workers_suspended',
+    help: 'Workers left out of routing after failures in a row (1 s, doubling to 30 s; GET /v1/workers says which)',
+    registers: [r],
+    collect() {
+      this.set(suspension.count())
+    },
+  })
+  new Gauge({
+    name: 'dynamo_frontend_model_workers',
+    help: 'Registered workers',
+    labelNames: ['model'],
+    registers: [r],
+    collect() {
+      this.set({ model: modelName }, workers.size)
+    },
+  })
+}

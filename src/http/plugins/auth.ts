@@ -1,0 +1,26 @@
+// --api-key: every POST and DELETE needs `Authorization: Bearer KEY`.
+import { timingSafeEqual } from 'node:crypto'
+import type { FastifyInstance } from 'fastify'
+import { KvrError } from '../../errors.js'
+import { sendError } from '../error-handler.js'
+import { headerValue } from '../request.js'
+
+export function apiKeyAuth(fastify: FastifyInstance, key: string | null): void {
+  const apiKey = key === null ? null : Buffer.from(key)
+  if (apiKey !== null) {
+    fastify.addHook('onRequest', async (req, reply) => {
+      if (req.method !== 'POST' && req.method !== 'DELETE' && req.method !== 'PUT' && req.method !== 'PATCH') return
+      const header = headerValue(req, 'authorization') ?? ''
+      // the scheme's name is case-insensitive (RFC 9110 §11.1): `bearer KEY` is the same credential
+      const m = /^([A-Za-z]+) +(.*)$/.exec(header)
+      let problem: string | null = null
+      if (header.length === 0) problem = 'missing Authorization: Bearer header (--api-key is set)'
+      else if (m === null || (m[1] as string).toLowerCase() !== 'bearer') problem = 'the Authorization header must be `Bearer KEY` (--api-key is set)'
+      else {
+        const got = Buffer.from(m[2] as string)
+        if (got.length !== apiKey.length || !timingSafeEqual(got, apiKey)) problem = 'wrong API key'
+      }
+      if (problem !== null) await sendError(reply, new KvrError('KVR_ERR_UNAUTHORIZED', problem))
+    })
+  }
+}

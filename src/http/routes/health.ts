@@ -1,0 +1,32 @@
+// Liveness, readiness, metrics and the model list.
+import type { FastifyInstance } from 'fastify'
+import type { HttpContext } from '../context.js'
+
+export function healthRoutes(fastify: FastifyInstance, ctx: HttpContext): void {
+  const { router, cfg } = ctx
+  fastify.get('/health', async () => ({ status: 'ok' }))
+  fastify.get('/live', async () => ({ status: 'ok' }))
+  fastify.get('/ready', async (req, reply) => {
+    const health = router.pool.health()
+    const recovering = health.filter((h) => h !== 'exact').length
+    const pending = router.pool.pendingMessages
+    const conn = router.connected
+    // A lost NATS or etcd connection leaves the router able to route (on an index that stops
+    // learning, with the workers it last knew), and it hits every replica at once: a balancer
+    // that took them all out would turn a control-plane blip into an outage (found by an
+    // operator review). So it is `degraded` here and in kvrouter_connected, not unready.
+    // ?strict: DESIGN §4.2's readiness, the connections included, for a deployment that wants it
+    const strict = (req.query as Record<string, unknown> | undefined)?.strict !== undefined
+    const degraded = conn.nats === false || conn.etcd === false
+    const ready = recovering === 0 && !ctx.closing() && !(strict && degraded)
+    return reply.code(ready ? 200 : 503).send({ ready, degraded, shards: health.length, recovering_shards: recovering, pending_event_messages: pending, workers: router.registry.all().length, nats: conn.nats, etcd: conn.etcd })
+  })
+  fastify.get('/metrics', async (_req, reply) => {
+    const text = await router.metrics.registry.metrics()
+    return reply.header('content-type', router.metrics.registry.contentType).send(text)
+  })
+  fastify.get('/v1/models', async () => ({
+    object: 'list',
+    data: [{ id: cfg.modelName, object: 'model', created: 0, owned_by: 'kv-router' }],
+  }))
+}

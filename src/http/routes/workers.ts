@@ -1,0 +1,99 @@
+// The worker registry over HTTP, and the index as the events that rebuild it.
+import type { FastifyInstance } from 'fastify'
+import { workerUrl } from '../../config.js'
+import type { Router } from '../../core/router.js'
+import type { DeviceType } from '../../scheduler/worker-ranks.js'
+import { KvrError } from '../../errors.js'
+import { encodeRouterEvent } from '../../codec/events.js'
+import { readU64, serializeJson } from '../../codec/json.js'
+import { workerSchema } from '../schemas.js'
+import type { HttpContext } from '../context.js'
+
+export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): void {
+  const { router, cfg } = ctx
+  fastify.get('/v1/workers', async (_req, reply) => {
+    const stats = router.scheduler.stats().slots
+    const health = router.pool.health()
+    const cached = new Map<string, number>()
+    const lastEvent = new Map<string, bigint>()
+    const sizes = await router.pool.treeSizes()
+    for (const t of sizes) {
+      cached.set(`${t.worker_id}:${t.dp_rank}`, t.tree_size)
+      if (t.last_event_id !== undefined) lastEvent.set(`${t.worker_id}:${t.dp_rank}`, t.last_event_id)
+    }
+    // worker-ranks the index holds from KV events alone: no URL to route to, yet they take slots
+    // and memory until their worker registers or DELETE /v1/workers/{id} drops them
+    const unregistered = []
+    for (const t of sizes) {
+      const w = router.registry.get(t.worker_id)
+      if (w === undefined || t.dp_rank >= w.dpRanks) unregistered.push({ worker_id: t.worker_id, dp_rank: t.dp_rank, cached_blocks: t.tree_size, last_event_id: t.last_event_id ?? null })
+    }
+    const out = router.registry.all().map((w) => {
+      const ranks = []
+      for (let r = 0; r < w.dpRanks; r++) {
+        const s = stats.find((x) => x.workerId === w.id && x.dpRank === r)
+        ranks.push({ dp_rank: r, index: router.recovery?.stateOf(w.id, r) ?? 'exact', cached_blocks: cached.get(`${w.id}:${r}`) ?? 0, last_event_id: lastEvent.get(`${w.id}:${r}`) ?? null, active_blocks: s?.activeBlocks ?? 0, prefill_tokens: s?.prefillTokens ?? 0, in_flight: s?.inFlight ?? 0 })
+      }
+      // the shard's state first (a restarted shard lost every worker it held), then the ranks'
+      const shardState = health[router.pool.shardOf(w.id)] ?? 'exact'
+      const index = shardState !== 'exact' ? shardState : ranks.some((x) => x.index === 'recovering') ? 'recovering' : ranks.some((x) => x.index === 'degraded') ? 'degraded' : 'exact'
+      return {
+        id: w.id,
+        url: w.url,
+        source: w.source,
+        block_size: w.blockSize,
+        capacity: w.capacity,
+        device_type: w.device,
+        dp_size: w.dpRanks,
+        max_num_batched_tokens: w.maxNumBatchedTokens ?? null,
+        // suspended: left out of routing after failures in a row; failing: its time out is up,
+        // and the next request may go there (an answer makes it ok)
+        health: w.failures === 0 ? 'ok' : router.suspension.isSuspended(w) ? 'suspended' : 'failing',
+        suspended_for_ms: router.suspension.isSuspended(w) ? Math.ceil(w.suspendedUntil - performance.now()) : 0,
+        consecutive_failures: w.failures,
+        index,
+        ranks,
+      }
+    })
+    return reply.header('content-type', 'application/json').send(serializeJson({ workers: out, unregistered }))
+  })
+  // The index itself, as the Stored events that rebuild it (parents first), for inspection and
+  // for checking it against the engines' own caches. Optionally one worker's part only.
+  fastify.get('/v1/kv/dump', async (req, reply) => {
+    const q = req.query as { worker_id?: string }
+    const only = q.worker_id === undefined ? undefined : readU64(q.worker_id, 'worker_id')
+    const events = await router.pool.dump()
+    let s = '{"events":['
+    let first = true
+    for (const ev of events) {
+      if (only !== undefined && ev.worker_id !== only) continue
+      s += (first ? '' : ',') + encodeRouterEvent(ev)
+      first = false
+    }
+    return reply.header('content-type', 'application/json').send(s + ']}')
+  })
+  fastify.post('/v1/workers', { schema: { body: workerSchema } }, async (req, reply) => {
+    const b = req.body as Record<string, unknown>
+    const idRaw = b.id ?? b.worker_id
+    if (idRaw === undefined) throw new KvrError('KVR_ERR_INVALID_REQUEST', 'body must have "id" (u64)')
+    const id = readU64(idRaw, 'id')
+    const bs = (b.block_size as number | undefined) ?? cfg.blockSize
+    if (bs !== cfg.blockSize) throw new KvrError('KVR_ERR_INVALID_BLOCK_SIZE', `worker block_size ${bs} differs from the router's --router-block-size ${cfg.blockSize}: its KV events would never match`)
+    const device: DeviceType = b.device_type === 'cpu' ? 'cpu' : 'gpu'
+    const url = workerUrl(b.url as string)
+    if (url === null) throw new KvrError('KVR_ERR_INVALID_REQUEST', `url must be an http:// or https:// URL with a host (and a port in [0, 65535]), got ${JSON.stringify(b.url)}`)
+    const reg: Parameters<Router['addWorker']>[0] = { id, url, blockSize: bs, device, capacity: (b.capacity ?? b.total_kv_blocks ?? 0) as number, dpRanks: (b.dp_size as number | undefined) ?? 1 }
+    if (typeof b.max_num_batched_tokens === 'number') reg.maxNumBatchedTokens = b.max_num_batched_tokens
+    const existed = router.registry.get(id) !== undefined
+    const w = await router.addWorker(reg)
+    return reply
+      .code(existed ? 200 : 201)
+      .header('content-type', 'application/json')
+      .send(serializeJson({ id: w.id, url: w.url, block_size: w.blockSize, capacity: w.capacity, device_type: w.device, dp_size: w.dpRanks }))
+  })
+  fastify.delete('/v1/workers/:id', async (req, reply) => {
+    const id = readU64((req.params as { id: string }).id, 'worker id')
+    if (!(await router.removeWorker(id))) throw new KvrError('KVR_ERR_UNKNOWN_WORKER', `worker ${id} is neither registered nor in the index`)
+    return reply.header('content-type', 'application/json').send(`{"removed":${id.toString()}}`)
+  })
+}

@@ -10,7 +10,10 @@ export function quantile(sorted: number[], q: number): number {
 
 /** The q-quantile (as quantile() takes it) of samples in any order, sorted in a copy. */
 export function quantileOf(xs: ArrayLike<number>, q: number): number {
-  return quantile(Array.from(xs).sort((a, b) => a - b), q)
+  return quantile(
+    Array.from(xs).sort((a, b) => a - b),
+    q,
+  )
 }
 
 /**

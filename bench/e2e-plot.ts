@@ -60,7 +60,11 @@ export function renderE2eSvg(input: PlotInput): string {
   if (input.subtitle !== undefined) out.push(text(W / 2, 50, input.subtitle, 'text-anchor="middle" font-size="12" fill="#444"'))
 
   // --- left: TTFT CDF on a log axis
-  const sorted = input.series.map((s) => Float64Array.from(s.ttftMs).filter((v) => Number.isFinite(v) && v > 0).sort())
+  const sorted = input.series.map((s) =>
+    Float64Array.from(s.ttftMs)
+      .filter((v) => Number.isFinite(v) && v > 0)
+      .sort(),
+  )
   let lo = Infinity
   let hi = -Infinity
   for (const s of sorted) {

@@ -57,7 +57,6 @@ const OTHER_CPU_WARN = 0.1
 // makes round-robin queue (p90 TTFT ≥ 1 s simulated) and S fits five modes in ~12 minutes.
 const DEFAULTS = { minutes: 20, workers: 8, speedup: 1.5, load: 8, capacityFactor: 1.25, maxInFlight: 2048 }
 
-
 function fail(msg: string): never {
   process.stderr.write(`bench:e2e: ${msg}\n`)
   process.exit(2)
@@ -226,22 +225,47 @@ interface ModeRun {
 }
 
 async function runMode(mode: string, a: Args, requests: TraceRequest[], k: number): Promise<ModeRun> {
-  const router = await start(['serve', '--http-host', '127.0.0.1', '--http-port', '0', ...(MODE_ARGS[mode] as string[]), '--router-block-size', String(BLOCK_SIZE), '--router-event-threads', '1', '--model-name', MODEL, '--shutdown-timeout-secs', '5', ...a.routerArgs], /listening on (http:\/\/\S+)/)
+  const router = await start(
+    [
+      'serve',
+      '--http-host',
+      '127.0.0.1',
+      '--http-port',
+      '0',
+      ...(MODE_ARGS[mode] as string[]),
+      '--router-block-size',
+      String(BLOCK_SIZE),
+      '--router-event-threads',
+      '1',
+      '--model-name',
+      MODEL,
+      '--shutdown-timeout-secs',
+      '5',
+      ...a.routerArgs,
+    ],
+    /listening on (http:\/\/\S+)/,
+  )
   const url = router.match[1] as string
   let mocker: Child | null = null
   try {
-    mocker = await start(['mocker', '--num-workers', String(a.workers), '--router-url', url, '--block-size', String(BLOCK_SIZE), '--num-gpu-blocks-override', String(k), '--speedup-ratio', String(a.speedup)], /kv-router mocker: ready (\d+) engine\(s\)/)
+    mocker = await start(
+      ['mocker', '--num-workers', String(a.workers), '--router-url', url, '--block-size', String(BLOCK_SIZE), '--num-gpu-blocks-override', String(k), '--speedup-ratio', String(a.speedup)],
+      /kv-router mocker: ready (\d+) engine\(s\)/,
+    )
     const { ids } = await workerIds(url)
     if (ids.length !== a.workers) throw new Error(`the router lists ${ids.length} worker(s), expected ${a.workers}`)
     const t0 = performance.now()
     const cpu0 = cpuSample([router.p.pid, mocker.p.pid])
     const run = startReplay({ url, requests, speedup: a.load * a.speedup, maxInFlight: a.maxInFlight, model: MODEL, timeoutMs: 600_000 })
     const tty = process.stderr.isTTY === true
-    const ticker = setInterval(() => {
-      const p = run.progress()
-      const line = `  ${mode}: ${Math.floor((p.done / Math.max(1, p.total)) * 100)}%  sent ${p.sent}/${p.total}  in flight ${p.inFlight}  failed ${p.failed}  ${p.elapsedS.toFixed(0)}/${p.scheduleS.toFixed(0)} s`
-      process.stderr.write(tty ? `\r${line}\u001b[K` : `${line}\n`)
-    }, tty ? 500 : 15_000)
+    const ticker = setInterval(
+      () => {
+        const p = run.progress()
+        const line = `  ${mode}: ${Math.floor((p.done / Math.max(1, p.total)) * 100)}%  sent ${p.sent}/${p.total}  in flight ${p.inFlight}  failed ${p.failed}  ${p.elapsedS.toFixed(0)}/${p.scheduleS.toFixed(0)} s`
+        process.stderr.write(tty ? `\r${line}\u001b[K` : `${line}\n`)
+      },
+      tty ? 500 : 15_000,
+    )
     let result: ReplayResult
     try {
       result = await run.done
@@ -305,10 +329,20 @@ function kvBars(name: string, bound: number, kv: ReplaySummary, rr: ReplaySummar
   const kvHit = kv.hit_rate
   bars.push({ bar: `${name} hit rate ≥ 0.85 × bound`, value: pct(kvHit), target: `≥ ${pct(0.85 * bound)}`, pass: kvHit === null ? null : kvHit >= 0.85 * bound })
   const rrHit = rr?.hit_rate ?? null
-  bars.push({ bar: `${name} hit rate ≥ 2 × round-robin`, value: kvHit === null || rrHit === null ? 'n/a' : `${pct(kvHit)} vs ${pct(rrHit)} (${rrHit > 0 ? (kvHit / rrHit).toFixed(2) : '∞'}×)`, target: '≥ 2×', pass: kvHit === null || rrHit === null ? null : kvHit >= 2 * rrHit })
+  bars.push({
+    bar: `${name} hit rate ≥ 2 × round-robin`,
+    value: kvHit === null || rrHit === null ? 'n/a' : `${pct(kvHit)} vs ${pct(rrHit)} (${rrHit > 0 ? (kvHit / rrHit).toFixed(2) : '∞'}×)`,
+    target: '≥ 2×',
+    pass: kvHit === null || rrHit === null ? null : kvHit >= 2 * rrHit,
+  })
   const kvP90 = kv.ttft_ms.p90
   const rrP90 = rr?.ttft_ms.p90 ?? null
-  bars.push({ bar: `${name} p90 TTFT ≤ 1/3 × round-robin`, value: kvP90 === null || rrP90 === null ? 'n/a' : `${ms(kvP90)} vs ${ms(rrP90)} ms (${(kvP90 / rrP90).toFixed(3)})`, target: '≤ 0.333', pass: kvP90 === null || rrP90 === null ? null : kvP90 <= rrP90 / 3 })
+  bars.push({
+    bar: `${name} p90 TTFT ≤ 1/3 × round-robin`,
+    value: kvP90 === null || rrP90 === null ? 'n/a' : `${ms(kvP90)} vs ${ms(rrP90)} ms (${(kvP90 / rrP90).toFixed(3)})`,
+    target: '≤ 0.333',
+    pass: kvP90 === null || rrP90 === null ? null : kvP90 <= rrP90 / 3,
+  })
   const sp = kv.spread
   bars.push({ bar: `${name} spread (max/min requests per worker) ≤ 1.5`, value: sp === null ? '∞ (a worker got none)' : sp.toFixed(2), target: '≤ 1.5', pass: sp !== null && sp <= 1.5 })
   return bars
@@ -366,8 +400,12 @@ async function main(): Promise<void> {
   const command = `npm run bench:e2e${process.argv.length > 2 ? ` -- ${process.argv.slice(2).join(' ')}` : ''}`
   const sliceName = a.minutes === null ? 'the whole trace' : `the first ${a.minutes} min`
   console.log(`bench:e2e — ${sliceName} of ${relative(process.cwd(), a.trace)}: ${requests.length} requests over ${(spanS / 60).toFixed(1)} min`)
-  console.log(`  infinite-cache hit-rate bound (block ${BLOCK_SIZE}): ${pct(bound.hitRate)}; ${bound.uniqueBlocks} unique blocks → K = ${k} KV blocks per worker (× ${a.workers} workers, factor ${a.capacityFactor}) [${boundS.toFixed(1)} s]`)
-  console.log(`  mocker --speedup-ratio ${a.speedup}, load × ${a.load} → replay at ${replaySpeedup}× the trace: ~${(spanS / replaySpeedup).toFixed(0)} s of sending per mode; modes: ${a.modes.join(', ')}`)
+  console.log(
+    `  infinite-cache hit-rate bound (block ${BLOCK_SIZE}): ${pct(bound.hitRate)}; ${bound.uniqueBlocks} unique blocks → K = ${k} KV blocks per worker (× ${a.workers} workers, factor ${a.capacityFactor}) [${boundS.toFixed(1)} s]`,
+  )
+  console.log(
+    `  mocker --speedup-ratio ${a.speedup}, load × ${a.load} → replay at ${replaySpeedup}× the trace: ~${(spanS / replaySpeedup).toFixed(0)} s of sending per mode; modes: ${a.modes.join(', ')}`,
+  )
   if (a.modes.includes('kv-tuned')) console.log(`  kv-tuned = kv with ${TUNED.join(' ')} (README: "Tuning the cost")`)
   const runs: Record<string, ModeRun> = {}
   for (const mode of a.modes) {
@@ -379,21 +417,43 @@ async function main(): Promise<void> {
     }
     const s = r.summary
     const cpuNote = r.cpu === null ? '' : `; CPU: bench ${pct(r.cpu.own)} of the machine, other processes ${pct(r.cpu.other)}`
-    console.log(`  ${mode}: ${s.ok}/${s.requests} ok in ${r.wallS.toFixed(0)} s wall; TTFT p50/p90/p99 ${ms(s.ttft_ms.p50)}/${ms(s.ttft_ms.p90)}/${ms(s.ttft_ms.p99)} ms, hit rate ${pct(s.hit_rate)}, spread ${s.spread?.toFixed(2) ?? '∞'}${cpuNote}`)
-    if (r.cpu !== null && r.cpu.other > OTHER_CPU_WARN) console.log(`  WARNING: other processes used ${pct(r.cpu.other)} of the machine during ${mode}: its latencies are inflated; rerun on a quiet machine`)
+    console.log(
+      `  ${mode}: ${s.ok}/${s.requests} ok in ${r.wallS.toFixed(0)} s wall; TTFT p50/p90/p99 ${ms(s.ttft_ms.p50)}/${ms(s.ttft_ms.p90)}/${ms(s.ttft_ms.p99)} ms, hit rate ${pct(s.hit_rate)}, spread ${s.spread?.toFixed(2) ?? '∞'}${cpuNote}`,
+    )
+    if (r.cpu !== null && r.cpu.other > OTHER_CPU_WARN)
+      console.log(`  WARNING: other processes used ${pct(r.cpu.other)} of the machine during ${mode}: its latencies are inflated; rerun on a quiet machine`)
   }
   const summaries = Object.fromEntries(Object.entries(runs).map(([m, r]) => [m, r.summary]))
   const bars = evaluateBars(bound.hitRate, summaries)
 
   const rows = Object.entries(runs).map(([m, r]) => {
     const s = r.summary
-    return [m, String(s.requests), String(s.errors), ms(s.ttft_ms.p50), ms(s.ttft_ms.p90), ms(s.ttft_ms.p99), ms(s.itl_ms.p50), ms(s.itl_ms.p99), s.requests_per_s.toFixed(2), s.output_tokens_per_s.toFixed(0), pct(s.hit_rate), s.spread === null ? '∞' : s.spread.toFixed(2), ms(s.send_lag_ms.p99)]
+    return [
+      m,
+      String(s.requests),
+      String(s.errors),
+      ms(s.ttft_ms.p50),
+      ms(s.ttft_ms.p90),
+      ms(s.ttft_ms.p99),
+      ms(s.itl_ms.p50),
+      ms(s.itl_ms.p99),
+      s.requests_per_s.toFixed(2),
+      s.output_tokens_per_s.toFixed(0),
+      pct(s.hit_rate),
+      s.spread === null ? '∞' : s.spread.toFixed(2),
+      ms(s.send_lag_ms.p99),
+    ]
   })
   console.log(`\nper mode (times in SIMULATED ms = wall × ${a.speedup}; throughput per simulated second)`)
   console.log(table(['mode', 'requests', 'errors', 'TTFT p50', 'TTFT p90', 'TTFT p99', 'ITL p50', 'ITL p99', 'req/s', 'out tok/s', 'hit rate', 'spread', 'send lag p99 (wall ms)'], rows))
   console.log(`infinite-cache bound: ${pct(bound.hitRate)}`)
   console.log('\nbars')
-  console.log(table(['bar', 'value', 'target', 'result'], bars.map((b) => [b.bar, b.value, b.target, b.pass === null ? 'n/a' : b.pass ? 'PASS' : 'FAIL'])))
+  console.log(
+    table(
+      ['bar', 'value', 'target', 'result'],
+      bars.map((b) => [b.bar, b.value, b.target, b.pass === null ? 'n/a' : b.pass ? 'PASS' : 'FAIL']),
+    ),
+  )
 
   const config = {
     workers: a.workers,

@@ -103,7 +103,14 @@ class SingleTarget implements Target {
       }
     }
     const seconds = (performance.now() - t0) / 1000
-    return Promise.resolve({ seconds, lookupP50: quantileOf(lookups.subarray(0, li), 0.5), lookupP99: quantileOf(lookups.subarray(0, li), 0.99), ringFull: 0, bytesPerBlock: ix.bytes / ix.liveEntries, entries: ix.liveEntries })
+    return Promise.resolve({
+      seconds,
+      lookupP50: quantileOf(lookups.subarray(0, li), 0.5),
+      lookupP99: quantileOf(lookups.subarray(0, li), 0.99),
+      ringFull: 0,
+      bytesPerBlock: ix.bytes / ix.liveEntries,
+      entries: ix.liveEntries,
+    })
   }
 
   clear(): Promise<void> {
@@ -292,5 +299,7 @@ if (paced !== undefined) {
   console.log(`1-shard, events paced at ${f(paced.pace_block_ops_per_sec)} block ops/s (half its warm saturated rate): lookup p50 ${us(paced.lookup_us.p50)} µs, p99 ${us(paced.lookup_us.p99)} µs`)
 }
 const sharded = configs.filter((c) => c !== 'single-thread')
-console.log(`\nbytes per cached (block, worker) entry after the cold pass: ${result.bytes_per_block.toFixed(1)} (single index, ${f(result.entries_at_end)} entries); sharded: ${sharded.map((c) => `${c}: ${(result.bytes_per_block_sharded[c] as number).toFixed(1)}`).join(', ')}`)
+console.log(
+  `\nbytes per cached (block, worker) entry after the cold pass: ${result.bytes_per_block.toFixed(1)} (single index, ${f(result.entries_at_end)} entries); sharded: ${sharded.map((c) => `${c}: ${(result.bytes_per_block_sharded[c] as number).toFixed(1)}`).join(', ')}`,
+)
 console.log(`wrote bench/results/index.json`)

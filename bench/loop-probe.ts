@@ -57,7 +57,11 @@ let written = false
 function write(): void {
   if (written) return
   written = true
-  const top = (xs: number[]): number[] => [...xs].sort((a, b) => a - b).slice(-10).map((x) => Math.round(x * 10) / 10)
+  const top = (xs: number[]): number[] =>
+    [...xs]
+      .sort((a, b) => a - b)
+      .slice(-10)
+      .map((x) => Math.round(x * 10) / 10)
   const out = {
     pid: process.pid,
     loop_delay_ms: { p50: delay.percentile(50) / 1e6, p99: delay.percentile(99) / 1e6, p999: delay.percentile(99.9) / 1e6, max: delay.max / 1e6 },

@@ -130,7 +130,16 @@ function makeStoreEvents(requests: number, tag = 0xdef): { events: DecodedEvent[
   return { events, blocks, removes }
 }
 
-function benchApply(): { churn_stored_blocks_per_sec: number; churn_removed_blocks_per_sec: number; stored_blocks_per_sec: number; stored_blocks_per_sec_cold: number; removed_blocks_per_sec: number; decode_and_apply_blocks_per_sec: number; bytes_per_block: number; entries: number } {
+function benchApply(): {
+  churn_stored_blocks_per_sec: number
+  churn_removed_blocks_per_sec: number
+  stored_blocks_per_sec: number
+  stored_blocks_per_sec_cold: number
+  removed_blocks_per_sec: number
+  decode_and_apply_blocks_per_sec: number
+  bytes_per_block: number
+  entries: number
+} {
   const { events, blocks, removes } = makeStoreEvents(40000)
   const removedBlocks = removes.reduce((s, e) => s + e.count, 0)
   const storeRates: number[] = []
@@ -163,7 +172,10 @@ function benchApply(): { churn_stored_blocks_per_sec: number; churn_removed_bloc
   // each step evicts the oldest request's blocks (Removed) and stores a new request (Stored),
   // as a block pool publishes them. Stored and removed events are timed separately.
   const second = makeStoreEvents(40000, 0xdee)
-  const sets = [{ events, removes }, { events: second.events, removes: second.removes }]
+  const sets = [
+    { events, removes },
+    { events: second.events, removes: second.removes },
+  ]
   const churnStore: number[] = []
   const churnRemove: number[] = []
   const ix = new KvIndex()
@@ -203,7 +215,16 @@ function benchApply(): { churn_stored_blocks_per_sec: number; churn_removed_bloc
     for (const b of jsons) ix.apply(dec.decode(b))
     decodeRates.push(jsonBlocks / ((now() - t0) / 1e6))
   }
-  return { churn_stored_blocks_per_sec: median(churnStore), churn_removed_blocks_per_sec: median(churnRemove), stored_blocks_per_sec: median(storeRates), stored_blocks_per_sec_cold: median(coldRates), removed_blocks_per_sec: median(removeRates), decode_and_apply_blocks_per_sec: median(decodeRates), bytes_per_block: bytesPerBlock, entries }
+  return {
+    churn_stored_blocks_per_sec: median(churnStore),
+    churn_removed_blocks_per_sec: median(churnRemove),
+    stored_blocks_per_sec: median(storeRates),
+    stored_blocks_per_sec_cold: median(coldRates),
+    removed_blocks_per_sec: median(removeRates),
+    decode_and_apply_blocks_per_sec: median(decodeRates),
+    bytes_per_block: bytesPerBlock,
+    entries,
+  }
 }
 
 function toRouterEventLike(ev: DecodedEvent): Parameters<typeof encodeRouterEvent>[0] {
@@ -307,7 +328,10 @@ function benchCompletionsBody(): Record<string, { bytes: number; exact_us: numbe
     const n = Math.max(500, Math.round(2e7 / bytes))
     const reps = { exact: [] as number[], parse: [] as number[] }
     for (let r = 0; r < REPS + 1; r++) {
-      for (const [k, fn] of [['exact', parseJsonExact], ['parse', JSON.parse]] as const) {
+      for (const [k, fn] of [
+        ['exact', parseJsonExact],
+        ['parse', JSON.parse],
+      ] as const) {
         let keys = 0
         const t0 = now()
         for (let i = 0; i < n; i++) keys += Object.keys(fn(bodies[i & 63] as string) as object).length
@@ -343,8 +367,14 @@ writeFileSync(join(resultsDir, 'micro.json'), JSON.stringify(result, null, 2) + 
 const f = (x: number, d = 2): string => x.toFixed(d)
 console.log(`kv-router micro benchmarks (median of ${REPS} reps, node ${process.version})\n`)
 console.log('hashing (local hashes / local + sequence hashes)')
-for (const [bs, h] of [['64', hashing64], ['16', hashing16]] as const) {
-  for (const [k, v] of Object.entries(h)) console.log(`  ${k.padStart(5)} tokens, block ${bs.padStart(2)}: ${String(v.blocks).padStart(5)} blocks  ${f(v.local_us, 1).padStart(8)} µs  ${f(v.local_and_seq_us, 1).padStart(8)} µs  (${f(v.ns_per_block, 0)} ns/block)`)
+for (const [bs, h] of [
+  ['64', hashing64],
+  ['16', hashing16],
+] as const) {
+  for (const [k, v] of Object.entries(h))
+    console.log(
+      `  ${k.padStart(5)} tokens, block ${bs.padStart(2)}: ${String(v.blocks).padStart(5)} blocks  ${f(v.local_us, 1).padStart(8)} µs  ${f(v.local_and_seq_us, 1).padStart(8)} µs  (${f(v.ns_per_block, 0)} ns/block)`,
+    )
 }
 console.log('\nindex apply (single thread, 64 worker-ranks, 24-block requests)')
 console.log(`  stored blocks/s, churn    ${Math.round(apply.churn_stored_blocks_per_sec).toLocaleString('en-US').padStart(12)}   (full index; each request's Removed then a new request's Stored)`)
@@ -361,6 +391,7 @@ console.log(`\n/v1/route body, 4,096 token ids (${routeBody.bytes_per_body.toLoc
 console.log(`  WebAssembly SIMD scanner ${f(routeBody.simd_us, 1).padStart(8)}   (${f(routeBody.simd_mb_per_s, 0)} MB/s)`)
 console.log(`  byte loop alone          ${f(routeBody.byte_loop_us, 1).padStart(8)}   (a runtime without SIMD; ratio ${f(routeBody.simd_us / routeBody.byte_loop_us, 2)})`)
 console.log('\n/v1/completions body with exact u64s (parseJsonExact) vs JSON.parse alone, µs per body')
-for (const [k, v] of Object.entries(completionsBody)) console.log(`  ${k.padEnd(15)} ${String(v.bytes).padStart(7)} bytes  ${f(v.exact_us).padStart(8)}  ${f(v.json_parse_us).padStart(8)}   (ratio ${f(v.ratio)})`)
+for (const [k, v] of Object.entries(completionsBody))
+  console.log(`  ${k.padEnd(15)} ${String(v.bytes).padStart(7)} bytes  ${f(v.exact_us).padStart(8)}  ${f(v.json_parse_us).padStart(8)}   (ratio ${f(v.ratio)})`)
 printNextTick(nextTick)
 console.log(`\nwrote ${join('bench', 'results', 'micro.json')}`)

@@ -79,5 +79,7 @@ const out = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'bench', '
 mkdirSync(out, { recursive: true })
 writeFileSync(join(out, 'nats-intake.json'), JSON.stringify(result, null, 2) + '\n')
 console.log(`NATS intake → ${shards} shard(s): ${events.length} events, ${blocks.toLocaleString('en-US')} blocks, ${result.megabytes.toFixed(1)} MB of JSON through nats-server; median of ${reps}`)
-console.log(`  ${Math.round(result.events_per_sec).toLocaleString('en-US')} events/s   ${Math.round(result.blocks_per_sec).toLocaleString('en-US')} blocks/s   ${result.megabytes_per_sec.toFixed(1)} MB/s   (${sec.toFixed(2)} s; slow-consumer episodes ${result.slow_consumer_episodes.join(', ')})`)
+console.log(
+  `  ${Math.round(result.events_per_sec).toLocaleString('en-US')} events/s   ${Math.round(result.blocks_per_sec).toLocaleString('en-US')} blocks/s   ${result.megabytes_per_sec.toFixed(1)} MB/s   (${sec.toFixed(2)} s; slow-consumer episodes ${result.slow_consumer_episodes.join(', ')})`,
+)
 console.log('wrote bench/results/nats-intake.json')

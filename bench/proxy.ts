@@ -146,7 +146,14 @@ async function readRouterPauses(base: string): Promise<GcTotals & { loopP99Ms: n
     const m = body.match(new RegExp(`^kvrouter_eventloop_delay_${k}_seconds (\\S+)$`, 'm'))
     return m === null ? Number.NaN : Number(m[1]) * 1000
   }
-  return { scavenges: read('count', 'minor'), scavengeMs: read('sum', 'minor') * 1000, majors: read('count', 'major'), majorMs: read('sum', 'major') * 1000, loopP99Ms: lag('p99'), loopMaxMs: lag('max') }
+  return {
+    scavenges: read('count', 'minor'),
+    scavengeMs: read('sum', 'minor') * 1000,
+    majors: read('count', 'major'),
+    majorMs: read('sum', 'major') * 1000,
+    loopP99Ms: lag('p99'),
+    loopMaxMs: lag('max'),
+  }
 }
 
 function sumGc(gs: GcTotals[]): GcTotals {
@@ -262,9 +269,17 @@ function summary(rounds: Round[]): PairedSummary {
   const pool = (side: 'direct' | 'hop'): number[] => rounds.flatMap((x) => ttftSamples(x[side])).sort((a, b) => a - b)
   const d = pool('direct')
   const h = pool('hop')
-  return { rounds, ttftMs: m('p99TtftOverheadMs'), pooledTtftMs: quantile(h, 0.99) - quantile(d, 0.99), pooledTtftCi95Ms: overheadCi(d, h), totalMs: m('p99TotalOverheadMs'), ingressMs: m('p99IngressOverheadMs'), egressMs: m('p99EgressOverheadMs'), cpuUsPerRequest: cpuMedian(rounds) }
+  return {
+    rounds,
+    ttftMs: m('p99TtftOverheadMs'),
+    pooledTtftMs: quantile(h, 0.99) - quantile(d, 0.99),
+    pooledTtftCi95Ms: overheadCi(d, h),
+    totalMs: m('p99TotalOverheadMs'),
+    ingressMs: m('p99IngressOverheadMs'),
+    egressMs: m('p99EgressOverheadMs'),
+    cpuUsPerRequest: cpuMedian(rounds),
+  }
 }
-
 
 /** The niceness of the priority rounds' router: ahead of everything at the default 0. */
 const PRIORITY_NICE = -10
@@ -290,7 +305,9 @@ async function upstreams(count: number): Promise<void> {
         const tick = (): void => {
           if (res.destroyed) return
           if (sent === MAX_TOKENS) {
-            res.end('data: {"id":"u","object":"text_completion","choices":[],"usage":{"prompt_tokens":64,"completion_tokens":16,"total_tokens":80,"prompt_tokens_details":{"cached_tokens":0}}}\n\ndata: [DONE]\n\n')
+            res.end(
+              'data: {"id":"u","object":"text_completion","choices":[],"usage":{"prompt_tokens":64,"completion_tokens":16,"total_tokens":80,"prompt_tokens_details":{"cached_tokens":0}}}\n\ndata: [DONE]\n\n',
+            )
             return
           }
           sent++
@@ -468,7 +485,19 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
   const steal0 = machineStealTicks()
   const client0 = process.cpuUsage()
   const wall0 = performance.now()
-  const stats = lanes.map(() => ({ ttft: [] as number[], total: [] as number[], ingress: [] as number[], egress: [] as number[], errors: 0, rampErrors: 0, requests: 0, counted: 0, open: 0, openArea: 0, lastChange: performance.now() }))
+  const stats = lanes.map(() => ({
+    ttft: [] as number[],
+    total: [] as number[],
+    ingress: [] as number[],
+    egress: [] as number[],
+    errors: 0,
+    rampErrors: 0,
+    requests: 0,
+    counted: 0,
+    open: 0,
+    openArea: 0,
+    lastChange: performance.now(),
+  }))
   const track = (st: (typeof stats)[number], d: number): void => {
     const now = performance.now()
     st.openArea += st.open * (now - st.lastChange)
@@ -859,10 +888,14 @@ function stealText(direct: PhaseResult, hop: PhaseResult, samePhase: boolean): s
 }
 
 export function printProxy(p: ProxyResult): void {
-  console.log(`\nproxy: ${p.engines} fixed-timing upstreams (first token ${p.ttftMs} ms, then every ${p.itlMs} ms, ${p.maxTokens} tokens), ${p.promptTokens}-token prompts, open-loop at ${p.ratePerSec}/s per path for ~${p.streamsTarget} concurrent streams, ${p.seconds} s per phase (paired and alternating rounds ${p.headlineSeconds} s), router in ${p.mode} mode`)
+  console.log(
+    `\nproxy: ${p.engines} fixed-timing upstreams (first token ${p.ttftMs} ms, then every ${p.itlMs} ms, ${p.maxTokens} tokens), ${p.promptTokens}-token prompts, open-loop at ${p.ratePerSec}/s per path for ~${p.streamsTarget} concurrent streams, ${p.seconds} s per phase (paired and alternating rounds ${p.headlineSeconds} s), router in ${p.mode} mode`,
+  )
   console.log('round        | path   | requests | errors | mean open | TTFT p50 ms | TTFT p99 ms | total p50 ms | total p99 ms | ingress p50 / p99 ms | egress p50 / p99 ms | hop CPU µs/req')
   const row = (label: string, x: PhaseResult): void =>
-    console.log(`${label.padEnd(12)} | ${x.path.padEnd(6)} | ${String(x.requests).padStart(8)} | ${String(x.errors).padStart(6)} | ${x.meanOpen.toFixed(0).padStart(9)} | ${x.ttftMs.p50.toFixed(2).padStart(11)} | ${x.ttftMs.p99.toFixed(2).padStart(11)} | ${x.totalMs.p50.toFixed(2).padStart(12)} | ${x.totalMs.p99.toFixed(2).padStart(12)} | ${`${x.ingressMs.p50.toFixed(2)} / ${x.ingressMs.p99.toFixed(2)}`.padStart(20)} | ${`${x.egressMs.p50.toFixed(2)} / ${x.egressMs.p99.toFixed(2)}`.padStart(19)} | ${(x.hopCpuUsPerRequest === null ? '–' : x.hopCpuUsPerRequest.toFixed(0)).padStart(14)}`)
+    console.log(
+      `${label.padEnd(12)} | ${x.path.padEnd(6)} | ${String(x.requests).padStart(8)} | ${String(x.errors).padStart(6)} | ${x.meanOpen.toFixed(0).padStart(9)} | ${x.ttftMs.p50.toFixed(2).padStart(11)} | ${x.ttftMs.p99.toFixed(2).padStart(11)} | ${x.totalMs.p50.toFixed(2).padStart(12)} | ${x.totalMs.p99.toFixed(2).padStart(12)} | ${`${x.ingressMs.p50.toFixed(2)} / ${x.ingressMs.p99.toFixed(2)}`.padStart(20)} | ${`${x.egressMs.p50.toFixed(2)} / ${x.egressMs.p99.toFixed(2)}`.padStart(19)} | ${(x.hopCpuUsPerRequest === null ? '–' : x.hopCpuUsPerRequest.toFixed(0)).padStart(14)}`,
+    )
   const f = (x: number | null): string => (x === null ? '–' : `${x.toFixed(0)}%`)
   const rows = (label: string, rs: Round[]): void =>
     rs.forEach((r, i) => {
@@ -872,12 +905,16 @@ export function printProxy(p: ProxyResult): void {
       const hop = r.hop.path
       // the lanes of one phase share the phase's client and upstreams readings
       const samePhase = c.client === d.client && c.upstreams === d.upstreams
-      const load = samePhase ? `client ${f(c.client)}, upstreams ${f(c.upstreams)}, ${hop} ${f(c.hop)}` : `direct phase: client ${f(d.client)}, upstreams ${f(d.upstreams)}; routed phase: client ${f(c.client)}, upstreams ${f(c.upstreams)}, ${hop} ${f(c.hop)}`
+      const load = samePhase
+        ? `client ${f(c.client)}, upstreams ${f(c.upstreams)}, ${hop} ${f(c.hop)}`
+        : `direct phase: client ${f(d.client)}, upstreams ${f(d.upstreams)}; routed phase: client ${f(c.client)}, upstreams ${f(c.upstreams)}, ${hop} ${f(c.hop)}`
       const g = r.hop.hopGc
       const gcText = g === null ? '' : ` | router GC pauses: ${g.scavenges} scavenges, ${g.scavengeMs.toFixed(1)} ms${g.majors > 0 ? `; ${g.majors} major, ${g.majorMs.toFixed(1)} ms` : ''}`
       const ld = r.hop.hopLoopDelayMs
       const loopText = ld === null ? '' : ` | router event-loop delay p99 ${ld.p99.toFixed(1)} ms, max ${ld.max.toFixed(1)} ms`
-      console.log(`${''.padEnd(12)} | p99 overhead: TTFT ${r.p99TtftOverheadMs.toFixed(2)} ms (95% bootstrap ${interval(r.p99TtftOverheadCi95Ms)}; ingress ${r.p99IngressOverheadMs.toFixed(2)}, egress ${r.p99EgressOverheadMs.toFixed(2)}), total ${r.p99TotalOverheadMs.toFixed(2)} ms | CPU of one core: ${load}${gcText}${loopText}${stealText(r.direct, r.hop, samePhase)}`)
+      console.log(
+        `${''.padEnd(12)} | p99 overhead: TTFT ${r.p99TtftOverheadMs.toFixed(2)} ms (95% bootstrap ${interval(r.p99TtftOverheadCi95Ms)}; ingress ${r.p99IngressOverheadMs.toFixed(2)}, egress ${r.p99EgressOverheadMs.toFixed(2)}), total ${r.p99TotalOverheadMs.toFixed(2)} ms | CPU of one core: ${load}${gcText}${loopText}${stealText(r.direct, r.hop, samePhase)}`,
+      )
     })
   rows('sequential', p.rounds)
   rows('paired', p.paired.rounds)
@@ -889,18 +926,29 @@ export function printProxy(p: ProxyResult): void {
   sb.rounds.forEach((r, i) => {
     for (const x of [r.router.direct, r.router.hop, r.bare.hop]) row(`together ${i + 1}`, x)
     const c = r.router.hop.cpuPct
-    console.log(`${''.padEnd(12)} | p99 TTFT overhead: router ${r.router.p99TtftOverheadMs.toFixed(2)} ms, bare ${r.bare.p99TtftOverheadMs.toFixed(2)} ms, router less bare ${(r.router.p99TtftOverheadMs - r.bare.p99TtftOverheadMs).toFixed(2)} ms | CPU of one core: client ${f(c.client)}, upstreams ${f(c.upstreams)}, router ${f(c.hop)}, bare ${f(r.bare.hop.cpuPct.hop)}${stealText(r.router.direct, r.router.hop, true)}`)
+    console.log(
+      `${''.padEnd(12)} | p99 TTFT overhead: router ${r.router.p99TtftOverheadMs.toFixed(2)} ms, bare ${r.bare.p99TtftOverheadMs.toFixed(2)} ms, router less bare ${(r.router.p99TtftOverheadMs - r.bare.p99TtftOverheadMs).toFixed(2)} ms | CPU of one core: client ${f(c.client)}, upstreams ${f(c.upstreams)}, router ${f(c.hop)}, bare ${f(r.bare.hop.cpuPct.hop)}${stealText(r.router.direct, r.router.hop, true)}`,
+    )
   })
   const us = (x: number | null): string => (x === null ? '–' : x.toFixed(0))
-  const medians = (s: PairedSummary): string => `TTFT ${s.ttftMs.toFixed(2)} ms (pooled over the rounds ${s.pooledTtftMs.toFixed(2)} ms, 95% bootstrap ${interval(s.pooledTtftCi95Ms)}; ingress ${s.ingressMs.toFixed(2)}, egress ${s.egressMs.toFixed(2)}), total ${s.totalMs.toFixed(2)} ms`
-  console.log(`p99 overhead, medians: paired ${medians(p.paired)}; alternating (one path at a time, ~${p.streamsTarget} streams in all) ${medians(p.alternating)}; sequential TTFT ${p.p99TtftOverheadMsMedian.toFixed(2)} ms, total ${p.p99TotalOverheadMsMedian.toFixed(2)} ms; router CPU ${us(p.routerCpuUsPerRequestMedian)} µs per request`)
+  const medians = (s: PairedSummary): string =>
+    `TTFT ${s.ttftMs.toFixed(2)} ms (pooled over the rounds ${s.pooledTtftMs.toFixed(2)} ms, 95% bootstrap ${interval(s.pooledTtftCi95Ms)}; ingress ${s.ingressMs.toFixed(2)}, egress ${s.egressMs.toFixed(2)}), total ${s.totalMs.toFixed(2)} ms`
+  console.log(
+    `p99 overhead, medians: paired ${medians(p.paired)}; alternating (one path at a time, ~${p.streamsTarget} streams in all) ${medians(p.alternating)}; sequential TTFT ${p.p99TtftOverheadMsMedian.toFixed(2)} ms, total ${p.p99TotalOverheadMsMedian.toFixed(2)} ms; router CPU ${us(p.routerCpuUsPerRequestMedian)} µs per request`,
+  )
   // absolute p99s beside the overheads: at a higher priority the router's overhead falls partly because the direct path slows
   const abs = (rs: Round[]): string => `direct ${median(rs.map((r) => r.direct.ttftMs.p99)).toFixed(2)} ms, routed ${median(rs.map((r) => r.hop.ttftMs.p99)).toFixed(2)} ms`
   const ps = p.priority.summary
-  console.log(ps === null ? `router at --nice ${p.priority.nice}: not run: ${p.priority.refused}` : `router at --nice ${p.priority.nice} (its threads ahead of the load generator and the upstreams on the shared cores), paired rounds: p99 overhead, medians: ${medians(ps)}; its CPU ${us(ps.cpuUsPerRequest)} µs per request; TTFT p99 medians ${abs(ps.rounds)} (at the default priority ${abs(p.paired.rounds)})`)
+  console.log(
+    ps === null
+      ? `router at --nice ${p.priority.nice}: not run: ${p.priority.refused}`
+      : `router at --nice ${p.priority.nice} (its threads ahead of the load generator and the upstreams on the shared cores), paired rounds: p99 overhead, medians: ${medians(ps)}; its CPU ${us(ps.cpuUsPerRequest)} µs per request; TTFT p99 medians ${abs(ps.rounds)} (at the default priority ${abs(p.paired.rounds)})`,
+  )
   console.log(`bare proxy (fastify + undici, no routing, in the router's place, paired rounds): p99 overhead, medians: ${medians(p.bare)}; its CPU ${us(p.bare.cpuUsPerRequest)} µs per request`)
   console.log(`reference hop (a bare TCP relay in the router's place, paired rounds): p99 overhead, medians: ${medians(p.relay)}; relay CPU ${us(p.relay.cpuUsPerRequest)} µs per request`)
-  console.log(`router and bare proxy side by side (three lanes at once, each against the same direct path): p99 TTFT overhead, medians: router ${sb.routerTtftMs.toFixed(2)} ms, bare ${sb.bareTtftMs.toFixed(2)} ms, router less bare ${sb.routerLessBareTtftMs.toFixed(2)} ms; CPU µs per request: router ${us(sb.routerCpuUsPerRequest)}, bare ${us(sb.bareCpuUsPerRequest)}`)
+  console.log(
+    `router and bare proxy side by side (three lanes at once, each against the same direct path): p99 TTFT overhead, medians: router ${sb.routerTtftMs.toFixed(2)} ms, bare ${sb.bareTtftMs.toFixed(2)} ms, router less bare ${sb.routerLessBareTtftMs.toFixed(2)} ms; CPU µs per request: router ${us(sb.routerCpuUsPerRequest)}, bare ${us(sb.bareCpuUsPerRequest)}`,
+  )
 }
 
 /**
@@ -949,7 +997,9 @@ async function alternatingHops(cli: string, seconds: number, names: readonly Hop
         const xs = rs.map((r) => r[side].stealMs)
         return xs.every((x) => x !== null) ? `${(xs as number[]).reduce((a, b) => a + b, 0).toFixed(0)} ms` : '–'
       }
-      console.log(`${path.padEnd(10)} | ${each} | pooled ${s.pooledTtftMs.toFixed(2)} (${interval(s.pooledTtftCi95Ms)}) | CPU ${s.cpuUsPerRequest === null ? '–' : s.cpuUsPerRequest.toFixed(0)}${gc} | machine steal in the three: direct phases ${steal('direct')}, ${path} phases ${steal('hop')}`)
+      console.log(
+        `${path.padEnd(10)} | ${each} | pooled ${s.pooledTtftMs.toFixed(2)} (${interval(s.pooledTtftCi95Ms)}) | CPU ${s.cpuUsPerRequest === null ? '–' : s.cpuUsPerRequest.toFixed(0)}${gc} | machine steal in the three: direct phases ${steal('direct')}, ${path} phases ${steal('hop')}`,
+      )
     }
   } finally {
     await agent.close()
@@ -966,8 +1016,10 @@ export function hopNames(list: string, routerB?: string): HopName[] {
   const known: readonly string[] = ['router', 'router-b', ...REFERENCES]
   const unknown = names.filter((n) => !known.includes(n))
   // a name twice would merge its rounds into one row, read as one hop's
-  if (unknown.length > 0 || new Set(names).size !== names.length) throw new Error(`BENCH_PROXY_HOPS takes a comma-separated list of ${known.join(', ')}, each at most once; got ${JSON.stringify(list)}`)
-  if (names.includes('router-b') !== (routerB !== undefined)) throw new Error('BENCH_PROXY_ROUTER_B (the path of a second build\'s dist/src/main.js) and the hop router-b in BENCH_PROXY_HOPS go together')
+  if (unknown.length > 0 || new Set(names).size !== names.length)
+    throw new Error(`BENCH_PROXY_HOPS takes a comma-separated list of ${known.join(', ')}, each at most once; got ${JSON.stringify(list)}`)
+  if (names.includes('router-b') !== (routerB !== undefined))
+    throw new Error("BENCH_PROXY_ROUTER_B (the path of a second build's dist/src/main.js) and the hop router-b in BENCH_PROXY_HOPS go together")
   if (routerB !== undefined && !existsSync(routerB)) throw new Error(`BENCH_PROXY_ROUTER_B: no file ${JSON.stringify(routerB)}`)
   return names as HopName[]
 }
@@ -988,9 +1040,15 @@ if (process.argv[2] === '--upstreams') {
   await rawServerProxy(process.argv.slice(3), 'raw')
 } else if (process.argv[1]?.endsWith('proxy.js') === true && process.env.BENCH_PROXY_ALTERNATING === '1') {
   const routerB = process.env.BENCH_PROXY_ROUTER_B
-  await alternatingHops(new URL('../src/main.js', import.meta.url).pathname, Number(process.env.BENCH_PROXY_SECS ?? 10), hopNames(process.env.BENCH_PROXY_HOPS ?? 'router,bare,relay', routerB), routerB)
+  await alternatingHops(
+    new URL('../src/main.js', import.meta.url).pathname,
+    Number(process.env.BENCH_PROXY_SECS ?? 10),
+    hopNames(process.env.BENCH_PROXY_HOPS ?? 'router,bare,relay', routerB),
+    routerB,
+  )
 } else if (process.argv[1]?.endsWith('proxy.js') === true) {
-  if (process.env.BENCH_PROXY_HOPS !== undefined || process.env.BENCH_PROXY_ROUTER_B !== undefined) throw new Error('BENCH_PROXY_HOPS and BENCH_PROXY_ROUTER_B name the hops of BENCH_PROXY_ALTERNATING=1; the full run has its own')
+  if (process.env.BENCH_PROXY_HOPS !== undefined || process.env.BENCH_PROXY_ROUTER_B !== undefined)
+    throw new Error('BENCH_PROXY_HOPS and BENCH_PROXY_ROUTER_B name the hops of BENCH_PROXY_ALTERNATING=1; the full run has its own')
   const cli = new URL('../src/main.js', import.meta.url).pathname
   const r = await benchProxy(cli, { seconds: Number(process.env.BENCH_PROXY_SECS ?? 10), mode: process.env.BENCH_PROXY_MODE === 'kv' ? 'kv' : 'round-robin' })
   printProxy(r)

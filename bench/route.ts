@@ -89,7 +89,6 @@ function percentile(sorted: Float64Array, q: number): number {
   return sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] as number
 }
 
-
 interface DecisionResult {
   workers: number
   population: number
@@ -239,7 +238,6 @@ async function benchBooking(mode: 'round-robin' | 'kv'): Promise<{ mode: string;
   }
 }
 
-
 // ---------------------------------------------------------------------------------------------
 // HTTP
 
@@ -286,7 +284,6 @@ async function serveChild(): Promise<void> {
   process.on('SIGTERM', () => process.exit(0))
   process.on('SIGINT', () => process.exit(0))
 }
-
 
 interface LoadResult {
   reqPerSec: number

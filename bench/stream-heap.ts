@@ -51,7 +51,13 @@ async function childMain(): Promise<void> {
       for (let i = 0; i < m.open; i++) {
         const ids = Array.from({ length: m.prompt }, (_, k) => (k * 7 + i * 1_000_003) % 150_000)
         agent.dispatch(
-          { origin: u.origin, path: '/v1/completions', method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'mock', prompt: ids, max_tokens: 16, stream: true }) },
+          {
+            origin: u.origin,
+            path: '/v1/completions',
+            method: 'POST',
+            headers: { 'content-type': 'application/json' },
+            body: JSON.stringify({ model: 'mock', prompt: ids, max_tokens: 16, stream: true }),
+          },
           {
             onConnect() {},
             onHeaders: () => true,
@@ -127,7 +133,13 @@ export async function benchStreamHeap(opts: { prompts?: number[]; streams?: numb
 export function printStreamHeap(rows: StreamHeapRow[]): void {
   console.log('\nheap the router holds per open stream (after the first token; full GCs before each reading)')
   console.log('prompt tokens | streams | KB per stream, by round | median KB | outside the heap (ArrayBuffers), median KB')
-  for (const r of rows) console.log(`${String(r.promptTokens).padStart(13)} | ${String(r.streams).padStart(7)} | ${r.bytesPerStream.map((x) => (x / 1024).toFixed(2)).join(', ').padStart(23)} | ${(r.bytesPerStreamMedian / 1024).toFixed(2).padStart(9)} | ${(r.externalBytesPerStreamMedian / 1024).toFixed(2).padStart(10)}`)
+  for (const r of rows)
+    console.log(
+      `${String(r.promptTokens).padStart(13)} | ${String(r.streams).padStart(7)} | ${r.bytesPerStream
+        .map((x) => (x / 1024).toFixed(2))
+        .join(', ')
+        .padStart(23)} | ${(r.bytesPerStreamMedian / 1024).toFixed(2).padStart(9)} | ${(r.externalBytesPerStreamMedian / 1024).toFixed(2).padStart(10)}`,
+    )
 }
 
 if (process.argv[2] === '--child') {

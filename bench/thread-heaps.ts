@@ -55,7 +55,10 @@ async function runChild(kind: Kind, shards: number, passes: number, limit: numbe
     }
     while (pool.pendingMessages > 0) await once(pool, 'drain')
     await pool.flush()
-    entries = Math.max(entries, pool.counters().reduce((s, c) => s + c.blocks, 0))
+    entries = Math.max(
+      entries,
+      pool.counters().reduce((s, c) => s + c.blocks, 0),
+    )
     await Promise.all(workload.workerIds.map((w) => pool.removeWorker(w)))
   }
   const seconds = (performance.now() - t0) / 1000
@@ -77,7 +80,10 @@ function main(): void {
   for (let r = 0; r < reps; r++) {
     for (const kind of KINDS) {
       const flags = kind === 'defaults' ? [] : [...ROUTER_V8_FLAGS]
-      const p = spawnSync(process.execPath, [...flags, self, '--child', kind, '--shards', String(shards), '--passes', String(passes), '--limit', String(limit)], { encoding: 'utf8', maxBuffer: 1 << 24 })
+      const p = spawnSync(process.execPath, [...flags, self, '--child', kind, '--shards', String(shards), '--passes', String(passes), '--limit', String(limit)], {
+        encoding: 'utf8',
+        maxBuffer: 1 << 24,
+      })
       if (p.status !== 0) throw new Error(`${kind}: exited ${p.status}: ${p.stderr}`)
       const line = p.stdout.trim().split('\n').pop() ?? ''
       const res = JSON.parse(line) as ChildResult
@@ -93,7 +99,10 @@ function main(): void {
   const shipped = summary.find((s) => s.kind === 'shipped')?.maxRssMbMedian ?? 0
   console.log(`\n${shards} shards, ${passes} passes over the first ${limit} requests' events; medians of ${reps}`)
   console.log('process      | max RSS MB | added while the shards ran, MB | above shipped, per shard MB | replay s')
-  for (const s of summary) console.log(`${s.kind.padEnd(12)} | ${s.maxRssMbMedian.toFixed(0).padStart(10)} | ${s.addedMbMedian.toFixed(0).padStart(31)} | ${((s.maxRssMbMedian - shipped) / shards).toFixed(1).padStart(27)} | ${s.secondsMedian.toFixed(1)}`)
+  for (const s of summary)
+    console.log(
+      `${s.kind.padEnd(12)} | ${s.maxRssMbMedian.toFixed(0).padStart(10)} | ${s.addedMbMedian.toFixed(0).padStart(31)} | ${((s.maxRssMbMedian - shipped) / shards).toFixed(1).padStart(27)} | ${s.secondsMedian.toFixed(1)}`,
+    )
   const dir = join(repoRoot(), 'bench', 'results')
   mkdirSync(dir, { recursive: true })
   writeFileSync(join(dir, 'thread-heaps.json'), JSON.stringify({ node: process.version, shards, passes, limit, reps, summary, runs: results }, null, 2))

@@ -48,7 +48,16 @@ export async function startApp(cfg: ServeConfig, tokenizer: TextTokenizer | null
   }
   let embedded: MockerFleet | null = null
   try {
-    if (cfg.embeddedFleet > 0) embedded = await MockerFleet.start({ numWorkers: cfg.embeddedFleet, firstWorkerId: firstEmbeddedId, blockSize: cfg.blockSize, numGpuBlocks: 16384, speedupRatio: 10, modelName: cfg.modelName, onEvent: (ev) => router.ingestEvent(ev) })
+    if (cfg.embeddedFleet > 0)
+      embedded = await MockerFleet.start({
+        numWorkers: cfg.embeddedFleet,
+        firstWorkerId: firstEmbeddedId,
+        blockSize: cfg.blockSize,
+        numGpuBlocks: 16384,
+        speedupRatio: 10,
+        modelName: cfg.modelName,
+        onEvent: (ev) => router.ingestEvent(ev),
+      })
     for (const e of embedded?.workers ?? []) await router.addWorker({ id: e.workerId, url: e.url, capacity: e.capacity, maxNumBatchedTokens: e.engine.config.maxNumBatchedTokens })
   } catch (err) {
     // a start-up failure is one line, as for every other part of serve, not a stack trace

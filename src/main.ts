@@ -22,7 +22,6 @@ options:
   -v, --version  print the version
 `
 
-
 // before any thread starts: the heap sizes of the shebang's flags are the main thread's alone
 workerHeapsAtDefaults()
 

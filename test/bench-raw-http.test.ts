@@ -80,14 +80,17 @@ t.test('a chunked body split at every byte is decoded whole, sizes in either cas
     const hex = sizes(upper)
     await trickle(s, HEAD + events.map((e, i) => `${hex[i]}\r\n${e}\r\n`).join('') + '0\r\n\r\n')
   })
-  t.ok(sizes(true).some((h) => /[A-F]/.test(h)), 'the upper-case sizes hold letters')
+  t.ok(
+    sizes(true).some((h) => /[A-F]/.test(h)),
+    'the upper-case sizes hold letters',
+  )
   const send = rawClient([url])
   for (const body of ['{"prompt":[1]}', '{"prompt":[2,3]}']) {
     const heard = await ask(send, body)
     t.same(heard, { status: 200, data: events.join(''), ended: 'end' })
   }
   t.same(bodies, ['{"prompt":[1]}', '{"prompt":[2,3]}'], 'each request reached the server with its body')
-  t.equal(connections(), 1, 'the second request went on the first one\'s connection')
+  t.equal(connections(), 1, "the second request went on the first one's connection")
 })
 
 t.test('a connection cut inside the body ends the answer as an error, and the next request opens a new one', async (t) => {

@@ -13,7 +13,7 @@ function parse(argv: string[], env: NodeJS.ProcessEnv = {}): ServeConfig {
   return c
 }
 
-t.test('defaults are Dynamo\'s and the result is frozen', async (t) => {
+t.test("defaults are Dynamo's and the result is frozen", async (t) => {
   const c = parse([])
   t.equal(c.mode, 'kv')
   t.equal(c.httpPort, 8000)
@@ -36,9 +36,29 @@ t.test('defaults are Dynamo\'s and the result is frozen', async (t) => {
 
 t.test('flags, aliases, --no- forms and = syntax', async (t) => {
   const c = parse([
-    '--router-mode', 'round-robin', '--http-port=9001', '--kv-cache-block-size', '32', '--router-temperature', '0.5',
-    '--no-router-kv-events', '--router-queue-threshold', 'none', '--router-queue-policy', 'wspt', '--router-track-active-blocks', 'false',
-    '--router-replica-sync', '--worker', 'http://a:1', '--worker', '77=http://b:2/', '--api-key', 'k', '--endpoint', 'dyn.backend.generate',
+    '--router-mode',
+    'round-robin',
+    '--http-port=9001',
+    '--kv-cache-block-size',
+    '32',
+    '--router-temperature',
+    '0.5',
+    '--no-router-kv-events',
+    '--router-queue-threshold',
+    'none',
+    '--router-queue-policy',
+    'wspt',
+    '--router-track-active-blocks',
+    'false',
+    '--router-replica-sync',
+    '--worker',
+    'http://a:1',
+    '--worker',
+    '77=http://b:2/',
+    '--api-key',
+    'k',
+    '--endpoint',
+    'dyn.backend.generate',
   ])
   t.equal(c.mode, 'round-robin')
   t.equal(c.httpPort, 9001)
@@ -49,7 +69,10 @@ t.test('flags, aliases, --no- forms and = syntax', async (t) => {
   t.equal(c.queuePolicy, 'wspt')
   t.equal(c.trackActiveBlocks, false)
   t.equal(c.replicaSync, true)
-  t.same(c.workers, [{ id: 1n, url: 'http://a:1' }, { id: 77n, url: 'http://b:2' }])
+  t.same(c.workers, [
+    { id: 1n, url: 'http://a:1' },
+    { id: 77n, url: 'http://b:2' },
+  ])
   t.equal(c.apiKey, 'k')
   t.equal(c.endpoint, 'dyn.backend.generate')
   t.equal(parse(['--worker', '18446744073709551615=http://x:1']).workers[0]?.id, 18446744073709551615n, 'u64 worker ids are exact')
@@ -58,7 +81,15 @@ t.test('flags, aliases, --no- forms and = syntax', async (t) => {
 })
 
 t.test('environment variables, and the command line wins', async (t) => {
-  const env = { DYN_ROUTER_TEMPERATURE: '0.25', DYN_HTTP_PORT: '7000', DYN_ROUTER_USE_KV_EVENTS: 'false', NATS_SERVER: 'nats://n:4222', ETCD_ENDPOINTS: 'http://e:2379', DYN_KV_CACHE_BLOCK_SIZE: '64', DYN_ROUTER_WORKERS: 'http://w:1,9=http://w:2' }
+  const env = {
+    DYN_ROUTER_TEMPERATURE: '0.25',
+    DYN_HTTP_PORT: '7000',
+    DYN_ROUTER_USE_KV_EVENTS: 'false',
+    NATS_SERVER: 'nats://n:4222',
+    ETCD_ENDPOINTS: 'http://e:2379',
+    DYN_KV_CACHE_BLOCK_SIZE: '64',
+    DYN_ROUTER_WORKERS: 'http://w:1,9=http://w:2',
+  }
   const e = parse([], env)
   t.equal(e.temperature, 0.25)
   t.equal(e.httpPort, 7000)
@@ -66,12 +97,19 @@ t.test('environment variables, and the command line wins', async (t) => {
   t.equal(e.natsUrl, 'nats://n:4222')
   t.equal(e.etcdUrl, 'http://e:2379')
   t.equal(e.blockSize, 64)
-  t.same(e.workers.map((w) => w.id), [1n, 9n])
+  t.same(
+    e.workers.map((w) => w.id),
+    [1n, 9n],
+  )
   const c = parse(['--router-temperature', '0.75', '--router-kv-events', '--worker', 'http://c:3', '--router-block-size', '16'], env)
   t.equal(c.temperature, 0.75, 'flag over env')
   t.equal(c.kvEvents, true)
   t.equal(c.httpPort, 7000, 'env still applies where no flag is given')
-  t.same(c.workers.map((w) => w.url), ['http://c:3'], '--worker replaces the env list')
+  t.same(
+    c.workers.map((w) => w.url),
+    ['http://c:3'],
+    '--worker replaces the env list',
+  )
   t.equal(c.blockSize, 16)
   // the primary name wins over a legacy variable
   t.equal(parse([], { DYN_ROUTER_BLOCK_SIZE: '8', DYN_KV_CACHE_BLOCK_SIZE: '64' }).blockSize, 8)
@@ -129,7 +167,10 @@ t.test('a variable the command line overrides is not read, so a bad one does not
   const bad = { DYN_ROUTER_TEMPERATURE: 'warm', DYN_ROUTER_WORKERS: 'not a url', DYN_ROUTER_USE_KV_EVENTS: 'maybe' }
   const c = parse(['--router-temperature', '0.5', '--worker', 'http://w:1', '--no-router-kv-events'], bad)
   t.equal(c.temperature, 0.5)
-  t.same(c.workers.map((w) => w.url), ['http://w:1'])
+  t.same(
+    c.workers.map((w) => w.url),
+    ['http://w:1'],
+  )
   t.equal(c.kvEvents, false)
   // an alias on the command line overrides every variable of its option
   t.equal(parse(['--block-size', '32'], { DYN_ROUTER_BLOCK_SIZE: 'x', DYN_KV_CACHE_BLOCK_SIZE: 'y' }).blockSize, 32)
@@ -189,7 +230,7 @@ t.test('options that were internal only: index cap, approximate pruning, the CUD
   t.equal(d.maxIndexBlocks, 60_000_000)
   t.equal(d.maxTreeSize, 1 << 20)
   t.equal(d.pruneTargetRatio, 0.8)
-  t.equal(d.cudaToCpuRatio, 8, 'Dynamo\'s default')
+  t.equal(d.cudaToCpuRatio, 8, "Dynamo's default")
   const c = parse(['--router-max-index-blocks', '5000', '--router-max-tree-size', '100', '--router-prune-target-ratio', '0.5'], { DYN_ENCODER_CUDA_TO_CPU_RATIO: '1' })
   t.equal(c.maxIndexBlocks, 5000)
   t.equal(c.maxTreeSize, 100)

@@ -104,7 +104,10 @@ t.test('the router command is a valid `kv-router serve` and points at the fleet'
   const limit = svc('router').ulimits?.nice
   t.equal(typeof limit === 'object' ? limit.soft : limit, 40, 'RLIMIT_NICE lets any KVR_ROUTER_NICE down to -20 take effect')
   const port = cfg.httpPort
-  t.ok((svc('router').ports ?? []).some((p) => p.endsWith(`:${port}`)), 'the published port is the one it listens on')
+  t.ok(
+    (svc('router').ports ?? []).some((p) => p.endsWith(`:${port}`)),
+    'the published port is the one it listens on',
+  )
   t.match(svc('router').healthcheck?.test.join(' ') ?? '', new RegExp(`127\\.0\\.0\\.1:${port}/ready`), 'healthy once /ready says so')
   t.ok(cmd('etcd').includes('--advertise-client-urls=http://etcd:2379'), 'etcd advertises the address the router uses')
   // Docker sends SIGKILL at the grace period: the router's own deadline must come first, with
@@ -140,7 +143,10 @@ t.test('the load generator replays the trace through the router', async (t) => {
   const router = parseServeConfig(cmd('router').slice(1), {}) as ServeConfig
   t.equal(hostPort(args.url), `router:${router.httpPort}`, 'it targets the router service')
   t.equal(args.timeScale, Number(flag(cmd('mocker'), '--speedup-ratio')), 'durations are reported in simulated time')
-  const mount = (svc('loadgen').volumes ?? []).map(interpolate).map((v) => v.split(':')).find(([, target]) => target !== undefined && args !== undefined && args !== 'help' && args.trace.startsWith(`${target}/`))
+  const mount = (svc('loadgen').volumes ?? [])
+    .map(interpolate)
+    .map((v) => v.split(':'))
+    .find(([, target]) => target !== undefined && args !== undefined && args !== 'help' && args.trace.startsWith(`${target}/`))
   t.ok(mount, 'the trace file lies in a mounted folder')
   if (mount === undefined) return
   const source = mount[0] as string

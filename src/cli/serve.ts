@@ -52,7 +52,9 @@ export async function serveMain(argv: string[]): Promise<void> {
   }
   // an engine renders chat with the model's template; without it the router hashes other tokens
   if (tokenizer?.kind === 'hf' && tokenizer.chatTemplate === null) {
-    process.stderr.write(`kv-router: warning: no chat template beside ${cfg.tokenizer ?? ''} (chat_template.jinja, or chat_template in tokenizer_config.json): chat requests are tokenized with kv-router's own template, which engines do not use, so they will not match cached prefixes\n`)
+    process.stderr.write(
+      `kv-router: warning: no chat template beside ${cfg.tokenizer ?? ''} (chat_template.jinja, or chat_template in tokenizer_config.json): chat requests are tokenized with kv-router's own template, which engines do not use, so they will not match cached prefixes\n`,
+    )
   }
   const { router, app, embedded, port } = await startApp(cfg, tokenizer)
   const fleet = embedded?.workers ?? []
@@ -82,4 +84,3 @@ export async function serveMain(argv: string[]): Promise<void> {
   process.on('SIGTERM', () => stop('SIGTERM'))
   process.on('SIGINT', () => stop('SIGINT'))
 }
-

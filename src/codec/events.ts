@@ -10,10 +10,7 @@ export interface StoredBlock {
   tokens_hash: bigint
 }
 
-export type KvCacheEventData =
-  | { stored: { parent_hash: bigint | null; blocks: StoredBlock[] } }
-  | { removed: { block_hashes: bigint[] } }
-  | 'cleared'
+export type KvCacheEventData = { stored: { parent_hash: bigint | null; blocks: StoredBlock[] } } | { removed: { block_hashes: bigint[] } } | 'cleared'
 
 export interface KvCacheEvent {
   event_id: bigint
@@ -107,7 +104,6 @@ export function encodeEnvelope(env: EventEnvelope): string {
   const payload = Buffer.from(encodeRouterEvent(env.payload), 'utf8')
   return `{"publisher_id":${u64Text(env.publisher_id, 'publisher_id')},"sequence":${u64Text(env.sequence, 'sequence')},"published_at":${u64Text(env.published_at, 'published_at')},"payload":[${payload.join(',')}]}`
 }
-
 
 function setHalves(v: bigint, field: string): void {
   if (typeof v !== 'bigint' || !isU64(v)) throw new KvrError('KVR_ERR_EVENT_INVALID_NUMBER', `field "${field}" must be a u64`)

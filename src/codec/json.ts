@@ -60,7 +60,8 @@ function quoteLongIntegers(text: string): string {
   for (let i = 0; i < text.length; i++) {
     const c = text.charCodeAt(i)
     if (inString) {
-      if (c === 92) i++ // backslash: skip the escaped char
+      if (c === 92)
+        i++ // backslash: skip the escaped char
       else if (c === 34) inString = false
       continue
     }

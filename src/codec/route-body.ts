@@ -326,5 +326,3 @@ function valueEnd(buf: Uint8Array, i: number): number {
   if (j === i) throw bad('expected a value', i)
   return j
 }
-
-

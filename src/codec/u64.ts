@@ -26,4 +26,3 @@ export function u64ToString(lo: number, hi: number): string {
   if (hi < 0x200000) return String(hi * TWO32 + lo)
   return u64FromParts(lo, hi).toString()
 }
-

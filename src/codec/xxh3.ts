@@ -107,4 +107,3 @@ export function hashBytesInto(data: Uint8Array, seed0: number, seed1: number, ou
   out[0] = u32[at >>> 2] as number
   out[1] = u32[(at >>> 2) + 1] as number
 }
-

@@ -166,7 +166,9 @@ export class Router {
         if (w.totalKvBlocks !== null) reg.capacity = w.totalKvBlocks
         if (w.maxNumBatchedTokens !== null) reg.maxNumBatchedTokens = w.maxNumBatchedTokens
         // a registration the index cannot hold is refused, not dropped unseen (found by review)
-        return this.addWorker(reg).catch((err: unknown) => process.emitWarning(`worker ${w.workerId} from etcd was not registered: ${err instanceof Error ? err.message : String(err)}`, { code: 'KVR_WORKER_NOT_REGISTERED' }))
+        return this.addWorker(reg).catch((err: unknown) =>
+          process.emitWarning(`worker ${w.workerId} from etcd was not registered: ${err instanceof Error ? err.message : String(err)}`, { code: 'KVR_WORKER_NOT_REGISTERED' }),
+        )
       }
       d.on('added', (w: DiscoveredWorker) => void add(w))
       d.on('updated', (w: DiscoveredWorker) => void add(w))
@@ -223,7 +225,10 @@ export class Router {
       // could otherwise fill the table and keep every real worker out (found by an input review).
       if (!(await this.pool.ensureWorker(reg.id, r)) && !((await this.evictUnregistered(reg.id)) && (await this.pool.ensureWorker(reg.id, r)))) {
         if (!known) await this.pool.removeWorker(reg.id)
-        throw new KvrError('KVR_ERR_TOO_MANY_WORKERS', `worker ${reg.id} rank ${r} does not fit: its index shard holds its maximum of ${this.pool.maxWorkerRanksPerShard} worker-ranks, all of registered workers`)
+        throw new KvrError(
+          'KVR_ERR_TOO_MANY_WORKERS',
+          `worker ${reg.id} rank ${r} does not fit: its index shard holds its maximum of ${this.pool.maxWorkerRanksPerShard} worker-ranks, all of registered workers`,
+        )
       }
     }
     // The scheduler learns the ranks and the table the URL in one synchronous step: with an await
@@ -293,7 +298,11 @@ export class Router {
     )
     // not after a newer restart, whose own rebuild decides
     if (this.closed || this.pool.counters()[shard]?.restarts !== restarts) return
-    if (lost.length > 0) process.emitWarning(`index shard ${shard} restarted: the cached blocks of worker(s) ${lost.join(', ')} are forgotten until their next KV events (they do not answer the worker query${this.recovery === null ? ', or --no-router-event-recovery' : ''})`, { code: 'KVR_INDEX_DEGRADED' })
+    if (lost.length > 0)
+      process.emitWarning(
+        `index shard ${shard} restarted: the cached blocks of worker(s) ${lost.join(', ')} are forgotten until their next KV events (they do not answer the worker query${this.recovery === null ? ', or --no-router-event-recovery' : ''})`,
+        { code: 'KVR_INDEX_DEGRADED' },
+      )
     this.pool.markRebuilt(shard)
   }
 

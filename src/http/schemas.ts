@@ -1,5 +1,10 @@
 // JSON schemas of the request bodies fastify validates (ajv, no type coercion).
-export const u64Schema = { anyOf: [{ type: 'integer', minimum: 0 }, { type: 'string', pattern: '^(0|[1-9][0-9]{0,19})$' }] }
+export const u64Schema = {
+  anyOf: [
+    { type: 'integer', minimum: 0 },
+    { type: 'string', pattern: '^(0|[1-9][0-9]{0,19})$' },
+  ],
+}
 export const overrideSchema = {
   type: 'object',
   properties: {
@@ -47,7 +52,11 @@ export const chatSchema = {
     // content: text, a list of parts, or null (an assistant turn that only calls tools); a part
     // is an object naming its type, and a text part's text is a string (a number there was
     // read as empty text; found by an input review)
-    messages: { type: 'array', minItems: 1, items: { type: 'object', required: ['role'], properties: { role: { type: 'string' }, content: { anyOf: [{ type: 'string' }, { type: 'array', items: contentPartSchema }, { type: 'null' }] } } } },
+    messages: {
+      type: 'array',
+      minItems: 1,
+      items: { type: 'object', required: ['role'], properties: { role: { type: 'string' }, content: { anyOf: [{ type: 'string' }, { type: 'array', items: contentPartSchema }, { type: 'null' }] } } },
+    },
     stream: { type: 'boolean' },
     add_special_tokens: { type: 'boolean' },
     add_generation_prompt: { type: 'boolean' },
@@ -84,4 +93,3 @@ export const thresholdSchema = {
     active_prefill_tokens_threshold_frac: { type: ['number', 'null'], minimum: 0 },
   },
 }
-

@@ -571,7 +571,12 @@ export class KvIndex {
     const out: OverlapScore[] = []
     for (let i = 0; i < m; i++) {
       const w = this.matchWorkers[i] as number
-      out.push({ worker_id: u64FromParts(this.wIdLo[w] as number, this.wIdHi[w] as number), dp_rank: this.wRank[w] as number, overlap_blocks: this.depthOf[w] as number, tree_size: this.wSize[w] as number })
+      out.push({
+        worker_id: u64FromParts(this.wIdLo[w] as number, this.wIdHi[w] as number),
+        dp_rank: this.wRank[w] as number,
+        overlap_blocks: this.depthOf[w] as number,
+        tree_size: this.wSize[w] as number,
+      })
     }
     return out
   }

@@ -102,14 +102,12 @@ export class RouterMetrics {
     this.routerId = `${cfg.namespace}-router-${process.pid}`
     const base = { dynamo_namespace: cfg.namespace, dynamo_component: cfg.component, dynamo_endpoint: 'generate' }
     const comp = ['dynamo_namespace', 'dynamo_component', 'dynamo_endpoint']
-    const ov = (name: string, help: string): H =>
-      new BoundHistogram(`dynamo_router_overhead_${name}_ms`, help, { router_id: this.routerId }, MS_BUCKETS, r)
+    const ov = (name: string, help: string): H => new BoundHistogram(`dynamo_router_overhead_${name}_ms`, help, { router_id: this.routerId }, MS_BUCKETS, r)
     this.hashing = ov('block_hashing', 'Time to hash the prompt into blocks (ms)')
     this.findMatches = ov('indexer_find_matches', 'Time of the overlap query over the indexer shards (ms)')
     this.scheduling = ov('scheduling', 'Time of cost, selection and booking, including queueing (ms)')
     this.total = ov('total', 'Total routing overhead (ms)')
-    const ch = (name: string, help: string, buckets: number[]): H =>
-      new BoundHistogram(`dynamo_component_router_${name}`, help, base, buckets, r)
+    const ch = (name: string, help: string, buckets: number[]): H => new BoundHistogram(`dynamo_component_router_${name}`, help, base, buckets, r)
     this.hitRate = ch('kv_hit_rate', 'Predicted KV hit rate of routed requests (overlap blocks / prompt blocks)', RATIO_BUCKETS)
     this.isl = ch('input_sequence_tokens', 'Prompt length of routed requests', TOKEN_BUCKETS)
     this.ttft = ch('time_to_first_token_seconds', 'Time to first token through the router', S_BUCKETS)
@@ -138,7 +136,12 @@ export class RouterMetrics {
             for (const [type, byStatus] of byType) for (const [status, n] of byStatus) this.inc({ model, endpoint, request_type: type, status: String(status) }, n)
       },
     })
-    this.rejections = new Counter({ name: 'dynamo_frontend_model_rejection_total', help: 'Requests refused because every worker was busy or the queue was full', labelNames: ['model', 'endpoint'], registers: [r] })
+    this.rejections = new Counter({
+      name: 'dynamo_frontend_model_rejection_total',
+      help: 'Requests refused because every worker was busy or the queue was full',
+      labelNames: ['model', 'endpoint'],
+      registers: [r],
+    })
     new Gauge({
       name: 'dynamo_frontend_inflight_requests',
       help: 'Requests being proxied',
@@ -151,7 +154,11 @@ export class RouterMetrics {
     this.retries = new Counter({ name: 'kvrouter_proxy_retries_total', help: 'Requests retried on another worker after a failure before the first token', registers: [r] })
     this.upstreamErrors = new Counter({ name: 'kvrouter_proxy_upstream_errors_total', help: 'Upstream failures by phase', labelNames: ['phase'], registers: [r] })
     this.eventsHttp = new Counter({ name: 'kvrouter_http_events_received_total', help: 'KV events received over POST /v1/kv-events', registers: [r] })
-    this.eventsHttpRefused = new Counter({ name: 'kvrouter_http_events_refused_total', help: 'POST /v1/kv-events batches refused whole: an event that does not decode, or a full backlog (503)', registers: [r] })
+    this.eventsHttpRefused = new Counter({
+      name: 'kvrouter_http_events_refused_total',
+      help: 'POST /v1/kv-events batches refused whole: an event that does not decode, or a full backlog (503)',
+      registers: [r],
+    })
     // every request in flight waits out a pause of the main thread: when the latency tail moves,
     // the scavenges are the first thing to look at (the name is prom-client's default metric's)
     const gc = new Histogram({ name: 'nodejs_gc_duration_seconds', help: 'Garbage collection pauses of the main thread, by kind', labelNames: ['kind'], buckets: GC_BUCKETS, registers: [r] })
@@ -213,7 +220,6 @@ export class RouterMetrics {
     gauge(r, 'nodejs_heap_size_total_bytes', 'V8 heap of the main thread, reserved (bytes)', () => process.memoryUsage().heapTotal)
     gauge(r, 'nodejs_heap_size_used_bytes', 'V8 heap of the main thread, in use (bytes)', () => process.memoryUsage().heapUsed)
     gauge(r, 'nodejs_external_memory_bytes', 'Memory outside the V8 heap held by its objects, buffers in flight included (bytes)', () => process.memoryUsage().external)
-
   }
 
   /** Stops watching GC pauses and the event loop (the router is closing). */
@@ -249,7 +255,15 @@ export class RouterMetrics {
 
   request(model: string, endpoint: string, type: 'stream' | 'unary', status: number): void {
     const m = this.frontendRequests
-    const byStatus = branch(branch(branch(m, this.modelLabel(m, model), () => new Map()), endpoint, () => new Map()), type, () => new Map<number, number>())
+    const byStatus = branch(
+      branch(
+        branch(m, this.modelLabel(m, model), () => new Map()),
+        endpoint,
+        () => new Map(),
+      ),
+      type,
+      () => new Map<number, number>(),
+    )
     byStatus.set(status, (byStatus.get(status) ?? 0) + 1)
   }
 

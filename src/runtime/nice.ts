@@ -23,7 +23,9 @@ function errnoOf(err: unknown): string {
 
 function threadIds(): number[] {
   try {
-    return readdirSync('/proc/self/task').map(Number).filter((n) => Number.isInteger(n) && n > 0)
+    return readdirSync('/proc/self/task')
+      .map(Number)
+      .filter((n) => Number.isInteger(n) && n > 0)
   } catch {
     return []
   }

@@ -50,7 +50,13 @@ import { setFlagsFromString } from 'node:v8'
 // of promotion under load the next would come after another 12-20 minutes. The cost is memory: up
 // to some 50 MB more of dead objects in the main thread's heap before they are collected (the
 // sizing flags are the main thread's alone: workerHeapsAtDefaults below).
-export const ROUTER_V8_FLAGS: readonly string[] = Object.freeze(['--min-semi-space-size=64', '--max-semi-space-size=64', '--no-memory-reducer', '--heap-growing-percent=100', '--initial-old-space-size=128'])
+export const ROUTER_V8_FLAGS: readonly string[] = Object.freeze([
+  '--min-semi-space-size=64',
+  '--max-semi-space-size=64',
+  '--no-memory-reducer',
+  '--heap-growing-percent=100',
+  '--initial-old-space-size=128',
+])
 
 /** The flags above that size a heap: V8 reads them once, when it creates an isolate's heap. */
 const HEAP_SIZE_FLAGS: readonly string[] = Object.freeze(['--min-semi-space-size', '--max-semi-space-size', '--initial-old-space-size'])

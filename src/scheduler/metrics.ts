@@ -25,7 +25,7 @@ export function registerSchedulerMetrics(r: Registry, sched: Scheduler): void {
       },
     })
   }
-  slotGauge('dynamo_frontend_worker_active_decode_blocks', 'KV blocks held by the worker-rank\'s active requests', (s) => s.activeBlocks)
+  slotGauge('dynamo_frontend_worker_active_decode_blocks', "KV blocks held by the worker-rank's active requests", (s) => s.activeBlocks)
   slotGauge('dynamo_frontend_worker_active_prefill_tokens', 'Prefill tokens not yet computed on the worker-rank', (s) => s.prefillTokens)
   slotGauge('kvrouter_worker_inflight_requests', 'Requests booked on the worker-rank', (s) => s.inFlight)
 }

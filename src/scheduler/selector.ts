@@ -323,9 +323,6 @@ export class Selector {
 /** Dynamo-style debug lines for an explanation, one per candidate. */
 export function formatCandidates(rows: readonly Candidate[], weight: number): string {
   return rows
-    .map(
-      (r) =>
-        `Formula for worker_id=${r.workerId} dp_rank=${r.dpRank}: ${r.logit.toFixed(3)} = ${weight} * ${r.prefillBlocks.toFixed(3)} + ${r.decodeBlocks} (cached_blocks: ${r.overlapBlocks})`,
-    )
+    .map((r) => `Formula for worker_id=${r.workerId} dp_rank=${r.dpRank}: ${r.logit.toFixed(3)} = ${weight} * ${r.prefillBlocks.toFixed(3)} + ${r.decodeBlocks} (cached_blocks: ${r.overlapBlocks})`)
     .join('\n')
 }

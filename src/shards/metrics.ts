@@ -7,7 +7,6 @@ import type { IndexRecovery } from './recovery.js'
 const EVENT_TYPES = ['stored', 'removed', 'cleared'] as const
 
 export function registerShardMetrics(r: Registry, pool: ShardPool, recovery: IndexRecovery | null): void {
-
   const shardCounter = (name: string, help: string, pick: (c: ReturnType<typeof pool.counters>[number]) => number): void => {
     new Counter({
       name,
@@ -21,12 +20,16 @@ export function registerShardMetrics(r: Registry, pool: ShardPool, recovery: Ind
     })
   }
   shardCounter('kvrouter_shard_events_received_total', 'Event messages the shard took from its ring', (c) => c.received)
-  shardCounter('kvrouter_shard_events_applied_total', 'Events applied to the shard\'s index', (c) => c.applied)
+  shardCounter('kvrouter_shard_events_applied_total', "Events applied to the shard's index", (c) => c.applied)
   shardCounter('kvrouter_shard_events_malformed_total', 'Event messages that did not decode', (c) => c.malformed)
-  shardCounter('kvrouter_shard_event_gaps_total', 'Gaps in a worker-rank\'s event ids (spec §3.7): events it published that never arrived', (c) => c.gaps)
-  shardCounter('kvrouter_shard_events_misplaced_total', 'Event messages whose worker belongs to another shard (the intake read another worker id than the decoder), sent on to that shard', (c) => c.misplaced)
+  shardCounter('kvrouter_shard_event_gaps_total', "Gaps in a worker-rank's event ids (spec §3.7): events it published that never arrived", (c) => c.gaps)
+  shardCounter(
+    'kvrouter_shard_events_misplaced_total',
+    'Event messages whose worker belongs to another shard (the intake read another worker id than the decoder), sent on to that shard',
+    (c) => c.misplaced,
+  )
   shardCounter('kvrouter_shard_queries_total', 'Overlap queries answered', (c) => c.queries)
-  shardCounter('kvrouter_shard_ring_full_total', 'Pushes that found the shard\'s ring full (queued, never dropped)', (c) => c.ringFull)
+  shardCounter('kvrouter_shard_ring_full_total', "Pushes that found the shard's ring full (queued, never dropped)", (c) => c.ringFull)
   shardCounter('kvrouter_shard_ring_waits_total', 'Times the event producer slept until the shard had freed half its ring', (c) => c.ringWaits)
   shardCounter('kvrouter_shard_restarts_total', 'Shard thread restarts', (c) => c.restarts)
   shardCounter('kvrouter_shard_events_lost_total', 'Events lost with a dead shard thread', (c) => c.lost)
@@ -39,7 +42,13 @@ export function registerShardMetrics(r: Registry, pool: ShardPool, recovery: Ind
       this.reset()
       const c = recovery?.counters
       if (c === undefined) return
-      for (const [what, v] of [['gaps', c.gaps], ['ranges', c.ranges], ['dumps', c.dumps], ['failed', c.failed]] as const) this.inc({ what }, v)
+      for (const [what, v] of [
+        ['gaps', c.gaps],
+        ['ranges', c.ranges],
+        ['dumps', c.dumps],
+        ['failed', c.failed],
+      ] as const)
+        this.inc({ what }, v)
     },
   })
   new Counter({
@@ -91,9 +100,9 @@ export function registerShardMetrics(r: Registry, pool: ShardPool, recovery: Ind
       },
     })
   }
-  shardGauge('kvrouter_shard_blocks', '(block, worker-rank) entries in the shard\'s index', (c) => c.blocks)
-  shardGauge('kvrouter_shard_nodes', 'Radix-tree nodes in the shard\'s index', (c) => c.nodes)
+  shardGauge('kvrouter_shard_blocks', "(block, worker-rank) entries in the shard's index", (c) => c.blocks)
+  shardGauge('kvrouter_shard_nodes', "Radix-tree nodes in the shard's index", (c) => c.nodes)
   shardGauge('kvrouter_shard_worker_ranks', 'Worker-ranks the shard holds', (c) => c.workerRanks)
-  shardGauge('kvrouter_shard_exact', '1 when the shard\'s answers are exact, 0 while it recovers', (c) => (c.health === 'exact' ? 1 : 0))
+  shardGauge('kvrouter_shard_exact', "1 when the shard's answers are exact, 0 while it recovers", (c) => (c.health === 'exact' ? 1 : 0))
   shardGauge('kvrouter_shard_pending_messages', 'Messages queued behind a full ring', (c) => c.pendingMessages)
 }

@@ -15,9 +15,55 @@ import * as Comlink from 'comlink'
 import nodeEndpoint from 'comlink/dist/esm/node-adapter.mjs'
 import { RingProducer, checkRingCapacity } from '../thread/ring.js'
 import {
-  BoardLayout, C_APPLIED, C_BLOCKS, C_CLEARED, C_END, C_GAPS, C_MALFORMED, C_MISPLACED, CONTROL_PARK, CONTROL_RANK_BYTES, CONTROL_RECOVERABLE, CONTROL_RECOVERY, CONTROL_RECOVERY_BYTES, RecoveryKind, SHARD_TICKET_BIT, C_NODES, C_PROCESSED, C_QUERIES, C_RECEIVED, C_REJECTED, C_REMOVED, C_STORED, C_WORKERS, CTRL_WORDS, DOORBELL,
-  B_ANSWERS, B_MAIN_WAITING, CONTROL_POSTED, HEARTBEAT, PRODUCER_WAIT, Q_FLAGS, Q_N, Q_PENDING, QF_EARLY_EXIT, QRING_BASE, QRING_READ, QRING_SIZE, QRING_WRITE, RESULT_WORDS,
-  RING_READ, RING_WRITE, SLEEPING, STATE, MAX_SHARDS, CONTROL_BYTES, CONTROL_REMOVE_WORKER, ShardState, shardOf, type ShardInit,
+  BoardLayout,
+  C_APPLIED,
+  C_BLOCKS,
+  C_CLEARED,
+  C_END,
+  C_GAPS,
+  C_MALFORMED,
+  C_MISPLACED,
+  CONTROL_PARK,
+  CONTROL_RANK_BYTES,
+  CONTROL_RECOVERABLE,
+  CONTROL_RECOVERY,
+  CONTROL_RECOVERY_BYTES,
+  RecoveryKind,
+  SHARD_TICKET_BIT,
+  C_NODES,
+  C_PROCESSED,
+  C_QUERIES,
+  C_RECEIVED,
+  C_REJECTED,
+  C_REMOVED,
+  C_STORED,
+  C_WORKERS,
+  CTRL_WORDS,
+  DOORBELL,
+  B_ANSWERS,
+  B_MAIN_WAITING,
+  CONTROL_POSTED,
+  HEARTBEAT,
+  PRODUCER_WAIT,
+  Q_FLAGS,
+  Q_N,
+  Q_PENDING,
+  QF_EARLY_EXIT,
+  QRING_BASE,
+  QRING_READ,
+  QRING_SIZE,
+  QRING_WRITE,
+  RESULT_WORDS,
+  RING_READ,
+  RING_WRITE,
+  SLEEPING,
+  STATE,
+  MAX_SHARDS,
+  CONTROL_BYTES,
+  CONTROL_REMOVE_WORKER,
+  ShardState,
+  shardOf,
+  type ShardInit,
 } from '../thread/protocol.js'
 import { REJECT_REASON_COUNT, REJECT_REASON_NAMES, type OverlapScore } from '../index/kv-index.js'
 import type { RouterEvent } from '../codec/events.js'
@@ -170,7 +216,7 @@ const u8slice = Uint8Array.prototype.slice
 function copyBytes(msg: Uint8Array, from: number): Uint8Array {
   return u8slice.call(msg, from)
 }
-const shardUrl = new URL(`../../workers/shard/main${import.meta.url.endsWith(".ts") ? ".ts" : ".js"}`, import.meta.url)
+const shardUrl = new URL(`../../workers/shard/main${import.meta.url.endsWith('.ts') ? '.ts' : '.js'}`, import.meta.url)
 
 function positive(name: string, v: number | undefined, dflt: number, max = Number.MAX_SAFE_INTEGER): number {
   const x = v ?? dflt
@@ -669,7 +715,12 @@ export class ShardPool extends EventEmitter {
     const r = await this.query(lo, hi, n, options)
     const out: OverlapScore[] = []
     for (let i = 0; i < r.count; i++) {
-      out.push({ worker_id: u64FromParts(r.workerIdLo[i] as number, r.workerIdHi[i] as number), dp_rank: r.dpRank[i] as number, overlap_blocks: r.overlap[i] as number, tree_size: r.treeSize[i] as number })
+      out.push({
+        worker_id: u64FromParts(r.workerIdLo[i] as number, r.workerIdHi[i] as number),
+        dp_rank: r.dpRank[i] as number,
+        overlap_blocks: r.overlap[i] as number,
+        tree_size: r.treeSize[i] as number,
+      })
     }
     return Object.assign(out, { recoveringShards: r.recoveringShards })
   }

@@ -178,7 +178,10 @@ export class IndexRecovery {
     const epoch = this.epochs.get(g.workerId)
     const url = this.opts.urlOf(g.workerId)
     if (epoch !== undefined && !this.closed) this.states.set(`${g.workerId}:${g.dpRank}`, 'recovering')
-    const a: Answer = url === undefined || epoch === undefined || this.closed ? { kind: 'refused', why: this.closed ? 'the router is stopping' : 'not registered', final: true } : await this.query(url, g.workerId, g.dpRank, g.from, g.to, this.opts.attempts)
+    const a: Answer =
+      url === undefined || epoch === undefined || this.closed
+        ? { kind: 'refused', why: this.closed ? 'the router is stopping' : 'not registered', final: true }
+        : await this.query(url, g.workerId, g.dpRank, g.from, g.to, this.opts.attempts)
     // a range older than the worker's ring comes as a dump: it stands for the events up to the
     // gap's end, and the held events follow it
     this.finish(g.workerId, g.dpRank, g.ticket, epoch, a, g.to)
@@ -202,7 +205,8 @@ export class IndexRecovery {
     this.pool.deliverRecovery(workerId, rank, ticket, RecoveryKind.Failed, null)
     if (!mine) return false
     this.states.set(key, 'degraded')
-    if (a.kind === 'refused') process.emitWarning(`worker ${workerId} rank ${rank}: its KV events could not be recovered (${a.why}); its index may miss blocks until it recovers`, { code: 'KVR_INDEX_DEGRADED' })
+    if (a.kind === 'refused')
+      process.emitWarning(`worker ${workerId} rank ${rank}: its KV events could not be recovered (${a.why}); its index may miss blocks until it recovers`, { code: 'KVR_INDEX_DEGRADED' })
     return false
   }
 

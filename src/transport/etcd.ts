@@ -77,7 +77,15 @@ export function toWorker(workerId: bigint, parts: Parts): DiscoveredWorker | nul
 }
 
 function sameWorker(a: DiscoveredWorker, b: DiscoveredWorker): boolean {
-  return a.url === b.url && a.deviceType === b.deviceType && a.blockSize === b.blockSize && a.totalKvBlocks === b.totalKvBlocks && a.maxNumBatchedTokens === b.maxNumBatchedTokens && a.dpStart === b.dpStart && a.dpSize === b.dpSize
+  return (
+    a.url === b.url &&
+    a.deviceType === b.deviceType &&
+    a.blockSize === b.blockSize &&
+    a.totalKvBlocks === b.totalKvBlocks &&
+    a.maxNumBatchedTokens === b.maxNumBatchedTokens &&
+    a.dpStart === b.dpStart &&
+    a.dpSize === b.dpSize
+  )
 }
 
 export interface EtcdDiscoveryEvents {

@@ -22,7 +22,17 @@ export function registerTransportMetrics(r: Registry, t: Transports): void {
       const n = t.nats
       if (n === null) return
       const c = n.counters
-      for (const [what, v] of [['messages', c.messages], ['bytes', c.bytes], ['metrics_messages', c.metricsMessages], ['metrics_malformed', c.metricsMalformed], ['disconnects', c.disconnects], ['reconnects', c.reconnects], ['slow_consumer', c.slowConsumer], ['errors', c.errors]] as const) this.inc({ what }, v)
+      for (const [what, v] of [
+        ['messages', c.messages],
+        ['bytes', c.bytes],
+        ['metrics_messages', c.metricsMessages],
+        ['metrics_malformed', c.metricsMalformed],
+        ['disconnects', c.disconnects],
+        ['reconnects', c.reconnects],
+        ['slow_consumer', c.slowConsumer],
+        ['errors', c.errors],
+      ] as const)
+        this.inc({ what }, v)
     },
   })
   new Gauge({

@@ -72,7 +72,10 @@ export class NatsIntake extends EventEmitter {
   }
 
   static async start(opts: NatsIntakeOptions): Promise<NatsIntake> {
-    for (const [k, v] of [['namespace', opts.namespace], ['component', opts.component]] as const) {
+    for (const [k, v] of [
+      ['namespace', opts.namespace],
+      ['component', opts.component],
+    ] as const) {
       if (!NAME_RE.test(v)) throw new KvrError('KVR_ERR_INVALID_OPTION', `${k} must match ${NAME_RE.source}, got "${v}"`)
     }
     // loaded here, not at startup: a router without NATS (the default) need not load the client

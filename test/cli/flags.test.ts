@@ -13,7 +13,35 @@ const serveTakes = (argv: string[]): boolean => {
   }
 }
 
-const NUMBERS = ['0', '1', '7', ' 42 ', '-1', '-0', '65535', '65536', '1.5', '.5', '1e3', '1E-2', '+3', '0x10', '0b11', '0o7', '1_000', 'Infinity', '-Infinity', 'NaN', '', ' ', 'abc', '1-2', '9007199254740993', '3.', 'e']
+const NUMBERS = [
+  '0',
+  '1',
+  '7',
+  ' 42 ',
+  '-1',
+  '-0',
+  '65535',
+  '65536',
+  '1.5',
+  '.5',
+  '1e3',
+  '1E-2',
+  '+3',
+  '0x10',
+  '0b11',
+  '0o7',
+  '1_000',
+  'Infinity',
+  '-Infinity',
+  'NaN',
+  '',
+  ' ',
+  'abc',
+  '1-2',
+  '9007199254740993',
+  '3.',
+  'e',
+]
 
 t.test('parseIntArg: decimal digits only, within the bounds, as serve reads --http-port', async (t) => {
   for (const text of NUMBERS) t.equal(parseIntArg(text, 0, 65535) !== undefined, serveTakes([`--http-port=${text}`]), JSON.stringify(text))
@@ -36,7 +64,23 @@ t.test('parseNumArg: finite decimal numbers within the bounds, as serve reads --
 })
 
 t.test('isHttpUrl: http(s) URLs the WHATWG parser takes, as serve reads --worker', async (t) => {
-  const urls = ['http://127.0.0.1:8000', 'https://h', 'http://h/', 'HTTP://H:1', 'http://[::1]:80', 'http://127.0.0.1:99999', 'http://h:-1', 'ftp://h', 'nats://h:4222', 'localhost:8000', 'h', '', 'http://', 'http://a b', 'http://999.1.1.1']
+  const urls = [
+    'http://127.0.0.1:8000',
+    'https://h',
+    'http://h/',
+    'HTTP://H:1',
+    'http://[::1]:80',
+    'http://127.0.0.1:99999',
+    'http://h:-1',
+    'ftp://h',
+    'nats://h:4222',
+    'localhost:8000',
+    'h',
+    '',
+    'http://',
+    'http://a b',
+    'http://999.1.1.1',
+  ]
   for (const u of urls) t.equal(isHttpUrl(u), serveTakes([`--worker=${u}`]), JSON.stringify(u))
   t.equal(isHttpUrl('http://127.0.0.1:99999'), false, 'a port above 65535')
   t.equal(isHttpUrl('https://h'), true)

@@ -34,16 +34,46 @@ t.test('--version prints the package version', async (t) => {
 t.test('serve: the embedded fleet is numbered after the static workers, which stay', async (t) => {
   // nothing listens there: the router only needs the worker listed
   const staticUrl = `http://127.0.0.1:${await getFreePort()}`
-  const c = runCli(['serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-event-threads', '1', '--router-block-size', '16', '--embedded-fleet', '2', '--worker', staticUrl, '--worker', '5=http://127.0.0.1:1'])
+  const c = runCli([
+    'serve',
+    '--http-host',
+    '127.0.0.1',
+    '--http-port',
+    '0',
+    '--router-event-threads',
+    '1',
+    '--router-block-size',
+    '16',
+    '--embedded-fleet',
+    '2',
+    '--worker',
+    staticUrl,
+    '--worker',
+    '5=http://127.0.0.1:1',
+  ])
   t.teardown(() => c.p.kill('SIGKILL'))
   const m = await waitForOutput(c, /listening on (http:\/\/\S+) .*\n/)
   t.ok(m, `ready line (${c.out()}${c.err()})`)
   t.match(m?.[0], /, 4 worker\(s\), 2 embedded simulated\)/)
   const body = (await (await fetch(`${m?.[1] ?? ''}/v1/workers`)).json()) as { workers: { id: number; url: string }[] }
   const workers = body.workers.map((w) => [w.id, w.url] as const).sort((a, b) => a[0] - b[0])
-  t.same(workers.slice(0, 2), [[1, staticUrl], [5, 'http://127.0.0.1:1']], 'both static workers are there, under their ids')
-  t.same(workers.slice(2).map(([id]) => id), [6, 7], 'the embedded engines take the ids after the largest static one')
-  t.notOk(workers.slice(2).some(([, url]) => url === staticUrl || url === 'http://127.0.0.1:1'), 'engines have their own URLs')
+  t.same(
+    workers.slice(0, 2),
+    [
+      [1, staticUrl],
+      [5, 'http://127.0.0.1:1'],
+    ],
+    'both static workers are there, under their ids',
+  )
+  t.same(
+    workers.slice(2).map(([id]) => id),
+    [6, 7],
+    'the embedded engines take the ids after the largest static one',
+  )
+  t.notOk(
+    workers.slice(2).some(([, url]) => url === staticUrl || url === 'http://127.0.0.1:1'),
+    'engines have their own URLs',
+  )
 })
 
 t.test('serve: an embedded fleet with no worker ids left after --worker exits 2 with one line', async (t) => {

@@ -38,7 +38,9 @@ t.test('removed and cleared variants, dp_rank default, key order and unknown key
   t.equal(cleared.event.dp_rank, 0, 'dp_rank defaults to 0')
   const cleared2 = parseRouterEvent('{"worker_id":1,"event":{"event_id":0,"data":{"cleared":null}}}')
   t.equal(cleared2.event.data, 'cleared')
-  const era = parseRouterEvent('{"worker_id":1,"storage_tier":"host_pinned","event":{"event_id":0,"data":{"stored":{"parent_hash":null,"start_position":4,"blocks":[{"block_hash":1,"tokens_hash":2,"mm_extra_info":{"mm_objects":[{"mm_hash":42,"offsets":[[0,3]]}]}}]}}}}')
+  const era = parseRouterEvent(
+    '{"worker_id":1,"storage_tier":"host_pinned","event":{"event_id":0,"data":{"stored":{"parent_hash":null,"start_position":4,"blocks":[{"block_hash":1,"tokens_hash":2,"mm_extra_info":{"mm_objects":[{"mm_hash":42,"offsets":[[0,3]]}]}}]}}}}',
+  )
   t.equal(era.storage_tier, 'host_pinned', 'Era C storage tier is kept')
   const escaped = parseRouterEvent('{"worker\\u005fid":4,"event":{"event_id":1,"data":"cleared"}}')
   t.equal(escaped.worker_id, 4n, 'escaped keys are understood')
@@ -58,7 +60,22 @@ t.test('the event-plane envelope: payload as JSON byte values, or as an object',
 })
 
 t.test('decoded events match toDecoded() of the same object', async (t) => {
-  const ev: RouterEvent = { worker_id: 5n, event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: 77n, blocks: [{ block_hash: 1n, tokens_hash: 2n }, { block_hash: 3n, tokens_hash: 4n }] } } } }
+  const ev: RouterEvent = {
+    worker_id: 5n,
+    event: {
+      event_id: 1n,
+      dp_rank: 0,
+      data: {
+        stored: {
+          parent_hash: 77n,
+          blocks: [
+            { block_hash: 1n, tokens_hash: 2n },
+            { block_hash: 3n, tokens_hash: 4n },
+          ],
+        },
+      },
+    },
+  }
   const a = new EventDecoder().decodeString(encodeRouterEvent(ev))
   const b = toDecoded(ev)
   t.equal(a.kind, EventKind.Stored)
@@ -173,7 +190,7 @@ t.test('block hashes of every length, at every alignment, decode as the general 
   const values: bigint[] = [0n, 1n, 9n, 10n, 2n ** 32n - 1n, 2n ** 32n, 2n ** 53n - 1n, 2n ** 53n, 2n ** 53n + 1n, 10n ** 19n - 1n, 10n ** 19n, 2n ** 64n - 1n]
   for (let digits = 1; digits <= 20; digits++) {
     const lowest = digits === 1 ? 0n : 10n ** BigInt(digits - 1)
-    values.push(lowest, 10n ** BigInt(digits) - 1n <= 2n ** 64n - 1n ? 10n ** BigInt(digits) - 1n : 2n ** 64n - 1n, lowest + 123456789n % (lowest === 0n ? 1n : lowest))
+    values.push(lowest, 10n ** BigInt(digits) - 1n <= 2n ** 64n - 1n ? 10n ** BigInt(digits) - 1n : 2n ** 64n - 1n, lowest + (123456789n % (lowest === 0n ? 1n : lowest)))
   }
   const dec = new EventDecoder()
   let checked = 0
@@ -196,7 +213,8 @@ t.test('block hashes of every length, at every alignment, decode as the general 
       const inner: RouterEvent = { worker_id: BigInt(worker), event: { event_id: 1n, dp_rank: 0, data: { removed: { block_hashes: [v, 2n ** 64n - 1n - v] } } } }
       for (const text of [removed, encodeEnvelope({ publisher_id: 1n, sequence: 1n, published_at: 1n, payload: inner })]) {
         const r = dec.decodeString(text)
-        if (r.count !== 2 || r.blockLo[0] !== Number(v & 0xffffffffn) || r.blockHi[0] !== Number(v >> 32n) || r.blockHi[1] !== Number((2n ** 64n - 1n - v) >> 32n)) t.fail(`removed ${v}: ${text.slice(0, 80)}`)
+        if (r.count !== 2 || r.blockLo[0] !== Number(v & 0xffffffffn) || r.blockHi[0] !== Number(v >> 32n) || r.blockHi[1] !== Number((2n ** 64n - 1n - v) >> 32n))
+          t.fail(`removed ${v}: ${text.slice(0, 80)}`)
         else checked++
       }
     }
@@ -204,7 +222,7 @@ t.test('block hashes of every length, at every alignment, decode as the general 
   t.equal(checked, values.length * 16, 'every value, alignment and layout checked')
 })
 
-t.test('what the word-at-a-time reader refuses still gets the general parser\'s error', async (t) => {
+t.test("what the word-at-a-time reader refuses still gets the general parser's error", async (t) => {
   const stored = (h: string): string => `{"worker_id":1,"event":{"event_id":1,"data":{"stored":{"parent_hash":null,"blocks":[{"block_hash":${h},"tokens_hash":1,"mm_extra_info":null}]}}}}`
   const removed = (h: string): string => `{"worker_id":1,"event":{"event_id":1,"data":{"removed":{"block_hashes":[${h}]}}}}`
   const cases: [string, RegExp][] = [

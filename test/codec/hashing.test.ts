@@ -60,7 +60,13 @@ t.test('halves API agrees with the bigint API', async (t) => {
 })
 
 t.test('token ids outside u32 are rejected with a clear error', async (t) => {
-  const bad: [number, string][] = [[-1, 'negative'], [4294967296, '2^32'], [1.5, 'fraction'], [NaN, 'NaN'], [Infinity, 'infinity']]
+  const bad: [number, string][] = [
+    [-1, 'negative'],
+    [4294967296, '2^32'],
+    [1.5, 'fraction'],
+    [NaN, 'NaN'],
+    [Infinity, 'infinity'],
+  ]
   for (const [v, what] of bad) {
     t.throws(() => computeBlockHashes([1, 2, v, 4], 4), { code: 'KVR_ERR_TOKEN_OUT_OF_RANGE', message: /index 2/ }, what)
   }

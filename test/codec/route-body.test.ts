@@ -123,8 +123,14 @@ t.test('exact JSON helpers', async (t) => {
 
 t.test('event batches split into raw events', async (t) => {
   const one = Buffer.from('{"worker_id":1}')
-  t.same(splitEvents(one).map((b) => Buffer.from(b).toString()), ['{"worker_id":1}'])
-  t.same(splitEvents(Buffer.from(' [ {"a":"]}"} , {"b":[1,{}]} ] ')).map((b) => Buffer.from(b).toString()), ['{"a":"]}"}', '{"b":[1,{}]}'])
+  t.same(
+    splitEvents(one).map((b) => Buffer.from(b).toString()),
+    ['{"worker_id":1}'],
+  )
+  t.same(
+    splitEvents(Buffer.from(' [ {"a":"]}"} , {"b":[1,{}]} ] ')).map((b) => Buffer.from(b).toString()),
+    ['{"a":"]}"}', '{"b":[1,{}]}'],
+  )
   t.same(splitEvents(Buffer.from('[]')), [])
   t.throws(() => splitEvents(Buffer.from('["x"]')), { code: 'KVR_ERR_EVENT_WRONG_TYPE' })
 })

@@ -116,7 +116,7 @@ t.test('separators mixed within a body, valid or not, against JSON.parse', async
   }
   t.ok(valid > 100 && valid < 400, `both kinds of body were made (${valid} valid of 400)`)
   const pre = '{"token_ids":['
-  t.same(tokensOf(`${pre}${'1,'.repeat(30)}11, 12,5]}`).slice(-3), [11, 12, 5], 'the review\'s case')
+  t.same(tokensOf(`${pre}${'1,'.repeat(30)}11, 12,5]}`).slice(-3), [11, 12, 5], "the review's case")
   t.throws(() => scanner.scan(Buffer.from(`${pre}${'1,'.repeat(31)}1 2,5]}`)), /expected "," or "\]"/)
 })
 

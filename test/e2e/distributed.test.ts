@@ -24,7 +24,27 @@ t.test('serve with NATS and etcd: discovery, routing by prefix, lease expiry, NA
   t.teardown(() => etcd.stop())
 
   // the router, as its own process
-  const p = spawn(process.execPath, cliArgv(['serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-block-size', String(BS), '--tokenizer', 'bytes', '--router-event-threads', '1', '--nats-url', nats.url, '--etcd-url', etcd.url]), { env: { PATH: process.env.PATH } })
+  const p = spawn(
+    process.execPath,
+    cliArgv([
+      'serve',
+      '--http-host',
+      '127.0.0.1',
+      '--http-port',
+      '0',
+      '--router-block-size',
+      String(BS),
+      '--tokenizer',
+      'bytes',
+      '--router-event-threads',
+      '1',
+      '--nats-url',
+      nats.url,
+      '--etcd-url',
+      etcd.url,
+    ]),
+    { env: { PATH: process.env.PATH } },
+  )
   let out = ''
   let err = ''
   p.stdout.on('data', (d: Buffer) => (out += d.toString()))
@@ -74,13 +94,18 @@ t.test('serve with NATS and etcd: discovery, routing by prefix, lease expiry, NA
     t.teardown(() => f.close())
     const e = f.workers[0] as MockerWorker
     await lease.put(`${instancesPrefix('dynamo', 'backend', 'generate')}${id.toString(16)}`).value(JSON.stringify({ http_url: e.url, device_type: 'cuda' }))
-    await lease.put(`${cardsPrefix('dynamo', 'backend', 'generate')}${id.toString(16)}`).value(JSON.stringify({ kv_cache_block_size: BS, runtime_config: { total_kv_blocks: 4096, max_num_batched_tokens: 8192 } }))
+    await lease
+      .put(`${cardsPrefix('dynamo', 'backend', 'generate')}${id.toString(16)}`)
+      .value(JSON.stringify({ kv_cache_block_size: BS, runtime_config: { total_kv_blocks: 4096, max_num_batched_tokens: 8192 } }))
     engines.push(e)
     leases.push({ revoke: () => lease.revoke() })
   }
   await waitUntil('both workers discovered', async () => ((await get('/v1/workers')).body['workers'] as unknown[] | undefined)?.length === 2, 10_000)
   const listed = (await get('/v1/workers')).body['workers'] as { id: string | number; source: string; url: string }[]
-  t.same(listed.map((w) => w.source), ['etcd', 'etcd'])
+  t.same(
+    listed.map((w) => w.source),
+    ['etcd', 'etcd'],
+  )
   t.same((await get('/ready')).body['nats'], true)
   t.same((await get('/ready')).body['etcd'], true)
 
@@ -90,14 +115,48 @@ t.test('serve with NATS and etcd: discovery, routing by prefix, lease expiry, NA
   const wEnv = 2n ** 62n + 5n
   const h1 = 2n ** 64n - 3n
   const h2 = 2n ** 53n + 1n
-  pub.publish(subject, enc.encode(encodeRouterEvent({ worker_id: wRaw, event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: null, blocks: [{ block_hash: 11n, tokens_hash: h1 }, { block_hash: 12n, tokens_hash: h2 }] } } } })))
-  pub.publish(oldSubject, enc.encode(encodeEnvelope({ publisher_id: wEnv, sequence: 0n, published_at: 0n, payload: { worker_id: wEnv, event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: null, blocks: [{ block_hash: 21n, tokens_hash: h1 }] } } } } })))
+  pub.publish(
+    subject,
+    enc.encode(
+      encodeRouterEvent({
+        worker_id: wRaw,
+        event: {
+          event_id: 1n,
+          dp_rank: 0,
+          data: {
+            stored: {
+              parent_hash: null,
+              blocks: [
+                { block_hash: 11n, tokens_hash: h1 },
+                { block_hash: 12n, tokens_hash: h2 },
+              ],
+            },
+          },
+        },
+      }),
+    ),
+  )
+  pub.publish(
+    oldSubject,
+    enc.encode(
+      encodeEnvelope({
+        publisher_id: wEnv,
+        sequence: 0n,
+        published_at: 0n,
+        payload: { worker_id: wEnv, event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: null, blocks: [{ block_hash: 21n, tokens_hash: h1 }] } } } },
+      }),
+    ),
+  )
   await pub.flush()
-  const overlapOf = async (body: string): Promise<string> => (await (await fetch(base + '/v1/overlap', { method: 'POST', headers: { 'content-type': 'application/json' }, body })).text())
-  await waitUntil('both events in /v1/overlap', async () => {
-    const text = await overlapOf(`{"block_hashes":["${h1}","${h2}"]}`)
-    return text.includes(`"worker_id":${wRaw},"dp_rank":0,"overlap_blocks":2`) && text.includes(`"worker_id":${wEnv},"dp_rank":0,"overlap_blocks":1`)
-  }, 5000)
+  const overlapOf = async (body: string): Promise<string> => await (await fetch(base + '/v1/overlap', { method: 'POST', headers: { 'content-type': 'application/json' }, body })).text()
+  await waitUntil(
+    'both events in /v1/overlap',
+    async () => {
+      const text = await overlapOf(`{"block_hashes":["${h1}","${h2}"]}`)
+      return text.includes(`"worker_id":${wRaw},"dp_rank":0,"overlap_blocks":2`) && text.includes(`"worker_id":${wEnv},"dp_rank":0,"overlap_blocks":1`)
+    },
+    5000,
+  )
 
   // the same prompt twice: the second lands where the first left its blocks
   const prompt = 'The quick brown fox jumps over the lazy dog while the router keeps score of every cached block it has seen.'
@@ -111,11 +170,15 @@ t.test('serve with NATS and etcd: discovery, routing by prefix, lease expiry, NA
     return { worker: id?.[1] ?? '', cached: Number(cached?.[1] ?? -1) }
   }
   const first = await ask()
-  await waitUntil('the first request\'s blocks indexed', async () => {
-    const text = await (await fetch(base + '/v1/workers')).text()
-    const at = text.indexOf(`"id":${first.worker}`) >= 0 ? text.indexOf(`"id":${first.worker}`) : text.indexOf(`"id":"${first.worker}"`)
-    return at >= 0 && /"cached_blocks":[1-9]/.test(text.slice(at, text.indexOf('"ranks"', at) + 200))
-  }, 5000)
+  await waitUntil(
+    "the first request's blocks indexed",
+    async () => {
+      const text = await (await fetch(base + '/v1/workers')).text()
+      const at = text.indexOf(`"id":${first.worker}`) >= 0 ? text.indexOf(`"id":${first.worker}`) : text.indexOf(`"id":"${first.worker}"`)
+      return at >= 0 && /"cached_blocks":[1-9]/.test(text.slice(at, text.indexOf('"ranks"', at) + 200))
+    },
+    5000,
+  )
   t.match(await (await fetch(base + '/v1/workers')).text(), /"last_event_id":[1-9]/, 'the last event id of a worker is shown')
   const second = await ask()
   t.equal(second.worker, first.worker, 'routed to the worker that holds the prefix')

@@ -49,7 +49,11 @@ t.test('a repeated prompt goes to the worker that cached it, and hits', async (t
 t.test('streaming with usage; the engine answers 404 and 400 itself', async (t) => {
   // the usage chunk comes when stream_options asks for it, through the router, and only then
   const ask = (so: object | undefined): Promise<string> =>
-    fetch(`${base}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ messages: [{ role: 'user', content: 'hi' }], max_tokens: 2, stream: true, ...(so === undefined ? {} : { stream_options: so }) }) }).then((r) => r.text())
+    fetch(`${base}/v1/chat/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ messages: [{ role: 'user', content: 'hi' }], max_tokens: 2, stream: true, ...(so === undefined ? {} : { stream_options: so }) }),
+    }).then((r) => r.text())
   const text = await ask({ include_usage: true })
   t.match(text, '"role":"assistant"')
   t.match(text, '"usage":{"prompt_tokens"')

@@ -45,10 +45,14 @@ t.test('replay of 200 trace requests through serve + mocker over NATS and etcd',
   await waitUntil(`mocker ready (${mocker.err()})`, () => /kv-router mocker: ready \d+ engine\(s\)/.test(mocker.out()), 20_000)
   const urls = (/ready \d+ engine\(s\) ([^\n]+)/.exec(mocker.out()) as RegExpExecArray)[1]?.trim().split(/\s+/) ?? []
   t.equal(urls.length, ENGINES)
-  await waitUntil('the router discovered every engine', async () => {
-    const r = (await (await fetch(`${base}/v1/workers`)).json()) as { workers: unknown[] }
-    return r.workers.length === ENGINES
-  }, 10_000)
+  await waitUntil(
+    'the router discovered every engine',
+    async () => {
+      const r = (await (await fetch(`${base}/v1/workers`)).json()) as { workers: unknown[] }
+      return r.workers.length === ENGINES
+    },
+    10_000,
+  )
 
   const dir = mkdtempSync(join(tmpdir(), 'kvr-replay-'))
   t.teardown(() => rmSync(dir, { recursive: true, force: true }))

@@ -33,7 +33,28 @@ function start(args: string[], ready: RegExp): Promise<{ p: ChildProcessWithoutN
   })
 }
 
-const router = await start(['serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-block-size', '16', '--tokenizer', 'bytes', '--api-key', KEY, '--router-event-threads', '1', '--model-name', 'sim-model', '--shutdown-timeout-secs', '10'], /listening on (http:\/\/[^ ]+)/)
+const router = await start(
+  [
+    'serve',
+    '--http-host',
+    '127.0.0.1',
+    '--http-port',
+    '0',
+    '--router-block-size',
+    '16',
+    '--tokenizer',
+    'bytes',
+    '--api-key',
+    KEY,
+    '--router-event-threads',
+    '1',
+    '--model-name',
+    'sim-model',
+    '--shutdown-timeout-secs',
+    '10',
+  ],
+  /listening on (http:\/\/[^ ]+)/,
+)
 const base = router.match[1] as string
 const mocker = await start(['mocker', '--router-url', base, '--num-workers', '2', '--block-size', '16', '--api-key', KEY], /kv-router mocker: ready 2 engine\(s\) http:\/\/\S+ http:\/\/\S+\n/)
 t.teardown(async () => {
@@ -51,7 +72,10 @@ t.test('models', async (t) => {
 })
 
 t.test('completions: text prompt, nvext.worker_id, and a prefix-cache hit the second time', async (t) => {
-  const a = (await client.completions.create({ model: 'sim-model', prompt: PROMPT, max_tokens: 3 })) as OpenAI.Completion & { nvext: { worker_id: { decode_worker_id: number } }; usage: { prompt_tokens_details: { cached_tokens: number } } }
+  const a = (await client.completions.create({ model: 'sim-model', prompt: PROMPT, max_tokens: 3 })) as OpenAI.Completion & {
+    nvext: { worker_id: { decode_worker_id: number } }
+    usage: { prompt_tokens_details: { cached_tokens: number } }
+  }
   t.equal(a.choices[0]?.text, 'the cache is')
   t.equal(a.usage?.prompt_tokens, Buffer.byteLength(PROMPT))
   t.ok([1000, 1001].includes(a.nvext.worker_id.decode_worker_id))
@@ -73,7 +97,13 @@ t.test('completions: text prompt, nvext.worker_id, and a prefix-cache hit the se
 t.test('chat: unary and streaming', async (t) => {
   const c = await client.chat.completions.create({ model: 'sim-model', messages: [{ role: 'user', content: 'Hello there, how are you?' }], max_tokens: 2 })
   t.equal(c.choices[0]?.message.content, 'the cache')
-  const stream = await client.chat.completions.create({ model: 'sim-model', messages: [{ role: 'user', content: 'Stream to me please.' }], max_tokens: 4, stream: true, stream_options: { include_usage: true } })
+  const stream = await client.chat.completions.create({
+    model: 'sim-model',
+    messages: [{ role: 'user', content: 'Stream to me please.' }],
+    max_tokens: 4,
+    stream: true,
+    stream_options: { include_usage: true },
+  })
   let text = ''
   let n = 0
   let worker: unknown

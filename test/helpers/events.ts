@@ -17,7 +17,12 @@ export function stored(worker: bigint | number, parent: bigint | number | null, 
 
 /** A chain of blocks with tokens_hash = i and block_hash = 100·i for each i. */
 export function chain(worker: bigint | number, parentTok: number | null, toks: number[], dpRank = 0): RouterEvent {
-  return stored(worker, parentTok === null ? null : parentTok * 100, toks.map((i) => [i * 100, i]), dpRank)
+  return stored(
+    worker,
+    parentTok === null ? null : parentTok * 100,
+    toks.map((i) => [i * 100, i]),
+    dpRank,
+  )
 }
 
 export function removed(worker: bigint | number, hashes: (bigint | number)[], dpRank = 0): RouterEvent {

@@ -532,8 +532,7 @@ abstract class ManagedProcess implements ManagedServer {
       if (exited) {
         const logs = this.log.tail(30)
         throw new StartupError(
-          `${this.name} exited during startup (${describeExit(exited)}).\n` +
-            `command: ${this.bin} ${this.args().join(' ')}\n--- last output ---\n${logs}`,
+          `${this.name} exited during startup (${describeExit(exited)}).\n` + `command: ${this.bin} ${this.args().join(' ')}\n--- last output ---\n${logs}`,
           /address already in use/i.test(logs),
         )
       }

@@ -71,7 +71,10 @@ t.test('route with update_states books until released', async (t) => {
   t.equal((r.json() as { request_id: string }).request_id, 'req-1')
   const s = h.router.scheduler.stats()
   t.equal(s.bookedRequests, 1)
-  t.ok(s.slots.some((x) => x.prefillTokens === 40), 'prefill tokens booked')
+  t.ok(
+    s.slots.some((x) => x.prefillTokens === 40),
+    'prefill tokens booked',
+  )
   const dup = await post('/v1/route', { token_ids: tokens(8), update_states: true, request_id: 'req-1' })
   t.equal(dup.statusCode, 409)
   const pc = await post('/v1/route/req-1/prefill-complete', '')
@@ -88,7 +91,7 @@ t.test('route with update_states books until released', async (t) => {
   t.ok(h.router.scheduler.free(id))
 })
 
-t.test('busy thresholds: all busy gives Dynamo\'s 503 with Retry-After', async (t) => {
+t.test("busy thresholds: all busy gives Dynamo's 503 with Retry-After", async (t) => {
   const set = await post('/busy_threshold', { active_prefill_tokens_threshold: 0 })
   t.equal((set.json() as { thresholds: { active_prefill_tokens_threshold: number }[] }).thresholds[0]?.active_prefill_tokens_threshold, 0)
   const ids = []
@@ -136,7 +139,8 @@ t.test('metrics, models, health, ready', async (t) => {
     'kvrouter_http_events_received_total 1',
     'nodejs_gc_duration_seconds_bucket{le="0.005",kind="minor"}',
     'nodejs_gc_duration_seconds_count{kind="major"}',
-  ]) t.match(m.body, name, name)
+  ])
+    t.match(m.body, name, name)
   t.match(m.body, /dynamo_component_router_requests_total\{[^}]*\} [1-9]/, 'decisions counted')
   const models = await h.app.fastify.inject({ method: 'GET', url: '/v1/models' })
   t.equal((models.json() as { data: { id: string }[] }).data[0]?.id, 'kv-router-model')
@@ -146,7 +150,7 @@ t.test('metrics, models, health, ready', async (t) => {
   t.equal((ready.json() as { ready: boolean }).ready, true)
 })
 
-t.test('metrics: the main thread\'s GC pauses are counted by kind', async (t) => {
+t.test("metrics: the main thread's GC pauses are counted by kind", async (t) => {
   const count = async (kind: string): Promise<number> => {
     const body = (await h.app.fastify.inject({ method: 'GET', url: '/metrics' })).body
     const m = body.match(new RegExp(`^nodejs_gc_duration_seconds_count\\{kind="${kind}"\\} (\\d+)$`, 'm'))
@@ -195,7 +199,10 @@ t.test('metrics: event-loop delay since the last scrape, process CPU and memory'
   // 20 samples or so: their median is the idle loop's, even on a busy machine
   await new Promise((r) => setTimeout(r, 200))
   const after = await scrape()
-  t.ok(after('kvrouter_eventloop_delay_max_seconds') < blocked('kvrouter_eventloop_delay_max_seconds'), `a new interval began at the last scrape (max ${after('kvrouter_eventloop_delay_max_seconds')} s)`)
+  t.ok(
+    after('kvrouter_eventloop_delay_max_seconds') < blocked('kvrouter_eventloop_delay_max_seconds'),
+    `a new interval began at the last scrape (max ${after('kvrouter_eventloop_delay_max_seconds')} s)`,
+  )
   t.ok(after('kvrouter_eventloop_delay_p50_seconds') < 0.008, `the sampling period is not counted as delay (p50 ${after('kvrouter_eventloop_delay_p50_seconds')} s)`)
   t.ok(after('process_resident_memory_bytes') > 10 * 1024 * 1024, 'resident memory')
   t.ok(after('nodejs_heap_size_used_bytes') > 0 && after('nodejs_heap_size_used_bytes') <= after('nodejs_heap_size_total_bytes'), 'heap used within heap reserved')
@@ -247,7 +254,9 @@ t.test('kv dump: the index as Stored events, whole or for one worker, u64 exact'
   const blocks = [0, 1, 2].map((i) => ({ block_hash: seq[i] as bigint, tokens_hash: local[i] as bigint }))
   const other = 77n
   await post('/v1/workers', { id: String(other), url: 'http://127.0.0.1:12' })
-  const evs = [BIG, other].map((w) => encodeRouterEvent({ worker_id: w, event: { event_id: 9n, dp_rank: 0, data: { stored: { parent_hash: null, blocks: w === BIG ? blocks : blocks.slice(0, 1) } } } }))
+  const evs = [BIG, other].map((w) =>
+    encodeRouterEvent({ worker_id: w, event: { event_id: 9n, dp_rank: 0, data: { stored: { parent_hash: null, blocks: w === BIG ? blocks : blocks.slice(0, 1) } } } }),
+  )
   t.equal((await post('/v1/kv-events', `[${evs.join(',')}]`)).statusCode, 202)
   await h.router.pool.flush()
   const all = await h.app.fastify.inject({ method: 'GET', url: '/v1/kv/dump' })
@@ -256,8 +265,11 @@ t.test('kv dump: the index as Stored events, whole or for one worker, u64 exact'
   const mine = await h.app.fastify.inject({ method: 'GET', url: `/v1/kv/dump?worker_id=${other}` })
   const parsed = JSON.parse(mine.body) as { events: { worker_id: number }[] }
   t.ok(parsed.events.length >= 1)
-  t.ok(parsed.events.every((e) => e.worker_id === Number(other)), 'only the asked worker')
-  t.notMatch(mine.body, `"block_hash":${seq[2]}`, 'the other worker\'s deeper blocks are not in it')
+  t.ok(
+    parsed.events.every((e) => e.worker_id === Number(other)),
+    'only the asked worker',
+  )
+  t.notMatch(mine.body, `"block_hash":${seq[2]}`, "the other worker's deeper blocks are not in it")
   const bad = await h.app.fastify.inject({ method: 'GET', url: '/v1/kv/dump?worker_id=-3' })
   t.equal(bad.statusCode, 400)
   t.match(bad.body, 'KVR_ERR_')
@@ -296,7 +308,8 @@ t.test('workers known only from KV events: listed, removable, and giving way to 
   const own = await harness(['--router-block-size', '4'])
   t.teardown(() => own.close())
   const send = (body: string) => own.app.fastify.inject({ method: 'POST', url: '/v1/kv-events', payload: body, headers: json })
-  const stored = (w: bigint, rank = 0) => encodeRouterEvent({ worker_id: w, event: { event_id: 1n, dp_rank: rank, data: { stored: { parent_hash: null, blocks: [{ block_hash: 4242n + w, tokens_hash: 4242n + w }] } } } })
+  const stored = (w: bigint, rank = 0) =>
+    encodeRouterEvent({ worker_id: w, event: { event_id: 1n, dp_rank: rank, data: { stored: { parent_hash: null, blocks: [{ block_hash: 4242n + w, tokens_hash: 4242n + w }] } } } })
   await own.app.fastify.inject({ method: 'POST', url: '/v1/workers', payload: JSON.stringify({ id: 1, url: 'http://127.0.0.1:9' }), headers: json })
   t.equal((await send(`[${stored(424242n)},${stored(1n, 7)}]`)).statusCode, 202)
   await own.router.pool.flush()
@@ -308,7 +321,7 @@ t.test('workers known only from KV events: listed, removable, and giving way to 
       [1, 7, 1],
       [424242, 0, 1],
     ],
-    'an unregistered worker and a rank beyond a worker\'s dp_size',
+    "an unregistered worker and a rank beyond a worker's dp_size",
   )
   const del = await own.app.fastify.inject({ method: 'DELETE', url: '/v1/workers/424242' })
   t.equal(del.statusCode, 200, 'an id known only from events can be dropped')
@@ -319,7 +332,23 @@ t.test('workers known only from KV events: listed, removable, and giving way to 
 
   // fill the shard's worker-rank table with event-only workers, all of two blocks but one
   const max = own.router.pool.maxWorkerRanksPerShard
-  const two = (w: bigint): string => encodeRouterEvent({ worker_id: w, event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: null, blocks: [{ block_hash: 1n, tokens_hash: 1n }, { block_hash: 2n, tokens_hash: 2n }] } } } })
+  const two = (w: bigint): string =>
+    encodeRouterEvent({
+      worker_id: w,
+      event: {
+        event_id: 1n,
+        dp_rank: 0,
+        data: {
+          stored: {
+            parent_hash: null,
+            blocks: [
+              { block_hash: 1n, tokens_hash: 1n },
+              { block_hash: 2n, tokens_hash: 2n },
+            ],
+          },
+        },
+      },
+    })
   const ghosts: string[] = []
   for (let i = 0; i < max - 2; i++) ghosts.push(i === 123 ? stored(5_000_000n + BigInt(i)) : two(5_000_000n + BigInt(i)))
   t.equal((await send(`[${ghosts.join(',')}]`)).statusCode, 202)
@@ -353,7 +382,7 @@ t.test('a table full of registered worker-ranks refuses a registration, and leav
   t.equal((await reg(778, 1)).statusCode, 201, 'the last slot takes a worker of one rank')
 })
 
-t.test('request ids: a client cannot book in the router\'s own id space (found by review)', async (t) => {
+t.test("request ids: a client cannot book in the router's own id space (found by review)", async (t) => {
   const auto = await post('/v1/route', { token_ids: tokens(8), update_states: true })
   const id = (auto.json() as { request_id: string }).request_id
   t.ok(id.startsWith(h.router.requestIds.prefix))
@@ -363,7 +392,7 @@ t.test('request ids: a client cannot book in the router\'s own id space (found b
   t.match(taken.json(), { error: { code: 'KVR_ERR_INVALID_REQUEST', message: /router's own id space/ } })
   t.equal(h.router.scheduler.stats().bookedRequests, 1, 'nothing booked under it')
   const mine = await post('/v1/route', { token_ids: tokens(8), update_states: true, request_id: 'client-' + id })
-  t.equal(mine.statusCode, 200, 'an id of the client\'s own is booked')
+  t.equal(mine.statusCode, 200, "an id of the client's own is booked")
   t.ok(h.router.scheduler.free(id))
   t.ok(h.router.scheduler.free('client-' + id))
   // the proxy's own bookings cannot be released or marked through the /v1/route routes
@@ -371,7 +400,10 @@ t.test('request ids: a client cannot book in the router\'s own id space (found b
   t.ok(h.router.requestIds.isProxied(proxied))
   t.notOk(h.router.requestIds.isProxied(h.router.requestIds.create()))
   await h.router.route({ tokens: tokens(8), id: proxied, updateStates: true })
-  for (const [method, url] of [['DELETE', `/v1/route/${proxied}`], ['POST', `/v1/route/${proxied}/prefill-complete`]] as const) {
+  for (const [method, url] of [
+    ['DELETE', `/v1/route/${proxied}`],
+    ['POST', `/v1/route/${proxied}/prefill-complete`],
+  ] as const) {
     const r = await h.app.fastify.inject({ method, url, headers: json, payload: method === 'POST' ? '' : undefined })
     t.equal(r.statusCode, 404, `${method} ${url}`)
     t.match(r.json(), { error: { code: 'KVR_ERR_UNKNOWN_REQUEST', message: /the router is proxying/ } })

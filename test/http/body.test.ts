@@ -73,6 +73,6 @@ t.test('a stream that fails (the client went away) is a cancelled request, repor
   const boom = Object.assign(new Error('aborted'), { code: 'ECONNRESET' })
   const r = await read([Buffer.alloc(10)], { fail: boom })
   t.match(r.err, { code: 'KVR_ERR_REQUEST_CANCELLED', statusCode: 499, message: /went away.*aborted/ })
-  t.equal((r.err as Error & { cause?: unknown }).cause, boom, 'the stream\'s error is kept as the cause')
+  t.equal((r.err as Error & { cause?: unknown }).cause, boom, "the stream's error is kept as the cause")
   t.equal(r.calls, 1)
 })

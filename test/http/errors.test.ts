@@ -225,8 +225,21 @@ t.test('events: a bad event refuses the whole batch', async (t) => {
 })
 
 t.test('chat content parts: text parts with their text and parts of other types pass the schema', async (t) => {
-  const content = [{ type: 'text', text: 'look' }, { type: 'image_url', image_url: { url: 'data:image/png;base64,AA==' } }]
-  const r = await call('POST', '/v1/chat/completions', JSON.stringify({ messages: [{ role: 'user', content }, { role: 'assistant', content: null }], nvext: { token_data: tokens(8) } }))
+  const content = [
+    { type: 'text', text: 'look' },
+    { type: 'image_url', image_url: { url: 'data:image/png;base64,AA==' } },
+  ]
+  const r = await call(
+    'POST',
+    '/v1/chat/completions',
+    JSON.stringify({
+      messages: [
+        { role: 'user', content },
+        { role: 'assistant', content: null },
+      ],
+      nvext: { token_data: tokens(8) },
+    }),
+  )
   t.not(r.status, 400, `not refused as invalid (${r.status} ${r.body.error?.code ?? ''})`)
 })
 
@@ -253,7 +266,8 @@ t.test('events: refused batches are counted, and a full backlog refuses with 503
   t.equal(await refused(), n0 + 3)
   t.equal((await call('POST', '/v1/kv-events', `[${ok}]`)).status, 202, 'taken again once the backlog has room')
   // messages the pool refuses before any shard sees them count as malformed events
-  const malformed = async (): Promise<number> => Number(/^dynamo_component_kv_cache_events_applied\{event_type="unknown",status="malformed"\} (\d+)$/m.exec(await h.router.metrics.registry.metrics())?.[1])
+  const malformed = async (): Promise<number> =>
+    Number(/^dynamo_component_kv_cache_events_applied\{event_type="unknown",status="malformed"\} (\d+)$/m.exec(await h.router.metrics.registry.metrics())?.[1])
   const m0 = await malformed()
   h.router.pool.push(new Uint8Array(0))
   t.equal(await malformed(), m0 + 1)

@@ -20,8 +20,7 @@ t.teardown(() => h.close())
 const fleet = (handlers: Handler[]) => workerFleet(h, handlers)
 const booked = (): number => h.router.scheduler.stats().bookedRequests
 
-const post = (body: unknown, signal?: AbortSignal) =>
-  fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal })
+const post = (body: unknown, signal?: AbortSignal) => fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal })
 
 const metric = (name: string, labels: Record<string, string> = {}) => metricSum(h, name, labels)
 const requests = (status: number) => metric('dynamo_frontend_requests_total', { endpoint: '/v1/completions', status: String(status) })
@@ -113,7 +112,10 @@ t.test('an event split over reads mid-stream arrives whole and in order; a read 
   t.teardown(() => f.close())
   const r = await post({ prompt: tokens(12), stream: true })
   const evs = events(t, await r.text())
-  t.same(evs.map((e) => (e === '[DONE]' ? e : text(e))), ['one', 'twö ✓', 'three', '[DONE]'])
+  t.same(
+    evs.map((e) => (e === '[DONE]' ? e : text(e))),
+    ['one', 'twö ✓', 'three', '[DONE]'],
+  )
   t.equal(booked(), 0)
 })
 
@@ -137,7 +139,10 @@ t.test('a worker that ends its body cleanly inside an event: what it sent is rel
   const ok = await requests(200)
   const r = await post({ prompt: tokens(12), stream: true })
   const body = await r.text()
-  t.ok(body.endsWith('"text":"one","finish_reason":null}],"nvext":{"worker_id":{"prefill_worker_id":100,"prefill_dp_rank":0,"decode_worker_id":100,"decode_dp_rank":0}}}\n\ndata: [DONE]\n'), 'every byte, in order')
+  t.ok(
+    body.endsWith('"text":"one","finish_reason":null}],"nvext":{"worker_id":{"prefill_worker_id":100,"prefill_dp_rank":0,"decode_worker_id":100,"decode_dp_rank":0}}}\n\ndata: [DONE]\n'),
+    'every byte, in order',
+  )
   await until(() => h.app.proxy.inFlight === 0)
   t.equal((await requests(200)) - ok, 1)
   t.equal(booked(), 0)
@@ -160,7 +165,11 @@ t.test('a worker that dies inside its first event delivered no token: retried on
   const r = await post({ prompt: tokens(12), stream: true })
   t.equal(r.status, 200)
   const evs = events(t, await r.text())
-  t.same(evs.map((e) => (e === '[DONE]' ? e : text(e))), ['hello', '[DONE]'], 'only the retry\'s events')
+  t.same(
+    evs.map((e) => (e === '[DONE]' ? e : text(e))),
+    ['hello', '[DONE]'],
+    "only the retry's events",
+  )
   t.equal(asked, 2)
   t.equal((await metric('kvrouter_proxy_retries_total')) - retries, 1, 'one retry')
   t.equal((await metric('kvrouter_proxy_upstream_errors_total', { phase: 'before_first_token' })) - before, 1)

@@ -85,7 +85,12 @@ t.test('a client that leaves while the connection to its worker is still being m
   })
   const released = hc.app.proxy.releasedTotal
   const ac = new AbortController()
-  const p = fetch(`http://127.0.0.1:${port}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(8), stream: true }), signal: ac.signal }).catch((e: unknown) => e)
+  const p = fetch(`http://127.0.0.1:${port}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt: tokens(8), stream: true }),
+    signal: ac.signal,
+  }).catch((e: unknown) => e)
   await until(() => held.length === 1)
   t.equal(booked(hc), 1, 'booked while the connect is pending')
   ac.abort()
@@ -109,7 +114,12 @@ t.test('a client that leaves while queued: removed from the queue, 499 counted, 
     },
   ])
   await h.router.addWorker({ id: 100n, url: f.servers[0]?.url as string, maxNumBatchedTokens: 1 })
-  const hold = await h.app.fastify.inject({ method: 'POST', url: '/v1/route', headers: { 'content-type': 'application/json' }, payload: JSON.stringify({ token_ids: tokens(64, 7000), update_states: true, request_id: 'review-big' }) })
+  const hold = await h.app.fastify.inject({
+    method: 'POST',
+    url: '/v1/route',
+    headers: { 'content-type': 'application/json' },
+    payload: JSON.stringify({ token_ids: tokens(64, 7000), update_states: true, request_id: 'review-big' }),
+  })
   t.equal(hold.statusCode, 200)
   const cancelled = await requests(499)
   const released = h.app.proxy.releasedTotal
@@ -185,7 +195,12 @@ t.test('every worker busy: 503 with Retry-After through the proxy, rejection cou
       res.end('{"choices":[]}')
     },
   ])
-  const hold = await h.app.fastify.inject({ method: 'POST', url: '/v1/route', headers: { 'content-type': 'application/json' }, payload: JSON.stringify({ token_ids: tokens(64, 5000), worker_id: 100, update_states: true, request_id: 'review-busy' }) })
+  const hold = await h.app.fastify.inject({
+    method: 'POST',
+    url: '/v1/route',
+    headers: { 'content-type': 'application/json' },
+    payload: JSON.stringify({ token_ids: tokens(64, 5000), worker_id: 100, update_states: true, request_id: 'review-busy' }),
+  })
   t.equal(hold.statusCode, 200)
   await h.app.fastify.inject({ method: 'POST', url: '/busy_threshold', headers: { 'content-type': 'application/json' }, payload: JSON.stringify({ active_prefill_tokens_threshold: 0 }) })
   t.teardown(async () => {
@@ -490,7 +505,11 @@ t.test('a keep-alive connection: a stream whose [DONE] went out with the end of 
       body = body.slice(eol + 4 + size)
     }
     const text = data.join('')
-    t.match(text, new RegExp(`^data: \\{[^\\n]*"text":"one-${i}"[^\\n]*"worker_id"[^\\n]*\\}\\n\\ndata: \\{[^\\n]*"text":"two-${i}"[^\\n]*\\}\\n\\ndata: \\[DONE\\]\\n\\n$`), `response ${i}: every event once, in order`)
+    t.match(
+      text,
+      new RegExp(`^data: \\{[^\\n]*"text":"one-${i}"[^\\n]*"worker_id"[^\\n]*\\}\\n\\ndata: \\{[^\\n]*"text":"two-${i}"[^\\n]*\\}\\n\\ndata: \\[DONE\\]\\n\\n$`),
+      `response ${i}: every event once, in order`,
+    )
   }
   t.equal(h.app.proxy.releasedTotal, released + 2)
   t.equal(booked(), 0)

@@ -18,7 +18,6 @@ await h.app.fastify.listen({ host: '127.0.0.1', port: 0 })
 const base = `http://127.0.0.1:${(h.app.fastify.server.address() as AddressInfo).port}`
 t.teardown(() => h.close())
 
-
 const fleet = (handlers: Handler[], hh: Harness = h) => workerFleet(hh, handlers)
 
 function booked(): number {
@@ -29,7 +28,14 @@ t.test('non-streaming: nvext.worker_id with the exact u64 id, booking released',
   const s = await upstream((_req, body, res) => {
     const b = JSON.parse(body) as { prompt: number[] }
     res.writeHead(200, { 'content-type': 'application/json' })
-    res.end(JSON.stringify({ id: 'x', object: 'text_completion', choices: [{ index: 0, text: `got ${b.prompt.length}`, finish_reason: 'stop' }], usage: { prompt_tokens: 8, completion_tokens: 2, total_tokens: 10 } }))
+    res.end(
+      JSON.stringify({
+        id: 'x',
+        object: 'text_completion',
+        choices: [{ index: 0, text: `got ${b.prompt.length}`, finish_reason: 'stop' }],
+        usage: { prompt_tokens: 8, completion_tokens: 2, total_tokens: 10 },
+      }),
+    )
   })
   await h.router.addWorker({ id: BIG, url: s.url })
   const released = h.app.proxy.releasedTotal
@@ -45,7 +51,7 @@ t.test('non-streaming: nvext.worker_id with the exact u64 id, booking released',
   await s.close()
 })
 
-t.test('the client\'s body reaches the worker byte for byte; a body that is not UTF-8 is refused', async (t) => {
+t.test("the client's body reaches the worker byte for byte; a body that is not UTF-8 is refused", async (t) => {
   let got: Buffer | null = null
   let calls = 0
   const f = await fleet([
@@ -117,7 +123,12 @@ t.test('upstream 500 before the first token is retried on the next best worker',
     },
   ])
   // make worker 101 the second choice: it already carries a booked request
-  const hold = await h.app.fastify.inject({ method: 'POST', url: '/v1/route', headers: { 'content-type': 'application/json' }, payload: JSON.stringify({ token_ids: tokens(64, 9000), worker_id: 101, update_states: true, request_id: 'hold' }) })
+  const hold = await h.app.fastify.inject({
+    method: 'POST',
+    url: '/v1/route',
+    headers: { 'content-type': 'application/json' },
+    payload: JSON.stringify({ token_ids: tokens(64, 9000), worker_id: 101, update_states: true, request_id: 'hold' }),
+  })
   t.equal(hold.statusCode, 200)
   const released = h.app.proxy.releasedTotal
   const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(12), stream: true }) })
@@ -195,14 +206,25 @@ t.test('nvext priority and router_config_override reach the routing decision, co
       res.end(JSON.stringify({ id: 'x', object: 'text_completion', choices: [{ index: 0, text: 'ok', finish_reason: 'stop' }] }))
     },
   ])
-  const nvext = { agent_hints: { priority: -7 }, router_config_override: { overlap_score_weight: 2.5, overlap_score_credit: 3, router_temperature: 0.25, assume_kv_reuse: false, track_prefill_tokens: true } }
+  const nvext = {
+    agent_hints: { priority: -7 },
+    router_config_override: { overlap_score_weight: 2.5, overlap_score_credit: 3, router_temperature: 0.25, assume_kv_reuse: false, track_prefill_tokens: true },
+  }
   const want = { priority: -7, overrides: { overlapScoreWeight: 2.5, overlapScoreCredit: 3, temperature: 0.25, assumeKvReuse: false, trackPrefillTokens: true } }
   const a = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(12), nvext }) })
   t.equal(a.status, 200)
-  const b = await fetch(`${base}/v1/chat/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ messages: [{ role: 'user', content: [1, 2, 3].join(' ') }], nvext: { ...nvext, token_data: tokens(12) } }) })
+  const b = await fetch(`${base}/v1/chat/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ messages: [{ role: 'user', content: [1, 2, 3].join(' ') }], nvext: { ...nvext, token_data: tokens(12) } }),
+  })
   t.equal(b.status, 200)
   t.same(seen, [want, want])
-  const bad = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(12), nvext: { router_config_override: { router_temperature: -1 } } }) })
+  const bad = await fetch(`${base}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt: tokens(12), nvext: { router_config_override: { router_temperature: -1 } } }),
+  })
   t.equal(bad.status, 400, 'a negative override is refused')
   await f.close()
 })
@@ -288,10 +310,17 @@ t.test('a client that leaves while its request waits in the queue is removed fro
   ])
   // queue threshold 4 × max_num_batched_tokens: make the worker queue-busy with a big booking
   await h.router.addWorker({ id: 100n, url: f.servers[0]?.url as string, maxNumBatchedTokens: 1 })
-  const hold = await h.app.fastify.inject({ method: 'POST', url: '/v1/route', headers: { 'content-type': 'application/json' }, payload: JSON.stringify({ token_ids: tokens(64, 7000), update_states: true, request_id: 'big' }) })
+  const hold = await h.app.fastify.inject({
+    method: 'POST',
+    url: '/v1/route',
+    headers: { 'content-type': 'application/json' },
+    payload: JSON.stringify({ token_ids: tokens(64, 7000), update_states: true, request_id: 'big' }),
+  })
   t.equal(hold.statusCode, 200)
   const ac = new AbortController()
-  const p = fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(12) }), signal: ac.signal }).catch((e: unknown) => e)
+  const p = fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(12) }), signal: ac.signal }).catch(
+    (e: unknown) => e,
+  )
   await until(() => h.router.scheduler.stats().queueDepth === 1)
   ac.abort()
   await p
@@ -387,7 +416,7 @@ t.test('seeded chaos: streams that finish, fail, die, answer whole or are abando
   const released = h.app.proxy.releasedTotal
   const decisions = h.router.scheduler.stats().decisionsTotal
   let seed = 12345
-  const rnd = (): number => ((seed = (seed * 1103515245 + 12345) >>> 0) / 2 ** 32)
+  const rnd = (): number => (seed = (seed * 1103515245 + 12345) >>> 0) / 2 ** 32
   const modes = ['ok', 'ok', 'fail', 'die', 'whole']
   const runs: Promise<string>[] = []
   for (let i = 0; i < 60; i++) {
@@ -398,7 +427,12 @@ t.test('seeded chaos: streams that finish, fail, die, answer whole or are abando
         const ac = new AbortController()
         if (abandonAfter >= 0) setTimeout(() => ac.abort(), abandonAfter)
         try {
-          const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(8, 100 * i), stream: mode !== 'whole', user: mode }), signal: ac.signal })
+          const r = await fetch(`${base}/v1/completions`, {
+            method: 'POST',
+            headers: { 'content-type': 'application/json' },
+            body: JSON.stringify({ prompt: tokens(8, 100 * i), stream: mode !== 'whole', user: mode }),
+            signal: ac.signal,
+          })
           const text = await r.text()
           if (mode === 'ok') {
             t.equal(r.status, 200)
@@ -548,7 +582,10 @@ t.test('shutdown returns by its deadline whatever connections are open: unused, 
   t.type((await h4.app.shutdown(300)).drained, 'boolean')
   t.ok(Date.now() - t0 < 2500, `shutdown returned ${Date.now() - t0} ms after it began (deadline 300 ms)`)
   await closedAll
-  t.ok(sockets.every((c) => c.destroyed), 'every connection was closed')
+  t.ok(
+    sockets.every((c) => c.destroyed),
+    'every connection was closed',
+  )
   await h4.router.close()
 })
 
@@ -718,7 +755,12 @@ t.test('a retry that finds every other worker busy answers the upstream failure,
     },
   ])
   // worker 101 carries a request in prefill, so a threshold of 0 makes it busy; 100 is idle
-  const hold = await h.app.fastify.inject({ method: 'POST', url: '/v1/route', headers: { 'content-type': 'application/json' }, payload: JSON.stringify({ token_ids: tokens(64, 7000), worker_id: 101, update_states: true, request_id: 'hold-busy' }) })
+  const hold = await h.app.fastify.inject({
+    method: 'POST',
+    url: '/v1/route',
+    headers: { 'content-type': 'application/json' },
+    payload: JSON.stringify({ token_ids: tokens(64, 7000), worker_id: 101, update_states: true, request_id: 'hold-busy' }),
+  })
   t.equal(hold.statusCode, 200)
   const set = await h.app.fastify.inject({ method: 'POST', url: '/busy_threshold', headers: { 'content-type': 'application/json' }, payload: JSON.stringify({ active_prefill_tokens_threshold: 0 }) })
   t.equal(set.statusCode, 200)

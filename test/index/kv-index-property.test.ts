@@ -55,7 +55,13 @@ function replay(events: RouterEvent[]): KvIndex {
   return ix
 }
 
-for (const [seed, maxBlocks] of [[1, undefined], [2, undefined], [3, undefined], [4, 30], [5, 12]] as const) {
+for (const [seed, maxBlocks] of [
+  [1, undefined],
+  [2, undefined],
+  [3, undefined],
+  [4, 30],
+  [5, 12],
+] as const) {
   t.test(`seed ${seed}${maxBlocks ? `, cap ${maxBlocks}` : ''}: index ≡ model over 3000 random events`, async (t) => {
     const rng = new Rng(seed)
     const stream = new Stream(rng)
@@ -102,7 +108,14 @@ for (const [seed, maxBlocks] of [[1, undefined], [2, undefined], [3, undefined],
 
 t.test('dump of an ordinary tree is one single-block stored event per (node, worker), parents first', async (t) => {
   const ix = new KvIndex()
-  ix.apply(toDecoded(stored(1, null, [[100, 1], [200, 2]])))
+  ix.apply(
+    toDecoded(
+      stored(1, null, [
+        [100, 1],
+        [200, 2],
+      ]),
+    ),
+  )
   ix.apply(toDecoded(stored(2, null, [[100, 1]])))
   const events = ix.dump()
   t.equal(events.length, 3)
@@ -110,11 +123,24 @@ t.test('dump of an ordinary tree is one single-block stored event per (node, wor
     const d = e.event.data
     t.ok(typeof d === 'object' && 'stored' in d && d.stored.blocks.length === 1)
   }
-  t.same(events.map((e) => e.event.event_id), [0n, 1n, 2n], 'running event ids from 0')
+  t.same(
+    events.map((e) => e.event.event_id),
+    [0n, 1n, 2n],
+    'running event ids from 0',
+  )
   const last = events[2]?.event.data as { stored: { parent_hash: bigint | null } }
   t.equal(last.stored.parent_hash, 100n)
   const copy = replay(events)
   const order = (xs: { worker_id: bigint }[]): bigint[] => xs.map((x) => x.worker_id).sort()
   t.same(order(copy.overlapScores([1n, 2n])), order(ix.overlapScores([1n, 2n])))
-  t.same(copy.overlapScores([1n, 2n]).map((x) => x.overlap_blocks).sort(), ix.overlapScores([1n, 2n]).map((x) => x.overlap_blocks).sort())
+  t.same(
+    copy
+      .overlapScores([1n, 2n])
+      .map((x) => x.overlap_blocks)
+      .sort(),
+    ix
+      .overlapScores([1n, 2n])
+      .map((x) => x.overlap_blocks)
+      .sort(),
+  )
 })

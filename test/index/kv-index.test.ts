@@ -108,7 +108,16 @@ t.test('self-reference aborts with invalid_block; earlier blocks of the event st
   const ix = new KvIndex()
   apply(ix, chain(1, null, [1]))
   // block 100 under parent 100: a block equal to its own parent
-  t.equal(apply(ix, stored(1, 100, [[700, 7], [100, 8]])), 1 + RejectReason.InvalidBlock)
+  t.equal(
+    apply(
+      ix,
+      stored(1, 100, [
+        [700, 7],
+        [100, 8],
+      ]),
+    ),
+    1 + RejectReason.InvalidBlock,
+  )
   t.equal(ix.rejectedByReason[RejectReason.InvalidBlock], 1)
   t.same(scores(ix, [1, 7]), { '1:0': 2 }, 'the first block of the event was applied')
   t.same(scores(ix, [1, 7, 8]), { '1:0': 2 })
@@ -164,12 +173,22 @@ t.test('u64 worker ids and hashes above 2^53 round-trip exactly', async (t) => {
   const ix = new KvIndex()
   const wid = 2n ** 63n + 12345n
   const big = 2n ** 64n - 1n
-  apply(ix, stored(wid, null, [[big, big - 1n], [big - 2n, 2n ** 53n + 1n]]))
+  apply(
+    ix,
+    stored(wid, null, [
+      [big, big - 1n],
+      [big - 2n, 2n ** 53n + 1n],
+    ]),
+  )
   const s = ix.overlapScores([big - 1n, 2n ** 53n + 1n])
   t.equal(s.length, 1)
   t.equal(s[0]?.worker_id, wid)
   t.equal(s[0]?.overlap_blocks, 2)
-  t.same(ix.overlapScores([big - 1n, 2n ** 53n]).map((x) => x.overlap_blocks), [1], 'neighbouring value does not match')
+  t.same(
+    ix.overlapScores([big - 1n, 2n ** 53n]).map((x) => x.overlap_blocks),
+    [1],
+    'neighbouring value does not match',
+  )
 })
 
 t.test('a worker reaching one node through two hashes stays until both are removed', async (t) => {
@@ -241,8 +260,28 @@ t.test('a new chain goes into slots side by side, even when the free ones were f
   const index = new KvIndex()
   // two chains of 24 blocks on two workers, then both evicted block by block, interleaved, so
   // the most recently freed slots alternate between the two regions
-  t.equal(apply(index, chain(1, null, Array.from({ length: 24 }, (_, i) => i + 1))), 0)
-  t.equal(apply(index, chain(2, null, Array.from({ length: 24 }, (_, i) => i + 101))), 0)
+  t.equal(
+    apply(
+      index,
+      chain(
+        1,
+        null,
+        Array.from({ length: 24 }, (_, i) => i + 1),
+      ),
+    ),
+    0,
+  )
+  t.equal(
+    apply(
+      index,
+      chain(
+        2,
+        null,
+        Array.from({ length: 24 }, (_, i) => i + 101),
+      ),
+    ),
+    0,
+  )
   const bytesBefore = index.bytes
   for (let i = 24; i >= 1; i--) {
     t.equal(apply(index, removed(1, [i * 100])), 0)
@@ -250,24 +289,56 @@ t.test('a new chain goes into slots side by side, even when the free ones were f
   }
   t.equal(index.liveEntries, 0)
   // a new 24-block chain: each node next to its parent
-  t.equal(apply(index, chain(3, null, Array.from({ length: 24 }, (_, i) => i + 201))), 0)
+  t.equal(
+    apply(
+      index,
+      chain(
+        3,
+        null,
+        Array.from({ length: 24 }, (_, i) => i + 201),
+      ),
+    ),
+    0,
+  )
   const w = index.workerSlot(3, 0, 0)
   const slots = Array.from({ length: 24 }, (_, i) => index.nodeSlotOf(w, (i + 201) * 100, 0))
   t.notOk(slots.includes(-1), 'every block is held')
   const steps = slots.slice(1).map((s, i) => s - (slots[i] as number))
   t.ok(steps.every((d) => d === 1) || steps.every((d) => d === -1), `one slot apart, one way: ${steps.join(',')}`)
   t.equal(index.bytes, bytesBefore, 'freed slots reused: nothing grew')
-  t.same(scores(index, Array.from({ length: 24 }, (_, i) => i + 201)), { '3:0': 24 })
+  t.same(
+    scores(
+      index,
+      Array.from({ length: 24 }, (_, i) => i + 201),
+    ),
+    { '3:0': 24 },
+  )
   t.same(scores(index, [1, 2, 3]), {}, 'the evicted chains are gone')
   // the free list is still whole: a chain as long as every free slot takes them all, no growth
-  t.equal(apply(index, chain(4, null, Array.from({ length: 24 }, (_, i) => i + 301))), 0)
+  t.equal(
+    apply(
+      index,
+      chain(
+        4,
+        null,
+        Array.from({ length: 24 }, (_, i) => i + 301),
+      ),
+    ),
+    0,
+  )
   t.equal(index.bytes, bytesBefore)
   t.same(sizes(index), { '1:0': 0, '2:0': 0, '3:0': 24, '4:0': 24 })
 })
 
 t.test('a first block whose tokens_hash is 0 is a block like any other, not the root (found by an input review)', async (t) => {
   const ix = new KvIndex()
-  apply(ix, stored(1, null, [[100, 7], [101, 8]]))
+  apply(
+    ix,
+    stored(1, null, [
+      [100, 7],
+      [101, 8],
+    ]),
+  )
   t.equal(apply(ix, stored(2, null, [[10, 0]])), 0)
   t.same(scores(ix, [0, 7, 8]), { '2:0': 1 }, 'worker 1 holds no block 0')
   t.same(scores(ix, [7, 8]), { '1:0': 2 })
@@ -279,6 +350,12 @@ t.test('a first block whose tokens_hash is 0 is a block like any other, not the 
   t.same(sizes(ix), { '1:0': 2, '2:0': 0 })
   t.equal(ix.liveNodes, 3, 'the root is still there')
   // and a zero under a zero, and the root's hint never set by a first block
-  apply(ix, stored(3, null, [[20, 0], [21, 0]]))
+  apply(
+    ix,
+    stored(3, null, [
+      [20, 0],
+      [21, 0],
+    ]),
+  )
   t.same(scores(ix, [0, 0, 0]), { '3:0': 2 })
 })

@@ -47,7 +47,11 @@ for (const seed of [1, 2, 3, 4]) {
     t.equal(table.live, live.size, 'live count')
     t.ok(rebuilds > 0, 'the run crossed rebuilds')
     const all = [...table.liveSlots()].sort((a, b) => a - b)
-    t.same(all, [...live.keys()].sort((a, b) => a - b), 'liveSlots lists exactly the live slots')
+    t.same(
+      all,
+      [...live.keys()].sort((a, b) => a - b),
+      'liveSlots lists exactly the live slots',
+    )
   })
 }
 
@@ -67,7 +71,7 @@ t.test('removing the cell before an empty one empties it and the tombstones befo
   t.equal(table.live, 4)
 })
 
-t.test('peekHome names the slot in a hash\'s home cell, and -1 for an empty cell or a tombstone', async (t) => {
+t.test("peekHome names the slot in a hash's home cell, and -1 for an empty cell or a tombstone", async (t) => {
   const table = new SlotTable(64)
   const h = 0x12345678 | 0
   t.equal(table.peekHome(h), -1, 'empty')

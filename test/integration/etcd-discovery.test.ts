@@ -19,7 +19,9 @@ async function register(client: Etcd3, opts: { url: string; device?: string; blo
   const id = BigInt(await lease.grant())
   const hex = id.toString(16)
   await lease.put(`${instancesPrefix(NS, COMP, EP)}${hex}`).value(JSON.stringify({ http_url: opts.url, device_type: opts.device ?? 'cuda' }))
-  await lease.put(`${cardsPrefix(NS, COMP, EP)}${hex}`).value(JSON.stringify({ kv_cache_block_size: opts.blockSize ?? 64, runtime_config: { total_kv_blocks: 4096, max_num_batched_tokens: 8192, data_parallel_size: opts.dpSize ?? 1 } }))
+  await lease
+    .put(`${cardsPrefix(NS, COMP, EP)}${hex}`)
+    .value(JSON.stringify({ kv_cache_block_size: opts.blockSize ?? 64, runtime_config: { total_kv_blocks: 4096, max_num_batched_tokens: 8192, data_parallel_size: opts.dpSize ?? 1 } }))
   return { id, revoke: () => lease.revoke() }
 }
 
@@ -97,7 +99,16 @@ t.test('etcd restarted under discovery: it reconnects and resyncs', async (t) =>
 t.test('records: parsing rules and malformed values', async (t) => {
   t.equal(toWorker(1n, {}), null, 'no instance key, not routable')
   t.equal(toWorker(1n, { instance: { http_url: 'ftp://x' } }), null, 'not an http URL')
-  t.same(toWorker(2n, { instance: { transport: { http: 'http://h:1' } } }), { workerId: 2n, url: 'http://h:1', deviceType: 'gpu', blockSize: null, totalKvBlocks: null, maxNumBatchedTokens: null, dpStart: 0, dpSize: 1 })
+  t.same(toWorker(2n, { instance: { transport: { http: 'http://h:1' } } }), {
+    workerId: 2n,
+    url: 'http://h:1',
+    deviceType: 'gpu',
+    blockSize: null,
+    totalKvBlocks: null,
+    maxNumBatchedTokens: null,
+    dpStart: 0,
+    dpSize: 1,
+  })
   const etcd = await startEtcd()
   t.teardown(() => etcd.stop())
   const client = new Etcd3({ hosts: etcd.url })
@@ -139,12 +150,24 @@ t.test('a router started against etcd has the workers etcd lists registered by t
   t.teardown(() => client.close())
   const a = await register(client, { url: 'http://127.0.0.1:9011' })
   const b = await register(client, { url: 'http://127.0.0.1:9012' })
-  t.teardown(() => Promise.all([a.revoke(), b.revoke()]).then(() => undefined, () => undefined))
+  t.teardown(() =>
+    Promise.all([a.revoke(), b.revoke()]).then(
+      () => undefined,
+      () => undefined,
+    ),
+  )
   const { parseServeConfig } = await import('../../src/config.js')
   const { Router } = await import('../../src/core/router.js')
   const cfg = parseServeConfig(['--router-event-threads', '1', '--router-block-size', '64', '--etcd-url', etcd.url], {})
   if (cfg === 'help') return t.fail('help')
   const router = await Router.start(cfg)
   t.teardown(() => router.close())
-  t.same(router.registry.all().map((w) => w.id).sort(), [a.id, b.id].sort(), 'both, with no wait')
+  t.same(
+    router.registry
+      .all()
+      .map((w) => w.id)
+      .sort(),
+    [a.id, b.id].sort(),
+    'both, with no wait',
+  )
 })

@@ -27,7 +27,17 @@ t.test('raw and enveloped events with u64 values above 2^53 reach the index; NAT
   const w1 = 2n ** 63n + 11n
   const w2 = 2n ** 60n + 7n
   const big = 2n ** 64n - 5n
-  pub.publish(subject, enc.encode(encodeRouterEvent(stored(w1, null, [[big, 2n ** 53n + 1n], [big - 1n, 2n ** 62n]]))))
+  pub.publish(
+    subject,
+    enc.encode(
+      encodeRouterEvent(
+        stored(w1, null, [
+          [big, 2n ** 53n + 1n],
+          [big - 1n, 2n ** 62n],
+        ]),
+      ),
+    ),
+  )
   pub.publish(oldSubject, enc.encode(encodeEnvelope({ publisher_id: w2, sequence: 0n, published_at: 1n, payload: stored(w2, null, [[big - 2n, 2n ** 53n + 1n]]) })))
   await pub.flush()
   await waitUntil('two messages at the intake', () => intake.counters.messages === 2)
@@ -46,11 +56,29 @@ t.test('raw and enveloped events with u64 values above 2^53 reach the index; NAT
   t.ok(intake.counters.disconnects >= 1 && intake.counters.reconnects >= 1)
   await waitUntil('publisher reconnected', () => !pub.isClosed() && pub.info !== undefined)
   await new Promise((r) => setTimeout(r, 200))
-  pub.publish(subject, enc.encode(encodeRouterEvent(stored(w2, null, [[5n, 2n ** 53n + 1n], [6n, 2n ** 62n]], 1))))
+  pub.publish(
+    subject,
+    enc.encode(
+      encodeRouterEvent(
+        stored(
+          w2,
+          null,
+          [
+            [5n, 2n ** 53n + 1n],
+            [6n, 2n ** 62n],
+          ],
+          1,
+        ),
+      ),
+    ),
+  )
   await pub.flush()
   await waitUntil('the event after the restart', () => intake.counters.messages === 3)
   const after = await pool.overlapScores([2n ** 53n + 1n, 2n ** 62n], { readYourWrites: true })
-  t.ok(after.some((s) => s.worker_id === w2 && s.dp_rank === 1 && s.overlap_blocks === 2), 'ingested after the restart')
+  t.ok(
+    after.some((s) => s.worker_id === w2 && s.dp_rank === 1 && s.overlap_blocks === 2),
+    'ingested after the restart',
+  )
 })
 
 t.test('worker load metrics on kv_metrics', async (t) => {
@@ -64,7 +92,12 @@ t.test('worker load metrics on kv_metrics', async (t) => {
   t.teardown(() => pub.close())
   const got = once(intake, 'load')
   const id = 18446744073709551557n
-  pub.publish(kvMetricsSubject('ns1'), enc.encode(`{"worker_id":${id},"data":{"worker_stats":{"data_parallel_rank":2,"request_active_slots":3,"request_total_slots":8,"num_requests_waiting":4},"kv_stats":{"kv_active_blocks":120,"kv_total_blocks":1000,"gpu_cache_usage_perc":0.12,"gpu_prefix_cache_hit_rate":0.5},"spec_decode_stats":null}}`))
+  pub.publish(
+    kvMetricsSubject('ns1'),
+    enc.encode(
+      `{"worker_id":${id},"data":{"worker_stats":{"data_parallel_rank":2,"request_active_slots":3,"request_total_slots":8,"num_requests_waiting":4},"kv_stats":{"kv_active_blocks":120,"kv_total_blocks":1000,"gpu_cache_usage_perc":0.12,"gpu_prefix_cache_hit_rate":0.5},"spec_decode_stats":null}}`,
+    ),
+  )
   pub.publish(kvMetricsSubject('ns1'), enc.encode('{"nope":1}'))
   const [load] = (await got) as [ReturnType<typeof parseLoadEvent>]
   t.same(load, { workerId: id, dpRank: 2, activeBlocks: 120, totalBlocks: 1000, requestsWaiting: 4 })

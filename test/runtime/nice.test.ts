@@ -70,7 +70,12 @@ t.test('a positive niceness reaches every thread, shards included', { skip: notL
   t.match(three.line, /, nice 19\)/, 'the listening line says so')
   // two shards more, two threads more: the ones started after --nice was applied are among those read
   t.ok(three.threads.length >= one.threads.length + 2, `${one.threads.length} threads with one shard, ${three.threads.length} with three`)
-  for (const r of [one, three]) t.same(r.threads.filter((x) => x.nice !== 19), [], 'no thread left at another niceness')
+  for (const r of [one, three])
+    t.same(
+      r.threads.filter((x) => x.nice !== 19),
+      [],
+      'no thread left at another niceness',
+    )
 })
 
 t.test('a negative niceness: applied where the system allows it, else exit 2 with one line', { skip: notLinux }, async (t) => {
@@ -86,7 +91,10 @@ t.test('a negative niceness: applied where the system allows it, else exit 2 wit
   } else {
     if ('threads' in r) return t.fail('serve started although this process may not raise a priority')
     t.equal(r.code, 2)
-    t.match(r.stderr, /^kv-router: serve: --nice -2: the system refused the priority \((EACCES|EPERM)\); a niceness below the current one needs root, CAP_SYS_NICE or an RLIMIT_NICE \(ulimit -e\) of at least 22$/m)
+    t.match(
+      r.stderr,
+      /^kv-router: serve: --nice -2: the system refused the priority \((EACCES|EPERM)\); a niceness below the current one needs root, CAP_SYS_NICE or an RLIMIT_NICE \(ulimit -e\) of at least 22$/m,
+    )
     t.equal(r.stderr.split('\n').length, 2, 'one line')
   }
 })
@@ -103,7 +111,11 @@ function cannotRunAsNobody(): string | false {
 }
 
 t.test('started as a user who may not raise a priority: exit 2 with one line, nothing served', { skip: cannotRunAsNobody() }, async (t) => {
-  const p = spawn(process.execPath, cliArgv(['serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-event-threads', '1', '--worker', '1=http://127.0.0.1:9', '--nice', '-5']), { uid: 65534, gid: 65534, env: { PATH: process.env.PATH } })
+  const p = spawn(process.execPath, cliArgv(['serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-event-threads', '1', '--worker', '1=http://127.0.0.1:9', '--nice', '-5']), {
+    uid: 65534,
+    gid: 65534,
+    env: { PATH: process.env.PATH },
+  })
   let out = ''
   let err = ''
   p.stdout.on('data', (d: Buffer) => (out += d.toString()))
@@ -121,6 +133,9 @@ t.test('started as a user who may not raise a priority: exit 2 with one line, no
   })
   t.equal(code, 2)
   // the first line only: under tap, its coverage hook in the child then fails to write its record as that user
-  t.equal(err.split('\n')[0], 'kv-router: serve: --nice -5: the system refused the priority (EACCES); a niceness below the current one needs root, CAP_SYS_NICE or an RLIMIT_NICE (ulimit -e) of at least 25')
+  t.equal(
+    err.split('\n')[0],
+    'kv-router: serve: --nice -5: the system refused the priority (EACCES); a niceness below the current one needs root, CAP_SYS_NICE or an RLIMIT_NICE (ulimit -e) of at least 25',
+  )
   t.notMatch(out, /listening/)
 })

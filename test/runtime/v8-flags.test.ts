@@ -22,7 +22,11 @@ t.test('npm start passes the flags', async (t) => {
 })
 
 t.test('the flags give a fixed 64 MB young generation', async (t) => {
-  const r = spawnSync(process.execPath, [...ROUTER_V8_FLAGS, '-e', "const s = require('v8').getHeapSpaceStatistics().find((x) => x.space_name === 'new_space'); process.stdout.write(String(s.space_size))"], { encoding: 'utf8' })
+  const r = spawnSync(
+    process.execPath,
+    [...ROUTER_V8_FLAGS, '-e', "const s = require('v8').getHeapSpaceStatistics().find((x) => x.space_name === 'new_space'); process.stdout.write(String(s.space_size))"],
+    { encoding: 'utf8' },
+  )
   t.equal(r.status, 0, r.stderr)
   t.equal(r.stderr, '', 'no warning about an unknown flag')
   t.equal(Number(r.stdout), 64 * 1024 * 1024)

@@ -282,10 +282,24 @@ t.test('countPresent equals plain set membership for arbitrary hashes (randomise
         if (rng.next() < 0.5) {
           // as in a decision: look the blocks up, then book them (the booking reuses the lookups),
           // sometimes with a block changed in between
-          a.countPresent(hashes, hashes.map(() => 5), hashes.length, new Int32Array(SLOTS))
+          a.countPresent(
+            hashes,
+            hashes.map(() => 5),
+            hashes.length,
+            new Int32Array(SLOTS),
+          )
           if (rng.next() < 0.3) hashes[rng.int(hashes.length)] = rng.int(8)
         }
-        a.add(id, slot, 0, TRACK_SHARED, hashes, hashes.map(() => 5), hashes.length, 0)
+        a.add(
+          id,
+          slot,
+          0,
+          TRACK_SHARED,
+          hashes,
+          hashes.map(() => 5),
+          hashes.length,
+          0,
+        )
         live.set(id, { slot, hashes })
       } else {
         const ids = [...live.keys()]
@@ -295,7 +309,12 @@ t.test('countPresent equals plain set membership for arbitrary hashes (randomise
       }
       const q = draw()
       const present = new Int32Array(SLOTS)
-      a.countPresent(q, q.map(() => 5), q.length, present)
+      a.countPresent(
+        q,
+        q.map(() => 5),
+        q.length,
+        present,
+      )
       for (let s = 0; s < SLOTS; s++) {
         const active = new Set<number>()
         for (const r of live.values()) if (r.slot === s) for (const h of r.hashes) active.add(h)

@@ -121,7 +121,7 @@ t.test('a request pinned to one rank of a busy worker is refused', async (t) => 
   t.equal(s.tryRoute({ id: 'z', isl: 1 })?.workerId, 2n)
 })
 
-t.test('a worker\'s own load report (kv_metrics) counts for the decode-blocks threshold', async (t) => {
+t.test("a worker's own load report (kv_metrics) counts for the decode-blocks threshold", async (t) => {
   const { s } = makeScheduler({ queueThreshold: null, activeDecodeBlocksThreshold: 0.5 }, 3, (i) => ({ totalKvBlocks: i === 2 ? 0 : 10 }))
   const candidates = (): bigint[] | undefined => s.tryRoute({ isl: 1, updateStates: false, explain: true })?.candidates?.map((c) => c.workerId)
   t.same(candidates(), [1n, 2n, 3n])

@@ -58,11 +58,7 @@ t.test('fcfs: earlier arrival first, priority (seconds) jumps ahead', async (t) 
 
 t.test('lcfs: latest arrival first, priority still jumps', async (t) => {
   const { s, clock } = busyFleet({ queuePolicy: 'lcfs' })
-  const p = [
-    enqueueAt(s, clock, 0, { id: 'a', isl: 200, priority: 2.5 }),
-    enqueueAt(s, clock, 1000, { id: 'b', isl: 200 }),
-    enqueueAt(s, clock, 2000, { id: 'c', isl: 200 }),
-  ]
+  const p = [enqueueAt(s, clock, 0, { id: 'a', isl: 200, priority: 2.5 }), enqueueAt(s, clock, 1000, { id: 'b', isl: 200 }), enqueueAt(s, clock, 2000, { id: 'c', isl: 200 })]
   t.same(await runAll(s, ['a', 'b', 'c'], p), ['a', 'c', 'b'], 'a: 2.5 + 0 beats c: 2 and b: 1')
 })
 
@@ -372,7 +368,26 @@ t.test('a worker registered into the slot of a tried one is not excluded by it',
   // and the tried worker, back under a new slot, is still excluded
   const again = s.addWorkerRank(1n, 0, { maxNumBatchedTokens: 100 })
   t.not(again, slots[0])
-  const d = s.tryRoute({ id: 'r2', isl: 10, exclude: [{ workerId: 3n, dpRank: 0 }, { workerId: 2n, dpRank: 0 }] })
+  const d = s.tryRoute({
+    id: 'r2',
+    isl: 10,
+    exclude: [
+      { workerId: 3n, dpRank: 0 },
+      { workerId: 2n, dpRank: 0 },
+    ],
+  })
   t.equal(d?.workerId, 1n, 'only worker 1 is left untried')
-  t.throws(() => s.tryRoute({ id: 'r3', isl: 10, exclude: [{ workerId: 1n, dpRank: 0 }, { workerId: 3n, dpRank: 0 }, { workerId: 2n, dpRank: 0 }] }), { code: 'KVR_ERR_NO_WORKERS' })
+  t.throws(
+    () =>
+      s.tryRoute({
+        id: 'r3',
+        isl: 10,
+        exclude: [
+          { workerId: 1n, dpRank: 0 },
+          { workerId: 3n, dpRank: 0 },
+          { workerId: 2n, dpRank: 0 },
+        ],
+      }),
+    { code: 'KVR_ERR_NO_WORKERS' },
+  )
 })

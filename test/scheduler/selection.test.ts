@@ -81,23 +81,39 @@ t.test('Era C overlap credit: above 1 a cached block outweighs decode load (cred
   const ov = overlaps({ 1: 6 })
   // credit 1: W1 10 + 2 = 12, W2 (10 − 6) + 10 = 14 → W1
   const one = s.tryRoute({ isl: 160, overlapBlocks: ov, updateStates: false, explain: true })
-  t.same(one?.candidates?.map((c) => [c.prefillBlocks, c.logit]), [[10, 12], [4, 14]])
+  t.same(
+    one?.candidates?.map((c) => [c.prefillBlocks, c.logit]),
+    [
+      [10, 12],
+      [4, 14],
+    ],
+  )
   t.equal(one?.workerId, 1n)
   // credit 2: W2 max(0, 10 − 12) + 10 = 10 → W2; the prefill term is clamped at 0, not negative
   const two = s.tryRoute({ isl: 160, overlapBlocks: ov, updateStates: false, explain: true, overrides: { overlapScoreCredit: 2 } })
-  t.same(two?.candidates?.map((c) => [c.prefillBlocks, c.logit]), [[10, 12], [0, 10]])
+  t.same(
+    two?.candidates?.map((c) => [c.prefillBlocks, c.logit]),
+    [
+      [10, 12],
+      [0, 10],
+    ],
+  )
   t.equal(two?.workerId, 2n)
   // the same through the options, with the prefill scale multiplying the credited term
   const { s: s2 } = makeScheduler({ blockSize: 16, queueThreshold: null, overlapScoreCredit: 1.5, overlapScoreWeight: 3 }, 2)
   holdBlocks(s2, 'w1', 1n, 2, 100)
   holdBlocks(s2, 'w2', 2n, 10, 200)
   const d = s2.tryRoute({ isl: 160, overlapBlocks: ov, updateStates: false, explain: true })
-  t.same(d?.candidates?.map((c) => c.logit), [3 * 10 + 2, 3 * (10 - 9) + 10])
+  t.same(
+    d?.candidates?.map((c) => c.logit),
+    [3 * 10 + 2, 3 * (10 - 9) + 10],
+  )
   t.throws(() => s.tryRoute({ isl: 1, updateStates: false, overrides: { overlapScoreCredit: -1 } }), /overrides\.overlapScoreCredit/)
   // a cached run longer than the stated prompt counts as the whole prompt: no jump past credit 1
   const { s: s3 } = makeScheduler({ blockSize: 16, queueThreshold: null }, 1)
   s3.tryRoute({ id: 'queued', isl: 160, workerId: 1n })
-  const at = (credit: number): number => s3.tryRoute({ isl: 32, overlapBlocks: overlaps({ 0: 10 }), updateStates: false, explain: true, overrides: { overlapScoreCredit: credit } })?.candidates?.[0]?.prefillBlocks ?? NaN
+  const at = (credit: number): number =>
+    s3.tryRoute({ isl: 32, overlapBlocks: overlaps({ 0: 10 }), updateStates: false, explain: true, overrides: { overlapScoreCredit: credit } })?.candidates?.[0]?.prefillBlocks ?? NaN
   t.equal(at(1), 10, 'Era B: the queued 10 blocks, no new tokens')
   t.ok(Math.abs(at(1.01) - (10 - 0.01 * 2)) < 1e-9, 'just above 1: just below')
   t.throws(() => makeScheduler({ overlapScoreCredit: Number.NaN }, 1), { code: 'KVR_ERR_INVALID_OPTION' })
@@ -120,7 +136,13 @@ t.test('Era C decode_active_request_weight adds a cost per in-flight request', a
   holdBlocks(s, 'a', 1n, 0, 100)
   holdBlocks(s, 'b', 1n, 0, 200)
   const d = s.tryRoute({ isl: 32, updateStates: false, explain: true })
-  t.same(d?.candidates?.map((c) => [c.inFlight, c.logit]), [[2, 2 + 14], [0, 2]])
+  t.same(
+    d?.candidates?.map((c) => [c.inFlight, c.logit]),
+    [
+      [2, 2 + 14],
+      [0, 2],
+    ],
+  )
   t.equal(d?.workerId, 2n)
 })
 
@@ -231,7 +253,10 @@ t.test('hot-spot guard: a universal prefix on every worker does not pile traffic
   const max = Math.max(...counts)
   const min = Math.min(...counts)
   t.ok(max / min <= 1.2, `max/min = ${(max / min).toFixed(3)} (${counts.join(', ')})`)
-  t.equal(counts.reduce((a, b) => a + b, 0), 10_000)
+  t.equal(
+    counts.reduce((a, b) => a + b, 0),
+    10_000,
+  )
 })
 
 t.test('round-robin cycles over live workers in slot order', async (t) => {
@@ -351,7 +376,10 @@ t.test('rng is deterministic per seed and in range', async (t) => {
   const b = new Xoshiro128(42)
   const c = new Xoshiro128(43)
   const xs = Array.from({ length: 5 }, () => a.next())
-  t.same(xs, Array.from({ length: 5 }, () => b.next()))
+  t.same(
+    xs,
+    Array.from({ length: 5 }, () => b.next()),
+  )
   t.not(xs[0], c.next())
   for (let i = 0; i < 1000; i++) {
     const v = a.int(7)

@@ -50,10 +50,16 @@ t.test('removal frees slots for reuse and keeps the live list ordered', async (t
   t.equal(w.register(100n, 0), 3, 'the freed slot is reused')
   t.equal(w.workerIdOf(3), 100n)
   w.register(5n, 1)
-  t.same(w.removeWorker(5n).sort((x, y) => x - y), [5, 20])
+  t.same(
+    w.removeWorker(5n).sort((x, y) => x - y),
+    [5, 20],
+  )
   t.same(w.removeWorker(5n), [])
   const live = Array.from(w.liveSlots.subarray(0, w.liveCount))
-  t.same(live, [...live].sort((x, y) => x - y))
+  t.same(
+    live,
+    [...live].sort((x, y) => x - y),
+  )
   t.equal(w.slotCapacity, 21)
 })
 

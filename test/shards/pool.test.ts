@@ -52,8 +52,15 @@ for (const shards of [1, 2, 3, 4]) {
     await pool.flush()
     t.equal(mismatches, 0, `${checked} read-your-writes answers matched`)
     const c = pool.counters()
-    t.equal(c.reduce((s, x) => s + x.blocks, 0), reference.liveEntries, 'blocks held, summed over shards')
-    t.equal(c.reduce((s, x) => s + x.malformed, 0), 0)
+    t.equal(
+      c.reduce((s, x) => s + x.blocks, 0),
+      reference.liveEntries,
+      'blocks held, summed over shards',
+    )
+    t.equal(
+      c.reduce((s, x) => s + x.malformed, 0),
+      0,
+    )
     if (shards === 1) t.ok(c[0] !== undefined && c[0].ringFull > 0, 'the ring filled and the producer waited')
     // a dump of all shards rebuilds the same index
     const copy = new KvIndex()
@@ -73,8 +80,14 @@ t.test('malformed messages are counted, not applied, and do not stop the shard',
   pool.push(bytes(chain(1, null, [1, 2])))
   await pool.flush()
   const c = pool.counters()
-  t.equal(c.reduce((s, x) => s + x.malformed, 0), 2)
-  t.equal(c.reduce((s, x) => s + x.applied, 0), 1)
+  t.equal(
+    c.reduce((s, x) => s + x.malformed, 0),
+    2,
+  )
+  t.equal(
+    c.reduce((s, x) => s + x.applied, 0),
+    1,
+  )
   const r = await pool.overlapScores([1n, 2n])
   t.same(canon(r), ['1:0=2/2'])
 })
@@ -139,11 +152,28 @@ t.test('shutdown drains: every event enqueued before close is applied or reporte
   }
   t.ok(queued > 0, `${queued} pushes were queued behind a full ring`)
   const report = await pool.close()
-  t.equal(report.reduce((s, x) => s + x.enqueued, 0), pushed)
-  t.equal(report.reduce((s, x) => s + x.processed, 0), pushed, 'every message was processed')
-  t.equal(report.reduce((s, x) => s + x.received, 0), pushed)
-  t.equal(report.reduce((s, x) => s + x.lost + x.pendingMessages, 0), 0)
-  t.equal(report.reduce((s, x) => s + x.blocks, 0), reference.liveEntries, 'and applied as the reference applied them')
+  t.equal(
+    report.reduce((s, x) => s + x.enqueued, 0),
+    pushed,
+  )
+  t.equal(
+    report.reduce((s, x) => s + x.processed, 0),
+    pushed,
+    'every message was processed',
+  )
+  t.equal(
+    report.reduce((s, x) => s + x.received, 0),
+    pushed,
+  )
+  t.equal(
+    report.reduce((s, x) => s + x.lost + x.pendingMessages, 0),
+    0,
+  )
+  t.equal(
+    report.reduce((s, x) => s + x.blocks, 0),
+    reference.liveEntries,
+    'and applied as the reference applied them',
+  )
   await t.rejects(pool.overlapScores([1n]), { code: 'KVR_ERR_SHUTTING_DOWN' })
 })
 
@@ -258,7 +288,13 @@ t.test('a busy shard takes control calls and answers barriers mid-backlog, not w
   const backlog = (base: number): Uint8Array[] =>
     Array.from({ length: 1500 }, (_, i) => {
       const first = base + i * 64
-      return bytes(stored(3, null, Array.from({ length: 64 }, (_, k) => [first + k + 1, first + k + 1] as [number, number])))
+      return bytes(
+        stored(
+          3,
+          null,
+          Array.from({ length: 64 }, (_, k) => [first + k + 1, first + k + 1] as [number, number]),
+        ),
+      )
     })
   const a = backlog(0)
   const b = backlog(1_000_000)
@@ -278,7 +314,7 @@ t.test('a busy shard takes control calls and answers barriers mid-backlog, not w
   t.equal(pool.counters()[0]?.processed, total)
 })
 
-t.test('an event the intake sends to the wrong shard goes on to its own, and its worker\'s later events reach it (found by an input review)', async (t) => {
+t.test("an event the intake sends to the wrong shard goes on to its own, and its worker's later events reach it (found by an input review)", async (t) => {
   const pool = await ShardPool.start({ shards: 2, ringBytes: 4096 })
   t.teardown(() => pool.close())
   // two workers on different shards

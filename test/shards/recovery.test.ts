@@ -20,7 +20,14 @@ const canon = (xs: OverlapScore[]): string[] => xs.map(key).sort()
 
 /** A one-block stored event with an explicit id: block hash 100·tok, tokens hash tok. */
 function ev(worker: bigint, id: number, tok: number, parentTok: number | null): RouterEvent {
-  return { worker_id: worker, event: { event_id: BigInt(id), dp_rank: 0, data: { stored: { parent_hash: parentTok === null ? null : BigInt(parentTok * 100), blocks: [{ block_hash: BigInt(tok * 100), tokens_hash: BigInt(tok) }] } } } }
+  return {
+    worker_id: worker,
+    event: {
+      event_id: BigInt(id),
+      dp_rank: 0,
+      data: { stored: { parent_hash: parentTok === null ? null : BigInt(parentTok * 100), blocks: [{ block_hash: BigInt(tok * 100), tokens_hash: BigInt(tok) }] } },
+    },
+  }
 }
 const bytes = (e: RouterEvent): Uint8Array => Buffer.from(encodeRouterEvent(e))
 const array = (es: RouterEvent[]): Uint8Array => Buffer.from(`[${es.map(encodeRouterEvent).join(',')}]`)
@@ -36,7 +43,7 @@ async function recoverablePool(t: Test): Promise<{ pool: ShardPool; gaps: EventG
   return { pool, gaps }
 }
 
-t.test('a gap holds the worker-rank\'s events until the missing range is applied, then all in order', async (t) => {
+t.test("a gap holds the worker-rank's events until the missing range is applied, then all in order", async (t) => {
   const { pool, gaps } = await recoverablePool(t)
   pool.push(bytes(ev(7n, 1, 1, null)))
   pool.push(bytes(ev(7n, 2, 2, 1)))
@@ -69,13 +76,13 @@ t.test('a failed recovery lets the held events go, the hole accepted; a worker n
   t.same(canon(await pool.overlapScores([4n], { readYourWrites: true })), ['5:0=1/2'])
   await pool.flush()
   t.equal(pool.counters()[0]?.gaps, 2, 'both gaps counted')
-  t.equal(gaps.length, 1, 'only the recoverable worker\'s reported')
+  t.equal(gaps.length, 1, "only the recoverable worker's reported")
   // an older id (a duplicate) is applied and does not move the last id back
   pool.push(bytes(ev(5n, 2, 2, 1)))
   t.same((await pool.treeSizes()).find((s) => s.worker_id === 5n)?.last_event_id, 4n)
 })
 
-t.test('a tree dump replaces the worker-rank\'s blocks, the events held meanwhile applied after it', async (t) => {
+t.test("a tree dump replaces the worker-rank's blocks, the events held meanwhile applied after it", async (t) => {
   const pool = await ShardPool.start({ shards: 2 })
   t.teardown(() => pool.close())
   pool.push(bytes(ev(7n, 1, 1, null)))
@@ -113,7 +120,7 @@ t.test('a tree dump replaces the worker-rank\'s blocks, the events held meanwhil
   pool.push(bytes(ev(8n, 1, 1, null)))
 })
 
-t.test('a late answer cannot end a newer hold; a recovery applies only its own worker-rank\'s newer events (found by review)', async (t) => {
+t.test("a late answer cannot end a newer hold; a recovery applies only its own worker-rank's newer events (found by review)", async (t) => {
   const { pool, gaps } = await recoverablePool(t)
   pool.push(bytes(ev(7n, 1, 1, null)))
   pool.push(bytes(ev(7n, 5, 5, null)))
@@ -135,7 +142,10 @@ t.test('a late answer cannot end a newer hold; a recovery applies only its own w
   t.same(canon(await pool.overlapScores([33n])), [], 'nor under rank 3')
   t.same(canon(await pool.overlapScores([4n])), ['7:0=1/4'], 'its own newer event applied')
   t.same(canon(await pool.overlapScores([22n])), [], 'an id at or below the last applied is not')
-  t.notOk((await pool.treeSizes()).some((x) => x.worker_id === 8n || x.dp_rank === 3), 'no worker-rank made up')
+  t.notOk(
+    (await pool.treeSizes()).some((x) => x.worker_id === 8n || x.dp_rank === 3),
+    'no worker-rank made up',
+  )
 })
 
 t.test('after event id 2^64 - 1 nothing is a gap', async (t) => {
@@ -199,8 +209,14 @@ t.test('against a simulated engine: a router that starts late catches up, and ev
   const engine = fleet.workers[0]
   if (engine === undefined) return t.fail('no engine')
   // the engine caches blocks before any router listens
-  await complete(engine.url, Array.from({ length: 16 }, (_, i) => i + 1))
-  await complete(engine.url, Array.from({ length: 12 }, (_, i) => 100 + i))
+  await complete(
+    engine.url,
+    Array.from({ length: 16 }, (_, i) => i + 1),
+  )
+  await complete(
+    engine.url,
+    Array.from({ length: 12 }, (_, i) => 100 + i),
+  )
   const router = await Router.start(config(['--router-block-size', '4', '--router-event-recovery']))
   t.teardown(() => router.close())
   deliver = (e) => router.ingestEvent(e)
@@ -213,10 +229,19 @@ t.test('against a simulated engine: a router that starts late catches up, and ev
   // a stretch of events is lost (a NATS outage); the next one that arrives reveals the gap
   const newest = engine.engine.ring.newestId
   lose = (e) => e.event.event_id <= newest + 2n
-  await complete(engine.url, Array.from({ length: 8 }, (_, i) => 200 + i))
-  await complete(engine.url, Array.from({ length: 8 }, (_, i) => 300 + i))
+  await complete(
+    engine.url,
+    Array.from({ length: 8 }, (_, i) => 200 + i),
+  )
+  await complete(
+    engine.url,
+    Array.from({ length: 8 }, (_, i) => 300 + i),
+  )
   lose = () => false
-  await complete(engine.url, Array.from({ length: 8 }, (_, i) => 400 + i))
+  await complete(
+    engine.url,
+    Array.from({ length: 8 }, (_, i) => 400 + i),
+  )
   await until(() => (router.recovery?.counters.ranges ?? 0) === 1).catch((e: unknown) => {
     t.comment(JSON.stringify({ counters: router.recovery?.counters, gaps: router.pool.counters()[0]?.gaps, newest: String(engine.engine.ring.newestId), was: String(newest) }))
     throw e
@@ -288,14 +313,18 @@ t.test('a worker that answers the probe but not the recovery: the held events go
   t.ok(named(), 'a warning names the worker')
 })
 
-t.test('a shard that dies comes back empty and is rebuilt from its workers\' dumps, then exact again', async (t) => {
+t.test("a shard that dies comes back empty and is rebuilt from its workers' dumps, then exact again", async (t) => {
   const router = await Router.start(config(['--router-block-size', '4', '--router-event-recovery']))
   t.teardown(() => router.close())
   const fleet = await MockerFleet.start({ numWorkers: 2, firstWorkerId: 41n, blockSize: 4, speedupRatio: 0, onEvent: (e) => void router.ingestEvent(e) })
   t.teardown(() => fleet.close())
   for (const e of fleet.workers) await router.addWorker({ id: e.workerId, url: e.url })
   await until(() => router.recovery?.counters.dumps === 2)
-  for (const [i, e] of fleet.workers.entries()) await complete(e.url, Array.from({ length: 12 }, (_, k) => 1000 * i + k))
+  for (const [i, e] of fleet.workers.entries())
+    await complete(
+      e.url,
+      Array.from({ length: 12 }, (_, k) => 1000 * i + k),
+    )
   await router.pool.flush()
   const want = (id: bigint): string[] => blocksOf((fleet.workers.find((e) => e.workerId === id) as (typeof fleet.workers)[number]).engine.ring.treeDump(), id)
   t.equal(blocksOf(await router.pool.dump(), 41n).length, 3)

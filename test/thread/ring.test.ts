@@ -60,7 +60,10 @@ t.test('the producer never overwrites unread data', async (t) => {
   c.read(1, () => n++)
   t.equal(n, 1)
   t.equal(p.write(m), m.length, 'space freed by the reader is reused')
-  t.equal(c.read(100, () => undefined), written)
+  t.equal(
+    c.read(100, () => undefined),
+    written,
+  )
   t.ok(c.empty())
 })
 

@@ -14,7 +14,8 @@ const fixture = new URL('../fixtures/tokenizer.json', import.meta.url).pathname
 const BOS = 13
 const START = 14
 const END = 15
-const CHATML = '{{ bos_token }}{% for m in messages %}{% if m.role == "bad" %}{{ raise_exception("roles must alternate") }}{% endif %}<|im_start|>{{ m.role }} {{ m.content }}<|im_end|>{% endfor %}{% if enable_thinking %}router{% endif %}{% if add_generation_prompt %}<|im_start|>assistant{% endif %}'
+const CHATML =
+  '{{ bos_token }}{% for m in messages %}{% if m.role == "bad" %}{{ raise_exception("roles must alternate") }}{% endif %}<|im_start|>{{ m.role }} {{ m.content }}<|im_end|>{% endfor %}{% if enable_thinking %}router{% endif %}{% if add_generation_prompt %}<|im_start|>assistant{% endif %}'
 
 /** The fixture's word-level vocabulary with a BOS its post-processor adds and two chat markers, in a folder of its own. */
 function modelDir(files: { config?: object; jinja?: string } = {}): string {
@@ -34,14 +35,32 @@ function modelDir(files: { config?: object; jinja?: string } = {}): string {
   return join(dir, 'tokenizer.json')
 }
 
-const chat = (messages: unknown[], more: { addGenerationPrompt?: boolean; kwargs?: Record<string, unknown> } = {}) => ({ messages, addGenerationPrompt: more.addGenerationPrompt ?? true, kwargs: more.kwargs ?? null, tools: null })
+const chat = (messages: unknown[], more: { addGenerationPrompt?: boolean; kwargs?: Record<string, unknown> } = {}) => ({
+  messages,
+  addGenerationPrompt: more.addGenerationPrompt ?? true,
+  kwargs: more.kwargs ?? null,
+  tools: null,
+})
 
 t.test('where the template is found', async (t) => {
   t.equal(findChatTemplate(modelDir()), null, 'no tokenizer_config.json')
   t.equal(findChatTemplate(modelDir({ config: { bos_token: '<s>' } })), null, 'a config without a template')
   const fromConfig = findChatTemplate(modelDir({ config: { chat_template: 'A', bos_token: { content: '<s>' }, eos_token: '</s>' } }))
   t.match(fromConfig, { text: 'A', bosToken: '<s>', eosToken: '</s>', from: /tokenizer_config\.json$/ }, 'a special token written as an object gives its content')
-  t.match(findChatTemplate(modelDir({ config: { chat_template: [{ name: 'tool_use', template: 'T' }, { name: 'default', template: 'D' }] } })), { text: 'D', from: /\(default\)$/ }, 'of named templates, the default')
+  t.match(
+    findChatTemplate(
+      modelDir({
+        config: {
+          chat_template: [
+            { name: 'tool_use', template: 'T' },
+            { name: 'default', template: 'D' },
+          ],
+        },
+      }),
+    ),
+    { text: 'D', from: /\(default\)$/ },
+    'of named templates, the default',
+  )
   t.match(findChatTemplate(modelDir({ config: { chat_template: 'A' }, jinja: 'J' })), { text: 'J', from: /chat_template\.jinja$/ }, 'chat_template.jinja before the config')
 })
 
@@ -73,7 +92,8 @@ t.test('through the router: the tokens routed are the template tokens; the reque
   const tok = await HfTokenizer.load(modelDir({ config: { chat_template: CHATML, bos_token: '<s>' } }), 1)
   const h = await tokenizedRouter(t, tok)
   const post = (url: string, body: object) => h.app.fastify.inject({ method: 'POST', url, headers: { 'content-type': 'application/json' }, payload: JSON.stringify(body) })
-  const sum = async (): Promise<number> => Number(/dynamo_component_router_input_sequence_tokens_sum\{[^}]*\} (\d+)/.exec((await h.app.fastify.inject({ method: 'GET', url: '/metrics' })).body)?.[1] ?? Number.NaN)
+  const sum = async (): Promise<number> =>
+    Number(/dynamo_component_router_input_sequence_tokens_sum\{[^}]*\} (\d+)/.exec((await h.app.fastify.inject({ method: 'GET', url: '/metrics' })).body)?.[1] ?? Number.NaN)
   const messages = [{ role: 'user', content: 'hello kv cache' }]
   t.equal((await post('/v1/chat/completions', { messages })).statusCode, 200)
   t.equal(await sum(), 9, 'nine tokens: BOS, the turn, the generation prompt')

@@ -33,7 +33,13 @@ t.test('bad tokenizer files fail at load with a clear message', async (t) => {
 t.test('bytes tokenizer and chat template', async (t) => {
   const b = new BytesTokenizer()
   t.same([...(await b.encode('hé'))], [104, 195, 169])
-  t.equal(chatPromptText([{ role: 'system', content: 'be brief' }, { role: 'user', content: [{ type: 'text', text: 'hi' }, { type: 'image' }] }]), '<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\n')
+  t.equal(
+    chatPromptText([
+      { role: 'system', content: 'be brief' },
+      { role: 'user', content: [{ type: 'text', text: 'hi' }, { type: 'image' }] },
+    ]),
+    '<|system|>\nbe brief\n<|user|>\nhi\n<|assistant|>\n',
+  )
   t.equal(chatPromptText([{ role: 'user', content: null }]), '<|user|>\n\n<|assistant|>\n')
   await b.close()
 })
@@ -44,9 +50,26 @@ t.test('text prompts through the router use the tokenizer', async (t) => {
   const r = await h.app.fastify.inject({ method: 'POST', url: '/v1/completions', headers: { 'content-type': 'application/json' }, payload: JSON.stringify({ prompt: 'hello world kv cache router' }) })
   t.equal(r.statusCode, 200)
   t.match(r.body, '"prompt":"hello world kv cache router"', 'the text is forwarded as sent')
-  const c = await h.app.fastify.inject({ method: 'POST', url: '/v1/chat/completions', headers: { 'content-type': 'application/json' }, payload: JSON.stringify({ messages: [{ role: 'user', content: 'hello' }] }) })
+  const c = await h.app.fastify.inject({
+    method: 'POST',
+    url: '/v1/chat/completions',
+    headers: { 'content-type': 'application/json' },
+    payload: JSON.stringify({ messages: [{ role: 'user', content: 'hello' }] }),
+  })
   t.equal(c.statusCode, 200)
-  const pinned = await h.app.fastify.inject({ method: 'POST', url: '/v1/completions', headers: { 'content-type': 'application/json' }, payload: JSON.stringify({ prompt: ['kv cache'], nvext: { backend_instance_id: 1, agent_hints: { priority: 3 }, router_config_override: { overlap_score_weight: 0.5, router_temperature: 0.1, assume_kv_reuse: false, track_prefill_tokens: true } } }) })
+  const pinned = await h.app.fastify.inject({
+    method: 'POST',
+    url: '/v1/completions',
+    headers: { 'content-type': 'application/json' },
+    payload: JSON.stringify({
+      prompt: ['kv cache'],
+      nvext: {
+        backend_instance_id: 1,
+        agent_hints: { priority: 3 },
+        router_config_override: { overlap_score_weight: 0.5, router_temperature: 0.1, assume_kv_reuse: false, track_prefill_tokens: true },
+      },
+    }),
+  })
   t.equal(pinned.statusCode, 200)
   const m = await h.app.fastify.inject({ method: 'GET', url: '/metrics' })
   // 5 + 2 tokens of text, plus the chat template's tokens

@@ -18,10 +18,52 @@ import { KvrError } from '../../src/errors.js'
 import type { RouterEvent } from '../../src/codec/events.js'
 import { RingConsumer } from '../../src/thread/ring.js'
 import {
-  BoardLayout, C_APPLIED, C_BLOCKS, C_CLEARED, C_GAPS, C_MALFORMED, C_MISPLACED, C_NODES, C_PROCESSED, C_QUERIES, C_RECEIVED, C_REJECTED, C_REMOVED,
-  B_ANSWERS, B_MAIN_WAITING, CONTROL_POSTED, C_STORED, C_WORKERS, DOORBELL, HEARTBEAT, PRODUCER_WAIT, Q_FLAGS, Q_N, Q_PENDING, QF_EARLY_EXIT, QRING_BASE, QRING_READ, QRING_SIZE,
-  QRING_WRITE, RESULT_WORDS, RING_READ, CONTROL_BYTES, CONTROL_PARK, CONTROL_RANK_BYTES, CONTROL_RECOVERABLE, CONTROL_RECOVERY, CONTROL_RECOVERY_BYTES, CONTROL_REMOVE_WORKER, RING_WRITE, RecoveryKind,
-  SHARD_TICKET_BIT, SLEEPING, STATE, ShardState, shardOf, type ShardInit,
+  BoardLayout,
+  C_APPLIED,
+  C_BLOCKS,
+  C_CLEARED,
+  C_GAPS,
+  C_MALFORMED,
+  C_MISPLACED,
+  C_NODES,
+  C_PROCESSED,
+  C_QUERIES,
+  C_RECEIVED,
+  C_REJECTED,
+  C_REMOVED,
+  B_ANSWERS,
+  B_MAIN_WAITING,
+  CONTROL_POSTED,
+  C_STORED,
+  C_WORKERS,
+  DOORBELL,
+  HEARTBEAT,
+  PRODUCER_WAIT,
+  Q_FLAGS,
+  Q_N,
+  Q_PENDING,
+  QF_EARLY_EXIT,
+  QRING_BASE,
+  QRING_READ,
+  QRING_SIZE,
+  QRING_WRITE,
+  RESULT_WORDS,
+  RING_READ,
+  CONTROL_BYTES,
+  CONTROL_PARK,
+  CONTROL_RANK_BYTES,
+  CONTROL_RECOVERABLE,
+  CONTROL_RECOVERY,
+  CONTROL_RECOVERY_BYTES,
+  CONTROL_REMOVE_WORKER,
+  RING_WRITE,
+  RecoveryKind,
+  SHARD_TICKET_BIT,
+  SLEEPING,
+  STATE,
+  ShardState,
+  shardOf,
+  type ShardInit,
 } from '../../src/thread/protocol.js'
 import { splitEvents } from '../../src/codec/event-array.js'
 
@@ -396,7 +438,7 @@ async function run(): Promise<void> {
     // the ring fills again at once, so waking per batch cost thousands of them per second. Half
     // a ring always holds the next fragment (fragments are at most a quarter).
     const read = Atomics.load(ctrl, RING_READ)
-    if (read !== readBefore && Atomics.load(ctrl, PRODUCER_WAIT) === 1 && ((Atomics.load(ctrl, RING_WRITE) - read) >>> 0) <= ringHalf) Atomics.notify(ctrl, RING_READ)
+    if (read !== readBefore && Atomics.load(ctrl, PRODUCER_WAIT) === 1 && (Atomics.load(ctrl, RING_WRITE) - read) >>> 0 <= ringHalf) Atomics.notify(ctrl, RING_READ)
     if (n > 0) {
       work += n
       publishCounters()
@@ -499,10 +541,8 @@ export type ShardApi = typeof api
 
 Comlink.expose(api, nodeEndpoint(parentPort as NonNullable<typeof parentPort>))
 // On a normal stop the main thread terminates this thread after shutdown() answered.
-void run().catch(
-  (err: unknown) => {
-    // an internal bug: let the main thread see the exit and restart this shard
-    console.error('shard loop failed', err)
-    process.exit(1)
-  },
-)
+void run().catch((err: unknown) => {
+  // an internal bug: let the main thread see the exit and restart this shard
+  console.error('shard loop failed', err)
+  process.exit(1)
+})

@@ -248,7 +248,6 @@ export class Proxy {
   }
 }
 
-
 /**
  * One proxied request from booking to its end, across attempts. Plain callbacks, not a promise
  * chain: a stream keeps its run alive for its whole life, and each pending promise with its

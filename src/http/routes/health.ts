@@ -19,7 +19,9 @@ export function healthRoutes(fastify: FastifyInstance, ctx: HttpContext): void {
     const strict = (req.query as Record<string, unknown> | undefined)?.strict !== undefined
     const degraded = conn.nats === false || conn.etcd === false
     const ready = recovering === 0 && !ctx.closing() && !(strict && degraded)
-    return reply.code(ready ? 200 : 503).send({ ready, degraded, shards: health.length, recovering_shards: recovering, pending_event_messages: pending, workers: router.registry.all().length, nats: conn.nats, etcd: conn.etcd })
+    return reply
+      .code(ready ? 200 : 503)
+      .send({ ready, degraded, shards: health.length, recovering_shards: recovering, pending_event_messages: pending, workers: router.registry.all().length, nats: conn.nats, etcd: conn.etcd })
   })
   fastify.get('/metrics', async (_req, reply) => {
     const text = await router.metrics.registry.metrics()

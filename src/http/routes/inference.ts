@@ -14,7 +14,8 @@ import type { HttpContext } from '../context.js'
 export function inferenceRoutes(fastify: FastifyInstance, ctx: HttpContext): void {
   const { router, cfg, tokenizer, proxy } = ctx
   const noTokenizer = (): null => {
-    if (cfg.mode === 'kv') throw new KvrError('KVR_ERR_NO_TOKENIZER', 'a text prompt needs a tokenizer in kv mode: start the router with --tokenizer PATH (a tokenizer.json) or --tokenizer bytes, or send token ids')
+    if (cfg.mode === 'kv')
+      throw new KvrError('KVR_ERR_NO_TOKENIZER', 'a text prompt needs a tokenizer in kv mode: start the router with --tokenizer PATH (a tokenizer.json) or --tokenizer bytes, or send token ids')
     return null
   }
   // vLLM's request field, with its defaults: a completion gets the tokenizer's BOS, a rendered chat not
@@ -32,7 +33,8 @@ export function inferenceRoutes(fastify: FastifyInstance, ctx: HttpContext): voi
       const r = typeof rank === 'string' ? (/^[0-9]{1,10}$/.test(rank) ? Number(rank) : Number.NaN) : Number(rank)
       if (!Number.isInteger(r) || r < 0 || r > 0xffffffff) throw new KvrError('KVR_ERR_INVALID_REQUEST', `dp rank must be a decimal integer in [0, 2^32), got ${JSON.stringify(rank)}`)
       // a rank names one rank of one worker; without the worker it used to be dropped unseen
-      if (input.workerId === undefined) throw new KvrError('KVR_ERR_INVALID_REQUEST', 'a dp rank (x-dp-rank, nvext.dp_rank) needs the worker it belongs to (x-worker-instance-id or nvext.backend_instance_id)')
+      if (input.workerId === undefined)
+        throw new KvrError('KVR_ERR_INVALID_REQUEST', 'a dp rank (x-dp-rank, nvext.dp_rank) needs the worker it belongs to (x-worker-instance-id or nvext.backend_instance_id)')
       input.dpRank = r
     }
     const hints = nv.agent_hints as { priority?: number } | undefined
@@ -62,7 +64,12 @@ export function inferenceRoutes(fastify: FastifyInstance, ctx: HttpContext): voi
         tokens = noTokenizer()
       } else {
         const kwargs = body.chat_template_kwargs as Record<string, unknown> | undefined
-        const chatRequest = { messages: body.messages as unknown[], addGenerationPrompt: body.add_generation_prompt !== false, kwargs: kwargs ?? null, tools: (body.tools as unknown[] | undefined) ?? null }
+        const chatRequest = {
+          messages: body.messages as unknown[],
+          addGenerationPrompt: body.add_generation_prompt !== false,
+          kwargs: kwargs ?? null,
+          tools: (body.tools as unknown[] | undefined) ?? null,
+        }
         tokens = await tokenizer.encodeChat(chatRequest, specialTokens(body, false))
       }
     } else {

@@ -49,7 +49,8 @@ export async function decisionRoutes(fastify: FastifyInstance, ctx: HttpContext)
       if (rest.priority !== undefined && rest.priority !== null) {
         const p = rest.priority
         // i32 as Dynamo's agent_hints.priority, and as the completions routes' schema has it
-        if (typeof p !== 'number' || !Number.isInteger(p) || p < -2147483648 || p > 2147483647) throw new KvrError('KVR_ERR_INVALID_REQUEST', `priority must be an integer in [-2^31, 2^31), got ${JSON.stringify(p)}`)
+        if (typeof p !== 'number' || !Number.isInteger(p) || p < -2147483648 || p > 2147483647)
+          throw new KvrError('KVR_ERR_INVALID_REQUEST', `priority must be an integer in [-2^31, 2^31), got ${JSON.stringify(p)}`)
         input.priority = p
       }
       if (rest.isl !== undefined) {
@@ -71,7 +72,11 @@ export async function decisionRoutes(fastify: FastifyInstance, ctx: HttpContext)
       if (update === true) {
         const id = rest.request_id
         if (id !== undefined && (typeof id !== 'string' || id.length === 0 || id.length > 256)) throw new KvrError('KVR_ERR_INVALID_REQUEST', 'request_id must be a non-empty string (≤ 256 chars)')
-        if (id !== undefined && router.requestIds.isOurs(id as string)) throw new KvrError('KVR_ERR_INVALID_REQUEST', `request_id ${JSON.stringify(id)} is in the router's own id space (ids it makes begin with ${JSON.stringify(router.requestIds.prefix)}): choose another`)
+        if (id !== undefined && router.requestIds.isOurs(id as string))
+          throw new KvrError(
+            'KVR_ERR_INVALID_REQUEST',
+            `request_id ${JSON.stringify(id)} is in the router's own id space (ids it makes begin with ${JSON.stringify(router.requestIds.prefix)}): choose another`,
+          )
         input.id = (id as string | undefined) ?? router.requestIds.create()
       }
       const { decision } = await router.route(input)
@@ -103,7 +108,9 @@ export async function decisionRoutes(fastify: FastifyInstance, ctx: HttpContext)
       for (let i = 0; i < r.count; i++) {
         scores.push(`{"worker_id":${u64ToString(r.workerIdLo[i] as number, r.workerIdHi[i] as number)},"dp_rank":${r.dpRank[i]},"overlap_blocks":${r.overlap[i]},"tree_size":${r.treeSize[i]}}`)
       }
-      return reply.header('content-type', 'application/json').send(`{"blocks":${lo.length},"block_size":${bs},"scores":[${scores.join(',')}],"recovering_shards":${JSON.stringify(r.recoveringShards)}}`)
+      return reply
+        .header('content-type', 'application/json')
+        .send(`{"blocks":${lo.length},"block_size":${bs},"scores":[${scores.join(',')}],"recovering_shards":${JSON.stringify(r.recoveringShards)}}`)
     })
 
     scope.post('/v1/route/:id/prefill-complete', async (req, reply) => {
@@ -122,4 +129,5 @@ export async function decisionRoutes(fastify: FastifyInstance, ctx: HttpContext)
 }
 
 /** A booking of a request the router proxies: it follows that request, not the release routes. */
-const proxiedBooking = (id: string): KvrError => new KvrError('KVR_ERR_UNKNOWN_REQUEST', `no request booked through /v1/route has the id ${id}: it is one the router is proxying, whose booking ends with its stream`)
+const proxiedBooking = (id: string): KvrError =>
+  new KvrError('KVR_ERR_UNKNOWN_REQUEST', `no request booked through /v1/route has the id ${id}: it is one the router is proxying, whose booking ends with its stream`)

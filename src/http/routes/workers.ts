@@ -32,7 +32,15 @@ export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): void {
       const ranks = []
       for (let r = 0; r < w.dpRanks; r++) {
         const s = stats.find((x) => x.workerId === w.id && x.dpRank === r)
-        ranks.push({ dp_rank: r, index: router.recovery?.stateOf(w.id, r) ?? 'exact', cached_blocks: cached.get(`${w.id}:${r}`) ?? 0, last_event_id: lastEvent.get(`${w.id}:${r}`) ?? null, active_blocks: s?.activeBlocks ?? 0, prefill_tokens: s?.prefillTokens ?? 0, in_flight: s?.inFlight ?? 0 })
+        ranks.push({
+          dp_rank: r,
+          index: router.recovery?.stateOf(w.id, r) ?? 'exact',
+          cached_blocks: cached.get(`${w.id}:${r}`) ?? 0,
+          last_event_id: lastEvent.get(`${w.id}:${r}`) ?? null,
+          active_blocks: s?.activeBlocks ?? 0,
+          prefill_tokens: s?.prefillTokens ?? 0,
+          in_flight: s?.inFlight ?? 0,
+        })
       }
       // the shard's state first (a restarted shard lost every worker it held), then the ranks'
       const shardState = health[router.pool.shardOf(w.id)] ?? 'exact'
@@ -78,7 +86,8 @@ export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): void {
     if (idRaw === undefined) throw new KvrError('KVR_ERR_INVALID_REQUEST', 'body must have "id" (u64)')
     const id = readU64(idRaw, 'id')
     const bs = (b.block_size as number | undefined) ?? cfg.blockSize
-    if (bs !== cfg.blockSize) throw new KvrError('KVR_ERR_INVALID_BLOCK_SIZE', `worker block_size ${bs} differs from the router's --router-block-size ${cfg.blockSize}: its KV events would never match`)
+    if (bs !== cfg.blockSize)
+      throw new KvrError('KVR_ERR_INVALID_BLOCK_SIZE', `worker block_size ${bs} differs from the router's --router-block-size ${cfg.blockSize}: its KV events would never match`)
     const device: DeviceType = b.device_type === 'cpu' ? 'cpu' : 'gpu'
     const url = workerUrl(b.url as string)
     if (url === null) throw new KvrError('KVR_ERR_INVALID_REQUEST', `url must be an http:// or https:// URL with a host (and a port in [0, 65535]), got ${JSON.stringify(b.url)}`)

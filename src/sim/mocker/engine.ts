@@ -262,7 +262,8 @@ export class MockEngine {
     checkInt('max_num_batched_tokens', c.maxNumBatchedTokens, 1, 1 << 30)
     if (c.preemptionMode !== 'lifo' && c.preemptionMode !== 'fifo') throw new KvrError('KVR_ERR_INVALID_OPTION', `preemption mode must be lifo or fifo, got ${String(c.preemptionMode)}`)
     if (!(c.speedupRatio >= 0) || !Number.isFinite(c.speedupRatio)) throw new KvrError('KVR_ERR_INVALID_OPTION', `speedup ratio must be a finite number ≥ 0, got ${String(c.speedupRatio)}`)
-    if (!(c.decodeSpeedupRatio > 0) || !Number.isFinite(c.decodeSpeedupRatio)) throw new KvrError('KVR_ERR_INVALID_OPTION', `decode speedup ratio must be a finite number > 0, got ${String(c.decodeSpeedupRatio)}`)
+    if (!(c.decodeSpeedupRatio > 0) || !Number.isFinite(c.decodeSpeedupRatio))
+      throw new KvrError('KVR_ERR_INVALID_OPTION', `decode speedup ratio must be a finite number > 0, got ${String(c.decodeSpeedupRatio)}`)
     this.config = Object.freeze(c)
     this.ring = new EventRing(o.ringSize)
     this.onEvent = o.onEvent
@@ -549,7 +550,19 @@ export class MockEngine {
 
   private emptyReport(preempted: number[]): StepReport {
     this.stats.steps++
-    return { step: this.stats.steps, durationMs: 0, prefillTokens: 0, prefills: 0, decodes: 0, budgetUsed: 0, kvUsage: this.activeBlocks / this.config.numGpuBlocks, preempted, scheduled: [], running: this.running.length, waiting: this.waiting.length }
+    return {
+      step: this.stats.steps,
+      durationMs: 0,
+      prefillTokens: 0,
+      prefills: 0,
+      decodes: 0,
+      budgetUsed: 0,
+      kvUsage: this.activeBlocks / this.config.numGpuBlocks,
+      preempted,
+      scheduled: [],
+      running: this.running.length,
+      waiting: this.waiting.length,
+    }
   }
 
   /** Applies a step's results: every request that caught up samples its next token. */

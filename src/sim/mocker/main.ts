@@ -169,7 +169,11 @@ export function parseMockerArgs(argv: readonly string[]): MockerCli | 'help' {
     if (parts.length !== 3) throw new MockerArgError(`--endpoint must be a name or ns.component.endpoint, got ${JSON.stringify(endpoint)}`)
     ;[ns, component, endpoint] = parts as [string, string, string]
   }
-  for (const [flag, x] of [['--namespace', ns], ['--component', component], ['--endpoint', endpoint]] as const) {
+  for (const [flag, x] of [
+    ['--namespace', ns],
+    ['--component', component],
+    ['--endpoint', endpoint],
+  ] as const) {
     if (!NAME_RE.test(x)) throw new MockerArgError(`${flag} must match ${NAME_RE.source}, got ${JSON.stringify(x)}`)
   }
   f.namespace = ns
@@ -260,8 +264,13 @@ export async function mockerMain(argv: string[]): Promise<void> {
     throw err
   }
   const ws = fleet.workers
-  const transport = o.routerUrl !== undefined ? `router ${o.routerUrl}` : [o.natsUrl !== undefined ? `NATS ${o.natsUrl}` : '', o.etcdUrl !== undefined ? `etcd ${o.etcdUrl}` : ''].filter((x) => x !== '').join(' + ') || 'none (events stay in the local rings)'
-  process.stderr.write(`kv-router mocker: worker ids ${ws.map((w) => w.workerId).join(' ')}; block size ${ws[0]?.engine.config.blockSize}, ${ws[0]?.capacity} blocks each; registration and events: ${transport}\n`)
+  const transport =
+    o.routerUrl !== undefined
+      ? `router ${o.routerUrl}`
+      : [o.natsUrl !== undefined ? `NATS ${o.natsUrl}` : '', o.etcdUrl !== undefined ? `etcd ${o.etcdUrl}` : ''].filter((x) => x !== '').join(' + ') || 'none (events stay in the local rings)'
+  process.stderr.write(
+    `kv-router mocker: worker ids ${ws.map((w) => w.workerId).join(' ')}; block size ${ws[0]?.engine.config.blockSize}, ${ws[0]?.capacity} blocks each; registration and events: ${transport}\n`,
+  )
   process.stdout.write(`kv-router mocker: ready ${ws.length} engine(s) ${fleet.urls.join(' ')}\n`)
   process.on('SIGTERM', () => stop(0))
   process.on('SIGINT', () => stop(0))

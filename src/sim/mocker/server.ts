@@ -264,7 +264,8 @@ export class EngineServer {
       const tokens = promptTokens(b, chat)
       const mt = b.max_tokens ?? b.max_completion_tokens
       const maxTokens = mt === undefined || mt === null ? (this.o.defaultMaxTokens ?? 16) : mt
-      if (typeof maxTokens !== 'number' || !Number.isInteger(maxTokens) || maxTokens < 1) throw new KvrError('KVR_ERR_INVALID_REQUEST', `max_tokens must be a positive integer, got ${JSON.stringify(mt)}`)
+      if (typeof maxTokens !== 'number' || !Number.isInteger(maxTokens) || maxTokens < 1)
+        throw new KvrError('KVR_ERR_INVALID_REQUEST', `max_tokens must be a positive integer, got ${JSON.stringify(mt)}`)
       const model = typeof b.model === 'string' ? b.model : this.modelName
       const id = `${chat ? 'chatcmpl' : 'cmpl'}-${this.engine.workerId}-${this.nextId++}`
       const so = b.stream_options
@@ -288,8 +289,12 @@ export class EngineServer {
       const body = parseJsonExact(text) as Record<string, unknown>
       if (typeof body !== 'object' || body === null || Array.isArray(body)) throw new KvrError('KVR_ERR_INVALID_REQUEST', 'the body must be a JSON object')
       const opt = (v: unknown, f: string): bigint | null => (v === undefined || v === null ? null : readU64(v, f))
-      if (body.dp_rank !== undefined && body.dp_rank !== null && body.dp_rank !== 0) throw new KvrError('KVR_ERR_INVALID_REQUEST', `dp_rank ${JSON.stringify(body.dp_rank)}: this engine serves rank 0 only`)
-      answer = this.engine.ring.query({ worker_id: readU64(body.worker_id, 'worker_id'), start_event_id: opt(body.start_event_id, 'start_event_id'), end_event_id: opt(body.end_event_id, 'end_event_id') }, this.engine.workerId)
+      if (body.dp_rank !== undefined && body.dp_rank !== null && body.dp_rank !== 0)
+        throw new KvrError('KVR_ERR_INVALID_REQUEST', `dp_rank ${JSON.stringify(body.dp_rank)}: this engine serves rank 0 only`)
+      answer = this.engine.ring.query(
+        { worker_id: readU64(body.worker_id, 'worker_id'), start_event_id: opt(body.start_event_id, 'start_event_id'), end_event_id: opt(body.end_event_id, 'end_event_id') },
+        this.engine.workerId,
+      )
     } catch (err) {
       const message = err instanceof SyntaxError ? 'the body is not valid JSON' : (err as Error).message
       this.send(res, 400, encodeKvQueryResponse({ Error: message }))

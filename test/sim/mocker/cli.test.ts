@@ -11,7 +11,6 @@ import { waitUntil } from '../../helpers/wait.js'
 import { runCli as run } from '../../helpers/cli.js'
 import type { CliProcess as Proc } from '../../helpers/cli.js'
 
-
 async function ready(pr: Proc, re: RegExp): Promise<RegExpMatchArray> {
   let m: RegExpMatchArray | null = null
   await waitUntil(`ready line (${pr.err()})`, () => (m = pr.out().match(re)) !== null, 20_000)
@@ -68,13 +67,67 @@ t.test('the parser, flag by flag', async (t) => {
       t.ok(err instanceof MockerArgError)
     }
   }
-  const ok = parseMockerArgs(['--num-workers', '3', '--block-size', '16', '--num-gpu-blocks-override=100', '--max-num-seqs', '8', '--max-num-batched-tokens', '512', '--enable-chunked-prefill', 'false', '--preemption-mode', 'fifo', '--speedup-ratio', '2.5', '--decode-speedup-ratio', '0.5', '--host', '0.0.0.0', '--advertise-host', 'engine-1', '--http-port', '9100', '--first-worker-id', '7', '--model-name', 'mm', '--router-url', 'http://r:8000/', '--api-key', 'k'])
+  const ok = parseMockerArgs([
+    '--num-workers',
+    '3',
+    '--block-size',
+    '16',
+    '--num-gpu-blocks-override=100',
+    '--max-num-seqs',
+    '8',
+    '--max-num-batched-tokens',
+    '512',
+    '--enable-chunked-prefill',
+    'false',
+    '--preemption-mode',
+    'fifo',
+    '--speedup-ratio',
+    '2.5',
+    '--decode-speedup-ratio',
+    '0.5',
+    '--host',
+    '0.0.0.0',
+    '--advertise-host',
+    'engine-1',
+    '--http-port',
+    '9100',
+    '--first-worker-id',
+    '7',
+    '--model-name',
+    'mm',
+    '--router-url',
+    'http://r:8000/',
+    '--api-key',
+    'k',
+  ])
   t.same(ok, {
     numWorkers: 3,
-    fleet: { numWorkers: 3, blockSize: 16, numGpuBlocks: 100, maxNumSeqs: 8, maxNumBatchedTokens: 512, enableChunkedPrefill: false, preemptionMode: 'fifo', speedupRatio: 2.5, decodeSpeedupRatio: 0.5, host: '0.0.0.0', advertiseHost: 'engine-1', port: 9100, firstWorkerId: 7n, modelName: 'mm', routerUrl: 'http://r:8000', apiKey: 'k', namespace: 'dynamo', component: 'backend', endpoint: 'generate' },
+    fleet: {
+      numWorkers: 3,
+      blockSize: 16,
+      numGpuBlocks: 100,
+      maxNumSeqs: 8,
+      maxNumBatchedTokens: 512,
+      enableChunkedPrefill: false,
+      preemptionMode: 'fifo',
+      speedupRatio: 2.5,
+      decodeSpeedupRatio: 0.5,
+      host: '0.0.0.0',
+      advertiseHost: 'engine-1',
+      port: 9100,
+      firstWorkerId: 7n,
+      modelName: 'mm',
+      routerUrl: 'http://r:8000',
+      apiKey: 'k',
+      namespace: 'dynamo',
+      component: 'backend',
+      endpoint: 'generate',
+    },
   })
   const d = parseMockerArgs(['--enable-chunked-prefill', '--nats-url', 'nats://n:4222', '--etcd-url', 'http://e:2379', '--endpoint', 'dyn://ns1.comp1.ep1', '--lease-ttl-secs', '5'])
-  t.match(d, { fleet: { enableChunkedPrefill: true, natsUrl: 'nats://n:4222', etcdUrl: 'http://e:2379', namespace: 'ns1', component: 'comp1', endpoint: 'ep1', leaseTtlSecs: 5, firstWorkerId: 1000n } })
+  t.match(d, {
+    fleet: { enableChunkedPrefill: true, natsUrl: 'nats://n:4222', etcdUrl: 'http://e:2379', namespace: 'ns1', component: 'comp1', endpoint: 'ep1', leaseTtlSecs: 5, firstWorkerId: 1000n },
+  })
   t.equal(parseMockerArgs(['-h']), 'help')
   bad(['--num-workers'], /--num-workers needs a value/)
   bad(['--enable-chunked-prefill', 'maybe'], /must be true or false/)
@@ -116,11 +169,21 @@ t.test('--router-url: registers with a spawned router, events and prefix hits fl
   t.equal(mocker.out().split('\n').length, 2, 'exactly one stdout line')
   t.match(mocker.err(), /worker ids 40 41; block size 16, 16384 blocks each; registration and events: router/)
   const workers = (await (await fetch(`${base}/v1/workers`)).json()) as { workers: { id: number; url: string; capacity: number; max_num_batched_tokens: number }[] }
-  t.same(workers.workers.map((w) => [w.id, w.url, w.capacity, w.max_num_batched_tokens]), [[40, m[2], 16384, 8192], [41, m[3], 16384, 8192]])
+  t.same(
+    workers.workers.map((w) => [w.id, w.url, w.capacity, w.max_num_batched_tokens]),
+    [
+      [40, m[2], 16384, 8192],
+      [41, m[3], 16384, 8192],
+    ],
+  )
 
   const prompt = 'The mocker engines post their KV events to the router, which then knows where this prompt lives.'
   const ask = async (): Promise<{ worker: number; cached: number }> => {
-    const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json', authorization: `Bearer ${KEY}` }, body: JSON.stringify({ prompt, max_tokens: 4 }) })
+    const r = await fetch(`${base}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json', authorization: `Bearer ${KEY}` },
+      body: JSON.stringify({ prompt, max_tokens: 4 }),
+    })
     t.equal(r.status, 200)
     const j = (await r.json()) as { usage: { prompt_tokens_details: { cached_tokens: number } }; nvext: { worker_id: { decode_worker_id: number } } }
     return { worker: j.nvext.worker_id.decode_worker_id, cached: j.usage.prompt_tokens_details.cached_tokens }

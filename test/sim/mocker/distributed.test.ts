@@ -57,7 +57,17 @@ t.test('engines register in etcd under their leases and publish events and load 
   const removed: bigint[] = []
   disco.on('removed', (id: bigint) => removed.push(id))
 
-  const fleet = await MockerFleet.start({ numWorkers: 2, blockSize: BS, numGpuBlocks: 2048, maxNumBatchedTokens: 4096, speedupRatio: 0, natsUrl: nats.url, etcdUrl: etcd.url, loadIntervalMs: 200, modelName: 'mock' })
+  const fleet = await MockerFleet.start({
+    numWorkers: 2,
+    blockSize: BS,
+    numGpuBlocks: 2048,
+    maxNumBatchedTokens: 4096,
+    speedupRatio: 0,
+    natsUrl: nats.url,
+    etcdUrl: etcd.url,
+    loadIntervalMs: 200,
+    modelName: 'mock',
+  })
   let closed = false
   t.teardown(() => (closed ? undefined : fleet.close()))
   const [w0, w1] = fleet.workers as [MockerWorker, MockerWorker]
@@ -73,10 +83,18 @@ t.test('engines register in etcd under their leases and publish events and load 
     t.equal(inst.kvs[0]?.lease, w.workerId.toString(), 'the instance key lives under the lease named by the worker id')
     t.equal(card.kvs[0]?.lease, w.workerId.toString())
     t.same(JSON.parse(inst.kvs[0]?.value.toString() ?? '{}'), { http_url: w.url, device_type: 'cuda' })
-    t.same(JSON.parse(card.kvs[0]?.value.toString() ?? '{}'), { kv_cache_block_size: BS, runtime_config: { total_kv_blocks: 2048, max_num_batched_tokens: 4096, data_parallel_size: 1, data_parallel_start_rank: 0 }, display_name: 'mock' })
+    t.same(JSON.parse(card.kvs[0]?.value.toString() ?? '{}'), {
+      kv_cache_block_size: BS,
+      runtime_config: { total_kv_blocks: 2048, max_num_batched_tokens: 4096, data_parallel_size: 1, data_parallel_start_rank: 0 },
+      display_name: 'mock',
+    })
   }
   await waitUntil('both engines discovered', () => disco.workers.size === 2, 5000)
-  t.same(disco.workers.get(w0.workerId), { workerId: w0.workerId, url: w0.url, deviceType: 'gpu', blockSize: BS, totalKvBlocks: 2048, maxNumBatchedTokens: 4096, dpStart: 0, dpSize: 1 }, 'the router\'s discovery reads the record')
+  t.same(
+    disco.workers.get(w0.workerId),
+    { workerId: w0.workerId, url: w0.url, deviceType: 'gpu', blockSize: BS, totalKvBlocks: 2048, maxNumBatchedTokens: 4096, dpStart: 0, dpSize: 1 },
+    "the router's discovery reads the record",
+  )
 
   // a request on engine 0: its Stored events reach NATS and decode with the router's decoder
   const prompt = Array.from({ length: 100 }, (_, i) => i * 7 + 1)
@@ -87,11 +105,23 @@ t.test('engines register in etcd under their leases and publish events and load 
   await waitUntil('events on NATS', () => events.length === w0.engine.ring.length, 5000)
   t.equal(undecodable, 0, 'every message decodes')
   t.ok(events.length >= 2)
-  t.same(events.map((e) => e.worker_id), events.map(() => w0.workerId), 'worker id = lease id, exact')
-  t.same(events.map((e) => e.event.event_id), events.map((_, i) => BigInt(i + 1)), 'ids consecutive from 1')
+  t.same(
+    events.map((e) => e.worker_id),
+    events.map(() => w0.workerId),
+    'worker id = lease id, exact',
+  )
+  t.same(
+    events.map((e) => e.event.event_id),
+    events.map((_, i) => BigInt(i + 1)),
+    'ids consecutive from 1',
+  )
   const blocks = events.flatMap((e) => (typeof e.event.data === 'object' && 'stored' in e.event.data ? e.event.data.stored.blocks : []))
   const tokens = [...prompt, ...Array.from({ length: 30 }, (_, k) => outputToken(k))]
-  t.same(blocks.map((b) => b.tokens_hash), [...computeBlockHashes(tokens.slice(0, 16 * blocks.length), BS)], 'tokens_hash is the router\'s local hash, prompt and decode blocks')
+  t.same(
+    blocks.map((b) => b.tokens_hash),
+    [...computeBlockHashes(tokens.slice(0, 16 * blocks.length), BS)],
+    "tokens_hash is the router's local hash, prompt and decode blocks",
+  )
   t.equal(decoder.decodeString(JSON.stringify({ worker_id: 1, event: { event_id: 1, data: 'cleared' } })).kind, EventKind.Cleared)
 
   // kv_metrics: periodic reports, decoded by the router's intake

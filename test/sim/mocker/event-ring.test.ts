@@ -65,13 +65,28 @@ t.test('events, ranges, too new, invalid, errors', async (t) => {
   t.ok(mid.text.startsWith('{"Events":['))
   t.match(mid.text, `"worker_id":${WORKER},`, 'worker id written as an exact integer')
   const got = eventsOf(mid.obj['Events'])
-  t.same(got.map((e) => e.event.event_id), [newest - 5n, newest - 4n, newest - 3n, newest - 2n], 'original ids, consecutive, inclusive range')
-  t.same(got.map((e) => e.worker_id), [WORKER, WORKER, WORKER, WORKER])
+  t.same(
+    got.map((e) => e.event.event_id),
+    [newest - 5n, newest - 4n, newest - 3n, newest - 2n],
+    'original ids, consecutive, inclusive range',
+  )
+  t.same(
+    got.map((e) => e.worker_id),
+    [WORKER, WORKER, WORKER, WORKER],
+  )
   // the same events as were published, byte for byte
   t.same(mid.text, encodeKvQueryResponse({ Events: events.slice(events.length - 6, events.length - 2) }))
 
-  t.same(eventsOf((await query(q(newest - 1n, null))).obj['Events']).map((e) => e.event.event_id), [newest - 1n, newest], 'no end: up to the newest')
-  t.same(eventsOf((await query(q(newest, newest + 50n))).obj['Events']).map((e) => e.event.event_id), [newest], 'an end past the newest: what exists')
+  t.same(
+    eventsOf((await query(q(newest - 1n, null))).obj['Events']).map((e) => e.event.event_id),
+    [newest - 1n, newest],
+    'no end: up to the newest',
+  )
+  t.same(
+    eventsOf((await query(q(newest, newest + 50n))).obj['Events']).map((e) => e.event.event_id),
+    [newest],
+    'an end past the newest: what exists',
+  )
   t.same((await query(q(newest + 1n, newest + 9n))).obj, { TooNew: { requested_start: Number(newest + 1n), requested_end: Number(newest + 9n), newest_available: Number(newest) } })
   t.same((await query(q(9n, 3n))).obj, { InvalidRange: { start_id: 9, end_id: 3 } })
 
@@ -100,7 +115,11 @@ t.test('a start older than the ring, or none, gives a tree dump that rebuilds th
       if (index.apply(d.decodeString(JSON.stringify(o))) !== APPLY_OK) rejected++
     })
     t.equal(rejected, 0, 'parents come before children')
-    t.same(eventsOf(list).map((e) => e.event.event_id), list.map((_, i) => BigInt(i)), 'synthetic ids from 0')
+    t.same(
+      eventsOf(list).map((e) => e.event.event_id),
+      list.map((_, i) => BigInt(i)),
+      'synthetic ids from 0',
+    )
     const held = new Set<bigint>()
     for (const ev of index.dump()) if (typeof ev.event.data === 'object' && 'stored' in ev.event.data) for (const b of ev.event.data.stored.blocks) held.add(b.block_hash)
     t.same(held, engine.pool.cachedBlocks(), 'the same cached set as the pool')
@@ -119,7 +138,13 @@ t.test('the ring on its own', async (t) => {
   ring.push(ev(7n))
   t.equal(ring.length, 2)
   t.same([ring.oldestId, ring.newestId], [6n, 7n])
-  t.same(ring.range(6n, 7n).map((e) => e.event.event_id), [6n, 7n])
-  t.same(encodeKvQueryResponse({ TooNew: { requested_start: 2n ** 64n - 1n, requested_end: null, newest_available: 7n } }), '{"TooNew":{"requested_start":18446744073709551615,"requested_end":null,"newest_available":7}}')
+  t.same(
+    ring.range(6n, 7n).map((e) => e.event.event_id),
+    [6n, 7n],
+  )
+  t.same(
+    encodeKvQueryResponse({ TooNew: { requested_start: 2n ** 64n - 1n, requested_end: null, newest_available: 7n } }),
+    '{"TooNew":{"requested_start":18446744073709551615,"requested_end":null,"newest_available":7}}',
+  )
   t.same(encodeKvQueryResponse({ InvalidRange: { start_id: 2n ** 60n, end_id: 1n } }), `{"InvalidRange":{"start_id":${2n ** 60n},"end_id":1}}`)
 })

@@ -100,20 +100,24 @@ for (const cfg of SEEDS) {
     e.runUntilIdle()
     t.equal(overCapacity, 0, 'the pool and the running requests never exceed the capacity')
     t.equal(checkpoints, 7)
-    t.equal(badCheckpoints, 0, 'at every checkpoint the index held exactly the pool\'s cached set')
+    t.equal(badCheckpoints, 0, "at every checkpoint the index held exactly the pool's cached set")
     t.equal(rejected, 0, 'every event applied')
     t.ok(e.pool.evictions > 0, `evictions happened (${e.pool.evictions})`)
     if (cfg.blocks < 100) t.ok(e.stats.preemptions > 0, `preemptions happened (${e.stats.preemptions})`)
     t.ok(e.stats.aborted > 0, `aborts happened (${e.stats.aborted})`)
     t.ok(e.stats.cachedTokens > 0, 'prefix hits happened')
-    t.same(events.map((ev) => ev.event.event_id), events.map((_, i) => BigInt(i + 1)), 'event ids consecutive from 1')
+    t.same(
+      events.map((ev) => ev.event.event_id),
+      events.map((_, i) => BigInt(i + 1)),
+      'event ids consecutive from 1',
+    )
     t.equal(e.stats.finished + e.stats.aborted, all.length, 'every request finished or was aborted')
     for (const r of all) if (r.state === 'finished' && r.outputTokens !== r.maxTokens) t.fail(`request ${r.id} ended with ${r.outputTokens}/${r.maxTokens} tokens`)
     t.equal(e.pool.activeBlocks + e.partialBlockCount, 0, 'no block leaked')
 
     // the final state, three ways
     const cached = e.pool.cachedBlocks()
-    t.same(indexBlocks(index, worker), cached, 'the index built from the events holds the pool\'s cached set')
+    t.same(indexBlocks(index, worker), cached, "the index built from the events holds the pool's cached set")
     t.equal(treeSize(index, worker), e.pool.used)
     const dumped = new KvIndex()
     let dumpRejected = 0
@@ -121,8 +125,12 @@ for (const cfg of SEEDS) {
     if (!('TreeDump' in dump)) throw new Error('expected a tree dump')
     for (const ev of dump.TreeDump) if (dumped.apply(decoder.decodeString(encodeRouterEvent(ev))) !== APPLY_OK) dumpRejected++
     t.equal(dumpRejected, 0)
-    t.same(indexBlocks(dumped, worker), cached, 'the ring\'s tree dump rebuilds the same cached set')
-    t.same(dump.TreeDump.map((ev) => ev.event.event_id), dump.TreeDump.map((_, i) => BigInt(i)), 'dump ids are synthetic, from 0')
+    t.same(indexBlocks(dumped, worker), cached, "the ring's tree dump rebuilds the same cached set")
+    t.same(
+      dump.TreeDump.map((ev) => ev.event.event_id),
+      dump.TreeDump.map((_, i) => BigInt(i)),
+      'dump ids are synthetic, from 0',
+    )
 
     // overlaps: what the router would answer equals what the engine would hit
     let badOverlap = 0

@@ -37,7 +37,11 @@ t.test('HTTP ingest: in order, batched, failures told once per run', async (t) =
   const p = new HttpEventPublisher({ routerUrl: url, apiKey: 'k', batch: 50, onError: (m) => errors.push(m) })
   for (let i = 1; i <= 300; i++) p.publish(ev(i))
   await p.flush()
-  t.same(got, Array.from({ length: 300 }, (_, i) => i + 1), 'every event, in order')
+  t.same(
+    got,
+    Array.from({ length: 300 }, (_, i) => i + 1),
+    'every event, in order',
+  )
   t.ok(posts >= 2 && posts <= 7, `batched (${posts} posts)`)
   t.equal(auth[0], 'Bearer k')
   t.equal(p.delivered, 300)
@@ -69,7 +73,11 @@ const load = (active: number, waiting: number): EngineLoad => ({ workerId: 2n **
 
 t.test('kv_metrics: a LoadEvent the router decodes, exact worker id', async (t) => {
   const text = loadEventJson(load(250, 4))
-  t.same(JSON.parse(text).data, { worker_stats: { data_parallel_rank: 0, request_active_slots: 3, request_total_slots: 256, num_requests_waiting: 4 }, kv_stats: { kv_active_blocks: 250, kv_total_blocks: 1000, gpu_cache_usage_perc: 0.25, gpu_prefix_cache_hit_rate: 0.25 }, spec_decode_stats: null })
+  t.same(JSON.parse(text).data, {
+    worker_stats: { data_parallel_rank: 0, request_active_slots: 3, request_total_slots: 256, num_requests_waiting: 4 },
+    kv_stats: { kv_active_blocks: 250, kv_total_blocks: 1000, gpu_cache_usage_perc: 0.25, gpu_prefix_cache_hit_rate: 0.25 },
+    spec_decode_stats: null,
+  })
   t.same(parseLoadEvent(new TextEncoder().encode(text)), { workerId: 2n ** 63n + 1n, dpRank: 0, activeBlocks: 250, totalBlocks: 1000, requestsWaiting: 4 })
 })
 

@@ -61,7 +61,10 @@ t.test('the token budget of a step is never exceeded, running requests go first'
   }
   t.equal(over, 0, 'budget respected in every step')
   t.equal(mismatch, 0, 'budget accounting matches the scheduled entries')
-  t.ok(reports.some((r) => r.budgetUsed === 256), 'some steps use the whole budget')
+  t.ok(
+    reports.some((r) => r.budgetUsed === 256),
+    'some steps use the whole budget',
+  )
   t.equal(rec.finished.length, 12)
   for (const r of rec.finished) t.equal(r.outputTokens, r.maxTokens)
   noLeaks(t, e)
@@ -86,9 +89,20 @@ t.test('chunked prefill splits a long prompt over steps; without it the prompt g
   const a = whole.submit(prompt(600), 2)
   const b = whole.submit(prompt(600), 2)
   const w1 = whole.step() as StepReport
-  t.same(w1.scheduled.map((x) => [x.id, x.tokens]), [[a.id, 600]], 'the second prompt does not fit the rest of the budget and waits')
+  t.same(
+    w1.scheduled.map((x) => [x.id, x.tokens]),
+    [[a.id, 600]],
+    'the second prompt does not fit the rest of the budget and waits',
+  )
   const w2 = whole.step() as StepReport
-  t.same(w2.scheduled.map((x) => [x.id, x.tokens, x.decode]), [[a.id, 1, true], [b.id, 600, false]], 'next step: the decode first, then the whole prompt')
+  t.same(
+    w2.scheduled.map((x) => [x.id, x.tokens, x.decode]),
+    [
+      [a.id, 1, true],
+      [b.id, 600, false],
+    ],
+    'next step: the decode first, then the whole prompt',
+  )
   whole.runUntilIdle()
   noLeaks(t, e)
   noLeaks(t, whole)
@@ -129,7 +143,7 @@ t.test('a repeated prompt hits the prefix cache; the step computes only the rest
   noLeaks(t, e)
 })
 
-t.test('decoded tokens that complete a block are stored, with the router\'s hashes', async (t) => {
+t.test("decoded tokens that complete a block are stored, with the router's hashes", async (t) => {
   const { e, events } = engine()
   const p = prompt(20)
   const r = e.submit(p, 45)
@@ -143,9 +157,21 @@ t.test('decoded tokens that complete a block are stored, with the router\'s hash
   t.equal(all[20], OUTPUT_TOKEN_BASE)
   const local = computeBlockHashes(all.slice(0, 64), 16)
   const seq = computeSequenceHashes(local)
-  t.same(stored.map((b) => b.tokens_hash), [...local], 'tokens_hash is the router\'s local block hash')
-  t.same(stored.map((b) => b.block_hash), [...seq], 'block_hash is the chained sequence hash')
-  t.same(events.map((ev) => ev.event.event_id), [1n, 2n, 3n, 4n], 'consecutive ids from 1')
+  t.same(
+    stored.map((b) => b.tokens_hash),
+    [...local],
+    "tokens_hash is the router's local block hash",
+  )
+  t.same(
+    stored.map((b) => b.block_hash),
+    [...seq],
+    'block_hash is the chained sequence hash',
+  )
+  t.same(
+    events.map((ev) => ev.event.event_id),
+    [1n, 2n, 3n, 4n],
+    'consecutive ids from 1',
+  )
   noLeaks(t, e)
 })
 
@@ -166,7 +192,11 @@ for (const mode of ['lifo', 'fifo'] as const) {
     }
     t.ok(first !== undefined, 'preemption happened')
     const victim = first?.preempted[0]
-    t.equal(victim, mode === 'lifo' ? (reqs[2] as EngineRequest).id : (reqs[1] as EngineRequest).id, mode === 'lifo' ? 'the most recently admitted gave way' : 'the oldest request after the one that needed room gave way')
+    t.equal(
+      victim,
+      mode === 'lifo' ? (reqs[2] as EngineRequest).id : (reqs[1] as EngineRequest).id,
+      mode === 'lifo' ? 'the most recently admitted gave way' : 'the oldest request after the one that needed room gave way',
+    )
     t.ok(maxUsed <= 12, `active + partial blocks never above capacity (max ${maxUsed})`)
     t.ok(e.stats.preemptions > 0)
     t.equal(rec.finished.length, 3, 'every request completed')
@@ -194,7 +224,11 @@ t.test('an abort frees the blocks at once, waiting or running', async (t) => {
   t.equal(e.abort(c), true, 'a waiting request too')
   e.runUntilIdle()
   t.equal(b.outputTokens, 50)
-  t.same(rec.finished.map((r) => r.id), [b.id], 'aborted requests never finish')
+  t.same(
+    rec.finished.map((r) => r.id),
+    [b.id],
+    'aborted requests never finish',
+  )
   t.equal(e.stats.aborted, 2)
   noLeaks(t, e)
 })
@@ -210,7 +244,10 @@ t.test('requests that could never run are refused', async (t) => {
     }
   }
   t.ok(refused(() => e.submit([], 1), 'KVR_ERR_EMPTY_PROMPT'))
-  t.ok(refused(() => e.submit(prompt(60), 5), 'KVR_ERR_INVALID_REQUEST'), '65 tokens need 5 blocks of 16, the engine has 4')
+  t.ok(
+    refused(() => e.submit(prompt(60), 5), 'KVR_ERR_INVALID_REQUEST'),
+    '65 tokens need 5 blocks of 16, the engine has 4',
+  )
   t.ok(refused(() => e.submit(prompt(10), 0), 'KVR_ERR_INVALID_REQUEST'))
   t.ok(refused(() => e.submit([1, -2, 3], 1), 'KVR_ERR_TOKEN_OUT_OF_RANGE'))
   t.ok(refused(() => e.submit([1, 2 ** 32], 1), 'KVR_ERR_TOKEN_OUT_OF_RANGE'))
@@ -222,7 +259,7 @@ t.test('requests that could never run are refused', async (t) => {
   t.ok(refused(() => e.submit([1], 1), 'KVR_ERR_SHUTTING_DOWN'))
 })
 
-t.test('step durations follow the timing model with the step\'s own T, decodes and KV usage', async (t) => {
+t.test("step durations follow the timing model with the step's own T, decodes and KV usage", async (t) => {
   const { e } = engine({ speedupRatio: 2, decodeSpeedupRatio: 3, numGpuBlocks: 100 })
   e.submit(prompt(500), 4)
   e.submit(prompt(300), 4)
@@ -231,5 +268,8 @@ t.test('step durations follow the timing model with the step\'s own T, decodes a
   for (const r of reports) t.equal(r.durationMs, stepMs({ prefillTokens: r.prefillTokens, decodes: r.decodes, kvUsage: r.kvUsage }, { speedupRatio: 2, decodeSpeedupRatio: 3 }))
   // after the prefill, both decode: usage is their blocks (partials included) over 100
   t.equal(reports[1]?.kvUsage, (Math.ceil(501 / 16) + Math.ceil(301 / 16)) / 100)
-  t.equal(e.stats.busyMs, reports.reduce((s, r) => s + r.durationMs, 0))
+  t.equal(
+    e.stats.busyMs,
+    reports.reduce((s, r) => s + r.durationMs, 0),
+  )
 })

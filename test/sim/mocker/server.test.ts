@@ -49,7 +49,7 @@ t.test('unary completion: text, usage, and the cached prefix the second time', a
   t.same(ja.usage, { prompt_tokens: 100, completion_tokens: 5, total_tokens: 105, prompt_tokens_details: { cached_tokens: 0 } })
   const b = JSON.parse((await post('/v1/completions', { prompt: [prompt], max_tokens: 2 })).text) as { model: string; usage: Usage }
   t.equal(b.usage.prompt_tokens_details.cached_tokens, 96, 'six full blocks of 16 were cached')
-  t.equal(b.model, 'm1', 'the engine\'s model name when the request names none')
+  t.equal(b.model, 'm1', "the engine's model name when the request names none")
   // text prompts are UTF-8 bytes; no max_tokens means 16
   const c = JSON.parse((await post('/v1/completions', { prompt: 'héllo' })).text) as { usage: Usage; choices: { text: string }[] }
   t.equal(c.usage.prompt_tokens, 6)
@@ -60,7 +60,10 @@ t.test('unary completion: text, usage, and the cached prefix the second time', a
 })
 
 t.test('chat: unary and streamed, messages through the shared chat template', async (t) => {
-  const messages = [{ role: 'system', content: 'be brief' }, { role: 'user', content: [{ type: 'text', text: 'hello' }] }]
+  const messages = [
+    { role: 'system', content: 'be brief' },
+    { role: 'user', content: [{ type: 'text', text: 'hello' }] },
+  ]
   const u = JSON.parse((await post('/v1/chat/completions', { messages, max_completion_tokens: 3 })).text) as { object: string; choices: { message: { role: string; content: string } }[]; usage: Usage }
   t.equal(u.object, 'chat.completion')
   t.same(u.choices[0]?.message, { role: 'assistant', content: 'the cache is' })
@@ -91,7 +94,10 @@ t.test('a stream carries the usage chunk only when stream_options.include_usage 
     t.equal(chunks.length, 3, `stream_options ${JSON.stringify(so)}: two tokens, [DONE]`)
     t.match(chunks[1], { choices: [{ text: ' cache', finish_reason: 'length' }] })
     t.equal(chunks[2], '[DONE]')
-    t.notOk(chunks.some((c) => typeof c === 'object' && c !== null && 'usage' in c), 'no usage anywhere')
+    t.notOk(
+      chunks.some((c) => typeof c === 'object' && c !== null && 'usage' in c),
+      'no usage anywhere',
+    )
   }
 })
 
@@ -139,7 +145,11 @@ t.test('a client that goes away aborts its request and frees its blocks', async 
   t.teardown(() => f.close())
   const e = (f.workers[0] as MockerWorker).engine
   const ac = new AbortController()
-  const r = await fetch(`${f.urls[0]}/v1/completions`, { method: 'POST', body: JSON.stringify({ prompt: Array.from({ length: 300 }, (_, i) => i), max_tokens: 5000, stream: true }), signal: ac.signal })
+  const r = await fetch(`${f.urls[0]}/v1/completions`, {
+    method: 'POST',
+    body: JSON.stringify({ prompt: Array.from({ length: 300 }, (_, i) => i), max_tokens: 5000, stream: true }),
+    signal: ac.signal,
+  })
   const reader = (r.body as ReadableStream<Uint8Array>).getReader()
   const first = await reader.read()
   t.match(Buffer.from(first.value as Uint8Array).toString(), /^data: \{"id":"cmpl-9-0"/)
@@ -177,7 +187,11 @@ t.test('the step loop keeps time: no drift over hundreds of short steps', async 
   let done: (r: EngineRequest) => void = () => undefined
   const finished = new Promise<EngineRequest>((r) => (done = r))
   const t0 = performance.now()
-  const r = e.submit(Array.from({ length: 64 }, (_, i) => i), 300, { onToken: () => undefined, onFinish: (x) => done(x) })
+  const r = e.submit(
+    Array.from({ length: 64 }, (_, i) => i),
+    300,
+    { onToken: () => undefined, onFinish: (x) => done(x) },
+  )
   await finished
   const elapsed = performance.now() - t0
   const modelled = e.stats.busyMs
@@ -188,7 +202,7 @@ t.test('the step loop keeps time: no drift over hundreds of short steps', async 
   t.ok(r.firstTokenAt - r.arrivedAt < 60, 'first token after the prefill step (17.5 ms modelled)')
 })
 
-t.test('a step longer than Node\'s timer range waits, instead of waking every millisecond', async (t) => {
+t.test("a step longer than Node's timer range waits, instead of waking every millisecond", async (t) => {
   const warnings: string[] = []
   const onWarning = (w: Error): void => void warnings.push(w.name)
   process.on('warning', onWarning)
@@ -202,11 +216,18 @@ t.test('a step longer than Node\'s timer range waits, instead of waking every mi
   // a 64-token prefill is ≈17.5 ms modelled; at 1e-9 it lasts ≈1.75·10^10 ms, past 2^31 − 1
   const e = new MockEngine({ workerId: 4n, speedupRatio: 1e-9, now })
   t.teardown(() => e.close())
-  const r = e.submit(Array.from({ length: 64 }, (_, i) => i), 1)
+  const r = e.submit(
+    Array.from({ length: 64 }, (_, i) => i),
+    1,
+  )
   await waitUntil('the prefill step started', () => r.computed > 0, 2000)
   const before = reads
   await new Promise((resolve) => setTimeout(resolve, 200))
   t.ok(reads - before <= 2, `the loop woke ${reads - before} time(s) in 200 ms`)
   t.equal(r.outputTokens, 0, 'the step is not over')
-  t.same(warnings.filter((w) => w === 'TimeoutOverflowWarning'), [], 'no timer overflowed')
+  t.same(
+    warnings.filter((w) => w === 'TimeoutOverflowWarning'),
+    [],
+    'no timer overflowed',
+  )
 })

@@ -31,17 +31,26 @@ t.test('a larger block size counts only complete blocks', async (t) => {
 t.test('a hit stops at the first miss, even if later blocks were seen', async (t) => {
   // the second request shares block 0 and differs at block 1 of the trace: its 3rd trace block
   // (id 9) follows a different prefix, so nothing after the miss can match
-  const b = cacheBound([
-    { input_length: 1536, hash_ids: [1, 2, 9] },
-    { input_length: 1536, hash_ids: [1, 4, 9] },
-  ], 512)
+  const b = cacheBound(
+    [
+      { input_length: 1536, hash_ids: [1, 2, 9] },
+      { input_length: 1536, hash_ids: [1, 4, 9] },
+    ],
+    512,
+  )
   t.equal(b.cachedTokens, 512)
   t.equal(b.uniqueBlocks, 5)
 })
 
 t.test('prompts longer than the initial buffers, and an empty trace', async (t) => {
   const ids = Array.from({ length: 40 }, (_, i) => i)
-  const b = cacheBound([{ input_length: 40 * 512, hash_ids: ids }, { input_length: 40 * 512, hash_ids: ids }], 64)
+  const b = cacheBound(
+    [
+      { input_length: 40 * 512, hash_ids: ids },
+      { input_length: 40 * 512, hash_ids: ids },
+    ],
+    64,
+  )
   t.equal(b.cachedTokens, 40 * 512)
   t.equal(b.hitRate, 0.5)
   t.same(cacheBound([], 64), { blockSize: 64, requests: 0, promptTokens: 0, cachedTokens: 0, hitRate: 0, uniqueBlocks: 0 })

@@ -46,8 +46,43 @@ function run(args: string[]): Promise<{ code: number | null; stderr: string; std
 
 t.test('parse: defaults, both flag forms, help', async (t) => {
   const a = parseReplayArgs(['--trace', 'f.jsonl', '--url=http://127.0.0.1:8000'])
-  t.same(a, { trace: 'f.jsonl', url: 'http://127.0.0.1:8000', speedup: 1, limit: null, durationMin: null, maxInFlight: 2048, timeoutS: 600, model: null, apiKey: null, output: null, timeScale: 1, quiet: false })
-  const b = parseReplayArgs(['--trace=f', '--url', 'https://h', '--speedup', '2.5', '--limit=10', '--duration-min', '0.5', '--max-in-flight', '8', '--timeout-s', '3', '--model', 'm', '--api-key', 'k', '--output', 'o.jsonl', '--time-scale', '4', '--quiet'])
+  t.same(a, {
+    trace: 'f.jsonl',
+    url: 'http://127.0.0.1:8000',
+    speedup: 1,
+    limit: null,
+    durationMin: null,
+    maxInFlight: 2048,
+    timeoutS: 600,
+    model: null,
+    apiKey: null,
+    output: null,
+    timeScale: 1,
+    quiet: false,
+  })
+  const b = parseReplayArgs([
+    '--trace=f',
+    '--url',
+    'https://h',
+    '--speedup',
+    '2.5',
+    '--limit=10',
+    '--duration-min',
+    '0.5',
+    '--max-in-flight',
+    '8',
+    '--timeout-s',
+    '3',
+    '--model',
+    'm',
+    '--api-key',
+    'k',
+    '--output',
+    'o.jsonl',
+    '--time-scale',
+    '4',
+    '--quiet',
+  ])
   t.match(b, { speedup: 2.5, limit: 10, durationMin: 0.5, maxInFlight: 8, timeoutS: 3, model: 'm', apiKey: 'k', output: 'o.jsonl', timeScale: 4, quiet: true })
   t.match(parseReplayArgs(['--trace=f', '--url', 'https://h', '--timeout-s', '2147483.647']), { timeoutS: 2147483.647 }, 'the longest timer Node keeps')
   t.equal(parseReplayArgs(['--trace', 'x', '--help']), 'help')
@@ -110,9 +145,18 @@ t.test('the CLI: invalid flags and unreadable traces exit 2 with one line', asyn
 t.test('selectRequests: duration first, then limit', async (t) => {
   const all = lines.map((l) => ({ ...l }))
   t.equal(selectRequests(all, null, null).length, 4)
-  t.same(selectRequests(all, null, 1).map((r) => r.timestamp), [0, 30_000])
-  t.same(selectRequests(all, 1, 1.5).map((r) => r.timestamp), [0])
-  t.same(selectRequests(all, 3, null).map((r) => r.timestamp), [0, 30_000, 61_000])
+  t.same(
+    selectRequests(all, null, 1).map((r) => r.timestamp),
+    [0, 30_000],
+  )
+  t.same(
+    selectRequests(all, 1, 1.5).map((r) => r.timestamp),
+    [0],
+  )
+  t.same(
+    selectRequests(all, 3, null).map((r) => r.timestamp),
+    [0, 30_000, 61_000],
+  )
 })
 
 t.test('a run writes one JSONL record per request and prints the summary', async (t) => {
@@ -122,9 +166,17 @@ t.test('a run writes one JSONL record per request and prints the summary', async
   const stdout = sink()
   const stderr = sink()
   // 90 s of trace at 1000×: 90 ms; the model comes from the missing /v1/models → the default
-  const code = await runReplay(['--trace', tracePath, '--url', srv.url, '--speedup', '1000', '--output', out, '--time-scale', '2'], { stdout: stdout.stream, stderr: stderr.stream, signals: false, progressEveryMs: 20 })
+  const code = await runReplay(['--trace', tracePath, '--url', srv.url, '--speedup', '1000', '--output', out, '--time-scale', '2'], {
+    stdout: stdout.stream,
+    stderr: stderr.stream,
+    signals: false,
+    progressEveryMs: 20,
+  })
   t.equal(code, 0)
-  const recs = readFileSync(out, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as ReplayRecord)
+  const recs = readFileSync(out, 'utf8')
+    .trim()
+    .split('\n')
+    .map((l) => JSON.parse(l) as ReplayRecord)
   t.equal(recs.length, 4)
   t.same(recs.map((r) => r.id).sort(), [0, 1, 2, 3])
   for (const r of recs) {
@@ -186,7 +238,10 @@ t.test('in process: help, unreadable traces and an unwritable --output are usage
   t.equal(help.text(), replayHelp)
   await t.rejects(runReplay(['--trace', join(dir, 'missing.jsonl'), '--url', 'http://127.0.0.1:1']), { name: 'ReplayUsageError', message: /cannot read .*ENOENT/ })
   await t.rejects(runReplay(['--trace', join(dir, 'bad.jsonl'), '--url', 'http://127.0.0.1:1']), { name: 'ReplayUsageError', message: /bad\.jsonl line 1/ })
-  await t.rejects(runReplay(['--trace', tracePath, '--url', 'http://127.0.0.1:1', '--output', join(dir, 'no', 'such', 'dir.jsonl')], { stdout: sink().stream, stderr: sink().stream, signals: false }), { name: 'ReplayUsageError', message: /--output: cannot write .*dir\.jsonl: ENOENT/ })
+  await t.rejects(
+    runReplay(['--trace', tracePath, '--url', 'http://127.0.0.1:1', '--output', join(dir, 'no', 'such', 'dir.jsonl')], { stdout: sink().stream, stderr: sink().stream, signals: false }),
+    { name: 'ReplayUsageError', message: /--output: cannot write .*dir\.jsonl: ENOENT/ },
+  )
 })
 
 t.test('SIGINT stops the replay: in-flight requests are aborted, the rest not sent, exit 1', async (t) => {

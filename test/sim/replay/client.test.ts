@@ -126,7 +126,7 @@ t.test('abort: in-flight requests fail, unsent ones are recorded as not sent', a
   t.equal(run.progress().failed, 2)
 })
 
-t.test('a wait beyond Node\'s timer range is kept, not cut to 1 ms', async (t) => {
+t.test("a wait beyond Node's timer range is kept, not cut to 1 ms", async (t) => {
   const warnings: string[] = []
   const onWarning = (w: Error): void => void warnings.push(w.name)
   process.on('warning', onWarning)
@@ -143,7 +143,11 @@ t.test('a wait beyond Node\'s timer range is kept, not cut to 1 ms', async (t) =
   const { records } = await run.done
   t.equal(records[0]?.error, null)
   t.equal(records[1]?.error, 'not sent: replay aborted')
-  t.same(warnings.filter((w) => w === 'TimeoutOverflowWarning'), [], 'no timer overflowed')
+  t.same(
+    warnings.filter((w) => w === 'TimeoutOverflowWarning'),
+    [],
+    'no timer overflowed',
+  )
 })
 
 t.test('invalid options are refused', async (t) => {

@@ -51,7 +51,14 @@ t.test('one CDF line and one bar per mode, the bound line, axes and title', asyn
 })
 
 t.test('a mode without data is drawn as such; no bound line when unknown', async (t) => {
-  const svg = renderE2eSvg({ title: 'x', series: [{ mode: 'kv', ttftMs: [], hitRate: null }, { mode: 'custom', ttftMs: [5], hitRate: 0.5 }], bound: null })
+  const svg = renderE2eSvg({
+    title: 'x',
+    series: [
+      { mode: 'kv', ttftMs: [], hitRate: null },
+      { mode: 'custom', ttftMs: [5], hitRate: 0.5 },
+    ],
+    bound: null,
+  })
   parseTags(svg)
   t.notMatch(svg, /polyline data-mode="kv"/)
   t.match(svg, /kv \(no data\)/)
@@ -59,7 +66,10 @@ t.test('a mode without data is drawn as such; no bound line when unknown', async
   t.match(svg, /polyline data-mode="custom"/)
   t.notMatch(svg, /class="bound"/)
   const none = renderE2eSvg({ title: 'empty', series: [], bound: 0.2 })
-  t.same(parseTags(none).filter((n) => n === 'polyline'), [])
+  t.same(
+    parseTags(none).filter((n) => n === 'polyline'),
+    [],
+  )
 })
 
 t.test('the structure check itself rejects malformed documents', async (t) => {

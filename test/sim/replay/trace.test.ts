@@ -33,7 +33,10 @@ t.test('a trace block expands to 512 tokens that depend on its id only', async (
   t.same(block(7), a, 'same id, same tokens')
   t.notSame(block(8), a, 'another id, other tokens')
   for (let p = 0; p < 512; p += 37) t.equal(traceToken(7, p), a[p], `traceToken agrees at ${p}`)
-  t.ok(a.every((x) => Number.isInteger(x) && x >= 0 && x < TRACE_VOCAB_SIZE), 'tokens lie in the vocabulary')
+  t.ok(
+    a.every((x) => Number.isInteger(x) && x >= 0 && x < TRACE_VOCAB_SIZE),
+    'tokens lie in the vocabulary',
+  )
   t.ok(new Set(a).size > 480, 'tokens within a block are varied, not one repeated value')
   // ids above 2^32 are accepted and differ from their low half
   t.notSame(block(2 ** 32 + 7), a)

@@ -1,4 +1,4 @@
-#!/usr/bin/env -S node --min-semi-space-size=64 --max-semi-space-size=64 --no-memory-reducer --heap-growing-percent=100 --initial-old-space-size=128
+#!/usr/bin/env node
 // The `kv-router` executable: `serve` (the router, src/cli/serve.ts), `mocker` (simulated
 // engines) and `replay` (a trace against a router). Invalid options exit with status 2 and one
 // line naming the option and what it accepts.

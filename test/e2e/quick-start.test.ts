@@ -5,24 +5,27 @@
 import t from 'tap'
 import { spawn } from 'node:child_process'
 import { readFileSync } from 'node:fs'
+import { dirname } from 'node:path'
 
 const root = new URL('../../', import.meta.url)
 const pkg = JSON.parse(readFileSync(new URL('package.json', root), 'utf8')) as { scripts: { start: string } }
 const readme = readFileSync(new URL('README.md', root), 'utf8')
 
 t.test('npm start: ready within 5 s, and the README curl works, with a cache hit the second time', async (t) => {
-  // "tsc … && node FLAGS dist/src/main.js serve ARGS": run what follows `node`, on a free port
+  // "node scripts/build.mjs --if-stale && dist/src/main.js serve ARGS": the executable, through its shebang, on a free port
   const command = pkg.scripts.start.split('&&').pop()?.trim() ?? ''
   const words = command.split(/\s+/)
-  t.equal(words[0], 'node', `npm start runs node: ${command}`)
-  const args = words.slice(1).map((w) => (w.startsWith('dist/') ? new URL(w, root).pathname : w))
+  t.equal(words[0], 'dist/src/main.js', `npm start runs the executable: ${command}`)
+  const exe = new URL(words[0] as string, root).pathname
+  const args = words.slice(1)
   t.ok(args.includes('serve') && args.includes('--embedded-fleet'), 'it serves with the embedded fleet')
   const curl = readme.match(/curl -s localhost:8000\/v1\/completions -H 'content-type: application\/json' \\\n\s+-d '([^']+)'/)
   t.ok(curl !== null, 'the README has the quick-start curl')
   const body = (curl as RegExpMatchArray)[1] as string
 
   const started = Date.now()
-  const p = spawn(process.execPath, [...args, '--http-host', '127.0.0.1', '--http-port', '0'], { env: { PATH: process.env.PATH } })
+  // PATH leads to this node, which the shebang's `env` finds
+  const p = spawn(exe, [...args, '--http-host', '127.0.0.1', '--http-port', '0'], { env: { PATH: `${dirname(process.execPath)}:${process.env.PATH ?? ''}` } })
   const exit = new Promise<number | null>((resolve) => p.on('close', (code) => resolve(code)))
   t.teardown(() => {
     p.kill('SIGKILL')
@@ -39,7 +42,7 @@ t.test('npm start: ready within 5 s, and the README curl works, with a cache hit
     void exit.then((code) => reject(new Error(`exited ${code}: ${out} ${err}`)))
   })
   const readyMs = Date.now() - started
-  t.ok(readyMs < 5000, `listening ${readyMs} ms after the process started (the issue asks ≤ 5 s)`)
+  t.ok(readyMs < 5000, `listening ${readyMs} ms after the process started`)
   t.match(out, /4 embedded simulated/)
 
   const ask = async () => {

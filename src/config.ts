@@ -1,4 +1,4 @@
-// `kv-router serve` options: Dynamo's flag names (spec §8.1/§8.2), each with its DYN_* variable;
+// `kv-router serve` options: Dynamo's flag names, each with its DYN_* variable;
 // the command line wins over the environment. Everything is validated here, once, and the result
 // is frozen; an invalid value is a ConfigError whose message is the one line the CLI prints
 // before exiting with status 2.
@@ -28,7 +28,7 @@ export interface ServeConfig {
   readonly decodeActiveRequestWeight: number
   readonly temperature: number
   readonly kvEvents: boolean
-  /** Recover missed KV events from workers that answer the worker query (spec §3.7). */
+  /** Recover missed KV events from workers that answer Dynamo's worker query. */
   readonly eventRecovery: boolean
   readonly ttlSecs: number
   /** Approximate mode: entries the predicted-cache tree holds before it is pruned. */
@@ -419,7 +419,7 @@ export function workerUrl(text: string): string | null {
 
 /**
  * The servers of a --nats-url or --etcd-url value. The client libraries take a list; handed the
- * flag's text whole, they took a comma-separated list for one server and failed (found by review).
+ * flag's text whole, they would read a comma-separated list as one server and fail.
  */
 export function urlList(text: string): string[] {
   return text

@@ -1,6 +1,6 @@
 // The one catalogue of kv-router error codes. Every error that crosses a module boundary is a
 // KvrError carrying one of these codes, so HTTP answers, logs, metrics and tests all speak the
-// same names. Shard threads use it too, which is why it lives in shared/.
+// same names. Shard threads use it too, which is why it imports nothing.
 
 export const ErrorCodes = {
   // configuration and flags

@@ -9,8 +9,8 @@ import { applyNice } from '../runtime/nice.js'
 import { die } from './flags.js'
 
 /**
- * Options accepted under Dynamo's names for drop-in command lines, whose features are later
- * issues: said at start-up rather than ignored silently.
+ * Options accepted under Dynamo's names for drop-in command lines, whose features kv-router does
+ * not have yet: said at start-up rather than ignored silently.
  */
 function notYetInEffect(cfg: ServeConfig): string[] {
   const out: string[] = []

@@ -1,6 +1,6 @@
 // A body or a recovery holding one RouterEvent object or a JSON array of them, cut into the
 // bytes of each event without parsing them (the event decoder validates each one): the HTTP
-// ingest takes batches so, and a shard takes a worker query's answer so (spec §3.7).
+// ingest takes batches so, and a shard takes a worker query's answer so.
 import { KvrError } from '../errors.js'
 
 const isWs = (c: number | undefined): boolean => c === 32 || c === 10 || c === 13 || c === 9

@@ -1,5 +1,5 @@
-// Byte-level decoder for Dynamo `RouterEvent` JSON (spec §2.1), raw or wrapped in the event-plane
-// envelope (spec §2.2). It runs inside the indexer shards on every event, so it decodes straight
+// Byte-level decoder for Dynamo `RouterEvent` JSON, raw or wrapped in the event-plane
+// envelope. It runs inside the indexer shards on every event, so it decodes straight
 // into one reusable DecodedEvent: u64 values become u32 halves (exact above 2^53, no bigint), block
 // lists land in growable typed arrays, and nothing is allocated per block. Unknown object keys are
 // skipped as serde does; everything else that is not what the schema says is a KvrError.

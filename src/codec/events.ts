@@ -1,4 +1,4 @@
-// Dynamo's KV event types (spec §2.1) as plain objects with bigint u64s, for the API edges:
+// Dynamo's KV event types as plain objects with bigint u64s, for the API edges:
 // tests, dumps, HTTP ingest and the simulated engines. The shards never build these objects;
 // they decode bytes straight into a DecodedEvent (event-decoder.ts).
 import { DecodedEvent, EventDecoder, EventKind, StorageTier } from './event-decoder.js'
@@ -26,7 +26,7 @@ export interface RouterEvent {
   storage_tier?: StorageTierName
 }
 
-/** The event-plane envelope (spec §2.2); the payload is the JSON of a RouterEvent. */
+/** Dynamo's event-plane envelope; the payload is the JSON of a RouterEvent. */
 export interface EventEnvelope {
   publisher_id: bigint
   sequence: bigint

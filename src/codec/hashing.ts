@@ -1,4 +1,4 @@
-// Dynamo-compatible block hashing (spec §1): XXH3-64 with seed 1337 over each complete block's
+// Dynamo-compatible block hashing: XXH3-64 with seed 1337 over each complete block's
 // tokens as u32 little-endian, and the chained sequence hash over (previous, local) pairs.
 // The hashing itself runs in WebAssembly (xxh3.ts), a prompt per call; u64 results travel as
 // u32 halves so the hot path does no bigint arithmetic.
@@ -35,7 +35,7 @@ function tokenError(index: number, value: unknown): KvrError {
   return new KvrError('KVR_ERR_TOKEN_OUT_OF_RANGE', `token at index ${index} is ${String(value)}; token ids must be integers in [0, 4294967295]`)
 }
 
-/** Number of complete blocks; the trailing partial block is never hashed (spec §1.2). */
+/** Number of complete blocks; the trailing partial block is never hashed, as in Dynamo. */
 export function completeBlocks(tokenCount: number, blockSize: number): number {
   return Math.floor(tokenCount / blockSize)
 }
@@ -91,7 +91,7 @@ export function sequenceHashesInto(lo: Uint32Array, hi: Uint32Array, n: number, 
   if (n > 0) chainHalves(lo, hi, n, SEED_LO, SEED_HI, outLo, outHi)
 }
 
-/** Chained sequence hashes (spec §1.3) of a list of local block hashes. */
+/** Chained sequence hashes of a list of local block hashes. */
 export function computeSequenceHashes(local: BigUint64Array): BigUint64Array {
   const n = local.length
   const lo = new Uint32Array(n)

@@ -85,7 +85,7 @@ export class Router {
   nats: NatsIntake | null = null
   /** Worker discovery through etcd (`--etcd-url`), or null. */
   discovery: EtcdDiscovery | null = null
-  /** Recovery of missed KV events (spec §3.7), or null in approximate mode or with --no-router-event-recovery. */
+  /** Recovery of missed KV events, or null in approximate mode or with --no-router-event-recovery. */
   readonly recovery: IndexRecovery | null
 
   private constructor(config: ServeConfig, pool: ShardPool) {
@@ -145,7 +145,7 @@ export class Router {
     return r
   }
 
-  /** KV events from NATS and workers from etcd, when configured (DESIGN §4.3). */
+  /** KV events from NATS and workers from etcd, when configured. */
   private async connect(): Promise<void> {
     const c = this.config
     const [ns, component, endpoint] = c.endpoint !== null ? (c.endpoint.split('.') as [string, string, string]) : [c.namespace, c.component, 'generate']
@@ -165,7 +165,7 @@ export class Router {
         if (w.blockSize !== null) reg.blockSize = w.blockSize
         if (w.totalKvBlocks !== null) reg.capacity = w.totalKvBlocks
         if (w.maxNumBatchedTokens !== null) reg.maxNumBatchedTokens = w.maxNumBatchedTokens
-        // a registration the index cannot hold is refused, not dropped unseen (found by review)
+        // a registration the index cannot hold is refused, not dropped unseen
         return this.addWorker(reg).catch((err: unknown) =>
           process.emitWarning(`worker ${w.workerId} from etcd was not registered: ${err instanceof Error ? err.message : String(err)}`, { code: 'KVR_WORKER_NOT_REGISTERED' }),
         )
@@ -174,8 +174,7 @@ export class Router {
       d.on('updated', (w: DiscoveredWorker) => void add(w))
       d.on('removed', (id: bigint) => void this.removeWorker(id).catch(() => undefined))
       // the workers etcd lists at start are registered before the router says it is up, so its
-      // first answers and its start-up line count them (the line said 0 workers; found by an
-      // operator review)
+      // first answers and its start-up line count them
       await Promise.all([...d.workers.values()].map(add))
     }
   }
@@ -219,10 +218,10 @@ export class Router {
     // a worker the index knew nothing of leaves nothing in it when its registration is refused
     const known = this.registry.has(reg.id) || (await this.pool.indexedRanks(reg.id)) > 0
     for (let r = 0; r < dpRanks; r++) {
-      // A full table of worker-ranks used to be ignored here: the worker was answered 201, and
-      // every KV event of it was then dropped as too_many_workers, so it could never get a hit.
-      // Ranks known only from KV events give way to it first: events with made-up worker ids
-      // could otherwise fill the table and keep every real worker out (found by an input review).
+      // A full table of worker-ranks refuses the registration: answered 201, the worker would
+      // have every KV event dropped as too_many_workers and never get a hit. Ranks known only
+      // from KV events give way to it first: events with made-up worker ids could otherwise fill
+      // the table and keep every real worker out.
       if (!(await this.pool.ensureWorker(reg.id, r)) && !((await this.evictUnregistered(reg.id)) && (await this.pool.ensureWorker(reg.id, r)))) {
         if (!known) await this.pool.removeWorker(reg.id)
         throw new KvrError(
@@ -274,11 +273,11 @@ export class Router {
   /**
    * A shard thread that died comes back empty (ShardPool), and its answers are marked not exact.
    * Its registered workers are put back in it and rebuilt from their dumps where they answer the
-   * worker query (DESIGN: "rebuilt … from worker recovery queries"). A worker that cannot be
-   * rebuilt so is marked `degraded` (its cached blocks are forgotten until its next events
-   * refill them) and a warning says so; then the shard is exact again for every other worker, and
-   * /ready with it: a shard that stayed `recovering` for good kept the replica out of its
-   * balancer until restarted (found by review). In approximate mode the shards hold nothing.
+   * worker query. A worker that cannot be rebuilt so is marked `degraded` (its cached blocks are
+   * forgotten until its next events refill them) and a warning says so; then the shard is exact
+   * again for every other worker, and /ready with it: a shard that stayed `recovering` for good
+   * would keep the replica out of its balancer until restarted. In approximate mode the shards
+   * hold nothing.
    */
   private async rebuildShard(shard: number): Promise<void> {
     if (this.closed) return

@@ -1,6 +1,6 @@
 // Every error leaves as `{"error":{"code":"KVR_ERR_…","message":"…"}}` with the catalogue's
 // status. fastify's own errors (bad JSON, body too large, schema) are mapped onto the catalogue;
-// the all-busy 503 also carries Dynamo's body fields (spec §4.7) and every retryable 503 a
+// the all-busy 503 also carries Dynamo's body fields and every retryable 503 a
 // Retry-After header.
 import type { FastifyError, FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import { STATUS_CODES } from 'node:http'

@@ -50,8 +50,8 @@ export const chatSchema = {
   properties: {
     model: { type: 'string' },
     // content: text, a list of parts, or null (an assistant turn that only calls tools); a part
-    // is an object naming its type, and a text part's text is a string (a number there was
-    // read as empty text; found by an input review)
+    // is an object naming its type, and a text part's text is a string (a number there would
+    // be read as empty text)
     messages: {
       type: 'array',
       minItems: 1,
@@ -84,7 +84,7 @@ export const workerSchema = {
 }
 export const thresholdSchema = {
   type: 'object',
-  // a misspelt threshold used to be dropped with a 200, the old value left in force
+  // a misspelt threshold is refused, not dropped with a 200 and the old value left in force
   additionalProperties: false,
   properties: {
     model: { type: 'string' },

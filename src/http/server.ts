@@ -1,4 +1,4 @@
-// The HTTP API (DESIGN §4.2) on fastify. Routes:
+// The HTTP API (docs/http-api.md) on fastify. Routes:
 //   POST /v1/completions, /v1/chat/completions   OpenAI-compatible, proxied (src/http/proxy/proxy.ts)
 //   GET  /v1/models
 //   POST /v1/route, /v1/overlap                  standalone decision / overlap (hot path: the

@@ -1,4 +1,4 @@
-// The KV block index one shard owns (spec §3): a radix tree whose edges are local block hashes
+// The KV block index one shard owns: a radix tree whose edges are local block hashes
 // (`tokens_hash`), whose nodes know which worker-ranks hold them, plus each worker-rank's map
 // from its external block hashes (`block_hash`) to nodes. All of it lives in typed arrays:
 //
@@ -9,7 +9,8 @@
 //            next entry in the lookup hash chain, next entry of the same node.
 //            A lookup hash table keyed by (worker, block_hash) finds them.
 //
-// Semantics follow spec §3.2–3.4 with these deliberate, documented choices:
+// Semantics follow Dynamo's radix-tree indexer (the reference below) with these deliberate,
+// documented choices:
 // - A node is freed the moment its last worker leaves it. Its children are detached by bumping
 //   the node's generation: a child whose recorded parent generation no longer matches is
 //   unreachable from the root, exactly like the reference's "clear node.children", and its
@@ -21,7 +22,7 @@
 //   only the direct self-reference, which is the common case of this rule).
 // - A worker may reach one node through several block hashes (e.g. LoRA variants with equal
 //   token content); it stays in the node until its last such hash is removed.
-// - find_matches keeps the reference's O(1) "equal count ⇒ same set" step (spec §3.3 step 4).
+// - find_matches keeps the reference's O(1) "equal count ⇒ same set" step.
 import { EventKind, type DecodedEvent } from '../codec/event-decoder.js'
 import type { RouterEvent, StoredBlock } from '../codec/events.js'
 import { u64FromParts } from '../codec/u64.js'
@@ -36,7 +37,7 @@ export const RejectReason = {
   NonDeviceTier: 5,
 } as const
 export type RejectReason = (typeof RejectReason)[keyof typeof RejectReason]
-/** Metric label values, indexed by RejectReason (spec §3.2 status names first). */
+/** Metric label values, indexed by RejectReason (Dynamo's status names first). */
 export const REJECT_REASON_NAMES = ['parent_block_not_found', 'block_not_found', 'invalid_block', 'capacity', 'too_many_workers', 'non_device_tier'] as const
 export const REJECT_REASON_COUNT = REJECT_REASON_NAMES.length
 
@@ -150,7 +151,7 @@ export class KvIndex {
   readonly appliedByKind = new Float64Array(4)
   /** Rejections by RejectReason (a batched remove counts each missing hash). */
   readonly rejectedByReason = new Float64Array(REJECT_REASON_COUNT)
-  /** The same rejections by event kind too, [kind × REJECT_REASON_COUNT + reason] (spec §3.2's event_type label). */
+  /** The same rejections by event kind too, [kind × REJECT_REASON_COUNT + reason] (the event_type label). */
   readonly rejectedByKindReason = new Float64Array(4 * REJECT_REASON_COUNT)
   liveEntries = 0
   liveNodes = 1
@@ -160,7 +161,7 @@ export class KvIndex {
   private wIdLo = new Uint32Array(16)
   private wIdHi = new Uint32Array(16)
   private wRank = new Uint32Array(16)
-  /** Entries held per worker-rank: the tree size of spec §3.3 step 6. */
+  /** Entries held per worker-rank: the tree size of Dynamo's find_matches. */
   private wSize = new Uint32Array(16)
   private wLive = new Uint8Array(16)
   /** Last event id seen per worker-rank (halves), and whether one was seen. */
@@ -218,7 +219,7 @@ export class KvIndex {
     // The root holds every worker implicitly and is never freed.
     this.N[ROOT * NS + N_COUNT] = 0
     // no child hint: a zero-filled hint would name slot 0, the root itself, and a first block whose
-    // tokens_hash is 0 would then be found as the root (found by an input review)
+    // tokens_hash is 0 would then be found as the root
     this.N[ROOT * NS + N_KID] = NIL
   }
 
@@ -307,7 +308,7 @@ export class KvIndex {
   workerRank(w: number): number {
     return this.wRank[w] as number
   }
-  /** Number of blocks the worker-rank holds (spec §3.3 tree size). */
+  /** Number of blocks the worker-rank holds (its tree size). */
   treeSize(w: number): number {
     return this.wSize[w] as number
   }
@@ -322,7 +323,7 @@ export class KvIndex {
   apply(ev: DecodedEvent): number {
     const w = this.ensureWorker(ev.workerLo, ev.workerHi, ev.dpRank)
     if (w === NIL) return this.reject(RejectReason.TooManyWorkers, ev.kind)
-    // last = max(last, id) (spec §3.7): a replayed older event does not move it back
+    // last = max(last, id): a replayed older event does not move it back
     if (this.wEvSeen[w] === 0 || ev.eventIdHi > (this.wEvHi[w] as number) || (ev.eventIdHi === this.wEvHi[w] && ev.eventIdLo > (this.wEvLo[w] as number))) {
       this.wEvLo[w] = ev.eventIdLo
       this.wEvHi[w] = ev.eventIdHi
@@ -418,7 +419,7 @@ export class KvIndex {
   }
 
   /**
-   * Drops every block of every rank of a worker (spec §3.2 Cleared). With `forget`, the worker's
+   * Drops every block of every rank of a worker (a Cleared event). With `forget`, the worker's
    * ranks are unregistered as well (remove_worker). Returns the number of blocks dropped.
    */
   clearWorker(idLo: number, idHi: number, forget: boolean): number {
@@ -497,7 +498,7 @@ export class KvIndex {
   // queries
 
   /**
-   * Longest cached contiguous prefix, in blocks, per worker-rank (spec §3.3). The matched slots
+   * Longest cached contiguous prefix, in blocks, per worker-rank (find_matches). The matched slots
    * land in `matchWorkers[0..return)`, their depths in `depth(slot)`, sizes in `treeSize(slot)`.
    */
   findMatches(lo: Uint32Array, hi: Uint32Array, n: number, earlyExit = false): number {
@@ -529,7 +530,7 @@ export class KvIndex {
         const child = this.findChild(cur, (lo[i] as number) | 0, (hi[i] as number) | 0)
         if (child === NIL) break
         // A child holds a subset of its parent's workers unless the parent is marked mixed, so
-        // there an equal count means nobody left (spec §3.3's O(1) step); otherwise compare.
+        // there an equal count means nobody left (the reference's O(1) step); otherwise compare.
         const cw = N[cur * NS + N_COUNT] as number
         if ((cw & MIXED) !== 0 || ((N[child * NS + N_COUNT] as number) & COUNT_MASK) !== (cw & COUNT_MASK)) {
           const ms = this.nextMarkStamp()
@@ -959,7 +960,7 @@ export class KvIndex {
   // dump
 
   /**
-   * The whole index as events that rebuild it in an empty index (spec §3.4): parents before
+   * The whole index as events that rebuild it in an empty index (a dump): parents before
    * children, one single-block Stored per (node, worker-rank) with the parent's hash as that
    * worker knows it. Two shapes the reference dump loses are kept: a worker that holds a block
    * but not its parent is bridged through synthetic hashes that are removed again, and a

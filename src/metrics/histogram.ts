@@ -2,7 +2,7 @@
 //
 // prom-client's Histogram builds a label object, a closure and a hash string on every observe;
 // the proxy observes once per streamed chunk (inter-token latency) and the router six times per
-// request, which under 200 open streams was ~6 KB of garbage per request and a steady share of
+// request, which under 200 open streams is ~6 KB of garbage per request and a steady share of
 // the young-generation scavenges behind the proxy's tail latency. This keeps plain counters and
 // hands prom-client's registry the same exposition shape (name_bucket{…,le}, _sum, _count) at
 // scrape time, so dashboards see no difference (series exist, at zero, before the first

@@ -1,4 +1,4 @@
-// Prometheus metrics (prom-client, one registry per router). Names follow Dynamo's (spec §9)
+// Prometheus metrics (prom-client, one registry per router; docs/metrics.md). Names follow Dynamo's
 // where the meaning is the same, so existing dashboards keep working; kvrouter_* names are this
 // router's own (shards). Shard and scheduler figures are read at scrape time (shared-memory
 // counters, scheduler stats): the request path only observes a few allocation-free histograms.

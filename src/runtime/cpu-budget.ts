@@ -2,7 +2,7 @@
 // os.availableParallelism() counts the CPUs the process may be scheduled on (its affinity mask),
 // not its CPU quota: in a container limited to 2 CPUs on a 64-core host it says 64, and the
 // router would start 31 indexer shards and let idle ones spin, burning the quota and getting
-// throttled (found by an operator review). The quota is the cgroup's: cgroup v2 `cpu.max`
+// throttled. The quota is the cgroup's: cgroup v2 `cpu.max`
 // ("QUOTA PERIOD", or "max PERIOD" for none), cgroup v1 `cpu.cfs_quota_us` (-1 for none) over
 // `cpu.cfs_period_us`.
 import { readFileSync } from 'node:fs'

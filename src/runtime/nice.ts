@@ -1,9 +1,8 @@
 // --nice: the scheduling priority of the router's threads. Where the router shares cores with
 // engines, tokenizers or a load generator, each wake-up of its event loop can wait for a core
-// behind them; on the 2-core machine where the load generator and the upstreams share its cores,
-// a niceness of -10 cut the proxy's p99 TTFT overhead from 2.30 to 1.30 ms (medians of five runs
-// each), while those processes waited instead (README, "Scheduling priority"). A negative
-// niceness lets the kernel run the router first, as nginx's worker_priority does for its workers.
+// behind them, and every request pays that wait on the way in and on the way out; those
+// processes wait instead (docs/operations.md, "Scheduling priority"). A negative niceness lets
+// the kernel run the router first, as nginx's worker_priority does for its workers.
 //
 // Linux keeps a niceness per thread: setpriority() on an id changes that one thread, and a new
 // thread starts with its creator's. So every thread that exists now is set by its id (V8's GC

@@ -1,4 +1,4 @@
-// Booked requests and the load they put on each worker-rank (spec §4.4): active blocks
+// Booked requests and the load they put on each worker-rank: active blocks
 // (reference-counted, so a shared prefix counts once per worker-rank), unstarted prefill tokens
 // and in-flight requests. A request is a dense handle; every path that ends it (free, stale
 // expiry, worker removal) goes through releaseHandle(), which invalidates the handle first, so a
@@ -7,7 +7,7 @@ import { KvrError } from '../errors.js'
 import { BlockRefs } from './block-refs.js'
 import { growTo } from './typed-arrays.js'
 
-/** How a request's blocks are tracked (spec §1.6 / §4.4 toggles). */
+/** How a request's blocks are tracked (Dynamo's active-block tracking toggles). */
 export const TRACK_NONE = 0 // --no-router-track-active-blocks: the request adds no blocks
 export const TRACK_SHARED = 1 // chained sequence hashes, reference-counted per worker-rank
 export const TRACK_UNIQUE = 2 // --no-router-assume-kv-reuse: every block new, never deduplicated

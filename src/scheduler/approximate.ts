@@ -1,4 +1,4 @@
-// Approximate mode (--no-router-kv-events, spec §5): with no KV events from the workers, the
+// Approximate mode (--no-router-kv-events): with no KV events from the workers, the
 // router predicts their caches from its own decisions. Every decision stores the request's
 // complete blocks on the chosen worker-rank with a TTL; routing the same prefix there again
 // refreshes it; expiry removes it; above a size cap the entries closest to expiry go first,

@@ -1,4 +1,4 @@
-// Reference-counted active blocks per worker-rank (spec §4.4): a block hash is active on a slot
+// Reference-counted active blocks per worker-rank: a block hash is active on a slot
 // while any booked request on that slot references it, so a prefix shared by many requests on
 // one worker counts once. Two maps:
 //
@@ -6,7 +6,7 @@
 //   pairs   (h, slot)  -> refcount            O(1) acquire on booking, O(1) release by index
 //
 // The hash level lets a routing decision find, for every slot at once, how many of the
-// request's blocks are already active there (potential_decode_blocks, spec §4.2) without a
+// request's blocks are already active there (Dynamo's potential_decode_blocks) without a
 // lookup per (block, slot).
 //
 // Each hash entry also remembers which hash preceded it in the requests that reference it
@@ -156,7 +156,7 @@ export class BlockRefs {
    * The fast part: while block i's every reference came right after block i−1 (pred), every slot
    * holding block i also holds block i−1, so along that chain the answer per slot is the depth of
    * its longest active prefix: walk the chain and list a block's holders only where their number
-   * drops. Router-computed chained sequence hashes (spec §1.3) keep the whole cached prefix on
+   * drops. Router-computed chained sequence hashes keep the whole cached prefix on
    * this path. Past the chain (a block nobody holds, or one also referenced elsewhere in another
    * order), every remaining block is looked up and its holders counted one by one: cheap when
    * nobody holds it, and needed because arbitrary caller hashes may reappear anywhere.

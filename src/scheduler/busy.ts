@@ -1,4 +1,4 @@
-// Which worker-ranks may take a request. Two separate notions (spec §4.6 and §4.7):
+// Which worker-ranks may take a request. Two separate notions, as in Dynamo:
 //
 // * load shedding: a rank is overloaded when any configured threshold is exceeded; a worker is
 //   busy only when all of its ranks are overloaded, and busy workers are dropped from the
@@ -10,7 +10,7 @@ import type { ActiveSequences } from './active-sequences.js'
 import type { SchedulerOptions } from './options.js'
 import type { WorkerRanks } from './worker-ranks.js'
 
-/** The §4.7 thresholds; null = not set. Live-editable (Dynamo's POST /busy_threshold). */
+/** The load-shedding thresholds; null = not set. Live-editable (Dynamo's POST /busy_threshold). */
 export interface BusyThresholds {
   activeDecodeBlocksThreshold: number | null
   activePrefillTokensThreshold: number | null
@@ -54,7 +54,7 @@ export class Eligibility {
     this.shedding = decode !== Infinity || abs !== Infinity || frac !== Infinity
   }
 
-  /** Any §4.7 threshold exceeded on this rank. */
+  /** Any load-shedding threshold exceeded on this rank. */
   overloaded(slot: number): boolean {
     if (!this.shedding) return false
     const prefill = this.seqs.prefillTokens[slot] as number
@@ -103,7 +103,7 @@ export class Eligibility {
   }
 }
 
-/** Queue-busy test for one rank (spec §4.6). */
+/** Queue-busy test for one rank. */
 export function queueBusy(slot: number, threshold: number, seqs: ActiveSequences, workers: WorkerRanks): boolean {
   return (seqs.prefillTokens[slot] as number) > threshold * (workers.maxNumBatchedTokens[slot] as number)
 }

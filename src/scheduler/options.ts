@@ -1,5 +1,5 @@
 // Scheduler options: validated once, defaults filled in, then frozen. Every message names the
-// option and the accepted range so the CLI layer can print it as is (spec §4.2–§4.8, §5, §8.1).
+// option and the accepted range so the CLI layer can print it as is.
 import { KvrError } from '../errors.js'
 
 export const ROUTER_MODES = ['kv', 'round-robin', 'random', 'least-loaded', 'power-of-two', 'direct', 'device-aware-weighted'] as const
@@ -8,7 +8,7 @@ export type RouterMode = (typeof ROUTER_MODES)[number]
 export const QUEUE_POLICIES = ['fcfs', 'wspt', 'lcfs'] as const
 export type QueuePolicy = (typeof QUEUE_POLICIES)[number]
 
-/** Used when a worker-rank does not publish max_num_batched_tokens (spec §4.6). */
+/** Used when a worker-rank does not publish max_num_batched_tokens (Dynamo's default). */
 export const DEFAULT_MAX_BATCHED_TOKENS = 10_000_000
 
 export interface ApproximateOptions {
@@ -47,9 +47,9 @@ export interface SchedulerOptions {
   readonly trackActiveBlocks: boolean
   readonly trackPrefillTokens: boolean
   readonly assumeKvReuse: boolean
-  /** A booked request still present this long after it was added is freed (spec §4.4, Era B: 300 s). */
+  /** A booked request still present this long after it was added is freed (Era B: 300 s). */
   readonly staleRequestSecs: number
-  /** Load shedding (spec §4.7); null = threshold not set. */
+  /** Load shedding; null = threshold not set. */
   readonly activeDecodeBlocksThreshold: number | null
   readonly activePrefillTokensThreshold: number | null
   readonly activePrefillTokensThresholdFrac: number | null

@@ -1,4 +1,4 @@
-// Queue ordering keys (spec §4.6). The key is computed once, when the request starts to wait,
+// Queue ordering keys (Dynamo's queue policies). The key is computed once, when the request starts to wait,
 // and the highest key is dispatched first. priority_jump = max(nvext.agent_hints.priority, 0).
 //
 //   fcfs  priority_jump − arrival_offset_secs          (earlier arrival or bigger jump first)

@@ -2,7 +2,7 @@
 // (src/errors.ts); this subclass only carries the Retry-After value for the HTTP layer.
 import { KvrError } from '../errors.js'
 
-/** The exact message Dynamo answers when every worker is busy (spec §4.7). */
+/** The exact message Dynamo answers when every worker is busy. */
 export const ALL_WORKERS_BUSY_MESSAGE = 'Service temporarily unavailable: All workers are busy, please retry later'
 
 export class RetryableError extends KvrError {

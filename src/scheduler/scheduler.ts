@@ -1,4 +1,4 @@
-// The scheduler façade the HTTP layer calls (spec §4.1): candidates → (wait in the queue when
+// The scheduler façade the HTTP layer calls: candidates → (wait in the queue when
 // every candidate is busy) → cost and selection → booking, plus the lifecycle calls that end a
 // booking. Everything that changes load (prefill-complete, free, cancel, worker changes and a
 // periodic recheck) gives waiting requests a chance to be dispatched.
@@ -244,8 +244,8 @@ export class Scheduler {
   // ---- load shedding thresholds (GET/POST /busy_threshold) ----
 
   /**
-   * A worker-rank's own load report (spec §2.4 `kv_metrics`): its active KV blocks, and its
-   * capacity when the registration did not give one. Load shedding (§4.7) uses the larger of
+   * A worker-rank's own load report (`kv_metrics`): its active KV blocks, and its
+   * capacity when the registration did not give one. Load shedding uses the larger of
    * this and the router's own booking count, so load from other routers counts too.
    * False when the worker-rank is not registered.
    */
@@ -261,7 +261,7 @@ export class Scheduler {
     return this.eligibility.thresholds
   }
 
-  /** Live edit of the §4.7 thresholds; null clears one, an omitted one is kept. */
+  /** Live edit of the load-shedding thresholds; null clears one, an omitted one is kept. */
   setBusyThresholds(patch: Partial<BusyThresholds>): BusyThresholds {
     this.eligibility.setThresholds(patch)
     this.drainQueue()
@@ -399,8 +399,8 @@ export class Scheduler {
       if (this.sequences.has(id) || this.waitingIds.has(id)) throw new KvrError('KVR_ERR_DUPLICATE_REQUEST', `request ${id} is already booked or waiting`)
     }
     const isl = req.isl
-    // bounded so that sums of bookings stay exact doubles: one of 1e300 absorbed every other
-    // booking's tokens into it and left its worker busy for good (found by an input review)
+    // bounded so that sums of bookings stay exact doubles: one of 1e300 would absorb every other
+    // booking's tokens into it and leave its worker busy for good
     if (typeof isl !== 'number' || !(isl >= 0) || !(isl <= MAX_ISL)) throw new KvrError('KVR_ERR_INVALID_OPTION', `request.isl must be a number in [0, 2^32), got ${String(isl)}`)
     return booked
   }

@@ -1,4 +1,4 @@
-// Cost and selection (spec §4.2, §4.5, §4.8). Works on a candidate list of slots prepared by
+// Cost and selection. Works on a candidate list of slots prepared by
 // Eligibility and on the load arrays of ActiveSequences; nothing here allocates per decision
 // unless an explanation is asked for.
 //
@@ -7,7 +7,7 @@
 //         credit(w)      = credit / (1 + decay × ((active_prefill_tokens(w) − min over candidates) / block_size) / ceil(isl / block_size))
 //         decode_blocks  = active_blocks(w) + request blocks not yet active on w
 //         With credit 1, decay 0 and request weight 0 (the defaults) this is Era B's cost
-//         (spec §4.2) exactly; the three knobs are Era C's (§4.3), weight being its prefill scale.
+//         exactly; the three knobs are Era C's, weight being its prefill scale.
 //         T = 0: minimum, exact ties broken uniformly at random; T > 0: softmax sample.
 import type { ActiveSequences, TrackMode } from './active-sequences.js'
 import { TRACK_NONE, TRACK_SHARED } from './active-sequences.js'
@@ -292,7 +292,7 @@ export class Selector {
   }
 
   /**
-   * Spec §4.8: per device group (CPU, non-CPU) normalized_load = in-flight(group) /
+   * Dynamo's device-aware selection: per device group (CPU, non-CPU) normalized_load = in-flight(group) /
    * (instances(group) × weight), weight 1 for CPU and the CUDA:CPU ratio otherwise; the lighter
    * group wins, then least-loaded inside it. An exact tie goes to the non-CPU group, as in
    * Dynamo (CPU is chosen only while strictly below its budget). One group present → least-loaded.

@@ -1,4 +1,4 @@
-// The worker-rank table: the unit the scheduler books onto is (worker_id, dp_rank) (spec §4),
+// The worker-rank table: the unit the scheduler books onto is (worker_id, dp_rank),
 // and on the main thread every such pair is a dense integer slot so that loads, overlaps and
 // candidate sets are plain typed arrays indexed by slot. Registration is rare (discovery), so
 // the bigint-keyed maps live only here; the per-request path reads the typed arrays.
@@ -13,7 +13,7 @@ export const DEVICE_CPU = 1
 export interface WorkerRankInfo {
   /** 'cpu' workers form their own group in device-aware-weighted mode; anything else is non-CPU. */
   device?: DeviceType
-  /** From the worker's runtime config; DEFAULT_MAX_BATCHED_TOKENS when unknown (spec §4.6). */
+  /** From the worker's runtime config; DEFAULT_MAX_BATCHED_TOKENS when unknown. */
   maxNumBatchedTokens?: number
   /** KV capacity in blocks, needed by the decode-blocks busy threshold; 0/undefined = unknown. */
   totalKvBlocks?: number
@@ -33,7 +33,7 @@ export class WorkerRanks {
   maxNumBatchedTokens = new Float64Array(8)
   totalKvBlocks = new Float64Array(8)
   /**
-   * The worker's own count of active KV blocks from its load metrics (spec §2.4 `kv_metrics`),
+   * The worker's own count of active KV blocks from its load metrics (`kv_metrics`),
    * or -1 when it has reported none; load shedding takes the larger of it and the router's own.
    */
   reportedActiveBlocks = new Float64Array(8).fill(-1)

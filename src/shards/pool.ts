@@ -1,4 +1,4 @@
-// The main thread's side of the indexer shards (DESIGN §2): it starts N shard threads, routes
+// The main thread's side of the indexer shards (docs/architecture.md): it starts N shard threads, routes
 // each raw event message to shard hash(worker_id) mod N through that shard's ring, fans overlap
 // queries out over the query board and merges the disjoint answers, reads the shards' counters
 // from shared memory, and restarts a shard that dies or stalls. Layout and state diagrams are
@@ -163,7 +163,7 @@ export interface ShardCounters {
   queries: number
   /** Events whose decoded worker id belongs to another shard (an envelope whose publisher_id is not its worker_id). */
   misplaced: number
-  /** Gaps in worker-ranks' event ids (spec §3.7), recovered or not. */
+  /** Gaps in worker-ranks' event ids, recovered or not. */
   gaps: number
   ringFull: number
   /** Times the producer slept until the shard had freed half the ring. */
@@ -273,9 +273,8 @@ export class ShardPool extends EventEmitter {
       // The same for the event loop's wait for an answer: with no core to spare for every
       // shard, its spin takes the CPU a shard needs to answer. 60 µs rather than 30: a busy
       // shard often answers between the two, and an answer that misses the spin costs a wake
-      // through Atomics.waitAsync (20-60 µs here). Session 6, one-off alternated runs of
-      // bench:index: saturated lookup p99 medians about 53 -> 42 µs, paced 85-98 -> 62-69 µs;
-      // /v1/route throughput unchanged within noise.
+      // through Atomics.waitAsync (20-60 µs). In alternated runs of `npm run bench:index`, 60 took
+      // the saturated lookup p99 from about 53 to 42 µs; /v1/route throughput did not change.
       querySpinUs: options.querySpinUs ?? (cores > shards ? 60 : 0),
       maxPendingBytes: positive('maxPendingBytes', options.maxPendingBytes, 256 * 1024 * 1024, Number.MAX_SAFE_INTEGER),
     }
@@ -405,7 +404,7 @@ export class ShardPool extends EventEmitter {
     this.pushTo(this.shards[shardOf(e.lo, e.hi, this.size)] as Shard, e.misplacedEvent)
   }
 
-  // ---- gap recovery (spec §3.7): records that travel in order with the worker's events ----
+  // ---- gap recovery: records that travel in order with the worker's events ----
 
   private rankRecord(op: number, workerId: bigint, dpRank: number, flag: number, header = CONTROL_RANK_BYTES, payload: Uint8Array | null = null): Uint8Array {
     const rec = new Uint8Array(header + (payload?.length ?? 0))
@@ -460,7 +459,7 @@ export class ShardPool extends EventEmitter {
   /**
    * push() for a source that cannot be slowed down (core NATS): while the backlog behind full
    * rings holds maxPendingBytes the message is dropped and counted, so a flood costs events, not
-   * the router's memory (found by an input review). False when dropped or queued.
+   * the router's memory. False when dropped or queued.
    */
   offer(msg: Uint8Array): boolean {
     if (this.queuedBytes >= this.opts.maxPendingBytes) {
@@ -774,7 +773,7 @@ export class ShardPool extends EventEmitter {
     return parts.flat()
   }
 
-  /** All shards' indexes as one event list (spec §3.4), event ids renumbered from 0. */
+  /** All shards' indexes as one event list (a dump), event ids renumbered from 0. */
   async dump(): Promise<RouterEvent[]> {
     const parts = await Promise.all(this.shards.map((sh) => this.control(sh, (api) => api.dump(sh.enqueued))))
     const all = parts.flat()

@@ -1,6 +1,6 @@
-// Gap detection's other half, and the first look at a new worker (spec §3.7, DESIGN §3): a
-// router that misses a worker's KV events (a NATS outage, a router started after the worker
-// cached blocks) would route on a stale index and call it exact (found by an operator review).
+// Gap detection's other half, and the first look at a new worker (docs/operations.md, "Recovery
+// of missed events"): a router that misses a worker's KV events (a NATS outage, a router started
+// after the worker cached blocks) would route on a stale index and call it exact.
 //
 // A worker that answers the worker query (`POST {url}/v1/kv/query`, as `kv-router mocker`
 // engines do) is recoverable:
@@ -11,7 +11,7 @@
 //   worker's ring), then the shard applies it and the held events in order.
 // Whether a worker answers is probed once at registration, with a start id no worker has yet
 // (TooNew); a worker that does not (a plain vLLM or SGLang) has its gaps counted and accepted,
-// as the spec does when recovery fails. A failed recovery lets the held events go and leaves
+// as Dynamo does when recovery fails. A failed recovery lets the held events go and leaves
 // the worker-rank `degraded` until a recovery succeeds.
 import { request } from 'undici'
 import type { Dispatcher } from 'undici'
@@ -93,7 +93,7 @@ export class IndexRecovery {
    * A worker registered (or re-registered with a new URL, or its shard restarted empty): probe
    * it, and when it answers, rebuild each of its ranks from a dump. A worker that cannot be
    * reached yet (not up, busy) is probed again, 1 s later and doubling up to 30 s, for as long as
-   * it stays registered: one failed probe left it unrecoverable for good (found by review). One
+   * it stays registered: one failed probe must not leave it unrecoverable for good. One
    * that answers 404 (or any answer but TooNew) does not serve the query. Resolves to true when
    * every rank was rebuilt; never rejects.
    */

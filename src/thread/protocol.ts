@@ -81,7 +81,7 @@ export const C_REJECTED = C_RECEIVED + 11
 export const C_REJECTED_WORDS = 18
 /** Events whose decoded worker belongs to another shard (sent back to go there, counted). */
 export const C_MISPLACED = C_REJECTED + C_REJECTED_WORDS
-/** Gaps in a worker-rank's event ids (spec §3.7), recovered or not. */
+/** Gaps in a worker-rank's event ids, recovered or not. */
 export const C_GAPS = C_MISPLACED + 1
 /** One past the last counter. */
 export const C_END = C_GAPS + 1
@@ -155,7 +155,7 @@ export class BoardLayout {
 export const CONTROL_BYTES = 12
 export const CONTROL_REMOVE_WORKER = 1
 /**
- * Gap recovery (spec §3.7; src/shards/recovery.ts). These records also carry the dp rank, a u32
+ * Gap recovery (src/shards/recovery.ts). These records also carry the dp rank, a u32
  * LE at offset 12, and byte 2 holds a flag or a kind.
  * RECOVERABLE: byte 2 = 1 when the worker answers worker queries (its gaps are then held for
  * recovery), 0 when not. PARK (32 bytes): hold the worker-rank's events from here until the

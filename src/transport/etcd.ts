@@ -1,4 +1,4 @@
-// Worker discovery through etcd (spec §7). A worker process holds an etcd lease (its id is the
+// Worker discovery through etcd, as Dynamo does it. A worker process holds an etcd lease (its id is the
 // worker id) and writes two keys under it; when it dies the lease expires and both vanish:
 //
 //   v1/instances/{ns}/{component}/{endpoint}/{worker_id as hex}
@@ -117,8 +117,8 @@ export class EtcdDiscovery extends EventEmitter {
   }
 
   static async start(opts: EtcdDiscoveryOptions): Promise<EtcdDiscovery> {
-    // loaded here, not at startup: a router that does not use etcd (the default) starts 0.1 s
-    // sooner and 19 MB smaller without the etcd client and its gRPC stack (README, NATS intake)
+    // loaded here, not at startup: a router that does not use etcd (the default) starts sooner
+    // and smaller without the etcd client and its gRPC stack
     const { Etcd3 } = await import('etcd3')
     const d = new EtcdDiscovery(opts, new Etcd3({ hosts: urlList(opts.url), dialTimeout: opts.dialTimeoutMs ?? 3000 }))
     let revision: string

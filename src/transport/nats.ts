@@ -1,8 +1,8 @@
-// KV events from NATS (spec §2.2): the router subscribes to the worker component's event subject
+// KV events from NATS: the router subscribes to the worker component's event subject
 // (`namespace.{ns}.component.{comp}.kv-events`, and the older `kv_events`) and hands every
 // message, raw RouterEvent JSON or the event-plane envelope, to its shard untouched: O(1)
 // main-thread work per message (ShardPool.push). Worker load metrics (`kv_metrics`, namespace
-// scope, spec §2.4) are decoded here, as they are few and small.
+// scope) are decoded here, as they are few and small.
 //
 // The connection reconnects forever; losing it is visible in `connected` (readiness) and in the
 // counters, and nothing needs a restart. A start against an unreachable server fails with an
@@ -26,7 +26,7 @@ export interface NatsIntakeOptions {
   connectTimeoutMs?: number
 }
 
-/** A worker's load as it publishes it on `kv_metrics` (spec §2.4), reduced to what routing uses. */
+/** A worker's load as it publishes it on `kv_metrics`, reduced to what routing uses. */
 export interface WorkerLoad {
   workerId: bigint
   dpRank: number
@@ -181,8 +181,8 @@ function num(v: unknown): number | null {
  * it is neither. Worker ids are read from the text so ids above 2^53 stay exact.
  */
 export function parseLoadEvent(bytes: Uint8Array): WorkerLoad | null {
-  // the top-level worker_id, exactly: a pattern over the text took `1.9` as worker 1, or an id
-  // nested in another member (found by an input review)
+  // the top-level worker_id, exactly: a pattern over the text would take `1.9` as worker 1, or
+  // an id nested in another member
   let obj: Record<string, unknown>
   let workerId: bigint
   try {

@@ -81,8 +81,8 @@ const BATCH = 64
  * Longest stretch of continuous work between two turns of the event loop (default 50 ms). A
  * turn is taken at once when a control call has been posted or a barrier released (its reply is
  * posted from a continuation), so this bound is only a safety net. A turn costs tens of µs, and
- * a lookup that arrives during one waits it out: taken every 4 ms as before, the turns were
- * about 1% of a saturated shard's time, the share that sets a lookup p99.
+ * a lookup that arrives during one waits it out: taken every 4 ms, the turns would be about 1%
+ * of a saturated shard's time, the share that sets a lookup p99.
  */
 const YIELD_MAX_MS = init.yieldMaxMs
 
@@ -113,7 +113,7 @@ let qRead = Atomics.load(ctrl, QRING_READ) >>> 0
 let stopping = false
 const waiters: { seq: number; resolve: () => void }[] = []
 
-// ---- gap recovery (spec §3.7) ----
+// ---- gap recovery ----
 // A worker-rank whose next event id skips ahead has lost events (a NATS outage, a router that
 // was down). For a worker that answers worker queries (the main thread says which), its events
 // are held from the gap on ("parked") while the main thread fetches the missing range or a dump,
@@ -121,11 +121,11 @@ const waiters: { seq: number; resolve: () => void }[] = []
 // synchronously per worker, without holding up the other workers of this shard. A held message
 // counts as processed when it is held: barriers (registrations, GET /v1/workers, flush) do not
 // wait for a worker's recovery, which can take seconds. Other workers' gaps are counted and the
-// event applied, a hole accepted, as the spec says.
+// event applied, a hole accepted, as Dynamo does.
 //
 // Every hold has a ticket, and only the recovery record with that ticket ends it: a late answer
 // to a hold that something else ended (a removal, the size bound, a shutdown) cannot end a newer
-// one with stale events (found by review). Tickets of holds this thread opens at a gap have the
+// one with stale events. Tickets of holds this thread opens at a gap have the
 // high bit set; the main thread numbers the holds it opens (PARK records) below it.
 
 /** Worker ids ("lo:hi") whose gaps are recovered. */
@@ -235,7 +235,7 @@ function recover(lo: number, hi: number, rank: number, key: string, bytes: Uint8
 
 /**
  * One event of a recovery: applied only when it is the recovered worker-rank's (a worker's answer
- * naming another would plant blocks there and move its event ids; found by review) and, for a
+ * naming another would plant blocks there and move its event ids) and, for a
  * range, newer than what is applied.
  */
 function recoverOne(bytes: Uint8Array, lo: number, hi: number, rank: number, floor: number, floorLo: number, floorHi: number): void {
@@ -290,7 +290,7 @@ function applyMessage(bytes: Uint8Array, mode: Mode): void {
     // The main thread's scan read another worker id than the decoder did (an unknown key holding
     // a worker_id before the real one, an escaped key, an envelope whose publisher is not the
     // event's worker). Applied here, the blocks would sit where that worker's cleared and
-    // removals never reach (found by an input review): sent back to go to the owning shard.
+    // removals never reach: sent back to go to the owning shard.
     misplaced++
     if (mode === Live) processed++
     const copy = bytes.slice()
@@ -474,8 +474,8 @@ async function run(): Promise<void> {
     Atomics.store(ctrl, SLEEPING, 1)
     const bell = Atomics.load(ctrl, DOORBELL)
     // Atomics.waitAsync wakes through this thread's event loop, a longer path that every query
-    // to a sleeping shard paid; a futex wait is woken directly (a lookups-only one-off run
-    // against an idle shard: p99 317 µs before, 94 µs after).
+    // to a sleeping shard would pay; a futex wait is woken directly, and a query to an idle shard
+    // is answered several times sooner at p99.
     if (ring.empty() && !queriesWaiting() && !stopping && !controlWaiting()) Atomics.wait(ctrl, DOORBELL, bell, init.heartbeatMs)
     Atomics.store(ctrl, SLEEPING, 0)
   }

@@ -35,8 +35,8 @@ export function rawBodyParser(scope: FastifyInstance, bodyLimit: number): void {
   scope.addContentTypeParser('application/json', (req, payload, done) => {
     readBody(payload, bodyLimit, headerValue(req, 'content-length'), (err, bytes) => {
       // the same rule as the JSON parser's: a request_id read with replacement characters
-      // was booked under a name its client could not release (found by review); Node's check
-      // runs at gigabytes a second, a few µs on a 4,096-token body
+      // would be booked under a name its client could not release; Node's check runs at
+      // gigabytes a second, a few µs on a 4,096-token body
       if (err === null && bytes !== undefined && !isUtf8(bytes)) return done(new KvrError('KVR_ERR_INVALID_REQUEST', 'the body is not valid UTF-8'), undefined)
       done(err, bytes)
     })

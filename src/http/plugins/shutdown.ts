@@ -41,8 +41,7 @@ export function drainOnShutdown(fastify: FastifyInstance, proxy: Proxy): Drain {
    * own link from a socket to its response, is cleared only once the last byte is handed to the
    * OS), nothing buffered, and nothing read since the last sweep (no request's headers arriving).
    * Node's closeIdleConnections is not used: it destroys a connection as soon as end() was called,
-   * cutting a response still being written to a slow reader (found by review: 3.9 MB of a 20 MB
-   * answer arrived).
+   * cutting a response still being written to a slow reader (of a 20 MB answer, 3.9 MB arrived).
    */
   const lastRead = new WeakMap<Socket, number>()
   const sweep = (): void => {
@@ -59,7 +58,7 @@ export function drainOnShutdown(fastify: FastifyInstance, proxy: Proxy): Drain {
     let cut = false
     let cutRequests = 0
     // The listener closes at once, so new connections are refused: a balancer that fails over on
-    // a refused connection moves on now, not after the drain (found by review). net.Server's close,
+    // a refused connection moves on now, not after the drain. net.Server's close,
     // not http.Server's: the latter also runs closeIdleConnections (see sweep). A request on a
     // connection already open gets 503 with `connection: close` from the onRequest hook above.
     const drained = new Promise<void>((resolve) => fastify.server.once('close', () => resolve()))

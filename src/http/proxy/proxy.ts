@@ -1,4 +1,4 @@
-// The streaming proxy (DESIGN §1 steps 6–7) and the booking lifecycle of one request:
+// The streaming proxy and the booking lifecycle of one request:
 //
 //   route+book ──► upstream request ──► first event ──► ... ──► end ───────────► free
 //        ▲              │ connect error / 5xx / dies       │ upstream dies      ▲
@@ -172,8 +172,7 @@ export class Proxy {
    * Books an attempt on the run's own RouteInput, which takes the attempt's id (its Booking keeps
    * it). Not on a copy: in Node 20's V8, `{ ...route, id, updateStates, signal }` adds each
    * property after the spread on a slow path, about 0.8 µs apiece: a booking in round-robin mode
-   * took about 7 µs with the copy and 2–3 without (`npm run bench:route`, "proxy booking";
-   * bench/HISTORY.md, bench:route, session 16).
+   * took about 7 µs with the copy and 2–3 without (`npm run bench:route`, "proxy booking").
    */
   async book(route: RouteInput, signal: CancelSignal): Promise<Attempt> {
     const id = this.router.requestIds.create(true)
@@ -251,8 +250,7 @@ export class Proxy {
 /**
  * One proxied request from booking to its end, across attempts. Plain callbacks, not a promise
  * chain: a stream keeps its run alive for its whole life, and each pending promise with its
- * reactions, closures and contexts would be held, and copied by every scavenge, as long
- * (`node dist/bench/stream-heap.js`: bench/HISTORY.md, bench:route, session 12).
+ * reactions, closures and contexts would be held, and copied by every scavenge, as long.
  */
 class ProxyRun {
   readonly gone = new ClientGone()
@@ -364,8 +362,8 @@ class ProxyRun {
     const tried = (this.tried ??= [])
     tried.push(rankRef(d))
     if (this.retry++ >= this.retries) {
-      // the client learns it was retried, and where: the last worker's error alone read as if
-      // only that one had been tried (found by an operator review)
+      // the client learns it was retried, and where: the last worker's error alone reads as if
+      // only that one had been tried
       if (tried.length > 1) return this.fail(new KvrError('KVR_ERR_UPSTREAM', `${failure.message} (the last of ${tried.length} attempts, on workers ${tried.map((x) => x.workerId).join(', ')})`))
       return this.fail(failure)
     }

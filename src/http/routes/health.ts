@@ -13,9 +13,9 @@ export function healthRoutes(fastify: FastifyInstance, ctx: HttpContext): void {
     const conn = router.connected
     // A lost NATS or etcd connection leaves the router able to route (on an index that stops
     // learning, with the workers it last knew), and it hits every replica at once: a balancer
-    // that took them all out would turn a control-plane blip into an outage (found by an
-    // operator review). So it is `degraded` here and in kvrouter_connected, not unready.
-    // ?strict: DESIGN §4.2's readiness, the connections included, for a deployment that wants it
+    // that took them all out would turn a control-plane blip into an outage. So it is `degraded`
+    // here and in kvrouter_connected, not unready.
+    // ?strict: Dynamo's readiness, the connections included, for a deployment that wants it
     const strict = (req.query as Record<string, unknown> | undefined)?.strict !== undefined
     const degraded = conn.nats === false || conn.etcd === false
     const ready = recovering === 0 && !ctx.closing() && !(strict && degraded)

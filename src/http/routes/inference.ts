@@ -29,10 +29,10 @@ export function inferenceRoutes(fastify: FastifyInstance, ctx: HttpContext): voi
     if (pin !== undefined && pin !== null) input.workerId = readU64(pin, 'nvext.backend_instance_id')
     const rank = headerValue(req, 'x-dp-rank') ?? headerValue(req, 'x-data-parallel-rank') ?? nv.dp_rank
     if (rank !== undefined && rank !== null) {
-      // a header is text: Number() read "" and "0x0" as rank 0 (found by review)
+      // a header is text: Number() would read "" and "0x0" as rank 0
       const r = typeof rank === 'string' ? (/^[0-9]{1,10}$/.test(rank) ? Number(rank) : Number.NaN) : Number(rank)
       if (!Number.isInteger(r) || r < 0 || r > 0xffffffff) throw new KvrError('KVR_ERR_INVALID_REQUEST', `dp rank must be a decimal integer in [0, 2^32), got ${JSON.stringify(rank)}`)
-      // a rank names one rank of one worker; without the worker it used to be dropped unseen
+      // a rank names one rank of one worker; without the worker it would be dropped unseen
       if (input.workerId === undefined)
         throw new KvrError('KVR_ERR_INVALID_REQUEST', 'a dp rank (x-dp-rank, nvext.dp_rank) needs the worker it belongs to (x-worker-instance-id or nvext.backend_instance_id)')
       input.dpRank = r
@@ -47,9 +47,9 @@ export function inferenceRoutes(fastify: FastifyInstance, ctx: HttpContext): voi
   /**
    * What the proxy needs of a request, taken from its body. The body, its text and the prompt in
    * it would otherwise stay reachable for the whole stream through the request object and this
-   * function's frame (65 KB per open stream with a 4,096-token prompt, against 9 KB with 64
-   * tokens, before: `node dist/bench/stream-heap.js`); the request lets go of them here, and the
-   * proxy drops its own references at the first token, when no retry can need them.
+   * function's frame, and the prompt is most of an open stream's heap; the request lets go of
+   * them here, and the proxy drops its own references at the first token, when no retry can need
+   * them.
    */
   const proxyCall = async (path: string, chat: boolean, req: FastifyRequest): Promise<ProxyCall> => {
     const body = req.body as Record<string, unknown>

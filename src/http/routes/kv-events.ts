@@ -12,7 +12,7 @@ export async function kvEventRoutes(fastify: FastifyInstance, ctx: HttpContext):
     rawBodyParser(scope, cfg.bodyLimit)
     scope.post('/v1/kv-events', async (req, reply) => {
       // a sender that outruns the shards is told to wait, before anything of its batch is taken,
-      // rather than grow the backlog without bound (found by an input review)
+      // rather than grow the backlog without bound
       if (router.pool.backlogFull) {
         router.metrics.eventsRefused(1)
         reply.header('retry-after', '1')
@@ -26,7 +26,7 @@ export async function kvEventRoutes(fastify: FastifyInstance, ctx: HttpContext):
         parts = splitEvents(buf)
         for (let i = 0; i < parts.length; i++) {
           // a 16 MiB batch is about 250,000 events, all decoded here before any is taken: other
-          // requests get a turn every few thousand (found by an input review)
+          // requests get a turn every few thousand
           if ((i & 4095) === 4095) await new Promise<void>((resolve) => setImmediate(resolve))
           try {
             ids.push(parseRouterEvent(parts[i] as Uint8Array).worker_id)

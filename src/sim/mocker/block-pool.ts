@@ -1,5 +1,5 @@
-// The paged KV block pool of one simulated engine (spec §11), with prefix caching: a full
-// block is identified by its chained sequence hash (spec §1.3), which names the whole prefix up
+// The paged KV block pool of one simulated engine, with prefix caching: a full
+// block is identified by its chained sequence hash, which names the whole prefix up
 // to and including it, so finding a prompt's cached prefix is one lookup per block.
 //
 // A cached block is either active (held by at least one running request) or inactive (kept

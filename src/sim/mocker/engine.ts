@@ -1,4 +1,4 @@
-// One simulated vLLM-like engine (spec §11): a waiting and a running queue, one token budget per
+// One simulated vLLM-like engine: a waiting and a running queue, one token budget per
 // step spent on running requests first, chunked prefill, a sequence cap, preemption with
 // recompute under memory pressure, and the paged KV pool with prefix caching whose Stored /
 // Removed events are the engine's KV events. Steps take the time of the timing model.

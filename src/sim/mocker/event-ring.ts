@@ -1,4 +1,4 @@
-// The local event ring and the worker query of spec §3.7: an engine keeps its last 1,024 KV
+// The local event ring and Dynamo's worker query: an engine keeps its last 1,024 KV
 // events (consecutive event ids, first id 1, as the block pool numbers them) so a router that
 // sees a gap in a worker's ids can fetch the missing range; a range older than the ring (or no
 // start at all) is answered with a tree dump that rebuilds the engine's whole cached set.
@@ -83,7 +83,7 @@ export class EventRing {
     return this.index.dump()
   }
 
-  /** Answers a worker query (spec §3.7) for this engine. */
+  /** Answers a worker query for this engine. */
   query(q: KvQueryRequest, workerId: bigint): KvQueryResponse {
     if (q.worker_id !== workerId) return { Error: `worker ${q.worker_id} is not served here (this is worker ${workerId})` }
     const start = q.start_event_id

@@ -1,4 +1,4 @@
-// `kv-router mocker`: N simulated vLLM-like engines in one process (DESIGN §5, spec §11).
+// `kv-router mocker`: N simulated vLLM-like engines in one process (docs/architecture.md).
 //
 // The contract other tools rely on (replay, bench:e2e, docker-compose): the flags below, and
 // exactly one line on stdout once every engine is up and registered:

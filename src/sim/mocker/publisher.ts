@@ -1,7 +1,7 @@
 // Where an engine's KV events and load reports go. Three transports, one interface:
 //   - in process: a callback (the embedded fleet of `kv-router serve`, tests);
 //   - HTTP ingest: POST /v1/kv-events on a router, batched, strictly in order;
-//   - NATS: Dynamo's subjects (spec §2.2, §2.4), the exact subjects and shapes the router's
+//   - NATS: Dynamo's subjects, the exact subjects and shapes the router's
 //     src/transport/nats.ts subscribes to and decodes (its helpers name the subjects here too).
 // Delivery is at most once, as on a NATS core subject: a router that is away loses events, and
 // the engine's event ring (event-ring.ts) is what a router recovers them from.
@@ -134,7 +134,7 @@ export class NatsEventPublisher implements EventPublisher {
   }
 }
 
-/** Dynamo's `LoadEvent { worker_id, data: ForwardPassMetrics }` (spec §2.4) as JSON text. */
+/** Dynamo's `LoadEvent { worker_id, data: ForwardPassMetrics }` as JSON text. */
 export function loadEventJson(l: EngineLoad): string {
   const usage = l.totalBlocks > 0 ? l.activeBlocks / l.totalBlocks : 0
   return (

@@ -1,5 +1,5 @@
 // How an engine announces itself. Distributed mode: one etcd lease per engine, whose id is the
-// worker id, and the two keys of the record format in the README (the very prefixes
+// worker id, and the two keys of Dynamo's record format (docs/dynamo-compatibility.md; the very prefixes
 // src/transport/etcd.ts lists and watches), written under the lease and kept alive with it; the
 // lease is revoked on shutdown so the router drops the worker at once instead of after the TTL.
 // Embedded/HTTP mode: POST /v1/workers on a router, DELETE on shutdown.

@@ -4,7 +4,7 @@
 //   POST /v1/completions        prompt: token ids, [token ids], text (UTF-8 bytes are the
 //   POST /v1/chat/completions   tokens) or nvext.token_data; messages → chatPromptText
 //                               max_tokens (max_completion_tokens), stream
-//   POST /v1/kv/query           the worker query of spec §3.7 (event-ring.ts)
+//   POST /v1/kv/query           Dynamo's worker query, over HTTP (event-ring.ts)
 //   GET  /health, /v1/models, /stats
 //
 // Every answer carries usage with prompt_tokens_details.cached_tokens (the engine's prefix hit
@@ -31,7 +31,7 @@ import type { KvQueryResponse } from './event-ring.js'
 export const WORDS: readonly string[] = ['the', ' cache', ' is', ' warm', ' and', ' the', ' router', ' knows', ' it', '.']
 if (WORDS.length !== OUTPUT_TOKEN_CYCLE) throw new Error('one word per output token of the cycle')
 
-/** The route of the worker query (spec §3.7: Dynamo's `worker_kv_indexer_query` endpoint). */
+/** The route of the worker query (Dynamo's `worker_kv_indexer_query` endpoint). */
 export const KV_QUERY_PATH = '/v1/kv/query'
 
 export interface EngineServerOptions {

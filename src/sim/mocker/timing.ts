@@ -1,4 +1,4 @@
-// The mocker's timing model (spec §11, the polynomial default). Pure functions, so a test can
+// Dynamo's mocker timing model (its polynomial default). Pure functions, so a test can
 // hold every value against the published formulas.
 //
 // How one engine step is priced. vLLM runs a step as a single forward pass over a batch that
@@ -13,11 +13,11 @@
 // chunk really does delay the decodes batched with it, which is why vLLM users see ITL spikes
 // when long prompts arrive) and it degenerates to each fitted curve on its own for pure steps.
 
-/** prefill_ms = a·T² + b·T + c (spec §11). */
+/** prefill_ms = a·T² + b·T + c. */
 export const PREFILL_A = 4.209989e-7
 export const PREFILL_B = 1.518344e-2
 export const PREFILL_C = 16.50142
-/** decode_ms = a·p² + b·p + c, floored at DECODE_FLOOR_MS (spec §11). */
+/** decode_ms = a·p² + b·p + c, floored at DECODE_FLOOR_MS. */
 export const DECODE_A = -25.74
 export const DECODE_B = 54.01
 export const DECODE_C = 5.74
@@ -34,7 +34,7 @@ export function prefillMs(t: number): number {
 }
 
 /**
- * T of the spec: batch_size × (mean isl − mean cached prefix) over the prefill requests of a
+ * T of Dynamo's model: batch_size × (mean isl − mean cached prefix) over the prefill requests of a
  * step. That equals the sum of their uncached tokens, which is how the engine computes it (with
  * chunked prefill, a request's "isl − cached" for a step is the size of its chunk).
  */

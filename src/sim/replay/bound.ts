@@ -5,7 +5,7 @@
 // ever sees a subset of the blocks this cache sees; it is the yardstick for "achieved hit rate".
 //
 // Blocks are identified exactly as engines and the router identify them: chained sequence
-// hashes (spec §1.3) over the expanded tokens. The set of seen blocks also gives the number of
+// hashes over the expanded tokens. The set of seen blocks also gives the number of
 // unique blocks, which sizes a fleet that can hold the whole slice.
 import { sequenceHashesInto } from '../../codec/hashing.js'
 import { TraceBlockHasher } from './trace.js'

@@ -1,4 +1,4 @@
-// Mooncake-format request traces (spec §10): one JSON object per line with `timestamp` (ms),
+// Mooncake-format request traces: one JSON object per line with `timestamp` (ms),
 // `input_length`, `output_length` and `hash_ids`, where each id names one 512-token block of
 // prompt and equal ids mean equal content. The trace carries no tokens, so a request is turned
 // into tokens deterministically from its ids; two requests sharing a prefix of ids then share
@@ -217,7 +217,7 @@ export interface LocalHashes {
 }
 
 /**
- * Local block hashes (`tokens_hash`, spec §1.2) of trace requests at one router block size,
+ * Local block hashes (`tokens_hash`) of trace requests at one router block size,
  * with a cache per trace block id. Only complete router blocks count, so the truncated last
  * trace block contributes the complete blocks of its first `input_length mod 512` tokens: a
  * prefix of the id's cached list, since those tokens are a prefix of the id's 512.

@@ -200,7 +200,7 @@ function run(args: string[], env: NodeJS.ProcessEnv = {}): Promise<{ code: numbe
   })
 }
 
-t.test('process: options whose features are later issues are said to have no effect yet', async (t) => {
+t.test('process: options whose features are not implemented are said to have no effect yet', async (t) => {
   const r = await run(['serve', '--router-replica-sync', '--router-snapshot-threshold', '5', '--tokenizer', '/nonexistent/tokenizer.json', '--router-event-threads', '1'])
   t.equal(r.code, 2)
   t.match(r.stderr, /^kv-router: warning: --router-replica-sync has no effect yet: bookings are not shared between replicas\n/)
@@ -225,7 +225,7 @@ t.test('process: invalid values exit 2 with one line; --help exits 0', async (t)
   t.match(d.stderr, /^kv-router: serve: --tokenizer: no such file \/nonexistent\/tokenizer.json\n$/)
 })
 
-t.test('options that were internal only: index cap, approximate pruning, the CUDA-to-CPU ratio (found by review)', async (t) => {
+t.test('index cap, approximate pruning, the CUDA-to-CPU ratio: flags with defaults and ranges', async (t) => {
   const d = parse([])
   t.equal(d.maxIndexBlocks, 60_000_000)
   t.equal(d.maxTreeSize, 1 << 20)

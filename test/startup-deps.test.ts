@@ -1,6 +1,6 @@
 // A router without NATS or etcd (the default, and `npm start`) must not load their clients: without
-// them it starts 0.1 s sooner and 19 MB smaller (README, NATS intake and etcd discovery). They are loaded
-// where a connection is made (src/transport/nats.ts, src/transport/etcd.ts, src/mocker/); the
+// them it starts sooner and smaller (docs/operations.md, start-up). They are loaded
+// where a connection is made (src/transport/nats.ts, src/transport/etcd.ts, src/sim/mocker/); the
 // integration tests show those paths still work against the real services.
 import t from 'tap'
 import { spawn } from 'node:child_process'

@@ -5,7 +5,7 @@ import { KvrError } from '../../src/errors.js'
 
 const example = '{"worker_id":7,"event":{"event_id":12,"data":{"stored":{"parent_hash":null,"blocks":[{"block_hash":2,"tokens_hash":3,"mm_extra_info":null}]}},"dp_rank":0}}'
 
-t.test('the spec example decodes', async (t) => {
+t.test('a RouterEvent as Dynamo publishes it decodes', async (t) => {
   const ev = parseRouterEvent(example)
   t.same(ev, {
     worker_id: 7n,

@@ -82,9 +82,9 @@ t.test('long bodies against JSON.parse: every id length and offset, across windo
 
 t.test('separators mixed within a body, valid or not, against JSON.parse', async (t) => {
   // Each body mixes ",", ", " and now and then whitespace JSON allows elsewhere or a piece it
-  // refuses, so ids cross the scanner's 64-byte blocks after every kind of byte. Found by a
-  // review: an id that began after a space in one block and ended in a block without spaces
-  // was read with the space as a digit.
+  // refuses, so ids cross the scanner's 64-byte blocks after every kind of byte: an id that
+  // begins after a space in one block and ends in a block without spaces must not be read with
+  // the space as a digit.
   const pieces = [', ', ' ,', ',  ', ',\n', ' 1 2,', ',00,', ',-1,']
   let valid = 0
   for (let round = 0; round < 400; round++) {
@@ -116,7 +116,7 @@ t.test('separators mixed within a body, valid or not, against JSON.parse', async
   }
   t.ok(valid > 100 && valid < 400, `both kinds of body were made (${valid} valid of 400)`)
   const pre = '{"token_ids":['
-  t.same(tokensOf(`${pre}${'1,'.repeat(30)}11, 12,5]}`).slice(-3), [11, 12, 5], "the review's case")
+  t.same(tokensOf(`${pre}${'1,'.repeat(30)}11, 12,5]}`).slice(-3), [11, 12, 5], 'an id after a space, cut by a block boundary')
   t.throws(() => scanner.scan(Buffer.from(`${pre}${'1,'.repeat(31)}1 2,5]}`)), /expected "," or "\]"/)
 })
 

@@ -1,4 +1,4 @@
-// Process level, the distributed setup of DESIGN §4.3: `kv-router serve --nats-url --etcd-url`
+// Process level, the distributed setup: `kv-router serve --nats-url --etcd-url`
 // against a real nats-server and etcd; simulated engines register in etcd under leases and
 // publish their KV events on NATS (one through the mocker's own NATS and etcd mode, one with its
 // events wrapped in the event-plane envelope and a lease taken by the test). A repeated prompt goes to the worker that holds its prefix;
@@ -215,7 +215,7 @@ t.test('serve with NATS and etcd: discovery, routing by prefix, lease expiry, NA
   const during = await get('/ready')
   t.equal(during.status, 200, 'a balancer keeps routing through it')
   t.equal(during.body['nats'], false)
-  t.equal((await get('/ready?strict')).status, 503, '?strict: the connections count, as DESIGN §4.2 has it')
+  t.equal((await get('/ready?strict')).status, 503, "?strict: the connections count, as in Dynamo's readiness")
   t.not((await ask()).worker, '', 'and it routes')
   await nats.start()
   await waitUntil('whole again', async () => (await get('/ready')).body['degraded'] === false, 15_000)

@@ -1,5 +1,5 @@
 // A deliberately naive model of the index: object nodes, Maps and Sets, written straight from
-// spec §3.2–3.3 plus the choices documented at the top of src/index/kv-index.ts. Property tests
+// Dynamo's indexer semantics plus the choices documented at the top of src/index/kv-index.ts. Property tests
 // drive it and the typed-array index with the same events and compare every answer.
 import type { RouterEvent } from '../../src/codec/events.js'
 
@@ -119,10 +119,10 @@ export class ModelIndex {
   }
 
   /**
-   * Spec §3.3 with exact sets: a worker's depth is the number of leading query blocks whose
-   * nodes all hold it (the spec's count shortcut assumes a child's workers are a subset of its
+   * Dynamo's find_matches with exact sets: a worker's depth is the number of leading query blocks whose
+   * nodes all hold it (Dynamo's count shortcut assumes a child's workers are a subset of its
    * parent's; with exact sets the answer stays right when they are not, and it splits cleanly
-   * over shards). Early exit as the spec has it. Returns "worker:rank" → depth.
+   * over shards). Early exit as Dynamo has it. Returns "worker:rank" → depth.
    */
   findMatches(local: readonly bigint[], earlyExit = false): Map<string, number> {
     const scores = new Map<string, number>()

@@ -113,7 +113,7 @@ t.test("busy thresholds: all busy gives Dynamo's 503 with Retry-After", async (t
   t.match(get.body, '"active_prefill_tokens_threshold":null')
 })
 
-t.test('busy thresholds: a field the route does not know is refused, nothing changed (found by a user walkthrough)', async (t) => {
+t.test('busy thresholds: a field the route does not know is refused, nothing changed', async (t) => {
   const before = (await h.app.fastify.inject({ method: 'GET', url: '/busy_threshold' })).body
   const r = await post('/busy_threshold', { active_prefil_tokens_threshold: 5, active_decode_blocks_threshold: 0.5 })
   t.equal(r.statusCode, 400)
@@ -304,7 +304,7 @@ t.test('membership changes of one worker apply in order: a removal during a pend
   t.ok(await h.router.removeWorker(id))
 })
 
-t.test('workers known only from KV events: listed, removable, and giving way to a registration when the table is full (found by reviews)', async (t) => {
+t.test('workers known only from KV events: listed, removable, and giving way to a registration when the table is full', async (t) => {
   const own = await harness(['--router-block-size', '4'])
   t.teardown(() => own.close())
   const send = (body: string) => own.app.fastify.inject({ method: 'POST', url: '/v1/kv-events', payload: body, headers: json })
@@ -354,7 +354,7 @@ t.test('workers known only from KV events: listed, removable, and giving way to 
   t.equal((await send(`[${ghosts.join(',')}]`)).statusCode, 202)
   await own.router.pool.flush()
   // a registration makes room by dropping the event-only worker that holds the fewest blocks
-  // (found by an input review: made-up worker ids in events kept every real worker out)
+  // (otherwise made-up worker ids in events would keep every real worker out)
   const ok = await own.app.fastify.inject({ method: 'POST', url: '/v1/workers', payload: JSON.stringify({ id: 31337, url: 'http://127.0.0.1:9' }), headers: json })
   t.equal(ok.statusCode, 201, 'a full table takes a registered worker')
   t.equal(await own.router.pool.indexedRanks(5_000_123n), 0, 'the one-block ghost gave way')
@@ -382,7 +382,7 @@ t.test('a table full of registered worker-ranks refuses a registration, and leav
   t.equal((await reg(778, 1)).statusCode, 201, 'the last slot takes a worker of one rank')
 })
 
-t.test("request ids: a client cannot book in the router's own id space (found by review)", async (t) => {
+t.test("request ids: a client cannot book in the router's own id space", async (t) => {
   const auto = await post('/v1/route', { token_ids: tokens(8), update_states: true })
   const id = (auto.json() as { request_id: string }).request_id
   t.ok(id.startsWith(h.router.requestIds.prefix))
@@ -412,7 +412,7 @@ t.test("request ids: a client cannot book in the router's own id space (found by
   t.ok(h.router.scheduler.free(proxied))
 })
 
-t.test('--encoder-cuda-to-cpu-ratio and --router-max-index-blocks reach the scheduler and the shards (found by review)', async (t) => {
+t.test('--encoder-cuda-to-cpu-ratio and --router-max-index-blocks reach the scheduler and the shards', async (t) => {
   const dev = await harness(['--router-block-size', '4', '--router-mode', 'device-aware-weighted', '--encoder-cuda-to-cpu-ratio', '1'])
   t.teardown(() => dev.close())
   await dev.router.addWorker({ id: 1n, url: 'http://127.0.0.1:9', device: 'cpu' })
@@ -438,7 +438,7 @@ t.test('--encoder-cuda-to-cpu-ratio and --router-max-index-blocks reach the sche
   t.ok(held <= 3, `the shard holds at most 3 blocks (held ${held})`)
 })
 
-t.test('kv_cache_events_applied counts by event type and status, as spec §3.2 names them (found by review)', async (t) => {
+t.test('kv_cache_events_applied counts by event type and status, as Dynamo names them', async (t) => {
   const own = await harness(['--router-block-size', '4'])
   t.teardown(() => own.close())
   const ev = (id: bigint, data: object | string) => JSON.stringify({ worker_id: 3, event: { event_id: Number(id), dp_rank: 0, data } })
@@ -464,7 +464,7 @@ t.test('kv_cache_events_applied counts by event type and status, as spec §3.2 n
   t.notMatch(m, 'event_type="all"', 'no lumped label any more')
 })
 
-t.test('a large event batch lets other requests through while it is decoded (found by an input review)', async (t) => {
+t.test('a large event batch lets other requests through while it is decoded', async (t) => {
   const own = await harness(['--router-block-size', '4'])
   t.teardown(() => own.close())
   const evs: string[] = []

@@ -243,7 +243,7 @@ t.test('chat content parts: text parts with their text and parts of other types 
   t.not(r.status, 400, `not refused as invalid (${r.status} ${r.body.error?.code ?? ''})`)
 })
 
-t.test('events: refused batches are counted, and a full backlog refuses with 503 before taking anything (found by an input review)', async (t) => {
+t.test('events: refused batches are counted, and a full backlog refuses with 503 before taking anything', async (t) => {
   const refused = async (): Promise<number> => Number(/^kvrouter_http_events_refused_total (\d+)$/m.exec(await h.router.metrics.registry.metrics())?.[1])
   const n0 = await refused()
   t.equal((await call('POST', '/v1/kv-events', '[1]')).status, 400)
@@ -251,7 +251,7 @@ t.test('events: refused batches are counted, and a full backlog refuses with 503
   t.equal(await refused(), n0 + 2, 'each refused batch counted once, whatever refused it')
   const ok = '{"worker_id":5,"event":{"event_id":1,"data":"cleared","dp_rank":0}}'
   const enqueued = h.router.pool.counters()[0]?.enqueued ?? 0
-  // the pool's own cap is tested in test/shard-pool.test.ts; here, what the route does with it
+  // the pool's own cap is tested in test/shards/pool.test.ts; here, what the route does with it
   Object.defineProperty(h.router.pool, 'backlogFull', { configurable: true, get: () => true })
   try {
     const r = await call('POST', '/v1/kv-events', `[${ok}]`)
@@ -273,7 +273,7 @@ t.test('events: refused batches are counted, and a full backlog refuses with 503
   t.equal(await malformed(), m0 + 1)
 })
 
-t.test('events: every element must be an object, and nothing may follow the array (found by review)', async (t) => {
+t.test('events: every element must be an object, and nothing may follow the array', async (t) => {
   const ok = '{"worker_id":5,"event":{"event_id":1,"data":"cleared","dp_rank":0}}'
   const cases: [string, string, RegExp][] = [
     [`["x",${ok}]`, 'KVR_ERR_EVENT_WRONG_TYPE', /RouterEvent object/],
@@ -296,7 +296,7 @@ t.test('events: every element must be an object, and nothing may follow the arra
   t.same(two.body, { accepted: 2, backpressure: false }, 'whitespace anywhere between elements is fine')
 })
 
-t.test('scanned routes: no body is a 400, not a crash (found by review)', async (t) => {
+t.test('scanned routes: no body is a 400, not a crash', async (t) => {
   for (const url of ['/v1/route', '/v1/overlap', '/v1/kv-events']) {
     const r = await call('POST', url, undefined, { authorization: `Bearer ${KEY}` })
     t.equal(r.status, 400, url)
@@ -304,7 +304,7 @@ t.test('scanned routes: no body is a 400, not a crash (found by review)', async 
   }
 })
 
-t.test('/v1/route members: u64 exact, "__proto__" inert, escaped names read (found by review)', async (t) => {
+t.test('/v1/route members: u64 exact, "__proto__" inert, escaped names read', async (t) => {
   const big = '18446744073709551557'
   const pinned = await call('POST', '/v1/route', `{"token_ids":[1,2,3,4],"worker_id":${big}}`)
   t.equal(pinned.status, 404)
@@ -322,7 +322,7 @@ t.test('/v1/route members: u64 exact, "__proto__" inert, escaped names read (fou
   t.match(control.body.error?.message, /member name/)
 })
 
-t.test('errors before any route runs are catalogue JSON too: bad path encoding, bad HTTP framing, oversized headers (found by review)', async (t) => {
+t.test('errors before any route runs are catalogue JSON too: bad path encoding, bad HTTP framing, oversized headers', async (t) => {
   for (const url of ['/v1/workers/%zz', '/v1/route/%FF%FE']) {
     const r = await call('DELETE', url)
     t.equal(r.status, 400, url)
@@ -354,7 +354,7 @@ t.test('errors before any route runs are catalogue JSON too: bad path encoding, 
   }
 })
 
-t.test('unusable worker URLs, non-UTF-8 scanned bodies, loose dp ranks, priorities beyond i32 → 400 (found by review)', async (t) => {
+t.test('unusable worker URLs, non-UTF-8 scanned bodies, loose dp ranks, priorities beyond i32 → 400', async (t) => {
   for (const url of ['http://', 'http://exa mple:80', 'http://127.0.0.1:99999', 'https://:80']) {
     const r = await call('POST', '/v1/workers', JSON.stringify({ id: 11, url }))
     t.equal(r.status, 400, url)
@@ -388,7 +388,7 @@ t.test('unusable worker URLs, non-UTF-8 scanned bodies, loose dp ranks, prioriti
   t.equal((await call('POST', '/v1/route', '{"token_ids":[1,2,3,4],"priority":-2147483648}')).status, 200, 'the i32 minimum is taken')
 })
 
-t.test('a parse error on a connection that is being answered closes it without a status line in the answer (found by review)', async (t) => {
+t.test('a parse error on a connection that is being answered closes it without a status line in the answer', async (t) => {
   const own = await harness(['--router-block-size', '4'])
   t.teardown(() => own.close())
   let finish: (() => void) | undefined
@@ -420,8 +420,8 @@ t.test('a parse error on a connection that is being answered closes it without a
   t.equal(got.split('HTTP/1.1 ').length - 1, 1, 'one status line only: none written into the stream')
 })
 
-t.test('every answered inference request is counted in dynamo_frontend_requests_total, once (found by a user walkthrough)', async (t) => {
-  // refusals before the proxy took the request used to go uncounted: 15 400s showed as 5
+t.test('every answered inference request is counted in dynamo_frontend_requests_total, once', async (t) => {
+  // refusals before the proxy takes the request count too, not only those the proxy answers
   const count = async (endpoint: string, status: number): Promise<number> => {
     let n = 0
     for (const line of (await h.app.fastify.inject({ method: 'GET', url: '/metrics' })).body.split('\n')) {

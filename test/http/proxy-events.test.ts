@@ -1,4 +1,4 @@
-// The proxy forwards whole SSE events only (found by review, session 21): a worker whose socket
+// The proxy forwards whole SSE events only: a worker whose socket
 // dies inside an event must not leave half an event on the client's wire with the router's error
 // event glued to it (the openai client then throws a SyntaxError instead of an APIError); one that
 // dies inside its first event delivered no token and is retried; a 5xx is retried at its status
@@ -211,7 +211,7 @@ t.test('a 5xx whose body never ends is retried at once, and its upstream request
     asked = 0
     hungClosed = false
     const started = Date.now()
-    // before the fix the retry waited for undici's bodyTimeout (300 s): fail fast instead
+    // a retry at the status line, not after undici's bodyTimeout (300 s): this fails fast instead
     const r = await post({ prompt: tokens(12), stream }, AbortSignal.timeout(4000))
     t.equal(r.status, 200, `stream ${stream}: answered by the other worker`)
     await r.text()

@@ -1,5 +1,5 @@
 // The callback-driven proxy run (ProxyRun / UpstreamExchange) and the [DONE] hold, on the paths
-// test/http/proxy.test.ts does not pin down (several found by a review). Every booking is released once and the run's
+// test/http/proxy.test.ts does not pin down. Every booking is released once and the run's
 // bookkeeping (inFlight, dynamo_frontend_inflight_requests, dynamo_frontend_requests_total)
 // settles on: a client that leaves while its upstream has not answered, while it waits in the
 // queue, or while its prompt is still being tokenized; unary bodies that are not JSON; a pinned
@@ -367,7 +367,7 @@ t.test('a dispatcher that throws synchronously: retried, then 502; every booking
   t.equal((await hr.app.fastify.inject({ method: 'GET', url: '/health' })).statusCode, 200)
 })
 
-t.test('a client that leaves while its prompt is being tokenized: the run hears of it, no booking is held (found by review)', { timeout: 20_000 }, async (t) => {
+t.test('a client that leaves while its prompt is being tokenized: the run hears of it, no booking is held', { timeout: 20_000 }, async (t) => {
   // a tokenizer in worker threads answers a macrotask later: the client's disconnect can land
   // between the route handler and the proxy run, before the run listens for it
   let calls = 0
@@ -516,7 +516,7 @@ t.test('a keep-alive connection: a stream whose [DONE] went out with the end of 
   await f.close()
 })
 
-t.test('a dispatcher that throws a non-Error: the client gets 502, the booking is released, no unhandled rejection (found by review)', async (t) => {
+t.test('a dispatcher that throws a non-Error: the client gets 502, the booking is released, no unhandled rejection', async (t) => {
   const d = new Refusing(null)
   const hr = await harness(['--router-block-size', '4', '--proxy-retries', '0'], null, d)
   t.teardown(() => hr.close())

@@ -500,7 +500,7 @@ t.test('shutdown drains: a stream in flight finishes whole, a new connection is 
   await reader.read()
   const closing = h2.app.shutdown(5000)
   // a new connection, as a load balancer's next request would use: refused, not answered 503
-  // for as long as the drain takes (found by review)
+  // for as long as the drain takes
   const refused = await new Promise<string>((resolve) => {
     const req = httpRequest(`${base2}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, agent: false }, () => resolve('answered'))
     req.on('error', (err: NodeJS.ErrnoException) => resolve(err.code ?? 'error'))
@@ -521,7 +521,7 @@ t.test('shutdown drains: a stream in flight finishes whole, a new connection is 
   await h2.router.close()
 })
 
-t.test('shutdown past its timeout cuts a stream that never ends, frees its booking and returns (found by review)', async (t) => {
+t.test('shutdown past its timeout cuts a stream that never ends, frees its booking and returns', async (t) => {
   const h3 = await harness(['--router-block-size', '4'])
   await h3.app.fastify.listen({ host: '127.0.0.1', port: 0 })
   const base3 = `http://127.0.0.1:${(h3.app.fastify.server.address() as AddressInfo).port}`
@@ -555,7 +555,7 @@ t.test('shutdown past its timeout cuts a stream that never ends, frees its booki
   await h3.router.close()
 })
 
-t.test('shutdown returns by its deadline whatever connections are open: unused, headers or a body half sent (found by review)', async (t) => {
+t.test('shutdown returns by its deadline whatever connections are open: unused, headers or a body half sent', async (t) => {
   const h4 = await harness(['--router-block-size', '4'])
   await h4.app.fastify.listen({ host: '127.0.0.1', port: 0 })
   const port = (h4.app.fastify.server.address() as AddressInfo).port
@@ -589,7 +589,7 @@ t.test('shutdown returns by its deadline whatever connections are open: unused, 
   await h4.router.close()
 })
 
-t.test('shutdown waits for a request whose body is still arriving, then serves it (found by review)', async (t) => {
+t.test('shutdown waits for a request whose body is still arriving, then serves it', async (t) => {
   const h5 = await harness(['--router-block-size', '4'])
   const port = await listening(h5)
   const s = await upstream((_req, _body, res) => {
@@ -618,7 +618,7 @@ t.test('shutdown waits for a request whose body is still arriving, then serves i
   await h5.router.close()
 })
 
-t.test('shutdown does not cut an answer still being written to a slow reader (found by review)', async (t) => {
+t.test('shutdown does not cut an answer still being written to a slow reader', async (t) => {
   const h6 = await harness(['--router-block-size', '4'])
   const port = await listening(h6)
   let answered = false

@@ -330,7 +330,7 @@ t.test('a new chain goes into slots side by side, even when the free ones were f
   t.same(sizes(index), { '1:0': 0, '2:0': 0, '3:0': 24, '4:0': 24 })
 })
 
-t.test('a first block whose tokens_hash is 0 is a block like any other, not the root (found by an input review)', async (t) => {
+t.test('a first block whose tokens_hash is 0 is a block like any other, not the root', async (t) => {
   const ix = new KvIndex()
   apply(
     ix,

@@ -130,7 +130,7 @@ t.test('an unreachable etcd at start is a clear error naming the URL', async (t)
   })
 })
 
-t.test('a comma-separated --etcd-url is several endpoints: discovery starts when one of them is up (found by review)', async (t) => {
+t.test('a comma-separated --etcd-url is several endpoints: discovery starts when one of them is up', async (t) => {
   const etcd = await startEtcd()
   t.teardown(() => etcd.stop())
   const dead = `http://127.0.0.1:${await getFreePort()}`
@@ -143,7 +143,7 @@ t.test('a comma-separated --etcd-url is several endpoints: discovery starts when
   t.equal(d.workers.get(w.id)?.url, 'http://127.0.0.1:9', 'a worker registered through the live endpoint is seen')
 })
 
-t.test('a router started against etcd has the workers etcd lists registered by the time start() returns (found by an operator review)', async (t) => {
+t.test('a router started against etcd has the workers etcd lists registered by the time start() returns', async (t) => {
   const etcd = await startEtcd()
   t.teardown(() => etcd.stop())
   const client = new Etcd3({ hosts: etcd.url })

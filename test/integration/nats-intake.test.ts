@@ -104,7 +104,7 @@ t.test('worker load metrics on kv_metrics', async (t) => {
   await waitUntil('the malformed one counted', () => intake.counters.metricsMalformed === 1)
   t.same(parseLoadEvent(enc.encode('{"worker_id":5,"dp_rank":1,"active_decode_blocks":9}')), { workerId: 5n, dpRank: 1, activeBlocks: 9, totalBlocks: null, requestsWaiting: null })
   t.equal(parseLoadEvent(enc.encode('{"worker_id":5,')), null)
-  // the top-level worker_id, exactly (found by an input review)
+  // the top-level worker_id, exactly
   const busy = '"data":{"kv_stats":{"kv_active_blocks":999,"kv_total_blocks":1000}}'
   t.equal(parseLoadEvent(enc.encode(`{"worker_id":1.9,${busy}}`)), null, 'a fraction is no worker id')
   t.equal(parseLoadEvent(enc.encode(`{"worker_id":-1,${busy}}`)), null)
@@ -125,7 +125,7 @@ t.test('an unreachable server at start is a clear error naming the URL', async (
   await t.rejects(NatsIntake.start({ url: 'nats://127.0.0.1:1', namespace: 'bad ns', component: 'backend', pool }), { message: /namespace/ })
 })
 
-t.test('a comma-separated --nats-url is several servers: the intake connects when one of them is up (found by review)', async (t) => {
+t.test('a comma-separated --nats-url is several servers: the intake connects when one of them is up', async (t) => {
   const nats = await startNats()
   t.teardown(() => nats.stop())
   const pool = await ShardPool.start({ shards: 1 })

@@ -20,8 +20,8 @@ t.test('young survivors move to the old generation', async (t) => {
   t.type(settleHeap(), 'number', 'a second call works as well')
 })
 
-// Why a tick must be queued while the GC runs: src/runtime/heap-settle.ts, and `node dist/bench/next-tick.js`
-// for what a GC on an empty queue costs every nextTick after it. The GC is replaced by one that
+// Why a tick must be queued while the GC runs, and what a GC on an empty queue costs every
+// nextTick after it: src/runtime/heap-settle.ts. The GC is replaced by one that
 // counts the tick records alive at the moment it runs (fullGc takes globalThis.gc when there is one).
 t.test('the full GC runs while a tick record is alive', async (t) => {
   const { createHook } = await import('node:async_hooks')

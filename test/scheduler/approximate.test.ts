@@ -1,4 +1,4 @@
-// Approximate mode (spec §5) with a fake clock: TTL expiry, refresh, pruning order.
+// Approximate mode with a fake clock: TTL expiry, refresh, pruning order.
 import t from 'tap'
 import { ApproxTracker } from '../../src/scheduler/approximate.js'
 import type { ApproxSink } from '../../src/scheduler/approximate.js'

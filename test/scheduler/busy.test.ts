@@ -1,4 +1,4 @@
-// Load shedding (spec §4.7): three thresholds, busy workers excluded in every mode, all busy → 503.
+// Load shedding: three thresholds, busy workers excluded in every mode, all busy → 503.
 import t from 'tap'
 import { isKvrError } from '../../src/errors.js'
 import { ALL_WORKERS_BUSY_MESSAGE, RetryableError } from '../../src/scheduler/rejection.js'

@@ -2,7 +2,7 @@ import t from 'tap'
 import { KvrError } from '../../src/errors.js'
 import { DEFAULT_MAX_BATCHED_TOKENS, resolveSchedulerOptions } from '../../src/scheduler/options.js'
 
-t.test('defaults follow the spec and the result is frozen', async (t) => {
+t.test('the documented defaults, and the result is frozen', async (t) => {
   const o = resolveSchedulerOptions()
   t.equal(o.mode, 'kv')
   t.equal(o.overlapScoreWeight, 1)

@@ -1,4 +1,4 @@
-// The router queue (spec §4.6): waiting only when every candidate is busy, policy order,
+// The router queue: waiting only when every candidate is busy, policy order,
 // priority, the bound, cancellation and dispatch triggers.
 import t from 'tap'
 import { isKvrError, KvrError } from '../../src/errors.js'
@@ -32,7 +32,7 @@ function enqueueAt(s: Scheduler, clock: { ms: number }, ms: number, req: Schedul
   return s.schedule(req)
 }
 
-t.test('policy keys as the spec gives them', async (t) => {
+t.test('policy keys: fcfs, lcfs, wspt', async (t) => {
   t.equal(priorityJump(undefined), 0)
   t.equal(priorityJump(-3), 0, 'negative priority clamps to 0')
   t.equal(priorityJump(Number.NaN), 0)

@@ -1,4 +1,4 @@
-// Cost and selection (spec §4.2, §4.5, §4.8) through the scheduler façade.
+// Cost and selection through the scheduler façade.
 import t from 'tap'
 import { formatCandidates, Selector, CostInputs } from '../../src/scheduler/selector.js'
 import { Xoshiro128 } from '../../src/scheduler/rng.js'
@@ -16,7 +16,7 @@ function holdBlocks(s: Scheduler, id: string, workerId: bigint, n: number, base:
   s.markPrefillComplete(id)
 }
 
-t.test("the spec's worked example: W1 8+10=18, W2 5+5=10, W3 2+9=11 → W2", async (t) => {
+t.test('a worked example: W1 8+10=18, W2 5+5=10, W3 2+9=11 → W2', async (t) => {
   const { s } = makeScheduler({ blockSize: 16, queueThreshold: null }, 3)
   holdBlocks(s, 'w1-load', 1n, 10, 1000)
   holdBlocks(s, 'w2-load', 2n, 5, 2000)

@@ -17,7 +17,7 @@ t.test('registration gives dense slots with their info', async (t) => {
   t.equal(w.deviceOf(c), 'gpu')
   t.equal(w.device[b], DEVICE_GPU)
   t.equal(w.maxNumBatchedTokens[a], 8192)
-  t.equal(w.maxNumBatchedTokens[b], DEFAULT_MAX_BATCHED_TOKENS, 'unknown capacity uses the spec default')
+  t.equal(w.maxNumBatchedTokens[b], DEFAULT_MAX_BATCHED_TOKENS, "unknown capacity uses Dynamo's default")
   t.equal(w.totalKvBlocks[a], 100)
   t.equal(w.workerIndex[a], w.workerIndex[b], 'ranks of one worker share its index')
   t.not(w.workerIndex[a], w.workerIndex[c])

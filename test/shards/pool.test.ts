@@ -314,7 +314,7 @@ t.test('a busy shard takes control calls and answers barriers mid-backlog, not w
   t.equal(pool.counters()[0]?.processed, total)
 })
 
-t.test("an event the intake sends to the wrong shard goes on to its own, and its worker's later events reach it (found by an input review)", async (t) => {
+t.test("an event the intake sends to the wrong shard goes on to its own, and its worker's later events reach it", async (t) => {
   const pool = await ShardPool.start({ shards: 2, ringBytes: 4096 })
   t.teardown(() => pool.close())
   // two workers on different shards

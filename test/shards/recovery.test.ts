@@ -1,4 +1,4 @@
-// Recovery of missed KV events (spec §3.7): a shard holds a recoverable worker's events from a
+// Recovery of missed KV events: a shard holds a recoverable worker's events from a
 // gap in its ids until the missing range (or a dump) arrives, then applies all in order; a router
 // that registers a worker which answers worker queries rebuilds it from a dump; a worker that does
 // not answer has its gaps counted and accepted. The last two against real simulated engines over
@@ -120,7 +120,7 @@ t.test("a tree dump replaces the worker-rank's blocks, the events held meanwhile
   pool.push(bytes(ev(8n, 1, 1, null)))
 })
 
-t.test("a late answer cannot end a newer hold; a recovery applies only its own worker-rank's newer events (found by review)", async (t) => {
+t.test("a late answer cannot end a newer hold; a recovery applies only its own worker-rank's newer events", async (t) => {
   const { pool, gaps } = await recoverablePool(t)
   pool.push(bytes(ev(7n, 1, 1, null)))
   pool.push(bytes(ev(7n, 5, 5, null)))
@@ -158,7 +158,7 @@ t.test('after event id 2^64 - 1 nothing is a gap', async (t) => {
   t.equal(pool.counters()[0]?.gaps, 0)
 })
 
-t.test('a gap that nobody answers does not keep the pool from closing (found by review)', async (t) => {
+t.test('a gap that nobody answers does not keep the pool from closing', async (t) => {
   const pool = await ShardPool.start({ shards: 1 })
   pool.setRecoverable(7n, true)
   pool.push(bytes(ev(7n, 1, 1, null)))
@@ -381,7 +381,7 @@ t.test('a restarted shard whose worker cannot be rebuilt is exact again, that wo
   t.equal(approx.pool.health()[0], 'exact', 'approximate mode: exact at once')
 })
 
-t.test('a worker not up when it registers is probed again until it answers, then rebuilt (found by review)', async (t) => {
+t.test('a worker not up when it registers is probed again until it answers, then rebuilt', async (t) => {
   const [port] = await getFreePorts(1)
   const router = await Router.start(config(['--router-block-size', '4', '--router-event-recovery']))
   t.teardown(() => router.close())

@@ -1,5 +1,5 @@
 // The mocker's distributed mode against a real nats-server and etcd (the test harness starts
-// them): each engine registers under its own lease (lease id = worker id, the README's record
+// them): each engine registers under its own lease (lease id = worker id, Dynamo's record
 // format, read back by the router's own discovery), its KV events arrive on NATS in a form the
 // router's decoder accepts, its load on kv_metrics in a form the router's intake parses, and
 // shutting down revokes the leases at once.

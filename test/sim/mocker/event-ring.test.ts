@@ -1,4 +1,4 @@
-// The local event ring and the worker query endpoint (spec §3.7) over HTTP: every response
+// The local event ring and the worker query endpoint over HTTP: every response
 // variant, consecutive original ids, exact u64s, and a tree dump that rebuilds the engine's
 // cached set in an empty index.
 import t from 'tap'

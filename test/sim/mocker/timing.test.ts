@@ -1,4 +1,4 @@
-// The timing model against the formulas of the spec (§11), value by value.
+// The timing model against Dynamo's published formulas, value by value.
 import t from 'tap'
 import { decodeMs, prefillMs, prefillTokens, stepMs } from '../../../src/sim/mocker/timing.js'
 

@@ -22,7 +22,7 @@ export function registerShardMetrics(r: Registry, pool: ShardPool, recovery: Ind
   shardCounter('kvrouter_shard_events_received_total', 'Event messages the shard took from its ring', (c) => c.received)
   shardCounter('kvrouter_shard_events_applied_total', "Events applied to the shard's index", (c) => c.applied)
   shardCounter('kvrouter_shard_events_malformed_total', 'Event messages that did not decode', (c) => c.malformed)
-  shardCounter('kvrouter_shard_event_gaps_total', "Gaps in a worker-rank's event ids (spec §3.7): events it published that never arrived", (c) => c.gaps)
+  shardCounter('kvrouter_shard_event_gaps_total', "Gaps in a worker-rank's event ids: events it published that never arrived", (c) => c.gaps)
   shardCounter(
     'kvrouter_shard_events_misplaced_total',
     'Event messages whose worker belongs to another shard (the intake read another worker id than the decoder), sent on to that shard',

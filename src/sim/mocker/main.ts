@@ -72,7 +72,7 @@ interface Spec {
   values?: readonly string[]
 }
 
-const SPECS: Record<string, Spec> = {
+export const SPECS: Record<string, Spec> = {
   '--num-workers': { kind: 'int', min: 1, max: 1024 },
   '--block-size': { kind: 'int', min: 1, max: 65536 },
   '--num-gpu-blocks-override': { kind: 'int', min: 1, max: 1 << 26 },

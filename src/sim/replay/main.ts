@@ -63,8 +63,8 @@ export interface ReplayArgs {
 /** Seconds of the longest timer Node keeps: a longer --timeout-s would fire after 1 ms. */
 const MAX_TIMEOUT_S = MAX_TIMER_MS / 1000
 
-const VALUE_FLAGS = ['--trace', '--url', '--speedup', '--limit', '--duration-min', '--max-in-flight', '--timeout-s', '--model', '--api-key', '--output', '--time-scale'] as const
-const BOOL_FLAGS = ['--quiet'] as const
+export const VALUE_FLAGS = ['--trace', '--url', '--speedup', '--limit', '--duration-min', '--max-in-flight', '--timeout-s', '--model', '--api-key', '--output', '--time-scale'] as const
+export const BOOL_FLAGS = ['--quiet'] as const
 
 /** Parses replay flags; throws ReplayUsageError naming the flag. Returns 'help' for --help. */
 export function parseReplayArgs(argv: readonly string[]): ReplayArgs | 'help' {

@@ -2,10 +2,10 @@
 // in its order, so that a code added or changed in src/errors.ts cannot leave it behind.
 import t from 'tap'
 import { readFileSync } from 'node:fs'
-import { ErrorCodes } from '../src/errors.js'
+import { ErrorCodes } from '../../src/errors.js'
 
 t.test('docs/errors.md lists the catalogue exactly', async (t) => {
-  const doc = readFileSync(new URL('../docs/errors.md', import.meta.url), 'utf8')
+  const doc = readFileSync(new URL('../../docs/errors.md', import.meta.url), 'utf8')
   const start = doc.indexOf('\n## Catalogue\n')
   t.ok(start >= 0, 'the doc has its catalogue section')
   const end = doc.indexOf('\n## ', start + 1)

@@ -65,7 +65,6 @@ export async function startApp(cfg: ServeConfig, tokenizer: TextTokenizer | null
     await router.close()
     die(`serve: --embedded-fleet: the simulated engines did not start: ${(err as Error).message}`)
   }
-  const fleet = embedded?.workers ?? []
   try {
     await app.fastify.ready()
     settleHeap()

@@ -106,10 +106,7 @@ export class EtcdDiscovery extends EventEmitter {
   private readonly cards: string
   private closed = false
 
-  private constructor(
-    private readonly opts: EtcdDiscoveryOptions,
-    client: Etcd3,
-  ) {
+  private constructor(opts: EtcdDiscoveryOptions, client: Etcd3) {
     super()
     this.client = client
     this.instances = instancesPrefix(opts.namespace, opts.component, opts.endpoint)

@@ -1,7 +1,7 @@
 // Seeded random event streams shared by the index property test and the shard pool tests:
 // mostly engine-like chained hashes, some collisions, unknown parents, removals, clears.
 import type { RouterEvent } from '../../src/codec/events.js'
-import { Rng } from './rng.js'
+import type { Rng } from './rng.js'
 import { stored, removed, cleared } from './events.js'
 
 export const WORKERS = [1n, 2n, 2n ** 60n + 3n, 77n, 1234567890123n]

@@ -12,7 +12,7 @@ import { connect } from 'node:net'
 import type { AddressInfo, Socket } from 'node:net'
 import { Agent, buildConnector, Dispatcher } from 'undici'
 import type { TextTokenizer } from '../../src/tokenizer/tokenizer.js'
-import { chunk, harness, metricSum, sse, tokens, until, upstream, workerFleet } from './helpers.js'
+import { chunk, harness, metricSum, sse, tokens, until, workerFleet } from './helpers.js'
 import type { Handler, Harness } from './helpers.js'
 
 const h = await harness(['--router-block-size', '4', '--proxy-retries', '2'])

@@ -1,7 +1,7 @@
 // The router queue: waiting only when every candidate is busy, policy order,
 // priority, the bound, cancellation and dispatch triggers.
 import t from 'tap'
-import { isKvrError, KvrError } from '../../src/errors.js'
+import { isKvrError, type KvrError } from '../../src/errors.js'
 import { PendingQueue } from '../../src/scheduler/pending-queue.js'
 import { policyKey, priorityJump } from '../../src/scheduler/queue-policy.js'
 import { RetryableError } from '../../src/scheduler/rejection.js'
@@ -340,7 +340,7 @@ t.test('a retry that excludes the idle worker waits for the busy one like a pinn
 })
 
 t.test('a waiting retry whose last untried worker is removed is refused, not left waiting', async (t) => {
-  const { s, slots } = makeScheduler({ blockSize: 16, queueThreshold: 1 }, 2, { maxNumBatchedTokens: 100 })
+  const { s } = makeScheduler({ blockSize: 16, queueThreshold: 1 }, 2, { maxNumBatchedTokens: 100 })
   s.tryRoute({ id: 'blocker', isl: 200, workerId: 2n })
   s.tryRoute({ id: 'blocker1', isl: 200, workerId: 1n })
   const p = s.schedule({ id: 'retry', isl: 50, exclude: [{ workerId: 1n, dpRank: 0 }] })

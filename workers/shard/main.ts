@@ -239,7 +239,7 @@ function recover(lo: number, hi: number, rank: number, key: string, bytes: Uint8
  * range, newer than what is applied.
  */
 function recoverOne(bytes: Uint8Array, lo: number, hi: number, rank: number, floor: number, floorLo: number, floorHi: number): void {
-  let ev
+  let ev: ReturnType<typeof decoder.decode>
   try {
     ev = decoder.decode(bytes)
   } catch (err) {
@@ -274,7 +274,7 @@ type Mode = typeof Live | typeof Released
  * applied now whatever its id (a recovery that could not fill the gap leaves a hole, accepted).
  */
 function applyMessage(bytes: Uint8Array, mode: Mode): void {
-  let ev
+  let ev: ReturnType<typeof decoder.decode>
   try {
     ev = decoder.decode(bytes)
   } catch (err) {

@@ -202,7 +202,7 @@ export async function runReplay(argv: readonly string[], io: ReplayIo = { stdout
     io.stderr.write(`kv-router replay: ${requests.length} request(s) to ${args.url} at ${args.speedup}× (model ${model})\n`)
     ticker = setInterval(() => io.stderr.write(tty ? `\r${progressLine(run.progress())}\u001b[K` : `${progressLine(run.progress())}\n`), tty ? 250 : (io.progressEveryMs ?? 10_000))
   }
-  let result
+  let result: Awaited<typeof run.done>
   try {
     result = await run.done
   } finally {

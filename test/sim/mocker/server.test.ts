@@ -73,8 +73,8 @@ t.test('chat: unary and streamed, messages through the shared chat template', as
   t.equal(chunks.length, 5, 'three tokens, the usage chunk, [DONE]')
   const [c0, c1, c2, cu] = chunks as Record<string, unknown>[]
   t.match(c0, { object: 'chat.completion.chunk', choices: [{ index: 0, delta: { role: 'assistant', content: 'the' }, finish_reason: null }] })
-  t.same((c1?.choices as object[])[0], { index: 0, delta: { content: ' cache' }, logprobs: null, finish_reason: null })
-  t.same((c2?.choices as object[])[0], { index: 0, delta: { content: ' is' }, logprobs: null, finish_reason: 'length' })
+  t.same((c1?.choices as object[] | undefined)?.[0], { index: 0, delta: { content: ' cache' }, logprobs: null, finish_reason: null })
+  t.same((c2?.choices as object[] | undefined)?.[0], { index: 0, delta: { content: ' is' }, logprobs: null, finish_reason: 'length' })
   t.same(cu?.choices, [])
   t.match(cu?.usage, { completion_tokens: 3, prompt_tokens_details: { cached_tokens: Math.floor(u.usage.prompt_tokens / 16) * 16 } })
   t.equal(chunks[4], '[DONE]')

@@ -13,6 +13,7 @@
 // config when present. Start lists both prefixes, then watches them from the listed revision;
 // after a lost connection the watch resumes and a full re-list reconciles anything missed
 // (removals of vanished workers, additions and changes), so a restarted etcd is caught up with.
+import { cardsPrefix, instancesPrefix } from './dynamo-names.js'
 import type { Etcd3, IKeyValue } from 'etcd3'
 import { EventEmitter } from 'node:events'
 import { urlList } from '../config.js'
@@ -40,14 +41,6 @@ export interface DiscoveredWorker {
 interface Parts {
   instance?: Record<string, unknown>
   card?: Record<string, unknown>
-}
-
-export function instancesPrefix(ns: string, component: string, endpoint: string): string {
-  return `v1/instances/${ns}/${component}/${endpoint}/`
-}
-
-export function cardsPrefix(ns: string, component: string, endpoint: string): string {
-  return `v1/mdc/${ns}/${component}/${endpoint}/`
 }
 
 function nonNegInt(v: unknown): number | null {

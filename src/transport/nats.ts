@@ -7,6 +7,7 @@
 // The connection reconnects forever; losing it is visible in `connected` (readiness) and in the
 // counters, and nothing needs a restart. A start against an unreachable server fails with an
 // error naming the URL.
+import { kvEventSubjects, kvMetricsSubject } from './dynamo-names.js'
 import type { Events, NatsConnection, Subscription } from 'nats'
 import { EventEmitter } from 'node:events'
 import type { ShardPool } from '../shards/pool.js'
@@ -44,15 +45,6 @@ export interface NatsIntakeCounters {
   reconnects: number
   slowConsumer: number
   errors: number
-}
-
-export function kvEventSubjects(namespace: string, component: string): string[] {
-  const prefix = `namespace.${namespace}.component.${component}`
-  return [`${prefix}.kv-events`, `${prefix}.kv_events`]
-}
-
-export function kvMetricsSubject(namespace: string): string {
-  return `namespace.${namespace}.kv_metrics`
 }
 
 const NAME_RE = /^[A-Za-z0-9_-]+$/

@@ -12,8 +12,7 @@ import { waitUntil } from '../helpers/wait.js'
 import { cliArgv } from '../helpers/cli.js'
 import { MockerFleet, type MockerWorker } from '../../src/sim/mocker/fleet.js'
 import { encodeEnvelope, encodeRouterEvent } from '../../src/codec/events.js'
-import { cardsPrefix, instancesPrefix } from '../../src/transport/etcd.js'
-import { kvEventSubjects } from '../../src/transport/nats.js'
+import { cardsPrefix, instancesPrefix, kvEventSubjects } from '../../src/transport/dynamo-names.js'
 
 const BS = 16
 

@@ -8,13 +8,14 @@
 // cannot answer yet. Shutdown runs the other way: unregister (revoke the lease / DELETE from
 // the router), close the server (in-flight requests are aborted and free their blocks), stop
 // the engine, flush the publishers.
+import { kvEventsSubject, kvMetricsSubject } from '../../transport/dynamo-names.js'
 import type { NatsConnection } from 'nats'
 import type { RouterEvent } from '../../codec/events.js'
 import { KvrError } from '../../errors.js'
 import { MockEngine } from './engine.js'
 import type { EngineConfig } from './engine.js'
 import { EngineServer } from './server.js'
-import { CallbackPublisher, HttpEventPublisher, LoadPublisher, NatsEventPublisher, connectNats, kvEventsSubject, kvMetricsSubject } from './publisher.js'
+import { CallbackPublisher, HttpEventPublisher, LoadPublisher, NatsEventPublisher, connectNats } from './publisher.js'
 import type { EventPublisher } from './publisher.js'
 import { EtcdRegistrar, deregisterFromRouter, registerWithRouter } from './registration.js'
 import type { EtcdLease, EtcdRegistrarOptions, RouterRegistration, WorkerRecord } from './registration.js'

@@ -9,7 +9,6 @@ import type { NatsConnection } from 'nats'
 import { encodeRouterEvent } from '../../codec/events.js'
 import type { RouterEvent } from '../../codec/events.js'
 import { KvrError } from '../../errors.js'
-import { kvEventSubjects, kvMetricsSubject } from '../../transport/nats.js'
 import type { EngineLoad } from './engine.js'
 
 export interface EventPublisher {
@@ -112,11 +111,6 @@ export async function connectNats(url: string, name = 'kv-router-mocker'): Promi
   }
 }
 
-/** `namespace.{ns}.component.{component}.kv-events`: raw Dynamo RouterEvent JSON per message. */
-export function kvEventsSubject(namespace: string, component: string): string {
-  return kvEventSubjects(namespace, component)[0] as string
-}
-
 export class NatsEventPublisher implements EventPublisher {
   constructor(
     private readonly nc: NatsConnection,
@@ -208,5 +202,3 @@ export class LoadPublisher {
     if (this.pending !== null) clearTimeout(this.pending)
   }
 }
-
-export { kvMetricsSubject }

@@ -6,7 +6,7 @@
 import type { Etcd3, Lease } from 'etcd3'
 import { EventEmitter } from 'node:events'
 import { KvrError } from '../../errors.js'
-import { cardsPrefix, instancesPrefix } from '../../transport/etcd.js'
+import { cardsPrefix, instancesPrefix } from '../../transport/dynamo-names.js'
 
 export interface WorkerRecord {
   url: string

@@ -65,12 +65,13 @@ import {
   shardOf,
   type ShardInit,
 } from '../thread/protocol.js'
+import { SHARD_ENTRY } from '../thread/protocol.js'
+import type { ShardApi, ShardStats } from '../thread/protocol.js'
 import { REJECT_REASON_COUNT, REJECT_REASON_NAMES, type OverlapScore } from '../index/kv-index.js'
 import type { RouterEvent } from '../codec/events.js'
 import { u64FromParts, u64Hi, u64Lo } from '../codec/u64.js'
 import { WorkerIdScan } from './partition.js'
 import { KvrError } from '../errors.js'
-import type { ShardApi, ShardStats } from '../../workers/shard/main.js'
 
 export interface ShardPoolOptions {
   /** Number of shard threads, at most 31; default max(1, cores − 1), cores as cpuBudget() counts them. */
@@ -216,7 +217,6 @@ const u8slice = Uint8Array.prototype.slice
 function copyBytes(msg: Uint8Array, from: number): Uint8Array {
   return u8slice.call(msg, from)
 }
-const shardUrl = new URL(`../../workers/shard/main${import.meta.url.endsWith('.ts') ? '.ts' : '.js'}`, import.meta.url)
 
 function positive(name: string, v: number | undefined, dflt: number, max = Number.MAX_SAFE_INTEGER): number {
   const x = v ?? dflt
@@ -319,7 +319,7 @@ export class ShardPool extends EventEmitter {
       spinUs: this.opts.shardSpinUs,
       yieldMaxMs: this.opts.shardYieldMaxMs,
     }
-    const worker = new Worker(shardUrl, { workerData: init, name: `kv-router shard ${index}` })
+    const worker = new Worker(SHARD_ENTRY, { workerData: init, name: `kv-router shard ${index}` })
     const shard: Shard = {
       index,
       worker,

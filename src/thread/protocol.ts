@@ -45,6 +45,10 @@
 // stretch (two cache lines, as adjacent-line prefetchers pair them). Packed together, the
 // shard's heartbeat (bumped every few blocks) and the main thread's ring position (bumped every
 // push) shared a line, and every check for waiting queries missed the cache after each push.
+import type { RouterEvent } from '../codec/events.js'
+import type { OverlapScore } from '../index/kv-index.js'
+import type { ChatRequest } from '../tokenizer/chat-template.js'
+
 const LINE = 32
 /** Main thread, every push. */
 export const RING_WRITE = 0
@@ -196,3 +200,45 @@ export function shardOf(idLo: number, idHi: number, shards: number): number {
   h ^= h >>> 16
   return (h >>> 0) % shards
 }
+
+// ---- thread entry points and their messages ----
+
+/** A thread entry point under workers/, as this build has it (.ts under the test runner, .js built). */
+function entry(name: string): URL {
+  return new URL(`../../workers/${name}${import.meta.url.endsWith('.ts') ? '.ts' : '.js'}`, import.meta.url)
+}
+
+/** The indexer shard thread (workers/shard/main.ts). */
+export const SHARD_ENTRY: URL = entry('shard/main')
+/** The tokenizer thread (workers/tokenize.ts), run by piscina. */
+export const TOKENIZE_ENTRY: URL = entry('tokenize')
+
+export interface ShardStats {
+  received: number
+  applied: number
+  malformed: number
+  processed: number
+  blocks: number
+  nodes: number
+  workerRanks: number
+  bytes: number
+}
+
+/**
+ * What a shard thread answers over comlink (the control calls; events and queries go through the
+ * shared memory above). `seq` is a barrier: the call runs once the shard has processed that many
+ * messages of its ring, so it sees every event pushed before it.
+ */
+export interface ShardApi {
+  barrier(seq: number): Promise<number>
+  ensureWorker(idLo: number, idHi: number, rank: number, seq: number): Promise<boolean>
+  treeSizes(seq: number): Promise<OverlapScore[]>
+  dump(seq: number): Promise<RouterEvent[]>
+  stats(): Promise<ShardStats>
+  /** Fault injection: blocks the thread (no heartbeat) so stall detection can be exercised. */
+  block(ms: number): Promise<void>
+  shutdown(seq: number): Promise<ShardStats>
+}
+
+/** One tokenizer-thread task: a text to encode, or a chat to render with the model's template and encode. */
+export type TokenizeTask = { text: string; addSpecialTokens: boolean } | { chat: ChatRequest; addSpecialTokens: boolean }

@@ -17,7 +17,6 @@ export interface ChatRequest {
 }
 
 /** A tokenizer thread's task: text, or a chat request for the model's template to render first. */
-export type TokenizeTask = { text: string; addSpecialTokens: boolean } | { chat: ChatRequest; addSpecialTokens: boolean }
 
 /** The start of the message of a task the chat template refused: the client's error, not the router's. */
 export const TEMPLATE_REFUSED = 'chat template: '

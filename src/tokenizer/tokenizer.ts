@@ -8,7 +8,9 @@ import { existsSync, readFileSync } from 'node:fs'
 import { Piscina } from 'piscina'
 import { KvrError } from '../errors.js'
 import { ChatTemplate, findChatTemplate, TEMPLATE_REFUSED } from './chat-template.js'
-import type { ChatRequest, ChatTemplateSource, TokenizeTask } from './chat-template.js'
+import type { ChatRequest, ChatTemplateSource } from './chat-template.js'
+import { TOKENIZE_ENTRY } from '../thread/protocol.js'
+import type { TokenizeTask } from '../thread/protocol.js'
 
 export interface ChatMessage {
   role: string
@@ -57,8 +59,6 @@ export class BytesTokenizer implements TextTokenizer {
   }
 }
 
-const taskUrl = new URL(`../../workers/tokenize${import.meta.url.endsWith('.ts') ? '.ts' : '.js'}`, import.meta.url)
-
 export class HfTokenizer implements TextTokenizer {
   readonly kind = 'hf' as const
   private readonly pool: Piscina<TokenizeTask, Uint32Array>
@@ -70,7 +70,7 @@ export class HfTokenizer implements TextTokenizer {
   ) {
     // no execArgv: a worker inherits the parent's Node options by default, while one given them
     // explicitly refuses V8 flags, and the router always runs with some (src/runtime/v8-flags.ts)
-    this.pool = new Piscina({ filename: taskUrl.href, workerData: { path }, maxThreads: threads, minThreads: 1 })
+    this.pool = new Piscina({ filename: TOKENIZE_ENTRY.href, workerData: { path }, maxThreads: threads, minThreads: 1 })
   }
 
   /** Loads and checks the tokenizer (one warm-up call), so a bad file fails at startup. */

@@ -65,6 +65,7 @@ import {
   shardOf,
   type ShardInit,
 } from '../../src/thread/protocol.js'
+import type { ShardApi, ShardStats } from '../../src/thread/protocol.js'
 import { splitEvents } from '../../src/codec/event-array.js'
 
 const init = workerData as ShardInit
@@ -483,18 +484,7 @@ async function run(): Promise<void> {
   Atomics.store(ctrl, STATE, ShardState.Stopped)
 }
 
-export interface ShardStats {
-  received: number
-  applied: number
-  malformed: number
-  processed: number
-  blocks: number
-  nodes: number
-  workerRanks: number
-  bytes: number
-}
-
-const api = {
+const api: ShardApi = {
   async barrier(seq: number): Promise<number> {
     await barrier(seq)
     return processed
@@ -516,7 +506,6 @@ const api = {
   async stats(): Promise<ShardStats> {
     return { received, applied, malformed, processed, blocks: index.liveEntries, nodes: index.liveNodes, workerRanks: index.liveWorkers, bytes: index.bytes }
   },
-  /** Fault injection: blocks this thread (no heartbeat) so stall detection can be exercised. */
   async block(ms: number): Promise<void> {
     const until = Date.now() + ms
     while (Date.now() < until) {
@@ -537,7 +526,6 @@ const api = {
     return api.stats()
   },
 }
-export type ShardApi = typeof api
 
 Comlink.expose(api, nodeEndpoint(parentPort as NonNullable<typeof parentPort>))
 // On a normal stop the main thread terminates this thread after shutdown() answered.

@@ -120,3 +120,64 @@ export function splitHalves(values: BigUint64Array, lo: Uint32Array, hi: Uint32A
     hi[i] = w[2 * i + 1] as number
   }
 }
+
+// ---- salted and multimodal block hashes (Dynamo 1.4.0) ----
+// A block of a LoRA adapter's request, or of a request with a cache salt, must not match the same
+// tokens of another adapter or tenant: the block hash's seed folds both names in. A block that
+// holds media (images, audio) appends the media's hashes to its tokens. Both are as Dynamo
+// 1.4.0's router computes them (docs/dynamo-compatibility.md, "Block hashing").
+
+const HEX64 = /^[0-9a-fA-F]{64}$/
+
+/**
+ * The block-hash seed of a request: 1337, plus XXH3(lora name, seed 0) when an adapter is named,
+ * plus XXH3(cache salt, seed 1) when a salt is given, wrapping at 2^64. Empty names count as none.
+ */
+export function saltSeed(loraName: string | null | undefined, cacheSalt: string | null | undefined): bigint {
+  let seed = XXH3_SEED
+  if (loraName) seed += xxh3_64(loraName, 0n)
+  if (cacheSalt) seed += xxh3_64(cacheSalt, 1n)
+  return BigInt.asUintN(64, seed)
+}
+
+/** The u64 a media item's identifier stands for: a sha256 hex digest's first 16 hex digits, else XXH3(identifier, seed 0). */
+export function mmHashOf(identifier: string): bigint {
+  return HEX64.test(identifier) ? BigInt(`0x${identifier.slice(0, 16)}`) : xxh3_64(identifier, 0n)
+}
+
+/**
+ * Local block hashes of the complete blocks with a given seed (saltSeed()): as promptHashesInto's
+ * local hashes, which are the same numbers for seed 1337.
+ */
+export function seededBlockHashesInto(tokens: ArrayLike<number>, blockSize: number, seed: bigint, lo: Uint32Array, hi: Uint32Array): number {
+  if (seed === XXH3_SEED) return promptHashesInto(tokens, blockSize, lo, hi)
+  checkBlockSize(blockSize)
+  const n = completeBlocks(tokens.length, blockSize)
+  const words = n * blockSize
+  const area = tokenArea(words, n)
+  for (let i = 0; i < words; i++) {
+    const t = tokens[i] as number
+    if (t >>> 0 !== t) throw tokenError(i, t)
+    area[i] = t
+  }
+  hashTokenArea(blockSize, n, Number(seed & 0xffffffffn), Number(seed >> 32n), lo, hi)
+  return n
+}
+
+/**
+ * The local hash of one block that holds media: its tokens (u32 LE) followed by the media hashes
+ * in ascending order (u64 LE), hashed with `seed`. Writes the halves to out[0], out[1].
+ */
+export function mmBlockHashInto(tokens: ArrayLike<number>, from: number, blockSize: number, mmHashes: readonly bigint[], seed: bigint, out: Uint32Array): void {
+  const sorted = [...mmHashes].sort((a, b) => (a < b ? -1 : a > b ? 1 : 0))
+  const bytes = new Uint8Array(blockSize * 4 + sorted.length * 8)
+  const v = new DataView(bytes.buffer)
+  for (let i = 0; i < blockSize; i++) {
+    const t = tokens[from + i] as number
+    if (t >>> 0 !== t) throw tokenError(from + i, t)
+    v.setUint32(i * 4, t, true)
+  }
+  for (let j = 0; j < sorted.length; j++) v.setBigUint64(blockSize * 4 + j * 8, BigInt.asUintN(64, sorted[j] as bigint), true)
+  const s = BigInt.asUintN(64, seed)
+  hashBytesInto(bytes, Number(s & 0xffffffffn), Number(s >> 32n), out)
+}

@@ -9,9 +9,13 @@
 // How late each request actually left is recorded (`sent_ms − scheduled_ms`), so a client that
 // could not keep up shows in the results instead of silently lowering the load.
 //
-// Timing is taken where the client sees the bytes: TTFT is send → first content chunk, ITL the
-// gaps between consecutive content chunks. Two chunks that arrive in one network read share a
-// timestamp, as they would for any real client.
+// Timing is taken where the client sees the bytes, once per network read: events that arrive
+// in one read arrived together, and an engine that falls behind its schedule (the simulated one
+// runs overdue steps back to back) delivers several tokens per read. So a stream gives two
+// figures: TTFT, send → the read with the first content event; TPOT, (read with the last
+// content event − read with the first) / (content events − 1), the mean time per output token
+// after the first; and ITL samples, one per read that carried content after the first: the gap
+// since the previous such read, however many tokens it brought.
 import { performance } from 'node:perf_hooks'
 import { Agent, request } from 'undici'
 import type { Dispatcher } from 'undici'
@@ -30,8 +34,8 @@ export interface ReplayRecord {
   sent_ms: number
   /** Send → first content chunk, wall ms; null when none arrived. */
   ttft_ms: number | null
-  /** Mean gap between consecutive content chunks, wall ms; null with fewer than two. */
-  itl_ms: number | null
+  /** TPOT: (last content chunk − first) / (content chunks − 1), wall ms; null with fewer than two chunks. */
+  tpot_ms: number | null
   /** Send → end of the response, wall ms; null when it never ended (network error, timeout). */
   e2e_ms: number | null
   /** usage.completion_tokens, else the number of content chunks. */
@@ -81,7 +85,10 @@ export interface ReplayProgress {
 export interface ReplayResult {
   /** One per request, in id order. */
   records: ReplayRecord[]
-  /** Every inter-chunk gap of every successful request, wall ms. */
+  /**
+   * ITL samples of every successful request, wall ms: for each network read that carried content
+   * after a stream's first, the time since the previous one (see the top of the file).
+   */
   itlGaps: Float64Array
   /** Start to last completion, wall ms. */
   wallMs: number
@@ -285,6 +292,7 @@ export class ReplayRun {
       let buf = ''
       for await (const chunk of res.body) {
         const now = performance.now()
+        let content = false
         buf += decoder.decode(chunk as Buffer, { stream: true })
         let cut: number
         while ((cut = buf.indexOf('\n\n')) >= 0) {
@@ -310,18 +318,22 @@ export class ReplayRun {
           if (ev.usage !== undefined && ev.usage !== null) usage = ev.usage
           const c = ev.choices?.[0]
           if (c !== undefined && (typeof c.text === 'string' || (typeof c.delta?.content === 'string' && c.delta.content !== ''))) {
+            // set at once: an error later in the same read still leaves the first token's time
             if (firstAt < 0) firstAt = now
-            else gaps.push(now - lastAt)
-            lastAt = now
+            content = true
             chunks++
           }
+        }
+        if (content) {
+          if (lastAt >= 0) gaps.push(now - lastAt)
+          lastAt = now
         }
       }
       rec.e2e_ms = performance.now() - sentAt
       if (!sawDone) throw new Error('the stream ended without data: [DONE]')
       if (chunks === 0) throw new Error('the stream carried no content')
       rec.ttft_ms = firstAt - sentAt
-      if (gaps.length > 0) rec.itl_ms = (lastAt - firstAt) / gaps.length
+      if (chunks > 1) rec.tpot_ms = (lastAt - firstAt) / (chunks - 1)
       const u = usage as Usage | null
       rec.output_tokens = typeof u?.completion_tokens === 'number' ? u.completion_tokens : chunks
       if (typeof u?.prompt_tokens === 'number') rec.prompt_tokens = u.prompt_tokens
@@ -348,7 +360,7 @@ function emptyRecord(id: number, req: TraceRequest, due: number, sent: number): 
     scheduled_ms: due,
     sent_ms: sent,
     ttft_ms: null,
-    itl_ms: null,
+    tpot_ms: null,
     e2e_ms: null,
     output_tokens: 0,
     prompt_tokens: req.input_length,

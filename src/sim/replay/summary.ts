@@ -34,9 +34,9 @@ export interface ReplaySummary {
   hit_rate: number | null
   /** Time to the first content chunk, from the moment the request was sent. */
   ttft_ms: Quantiles
-  /** Every gap between consecutive content chunks, pooled over all requests. */
+  /** ITL: the gaps between network reads that carried content, pooled over all requests (client.ts). */
   itl_ms: Quantiles
-  /** Per request mean gap ((last chunk − first chunk) / (chunks − 1)), across requests. */
+  /** TPOT of each request ((last chunk − first chunk) / (chunks − 1)), across requests. */
   tpot_ms: Quantiles
   /** Send to end of stream. */
   e2e_ms: Quantiles
@@ -93,7 +93,7 @@ function scaled(q: Quantiles, k: number): Quantiles {
 }
 
 export interface SummarizeOptions {
-  /** Pooled inter-chunk gaps of every request, wall ms (ReplayResult.itlGaps). */
+  /** ITL samples of every request, wall ms (ReplayResult.itlGaps). */
   gaps?: ArrayLike<number>
   /** Durations are multiplied by this (default 1). */
   timeScale?: number
@@ -143,7 +143,7 @@ export function summarize(records: readonly ReplayRecord[], options: SummarizeOp
     hit_rate: hitRate(cached, prompt),
     ttft_ms: scaled(quantiles(num(ok.map((r) => r.ttft_ms))), k),
     itl_ms: scaled(quantiles(options.gaps ?? []), k),
-    tpot_ms: scaled(quantiles(num(ok.map((r) => r.itl_ms))), k),
+    tpot_ms: scaled(quantiles(num(ok.map((r) => r.tpot_ms))), k),
     e2e_ms: scaled(quantiles(num(ok.map((r) => r.e2e_ms))), k),
     send_lag_ms: quantiles(records.map((r) => r.sent_ms - r.scheduled_ms)),
     workers: Object.fromEntries([...workers.entries()].sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0))),
@@ -163,7 +163,8 @@ export function formatSummary(s: ReplaySummary): string {
     `requests      ${s.requests} (${s.ok} ok, ${s.errors} failed)`,
     `duration      ${s.duration_s.toFixed(1)} s${s.time_scale === 1 ? '' : ' (simulated)'}; ${s.requests_per_s.toFixed(2)} req/s, ${s.output_tokens_per_s.toFixed(0)} output tokens/s`,
     `TTFT (${unit})  p50 ${fmt(s.ttft_ms.p50)}  p90 ${fmt(s.ttft_ms.p90)}  p99 ${fmt(s.ttft_ms.p99)}`,
-    `ITL  (${unit})  p50 ${fmt(s.itl_ms.p50, 2)}  p99 ${fmt(s.itl_ms.p99, 2)}  (per-request mean: p50 ${fmt(s.tpot_ms.p50, 2)}  p99 ${fmt(s.tpot_ms.p99, 2)})`,
+    `TPOT (${unit})  p50 ${fmt(s.tpot_ms.p50, 2)}  p99 ${fmt(s.tpot_ms.p99, 2)}  (per request: time per output token after the first)`,
+    `ITL  (${unit})  p50 ${fmt(s.itl_ms.p50, 2)}  p99 ${fmt(s.itl_ms.p99, 2)}  (gaps between reads that carried tokens)`,
     `hit rate      ${s.hit_rate === null ? '–' : `${(s.hit_rate * 100).toFixed(2)}%`} (${s.cached_tokens} of ${s.prompt_tokens} prompt tokens cached)`,
     `workers       ${counts.length === 0 ? '–' : counts.map(([w, n]) => `${w}:${n}`).join(' ')}; spread max/min ${s.spread === null ? '–' : s.spread.toFixed(2)}`,
     `send lag (wall ms)  p50 ${fmt(s.send_lag_ms.p50)}  p99 ${fmt(s.send_lag_ms.p99)}  max ${fmt(s.send_lag_ms.max)}`,

@@ -180,7 +180,7 @@ t.test('a run writes one JSONL record per request and prints the summary', async
   t.equal(recs.length, 4)
   t.same(recs.map((r) => r.id).sort(), [0, 1, 2, 3])
   for (const r of recs) {
-    t.same(Object.keys(r).sort(), ['cached_tokens', 'e2e_ms', 'error', 'id', 'itl_ms', 'output_tokens', 'prompt_tokens', 'scheduled_ms', 'sent_ms', 'status', 'timestamp', 'ttft_ms', 'worker'])
+    t.same(Object.keys(r).sort(), ['cached_tokens', 'e2e_ms', 'error', 'id', 'output_tokens', 'prompt_tokens', 'scheduled_ms', 'sent_ms', 'status', 'timestamp', 'tpot_ms', 'ttft_ms', 'worker'])
     const src = lines[r.id]
     t.equal(r.timestamp, src?.timestamp)
     t.equal(r.prompt_tokens, src?.input_length)
@@ -191,8 +191,8 @@ t.test('a run writes one JSONL record per request and prints the summary', async
     t.equal(typeof r.ttft_ms, 'number')
   }
   t.equal(recs.find((r) => r.id === 3)?.cached_tokens, 512)
-  t.equal(typeof recs.find((r) => r.id === 2)?.itl_ms, 'number', 'four chunks: a mean gap')
-  t.equal(recs.find((r) => r.id === 3)?.itl_ms, null, 'one chunk: no gap')
+  t.equal(typeof recs.find((r) => r.id === 2)?.tpot_ms, 'number', 'four chunks: a TPOT')
+  t.equal(recs.find((r) => r.id === 3)?.tpot_ms, null, 'one chunk: no TPOT')
   t.equal(srv.seen[0]?.body.model, 'kv-router-model')
   t.match(stdout.text(), /requests {6}4 \(4 ok, 0 failed\)/)
   t.match(stdout.text(), /simulated: wall × 2/)

@@ -39,7 +39,7 @@ t.test('hit rate', async (t) => {
 })
 
 function rec(p: Partial<ReplayRecord> & { id: number }): ReplayRecord {
-  return { timestamp: 0, scheduled_ms: 0, sent_ms: 0, ttft_ms: 10, itl_ms: 2, e2e_ms: 100, output_tokens: 10, prompt_tokens: 100, cached_tokens: 0, worker: 'a', status: 200, error: null, ...p }
+  return { timestamp: 0, scheduled_ms: 0, sent_ms: 0, ttft_ms: 10, tpot_ms: 2, e2e_ms: 100, output_tokens: 10, prompt_tokens: 100, cached_tokens: 0, worker: 'a', status: 200, error: null, ...p }
 }
 
 t.test('summarize: counts, hit rate over successes, per-worker counts and spread, time scale', async (t) => {
@@ -66,14 +66,16 @@ t.test('summarize: counts, hit rate over successes, per-worker counts and spread
   t.equal(s.requests_per_s, 3 / 20)
   t.equal(s.output_tokens_per_s, 30 / 20)
   t.same(s.ttft_ms, { p50: 200, p90: 300, p99: 300, mean: 200, max: 300 })
-  t.same(s.itl_ms, { p50: 20, p90: 40, p99: 40, mean: 25, max: 40 })
-  t.equal(s.tpot_ms.p50, 20)
+  t.same(s.itl_ms, { p50: 20, p90: 40, p99: 40, mean: 25, max: 40 }, 'ITL: the pooled gaps, scaled')
+  t.same(s.tpot_ms, { p50: 20, p90: 20, p99: 20, mean: 20, max: 20 }, "TPOT: the successful requests' own, scaled")
   t.same([s.send_lag_ms.p50, s.send_lag_ms.max], [0, 100], 'lag is wall time, not scaled')
   const two = summarize(records, { workers: ['a', 'b'] })
   t.equal(two.spread, 2)
   t.equal(two.time_scale, 1)
   t.equal(two.itl_ms.p50, null)
   const text = formatSummary(s)
+  t.match(text, /TPOT \(ms, simulated: wall × 10\) {2}p50 20\.00 {2}p99 20\.00/)
+  t.match(text, /ITL {2}\(ms, simulated: wall × 10\) {2}p50 20\.00 {2}p99 40\.00/)
   t.match(text, /requests {6}5 \(3 ok, 2 failed\)/)
   t.match(text, /hit rate {6}50\.00%/)
   t.match(text, /simulated: wall × 10/)

@@ -1,4 +1,4 @@
-// End-to-end benchmark (npm run bench:e2e, DESIGN §6): a slice of the Mooncake conversation
+// End-to-end benchmark (npm run bench:e2e): a slice of the Mooncake conversation
 // trace replayed, time-compressed, through `kv-router serve` to a `kv-router mocker` fleet, once
 // per router mode, with the same fleet and the same load, in one run. Every mode gets a fresh
 // router and a fresh (cold) fleet, so no mode inherits another's cache.
@@ -15,9 +15,16 @@
 // that keeps each prefix on one worker can approach the infinite-cache bound, and one that
 // scatters prefixes pays in evictions and recomputation.
 //
+// Latency per request, as the replay client sees it (src/sim/replay/client.ts): TTFT, send →
+// first token; TPOT, the mean time per output token after the first ((last token − first) /
+// (tokens − 1)); ITL, the gaps between the client's reads that carried tokens. The simulated
+// engines run overdue steps back to back when the machine is busy, so tokens often arrive
+// several to a read: TPOT is the figure to compare, ITL shows how bursty the delivery was.
+//
 // Run: npm run bench:e2e [-- --minutes M | --full] [--workers N] [--modes kv,round-robin]
-//      [--speedup S] [--load X] [--capacity-factor F] [--max-in-flight N] [--records DIR]
-//      [--router-args "FLAGS"];  npm run bench:e2e -- --replot  redraws the SVG from the JSON
+//      [--speedup S] [--load X] [--capacity-factor F] [--max-in-flight N] [--trace FILE]
+//      [--records DIR] [--router-args "FLAGS"];  npm run bench:e2e -- --replot  redraws the SVG
+//      from the JSON
 // Results: bench/results/e2e.json, bench/results/e2e.svg and a printed table.
 import { spawn } from 'node:child_process'
 import type { ChildProcessWithoutNullStreams } from 'node:child_process'
@@ -31,13 +38,13 @@ import { startReplay } from '../src/sim/replay/client.js'
 import type { ReplayResult } from '../src/sim/replay/client.js'
 import { percentile, summarize } from '../src/sim/replay/summary.js'
 import type { ReplaySummary } from '../src/sim/replay/summary.js'
-import { renderE2eSvg } from './e2e-plot.js'
-import { processTicks, repoRoot, TICKS_PER_S } from './common.js'
+import { renderE2eSvg } from './lib/e2e-plot.js'
+import { processTicks, repoRoot, resultsDir, TICKS_PER_S } from './lib/common.js'
 import { ROUTER_V8_FLAGS } from '../src/runtime/v8-flags.js'
 
 const BLOCK_SIZE = 64
-// kv runs Dynamo's default cost; kv-tuned the Era C knobs this workload wants (README, "Tuning
-// the cost"): on long multi-turn conversations the decode term, hundreds of blocks per request in
+// kv runs Dynamo's default cost; kv-tuned the cost knobs this workload wants (docs/architecture.md):
+// on long multi-turn conversations the decode term, hundreds of blocks per request in
 // flight, outweighs a follow-up's overlap at the defaults and scatters conversations.
 const TUNED = ['--router-prefill-load-scale', '10', '--router-kv-overlap-score-credit', '5']
 const MODE_ARGS: Record<string, string[]> = {
@@ -53,8 +60,8 @@ const MODEL = 'e2e-model'
 /** Share of the machine other processes may use during a mode before the run is flagged. */
 const OTHER_CPU_WARN = 0.1
 
-// Defaults calibrated on the 2-core development machine (see the README section): the load
-// makes round-robin queue (p90 TTFT ≥ 1 s simulated) and S fits five modes in ~12 minutes.
+// Defaults calibrated on a 2-core machine (docs/benchmarks.md): the load makes round-robin queue
+// (p90 TTFT ≥ 1 s simulated) and S fits five modes in ~12 minutes.
 const DEFAULTS = { minutes: 20, workers: 8, speedup: 1.5, load: 8, capacityFactor: 1.25, maxInFlight: 2048 }
 
 function fail(msg: string): never {
@@ -112,7 +119,7 @@ function parseArgs(argv: string[]): Args {
     load: num('--load', DEFAULTS.load),
     capacityFactor: num('--capacity-factor', DEFAULTS.capacityFactor),
     maxInFlight: num('--max-in-flight', DEFAULTS.maxInFlight, true),
-    trace: v.get('--trace') ?? join(repoRoot(), '..', 'shared', 'data', 'conversation_trace.jsonl'),
+    trace: v.get('--trace') ?? join(repoRoot(), 'data', 'conversation_trace.jsonl'),
     records: v.get('--records') ?? null,
     routerArgs: (v.get('--router-args') ?? '').split(/\s+/).filter((x) => x !== ''),
   }
@@ -323,7 +330,7 @@ function evaluateBars(bound: number, modes: Record<string, ReplaySummary>): Bar[
   return bars
 }
 
-/** The issue's bars for one kv variant, against round-robin. */
+/** The targets for one kv variant, against round-robin. */
 function kvBars(name: string, bound: number, kv: ReplaySummary, rr: ReplaySummary | undefined): Bar[] {
   const bars: Bar[] = []
   const kvHit = kv.hit_rate
@@ -382,7 +389,7 @@ function plot(r: ResultJson): string {
 async function main(): Promise<void> {
   if (process.argv[2] === '--replot') {
     // redraws bench/results/e2e.svg from bench/results/e2e.json (after a change to the figure)
-    const dir = join(repoRoot(), 'bench', 'results')
+    const dir = resultsDir()
     writeFileSync(join(dir, 'e2e.svg'), plot(JSON.parse(readFileSync(join(dir, 'e2e.json'), 'utf8')) as ResultJson))
     console.log(`written to ${join(dir, 'e2e.svg')}`)
     return
@@ -406,7 +413,7 @@ async function main(): Promise<void> {
   console.log(
     `  mocker --speedup-ratio ${a.speedup}, load × ${a.load} → replay at ${replaySpeedup}× the trace: ~${(spanS / replaySpeedup).toFixed(0)} s of sending per mode; modes: ${a.modes.join(', ')}`,
   )
-  if (a.modes.includes('kv-tuned')) console.log(`  kv-tuned = kv with ${TUNED.join(' ')} (README: "Tuning the cost")`)
+  if (a.modes.includes('kv-tuned')) console.log(`  kv-tuned = kv with ${TUNED.join(' ')}`)
   const runs: Record<string, ModeRun> = {}
   for (const mode of a.modes) {
     const r = await runMode(mode, a, requests, k)
@@ -435,6 +442,8 @@ async function main(): Promise<void> {
       ms(s.ttft_ms.p50),
       ms(s.ttft_ms.p90),
       ms(s.ttft_ms.p99),
+      ms(s.tpot_ms.p50),
+      ms(s.tpot_ms.p99),
       ms(s.itl_ms.p50),
       ms(s.itl_ms.p99),
       s.requests_per_s.toFixed(2),
@@ -445,12 +454,14 @@ async function main(): Promise<void> {
     ]
   })
   console.log(`\nper mode (times in SIMULATED ms = wall × ${a.speedup}; throughput per simulated second)`)
-  console.log(table(['mode', 'requests', 'errors', 'TTFT p50', 'TTFT p90', 'TTFT p99', 'ITL p50', 'ITL p99', 'req/s', 'out tok/s', 'hit rate', 'spread', 'send lag p99 (wall ms)'], rows))
+  console.log(
+    table(['mode', 'requests', 'errors', 'TTFT p50', 'TTFT p90', 'TTFT p99', 'TPOT p50', 'TPOT p99', 'ITL p50', 'ITL p99', 'req/s', 'out tok/s', 'hit rate', 'spread', 'send lag p99 (wall ms)'], rows),
+  )
   console.log(`infinite-cache bound: ${pct(bound.hitRate)}`)
-  console.log('\nbars')
+  console.log('\ntargets')
   console.log(
     table(
-      ['bar', 'value', 'target', 'result'],
+      ['check', 'value', 'target', 'result'],
       bars.map((b) => [b.bar, b.value, b.target, b.pass === null ? 'n/a' : b.pass ? 'PASS' : 'FAIL']),
     ),
   )
@@ -486,7 +497,7 @@ async function main(): Promise<void> {
           // the whole distribution, enough to redraw the CDF (--replot): percentiles 0, 1, …, 100
           ttft_percentiles_ms: ttftPercentiles(r, a.speedup),
           itl_ms: { p50: s.itl_ms.p50, p99: s.itl_ms.p99, mean: s.itl_ms.mean },
-          tpot_ms: { p50: s.tpot_ms.p50, p99: s.tpot_ms.p99 },
+          tpot_ms: { p50: s.tpot_ms.p50, p90: s.tpot_ms.p90, p99: s.tpot_ms.p99, mean: s.tpot_ms.mean },
           e2e_ms: { p50: s.e2e_ms.p50, p99: s.e2e_ms.p99 },
           hit_rate: s.hit_rate,
           prompt_tokens: s.prompt_tokens,
@@ -514,8 +525,7 @@ async function main(): Promise<void> {
     modes,
     bars,
   }
-  const dir = join(repoRoot(), 'bench', 'results')
-  mkdirSync(dir, { recursive: true })
+  const dir = resultsDir()
   writeFileSync(join(dir, 'e2e.json'), JSON.stringify(out, null, 2) + '\n')
   const svg = plot(out)
   writeFileSync(join(dir, 'e2e.svg'), svg)

@@ -1,8 +1,9 @@
-// The index benchmark (DESIGN §6, issue #3): the Mooncake conversation trace, expanded to router
-// blocks and run through one simulated engine block pool per worker (bench/index-workload.ts),
+// The index benchmark: the Mooncake conversation trace, expanded to router blocks and run
+// through one simulated engine block pool per worker (bench/lib/index-workload.ts),
 // replayed in trace order — each request's lookup, then the KV events its engine published —
 // against (a) the single-threaded index on the main thread and (b) the shard pool with 1, 2 and
-// 4 shards. Run: `npm run bench:index [-- --limit N --workers W --reps R]`.
+// 4 shards. Run: `npm run bench:index [-- --limit N --workers W --reps R --only-shards S
+// --shard-spin-us U --query-spin-us U]`.
 //
 // What is measured, per configuration, over the whole replay:
 //   block_ops_per_sec    event blocks (stored + removed) / wall time, the final drain included
@@ -22,22 +23,21 @@
 // Every configuration keeps one index (one pool) for the whole benchmark and replays the trace
 // 1 + `reps` times, removing every worker in between. The first pass is reported apart as
 // `cold`: each shard is a fresh isolate whose code is not yet optimised, and in a replay of
-// about a second that warm-up is a large share (a one-off probe saw the shard thread preempted
-// over a thousand times per pass by V8's compiler and GC threads, and lookups waiting behind
-// it). A router runs for days, so the warm passes are the headline. The machine is shared and
-// has 2 cores; the warm passes alternate over the configurations and medians are reported.
+// about a second that warm-up is a large share (V8's compiler and GC threads preempt the shard
+// thread over a thousand times in a cold pass, and lookups wait behind it). A router runs for
+// days, so the warm passes are the headline. On a shared machine the warm passes alternate over
+// the configurations and medians are reported.
 // Results: bench/results/index.json and a printed table.
-import { mkdirSync, writeFileSync } from 'node:fs'
-import { dirname, join } from 'node:path'
-import { fileURLToPath } from 'node:url'
+import { writeFileSync } from 'node:fs'
+import { join } from 'node:path'
 import { availableParallelism } from 'node:os'
 import { once } from 'node:events'
-import { buildIndexWorkload, type WorkloadOp } from './index-workload.js'
+import { buildIndexWorkload, type WorkloadOp } from './lib/index-workload.js'
 import { KvIndex } from '../src/index/kv-index.js'
 import { EventDecoder } from '../src/codec/event-decoder.js'
 import { ShardPool } from '../src/shards/pool.js'
-import { median } from './common.js'
-import { quantileOf } from './bootstrap.js'
+import { median, resultsDir } from './lib/common.js'
+import { quantileOf } from './lib/stats.js'
 import { u64Hi, u64Lo } from '../src/codec/u64.js'
 
 function arg(name: string, dflt: number | undefined): number | undefined {
@@ -278,10 +278,7 @@ const result = {
   configurations: summary,
   ...(paced !== undefined ? { one_shard_paced_at_half_rate: paced } : {}),
 }
-const here = dirname(fileURLToPath(import.meta.url))
-const outDir = join(here, '..', '..', 'bench', 'results')
-mkdirSync(outDir, { recursive: true })
-writeFileSync(join(outDir, 'index.json'), JSON.stringify(result, null, 2) + '\n')
+writeFileSync(join(resultsDir(), 'index.json'), JSON.stringify(result, null, 2) + '\n')
 
 const f = (x: number): string => Math.round(x).toLocaleString('en-US')
 const us = (x: number): string => x.toFixed(1)

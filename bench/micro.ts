@@ -1,25 +1,21 @@
 // Micro benchmarks of the single-threaded building blocks: block hashing, index apply,
-// find_matches, reading /v1/route's token ids, parsing a completions body with exact u64s, and
-// process.nextTick after the router's start-up GC (bench/next-tick.ts). Run with `npm run bench:micro`; writes
+// find_matches, reading /v1/route's token ids, and parsing a completions body with exact u64s.
+// Run with `npm run bench:micro` (BENCH_REPS sets the repetitions, 7 by default); writes
 // bench/results/micro.json and prints a table.
 // Every figure is the median over several repetitions in this one process: the machines are
 // shared and noisy, so single runs mean little.
-import { mkdirSync, writeFileSync } from 'node:fs'
-import { dirname, join } from 'node:path'
-import { fileURLToPath } from 'node:url'
+import { writeFileSync } from 'node:fs'
+import { join } from 'node:path'
 import { blockHashesInto, sequenceHashesInto } from '../src/codec/hashing.js'
 import { KvIndex } from '../src/index/kv-index.js'
 import { DecodedEvent, EventDecoder, EventKind } from '../src/codec/event-decoder.js'
 import { encodeRouterEvent, toDecoded } from '../src/codec/events.js'
 import { RouteBodyScanner } from '../src/codec/route-body.js'
 import { parseJsonExact } from '../src/codec/json.js'
-import { median } from './common.js'
-import { quantileOf } from './bootstrap.js'
-import { benchNextTick, printNextTick } from './next-tick.js'
+import { median, resultsDir } from './lib/common.js'
+import { quantileOf } from './lib/stats.js'
 
 const REPS = Number(process.env.BENCH_REPS ?? 7)
-const here = dirname(fileURLToPath(import.meta.url))
-const resultsDir = join(here, '..', '..', 'bench', 'results')
 
 const now = (): number => Number(process.hrtime.bigint()) / 1e3 // µs
 
@@ -347,7 +343,6 @@ function benchCompletionsBody(): Record<string, { bytes: number; exact_us: numbe
   return out
 }
 const completionsBody = benchCompletionsBody()
-const nextTick = benchNextTick()
 
 const result = {
   command: 'npm run bench:micro',
@@ -359,10 +354,8 @@ const result = {
   find_matches_24_blocks_64_worker_ranks: { all_hold_all: findAll, staggered_depths: findStaggered },
   route_body_4096_tokens: routeBody,
   completions_body_exact_parse: completionsBody,
-  next_tick_after_startup_gc: nextTick,
 }
-mkdirSync(resultsDir, { recursive: true })
-writeFileSync(join(resultsDir, 'micro.json'), JSON.stringify(result, null, 2) + '\n')
+writeFileSync(join(resultsDir(), 'micro.json'), JSON.stringify(result, null, 2) + '\n')
 
 const f = (x: number, d = 2): string => x.toFixed(d)
 console.log(`kv-router micro benchmarks (median of ${REPS} reps, node ${process.version})\n`)
@@ -393,5 +386,4 @@ console.log(`  byte loop alone          ${f(routeBody.byte_loop_us, 1).padStart(
 console.log('\n/v1/completions body with exact u64s (parseJsonExact) vs JSON.parse alone, µs per body')
 for (const [k, v] of Object.entries(completionsBody))
   console.log(`  ${k.padEnd(15)} ${String(v.bytes).padStart(7)} bytes  ${f(v.exact_us).padStart(8)}  ${f(v.json_parse_us).padStart(8)}   (ratio ${f(v.ratio)})`)
-printNextTick(nextTick)
 console.log(`\nwrote ${join('bench', 'results', 'micro.json')}`)

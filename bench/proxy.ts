@@ -1,101 +1,75 @@
-// Proxy overhead (issue #5 bar): streaming completions through `kv-router serve` against the
-// same requests straight to the simulated engines, at a steady 200 concurrent streams.
+// Proxy overhead (part of `npm run bench:route`; alone: `node dist/bench/proxy.js`): streaming
+// completions through `kv-router serve` against the same requests sent straight to the
+// upstreams, at a steady 200 concurrent streams. The figure is the router's p99 TTFT overhead:
+// the routed path's p99 time to first token less the direct path's (target: at most 2 ms).
 //
-// autocannon paces by bursts, which made even the direct path's p99 a queueing artefact; this
-// generator is open-loop instead: requests start evenly spaced at a fixed rate (scheduled
-// against the monotonic clock, never waiting for earlier responses), so the number of open
-// streams is rate × stream duration and the p99 difference is the router's own cost.
+// The load is open loop: requests start evenly spaced at a fixed rate, scheduled against the
+// monotonic clock and never waiting for earlier responses, so the number of open streams is rate
+// × stream duration and a slow path cannot lower its own load. (autocannon's bursts made even the
+// direct path's p99 a queueing artefact.)
 //
 // The upstreams are fixed-timing SSE servers in a child process (first token after 50 ms, then
-// one every 50 ms, 16 tokens), not the mocker: the mocker's batched steps put hundreds of ms of
-// step-alignment jitter into each TTFT, which would drown a difference of a millisecond. The
-// router runs round-robin, as the direct path does, so both paths load the upstreams alike and
+// one every 50 ms, 16 tokens), not the mocker: its batched steps put hundreds of ms of step
+// jitter into each TTFT, which would drown a difference of a millisecond. The router runs
+// round-robin, as the direct path spreads its requests, so both paths load the upstreams alike and
 // the difference is the hop itself: parsing, routing, booking, proxying every chunk.
 //
-// Two kinds of rounds. Sequential: a direct phase, then a routed one, two rounds. Paired (the
-// headline): both paths at once, `streams` open on each, requests interleaved one by one. On this
-// shared machine the direct path's own p99 moved by 5 ms from one 10 s phase to the next, more
-// than the bar; in a paired round whatever the machine does falls on both paths alike, so the
-// p99 difference is what the hop adds. ROUTER_NODE_FLAGS="…" passes node flags to the router
-// child, and to the bare proxy below (diagnosis: --trace-gc, --cpu-prof, --import of a probe; a
-// V8 flag then applies to both). BENCH_PROXY_MODE=kv runs the
-// router in kv mode instead, so each request also takes an overlap query through the shard; the
-// upstreams emit no KV events, so the choice still spreads by load. BENCH_PROXY_PROMPT_TOKENS=4096
-// sends long prompts instead of 64-token ones: what KV-aware routing usually carries, and where
-// the router's body handling and its GC show (bench/HISTORY.md, bench:route, session 13).
-//
-// Alternating rounds: the paired rounds' two paths each hold `streams` open, so the machine carries
-// twice the bar's load. These hold the bar's load exactly, one path at a time: each path serves
-// four short slices in the order direct, routed, routed, direct, direct, routed, routed, direct,
-// each slice ramping up from idle, and only requests sent once a slice's streams are all open
-// count; a path's p99 is over its slices' pooled samples (as many as one paired phase has). Slices
-// of a few seconds share the machine's slower drift; what a paired round shares and these do not
-// is the moment-to-moment noise. In session 22's runs (README, Benchmarks) the router's overhead
-// was the higher of the two in two runs of three: at the bar's load it took more CPU per request
-// and its p50 overhead was twice the paired rounds'.
-//
-// Where the TTFT overhead arises: the client notes when it hands each request to undici and the
-// upstream stamps its first event with when the request reached it and when the event left, all on
-// CLOCK_MONOTONIC, which every process on the machine shares. So each TTFT splits into ingress (client sends ->
-// upstream has the whole request), the upstream's own 50 ms, and egress (first event leaves the
-// upstream -> client has it); a path's p99 of each, against the direct path's in the same round,
-// says whether the hop's cost is on the way in (parse, route, book, dispatch) or on the way out
-// (parse the upstream's response, rewrite the first event, write it). The router only appends
-// `nvext` to the first event, so the stamps reach the client; a request without them fails the run.
-//
-// Bare rounds: the same paired rounds with the smallest proxy on the router's own stack in its
-// place: fastify takes the body as bytes (its default reader, one copy more than the router's, which
-// at 64 tokens is a few hundred bytes), undici sends it to the next upstream in turn, and each
-// chunk of the answer goes back through Node's response. It parses no JSON, routes, books and
-// counts nothing. It runs with the router's V8 flags, so that the two differ in their work only.
-// What it adds over the relay is the stack's share of the overhead; what the router adds over it
-// is the router's own work.
-//
-// Priority rounds: the same paired rounds against a second router started with `--nice -10`
-// (src/runtime/nice.ts), so that its threads run ahead of the load generator and the upstreams that
-// share the machine's cores. The overhead then falls, but not for free: the load generator and
-// the upstreams wait instead, which slows the direct path too (README, "Scheduling priority"), so
-// read these rounds with the direct path's own p99 beside them. Where the system refuses a
-// negative niceness (no root, CAP_SYS_NICE or RLIMIT_NICE), they are not run and the result says why.
-//
-// Reference rounds: the same paired rounds with a bare TCP relay in the router's place (a Node
-// process that pipes each client connection to one upstream, parsing nothing). They tell what
-// one more process hop costs on this machine at that hour, so that the router's figure can be
-// split into the hop, which no proxy avoids, and the router's own work. They run after the
-// router's rounds, so that the router's conditions are those the headline always had. Each
-// process in the router's place first serves a paired round that is not counted (the priority
-// rounds' router two, as much load as the first router had served before its paired rounds): in
-// ten runs the first round of a fresh bare proxy was always the slowest of its three, at 2.05-16.87
-// ms against 0.34-3.12 ms for the other two (bench/HISTORY.md, bench:route, session 15).
-//
-// Side-by-side rounds: the router and the bare proxy served at once, three lanes (direct, router,
-// bare) interleaved one by one, so that both meet the same moments of the machine. The bare
-// rounds above run minutes after the router's, in another phase of the machine: in session 17
-// the router's overhead exceeded the bare proxy's by 0.21-2.44 ms across runs, yet in a one-off
-// run of eight rounds side by side the router's median was below the bare proxy's (2.57 against
-// 2.87 ms; bench/HISTORY.md, bench:route, session 18). Three lanes load the machine half as much again as
-// two, so these rounds compare the two proxies with each other; the bar is read from the paired
-// and alternating rounds.
+// Rounds, three of each kind:
+//   paired       (the headline) both paths at once, 200 streams open on each, requests
+//                interleaved one by one: whatever the shared machine does falls on both alike.
+//   alternating  the target's load exactly, one path at a time: each path serves four slices in
+//                the order direct, routed, routed, direct, ..., each slice ramping up from idle,
+//                and only requests sent once its streams are all open count. A path's p99 is over
+//                its slices' pooled samples, as many as one paired phase has.
+//   nice -10     paired rounds against a second router started with `--nice -10`, its threads
+//                ahead of the load generator and the upstreams on the shared cores. Its overhead
+//                falls partly because the others wait instead, so read it with the direct
+//                path's own p99 beside it. Not run, with the reason, where the system refuses a
+//                negative niceness (no root, CAP_SYS_NICE or RLIMIT_NICE).
+//   bare         paired rounds with the smallest proxy on the router's own stack in its place:
+//                fastify takes the body as bytes, undici sends it to the next upstream in turn,
+//                each chunk of the answer goes back as it comes. It parses no JSON and routes,
+//                books and counts nothing; it runs with the router's V8 flags, so the two differ
+//                in their work only.
+//   relay        paired rounds with a TCP relay in the router's place: each client connection
+//                piped to one upstream, nothing parsed. The cost of one more process hop.
+// The router less the bare proxy is the router's own work; the bare proxy less the relay is what
+// Node's HTTP server and client cost; the relay is the hop no proxy avoids. Every process in the
+// router's place serves a phase alone and one paired round that is not counted first: a fresh
+// process's first round under load is its slowest (code not yet optimised, the heap's first
+// growth, connections to open).
 //
 // Each round's p99 overhead comes with a 95% bootstrap interval, and each kind of round with the
-// p99 over its rounds' samples pooled: the p99 of one phase rests on its slowest 1% (24 requests
-// in 10 s), and in the session the intervals were added its sampling alone moved it by a
-// millisecond or two either way, as much as the round-to-round spread that earlier sessions
-// put down to the machine's phases (bench/HISTORY.md, bench:route, session 22).
+// p99 over its three rounds' samples pooled: a phase's p99 rests on its slowest 1% (a few dozen
+// requests), and sampling alone moves it by a millisecond or two either way.
+//
+// Where the overhead arises: the client notes when it hands each request to undici, and the
+// upstream stamps its first event with when the request reached it and when the event left, all
+// on CLOCK_MONOTONIC, which every process on the machine shares. Each TTFT then splits into
+// ingress (client sends -> upstream has the whole request), the upstream's own 50 ms, and egress
+// (first event leaves the upstream -> client has it). The router appends `nvext` to the first
+// event only, so the stamps reach the client; a request without them fails the run.
+//
+// Beside each round: the CPU per request of the process in the path and each process's share of
+// a core (from /proc), the router's GC pauses and event-loop delay (from its /metrics), and the
+// machine's steal time.
+//
+// Environment: BENCH_PROXY_SECS, the phase length of the uncounted and reference rounds (10 s;
+// paired and alternating phases are twice as long); BENCH_PROXY_MODE=kv runs the router in kv
+// mode, so each request also takes an overlap query through a shard (the upstreams publish no
+// KV events, so the choice still spreads by load); BENCH_PROXY_PROMPT_TOKENS (64) sets the
+// prompt length, and 4096 is what KV-aware routing usually carries; ROUTER_NODE_FLAGS adds node
+// flags to the router and the bare proxy (`--cpu-prof`, `--trace-gc`, an `--import` probe).
 import type { ChildProcess } from 'node:child_process'
-import { existsSync } from 'node:fs'
 import { createServer, type ServerResponse } from 'node:http'
 import { Agent } from 'undici'
-import { quantile, quantileDifferenceInterval } from './bootstrap.js'
-import { announceReady, bytesApp, child, machineStealTicks, median, processTicks, standInAgent, TICKS_PER_S } from './common.js'
+import { quantile, quantileDifferenceInterval } from './lib/stats.js'
+import { announceReady, bytesApp, child, machineStealTicks, median, processTicks, standInAgent, TICKS_PER_S } from './lib/common.js'
 import { ROUTER_V8_FLAGS } from '../src/runtime/v8-flags.js'
-import { rawClientProxy, rawServerProxy } from './raw-http.js'
 
-/** Processes that can stand in the router's place: reference proxies, and the raw-socket measuring sticks of bench/raw-http.ts. */
-const REFERENCES = ['bare', 'bare-node', 'relay', 'raw-client', 'raw-server', 'raw-both'] as const
-type Reference = (typeof REFERENCES)[number]
-/** `router-b` is a second build of the router (BENCH_PROXY_ROUTER_B), for an A/B of a change. */
-type HopName = 'router' | 'router-b' | Reference
+/** The processes that stand in the router's place in the reference rounds. */
+type Reference = 'bare' | 'relay'
+type HopName = 'router' | Reference
 
 export interface PhaseResult {
   path: 'direct' | HopName
@@ -191,59 +165,23 @@ export interface ProxyResult {
   mode: 'round-robin' | 'kv'
   ratePerSec: number
   seconds: number
-  /** The phase length of the paired and alternating rounds (the bar's): longer, for a narrower interval. */
+  /** The phase length of the paired and alternating rounds (the target's): longer, for a narrower interval. */
   headlineSeconds: number
   engines: number
   promptTokens: number
   maxTokens: number
   ttftMs: number
   itlMs: number
-  rounds: Round[]
-  /** Sequential rounds: a direct phase, then a routed one. */
-  p99TtftOverheadMsMedian: number
-  p99TotalOverheadMsMedian: number
   /** Paired rounds: both paths at once, requests interleaved one by one (the headline). */
   paired: PairedSummary
-  /** Alternating rounds: one path at a time in short slices, the bar's load exactly (see alternatingRound). */
+  /** Alternating rounds: one path at a time in short slices, the target's load exactly (see alternatingRound). */
   alternating: PairedSummary
-  /** The router's CPU per request, median over the sequential and the paired rounds. */
-  routerCpuUsPerRequestMedian: number | null
   /** Paired rounds with a router started with --nice (PRIORITY_NICE); refused says why they did not run. */
   priority: { nice: number; summary: PairedSummary | null; refused: string | null }
   /** Paired rounds with the bare fastify + undici proxy in the router's place: the stack's floor. */
   bare: PairedSummary
   /** Paired rounds with the bare TCP relay in the router's place: the cost of the hop alone. */
   relay: PairedSummary
-  /** Rounds with the router and the bare proxy served at once, each against the same direct path. */
-  sideBySide: SideBySide
-}
-
-/** One round of three lanes at once: direct, router and bare proxy, requests interleaved one by one. */
-export interface SideBySideRound {
-  router: Round
-  bare: Round
-}
-
-export interface SideBySide {
-  rounds: SideBySideRound[]
-  /** Medians over the rounds of each one's p99 TTFT overhead (ms). */
-  routerTtftMs: number
-  bareTtftMs: number
-  /** Median over the rounds of the router's overhead less the bare proxy's in the same round (ms). */
-  routerLessBareTtftMs: number
-  routerCpuUsPerRequest: number | null
-  bareCpuUsPerRequest: number | null
-}
-
-function sideBySide(rounds: SideBySideRound[]): SideBySide {
-  return {
-    rounds,
-    routerTtftMs: median(rounds.map((x) => x.router.p99TtftOverheadMs)),
-    bareTtftMs: median(rounds.map((x) => x.bare.p99TtftOverheadMs)),
-    routerLessBareTtftMs: median(rounds.map((x) => x.router.p99TtftOverheadMs - x.bare.p99TtftOverheadMs)),
-    routerCpuUsPerRequest: cpuMedian(rounds.map((x) => x.router)),
-    bareCpuUsPerRequest: cpuMedian(rounds.map((x) => x.bare)),
-  }
 }
 
 /** A set of paired rounds and the medians of their p99 overheads (ms) and of the hop's CPU per request. */
@@ -349,14 +287,22 @@ async function relay(urls: string[]): Promise<void> {
   announceReady('relay', `http://127.0.0.1:${(server.address() as { port: number }).port}`)
 }
 
+/** A stand-in proxy listening, and how to stop it. */
+export interface BareProxy {
+  url: string
+  close: () => Promise<void>
+}
+
 /**
- * The bare proxies' forwarding: the body to the next upstream in turn through undici, each chunk
- * of the answer back through Node's response as it comes, the upstream request aborted when the
- * client goes.
+ * The bare proxy, round-robin over the upstreams, with nothing of the router's own work (see the
+ * header): fastify takes the body as bytes, undici sends it to the next upstream in turn, each
+ * chunk of the answer goes back through Node's response as it comes, and the upstream request is
+ * aborted when the client goes.
  */
-function bareForwarder(urls: string[], upstream: Agent): (body: Buffer, res: ServerResponse) => void {
+export async function bareProxy(urls: string[]): Promise<BareProxy> {
+  const upstream = standInAgent()
   let next = 0
-  return (body, res) => {
+  const forward = (body: Buffer, res: ServerResponse): void => {
     const url = new URL(urls[next++ % urls.length] as string)
     let abort: ((err?: Error) => void) | null = null
     res.on('close', () => {
@@ -385,52 +331,12 @@ function bareForwarder(urls: string[], upstream: Agent): (body: Buffer, res: Ser
       },
     )
   }
-}
-
-/** A stand-in proxy listening, and how to stop it. */
-export interface BareProxy {
-  url: string
-  close: () => Promise<void>
-}
-
-/**
- * The bare proxy, round-robin over the upstreams, with nothing of the router's own work (see the
- * header). On the router's stack (`fastify`: fastify, undici), or without fastify (`node`: Node's
- * HTTP server alone, the same parser, llhttp, and the same response), so that the two differ by
- * what fastify itself costs a request: routing, its request and reply objects, hooks, body reader.
- */
-export async function bareProxy(urls: string[], on: 'fastify' | 'node'): Promise<BareProxy> {
-  const upstream = standInAgent()
-  const forward = bareForwarder(urls, upstream)
-  if (on === 'fastify') {
-    const app = await bytesApp()
-    app.post('/v1/completions', (req, reply) => {
-      reply.hijack()
-      forward(req.body as Buffer, reply.raw)
-    })
-    return { url: await app.listen({ port: 0, host: '127.0.0.1' }), close: () => app.close().then(() => upstream.close()) }
-  }
-  const server = createServer((req, res) => {
-    if (req.method !== 'POST' || req.url !== '/v1/completions') {
-      req.resume()
-      res.writeHead(404).end()
-      return
-    }
-    const parts: Buffer[] = []
-    req.on('data', (c: Buffer) => parts.push(c))
-    req.on('end', () => forward(parts.length === 1 ? (parts[0] as Buffer) : Buffer.concat(parts), res))
+  const app = await bytesApp()
+  app.post('/v1/completions', (req, reply) => {
+    reply.hijack()
+    forward(req.body as Buffer, reply.raw)
   })
-  // fastify's default, which the other kind runs with
-  server.keepAliveTimeout = 72_000
-  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r))
-  return {
-    url: `http://127.0.0.1:${(server.address() as { port: number }).port}`,
-    close: () =>
-      new Promise<void>((r) => {
-        server.closeAllConnections()
-        server.close(() => r())
-      }).then(() => upstream.close()),
-  }
+  return { url: await app.listen({ port: 0, host: '127.0.0.1' }), close: () => app.close().then(() => upstream.close()) }
 }
 
 let promptSeed = 1
@@ -462,8 +368,8 @@ const PROMPT_TOKENS = ((): number => {
 })()
 const MAX_TOKENS = 16
 
-/** A build of the router: a phase reads its GC pauses and event-loop delay from its /metrics. */
-const isRouter = (path: PhaseResult['path']): boolean => path === 'router' || path === 'router-b'
+/** The router's lane: a phase reads its GC pauses and event-loop delay from its /metrics. */
+const isRouter = (path: PhaseResult['path']): boolean => path === 'router'
 
 interface Lane {
   path: PhaseResult['path']
@@ -715,9 +621,9 @@ function serveArgs(cli: string, mode: 'round-robin' | 'kv', upstreamUrls: string
 }
 
 /**
- * A reference process in the router's place. Those that parse HTTP get the router's V8 flags, so
- * that they differ from it in their work only; the relay, which allocates next to nothing, runs as
- * it always has.
+ * A reference process in the router's place. The bare proxy gets the router's node flags, so that
+ * the two differ in their work only; the relay, which parses nothing and allocates next to
+ * nothing, runs with Node's defaults.
  */
 function startReference(path: Reference, upstreamUrls: string[]): Promise<{ p: ChildProcess; m: RegExpMatchArray }> {
   return child([...(path === 'relay' ? [] : routerNodeFlags()), SELF, `--${path}`, ...upstreamUrls], new RegExp(`${path} ready (\\S+)`))
@@ -735,7 +641,7 @@ function interval([lo, hi]: [number, number]): string {
 }
 
 /**
- * One alternating round: the bar's load, `streams` open on one path at a time, the paths taking
+ * One alternating round: the target's load, `streams` open on one path at a time, the paths taking
  * turns in short slices (direct, routed, routed, direct, and again) so that the machine's drift over
  * the round falls on both alike. Each slice ramps up from idle; only requests sent once its streams
  * are all open count (a stream's length after the start), and a path's p99 is over the pooled
@@ -760,20 +666,20 @@ async function alternatingRound(direct: Lane, routed: Lane, rate: number, stream
 export async function benchProxy(cli: string, opts: { streams?: number; seconds?: number; engines?: number; mode?: 'round-robin' | 'kv' } = {}): Promise<ProxyResult> {
   const streams = opts.streams ?? 200
   const seconds = opts.seconds ?? 10
-  // The p99 of one 10-s phase (2,330 requests, its 24 slowest deciding it) moves by a millisecond
-  // or two either way from sampling alone (its bootstrap interval, printed per round); the rounds
-  // the bar is read from run twice as long, so that the p99 pooled over three of them rests on six
-  // times as many samples, an interval about 2.5 times narrower.
+  // The p99 of one 10-s phase (about 2,300 requests, its slowest two dozen deciding it) moves by a
+  // millisecond or two either way from sampling alone (its bootstrap interval, printed per round);
+  // the rounds the target is read from run twice as long, so that the p99 pooled over three of them
+  // rests on six times as many samples, an interval about 2.5 times narrower.
   const headlineSeconds = 2 * seconds
   const mode = opts.mode ?? 'round-robin'
   const engines = opts.engines ?? 4
   const up = await startUpstreams(engines)
   const directUrls = up.urls
   let router: ChildProcess | undefined
-  /** The reference processes (bare proxy, relay), killed at the end whatever happens. */
+  /** The processes of the other rounds (router at --nice, bare proxy, relay), killed at the end whatever happens. */
   const others: ChildProcess[] = []
-  // paired rounds hold `streams` open on each path at once, side-by-side rounds on each of three
-  const agent = new Agent({ connections: 3 * streams + 56, pipelining: 1, keepAliveTimeout: 30_000 })
+  // paired rounds hold `streams` open on each path at once
+  const agent = new Agent({ connections: 2 * streams + 56, pipelining: 1, keepAliveTimeout: 30_000 })
   try {
     const serve = serveArgs(cli, mode, directUrls)
     const started = await child(serve, /listening on (http:\/\/\S+)/)
@@ -782,13 +688,9 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
     const direct: Lane = { path: 'direct', urls: directUrls }
     const routed: Lane = { path: 'router', urls: [started.m[1] as string], pid: router.pid }
     const { rate, streamMs } = await calibrate(direct, streams, agent)
+    // not counted: a phase alone, then a paired round (see the header)
     await phase([routed], rate, 3, agent)
-    const rounds: Round[] = []
-    for (let i = 0; i < 2; i++) {
-      const [d] = (await phase([direct], rate, seconds, agent, upPid)) as [PhaseResult]
-      const [r] = (await phase([routed], rate, seconds, agent, upPid)) as [PhaseResult]
-      rounds.push(round(d, r))
-    }
+    await phase([direct, routed], rate, seconds, agent, upPid)
     const paired: Round[] = []
     for (let i = 0; i < 3; i++) {
       const [d, r] = (await phase([direct, routed], rate, headlineSeconds, agent, upPid)) as [PhaseResult, PhaseResult]
@@ -796,19 +698,15 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
     }
     const alternating: Round[] = []
     for (let i = 0; i < 3; i++) alternating.push(await alternatingRound(direct, routed, rate, streamMs, headlineSeconds, agent, upPid))
-    /**
-     * Three paired rounds with `c` in the router's place, after `warm` that are not counted (see the
-     * header); then `andThen`, if given, while `c` still runs.
-     */
-    const roundsWith = async (c: { p: ChildProcess; m: RegExpMatchArray }, path: Lane['path'], warm: number, andThen?: (lane: Lane) => Promise<void>): Promise<Round[]> => {
+    /** Three paired rounds with `c` in the router's place, after a phase alone and a paired round not counted. */
+    const roundsWith = async (c: { p: ChildProcess; m: RegExpMatchArray }, path: Lane['path']): Promise<Round[]> => {
       others.push(c.p)
       const lane: Lane = { path, urls: [c.m[1] as string], pid: c.p.pid }
       try {
         await phase([lane], rate, 3, agent)
-        for (let i = 0; i < warm; i++) await phase([direct, lane], rate, seconds, agent, upPid)
+        await phase([direct, lane], rate, seconds, agent, upPid)
         const out: Round[] = []
         for (let i = 0; i < 3; i++) out.push(round(...((await phase([direct, lane], rate, seconds, agent, upPid)) as [PhaseResult, PhaseResult])))
-        if (andThen !== undefined) await andThen(lane)
         return out
       } finally {
         // gone before the next process takes its place, not draining beside it
@@ -830,23 +728,10 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
       if (m === null) throw err
       refused = (m[1] as string).trim()
     }
-    // two rounds not counted: the load the first router had served before its paired rounds, in
-    // which a fresh router's heap makes its first growth under load
-    if (nice !== null) priority = { nice: PRIORITY_NICE, summary: summary(await roundsWith(nice, 'router', 2)), refused: null }
+    if (nice !== null) priority = { nice: PRIORITY_NICE, summary: summary(await roundsWith(nice, 'router')), refused: null }
     else priority = { nice: PRIORITY_NICE, summary: null, refused }
-    const referenceRounds = async (path: 'bare' | 'relay', andThen?: (lane: Lane) => Promise<void>): Promise<Round[]> => roundsWith(await startReference(path, directUrls), path, 1, andThen)
-    const together: SideBySideRound[] = []
-    const bareRounds = await referenceRounds('bare', async (bareLane) => {
-      // the router idled through the priority and bare rounds: its connections are let go after
-      // 5 s idle, so it serves alone for a moment first, then one round together uncounted
-      await phase([routed], rate, 3, agent)
-      await phase([direct, routed, bareLane], rate, seconds, agent, upPid)
-      for (let i = 0; i < 3; i++) {
-        const [d, r, b] = (await phase([direct, routed, bareLane], rate, seconds, agent, upPid)) as [PhaseResult, PhaseResult, PhaseResult]
-        together.push({ router: round(d, r), bare: round(d, b) })
-      }
-    })
-    const relayRounds = await referenceRounds('relay')
+    const bareRounds = await roundsWith(await startReference('bare', directUrls), 'bare')
+    const relayRounds = await roundsWith(await startReference('relay', directUrls), 'relay')
     return {
       streamsTarget: streams,
       mode,
@@ -858,15 +743,10 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
       maxTokens: MAX_TOKENS,
       ttftMs: TTFT_MS,
       itlMs: ITL_MS,
-      rounds,
-      p99TtftOverheadMsMedian: median(rounds.map((x) => x.p99TtftOverheadMs)),
-      p99TotalOverheadMsMedian: median(rounds.map((x) => x.p99TotalOverheadMs)),
       paired: summary(paired),
       alternating: summary(alternating),
-      routerCpuUsPerRequestMedian: cpuMedian([...rounds, ...paired]),
       priority,
       bare: summary(bareRounds),
-      sideBySide: sideBySide(together),
       relay: summary(relayRounds),
     }
   } finally {
@@ -916,112 +796,26 @@ export function printProxy(p: ProxyResult): void {
         `${''.padEnd(12)} | p99 overhead: TTFT ${r.p99TtftOverheadMs.toFixed(2)} ms (95% bootstrap ${interval(r.p99TtftOverheadCi95Ms)}; ingress ${r.p99IngressOverheadMs.toFixed(2)}, egress ${r.p99EgressOverheadMs.toFixed(2)}), total ${r.p99TotalOverheadMs.toFixed(2)} ms | CPU of one core: ${load}${gcText}${loopText}${stealText(r.direct, r.hop, samePhase)}`,
       )
     })
-  rows('sequential', p.rounds)
   rows('paired', p.paired.rounds)
   rows('alternate', p.alternating.rounds)
   if (p.priority.summary !== null) rows(`nice ${p.priority.nice}`, p.priority.summary.rounds)
   rows('bare', p.bare.rounds)
-  rows('reference', p.relay.rounds)
-  const sb = p.sideBySide
-  sb.rounds.forEach((r, i) => {
-    for (const x of [r.router.direct, r.router.hop, r.bare.hop]) row(`together ${i + 1}`, x)
-    const c = r.router.hop.cpuPct
-    console.log(
-      `${''.padEnd(12)} | p99 TTFT overhead: router ${r.router.p99TtftOverheadMs.toFixed(2)} ms, bare ${r.bare.p99TtftOverheadMs.toFixed(2)} ms, router less bare ${(r.router.p99TtftOverheadMs - r.bare.p99TtftOverheadMs).toFixed(2)} ms | CPU of one core: client ${f(c.client)}, upstreams ${f(c.upstreams)}, router ${f(c.hop)}, bare ${f(r.bare.hop.cpuPct.hop)}${stealText(r.router.direct, r.router.hop, true)}`,
-    )
-  })
+  rows('relay', p.relay.rounds)
   const us = (x: number | null): string => (x === null ? '–' : x.toFixed(0))
-  const medians = (s: PairedSummary): string =>
-    `TTFT ${s.ttftMs.toFixed(2)} ms (pooled over the rounds ${s.pooledTtftMs.toFixed(2)} ms, 95% bootstrap ${interval(s.pooledTtftCi95Ms)}; ingress ${s.ingressMs.toFixed(2)}, egress ${s.egressMs.toFixed(2)}), total ${s.totalMs.toFixed(2)} ms`
-  console.log(
-    `p99 overhead, medians: paired ${medians(p.paired)}; alternating (one path at a time, ~${p.streamsTarget} streams in all) ${medians(p.alternating)}; sequential TTFT ${p.p99TtftOverheadMsMedian.toFixed(2)} ms, total ${p.p99TotalOverheadMsMedian.toFixed(2)} ms; router CPU ${us(p.routerCpuUsPerRequestMedian)} µs per request`,
-  )
   // absolute p99s beside the overheads: at a higher priority the router's overhead falls partly because the direct path slows
-  const abs = (rs: Round[]): string => `direct ${median(rs.map((r) => r.direct.ttftMs.p99)).toFixed(2)} ms, routed ${median(rs.map((r) => r.hop.ttftMs.p99)).toFixed(2)} ms`
-  const ps = p.priority.summary
-  console.log(
-    ps === null
-      ? `router at --nice ${p.priority.nice}: not run: ${p.priority.refused}`
-      : `router at --nice ${p.priority.nice} (its threads ahead of the load generator and the upstreams on the shared cores), paired rounds: p99 overhead, medians: ${medians(ps)}; its CPU ${us(ps.cpuUsPerRequest)} µs per request; TTFT p99 medians ${abs(ps.rounds)} (at the default priority ${abs(p.paired.rounds)})`,
-  )
-  console.log(`bare proxy (fastify + undici, no routing, in the router's place, paired rounds): p99 overhead, medians: ${medians(p.bare)}; its CPU ${us(p.bare.cpuUsPerRequest)} µs per request`)
-  console.log(`reference hop (a bare TCP relay in the router's place, paired rounds): p99 overhead, medians: ${medians(p.relay)}; relay CPU ${us(p.relay.cpuUsPerRequest)} µs per request`)
-  console.log(
-    `router and bare proxy side by side (three lanes at once, each against the same direct path): p99 TTFT overhead, medians: router ${sb.routerTtftMs.toFixed(2)} ms, bare ${sb.bareTtftMs.toFixed(2)} ms, router less bare ${sb.routerLessBareTtftMs.toFixed(2)} ms; CPU µs per request: router ${us(sb.routerCpuUsPerRequest)}, bare ${us(sb.bareCpuUsPerRequest)}`,
-  )
-}
-
-/**
- * Diagnosis (`BENCH_PROXY_ALTERNATING=1 node dist/bench/proxy.js`): the alternating rounds alone,
- * with the router, the bare proxy and the relay each in turn in the hop's place, interleaved round
- * by round so that they meet the same phases of the machine. It says whether a figure of the
- * alternating rounds belongs to the router or to any hop at that load. `BENCH_PROXY_HOPS` names
- * the hops instead (comma-separated; `router`, `router-b` and any of REFERENCES), e.g. the
- * raw-socket proxies of bench/raw-http.ts beside the bare one, to see which side of Node's HTTP
- * stack a figure is on, or `router,router-b` with BENCH_PROXY_ROUTER_B naming another build's
- * cli.js, to see what a change does.
- */
-async function alternatingHops(cli: string, seconds: number, names: readonly HopName[], cliB?: string): Promise<void> {
-  const streams = 200
-  const up = await startUpstreams(4)
-  const agent = new Agent({ connections: 2 * streams + 56, pipelining: 1, keepAliveTimeout: 30_000 })
-  const procs: ChildProcess[] = [up.p]
-  try {
-    const started: [PhaseResult['path'], { p: ChildProcess; m: RegExpMatchArray }][] = []
-    for (const name of names) {
-      const c =
-        name === 'router' || name === 'router-b'
-          ? await child(serveArgs(name === 'router' ? cli : (cliB as string), 'round-robin', up.urls), /listening on (http:\/\/\S+)/)
-          : await startReference(name, up.urls)
-      procs.push(c.p)
-      started.push([name, c])
-    }
-    const direct: Lane = { path: 'direct', urls: up.urls }
-    const hops: Lane[] = started.map(([path, c]) => ({ path, urls: [c.m[1] as string], pid: c.p.pid }))
-    const { rate, streamMs } = await calibrate(direct, streams, agent)
-    // each hop warmed as the main run warms its processes: a phase alone, then one paired round
-    for (const h of hops) {
-      await phase([h], rate, 3, agent)
-      await phase([direct, h], rate, seconds, agent)
-    }
-    const rounds = new Map<string, Round[]>(hops.map((h) => [h.path, []]))
-    for (let i = 0; i < 3; i++) for (const h of hops) rounds.get(h.path)?.push(await alternatingRound(direct, h, rate, streamMs, 2 * seconds, agent, up.p.pid))
-    console.log(`alternating rounds, ${2 * seconds} s each, open-loop at ${rate}/s, one path at a time; p99 TTFT overhead per round (95% bootstrap), pooled over the three, hop CPU µs per request`)
-    for (const [path, rs] of rounds) {
-      const s = summary(rs)
-      const each = rs.map((r) => `${r.p99TtftOverheadMs.toFixed(2)} (${interval(r.p99TtftOverheadCi95Ms)}), p50 +${(r.hop.ttftMs.p50 - r.direct.ttftMs.p50).toFixed(2)}`).join(' | ')
-      const gcs = rs.map((r) => r.hop.hopGc)
-      const g = gcs.every((x) => x !== null) ? sumGc(gcs as GcTotals[]) : null
-      const gc = g === null ? '' : ` | GC in the three: ${g.scavenges} scavenges (${g.scavengeMs.toFixed(0)} ms), ${g.majors} mark-compacts (${g.majorMs.toFixed(0)} ms)`
-      const steal = (side: 'direct' | 'hop'): string => {
-        const xs = rs.map((r) => r[side].stealMs)
-        return xs.every((x) => x !== null) ? `${(xs as number[]).reduce((a, b) => a + b, 0).toFixed(0)} ms` : '–'
-      }
-      console.log(
-        `${path.padEnd(10)} | ${each} | pooled ${s.pooledTtftMs.toFixed(2)} (${interval(s.pooledTtftCi95Ms)}) | CPU ${s.cpuUsPerRequest === null ? '–' : s.cpuUsPerRequest.toFixed(0)}${gc} | machine steal in the three: direct phases ${steal('direct')}, ${path} phases ${steal('hop')}`,
-      )
-    }
-  } finally {
-    await agent.close()
-    for (const p of procs) p.kill('SIGTERM')
-  }
-}
-
-/**
- * The hops BENCH_PROXY_HOPS names, checked before anything starts. `router-b` needs `routerB`, the
- * path of another build's `dist/src/main.js` (a worktree with the change), and `routerB` needs it.
- */
-export function hopNames(list: string, routerB?: string): HopName[] {
-  const names = list.split(',').map((n) => n.trim())
-  const known: readonly string[] = ['router', 'router-b', ...REFERENCES]
-  const unknown = names.filter((n) => !known.includes(n))
-  // a name twice would merge its rounds into one row, read as one hop's
-  if (unknown.length > 0 || new Set(names).size !== names.length)
-    throw new Error(`BENCH_PROXY_HOPS takes a comma-separated list of ${known.join(', ')}, each at most once; got ${JSON.stringify(list)}`)
-  if (names.includes('router-b') !== (routerB !== undefined))
-    throw new Error("BENCH_PROXY_ROUTER_B (the path of a second build's dist/src/main.js) and the hop router-b in BENCH_PROXY_HOPS go together")
-  if (routerB !== undefined && !existsSync(routerB)) throw new Error(`BENCH_PROXY_ROUTER_B: no file ${JSON.stringify(routerB)}`)
-  return names as HopName[]
+  const abs = (rs: Round[]): string => `${median(rs.map((r) => r.direct.ttftMs.p99)).toFixed(2)} / ${median(rs.map((r) => r.hop.ttftMs.p99)).toFixed(2)}`
+  console.log("\np99 TTFT overhead by kind of round, ms (pooled: over the three rounds' samples; median: of the three rounds' own)")
+  console.log("rounds      | in the router's place  | pooled | 95% bootstrap    | median | ingress / egress | TTFT p99 direct / hop | CPU µs/req")
+  const line = (name: string, hop: string, x: PairedSummary): void =>
+    console.log(
+      `${name.padEnd(11)} | ${hop.padEnd(22)} | ${x.pooledTtftMs.toFixed(2).padStart(6)} | ${interval(x.pooledTtftCi95Ms).padEnd(16)} | ${x.ttftMs.toFixed(2).padStart(6)} | ${`${x.ingressMs.toFixed(2)} / ${x.egressMs.toFixed(2)}`.padStart(16)} | ${abs(x.rounds).padStart(21)} | ${us(x.cpuUsPerRequest).padStart(10)}`,
+    )
+  line('paired', 'router', p.paired)
+  line('alternating', 'router', p.alternating)
+  if (p.priority.summary !== null) line(`nice ${p.priority.nice}`, `router at --nice ${p.priority.nice}`, p.priority.summary)
+  else console.log(`nice ${p.priority.nice}    | not run: ${p.priority.refused}`)
+  line('bare', 'fastify + undici proxy', p.bare)
+  line('relay', 'TCP relay', p.relay)
 }
 
 if (process.argv[2] === '--upstreams') {
@@ -1029,26 +823,8 @@ if (process.argv[2] === '--upstreams') {
 } else if (process.argv[2] === '--relay') {
   await relay(process.argv.slice(3))
 } else if (process.argv[2] === '--bare') {
-  announceReady('bare', (await bareProxy(process.argv.slice(3), 'fastify')).url)
-} else if (process.argv[2] === '--bare-node') {
-  announceReady('bare-node', (await bareProxy(process.argv.slice(3), 'node')).url)
-} else if (process.argv[2] === '--raw-client') {
-  await rawClientProxy(process.argv.slice(3))
-} else if (process.argv[2] === '--raw-server') {
-  await rawServerProxy(process.argv.slice(3), 'undici')
-} else if (process.argv[2] === '--raw-both') {
-  await rawServerProxy(process.argv.slice(3), 'raw')
-} else if (process.argv[1]?.endsWith('proxy.js') === true && process.env.BENCH_PROXY_ALTERNATING === '1') {
-  const routerB = process.env.BENCH_PROXY_ROUTER_B
-  await alternatingHops(
-    new URL('../src/main.js', import.meta.url).pathname,
-    Number(process.env.BENCH_PROXY_SECS ?? 10),
-    hopNames(process.env.BENCH_PROXY_HOPS ?? 'router,bare,relay', routerB),
-    routerB,
-  )
+  announceReady('bare', (await bareProxy(process.argv.slice(3))).url)
 } else if (process.argv[1]?.endsWith('proxy.js') === true) {
-  if (process.env.BENCH_PROXY_HOPS !== undefined || process.env.BENCH_PROXY_ROUTER_B !== undefined)
-    throw new Error('BENCH_PROXY_HOPS and BENCH_PROXY_ROUTER_B name the hops of BENCH_PROXY_ALTERNATING=1; the full run has its own')
   const cli = new URL('../src/main.js', import.meta.url).pathname
   const r = await benchProxy(cli, { seconds: Number(process.env.BENCH_PROXY_SECS ?? 10), mode: process.env.BENCH_PROXY_MODE === 'kv' ? 'kv' : 'round-robin' })
   printProxy(r)

@@ -1,29 +1,27 @@
 // Route-decision benchmark (npm run bench:route): selection plus booking, given overlaps, at
 // 8, 64 and 512 worker-ranks, queue push/pop throughput at 10,000 waiting requests, and the
-// proxy's booking of an attempt through the whole Router.route path; then the HTTP part (bars
-// of issue #5), measured side by side in one run:
+// proxy's booking of an attempt through the whole Router.route path; then the HTTP part, each
+// against a baseline measured in the same run:
 //   - POST /v1/route with 4,096-token JSON prompts and 16 workers vs a bare fastify route that
 //     takes the same bodies as a raw buffer and answers a constant (autocannon from this
 //     process, same settings, against a server child process `route.js --serve`), with the
 //     server's CPU time per request served beside req/s (steadier on a shared machine);
 //   - proxy overhead: streaming completions through `kv-router serve` vs straight to the
-//     upstreams, 200 concurrent streams, p99 difference (bench/proxy.ts);
-//   - heap the router holds per open stream, with 64- and 4,096-token prompts
-//     (bench/stream-heap.ts).
+//     upstreams, 200 concurrent streams, p99 difference (bench/proxy.ts).
+// `--http-only` runs the HTTP part alone; BENCH_HTTP_SECS sets its phase length (10 s).
 //
 // Each decision is timed alone with process.hrtime.bigint() over a steady state: a fixed
 // population of booked requests (prompts sharing a few system prefixes, so active blocks are
 // really shared), one new request booked per op while the oldest is freed and a middle-aged one
 // completes prefill, all outside the timed region. Several repetitions; medians are reported,
-// because these 2-core machines are noisy.
-import { mkdirSync, writeFileSync } from 'node:fs'
+// because a shared machine is noisy.
+import { writeFileSync } from 'node:fs'
 import { availableParallelism, cpus } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import type { AddressInfo } from 'node:net'
 import autocannon from 'autocannon'
 import { benchProxy, printProxy } from './proxy.js'
-import { benchStreamHeap, printStreamHeap } from './stream-heap.js'
 import { ROUTER_V8_FLAGS, workerHeapsAtDefaults } from '../src/runtime/v8-flags.js'
 import Fastify from 'fastify'
 import { parseServeConfig } from '../src/config.js'
@@ -36,7 +34,7 @@ import { PendingQueue } from '../src/scheduler/pending-queue.js'
 import { Xoshiro128 } from '../src/scheduler/rng.js'
 import { Scheduler } from '../src/scheduler/scheduler.js'
 import type { ScheduleRequest } from '../src/scheduler/scheduler.js'
-import { child, median, processTicks, repoRoot, TICKS_PER_S } from './common.js'
+import { child, median, processTicks, repoRoot, resultsDir, TICKS_PER_S } from './lib/common.js'
 
 const BLOCK_SIZE = 64
 const REPS = 5
@@ -116,7 +114,7 @@ function benchDecisions(workers: number): DecisionResult {
     req.seqLo = tpl.lo
     req.seqHi = tpl.hi
     req.overlapBlocks = tpl.overlap
-    let d
+    let d: ReturnType<Scheduler['tryRoute']>
     if (timed !== null) {
       const t0 = process.hrtime.bigint()
       d = s.tryRoute(req)
@@ -373,9 +371,7 @@ async function main(): Promise<void> {
     queue: { depth: QUEUE_DEPTH, heapPopPushPairsPerSec: heap.pairsPerSec, heapReps: heap.reps, schedulerDispatchEnqueuePairsPerSec: facade.pairsPerSec, schedulerReps: facade.reps },
     booking,
   }
-  const dir = join(repoRoot(), 'bench', 'results')
-  mkdirSync(dir, { recursive: true })
-  writeFileSync(join(dir, 'route.json'), JSON.stringify(result, null, 2) + '\n')
+  writeFileSync(join(resultsDir(), 'route.json'), JSON.stringify(result, null, 2) + '\n')
   console.log(`route decision (selection + booking, kv mode, given overlaps), median of ${REPS} × ${OPS} ops`)
   console.log('worker-ranks | in flight |  p50 µs |  p99 µs | mean µs')
   for (const d of decisions) {
@@ -389,10 +385,8 @@ async function main(): Promise<void> {
 async function mainHttp(prior: object = {}): Promise<void> {
   const http = await benchHttpRoute()
   const proxy = await benchProxy(join(repoRoot(), 'dist', 'src', 'main.js'), { seconds: HTTP_SECS })
-  const streamHeap = await benchStreamHeap()
-  const dir = join(repoRoot(), 'bench', 'results')
-  mkdirSync(dir, { recursive: true })
-  const out = { ...prior, http: { route: http, proxy, streamHeap } }
+  const dir = resultsDir()
+  const out = { ...prior, http: { route: http, proxy } }
   writeFileSync(join(dir, 'route.json'), JSON.stringify(out, null, 2) + '\n')
   const h = http as { rounds: { baseline: LoadResult; route: LoadResult }[]; ratioMedian: number; cpuRatioMedian: number | null }
   const cpu = (x: number | null): string => (x === null ? '–' : x.toFixed(1))
@@ -405,7 +399,6 @@ async function mainHttp(prior: object = {}): Promise<void> {
   )
   console.log(`median ratio ${h.ratioMedian.toFixed(3)} (req/s); median CPU-per-request ratio ${h.cpuRatioMedian === null ? '–' : h.cpuRatioMedian.toFixed(3)} (baseline / route)`)
   printProxy(proxy)
-  printStreamHeap(streamHeap)
   console.log(`written to ${join(dir, 'route.json')}`)
 }
 

@@ -1,8 +1,8 @@
-// The proxy benchmark's bootstrap intervals (bench/bootstrap.ts): the shortcut that keeps only the
+// The proxy benchmark's bootstrap intervals (bench/lib/stats.ts): the shortcut that keeps only the
 // largest indices drawn must give exactly the quantile of the resample built and sorted, and the
 // interval must cover the true difference of two known distributions about as often as it claims.
 import t from 'tap'
-import { quantile, quantileDifferenceInterval, quantileOf, resampledQuantile, uniformDraws } from '../bench/bootstrap.js'
+import { quantile, quantileDifferenceInterval, quantileOf, resampledQuantile, uniformDraws } from '../../bench/lib/stats.js'
 
 /** The resample built in full from the same draws, sorted, and its quantile taken. */
 function resampledByHand(sorted: number[], q: number, next: () => number): number {

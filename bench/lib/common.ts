@@ -1,14 +1,15 @@
-// Helpers the benchmarks share: the repository root (results go under it), a child process
+// Helpers the benchmarks share: the repository root and bench/results/ under it, a child process
 // awaited until its stdout shows a ready line (and the child's side of that: announceReady), the
 // fastify app and undici Agent of the stand-in proxies, the median of repetitions, and a process's CPU
 // time and the machine's steal time from /proc.
 import { spawn } from 'node:child_process'
 import { Agent } from 'undici'
 import type { ChildProcess } from 'node:child_process'
-import { existsSync, readFileSync } from 'node:fs'
+import { existsSync, mkdirSync, readFileSync } from 'node:fs'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 
+/** The directory holding package.json, found upwards from this module (bench/lib or dist/bench/lib). */
 export function repoRoot(): string {
   let dir = dirname(fileURLToPath(import.meta.url))
   while (!existsSync(join(dir, 'package.json'))) {
@@ -37,6 +38,13 @@ export function child(args: string[], ready: RegExp): Promise<{ p: ChildProcess;
     })
     p.on('exit', (code) => reject(new Error(`child exited ${code}: ${err.split('\n')[0] ?? ''} ${out}`)))
   })
+}
+
+/** bench/results/ (git ignores its JSON and SVG), created if missing: where every benchmark writes its figures. */
+export function resultsDir(): string {
+  const dir = join(repoRoot(), 'bench', 'results')
+  mkdirSync(dir, { recursive: true })
+  return dir
 }
 
 export function median(xs: readonly number[]): number {

@@ -1,9 +1,9 @@
-// The workload of the index benchmark (DESIGN §6): the Mooncake conversation trace, expanded to
+// The workload of the index and NATS benchmarks: the Mooncake conversation trace, expanded to
 // router block hashes, run through one simulated engine block pool per worker to produce the KV
 // events those engines would publish, interleaved in trace order with the router's lookups.
-// `bench/index.ts` replays the result against the sharded index and the single-threaded one, so
-// everything that is not index work (hashing, pool simulation, JSON encoding) happens here,
-// once, before any clock starts.
+// bench/index.ts replays the result against the sharded index and the single-threaded one, and
+// bench/nats.ts publishes its events, so everything that is not the measured work (hashing, pool
+// simulation, JSON encoding) happens here, once, before any clock starts.
 //
 // Worker assignment: a request goes to hash(hash_ids[1], hash_ids[2]) mod W. Every request of
 // the trace starts with block 0 (a shared system prompt); the next ids identify the conversation,
@@ -11,14 +11,11 @@
 // router would send them. That gives each worker a realistic mix of long shared prefixes and
 // evictions. Round-robin (also offered) scatters conversations over the fleet and leaves little
 // reuse beyond block 0, which would make the index far smaller than in a routed fleet.
-//
-// Run directly (`node dist/bench/index-workload.js [--limit N]`) to print the counts.
-import { existsSync } from 'node:fs'
-import { dirname, join, resolve } from 'node:path'
-import { fileURLToPath } from 'node:url'
-import { BlockPool } from '../src/sim/mocker/block-pool.js'
-import { encodeRouterEvent, type RouterEvent } from '../src/codec/events.js'
-import { readTrace, TraceBlockHasher, type TraceRequest } from '../src/sim/replay/trace.js'
+import { resolve } from 'node:path'
+import { BlockPool } from '../../src/sim/mocker/block-pool.js'
+import { encodeRouterEvent, type RouterEvent } from '../../src/codec/events.js'
+import { readTrace, TraceBlockHasher, type TraceRequest } from '../../src/sim/replay/trace.js'
+import { repoRoot } from './common.js'
 
 export type WorkerAssignment = 'prefix' | 'round-robin'
 
@@ -108,18 +105,6 @@ export interface IndexWorkload {
 
 /** Etcd lease ids are i64 values far above 2^53; so are ours, to exercise the exact u64 paths. */
 export const DEFAULT_WORKER_ID_BASE = 7587888130471510000n
-
-function repoRoot(): string {
-  // This file runs as bench/index-workload.ts (tap, tsx) or dist/bench/index-workload.js; the
-  // repository root is the nearest ancestor with a package.json either way.
-  let dir = dirname(fileURLToPath(import.meta.url))
-  for (;;) {
-    if (existsSync(join(dir, 'package.json'))) return dir
-    const up = dirname(dir)
-    if (up === dir) throw new Error('cannot find the repository root (no package.json above bench/)')
-    dir = up
-  }
-}
 
 /** `<repo root>/data/conversation_trace.jsonl`: the Mooncake trace the repository ships. */
 export function defaultTracePath(): string {
@@ -265,28 +250,3 @@ export function buildIndexWorkload(opts: IndexWorkloadOptions = {}): IndexWorklo
   counts.traceBlocksHashed = hasher.hashedTraceBlocks
   return { options, ops, workerIds, counts, buildMs: performance.now() - t0 }
 }
-
-function main(): void {
-  const args = process.argv.slice(2)
-  const opts: IndexWorkloadOptions = {}
-  for (let i = 0; i < args.length; i++) {
-    const a = args[i]
-    const v = args[i + 1]
-    if (a === '--limit') opts.limit = Number(v)
-    else if (a === '--workers') opts.workers = Number(v)
-    else if (a === '--capacity') opts.capacity = Number(v)
-    else if (a === '--block-size') opts.blockSize = Number(v)
-    else if (a === '--assignment') opts.assignment = v as WorkerAssignment
-    else if (a === '--trace') opts.tracePath = v
-    else throw new Error(`unknown argument ${String(a)} (use --limit, --workers, --capacity, --block-size, --assignment prefix|round-robin, --trace)`)
-    i++
-  }
-  const w = buildIndexWorkload(opts)
-  const c = w.counts
-  const hitRate = c.hits / Math.max(1, c.hits + c.misses)
-  console.log(`built in ${w.buildMs.toFixed(0)} ms: ${JSON.stringify(w.options)}`)
-  console.log(JSON.stringify(c))
-  console.log(`ops ${w.ops.length}, pool hit rate ${(100 * hitRate).toFixed(2)}%, heap ${(process.memoryUsage().heapUsed / 2 ** 20).toFixed(0)} MiB`)
-}
-
-if (process.argv[1] !== undefined && resolve(process.argv[1]) === fileURLToPath(import.meta.url)) main()

@@ -1,15 +1,16 @@
-// NATS intake throughput (issue #6): the Mooncake workload's KV events (bench/index-workload.ts)
+// NATS intake throughput: the Mooncake workload's KV events (bench/lib/index-workload.ts)
 // published through a real nats-server on the worker component's subject, consumed by
 // NatsIntake into the shard pool. The clock runs from the first publish until the shards have
 // applied the last event. Run: `npm run bench:nats [-- --reps R --shards S]`.
-import { mkdirSync, writeFileSync } from 'node:fs'
-import { dirname, join } from 'node:path'
-import { fileURLToPath } from 'node:url'
+import { writeFileSync } from 'node:fs'
+import { join } from 'node:path'
 import { connect } from 'nats'
-import { buildIndexWorkload } from './index-workload.js'
+import { buildIndexWorkload } from './lib/index-workload.js'
+import { median, resultsDir } from './lib/common.js'
 import { startNats } from '../test/helpers/services.js'
 import { ShardPool } from '../src/shards/pool.js'
-import { NatsIntake, kvEventSubjects } from '../src/transport/nats.js'
+import { kvEventSubjects } from '../src/transport/dynamo-names.js'
+import { NatsIntake } from '../src/transport/nats.js'
 
 function arg(name: string, dflt: number): number {
   const i = process.argv.indexOf(`--${name}`)
@@ -17,11 +18,6 @@ function arg(name: string, dflt: number): number {
 }
 const reps = arg('reps', 3)
 const shards = arg('shards', 1)
-const median = (xs: number[]): number => {
-  const s = [...xs].sort((a, b) => a - b)
-  const m = s.length >> 1
-  return s.length % 2 === 1 ? (s[m] as number) : ((s[m - 1] as number) + (s[m] as number)) / 2
-}
 
 const workload = buildIndexWorkload({})
 const events = workload.ops.filter((o) => o.kind === 'event') as { bytes: Uint8Array; blocks: number }[]
@@ -75,11 +71,9 @@ const result = {
   megabytes_per_sec: bytes / 1e6 / sec,
   slow_consumer_episodes: runs.map((x) => x.slow),
 }
-const out = join(dirname(fileURLToPath(import.meta.url)), '..', '..', 'bench', 'results')
-mkdirSync(out, { recursive: true })
-writeFileSync(join(out, 'nats-intake.json'), JSON.stringify(result, null, 2) + '\n')
+writeFileSync(join(resultsDir(), 'nats.json'), JSON.stringify(result, null, 2) + '\n')
 console.log(`NATS intake → ${shards} shard(s): ${events.length} events, ${blocks.toLocaleString('en-US')} blocks, ${result.megabytes.toFixed(1)} MB of JSON through nats-server; median of ${reps}`)
 console.log(
   `  ${Math.round(result.events_per_sec).toLocaleString('en-US')} events/s   ${Math.round(result.blocks_per_sec).toLocaleString('en-US')} blocks/s   ${result.megabytes_per_sec.toFixed(1)} MB/s   (${sec.toFixed(2)} s; slow-consumer episodes ${result.slow_consumer_episodes.join(', ')})`,
 )
-console.log('wrote bench/results/nats-intake.json')
+console.log('wrote bench/results/nats.json')

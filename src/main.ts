@@ -15,7 +15,7 @@ usage: kv-router <command> [options]
 commands:
   serve     run the router (kv-router serve --help for its options)
   mocker    run simulated vLLM-like engines (kv-router mocker --help for its options)
-  replay    replay a Mooncake trace against a router, with TTFT, ITL and hit-rate figures
+  replay    replay a Mooncake trace against a router, with TTFT, TPOT, ITL and hit-rate figures
 
 options:
   -h, --help     show this help

@@ -20,7 +20,7 @@ export const replayHelp = `usage: kv-router replay --trace FILE --url URL [optio
 Sends each request of a Mooncake-format trace (JSONL: timestamp ms, input_length, output_length,
 hash_ids) to URL/v1/completions at timestamp / speedup after the start, without waiting for
 earlier responses: the prompt is the request's deterministic token ids, max_tokens its
-output_length, streamed with usage. Prints TTFT, ITL, throughput, the prefix-cache hit rate
+output_length, streamed with usage. Prints TTFT, TPOT, ITL, throughput, the prefix-cache hit rate
 (cached / prompt tokens, as the engines report them) and how requests spread over workers.
 
   --trace FILE          Mooncake trace (required)

@@ -1,0 +1,376 @@
+// vLLM's and SGLang's own KV events (MessagePack over ZMQ), decoded into the index's DecodedEvent.
+//
+// A batch is `[ts, events, data_parallel_rank]` (the rank is missing in old vLLM; a map with those
+// keys is taken too). Each event is a tagged struct in one of two forms, both in the field:
+//   arrays  ["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
+//           lora_name, extra_keys, group_idx, kv_cache_spec_kind, …]   (vLLM before PR #42892;
+//           SGLang's short tuples end at medium, SGLang ≥ 0.5.18 may add a {cache_salt} map)
+//           ["BlockRemoved", block_hashes, medium, group_idx, …]   ["AllBlocksCleared", …]
+//   maps    {"type": "BlockStored", "block_hashes": …, …}   (vLLM since PR #42892, merged
+//           2026-06; SGLang since PR #37482), defaults left out
+// Unknown keys and trailing elements are ignored, as msgspec does. Layouts as in vLLM's
+// vllm/distributed/kv_events.py and SGLang's kv_events.py of late 2026.
+//
+// What the router makes of them, as Dynamo 1.4.0's engine listener does:
+// - block hashes are the engine's, as u64: an int (signed or unsigned, the same 64 bits), or
+//   bytes (vLLM with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0: a sha256 digest), of which the last 8
+//   bytes read big-endian are the u64, which is the int vLLM sends for the same digest otherwise;
+// - tokens_hash is computed here from the block's token ids, seeded by the LoRA name and cache
+//   salt and extended by the block's media (src/codec/hashing.ts);
+// - a block size other than the router's hashes other token runs than the router's prompts: such
+//   an event is not applied (counted);
+// - medium names the tier (absent or GPU = device, the only one routed on);
+// - attention groups other than full attention (sliding windows) do not hold whole prefixes and
+//   are not applied.
+import { Unpackr } from 'msgpackr'
+import { KvrError } from '../errors.js'
+import { type DecodedEvent, EventKind, StorageTier } from './event-decoder.js'
+import { mmBlockHashInto, mmHashOf, saltSeed, seededBlockHashesInto, XXH3_SEED } from './hashing.js'
+
+/** A decoded batch, before its events are converted. */
+export interface EngineBatch {
+  readonly ts: number
+  readonly events: readonly unknown[]
+  /** The batch's data-parallel rank, null when it names none. */
+  readonly dpRank: number | null
+}
+
+/** Why an engine event was not applied, for the drop counters. */
+export const EngineSkip = {
+  BlockSizeMismatch: 'block_size_mismatch',
+  AttentionKind: 'attention_kind',
+  UnknownEvent: 'unknown_event',
+  Empty: 'empty',
+} as const
+export type EngineSkip = (typeof EngineSkip)[keyof typeof EngineSkip]
+
+const TWO32 = 4294967296
+/** Cache-salt strings Dynamo's own publishers mark with this prefix in extra_keys. */
+const SALT_PREFIX = 'dynamo-cache-salt:'
+/** kv_cache_spec_kind values whose blocks chain whole prefixes. */
+const PREFIX_KINDS = new Set(['full_attention', 'mla_attention', 'sink_full_attention'])
+/** Salted chains remembered per decoder, so a continuation without the salt still gets its seed. */
+const MAX_SALTED_BLOCKS = 1 << 20
+
+/** The storage tier a `medium` names. */
+export function tierOf(medium: unknown): number {
+  if (medium === null || medium === undefined) return StorageTier.Device
+  if (typeof medium !== 'string') throw wrongType('medium', 'a string or null', medium)
+  const m = medium.toUpperCase()
+  if (m === 'GPU' || m === 'DEVICE' || m === 'CUDA' || m === 'HBM') return StorageTier.Device
+  if (m.startsWith('CPU') || m === 'HOST' || m === 'HOST_PINNED') return StorageTier.HostPinned
+  if (m === 'DISK' || m === 'NVME' || m === 'STORAGE' || m === 'SSD') return StorageTier.Disk
+  return StorageTier.External
+}
+
+function wrongType(field: string, want: string, got: unknown): KvrError {
+  const kind = got === null ? 'null' : Array.isArray(got) ? 'an array' : got instanceof Uint8Array ? 'bytes' : typeof got
+  return new KvrError('KVR_ERR_EVENT_WRONG_TYPE', `${field} must be ${want}, got ${kind}`)
+}
+
+/**
+ * Reads one engine block hash as u64 halves into out[0] (low) and out[1] (high).
+ */
+export function hashHalves(v: unknown, field: string, out: Uint32Array): void {
+  if (typeof v === 'number') {
+    if (!Number.isInteger(v)) throw new KvrError('KVR_ERR_EVENT_INVALID_NUMBER', `${field} must be an integer, got ${v}`)
+    if (v >= 0 && v < 2 ** 53) {
+      out[0] = v >>> 0
+      out[1] = Math.floor(v / TWO32)
+      return
+    }
+    // a negative i64 (or a float msgpack would not send for an int): two's complement bits
+    return hashHalves(BigInt(v), field, out)
+  }
+  if (typeof v === 'bigint') {
+    if (v < -(1n << 63n) || v >= 1n << 64n) throw new KvrError('KVR_ERR_EVENT_INVALID_NUMBER', `${field} does not fit 64 bits`)
+    const u = BigInt.asUintN(64, v)
+    out[0] = Number(u & 0xffffffffn)
+    out[1] = Number(u >> 32n)
+    return
+  }
+  if (v instanceof Uint8Array) {
+    if (v.length === 0) throw new KvrError('KVR_ERR_EVENT_INVALID_NUMBER', `${field} is empty bytes`)
+    // the last 8 bytes, big-endian (fewer: right-aligned)
+    let hi = 0
+    let lo = 0
+    const from = Math.max(0, v.length - 8)
+    for (let i = from; i < v.length; i++) {
+      hi = ((hi << 8) | (lo >>> 24)) >>> 0
+      lo = ((lo << 8) | (v[i] as number)) >>> 0
+    }
+    out[0] = lo
+    out[1] = hi
+    return
+  }
+  throw wrongType(field, 'an integer or bytes', v)
+}
+
+function arrayField(v: unknown, field: string): readonly unknown[] {
+  if (!Array.isArray(v)) throw wrongType(field, 'an array', v)
+  return v
+}
+
+function optString(v: unknown, field: string): string | null {
+  if (v === null || v === undefined) return null
+  if (typeof v !== 'string') throw wrongType(field, 'a string or null', v)
+  return v === '' ? null : v
+}
+
+/** The fields of a BlockStored, whichever form it came in. */
+interface StoredFields {
+  hashes: unknown
+  parent: unknown
+  tokens: unknown
+  blockSize: unknown
+  medium: unknown
+  loraName: string | null
+  cacheSalt: string | null
+  extraKeys: unknown
+  kind: unknown
+}
+
+export class EngineEventDecoder {
+  /** Events not applied, by reason. */
+  readonly skipped: Record<EngineSkip, number> = { block_size_mismatch: 0, attention_kind: 0, unknown_event: 0, empty: 0 }
+  private readonly unpackr = new Unpackr({ int64AsType: 'bigint', mapsAsObjects: true, useRecords: false })
+  private readonly h = new Uint32Array(2)
+  private tokenWords = new Uint32Array(1024)
+  private readonly mmOut = new Uint32Array(2)
+  /** Per worker-rank, the seed of each salted block seen, for continuations that do not repeat the salt. */
+  private readonly salted = new Map<string, Map<bigint, bigint>>()
+  private saltedCount = 0
+  /** Block-size mismatches by (event's, router's) size, for a bounded number of warnings. */
+  lastMismatch: { eventBlockSize: number; routerBlockSize: number } | null = null
+
+  constructor(private readonly blockSize: number) {}
+
+  /** Decodes a batch's MessagePack; throws KvrError (MALFORMED_MSGPACK, WRONG_TYPE). */
+  decodeBatch(payload: Uint8Array): EngineBatch {
+    let v: unknown
+    try {
+      v = this.unpackr.unpack(payload)
+    } catch (err) {
+      throw new KvrError('KVR_ERR_EVENT_MALFORMED_MSGPACK', `the batch does not decode: ${(err as Error).message}`)
+    }
+    let ts: unknown
+    let events: unknown
+    let rank: unknown
+    if (Array.isArray(v)) [ts, events, rank] = v
+    else if (v !== null && typeof v === 'object' && !(v instanceof Uint8Array)) {
+      const m = v as Record<string, unknown>
+      ts = m.ts
+      events = m.events
+      rank = m.data_parallel_rank ?? m.attn_dp_rank
+    } else throw wrongType('the batch', 'an array [ts, events, data_parallel_rank]', v)
+    if (typeof ts !== 'number' && typeof ts !== 'bigint') throw wrongType('the batch timestamp', 'a number', ts)
+    const list = arrayField(events, 'the batch events')
+    let dpRank: number | null = null
+    if (rank !== null && rank !== undefined) {
+      const r = typeof rank === 'bigint' ? Number(rank) : rank
+      if (typeof r !== 'number' || !Number.isInteger(r) || r < 0 || r > 0xffffffff)
+        throw new KvrError('KVR_ERR_EVENT_INVALID_NUMBER', `data_parallel_rank must be an integer in [0, 2^32), got ${String(rank)}`)
+      dpRank = r
+    }
+    return { ts: Number(ts), events: list, dpRank }
+  }
+
+  /**
+   * Converts one event of a batch into `out` for worker (lo, hi) and `dpRank`. Returns null when
+   * there is something to apply, else why not (the caller counts it); throws KvrError when the
+   * event is malformed.
+   */
+  convert(ev: unknown, workerLo: number, workerHi: number, dpRank: number, out: DecodedEvent): EngineSkip | null {
+    out.reset()
+    out.workerLo = workerLo
+    out.workerHi = workerHi
+    out.dpRank = dpRank
+    let tag: unknown
+    let m: Record<string, unknown> | null = null
+    let a: readonly unknown[] | null = null
+    if (Array.isArray(ev)) {
+      a = ev
+      tag = ev[0]
+    } else if (ev !== null && typeof ev === 'object' && !(ev instanceof Uint8Array)) {
+      m = ev as Record<string, unknown>
+      tag = m.type
+    } else throw wrongType('an event', 'an array or a map', ev)
+    if (tag === 'BlockStored') {
+      const f: StoredFields =
+        a !== null
+          ? {
+              hashes: a[1],
+              parent: a[2],
+              tokens: a[3],
+              blockSize: a[4],
+              medium: a[6],
+              // vLLM's 8th element is lora_name; SGLang's is a {cache_salt} map
+              loraName: typeof a[7] === 'string' || a[7] === null || a[7] === undefined ? optString(a[7], 'lora_name') : null,
+              cacheSalt:
+                a[7] !== null && typeof a[7] === 'object' && !Array.isArray(a[7]) && !(a[7] instanceof Uint8Array) ? optString((a[7] as Record<string, unknown>).cache_salt, 'cache_salt') : null,
+              extraKeys: a[8],
+              kind: a[10],
+            }
+          : {
+              hashes: (m as Record<string, unknown>).block_hashes,
+              parent: (m as Record<string, unknown>).parent_block_hash,
+              tokens: (m as Record<string, unknown>).token_ids,
+              blockSize: (m as Record<string, unknown>).block_size,
+              medium: (m as Record<string, unknown>).medium,
+              loraName: optString((m as Record<string, unknown>).lora_name, 'lora_name'),
+              cacheSalt: optString((m as Record<string, unknown>).cache_salt, 'cache_salt'),
+              extraKeys: (m as Record<string, unknown>).extra_keys,
+              kind: (m as Record<string, unknown>).kv_cache_spec_kind,
+            }
+      return this.stored(f, out)
+    }
+    if (tag === 'BlockRemoved') {
+      const hashes = arrayField(a !== null ? a[1] : (m as Record<string, unknown>).block_hashes, 'block_hashes')
+      out.kind = EventKind.Removed
+      out.tier = tierOf(a !== null ? a[2] : (m as Record<string, unknown>).medium)
+      out.ensure(hashes.length)
+      for (let i = 0; i < hashes.length; i++) {
+        hashHalves(hashes[i], 'block_hashes', this.h)
+        out.blockLo[i] = this.h[0] as number
+        out.blockHi[i] = this.h[1] as number
+        if (this.saltedCount > 0) this.forgetSalted(workerLo, workerHi, dpRank, this.h[0] as number, this.h[1] as number)
+      }
+      out.count = hashes.length
+      return hashes.length === 0 ? EngineSkip.Empty : null
+    }
+    if (tag === 'AllBlocksCleared') {
+      out.kind = EventKind.Cleared
+      if (this.saltedCount > 0) this.clearSalted(workerLo, workerHi)
+      return null
+    }
+    if (typeof tag !== 'string') throw wrongType('the event tag', 'a string', tag)
+    return EngineSkip.UnknownEvent
+  }
+
+  private stored(f: StoredFields, out: DecodedEvent): EngineSkip | null {
+    const hashes = arrayField(f.hashes, 'block_hashes')
+    const tokens = arrayField(f.tokens, 'token_ids')
+    const bs = typeof f.blockSize === 'bigint' ? Number(f.blockSize) : f.blockSize
+    if (typeof bs !== 'number' || !Number.isInteger(bs) || bs < 1) throw new KvrError('KVR_ERR_EVENT_INVALID_NUMBER', `block_size must be a positive integer, got ${String(f.blockSize)}`)
+    out.kind = EventKind.Stored
+    out.tier = tierOf(f.medium)
+    if (f.kind !== null && f.kind !== undefined && !(typeof f.kind === 'string' && PREFIX_KINDS.has(f.kind))) return EngineSkip.AttentionKind
+    if (bs !== this.blockSize) {
+      this.lastMismatch = { eventBlockSize: bs, routerBlockSize: this.blockSize }
+      return EngineSkip.BlockSizeMismatch
+    }
+    if (f.parent !== null && f.parent !== undefined) {
+      hashHalves(f.parent, 'parent_block_hash', this.h)
+      out.hasParent = true
+      out.parentLo = this.h[0] as number
+      out.parentHi = this.h[1] as number
+    }
+    // blocks whose tokens all came with the event (a short token list ends the run)
+    const n = Math.min(hashes.length, Math.floor(tokens.length / bs))
+    if (n === 0) return EngineSkip.Empty
+    out.ensure(n)
+    for (let i = 0; i < n; i++) {
+      hashHalves(hashes[i], 'block_hashes', this.h)
+      out.blockLo[i] = this.h[0] as number
+      out.blockHi[i] = this.h[1] as number
+    }
+    const extra = f.extraKeys === null || f.extraKeys === undefined ? null : arrayField(f.extraKeys, 'extra_keys')
+    const salt = f.cacheSalt ?? saltIn(extra, f.loraName)
+    let seed = salt !== null || f.loraName !== null ? saltSeed(f.loraName, salt) : XXH3_SEED
+    // a continuation of a salted chain carries no salt of its own: it inherits its parent's seed
+    if (salt === null && out.hasParent && this.saltedCount > 0) seed = this.inherited(out, seed)
+    const words = n * bs
+    if (this.tokenWords.length < words) this.tokenWords = new Uint32Array(Math.max(words, this.tokenWords.length * 2))
+    const tw = this.tokenWords
+    for (let i = 0; i < words; i++) {
+      const t = tokens[i]
+      if (typeof t !== 'number' || t >>> 0 !== t) throw new KvrError('KVR_ERR_EVENT_INVALID_NUMBER', `token_ids[${i}] must be an integer in [0, 2^32), got ${String(t)}`)
+      tw[i] = t
+    }
+    seededBlockHashesInto(tw.subarray(0, words), bs, seed, out.tokensLo, out.tokensHi)
+    if (extra !== null) this.mediaHashes(extra, tw, bs, n, seed, out)
+    out.count = n
+    if (seed !== XXH3_SEED) this.rememberSalted(out, seed)
+    return null
+  }
+
+  /** Re-hashes the blocks that hold media: their tokens, then their media hashes. */
+  private mediaHashes(extra: readonly unknown[], tokens: Uint32Array, bs: number, n: number, seed: bigint, out: DecodedEvent): void {
+    for (let i = 0; i < n && i < extra.length; i++) {
+      const keys = extra[i]
+      if (keys === null || keys === undefined) continue
+      const list = arrayField(keys, `extra_keys[${i}]`)
+      let mm: bigint[] | null = null
+      for (const k of list) {
+        // (identifier, offset) of a media item that overlaps this block
+        if (Array.isArray(k) && typeof k[0] === 'string') (mm ??= []).push(mmHashOf(k[0]))
+      }
+      if (mm === null) continue
+      mmBlockHashInto(tokens, i * bs, bs, mm, seed, this.mmOut)
+      out.tokensLo[i] = this.mmOut[0] as number
+      out.tokensHi[i] = this.mmOut[1] as number
+    }
+  }
+
+  private rankMap(workerLo: number, workerHi: number, dpRank: number, create: boolean): Map<bigint, bigint> | undefined {
+    const key = `${workerLo}:${workerHi}:${dpRank}`
+    let m = this.salted.get(key)
+    if (m === undefined && create) this.salted.set(key, (m = new Map()))
+    return m
+  }
+
+  private inherited(out: DecodedEvent, seed: bigint): bigint {
+    const m = this.rankMap(out.workerLo, out.workerHi, out.dpRank, false)
+    return m?.get(BigInt(out.parentHi) * 4294967296n + BigInt(out.parentLo)) ?? seed
+  }
+
+  private rememberSalted(out: DecodedEvent, seed: bigint): void {
+    const m = this.rankMap(out.workerLo, out.workerHi, out.dpRank, true) as Map<bigint, bigint>
+    for (let i = 0; i < out.count; i++) {
+      const key = BigInt(out.blockHi[i] as number) * 4294967296n + BigInt(out.blockLo[i] as number)
+      if (!m.has(key)) this.saltedCount++
+      m.set(key, seed)
+    }
+    // bounded: the oldest salted blocks are forgotten first (their continuations then hash unsalted)
+    while (this.saltedCount > MAX_SALTED_BLOCKS) {
+      for (const [k, rank] of this.salted) {
+        const first = rank.keys().next()
+        if (first.done === true) {
+          this.salted.delete(k)
+          continue
+        }
+        rank.delete(first.value)
+        this.saltedCount--
+        break
+      }
+    }
+  }
+
+  private forgetSalted(workerLo: number, workerHi: number, dpRank: number, lo: number, hi: number): void {
+    const m = this.rankMap(workerLo, workerHi, dpRank, false)
+    if (m?.delete(BigInt(hi) * 4294967296n + BigInt(lo)) === true) this.saltedCount--
+  }
+
+  private clearSalted(workerLo: number, workerHi: number): void {
+    const prefix = `${workerLo}:${workerHi}:`
+    for (const [k, m] of this.salted) {
+      if (!k.startsWith(prefix)) continue
+      this.saltedCount -= m.size
+      this.salted.delete(k)
+    }
+  }
+}
+
+/**
+ * The cache salt in a stored event's extra keys: a string of the first block's keys that is not
+ * the LoRA name (vLLM lists the adapter on every block, then media, then the salt on the first).
+ */
+function saltIn(extra: readonly unknown[] | null, loraName: string | null): string | null {
+  const first = extra?.[0]
+  if (!Array.isArray(first)) return null
+  for (const k of first) {
+    if (typeof k !== 'string' || k === '' || k === loraName) continue
+    return k.startsWith(SALT_PREFIX) ? k.slice(SALT_PREFIX.length) || null : k
+  }
+  return null
+}

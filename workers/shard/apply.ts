@@ -1,0 +1,97 @@
+// Decoding event messages and applying them to the KvIndex, and publishing the counters the main
+// thread reads. A live event passes through parking.ts between its decoding and its apply (its
+// worker-rank may be held for a recovery); a released one, let go after a hold, does not.
+import { parentPort } from 'node:worker_threads'
+import { REJECT_REASON_COUNT } from '../../src/index/kv-index.js'
+import type { DecodedEvent } from '../../src/codec/event-decoder.js'
+import { KvrError } from '../../src/errors.js'
+import {
+  C_APPLIED,
+  C_BLOCKS,
+  C_CLEARED,
+  C_GAPS,
+  C_MALFORMED,
+  C_MISPLACED,
+  C_NODES,
+  C_PROCESSED,
+  C_QUERIES,
+  C_RECEIVED,
+  C_REJECTED,
+  C_REMOVED,
+  C_STORED,
+  C_WORKERS,
+  shardOf,
+} from '../../src/thread/protocol.js'
+import { counters, ctrl, decoder, index, init, me } from './state.js'
+
+/**
+ * How a message is taken: as it arrives, or let go after a hold. A released one was counted
+ * when it was held, and is applied whatever its id (a recovery that could not fill the gap
+ * leaves a hole, accepted).
+ */
+export const Live = 0
+export const Released = 1
+export type Mode = typeof Live | typeof Released
+
+/**
+ * Decodes one event message into the decoder's reused event; null when the message is malformed
+ * (counted and dropped) or belongs to another shard (sent back).
+ */
+export function decodeOwned(bytes: Uint8Array, mode: Mode): DecodedEvent | null {
+  let ev: DecodedEvent
+  try {
+    ev = decoder.decode(bytes)
+  } catch (err) {
+    // bad input is counted and dropped; anything else is a bug that must restart this shard
+    if (!(err instanceof KvrError)) throw err
+    if (mode === Live) {
+      counters.malformed++
+      counters.processed++
+    }
+    return null
+  }
+  if (shardOf(ev.workerLo, ev.workerHi, init.shards) !== me) {
+    // The main thread's scan read another worker id than the decoder did (an unknown key holding
+    // a worker_id before the real one, an escaped key, an envelope whose publisher is not the
+    // event's worker). Applied here, the blocks would sit where that worker's cleared and
+    // removals never reach: sent back to go to the owning shard.
+    counters.misplaced++
+    if (mode === Live) counters.processed++
+    const copy = bytes.slice()
+    parentPort?.postMessage({ misplacedEvent: copy, lo: ev.workerLo, hi: ev.workerHi }, [copy.buffer])
+    return null
+  }
+  return ev
+}
+
+/** Applies a decoded event of this shard's to the index. */
+export function applyEvent(ev: DecodedEvent, mode: Mode): void {
+  if (index.apply(ev) === 0) counters.applied++
+  // after the apply, not before: a long apply serves queries from inside (interrupt), and one
+  // whose barrier this message passes must see all of it
+  if (mode === Live) counters.processed++
+}
+
+/** Decodes and applies a message let go after a hold. */
+export function applyReleased(bytes: Uint8Array): void {
+  const ev = decodeOwned(bytes, Released)
+  if (ev !== null) applyEvent(ev, Released)
+}
+
+export function publishCounters(): void {
+  Atomics.store(ctrl, C_RECEIVED, counters.received | 0)
+  Atomics.store(ctrl, C_APPLIED, counters.applied | 0)
+  Atomics.store(ctrl, C_MALFORMED, counters.malformed | 0)
+  Atomics.store(ctrl, C_MISPLACED, counters.misplaced | 0)
+  Atomics.store(ctrl, C_GAPS, counters.gaps | 0)
+  Atomics.store(ctrl, C_BLOCKS, index.liveEntries)
+  Atomics.store(ctrl, C_NODES, index.liveNodes)
+  Atomics.store(ctrl, C_WORKERS, index.liveWorkers)
+  Atomics.store(ctrl, C_QUERIES, counters.queries | 0)
+  Atomics.store(ctrl, C_STORED, (index.appliedByKind[1] as number) | 0)
+  Atomics.store(ctrl, C_REMOVED, (index.appliedByKind[2] as number) | 0)
+  Atomics.store(ctrl, C_CLEARED, (index.appliedByKind[3] as number) | 0)
+  for (let i = 0; i < 3 * REJECT_REASON_COUNT; i++) Atomics.store(ctrl, C_REJECTED + i, (index.rejectedByKindReason[REJECT_REASON_COUNT + i] as number) | 0)
+  // last: a reader that sees this count sees every counter above as of that message
+  Atomics.store(ctrl, C_PROCESSED, counters.processed | 0)
+}

@@ -6,7 +6,7 @@
 // engines do) is recoverable:
 // - when it registers, its cached set is fetched as a tree dump and replaces what the index
 //   holds for it, its live events held meanwhile (a router that starts late catches up);
-// - when a shard sees its event ids skip (workers/shard/main.ts), the shard holds that worker-rank's
+// - when a shard sees its event ids skip (workers/shard/parking.ts), the shard holds that worker-rank's
 //   events and this module asks for the missing range (a dump when the range is older than the
 //   worker's ring), then the shard applies it and the held events in order.
 // Whether a worker answers is probed once at registration, with a start id no worker has yet

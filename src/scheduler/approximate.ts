@@ -8,6 +8,7 @@
 // events through an ApproxSink, so the same sharded index serves both modes. Entries are keyed
 // by (sequence hash, slot); the lazy min-heap holds (expiry, entry, stamp) nodes and skips
 // nodes whose entry was refreshed or removed since (the stamp changed).
+import { BinaryHeap } from './binary-heap.js'
 import { growTo } from './typed-arrays.js'
 import { U64SlotMap } from './u64-slot-map.js'
 import type { WorkerRanks } from './worker-ranks.js'
@@ -42,12 +43,11 @@ export class ApproxTracker {
   private position = new Int32Array(1024)
   private stamp = new Int32Array(1024)
 
-  // heap of node ids; node fields hold a copy of the ordering key so that reusing an entry index
-  // can never reorder nodes already in the heap
-  private heap = new Int32Array(1024)
-  private heapN = 0
-  private nExp = new Float64Array(1024)
-  private nPos = new Int32Array(1024)
+  // Heap of node ids. Order: earlier expiry first (primary key); then deeper position (secondary
+  // key, negated); then sequence hash (hi, lo); then slot. Nodes hold a copy of all of it, so
+  // that reusing an entry index can never reorder nodes already in the heap. Not indexed: stale
+  // nodes are skipped when they surface, never removed from the middle.
+  private readonly heap = new BinaryHeap<ApproxTracker>({ capacity: 1024, indexed: false, tie: ApproxTracker.tieBreak, owner: this })
   private nLo = new Uint32Array(1024)
   private nHi = new Uint32Array(1024)
   private nSlot = new Int32Array(1024)
@@ -83,7 +83,7 @@ export class ApproxTracker {
 
   /** Heap nodes, live and stale (tests check the rebuild). */
   get heapSize(): number {
-    return this.heapN
+    return this.heap.size
   }
 
   /** Records a routing decision: the n complete blocks now live on `slot` until now + TTL. */
@@ -104,19 +104,20 @@ export class ApproxTracker {
     }
     this.sink.stored(this.workers.workerIdOf(slot), this.workers.dpRankOf(slot), localLo, localHi, seqLo, seqHi, n)
     if (entries.size > this.opts.maxTreeSize) this.prune()
-    if (this.heapN > REBUILD_MIN && this.heapN > REBUILD_FACTOR * entries.size) this.rebuild()
+    const heapN = this.heap.size
+    if (heapN > REBUILD_MIN && heapN > REBUILD_FACTOR * entries.size) this.rebuild()
   }
 
   /** Removes every entry whose expiry is ≤ now; returns how many. */
   expire(now: number): number {
     let n = 0
-    while (this.heapN > 0) {
-      const node = this.heap[0] as number
+    while (this.heap.size > 0) {
+      const node = this.heap.peek()
       if (this.isStale(node)) {
         this.popNode()
         continue
       }
-      if ((this.nExp[node] as number) > now) break
+      if (this.heap.primaryOf(node) > now) break
       this.popNode()
       this.take(node)
       n++
@@ -128,9 +129,9 @@ export class ApproxTracker {
 
   /** Earliest pending expiry (ms on the caller's clock), Infinity when empty. */
   nextExpiry(): number {
-    while (this.heapN > 0) {
-      const node = this.heap[0] as number
-      if (!this.isStale(node)) return this.nExp[node] as number
+    while (this.heap.size > 0) {
+      const node = this.heap.peek()
+      if (!this.isStale(node)) return this.heap.primaryOf(node)
       this.popNode()
     }
     return Infinity
@@ -154,7 +155,7 @@ export class ApproxTracker {
   private prune(): void {
     const target = Math.floor(this.opts.maxTreeSize * this.opts.pruneTargetRatio)
     let n = 0
-    while (this.entries.size > target && this.heapN > 0) {
+    while (this.entries.size > target && this.heap.size > 0) {
       const node = this.popNode()
       if (this.isStale(node)) continue
       this.take(node)
@@ -215,28 +216,22 @@ export class ApproxTracker {
   // ---- heap of nodes ----
 
   private pushNode(e: number): void {
+    this.heap.push(this.newNode(e), this.expiry[e] as number, -(this.position[e] as number))
+  }
+
+  /** A node id for entry e, with a copy of e's hash, slot and stamp. */
+  private newNode(e: number): number {
     let node = this.nodeFree.pop()
     if (node === undefined) {
       node = this.nodeTop++
-      if (node >= this.nExp.length) this.growNodes(node + 1)
+      if (node >= this.nLo.length) this.growNodes(node + 1)
     }
-    this.nExp[node] = this.expiry[e] as number
-    this.nPos[node] = this.position[e] as number
     this.nLo[node] = this.entries.lo[e] as number
     this.nHi[node] = this.entries.hi[e] as number
     this.nSlot[node] = this.entries.slot[e] as number
     this.nEntry[node] = e
     this.nStamp[node] = this.stamp[e] as number
-    if (this.heapN === this.heap.length) this.heap = growTo(this.heap, this.heapN * 2)
-    let i = this.heapN++
-    while (i > 0) {
-      const p = (i - 1) >> 1
-      const pn = this.heap[p] as number
-      if (!this.before(node, pn)) break
-      this.heap[i] = pn
-      i = p
-    }
-    this.heap[i] = node
+    return node
   }
 
   /**
@@ -244,73 +239,36 @@ export class ApproxTracker {
    * next pushNode(), and every caller reads them (isStale, take) before pushing again.
    */
   private popNode(): number {
-    const top = this.heap[0] as number
-    const last = this.heap[--this.heapN] as number
-    if (this.heapN > 0) this.siftDown(0, last)
+    const top = this.heap.pop()
     this.nodeFree.push(top)
     return top
   }
 
-  private siftDown(i: number, node: number): void {
-    const heap = this.heap
-    const n = this.heapN
-    for (;;) {
-      const l = 2 * i + 1
-      if (l >= n) break
-      const r = l + 1
-      let c = l
-      if (r < n && this.before(heap[r] as number, heap[l] as number)) c = r
-      const cn = heap[c] as number
-      if (!this.before(cn, node)) break
-      heap[i] = cn
-      i = c
-    }
-    heap[i] = node
-  }
-
-  /** Earlier expiry first; then deeper position; then key (hi, lo); then slot. */
-  private before(a: number, b: number): boolean {
-    const ea = this.nExp[a] as number
-    const eb = this.nExp[b] as number
-    if (ea !== eb) return ea < eb
-    const pa = this.nPos[a] as number
-    const pb = this.nPos[b] as number
-    if (pa !== pb) return pa > pb
-    const ha = this.nHi[a] as number
-    const hb = this.nHi[b] as number
+  /** Order among nodes of equal expiry and position: sequence hash (hi, lo), then slot. */
+  private static tieBreak(t: ApproxTracker, a: number, b: number): boolean {
+    const ha = t.nHi[a] as number
+    const hb = t.nHi[b] as number
     if (ha !== hb) return ha < hb
-    const la = this.nLo[a] as number
-    const lb = this.nLo[b] as number
+    const la = t.nLo[a] as number
+    const lb = t.nLo[b] as number
     if (la !== lb) return la < lb
-    return (this.nSlot[a] as number) < (this.nSlot[b] as number)
+    return (t.nSlot[a] as number) < (t.nSlot[b] as number)
   }
 
   private rebuild(): void {
-    this.heapN = 0
+    this.heap.clear()
     this.nodeFree.length = 0
     this.nodeTop = 0
     const entries = this.entries
     for (let e = 0; e < entries.highWater; e++) {
       if (entries.slot[e] === -1) continue
-      const node = this.nodeTop++
-      if (node >= this.nExp.length) this.growNodes(node + 1)
-      this.nExp[node] = this.expiry[e] as number
-      this.nPos[node] = this.position[e] as number
-      this.nLo[node] = entries.lo[e] as number
-      this.nHi[node] = entries.hi[e] as number
-      this.nSlot[node] = entries.slot[e] as number
-      this.nEntry[node] = e
-      this.nStamp[node] = this.stamp[e] as number
-      if (this.heapN === this.heap.length) this.heap = growTo(this.heap, this.heapN * 2)
-      this.heap[this.heapN++] = node
+      this.heap.append(this.newNode(e), this.expiry[e] as number, -(this.position[e] as number))
     }
-    for (let i = (this.heapN >> 1) - 1; i >= 0; i--) this.siftDown(i, this.heap[i] as number)
+    this.heap.heapify()
   }
 
   private growNodes(n: number): void {
-    const cap = Math.max(n, this.nExp.length * 2)
-    this.nExp = growTo(this.nExp, cap)
-    this.nPos = growTo(this.nPos, cap)
+    const cap = Math.max(n, this.nLo.length * 2)
     this.nLo = growTo(this.nLo, cap)
     this.nHi = growTo(this.nHi, cap)
     this.nSlot = growTo(this.nSlot, cap)

@@ -14,6 +14,7 @@ import { RouteBodyScanner } from '../src/codec/route-body.js'
 import { parseJsonExact } from '../src/codec/json.js'
 import { median, resultsDir } from './lib/common.js'
 import { quantileOf } from './lib/stats.js'
+import { benchHeap } from './lib/heap.js'
 
 const REPS = Number(process.env.BENCH_REPS ?? 7)
 
@@ -305,6 +306,7 @@ function benchRouteBody(): { bytes_per_body: number; simd_us: number; byte_loop_
   return { bytes_per_body: Math.round(bytes), simd_us: simdUs, byte_loop_us: median(reps.byteLoop), simd_mb_per_s: bytes / simdUs, simd_reps: reps.simd, byte_loop_reps: reps.byteLoop }
 }
 const routeBody = benchRouteBody()
+const heap = benchHeap(REPS)
 
 /**
  * A /v1/completions body as the proxy parses it (parseJsonExact: JSON.parse plus the check that
@@ -354,6 +356,7 @@ const result = {
   find_matches_24_blocks_64_worker_ranks: { all_hold_all: findAll, staggered_depths: findStaggered },
   route_body_4096_tokens: routeBody,
   completions_body_exact_parse: completionsBody,
+  scheduler_heap: heap,
 }
 writeFileSync(join(resultsDir(), 'micro.json'), JSON.stringify(result, null, 2) + '\n')
 
@@ -386,4 +389,11 @@ console.log(`  byte loop alone          ${f(routeBody.byte_loop_us, 1).padStart(
 console.log('\n/v1/completions body with exact u64s (parseJsonExact) vs JSON.parse alone, µs per body')
 for (const [k, v] of Object.entries(completionsBody))
   console.log(`  ${k.padEnd(15)} ${String(v.bytes).padStart(7)} bytes  ${f(v.exact_us).padStart(8)}  ${f(v.json_parse_us).padStart(8)}   (ratio ${f(v.ratio)})`)
+console.log(`\nscheduler heap (src/scheduler/binary-heap.ts)                 per wall s   per CPU s`)
+console.log(
+  `  approximate mode: record + expire, ${heap.blocks.toLocaleString('en-US')} blocks, ${heap.workers} ranks  ${(heap.approx_blocks_per_sec / 1e6).toFixed(2).padStart(6)} M     ${(heap.approx_blocks_per_cpu_sec / 1e6).toFixed(2).padStart(6)} M blocks`,
+)
+console.log(
+  `  waiting room: churn at depth ${heap.queue_depth.toLocaleString('en-US')}                         ${(heap.queue_ops_per_sec / 1e6).toFixed(2).padStart(6)} M     ${(heap.queue_ops_per_cpu_sec / 1e6).toFixed(2).padStart(6)} M ops`,
+)
 console.log(`\nwrote ${join('bench', 'results', 'micro.json')}`)

@@ -1,4 +1,5 @@
-// The scheduler's two binary heaps under load (npm run build && node dist/bench/heap.js):
+// The scheduler's binary heap (src/scheduler/binary-heap.ts) under its two owners, for
+// `npm run bench:micro`:
 //   (a) approximate mode: ApproxTracker.record + TTL expiry over a 200k-block stream on 8
 //       worker-ranks. Prompts share a few system prefixes, so many records refresh entries and
 //       leave stale heap nodes behind; the clock moves so that expiry runs all along, and the
@@ -10,25 +11,19 @@
 // Inputs are generated before timing; both cases alternate in one process so that each runs
 // with the other's code warm, as in a router with approximate mode on. Medians over REPS.
 // Only public APIs of the two classes are used, so the same file measures an older tree too.
-import { ApproxTracker } from '../src/scheduler/approximate.js'
-import type { ApproxSink } from '../src/scheduler/approximate.js'
-import { PendingQueue } from '../src/scheduler/pending-queue.js'
-import { Xoshiro128 } from '../src/scheduler/rng.js'
-import { WorkerRanks } from '../src/scheduler/worker-ranks.js'
+import { ApproxTracker } from '../../src/scheduler/approximate.js'
+import type { ApproxSink } from '../../src/scheduler/approximate.js'
+import { PendingQueue } from '../../src/scheduler/pending-queue.js'
+import { Xoshiro128 } from '../../src/scheduler/rng.js'
+import { WorkerRanks } from '../../src/scheduler/worker-ranks.js'
+import { median } from './common.js'
 
-const REPS = Number(process.env.BENCH_REPS ?? 7)
 const WORKERS = 8
 const TOTAL_BLOCKS = 200_000
 const TTL_MS = 10_000
 const MS_PER_REQUEST = 5
 const QUEUE_DEPTH = 10_000
 const QUEUE_STEPS = 1_000_000
-
-function median(xs: number[]): number {
-  const s = [...xs].sort((a, b) => a - b)
-  const m = s.length >> 1
-  return s.length % 2 === 1 ? (s[m] as number) : ((s[m - 1] as number) + (s[m] as number)) / 2
-}
 
 /**
  * Per second of wall time, and per second of this process's CPU time (user + system): the latter
@@ -174,34 +169,45 @@ function benchQueue(c: Churn): Rate {
   return out
 }
 
-// ---- run -----------------------------------------------------------------------------------
-
-const { reqs, blocks } = approxStream()
-const churn = churnInputs()
-// one untimed round of each so that both are optimised before the timed ones
-benchApprox(reqs, blocks)
-benchQueue(churn)
-const approxReps: Rate[] = []
-const queueReps: Rate[] = []
-for (let r = 0; r < REPS; r++) {
-  approxReps.push(benchApprox(reqs, blocks))
-  queueReps.push(benchQueue(churn))
+export interface HeapFigures {
+  blocks: number
+  requests: number
+  workers: number
+  ttl_ms: number
+  queue_depth: number
+  queue_steps: number
+  /** Blocks recorded per second (wall, and per CPU-second), medians. */
+  approx_blocks_per_sec: number
+  approx_blocks_per_cpu_sec: number
+  /** Queue operations per second (wall, and per CPU-second), medians. */
+  queue_ops_per_sec: number
+  queue_ops_per_cpu_sec: number
 }
-const stat = (reps: Rate[]): Rate => ({ wall: Math.round(median(reps.map((x) => x.wall))), cpu: Math.round(median(reps.map((x) => x.cpu))) })
-const approx = stat(approxReps)
-const queue = stat(queueReps)
-const fmt = (x: Rate): string => `${(x.wall / 1e6).toFixed(3)} M/s (${(x.cpu / 1e6).toFixed(3)} M per CPU-s)`
-console.log(`(a) approx record+expire  ${blocks} blocks, ${reqs.length} requests, ${WORKERS} ranks, TTL ${TTL_MS} ms: ${fmt(approx)} blocks`)
-console.log(`(b) queue churn           depth ${QUEUE_DEPTH}, ${QUEUE_STEPS} steps: ${fmt(queue)} ops`)
-console.log(
-  JSON.stringify({
-    bench: 'heap',
-    reps: REPS,
-    approxBlocksPerSec: approx.wall,
-    queueOpsPerSec: queue.wall,
-    approxBlocksPerCpuSec: approx.cpu,
-    queueOpsPerCpuSec: queue.cpu,
-    approxReps: approxReps.map((x) => Math.round(x.wall)),
-    queueReps: queueReps.map((x) => Math.round(x.wall)),
-  }),
-)
+
+export function benchHeap(reps: number): HeapFigures {
+  const { reqs, blocks } = approxStream()
+  const churn = churnInputs()
+  // one untimed round of each so that both are optimised before the timed ones
+  benchApprox(reqs, blocks)
+  benchQueue(churn)
+  const approxReps: Rate[] = []
+  const queueReps: Rate[] = []
+  for (let r = 0; r < reps; r++) {
+    approxReps.push(benchApprox(reqs, blocks))
+    queueReps.push(benchQueue(churn))
+  }
+  const wall = (xs: Rate[]): number => Math.round(median(xs.map((x) => x.wall)))
+  const cpu = (xs: Rate[]): number => Math.round(median(xs.map((x) => x.cpu)))
+  return {
+    blocks,
+    requests: reqs.length,
+    workers: WORKERS,
+    ttl_ms: TTL_MS,
+    queue_depth: QUEUE_DEPTH,
+    queue_steps: QUEUE_STEPS,
+    approx_blocks_per_sec: wall(approxReps),
+    approx_blocks_per_cpu_sec: cpu(approxReps),
+    queue_ops_per_sec: wall(queueReps),
+    queue_ops_per_cpu_sec: cpu(queueReps),
+  }
+}

@@ -30,9 +30,15 @@ export interface BlockPoolOptions {
   blockSize: number
   workerId?: bigint
   dpRank?: number
-  /** Receives every KV event, in order. Without one, no event objects are built at all. */
-  sink?: (ev: RouterEvent) => void
+  /**
+   * Receives every KV event, in order. Without one, no event objects are built at all. With a
+   * Stored event comes `tokens` when the allocation was given the request's tokens: the token
+   * ids of the stored blocks, blockSize per block (a view of the caller's array, not a copy).
+   */
+  sink?: BlockPoolSink
 }
+
+export type BlockPoolSink = (ev: RouterEvent, tokens?: Uint32Array) => void
 
 export type RequestId = number | string
 
@@ -72,7 +78,7 @@ export class BlockPool {
   readonly blockSize: number
   readonly workerId: bigint
   readonly dpRank: number
-  private readonly sink: ((ev: RouterEvent) => void) | undefined
+  private readonly sink: BlockPoolSink | undefined
 
   // --- per-slot state ---
   private seqLo: Uint32Array
@@ -187,6 +193,15 @@ export class BlockPool {
     return out
   }
 
+  /** Every cached block's local hash (tokens_hash) by its sequence hash. Cold path. */
+  cachedTokensHashes(): Map<bigint, bigint> {
+    const out = new Map<bigint, bigint>()
+    for (let s = 0; s < this.capacity; s++) {
+      if ((this.refs[s] as number) >= 0) out.set(u64FromParts(this.seqLo[s] as number, this.seqHi[s] as number), u64FromParts(this.tokLo[s] as number, this.tokHi[s] as number))
+    }
+    return out
+  }
+
   /** Blocks held by a request, or -1 when it is unknown. */
   requestBlocks(requestId: RequestId): number {
     const r = this.requests.get(requestId)
@@ -233,10 +248,13 @@ export class BlockPool {
    * halves). A request that already holds blocks is extended (e.g. by decoded blocks): its held
    * blocks must be the first ones of `n`, and only the rest is processed. Either every block is
    * placed, or — when misses outnumber free plus evictable blocks — nothing changes and the
-   * result says `ok: false`: the engine's cue to preempt or queue.
+   * result says `ok: false`: the engine's cue to preempt or queue. `tokens`, the request's token
+   * ids from its first block on, only travels to the sink with the Stored event (engines that
+   * publish vLLM's events, which carry them).
    */
-  allocate(requestId: RequestId, localLo: Uint32Array, localHi: Uint32Array, n: number): AllocateResult {
+  allocate(requestId: RequestId, localLo: Uint32Array, localHi: Uint32Array, n: number, tokens?: Uint32Array): AllocateResult {
     checkCount(n, localLo, localHi)
+    if (tokens !== undefined && tokens.length < n * this.blockSize) throw new RangeError(`${n} blocks need ${n * this.blockSize} tokens, ${tokens.length} given`)
     const req = this.requests.get(requestId)
     const held = req === undefined ? 0 : req.count
     if (n < held) throw new RangeError(`request ${String(requestId)} holds ${held} blocks; an allocation cannot shrink it to ${n}`)
@@ -338,7 +356,7 @@ export class BlockPool {
     }
     // Removed first: the router must drop the old blocks before it sees the ones in their place.
     if (evicted > 0) this.emitRemoved()
-    if (stored > 0) this.emit(storedData)
+    if (stored > 0) this.emit(storedData, tokens?.subarray((held + hits) * this.blockSize, n * this.blockSize))
     return { ok: true, hits, stored, evicted, needed, available }
   }
 
@@ -495,9 +513,9 @@ export class BlockPool {
   }
 
   /** Numbers and sends one event; `data` is null when there is no sink to send it to. */
-  private emit(data: RouterEvent['event']['data'] | null): void {
+  private emit(data: RouterEvent['event']['data'] | null, tokens?: Uint32Array): void {
     const id = this.nextEventId++
     this.events++
-    if (data !== null && this.sink !== undefined) this.sink({ worker_id: this.workerId, event: { event_id: BigInt(id), data, dp_rank: this.dpRank } })
+    if (data !== null && this.sink !== undefined) this.sink({ worker_id: this.workerId, event: { event_id: BigInt(id), data, dp_rank: this.dpRank } }, tokens)
   }
 }

@@ -79,8 +79,11 @@ export const ENGINE_DEFAULTS: Readonly<Omit<EngineConfig, 'workerId'>> = Object.
 
 export interface EngineOptions extends Partial<Omit<EngineConfig, 'workerId'>> {
   workerId: bigint
-  /** Every KV event, in order, after the local ring recorded it. */
-  onEvent?: (ev: RouterEvent) => void
+  /**
+   * Every KV event, in order, after the local ring recorded it; a Stored event comes with its
+   * blocks' token ids (prompt or generated), a view that stays valid (see BlockPoolSink).
+   */
+  onEvent?: (ev: RouterEvent, tokens?: Uint32Array) => void
   /** Called after every step (load reporting). */
   onStep?: (report: StepReport) => void
   /**
@@ -232,7 +235,7 @@ export class MockEngine {
   private readonly running: EngineRequest[] = []
   private partialBlocks = 0
   private nextId = 1
-  private readonly onEvent: ((ev: RouterEvent) => void) | undefined
+  private readonly onEvent: ((ev: RouterEvent, tokens?: Uint32Array) => void) | undefined
   private readonly onStep: ((report: StepReport) => void) | undefined
   private readonly auto: boolean
   private readonly now: () => number
@@ -275,9 +278,9 @@ export class MockEngine {
       blockSize: c.blockSize,
       workerId: c.workerId,
       dpRank: 0,
-      sink: (ev) => {
+      sink: (ev, tokens) => {
         this.ring.push(ev)
-        this.onEvent?.(ev)
+        this.onEvent?.(ev, tokens)
       },
     })
   }
@@ -637,7 +640,8 @@ export class MockEngine {
     const bs = this.config.blockSize
     const fa = Math.floor(to / bs)
     if (fa > r.held) {
-      const res = this.pool.allocate(r.id, r.lo, r.hi, fa)
+      // the tokens are only read when a sink takes the Stored event; positions below `known` never change
+      const res = this.pool.allocate(r.id, r.lo, r.hi, fa, r.tokens)
       // fits() is stricter than the pool's own check (see the top of the file)
       if (!res.ok) throw new Error(`mocker invariant broken: allocation of ${fa} blocks refused after the memory check`)
       r.held = fa

@@ -1,6 +1,6 @@
 // N simulated engines in one process (`kv-router mocker --num-workers N`, the embedded fleet of
 // `kv-router serve`, tests): each with its own engine, HTTP server, event ring, event
-// publishers and registration. Engines of one process share one NATS connection and one etcd
+// publishers (ZMQ ones on ports offset by the engine's index) and registration. Engines of one process share one NATS connection and one etcd
 // client.
 //
 // Start order per engine: worker id (an etcd lease, or first-worker-id + i), engine and
@@ -12,12 +12,14 @@ import { kvEventsSubject, kvMetricsSubject } from '../../transport/dynamo-names.
 import type { NatsConnection } from 'nats'
 import type { RouterEvent } from '../../codec/events.js'
 import { KvrError } from '../../errors.js'
-import { MockEngine } from './engine.js'
+import { ENGINE_DEFAULTS, MockEngine } from './engine.js'
 import type { EngineConfig } from './engine.js'
 import { EngineServer } from './server.js'
 import { CallbackPublisher, HttpEventPublisher, LoadPublisher, NatsEventPublisher, connectNats } from './publisher.js'
 import type { EventPublisher } from './publisher.js'
 import { EtcdRegistrar, deregisterFromRouter, registerWithRouter } from './registration.js'
+import { ZmqEventPublisher, engineEndpoint } from './zmq-publisher.js'
+import type { VllmEventForm, ZmqEventPublisherOptions } from './zmq-publisher.js'
 import type { EtcdLease, EtcdRegistrarOptions, RouterRegistration, WorkerRecord } from './registration.js'
 
 export interface FleetOptions extends Partial<Omit<EngineConfig, 'workerId'>> {
@@ -46,6 +48,15 @@ export interface FleetOptions extends Partial<Omit<EngineConfig, 'workerId'>> {
   component?: string
   endpoint?: string
   leaseTtlSecs?: number
+  /**
+   * Also publish KV events as vLLM does, on a ZMQ PUB socket bound here (tcp://HOST:PORT);
+   * engine i binds PORT + i. Independent of the other transports.
+   */
+  kvEventsZmq?: string
+  /** With kvEventsZmq: the replay ROUTER's endpoint, engine i on its PORT + i. */
+  kvEventsReplayZmq?: string
+  kvEventsForm?: VllmEventForm
+  kvEventsTopic?: string
   /** Period of the unconditional kv_metrics report (ms, default 1000). */
   loadIntervalMs?: number
   /** Told about failures that do not stop the fleet (lost events, a lost lease). */
@@ -142,6 +153,8 @@ export class MockerFleet {
   readonly workers: MockerWorker[] = []
   private nats: NatsConnection | null = null
   private etcd: EtcdRegistrar | null = null
+  /** ZMQ publishers bound so far, by engine; closed with their engines, or here when a start fails before. */
+  private readonly zmq: ZmqEventPublisher[] = []
   private closed = false
 
   private constructor(readonly options: FleetOptions) {}
@@ -187,6 +200,19 @@ export class MockerFleet {
         pubs.push(new HttpEventPublisher(ho))
       }
       if (this.nats !== null) pubs.push(new NatsEventPublisher(this.nats, kvEventsSubject(ns, component)))
+      if (o.kvEventsZmq !== undefined) {
+        const zo: ZmqEventPublisherOptions = {
+          endpoint: engineEndpoint(o.kvEventsZmq, i),
+          replayEndpoint: o.kvEventsReplayZmq === undefined ? null : engineEndpoint(o.kvEventsReplayZmq, i),
+          blockSize: o.blockSize ?? ENGINE_DEFAULTS.blockSize,
+          onError: (m) => warn(`engine ${workerId}: ${m}`),
+        }
+        if (o.kvEventsForm !== undefined) zo.form = o.kvEventsForm
+        if (o.kvEventsTopic !== undefined) zo.topic = o.kvEventsTopic
+        const zp = await ZmqEventPublisher.bind(zo)
+        pubs.push(zp)
+        this.zmq.push(zp)
+      }
       let load: LoadPublisher | null = null
       const engineOpts: ConstructorParameters<typeof MockEngine>[0] = { workerId }
       for (const k of ['blockSize', 'numGpuBlocks', 'maxNumSeqs', 'maxNumBatchedTokens', 'enableChunkedPrefill', 'preemptionMode', 'speedupRatio', 'decodeSpeedupRatio'] as const) {
@@ -194,10 +220,10 @@ export class MockerFleet {
       }
       if (pubs.length === 1) {
         const p = pubs[0] as EventPublisher
-        engineOpts.onEvent = (ev) => p.publish(ev)
+        engineOpts.onEvent = (ev, tokens) => p.publish(ev, tokens)
       } else if (pubs.length > 1) {
-        engineOpts.onEvent = (ev) => {
-          for (const p of pubs) p.publish(ev)
+        engineOpts.onEvent = (ev, tokens) => {
+          for (const p of pubs) p.publish(ev, tokens)
         }
       }
       engineOpts.onStep = () => load?.update()
@@ -251,6 +277,8 @@ export class MockerFleet {
     if (this.closed) return
     this.closed = true
     await Promise.all(this.workers.map((w) => w.close()))
+    // an engine that failed to start after its publisher was bound has no worker to close it
+    await Promise.all(this.zmq.map((p) => bounded(p.close(), CLOSE_STEP_MS)))
     if (this.etcd !== null) await this.etcd.close()
     const nc = this.nats
     if (nc !== null && !nc.isClosed()) {

@@ -14,6 +14,7 @@ import type { PreemptionMode } from './engine.js'
 import { FleetListenError, MockerFleet } from './fleet.js'
 import type { FleetOptions } from './fleet.js'
 import { urlHost } from './server.js'
+import { parseTcpEndpoint } from './zmq-publisher.js'
 
 export const mockerHelp = `usage: kv-router mocker [options]
 
@@ -51,6 +52,15 @@ registration and KV events (pick one; with none, events stay in each engine's ri
   --component NAME               (default backend)
   --endpoint NAME                endpoint name, or ns.component.endpoint (default generate)
 
+KV events over ZMQ, as vLLM publishes them (in addition to any of the above):
+  --kv-events-zmq ENDPOINT       bind a PUB socket per engine, tcp://HOST:PORT (HOST * = every
+                                 interface); engine i binds PORT+i, as vLLM offsets per DP rank
+  --kv-events-replay-zmq ENDPOINT  a replay ROUTER per engine (its last 10000 batches), PORT+i too
+  --kv-events-form F             map|array: vLLM's event encoding, map since PR #42892 (default map)
+  --kv-events-topic T            the topic frame (default kv-events)
+  The router side is not wired yet: kv-router does not read these sockets (use --router-url,
+  --nats-url for the router; ZMQ is for tests and other subscribers).
+
 Each engine serves POST /v1/completions, POST /v1/chat/completions, POST /v1/kv/query (the
 worker KV query: {worker_id, start_event_id, end_event_id}), GET /health, GET /v1/models and
 GET /stats. Once all are up, one line is printed on stdout:
@@ -62,7 +72,7 @@ export interface MockerCli {
   numWorkers: number
 }
 
-type Kind = 'int' | 'num' | 'bool' | 'str' | 'url' | 'host'
+type Kind = 'int' | 'num' | 'bool' | 'str' | 'url' | 'host' | 'zmq'
 interface Spec {
   kind: Kind
   min?: number
@@ -95,6 +105,10 @@ export const SPECS: Record<string, Spec> = {
   '--namespace': { kind: 'str' },
   '--component': { kind: 'str' },
   '--endpoint': { kind: 'str' },
+  '--kv-events-zmq': { kind: 'zmq' },
+  '--kv-events-replay-zmq': { kind: 'zmq' },
+  '--kv-events-form': { kind: 'str', values: ['map', 'array'] },
+  '--kv-events-topic': { kind: 'str' },
 }
 
 const NAME_RE = /^[A-Za-z0-9_-]+$/
@@ -150,6 +164,10 @@ export function parseMockerArgs(argv: readonly string[]): MockerCli | 'help' {
     ['--nats-url', 'natsUrl'],
     ['--etcd-url', 'etcdUrl'],
     ['--lease-ttl-secs', 'leaseTtlSecs'],
+    ['--kv-events-zmq', 'kvEventsZmq'],
+    ['--kv-events-replay-zmq', 'kvEventsReplayZmq'],
+    ['--kv-events-form', 'kvEventsForm'],
+    ['--kv-events-topic', 'kvEventsTopic'],
   ] as const
   for (const [flag, key] of engineKeys) {
     const x = v.get(flag)
@@ -183,7 +201,36 @@ export function parseMockerArgs(argv: readonly string[]): MockerCli | 'help' {
     throw new MockerArgError('--router-url cannot be combined with --nats-url or --etcd-url (events and registration would go two ways)')
   }
   if (f.apiKey !== undefined && f.routerUrl === undefined) throw new MockerArgError('--api-key is only used with --router-url')
+  checkZmq(f, numWorkers)
   return { fleet: f, numWorkers }
+}
+
+/** The ZMQ flags: companions of --kv-events-zmq, room for every engine's port, no port bound twice. */
+function checkZmq(f: FleetOptions, numWorkers: number): void {
+  if (f.kvEventsZmq === undefined) {
+    for (const [flag, x] of [
+      ['--kv-events-replay-zmq', f.kvEventsReplayZmq],
+      ['--kv-events-form', f.kvEventsForm],
+      ['--kv-events-topic', f.kvEventsTopic],
+    ] as const) {
+      if (x !== undefined) throw new MockerArgError(`${flag} is only used with --kv-events-zmq`)
+    }
+    return
+  }
+  const ranges: [string, { host: string; port: number }][] = []
+  for (const [flag, x] of [
+    ['--kv-events-zmq', f.kvEventsZmq],
+    ['--kv-events-replay-zmq', f.kvEventsReplayZmq],
+  ] as const) {
+    if (x === undefined) continue
+    const e = parseTcpEndpoint(x) as { host: string; port: number }
+    if (e.port + numWorkers - 1 > 65535) throw new MockerArgError(`${flag} port ${e.port} leaves no room for ${numWorkers} engines below port 65536`)
+    ranges.push([flag, e])
+  }
+  const [a, b] = ranges
+  if (a !== undefined && b !== undefined && a[1].host === b[1].host && a[1].port < b[1].port + numWorkers && b[1].port < a[1].port + numWorkers) {
+    throw new MockerArgError(`--kv-events-zmq and --kv-events-replay-zmq overlap: engine i binds port + i of each, for ${numWorkers} engine(s)`)
+  }
 }
 
 /**
@@ -220,6 +267,9 @@ function convert(name: string, s: Spec, raw: string): string | number | boolean 
     case 'url':
       if (!isHttpUrl(raw)) throw new MockerArgError(`${name} must be an http(s) URL (http://host:port), got ${JSON.stringify(raw)}`)
       return raw.replace(/\/+$/, '')
+    case 'zmq':
+      if (parseTcpEndpoint(raw) === null) throw new MockerArgError(`${name} must be tcp://HOST:PORT with a port in [1, 65535], got ${JSON.stringify(raw)}`)
+      return raw
     case 'host':
       if (!isUrlHost(raw)) throw new MockerArgError(`${name} must be a host name or IP address, got ${JSON.stringify(raw)}`)
       return raw
@@ -268,8 +318,9 @@ export async function mockerMain(argv: string[]): Promise<void> {
     o.routerUrl !== undefined
       ? `router ${o.routerUrl}`
       : [o.natsUrl !== undefined ? `NATS ${o.natsUrl}` : '', o.etcdUrl !== undefined ? `etcd ${o.etcdUrl}` : ''].filter((x) => x !== '').join(' + ') || 'none (events stay in the local rings)'
+  const zmq = o.kvEventsZmq === undefined ? '' : `; vLLM KV events on ZMQ ${o.kvEventsZmq}${o.kvEventsReplayZmq === undefined ? '' : `, replay ${o.kvEventsReplayZmq}`} (port + engine index)`
   process.stderr.write(
-    `kv-router mocker: worker ids ${ws.map((w) => w.workerId).join(' ')}; block size ${ws[0]?.engine.config.blockSize}, ${ws[0]?.capacity} blocks each; registration and events: ${transport}\n`,
+    `kv-router mocker: worker ids ${ws.map((w) => w.workerId).join(' ')}; block size ${ws[0]?.engine.config.blockSize}, ${ws[0]?.capacity} blocks each; registration and events: ${transport}${zmq}\n`,
   )
   process.stdout.write(`kv-router mocker: ready ${ws.length} engine(s) ${fleet.urls.join(' ')}\n`)
   process.on('SIGTERM', () => stop(0))

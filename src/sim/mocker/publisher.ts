@@ -1,4 +1,5 @@
-// Where an engine's KV events and load reports go. Three transports, one interface:
+// Where an engine's KV events and load reports go. Three transports here, one interface (a fourth,
+// vLLM's own ZMQ publisher, is zmq-publisher.ts):
 //   - in process: a callback (the embedded fleet of `kv-router serve`, tests);
 //   - HTTP ingest: POST /v1/kv-events on a router, batched, strictly in order;
 //   - NATS: Dynamo's subjects, the exact subjects and shapes the router's
@@ -12,7 +13,8 @@ import { KvrError } from '../../errors.js'
 import type { EngineLoad } from './engine.js'
 
 export interface EventPublisher {
-  publish(ev: RouterEvent): void
+  /** `tokens`: a Stored event's token ids (see BlockPoolSink), for publishers whose wire carries them. */
+  publish(ev: RouterEvent, tokens?: Uint32Array): void
   /** Resolves once everything published so far has been handed over. */
   flush(): Promise<void>
   close(): Promise<void>

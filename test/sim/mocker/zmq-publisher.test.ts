@@ -13,7 +13,7 @@ import { isKvrError } from '../../../src/errors.js'
 import { APPLY_OK, KvIndex } from '../../../src/index/kv-index.js'
 import { OUTPUT_TOKEN_BASE } from '../../../src/sim/mocker/engine.js'
 import { MockerFleet } from '../../../src/sim/mocker/fleet.js'
-import type { FleetOptions } from '../../../src/sim/mocker/fleet.js'
+import type { FleetOptions, MockerWorker } from '../../../src/sim/mocker/fleet.js'
 import { MockerArgError, parseMockerArgs } from '../../../src/sim/mocker/main.js'
 import { ZmqEventPublisher, engineEndpoint, parseTcpEndpoint } from '../../../src/sim/mocker/zmq-publisher.js'
 import type { VllmEventForm } from '../../../src/sim/mocker/zmq-publisher.js'
@@ -118,6 +118,15 @@ function publisherOf(fleet: MockerFleet, i: number): ZmqEventPublisher {
   return fleet.workers[i]?.publishers.find((p) => p instanceof ZmqEventPublisher) as ZmqEventPublisher
 }
 
+/** A pool's cached blocks (block_hash → tokens_hash), in a fixed order for the comparison. */
+function cachedOf(fleet: MockerFleet, i: number): Map<bigint, bigint> {
+  return sorted((fleet.workers[i] as MockerWorker).engine.pool.cachedTokensHashes())
+}
+
+function sorted(m: Map<bigint, bigint>): Map<bigint, bigint> {
+  return new Map([...m].sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0)))
+}
+
 const range = (n: bigint): bigint[] => Array.from({ length: Number(n) }, (_, i) => BigInt(i))
 
 for (const form of ['map', 'array'] as VllmEventForm[]) {
@@ -136,8 +145,7 @@ for (const form of ['map', 'array'] as VllmEventForm[]) {
       await waitUntil(`engine ${i}'s batches`, () => (side.seqs.get(worker) as bigint[]).length >= Number(p.seq))
       t.ok(p.seq > 0n, `engine ${i} published ${p.seq} batches`)
       t.same(side.seqs.get(worker), range(p.seq), `engine ${i}: seq from 0, none missing, none twice`)
-      const cached = w?.engine.pool.cachedTokensHashes() as Map<bigint, bigint>
-      t.same(new Map([...side.held(worker)].sort()), new Map([...cached].sort()), `engine ${i}: the same blocks with the same tokens_hash`)
+      t.same(sorted(side.held(worker)), cachedOf(fleet, i), `engine ${i}: the same blocks with the same tokens_hash`)
       t.ok((w?.engine.pool.evictions ?? 0) > 0, `engine ${i} evicted blocks (Removed events)`)
       t.equal(side.listeners[i]?.state, 'exact')
     }
@@ -162,7 +170,7 @@ t.test('a listener started late catches up through the replay socket, then follo
   await waitUntil('the replay', () => (side.seqs.get(worker) as bigint[]).length >= Number(before))
   t.same(side.seqs.get(worker), range(before), 'every buffered batch, in order')
   t.equal(l.counters.replayedBatches, Number(before), 'all of them through the replay socket')
-  t.same(new Map([...side.held(worker)].sort()), new Map([...(w?.engine.pool.cachedTokensHashes() as Map<bigint, bigint>)].sort()), "the pool's cached blocks")
+  t.same(sorted(side.held(worker)), cachedOf(fleet, 0), "the pool's cached blocks")
   // the SUB joins the PUB asynchronously: publish until a batch arrives live
   await waitUntil(
     'a live batch',
@@ -175,7 +183,7 @@ t.test('a listener started late catches up through the replay socket, then follo
   )
   await waitUntil('the live batches', () => (side.seqs.get(worker) as bigint[]).length >= Number(p.seq))
   t.same(side.seqs.get(worker), range(p.seq), 'replayed then live: no gap, nothing twice')
-  t.same(new Map([...side.held(worker)].sort()), new Map([...(w?.engine.pool.cachedTokensHashes() as Map<bigint, bigint>)].sort()), 'still exactly the cached blocks')
+  t.same(sorted(side.held(worker)), cachedOf(fleet, 0), 'still exactly the cached blocks')
   t.equal(side.rejected, 0)
   t.equal(l.state, 'exact')
 })

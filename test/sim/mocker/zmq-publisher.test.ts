@@ -197,18 +197,21 @@ t.test("the frames are vLLM's: [topic, seq, [ts, events, rank]], replies with th
   const e = fleet.workers[0]?.engine
   // until the subscription has joined, batches go to no one
   let next = 1
-  const frames = await (async () => {
-    for (;;) {
-      // fresh prompts, so every round stores blocks and publishes a batch
-      e?.submit(
-        Array.from({ length: 9 }, () => next++),
-        4,
-      )
-      await fleet.flushEvents()
-      const got = await Promise.race([sub.receive(), new Promise<null>((r) => setTimeout(() => r(null), 100))])
-      if (got !== null) return got
-    }
-  })()
+  // one receive in flight at a time (zeromq's rule), raced against a round of fresh prompts
+  const received = sub.receive()
+  let frames: Buffer[] | null = null
+  received.then((f) => (frames = f)).catch(() => undefined)
+  while (frames === null) {
+    // fresh prompts, so every round stores blocks and publishes a batch; until the subscription
+    // has joined, the batches go to no one
+    e?.submit(
+      Array.from({ length: 9 }, () => next++),
+      4,
+    )
+    await fleet.flushEvents()
+    await new Promise((r) => setTimeout(r, 50))
+  }
+  frames = frames as Buffer[]
   t.equal(frames.length, 3)
   t.equal(frames[0]?.toString(), 'kv@7', 'the topic frame')
   t.equal(frames[1]?.length, 8, 'seq: 8 bytes')

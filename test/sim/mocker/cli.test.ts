@@ -9,6 +9,8 @@ import { MockerArgError, parseMockerArgs } from '../../../src/sim/mocker/main.js
 import { startEtcd, startNats } from '../../helpers/services.js'
 import { waitUntil } from '../../helpers/wait.js'
 import { runCli as run } from '../../helpers/cli.js'
+import { EngineEventDecoder } from '../../../src/codec/engine-events.js'
+import { ZmqListener } from '../../../src/transport/zmq.js'
 import type { CliProcess as Proc } from '../../helpers/cli.js'
 
 async function ready(pr: Proc, re: RegExp): Promise<RegExpMatchArray> {
@@ -25,6 +27,7 @@ t.test('invalid flags exit 2 with one line naming the flag', async (t) => {
     [['--preemption-mode', 'random'], /^kv-router: mocker: --preemption-mode must be one of lifo\|fifo, got "random"\n$/],
     [['--router-url', 'localhost:8000'], /^kv-router: mocker: --router-url must be an http\(s\) URL/],
     [['--bogus'], /^kv-router: mocker: unknown option --bogus/],
+    [['--kv-events-zmq', 'tcp://127.0.0.1:5557', '--kv-events-form', 'tuple'], /^kv-router: mocker: --kv-events-form must be one of map\|array, got "tuple"\n$/],
   ]
   const procs = cases.map(([args]) => run(['mocker', ...args]))
   for (let i = 0; i < cases.length; i++) {
@@ -40,6 +43,8 @@ t.test('invalid flags exit 2 with one line naming the flag', async (t) => {
   t.match(help.out(), /usage: kv-router mocker/)
   t.match(help.out(), /--num-gpu-blocks-override N/)
   t.match(help.out(), /kv-router mocker: ready <N> engine\(s\) <url>/)
+  t.match(help.out(), /--kv-events-zmq ENDPOINT/)
+  t.match(help.out(), /router side is not wired yet/)
 })
 
 t.test('a listen failure exits 2 with one line naming --host or --http-port', async (t) => {
@@ -199,6 +204,48 @@ t.test('--router-url: registers with a spawned router, events and prefix hits fl
   t.equal(await mocker.exited, 0)
   const after = (await (await fetch(`${base}/v1/workers`)).json()) as { workers: unknown[] }
   t.same(after.workers, [], 'the engines unregistered on the way out')
+})
+
+t.test('--kv-events-zmq: engine i publishes on port + i; its batches carry the prompt tokens', async (t) => {
+  let mocker: Proc | null = null
+  let base = 0
+  for (let attempt = 0; mocker === null; attempt++) {
+    base = 20000 + Math.floor(Math.random() * 20000) * 2
+    const pr = run(['mocker', '--num-workers', '2', '--block-size', '4', '--speedup-ratio', '0', '--kv-events-zmq', `tcp://127.0.0.1:${base}`, '--kv-events-replay-zmq', `tcp://127.0.0.1:${base + 2}`])
+    t.teardown(() => pr.p.kill('SIGKILL'))
+    let code: number | null | undefined
+    void pr.exited.then((c) => (code = c))
+    await waitUntil(`ready or exit (${pr.err()})`, () => /ready/.test(pr.out()) || code !== undefined, 20_000)
+    if (code === undefined) mocker = pr
+    // a port someone else holds: another base
+    else if (attempt > 5 || !/cannot bind/.test(pr.err())) throw new Error(`the mocker exited ${String(code)}: ${pr.err()}`)
+  }
+  const pr = mocker
+  const m = pr.out().match(/^kv-router mocker: ready 2 engine\(s\) (http:\/\/\S+) (http:\/\/\S+)\n/)
+  t.ok(m, 'the ready line')
+  t.match(pr.err(), new RegExp(`vLLM KV events on ZMQ tcp://127\\.0\\.0\\.1:${base}, replay tcp://127\\.0\\.0\\.1:${base + 2} \\(port \\+ engine index\\)`))
+  const prompt = [11, 12, 13, 14, 15, 16, 17, 18, 19]
+  const r = await fetch(`${(m as RegExpMatchArray)[2]}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt, max_tokens: 2 }) })
+  t.equal(r.status, 200)
+  await r.arrayBuffer()
+  // the second engine: port + 1, replay port + 1, the whole buffer replayed at the start
+  const decoder = new EngineEventDecoder(4)
+  const stored: unknown[] = []
+  const l = ZmqListener.start(
+    { workerId: 1n, dpRank: 0, endpoint: `tcp://127.0.0.1:${base + 1}`, replay: `tcp://127.0.0.1:${base + 3}`, topic: 'kv-events' },
+    {
+      batch: (_s, _seq, payload) => {
+        for (const ev of decoder.decodeBatch(payload).events) if ((ev as { type?: string }).type === 'BlockStored') stored.push(ev)
+      },
+      restarted: () => undefined,
+      state: () => undefined,
+    },
+  )
+  t.teardown(() => l.close())
+  await waitUntil('the replayed BlockStored', () => stored.length > 0, 5000)
+  t.match(stored[0], { type: 'BlockStored', parent_block_hash: null, token_ids: prompt.slice(0, 8), block_size: 4, medium: 'GPU' })
+  pr.p.kill('SIGTERM')
+  t.equal(await pr.exited, 0)
 })
 
 t.test('--nats-url --etcd-url: ready once registered; SIGTERM revokes the leases', async (t) => {

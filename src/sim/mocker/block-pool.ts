@@ -356,7 +356,8 @@ export class BlockPool {
     }
     // Removed first: the router must drop the old blocks before it sees the ones in their place.
     if (evicted > 0) this.emitRemoved()
-    if (stored > 0) this.emit(storedData, tokens?.subarray((held + hits) * this.blockSize, n * this.blockSize))
+    // the Stored event's blocks are the request's blocks held + hits … n (after the cached run)
+    if (stored > 0) this.emit(storedData, storedData !== null && tokens !== undefined ? tokens.subarray((held + hits) * this.blockSize, n * this.blockSize) : undefined)
     return { ok: true, hits, stored, evicted, needed, available }
   }
 

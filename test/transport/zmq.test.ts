@@ -101,6 +101,16 @@ async function joined(e: Engine, r: Recorder): Promise<void> {
   }
 }
 
+/** An engine, and a listener on it that has seen live batches. */
+async function following(t: Test, withReplay = true, engine = new Engine()): Promise<{ e: Engine; r: Recorder; l: ZmqListener }> {
+  const { endpoint, replay } = await engine.start(t)
+  const r = new Recorder()
+  const l = ZmqListener.start({ workerId: 1n, dpRank: 0, endpoint, replay: withReplay ? replay : null, topic: TOPIC }, r)
+  t.teardown(() => l.close())
+  await joined(engine, r)
+  return { e: engine, r, l }
+}
+
 const range = (a: number, b: number): bigint[] => Array.from({ length: b - a + 1 }, (_, i) => BigInt(a + i))
 
 t.test('a listener that starts late replays what the engine buffered, then follows live', async (t) => {
@@ -140,12 +150,7 @@ t.test('a gap is filled by a replay; replies without the topic frame too', async
 })
 
 t.test('an incomplete replay leaves the worker-rank degraded until the engine restarts', async (t) => {
-  const e = new Engine()
-  const { endpoint, replay } = await e.start(t)
-  const r = new Recorder()
-  const l = ZmqListener.start({ workerId: 1n, dpRank: 0, endpoint, replay, topic: TOPIC }, r)
-  t.teardown(() => l.close())
-  await joined(e, r)
+  const { e, r, l } = await following(t)
   const lost = await e.publish(false)
   e.dropFromReplay.add(lost)
   await e.publish(false)
@@ -164,12 +169,7 @@ t.test('an incomplete replay leaves the worker-rank degraded until the engine re
 })
 
 t.test('without a replay socket a gap is counted and the rank degraded', async (t) => {
-  const e = new Engine()
-  const { endpoint } = await e.start(t)
-  const r = new Recorder()
-  const l = ZmqListener.start({ workerId: 1n, dpRank: 0, endpoint, replay: null, topic: TOPIC }, r)
-  t.teardown(() => l.close())
-  await joined(e, r)
+  const { e, r, l } = await following(t, false)
   await e.publish(false)
   const last = await e.publish()
   await until(() => r.seqs.includes(last))
@@ -178,12 +178,7 @@ t.test('without a replay socket a gap is counted and the rank degraded', async (
 })
 
 t.test('malformed frames are counted and dropped; the listener goes on', async (t) => {
-  const e = new Engine()
-  const { endpoint, replay } = await e.start(t)
-  const r = new Recorder()
-  const l = ZmqListener.start({ workerId: 1n, dpRank: 0, endpoint, replay, topic: TOPIC }, r)
-  t.teardown(() => l.close())
-  await joined(e, r)
+  const { e, r, l } = await following(t)
   await e.pub.send([TOPIC, Buffer.from('short')])
   await e.pub.send([TOPIC, Buffer.alloc(7), Buffer.from('x')])
   await e.pub.send([TOPIC, be8(99n), Buffer.from('x'), Buffer.from('extra')])

@@ -50,6 +50,8 @@ export interface ZmqCounters {
   replayedBatches: number
   replaysIncomplete: number
   restarts: number
+  /** Batches the sink threw on (it decodes them: a malformed batch must not stop the listener). */
+  sinkErrors: number
 }
 
 export interface ZmqListenerOptions {
@@ -66,7 +68,7 @@ function seqOf(frame: Buffer | undefined): bigint | null {
 }
 
 export class ZmqListener {
-  readonly counters: ZmqCounters = { batches: 0, bytes: 0, badFrames: 0, gaps: 0, replays: 0, replayedBatches: 0, replaysIncomplete: 0, restarts: 0 }
+  readonly counters: ZmqCounters = { batches: 0, bytes: 0, badFrames: 0, gaps: 0, replays: 0, replayedBatches: 0, replaysIncomplete: 0, restarts: 0, sinkErrors: 0 }
   private readonly sub = new Subscriber({ reconnectInterval: 100, reconnectMaxInterval: 5000, linger: 0 })
   private dealer: Dealer | null = null
   /** The last sequence number applied, null before the first. */
@@ -158,7 +160,11 @@ export class ZmqListener {
     this.last = seq
     this.counters.batches++
     this.counters.bytes += payload.length
-    this.sink.batch(this.source, seq, payload)
+    try {
+      this.sink.batch(this.source, seq, payload)
+    } catch {
+      this.counters.sinkErrors++
+    }
   }
 
   /** Fetches the batches from `from` on through the replay socket, then applies what was held. */

@@ -67,9 +67,12 @@ class Engine {
 
 class Recorder implements ZmqSink {
   seqs: bigint[] = []
+  /** A batch to refuse by throwing, as a sink does with one it cannot decode. */
+  throwOn: bigint | null = null
   restarts = 0
   states: ZmqRankState[] = []
   batch(_s: ZmqSource, seq: bigint, payload: Uint8Array): void {
+    if (seq === this.throwOn) throw new Error('undecodable')
     if (Buffer.from(payload).toString() !== `batch ${seq}`) throw new Error(`payload of ${seq} is ${Buffer.from(payload).toString()}`)
     this.seqs.push(seq)
   }
@@ -182,10 +185,19 @@ t.test('malformed frames are counted and dropped; the listener goes on', async (
   await e.pub.send([TOPIC, Buffer.from('short')])
   await e.pub.send([TOPIC, Buffer.alloc(7), Buffer.from('x')])
   await e.pub.send([TOPIC, be8(99n), Buffer.from('x'), Buffer.from('extra')])
+  // a batch the sink cannot take (it throws) is counted and the listener goes on
+  const poison = await e.publish()
+  r.throwOn = poison
   const last = await e.publish()
   await until(() => r.seqs.includes(last))
   t.equal(l.counters.badFrames, 3)
-  t.same(r.seqs, range(0, Number(last)))
+  t.equal(l.counters.sinkErrors, 1)
+  t.notOk(r.seqs.includes(poison))
+  t.same(
+    r.seqs,
+    range(0, Number(last)).filter((x) => x !== poison),
+  )
+  t.equal(l.state, 'exact', 'no gap: the poisoned batch was taken')
 })
 
 t.test('a publisher that is not there holds nothing up, and is picked up when it comes', async (t) => {

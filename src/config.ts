@@ -11,10 +11,22 @@ export class ConfigError extends Error {
   override name = 'ConfigError'
 }
 
+/** An engine's own KV-event publisher (vLLM, SGLang: ZMQ + MessagePack). */
+export interface EngineEventsSpec {
+  /** PUB endpoint of dp rank 0, tcp://host:port; rank r publishes on port + r. */
+  readonly endpoint: string
+  /** Replay ROUTER endpoint of dp rank 0 (rank r: port + r), or null. */
+  readonly replay: string | null
+  /** Topic prefix subscribed to ('' = every topic). */
+  readonly topic: string
+}
+
 export interface StaticWorkerSpec {
   /** Worker id (u64); the 1-based position on the command line when not given. */
   readonly id: bigint
   readonly url: string
+  /** Where the engine publishes its own KV events, or null (Dynamo events via NATS / HTTP). */
+  readonly kvEvents: EngineEventsSpec | null
 }
 
 export interface ServeConfig {
@@ -347,7 +359,14 @@ export const FLAGS: readonly FlagDef[] = [
     dflt: null,
     help: 'etcd: workers from v1/instances/{ns}/{component}/{endpoint}/ (docs/dynamo-compatibility.md)',
   }),
-  F({ flag: '--worker', key: 'workers', env: ['DYN_ROUTER_WORKERS'], kind: 'workers', dflt: [], help: 'static worker: URL or ID=URL (repeatable; env: comma-separated)' }),
+  F({
+    flag: '--worker',
+    key: 'workers',
+    env: ['DYN_ROUTER_WORKERS'],
+    kind: 'workers',
+    dflt: [],
+    help: "static worker: URL or ID=URL, then ,kv-events=tcp://HOST:PORT[,replay=tcp://HOST:PORT][,topic=T] to read the engine's own KV events (repeatable; env: comma-separated)",
+  }),
   F({ flag: '--tokenizer', key: 'tokenizer', env: ['DYN_TOKENIZER'], kind: 'str', dflt: null, help: 'tokenizer.json path for text prompts, or "bytes" (UTF-8 bytes as tokens)' }),
   F({ flag: '--tokenizer-threads', key: 'tokenizerThreads', env: ['DYN_TOKENIZER_THREADS'], kind: 'int', min: 1, max: 64, dflt: 1, help: 'piscina threads for tokenizing' }),
   F({ flag: '--api-key', key: 'apiKey', env: ['DYN_API_KEY'], kind: 'str', dflt: null, help: 'require "Authorization: Bearer KEY" on mutating and ingest routes' }),
@@ -393,7 +412,7 @@ function accepts(d: FlagDef): string {
     case 'url':
       return `a ${(d.schemes ?? ['http']).map((x) => x + '://').join(' or ')} URL (comma-separated for several servers of one cluster)`
     case 'workers':
-      return 'a worker URL (http://host:port) or ID=URL with ID a u64'
+      return 'a worker URL (http://host:port) or ID=URL with ID a u64, optionally followed by ,kv-events=tcp://HOST:PORT[,replay=tcp://HOST:PORT][,topic=T]'
     case 'name':
       return 'a name of letters, digits, "_" and "-" (it becomes part of NATS subjects and etcd keys)'
     case 'endpoint':
@@ -419,7 +438,47 @@ function parseWorker(text: string, position: number): StaticWorkerSpec | null {
   }
   if (id === null) return null
   const checked = workerUrl(url)
-  return checked === null ? null : Object.freeze({ id, url: checked })
+  return checked === null ? null : Object.freeze({ id, url: checked, kvEvents: null })
+}
+
+/** The keys a --worker value may carry after its URL, for the engine's own KV events. */
+const WORKER_KEYS = ['kv-events', 'replay', 'topic'] as const
+type WorkerKey = (typeof WORKER_KEYS)[number]
+
+/** `kv-events=…` and the like: a key of the worker before it, not a worker of its own. */
+function workerKey(part: string): [WorkerKey, string] | null {
+  const eq = part.indexOf('=')
+  const key = part.slice(0, eq)
+  return eq > 0 && (WORKER_KEYS as readonly string[]).includes(key) ? [key as WorkerKey, part.slice(eq + 1)] : null
+}
+
+/** A worker with the engine-event keys given after its URL; throws ConfigError (without the flag name) when they do not fit. */
+function withEngineKeys(w: StaticWorkerSpec, keys: Map<WorkerKey, string>): StaticWorkerSpec {
+  if (keys.size === 0) return w
+  const endpoint = keys.get('kv-events')
+  if (endpoint === undefined) throw new ConfigError(`worker ${w.id}: replay= and topic= need kv-events=tcp://HOST:PORT`)
+  if (tcpEndpoint(endpoint) === null) throw new ConfigError(`worker ${w.id}: kv-events must be tcp://HOST:PORT, got ${JSON.stringify(endpoint)}`)
+  const replay = keys.get('replay') ?? null
+  if (replay !== null && tcpEndpoint(replay) === null) throw new ConfigError(`worker ${w.id}: replay must be tcp://HOST:PORT, got ${JSON.stringify(replay)}`)
+  return Object.freeze({ ...w, kvEvents: Object.freeze({ endpoint, replay, topic: keys.get('topic') ?? '' }) })
+}
+
+/**
+ * Host and port of a ZMQ endpoint the router connects to (tcp://HOST:PORT, port 1–65535), or
+ * null. --worker and POST /v1/workers both check with it.
+ */
+export function tcpEndpoint(text: string): { host: string; port: number } | null {
+  const m = /^tcp:\/\/(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):(\d{1,5})$/.exec(text)
+  if (m === null) return null
+  const port = Number(m[2])
+  return port >= 1 && port <= 65535 ? { host: m[1] as string, port } : null
+}
+
+/** Rank r's endpoint: the port plus r, as vLLM offsets its publishers per dp rank. */
+export function rankEndpoint(text: string, rank: number): string {
+  const e = tcpEndpoint(text)
+  if (e === null) throw new ConfigError(`not a tcp://HOST:PORT endpoint: ${JSON.stringify(text)}`)
+  return `tcp://${e.host}:${e.port + rank}`
 }
 
 /**
@@ -474,11 +533,25 @@ function convert(d: FlagDef, raw: string, prev: unknown): unknown {
     }
     case 'workers': {
       const list = [...(prev as StaticWorkerSpec[])]
-      for (const part of t.split(',')) {
-        const w = parseWorker(part.trim(), list.length + 1)
+      const start = list.length
+      // per worker of this value, the keys after its URL
+      const keys: Map<WorkerKey, string>[] = []
+      for (const raw of t.split(',')) {
+        const part = raw.trim()
+        const kv = workerKey(part)
+        if (kv !== null) {
+          const k = keys[keys.length - 1]
+          if (k === undefined) throw new ConfigError(`${kv[0]}= must follow a worker URL`)
+          if (k.has(kv[0])) throw new ConfigError(`${kv[0]}= is given twice for one worker`)
+          k.set(kv[0], kv[1])
+          continue
+        }
+        const w = parseWorker(part, list.length + 1)
         if (w === null) return undefined
         list.push(w)
+        keys.push(new Map())
       }
+      for (let i = 0; i < keys.length; i++) list[start + i] = withEngineKeys(list[start + i] as StaticWorkerSpec, keys[i] as Map<WorkerKey, string>)
       return list
     }
     case 'name':
@@ -495,6 +568,16 @@ function convert(d: FlagDef, raw: string, prev: unknown): unknown {
 
 // names that go into NATS subjects and etcd keys, where "." and "/" separate levels
 const NAME = /^[A-Za-z0-9_-]+$/
+
+/** convert(), with a ConfigError of its own (a --worker key that does not fit) named after the flag. */
+function convertNamed(where: string, d: FlagDef, raw: string, prev: unknown): unknown {
+  try {
+    return convert(d, raw, prev)
+  } catch (err) {
+    if (err instanceof ConfigError) throw new ConfigError(`${where}: ${err.message}`)
+    throw err
+  }
+}
 
 function fail(where: string, d: FlagDef, raw: string): never {
   throw new ConfigError(`${where} must be ${accepts(d)}, got ${JSON.stringify(raw)}`)
@@ -550,7 +633,7 @@ export function parseServeConfig(argv: readonly string[], env: NodeJS.ProcessEnv
       i++
     }
     if (d.kind === 'workers') {
-      const v = convert(d, raw, cliWorkers ?? [])
+      const v = convertNamed(name, d, raw, cliWorkers ?? [])
       if (v === undefined) fail(name, d, raw)
       cliWorkers = v as StaticWorkerSpec[]
       continue
@@ -566,7 +649,7 @@ export function parseServeConfig(argv: readonly string[], env: NodeJS.ProcessEnv
     for (const name of [...d.env].reverse()) {
       const raw = env[name]
       if (raw === undefined || raw === '') continue
-      const v = convert(d, raw, [])
+      const v = convertNamed(`${name} (${d.flag})`, d, raw, [])
       if (v === undefined) fail(`${name} (${d.flag})`, d, raw)
       out[d.key] = v
     }

@@ -13,6 +13,25 @@ function parse(argv: string[], env: NodeJS.ProcessEnv = {}): ServeConfig {
   return c
 }
 
+t.test("--worker takes the engine's own KV-event endpoints after its URL", async (t) => {
+  const c = parse(['--worker', '1=http://a:1,kv-events=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558,topic=kv-events', '--worker', 'http://b:2,kv-events=tcp://[::1]:6000'])
+  t.same(c.workers, [
+    { id: 1n, url: 'http://a:1', kvEvents: { endpoint: 'tcp://10.0.0.5:5557', replay: 'tcp://10.0.0.5:5558', topic: 'kv-events' } },
+    { id: 2n, url: 'http://b:2', kvEvents: { endpoint: 'tcp://[::1]:6000', replay: null, topic: '' } },
+  ])
+  const e = parse([], { DYN_ROUTER_WORKERS: '5=http://a:1,kv-events=tcp://h:1,6=http://b:2,7=http://c:3,kv-events=tcp://h:3' })
+  t.same(
+    e.workers.map((w) => [w.id, w.kvEvents?.endpoint ?? null]),
+    [
+      [5n, 'tcp://h:1'],
+      [6n, null],
+      [7n, 'tcp://h:3'],
+    ],
+    'in the variable, keys belong to the worker before them',
+  )
+  t.throws(() => parse([], { DYN_ROUTER_WORKERS: '5=http://a:1,kv-events=x' }), /^DYN_ROUTER_WORKERS \(--worker\): worker 5: kv-events must be tcp/)
+})
+
 t.test("defaults are Dynamo's and the result is frozen", async (t) => {
   const c = parse([])
   t.equal(c.mode, 'kv')
@@ -70,8 +89,8 @@ t.test('flags, aliases, --no- forms and = syntax', async (t) => {
   t.equal(c.trackActiveBlocks, false)
   t.equal(c.replicaSync, true)
   t.same(c.workers, [
-    { id: 1n, url: 'http://a:1' },
-    { id: 77n, url: 'http://b:2' },
+    { id: 1n, url: 'http://a:1', kvEvents: null },
+    { id: 77n, url: 'http://b:2', kvEvents: null },
   ])
   t.equal(c.apiKey, 'k')
   t.equal(c.endpoint, 'dyn.backend.generate')
@@ -143,6 +162,13 @@ t.test('each invalid value: one line naming the flag and what it accepts', async
     [['--worker', 'ftp://x'], /^--worker must be a worker URL/],
     [['--worker', 'abc=http://x:1'], /^--worker must be a worker URL/],
     [['--worker', '1=http://x:1', '--worker', '1=http://y:1'], /worker id 1 is given twice/],
+    [['--worker', '1=http://x:1,kv-events=http://h:5557'], /^--worker: worker 1: kv-events must be tcp:\/\/HOST:PORT, got "http:\/\/h:5557"/],
+    [['--worker', '1=http://x:1,kv-events=tcp://h:70000'], /^--worker: worker 1: kv-events must be tcp:\/\/HOST:PORT/],
+    [['--worker', '1=http://x:1,kv-events=tcp://h'], /^--worker: worker 1: kv-events must be tcp:\/\/HOST:PORT/],
+    [['--worker', '1=http://x:1,kv-events=tcp://h:1,replay=tcp://h:x'], /^--worker: worker 1: replay must be tcp:\/\/HOST:PORT/],
+    [['--worker', '1=http://x:1,replay=tcp://h:5558'], /^--worker: worker 1: replay= and topic= need kv-events=/],
+    [['--worker', 'kv-events=tcp://h:5557'], /^--worker: kv-events= must follow a worker URL/],
+    [['--worker', '1=http://x:1,kv-events=tcp://h:1,kv-events=tcp://h:2'], /^--worker: kv-events= is given twice/],
     [['--http-port'], /^--http-port needs a value/],
     [['--frobnicate'], /^unknown option --frobnicate/],
     [['--no-http-port'], /^unknown option --no-http-port/],
@@ -209,12 +235,15 @@ t.test('process: options whose features are not implemented are said to have no 
 })
 
 t.test('process: invalid values exit 2 with one line; --help exits 0', async (t) => {
-  const [a, b, c, d] = await Promise.all([
+  const [a, b, c, d, e] = await Promise.all([
     run(['serve', '--router-temperature', 'hot']),
     run(['serve'], { DYN_ROUTER_QUEUE_POLICY: 'random' }),
     run(['serve', '--help']),
     run(['serve', '--tokenizer', '/nonexistent/tokenizer.json', '--router-event-threads', '1']),
+    run(['serve', '--worker', '1=http://127.0.0.1:9,kv-events=tcp://h:0']),
   ])
+  t.equal(e.code, 2)
+  t.equal(e.stderr, 'kv-router: serve: --worker: worker 1: kv-events must be tcp://HOST:PORT, got "tcp://h:0"\n')
   t.equal(a.code, 2)
   t.equal(a.stderr, 'kv-router: serve: --router-temperature must be a number in [0, ∞], got "hot"\n')
   t.equal(b.code, 2)

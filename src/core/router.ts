@@ -136,7 +136,7 @@ export class Router {
     const pool = await ShardPool.start(po)
     const r = new Router(config, pool)
     try {
-      for (const w of config.workers) await r.addWorker({ id: w.id, url: w.url })
+      for (const w of config.workers) await r.addWorker({ id: w.id, url: w.url, kvEvents: w.kvEvents })
       await r.connect()
     } catch (err) {
       await r.close()
@@ -214,6 +214,7 @@ export class Router {
       failures: 0,
       suspendedUntil: 0,
       source: reg.source ?? 'static',
+      kvEvents: reg.kvEvents ?? null,
     }
     // a worker the index knew nothing of leaves nothing in it when its registration is refused
     const known = this.registry.has(reg.id) || (await this.pool.indexedRanks(reg.id)) > 0

@@ -1,5 +1,6 @@
 // The registered workers: their records, and the order in which membership changes of one worker
 // apply. The router core (router.ts) does the registering against the index and the scheduler.
+import type { EngineEventsSpec } from '../config.js'
 import type { DeviceType } from '../scheduler/worker-ranks.js'
 
 export interface WorkerInfo {
@@ -18,6 +19,8 @@ export interface WorkerInfo {
   suspendedUntil: number
   /** Where the worker came from: `--worker` / `POST /v1/workers`, or etcd discovery. */
   source: 'static' | 'etcd'
+  /** The engine's own KV-event publisher the router listens to, or null. */
+  kvEvents: EngineEventsSpec | null
 }
 
 export interface WorkerRegistration {
@@ -29,6 +32,7 @@ export interface WorkerRegistration {
   dpRanks?: number
   maxNumBatchedTokens?: number
   source?: 'static' | 'etcd'
+  kvEvents?: EngineEventsSpec | null
 }
 
 export class WorkerRegistry {

@@ -80,6 +80,10 @@ export const workerSchema = {
     device_type: { type: 'string', enum: ['gpu', 'cpu', 'cuda'] },
     dp_size: { type: 'integer', minimum: 1, maximum: 1024 },
     max_num_batched_tokens: { type: 'integer', minimum: 1 },
+    // the engine's own KV events (ZMQ); checked as tcp://HOST:PORT by the route
+    kv_events_endpoint: { type: 'string', pattern: '^tcp://' },
+    replay_endpoint: { type: 'string', pattern: '^tcp://' },
+    kv_events_topic: { type: 'string' },
   },
 }
 export const thresholdSchema = {

@@ -484,3 +484,26 @@ t.test('a large event batch lets other requests through while it is decoded', as
     t.same(order, ['health', 'batch'], `round ${round}: answered before the batch was`)
   }
 })
+
+t.test("workers: the engine's own KV-event endpoints are registered and checked", async (t) => {
+  const ok = await post('/v1/workers', { id: 901, url: 'http://127.0.0.1:9', dp_size: 2, kv_events_endpoint: 'tcp://127.0.0.1:1', replay_endpoint: 'tcp://127.0.0.1:3', kv_events_topic: 'kv-events' })
+  t.equal(ok.statusCode, 201)
+  t.match(ok.json(), { kv_events_endpoint: 'tcp://127.0.0.1:1', replay_endpoint: 'tcp://127.0.0.1:3', kv_events_topic: 'kv-events' })
+  t.same(h.router.registry.get(901n)?.kvEvents, { endpoint: 'tcp://127.0.0.1:1', replay: 'tcp://127.0.0.1:3', topic: 'kv-events' })
+  const plain = await post('/v1/workers', { id: 902, url: 'http://127.0.0.1:9' })
+  t.match(plain.json(), { kv_events_endpoint: null, replay_endpoint: null, kv_events_topic: null })
+  for (const [body, re] of [
+    [{ kv_events_endpoint: 'http://h:1' }, /kv_events_endpoint/],
+    [{ kv_events_endpoint: 'tcp://h' }, /kv_events_endpoint must be tcp:\/\/HOST:PORT/],
+    [{ kv_events_endpoint: 'tcp://h:65535', dp_size: 2 }, /PORT \+ dp_size - 1 at most 65535/],
+    [{ kv_events_endpoint: 'tcp://h:1', replay_endpoint: 'tcp://h:0' }, /replay_endpoint must be tcp/],
+    [{ replay_endpoint: 'tcp://h:2' }, /need kv_events_endpoint/],
+  ] as const) {
+    const res = await post('/v1/workers', { id: 903, url: 'http://127.0.0.1:9', ...body })
+    t.equal(res.statusCode, 400, JSON.stringify(body))
+    t.match(res.body, re)
+  }
+  t.equal(h.router.registry.get(903n), undefined, 'nothing registered')
+  t.ok(await h.router.removeWorker(901n))
+  t.ok(await h.router.removeWorker(902n))
+})

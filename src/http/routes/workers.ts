@@ -1,6 +1,7 @@
 // The worker registry over HTTP, and the index as the events that rebuild it.
 import type { FastifyInstance } from 'fastify'
-import { workerUrl } from '../../config.js'
+import { tcpEndpoint, workerUrl } from '../../config.js'
+import type { EngineEventsSpec } from '../../config.js'
 import type { Router } from '../../core/router.js'
 import type { DeviceType } from '../../scheduler/worker-ranks.js'
 import { KvrError } from '../../errors.js'
@@ -93,16 +94,49 @@ export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): void {
     if (url === null) throw new KvrError('KVR_ERR_INVALID_REQUEST', `url must be an http:// or https:// URL with a host (and a port in [0, 65535]), got ${JSON.stringify(b.url)}`)
     const reg: Parameters<Router['addWorker']>[0] = { id, url, blockSize: bs, device, capacity: (b.capacity ?? b.total_kv_blocks ?? 0) as number, dpRanks: (b.dp_size as number | undefined) ?? 1 }
     if (typeof b.max_num_batched_tokens === 'number') reg.maxNumBatchedTokens = b.max_num_batched_tokens
+    reg.kvEvents = engineEvents(b, reg.dpRanks ?? 1)
     const existed = router.registry.get(id) !== undefined
     const w = await router.addWorker(reg)
     return reply
       .code(existed ? 200 : 201)
       .header('content-type', 'application/json')
-      .send(serializeJson({ id: w.id, url: w.url, block_size: w.blockSize, capacity: w.capacity, device_type: w.device, dp_size: w.dpRanks }))
+      .send(
+        serializeJson({
+          id: w.id,
+          url: w.url,
+          block_size: w.blockSize,
+          capacity: w.capacity,
+          device_type: w.device,
+          dp_size: w.dpRanks,
+          kv_events_endpoint: w.kvEvents?.endpoint ?? null,
+          replay_endpoint: w.kvEvents?.replay ?? null,
+          kv_events_topic: w.kvEvents?.topic ?? null,
+        }),
+      )
   })
   fastify.delete('/v1/workers/:id', async (req, reply) => {
     const id = readU64((req.params as { id: string }).id, 'worker id')
     if (!(await router.removeWorker(id))) throw new KvrError('KVR_ERR_UNKNOWN_WORKER', `worker ${id} is neither registered nor in the index`)
     return reply.header('content-type', 'application/json').send(`{"removed":${id.toString()}}`)
   })
+}
+
+/** The engine-event fields of a registration: every rank's port (port + rank) must be one. */
+function engineEvents(b: Record<string, unknown>, dpRanks: number): EngineEventsSpec | null {
+  const endpoint = b.kv_events_endpoint as string | undefined
+  const replay = (b.replay_endpoint as string | undefined) ?? null
+  const topic = b.kv_events_topic as string | undefined
+  if (endpoint === undefined) {
+    if (replay !== null || topic !== undefined) throw new KvrError('KVR_ERR_INVALID_REQUEST', 'replay_endpoint and kv_events_topic need kv_events_endpoint')
+    return null
+  }
+  for (const [field, v] of [
+    ['kv_events_endpoint', endpoint],
+    ['replay_endpoint', replay],
+  ] as const) {
+    if (v === null) continue
+    const e = tcpEndpoint(v)
+    if (e === null || e.port + dpRanks - 1 > 65535) throw new KvrError('KVR_ERR_INVALID_REQUEST', `${field} must be tcp://HOST:PORT with PORT + dp_size - 1 at most 65535, got ${JSON.stringify(v)}`)
+  }
+  return { endpoint, replay, topic: topic ?? '' }
 }

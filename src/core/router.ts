@@ -20,6 +20,7 @@ import { registerShardMetrics } from '../shards/metrics.js'
 import { registerTransportMetrics } from '../transport/metrics.js'
 import { registerWorkerMetrics } from './metrics.js'
 import { IndexRecovery } from '../shards/recovery.js'
+import { EngineIntake } from '../transport/engine-intake.js'
 import { NatsIntake, type WorkerLoad } from '../transport/nats.js'
 import { EtcdDiscovery, type DiscoveredWorker } from '../transport/etcd.js'
 import { RequestIds } from './request-ids.js'
@@ -87,6 +88,8 @@ export class Router {
   discovery: EtcdDiscovery | null = null
   /** Recovery of missed KV events, or null in approximate mode or with --no-router-event-recovery. */
   readonly recovery: IndexRecovery | null
+  /** Engines' own KV events (ZMQ), for the workers registered with a kv-events endpoint. */
+  readonly engines: EngineIntake
 
   private constructor(config: ServeConfig, pool: ShardPool) {
     this.config = config
@@ -118,6 +121,7 @@ export class Router {
       sink === undefined ? {} : { approxSink: sink },
     )
     this.recovery = config.kvEvents && config.eventRecovery ? new IndexRecovery(pool, { urlOf: (id) => this.registry.get(id)?.url }) : null
+    this.engines = new EngineIntake(config.blockSize, (ev) => this.ingestEvent(ev))
     pool.on('shardRestarted', (shard: number) => void this.rebuildShard(shard))
     this.metrics = new RouterMetrics(config)
     const reg = this.metrics.registry
@@ -243,9 +247,17 @@ export class Router {
     }
     this.registry.set(info)
     this.suspension.forget(reg.id)
+    // An engine's own events come with their own recovery (the replay socket); in approximate
+    // mode the index holds the scheduler's predictions, not events.
+    if (info.kvEvents !== null && this.config.kvEvents) {
+      this.recovery?.workerRemoved(reg.id)
+      await this.engines.start(reg.id, dpRanks, info.kvEvents)
+      return info
+    }
+    await this.engines.stop(reg.id)
     // a new worker, or one now elsewhere: what it has cached is fetched (a model card arriving
     // for a worker already known changes neither)
-    if (old === undefined || old.url !== info.url || old.dpRanks !== dpRanks) void this.recovery?.workerAdded(reg.id, dpRanks)
+    if (old === undefined || old.url !== info.url || old.dpRanks !== dpRanks || old.kvEvents !== null) void this.recovery?.workerAdded(reg.id, dpRanks)
     return info
   }
 
@@ -289,6 +301,12 @@ export class Router {
     await Promise.all(
       workers.map(async (w) => {
         for (let r = 0; r < w.dpRanks; r++) await this.pool.ensureWorker(w.id, r).catch(() => false)
+        // an engine read over ZMQ is rebuilt from its replay buffer: its listeners start over
+        if (w.kvEvents !== null && this.engines.has(w.id)) {
+          await this.engines.stop(w.id)
+          await this.engines.start(w.id, w.dpRanks, w.kvEvents)
+          return
+        }
         const ok = this.recovery === null ? false : await this.recovery.rebuildWorker(w.id, w.dpRanks)
         if (!ok) {
           lost.push(w.id)
@@ -308,6 +326,7 @@ export class Router {
 
   private async removeWorkerNow(id: bigint): Promise<boolean> {
     this.recovery?.workerRemoved(id)
+    await this.engines.stop(id)
     this.suspension.forget(id)
     if (this.registry.delete(id)) this.scheduler.removeWorker(id)
     else if ((await this.pool.indexedRanks(id)) === 0) return false
@@ -470,6 +489,7 @@ export class Router {
     await this.discovery?.close().catch(() => undefined)
     this.scheduler.close()
     this.metrics.close()
+    await this.engines.close()
     // before the pool: holds behind queries in flight are let go, so the shards can drain
     this.recovery?.close()
     await this.pool.close()

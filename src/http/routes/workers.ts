@@ -35,7 +35,7 @@ export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): void {
         const s = stats.find((x) => x.workerId === w.id && x.dpRank === r)
         ranks.push({
           dp_rank: r,
-          index: router.recovery?.stateOf(w.id, r) ?? 'exact',
+          index: worst(router.recovery?.stateOf(w.id, r) ?? 'exact', router.engines.stateOf(w.id, r) ?? 'exact'),
           cached_blocks: cached.get(`${w.id}:${r}`) ?? 0,
           last_event_id: lastEvent.get(`${w.id}:${r}`) ?? null,
           active_blocks: s?.activeBlocks ?? 0,
@@ -139,4 +139,12 @@ function engineEvents(b: Record<string, unknown>, dpRanks: number): EngineEvents
     if (e === null || e.port + dpRanks - 1 > 65535) throw new KvrError('KVR_ERR_INVALID_REQUEST', `${field} must be tcp://HOST:PORT with PORT + dp_size - 1 at most 65535, got ${JSON.stringify(v)}`)
   }
   return { endpoint, replay, topic: topic ?? '' }
+}
+
+const RANK = { exact: 0, recovering: 1, degraded: 2 } as const
+type RankState = keyof typeof RANK
+
+/** The worse of the index's state of a rank and its engine listener's. */
+function worst(a: RankState, b: RankState): RankState {
+  return RANK[a] >= RANK[b] ? a : b
 }

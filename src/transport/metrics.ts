@@ -1,13 +1,15 @@
-// NATS intake and etcd discovery in the router's registry, read at scrape time (absent series
-// while not configured).
+// NATS intake, engines' own ZMQ events and etcd discovery in the router's registry, read at
+// scrape time (absent series while not configured).
 import { Counter, Gauge } from 'prom-client'
 import type { Registry } from 'prom-client'
+import type { EngineIntake } from './engine-intake.js'
 import type { EtcdDiscovery } from './etcd.js'
 import type { NatsIntake } from './nats.js'
 
 export interface Transports {
   readonly nats: NatsIntake | null
   readonly discovery: EtcdDiscovery | null
+  readonly engines: EngineIntake
   readonly connected: { nats: boolean | null; etcd: boolean | null }
 }
 
@@ -33,6 +35,41 @@ export function registerTransportMetrics(r: Registry, t: Transports): void {
         ['errors', c.errors],
       ] as const)
         this.inc({ what }, v)
+    },
+  })
+  new Counter({
+    name: 'kvrouter_zmq_total',
+    help: "Engines' own KV events over ZMQ: batches, bytes, bad frames, sequence gaps, replays (and those that fell short), engine restarts, batches the decoder refused",
+    labelNames: ['what'],
+    registers: [r],
+    collect() {
+      this.reset()
+      const e = t.engines
+      if (!e.used) return
+      const c = e.counters()
+      for (const [what, v] of [
+        ['batches', c.batches],
+        ['bytes', c.bytes],
+        ['bad_frames', c.badFrames],
+        ['gaps', c.gaps],
+        ['replays', c.replays],
+        ['replays_incomplete', c.replaysIncomplete],
+        ['restarts', c.restarts],
+        ['sink_errors', c.sinkErrors],
+      ] as const)
+        this.inc({ what }, v)
+    },
+  })
+  new Counter({
+    name: 'kvrouter_engine_events_skipped_total',
+    help: "Engines' own KV events not applied, by reason",
+    labelNames: ['reason'],
+    registers: [r],
+    collect() {
+      this.reset()
+      const e = t.engines
+      if (!e.used) return
+      for (const [reason, v] of Object.entries(e.skipped)) this.inc({ reason }, v)
     },
   })
   new Gauge({

@@ -68,6 +68,13 @@ async function held(router: Router, worker: bigint): Promise<Map<bigint, bigint>
 
 const cachedOf = (fleet: MockerFleet, i: number): Map<bigint, bigint> => sorted((fleet.workers[i] as MockerWorker).engine.pool.cachedTokensHashes())
 
+t.test('the metrics are absent until an engine is listened to', async (t) => {
+  const router = await startRouter(t)
+  const text = await router.metrics.registry.metrics()
+  t.notMatch(text, /kvrouter_zmq_total\{/)
+  t.notMatch(text, /kvrouter_engine_events_skipped_total\{/)
+})
+
 async function startRouter(t: Test): Promise<Router> {
   const router = await Router.start(config(['--router-block-size', String(BS)]))
   t.teardown(() => router.close())
@@ -104,6 +111,10 @@ t.test('registered with its kv-events endpoints, each engine is indexed exactly;
   t.ok(c.batches > 0 && c.replayedBatches > 0, 'batches replayed and live')
   t.equal(c.sinkErrors, 0)
   t.same(router.engines.skipped, { block_size_mismatch: 0, attention_kind: 0, unknown_event: 0, empty: 0 })
+  const text = await router.metrics.registry.metrics()
+  t.match(text, /kvrouter_zmq_total\{what="batches"\} [1-9]/)
+  t.match(text, /kvrouter_zmq_total\{what="replays"\} [2-9]/, 'at least one replay per listener, at its start')
+  t.match(text, /kvrouter_engine_events_skipped_total\{reason="block_size_mismatch"\} 0\n/)
   // the listeners stop with the worker, and leave their counts behind
   t.ok(await router.removeWorker(ids[0] as bigint))
   t.equal(router.engines.has(ids[0] as bigint), false)

@@ -1,8 +1,8 @@
 // Engines' own KV events into the router's index: mocker engines publishing vLLM-style over ZMQ,
 // the router registering them with a kv-events endpoint. The index holds exactly each pool's
-// cached blocks; a restarted engine clears its worker; a malformed batch and an event of another
-// block size are counted and skipped; the listeners stop with the worker; GET /v1/workers shows
-// the listener's state per rank.
+// cached blocks, also after its shard restarts; a restarted engine clears its worker; a
+// malformed batch and an event of another block size are counted and skipped; the listeners
+// stop with the worker; GET /v1/workers shows the listener's state per rank.
 import t from 'tap'
 import type { Test } from 'tap'
 import { pack } from 'msgpackr'
@@ -106,6 +106,15 @@ t.test('registered with its kv-events endpoints, each engine is indexed exactly;
     })
     t.same(await held(router, ids[i] as bigint), cachedOf(fleet, i), `engine ${i}: live`)
     t.equal(router.engines.stateOf(ids[i] as bigint, 0), 'exact')
+  }
+  // a shard that restarts empty is refilled from the engines' replay buffers
+  const restarted = new Promise((r) => router.pool.once('shardRestarted', r))
+  await router.pool.terminateShard(0)
+  await restarted
+  await waitUntil('the shard rebuilt', () => router.pool.health()[0] === 'exact', 10_000)
+  for (let i = 0; i < 2; i++) {
+    await waitUntil(`engine ${i} replayed again`, async () => (await held(router, ids[i] as bigint)).size === cachedOf(fleet, i).size, 10_000)
+    t.same(await held(router, ids[i] as bigint), cachedOf(fleet, i), `engine ${i}: rebuilt after the shard restart`)
   }
   const c = router.engines.counters()
   t.ok(c.batches > 0 && c.replayedBatches > 0, 'batches replayed and live')

@@ -8,51 +8,18 @@ import type { Test } from 'tap'
 import { pack } from 'msgpackr'
 import { Publisher } from 'zeromq'
 import { Router } from '../../src/core/router.js'
-import { isKvrError } from '../../src/errors.js'
 import type { RouterEvent } from '../../src/codec/events.js'
-import { MockerFleet } from '../../src/sim/mocker/fleet.js'
-import type { FleetOptions, MockerWorker } from '../../src/sim/mocker/fleet.js'
+import type { MockerFleet } from '../../src/sim/mocker/fleet.js'
+import type { MockerWorker } from '../../src/sim/mocker/fleet.js'
 import { EngineIntake } from '../../src/transport/engine-intake.js'
 import type { ZmqSource } from '../../src/transport/zmq.js'
 import { buildApp } from '../../src/http/server.js'
 import { config } from '../http/helpers.js'
 import { Rng } from '../helpers/rng.js'
 import { waitUntil } from '../helpers/wait.js'
+import { drive, sortedByKey, zmqFleet } from '../helpers/zmq-fleet.js'
 
 const BS = 4
-
-async function zmqFleet(t: Test, o: FleetOptions, base?: number): Promise<{ fleet: MockerFleet; base: number }> {
-  const n = o.numWorkers ?? 1
-  for (let attempt = 0; ; attempt++) {
-    const b = base ?? 20000 + Math.floor(Math.random() * 20000) * 2
-    try {
-      const fleet = await MockerFleet.start({ ...o, kvEventsZmq: `tcp://127.0.0.1:${b}`, kvEventsReplayZmq: `tcp://127.0.0.1:${b + n}`, speedupRatio: 0, blockSize: BS })
-      t.teardown(() => fleet.close())
-      return { fleet, base: b }
-    } catch (err) {
-      if (attempt > 10 || !isKvrError(err) || !/cannot bind/.test(err.message)) throw err
-      if (base !== undefined) await new Promise((r) => setTimeout(r, 200))
-    }
-  }
-}
-
-async function drive(fleet: MockerFleet, rng: Rng, requests: number): Promise<void> {
-  let tok = 1 + rng.int(1000)
-  const fresh = (n: number): number[] => Array.from({ length: n }, () => tok++)
-  const prefixes = Array.from({ length: 4 }, () => fresh(6 + rng.int(12)))
-  for (let i = 0; i < requests; i++) {
-    const w = fleet.workers[i % fleet.workers.length]
-    const base = rng.next() < 0.75 ? rng.pick(prefixes) : []
-    w?.engine.submit([...base, ...fresh(1 + rng.int(14))], 1 + rng.int(14))
-    if (i % 5 === 4) await new Promise((r) => setImmediate(r))
-  }
-  await waitUntil('the engines are idle', () => fleet.workers.every((w) => w.engine.runningCount + w.engine.waitingCount === 0), 20_000)
-  await fleet.flushEvents()
-}
-
-function sorted(m: Map<bigint, bigint>): Map<bigint, bigint> {
-  return new Map([...m].sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0)))
-}
 
 /** block_hash → tokens_hash the router's index holds for a worker. */
 async function held(router: Router, worker: bigint): Promise<Map<bigint, bigint>> {
@@ -63,10 +30,10 @@ async function held(router: Router, worker: bigint): Promise<Map<bigint, bigint>
     if ('stored' in ev.event.data) for (const b of ev.event.data.stored.blocks) m.set(b.block_hash, b.tokens_hash)
     else for (const h of ev.event.data.removed.block_hashes) m.delete(h)
   }
-  return sorted(m)
+  return sortedByKey(m)
 }
 
-const cachedOf = (fleet: MockerFleet, i: number): Map<bigint, bigint> => sorted((fleet.workers[i] as MockerWorker).engine.pool.cachedTokensHashes())
+const cachedOf = (fleet: MockerFleet, i: number): Map<bigint, bigint> => sortedByKey((fleet.workers[i] as MockerWorker).engine.pool.cachedTokensHashes())
 
 t.test('the metrics are absent until an engine is listened to', async (t) => {
   const router = await startRouter(t)
@@ -82,7 +49,7 @@ async function startRouter(t: Test): Promise<Router> {
 }
 
 t.test('registered with its kv-events endpoints, each engine is indexed exactly; a late router catches up', async (t) => {
-  const { fleet, base } = await zmqFleet(t, { numWorkers: 2, numGpuBlocks: 24, maxNumSeqs: 4, maxNumBatchedTokens: 64 })
+  const { fleet, base } = await zmqFleet(t, { numWorkers: 2, numGpuBlocks: 24, maxNumSeqs: 4, maxNumBatchedTokens: 64, blockSize: BS })
   const rng = new Rng(5)
   // served before the router starts: it learns them through the replay sockets
   await drive(fleet, rng, 20)
@@ -133,7 +100,7 @@ t.test('registered with its kv-events endpoints, each engine is indexed exactly;
 })
 
 t.test('an engine that restarts clears its worker, then is indexed from its new events', async (t) => {
-  const first = await zmqFleet(t, { numGpuBlocks: 32, maxNumSeqs: 4, maxNumBatchedTokens: 64 })
+  const first = await zmqFleet(t, { numGpuBlocks: 32, maxNumSeqs: 4, maxNumBatchedTokens: 64, blockSize: BS })
   const router = await startRouter(t)
   const id = first.fleet.workers[0]?.workerId as bigint
   await router.addWorker({ id, url: 'http://127.0.0.1:9', kvEvents: { endpoint: `tcp://127.0.0.1:${first.base}`, replay: `tcp://127.0.0.1:${first.base + 1}`, topic: '' } })
@@ -146,7 +113,7 @@ t.test('an engine that restarts clears its worker, then is indexed from its new 
   await waitUntil('indexed', async () => (await held(router, id)).size === cachedOf(first.fleet, 0).size)
   await first.fleet.close()
   // a new publisher on the same ports counts from 0 again
-  const second = await zmqFleet(t, { numGpuBlocks: 32, maxNumSeqs: 4, maxNumBatchedTokens: 64 }, first.base)
+  const second = await zmqFleet(t, { numGpuBlocks: 32, maxNumSeqs: 4, maxNumBatchedTokens: 64, blockSize: BS }, { base: first.base })
   t.equal(second.fleet.workers[0]?.workerId, id)
   await waitUntil(
     'the restart seen',

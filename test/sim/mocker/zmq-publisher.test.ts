@@ -13,7 +13,7 @@ import { isKvrError } from '../../../src/errors.js'
 import { APPLY_OK, KvIndex } from '../../../src/index/kv-index.js'
 import { OUTPUT_TOKEN_BASE } from '../../../src/sim/mocker/engine.js'
 import { MockerFleet } from '../../../src/sim/mocker/fleet.js'
-import type { FleetOptions, MockerWorker } from '../../../src/sim/mocker/fleet.js'
+import type { MockerWorker } from '../../../src/sim/mocker/fleet.js'
 import { MockerArgError, parseMockerArgs } from '../../../src/sim/mocker/main.js'
 import { ZmqEventPublisher, engineEndpoint, parseTcpEndpoint } from '../../../src/sim/mocker/zmq-publisher.js'
 import type { VllmEventForm } from '../../../src/sim/mocker/zmq-publisher.js'
@@ -21,26 +21,10 @@ import { ZmqListener } from '../../../src/transport/zmq.js'
 import type { ZmqSink, ZmqSource } from '../../../src/transport/zmq.js'
 import { waitUntil } from '../../helpers/wait.js'
 import { Rng } from '../../helpers/rng.js'
+import { drive, sortedByKey, zmqFleet } from '../../helpers/zmq-fleet.js'
 
 const BS = 4
 const TOPIC = 'kv-events'
-
-/** A fleet whose PUB ports start at a random base (ZMQ endpoints need a port to offset); retried when taken. */
-async function zmqFleet(t: Test, o: FleetOptions, replay = true): Promise<{ fleet: MockerFleet; pub: string; replay: string | null }> {
-  const n = o.numWorkers ?? 1
-  for (let attempt = 0; ; attempt++) {
-    const base = 20000 + Math.floor(Math.random() * 20000) * 2
-    const pub = `tcp://127.0.0.1:${base}`
-    const rep = replay ? `tcp://127.0.0.1:${base + n}` : null
-    try {
-      const fleet = await MockerFleet.start({ ...o, kvEventsZmq: pub, ...(rep === null ? {} : { kvEventsReplayZmq: rep }), speedupRatio: 0, blockSize: BS })
-      t.teardown(() => fleet.close())
-      return { fleet, pub, replay: rep }
-    } catch (err) {
-      if (attempt > 10 || !isKvrError(err) || !/cannot bind/.test(err.message)) throw err
-    }
-  }
-}
 
 /** The router's side: a ZmqListener per engine, batches decoded at the same block size and applied. */
 class RouterSide implements ZmqSink {
@@ -99,39 +83,20 @@ class RouterSide implements ZmqSink {
   }
 }
 
-/** Requests with shared prefixes into every engine, then waits until all are done and published. */
-async function drive(fleet: MockerFleet, rng: Rng, requests: number): Promise<void> {
-  let tok = 1 + rng.int(1000)
-  const fresh = (n: number): number[] => Array.from({ length: n }, () => tok++)
-  const prefixes = Array.from({ length: 4 }, () => fresh(6 + rng.int(12)))
-  for (let i = 0; i < requests; i++) {
-    const w = fleet.workers[i % fleet.workers.length]
-    const base = rng.next() < 0.75 ? rng.pick(prefixes) : []
-    w?.engine.submit([...base, ...fresh(1 + rng.int(14))], 1 + rng.int(14))
-    if (i % 5 === 4) await new Promise((r) => setImmediate(r))
-  }
-  await waitUntil('the engines are idle', () => fleet.workers.every((w) => w.engine.runningCount + w.engine.waitingCount === 0), 20_000)
-  await fleet.flushEvents()
-}
-
 function publisherOf(fleet: MockerFleet, i: number): ZmqEventPublisher {
   return fleet.workers[i]?.publishers.find((p) => p instanceof ZmqEventPublisher) as ZmqEventPublisher
 }
 
 /** A pool's cached blocks (block_hash → tokens_hash), in a fixed order for the comparison. */
 function cachedOf(fleet: MockerFleet, i: number): Map<bigint, bigint> {
-  return sorted((fleet.workers[i] as MockerWorker).engine.pool.cachedTokensHashes())
-}
-
-function sorted(m: Map<bigint, bigint>): Map<bigint, bigint> {
-  return new Map([...m].sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0)))
+  return sortedByKey((fleet.workers[i] as MockerWorker).engine.pool.cachedTokensHashes())
 }
 
 const range = (n: bigint): bigint[] => Array.from({ length: Number(n) }, (_, i) => BigInt(i))
 
 for (const form of ['map', 'array'] as VllmEventForm[]) {
   t.test(`${form} form: the index built from the ZMQ batches holds exactly each pool's cached blocks`, async (t) => {
-    const { fleet, pub, replay } = await zmqFleet(t, { numWorkers: 2, numGpuBlocks: 24, maxNumSeqs: 4, maxNumBatchedTokens: 64, kvEventsForm: form })
+    const { fleet, pub, replay } = await zmqFleet(t, { numWorkers: 2, numGpuBlocks: 24, maxNumSeqs: 4, maxNumBatchedTokens: 64, kvEventsForm: form, blockSize: BS })
     const side = new RouterSide()
     for (let i = 0; i < 2; i++) {
       const w = fleet.workers[i]
@@ -145,7 +110,7 @@ for (const form of ['map', 'array'] as VllmEventForm[]) {
       await waitUntil(`engine ${i}'s batches`, () => (side.seqs.get(worker) as bigint[]).length >= Number(p.seq))
       t.ok(p.seq > 0n, `engine ${i} published ${p.seq} batches`)
       t.same(side.seqs.get(worker), range(p.seq), `engine ${i}: seq from 0, none missing, none twice`)
-      t.same(sorted(side.held(worker)), cachedOf(fleet, i), `engine ${i}: the same blocks with the same tokens_hash`)
+      t.same(sortedByKey(side.held(worker)), cachedOf(fleet, i), `engine ${i}: the same blocks with the same tokens_hash`)
       t.ok((w?.engine.pool.evictions ?? 0) > 0, `engine ${i} evicted blocks (Removed events)`)
       t.equal(side.listeners[i]?.state, 'exact')
     }
@@ -157,7 +122,7 @@ for (const form of ['map', 'array'] as VllmEventForm[]) {
 }
 
 t.test('a listener started late catches up through the replay socket, then follows live', async (t) => {
-  const { fleet, pub, replay } = await zmqFleet(t, { numGpuBlocks: 32, maxNumSeqs: 4, maxNumBatchedTokens: 64 })
+  const { fleet, pub, replay } = await zmqFleet(t, { numGpuBlocks: 32, maxNumSeqs: 4, maxNumBatchedTokens: 64, blockSize: BS })
   const rng = new Rng(21)
   await drive(fleet, rng, 30)
   const p = publisherOf(fleet, 0)
@@ -170,7 +135,7 @@ t.test('a listener started late catches up through the replay socket, then follo
   await waitUntil('the replay', () => (side.seqs.get(worker) as bigint[]).length >= Number(before))
   t.same(side.seqs.get(worker), range(before), 'every buffered batch, in order')
   t.equal(l.counters.replayedBatches, Number(before), 'all of them through the replay socket')
-  t.same(sorted(side.held(worker)), cachedOf(fleet, 0), "the pool's cached blocks")
+  t.same(sortedByKey(side.held(worker)), cachedOf(fleet, 0), "the pool's cached blocks")
   // the SUB joins the PUB asynchronously: publish until a batch arrives live
   await waitUntil(
     'a live batch',
@@ -183,13 +148,13 @@ t.test('a listener started late catches up through the replay socket, then follo
   )
   await waitUntil('the live batches', () => (side.seqs.get(worker) as bigint[]).length >= Number(p.seq))
   t.same(side.seqs.get(worker), range(p.seq), 'replayed then live: no gap, nothing twice')
-  t.same(sorted(side.held(worker)), cachedOf(fleet, 0), 'still exactly the cached blocks')
+  t.same(sortedByKey(side.held(worker)), cachedOf(fleet, 0), 'still exactly the cached blocks')
   t.equal(side.rejected, 0)
   t.equal(l.state, 'exact')
 })
 
 t.test("the frames are vLLM's: [topic, seq, [ts, events, rank]], replies with the topic, the −1 end", async (t) => {
-  const { fleet, pub, replay } = await zmqFleet(t, { kvEventsTopic: 'kv@7', kvEventsForm: 'array' })
+  const { fleet, pub, replay } = await zmqFleet(t, { kvEventsTopic: 'kv@7', kvEventsForm: 'array', blockSize: BS })
   const sub = new Subscriber({ linger: 0 })
   sub.connect(pub)
   sub.subscribe('')
@@ -261,7 +226,7 @@ t.test('engine i binds port + i; a taken port is an error naming it', async (t) 
   t.equal(engineEndpoint('tcp://*:5557', 1), 'tcp://*:5558')
   t.same(parseTcpEndpoint('tcp://[::1]:9'), { host: '[::1]', port: 9 })
   for (const bad of ['tcp://127.0.0.1', 'tcp://127.0.0.1:0', 'tcp://h:70000', 'ipc:///tmp/x', 'http://h:1']) t.equal(parseTcpEndpoint(bad), null, bad)
-  const { pub } = await zmqFleet(t, {}, false)
+  const { pub } = await zmqFleet(t, { blockSize: BS }, { replay: false })
   const again = await MockerFleet.start({ kvEventsZmq: pub, speedupRatio: 0 }).catch((e: unknown) => e)
   t.ok(isKvrError(again) && again.message.includes(`cannot bind a ZMQ socket to ${pub}`), String(again))
 })

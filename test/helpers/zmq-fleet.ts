@@ -1,0 +1,58 @@
+// Simulated engines that publish their KV events over ZMQ as vLLM does, and traffic for them:
+// shared by the publisher's tests and the router's engine-intake tests.
+import type { Test } from 'tap'
+import { isKvrError } from '../../src/errors.js'
+import { MockerFleet } from '../../src/sim/mocker/fleet.js'
+import type { FleetOptions } from '../../src/sim/mocker/fleet.js'
+import type { Rng } from './rng.js'
+import { waitUntil } from './wait.js'
+
+export interface ZmqFleet {
+  fleet: MockerFleet
+  /** The first engine's PUB port (engine i publishes on base + i). */
+  base: number
+  pub: string
+  replay: string | null
+}
+
+/**
+ * A fleet whose PUB ports start at `base`, or at a random even base retried when taken (a ZMQ
+ * endpoint needs a port to offset); replay sockets follow the PUB ones. A given base is waited
+ * for (a fleet that just closed may still hold it).
+ */
+export async function zmqFleet(t: Test, o: FleetOptions & { blockSize: number }, opts: { base?: number; replay?: boolean } = {}): Promise<ZmqFleet> {
+  const n = o.numWorkers ?? 1
+  for (let attempt = 0; ; attempt++) {
+    const base = opts.base ?? 20000 + Math.floor(Math.random() * 20000) * 2
+    const pub = `tcp://127.0.0.1:${base}`
+    const replay = opts.replay === false ? null : `tcp://127.0.0.1:${base + n}`
+    try {
+      const fleet = await MockerFleet.start({ ...o, kvEventsZmq: pub, ...(replay === null ? {} : { kvEventsReplayZmq: replay }), speedupRatio: 0 })
+      t.teardown(() => fleet.close())
+      return { fleet, base, pub, replay }
+    } catch (err) {
+      if (attempt > 10 || !isKvrError(err) || !/cannot bind/.test(err.message)) throw err
+      if (opts.base !== undefined) await new Promise((r) => setTimeout(r, 200))
+    }
+  }
+}
+
+/** Requests with shared prefixes into every engine, then waits until all are done and published. */
+export async function drive(fleet: MockerFleet, rng: Rng, requests: number): Promise<void> {
+  let tok = 1 + rng.int(1000)
+  const fresh = (n: number): number[] => Array.from({ length: n }, () => tok++)
+  const prefixes = Array.from({ length: 4 }, () => fresh(6 + rng.int(12)))
+  for (let i = 0; i < requests; i++) {
+    const w = fleet.workers[i % fleet.workers.length]
+    const base = rng.next() < 0.75 ? rng.pick(prefixes) : []
+    w?.engine.submit([...base, ...fresh(1 + rng.int(14))], 1 + rng.int(14))
+    if (i % 5 === 4) await new Promise((r) => setImmediate(r))
+  }
+  await waitUntil('the engines are idle', () => fleet.workers.every((w) => w.engine.runningCount + w.engine.waitingCount === 0), 20_000)
+  await fleet.flushEvents()
+}
+
+/** A map ordered by key, so two maps of the same entries compare equal. */
+export function sortedByKey(m: Map<bigint, bigint>): Map<bigint, bigint> {
+  return new Map([...m].sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0)))
+}

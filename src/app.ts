@@ -22,6 +22,12 @@ export interface RunningApp {
 
 /** Starts the router and its HTTP server, listening when it returns. */
 export async function startApp(cfg: ServeConfig, tokenizer: TextTokenizer | null): Promise<RunningApp> {
+  // The embedded engines are numbered after the largest static --worker id: a --worker without an
+  // id takes its position (1, 2, …), and an engine given the same id would silently replace it.
+  const firstEmbeddedId = cfg.workers.reduce((max, w) => (w.id > max ? w.id : max), 0n) + 1n
+  if (cfg.embeddedFleet > 0 && firstEmbeddedId + BigInt(cfg.embeddedFleet - 1) > U64_MAX) {
+    die(`serve: --embedded-fleet: no room for ${cfg.embeddedFleet} worker id(s) after the largest --worker id ${firstEmbeddedId - 1n}`)
+  }
   let router: Router
   try {
     router = await Router.start(cfg)
@@ -40,12 +46,6 @@ export async function startApp(cfg: ServeConfig, tokenizer: TextTokenizer | null
   // The embedded fleet (`npm start`): mocker engines in this process, their KV events handed
   // straight to the shards. Sped up 10×, so a short demo request answers in milliseconds while
   // the timing model still orders prefill and decode costs as a real engine would.
-  // Numbered after the largest static --worker id: a --worker without an id takes its position
-  // (1, 2, …), and an engine given the same id would silently replace it.
-  const firstEmbeddedId = cfg.workers.reduce((max, w) => (w.id > max ? w.id : max), 0n) + 1n
-  if (cfg.embeddedFleet > 0 && firstEmbeddedId + BigInt(cfg.embeddedFleet - 1) > U64_MAX) {
-    die(`serve: --embedded-fleet: no room for ${cfg.embeddedFleet} worker id(s) after the largest --worker id ${firstEmbeddedId - 1n}`)
-  }
   let embedded: MockerFleet | null = null
   try {
     if (cfg.embeddedFleet > 0)
@@ -58,7 +58,8 @@ export async function startApp(cfg: ServeConfig, tokenizer: TextTokenizer | null
         modelName: cfg.modelName,
         onEvent: (ev) => router.ingestEvent(ev),
       })
-    for (const e of embedded?.workers ?? []) await router.addWorker({ id: e.workerId, url: e.url, capacity: e.capacity, maxNumBatchedTokens: e.engine.config.maxNumBatchedTokens })
+    for (const e of embedded?.workers ?? [])
+      await router.addWorker({ id: e.workerId, url: e.url, capacity: e.capacity, maxNumBatchedTokens: e.engine.config.maxNumBatchedTokens, eventsInProcess: true })
   } catch (err) {
     // a start-up failure is one line, as for every other part of serve, not a stack trace
     await embedded?.close()

@@ -1,10 +1,19 @@
 // The worker registry's series in the router's registry, read at scrape time.
 import { Gauge } from 'prom-client'
 import type { Registry } from 'prom-client'
+import type { EventSources } from './event-sources.js'
 import type { Suspension } from './suspension.js'
 import type { WorkerRegistry } from './worker-registry.js'
 
-export function registerWorkerMetrics(r: Registry, workers: WorkerRegistry, suspension: Suspension, modelName: string): void {
+export function registerWorkerMetrics(r: Registry, workers: WorkerRegistry, suspension: Suspension, sources: EventSources, modelName: string): void {
+  new Gauge({
+    name: 'kvrouter_worker_ranks_no_events',
+    help: 'Registered worker-ranks that have sent no KV event since they registered, routed on predictions (KV-events mode)',
+    registers: [r],
+    collect() {
+      this.set(sources.ranks)
+    },
+  })
   new Gauge({
     name: 'kvrouter_workers_suspended',
     help: 'Workers left out of routing after failures in a row (1 s, doubling to 30 s; GET /v1/workers says which)',

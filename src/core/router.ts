@@ -23,12 +23,20 @@ import { IndexRecovery } from '../shards/recovery.js'
 import { EngineIntake } from '../transport/engine-intake.js'
 import { NatsIntake, type WorkerLoad } from '../transport/nats.js'
 import { EtcdDiscovery, type DiscoveredWorker } from '../transport/etcd.js'
+import { EventSources } from './event-sources.js'
 import { RequestIds } from './request-ids.js'
 import { Suspension } from './suspension.js'
 import { WorkerRegistry } from './worker-registry.js'
 import type { WorkerInfo, WorkerRegistration } from './worker-registry.js'
 
 export type { WorkerInfo, WorkerRegistration } from './worker-registry.js'
+
+/**
+ * What the index knows of a worker-rank: `exact` from its events; `recovering` while missed events
+ * are fetched; `degraded` when some could not be; `no-events` while it has sent none since it
+ * registered (routed on predictions); `predicted` in approximate mode.
+ */
+export type RankIndexState = 'exact' | 'recovering' | 'degraded' | 'no-events' | 'predicted'
 
 export interface RouteInput {
   /** Token ids of the prompt (validated while hashing), or null when blocks are given. */
@@ -80,7 +88,8 @@ export class Router {
   /** (worker id as a safe number, dp rank) → slot, rebuilt when registrations change. */
   private slotCache = new Map<number, number>()
   private slotCacheVersion = -1
-  private approxEventIds = new Map<bigint, bigint>()
+  /** Per worker, per rank, the id of the last predicted event. */
+  private approxEventIds = new Map<bigint, bigint[]>()
   private closed = false
   /** KV-event intake from NATS (`--nats-url`), or null in embedded mode. */
   nats: NatsIntake | null = null
@@ -90,12 +99,16 @@ export class Router {
   readonly recovery: IndexRecovery | null
   /** Engines' own KV events (ZMQ), for the workers registered with a kv-events endpoint. */
   readonly engines: EngineIntake
+  /** The workers that have sent no KV event since they registered (KV-events mode). */
+  readonly eventSources: EventSources
+  private readonly checkTimer: NodeJS.Timeout
 
   private constructor(config: ServeConfig, pool: ShardPool) {
     this.config = config
     this.pool = pool
     const approx = !config.kvEvents
-    const sink: ApproxSink | undefined = approx ? this.approxSink() : undefined
+    // in KV-events mode, for the workers that send none (yet)
+    const sink: ApproxSink | undefined = approx || config.mode === 'kv' ? this.approxSink() : undefined
     this.scheduler = new Scheduler(
       {
         mode: config.mode,
@@ -120,15 +133,26 @@ export class Router {
       },
       sink === undefined ? {} : { approxSink: sink },
     )
-    this.recovery = config.kvEvents && config.eventRecovery ? new IndexRecovery(pool, { urlOf: (id) => this.registry.get(id)?.url }) : null
-    this.engines = new EngineIntake(config.blockSize, (ev) => this.ingestEvent(ev))
+    this.recovery = config.kvEvents && config.eventRecovery ? new IndexRecovery(pool, { urlOf: (id) => this.registry.get(id)?.url, onAnswers: (id) => this.eventSources.evented(id) }) : null
+    // the listeners' own clears (at start, at an engine restart) are not the engine's events
+    this.engines = new EngineIntake(config.blockSize, (ev) => (ev.event.data === 'cleared' ? this.pool.pushPredicted(Buffer.from(encodeRouterEvent(ev)), ev.worker_id) : this.ingestEvent(ev)))
+    this.eventSources = new EventSources({
+      setPredicted: (id, on) => this.scheduler.setPredicted(id, on),
+      watch: (id, on) => (on ? pool.watchFirstEvent(id) : pool.unwatch(id)),
+      resetRank: (id, rank) => pool.resetWorkerRank(id, rank),
+      warn: (message) => process.emitWarning(message, { code: 'KVR_WORKER_NO_EVENTS' }),
+      now: () => performance.now(),
+    })
+    pool.on('firstEvent', (id: bigint) => this.eventSources.evented(id))
+    this.checkTimer = setInterval(() => this.eventSources.check(), 5000)
+    this.checkTimer.unref()
     pool.on('shardRestarted', (shard: number) => void this.rebuildShard(shard))
     this.metrics = new RouterMetrics(config)
     const reg = this.metrics.registry
     registerSchedulerMetrics(reg, this.scheduler)
     registerShardMetrics(reg, pool, this.recovery)
     registerTransportMetrics(reg, this)
-    registerWorkerMetrics(reg, this.registry, this.suspension, config.modelName)
+    registerWorkerMetrics(reg, this.registry, this.suspension, this.eventSources, config.modelName)
   }
 
   static async start(config: ServeConfig): Promise<Router> {
@@ -247,6 +271,7 @@ export class Router {
     }
     this.registry.set(info)
     this.suspension.forget(reg.id)
+    if (this.config.kvEvents) this.eventSources.registered(info, known, this.config.natsUrl !== null || info.kvEvents !== null || reg.eventsInProcess === true)
     // An engine's own events come with their own recovery (the replay socket); in approximate
     // mode the index holds the scheduler's predictions, not events.
     if (info.kvEvents !== null && this.config.kvEvents) {
@@ -301,6 +326,12 @@ export class Router {
     await Promise.all(
       workers.map(async (w) => {
         for (let r = 0; r < w.dpRanks; r++) await this.pool.ensureWorker(w.id, r).catch(() => false)
+        // its predictions went with the shard: predicted afresh
+        if (this.eventSources.has(w.id)) {
+          this.scheduler.setPredicted(w.id, false)
+          this.scheduler.setPredicted(w.id, true)
+          return
+        }
         // an engine read over ZMQ is rebuilt from its replay buffer: its listeners start over
         if (w.kvEvents !== null && this.engines.has(w.id)) {
           await this.engines.stop(w.id)
@@ -326,12 +357,23 @@ export class Router {
 
   private async removeWorkerNow(id: bigint): Promise<boolean> {
     this.recovery?.workerRemoved(id)
+    this.eventSources.removed(id)
+    this.approxEventIds.delete(id)
     await this.engines.stop(id)
     this.suspension.forget(id)
     if (this.registry.delete(id)) this.scheduler.removeWorker(id)
     else if ((await this.pool.indexedRanks(id)) === 0) return false
     await this.pool.removeWorker(id)
     return true
+  }
+
+  /** What the index knows of a registered worker-rank (the shard's own state aside). */
+  indexStateOf(workerId: bigint, dpRank: number): RankIndexState {
+    if (!this.config.kvEvents) return 'predicted'
+    if (this.eventSources.has(workerId)) return 'no-events'
+    const a = this.recovery?.stateOf(workerId, dpRank) ?? 'exact'
+    const b = this.engines.stateOf(workerId, dpRank) ?? 'exact'
+    return a === 'degraded' || b === 'degraded' ? 'degraded' : a === 'recovering' || b === 'recovering' ? 'recovering' : 'exact'
   }
 
   // ---- events ----
@@ -451,6 +493,7 @@ export class Router {
       if (exclude !== undefined) req.exclude = exclude
       if (input.signal !== undefined) req.signal = input.signal
       const decision = await this.scheduler.schedule(req)
+      if (update && this.eventSources.size !== 0) this.eventSources.routed(decision.workerId)
       const t4 = performance.now()
       this.metrics.observeOverhead(t1 - t0, t2 - t1, t4 - t3, t4 - t0)
       this.metrics.observeDecision(decision, n, isl)
@@ -463,21 +506,25 @@ export class Router {
   // ---- approximate mode: the scheduler's predicted blocks become synthetic events ----
 
   private approxSink(): ApproxSink {
-    const eventId = (w: bigint): bigint => {
-      const id = (this.approxEventIds.get(w) ?? 0n) + 1n
-      this.approxEventIds.set(w, id)
+    // numbered per worker-rank, as the shards check ids for gaps
+    const eventId = (w: bigint, rank: number): bigint => {
+      let ids = this.approxEventIds.get(w)
+      if (ids === undefined) this.approxEventIds.set(w, (ids = []))
+      const id = (ids[rank] ?? 0n) + 1n
+      ids[rank] = id
       return id
     }
+    const push = (ev: RouterEvent): void => void this.pool.pushPredicted(Buffer.from(encodeRouterEvent(ev)), ev.worker_id)
     return {
       stored: (workerId, dpRank, localLo, localHi, seqLo, seqHi, n) => {
         const blocks: StoredBlock[] = []
         for (let i = 0; i < n; i++) blocks.push({ block_hash: u64FromParts(seqLo[i] as number, seqHi[i] as number), tokens_hash: u64FromParts(localLo[i] as number, localHi[i] as number) })
-        this.ingestEvent({ worker_id: workerId, event: { event_id: eventId(workerId), dp_rank: dpRank, data: { stored: { parent_hash: null, blocks } } } })
+        push({ worker_id: workerId, event: { event_id: eventId(workerId, dpRank), dp_rank: dpRank, data: { stored: { parent_hash: null, blocks } } } })
       },
       removed: (workerId, dpRank, seqLo, seqHi, n) => {
         const hashes: bigint[] = []
         for (let i = 0; i < n; i++) hashes.push(u64FromParts(seqLo[i] as number, seqHi[i] as number))
-        this.ingestEvent({ worker_id: workerId, event: { event_id: eventId(workerId), dp_rank: dpRank, data: { removed: { block_hashes: hashes } } } })
+        push({ worker_id: workerId, event: { event_id: eventId(workerId, dpRank), dp_rank: dpRank, data: { removed: { block_hashes: hashes } } } })
       },
     }
   }
@@ -485,6 +532,7 @@ export class Router {
   async close(): Promise<void> {
     if (this.closed) return
     this.closed = true
+    clearInterval(this.checkTimer)
     await this.nats?.close().catch(() => undefined)
     await this.discovery?.close().catch(() => undefined)
     this.scheduler.close()

@@ -33,6 +33,8 @@ export interface WorkerRegistration {
   maxNumBatchedTokens?: number
   source?: 'static' | 'etcd'
   kvEvents?: EngineEventsSpec | null
+  /** Its KV events are handed to the router in this process (the embedded fleet). */
+  eventsInProcess?: boolean
 }
 
 export class WorkerRegistry {

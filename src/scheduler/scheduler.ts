@@ -17,6 +17,7 @@ import type { SchedulerOptions, SchedulerOptionsInput } from './options.js'
 import { resolveSchedulerOptions } from './options.js'
 import { PendingQueue } from './pending-queue.js'
 import { policyKey } from './queue-policy.js'
+import { growTo } from './typed-arrays.js'
 import { allWorkersBusy, queueFull } from './rejection.js'
 import type { Rng } from './rng.js'
 import { Xoshiro128 } from './rng.js'
@@ -107,7 +108,10 @@ export interface SchedulerDeps {
   /** Milliseconds, monotonic. Default performance.now. */
   clock?: () => number
   rng?: Rng
-  /** Required when approximate mode is enabled. */
+  /**
+   * Receives the predicted blocks: of every worker-rank in approximate mode, else of the ones
+   * marked with setPredicted (workers that send no KV events). Required in approximate mode.
+   */
   approxSink?: ApproxSink
   /** false: no interval timers; the owner calls recheck() (tests). Default true. */
   timers?: boolean
@@ -160,6 +164,8 @@ export class Scheduler {
   private readonly eligibility: Eligibility
   private readonly queue = new PendingQueue()
   private readonly approx: ApproxTracker | undefined
+  /** Per slot, 1 when its cache is predicted from decisions (all slots in approximate mode). */
+  private predicted = new Uint8Array(8)
   private readonly cost = new CostInputs()
   private readonly epoch: number
   private pin = new Int32Array(1)
@@ -193,10 +199,10 @@ export class Scheduler {
     this.selector = new Selector(this.workers, this.sequences, rng, o.blockSize, o.cudaToCpuRatio)
     this.eligibility = new Eligibility(this.workers, this.sequences, o)
     this.epoch = this.clock()
-    if (o.approximate.enabled) {
-      if (deps.approxSink === undefined) {
-        throw new KvrError('KVR_ERR_INVALID_OPTION', 'options.approximate.enabled needs an approxSink to receive the predicted blocks')
-      }
+    if (o.approximate.enabled && deps.approxSink === undefined) {
+      throw new KvrError('KVR_ERR_INVALID_OPTION', 'options.approximate.enabled needs an approxSink to receive the predicted blocks')
+    }
+    if (deps.approxSink !== undefined) {
       this.approx = new ApproxTracker(this.workers, deps.approxSink, {
         ttlMs: o.approximate.ttlSecs * 1000,
         maxTreeSize: o.approximate.maxTreeSize,
@@ -218,6 +224,7 @@ export class Scheduler {
   addWorkerRank(workerId: bigint, dpRank: number, info?: WorkerRankInfo): number {
     const slot = this.workers.register(workerId, dpRank, info)
     this.sequences.ensureSlots(this.workers.slotCapacity)
+    if (this.predicted.length < this.workers.slotCapacity) this.predicted = growTo(this.predicted, this.workers.slotCapacity)
     this.drainQueue()
     return slot
   }
@@ -239,6 +246,24 @@ export class Scheduler {
     for (const slot of this.workers.removeWorker(workerId)) out.push(...this.forgetSlot(slot))
     if (out.length > 0 || this.queue.size > 0) this.afterRemoval()
     return out
+  }
+
+  /**
+   * Marks a worker's ranks as predicted (its routed prompts count as cached there for the
+   * approximate TTL, as in approximate mode) or not. Turning it off forgets the predictions
+   * without events: the caller resets what the index holds of the worker.
+   */
+  setPredicted(workerId: bigint, on: boolean): void {
+    if (this.approx === undefined) return
+    for (const slot of this.workers.slotsOf(workerId)) {
+      if (!on && this.predicted[slot] === 1) this.approx.removeSlot(slot)
+      this.predicted[slot] = on ? 1 : 0
+    }
+  }
+
+  /** Whether the worker-rank's cache is predicted rather than known from its events. */
+  isPredicted(slot: number): boolean {
+    return this.options.approximate.enabled || this.predicted[slot] === 1
   }
 
   // ---- load shedding thresholds (GET/POST /busy_threshold) ----
@@ -498,7 +523,14 @@ export class Scheduler {
       const fresh = c.isl - overlap * this.options.blockSize
       this.sequences.add(req.id as string, slot, c.trackPrefill && fresh > 0 ? fresh : 0, c.track, c.lo, c.hi, c.n, now, c.isl, overlap)
       const approx = this.approx
-      if (approx !== undefined && req.localLo !== undefined && req.localHi !== undefined && req.seqLo !== undefined && req.seqHi !== undefined) {
+      if (
+        approx !== undefined &&
+        (this.options.approximate.enabled || this.predicted[slot] === 1) &&
+        req.localLo !== undefined &&
+        req.localHi !== undefined &&
+        req.seqLo !== undefined &&
+        req.seqHi !== undefined
+      ) {
         approx.record(slot, req.localLo, req.localHi, req.seqLo, req.seqHi, Math.min(hashCount(req), req.localLo.length, req.localHi.length), now)
       }
     }
@@ -633,6 +665,7 @@ export class Scheduler {
 
   private forgetSlot(slot: number): string[] {
     this.approx?.removeSlot(slot)
+    this.predicted[slot] = 0
     return this.sequences.dropSlot(slot)
   }
 }

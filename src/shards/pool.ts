@@ -28,6 +28,7 @@ import {
   CONTROL_RECOVERABLE,
   CONTROL_RECOVERY,
   CONTROL_RECOVERY_BYTES,
+  CONTROL_RESET_RANK,
   RecoveryKind,
   SHARD_TICKET_BIT,
   C_NODES,
@@ -252,6 +253,11 @@ export class ShardPool extends EventEmitter {
   dropped = 0
   /** Bytes of the messages queued behind full rings, all shards. */
   private queuedBytes = 0
+  /**
+   * Workers whose next event message is announced ('firstEvent', synchronously, before it is
+   * queued), keyed by id as a number where it is one exactly (else as a bigint).
+   */
+  private readonly watched = new Map<number | bigint, bigint>()
 
   private constructor(options: ShardPoolOptions) {
     super()
@@ -379,9 +385,49 @@ export class ShardPool extends EventEmitter {
       return true
     }
     let k = 0
-    if (workerId !== undefined) k = shardOf(u64Lo(workerId), u64Hi(workerId), this.size)
-    else if (this.scan.scan(msg)) k = shardOf(this.scan.lo, this.scan.hi, this.size)
+    if (workerId !== undefined) {
+      const lo = u64Lo(workerId)
+      const hi = u64Hi(workerId)
+      k = shardOf(lo, hi, this.size)
+      if (this.watched.size !== 0) this.noteEvent(lo, hi)
+    } else if (this.scan.scan(msg)) {
+      k = shardOf(this.scan.lo, this.scan.hi, this.size)
+      if (this.watched.size !== 0) this.noteEvent(this.scan.lo, this.scan.hi)
+    }
     return this.pushTo(this.shards[k] as Shard, msg)
+  }
+
+  /** push() of an event the router made up itself (a prediction): it announces nothing. */
+  pushPredicted(msg: Uint8Array, workerId: bigint): boolean {
+    if (this.closing) throw new KvrError('KVR_ERR_SHUTTING_DOWN', 'the shard pool is closing')
+    return this.pushTo(this.shards[this.shardOf(workerId)] as Shard, msg)
+  }
+
+  /** Announces the worker's next event message once ('firstEvent' with its id), before it is queued. */
+  watchFirstEvent(workerId: bigint): void {
+    this.watched.set(watchKey(u64Lo(workerId), u64Hi(workerId)), workerId)
+  }
+
+  unwatch(workerId: bigint): void {
+    this.watched.delete(watchKey(u64Lo(workerId), u64Hi(workerId)))
+  }
+
+  private noteEvent(lo: number, hi: number): void {
+    const key = watchKey(lo, hi)
+    const id = this.watched.get(key)
+    if (id === undefined) return
+    this.watched.delete(key)
+    // listeners run now, so what they queue for the worker goes before this event
+    this.emit('firstEvent', id)
+  }
+
+  /**
+   * Drops a worker-rank's blocks and forgets its last event id, in order with its events: what
+   * the index held of it was not its events (predictions), and its next event is taken whatever
+   * its id.
+   */
+  resetWorkerRank(workerId: bigint, dpRank: number): void {
+    this.pushTo(this.shards[this.shardOf(workerId)] as Shard, this.rankRecord(CONTROL_RESET_RANK, workerId, dpRank, 0))
   }
 
   /**
@@ -969,4 +1015,9 @@ export class ShardPool extends EventEmitter {
     await Promise.all(this.shards.map((sh) => sh.worker.terminate()))
     return report
   }
+}
+
+/** A worker id as a Map key: the number hi·2^32 + lo while that is exact, else the bigint. */
+function watchKey(lo: number, hi: number): number | bigint {
+  return hi < 0x200000 ? hi * 4294967296 + lo : u64FromParts(lo, hi)
 }

@@ -24,6 +24,11 @@ export type IndexState = 'exact' | 'recovering' | 'degraded'
 export interface IndexRecoveryOptions {
   /** The worker's HTTP endpoint, or undefined when it is not registered (its gaps are then accepted). */
   urlOf(workerId: bigint): string | undefined
+  /**
+   * The worker answered the worker query: it publishes KV events, and its dumps are about to
+   * replace what the index holds of it. Called before the rebuild's records are queued.
+   */
+  onAnswers?(workerId: bigint): void
   /** Per attempt: connect, headers and body (ms). Default 5000. */
   timeoutMs?: number
   /** Attempts per recovery, with 100 ms, 400 ms… between them. Default 3. */
@@ -56,7 +61,7 @@ const PROBE_RETRY_MAX_MS = 30_000
 
 export class IndexRecovery {
   readonly counters: IndexRecoveryCounters = { gaps: 0, ranges: 0, dumps: 0, failed: 0 }
-  private readonly opts: Required<Omit<IndexRecoveryOptions, 'dispatcher'>> & { dispatcher?: Dispatcher }
+  private readonly opts: Required<Omit<IndexRecoveryOptions, 'dispatcher' | 'onAnswers'>> & Pick<IndexRecoveryOptions, 'dispatcher' | 'onAnswers'>
   /** Worker-ranks ("id:rank") recovering now, or left degraded by a failed recovery. */
   private readonly states = new Map<string, IndexState>()
   /** Workers that answered the probe. */
@@ -75,7 +80,13 @@ export class IndexRecovery {
     private readonly pool: ShardPool,
     options: IndexRecoveryOptions,
   ) {
-    this.opts = { timeoutMs: options.timeoutMs ?? 5000, attempts: options.attempts ?? 3, urlOf: options.urlOf, ...(options.dispatcher === undefined ? {} : { dispatcher: options.dispatcher }) }
+    this.opts = {
+      timeoutMs: options.timeoutMs ?? 5000,
+      attempts: options.attempts ?? 3,
+      urlOf: options.urlOf,
+      ...(options.onAnswers === undefined ? {} : { onAnswers: options.onAnswers }),
+      ...(options.dispatcher === undefined ? {} : { dispatcher: options.dispatcher }),
+    }
     // kept after close(): a gap reported later is answered at once (as failed), so no hold waits
     pool.on('gap', (g: EventGap) => void this.recoverGap(g))
   }
@@ -121,6 +132,7 @@ export class IndexRecovery {
         this.pool.setRecoverable(workerId, answers)
       }
       if (!answers) return false
+      this.opts.onAnswers?.(workerId)
       const done = await Promise.all(Array.from({ length: dpRanks }, (_, rank) => this.rebuild(url, workerId, epoch, rank, rank === 0 ? probe.newest : null)))
       return done.every((x) => x)
     }

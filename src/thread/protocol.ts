@@ -175,6 +175,8 @@ export const SHARD_TICKET_BIT = 0x80000000
 export const CONTROL_RECOVERABLE = 2
 export const CONTROL_PARK = 3
 export const CONTROL_RECOVERY = 4
+/** RESET_RANK: drop the worker-rank's blocks and forget its last event id (what came before was not its events). */
+export const CONTROL_RESET_RANK = 5
 export const RecoveryKind = { Events: 0, TreeDump: 1, Failed: 2 } as const
 export type RecoveryKind = (typeof RecoveryKind)[keyof typeof RecoveryKind]
 

@@ -357,6 +357,9 @@ t.test('a restarted shard whose worker cannot be rebuilt is exact again, that wo
   const r = await Router.start(config(['--router-block-size', '4', '--router-event-recovery']))
   t.teardown(() => r.close())
   await r.addWorker({ id: 51n, url: up.url })
+  // it sent events (a worker that never did had only predictions to lose)
+  r.ingestEvent({ worker_id: 51n, event: { event_id: 1n, dp_rank: 0, data: 'cleared' } })
+  await r.pool.flush()
   const r1 = new Promise((res) => r.pool.once('shardRestarted', res))
   await r.pool.terminateShard(0)
   await r1
@@ -367,6 +370,8 @@ t.test('a restarted shard whose worker cannot be rebuilt is exact again, that wo
   const plain = await Router.start(config(['--router-block-size', '4']))
   t.teardown(() => plain.close())
   await plain.addWorker({ id: 52n, url: 'http://127.0.0.1:9' })
+  plain.ingestEvent({ worker_id: 52n, event: { event_id: 1n, dp_rank: 0, data: 'cleared' } })
+  await plain.pool.flush()
   const r2 = new Promise((res) => plain.pool.once('shardRestarted', res))
   await plain.pool.terminateShard(0)
   await r2

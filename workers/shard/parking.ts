@@ -25,6 +25,7 @@ import {
   CONTROL_RECOVERY,
   CONTROL_RECOVERY_BYTES,
   CONTROL_REMOVE_WORKER,
+  CONTROL_RESET_RANK,
   RecoveryKind,
   SHARD_TICKET_BIT,
 } from '../../src/thread/protocol.js'
@@ -137,6 +138,10 @@ export function onControl(bytes: Uint8Array): void {
       // a newer hold replaces an older one, whose events go first
       unpark(key)
       if (!shuttingDown) parks.set(key, { ticket: v.getUint32(16, true), msgs: [], bytes: 0 })
+    } else if (op === CONTROL_RESET_RANK) {
+      // events held before the reset came before it
+      unpark(key)
+      index.resetWorkerRank(lo, hi, rank)
     } else if (op === CONTROL_RECOVERY && bytes.length >= CONTROL_RECOVERY_BYTES) {
       const p = parks.get(key)
       // a recovery for a hold that ended meanwhile comes too late to apply in order: dropped

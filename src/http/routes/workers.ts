@@ -2,7 +2,7 @@
 import type { FastifyInstance } from 'fastify'
 import { tcpEndpoint, workerUrl } from '../../config.js'
 import type { EngineEventsSpec } from '../../config.js'
-import type { Router } from '../../core/router.js'
+import type { RankIndexState, Router } from '../../core/router.js'
 import type { DeviceType } from '../../scheduler/worker-ranks.js'
 import { KvrError } from '../../errors.js'
 import { encodeRouterEvent } from '../../codec/events.js'
@@ -30,12 +30,12 @@ export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): void {
       if (w === undefined || t.dp_rank >= w.dpRanks) unregistered.push({ worker_id: t.worker_id, dp_rank: t.dp_rank, cached_blocks: t.tree_size, last_event_id: t.last_event_id ?? null })
     }
     const out = router.registry.all().map((w) => {
-      const ranks = []
+      const ranks: { index: RankIndexState; [field: string]: unknown }[] = []
       for (let r = 0; r < w.dpRanks; r++) {
         const s = stats.find((x) => x.workerId === w.id && x.dpRank === r)
         ranks.push({
           dp_rank: r,
-          index: worst(router.recovery?.stateOf(w.id, r) ?? 'exact', router.engines.stateOf(w.id, r) ?? 'exact'),
+          index: router.indexStateOf(w.id, r),
           cached_blocks: cached.get(`${w.id}:${r}`) ?? 0,
           last_event_id: lastEvent.get(`${w.id}:${r}`) ?? null,
           active_blocks: s?.activeBlocks ?? 0,
@@ -45,7 +45,7 @@ export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): void {
       }
       // the shard's state first (a restarted shard lost every worker it held), then the ranks'
       const shardState = health[router.pool.shardOf(w.id)] ?? 'exact'
-      const index = shardState !== 'exact' ? shardState : ranks.some((x) => x.index === 'recovering') ? 'recovering' : ranks.some((x) => x.index === 'degraded') ? 'degraded' : 'exact'
+      const index = shardState !== 'exact' ? shardState : (WORKER_STATES.find((st) => ranks.some((x) => x.index === st)) ?? 'exact')
       return {
         id: w.id,
         url: w.url,
@@ -141,10 +141,5 @@ function engineEvents(b: Record<string, unknown>, dpRanks: number): EngineEvents
   return { endpoint, replay, topic: topic ?? '' }
 }
 
-const RANK = { exact: 0, recovering: 1, degraded: 2 } as const
-type RankState = keyof typeof RANK
-
-/** The worse of the index's state of a rank and its engine listener's. */
-function worst(a: RankState, b: RankState): RankState {
-  return RANK[a] >= RANK[b] ? a : b
-}
+/** A worker's index state is its ranks' first state in this order. */
+const WORKER_STATES: readonly RankIndexState[] = ['recovering', 'degraded', 'no-events', 'predicted']

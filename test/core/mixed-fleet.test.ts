@@ -1,0 +1,77 @@
+// A mixed fleet in KV-events mode: a worker with events is exact, one without is routed on
+// predictions; the first real event of the predicted worker replaces its predictions in the index
+// (whatever that event's id), and from then on it is exact.
+import t from 'tap'
+import { computeBlockHashes, computeSequenceHashes } from '../../src/codec/hashing.js'
+import { encodeRouterEvent } from '../../src/codec/events.js'
+import { harness, tokens } from '../http/helpers.js'
+
+const json = { 'content-type': 'application/json' }
+
+t.test('predicted until the first event, then exactly the events', async (t) => {
+  const h = await harness(['--router-block-size', '4'])
+  t.teardown(() => h.close())
+  const post = (url: string, body: string) => h.app.fastify.inject({ method: 'POST', url, payload: body, headers: json })
+  await h.router.addWorker({ id: 1n, url: 'http://127.0.0.1:9' })
+  await h.router.addWorker({ id: 2n, url: 'http://127.0.0.1:9' })
+  // worker 1 sends an event: exact
+  t.equal((await post('/v1/kv-events', `[${encodeRouterEvent({ worker_id: 1n, event: { event_id: 1n, dp_rank: 0, data: 'cleared' } })}]`)).statusCode, 202)
+  const states = async () => ((await h.app.fastify.inject({ method: 'GET', url: '/v1/workers' })).json() as { workers: { id: number; index: string }[] }).workers.map((w) => `${w.id}:${w.index}`)
+  t.same(await states(), ['1:exact', '2:no-events'])
+
+  // a prompt routed to worker 2 (pinned) counts as cached there
+  const prompt = tokens(20, 500)
+  const r = await post('/v1/route', JSON.stringify({ token_ids: prompt, update_states: true, request_id: 'a', worker_id: 2 }))
+  t.equal(r.statusCode, 200)
+  t.ok(h.router.scheduler.free('a'))
+  await h.router.pool.flush()
+  const ov = await post('/v1/overlap', JSON.stringify({ token_ids: prompt }))
+  t.match(ov.body, '{"worker_id":2,"dp_rank":0,"overlap_blocks":5,"tree_size":5}', 'the predicted prefix')
+  const unpinned = await post('/v1/route', JSON.stringify({ token_ids: prompt }))
+  t.match(unpinned.body, /^\{"worker_id":2,/, 'and the same prompt goes there')
+
+  // worker 2's first event, an id far from the predictions' ids, for other blocks
+  const other = tokens(8, 900)
+  const local = computeBlockHashes(other, 4)
+  const seq = computeSequenceHashes(local)
+  const blocks = [0, 1].map((i) => ({ block_hash: seq[i] as bigint, tokens_hash: local[i] as bigint }))
+  const ev = encodeRouterEvent({ worker_id: 2n, event: { event_id: 500n, dp_rank: 0, data: { stored: { parent_hash: null, blocks } } } })
+  t.equal((await post('/v1/kv-events', `[${ev}]`)).statusCode, 202)
+  await h.router.pool.flush()
+  t.same(await states(), ['1:exact', '2:exact'])
+  const dump = (await h.app.fastify.inject({ method: 'GET', url: '/v1/kv/dump?worker_id=2' })).body
+  t.equal((dump.match(/"block_hash"/g) ?? []).length, 2, 'the index holds its two real blocks, no prediction')
+  t.equal(h.router.scheduler.stats().approximateBlocks, 0, 'the predictions are forgotten')
+  const gone = await post('/v1/overlap', JSON.stringify({ token_ids: prompt }))
+  t.notMatch(gone.body, '"worker_id":2', 'the predicted prefix is gone')
+  // its next event follows 500 without a gap
+  const next = encodeRouterEvent({ worker_id: 2n, event: { event_id: 501n, dp_rank: 0, data: { removed: { block_hashes: [seq[1] as bigint] } } } })
+  await post('/v1/kv-events', `[${next}]`)
+  await h.router.pool.flush()
+  t.equal(
+    h.router.pool.counters().reduce((n, c) => n + c.gaps, 0),
+    0,
+    'no gap counted',
+  )
+  // routed again: no new prediction for a worker with events
+  await post('/v1/route', JSON.stringify({ token_ids: tokens(12, 700), update_states: true, request_id: 'b', worker_id: 2 }))
+  t.equal(h.router.scheduler.stats().approximateBlocks, 0)
+  t.match((await h.app.fastify.inject({ method: 'GET', url: '/metrics' })).body, /^kvrouter_worker_ranks_no_events 0$/m)
+})
+
+t.test('a worker whose events came before it registered is exact at once', async (t) => {
+  const h = await harness(['--router-block-size', '4'])
+  t.teardown(() => h.close())
+  h.router.ingestEvent({ worker_id: 3n, event: { event_id: 1n, dp_rank: 0, data: 'cleared' } })
+  await h.router.pool.flush()
+  await h.router.addWorker({ id: 3n, url: 'http://127.0.0.1:9' })
+  t.equal(h.router.indexStateOf(3n, 0), 'exact')
+})
+
+t.test('approximate mode calls every worker predicted', async (t) => {
+  const h = await harness(['--router-block-size', '4', '--no-router-kv-events'])
+  t.teardown(() => h.close())
+  await h.router.addWorker({ id: 4n, url: 'http://127.0.0.1:9' })
+  const w = (await h.app.fastify.inject({ method: 'GET', url: '/v1/workers' })).json() as { workers: { index: string; ranks: { index: string }[] }[] }
+  t.match(w.workers[0], { index: 'predicted', ranks: [{ index: 'predicted' }] })
+})

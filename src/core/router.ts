@@ -370,10 +370,12 @@ export class Router {
   /** What the index knows of a registered worker-rank (the shard's own state aside). */
   indexStateOf(workerId: bigint, dpRank: number): RankIndexState {
     if (!this.config.kvEvents) return 'predicted'
-    if (this.eventSources.has(workerId)) return 'no-events'
     const a = this.recovery?.stateOf(workerId, dpRank) ?? 'exact'
     const b = this.engines.stateOf(workerId, dpRank) ?? 'exact'
-    return a === 'degraded' || b === 'degraded' ? 'degraded' : a === 'recovering' || b === 'recovering' ? 'recovering' : 'exact'
+    // what its event source is doing says more than that nothing came of it yet
+    if (a === 'degraded' || b === 'degraded') return 'degraded'
+    if (a === 'recovering' || b === 'recovering') return 'recovering'
+    return this.eventSources.has(workerId) ? 'no-events' : 'exact'
   }
 
   // ---- events ----

@@ -144,7 +144,7 @@ export class Router {
       now: () => performance.now(),
     })
     pool.on('firstEvent', (id: bigint) => this.eventSources.evented(id))
-    this.checkTimer = setInterval(() => this.eventSources.check(), 5000)
+    this.checkTimer = setInterval(() => void this.checkEventSources(), 5000)
     this.checkTimer.unref()
     pool.on('shardRestarted', (shard: number) => void this.rebuildShard(shard))
     this.metrics = new RouterMetrics(config)
@@ -360,11 +360,37 @@ export class Router {
     this.eventSources.removed(id)
     this.approxEventIds.delete(id)
     await this.engines.stop(id)
+    this.strangers.delete(id)
     this.suspension.forget(id)
     if (this.registry.delete(id)) this.scheduler.removeWorker(id)
     else if ((await this.pool.indexedRanks(id)) === 0) return false
     await this.pool.removeWorker(id)
     return true
+  }
+
+  /** Unregistered ids whose events were named in a warning. */
+  private readonly strangers = new Set<bigint>()
+
+  /**
+   * The periodic check of the workers without events; and when events arrive for ids nobody
+   * registered while registered workers stay silent, the likely cause (ids that do not agree)
+   * is said once per id.
+   */
+  async checkEventSources(): Promise<void> {
+    this.eventSources.check()
+    if (this.eventSources.size === 0 || this.closed) return
+    const unknown = new Set<bigint>()
+    for (const t of await this.pool.treeSizes().catch(() => [])) if (!this.registry.has(t.worker_id) && !this.strangers.has(t.worker_id)) unknown.add(t.worker_id)
+    if (unknown.size === 0 || this.closed) return
+    for (const id of unknown) this.strangers.add(id)
+    const silent = this.registry
+      .all()
+      .filter((w) => this.eventSources.has(w.id))
+      .map((w) => `${w.id} (${w.url})`)
+    process.emitWarning(
+      `KV events arrive for worker id(s) ${[...unknown].join(', ')}, which are not registered, while registered worker(s) ${silent.join(', ')} have sent none: if they are the same engines, register each with its engine's id (--worker ID=URL, or "id" in POST /v1/workers)`,
+      { code: 'KVR_WORKER_NO_EVENTS' },
+    )
   }
 
   /** What the index knows of a registered worker-rank (the shard's own state aside). */

@@ -455,12 +455,61 @@ function workerKey(part: string): [WorkerKey, string] | null {
 /** A worker with the engine-event keys given after its URL; throws ConfigError (without the flag name) when they do not fit. */
 function withEngineKeys(w: StaticWorkerSpec, keys: Map<WorkerKey, string>): StaticWorkerSpec {
   if (keys.size === 0) return w
-  const endpoint = keys.get('kv-events')
-  if (endpoint === undefined) throw new ConfigError(`worker ${w.id}: replay= and topic= need kv-events=tcp://HOST:PORT`)
-  if (tcpEndpoint(endpoint) === null) throw new ConfigError(`worker ${w.id}: kv-events must be tcp://HOST:PORT, got ${JSON.stringify(endpoint)}`)
-  const replay = keys.get('replay') ?? null
-  if (replay !== null && tcpEndpoint(replay) === null) throw new ConfigError(`worker ${w.id}: replay must be tcp://HOST:PORT, got ${JSON.stringify(replay)}`)
-  return Object.freeze({ ...w, kvEvents: Object.freeze({ endpoint, replay, topic: keys.get('topic') ?? '' }) })
+  try {
+    const spec = engineEventsSpec({ endpoint: keys.get('kv-events'), replay: keys.get('replay'), topic: keys.get('topic') }, 1, FLAG_FIELDS)
+    return Object.freeze({ ...w, kvEvents: spec === null ? null : Object.freeze(spec) })
+  } catch (err) {
+    if (err instanceof ConfigError) throw new ConfigError(`worker ${w.id}: ${err.message}`)
+    throw err
+  }
+}
+
+/** How a source of registrations names the engine-event fields, for its error messages. */
+export interface EngineEventsNames {
+  readonly endpoint: string
+  readonly replay: string
+  readonly topic: string
+  readonly dpSize: string
+  /** The message when replay or topic come without the endpoint. */
+  readonly alone: string
+}
+
+const FLAG_FIELDS: EngineEventsNames = { endpoint: 'kv-events', replay: 'replay', topic: 'topic', dpSize: 'dp_size', alone: 'replay= and topic= need kv-events=tcp://HOST:PORT' }
+/** The field names of POST /v1/workers and of etcd instance records. */
+export const RECORD_FIELDS: EngineEventsNames = {
+  endpoint: 'kv_events_endpoint',
+  replay: 'replay_endpoint',
+  topic: 'kv_events_topic',
+  dpSize: 'dp_size',
+  alone: 'replay_endpoint and kv_events_topic need kv_events_endpoint',
+}
+
+/**
+ * The engine's own KV-event source a registration names (null or undefined fields are absent):
+ * null when it names none, else its endpoints checked for every dp rank (rank r on port + r).
+ * Throws ConfigError naming the field as `names` spells it. --worker, POST /v1/workers and etcd
+ * records all check with it, so the three accept the same values.
+ */
+export function engineEventsSpec(f: { endpoint: unknown; replay: unknown; topic: unknown }, dpRanks: number, names: EngineEventsNames): EngineEventsSpec | null {
+  const given = (v: unknown): boolean => v !== null && v !== undefined
+  if (!given(f.endpoint)) {
+    if (given(f.replay) || given(f.topic)) throw new ConfigError(names.alone)
+    return null
+  }
+  const endpoint = rankedEndpoint(f.endpoint, dpRanks, names.endpoint, names.dpSize)
+  const replay = given(f.replay) ? rankedEndpoint(f.replay, dpRanks, names.replay, names.dpSize) : null
+  if (given(f.topic) && typeof f.topic !== 'string') throw new ConfigError(`${names.topic} must be a string, got ${JSON.stringify(f.topic)}`)
+  return { endpoint, replay, topic: (f.topic as string | undefined) ?? '' }
+}
+
+/** A tcp://HOST:PORT endpoint whose port + every rank is a port too. */
+function rankedEndpoint(v: unknown, dpRanks: number, name: string, dpName: string): string {
+  const e = typeof v === 'string' ? tcpEndpoint(v) : null
+  if (e !== null && e.port + dpRanks - 1 <= 65535) return v as string
+  const ranks = dpRanks > 1 ? ` with PORT + ${dpName} - 1 at most 65535 (${dpName} ${dpRanks})` : ''
+  // the engine's own config names where it binds, which is no address to connect to
+  const bind = typeof v === 'string' && v.startsWith('tcp://*:') ? '; tcp://*:PORT is where the engine binds, give the host the router connects to' : ''
+  throw new ConfigError(`${name} must be tcp://HOST:PORT${ranks}, got ${JSON.stringify(v)}${bind}`)
 }
 
 /**

@@ -189,7 +189,7 @@ export class Router {
         if (w.blockSize !== null && w.blockSize !== c.blockSize) {
           process.emitWarning(`worker ${w.workerId} announces block size ${w.blockSize}, the router hashes with ${c.blockSize}: its blocks will never match`, { code: 'KVR_BLOCK_SIZE_MISMATCH' })
         }
-        const reg: WorkerRegistration = { id: w.workerId, url: w.url, device: w.deviceType, dpRanks: w.dpSize, source: 'etcd' }
+        const reg: WorkerRegistration = { id: w.workerId, url: w.url, device: w.deviceType, dpRanks: w.dpSize, source: 'etcd', kvEvents: w.kvEvents }
         if (w.blockSize !== null) reg.blockSize = w.blockSize
         if (w.totalKvBlocks !== null) reg.capacity = w.totalKvBlocks
         if (w.maxNumBatchedTokens !== null) reg.maxNumBatchedTokens = w.maxNumBatchedTokens

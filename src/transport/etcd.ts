@@ -3,6 +3,9 @@
 //
 //   v1/instances/{ns}/{component}/{endpoint}/{worker_id as hex}
 //     { "http_url": "http://10.0.0.5:8000", "device_type": "cuda" }        (also "transport": {"http": …})
+//     optionally the engine's own KV-event publisher (vLLM, SGLang), as POST /v1/workers names it:
+//     "kv_events_endpoint": "tcp://10.0.0.5:5557", "replay_endpoint": "tcp://10.0.0.5:5558",
+//     "kv_events_topic": "kv-events"
 //   v1/mdc/{ns}/{component}/{endpoint}/{worker_id as hex}
 //     { "kv_cache_block_size": 64,
 //       "runtime_config": { "total_kv_blocks": 16384, "max_num_batched_tokens": 8192,
@@ -13,10 +16,15 @@
 // config when present. Start lists both prefixes, then watches them from the listed revision;
 // after a lost connection the watch resumes and a full re-list reconciles anything missed
 // (removals of vanished workers, additions and changes), so a restarted etcd is caught up with.
+//
+// The kv-events fields belong to the instance record, not the card: they say where this process
+// publishes, like its URL. Fields that are not valid leave the worker registered without events
+// (it is still routable), counted and warned about once per value.
 import { cardsPrefix, instancesPrefix } from './dynamo-names.js'
 import type { Etcd3, IKeyValue } from 'etcd3'
 import { EventEmitter } from 'node:events'
-import { urlList } from '../config.js'
+import { ConfigError, engineEventsSpec, RECORD_FIELDS, urlList } from '../config.js'
+import type { EngineEventsSpec } from '../config.js'
 import { KvrError } from '../errors.js'
 
 export interface EtcdDiscoveryOptions {
@@ -36,6 +44,8 @@ export interface DiscoveredWorker {
   maxNumBatchedTokens: number | null
   dpStart: number
   dpSize: number
+  /** The engine's own KV-event publisher, rank r on port + r; null without one or when invalid. */
+  kvEvents: EngineEventsSpec | null
 }
 
 interface Parts {
@@ -47,8 +57,13 @@ function nonNegInt(v: unknown): number | null {
   return typeof v === 'number' && Number.isInteger(v) && v >= 0 ? v : null
 }
 
-/** The worker record of one worker's keys, or null while its instance key is missing or bad. */
-export function toWorker(workerId: bigint, parts: Parts): DiscoveredWorker | null {
+const ETCD_FIELDS = { ...RECORD_FIELDS, dpSize: 'data_parallel_size' }
+
+/**
+ * The worker record of one worker's keys, or null while its instance key is missing or bad.
+ * Invalid kv-events fields are left out, and `invalid` is told why.
+ */
+export function toWorker(workerId: bigint, parts: Parts, invalid?: (why: string) => void): DiscoveredWorker | null {
   const inst = parts.instance
   if (inst === undefined) return null
   const transport = inst['transport'] as Record<string, unknown> | undefined
@@ -57,6 +72,14 @@ export function toWorker(workerId: bigint, parts: Parts): DiscoveredWorker | nul
   const device = String(inst['device_type'] ?? 'gpu').toLowerCase()
   const card = parts.card ?? {}
   const rc = (card['runtime_config'] ?? {}) as Record<string, unknown>
+  const dpSize = Math.max(1, nonNegInt(rc['data_parallel_size']) ?? 1)
+  let kvEvents: EngineEventsSpec | null = null
+  try {
+    kvEvents = engineEventsSpec({ endpoint: inst['kv_events_endpoint'], replay: inst['replay_endpoint'], topic: inst['kv_events_topic'] }, dpSize, ETCD_FIELDS)
+  } catch (err) {
+    if (!(err instanceof ConfigError)) throw err
+    invalid?.(err.message)
+  }
   return {
     workerId,
     url,
@@ -65,7 +88,8 @@ export function toWorker(workerId: bigint, parts: Parts): DiscoveredWorker | nul
     totalKvBlocks: nonNegInt(rc['total_kv_blocks']),
     maxNumBatchedTokens: nonNegInt(rc['max_num_batched_tokens']),
     dpStart: nonNegInt(rc['data_parallel_start_rank']) ?? 0,
-    dpSize: Math.max(1, nonNegInt(rc['data_parallel_size']) ?? 1),
+    dpSize,
+    kvEvents,
   }
 }
 
@@ -77,7 +101,10 @@ function sameWorker(a: DiscoveredWorker, b: DiscoveredWorker): boolean {
     a.totalKvBlocks === b.totalKvBlocks &&
     a.maxNumBatchedTokens === b.maxNumBatchedTokens &&
     a.dpStart === b.dpStart &&
-    a.dpSize === b.dpSize
+    a.dpSize === b.dpSize &&
+    a.kvEvents?.endpoint === b.kvEvents?.endpoint &&
+    a.kvEvents?.replay === b.kvEvents?.replay &&
+    a.kvEvents?.topic === b.kvEvents?.topic
   )
 }
 
@@ -90,7 +117,10 @@ export interface EtcdDiscoveryEvents {
 export class EtcdDiscovery extends EventEmitter {
   /** Current workers by id. */
   readonly workers = new Map<bigint, DiscoveredWorker>()
-  readonly counters = { puts: 0, deletes: 0, resyncs: 0, disconnects: 0, malformed: 0 }
+  /** `bad_kv_events`: workers whose kv-events fields turned invalid (each warned about once). */
+  readonly counters = { puts: 0, deletes: 0, resyncs: 0, disconnects: 0, malformed: 0, bad_kv_events: 0 }
+  /** Per worker, why its kv-events fields are invalid, while they are. */
+  private readonly badKvEvents = new Map<bigint, string>()
   private parts = new Map<bigint, Parts>()
   private client: Etcd3
   private watchers: { cancel(): Promise<void> }[] = []
@@ -152,8 +182,10 @@ export class EtcdDiscovery extends EventEmitter {
   /** Recomputes one worker from its parts and emits what changed. */
   private refresh(id: bigint): void {
     const parts = this.parts.get(id)
-    const next = parts === undefined ? null : toWorker(id, parts)
+    const bad = { why: null as string | null }
+    const next = parts === undefined ? null : toWorker(id, parts, (why) => (bad.why = why))
     const prev = this.workers.get(id)
+    this.noteKvEvents(id, next === null ? null : bad.why)
     if (next === null) {
       if (prev !== undefined) {
         this.workers.delete(id)
@@ -164,6 +196,18 @@ export class EtcdDiscovery extends EventEmitter {
     this.workers.set(id, next)
     if (prev === undefined) this.emit('added', next)
     else if (!sameWorker(prev, next)) this.emit('updated', next)
+  }
+
+  /** Counts and warns about a worker's invalid kv-events fields once per value; valid ones forget it. */
+  private noteKvEvents(id: bigint, why: string | null): void {
+    if (why === null) {
+      this.badKvEvents.delete(id)
+      return
+    }
+    if (this.badKvEvents.get(id) === why) return
+    this.badKvEvents.set(id, why)
+    this.counters.bad_kv_events++
+    process.emitWarning(`worker ${id} from etcd is registered without its engine's KV events: ${why}`, { code: 'KVR_KV_EVENTS_INVALID' })
   }
 
   /** Lists both prefixes and reconciles; returns the revision the listing reflects. */

@@ -1,6 +1,7 @@
 // Simulated engines that publish their KV events over ZMQ as vLLM does, and traffic for them:
 // shared by the publisher's tests and the router's engine-intake tests.
 import type { Test } from 'tap'
+import { parseJsonExact } from '../../src/codec/json.js'
 import { isKvrError } from '../../src/errors.js'
 import { MockerFleet } from '../../src/sim/mocker/fleet.js'
 import type { FleetOptions } from '../../src/sim/mocker/fleet.js'
@@ -55,4 +56,35 @@ export async function drive(fleet: MockerFleet, rng: Rng, requests: number): Pro
 /** A map ordered by key, so two maps of the same entries compare equal. */
 export function sortedByKey(m: Map<bigint, bigint>): Map<bigint, bigint> {
   return new Map([...m].sort((a, b) => (a[0] < b[0] ? -1 : a[0] > b[0] ? 1 : 0)))
+}
+
+/** A block of the index as GET /v1/kv/dump shows it. */
+export interface DumpedBlock {
+  tokensHash: bigint
+  parent: bigint | null
+  dpRank: number
+}
+
+/** block_hash → its tokens_hash, parent and rank, from the text of a GET /v1/kv/dump answer (u64s read exactly). */
+export function dumpedBlocks(json: string): Map<bigint, DumpedBlock> {
+  const out = new Map<bigint, DumpedBlock>()
+  const u64 = (v: unknown): bigint => BigInt(String(v))
+  type Stored = { parent_hash: unknown; blocks: { block_hash: unknown; tokens_hash: unknown }[] }
+  const body = parseJsonExact(json) as { events: { event: { dp_rank: number; data: { stored?: Stored } } }[] }
+  for (const ev of body.events) {
+    const s = ev.event.data.stored
+    if (s === undefined) continue
+    let parent = s.parent_hash === null ? null : u64(s.parent_hash)
+    for (const b of s.blocks) {
+      const h = u64(b.block_hash)
+      out.set(h, { tokensHash: u64(b.tokens_hash), parent, dpRank: ev.event.dp_rank })
+      parent = h
+    }
+  }
+  return out
+}
+
+/** block_hash → tokens_hash of a dump, ordered as sortedByKey orders a pool's. */
+export function dumpedTokens(json: string): Map<bigint, bigint> {
+  return sortedByKey(new Map([...dumpedBlocks(json)].map(([h, b]) => [h, b.tokensHash])))
 }

@@ -41,7 +41,11 @@ t.test('a leased worker appears with its record and disappears, from discovery a
   disco.on('removed', (id: bigint) => removals.push(pool.removeWorker(id)))
 
   const first = disco.workers.get(early.id)
-  t.same(first, { workerId: early.id, url: 'http://127.0.0.1:9001', deviceType: 'cpu', blockSize: 16, totalKvBlocks: 4096, maxNumBatchedTokens: 8192, dpStart: 0, dpSize: 2 }, 'listed at start')
+  t.same(
+    first,
+    { workerId: early.id, url: 'http://127.0.0.1:9001', deviceType: 'cpu', blockSize: 16, totalKvBlocks: 4096, maxNumBatchedTokens: 8192, dpStart: 0, dpSize: 2, kvEvents: null },
+    'listed at start',
+  )
 
   const added = once(disco, 'added')
   const late = await register(client, { url: 'http://127.0.0.1:9002' })
@@ -109,6 +113,7 @@ t.test('records: parsing rules and malformed values', async (t) => {
     maxNumBatchedTokens: null,
     dpStart: 0,
     dpSize: 1,
+    kvEvents: null,
   })
   const etcd = await startEtcd()
   t.teardown(() => etcd.stop())
@@ -121,6 +126,35 @@ t.test('records: parsing rules and malformed values', async (t) => {
   t.teardown(() => disco.close())
   t.same([...disco.workers.keys()], [0xffffffffffffffffn], 'u64 ids from hex keys stay exact; bad keys and values are skipped')
   t.equal(disco.counters.malformed, 1)
+})
+
+t.test('records: the kv-events fields of an instance, checked as --worker and POST /v1/workers check them', async (t) => {
+  const url = { http_url: 'http://h:1' }
+  t.same(toWorker(3n, { instance: { ...url, kv_events_endpoint: 'tcp://h:5557', replay_endpoint: 'tcp://h:5558', kv_events_topic: 'kv-events' } })?.kvEvents, {
+    endpoint: 'tcp://h:5557',
+    replay: 'tcp://h:5558',
+    topic: 'kv-events',
+  })
+  t.same(toWorker(3n, { instance: { ...url, kv_events_endpoint: 'tcp://h:5557', replay_endpoint: null } })?.kvEvents, { endpoint: 'tcp://h:5557', replay: null, topic: '' }, 'null is absent')
+  const card = (dp: number) => ({ runtime_config: { data_parallel_size: dp } })
+  t.equal(toWorker(3n, { instance: { ...url, kv_events_endpoint: 'tcp://h:65535' }, card: card(1) })?.kvEvents?.endpoint, 'tcp://h:65535')
+  for (const [fields, dp, why] of [
+    [{ kv_events_endpoint: 'tcp://*:5557' }, 1, /^kv_events_endpoint must be tcp:\/\/HOST:PORT, got "tcp:\/\/\*:5557"; tcp:\/\/\*:PORT is where the engine binds/],
+    [{ kv_events_endpoint: 5557 }, 1, /^kv_events_endpoint must be tcp:\/\/HOST:PORT, got 5557$/],
+    [{ kv_events_endpoint: 'tcp://h:1', replay_endpoint: 'tcp://h' }, 1, /^replay_endpoint must be tcp/],
+    [{ replay_endpoint: 'tcp://h:2' }, 1, /^replay_endpoint and kv_events_topic need kv_events_endpoint$/],
+    [{ kv_events_endpoint: 'tcp://h:1', kv_events_topic: 7 }, 1, /^kv_events_topic must be a string/],
+    [{ kv_events_endpoint: 'tcp://h:65535' }, 2, /^kv_events_endpoint must be tcp:\/\/HOST:PORT with PORT \+ data_parallel_size - 1 at most 65535 \(data_parallel_size 2\)/],
+  ] as const) {
+    const why2: string[] = []
+    const w = toWorker(3n, { instance: { ...url, ...fields }, card: card(dp) }, (m) => why2.push(m))
+    t.equal(w?.url, 'http://h:1', 'still a worker')
+    t.equal(w?.kvEvents, null, 'without events')
+    t.match(why2, [why])
+  }
+  const none: string[] = []
+  t.equal(toWorker(3n, { instance: url }, (m) => none.push(m))?.kvEvents, null)
+  t.same(none, [], 'no fields, nothing to tell')
 })
 
 t.test('an unreachable etcd at start is a clear error naming the URL', async (t) => {

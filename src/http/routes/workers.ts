@@ -1,6 +1,6 @@
 // The worker registry over HTTP, and the index as the events that rebuild it.
 import type { FastifyInstance } from 'fastify'
-import { tcpEndpoint, workerUrl } from '../../config.js'
+import { ConfigError, engineEventsSpec, RECORD_FIELDS, workerUrl } from '../../config.js'
 import type { EngineEventsSpec } from '../../config.js'
 import type { RankIndexState, Router } from '../../core/router.js'
 import type { DeviceType } from '../../scheduler/worker-ranks.js'
@@ -123,22 +123,11 @@ export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): void {
 
 /** The engine-event fields of a registration: every rank's port (port + rank) must be one. */
 function engineEvents(b: Record<string, unknown>, dpRanks: number): EngineEventsSpec | null {
-  const endpoint = b.kv_events_endpoint as string | undefined
-  const replay = (b.replay_endpoint as string | undefined) ?? null
-  const topic = b.kv_events_topic as string | undefined
-  if (endpoint === undefined) {
-    if (replay !== null || topic !== undefined) throw new KvrError('KVR_ERR_INVALID_REQUEST', 'replay_endpoint and kv_events_topic need kv_events_endpoint')
-    return null
+  try {
+    return engineEventsSpec({ endpoint: b.kv_events_endpoint, replay: b.replay_endpoint, topic: b.kv_events_topic }, dpRanks, RECORD_FIELDS)
+  } catch (err) {
+    throw err instanceof ConfigError ? new KvrError('KVR_ERR_INVALID_REQUEST', err.message) : err
   }
-  for (const [field, v] of [
-    ['kv_events_endpoint', endpoint],
-    ['replay_endpoint', replay],
-  ] as const) {
-    if (v === null) continue
-    const e = tcpEndpoint(v)
-    if (e === null || e.port + dpRanks - 1 > 65535) throw new KvrError('KVR_ERR_INVALID_REQUEST', `${field} must be tcp://HOST:PORT with PORT + dp_size - 1 at most 65535, got ${JSON.stringify(v)}`)
-  }
-  return { endpoint, replay, topic: topic ?? '' }
 }
 
 /** A worker's index state is its ranks' first state in this order. */

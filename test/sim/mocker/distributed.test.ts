@@ -93,7 +93,7 @@ t.test('engines register in etcd under their leases and publish events and load 
   await waitUntil('both engines discovered', () => disco.workers.size === 2, 5000)
   t.same(
     disco.workers.get(w0.workerId),
-    { workerId: w0.workerId, url: w0.url, deviceType: 'gpu', blockSize: BS, totalKvBlocks: 2048, maxNumBatchedTokens: 4096, dpStart: 0, dpSize: 1 },
+    { workerId: w0.workerId, url: w0.url, deviceType: 'gpu', blockSize: BS, totalKvBlocks: 2048, maxNumBatchedTokens: 4096, dpStart: 0, dpSize: 1, kvEvents: null },
     "the router's discovery reads the record",
   )
 

@@ -70,8 +70,10 @@ export function dumpedBlocks(json: string): Map<bigint, DumpedBlock> {
   const out = new Map<bigint, DumpedBlock>()
   const u64 = (v: unknown): bigint => BigInt(String(v))
   type Stored = { parent_hash: unknown; blocks: { block_hash: unknown; tokens_hash: unknown }[] }
-  const body = parseJsonExact(json) as { events: { event: { dp_rank: number; data: { stored?: Stored } } }[] }
+  const body = parseJsonExact(json) as { events: { event: { dp_rank: number; data: { stored?: Stored; removed?: { block_hashes: unknown[] } } } }[] }
   for (const ev of body.events) {
+    // the dump removes again the stand-in blocks it stores to rebuild a detached subtree
+    for (const h of ev.event.data.removed?.block_hashes ?? []) out.delete(u64(h))
     const s = ev.event.data.stored
     if (s === undefined) continue
     let parent = s.parent_hash === null ? null : u64(s.parent_hash)

@@ -271,7 +271,8 @@ export class Router {
     }
     this.registry.set(info)
     this.suspension.forget(reg.id)
-    if (this.config.kvEvents) this.eventSources.registered(info, known, this.config.natsUrl !== null || info.kvEvents !== null || reg.eventsInProcess === true)
+    const hasSource = this.config.natsUrl !== null || info.kvEvents !== null || reg.eventsInProcess === true
+    if (this.config.kvEvents) this.eventSources.registered(info, known, hasSource)
     // An engine's own events come with their own recovery (the replay socket); in approximate
     // mode the index holds the scheduler's predictions, not events.
     if (info.kvEvents !== null && this.config.kvEvents) {
@@ -280,6 +281,12 @@ export class Router {
       return info
     }
     await this.engines.stop(reg.id)
+    // an engine no longer read: what its events put in the index is dropped, and the worker is
+    // predicted until other events of it come
+    if (old !== undefined && old.kvEvents !== null && this.config.kvEvents) {
+      for (let r = 0; r < old.dpRanks; r++) this.pool.resetWorkerRank(reg.id, r)
+      this.eventSources.registered(info, false, hasSource)
+    }
     // a new worker, or one now elsewhere: what it has cached is fetched (a model card arriving
     // for a worker already known changes neither)
     if (old === undefined || old.url !== info.url || old.dpRanks !== dpRanks || old.kvEvents !== null) void this.recovery?.workerAdded(reg.id, dpRanks)

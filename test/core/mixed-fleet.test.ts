@@ -91,6 +91,21 @@ t.test('events for an id nobody registered while a registered worker stays silen
   t.equal(h.router.indexStateOf(1n, 0), 'no-events')
 })
 
+t.test('a worker registered again without its kv-events endpoint: its engine blocks dropped, no-events again', async (t) => {
+  const h = await harness(['--router-block-size', '4'])
+  t.teardown(() => h.close())
+  // a listener on an endpoint nobody publishes on; its worker's blocks come from elsewhere here
+  await h.router.addWorker({ id: 5n, url: 'http://127.0.0.1:9', kvEvents: { endpoint: 'tcp://127.0.0.1:9', replay: null, topic: '' } })
+  h.router.ingestEvent({ worker_id: 5n, event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: null, blocks: [{ block_hash: 1n, tokens_hash: 2n }] } } } })
+  await h.router.pool.flush()
+  t.not(h.router.indexStateOf(5n, 0), 'no-events', 'its events came')
+  t.equal((await h.router.pool.treeSizes()).find((x) => x.worker_id === 5n)?.tree_size, 1)
+  await h.router.addWorker({ id: 5n, url: 'http://127.0.0.1:9' })
+  await h.router.pool.flush()
+  t.equal((await h.router.pool.treeSizes()).find((x) => x.worker_id === 5n)?.tree_size ?? 0, 0, 'its blocks are gone')
+  t.equal(h.router.indexStateOf(5n, 0), 'no-events')
+})
+
 t.test('approximate mode calls every worker predicted', async (t) => {
   const h = await harness(['--router-block-size', '4', '--no-router-kv-events'])
   t.teardown(() => h.close())

@@ -239,3 +239,33 @@ t.test('discovery: a changed endpoint is an update, the same record again is not
   )
   await w.lease.revoke()
 })
+
+t.test('a mocker fleet with --etcd-url and --kv-events-zmq names its publishers in its own records, as a router reaches them', async (t) => {
+  const { etcd } = await etcdAndClient(t)
+  const { MockerFleet } = await import('../../src/sim/mocker/fleet.js')
+  let fleet: MockerFleet | undefined
+  let base = 0
+  for (let attempt = 0; fleet === undefined; attempt++) {
+    base = 20000 + Math.floor(Math.random() * 20000) * 2
+    try {
+      // bound on every interface: the record must carry an address a router can dial
+      fleet = await MockerFleet.start({ numWorkers: 2, blockSize: BS, numGpuBlocks: 24, speedupRatio: 0, etcdUrl: etcd.url, kvEventsZmq: `tcp://*:${base}`, kvEventsReplayZmq: `tcp://*:${base + 2}` })
+    } catch (err) {
+      if (attempt > 10 || !/cannot bind/.test((err as Error).message)) throw err
+    }
+  }
+  const f = fleet
+  t.teardown(() => f.close())
+  const app = await startRouter(t, etcd.url)
+  const rng = new Rng(5)
+  await drive(f, rng, 12)
+  for (let i = 0; i < 2; i++) {
+    const id = (f.workers[i] as MockerWorker).workerId
+    t.same(await holdsEngine(app, id, f, i, `engine ${i} indexed through the endpoints in its record`), cachedOf(f, i))
+  }
+  const listed = JSON.parse(await get(app, '/v1/workers')) as { workers: { kv_events_endpoint: string; replay_endpoint: string }[] }
+  t.same(listed.workers.map((w) => [w.kv_events_endpoint, w.replay_endpoint]).sort(), [
+    [`tcp://127.0.0.1:${base}`, `tcp://127.0.0.1:${base + 2}`],
+    [`tcp://127.0.0.1:${base + 1}`, `tcp://127.0.0.1:${base + 3}`],
+  ])
+})

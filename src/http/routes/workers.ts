@@ -55,6 +55,9 @@ export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): void {
         device_type: w.device,
         dp_size: w.dpRanks,
         max_num_batched_tokens: w.maxNumBatchedTokens ?? null,
+        kv_events_endpoint: w.kvEvents?.endpoint ?? null,
+        replay_endpoint: w.kvEvents?.replay ?? null,
+        kv_events_topic: w.kvEvents?.topic ?? null,
         // suspended: left out of routing after failures in a row; failing: its time out is up,
         // and the next request may go there (an answer makes it ok)
         health: w.failures === 0 ? 'ok' : router.suspension.isSuspended(w) ? 'suspended' : 'failing',

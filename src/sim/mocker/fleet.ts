@@ -18,7 +18,7 @@ import { EngineServer } from './server.js'
 import { CallbackPublisher, HttpEventPublisher, LoadPublisher, NatsEventPublisher, connectNats } from './publisher.js'
 import type { EventPublisher } from './publisher.js'
 import { EtcdRegistrar, deregisterFromRouter, registerWithRouter } from './registration.js'
-import { ZmqEventPublisher, engineEndpoint } from './zmq-publisher.js'
+import { ZmqEventPublisher, engineEndpoint, parseTcpEndpoint } from './zmq-publisher.js'
 import type { VllmEventForm, ZmqEventPublisherOptions } from './zmq-publisher.js'
 import type { EtcdLease, EtcdRegistrarOptions, RouterRegistration, WorkerRecord } from './registration.js'
 
@@ -105,6 +105,8 @@ export class MockerWorker {
   load: LoadPublisher | null = null
   lease: EtcdLease | null = null
   routerRegistration: RouterRegistration | null = null
+  /** Its ZMQ publisher as a router reaches it, written into its etcd record (none when its events also go to NATS). */
+  kvEvents: { endpoint: string; replay: string | null } | null = null
 
   constructor(engine: MockEngine, server: EngineServer, publishers: EventPublisher[]) {
     this.engine = engine
@@ -130,6 +132,7 @@ export class MockerWorker {
     const c = this.engine.config
     const r: WorkerRecord = { url: this.url, blockSize: c.blockSize, totalKvBlocks: c.numGpuBlocks, maxNumBatchedTokens: c.maxNumBatchedTokens }
     if (modelName !== undefined) r.modelName = modelName
+    if (this.kvEvents !== null) r.kvEvents = this.kvEvents
     return r
   }
 
@@ -237,6 +240,11 @@ export class MockerFleet {
       const server = new EngineServer(so)
       const w = new MockerWorker(engine, server, pubs)
       w.lease = lease
+      // a router reading NATS too would take every event twice
+      if (o.kvEventsZmq !== undefined && this.nats === null) {
+        const reach = (e: string): string => advertised(e, o.advertiseHost ?? host)
+        w.kvEvents = { endpoint: reach(engineEndpoint(o.kvEventsZmq, i)), replay: o.kvEventsReplayZmq === undefined ? null : reach(engineEndpoint(o.kvEventsReplayZmq, i)) }
+      }
       this.workers.push(w)
       try {
         await server.listen()
@@ -294,4 +302,12 @@ export class MockerFleet {
 /** Starts a fleet (see FleetOptions). */
 export function startFleet(o: FleetOptions = {}): Promise<MockerFleet> {
   return MockerFleet.start(o)
+}
+
+/** A bound endpoint as others reach it: a wildcard host replaced by the advertised one. */
+function advertised(endpoint: string, host: string): string {
+  const e = parseTcpEndpoint(endpoint)
+  if (e === null || (e.host !== '*' && e.host !== '0.0.0.0' && e.host !== '::' && e.host !== '[::]')) return endpoint
+  const h = host === '0.0.0.0' || host === '::' ? '127.0.0.1' : host
+  return `tcp://${h.includes(':') && !h.startsWith('[') ? `[${h}]` : h}:${e.port}`
 }

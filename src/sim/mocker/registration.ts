@@ -14,6 +14,8 @@ export interface WorkerRecord {
   totalKvBlocks: number
   maxNumBatchedTokens: number
   modelName?: string
+  /** The engine's own KV-event publisher, for a router to read over ZMQ. */
+  kvEvents?: { endpoint: string; replay: string | null }
 }
 
 export interface DiscoveryPath {
@@ -30,8 +32,13 @@ export function etcdRecord(path: DiscoveryPath, workerId: bigint, rec: WorkerRec
     runtime_config: { total_kv_blocks: rec.totalKvBlocks, max_num_batched_tokens: rec.maxNumBatchedTokens, data_parallel_size: 1, data_parallel_start_rank: 0 },
   }
   if (rec.modelName !== undefined) card.display_name = rec.modelName
+  const instance: Record<string, unknown> = { http_url: rec.url, device_type: 'cuda' }
+  if (rec.kvEvents !== undefined) {
+    instance.kv_events_endpoint = rec.kvEvents.endpoint
+    if (rec.kvEvents.replay !== null) instance.replay_endpoint = rec.kvEvents.replay
+  }
   return [
-    { key: `${instancesPrefix(path.namespace, path.component, path.endpoint)}${hex}`, value: JSON.stringify({ http_url: rec.url, device_type: 'cuda' }) },
+    { key: `${instancesPrefix(path.namespace, path.component, path.endpoint)}${hex}`, value: JSON.stringify(instance) },
     { key: `${cardsPrefix(path.namespace, path.component, path.endpoint)}${hex}`, value: JSON.stringify(card) },
   ]
 }

@@ -3,7 +3,7 @@
 // publishes. One instance per thread, built when the thread starts.
 import { workerData } from 'node:worker_threads'
 import { KvIndex } from '../../src/index/kv-index.js'
-import { EventDecoder } from '../../src/codec/event-decoder.js'
+import { RouterEventDecoder } from '../../src/codec/dynamo-msgpack.js'
 import { RingConsumer } from '../../src/thread/ring.js'
 import { BoardLayout, RING_READ, RING_WRITE, type ShardInit } from '../../src/thread/protocol.js'
 
@@ -14,7 +14,7 @@ export const ctrl = new Int32Array(init.ctrl)
 export const board = new Int32Array(init.board)
 export const layout = new BoardLayout(init.geometry)
 export const index = new KvIndex({ maxBlocks: init.maxBlocks, maxWorkerRanks: init.geometry.maxResults })
-export const decoder = new EventDecoder()
+export const decoder = new RouterEventDecoder()
 export const ring = new RingConsumer(ctrl, { write: RING_WRITE, read: RING_READ }, init.ring)
 
 /**

@@ -372,9 +372,9 @@ export class ShardPool extends EventEmitter {
   }
 
   /**
-   * Hands one raw event message (RouterEvent JSON, raw or enveloped) to its shard. The bytes
-   * are copied before this returns. False means the message is queued behind a full ring:
-   * nothing is lost, but the caller should slow down until 'drain'.
+   * Hands one raw event message (a RouterEvent, raw or enveloped, JSON or MessagePack) to its
+   * shard. The bytes are copied before this returns. False means the message is queued behind a
+   * full ring: nothing is lost, but the caller should slow down until 'drain'.
    */
   push(msg: Uint8Array, workerId?: bigint): boolean {
     if (this.closing) throw new KvrError('KVR_ERR_SHUTTING_DOWN', 'the shard pool is closing')

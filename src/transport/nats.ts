@@ -1,7 +1,8 @@
 // KV events from NATS: the router subscribes to the worker component's event subject
 // (`namespace.{ns}.component.{comp}.kv-events`, and the older `kv_events`) and hands every
-// message, raw RouterEvent JSON or the event-plane envelope, to its shard untouched: O(1)
-// main-thread work per message (ShardPool.push). Worker load metrics (`kv_metrics`, namespace
+// message to its shard untouched: a RouterEvent or the event-plane envelope around one, in
+// MessagePack (what current Dynamo workers publish) or JSON (Dynamo's first event plane, and
+// `kv-router mocker` engines). O(1) main-thread work per message (ShardPool.push). Worker load metrics (`kv_metrics`, namespace
 // scope) are decoded here, as they are few and small.
 //
 // The connection reconnects forever; losing it is visible in `connected` (readiness) and in the

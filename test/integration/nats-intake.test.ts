@@ -9,6 +9,9 @@ import { NatsIntake, parseLoadEvent } from '../../src/transport/nats.js'
 import { ShardPool } from '../../src/shards/pool.js'
 import { encodeEnvelope, encodeRouterEvent } from '../../src/codec/events.js'
 import { stored } from '../helpers/events.js'
+import { encodeEnvelopeMsgpack, encodeRouterEventMsgpack } from '../helpers/dynamo-msgpack.js'
+import { shardOf } from '../../src/thread/protocol.js'
+import { u64Hi, u64Lo } from '../../src/codec/u64.js'
 
 const enc = new TextEncoder()
 
@@ -80,6 +83,74 @@ t.test('raw and enveloped events with u64 values above 2^53 reach the index; NAT
     after.some((s) => s.worker_id === w2 && s.dp_rank === 1 && s.overlap_blocks === 2),
     'ingested after the restart',
   )
+})
+
+t.test("Dynamo's MessagePack events, named and positional, bare and enveloped, reach the index beside JSON ones; malformed ones are counted", async (t) => {
+  const nats = await startNats({ jetstream: false })
+  t.teardown(() => nats.stop())
+  const pool = await ShardPool.start({ shards: 2 })
+  t.teardown(() => pool.close())
+  const intake = await NatsIntake.start({ url: nats.url, namespace: 'dynamo', component: 'backend', pool })
+  t.teardown(() => intake.close())
+  const pub = await connect({ servers: nats.url })
+  t.teardown(() => pub.close())
+  const [subject, oldSubject] = kvEventSubjects('dynamo', 'backend') as [string, string]
+
+  const shard = (id: bigint): number => shardOf(u64Lo(id), u64Hi(id), 2)
+  /** A publisher id whose shard is not the worker's: the scan must read the RouterEvent inside. */
+  const otherPublisher = (w: bigint): bigint => {
+    let p = 2n ** 62n + 1n
+    while (shard(p) === shard(w)) p++
+    return p
+  }
+  const toks: [bigint, bigint] = [2n ** 53n + 3n, 2n ** 63n + 4n]
+  const ev = (w: bigint) =>
+    stored(w, null, [
+      [2n ** 64n - 9n, toks[0]],
+      [2n ** 64n - 8n, toks[1]],
+    ])
+  const ids = Array.from({ length: 8 }, (_, i) => 2n ** 60n + BigInt(i) * 977n)
+  const [jsonBare, jsonEnv, named, namedEnv, positional, positionalEnv, mixedEnv, oldSubj] = ids as bigint[] as [bigint, bigint, bigint, bigint, bigint, bigint, bigint, bigint]
+  t.ok(ids.some((w) => shard(w) === 0) && ids.some((w) => shard(w) === 1), 'workers on both shards')
+  const messages: [string, Uint8Array][] = [
+    [subject, enc.encode(encodeRouterEvent(ev(jsonBare)))],
+    [subject, enc.encode(encodeEnvelope({ publisher_id: jsonEnv, sequence: 0n, published_at: 1n, payload: ev(jsonEnv) }))],
+    [subject, encodeRouterEventMsgpack(ev(named))],
+    [subject, encodeEnvelopeMsgpack({ publisher_id: otherPublisher(namedEnv), sequence: 0, payload: encodeRouterEventMsgpack(ev(namedEnv)) })],
+    [subject, encodeRouterEventMsgpack(ev(positional), 'positional')],
+    [subject, encodeEnvelopeMsgpack({ publisher_id: otherPublisher(positionalEnv), sequence: 0, payload: encodeRouterEventMsgpack(ev(positionalEnv), 'positional') }, 'positional')],
+    [subject, encodeEnvelopeMsgpack({ publisher_id: otherPublisher(mixedEnv), sequence: 0, payload: encodeRouterEventMsgpack(ev(mixedEnv), 'positional') })],
+    [oldSubject, encodeEnvelopeMsgpack({ publisher_id: otherPublisher(oldSubj), sequence: 0, payload: encodeRouterEventMsgpack(ev(oldSubj)) })],
+  ]
+  const good = encodeEnvelopeMsgpack({ publisher_id: 1, sequence: 1, payload: encodeRouterEventMsgpack(ev(5n)) })
+  const malformed = [
+    good.subarray(0, good.length - 3),
+    new Uint8Array([0xc1]),
+    new Uint8Array([0x81, 0xa9, ...enc.encode('worker_id'), 0xcf, 1]),
+    encodeEnvelopeMsgpack({ publisher_id: 1, sequence: 2, payload: new Uint8Array([0x91, 0x05]) }),
+  ]
+  for (const [subj, m] of messages) pub.publish(subj, m)
+  for (const m of malformed) pub.publish(subject, m)
+  await pub.flush()
+  const total = messages.length + malformed.length
+  await waitUntil('every message processed', () => pool.counters().reduce((n, c) => n + c.processed, 0) === total)
+  const scores = await pool.overlapScores(toks, { readYourWrites: true })
+  const byId = new Map(scores.map((s) => [s.worker_id, s.overlap_blocks]))
+  for (const [name, w] of Object.entries({ jsonBare, jsonEnv, named, namedEnv, positional, positionalEnv, mixedEnv, oldSubj })) t.equal(byId.get(w), 2, name)
+  t.equal(byId.size, ids.length, 'no other worker')
+  const c = pool.counters()
+  t.equal(
+    c.reduce((n, x) => n + x.malformed, 0),
+    malformed.length,
+    'malformed MessagePack counted as malformed',
+  )
+  t.equal(
+    c.reduce((n, x) => n + x.misplaced, 0),
+    0,
+    'each went straight to the shard of its worker',
+  )
+  t.equal(pool.rerouted, 0)
+  t.equal(intake.counters.messages, total)
 })
 
 t.test('worker load metrics on kv_metrics', async (t) => {

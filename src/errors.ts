@@ -11,9 +11,9 @@ export const ErrorCodes = {
   KVR_ERR_INVALID_BLOCK_SIZE: { status: 400, summary: 'block size must be an integer in [1, 65536]' },
   // event protocol
   KVR_ERR_EVENT_MALFORMED_JSON: { status: 400, summary: 'the event is not well-formed JSON' },
-  KVR_ERR_EVENT_MALFORMED_MSGPACK: { status: 400, summary: 'the engine event batch is not well-formed MessagePack' },
+  KVR_ERR_EVENT_MALFORMED_MSGPACK: { status: 400, summary: 'the event or engine event batch is not well-formed MessagePack' },
   KVR_ERR_EVENT_INVALID_NUMBER: { status: 400, summary: 'a numeric field is not an unsigned integer in range' },
-  KVR_ERR_EVENT_WRONG_TYPE: { status: 400, summary: 'a field has the wrong JSON type' },
+  KVR_ERR_EVENT_WRONG_TYPE: { status: 400, summary: 'a field has the wrong type' },
   KVR_ERR_EVENT_MISSING_FIELD: { status: 400, summary: 'a required field is missing' },
   KVR_ERR_EVENT_UNKNOWN_VARIANT: { status: 400, summary: 'the event data names an unknown variant' },
   KVR_ERR_EVENT_TOO_LARGE: { status: 413, summary: 'the event is larger than the configured limit' },

@@ -756,6 +756,6 @@ export class RouterEventDecoder {
   }
 
   decode(bytes: Uint8Array): DecodedEvent {
-    return bytes.length > 0 && (bytes[0] as number) >= 0x80 ? this.msgpack.decode(bytes) : this.json.decode(bytes)
+    return bytes.length > 0 && isMsgpackLead(bytes[0] as number) ? this.msgpack.decode(bytes) : this.json.decode(bytes)
   }
 }

@@ -26,6 +26,7 @@ export class WorkerIdScan {
 
   /** True when a worker id was found; it is then in lo/hi. */
   scan(msg: Uint8Array): boolean {
+    // no JSON text starts at 0x80 or above, and every MessagePack map and array does
     if ((msg[0] as number) >= 0x80) return this.scanMsgpack(msg)
     let at = indexOf.call(msg, WORKER_KEY) as number
     let keyLen = WORKER_KEY.length

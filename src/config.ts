@@ -51,6 +51,8 @@ export interface ServeConfig {
   readonly maxIndexBlocks: number
   /** device-aware-weighted: a non-CPU worker's throughput in CPU workers. */
   readonly cudaToCpuRatio: number
+  /** Predict-on-route: seconds a routed prompt counts as cached on its worker before its events (0 = off). */
+  readonly predictedTtlSecs: number
   readonly queueThreshold: number | null
   readonly queuePolicy: QueuePolicy
   readonly queueMaxPending: number
@@ -219,6 +221,16 @@ export const FLAGS: readonly FlagDef[] = [
     max: 67_000_000,
     dflt: 60_000_000,
     help: 'blocks one indexer shard holds at most (KV events beyond it are rejected and counted as capacity)',
+  }),
+  F({
+    flag: '--router-predicted-ttl-secs',
+    key: 'predictedTtlSecs',
+    env: ['DYN_ROUTER_PREDICTED_TTL_SECS'],
+    kind: 'num',
+    min: 0,
+    max: 86_400,
+    dflt: 0,
+    help: "predict-on-route: seconds a routed prompt's blocks count as cached on the chosen worker until its KV events confirm them (0 = off; needs KV events)",
   }),
   F({
     flag: '--encoder-cuda-to-cpu-ratio',
@@ -710,6 +722,8 @@ export function parseServeConfig(argv: readonly string[], env: NodeJS.ProcessEnv
     ids.add(w.id)
   }
   out.workers = Object.freeze([...workers])
+  // approximate mode predicts every decision for --router-ttl-secs already
+  if ((out.predictedTtlSecs as number) > 0 && out.kvEvents === false) throw new ConfigError('--router-predicted-ttl-secs needs KV events: it is not used with --no-router-kv-events')
   return Object.freeze(out) as unknown as ServeConfig
 }
 

@@ -270,3 +270,11 @@ t.test('index cap, approximate pruning, the CUDA-to-CPU ratio: flags with defaul
   t.throws(() => parse(['--router-max-index-blocks', '0']), /--router-max-index-blocks must be an integer in \[1, 67000000\]/)
   t.throws(() => parse(['--router-prune-target-ratio', '1.5']), /--router-prune-target-ratio must be a number in \[0, 1\]/)
 })
+
+t.test('--router-predicted-ttl-secs: off by default, a number of seconds, refused with --no-router-kv-events', async (t) => {
+  t.equal((parseServeConfig([], {}) as ServeConfig).predictedTtlSecs, 0)
+  t.equal((parseServeConfig(['--router-predicted-ttl-secs', '2.5'], {}) as ServeConfig).predictedTtlSecs, 2.5)
+  t.equal((parseServeConfig([], { DYN_ROUTER_PREDICTED_TTL_SECS: '5' }) as ServeConfig).predictedTtlSecs, 5)
+  t.throws(() => parseServeConfig(['--router-predicted-ttl-secs', '-1'], {}), ConfigError)
+  t.throws(() => parseServeConfig(['--router-predicted-ttl-secs', '5', '--no-router-kv-events'], {}), { message: '--router-predicted-ttl-secs needs KV events: it is not used with --no-router-kv-events' })
+})

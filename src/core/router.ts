@@ -129,6 +129,7 @@ export class Router {
         activePrefillTokensThresholdFrac: config.activePrefillTokensThresholdFrac,
         approximate: { enabled: approx, ttlSecs: config.ttlSecs, maxTreeSize: config.maxTreeSize, pruneTargetRatio: config.pruneTargetRatio },
         cudaToCpuRatio: config.cudaToCpuRatio,
+        predictedTtlSecs: config.predictedTtlSecs,
         seed: config.seed,
       },
       sink === undefined ? {} : { approxSink: sink },

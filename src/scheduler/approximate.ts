@@ -108,6 +108,20 @@ export class ApproxTracker {
     if (heapN > REBUILD_MIN && heapN > REBUILD_FACTOR * entries.size) this.rebuild()
   }
 
+  /**
+   * How many of the prompt's leading blocks are predicted on `slot` and not expired at `now`
+   * (the predict-on-route side index: its walk stops at the first block not there).
+   */
+  prefixDepth(slot: number, seqLo: Uint32Array, seqHi: Uint32Array, n: number, now: number): number {
+    const entries = this.entries
+    let i = 0
+    for (; i < n; i++) {
+      const e = entries.find(seqLo[i] as number, seqHi[i] as number, slot)
+      if (e < 0 || (this.expiry[e] as number) <= now) break
+    }
+    return i
+  }
+
   /** Removes every entry whose expiry is ≤ now; returns how many. */
   expire(now: number): number {
     let n = 0
@@ -275,4 +289,10 @@ export class ApproxTracker {
     this.nEntry = growTo(this.nEntry, cap)
     this.nStamp = growTo(this.nStamp, cap)
   }
+}
+
+/** A sink for a tracker whose predictions stay in the scheduler (predict-on-route). */
+export const NO_SINK: ApproxSink = {
+  stored() {},
+  removed() {},
 }

@@ -55,6 +55,11 @@ export interface SchedulerOptions {
   readonly activePrefillTokensThresholdFrac: number | null
   /** DYN_ENCODER_CUDA_TO_CPU_RATIO for device-aware-weighted (Dynamo's default is 8). */
   readonly cudaToCpuRatio: number
+  /**
+   * Predict-on-route: seconds a routed prompt's blocks count as cached on the chosen worker-rank
+   * before its KV events confirm them (the overlap is the larger of the index's and this); 0 = off.
+   */
+  readonly predictedTtlSecs: number
   readonly approximate: ApproximateOptions
   /** Seed for the selection RNG; undefined = random seed. */
   readonly seed: number | undefined
@@ -85,6 +90,7 @@ const DEFAULTS: Omit<SchedulerOptions, 'approximate' | 'seed'> = {
   activePrefillTokensThreshold: null,
   activePrefillTokensThresholdFrac: null,
   cudaToCpuRatio: 8,
+  predictedTtlSecs: 0,
 }
 
 function invalid(name: string, expected: string, got: unknown): KvrError {
@@ -166,6 +172,7 @@ export function resolveSchedulerOptions(input: SchedulerOptionsInput = {}): Sche
     activePrefillTokensThreshold: nullableNum('activePrefillTokensThreshold', input.activePrefillTokensThreshold, null, 0),
     activePrefillTokensThresholdFrac: nullableNum('activePrefillTokensThresholdFrac', input.activePrefillTokensThresholdFrac, null, 0),
     cudaToCpuRatio: num('cudaToCpuRatio', input.cudaToCpuRatio, DEFAULTS.cudaToCpuRatio, 0, Infinity, true),
+    predictedTtlSecs: num('predictedTtlSecs', input.predictedTtlSecs, DEFAULTS.predictedTtlSecs, 0, 86_400),
     approximate,
     seed,
   })

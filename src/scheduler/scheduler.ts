@@ -10,7 +10,7 @@
 import { KvrError } from '../errors.js'
 import { ActiveSequences, TRACK_NONE, TRACK_SHARED, TRACK_UNIQUE } from './active-sequences.js'
 import type { ApproxSink } from './approximate.js'
-import { ApproxTracker } from './approximate.js'
+import { ApproxTracker, NO_SINK } from './approximate.js'
 import type { BusyThresholds } from './busy.js'
 import { allQueueBusy, Eligibility } from './busy.js'
 import type { SchedulerOptions, SchedulerOptionsInput } from './options.js'
@@ -164,6 +164,10 @@ export class Scheduler {
   private readonly eligibility: Eligibility
   private readonly queue = new PendingQueue()
   private readonly approx: ApproxTracker | undefined
+  /** Predict-on-route: each booked prompt's blocks on its worker-rank for predictedTtlSecs. */
+  private readonly routed: ApproxTracker | undefined
+  /** The overlap the selection sees when predict-on-route adds to the index's. */
+  private merged = new Float64Array(8)
   /** Per slot, 1 when its cache is predicted from decisions (all slots in approximate mode). */
   private predicted = new Uint8Array(8)
   private readonly cost = new CostInputs()
@@ -209,8 +213,13 @@ export class Scheduler {
         pruneTargetRatio: o.approximate.pruneTargetRatio,
       })
     }
+    if (o.predictedTtlSecs > 0) this.routed = new ApproxTracker(this.workers, NO_SINK, { ttlMs: o.predictedTtlSecs * 1000, maxTreeSize: o.approximate.maxTreeSize, pruneTargetRatio: o.approximate.pruneTargetRatio })
     if (deps.timers !== false) {
       if (o.queueRecheckMs > 0) this.timers.push(setInterval(() => this.recheck(), o.queueRecheckMs))
+      if (this.routed !== undefined) {
+        const routed = this.routed
+        this.timers.push(setInterval(() => routed.expire(this.clock()), Math.min(1000, o.predictedTtlSecs * 1000)))
+      }
       if (this.approx !== undefined) {
         const approx = this.approx
         this.timers.push(setInterval(() => approx.expire(this.clock()), Math.min(1000, o.approximate.ttlSecs * 1000)))
@@ -437,6 +446,7 @@ export class Scheduler {
     const ov = req.overrides
     c.isl = req.isl
     c.overlap = req.overlapBlocks
+    if (this.routed !== undefined && this.routed.size > 0) c.overlap = this.withRouted(req)
     c.weight = o.overlapScoreWeight
     c.credit = o.overlapScoreCredit
     c.creditDecay = o.overlapScoreCreditDecay
@@ -467,6 +477,36 @@ export class Scheduler {
       c.hi = req.seqHi
       c.n = n
     }
+  }
+
+  /**
+   * The index's overlap raised, per worker-rank, to the prompt's leading blocks routed there
+   * within predictedTtlSecs: a follow-up sent before its parent's events arrive, or a burst of
+   * one prompt, finds the prefix where it will be.
+   */
+  private withRouted(req: ScheduleRequest): ArrayLike<number> | undefined {
+    const routed = this.routed as ApproxTracker
+    const lo = req.seqLo
+    const hi = req.seqHi
+    const n = hashCount(req)
+    const base = req.overlapBlocks
+    if (lo === undefined || hi === undefined || n === 0) return base
+    const w = this.workers
+    if (this.merged.length < w.slotCapacity) this.merged = new Float64Array(w.slotCapacity)
+    const m = this.merged
+    m.fill(0)
+    if (base !== undefined) for (let i = Math.min(base.length, m.length) - 1; i >= 0; i--) m[i] = base[i] as number
+    const now = this.clock()
+    let any = false
+    for (let i = 0; i < w.liveCount; i++) {
+      const slot = w.liveSlots[i] as number
+      const d = routed.prefixDepth(slot, lo, hi, n, now)
+      if (d > (m[slot] as number)) {
+        m[slot] = d
+        any = true
+      }
+    }
+    return any ? m : base
   }
 
   /** Candidate slots into eligibility.slots; throws when there is none. */
@@ -522,6 +562,9 @@ export class Scheduler {
       const now = this.clock()
       const fresh = c.isl - overlap * this.options.blockSize
       this.sequences.add(req.id as string, slot, c.trackPrefill && fresh > 0 ? fresh : 0, c.track, c.lo, c.hi, c.n, now, c.isl, overlap)
+      if (this.routed !== undefined && req.seqLo !== undefined && req.seqHi !== undefined) {
+        this.routed.record(slot, req.seqLo, req.seqHi, req.seqLo, req.seqHi, Math.min(hashCount(req), req.seqLo.length, req.seqHi.length), now)
+      }
       const approx = this.approx
       if (
         approx !== undefined &&
@@ -665,6 +708,7 @@ export class Scheduler {
 
   private forgetSlot(slot: number): string[] {
     this.approx?.removeSlot(slot)
+    this.routed?.removeSlot(slot)
     this.predicted[slot] = 0
     return this.sequences.dropSlot(slot)
   }

@@ -276,5 +276,7 @@ t.test('--router-predicted-ttl-secs: off by default, a number of seconds, refuse
   t.equal((parseServeConfig(['--router-predicted-ttl-secs', '2.5'], {}) as ServeConfig).predictedTtlSecs, 2.5)
   t.equal((parseServeConfig([], { DYN_ROUTER_PREDICTED_TTL_SECS: '5' }) as ServeConfig).predictedTtlSecs, 5)
   t.throws(() => parseServeConfig(['--router-predicted-ttl-secs', '-1'], {}), ConfigError)
-  t.throws(() => parseServeConfig(['--router-predicted-ttl-secs', '5', '--no-router-kv-events'], {}), { message: '--router-predicted-ttl-secs needs KV events: it is not used with --no-router-kv-events' })
+  t.throws(() => parseServeConfig(['--router-predicted-ttl-secs', '5', '--no-router-kv-events'], {}), {
+    message: '--router-predicted-ttl-secs needs KV events: it is not used with --no-router-kv-events',
+  })
 })

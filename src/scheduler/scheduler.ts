@@ -213,7 +213,8 @@ export class Scheduler {
         pruneTargetRatio: o.approximate.pruneTargetRatio,
       })
     }
-    if (o.predictedTtlSecs > 0) this.routed = new ApproxTracker(this.workers, NO_SINK, { ttlMs: o.predictedTtlSecs * 1000, maxTreeSize: o.approximate.maxTreeSize, pruneTargetRatio: o.approximate.pruneTargetRatio })
+    if (o.predictedTtlSecs > 0)
+      this.routed = new ApproxTracker(this.workers, NO_SINK, { ttlMs: o.predictedTtlSecs * 1000, maxTreeSize: o.approximate.maxTreeSize, pruneTargetRatio: o.approximate.pruneTargetRatio })
     if (deps.timers !== false) {
       if (o.queueRecheckMs > 0) this.timers.push(setInterval(() => this.recheck(), o.queueRecheckMs))
       if (this.routed !== undefined) {

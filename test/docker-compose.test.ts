@@ -1,8 +1,11 @@
-// No container engine runs on the machines that test this project, so docker-compose.yml and the
-// Dockerfile are checked here instead: every command line goes through the parser of the
-// kv-router command it runs, and the services agree with each other (addresses, ports, block
-// size, health checks that the dependencies wait on, the trace the load generator mounts).
+// No container engine runs on the machines that test this project, so docker-compose.yml, the
+// configurations it mounts and the Dockerfile are checked here instead: every command line goes
+// through the parser of the kv-router command it runs, HAProxy's configuration through haproxy
+// itself, and the services agree with each other (addresses, ports, block size, the replicas
+// HAProxy balances and Prometheus scrapes, health checks that the dependencies wait on, the
+// trace the load generator mounts).
 import t from 'tap'
+import { execFileSync } from 'node:child_process'
 import { existsSync, readFileSync, statSync } from 'node:fs'
 import { dirname, isAbsolute, join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
@@ -10,6 +13,7 @@ import { parse } from 'yaml'
 import { parseServeConfig, type ServeConfig } from '../src/config.js'
 import { parseMockerArgs } from '../src/sim/mocker/main.js'
 import { parseReplayArgs, type ReplayArgs } from '../src/sim/replay/main.js'
+import { requireExecutable } from './helpers/services.js'
 
 function repoRoot(): string {
   let dir = dirname(fileURLToPath(import.meta.url))
@@ -21,6 +25,7 @@ const root = repoRoot()
 interface Service {
   image?: string
   build?: string
+  hostname?: string
   command?: string[]
   ports?: string[]
   volumes?: string[]
@@ -61,24 +66,99 @@ const hostPort = (url: string): string => {
   const u = new URL(url)
   return `${u.hostname}:${u.port}`
 }
+/** `HOST:CONTAINER` (or `IP:HOST:CONTAINER`) of a ports entry, as numbers: [host, container]. */
+const published = (name: string): [number, number][] =>
+  (svc(name).ports ?? []).map((p) => {
+    const parts = interpolate(p).split(':')
+    return [Number(parts[parts.length - 2]), Number(parts[parts.length - 1])]
+  })
+/** The host file a service mounts at `target`, resolved against the repository. */
+function mounted(name: string, target: string): string | undefined {
+  for (const v of svc(name).volumes ?? []) {
+    const [source, to] = interpolate(v).split(':') as [string, string | undefined]
+    if (to === target) return isAbsolute(source) ? source : resolve(root, source)
+  }
+  return undefined
+}
 
-t.test('the services of a load-test fleet are there, on pinned images', async (t) => {
-  for (const name of ['nats', 'etcd', 'router', 'mocker', 'loadgen']) t.ok(services[name], `service ${name}`)
+/** The router replicas: every service that runs `kv-router serve`. */
+const routerNames = Object.keys(services).filter((name) => cmd(name)[0] === 'serve')
+const routerCfg = (name: string): ServeConfig => {
+  const cfg = parseServeConfig(cmd(name).slice(1), {})
+  if (cfg === 'help') throw new Error(`${name} asks for help`)
+  return cfg
+}
+const firstRouter = (): ServeConfig => routerCfg(routerNames[0] as string)
+
+interface HaSection {
+  kind: string
+  name: string
+  /** Directives, split on blanks, comments left out. */
+  lines: string[][]
+}
+/** HAProxy's configuration as sections of directives; enough of its grammar for these checks. */
+function parseHaproxy(text: string): HaSection[] {
+  const out: HaSection[] = []
+  for (const raw of text.split('\n')) {
+    const line = raw.trim()
+    if (line === '' || line.startsWith('#')) continue
+    const words = line.split(/\s+/)
+    if (!/^\s/.test(raw)) out.push({ kind: words[0] as string, name: words[1] ?? '', lines: [] })
+    else out[out.length - 1]?.lines.push(words)
+  }
+  return out
+}
+const haproxyFile = mounted('haproxy', '/usr/local/etc/haproxy/haproxy.cfg')
+const haproxy = parseHaproxy(haproxyFile !== undefined && existsSync(haproxyFile) ? readFileSync(haproxyFile, 'utf8') : '')
+const haSection = (kind: string, name: string): HaSection => {
+  const s = haproxy.find((x) => x.kind === kind && x.name === name)
+  if (s === undefined) throw new Error(`haproxy.cfg has no ${kind} ${name}`)
+  return s
+}
+/** The directives of a section that start with these words. */
+const directives = (s: HaSection, ...words: string[]): string[][] => s.lines.filter((l) => words.every((w, i) => l[i] === w))
+const bindPort = (s: HaSection): number => {
+  const binds = directives(s, 'bind')
+  if (binds.length !== 1) throw new Error(`${s.kind} ${s.name} has ${binds.length} bind lines`)
+  return Number(/:(\d+)$/.exec(binds[0]?.[1] ?? '')?.[1])
+}
+/** The frontend clients reach: the one whose default backend holds the replicas. */
+const frontend = (): HaSection => {
+  const f = haproxy.find((x) => x.kind === 'frontend' && directives(x, 'default_backend').length > 0)
+  if (f === undefined) throw new Error('haproxy.cfg has no frontend with a default_backend')
+  return f
+}
+const backend = (): HaSection => haSection('backend', directives(frontend(), 'default_backend')[0]?.[1] ?? '')
+/** HAProxy's time syntax (5s, 10m, 250 = ms) in seconds. */
+function haSeconds(v: string | undefined): number {
+  const m = /^(\d+)(us|ms|s|m|h|d)?$/.exec(v ?? '')
+  if (m === null) throw new Error(`not an HAProxy time: ${v}`)
+  const unit = { us: 1e-6, ms: 1e-3, s: 1, m: 60, h: 3600, d: 86400 }[m[2] ?? 'ms'] as number
+  return Number(m[1]) * unit
+}
+
+t.test('the services of the fleet are there, on pinned images', async (t) => {
+  for (const name of ['nats', 'etcd', 'router-1', 'router-2', 'haproxy', 'mocker', 'loadgen', 'prometheus']) t.ok(services[name], `service ${name}`)
   for (const [name, s] of Object.entries(services)) {
     t.ok(s.image, `${name} names its image`)
     t.notMatch(s.image ?? '', /:latest$|^[^:]+$/, `${name}'s image has a pinned tag`)
   }
   const built = Object.entries(services).filter(([, s]) => s.build !== undefined)
-  t.ok(built.length >= 3, 'router, engines and load generator are built from this repository')
+  t.ok(built.length >= 4, 'routers, engines and load generator are built from this repository')
   for (const [name, s] of built) {
     t.equal(s.build, '.', `${name} builds the Dockerfile at the root`)
     t.equal(s.image, 'kv-router:local', `${name} shares the one kv-router image`)
   }
   t.same(svc('loadgen').profiles, ['load'], 'the load generator runs only when asked for')
+  t.same(svc('prometheus').profiles, ['observe'], 'Prometheus runs only when asked for')
+  // a port published twice would stop `docker compose up` with "port is already allocated"
+  const hostPorts = Object.keys(services).flatMap((name) => published(name).map(([host]) => host))
+  t.same(hostPorts, [...new Set(hostPorts)], `every host port is published once (${hostPorts.join(', ')})`)
 })
 
 t.test('every dependency exists and has the health check its dependants wait for', async (t) => {
   for (const [name, s] of Object.entries(services)) {
+    t.notOk(Array.isArray(s.depends_on), `${name} names a condition for each dependency`)
     for (const [dep, how] of Object.entries(s.depends_on ?? {})) {
       t.ok(services[dep], `${name} depends on an existing service (${dep})`)
       if (how.condition === 'service_healthy') t.ok(services[dep]?.healthcheck?.test.length, `${dep} has a health check (${name} waits for it)`)
@@ -87,51 +167,149 @@ t.test('every dependency exists and has the health check its dependants wait for
   t.ok(cmd('nats').includes('--jetstream') || cmd('nats').includes('-js'), 'nats-server runs with JetStream')
 })
 
-t.test('the router command is a valid `kv-router serve` and points at the fleet', async (t) => {
-  const argv = cmd('router')
-  t.equal(argv[0], 'serve')
-  let cfg: ServeConfig | 'help' | undefined
-  t.doesNotThrow(() => {
-    cfg = parseServeConfig(argv.slice(1), {})
-  }, 'every flag is accepted')
-  if (cfg === undefined || cfg === 'help') return t.fail('no configuration')
-  t.equal(cfg.mode, 'kv')
-  t.equal(hostPort(cfg.natsUrl ?? ''), 'nats:4222', 'KV events from the nats service')
-  t.equal(hostPort(cfg.etcdUrl ?? ''), 'etcd:2379', 'workers from the etcd service')
-  t.equal(cfg.nice, 0, 'niceness 0 unless KVR_ROUTER_NICE says otherwise')
-  // the image runs as an unprivileged user, for whom RLIMIT_NICE is what allows 20 - limit
-  const limit = svc('router').ulimits?.nice
-  t.equal(typeof limit === 'object' ? limit.soft : limit, 40, 'RLIMIT_NICE lets any KVR_ROUTER_NICE down to -20 take effect')
-  const port = cfg.httpPort
-  t.ok(
-    (svc('router').ports ?? []).some((p) => p.endsWith(`:${port}`)),
-    'the published port is the one it listens on',
-  )
-  t.match(svc('router').healthcheck?.test.join(' ') ?? '', new RegExp(`127\\.0\\.0\\.1:${port}/ready`), 'healthy once /ready says so')
-  t.ok(cmd('etcd').includes('--advertise-client-urls=http://etcd:2379'), 'etcd advertises the address the router uses')
-  // Docker sends SIGKILL at the grace period: the router's own deadline must come first, with
-  // time left to cut the rest, free its bookings and stop its threads
-  const grace = /^(\d+)s$/.exec(svc('router').stop_grace_period ?? '')
-  t.ok(grace, 'a grace period in seconds')
-  t.ok(Number(grace?.[1]) >= cfg.shutdownTimeoutSecs + 5, `grace ${svc('router').stop_grace_period} leaves 5 s after the drain deadline (${cfg.shutdownTimeoutSecs} s)`)
-  for (const name of ['router', 'mocker']) t.equal(svc(name).restart, 'unless-stopped', `${name} comes back if it exits`)
+t.test('two router replicas run one valid `kv-router serve` with replica sync, pointed at the fleet', async (t) => {
+  t.same(routerNames.sort(), ['router-1', 'router-2'], 'the services that run kv-router serve are the two replicas')
+  const first = firstRouter()
+  for (const name of routerNames) {
+    const argv = cmd(name)
+    let cfg: ServeConfig | 'help' | undefined
+    t.doesNotThrow(() => {
+      cfg = parseServeConfig(argv.slice(1), {})
+    }, `${name}: every flag is accepted`)
+    if (cfg === undefined || cfg === 'help') return t.fail(`${name}: no configuration`)
+    t.same(cfg, first, `${name} is configured as the other replica`)
+    t.equal(cfg.replicaSync, true, `${name} shares its bookings (--router-replica-sync)`)
+    t.equal(cfg.mode, 'kv')
+    t.equal(hostPort(cfg.natsUrl ?? ''), 'nats:4222', `${name}: KV events from the nats service`)
+    t.equal(hostPort(cfg.etcdUrl ?? ''), 'etcd:2379', `${name}: workers from the etcd service`)
+    t.equal(cfg.nice, 0, 'niceness 0 unless KVR_ROUTER_NICE says otherwise')
+    // the image runs as an unprivileged user, for whom RLIMIT_NICE is what allows 20 - limit
+    const limit = svc(name).ulimits?.nice
+    t.equal(typeof limit === 'object' ? limit.soft : limit, 40, 'RLIMIT_NICE lets any KVR_ROUTER_NICE down to -20 take effect')
+    const port = cfg.httpPort
+    t.ok(
+      published(name).some(([, container]) => container === port),
+      `${name}: the published port is the one it listens on`,
+    )
+    t.match(svc(name).healthcheck?.test.join(' ') ?? '', new RegExp(`127\\.0\\.0\\.1:${port}/ready`), `${name} is healthy once /ready says so`)
+    // Docker sends SIGKILL at the grace period: the router's own deadline must come first, with
+    // time left to cut the rest, free its bookings and stop its threads
+    const grace = /^(\d+)s$/.exec(svc(name).stop_grace_period ?? '')
+    t.ok(grace, 'a grace period in seconds')
+    t.ok(Number(grace?.[1]) >= cfg.shutdownTimeoutSecs + 5, `${name}: grace ${svc(name).stop_grace_period} leaves 5 s after the drain deadline (${cfg.shutdownTimeoutSecs} s)`)
+    t.equal(svc(name).restart, 'unless-stopped', `${name} comes back if it exits`)
+    t.equal(svc(name).hostname, name, `${name} is named after its service`)
+  }
+  t.ok(cmd('etcd').includes('--advertise-client-urls=http://etcd:2379'), 'etcd advertises the address the routers use')
+  t.equal(svc('mocker').restart, 'unless-stopped', 'the engines come back if they exit')
 })
 
-t.test('the engines are a valid `kv-router mocker` that the router can reach and agree with', async (t) => {
+t.test('HAProxy balances exactly the router replicas, checks /ready and listens where it is published', async (t) => {
+  t.ok(haproxyFile !== undefined && existsSync(haproxyFile), `the haproxy service mounts its configuration from the repository (${haproxyFile})`)
+  t.equal(haproxyFile, join(root, 'deploy', 'haproxy', 'haproxy.cfg'))
+  // haproxy itself reads the file: a directive it does not know, or a bad value, fails here. The
+  // replicas' names resolve only inside compose; init-addr none lets the check pass without them
+  const bin = requireExecutable('haproxy', 'haproxy')
+  let check = ''
+  try {
+    check = execFileSync(bin, ['-c', '-f', haproxyFile as string], { encoding: 'utf8', stdio: ['ignore', 'pipe', 'pipe'] })
+  } catch (err) {
+    const e = err as { stdout?: string; stderr?: string }
+    t.fail(`haproxy -c refuses the configuration:\n${e.stdout ?? ''}${e.stderr ?? ''}`)
+  }
+  t.match(check, /Configuration file is valid/, 'haproxy -c accepts the configuration')
+
+  const port = bindPort(frontend())
+  t.ok(
+    published('haproxy').some(([, container]) => container === port),
+    `the frontend's port (${port}) is the one the haproxy service publishes`,
+  )
+  t.ok(
+    published('haproxy').some(([host, container]) => host === 8000 && container === port),
+    'clients reach it on the host port a single router had (8000)',
+  )
+  const be = backend()
+  const servers = directives(be, 'server').map((l) => ({ name: l[1] as string, address: l[2] as string }))
+  t.same(servers.map((s) => s.name).sort(), [...routerNames].sort(), 'one server per router replica, named after its service')
+  for (const s of servers) t.equal(s.address, `${s.name}:${routerCfg(s.name).httpPort}`, `${s.name}: the service's name and the port it listens on`)
+  const serverOptions = [...directives(be, 'default-server'), ...directives(be, 'server')].flat()
+  t.ok(serverOptions.includes('check'), 'every replica is health-checked')
+  t.ok(directives(be, 'option', 'httpchk').length === 1, 'the health check is an HTTP request')
+  const send = directives(be, 'http-check', 'send')[0] ?? []
+  t.equal(send[send.indexOf('meth') + 1], 'GET')
+  t.equal(send[send.indexOf('uri') + 1], '/ready', 'the health check asks /ready: a draining or recovering replica leaves the rotation')
+  t.same(directives(be, 'http-check', 'expect')[0], ['http-check', 'expect', 'status', '200'], 'and wants 200')
+  t.match(directives(be, 'balance')[0]?.[1] ?? '', /^(leastconn|roundrobin)$/, 'requests are spread over the replicas')
+  t.ok(
+    directives(be, 'http-response', 'set-header').some((l) => l[2] === 'x-router-replica' && l[3] === '%[srv_name]'),
+    'answers name the replica that served them (x-router-replica)',
+  )
+
+  // streamed completions: inactivity timeouts long enough for a prefill behind a queue
+  const defaults = haSection('defaults', '')
+  const timeout = (what: string): number => haSeconds(directives(defaults, 'timeout', what)[0]?.[2])
+  t.ok(timeout('server') >= 300, `timeout server ${timeout('server')} s lets a stream wait for its first token`)
+  t.ok(timeout('client') >= timeout('server'), 'timeout client is no shorter than timeout server')
+  t.ok(timeout('connect') <= 10, 'a replica that does not accept is given up quickly')
+  t.equal(directives(defaults, 'mode')[0]?.[1], 'http', 'HTTP mode, for the health checks and the header')
+  t.ok(directives(defaults, 'option', 'redispatch').length === 1, 'a refused connection is retried on the other replica')
+
+  t.match(svc('haproxy').healthcheck?.test.join(' ') ?? '', new RegExp(`127\\.0\\.0\\.1:${port}/ready`), 'healthy once /ready passes through it')
+  for (const name of routerNames) t.equal(svc('haproxy').depends_on?.[name]?.condition, 'service_healthy', `it starts once ${name} is ready`)
+  t.equal(svc('haproxy').restart, 'unless-stopped')
+})
+
+t.test('Prometheus scrapes both replicas and HAProxy', async (t) => {
+  const file = mounted('prometheus', '/etc/prometheus/prometheus.yml')
+  t.equal(file, join(root, 'deploy', 'prometheus', 'prometheus.yml'), 'the prometheus service mounts its configuration from the repository')
+  if (file === undefined) return
+  interface Job {
+    job_name: string
+    metrics_path?: string
+    static_configs: { targets: string[] }[]
+  }
+  let config: { global?: { scrape_interval?: string }; scrape_configs: Job[] } | undefined
+  t.doesNotThrow(() => {
+    config = parse(readFileSync(file, 'utf8')) as typeof config
+  }, 'prometheus.yml is YAML')
+  const jobs = config?.scrape_configs ?? []
+  const targets = (name: string): string[] =>
+    jobs
+      .filter((j) => j.job_name === name)
+      .flatMap((j) => j.static_configs.flatMap((c) => c.targets))
+      .sort()
+  t.same(targets('kv-router'), routerNames.map((name) => `${name}:${routerCfg(name).httpPort}`).sort(), 'the kv-router job scrapes every replica on the port it listens on')
+  for (const j of jobs) t.equal(j.metrics_path ?? '/metrics', '/metrics', `${j.job_name}: /metrics`)
+  const stats = haproxy.find((x) => x.kind === 'frontend' && x.lines.some((l) => l.includes('prometheus-exporter')))
+  t.ok(stats, 'HAProxy serves its own metrics (Prometheus exporter)')
+  if (stats === undefined) return
+  t.match(directives(stats, 'http-request', 'use-service', 'prometheus-exporter')[0]?.join(' ') ?? '', /path \/metrics/, 'on /metrics')
+  t.same(targets('haproxy'), [`haproxy:${bindPort(stats)}`], "the haproxy job scrapes the exporter's frontend")
+  t.ok(
+    published('haproxy').some(([, container]) => container === bindPort(stats)),
+    "the exporter's port is published too",
+  )
+  t.ok(
+    published('prometheus').some(([, container]) => container === 9090),
+    'Prometheus on :9090',
+  )
+})
+
+t.test('the engines are a valid `kv-router mocker` that the routers can reach and agree with', async (t) => {
   const argv = cmd('mocker')
   t.equal(argv[0], 'mocker')
   t.doesNotThrow(() => parseMockerArgs(argv.slice(1)), 'every flag is accepted')
-  const router = parseServeConfig(cmd('router').slice(1), {}) as ServeConfig
-  t.equal(Number(flag(argv, '--block-size')), router.blockSize, 'engines and router use one block size')
-  t.equal(flag(argv, '--advertise-host'), 'mocker', 'engines advertise their service name, which the router resolves')
+  const router = firstRouter()
+  t.equal(Number(flag(argv, '--block-size')), router.blockSize, 'engines and routers use one block size')
+  t.equal(flag(argv, '--advertise-host'), 'mocker', 'engines advertise their service name, which the routers resolve')
   t.equal(flag(argv, '--host'), '0.0.0.0', 'engines listen beyond the container')
-  t.equal(hostPort(flag(argv, '--nats-url') ?? ''), 'nats:4222', 'events go where the router listens')
-  t.equal(hostPort(flag(argv, '--etcd-url') ?? ''), 'etcd:2379', 'engines register where the router looks')
+  t.equal(hostPort(flag(argv, '--nats-url') ?? ''), 'nats:4222', 'events go where the routers listen')
+  t.equal(hostPort(flag(argv, '--etcd-url') ?? ''), 'etcd:2379', 'engines register where the routers look')
   t.match(svc('mocker').healthcheck?.test.join(' ') ?? '', new RegExp(`127\\.0\\.0\\.1:${flag(argv, '--http-port')}/health`), 'the health check asks the first engine')
-  t.ok(svc('mocker').depends_on?.router, 'engines start after the router has subscribed')
+  for (const name of routerNames) t.ok(svc('mocker').depends_on?.[name], `engines start after ${name} has subscribed`)
 })
 
-t.test('the load generator replays the trace through the router', async (t) => {
+t.test('the load generator replays the trace through HAProxy', async (t) => {
   const argv = cmd('loadgen')
   t.equal(argv[0], 'replay')
   let args: ReplayArgs | 'help' | undefined
@@ -139,8 +317,8 @@ t.test('the load generator replays the trace through the router', async (t) => {
     args = parseReplayArgs(argv.slice(1))
   }, 'every flag is accepted')
   if (args === undefined || args === 'help') return t.fail('no arguments')
-  const router = parseServeConfig(cmd('router').slice(1), {}) as ServeConfig
-  t.equal(hostPort(args.url), `router:${router.httpPort}`, 'it targets the router service')
+  t.equal(hostPort(args.url), `haproxy:${bindPort(frontend())}`, "it targets HAProxy's frontend, not one replica")
+  t.equal(svc('loadgen').depends_on?.haproxy?.condition, 'service_healthy', 'once a replica is in the rotation')
   t.equal(args.timeScale, Number(flag(cmd('mocker'), '--speedup-ratio')), 'durations are reported in simulated time')
   const mount = (svc('loadgen').volumes ?? [])
     .map(interpolate)

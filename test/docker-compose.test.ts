@@ -180,6 +180,7 @@ t.test('two router replicas run one valid `kv-router serve` with replica sync, p
     t.same(cfg, first, `${name} is configured as the other replica`)
     t.equal(cfg.replicaSync, true, `${name} shares its bookings (--router-replica-sync)`)
     t.equal(cfg.mode, 'kv')
+    t.equal(cfg.tokenizer, 'bytes', `${name} hashes text prompts as the simulated engines read them`)
     t.equal(hostPort(cfg.natsUrl ?? ''), 'nats:4222', `${name}: KV events from the nats service`)
     t.equal(hostPort(cfg.etcdUrl ?? ''), 'etcd:2379', `${name}: workers from the etcd service`)
     t.equal(cfg.nice, 0, 'niceness 0 unless KVR_ROUTER_NICE says otherwise')

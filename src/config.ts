@@ -53,6 +53,8 @@ export interface ServeConfig {
   readonly cudaToCpuRatio: number
   /** Predict-on-route: seconds a routed prompt counts as cached on its worker before its events (0 = off). */
   readonly predictedTtlSecs: number
+  /** X-Dynamo-Session-ID bindings' lifetime in seconds (0 = off). */
+  readonly sessionAffinityTtlSecs: number
   readonly queueThreshold: number | null
   readonly queuePolicy: QueuePolicy
   readonly queueMaxPending: number
@@ -231,6 +233,16 @@ export const FLAGS: readonly FlagDef[] = [
     max: 86_400,
     dflt: 0,
     help: "predict-on-route: seconds a routed prompt's blocks count as cached on the chosen worker until its KV events confirm them (0 = off; needs KV events)",
+  }),
+  F({
+    flag: '--router-session-affinity-ttl-secs',
+    key: 'sessionAffinityTtlSecs',
+    env: ['DYN_ROUTER_SESSION_AFFINITY_TTL_SECS'],
+    kind: 'num',
+    min: 0,
+    max: 31_536_000,
+    dflt: 0,
+    help: 'requests with an X-Dynamo-Session-ID header go to the worker their session last went to while that is younger than this, unless it is gone, suspended or busy (0 = off)',
   }),
   F({
     flag: '--encoder-cuda-to-cpu-ratio',

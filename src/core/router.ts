@@ -25,6 +25,7 @@ import { NatsIntake, type WorkerLoad } from '../transport/nats.js'
 import { EtcdDiscovery, type DiscoveredWorker } from '../transport/etcd.js'
 import { EventSources } from './event-sources.js'
 import { RequestIds } from './request-ids.js'
+import { SessionAffinity } from './session-affinity.js'
 import { Suspension } from './suspension.js'
 import { WorkerRegistry } from './worker-registry.js'
 import type { WorkerInfo, WorkerRegistration } from './worker-registry.js'
@@ -54,6 +55,8 @@ export interface RouteInput {
   overrides?: RouterConfigOverride
   updateStates?: boolean
   explain?: boolean
+  /** X-Dynamo-Session-ID: the session the request belongs to (session affinity). */
+  sessionId?: string
   /** Worker-ranks not to choose: the attempts a retry has tried (see ScheduleRequest.exclude). */
   exclude?: readonly WorkerRankRef[]
   signal?: CancelSignal
@@ -99,6 +102,8 @@ export class Router {
   readonly recovery: IndexRecovery | null
   /** Engines' own KV events (ZMQ), for the workers registered with a kv-events endpoint. */
   readonly engines: EngineIntake
+  /** Session bindings, or null without --router-session-affinity-ttl-secs. */
+  readonly sessions: SessionAffinity | null
   /** The workers that have sent no KV event since they registered (KV-events mode). */
   readonly eventSources: EventSources
   private readonly checkTimer: NodeJS.Timeout
@@ -145,7 +150,11 @@ export class Router {
       now: () => performance.now(),
     })
     pool.on('firstEvent', (id: bigint) => this.eventSources.evented(id))
-    this.checkTimer = setInterval(() => void this.checkEventSources(), 5000)
+    this.sessions = config.sessionAffinityTtlSecs > 0 ? new SessionAffinity(config.sessionAffinityTtlSecs * 1000) : null
+    this.checkTimer = setInterval(() => {
+      this.sessions?.expire(performance.now())
+      void this.checkEventSources()
+    }, 5000)
     this.checkTimer.unref()
     pool.on('shardRestarted', (shard: number) => void this.rebuildShard(shard))
     this.metrics = new RouterMetrics(config)
@@ -153,7 +162,7 @@ export class Router {
     registerSchedulerMetrics(reg, this.scheduler)
     registerShardMetrics(reg, pool, this.recovery)
     registerTransportMetrics(reg, this)
-    registerWorkerMetrics(reg, this.registry, this.suspension, this.eventSources, config.modelName)
+    registerWorkerMetrics(reg, this.registry, this.suspension, this.eventSources, this.sessions, config.modelName)
   }
 
   static async start(config: ServeConfig): Promise<Router> {
@@ -369,6 +378,7 @@ export class Router {
     this.approxEventIds.delete(id)
     await this.engines.stop(id)
     this.strangers.delete(id)
+    this.sessions?.forgetWorker(id)
     this.suspension.forget(id)
     if (this.registry.delete(id)) this.scheduler.removeWorker(id)
     else if ((await this.pool.indexedRanks(id)) === 0) return false
@@ -523,6 +533,8 @@ export class Router {
       if (input.priority !== undefined) req.priority = input.priority
       if (input.workerId !== undefined) req.workerId = input.workerId
       if (input.dpRank !== undefined) req.dpRank = input.dpRank
+      const session = this.sessions !== null && input.sessionId !== undefined && input.workerId === undefined ? input.sessionId : undefined
+      if (session !== undefined) this.pinToSession(session, input.exclude, req)
       if (input.overrides !== undefined) req.overrides = input.overrides
       if (input.explain === true) req.explain = true
       const exclude = this.suspension.any && input.workerId === undefined ? this.suspension.exclusions(input.exclude) : input.exclude
@@ -530,6 +542,7 @@ export class Router {
       if (input.signal !== undefined) req.signal = input.signal
       const decision = await this.scheduler.schedule(req)
       if (update && this.eventSources.size !== 0) this.eventSources.routed(decision.workerId)
+      if (session !== undefined && update) (this.sessions as SessionAffinity).bind(session, decision.workerId, decision.dpRank, performance.now())
       const t4 = performance.now()
       this.metrics.observeOverhead(t1 - t0, t2 - t1, t4 - t3, t4 - t0)
       this.metrics.observeDecision(decision, n, isl)
@@ -537,6 +550,26 @@ export class Router {
     } finally {
       this.giveScratch(sc)
     }
+  }
+
+  /** Pins the request to its session's worker-rank when that binding is live and the rank can take it. */
+  private pinToSession(session: string, exclude: readonly WorkerRankRef[] | undefined, req: { workerId?: bigint; dpRank?: number }): void {
+    const sessions = this.sessions as SessionAffinity
+    const b = sessions.get(session, performance.now())
+    if (b === undefined) {
+      sessions.counters.bound++
+      return
+    }
+    const w = this.registry.get(b.workerId)
+    const slot = this.scheduler.workers.slotOf(b.workerId, b.dpRank)
+    const tried = exclude?.some((x) => x.workerId === b.workerId && x.dpRank === b.dpRank) === true
+    if (w === undefined || slot < 0 || tried || this.suspension.isSuspended(w) || this.scheduler.isBusy(slot)) {
+      sessions.counters.broken++
+      return
+    }
+    sessions.counters.hits++
+    req.workerId = b.workerId
+    req.dpRank = b.dpRank
   }
 
   // ---- approximate mode: the scheduler's predicted blocks become synthetic events ----

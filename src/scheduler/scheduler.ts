@@ -12,7 +12,7 @@ import { ActiveSequences, TRACK_NONE, TRACK_SHARED, TRACK_UNIQUE } from './activ
 import type { ApproxSink } from './approximate.js'
 import { ApproxTracker, NO_SINK } from './approximate.js'
 import type { BusyThresholds } from './busy.js'
-import { allQueueBusy, Eligibility } from './busy.js'
+import { allQueueBusy, Eligibility, queueBusy } from './busy.js'
 import type { SchedulerOptions, SchedulerOptionsInput } from './options.js'
 import { resolveSchedulerOptions } from './options.js'
 import { PendingQueue } from './pending-queue.js'
@@ -269,6 +269,12 @@ export class Scheduler {
       if (!on && this.predicted[slot] === 1) this.approx.removeSlot(slot)
       this.predicted[slot] = on ? 1 : 0
     }
+  }
+
+  /** Whether the worker-rank is past a load-shedding threshold or the queue threshold. */
+  isBusy(slot: number): boolean {
+    const t = this.options.queueThreshold
+    return this.eligibility.overloaded(slot) || (t !== null && queueBusy(slot, t, this.sequences, this.workers))
   }
 
   /** Whether the worker-rank's cache is predicted rather than known from its events. */

@@ -1,6 +1,7 @@
 // The OpenAI-compatible routes: tokenize, route, and proxy to the chosen worker.
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify'
 import type { RouteInput } from '../../core/router.js'
+import { MAX_SESSION_ID } from '../../core/session-affinity.js'
 import { KvrError } from '../../errors.js'
 import { readU64 } from '../../codec/json.js'
 import { chatPromptText } from '../../tokenizer/tokenizer.js'
@@ -36,6 +37,11 @@ export function inferenceRoutes(fastify: FastifyInstance, ctx: HttpContext): voi
       if (input.workerId === undefined)
         throw new KvrError('KVR_ERR_INVALID_REQUEST', 'a dp rank (x-dp-rank, nvext.dp_rank) needs the worker it belongs to (x-worker-instance-id or nvext.backend_instance_id)')
       input.dpRank = r
+    }
+    const session = headerValue(req, 'x-dynamo-session-id')
+    if (session !== undefined && session !== '') {
+      if (session.length > MAX_SESSION_ID) throw new KvrError('KVR_ERR_INVALID_REQUEST', `x-dynamo-session-id is longer than ${MAX_SESSION_ID} characters`)
+      input.sessionId = session
     }
     const hints = nv.agent_hints as { priority?: number } | undefined
     if (hints?.priority !== undefined) input.priority = hints.priority

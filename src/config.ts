@@ -84,6 +84,8 @@ export interface ServeConfig {
   readonly tokenizer: string | null
   readonly tokenizerThreads: number
   readonly apiKey: string | null
+  /** With apiKey: /metrics answers without it. */
+  readonly publicMetrics: boolean
   readonly modelName: string
   /** Simulated engines started in this process (the `npm start` demo fleet). */
   readonly embeddedFleet: number
@@ -393,7 +395,15 @@ export const FLAGS: readonly FlagDef[] = [
   }),
   F({ flag: '--tokenizer', key: 'tokenizer', env: ['DYN_TOKENIZER'], kind: 'str', dflt: null, help: 'tokenizer.json path for text prompts, or "bytes" (UTF-8 bytes as tokens)' }),
   F({ flag: '--tokenizer-threads', key: 'tokenizerThreads', env: ['DYN_TOKENIZER_THREADS'], kind: 'int', min: 1, max: 64, dflt: 1, help: 'piscina threads for tokenizing' }),
-  F({ flag: '--api-key', key: 'apiKey', env: ['DYN_API_KEY'], kind: 'str', dflt: null, help: 'require "Authorization: Bearer KEY" on mutating and ingest routes' }),
+  F({ flag: '--api-key', key: 'apiKey', env: ['DYN_API_KEY'], kind: 'str', dflt: null, help: 'require "Authorization: Bearer KEY" on every route but /health, /ready and /metrics' }),
+  F({
+    flag: '--public-metrics',
+    key: 'publicMetrics',
+    env: ['DYN_PUBLIC_METRICS'],
+    kind: 'bool',
+    dflt: true,
+    help: 'with --api-key, /metrics answers without the key (--no-public-metrics: it needs the key too)',
+  }),
   F({ flag: '--model-name', key: 'modelName', env: ['DYN_MODEL_NAME'], kind: 'str', dflt: 'kv-router-model', help: 'model name served by GET /v1/models' }),
   F({ flag: '--embedded-fleet', key: 'embeddedFleet', env: ['DYN_EMBEDDED_FLEET'], kind: 'int', min: 0, max: 64, dflt: 0, help: 'simulated engines to run in this process (demo)' }),
   F({ flag: '--proxy-retries', key: 'proxyRetries', env: ['DYN_PROXY_RETRIES'], kind: 'int', min: 0, max: 16, dflt: 2, help: 'retries on another worker when one fails before its first token' }),

@@ -69,7 +69,7 @@ export async function buildApp(opts: AppOptions): Promise<App> {
     void sendError(reply, new KvrError('KVR_ERR_NOT_FOUND', `no route ${req.method} ${req.url}`))
   })
   jsonParser(fastify, cfg.bodyLimit)
-  apiKeyAuth(fastify, cfg.apiKey)
+  apiKeyAuth(fastify, cfg.apiKey, cfg.publicMetrics)
   const drain = drainOnShutdown(fastify, proxy)
   const ctx: HttpContext = { router, cfg, tokenizer: opts.tokenizer, proxy, closing: drain.closing }
   healthRoutes(fastify, ctx)

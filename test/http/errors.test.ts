@@ -33,7 +33,7 @@ const mutating: [string, string, string][] = [
   ['POST', '/busy_threshold', '{}'],
 ]
 
-t.test('api key: missing or wrong → 401 on every mutating and ingest route', async (t) => {
+t.test('api key: missing or wrong → 401 on every route but the probes and /metrics', async (t) => {
   for (const [method, url, payload] of mutating) {
     const none = await call(method as 'POST', url, payload, { 'content-type': 'application/json' })
     t.equal(none.status, 401, `${method} ${url} without a key`)
@@ -53,9 +53,13 @@ t.test('api key: missing or wrong → 401 on every mutating and ingest route', a
     t.equal(ok.status, 200, `the key under the scheme spelt ${scheme}`)
   }
   t.equal((await call('POST', '/busy_threshold', '{}', { 'content-type': 'application/json', authorization: `Bearer ${KEY}x` })).status, 401, 'the key with a byte more')
-  // reads stay open
-  for (const url of ['/health', '/ready', '/metrics', '/v1/models', '/v1/workers', '/busy_threshold']) {
-    t.equal((await call('GET', url, undefined, {})).status, 200, `GET ${url}`)
+  // the probes and the metrics stay open; every other read needs the key (worker URLs, the fleet)
+  for (const url of ['/health', '/ready', '/metrics', '/health?x=1']) t.equal((await call('GET', url, undefined, {})).status, 200, `GET ${url}`)
+  for (const url of ['/v1/models', '/v1/workers', '/busy_threshold', '/v1/kv/dump', '/v1/kv/dump?worker_id=5', '/no/such/route']) {
+    const r = await call('GET', url, undefined, {})
+    t.equal(r.status, 401, `GET ${url} without a key`)
+    t.notMatch(JSON.stringify(r.body), '127.0.0.1', 'no worker URL in the refusal')
+    t.equal((await call('GET', url, undefined, { authorization: `Bearer ${KEY}` })).status, url === '/no/such/route' ? 404 : 200, `GET ${url} with the key`)
   }
 })
 
@@ -200,8 +204,8 @@ t.test('oversized body → 413 KVR_ERR_BODY_TOO_LARGE on every POST route', asyn
   }
 })
 
-t.test('unknown route → 404 JSON', async (t) => {
-  const r = await call('GET', '/v2/nothing', undefined, {})
+t.test('unknown route → 404 JSON (with the key; without it, 401 first)', async (t) => {
+  const r = await call('GET', '/v2/nothing', undefined, { authorization: `Bearer ${KEY}` })
   t.equal(r.status, 404)
   t.equal(r.body.error?.code, 'KVR_ERR_NOT_FOUND')
 })
@@ -447,4 +451,14 @@ t.test('every answered inference request is counted in dynamo_frontend_requests_
     t.equal(r.statusCode, status, what)
     t.equal(await count(url, status), before + 1, `${what}: counted once`)
   }
+})
+
+t.test('--no-public-metrics: /metrics needs the key too; the probes never do', async (t) => {
+  const closed = await harness(['--api-key', KEY, '--no-public-metrics', '--router-block-size', '4'])
+  t.teardown(() => closed.close())
+  const get = async (url: string, headers: Record<string, string> = {}) => (await closed.app.fastify.inject({ method: 'GET', url, headers })).statusCode
+  t.equal(await get('/metrics'), 401)
+  t.equal(await get('/metrics', { authorization: `Bearer ${KEY}` }), 200)
+  t.equal(await get('/health'), 200)
+  t.equal(await get('/ready'), 200)
 })

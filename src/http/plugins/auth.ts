@@ -1,15 +1,19 @@
-// --api-key: every POST and DELETE needs `Authorization: Bearer KEY`.
+// --api-key: every route but the probes (/health, /ready) and, unless --no-public-metrics,
+// /metrics needs `Authorization: Bearer KEY`: reads too, as they show worker URLs and the fleet.
 import { timingSafeEqual } from 'node:crypto'
 import type { FastifyInstance } from 'fastify'
 import { KvrError } from '../../errors.js'
 import { sendError } from '../error-handler.js'
 import { headerValue } from '../request.js'
 
-export function apiKeyAuth(fastify: FastifyInstance, key: string | null): void {
+export function apiKeyAuth(fastify: FastifyInstance, key: string | null, publicMetrics: boolean): void {
   const apiKey = key === null ? null : Buffer.from(key)
+  // route patterns, so a query string or a trailing slash does not open or close a route
+  const open = new Set(['/health', '/ready', ...(publicMetrics ? ['/metrics'] : [])])
   if (apiKey !== null) {
     fastify.addHook('onRequest', async (req, reply) => {
-      if (req.method !== 'POST' && req.method !== 'DELETE' && req.method !== 'PUT' && req.method !== 'PATCH') return
+      const route = req.routeOptions.url
+      if (route !== undefined && open.has(route)) return
       const header = headerValue(req, 'authorization') ?? ''
       // the scheme's name is case-insensitive (RFC 9110 §11.1): `bearer KEY` is the same credential
       const m = /^([A-Za-z]+) +(.*)$/.exec(header)

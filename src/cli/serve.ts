@@ -59,7 +59,7 @@ export async function serveMain(argv: string[]): Promise<void> {
   const { router, app, embedded, port } = await startApp(cfg, tokenizer)
   const fleet = embedded?.workers ?? []
   process.stdout.write(
-    `kv-router listening on http://${cfg.httpHost}:${port} (mode ${cfg.mode}, block size ${cfg.blockSize}, ${router.pool.size} shard(s), ${router.registry.all().length} worker(s)${fleet.length > 0 ? `, ${fleet.length} embedded simulated` : ''}${cfg.nice !== null ? `, nice ${cfg.nice}` : ''})\n`,
+    `kv-router listening on http://${cfg.httpHost}:${port} (mode ${cfg.mode}${cfg.mode === 'kv' && !cfg.kvEvents ? ' approximate: no KV events, caches predicted' : ''}, block size ${cfg.blockSize}, ${router.pool.size} shard(s), ${router.registry.all().length} worker(s)${fleet.length > 0 ? `, ${fleet.length} embedded simulated` : ''}${cfg.nice !== null ? `, nice ${cfg.nice}` : ''})\n`,
   )
   let stopping = false
   const stop = (signal: string): void => {

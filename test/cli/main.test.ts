@@ -85,3 +85,19 @@ t.test('serve: an embedded fleet with no worker ids left after --worker exits 2 
   t.equal(await c.exited, 2)
   t.equal(c.err(), 'kv-router: serve: --embedded-fleet: no room for 1 worker id(s) after the largest --worker id 18446744073709551615\n')
 })
+
+t.test('serve: the listening line says when kv mode predicts caches instead of reading KV events', async (t) => {
+  for (const [flags, approx] of [
+    [['--no-router-kv-events'], true],
+    [[], false],
+  ] as const) {
+    const c = runCli(['serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-event-threads', '1', ...flags])
+    t.teardown(() => c.p.kill('SIGKILL'))
+    const m = await waitForOutput(c, /listening on .*\n/)
+    t.ok(m, `ready line (${c.err()})`)
+    if (approx) t.match(m?.[0], '(mode kv approximate: no KV events, caches predicted, block size')
+    else t.match(m?.[0], /\(mode kv, block size/)
+    c.p.kill('SIGKILL')
+    await c.exited
+  }
+})

@@ -26,7 +26,7 @@ t.test('predicted until the first event, then exactly the events', async (t) => 
   t.ok(h.router.scheduler.free('a'))
   await h.router.pool.flush()
   const ov = await post('/v1/overlap', JSON.stringify({ token_ids: prompt }))
-  t.match(ov.body, '{"worker_id":2,"dp_rank":0,"overlap_blocks":5,"tree_size":5}', 'the predicted prefix')
+  t.match(ov.body, '{"worker_id":2,"worker_id_str":"2","dp_rank":0,"overlap_blocks":5,"tree_size":5}', 'the predicted prefix')
   const unpinned = await post('/v1/route', JSON.stringify({ token_ids: prompt }))
   t.match(unpinned.body, /^\{"worker_id":2,/, 'and the same prompt goes there')
 

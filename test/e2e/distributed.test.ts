@@ -152,7 +152,9 @@ t.test('serve with NATS and etcd: discovery, routing by prefix, lease expiry, NA
     'both events in /v1/overlap',
     async () => {
       const text = await overlapOf(`{"block_hashes":["${h1}","${h2}"]}`)
-      return text.includes(`"worker_id":${wRaw},"dp_rank":0,"overlap_blocks":2`) && text.includes(`"worker_id":${wEnv},"dp_rank":0,"overlap_blocks":1`)
+      return (
+        text.includes(`"worker_id":${wRaw},"worker_id_str":"${wRaw}","dp_rank":0,"overlap_blocks":2`) && text.includes(`"worker_id":${wEnv},"worker_id_str":"${wEnv}","dp_rank":0,"overlap_blocks":1`)
+      )
     },
     5000,
   )

@@ -26,11 +26,11 @@ t.test('workers: register with u64 ids (string or integer), list exactly, delete
   const again = await post('/v1/workers', { id: (BIG - 1n).toString(), url: 'http://127.0.0.1:10', dp_size: 1 })
   t.equal(again.statusCode, 200, 're-registration updates')
   const list = await h.app.fastify.inject({ method: 'GET', url: '/v1/workers' })
-  t.match(list.body, `"id":${BIG},"url":"http://127.0.0.1:9"`)
+  t.match(list.body, `"id":${BIG},"id_str":"${BIG}","url":"http://127.0.0.1:9"`)
   t.equal(h.router.scheduler.workers.slotsOf(BIG - 1n).length, 1, 'the dropped rank is gone')
   const del = await h.app.fastify.inject({ method: 'DELETE', url: `/v1/workers/${BIG - 1n}` })
   t.equal(del.statusCode, 200)
-  t.equal(del.body, `{"removed":${BIG - 1n}}`)
+  t.equal(del.body, `{"removed":${BIG - 1n},"removed_str":"${BIG - 1n}"}`)
   t.equal(h.router.registry.all().length, 1)
 })
 
@@ -52,17 +52,17 @@ t.test('route: query only, then events move the decision to the worker that hold
   t.equal(r.statusCode, 202)
   await h.router.pool.flush()
   const ov = await post('/v1/overlap', { token_ids: prompt })
-  t.match(ov.body, `{"worker_id":${BIG},"dp_rank":0,"overlap_blocks":3,"tree_size":3}`)
+  t.match(ov.body, `{"worker_id":${BIG},"worker_id_str":"${BIG}","dp_rank":0,"overlap_blocks":3,"tree_size":3}`)
   const byHash = await post('/v1/overlap', `{"block_hashes":[${[...local].join(',')}]}`)
   t.match(byHash.body, `"overlap_blocks":3`, 'block hashes as bare u64 integers')
   const byStr = await post('/v1/route', { block_hashes: [...local].map(String) })
   t.match(byStr.body, `"worker_id":${BIG}`)
   const d = await post('/v1/route', { token_ids: prompt })
-  t.match(d.body, `{"worker_id":${BIG},"dp_rank":0,"overlap_blocks":3,`)
+  t.match(d.body, `{"worker_id":${BIG},"worker_id_str":"${BIG}","dp_rank":0,"overlap_blocks":3,`)
   // Era C credit per request: 3 cached blocks × 2 cover the 4-block prompt, the prefill term is 0
-  t.match(d.body, `"worker_id":${BIG},"dp_rank":0,"overlap_blocks":3,"prefill_blocks":1,`)
+  t.match(d.body, `"worker_id":${BIG},"worker_id_str":"${BIG}","dp_rank":0,"overlap_blocks":3,"prefill_blocks":1,`)
   const cr = await post('/v1/route', { token_ids: prompt, router_config_override: { overlap_score_credit: 2 } })
-  t.match(cr.body, `"worker_id":${BIG},"dp_rank":0,"overlap_blocks":3,"prefill_blocks":0,`)
+  t.match(cr.body, `"worker_id":${BIG},"worker_id_str":"${BIG}","dp_rank":0,"overlap_blocks":3,"prefill_blocks":0,`)
 })
 
 t.test('route with update_states books until released', async (t) => {
@@ -247,7 +247,7 @@ t.test('approximate mode (--no-router-kv-events): decisions become the index', a
   t.ok(a.router.scheduler.free('p1'))
   await a.router.pool.flush()
   const again = await a.app.fastify.inject({ method: 'POST', url: '/v1/route', headers: json, payload: JSON.stringify({ token_ids: prompt }) })
-  t.match(again.body, new RegExp(`^\\{"worker_id":${chosen},"dp_rank":0,"overlap_blocks":5,`), 'the predicted prefix is found where it was routed')
+  t.match(again.body, new RegExp(`^\\{"worker_id":${chosen},"worker_id_str":"${chosen}","dp_rank":0,"overlap_blocks":5,`), 'the predicted prefix is found where it was routed')
 })
 
 t.test('kv dump: the index as Stored events, whole or for one worker, u64 exact', async (t) => {

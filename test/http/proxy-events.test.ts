@@ -140,7 +140,9 @@ t.test('a worker that ends its body cleanly inside an event: what it sent is rel
   const r = await post({ prompt: tokens(12), stream: true })
   const body = await r.text()
   t.ok(
-    body.endsWith('"text":"one","finish_reason":null}],"nvext":{"worker_id":{"prefill_worker_id":100,"prefill_dp_rank":0,"decode_worker_id":100,"decode_dp_rank":0}}}\n\ndata: [DONE]\n'),
+    body.endsWith(
+      '"text":"one","finish_reason":null}],"nvext":{"worker_id":{"prefill_worker_id":100,"prefill_worker_id_str":"100","prefill_dp_rank":0,"decode_worker_id":100,"decode_worker_id_str":"100","decode_dp_rank":0}}}\n\ndata: [DONE]\n',
+    ),
     'every byte, in order',
   )
   await until(() => h.app.proxy.inFlight === 0)

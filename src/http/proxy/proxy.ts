@@ -459,7 +459,8 @@ export function endsWithDone(b: Uint8Array): boolean {
 const targets = new Map<string, { origin: string; path: string }>()
 /** nvext.worker_id (the same worker does prefill and decode): built when a response needs it. */
 function workerIdObject(r: WorkerRankRef): object {
-  return { prefill_worker_id: r.workerId, prefill_dp_rank: r.dpRank, decode_worker_id: r.workerId, decode_dp_rank: r.dpRank }
+  const s = r.workerId.toString()
+  return { prefill_worker_id: r.workerId, prefill_worker_id_str: s, prefill_dp_rank: r.dpRank, decode_worker_id: r.workerId, decode_worker_id_str: s, decode_dp_rank: r.dpRank }
 }
 
 /** The identity of a tried worker-rank, without holding on to the decision it came from. */
@@ -844,7 +845,8 @@ export function injectWorkerId(event: string, rank: WorkerRankRef): string {
   // one line, no nvext of its own, no escapes that could spell one
   if (end > 0 && json.charCodeAt(end) === 125 /* } */ && json.indexOf('\n') < 0 && !json.includes('nvext') && !json.includes('\\u')) {
     const comma = json.slice(1, end).trim().length === 0 ? '' : ','
-    const id = `{"prefill_worker_id":${rank.workerId},"prefill_dp_rank":${rank.dpRank},"decode_worker_id":${rank.workerId},"decode_dp_rank":${rank.dpRank}}`
+    const w = rank.workerId.toString()
+    const id = `{"prefill_worker_id":${w},"prefill_worker_id_str":"${w}","prefill_dp_rank":${rank.dpRank},"decode_worker_id":${w},"decode_worker_id_str":"${w}","decode_dp_rank":${rank.dpRank}}`
     return `${event.slice(0, at)}data: ${json.slice(0, end)}${comma}"nvext":{"worker_id":${id}}}\n\n`
   }
   try {

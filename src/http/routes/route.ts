@@ -16,7 +16,8 @@ import { overrides } from '../request.js'
 import type { HttpContext } from '../context.js'
 
 function candidateJson(c: Candidate): string {
-  return `{"worker_id":${c.workerId.toString()},"dp_rank":${c.dpRank},"overlap_blocks":${c.overlapBlocks},"prefill_blocks":${c.prefillBlocks},"decode_blocks":${c.decodeBlocks},"logit":${Number.isFinite(c.logit) ? c.logit : 'null'}${c.treeSize === undefined ? '' : `,"tree_size":${c.treeSize}`}}`
+  const id = c.workerId.toString()
+  return `{"worker_id":${id},"worker_id_str":"${id}","dp_rank":${c.dpRank},"overlap_blocks":${c.overlapBlocks},"prefill_blocks":${c.prefillBlocks},"decode_blocks":${c.decodeBlocks},"logit":${Number.isFinite(c.logit) ? c.logit : 'null'}${c.treeSize === undefined ? '' : `,"tree_size":${c.treeSize}`}}`
 }
 
 /** Registers the routes in their own scope, where bodies arrive as bytes. */
@@ -80,7 +81,8 @@ export async function decisionRoutes(fastify: FastifyInstance, ctx: HttpContext)
         input.id = (id as string | undefined) ?? router.requestIds.create()
       }
       const { decision } = await router.route(input)
-      let s = `{"worker_id":${decision.workerId.toString()},"dp_rank":${decision.dpRank},"overlap_blocks":${decision.overlapBlocks},"candidates":[`
+      const wid = decision.workerId.toString()
+      let s = `{"worker_id":${wid},"worker_id_str":"${wid}","dp_rank":${decision.dpRank},"overlap_blocks":${decision.overlapBlocks},"candidates":[`
       const cs = decision.candidates ?? []
       for (let i = 0; i < cs.length; i++) s += (i === 0 ? '' : ',') + candidateJson(cs[i] as Candidate)
       s += ']'
@@ -106,7 +108,8 @@ export async function decisionRoutes(fastify: FastifyInstance, ctx: HttpContext)
       const r = await router.pool.query(lo, hi, lo.length)
       const scores = []
       for (let i = 0; i < r.count; i++) {
-        scores.push(`{"worker_id":${u64ToString(r.workerIdLo[i] as number, r.workerIdHi[i] as number)},"dp_rank":${r.dpRank[i]},"overlap_blocks":${r.overlap[i]},"tree_size":${r.treeSize[i]}}`)
+        const wid = u64ToString(r.workerIdLo[i] as number, r.workerIdHi[i] as number)
+        scores.push(`{"worker_id":${wid},"worker_id_str":"${wid}","dp_rank":${r.dpRank[i]},"overlap_blocks":${r.overlap[i]},"tree_size":${r.treeSize[i]}}`)
       }
       return reply
         .header('content-type', 'application/json')

@@ -27,7 +27,8 @@ export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): void {
     const unregistered = []
     for (const t of sizes) {
       const w = router.registry.get(t.worker_id)
-      if (w === undefined || t.dp_rank >= w.dpRanks) unregistered.push({ worker_id: t.worker_id, dp_rank: t.dp_rank, cached_blocks: t.tree_size, last_event_id: t.last_event_id ?? null })
+      if (w === undefined || t.dp_rank >= w.dpRanks)
+        unregistered.push({ worker_id: t.worker_id, worker_id_str: t.worker_id.toString(), dp_rank: t.dp_rank, cached_blocks: t.tree_size, last_event_id: t.last_event_id ?? null })
     }
     const out = router.registry.all().map((w) => {
       const ranks: { index: RankIndexState; [field: string]: unknown }[] = []
@@ -48,6 +49,7 @@ export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): void {
       const index = shardState !== 'exact' ? shardState : (WORKER_STATES.find((st) => ranks.some((x) => x.index === st)) ?? 'exact')
       return {
         id: w.id,
+        id_str: w.id.toString(),
         url: w.url,
         source: w.source,
         block_size: w.blockSize,
@@ -106,6 +108,7 @@ export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): void {
       .send(
         serializeJson({
           id: w.id,
+          id_str: w.id.toString(),
           url: w.url,
           block_size: w.blockSize,
           capacity: w.capacity,
@@ -120,7 +123,7 @@ export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): void {
   fastify.delete('/v1/workers/:id', async (req, reply) => {
     const id = readU64((req.params as { id: string }).id, 'worker id')
     if (!(await router.removeWorker(id))) throw new KvrError('KVR_ERR_UNKNOWN_WORKER', `worker ${id} is neither registered nor in the index`)
-    return reply.header('content-type', 'application/json').send(`{"removed":${id.toString()}}`)
+    return reply.header('content-type', 'application/json').send(`{"removed":${id.toString()},"removed_str":"${id.toString()}"}`)
   })
 }
 

@@ -193,8 +193,11 @@ t.test('injectWorkerId: the spliced event parses to the event plus nvext.worker_
     const out = injectWorkerId(event, rank)
     t.ok(out.endsWith('\n\n'), `${JSON.stringify(event)} still ends its event`)
     const data = out.slice(out.indexOf('data:') + 5).trim()
-    const exact = data.replace(/18446744073709551615/g, '"u64max"')
-    const want = { ...obj, nvext: { ...((obj.nvext as object | undefined) ?? {}), worker_id: { prefill_worker_id: 'u64max', prefill_dp_rank: 3, decode_worker_id: 'u64max', decode_dp_rank: 3 } } }
+    // the bare integer (not its string twin) made a string, to compare it exactly
+    const exact = data.replace(/(?<!")18446744073709551615(?!")/g, '"u64max"')
+    const s = '18446744073709551615'
+    const ids = { prefill_worker_id: 'u64max', prefill_worker_id_str: s, prefill_dp_rank: 3, decode_worker_id: 'u64max', decode_worker_id_str: s, decode_dp_rank: 3 }
+    const want = { ...obj, nvext: { ...((obj.nvext as object | undefined) ?? {}), worker_id: ids } }
     t.same(JSON.parse(exact), want, `${JSON.stringify(event)} gains nvext.worker_id with exact ids`)
     t.equal(out.slice(0, out.indexOf('data:')), event.slice(0, event.indexOf('data:')), 'lines before data: kept')
   }

@@ -48,7 +48,7 @@ const TWO32 = 4294967296
 /** Cache-salt strings Dynamo's own publishers mark with this prefix in extra_keys. */
 const SALT_PREFIX = 'dynamo-cache-salt:'
 /** kv_cache_spec_kind values whose blocks chain whole prefixes. */
-const PREFIX_KINDS = new Set(['full_attention', 'mla_attention', 'sink_full_attention'])
+export const PREFIX_KINDS = new Set(['full_attention', 'mla_attention', 'sink_full_attention'])
 /** Salted chains remembered per decoder, so a continuation without the salt still gets its seed. */
 const MAX_SALTED_BLOCKS = 1 << 20
 
@@ -63,7 +63,7 @@ export function tierOf(medium: unknown): number {
   return StorageTier.External
 }
 
-function wrongType(field: string, want: string, got: unknown): KvrError {
+export function wrongType(field: string, want: string, got: unknown): KvrError {
   const kind = got === null ? 'null' : Array.isArray(got) ? 'an array' : got instanceof Uint8Array ? 'bytes' : typeof got
   return new KvrError('KVR_ERR_EVENT_WRONG_TYPE', `${field} must be ${want}, got ${kind}`)
 }
@@ -106,12 +106,12 @@ export function hashHalves(v: unknown, field: string, out: Uint32Array): void {
   throw wrongType(field, 'an integer or bytes', v)
 }
 
-function arrayField(v: unknown, field: string): readonly unknown[] {
+export function arrayField(v: unknown, field: string): readonly unknown[] {
   if (!Array.isArray(v)) throw wrongType(field, 'an array', v)
   return v
 }
 
-function optString(v: unknown, field: string): string | null {
+export function optString(v: unknown, field: string): string | null {
   if (v === null || v === undefined) return null
   if (typeof v !== 'string') throw wrongType(field, 'a string or null', v)
   return v === '' ? null : v
@@ -130,20 +130,165 @@ interface StoredFields {
   kind: unknown
 }
 
-export class EngineEventDecoder {
-  /** Events not applied, by reason. */
+/**
+ * A decoder of engine batches as the shard drives it: begin() reads a batch's frame (and checks
+ * all of it is well-formed MessagePack), then next() converts its events one at a time into a
+ * DecodedEvent. Both throw KvrError on bad input. Per worker-rank state (salted chains) lives in
+ * the decoder, so one worker's batches must always reach the same decoder.
+ */
+export interface EngineBatchDecoder {
+  /** Set by the last stored event refused for its block size. */
+  readonly lastMismatch: { eventBlockSize: number; routerBlockSize: number } | null
+  /** Reads a batch; returns the number of its events. */
+  begin(payload: Uint8Array): number
+  /** The batch's own data-parallel rank, null when it names none. */
+  readonly batchRank: number | null
+  /** The next event of the batch into `out`: null when it is to be applied, else why not. */
+  next(workerLo: number, workerHi: number, dpRank: number, out: DecodedEvent): EngineSkip | null
+  /** Forgets a worker-rank's salted chains (its engine restarted). */
+  forgetRank(workerLo: number, workerHi: number, dpRank: number): void
+  /** Forgets the salted chains of every rank of a worker. */
+  forgetWorker(workerLo: number, workerHi: number): void
+}
+
+/** What both decoders share: the rules that turn a stored block's tokens into its tokens_hash. */
+export abstract class EngineDecoderBase {
+  /** Events not applied, by reason (counted by whoever drives the decoder). */
   readonly skipped: Record<EngineSkip, number> = { block_size_mismatch: 0, attention_kind: 0, unknown_event: 0, empty: 0 }
-  private readonly unpackr = new Unpackr({ int64AsType: 'bigint', mapsAsObjects: true, useRecords: false })
-  private readonly h = new Uint32Array(2)
-  private tokenWords = new Uint32Array(1024)
+  /** Block-size mismatches by (event's, router's) size, for a bounded number of warnings. */
+  lastMismatch: { eventBlockSize: number; routerBlockSize: number } | null = null
+  protected tokenWords = new Uint32Array(1024)
   private readonly mmOut = new Uint32Array(2)
   /** Per worker-rank, the seed of each salted block seen, for continuations that do not repeat the salt. */
   private readonly salted = new Map<string, Map<bigint, bigint>>()
-  private saltedCount = 0
-  /** Block-size mismatches by (event's, router's) size, for a bounded number of warnings. */
-  lastMismatch: { eventBlockSize: number; routerBlockSize: number } | null = null
+  protected saltedCount = 0
 
-  constructor(private readonly blockSize: number) {}
+  constructor(protected readonly blockSize: number) {}
+
+  protected mismatch(bs: number): EngineSkip {
+    this.lastMismatch = { eventBlockSize: bs, routerBlockSize: this.blockSize }
+    return EngineSkip.BlockSizeMismatch
+  }
+
+  /** tokenWords, at least `words` long. */
+  protected words(words: number): Uint32Array {
+    if (this.tokenWords.length < words) this.tokenWords = new Uint32Array(Math.max(words, this.tokenWords.length * 2))
+    return this.tokenWords
+  }
+
+  /**
+   * The tokens_hash of out's `n` blocks from tokenWords (n × block size ids), seeded by the LoRA
+   * name and cache salt (or the salt its parent's chain had), extended by the blocks' media.
+   */
+  protected hashBlocks(out: DecodedEvent, n: number, loraName: string | null, cacheSalt: string | null, extra: readonly unknown[] | null): void {
+    const bs = this.blockSize
+    const salt = cacheSalt ?? saltIn(extra, loraName)
+    let seed = salt !== null || loraName !== null ? saltSeed(loraName, salt) : XXH3_SEED
+    // a continuation of a salted chain carries no salt of its own: it inherits its parent's seed
+    if (salt === null && out.hasParent && this.saltedCount > 0) seed = this.inherited(out, seed)
+    const tw = this.tokenWords
+    seededBlockHashesInto(tw.subarray(0, n * bs), bs, seed, out.tokensLo, out.tokensHi)
+    if (extra !== null) this.mediaHashes(extra, tw, bs, n, seed, out)
+    out.count = n
+    if (seed !== XXH3_SEED) this.rememberSalted(out, seed)
+  }
+
+  /** Re-hashes the blocks that hold media: their tokens, then their media hashes. */
+  private mediaHashes(extra: readonly unknown[], tokens: Uint32Array, bs: number, n: number, seed: bigint, out: DecodedEvent): void {
+    for (let i = 0; i < n && i < extra.length; i++) {
+      const keys = extra[i]
+      if (keys === null || keys === undefined) continue
+      const list = arrayField(keys, `extra_keys[${i}]`)
+      let mm: bigint[] | null = null
+      for (const k of list) {
+        // (identifier, offset) of a media item that overlaps this block
+        if (Array.isArray(k) && typeof k[0] === 'string') (mm ??= []).push(mmHashOf(k[0]))
+      }
+      if (mm === null) continue
+      mmBlockHashInto(tokens, i * bs, bs, mm, seed, this.mmOut)
+      out.tokensLo[i] = this.mmOut[0] as number
+      out.tokensHi[i] = this.mmOut[1] as number
+    }
+  }
+
+  private rankMap(workerLo: number, workerHi: number, dpRank: number, create: boolean): Map<bigint, bigint> | undefined {
+    const key = `${workerLo}:${workerHi}:${dpRank}`
+    let m = this.salted.get(key)
+    if (m === undefined && create) this.salted.set(key, (m = new Map()))
+    return m
+  }
+
+  private inherited(out: DecodedEvent, seed: bigint): bigint {
+    const m = this.rankMap(out.workerLo, out.workerHi, out.dpRank, false)
+    return m?.get(BigInt(out.parentHi) * 4294967296n + BigInt(out.parentLo)) ?? seed
+  }
+
+  private rememberSalted(out: DecodedEvent, seed: bigint): void {
+    const m = this.rankMap(out.workerLo, out.workerHi, out.dpRank, true) as Map<bigint, bigint>
+    for (let i = 0; i < out.count; i++) {
+      const key = BigInt(out.blockHi[i] as number) * 4294967296n + BigInt(out.blockLo[i] as number)
+      if (!m.has(key)) this.saltedCount++
+      m.set(key, seed)
+    }
+    // bounded: the oldest salted blocks are forgotten first (their continuations then hash unsalted)
+    while (this.saltedCount > MAX_SALTED_BLOCKS) {
+      for (const [k, rank] of this.salted) {
+        const first = rank.keys().next()
+        if (first.done === true) {
+          this.salted.delete(k)
+          continue
+        }
+        rank.delete(first.value)
+        this.saltedCount--
+        break
+      }
+    }
+  }
+
+  protected forgetSalted(workerLo: number, workerHi: number, dpRank: number, lo: number, hi: number): void {
+    const m = this.rankMap(workerLo, workerHi, dpRank, false)
+    if (m?.delete(BigInt(hi) * 4294967296n + BigInt(lo)) === true) this.saltedCount--
+  }
+
+  forgetRank(workerLo: number, workerHi: number, dpRank: number): void {
+    const key = `${workerLo}:${workerHi}:${dpRank}`
+    const m = this.salted.get(key)
+    if (m === undefined) return
+    this.saltedCount -= m.size
+    this.salted.delete(key)
+  }
+
+  forgetWorker(workerLo: number, workerHi: number): void {
+    if (this.saltedCount === 0) return
+    const prefix = `${workerLo}:${workerHi}:`
+    for (const [k, m] of this.salted) {
+      if (!k.startsWith(prefix)) continue
+      this.saltedCount -= m.size
+      this.salted.delete(k)
+    }
+  }
+}
+
+/** The decoder on msgpackr: the batch unpacked into JS values, then each event converted. */
+export class EngineEventDecoder extends EngineDecoderBase implements EngineBatchDecoder {
+  private readonly unpackr = new Unpackr({ int64AsType: 'bigint', mapsAsObjects: true, useRecords: false })
+  private readonly h = new Uint32Array(2)
+  private batch: EngineBatch | null = null
+  private at = 0
+
+  begin(payload: Uint8Array): number {
+    this.batch = this.decodeBatch(payload)
+    this.at = 0
+    return this.batch.events.length
+  }
+
+  get batchRank(): number | null {
+    return this.batch?.dpRank ?? null
+  }
+
+  next(workerLo: number, workerHi: number, dpRank: number, out: DecodedEvent): EngineSkip | null {
+    return this.convert(this.batch?.events[this.at++], workerLo, workerHi, dpRank, out)
+  }
 
   /** Decodes a batch's MessagePack; throws KvrError (MALFORMED_MSGPACK, WRONG_TYPE). */
   decodeBatch(payload: Uint8Array): EngineBatch {
@@ -166,12 +311,7 @@ export class EngineEventDecoder {
     if (typeof ts !== 'number' && typeof ts !== 'bigint') throw wrongType('the batch timestamp', 'a number', ts)
     const list = arrayField(events, 'the batch events')
     let dpRank: number | null = null
-    if (rank !== null && rank !== undefined) {
-      const r = typeof rank === 'bigint' ? Number(rank) : rank
-      if (typeof r !== 'number' || !Number.isInteger(r) || r < 0 || r > 0xffffffff)
-        throw new KvrError('KVR_ERR_EVENT_INVALID_NUMBER', `data_parallel_rank must be an integer in [0, 2^32), got ${String(rank)}`)
-      dpRank = r
-    }
+    if (rank !== null && rank !== undefined) dpRank = rankOf(typeof rank === 'bigint' ? Number(rank) : rank)
     return { ts: Number(ts), events: list, dpRank }
   }
 
@@ -240,7 +380,7 @@ export class EngineEventDecoder {
     }
     if (tag === 'AllBlocksCleared') {
       out.kind = EventKind.Cleared
-      if (this.saltedCount > 0) this.clearSalted(workerLo, workerHi)
+      this.forgetWorker(workerLo, workerHi)
       return null
     }
     if (typeof tag !== 'string') throw wrongType('the event tag', 'a string', tag)
@@ -255,10 +395,7 @@ export class EngineEventDecoder {
     out.kind = EventKind.Stored
     out.tier = tierOf(f.medium)
     if (f.kind !== null && f.kind !== undefined && !(typeof f.kind === 'string' && PREFIX_KINDS.has(f.kind))) return EngineSkip.AttentionKind
-    if (bs !== this.blockSize) {
-      this.lastMismatch = { eventBlockSize: bs, routerBlockSize: this.blockSize }
-      return EngineSkip.BlockSizeMismatch
-    }
+    if (bs !== this.blockSize) return this.mismatch(bs)
     if (f.parent !== null && f.parent !== undefined) {
       hashHalves(f.parent, 'parent_block_hash', this.h)
       out.hasParent = true
@@ -275,90 +412,27 @@ export class EngineEventDecoder {
       out.blockHi[i] = this.h[1] as number
     }
     const extra = f.extraKeys === null || f.extraKeys === undefined ? null : arrayField(f.extraKeys, 'extra_keys')
-    const salt = f.cacheSalt ?? saltIn(extra, f.loraName)
-    let seed = salt !== null || f.loraName !== null ? saltSeed(f.loraName, salt) : XXH3_SEED
-    // a continuation of a salted chain carries no salt of its own: it inherits its parent's seed
-    if (salt === null && out.hasParent && this.saltedCount > 0) seed = this.inherited(out, seed)
     const words = n * bs
-    if (this.tokenWords.length < words) this.tokenWords = new Uint32Array(Math.max(words, this.tokenWords.length * 2))
-    const tw = this.tokenWords
+    const tw = this.words(words)
     for (let i = 0; i < words; i++) {
       const t = tokens[i]
-      if (typeof t !== 'number' || t >>> 0 !== t) throw new KvrError('KVR_ERR_EVENT_INVALID_NUMBER', `token_ids[${i}] must be an integer in [0, 2^32), got ${String(t)}`)
+      if (typeof t !== 'number' || t >>> 0 !== t) throw tokenError(i, t)
       tw[i] = t
     }
-    seededBlockHashesInto(tw.subarray(0, words), bs, seed, out.tokensLo, out.tokensHi)
-    if (extra !== null) this.mediaHashes(extra, tw, bs, n, seed, out)
-    out.count = n
-    if (seed !== XXH3_SEED) this.rememberSalted(out, seed)
+    this.hashBlocks(out, n, f.loraName, f.cacheSalt, extra)
     return null
   }
+}
 
-  /** Re-hashes the blocks that hold media: their tokens, then their media hashes. */
-  private mediaHashes(extra: readonly unknown[], tokens: Uint32Array, bs: number, n: number, seed: bigint, out: DecodedEvent): void {
-    for (let i = 0; i < n && i < extra.length; i++) {
-      const keys = extra[i]
-      if (keys === null || keys === undefined) continue
-      const list = arrayField(keys, `extra_keys[${i}]`)
-      let mm: bigint[] | null = null
-      for (const k of list) {
-        // (identifier, offset) of a media item that overlaps this block
-        if (Array.isArray(k) && typeof k[0] === 'string') (mm ??= []).push(mmHashOf(k[0]))
-      }
-      if (mm === null) continue
-      mmBlockHashInto(tokens, i * bs, bs, mm, seed, this.mmOut)
-      out.tokensLo[i] = this.mmOut[0] as number
-      out.tokensHi[i] = this.mmOut[1] as number
-    }
-  }
+export function tokenError(i: number, t: unknown): KvrError {
+  return new KvrError('KVR_ERR_EVENT_INVALID_NUMBER', `token_ids[${i}] must be an integer in [0, 2^32), got ${String(t)}`)
+}
 
-  private rankMap(workerLo: number, workerHi: number, dpRank: number, create: boolean): Map<bigint, bigint> | undefined {
-    const key = `${workerLo}:${workerHi}:${dpRank}`
-    let m = this.salted.get(key)
-    if (m === undefined && create) this.salted.set(key, (m = new Map()))
-    return m
-  }
-
-  private inherited(out: DecodedEvent, seed: bigint): bigint {
-    const m = this.rankMap(out.workerLo, out.workerHi, out.dpRank, false)
-    return m?.get(BigInt(out.parentHi) * 4294967296n + BigInt(out.parentLo)) ?? seed
-  }
-
-  private rememberSalted(out: DecodedEvent, seed: bigint): void {
-    const m = this.rankMap(out.workerLo, out.workerHi, out.dpRank, true) as Map<bigint, bigint>
-    for (let i = 0; i < out.count; i++) {
-      const key = BigInt(out.blockHi[i] as number) * 4294967296n + BigInt(out.blockLo[i] as number)
-      if (!m.has(key)) this.saltedCount++
-      m.set(key, seed)
-    }
-    // bounded: the oldest salted blocks are forgotten first (their continuations then hash unsalted)
-    while (this.saltedCount > MAX_SALTED_BLOCKS) {
-      for (const [k, rank] of this.salted) {
-        const first = rank.keys().next()
-        if (first.done === true) {
-          this.salted.delete(k)
-          continue
-        }
-        rank.delete(first.value)
-        this.saltedCount--
-        break
-      }
-    }
-  }
-
-  private forgetSalted(workerLo: number, workerHi: number, dpRank: number, lo: number, hi: number): void {
-    const m = this.rankMap(workerLo, workerHi, dpRank, false)
-    if (m?.delete(BigInt(hi) * 4294967296n + BigInt(lo)) === true) this.saltedCount--
-  }
-
-  private clearSalted(workerLo: number, workerHi: number): void {
-    const prefix = `${workerLo}:${workerHi}:`
-    for (const [k, m] of this.salted) {
-      if (!k.startsWith(prefix)) continue
-      this.saltedCount -= m.size
-      this.salted.delete(k)
-    }
-  }
+/** A batch's data_parallel_rank, checked. */
+export function rankOf(r: unknown): number {
+  if (typeof r !== 'number' || !Number.isInteger(r) || r < 0 || r > 0xffffffff)
+    throw new KvrError('KVR_ERR_EVENT_INVALID_NUMBER', `data_parallel_rank must be an integer in [0, 2^32), got ${String(r)}`)
+  return r
 }
 
 /**

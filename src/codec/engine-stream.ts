@@ -1,0 +1,690 @@
+// vLLM's and SGLang's KV-event batches read straight from their MessagePack bytes into the
+// index's DecodedEvent: the decoder a shard runs (workers/shard/engine.ts). Same layouts and
+// rules as engine-events.ts (whose msgpackr-based decoder is the reference the tests hold this
+// one to), but no JS value is built for a hash or a token id: hashes go into the event's typed
+// arrays as u32 halves, token ids into one reused Uint32Array, keys are compared as bytes. Only
+// rare fields (extra keys that name media or a salt, SGLang's salt map, unusual strings) are
+// unpacked with msgpackr. `npm run bench:zmq` measures both decoders: this one is there because
+// the msgpackr one, building an object per event and a number per token, does not reach the
+// rate one shard applies at.
+//
+// begin() walks the whole batch once without decoding it (the rank comes after the events, and a
+// truncated or ill-formed batch is refused before any of its events is applied); next() then
+// reads one event per call.
+import { Unpackr } from 'msgpackr'
+import { KvrError } from '../errors.js'
+import { arrayField, type EngineBatchDecoder, EngineDecoderBase, EngineSkip, optString, PREFIX_KINDS, rankOf, tierOf, tokenError, wrongType } from './engine-events.js'
+import { type DecodedEvent, EventKind, StorageTier } from './event-decoder.js'
+
+// field slots of a stored or removed event, wherever the form puts them
+const F_TAG = 0
+const F_HASHES = 1
+const F_PARENT = 2
+const F_TOKENS = 3
+const F_BLOCK_SIZE = 4
+const F_MEDIUM = 5
+/** lora_name; in the array form, SGLang's {cache_salt} map may stand there instead. */
+const F_LORA = 6
+const F_SALT = 7
+const F_EXTRA = 8
+const F_KIND = 9
+const F_COUNT = 10
+
+/** Array-form element index → field slot (-1: not read), for BlockStored. */
+const STORED_ELEMENTS = [F_TAG, F_HASHES, F_PARENT, F_TOKENS, F_BLOCK_SIZE, -1, F_MEDIUM, F_LORA, F_EXTRA, -1, F_KIND]
+/** The same for BlockRemoved: [tag, block_hashes, medium, …]. */
+const REMOVED_ELEMENTS = [F_TAG, F_HASHES, F_MEDIUM]
+
+const utf8 = new TextEncoder()
+const text = new TextDecoder('utf-8')
+const bytesOf = (s: string): Uint8Array => utf8.encode(s)
+
+/** Map keys of an event, by field slot. */
+const EVENT_KEYS: [Uint8Array, number][] = [
+  [bytesOf('type'), F_TAG],
+  [bytesOf('block_hashes'), F_HASHES],
+  [bytesOf('parent_block_hash'), F_PARENT],
+  [bytesOf('token_ids'), F_TOKENS],
+  [bytesOf('block_size'), F_BLOCK_SIZE],
+  [bytesOf('medium'), F_MEDIUM],
+  [bytesOf('lora_name'), F_LORA],
+  [bytesOf('cache_salt'), F_SALT],
+  [bytesOf('extra_keys'), F_EXTRA],
+  [bytesOf('kv_cache_spec_kind'), F_KIND],
+]
+/** EVENT_KEYS by key length, so a key is compared with the few of its length only. */
+const KEYS_BY_LENGTH: [Uint8Array, number][][] = []
+for (const k of EVENT_KEYS) (KEYS_BY_LENGTH[k[0].length] ??= []).push(k)
+
+const K_TS = bytesOf('ts')
+const K_EVENTS = bytesOf('events')
+const K_DP_RANK = bytesOf('data_parallel_rank')
+const K_ATTN_DP_RANK = bytesOf('attn_dp_rank')
+const T_STORED = bytesOf('BlockStored')
+const T_REMOVED = bytesOf('BlockRemoved')
+const T_CLEARED = bytesOf('AllBlocksCleared')
+const S_GPU = bytesOf('GPU')
+const S_FULL = bytesOf('full_attention')
+
+function truncated(): KvrError {
+  return new KvrError('KVR_ERR_EVENT_MALFORMED_MSGPACK', 'the batch does not decode: it ends inside a value')
+}
+
+/** What a value's first byte makes it, in the words wrongType uses for JS values. */
+function kindName(b: number | undefined): unknown {
+  if (b === undefined) return undefined
+  if (b <= 0x7f || b >= 0xe0 || (b >= 0xca && b <= 0xd3)) return 0
+  if (b <= 0x8f || b === 0xde || b === 0xdf) return {}
+  if (b <= 0x9f || b === 0xdc || b === 0xdd) return []
+  if (b <= 0xbf || (b >= 0xd9 && b <= 0xdb)) return ''
+  if (b === 0xc0) return null
+  if (b === 0xc2 || b === 0xc3) return false
+  if (b >= 0xc4 && b <= 0xc6) return new Uint8Array(0)
+  return Symbol()
+}
+
+export class EngineStreamDecoder extends EngineDecoderBase implements EngineBatchDecoder {
+  batchRank: number | null = null
+  private buf: Uint8Array = new Uint8Array(0)
+  private pos = 0
+  private end = 0
+  /** Where the next event starts. */
+  private evPos = 0
+  /** Whether the current event came as an array (tag first, fields by position). */
+  private arrayForm = false
+  /** Value offsets of the current event's fields (-1: absent). */
+  private readonly at = new Int32Array(F_COUNT)
+  /** The last u64 read, as halves. */
+  private lo = 0
+  private hi = 0
+  /** The last length read from a header. */
+  private len = 0
+  /** Raw floats, for the few values that come so. */
+  private readonly f8 = new DataView(new ArrayBuffer(8))
+  private readonly unpackr = new Unpackr({ int64AsType: 'bigint', mapsAsObjects: true, useRecords: false })
+
+  begin(payload: Uint8Array): number {
+    this.buf = payload
+    this.pos = 0
+    this.end = payload.length
+    this.batchRank = null
+    const b = payload[0]
+    let ts = -1
+    let events = -1
+    let rank = -1
+    let count = 0
+    if (this.arrayHeader()) {
+      const n = this.len
+      for (let i = 0; i < n; i++) {
+        if (i === 0) ts = this.pos
+        else if (i === 1) events = this.pos
+        else if (i === 2) rank = this.pos
+        this.skip()
+      }
+    } else if (this.mapHeader()) {
+      const n = this.len
+      let attn = -1
+      for (let i = 0; i < n; i++) {
+        const k = this.pos
+        this.skip()
+        const v = this.pos
+        this.skip()
+        if (this.keyIs(k, K_TS)) ts = v
+        else if (this.keyIs(k, K_EVENTS)) events = v
+        else if (this.keyIs(k, K_DP_RANK)) rank = v
+        else if (this.keyIs(k, K_ATTN_DP_RANK)) attn = v
+      }
+      // a null data_parallel_rank gives way to attn_dp_rank, as `??` does
+      if (rank < 0 || this.buf[rank] === 0xc0) rank = attn
+    } else {
+      this.skip()
+      if (this.pos !== this.end) throw new KvrError('KVR_ERR_EVENT_MALFORMED_MSGPACK', 'the batch does not decode: data after its end')
+      throw wrongType('the batch', 'an array [ts, events, data_parallel_rank]', kindName(b))
+    }
+    if (this.pos !== this.end) throw new KvrError('KVR_ERR_EVENT_MALFORMED_MSGPACK', 'the batch does not decode: data after its end')
+    const tsb = ts < 0 ? undefined : this.buf[ts]
+    const tsKind = kindName(tsb)
+    if (typeof tsKind !== 'number') throw wrongType('the batch timestamp', 'a number', tsKind)
+    this.pos = events
+    if (events < 0 || !this.arrayHeader()) throw wrongType('the batch events', 'an array', kindName(events < 0 ? undefined : this.buf[events]))
+    count = this.len
+    this.evPos = this.pos
+    if (rank >= 0 && this.buf[rank] !== 0xc0) {
+      this.pos = rank
+      this.batchRank = rankOf(this.number('data_parallel_rank'))
+    }
+    return count
+  }
+
+  next(workerLo: number, workerHi: number, dpRank: number, out: DecodedEvent): EngineSkip | null {
+    out.reset()
+    out.workerLo = workerLo
+    out.workerHi = workerHi
+    out.dpRank = dpRank
+    const at = this.at
+    at.fill(-1)
+    this.pos = this.evPos
+    const first = this.buf[this.pos]
+    this.arrayForm = false
+    if (this.arrayHeader()) {
+      this.arrayForm = true
+      const n = this.len
+      const tagAt = this.pos
+      let map = STORED_ELEMENTS
+      if (n > 0 && this.isString(tagAt, T_REMOVED)) map = REMOVED_ELEMENTS
+      for (let i = 0; i < n; i++) {
+        const f = i < map.length ? (map[i] as number) : -1
+        if (f >= 0) at[f] = this.pos
+        this.skip()
+      }
+    } else if (this.mapHeader()) {
+      const n = this.len
+      for (let i = 0; i < n; i++) {
+        const k = this.pos
+        this.skip()
+        const f = this.eventKey(k)
+        if (f >= 0) at[f] = this.pos
+        this.skip()
+      }
+    } else {
+      this.skip()
+      this.evPos = this.pos
+      throw wrongType('an event', 'an array or a map', kindName(first))
+    }
+    this.evPos = this.pos
+    const tag = at[F_TAG] as number
+    if (tag >= 0 && this.isString(tag, T_STORED)) return this.stored(out)
+    if (tag >= 0 && this.isString(tag, T_REMOVED)) return this.removed(out)
+    if (tag >= 0 && this.isString(tag, T_CLEARED)) {
+      out.kind = EventKind.Cleared
+      this.forgetWorker(workerLo, workerHi)
+      return null
+    }
+    const tb = tag < 0 ? undefined : this.buf[tag]
+    if (typeof kindName(tb) !== 'string') throw wrongType('the event tag', 'a string', kindName(tb))
+    return EngineSkip.UnknownEvent
+  }
+
+  private stored(out: DecodedEvent): EngineSkip | null {
+    const at = this.at
+    // the strings first, as the reference decoder reads them while it gathers the fields
+    let loraName: string | null = null
+    let cacheSalt: string | null = null
+    const lp = at[F_LORA] as number
+    if (this.arrayForm) {
+      // vLLM's 8th element is lora_name; SGLang's is a {cache_salt} map; anything else names neither
+      if (lp >= 0 && this.isStringOrNil(lp)) loraName = optString(this.stringAt(lp), 'lora_name')
+      else if (this.isMapAt(lp)) cacheSalt = optString((this.unpackAt(lp) as Record<string, unknown>).cache_salt, 'cache_salt')
+    } else {
+      loraName = this.optStringAt(lp, 'lora_name')
+      cacheSalt = this.optStringAt(at[F_SALT] as number, 'cache_salt')
+    }
+    const hashesAt = at[F_HASHES] as number
+    const tokensAt = at[F_TOKENS] as number
+    this.pos = hashesAt
+    if (hashesAt < 0 || !this.arrayHeader()) throw wrongType('block_hashes', 'an array', this.kindAt(hashesAt))
+    const hashCount = this.len
+    const firstHash = this.pos
+    this.pos = tokensAt
+    if (tokensAt < 0 || !this.arrayHeader()) throw wrongType('token_ids', 'an array', this.kindAt(tokensAt))
+    const tokenCount = this.len
+    const firstToken = this.pos
+    const bsAt = at[F_BLOCK_SIZE] as number
+    let bs = Number.NaN
+    if (bsAt >= 0 && typeof kindName(this.buf[bsAt]) === 'number') {
+      this.pos = bsAt
+      bs = this.number('block_size')
+    }
+    if (!Number.isInteger(bs) || bs < 1) throw new KvrError('KVR_ERR_EVENT_INVALID_NUMBER', `block_size must be a positive integer, got ${bsAt < 0 ? 'undefined' : String(this.unpackAt(bsAt))}`)
+    out.kind = EventKind.Stored
+    out.tier = this.tierAt(at[F_MEDIUM] as number)
+    const kindAt = at[F_KIND] as number
+    if (kindAt >= 0 && this.buf[kindAt] !== 0xc0 && !this.isString(kindAt, S_FULL)) {
+      const k = this.isStringOrNil(kindAt) ? this.stringAt(kindAt) : null
+      if (k === null || !PREFIX_KINDS.has(k)) return EngineSkip.AttentionKind
+    }
+    if (bs !== this.blockSize) return this.mismatch(bs)
+    const parentAt = at[F_PARENT] as number
+    if (parentAt >= 0 && this.buf[parentAt] !== 0xc0) {
+      this.pos = parentAt
+      this.u64('parent_block_hash')
+      out.hasParent = true
+      out.parentLo = this.lo
+      out.parentHi = this.hi
+    }
+    // blocks whose tokens all came with the event (a short token list ends the run)
+    const n = Math.min(hashCount, Math.floor(tokenCount / bs))
+    if (n === 0) return EngineSkip.Empty
+    out.ensure(n)
+    this.pos = firstHash
+    const bLo = out.blockLo
+    const bHi = out.blockHi
+    for (let i = 0; i < n; i++) {
+      this.u64('block_hashes')
+      bLo[i] = this.lo
+      bHi[i] = this.hi
+    }
+    const extra = this.extraKeys(at[F_EXTRA] as number)
+    const words = n * bs
+    const tw = this.words(words)
+    this.pos = firstToken
+    this.tokens(tw, words)
+    this.hashBlocks(out, n, loraName, cacheSalt, extra)
+    return null
+  }
+
+  private removed(out: DecodedEvent): EngineSkip | null {
+    const hashesAt = this.at[F_HASHES] as number
+    this.pos = hashesAt
+    if (hashesAt < 0 || !this.arrayHeader()) throw wrongType('block_hashes', 'an array', this.kindAt(hashesAt))
+    const n = this.len
+    const first = this.pos
+    out.kind = EventKind.Removed
+    out.tier = this.tierAt(this.at[F_MEDIUM] as number)
+    out.ensure(n)
+    this.pos = first
+    for (let i = 0; i < n; i++) {
+      this.u64('block_hashes')
+      out.blockLo[i] = this.lo
+      out.blockHi[i] = this.hi
+      if (this.saltedCount > 0) this.forgetSalted(out.workerLo, out.workerHi, out.dpRank, this.lo, this.hi)
+    }
+    out.count = n
+    return n === 0 ? EngineSkip.Empty : null
+  }
+
+  // ---- values ----
+
+  /** `words` token ids from pos into tw, each an integer in [0, 2^32). */
+  private tokens(tw: Uint32Array, words: number): void {
+    const buf = this.buf
+    let p = this.pos
+    for (let i = 0; i < words; i++) {
+      const b = buf[p] as number
+      if (b <= 0x7f) {
+        tw[i] = b
+        p++
+      } else if (b === 0xcd) {
+        tw[i] = ((buf[p + 1] as number) << 8) | (buf[p + 2] as number)
+        p += 3
+      } else if (b === 0xce) {
+        tw[i] = (((buf[p + 1] as number) << 24) | ((buf[p + 2] as number) << 16) | ((buf[p + 3] as number) << 8) | (buf[p + 4] as number)) >>> 0
+        p += 5
+      } else if (b === 0xcc) {
+        tw[i] = buf[p + 1] as number
+        p += 2
+      } else {
+        // any other spelling of an integer (signed, 64-bit, a float with no fraction)
+        this.pos = p
+        const t = this.numberOrNull()
+        if (t === null || t >>> 0 !== t) throw tokenError(i, t === null ? String(this.unpackAt(p)) : t)
+        tw[i] = t
+        p = this.pos
+      }
+    }
+    this.pos = p
+  }
+
+  /** One block hash at pos into lo/hi: an int of any width and sign (its 64 bits), or bytes (the last 8, big-endian). */
+  private u64(field: string): void {
+    const buf = this.buf
+    const p = this.pos
+    const b = buf[p] as number
+    if (b <= 0x7f) {
+      this.lo = b
+      this.hi = 0
+      this.pos = p + 1
+      return
+    }
+    if (b === 0xcf || b === 0xd3) {
+      this.hi = this.u32(p + 1)
+      this.lo = this.u32(p + 5)
+      this.pos = p + 9
+      return
+    }
+    if (b >= 0xe0 || (b >= 0xcc && b <= 0xce) || (b >= 0xd0 && b <= 0xd2)) {
+      const v = this.numberOrNull() as number
+      this.lo = v >>> 0
+      this.hi = v < 0 ? 0xffffffff : 0
+      return
+    }
+    if (b >= 0xc4 && b <= 0xc6) {
+      this.binHeader()
+      const len = this.len
+      if (len === 0) throw new KvrError('KVR_ERR_EVENT_INVALID_NUMBER', `${field} is empty bytes`)
+      let hi = 0
+      let lo = 0
+      for (let i = this.pos + Math.max(0, len - 8); i < this.pos + len; i++) {
+        hi = ((hi << 8) | (lo >>> 24)) >>> 0
+        lo = ((lo << 8) | (buf[i] as number)) >>> 0
+      }
+      this.lo = lo
+      this.hi = hi
+      this.pos += len
+      return
+    }
+    if (b === 0xca || b === 0xcb) {
+      const v = this.numberOrNull() as number
+      if (!Number.isInteger(v)) throw new KvrError('KVR_ERR_EVENT_INVALID_NUMBER', `${field} must be an integer, got ${v}`)
+      if (v >= 2 ** 64 || v < -(2 ** 63)) throw new KvrError('KVR_ERR_EVENT_INVALID_NUMBER', `${field} does not fit 64 bits`)
+      const u = BigInt.asUintN(64, BigInt(v))
+      this.lo = Number(u & 0xffffffffn)
+      this.hi = Number(u >> 32n)
+      return
+    }
+    throw wrongType(field, 'an integer or bytes', kindName(b))
+  }
+
+  private u32(p: number): number {
+    const buf = this.buf
+    return (((buf[p] as number) << 24) | ((buf[p + 1] as number) << 16) | ((buf[p + 2] as number) << 8) | (buf[p + 3] as number)) >>> 0
+  }
+
+  /** A number at pos (ints exact up to 2^53, beyond as the nearest double), or null when it is no number; moves past it either way. */
+  private numberOrNull(): number | null {
+    const buf = this.buf
+    const p = this.pos
+    const b = buf[p] as number
+    let v: number | null
+    let size = 1
+    if (b <= 0x7f) v = b
+    else if (b >= 0xe0) v = b - 0x100
+    else if (b >= 0xcc && b <= 0xd3) {
+      size = INT_BYTES[b - 0xcc] as number
+      if (b === 0xcc) v = buf[p + 1] as number
+      else if (b === 0xcd) v = ((buf[p + 1] as number) << 8) | (buf[p + 2] as number)
+      else if (b === 0xce) v = this.u32(p + 1)
+      else if (b === 0xcf) v = this.u32(p + 1) * 4294967296 + this.u32(p + 5)
+      else if (b === 0xd0) v = ((buf[p + 1] as number) << 24) >> 24
+      else if (b === 0xd1) v = ((((buf[p + 1] as number) << 8) | (buf[p + 2] as number)) << 16) >> 16
+      else if (b === 0xd2) v = this.u32(p + 1) | 0
+      else v = (this.u32(p + 1) | 0) * 4294967296 + this.u32(p + 5)
+    } else if (b === 0xca || b === 0xcb) {
+      const f = this.f8
+      const n = b === 0xca ? 4 : 8
+      for (let i = 0; i < n; i++) f.setUint8(i, buf[p + 1 + i] as number)
+      v = b === 0xca ? f.getFloat32(0) : f.getFloat64(0)
+      size = n + 1
+    } else {
+      this.skip()
+      return null
+    }
+    this.pos = p + size
+    return v
+  }
+
+  private number(field: string): number {
+    const p = this.pos
+    const v = this.numberOrNull()
+    if (v === null) throw wrongType(field, 'a number', kindName(this.buf[p]))
+    return v
+  }
+
+  /** The extra keys at p: null when absent, null or a list of nulls (nothing to hash), else the list unpacked. */
+  private extraKeys(p: number): readonly unknown[] | null {
+    if (p < 0 || this.buf[p] === 0xc0) return null
+    this.pos = p
+    if (!this.arrayHeader()) throw wrongType('extra_keys', 'an array', kindName(this.buf[p]))
+    const n = this.len
+    for (let i = 0; i < n; i++) if (this.buf[this.pos++] !== 0xc0) return arrayField(this.unpackAt(p), 'extra_keys')
+    return null
+  }
+
+  private tierAt(p: number): number {
+    if (p < 0 || this.buf[p] === 0xc0 || this.isString(p, S_GPU)) return StorageTier.Device
+    return tierOf(this.isStringOrNil(p) ? this.stringAt(p) : this.unpackAt(p))
+  }
+
+  private optStringAt(p: number, field: string): string | null {
+    if (p < 0) return null
+    return optString(this.isStringOrNil(p) ? this.stringAt(p) : this.unpackAt(p), field)
+  }
+
+  /** The string (or null) at p. */
+  private stringAt(p: number): string | null {
+    if (this.buf[p] === 0xc0) return null
+    this.pos = p
+    this.strHeader()
+    return text.decode(this.buf.subarray(this.pos, this.pos + this.len))
+  }
+
+  /** Any value at p as msgpackr makes it: for the rare fields read whole. */
+  private unpackAt(p: number): unknown {
+    this.pos = p
+    this.skip()
+    try {
+      return this.unpackr.unpack(this.buf.subarray(p, this.pos))
+    } catch (err) {
+      throw new KvrError('KVR_ERR_EVENT_MALFORMED_MSGPACK', `the batch does not decode: ${(err as Error).message}`)
+    }
+  }
+
+  private kindAt(p: number): unknown {
+    return p < 0 ? undefined : kindName(this.buf[p])
+  }
+
+  // ---- headers ----
+
+  private isStringOrNil(p: number): boolean {
+    const b = this.buf[p] as number
+    return b === 0xc0 || (b >= 0xa0 && b <= 0xbf) || (b >= 0xd9 && b <= 0xdb)
+  }
+
+  private isMapAt(p: number): boolean {
+    if (p < 0) return false
+    const b = this.buf[p] as number
+    return (b >= 0x80 && b <= 0x8f) || b === 0xde || b === 0xdf
+  }
+
+  /** True when the value at p is the string `lit`. */
+  private isString(p: number, lit: Uint8Array): boolean {
+    const save = this.pos
+    this.pos = p
+    const ok = this.strHeader() && this.len === lit.length && this.bytesAre(this.pos, lit)
+    this.pos = save
+    return ok
+  }
+
+  private keyIs(p: number, lit: Uint8Array): boolean {
+    return this.isString(p, lit)
+  }
+
+  /** The field slot a map key at p names, -1 for keys not read. */
+  private eventKey(p: number): number {
+    const save = this.pos
+    this.pos = p
+    let f = -1
+    if (this.strHeader()) {
+      const cands = KEYS_BY_LENGTH[this.len]
+      if (cands !== undefined) {
+        for (const [lit, slot] of cands) {
+          if (this.bytesAre(this.pos, lit)) {
+            f = slot
+            break
+          }
+        }
+      }
+    }
+    this.pos = save
+    return f
+  }
+
+  private bytesAre(p: number, lit: Uint8Array): boolean {
+    const buf = this.buf
+    for (let i = 0; i < lit.length; i++) if (buf[p + i] !== lit[i]) return false
+    return true
+  }
+
+  /** A string header at pos: true and len set, pos at its bytes; false (pos kept) when it is none. */
+  private strHeader(): boolean {
+    const buf = this.buf
+    const p = this.pos
+    const b = buf[p] as number
+    if (b >= 0xa0 && b <= 0xbf) {
+      this.len = b & 0x1f
+      this.pos = p + 1
+    } else if (b === 0xd9) {
+      this.len = buf[p + 1] as number
+      this.pos = p + 2
+    } else if (b === 0xda) {
+      this.len = ((buf[p + 1] as number) << 8) | (buf[p + 2] as number)
+      this.pos = p + 3
+    } else if (b === 0xdb) {
+      this.len = this.u32(p + 1)
+      this.pos = p + 5
+    } else return false
+    return true
+  }
+
+  private binHeader(): void {
+    const buf = this.buf
+    const p = this.pos
+    const b = buf[p] as number
+    if (b === 0xc4) {
+      this.len = buf[p + 1] as number
+      this.pos = p + 2
+    } else if (b === 0xc5) {
+      this.len = ((buf[p + 1] as number) << 8) | (buf[p + 2] as number)
+      this.pos = p + 3
+    } else {
+      this.len = this.u32(p + 1)
+      this.pos = p + 5
+    }
+  }
+
+  private arrayHeader(): boolean {
+    const buf = this.buf
+    const p = this.pos
+    const b = buf[p]
+    if (b === undefined) return false
+    if (b >= 0x90 && b <= 0x9f) {
+      this.len = b & 0x0f
+      this.pos = p + 1
+    } else if (b === 0xdc) {
+      if (p + 3 > this.end) throw truncated()
+      this.len = ((buf[p + 1] as number) << 8) | (buf[p + 2] as number)
+      this.pos = p + 3
+    } else if (b === 0xdd) {
+      if (p + 5 > this.end) throw truncated()
+      this.len = this.u32(p + 1)
+      this.pos = p + 5
+    } else return false
+    return true
+  }
+
+  private mapHeader(): boolean {
+    const buf = this.buf
+    const p = this.pos
+    const b = buf[p]
+    if (b === undefined) return false
+    if (b >= 0x80 && b <= 0x8f) {
+      this.len = b & 0x0f
+      this.pos = p + 1
+    } else if (b === 0xde) {
+      if (p + 3 > this.end) throw truncated()
+      this.len = ((buf[p + 1] as number) << 8) | (buf[p + 2] as number)
+      this.pos = p + 3
+    } else if (b === 0xdf) {
+      if (p + 5 > this.end) throw truncated()
+      this.len = this.u32(p + 1)
+      this.pos = p + 5
+    } else return false
+    return true
+  }
+
+  /**
+   * Moves pos past one whole value, nested ones included, without recursion: `left` counts the
+   * values still to pass. Every value takes at least a byte, so a count beyond the bytes left, or
+   * a length past the end, is a truncated batch.
+   */
+  private skip(): void {
+    const buf = this.buf
+    const end = this.end
+    let p = this.pos
+    let left = 1
+    while (left > 0) {
+      if (p >= end) throw truncated()
+      const b = buf[p++] as number
+      left--
+      if (b <= 0x7f || b >= 0xe0) continue
+      if (b <= 0x8f) left += 2 * (b & 0x0f)
+      else if (b <= 0x9f) left += b & 0x0f
+      else if (b <= 0xbf) p += b & 0x1f
+      else {
+        if (b === 0xc0 || b === 0xc2 || b === 0xc3) continue
+        if (b === 0xc1) throw new KvrError('KVR_ERR_EVENT_MALFORMED_MSGPACK', `the batch does not decode: byte 0xc1 at ${p - 1}`)
+        // the length field that follows, if any, must be there to be read
+        const need = LENGTH_BYTES[b - 0xc4] as number
+        if (p + need > end) throw truncated()
+        switch (b) {
+          case 0xc4:
+          case 0xd9:
+            p += 1 + (buf[p] as number)
+            break
+          case 0xc5:
+          case 0xda:
+            p += 2 + (((buf[p] as number) << 8) | (buf[p + 1] as number))
+            break
+          case 0xc6:
+          case 0xdb:
+            p += 4 + this.u32(p)
+            break
+          case 0xc7:
+            p += 2 + (buf[p] as number)
+            break
+          case 0xc8:
+            p += 3 + (((buf[p] as number) << 8) | (buf[p + 1] as number))
+            break
+          case 0xc9:
+            p += 5 + this.u32(p)
+            break
+          case 0xdc:
+            left += ((buf[p] as number) << 8) | (buf[p + 1] as number)
+            p += 2
+            break
+          case 0xdd:
+            left += this.u32(p)
+            p += 4
+            break
+          case 0xde:
+            left += 2 * (((buf[p] as number) << 8) | (buf[p + 1] as number))
+            p += 2
+            break
+          case 0xdf:
+            left += 2 * this.u32(p)
+            p += 4
+            break
+          default:
+            p += FIXED_BYTES[b - 0xc4] as number
+        }
+      }
+      if (left > end - p) throw truncated()
+    }
+    if (p > end) throw truncated()
+    this.pos = p
+  }
+}
+
+/** Bytes of uint8..64, int8..64 with their type byte. */
+const INT_BYTES = [2, 3, 5, 9, 2, 3, 5, 9]
+
+// Per first byte from 0xc4 to 0xdf: the bytes of its length field, and the fixed size of its
+// payload for the types that have one (floats, ints, fixext).
+// biome-ignore format: one entry per type byte
+const LENGTH_BYTES = [
+  1, 2, 4, // bin 8/16/32
+  2, 3, 5, // ext 8/16/32 (length, then the type byte)
+  4, 8, 1, 2, 4, 8, 1, 2, 4, 8, // float32/64, uint8..64, int8..64
+  2, 3, 5, 9, 17, // fixext 1/2/4/8/16 (type byte included)
+  1, 2, 4, // str 8/16/32
+  2, 4, 2, 4, // array 16/32, map 16/32
+]
+// biome-ignore format: one entry per type byte
+const FIXED_BYTES = [
+  0, 0, 0,
+  0, 0, 0,
+  4, 8, 1, 2, 4, 8, 1, 2, 4, 8,
+  2, 3, 5, 9, 17,
+  0, 0, 0,
+  0, 0, 0, 0,
+]

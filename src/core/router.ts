@@ -140,8 +140,7 @@ export class Router {
       sink === undefined ? {} : { approxSink: sink },
     )
     this.recovery = config.kvEvents && config.eventRecovery ? new IndexRecovery(pool, { urlOf: (id) => this.registry.get(id)?.url, onAnswers: (id) => this.eventSources.evented(id) }) : null
-    // the listeners' own clears (at start, at an engine restart) are not the engine's events
-    this.engines = new EngineIntake(config.blockSize, (ev) => (ev.event.data === 'cleared' ? this.pool.pushPredicted(Buffer.from(encodeRouterEvent(ev)), ev.worker_id) : this.ingestEvent(ev)))
+    this.engines = new EngineIntake(config.blockSize, pool)
     this.eventSources = new EventSources({
       setPredicted: (id, on) => this.scheduler.setPredicted(id, on),
       watch: (id, on) => (on ? pool.watchFirstEvent(id) : pool.unwatch(id)),

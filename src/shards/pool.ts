@@ -65,6 +65,20 @@ import {
   ShardState,
   shardOf,
   type ShardInit,
+  CONTROL_ENGINE_BATCH,
+  CONTROL_ENGINE_RESET,
+  ENGINE_BATCH_BYTES,
+  ENGINE_MALFORMED_NAMES,
+  ENGINE_SKIP_NAMES,
+  E_BASE,
+  E_BATCHES,
+  E_DUPLICATE_STORES,
+  E_END,
+  E_EVENTS,
+  E_MALFORMED,
+  E_SKIPPED,
+  E_SUPPRESSED_REMOVALS,
+  type EngineReset,
 } from '../thread/protocol.js'
 import { SHARD_ENTRY } from '../thread/protocol.js'
 import type { ShardApi, ShardStats } from '../thread/protocol.js'
@@ -145,6 +159,29 @@ interface Asked {
 
 export type ShardHealth = 'exact' | 'recovering'
 
+/** What a shard made of engines' own KV-event batches (src/transport/engine-intake.ts). */
+export interface EngineCounters {
+  batches: number
+  /** Events decoded to be applied (before de-duplication). */
+  events: number
+  /** Events not applied, by ENGINE_SKIP_NAMES reason. */
+  skipped: Record<string, number>
+  /** Blocks stored again while the worker-rank held them. */
+  duplicateStores: number
+  /** Block removals held back because the hash was stored more often than removed. */
+  suppressedRemovals: number
+  /** Batches refused (from their malformed event on), by ENGINE_MALFORMED_NAMES reason. */
+  malformed: Record<string, number>
+}
+
+/** A shard's note that a worker-rank's engine publishes another block size (warned of once). */
+export interface EngineNote {
+  workerId: bigint
+  dpRank: number
+  eventBlockSize: number
+  routerBlockSize: number
+}
+
 export interface ShardCounters {
   shard: number
   health: ShardHealth
@@ -172,6 +209,8 @@ export interface ShardCounters {
   ringWaits: number
   pendingMessages: number
   lost: number
+  /** Engines' batches, over every thread this shard has had. */
+  engine: EngineCounters
 }
 
 interface Pending {
@@ -203,6 +242,8 @@ interface Shard {
   dead: boolean
   /** Settles when this thread has exited; control calls race it so none waits on a dead thread. */
   exited: Promise<number>
+  /** The engine counters of the threads before this one (they start at 0 in each). */
+  engineRetired: Float64Array
 }
 
 interface Slot {
@@ -347,6 +388,7 @@ export class ShardPool extends EventEmitter {
       exiting: false,
       dead: false,
       exited: new Promise<number>((resolve) => worker.once('exit', resolve)),
+      engineRetired: new Float64Array(E_END - E_BASE),
     }
     worker.on('message', (m: unknown) => this.onShardMessage(m))
     worker.on('error', (err) => this.emit('shardError', index, err))
@@ -437,7 +479,19 @@ export class ShardPool extends EventEmitter {
    */
   private onShardMessage(m: unknown): void {
     if (m === null || typeof m !== 'object') return
-    const e = m as { misplacedEvent?: unknown; lo?: unknown; hi?: unknown; gap?: { lo: number; hi: number; rank: number; fromLo: number; fromHi: number; toLo: number; toHi: number; ticket: number } }
+    const e = m as {
+      misplacedEvent?: unknown
+      lo?: unknown
+      hi?: unknown
+      gap?: { lo: number; hi: number; rank: number; fromLo: number; fromHi: number; toLo: number; toHi: number; ticket: number }
+      engineNote?: { lo: number; hi: number; rank: number; eventBlockSize: number; routerBlockSize: number }
+    }
+    if (e.engineNote !== undefined) {
+      const n = e.engineNote
+      const note: EngineNote = { workerId: u64FromParts(n.lo, n.hi), dpRank: n.rank, eventBlockSize: n.eventBlockSize, routerBlockSize: n.routerBlockSize }
+      this.emit('engineNote', note)
+      return
+    }
     if (e.gap !== undefined) {
       const g = e.gap
       const gap: EventGap = { workerId: u64FromParts(g.lo, g.hi), dpRank: g.rank, from: u64FromParts(g.fromLo, g.fromHi), to: u64FromParts(g.toLo, g.toHi) - 1n, ticket: g.ticket }
@@ -500,6 +554,31 @@ export class ShardPool extends EventEmitter {
       v.setBigUint64(24, lastId, true)
     }
     this.pushTo(this.shards[this.shardOf(workerId)] as Shard, rec)
+  }
+
+  // ---- engines' own KV events: batches decoded in the shard, in order with the worker's other records ----
+
+  /**
+   * Hands one engine batch (its MessagePack as the engine sent it) to the worker's shard, which
+   * decodes it at `blockSize` for the listener's `dpRank`. False when queued behind a full ring.
+   */
+  pushEngineBatch(workerId: bigint, dpRank: number, blockSize: number, payload: Uint8Array): boolean {
+    if (this.closing) throw new KvrError('KVR_ERR_SHUTTING_DOWN', 'the shard pool is closing')
+    const rec = new Uint8Array(ENGINE_BATCH_BYTES + payload.length)
+    const v = new DataView(rec.buffer)
+    rec[1] = CONTROL_ENGINE_BATCH
+    v.setUint32(4, u64Lo(workerId), true)
+    v.setUint32(8, u64Hi(workerId), true)
+    v.setUint32(12, dpRank, true)
+    v.setUint32(16, blockSize, true)
+    rec.set(payload, ENGINE_BATCH_BYTES)
+    return this.pushTo(this.shards[this.shardOf(workerId)] as Shard, rec)
+  }
+
+  /** Resets what the worker's shard holds of its engine (EngineReset), in order with its batches. */
+  resetEngine(workerId: bigint, dpRank: number, how: EngineReset): void {
+    if (this.closing) throw new KvrError('KVR_ERR_SHUTTING_DOWN', 'the shard pool is closing')
+    this.pushTo(this.shards[this.shardOf(workerId)] as Shard, this.rankRecord(CONTROL_ENGINE_RESET, workerId, dpRank, how))
   }
 
   /**
@@ -876,8 +955,25 @@ export class ShardPool extends EventEmitter {
         ringWaits: sh.ringWaits,
         pendingMessages: sh.pending.length - sh.pendingHead,
         lost: sh.lost,
+        engine: this.engineCounters(sh),
       }
     })
+  }
+
+  private engineCounters(sh: Shard): EngineCounters {
+    const word = (i: number): number => (sh.engineRetired[i - E_BASE] as number) + (Atomics.load(sh.ctrl, i) >>> 0)
+    const skipped: Record<string, number> = {}
+    ENGINE_SKIP_NAMES.forEach((name, k) => (skipped[name] = word(E_SKIPPED + k)))
+    const malformed: Record<string, number> = {}
+    ENGINE_MALFORMED_NAMES.forEach((name, k) => (malformed[name] = word(E_MALFORMED + k)))
+    return {
+      batches: word(E_BATCHES),
+      events: word(E_EVENTS),
+      skipped,
+      duplicateStores: word(E_DUPLICATE_STORES),
+      suppressedRemovals: word(E_SUPPRESSED_REMOVALS),
+      malformed,
+    }
   }
 
   async stats(): Promise<ShardStats[]> {
@@ -960,6 +1056,11 @@ export class ShardPool extends EventEmitter {
     Atomics.store(c, QRING_READ, Atomics.load(c, QRING_WRITE))
     for (const i of [DOORBELL, SLEEPING, PRODUCER_WAIT, HEARTBEAT, CONTROL_POSTED]) Atomics.store(c, i, 0)
     for (let i = C_RECEIVED; i < C_END; i++) Atomics.store(c, i, 0)
+    const retired = old.engineRetired
+    for (let i = E_BASE; i < E_END; i++) {
+      retired[i - E_BASE] = (retired[i - E_BASE] as number) + (Atomics.load(c, i) >>> 0)
+      Atomics.store(c, i, 0)
+    }
     Atomics.store(c, STATE, ShardState.Starting)
     for (let i = old.pendingHead; i < old.pending.length; i++) (old.pending[i] as Pending).offset = 0
     const fresh = this.spawn(old.index, c.buffer as SharedArrayBuffer, old.ringSab)
@@ -971,6 +1072,7 @@ export class ShardPool extends EventEmitter {
     fresh.ringFull = old.ringFull
     fresh.ringWaits = old.ringWaits
     fresh.lost = old.lost
+    fresh.engineRetired = retired
     this.shards[old.index] = fresh
     if (fresh.pendingHead < fresh.pending.length) this.waitForSpace(fresh)
     this.emit('shardRestarted', old.index, code)

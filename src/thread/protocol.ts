@@ -92,8 +92,24 @@ export const C_END = C_GAPS + 1
 /** Main thread, per query: the query ring's slot ids. */
 export const QRING_BASE = 5 * LINE
 export const QRING_SIZE = 256
-export const CTRL_WORDS = QRING_BASE + QRING_SIZE
+/**
+ * Shard, per engine batch: what became of engines' own KV events (workers/shard/engine.ts).
+ * E_SKIPPED has a word per ENGINE_SKIP_NAMES entry, E_MALFORMED one per ENGINE_MALFORMED_NAMES.
+ */
+export const E_BASE = QRING_BASE + QRING_SIZE
+export const E_BATCHES = E_BASE
+export const E_EVENTS = E_BASE + 1
+export const E_SKIPPED = E_BASE + 2
+export const E_DUPLICATE_STORES = E_BASE + 6
+export const E_SUPPRESSED_REMOVALS = E_BASE + 7
+export const E_MALFORMED = E_BASE + 8
+export const E_END = E_BASE + 12
+export const ENGINE_SKIP_NAMES = ['block_size_mismatch', 'attention_kind', 'unknown_event', 'empty'] as const
+/** Why an engine batch was refused: the KvrError codes of bad input, then anything else a KvrError says. */
+export const ENGINE_MALFORMED_NAMES = ['malformed_msgpack', 'wrong_type', 'invalid_number', 'other'] as const
+export const CTRL_WORDS = E_BASE + LINE
 if (C_END > QRING_BASE) throw new Error('shard counters overrun their line')
+if (E_END > CTRL_WORDS) throw new Error('engine counters overrun their line')
 
 export const ShardState = { Starting: 0, Running: 1, Stopping: 2, Stopped: 3 } as const
 export type ShardState = (typeof ShardState)[keyof typeof ShardState]
@@ -179,6 +195,23 @@ export const CONTROL_RECOVERY = 4
 export const CONTROL_RESET_RANK = 5
 export const RecoveryKind = { Events: 0, TreeDump: 1, Failed: 2 } as const
 export type RecoveryKind = (typeof RecoveryKind)[keyof typeof RecoveryKind]
+/**
+ * An engine's own KV-event batch (src/transport/engine-intake.ts), decoded by the shard
+ * (workers/shard/engine.ts): the listener's dp rank at offset 12, the router's block size, a u32
+ * LE at 16, then from ENGINE_BATCH_BYTES the batch's MessagePack as the engine sent it. The
+ * listener has put the batches in order, so their events bypass the event-id gap detection.
+ */
+export const CONTROL_ENGINE_BATCH = 5
+export const ENGINE_BATCH_BYTES = 20
+/**
+ * Resets what a shard holds of an engine (CONTROL_RANK_BYTES): byte 2 an EngineReset, the dp rank
+ * at 12. Rank: the rank's blocks and its decoding state (an engine rank restarted); Worker: every
+ * rank's (the listeners start, and replay what the engine holds); State: the decoding state
+ * alone (the listeners stop).
+ */
+export const CONTROL_ENGINE_RESET = 6
+export const EngineReset = { Rank: 0, Worker: 1, State: 2 } as const
+export type EngineReset = (typeof EngineReset)[keyof typeof EngineReset]
 
 /** What the main thread hands a shard thread in workerData. */
 export interface ShardInit {

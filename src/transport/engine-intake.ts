@@ -1,41 +1,31 @@
 // KV events from engines' own publishers (vLLM, SGLang: ZMQ + MessagePack), for the workers
 // registered with a kv-events endpoint: one ZmqListener per dp rank (rank r on port + r, as
-// vLLM offsets its publishers), its batches decoded at the router's block size and pushed to the
-// shards as Dynamo RouterEvents. The listener orders the batches, fills gaps from the replay
-// socket and reports restarts; this module numbers the events it pushes per worker-rank without
-// gaps, so the shards' own gap detection never fires for them.
-//
-// The events are re-encoded as RouterEvent JSON on the main thread and decoded again in the
-// shard: simple, and correct, at the cost of one encode per event here. A shard that took the
-// engine's MessagePack itself would save it.
+// vLLM offsets its publishers). The listener orders the batches, fills gaps from the replay
+// socket and reports restarts; this module hands each batch's MessagePack, as it came, to the
+// worker's shard, which decodes it there at the router's block size (workers/shard/engine.ts):
+// the main thread does no per-event work. A restart of one engine rank resets that worker-rank
+// alone, in order with its batches. What the shards count (events skipped, de-duplicated,
+// batches refused) is read from their shared counters, and their note of an engine of another
+// block size becomes a warning here, once per worker-rank.
 import { rankEndpoint } from '../config.js'
 import type { EngineEventsSpec } from '../config.js'
-import { DecodedEvent } from '../codec/event-decoder.js'
-import { EngineEventDecoder } from '../codec/engine-events.js'
 import type { EngineSkip } from '../codec/engine-events.js'
-import { toRouterEvent } from '../codec/events.js'
-import type { RouterEvent } from '../codec/events.js'
+import type { EngineCounters, EngineNote, ShardPool } from '../shards/pool.js'
+import { EngineReset } from '../thread/protocol.js'
 import { ZmqListener } from './zmq.js'
 import type { ZmqCounters, ZmqListenerOptions, ZmqRankState, ZmqSink, ZmqSource } from './zmq.js'
-
-/** Where the converted events go: the router core's ingestEvent. */
-export type EventTarget = (ev: RouterEvent) => unknown
 
 interface WorkerListeners {
   readonly spec: EngineEventsSpec
   readonly listeners: ZmqListener[]
-  /** Per rank, the id of the last event pushed. */
-  readonly eventIds: bigint[]
 }
 
 const ZERO_COUNTERS: ZmqCounters = { batches: 0, bytes: 0, badFrames: 0, gaps: 0, replays: 0, replayedBatches: 0, replaysIncomplete: 0, restarts: 0, sinkErrors: 0 }
 
 export class EngineIntake implements ZmqSink {
-  private readonly decoder: EngineEventDecoder
   private readonly workers = new Map<bigint, WorkerListeners>()
   /** Counts of listeners already stopped, so the totals never go down. */
   private readonly retired: ZmqCounters = { ...ZERO_COUNTERS }
-  private readonly out = new DecodedEvent()
   /** Worker-ranks warned about a block-size mismatch (once each). */
   private readonly warned = new Set<string>()
   private closed = false
@@ -43,22 +33,42 @@ export class EngineIntake implements ZmqSink {
   used = false
 
   constructor(
-    blockSize: number,
-    private readonly push: EventTarget,
+    private readonly blockSize: number,
+    private readonly pool: ShardPool,
     private readonly opts: ZmqListenerOptions = {},
   ) {
-    this.decoder = new EngineEventDecoder(blockSize)
+    pool.on('engineNote', (n: EngineNote) => this.warnMismatch(n))
+  }
+
+  /** What the shards made of the engines' batches, summed over the shards. */
+  engineCounters(): EngineCounters {
+    const sum: EngineCounters = { batches: 0, events: 0, skipped: {}, duplicateStores: 0, suppressedRemovals: 0, malformed: {} }
+    for (const c of this.pool.counters()) {
+      const e = c.engine
+      sum.batches += e.batches
+      sum.events += e.events
+      sum.duplicateStores += e.duplicateStores
+      sum.suppressedRemovals += e.suppressedRemovals
+      for (const [k, v] of Object.entries(e.skipped)) sum.skipped[k] = (sum.skipped[k] ?? 0) + v
+      for (const [k, v] of Object.entries(e.malformed)) sum.malformed[k] = (sum.malformed[k] ?? 0) + v
+    }
+    return sum
   }
 
   /** Events not applied, by reason. */
   get skipped(): Readonly<Record<EngineSkip, number>> {
-    return this.decoder.skipped
+    const s = this.engineCounters().skipped
+    return { block_size_mismatch: s.block_size_mismatch ?? 0, attention_kind: s.attention_kind ?? 0, unknown_event: s.unknown_event ?? 0, empty: s.empty ?? 0 }
   }
 
-  /** The listeners' counters, summed over every listener ever started. */
+  /**
+   * The listeners' counters, summed over every listener ever started; sinkErrors adds the
+   * batches the shards refused as malformed.
+   */
   counters(): ZmqCounters {
     const sum = { ...this.retired }
     for (const w of this.workers.values()) for (const l of w.listeners) addInto(sum, l.counters)
+    for (const v of Object.values(this.engineCounters().malformed)) sum.sinkErrors += v
     return sum
   }
 
@@ -77,10 +87,9 @@ export class EngineIntake implements ZmqSink {
     if (this.closed || this.same(workerId, spec, dpRanks)) return
     await this.stop(workerId)
     this.used = true
-    const w: WorkerListeners = { spec, listeners: [], eventIds: new Array<bigint>(dpRanks).fill(0n) }
+    const w: WorkerListeners = { spec, listeners: [] }
     this.workers.set(workerId, w)
-    // a cleared event drops every rank of the worker (KvIndex)
-    this.pushCleared(workerId, 0, w)
+    this.pool.resetEngine(workerId, 0, EngineReset.Worker)
     for (let r = 0; r < dpRanks; r++) {
       const source: ZmqSource = {
         workerId,
@@ -101,6 +110,8 @@ export class EngineIntake implements ZmqSink {
     for (const key of [...this.warned]) if (key.startsWith(`${workerId}:`)) this.warned.delete(key)
     await Promise.all(w.listeners.map((l) => l.close()))
     for (const l of w.listeners) addInto(this.retired, l.counters)
+    // the shard forgets the decoding state of the worker; its blocks stay until it is removed
+    if (!this.closed) this.pool.resetEngine(workerId, 0, EngineReset.State)
   }
 
   /** The listener's state of a worker-rank, or null when the worker has no listener. */
@@ -119,65 +130,29 @@ export class EngineIntake implements ZmqSink {
 
   // ---- ZmqSink ----
 
-  /**
-   * One batch, in order. Every event is converted before any is pushed: a malformed one throws
-   * (the listener counts it as a sink error) and leaves none of its batch applied.
-   */
+  /** One batch, in order: to the worker's shard, undecoded. */
   batch(source: ZmqSource, _seq: bigint, payload: Uint8Array): void {
-    const w = this.workers.get(source.workerId)
-    if (w === undefined) return
-    const b = this.decoder.decodeBatch(payload)
-    // the batch's own rank names the engine's; a batch without one is the listener's rank
-    const rank = b.dpRank ?? source.dpRank
-    const lo = Number(source.workerId & 0xffffffffn)
-    const hi = Number(source.workerId >> 32n)
-    const events: RouterEvent[] = []
-    for (const ev of b.events) {
-      const skip = this.decoder.convert(ev, lo, hi, rank, this.out)
-      if (skip !== null) {
-        this.decoder.skipped[skip]++
-        if (skip === 'block_size_mismatch') this.warnMismatch(source.workerId, rank)
-        continue
-      }
-      events.push(toRouterEvent(this.out))
-    }
-    for (const ev of events) {
-      ev.event.event_id = this.nextId(w, rank)
-      this.push(ev)
-    }
+    if (!this.workers.has(source.workerId)) return
+    this.pool.pushEngineBatch(source.workerId, source.dpRank, this.blockSize, payload)
   }
 
   /**
-   * A restarted engine cached nothing yet: what the index holds of the worker is stale. The index
-   * clears a worker whole, so a restart of one dp rank forgets the other ranks' blocks too, until
-   * their next events: fewer hits for a while, never a hit on a block that is gone.
+   * A restarted engine rank cached nothing yet: what the index holds of that worker-rank is stale
+   * (and of the ranks its batches named). The other ranks keep theirs.
    */
   restarted(source: ZmqSource): void {
-    const w = this.workers.get(source.workerId)
-    if (w !== undefined) this.pushCleared(source.workerId, source.dpRank, w)
+    if (this.workers.has(source.workerId)) this.pool.resetEngine(source.workerId, source.dpRank, EngineReset.Rank)
   }
 
   state(_source: ZmqSource, _state: ZmqRankState): void {
     // read through stateOf when asked (GET /v1/workers)
   }
 
-  private pushCleared(workerId: bigint, rank: number, w: WorkerListeners): void {
-    this.push({ worker_id: workerId, event: { event_id: this.nextId(w, rank), data: 'cleared', dp_rank: rank } })
-  }
-
-  /** Ids per worker-rank from 1, without gaps (a rank beyond the registered ones gets its own count). */
-  private nextId(w: WorkerListeners, rank: number): bigint {
-    const id = (w.eventIds[rank] ?? 0n) + 1n
-    w.eventIds[rank] = id
-    return id
-  }
-
-  private warnMismatch(workerId: bigint, rank: number): void {
-    const key = `${workerId}:${rank}`
-    const m = this.decoder.lastMismatch
-    if (this.warned.has(key) || m === null) return
+  private warnMismatch(n: EngineNote): void {
+    const key = `${n.workerId}:${n.dpRank}`
+    if (this.warned.has(key) || !this.workers.has(n.workerId)) return
     this.warned.add(key)
-    process.emitWarning(`worker ${workerId} rank ${rank} publishes KV events of block size ${m.eventBlockSize}, the router hashes with ${m.routerBlockSize}: they are not applied`, {
+    process.emitWarning(`worker ${n.workerId} rank ${n.dpRank} publishes KV events of block size ${n.eventBlockSize}, the router hashes with ${n.routerBlockSize}: they are not applied`, {
       code: 'KVR_BLOCK_SIZE_MISMATCH',
     })
   }

@@ -39,7 +39,7 @@ export function registerTransportMetrics(r: Registry, t: Transports): void {
   })
   new Counter({
     name: 'kvrouter_zmq_total',
-    help: "Engines' own KV events over ZMQ: batches, bytes, bad frames, sequence gaps, replays (and those that fell short), engine restarts, batches the decoder refused",
+    help: "Engines' own KV events over ZMQ: batches, bytes, bad frames, sequence gaps, replays (and those that fell short), engine restarts, batches refused as malformed",
     labelNames: ['what'],
     registers: [r],
     collect() {
@@ -70,6 +70,32 @@ export function registerTransportMetrics(r: Registry, t: Transports): void {
       const e = t.engines
       if (!e.used) return
       for (const [reason, v] of Object.entries(e.skipped)) this.inc({ reason }, v)
+    },
+  })
+  new Counter({
+    name: 'kvrouter_engine_events_deduplicated_total',
+    help: "Engines' own KV events de-duplicated per worker-rank: blocks stored again while held, block removals held back while the hash is stored more often",
+    labelNames: ['what'],
+    registers: [r],
+    collect() {
+      this.reset()
+      const e = t.engines
+      if (!e.used) return
+      const c = e.engineCounters()
+      this.inc({ what: 'duplicate_stores' }, c.duplicateStores)
+      this.inc({ what: 'suppressed_removals' }, c.suppressedRemovals)
+    },
+  })
+  new Counter({
+    name: 'kvrouter_engine_batches_malformed_total',
+    help: "Engines' own KV-event batches refused by the shards, by reason",
+    labelNames: ['reason'],
+    registers: [r],
+    collect() {
+      this.reset()
+      const e = t.engines
+      if (!e.used) return
+      for (const [reason, v] of Object.entries(e.engineCounters().malformed)) this.inc({ reason }, v)
     },
   })
   new Gauge({

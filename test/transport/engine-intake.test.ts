@@ -1,18 +1,19 @@
 // Engines' own KV events into the router's index: mocker engines publishing vLLM-style over ZMQ,
 // the router registering them with a kv-events endpoint. The index holds exactly each pool's
-// cached blocks, also after its shard restarts; a restarted engine clears its worker; a
-// malformed batch and an event of another block size are counted and skipped; the listeners
-// stop with the worker; GET /v1/workers shows the listener's state per rank.
+// cached blocks, also after its shard restarts; a restarted engine rank resets that worker-rank
+// alone; stores and removals are de-duplicated per rank; a malformed batch and an event of another
+// block size are counted and skipped; the listeners stop with the worker; GET /v1/workers shows
+// the listener's state per rank.
 import t from 'tap'
 import type { Test } from 'tap'
 import { pack } from 'msgpackr'
 import { Publisher } from 'zeromq'
 import { Router } from '../../src/core/router.js'
-import type { RouterEvent } from '../../src/codec/events.js'
+import { encodeRouterEvent } from '../../src/codec/events.js'
+import { ShardPool } from '../../src/shards/pool.js'
 import type { MockerFleet } from '../../src/sim/mocker/fleet.js'
 import type { MockerWorker } from '../../src/sim/mocker/fleet.js'
 import { EngineIntake } from '../../src/transport/engine-intake.js'
-import type { ZmqSource } from '../../src/transport/zmq.js'
 import { buildApp } from '../../src/http/server.js'
 import { config } from '../http/helpers.js'
 import { Rng } from '../helpers/rng.js'
@@ -99,7 +100,7 @@ t.test('registered with its kv-events endpoints, each engine is indexed exactly;
   t.equal((await held(router, ids[0] as bigint)).size, 0, 'its blocks are gone')
 })
 
-t.test('an engine that restarts clears its worker, then is indexed from its new events', async (t) => {
+t.test('an engine that restarts is reset, then indexed from its new events', async (t) => {
   const first = await zmqFleet(t, { numGpuBlocks: 32, maxNumSeqs: 4, maxNumBatchedTokens: 64, blockSize: BS })
   const router = await startRouter(t)
   const id = first.fleet.workers[0]?.workerId as bigint
@@ -133,68 +134,189 @@ t.test('an engine that restarts clears its worker, then is indexed from its new 
   t.same(await held(router, id), cachedOf(second.fleet, 0), 'only what the new engine holds')
 })
 
-t.test('the sink: malformed batches throw (counted by the listener), skipped events are counted, a restart pushes cleared', async (t) => {
-  const pushed: RouterEvent[] = []
-  const intake = new EngineIntake(BS, (ev) => pushed.push(ev))
-  t.teardown(() => intake.close())
-  // a publisher that sends garbage, then a batch of another block size, then a good one
-  const pub = new Publisher({ linger: 0 })
-  let port = 0
+/** Engine publishers on consecutive ports from a free base (rank r on base + r, as the listeners expect). */
+async function publishers(t: Test, n: number): Promise<{ pubs: Publisher[]; base: number; seq: number[] }> {
   for (;;) {
-    port = 30000 + Math.floor(Math.random() * 20000)
+    const base = 30000 + Math.floor(Math.random() * 10000) * 2
+    const pubs: Publisher[] = []
     try {
-      await pub.bind(`tcp://127.0.0.1:${port}`)
-      break
-    } catch {}
+      for (let i = 0; i < n; i++) {
+        const p = new Publisher({ linger: 0 })
+        pubs.push(p)
+        await p.bind(`tcp://127.0.0.1:${base + i}`)
+      }
+      t.teardown(() => {
+        for (const p of pubs) p.close()
+      })
+      return { pubs, base, seq: new Array<number>(n).fill(0) }
+    } catch {
+      for (const p of pubs) p.close()
+    }
   }
-  t.teardown(() => pub.close())
-  await intake.start(7n, 1, { endpoint: `tcp://127.0.0.1:${port}`, replay: null, topic: '' })
-  t.equal(pushed.length, 1, 'the worker is cleared when its listeners start')
-  t.same(pushed[0]?.event.data, 'cleared')
-  const be = (n: number) => {
-    const b = Buffer.alloc(8)
-    b.writeBigUInt64BE(BigInt(n))
-    return b
+}
+
+const be = (n: number): Buffer => {
+  const b = Buffer.alloc(8)
+  b.writeBigUInt64BE(BigInt(n))
+  return b
+}
+
+/** An intake on a one-shard pool of its own, listening to `ranks` publishers as worker `id` (no replay socket). */
+async function intakeOn(t: Test, id: bigint, ranks: number) {
+  const pool = await ShardPool.start({ shards: 1 })
+  const intake = new EngineIntake(BS, pool)
+  t.teardown(async () => {
+    await intake.close()
+    await pool.close()
+  })
+  const p = await publishers(t, ranks)
+  await intake.start(id, ranks, { endpoint: `tcp://127.0.0.1:${p.base}`, replay: null, topic: '' })
+  let sent = 0
+  /** Sends a batch on rank r's publisher with its next sequence number (or `seq`). */
+  const send = (r: number, batch: unknown, seq?: number): Promise<void> => {
+    const n = seq ?? (p.seq[r] as number)
+    p.seq[r] = n + 1
+    sent++
+    return (p.pubs[r] as Publisher).send(['', be(n), batch instanceof Uint8Array ? batch : pack(batch)])
   }
-  const stored = (bs: number) => ({ type: 'BlockStored', block_hashes: [11, 12], parent_block_hash: null, token_ids: [1, 2, 3, 4, 5, 6, 7, 8], block_size: bs })
-  let seq = 0
-  await waitUntil(
-    'a batch through',
-    async () => {
-      await pub.send(['', be(seq++), pack([1.5, [stored(BS)], 0])])
-      return pushed.length > 1
-    },
-    10_000,
-    50,
-  )
-  const before = pushed.length
-  await pub.send(['', be(seq++), Buffer.from([0xc1])])
-  await pub.send(['', be(seq++), pack([1.5, [stored(BS * 2), { type: 'Frobnicated' }], null])])
-  await pub.send(['', be(seq++), pack([1.5, [{ type: 'BlockRemoved', block_hashes: [11] }], 3])])
-  await waitUntil('the removal', () => pushed.length > before)
-  t.equal(intake.counters().sinkErrors, 1, 'the malformed batch')
-  t.equal(intake.skipped.block_size_mismatch, 1)
-  t.equal(intake.skipped.unknown_event, 1)
-  const last = pushed[pushed.length - 1] as RouterEvent
-  t.same(last.event.data, { removed: { block_hashes: [11n] } })
-  t.equal(last.event.dp_rank, 3, "the batch's own rank")
-  // ids per worker-rank from 1 without gaps
-  const rank0 = pushed.filter((e) => e.event.dp_rank === 0).map((e) => e.event.event_id)
+  // each listener subscribed (a PUB drops what it sends before): empty batches until one is taken
+  for (let r = 0; r < ranks; r++) {
+    const before = intake.counters().batches
+    await waitUntil(
+      `rank ${r} subscribed`,
+      async () => {
+        await send(r, [0, [], r])
+        return intake.counters().batches > before
+      },
+      10_000,
+      50,
+    )
+  }
+  const sentBefore = sent
+  const takenBefore = intake.counters().batches
+  /** Waits until every batch sent since is taken by its listener and applied by the shard. */
+  const settle = async (): Promise<void> => {
+    await waitUntil('the batches taken', () => intake.counters().batches - takenBefore >= sent - sentBefore, 10_000)
+    await pool.flush()
+  }
+  return { pool, intake, send, settle }
+}
+
+/** block_hash → tokens_hash per rank of a worker, as the index holds them. */
+async function ranksHeld(pool: ShardPool, worker: bigint): Promise<Map<number, Set<bigint>>> {
+  await pool.flush()
+  const m = new Map<number, Set<bigint>>()
+  for (const ev of await pool.dump()) {
+    if (ev.worker_id !== worker || typeof ev.event.data !== 'object' || !('stored' in ev.event.data)) continue
+    const s = m.get(ev.event.dp_rank) ?? new Set<bigint>()
+    for (const b of ev.event.data.stored.blocks) s.add(b.block_hash)
+    m.set(ev.event.dp_rank, s)
+  }
+  return m
+}
+
+const stored = (hashes: number[], parent: number | null = null, bs = BS) => ({
+  type: 'BlockStored',
+  block_hashes: hashes,
+  parent_block_hash: parent,
+  token_ids: hashes.flatMap((h) => [h, 2, 3, 4].slice(0, bs)).concat(new Array(Math.max(0, bs - 4) * hashes.length).fill(9)),
+  block_size: bs,
+})
+
+t.test('malformed batches are counted by reason, skipped events counted, a block-size mismatch warned of once', async (t) => {
+  const { pool, intake, send, settle } = await intakeOn(t, 7n, 1)
+  const warnings: string[] = []
+  const onWarning = (w: Error & { code?: string }) => {
+    if (w.code === 'KVR_BLOCK_SIZE_MISMATCH') warnings.push(w.message)
+  }
+  process.on('warning', onWarning)
+  t.teardown(() => process.off('warning', onWarning))
+  await send(0, [1.5, [stored([11, 12])], 0])
+  await send(0, Buffer.from([0xc1]))
+  await send(0, [1.5, 'not events', 0])
+  await send(0, [1.5, [['BlockStored', [1], null, [1, 2, -3, 4], BS]], 0])
+  // the events before the malformed one stay applied
+  await send(0, [1.5, [stored([21]), ['BlockStored', 'x', null, [1, 2, 3, 4], BS]], 0])
+  await send(0, [1.5, [stored([31], null, BS * 2), { type: 'Frobnicated' }, stored([32], null, BS * 2)], null])
+  await send(0, [1.5, [stored([41], null, BS * 2), { type: 'BlockRemoved', block_hashes: [] }], null])
+  await send(0, [1.5, [{ type: 'BlockRemoved', block_hashes: [12] }], 0])
+  await settle()
+  await waitUntil('the warning', () => warnings.length > 0)
+  t.same(intake.engineCounters().malformed, { malformed_msgpack: 1, wrong_type: 2, invalid_number: 1, other: 0 })
+  t.equal(intake.counters().sinkErrors, 4, 'the malformed batches are sink errors too')
+  t.same(intake.skipped, { block_size_mismatch: 3, attention_kind: 0, unknown_event: 1, empty: 1 })
+  t.same(await ranksHeld(pool, 7n), new Map([[0, new Set([11n, 21n])]]))
+  t.equal(warnings.length, 1, 'once per worker-rank')
+  t.match(warnings[0], /worker 7 rank 0 publishes KV events of block size 8, the router hashes with 4/)
+  const c = pool.counters()[0]
+  t.equal(c?.malformed, 0, 'not counted as malformed JSON messages')
+  t.equal(c?.gaps, 0)
+})
+
+t.test('stores and removals are de-duplicated per rank', async (t) => {
+  const { pool, intake, send, settle } = await intakeOn(t, 9n, 2)
+  // vLLM reports hash 5 stored twice (two requests computed it), rank 1 once
+  await send(0, [0, [stored([5, 6]), stored([5])], 0])
+  await send(1, [0, [stored([5])], 1])
+  await send(0, [0, [{ type: 'BlockRemoved', block_hashes: [5, 6, 99] }], 0])
+  await settle()
   t.same(
-    rank0,
-    rank0.map((_, i) => BigInt(i + 1)),
+    await ranksHeld(pool, 9n),
+    new Map([
+      [0, new Set([5n])],
+      [1, new Set([5n])],
+    ]),
+    'one removal of two: still held; the other rank counts apart',
   )
-  const source: ZmqSource = { workerId: 7n, dpRank: 0, endpoint: '', replay: null, topic: '' }
-  intake.restarted(source)
-  t.same(pushed[pushed.length - 1]?.event.data, 'cleared')
-  intake.restarted({ ...source, workerId: 8n })
-  t.same(pushed[pushed.length - 1]?.event.data, 'cleared', 'an unknown worker pushes nothing')
-  t.equal(pushed.filter((e) => e.event.data === 'cleared').length, 2)
-  // the same registration keeps its listeners; another endpoint replaces them
-  await intake.start(7n, 1, { endpoint: `tcp://127.0.0.1:${port}`, replay: null, topic: '' })
-  t.equal(pushed.filter((e) => e.event.data === 'cleared').length, 2)
-  await intake.start(7n, 1, { endpoint: `tcp://127.0.0.1:${port}`, replay: null, topic: 'x' })
-  t.equal(pushed.filter((e) => e.event.data === 'cleared').length, 3)
+  t.same([intake.engineCounters().duplicateStores, intake.engineCounters().suppressedRemovals], [1, 1])
+  await send(0, [0, [{ type: 'BlockRemoved', block_hashes: [5] }], 0])
+  await settle()
+  t.same(await ranksHeld(pool, 9n), new Map([[1, new Set([5n])]]), 'the second removal applies')
+  // AllBlocksCleared clears the worker, and its counts start over: one store, one removal
+  await send(0, [0, [stored([7]), stored([7]), { type: 'AllBlocksCleared' }, stored([7])], 0])
+  await send(0, [0, [{ type: 'BlockRemoved', block_hashes: [7] }], 0])
+  await settle()
+  t.same(await ranksHeld(pool, 9n), new Map(), 'the count of 7 restarted at the clear')
+  t.equal(intake.engineCounters().suppressedRemovals, 1)
+})
+
+t.test('a restart of one rank resets that worker-rank only, ordered with its batches; engine events never open a hold or count a gap', async (t) => {
+  const { pool, intake, send, settle } = await intakeOn(t, 11n, 2)
+  const gaps: unknown[] = []
+  pool.on('gap', (g) => gaps.push(g))
+  // the worker answers worker queries, and a RouterEvent with a high id went through for rank 1:
+  // ids do not matter to engine events
+  pool.setRecoverable(11n, true)
+  pool.push(Buffer.from(encodeRouterEvent({ worker_id: 11n, event: { event_id: 50n, dp_rank: 1, data: { removed: { block_hashes: [1n] } } } })))
+  await send(0, [0, [stored([1, 2]), stored([3], 2)], 0])
+  await send(1, [0, [{ type: 'BlockStored', block_hashes: [10, 11], token_ids: [1, 2, 3, 4, 5, 6, 7, 8], block_size: BS, cache_salt: 'tenant-a' }], 1])
+  await send(1, [0, [stored([12], 11), stored([13]), stored([13])], 1])
+  await settle()
+  t.same(
+    await ranksHeld(pool, 11n),
+    new Map([
+      [0, new Set([1n, 2n, 3n])],
+      [1, new Set([10n, 11n, 12n, 13n])],
+    ]),
+  )
+  // rank 1's engine restarts: its publisher counts from 0 again
+  await send(1, [0, [stored([20])], 1], 0)
+  await send(1, [0, [stored([21], 20), { type: 'BlockRemoved', block_hashes: [13] }], 1])
+  await settle()
+  t.equal(intake.counters().restarts, 1)
+  t.same(
+    await ranksHeld(pool, 11n),
+    new Map([
+      [0, new Set([1n, 2n, 3n])],
+      [1, new Set([20n, 21n])],
+    ]),
+    'rank 0 keeps its blocks; rank 1 holds what came after its restart',
+  )
+  t.equal(intake.engineCounters().suppressedRemovals, 0, "13's double store was forgotten: its removal passed through")
+  const c = pool.counters()[0]
+  t.equal(c?.gaps, 0, 'no gap counted')
+  t.same(gaps, [], 'no hold opened')
+  t.equal(pool.counters()[0]?.engine.events, 9)
 })
 
 t.test('GET /v1/workers shows the listener state per rank', async (t) => {

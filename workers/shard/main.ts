@@ -6,8 +6,8 @@
 //
 // This module is the entry: the run loop, its sleep on the doorbell, the comlink API, start and
 // stop. The rest of the thread: state.ts (what the modules share), apply.ts (event messages into
-// the index, the published counters), parking.ts (events held while a worker-rank is recovered,
-// control records), queries.ts (the query board).
+// the index, the published counters), engine.ts (engines' own MessagePack batches), parking.ts
+// (events held while a worker-rank is recovered, control records), queries.ts (the query board).
 //
 // Scheduling: work first (queries, then a batch of events, then queries again, so a query never
 // waits behind more than one batch); when idle, spin briefly on the rings (a futex wake costs
@@ -22,6 +22,7 @@ import type { RouterEvent } from '../../src/codec/events.js'
 import { CONTROL_POSTED, DOORBELL, HEARTBEAT, PRODUCER_WAIT, RING_READ, RING_WRITE, SLEEPING, STATE, ShardState } from '../../src/thread/protocol.js'
 import type { ShardApi, ShardStats } from '../../src/thread/protocol.js'
 import { Live, applyEvent, decodeOwned, publishCounters } from './apply.js'
+import { isEngineRecord, onEngineRecord } from './engine.js'
 import { held, onControl, stopHolding, unparkAll } from './parking.js'
 import { interrupt, queriesWaiting, serveQueries } from './queries.js'
 import { counters, ctrl, decoder, index, init, ring } from './state.js'
@@ -47,7 +48,8 @@ function onMessage(bytes: Uint8Array): void {
   // a query never waits behind a whole batch of small events: two atomic loads per message
   if (queriesWaiting()) serveQueries()
   if (bytes[0] === 0) {
-    onControl(bytes)
+    if (isEngineRecord(bytes)) onEngineRecord(bytes)
+    else onControl(bytes)
     return
   }
   counters.received++

@@ -8,6 +8,7 @@ import type { Test } from 'tap'
 import { unpack } from 'msgpackr'
 import { Dealer, Subscriber } from 'zeromq'
 import { EngineEventDecoder } from '../../../src/codec/engine-events.js'
+import { EngineStreamDecoder } from '../../../src/codec/engine-stream.js'
 import { DecodedEvent } from '../../../src/codec/event-decoder.js'
 import { isKvrError } from '../../../src/errors.js'
 import { APPLY_OK, KvIndex } from '../../../src/index/kv-index.js'
@@ -26,10 +27,12 @@ import { drive, sortedByKey, zmqFleet } from '../../helpers/zmq-fleet.js'
 const BS = 4
 const TOPIC = 'kv-events'
 
-/** The router's side: a ZmqListener per engine, batches decoded at the same block size and applied. */
+/** The router's side: a ZmqListener per engine, batches decoded by the shards' decoder at the same block size and applied. */
 class RouterSide implements ZmqSink {
   readonly index = new KvIndex()
+  /** For looking at the events' values; the shards' decoder applies them. */
   readonly decoder = new EngineEventDecoder(BS)
+  readonly stream = new EngineStreamDecoder(BS)
   readonly seqs = new Map<bigint, bigint[]>()
   readonly listeners: ZmqListener[] = []
   rejected = 0
@@ -50,6 +53,7 @@ class RouterSide implements ZmqSink {
   batch(source: ZmqSource, seq: bigint, payload: Uint8Array): void {
     ;(this.seqs.get(source.workerId) as bigint[]).push(seq)
     const b = this.decoder.decodeBatch(payload)
+    this.stream.begin(payload)
     const lo = Number(source.workerId & 0xffffffffn)
     const hi = Number(source.workerId >> 32n)
     for (const ev of b.events) {
@@ -58,7 +62,7 @@ class RouterSide implements ZmqSink {
         : { hashes: (ev as Record<string, unknown>).block_hashes, tokens: (ev as Record<string, unknown>).token_ids }
       if (Array.isArray(fields.tokens) && fields.tokens.some((x) => typeof x === 'number' && x >= OUTPUT_TOKEN_BASE)) this.sawOutputTokens = true
       if (Array.isArray(fields.hashes) && fields.hashes.some((h) => typeof h === 'bigint' && BigInt.asUintN(64, h) >= 1n << 63n)) this.sawHighHash = true
-      const skip = this.decoder.convert(ev, lo, hi, b.dpRank ?? source.dpRank, this.out)
+      const skip = this.stream.next(lo, hi, this.stream.batchRank ?? source.dpRank, this.out)
       if (skip !== null) {
         this.rejected++
         continue

@@ -1,0 +1,159 @@
+// Engines' own KV-event batches (vLLM, SGLang), decoded here rather than on the main thread: the
+// ZMQ listener hands this shard the batch's MessagePack as it came, and its events are read
+// straight into the decoder's reused DecodedEvent and applied. What decoding needs to remember
+// per worker-rank (salted chains, the refcounts that de-duplicate stores and removals) lives
+// here too: a worker always maps to this one shard.
+//
+// The listener has ordered the batches (replaying gaps through the engine's socket), so these
+// events never pass the event-id gap detection or the holds of parking.ts. A malformed batch is
+// counted by reason and refused from its malformed event on (the events before it are applied,
+// as the engine sent them); anything but a KvrError is a bug and restarts the shard.
+import { parentPort } from 'node:worker_threads'
+import { EngineSkip } from '../../src/codec/engine-events.js'
+import { EngineStreamDecoder } from '../../src/codec/engine-stream.js'
+import { DecodedEvent, EventKind } from '../../src/codec/event-decoder.js'
+import { KvrError } from '../../src/errors.js'
+import { EngineDedup } from '../../src/index/engine-dedup.js'
+import {
+  CONTROL_ENGINE_BATCH,
+  CONTROL_ENGINE_RESET,
+  CONTROL_RANK_BYTES,
+  E_BASE,
+  E_BATCHES,
+  E_DUPLICATE_STORES,
+  E_END,
+  E_EVENTS,
+  E_MALFORMED,
+  E_SKIPPED,
+  E_SUPPRESSED_REMOVALS,
+  ENGINE_BATCH_BYTES,
+  ENGINE_SKIP_NAMES,
+  EngineReset,
+  HEARTBEAT,
+} from '../../src/thread/protocol.js'
+import { interrupt } from './queries.js'
+import { counters, ctrl, index } from './state.js'
+
+/** One decoder per block size a batch names (the router's: one in practice). */
+const decoders = new Map<number, EngineStreamDecoder>()
+const dedup = new EngineDedup()
+const out = new DecodedEvent()
+/** The published counters, E_BASE-relative. */
+const engine = new Float64Array(E_END - E_BASE)
+/** Worker-ranks whose block-size mismatch the main thread was told of (it warns once for each). */
+const noted = new Set<string>()
+const MAX_NOTED = 65536
+/** Per listener ("lo:hi:rank"), the other ranks its batches named: a restart resets them too. */
+const otherRanks = new Map<string, number[]>()
+const SKIP_INDEX: Record<EngineSkip, number> = { block_size_mismatch: 0, attention_kind: 1, unknown_event: 2, empty: 3 }
+if (ENGINE_SKIP_NAMES.some((n, i) => SKIP_INDEX[n] !== i)) throw new Error('engine skip words out of order')
+
+function bump(at: number): void {
+  engine[at] = (engine[at] as number) + 1
+}
+
+function u32(b: Uint8Array, at: number): number {
+  return ((b[at] as number) | ((b[at + 1] as number) << 8) | ((b[at + 2] as number) << 16) | ((b[at + 3] as number) << 24)) >>> 0
+}
+
+function decoderFor(blockSize: number): EngineStreamDecoder {
+  let d = decoders.get(blockSize)
+  if (d === undefined) decoders.set(blockSize, (d = new EngineStreamDecoder(blockSize)))
+  return d
+}
+
+/** True for the ring records this module takes (a control record: byte 0 is 0). */
+export function isEngineRecord(bytes: Uint8Array): boolean {
+  const op = bytes[1]
+  return (op === CONTROL_ENGINE_BATCH && bytes.length >= ENGINE_BATCH_BYTES) || (op === CONTROL_ENGINE_RESET && bytes.length >= CONTROL_RANK_BYTES)
+}
+
+export function onEngineRecord(bytes: Uint8Array): void {
+  const lo = u32(bytes, 4)
+  const hi = u32(bytes, 8)
+  const rank = u32(bytes, 12)
+  if (bytes[1] === CONTROL_ENGINE_BATCH) batch(bytes.subarray(ENGINE_BATCH_BYTES), lo, hi, rank, u32(bytes, 16))
+  else reset(lo, hi, rank, bytes[2] as number)
+  counters.processed++
+  publish()
+}
+
+function batch(payload: Uint8Array, lo: number, hi: number, listenerRank: number, blockSize: number): void {
+  counters.received++
+  bump(E_BATCHES - E_BASE)
+  Atomics.add(ctrl, HEARTBEAT, 1)
+  const dec = decoderFor(blockSize)
+  try {
+    const n = dec.begin(payload)
+    // the batch's own rank names the engine's; a batch without one is the listener's rank
+    const rank = dec.batchRank ?? listenerRank
+    if (rank !== listenerRank) rememberRank(lo, hi, listenerRank, rank)
+    let counts = dedup.counts(lo, hi, rank)
+    for (let i = 0; i < n; i++) {
+      // a batch of thousands of events must not hold lookups up
+      if ((i & 15) === 15) interrupt()
+      const skip = dec.next(lo, hi, rank, out)
+      if (skip !== null) {
+        bump(E_SKIPPED - E_BASE + SKIP_INDEX[skip])
+        if (skip === EngineSkip.BlockSizeMismatch) note(lo, hi, rank, dec)
+        continue
+      }
+      bump(E_EVENTS - E_BASE)
+      if (out.kind === EventKind.Cleared) {
+        // the index clears every rank of the worker, and the counts go with it, as Dynamo's do
+        dedup.forgetWorker(lo, hi)
+        counts = dedup.counts(lo, hi, rank)
+      } else if (!dedup.filter(counts, out)) continue
+      if (index.apply(out) === 0) counters.applied++
+    }
+  } catch (err) {
+    if (!(err instanceof KvrError)) throw err
+    const code = err.code
+    const reason = code === 'KVR_ERR_EVENT_MALFORMED_MSGPACK' ? 0 : code === 'KVR_ERR_EVENT_WRONG_TYPE' ? 1 : code === 'KVR_ERR_EVENT_INVALID_NUMBER' ? 2 : 3
+    bump(E_MALFORMED - E_BASE + reason)
+  }
+  engine[E_DUPLICATE_STORES - E_BASE] = dedup.duplicateStores
+  engine[E_SUPPRESSED_REMOVALS - E_BASE] = dedup.suppressedRemovals
+}
+
+function rememberRank(lo: number, hi: number, listenerRank: number, rank: number): void {
+  const key = `${lo}:${hi}:${listenerRank}`
+  const ranks = otherRanks.get(key)
+  if (ranks === undefined) otherRanks.set(key, [rank])
+  else if (!ranks.includes(rank)) ranks.push(rank)
+}
+
+function reset(lo: number, hi: number, rank: number, how: number): void {
+  if (how === EngineReset.Rank) {
+    // the restarted engine rank's blocks, and of any rank its batches named
+    const key = `${lo}:${hi}:${rank}`
+    for (const r of [rank, ...(otherRanks.get(key) ?? [])]) {
+      index.resetWorkerRank(lo, hi, r)
+      dedup.forgetRank(lo, hi, r)
+      for (const d of decoders.values()) d.forgetRank(lo, hi, r)
+      noted.delete(`${lo}:${hi}:${r}`)
+    }
+    otherRanks.delete(key)
+    return
+  }
+  if (how === EngineReset.Worker) index.clearWorker(lo, hi, false)
+  dedup.forgetWorker(lo, hi)
+  for (const d of decoders.values()) d.forgetWorker(lo, hi)
+  const prefix = `${lo}:${hi}:`
+  for (const k of [...otherRanks.keys()]) if (k.startsWith(prefix)) otherRanks.delete(k)
+  for (const k of [...noted]) if (k.startsWith(prefix)) noted.delete(k)
+}
+
+/** Tells the main thread of a block-size mismatch, once per worker-rank, so it can warn. */
+function note(lo: number, hi: number, rank: number, dec: EngineStreamDecoder): void {
+  const key = `${lo}:${hi}:${rank}`
+  const m = dec.lastMismatch
+  if (noted.has(key) || m === null) return
+  if (noted.size >= MAX_NOTED) noted.clear()
+  noted.add(key)
+  parentPort?.postMessage({ engineNote: { lo, hi, rank, eventBlockSize: m.eventBlockSize, routerBlockSize: m.routerBlockSize } })
+}
+
+function publish(): void {
+  for (let i = 0; i < engine.length; i++) Atomics.store(ctrl, E_BASE + i, (engine[i] as number) | 0)
+}

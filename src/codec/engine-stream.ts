@@ -99,6 +99,10 @@ export class EngineStreamDecoder extends EngineDecoderBase implements EngineBatc
   private hi = 0
   /** The last length read from a header. */
   private len = 0
+  /** Token ids of the current event, read into tokenWords during its field scan: how many, and the first that is no u32 (-1: none) with its value. */
+  private tokenCount = -1
+  private badToken = -1
+  private badValue: unknown = null
   /** Raw floats, for the few values that come so. */
   private readonly f8 = new DataView(new ArrayBuffer(8))
   private readonly unpackr = new Unpackr({ int64AsType: 'bigint', mapsAsObjects: true, useRecords: false })
@@ -163,6 +167,7 @@ export class EngineStreamDecoder extends EngineDecoderBase implements EngineBatc
     out.dpRank = dpRank
     const at = this.at
     at.fill(-1)
+    this.tokenCount = -1
     this.pos = this.evPos
     const first = this.buf[this.pos]
     this.arrayForm = false
@@ -175,7 +180,8 @@ export class EngineStreamDecoder extends EngineDecoderBase implements EngineBatc
       for (let i = 0; i < n; i++) {
         const f = i < map.length ? (map[i] as number) : -1
         if (f >= 0) at[f] = this.pos
-        this.skip()
+        if (f === F_TOKENS) this.scanTokens()
+        else this.skip()
       }
     } else if (this.mapHeader()) {
       const n = this.len
@@ -184,7 +190,8 @@ export class EngineStreamDecoder extends EngineDecoderBase implements EngineBatc
         this.skip()
         const f = this.eventKey(k)
         if (f >= 0) at[f] = this.pos
-        this.skip()
+        if (f === F_TOKENS) this.scanTokens()
+        else this.skip()
       }
     } else {
       this.skip()
@@ -226,9 +233,8 @@ export class EngineStreamDecoder extends EngineDecoderBase implements EngineBatc
     const hashCount = this.len
     const firstHash = this.pos
     this.pos = tokensAt
-    if (tokensAt < 0 || !this.arrayHeader()) throw wrongType('token_ids', 'an array', this.kindAt(tokensAt))
-    const tokenCount = this.len
-    const firstToken = this.pos
+    if (tokensAt < 0 || this.tokenCount < 0) throw wrongType('token_ids', 'an array', this.kindAt(tokensAt))
+    const tokenCount = this.tokenCount
     const bsAt = at[F_BLOCK_SIZE] as number
     let bs = Number.NaN
     if (bsAt >= 0 && typeof kindName(this.buf[bsAt]) === 'number') {
@@ -265,10 +271,8 @@ export class EngineStreamDecoder extends EngineDecoderBase implements EngineBatc
       bHi[i] = this.hi
     }
     const extra = this.extraKeys(at[F_EXTRA] as number)
-    const words = n * bs
-    const tw = this.words(words)
-    this.pos = firstToken
-    this.tokens(tw, words)
+    // the ids were read in the field scan; those of the blocks kept must all be u32
+    if (this.badToken >= 0 && this.badToken < n * bs) throw tokenError(this.badToken, this.badValue)
     this.hashBlocks(out, n, loraName, cacheSalt, extra)
     return null
   }
@@ -295,21 +299,33 @@ export class EngineStreamDecoder extends EngineDecoderBase implements EngineBatc
 
   // ---- values ----
 
-  /** `words` token ids from pos into tw, each an integer in [0, 2^32). */
-  private tokens(tw: Uint32Array, words: number): void {
+  /**
+   * The token ids at pos (when an array) into tokenWords, in the one pass that also moves past
+   * them: a value that is no u32 is noted, not refused yet (only the blocks kept must be whole,
+   * and an event of another block size is skipped whatever its ids).
+   */
+  private scanTokens(): void {
+    if (!this.arrayHeader()) {
+      this.skip()
+      return
+    }
+    const words = this.len
+    if (words > this.end - this.pos) throw truncated()
+    const tw = this.words(words)
     const buf = this.buf
     let p = this.pos
+    this.badToken = -1
     for (let i = 0; i < words; i++) {
       const b = buf[p] as number
       if (b <= 0x7f) {
         tw[i] = b
         p++
-      } else if (b === 0xcd) {
-        tw[i] = ((buf[p + 1] as number) << 8) | (buf[p + 2] as number)
-        p += 3
       } else if (b === 0xce) {
         tw[i] = (((buf[p + 1] as number) << 24) | ((buf[p + 2] as number) << 16) | ((buf[p + 3] as number) << 8) | (buf[p + 4] as number)) >>> 0
         p += 5
+      } else if (b === 0xcd) {
+        tw[i] = ((buf[p + 1] as number) << 8) | (buf[p + 2] as number)
+        p += 3
       } else if (b === 0xcc) {
         tw[i] = buf[p + 1] as number
         p += 2
@@ -317,12 +333,19 @@ export class EngineStreamDecoder extends EngineDecoderBase implements EngineBatc
         // any other spelling of an integer (signed, 64-bit, a float with no fraction)
         this.pos = p
         const t = this.numberOrNull()
-        if (t === null || t >>> 0 !== t) throw tokenError(i, t === null ? String(this.unpackAt(p)) : t)
-        tw[i] = t
+        if ((t === null || t >>> 0 !== t) && this.badToken < 0) {
+          this.badToken = i
+          this.badValue = t === null ? this.unpackAt(p) : t
+          this.pos = p
+          this.skip()
+        }
+        if (t !== null) tw[i] = t >>> 0
         p = this.pos
       }
     }
+    if (p > this.end) throw truncated()
     this.pos = p
+    this.tokenCount = words
   }
 
   /** One block hash at pos into lo/hi: an int of any width and sign (its 64 bits), or bytes (the last 8, big-endian). */
@@ -603,10 +626,20 @@ export class EngineStreamDecoder extends EngineDecoderBase implements EngineBatc
     let p = this.pos
     let left = 1
     while (left > 0) {
-      if (p >= end) throw truncated()
-      const b = buf[p++] as number
+      const b = buf[p] as number
       left--
-      if (b <= 0x7f || b >= 0xe0) continue
+      // ints and floats first: token ids are most of a batch's bytes (a value cut short at the
+      // end leaves p past end, which the check after the loop refuses)
+      if (b <= 0x7f || b >= 0xe0) {
+        p++
+        continue
+      }
+      if (b >= 0xca && b <= 0xd3) {
+        p += SCALAR_BYTES[b - 0xca] as number
+        continue
+      }
+      if (p >= end) throw truncated()
+      p++
       if (b <= 0x8f) left += 2 * (b & 0x0f)
       else if (b <= 0x9f) left += b & 0x0f
       else if (b <= 0xbf) p += b & 0x1f
@@ -667,6 +700,8 @@ export class EngineStreamDecoder extends EngineDecoderBase implements EngineBatc
 
 /** Bytes of uint8..64, int8..64 with their type byte. */
 const INT_BYTES = [2, 3, 5, 9, 2, 3, 5, 9]
+/** Bytes of float32, float64, then INT_BYTES, from type byte 0xca on. */
+const SCALAR_BYTES = [5, 9, ...INT_BYTES]
 
 // Per first byte from 0xc4 to 0xdf: the bytes of its length field, and the fixed size of its
 // payload for the types that have one (floats, ints, fixext).

@@ -7,6 +7,7 @@ import { pack, Packr } from 'msgpackr'
 import { type EngineBatchDecoder, EngineEventDecoder, EngineSkip, hashHalves, tierOf } from '../../src/codec/engine-events.js'
 import { EngineStreamDecoder } from '../../src/codec/engine-stream.js'
 import { DecodedEvent, EventKind, StorageTier } from '../../src/codec/event-decoder.js'
+import { isKvrError } from '../../src/errors.js'
 import { Rng } from '../helpers/rng.js'
 import { computeBlockHashes, joinHalves, saltSeed, seededBlockHashesInto } from '../../src/codec/hashing.js'
 
@@ -447,4 +448,39 @@ t.test('the two decoders agree on random batches of both forms', async (t) => {
     }
   }
   t.ok(compared > 500, `${compared} events compared`)
+})
+
+t.test('bytes changed at random: the shards’ decoder refuses with a KvrError, never anything else', async (t) => {
+  const rng = new Rng(23)
+  const dec = new EngineStreamDecoder(BS)
+  const seeds = [
+    pack([
+      1.5,
+      [
+        ['BlockStored', [2n ** 64n - 1n, -5, 7], 3, [...tokens, 9, 9, 9, 70000], BS, null, 'GPU', 'lora', [['lora'], null, [['img', 0]]], 0, 'full_attention'],
+        ['BlockRemoved', [1, 2], 'CPU'],
+      ],
+      2,
+    ]),
+    pack({
+      ts: 1.5,
+      events: [{ type: 'BlockStored', block_hashes: [new Uint8Array(32).fill(7), 3], token_ids: tokens, block_size: BS, cache_salt: 's', extra_keys: [null, null] }, { type: 'AllBlocksCleared' }],
+      data_parallel_rank: 0,
+    }),
+  ]
+  let refused = 0
+  let other = 0
+  for (let i = 0; i < 20_000; i++) {
+    const b = Uint8Array.from(rng.pick(seeds))
+    for (let k = 0; k < 1 + rng.int(3); k++) b[rng.int(b.length)] = rng.int(256)
+    try {
+      const n = dec.begin(b)
+      for (let e = 0; e < n; e++) dec.next(7, 0, dec.batchRank ?? 0, new DecodedEvent())
+    } catch (err) {
+      if (isKvrError(err)) refused++
+      else other++
+    }
+  }
+  t.equal(other, 0, 'no other error')
+  t.ok(refused > 1000, `${refused} refused`)
 })

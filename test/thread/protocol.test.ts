@@ -17,7 +17,10 @@ t.test('every control word has its own position inside the block', async (t) => 
   const all = [...Object.values(mainHot), ...Object.values(mainQueries), ...Object.values(shardBatch), ...Object.values(shardBeat), ...counters]
   t.equal(new Set(all).size, all.length, 'no two words share a position')
   for (const w of all) t.ok(w >= 0 && w < P.QRING_BASE, `word ${w} lies before the query ring`)
-  t.equal(P.CTRL_WORDS, P.QRING_BASE + P.QRING_SIZE)
+  t.equal(P.E_BASE, P.QRING_BASE + P.QRING_SIZE, 'the engine counters follow the query ring')
+  t.ok(P.E_END <= P.CTRL_WORDS)
+  t.equal(P.E_SKIPPED + P.ENGINE_SKIP_NAMES.length, P.E_DUPLICATE_STORES, 'a skip word per reason')
+  t.equal(P.E_MALFORMED + P.ENGINE_MALFORMED_NAMES.length, P.E_END, 'a malformed word per reason')
   t.ok(P.C_REJECTED + 3 * REJECT_REASON_COUNT <= P.C_MISPLACED, 'the rejection counters of three event kinds fit between C_REJECTED and C_MISPLACED')
   t.ok(P.C_MISPLACED < P.C_END)
 })
@@ -34,4 +37,5 @@ t.test('words written by different threads, or at different rates, sit on differ
     }
   })
   t.ok(stretch(P.QRING_BASE) > stretch(P.C_END - 1), 'the query ring starts on a stretch of its own')
+  t.ok(stretch(P.E_BASE) > stretch(P.QRING_BASE + P.QRING_SIZE - 1), 'the engine counters on a stretch of their own')
 })

@@ -192,6 +192,13 @@ async function intakeOn(t: Test, id: bigint, ranks: number) {
       50,
     )
   }
+  // a warm-up sent after the listener subscribed may still be on its way: the baseline is taken
+  // once no more arrive, so that what was sent and not taken is exactly what the PUB dropped
+  let quiet = -1
+  while (quiet !== intake.counters().batches) {
+    quiet = intake.counters().batches
+    await new Promise((r) => setTimeout(r, 150))
+  }
   const sentBefore = sent
   const takenBefore = intake.counters().batches
   /** Waits until every batch sent since is taken by its listener and applied by the shard. */

@@ -170,7 +170,7 @@ export interface EngineCounters {
   duplicateStores: number
   /** Block removals held back because the hash was stored more often than removed. */
   suppressedRemovals: number
-  /** Batches refused (from their malformed event on), by ENGINE_MALFORMED_NAMES reason. */
+  /** Batches refused whole (one event did not decode), by ENGINE_MALFORMED_NAMES reason. */
   malformed: Record<string, number>
 }
 
@@ -572,6 +572,8 @@ export class ShardPool extends EventEmitter {
     v.setUint32(12, dpRank, true)
     v.setUint32(16, blockSize, true)
     rec.set(payload, ENGINE_BATCH_BYTES)
+    // a batch is the engine's events: the worker's first one is announced as any event is
+    if (this.watched.size !== 0) this.noteEvent(u64Lo(workerId), u64Hi(workerId))
     return this.pushTo(this.shards[this.shardOf(workerId)] as Shard, rec)
   }
 

@@ -62,6 +62,8 @@ export interface ZmqListenerOptions {
 }
 
 const END = 0xffffffffffffffffn
+/** Bytes of a batch compared to tell its publisher (its timestamp is among them). */
+const HEAD_BYTES = 32
 
 function seqOf(frame: Buffer | undefined): bigint | null {
   return frame !== undefined && frame.length === 8 ? frame.readBigUInt64BE(0) : null
@@ -73,6 +75,13 @@ export class ZmqListener {
   private dealer: Dealer | null = null
   /** The last sequence number applied, null before the first. */
   private last: bigint | null = null
+  /**
+   * The first bytes and the length of the last batch applied: a replay from a gap asks for that
+   * batch again, and other bytes under its number mean another publisher (the engine restarted
+   * and counted past the old number before this socket reconnected), not a gap.
+   */
+  private readonly lastHead = Buffer.alloc(HEAD_BYTES)
+  private lastLen = -1
   private held: { seq: bigint; payload: Buffer }[] = []
   private replaying = false
   private closed = false
@@ -148,7 +157,7 @@ export class ZmqListener {
       this.counters.gaps++
       if (this.source.replay !== null) {
         this.held.push({ seq, payload })
-        void this.replayFrom(last + 1n)
+        void this.replayFrom(last + 1n, true)
         return
       }
       this.setState('degraded')
@@ -158,6 +167,9 @@ export class ZmqListener {
 
   private apply(seq: bigint, payload: Uint8Array): void {
     this.last = seq
+    this.lastLen = payload.length
+    this.lastHead.fill(0)
+    this.lastHead.set(payload.subarray(0, HEAD_BYTES))
     this.counters.batches++
     this.counters.bytes += payload.length
     try {
@@ -168,14 +180,23 @@ export class ZmqListener {
   }
 
   /** Fetches the batches from `from` on through the replay socket, then applies what was held. */
-  private async replayFrom(from: bigint): Promise<void> {
+  private async replayFrom(from: bigint, verify = false): Promise<void> {
     if (this.replaying || this.closed) return
     this.replaying = true
     this.counters.replays++
     this.setState('recovering')
     let complete = false
     try {
-      complete = await this.requestReplay(from)
+      complete = await this.requestReplay(from, verify)
+      if (!complete && this.restartSeen) {
+        // the batch before the gap is not the one applied: a new publisher, read from its start
+        this.restartSeen = false
+        this.counters.restarts++
+        this.sink.restarted(this.source)
+        this.last = null
+        this.lastLen = -1
+        complete = await this.requestReplay(0n, false)
+      }
     } catch {
       // timed out or failed: a fresh socket for the next try, so no late reply of this one is read then
       this.dealer?.close()
@@ -200,8 +221,17 @@ export class ZmqListener {
     } else this.setState('exact')
   }
 
-  /** True when the replay reached its end marker and left no hole before it. */
-  private async requestReplay(from: bigint): Promise<boolean> {
+  /** Set by requestReplay when the batch it was to verify came back with other bytes. */
+  private restartSeen = false
+
+  /**
+   * True when the replay reached its end marker and left no hole before it. With `verify`, the
+   * replay starts one batch earlier, at the last one applied, and stops (false, restartSeen)
+   * when that one is not the same.
+   */
+  private async requestReplay(from: bigint, verify: boolean): Promise<boolean> {
+    const check = verify && this.last !== null && this.last === from - 1n && from > 0n
+    if (check) from -= 1n
     let d = this.dealer
     if (d === null) {
       d = this.dealer = new Dealer({ linger: 0, receiveTimeout: this.replayTimeoutMs })
@@ -210,7 +240,8 @@ export class ZmqListener {
     const start = Buffer.alloc(8)
     start.writeBigUInt64BE(from)
     await d.send([Buffer.alloc(0), start])
-    let expect = from
+    // the batch to verify may be gone from the engine's buffer: not a hole
+    let expect = check ? from + 1n : from
     let hole = false
     for (;;) {
       const frames = await d.receive()
@@ -223,11 +254,30 @@ export class ZmqListener {
       }
       if (seq === END) return !hole
       const payload = body[body.length - 1] as Buffer
+      if (check && seq === from && this.last === from) {
+        if (payload.length !== this.lastLen || !payload.subarray(0, HEAD_BYTES).equals(this.lastHead.subarray(0, Math.min(HEAD_BYTES, payload.length)))) {
+          this.restartSeen = true
+          await this.drainReplay(d)
+          return false
+        }
+        expect = seq + 1n
+        continue
+      }
       if (this.last !== null && seq <= this.last) continue
       if (seq > expect) hole = true
       expect = seq + 1n
       this.counters.replayedBatches++
       this.apply(seq, payload)
+    }
+  }
+
+  /** Reads the rest of a replay that is not used, up to its end marker. */
+  private async drainReplay(d: Dealer): Promise<void> {
+    for (;;) {
+      const frames = await d.receive()
+      const body = frames[0]?.length === 0 ? frames.slice(1) : frames
+      const seq = body.length === 2 ? seqOf(body[0]) : body.length === 3 ? seqOf(body[1]) : null
+      if (seq === END) return
     }
   }
 

@@ -37,7 +37,10 @@ import { counters, ctrl, index } from './state.js'
 /** One decoder per block size a batch names (the router's: one in practice). */
 const decoders = new Map<number, EngineStreamDecoder>()
 const dedup = new EngineDedup()
-const out = new DecodedEvent()
+/** A batch's events, decoded before any is applied (reused: grown to the longest batch seen). */
+const pending: DecodedEvent[] = []
+/** Per pending event, the index of its skip reason, or -1 when it is applied. */
+let skips = new Int8Array(64)
 /** The published counters, E_BASE-relative. */
 const engine = new Float64Array(E_END - E_BASE)
 /** Worker-ranks whose block-size mismatch the main thread was told of (it warns once for each). */
@@ -83,34 +86,48 @@ function batch(payload: Uint8Array, lo: number, hi: number, listenerRank: number
   bump(E_BATCHES - E_BASE)
   Atomics.add(ctrl, HEARTBEAT, 1)
   const dec = decoderFor(blockSize)
+  // Every event is decoded before any is applied: a batch with a malformed event is refused
+  // whole, as a decoder that reads the batch at once (vLLM's own, Dynamo's) refuses it.
+  let n = 0
+  let rank = listenerRank
   try {
-    const n = dec.begin(payload)
+    const count = dec.begin(payload)
     // the batch's own rank names the engine's; a batch without one is the listener's rank
-    const rank = dec.batchRank ?? listenerRank
-    if (rank !== listenerRank) rememberRank(lo, hi, listenerRank, rank)
-    let counts = dedup.counts(lo, hi, rank)
-    for (let i = 0; i < n; i++) {
+    rank = dec.batchRank ?? listenerRank
+    if (skips.length < count) skips = new Int8Array(Math.max(count, skips.length * 2))
+    for (; n < count; n++) {
       // a batch of thousands of events must not hold lookups up
-      if ((i & 15) === 15) interrupt()
-      const skip = dec.next(lo, hi, rank, out)
-      if (skip !== null) {
-        bump(E_SKIPPED - E_BASE + SKIP_INDEX[skip])
-        if (skip === EngineSkip.BlockSizeMismatch) note(lo, hi, rank, dec)
-        continue
-      }
-      bump(E_EVENTS - E_BASE)
-      if (out.kind === EventKind.Cleared) {
-        // the index clears every rank of the worker, and the counts go with it, as Dynamo's do
-        dedup.forgetWorker(lo, hi)
-        counts = dedup.counts(lo, hi, rank)
-      } else if (!dedup.filter(counts, out)) continue
-      if (index.apply(out) === 0) counters.applied++
+      if ((n & 15) === 15) interrupt()
+      let ev = pending[n]
+      if (ev === undefined) pending.push((ev = new DecodedEvent()))
+      const skip = dec.next(lo, hi, rank, ev)
+      skips[n] = skip === null ? -1 : SKIP_INDEX[skip]
+      if (skip === EngineSkip.BlockSizeMismatch) note(lo, hi, rank, dec)
     }
   } catch (err) {
     if (!(err instanceof KvrError)) throw err
     const code = err.code
     const reason = code === 'KVR_ERR_EVENT_MALFORMED_MSGPACK' ? 0 : code === 'KVR_ERR_EVENT_WRONG_TYPE' ? 1 : code === 'KVR_ERR_EVENT_INVALID_NUMBER' ? 2 : 3
     bump(E_MALFORMED - E_BASE + reason)
+    return
+  }
+  if (rank !== listenerRank) rememberRank(lo, hi, listenerRank, rank)
+  let counts = dedup.counts(lo, hi, rank)
+  for (let i = 0; i < n; i++) {
+    if ((i & 15) === 15) interrupt()
+    const skip = skips[i] as number
+    if (skip >= 0) {
+      bump(E_SKIPPED - E_BASE + skip)
+      continue
+    }
+    const ev = pending[i] as DecodedEvent
+    bump(E_EVENTS - E_BASE)
+    if (ev.kind === EventKind.Cleared) {
+      // the index clears every rank of the worker, and the counts go with it, as Dynamo's do
+      dedup.forgetWorker(lo, hi)
+      counts = dedup.counts(lo, hi, rank)
+    } else if (!dedup.filter(counts, ev)) continue
+    if (index.apply(ev) === 0) counters.applied++
   }
   engine[E_DUPLICATE_STORES - E_BASE] = dedup.duplicateStores
   engine[E_SUPPRESSED_REMOVALS - E_BASE] = dedup.suppressedRemovals

@@ -2,7 +2,9 @@
 // (bench/lib/engine-workload.ts: 16-token blocks, prefix-cache chains, leaf-first evictions) →
 // the router's ZmqListener and EngineIntake → the shard, which decodes the MessagePack, hashes
 // each block's tokens and applies the events. Beside it, in the same run, the same events as
-// RouterEvent JSON pushed into the pool as the NATS and HTTP intakes do, and the decoders alone
+// RouterEvent JSON posted to a router's POST /v1/kv-events over HTTP in batches of the same size
+// (a sender in this process, as the ZMQ publisher is: the like-for-like row), the same JSON
+// pushed straight into the pool (no transport, no validation), and the decoders alone
 // on the main thread (the hand-written reader the shards run and the msgpackr one). Run:
 // `npm run bench:zmq [-- --ops N --reps R]`.
 //
@@ -22,6 +24,11 @@ import { EngineStreamDecoder } from '../src/codec/engine-stream.js'
 import { DecodedEvent } from '../src/codec/event-decoder.js'
 import { ShardPool } from '../src/shards/pool.js'
 import { EngineIntake } from '../src/transport/engine-intake.js'
+import { request, Agent } from 'undici'
+import { parseServeConfig } from '../src/config.js'
+import type { ServeConfig } from '../src/config.js'
+import { Router } from '../src/core/router.js'
+import { buildApp } from '../src/http/server.js'
 import { buildEngineWorkload } from './lib/engine-workload.js'
 import { median, resultsDir } from './lib/common.js'
 
@@ -42,6 +49,29 @@ const w = buildEngineWorkload({ blockOps: ops, blockSize: BS, workerId: JSON_WOR
 const bytesOf = (xs: Uint8Array[]): number => xs.reduce((s, x) => s + x.length, 0)
 
 const pool = await ShardPool.start({ shards: 1 })
+// the HTTP row's router: one shard too
+const httpRouter = await Router.start(parseServeConfig(['--router-event-threads', '1', '--no-router-event-recovery', '--router-block-size', String(BS)], {}) as ServeConfig)
+const httpApp = await buildApp({ router: httpRouter, tokenizer: null })
+await httpApp.fastify.listen({ host: '127.0.0.1', port: 0 })
+const httpAddr = httpApp.fastify.server.address()
+const httpUrl = `http://127.0.0.1:${typeof httpAddr === 'object' && httpAddr !== null ? httpAddr.port : 0}/v1/kv-events`
+const agent = new Agent({ connections: 1 })
+// the JSON events grouped as the ZMQ batches group them
+const perBatch = Math.max(1, Math.round(w.events / w.mapBatches.length))
+const httpBodies: Buffer[] = []
+for (let i = 0; i < w.json.length; i += perBatch) {
+  const part = w.json.slice(i, i + perBatch)
+  const body = Buffer.allocUnsafe(part.reduce((n, x) => n + x.length + 1, 1))
+  let at = 0
+  body[at++] = 0x5b
+  for (let k = 0; k < part.length; k++) {
+    if (k > 0) body[at++] = 0x2c
+    body.set(part[k] as Uint8Array, at)
+    at += (part[k] as Uint8Array).length
+  }
+  body[at++] = 0x5d
+  httpBodies.push(body.subarray(0, at))
+}
 const intake = new EngineIntake(BS, pool)
 const pub = new Publisher({ linger: 0, sendHighWaterMark: 0 })
 let port = 0
@@ -128,6 +158,33 @@ async function jsonPass(): Promise<number> {
   return seconds
 }
 
+/** One pass of JSON over HTTP: every batch POSTed to /v1/kv-events in order, until all is applied. */
+async function httpPass(): Promise<number> {
+  await httpRouter.pool.flush()
+  const done = (): number => httpRouter.pool.counters()[0]?.applied ?? 0
+  const base = done()
+  const t0 = performance.now()
+  let next = 0
+  const sender = async (): Promise<void> => {
+    while (next < httpBodies.length) {
+      const body = httpBodies[next++] as Buffer
+      const r = await request(httpUrl, { method: 'POST', body, headers: { 'content-type': 'application/json' }, dispatcher: agent })
+      if (r.statusCode !== 202) throw new Error(`bench: POST /v1/kv-events answered ${r.statusCode}: ${await r.body.text()}`)
+      await r.body.dump()
+    }
+  }
+  // one at a time: a worker's events must arrive in order
+  await sender()
+  const deadline = performance.now() + 60_000
+  while (done() < base + w.events) {
+    if (performance.now() > deadline) throw new Error(`bench: the HTTP pass stopped at ${done() - base} of ${w.events}`)
+    await new Promise((r) => setTimeout(r, 1))
+  }
+  const seconds = (performance.now() - t0) / 1000
+  await httpRouter.pool.removeWorker(JSON_WORKER)
+  return seconds
+}
+
 /** Decodes every batch once with `dec` (tokens hashed, nothing applied). */
 function decodePass(dec: EngineBatchDecoder, batches: Uint8Array[]): number {
   const out = new DecodedEvent()
@@ -150,7 +207,8 @@ const only = process.argv.includes('--trace') ? console.error : (..._: unknown[]
 const paths: Path[] = [
   { name: 'ZMQ, vLLM map form → shard', run: () => zmqPass(w.mapBatches), bytes: bytesOf(w.mapBatches) },
   { name: 'ZMQ, vLLM array form → shard', run: () => zmqPass(w.arrayBatches), bytes: bytesOf(w.arrayBatches) },
-  { name: 'RouterEvent JSON → shard', run: jsonPass, bytes: bytesOf(w.json) },
+  { name: 'RouterEvent JSON, POST /v1/kv-events → shard', run: httpPass, bytes: bytesOf(httpBodies) },
+  { name: 'RouterEvent JSON pushed into the pool → shard', run: jsonPass, bytes: bytesOf(w.json) },
   { name: 'decode only, hand-written, map form', run: () => decodePass(new EngineStreamDecoder(BS), w.mapBatches), bytes: bytesOf(w.mapBatches) },
   { name: 'decode only, msgpackr, map form', run: () => decodePass(new EngineEventDecoder(BS), w.mapBatches), bytes: bytesOf(w.mapBatches) },
   { name: 'decode only, hand-written, array form', run: () => decodePass(new EngineStreamDecoder(BS), w.arrayBatches), bytes: bytesOf(w.arrayBatches) },
@@ -172,6 +230,9 @@ try {
   pub.close()
   await intake.close()
   await pool.close()
+  await httpApp.shutdown(1000)
+  await httpRouter.close()
+  await agent.close()
 }
 
 const rows = paths.map((p) => {
@@ -192,7 +253,8 @@ const result = {
   removed_blocks: w.removedBlocks,
   batches: w.mapBatches.length,
   rows,
-  zmq_map_over_json: rate('ZMQ, vLLM map') / rate('RouterEvent JSON'),
+  zmq_map_over_json_posted: rate('ZMQ, vLLM map') / rate('RouterEvent JSON, POST'),
+  zmq_map_over_json_pushed: rate('ZMQ, vLLM map') / rate('RouterEvent JSON pushed'),
   hand_written_over_msgpackr_map: rate('decode only, hand-written, map') / rate('decode only, msgpackr, map'),
   hand_written_over_msgpackr_array: rate('decode only, hand-written, array') / rate('decode only, msgpackr, array'),
 }
@@ -205,6 +267,6 @@ console.log(`| path | block ops/s | events/s | MB/s | cold pass, block ops/s |`)
 console.log(`|---|---:|---:|---:|---:|`)
 for (const r of rows) console.log(`| ${r.path} | ${fmt(r.block_ops_per_sec)} | ${fmt(r.events_per_sec)} | ${r.megabytes_per_sec.toFixed(1)} | ${fmt(r.cold_block_ops_per_sec)} |`)
 console.log(
-  `ZMQ (map) / JSON ${result.zmq_map_over_json.toFixed(2)}×; hand-written / msgpackr decode ${result.hand_written_over_msgpackr_map.toFixed(2)}× (map), ${result.hand_written_over_msgpackr_array.toFixed(2)}× (array)`,
+  `ZMQ (map) / JSON posted ${result.zmq_map_over_json_posted.toFixed(2)}×, / JSON pushed ${result.zmq_map_over_json_pushed.toFixed(2)}×; hand-written / msgpackr decode ${result.hand_written_over_msgpackr_map.toFixed(2)}× (map), ${result.hand_written_over_msgpackr_array.toFixed(2)}× (array)`,
 )
 console.log('wrote bench/results/zmq-ingest.json')

@@ -345,10 +345,14 @@ export class ShardPool extends EventEmitter {
     this.watchdog.unref()
   }
 
-  /** Starts the shard threads and resolves once every one of them runs. */
+  /**
+   * Starts the shard threads and resolves once every one of them runs. A thread starts in about
+   * 0.1 s; the bound is for a machine under heavy load (and the tests' TypeScript loader, which
+   * compiles each thread's modules again), not for a healthy start.
+   */
   static async start(options: ShardPoolOptions = {}): Promise<ShardPool> {
     const pool = new ShardPool(options)
-    await pool.whenRunning(10_000)
+    await pool.whenRunning(30_000)
     return pool
   }
 

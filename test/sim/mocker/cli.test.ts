@@ -173,7 +173,9 @@ t.test('--router-url: registers with a spawned router, events and prefix hits fl
   t.equal(m[1], '2')
   t.equal(mocker.out().split('\n').length, 2, 'exactly one stdout line')
   t.match(mocker.err(), /worker ids 40 41; block size 16, 16384 blocks each; registration and events: router/)
-  const workers = (await (await fetch(`${base}/v1/workers`)).json()) as { workers: { id: number; url: string; capacity: number; max_num_batched_tokens: number }[] }
+  const workers = (await (await fetch(`${base}/v1/workers`, { headers: { authorization: `Bearer ${KEY}` } })).json()) as {
+    workers: { id: number; url: string; capacity: number; max_num_batched_tokens: number }[]
+  }
   t.same(
     workers.workers.map((w) => [w.id, w.url, w.capacity, w.max_num_batched_tokens]),
     [
@@ -195,14 +197,14 @@ t.test('--router-url: registers with a spawned router, events and prefix hits fl
   }
   const a = await ask()
   t.equal(a.cached, 0)
-  await waitUntil('the events reached the router', async () => /"last_event_id":[1-9]/.test(await (await fetch(`${base}/v1/workers`)).text()), 5000)
+  await waitUntil('the events reached the router', async () => /"last_event_id":[1-9]/.test(await (await fetch(`${base}/v1/workers`, { headers: { authorization: `Bearer ${KEY}` } })).text()), 5000)
   const b = await ask()
   t.equal(b.worker, a.worker, 'routed where the prefix is')
   t.equal(b.cached, Math.floor(Buffer.byteLength(prompt) / 16) * 16)
 
   mocker.p.kill('SIGTERM')
   t.equal(await mocker.exited, 0)
-  const after = (await (await fetch(`${base}/v1/workers`)).json()) as { workers: unknown[] }
+  const after = (await (await fetch(`${base}/v1/workers`, { headers: { authorization: `Bearer ${KEY}` } })).json()) as { workers: unknown[] }
   t.same(after.workers, [], 'the engines unregistered on the way out')
 })
 

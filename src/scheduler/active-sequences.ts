@@ -3,6 +3,10 @@
 // and in-flight requests. A request is a dense handle; every path that ends it (free, stale
 // expiry, worker removal) goes through releaseHandle(), which invalidates the handle first, so a
 // request is released exactly once whatever ends it and however often it is asked to.
+//
+// Bookings of other router replicas (replica sync) load the same arrays, so cost and busy checks
+// see them, but live in their own id space under an owner number: a peer's request id can never
+// free or shadow one of this router's, and everything a peer holds goes at once when it leaves.
 import { KvrError } from '../errors.js'
 import { BlockRefs } from './block-refs.js'
 import { growTo } from './typed-arrays.js'
@@ -14,6 +18,20 @@ export const TRACK_UNIQUE = 2 // --no-router-assume-kv-reuse: every block new, n
 export type TrackMode = typeof TRACK_NONE | typeof TRACK_SHARED | typeof TRACK_UNIQUE
 
 const EMPTY = new Int32Array(0)
+
+/** A local booking as replica catch-up sends it: its blocks' hashes as u64 halves. */
+export interface LocalBooking {
+  id: string
+  slot: number
+  isl: number
+  overlapBlocks: number
+  prefillTokens: number
+  /** Hashes of the shared blocks (TRACK_SHARED), or null. */
+  lo: Uint32Array | null
+  hi: Uint32Array | null
+  /** Blocks counted without hashes (TRACK_UNIQUE). */
+  uniqueBlocks: number
+}
 
 export interface RequestInfo {
   slot: number
@@ -35,10 +53,15 @@ export class ActiveSequences {
   inFlight = new Int32Array(8)
   /** Requests freed by stale expiry since creation (a metric). */
   expiredTotal = 0
+  /** Of them, other replicas' bookings. */
+  expiredRemoteTotal = 0
 
   private readonly refs = new BlockRefs()
   private readonly ids = new Map<string, number>()
+  private readonly remoteIds = new Map<string, number>()
   private reqId: (string | undefined)[] = []
+  /** Per handle: 0 for this router's bookings, else the peer (replica) that owns it. */
+  private reqOwner = new Int32Array(64)
   private reqSlot = new Int32Array(64)
   private reqGen = new Int32Array(64)
   private reqPrefill = new Float64Array(64)
@@ -61,8 +84,14 @@ export class ActiveSequences {
 
   constructor(private readonly staleMs: number) {}
 
+  /** This router's own bookings. */
   get size(): number {
     return this.ids.size
+  }
+
+  /** Other replicas' bookings held. */
+  get remoteSize(): number {
+    return this.remoteIds.size
   }
 
   has(id: string): boolean {
@@ -101,10 +130,50 @@ export class ActiveSequences {
     overlapBlocks = 0,
   ): number {
     if (this.ids.has(id)) throw new KvrError('KVR_ERR_DUPLICATE_REQUEST', `request ${id} is already booked`)
+    return this.book(this.ids, id, 0, slot, prefillTokens, track, lo, hi, n, now, isl, overlapBlocks)
+  }
+
+  /**
+   * Books another replica's request under `key` (unique per owner and request) for owner ≥ 1;
+   * -1 when the key is already booked (a repeated add, or one that catch-up brought first).
+   */
+  addRemote(
+    key: string,
+    owner: number,
+    slot: number,
+    prefillTokens: number,
+    track: TrackMode,
+    lo: ArrayLike<number> | undefined,
+    hi: ArrayLike<number> | undefined,
+    n: number,
+    now: number,
+    isl = 0,
+    overlapBlocks = 0,
+  ): number {
+    if (!(owner >= 1)) throw new KvrError('KVR_ERR_INVALID_OPTION', `a remote booking's owner must be ≥ 1, got ${owner}`)
+    if (this.remoteIds.has(key)) return -1
+    return this.book(this.remoteIds, key, owner, slot, prefillTokens, track, lo, hi, n, now, isl, overlapBlocks)
+  }
+
+  private book(
+    map: Map<string, number>,
+    id: string,
+    owner: number,
+    slot: number,
+    prefillTokens: number,
+    track: TrackMode,
+    lo: ArrayLike<number> | undefined,
+    hi: ArrayLike<number> | undefined,
+    n: number,
+    now: number,
+    isl: number,
+    overlapBlocks: number,
+  ): number {
     this.expireStale(now)
     const h = this.allocHandle()
-    this.ids.set(id, h)
+    map.set(id, h)
     this.reqId[h] = id
+    this.reqOwner[h] = owner
     this.reqSlot[h] = slot
     this.reqAddedAt[h] = now
     this.reqIsl[h] = isl
@@ -146,6 +215,82 @@ export class ActiveSequences {
     return true
   }
 
+  /** Another replica's request: its prompt is no longer unstarted work. False if unknown. */
+  markRemotePrefillComplete(key: string): boolean {
+    const h = this.remoteIds.get(key)
+    if (h === undefined) return false
+    this.clearPrefill(h)
+    return true
+  }
+
+  /** Ends another replica's request. False if unknown or already freed. */
+  freeRemote(key: string): boolean {
+    const h = this.remoteIds.get(key)
+    if (h === undefined) return false
+    this.releaseHandle(h)
+    return true
+  }
+
+  hasRemote(key: string): boolean {
+    return this.remoteIds.has(key)
+  }
+
+  /** When the remote booking was added (the clock of add()), or -1 when unknown. */
+  remoteAddedAt(key: string): number {
+    const h = this.remoteIds.get(key)
+    return h === undefined ? -1 : (this.reqAddedAt[h] as number)
+  }
+
+  /** Frees every booking of one peer (it went away); returns how many. */
+  dropOwner(owner: number): number {
+    let n = 0
+    for (let h = 0; h < this.top; h++) {
+      if (this.reqId[h] !== undefined && this.reqOwner[h] === owner) {
+        this.releaseHandle(h)
+        n++
+      }
+    }
+    return n
+  }
+
+  /** Bookings held per owner (index = owner; 0 = this router's own). */
+  countByOwner(): number[] {
+    const out: number[] = []
+    for (let h = 0; h < this.top; h++) {
+      if (this.reqId[h] === undefined) continue
+      const o = this.reqOwner[h] as number
+      out[o] = (out[o] ?? 0) + 1
+    }
+    return out
+  }
+
+  /** This router's own bookings with their blocks' hashes, for a replica that catches up. */
+  localBookings(): LocalBooking[] {
+    const out: LocalBooking[] = []
+    for (const [id, h] of this.ids) {
+      const n = this.reqPairCount[h] as number
+      let lo: Uint32Array | null = null
+      let hi: Uint32Array | null = null
+      if (n > 0) {
+        lo = new Uint32Array(n)
+        hi = new Uint32Array(n)
+        const pairs = this.reqPairs[h] as Int32Array
+        for (let i = 0; i < n; i++) this.refs.hashOfPair(pairs[i] as number, lo, hi, i)
+      }
+      out.push({
+        id,
+        slot: this.reqSlot[h] as number,
+        isl: this.reqIsl[h] as number,
+        overlapBlocks: this.reqOverlap[h] as number,
+        prefillTokens: this.reqPrefill[h] as number,
+        lo,
+        hi,
+        uniqueBlocks: this.reqUnique[h] as number,
+      })
+    }
+    return out
+  }
+
   slotOfRequest(id: string): number {
     const h = this.ids.get(id)
     return h === undefined ? -1 : (this.reqSlot[h] as number)
@@ -174,6 +319,7 @@ export class ActiveSequences {
       const gen = this.fifo[i + 1] as number
       if (this.reqGen[h] === gen && this.reqId[h] !== undefined) {
         if (now - (this.reqAddedAt[h] as number) < this.staleMs) break
+        if (this.reqOwner[h] !== 0) this.expiredRemoteTotal++
         this.releaseHandle(h)
         this.expiredTotal++
         n++
@@ -184,13 +330,13 @@ export class ActiveSequences {
     return n
   }
 
-  /** Frees every request booked on a slot (the worker-rank went away); returns their ids. */
+  /** Frees every request booked on a slot (the worker-rank went away); returns this router's ids among them. */
   dropSlot(slot: number): string[] {
     const out: string[] = []
     for (let h = 0; h < this.top; h++) {
       const id = this.reqId[h]
       if (id !== undefined && this.reqSlot[h] === slot) {
-        out.push(id)
+        if (this.reqOwner[h] === 0) out.push(id)
         this.releaseHandle(h)
       }
     }
@@ -223,7 +369,8 @@ export class ActiveSequences {
     // Invalidate first: whatever happens below, this handle can never be released twice.
     this.reqId[h] = undefined
     this.reqGen[h] = (this.reqGen[h] as number) + 1
-    this.ids.delete(id)
+    if (this.reqOwner[h] === 0) this.ids.delete(id)
+    else this.remoteIds.delete(id)
     this.clearPrefill(h)
     const slot = this.reqSlot[h] as number
     this.inFlight[slot] = (this.inFlight[slot] as number) - 1
@@ -246,6 +393,7 @@ export class ActiveSequences {
     if (n >= this.reqSlot.length) {
       const cap = this.reqSlot.length * 2
       this.reqSlot = growTo(this.reqSlot, cap)
+      this.reqOwner = growTo(this.reqOwner, cap)
       this.reqGen = growTo(this.reqGen, cap)
       this.reqUnique = growTo(this.reqUnique, cap)
       this.reqPairCount = growTo(this.reqPairCount, cap)

@@ -193,6 +193,13 @@ export class BlockRefs {
     }
   }
 
+  /** The block hash of pair p into lo[i] and hi[i] (replica catch-up reads a booking's blocks back). */
+  hashOfPair(p: number, lo: Uint32Array, hi: Uint32Array, i: number): void {
+    const h = this.pairHash[p] as number
+    lo[i] = this.hashes.lo[h] as number
+    hi[i] = this.hashes.hi[h] as number
+  }
+
   /** Reference count of (hash, slot); 0 when not active. For tests and debugging. */
   refCount(slot: number, lo: number, hi: number): number {
     const h = this.hashes.find(lo, hi, 0)

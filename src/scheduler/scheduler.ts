@@ -9,6 +9,7 @@
 //                                      select + book ◄─────────────────────────────┘
 import { KvrError } from '../errors.js'
 import { ActiveSequences, TRACK_NONE, TRACK_SHARED, TRACK_UNIQUE } from './active-sequences.js'
+import type { TrackMode } from './active-sequences.js'
 import type { ApproxSink } from './approximate.js'
 import { ApproxTracker, NO_SINK } from './approximate.js'
 import type { BusyThresholds } from './busy.js'
@@ -102,6 +103,31 @@ export interface RouteDecision {
   candidates: Candidate[] | undefined
 }
 
+/**
+ * Told of this router's bookings as they are made and end (replica sync publishes them). Called
+ * synchronously on the routing path: lo/hi are the scheduler's scratch, valid only during the call.
+ */
+export interface BookingObserver {
+  /** n hashes in lo/hi when track is TRACK_SHARED; n blocks without hashes when TRACK_UNIQUE. */
+  booked(
+    id: string,
+    slot: number,
+    isl: number,
+    overlapBlocks: number,
+    prefillTokens: number,
+    trackPrefill: boolean,
+    track: TrackMode,
+    lo: ArrayLike<number> | undefined,
+    hi: ArrayLike<number> | undefined,
+    n: number,
+  ): void
+  prefillCompleted(id: string, slot: number): void
+  freed(id: string, slot: number): void
+}
+
+/** What became of another replica's booking handed to the scheduler. */
+export type RemoteOutcome = 'applied' | 'unknown_worker' | 'duplicate'
+
 export interface SchedulerDeps {
   /** Share a table with other components; a new one otherwise. */
   workers?: WorkerRanks
@@ -135,10 +161,14 @@ export interface SchedulerStats {
   allBusyTotal: number
   cancelledTotal: number
   staleExpiredTotal: number
+  /** Of them, other replicas' bookings. */
+  remoteExpiredTotal: number
   waitCount: number
   waitSumMs: number
   waitMaxMs: number
   bookedRequests: number
+  /** Other replicas' bookings held (replica sync). */
+  remoteBookings: number
   approximateBlocks: number
   slots: SlotStats[]
 }
@@ -180,6 +210,8 @@ export class Scheduler {
   private readonly blocked: number[] = []
   private draining = false
   private timers: ReturnType<typeof setInterval>[] = []
+  /** Told of every booking this router makes and ends (replica sync), or null. */
+  observer: BookingObserver | null = null
 
   private decisionsTotal = 0
   private queuedTotal = 0
@@ -343,16 +375,86 @@ export class Scheduler {
 
   /** The first token arrived: the request's prompt is no longer queued work. */
   markPrefillComplete(id: string): boolean {
+    const slot = this.observer === null ? -1 : this.sequences.slotOfRequest(id)
     const ok = this.sequences.markPrefillComplete(id)
-    if (ok) this.drainQueue()
+    if (ok) {
+      if (slot >= 0) this.observer?.prefillCompleted(id, slot)
+      this.drainQueue()
+    }
     return ok
   }
 
   /** Ends a booked request. Idempotent: false when unknown or already freed. */
   free(id: string): boolean {
+    const slot = this.observer === null ? -1 : this.sequences.slotOfRequest(id)
     const ok = this.sequences.free(id)
+    if (ok) {
+      if (slot >= 0) this.observer?.freed(id, slot)
+      this.drainQueue()
+    }
+    return ok
+  }
+
+  // ---- other replicas' bookings (replica sync) ----
+
+  /**
+   * Books another replica's request on (workerId, dpRank) as if it were this router's: its
+   * prefill tokens and blocks load the worker-rank in cost and busy checks. `key` is unique per
+   * owner and request; owner ≥ 1 names the replica. The hashes count as shared blocks unless
+   * active-block tracking is off.
+   */
+  addRemote(
+    key: string,
+    owner: number,
+    workerId: bigint,
+    dpRank: number,
+    prefillTokens: number,
+    lo: ArrayLike<number> | undefined,
+    hi: ArrayLike<number> | undefined,
+    n: number,
+    isl: number,
+    overlapBlocks: number,
+  ): RemoteOutcome {
+    const slot = this.workers.slotOf(workerId, dpRank)
+    if (slot < 0) return 'unknown_worker'
+    if (this.sequences.activeBlocks.length < this.workers.slotCapacity) this.sequences.ensureSlots(this.workers.slotCapacity)
+    const o = this.options
+    const track = o.trackActiveBlocks && n > 0 ? TRACK_SHARED : TRACK_NONE
+    const prefill = o.trackPrefillTokens && prefillTokens > 0 ? Math.min(prefillTokens, MAX_ISL) : 0
+    const h = this.sequences.addRemote(key, owner, slot, prefill, track, lo, hi, n, this.clock(), isl, overlapBlocks)
+    return h < 0 ? 'duplicate' : 'applied'
+  }
+
+  /** Slot of the worker-rank (tests and replica sync); -1 when not registered. */
+  slotOf(workerId: bigint, dpRank: number): number {
+    return this.workers.slotOf(workerId, dpRank)
+  }
+
+  markRemotePrefillComplete(key: string): boolean {
+    const ok = this.sequences.markRemotePrefillComplete(key)
     if (ok) this.drainQueue()
     return ok
+  }
+
+  freeRemote(key: string): boolean {
+    const ok = this.sequences.freeRemote(key)
+    if (ok) this.drainQueue()
+    return ok
+  }
+
+  /** Drops every booking of a replica that went away; returns how many. */
+  dropRemoteOwner(owner: number): number {
+    const n = this.sequences.dropOwner(owner)
+    if (n > 0) this.drainQueue()
+    return n
+  }
+
+  /**
+   * Spreads near-ties between replicas (kv mode, temperature 0): this replica is `rank` of
+   * `count` live ones; count 1 (or tolerance null) restores the uniform random tie-break.
+   */
+  setSpread(rank: number, count: number, toleranceBlocks: number | null): void {
+    this.selector.setSpread(rank, count, toleranceBlocks)
   }
 
   /** The client went away: a waiting request leaves the queue, a booked one is freed. */
@@ -411,10 +513,12 @@ export class Scheduler {
       allBusyTotal: this.allBusyTotal,
       cancelledTotal: this.cancelledTotal,
       staleExpiredTotal: s.expiredTotal,
+      remoteExpiredTotal: s.expiredRemoteTotal,
       waitCount: this.waitCount,
       waitSumMs: this.waitSumMs,
       waitMaxMs: this.waitMaxMs,
       bookedRequests: s.size,
+      remoteBookings: s.remoteSize,
       approximateBlocks: this.approx?.size ?? 0,
       slots,
     }
@@ -568,7 +672,9 @@ export class Scheduler {
     if (booked) {
       const now = this.clock()
       const fresh = c.isl - overlap * this.options.blockSize
-      this.sequences.add(req.id as string, slot, c.trackPrefill && fresh > 0 ? fresh : 0, c.track, c.lo, c.hi, c.n, now, c.isl, overlap)
+      const prefill = c.trackPrefill && fresh > 0 ? fresh : 0
+      this.sequences.add(req.id as string, slot, prefill, c.track, c.lo, c.hi, c.n, now, c.isl, overlap)
+      this.observer?.booked(req.id as string, slot, c.isl, overlap, prefill, c.trackPrefill, c.track, c.lo, c.hi, c.n)
       if (this.routed !== undefined && req.seqLo !== undefined && req.seqHi !== undefined) {
         this.routed.record(slot, req.seqLo, req.seqHi, req.seqLo, req.seqHi, Math.min(hashCount(req), req.seqLo.length, req.seqHi.length), now)
       }

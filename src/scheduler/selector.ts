@@ -9,6 +9,10 @@
 //         With credit 1, decay 0 and request weight 0 (the defaults) this is Era B's cost
 //         exactly; the three knobs are Era C's, weight being its prefill scale.
 //         T = 0: minimum, exact ties broken uniformly at random; T > 0: softmax sample.
+//         With replica sync and R ≥ 2 live replicas (setSpread), T = 0 instead takes, among the
+//         candidates within the spread tolerance of the minimum ordered by worker-rank identity,
+//         the one at this replica's rank modulo their number: replicas facing the same state
+//         prefer different workers, where random tie-breaks would collide 1 time in k.
 import type { ActiveSequences, TrackMode } from './active-sequences.js'
 import { TRACK_NONE, TRACK_SHARED } from './active-sequences.js'
 import type { RouterMode } from './options.js'
@@ -59,6 +63,11 @@ export class Selector {
   /** Per slot: request blocks already active there (filled by countPresent). */
   private present = new Int32Array(8)
   private rrLast = -1
+  /** Replica spread (setSpread): this replica's rank, the live replicas, the tolerance in blocks. */
+  private spreadRank = 0
+  private spreadCount = 1
+  private spreadTolerance = 0
+  private spreadKeys = new Float64Array(8)
 
   constructor(
     private readonly workers: WorkerRanks,
@@ -73,7 +82,8 @@ export class Selector {
     switch (mode) {
       case 'kv':
         this.computeLogits(c, slots, m)
-        return slots[c.temperature > 0 ? this.softmaxPick(m, c.temperature) : this.minPick(m)] as number
+        if (c.temperature > 0) return slots[this.softmaxPick(m, c.temperature)] as number
+        return slots[this.spreadCount > 1 && m > 1 && m <= SPREAD_MAX ? this.spreadPick(slots, m) : this.minPick(m)] as number
       case 'round-robin':
         return this.roundRobin(slots, m)
       case 'random':
@@ -190,6 +200,37 @@ export class Selector {
       }
     }
     return chosen
+  }
+
+  /** Replica spread: rank of count live replicas; count ≤ 1 or a null tolerance turns it off. */
+  setSpread(rank: number, count: number, toleranceBlocks: number | null): void {
+    const on = toleranceBlocks !== null && count > 1 && Number.isInteger(rank) && rank >= 0
+    this.spreadCount = on ? count : 1
+    this.spreadRank = on ? rank : 0
+    this.spreadTolerance = on ? toleranceBlocks : 0
+  }
+
+  /**
+   * Index among the m candidates: of those whose logit is the minimum or less than the tolerance
+   * above it, ordered by identity hash, the one at spreadRank modulo their number. Order and
+   * choice depend only on worker identities and costs, so replicas with the same view choose
+   * apart. Allocation-free: keys pack identity and candidate index into one double.
+   */
+  spreadPick(slots: Int32Array, m: number): number {
+    const logits = this.logits
+    let min = Infinity
+    for (let i = 0; i < m; i++) if ((logits[i] as number) < min) min = logits[i] as number
+    if (this.spreadKeys.length < m) this.spreadKeys = new Float64Array(Math.max(m, this.spreadKeys.length * 2))
+    const keys = this.spreadKeys
+    const identity = this.workers.identity
+    const tol = this.spreadTolerance
+    let k = 0
+    for (let i = 0; i < m; i++) {
+      const d = (logits[i] as number) - min
+      if (d === 0 || d < tol) keys[k++] = (identity[slots[i] as number] as number) * SPREAD_MAX + i
+    }
+    if (k === 1) return (keys[0] as number) % SPREAD_MAX
+    return kthSmallest(keys, k, this.spreadRank % k) % SPREAD_MAX
   }
 
   /**
@@ -318,6 +359,35 @@ export class Selector {
     const gpuNorm = gpuLoad / (gpuN * this.cudaToCpuRatio)
     return this.leastLoaded(slots, 0, m, cpuNorm < gpuNorm ? 1 : 0)
   }
+}
+
+/** Candidates the spread handles (index packed below the identity hash in one double). */
+const SPREAD_MAX = 65536
+
+/** The k-th smallest (0-based) of a[0..n), by in-place quickselect; a is reordered. */
+function kthSmallest(a: Float64Array, n: number, k: number): number {
+  let lo = 0
+  let hi = n - 1
+  while (lo < hi) {
+    const pivot = a[(lo + hi) >>> 1] as number
+    let i = lo
+    let j = hi
+    while (i <= j) {
+      while ((a[i] as number) < pivot) i++
+      while ((a[j] as number) > pivot) j--
+      if (i <= j) {
+        const x = a[i] as number
+        a[i] = a[j] as number
+        a[j] = x
+        i++
+        j--
+      }
+    }
+    if (k <= j) hi = j
+    else if (k >= i) lo = i
+    else break
+  }
+  return a[k] as number
 }
 
 /** Dynamo-style debug lines for an explanation, one per candidate. */

@@ -38,6 +38,11 @@ export class WorkerRanks {
    */
   reportedActiveBlocks = new Float64Array(8).fill(-1)
   dpRank = new Uint32Array(8)
+  /**
+   * Per slot: a 32-bit hash of (worker id, dp rank), the same in every router process whatever
+   * slot the rank got there, so replicas can agree on an order of worker-ranks (see Selector).
+   */
+  identity = new Uint32Array(8)
   /** Dense per-worker index (shared by all ranks of one worker_id), for "all ranks busy" checks. */
   workerIndex = new Int32Array(8)
   /** Ranks registered per worker index. */
@@ -89,6 +94,7 @@ export class WorkerRanks {
       this.workerIds[slot] = workerId
       this.live[slot] = 1
       this.dpRank[slot] = dpRank
+      this.identity[slot] = identityHash(workerId, dpRank)
       this.workerIndex[slot] = entry.index
       this.rankCount[entry.index] = (this.rankCount[entry.index] ?? 0) + 1
       this.rebuildLive()
@@ -173,6 +179,7 @@ export class WorkerRanks {
     this.reportedActiveBlocks = grow(this.reportedActiveBlocks, cap)
     this.reportedActiveBlocks.fill(-1, reported)
     this.dpRank = grow(this.dpRank, cap)
+    this.identity = grow(this.identity, cap)
     this.workerIndex = grow(this.workerIndex, cap)
     this.liveSlots = grow(this.liveSlots, cap)
   }
@@ -182,4 +189,20 @@ export class WorkerRanks {
     for (let s = 0; s < this.slotCapacity; s++) if (this.live[s] === 1) this.liveSlots[n++] = s
     this.liveCount = n
   }
+}
+
+/** A well-mixed 32-bit hash of a worker-rank's identity (murmur3's finalizer over its words). */
+export function identityHash(workerId: bigint, dpRank: number): number {
+  let h = 0x2545f491
+  for (const w of [Number(workerId & 0xffffffffn), Number((workerId >> 32n) & 0xffffffffn), dpRank >>> 0]) {
+    h = Math.imul(h ^ w, 0xcc9e2d51)
+    h = (h << 15) | (h >>> 17)
+    h = Math.imul(h, 0x1b873593)
+  }
+  h ^= h >>> 16
+  h = Math.imul(h, 0x85ebca6b)
+  h ^= h >>> 13
+  h = Math.imul(h, 0xc2b2ae35)
+  h ^= h >>> 16
+  return h >>> 0
 }

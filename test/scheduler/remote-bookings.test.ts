@@ -1,0 +1,203 @@
+// Other replicas' bookings in the scheduler (replica sync): they load cost and busy checks like
+// this router's own, live in their own id space, end by free, stale expiry, worker removal or
+// their owner leaving; this router's bookings are reported to an observer; and the replica
+// spread makes replicas facing the same near-tie choose different workers.
+import t from 'tap'
+import { ActiveSequences, TRACK_SHARED, TRACK_UNIQUE } from '../../src/scheduler/active-sequences.js'
+import type { BookingObserver } from '../../src/scheduler/scheduler.js'
+import { Scheduler } from '../../src/scheduler/scheduler.js'
+import { identityHash } from '../../src/scheduler/worker-ranks.js'
+import { blocks, chain, FakeClock, makeScheduler } from './fixtures.js'
+
+t.test('a remote booking loads its worker-rank: the next decision goes elsewhere, and comes back once it is freed', async (t) => {
+  const { s } = makeScheduler({ blockSize: 16, queueThreshold: null }, 2)
+  const h = chain(blocks(0, 8))
+  t.equal(s.addRemote('p1/r1', 1, 1n, 0, 128, h.lo, h.hi, 8, 128, 0), 'applied')
+  t.equal(s.sequences.prefillTokens[0], 128)
+  t.equal(s.sequences.activeBlocks[0], 8)
+  t.equal(s.sequences.inFlight[0], 1)
+  t.equal(s.stats().bookedRequests, 0, 'not one of this router’s bookings')
+  t.equal(s.stats().remoteBookings, 1)
+  const d = s.tryRoute({ id: 'mine', isl: 64, updateStates: false })
+  t.equal(d?.workerId, 2n, 'the remotely loaded worker is avoided')
+  t.ok(s.markRemotePrefillComplete('p1/r1'))
+  t.equal(s.sequences.prefillTokens[0], 0)
+  t.ok(s.freeRemote('p1/r1'))
+  t.notOk(s.freeRemote('p1/r1'), 'a second free is a no-op')
+  t.same([s.sequences.activeBlocks[0], s.sequences.inFlight[0], s.sequences.trackedPairs], [0, 0, 0])
+})
+
+t.test('remote keys never meet local ids; duplicates and unknown workers are refused', async (t) => {
+  const { s } = makeScheduler({ blockSize: 16, queueThreshold: null }, 2)
+  s.tryRoute({ id: 'same', isl: 32, workerId: 2n })
+  t.equal(s.addRemote('same', 1, 1n, 0, 32, undefined, undefined, 0, 32, 0), 'applied', 'a remote key equal to a local id is another booking')
+  t.equal(s.addRemote('same', 1, 1n, 0, 32, undefined, undefined, 0, 32, 0), 'duplicate')
+  t.equal(s.addRemote('other', 1, 9n, 0, 32, undefined, undefined, 0, 32, 0), 'unknown_worker')
+  t.equal(s.sequences.inFlight[0], 1)
+  t.equal(s.sequences.inFlight[1], 1)
+  t.ok(s.free('same'), 'the local booking frees the local one')
+  t.equal(s.sequences.inFlight[1], 0)
+  t.equal(s.sequences.inFlight[0], 1, 'the remote one stays')
+  t.notOk(s.markPrefillComplete('nope'))
+})
+
+t.test('a peer leaving drops its bookings only; stale expiry reaps remote bookings and counts them', async (t) => {
+  const { s, clock } = makeScheduler({ blockSize: 16, queueThreshold: null }, 2)
+  s.addRemote('a', 1, 1n, 0, 16, undefined, undefined, 0, 16, 0)
+  s.addRemote('b', 1, 2n, 0, 16, undefined, undefined, 0, 16, 0)
+  s.addRemote('c', 2, 2n, 0, 16, undefined, undefined, 0, 16, 0)
+  s.tryRoute({ id: 'local', isl: 16, workerId: 1n })
+  t.same(s.sequences.countByOwner(), [1, 2, 1])
+  t.equal(s.dropRemoteOwner(1), 2)
+  t.same(s.sequences.countByOwner(), [1, undefined, 1])
+  t.notOk(s.sequences.hasRemote('a'))
+  t.ok(s.sequences.hasRemote('c'))
+  clock.advance(300_001)
+  s.recheck()
+  t.equal(s.stats().staleExpiredTotal, 2)
+  t.equal(s.stats().remoteExpiredTotal, 1)
+  t.equal(s.stats().remoteBookings, 0)
+})
+
+t.test('removing a worker returns only this router’s ids, and drops the remote bookings on it too', async (t) => {
+  const { s } = makeScheduler({ blockSize: 16, queueThreshold: null }, 2)
+  s.tryRoute({ id: 'mine', isl: 16, workerId: 1n })
+  s.addRemote('theirs', 1, 1n, 0, 16, undefined, undefined, 0, 16, 0)
+  t.same(s.removeWorker(1n), ['mine'])
+  t.notOk(s.sequences.hasRemote('theirs'))
+})
+
+t.test('remote prefill and blocks follow the tracking options', async (t) => {
+  const { s } = makeScheduler({ blockSize: 16, queueThreshold: null, trackActiveBlocks: false, trackPrefillTokens: false }, 1)
+  const h = chain(blocks(0, 4))
+  s.addRemote('x', 1, 1n, 0, 64, h.lo, h.hi, 4, 64, 0)
+  t.same([s.sequences.prefillTokens[0], s.sequences.activeBlocks[0], s.sequences.inFlight[0]], [0, 0, 1])
+})
+
+t.test('the observer hears every booking, prefill completion and free of this router, with the blocks it booked', async (t) => {
+  const seen: unknown[] = []
+  const observer: BookingObserver = {
+    booked: (id, slot, isl, overlap, prefill, trackPrefill, track, lo, hi, n) =>
+      seen.push([
+        'booked',
+        id,
+        slot,
+        isl,
+        overlap,
+        prefill,
+        trackPrefill,
+        track,
+        n,
+        lo === undefined ? null : Array.from(lo as Uint32Array).slice(0, n),
+        hi === undefined ? null : Array.from(hi as Uint32Array).slice(0, n),
+      ]),
+    prefillCompleted: (id, slot) => seen.push(['prefill', id, slot]),
+    freed: (id, slot) => seen.push(['freed', id, slot]),
+  }
+  const { s } = makeScheduler({ blockSize: 16, queueThreshold: null }, 2)
+  s.observer = observer
+  const h = chain(blocks(0, 3))
+  s.tryRoute({ id: 'q', isl: 50, workerId: 2n, seqLo: h.lo, seqHi: h.hi, overlapBlocks: new Float64Array([0, 1]) })
+  s.tryRoute({ id: 'dry', isl: 50, updateStates: false })
+  t.ok(s.markPrefillComplete('q'))
+  t.notOk(s.markPrefillComplete('unknown'))
+  t.ok(s.free('q'))
+  t.notOk(s.free('q'))
+  s.addRemote('r', 1, 1n, 0, 16, undefined, undefined, 0, 16, 0)
+  s.freeRemote('r')
+  t.same(
+    seen,
+    [
+      ['booked', 'q', 1, 50, 1, 34, true, TRACK_SHARED, 3, Array.from(h.lo), Array.from(h.hi)],
+      ['prefill', 'q', 1],
+      ['freed', 'q', 1],
+    ],
+    'query-only and remote bookings are not reported',
+  )
+  const unique = makeScheduler({ blockSize: 16, queueThreshold: null, assumeKvReuse: false }, 1).s
+  unique.observer = observer
+  seen.length = 0
+  unique.tryRoute({ id: 'u', isl: 40 })
+  t.equal((seen[0] as unknown[])[7], TRACK_UNIQUE)
+  t.equal((seen[0] as unknown[])[8], 2, 'two complete blocks counted without hashes')
+})
+
+t.test('local bookings read back with their hashes, prefill left and unique blocks', async (t) => {
+  const a = new ActiveSequences(300_000)
+  a.ensureSlots(2)
+  const p = chain(blocks(0, 5))
+  a.add('p', 1, 80, TRACK_SHARED, p.lo, p.hi, 5, 0, 80, 0)
+  a.add('u', 0, 32, TRACK_UNIQUE, undefined, undefined, 2, 0, 32, 0)
+  a.addRemote('x', 3, 0, 16, TRACK_SHARED, p.lo, p.hi, 5, 0, 16, 0)
+  a.markPrefillComplete('u')
+  const got = a.localBookings().sort((x, y) => x.id.localeCompare(y.id))
+  t.equal(got.length, 2, 'remote bookings are not this router’s to tell')
+  t.same(got[0], { id: 'p', slot: 1, isl: 80, overlapBlocks: 0, prefillTokens: 80, lo: p.lo, hi: p.hi, uniqueBlocks: 0 })
+  t.same(got[1], { id: 'u', slot: 0, isl: 32, overlapBlocks: 0, prefillTokens: 0, lo: null, hi: null, uniqueBlocks: 2 })
+  t.equal(a.remoteAddedAt('x'), 0)
+  t.equal(a.remoteAddedAt('p'), -1)
+  t.throws(() => a.addRemote('y', 0, 0, 0, TRACK_SHARED, undefined, undefined, 0, 0), { code: 'KVR_ERR_INVALID_OPTION' })
+})
+
+/** Two schedulers with the same idle workers, registered in different orders (so slots differ). */
+function pair(workers: number, tolerance: number | null): [Scheduler, Scheduler] {
+  const out: Scheduler[] = []
+  for (let r = 0; r < 2; r++) {
+    const clock = new FakeClock()
+    const s = new Scheduler({ blockSize: 16, queueThreshold: null, seed: 11 + r }, { clock: clock.now, timers: false })
+    const ids = Array.from({ length: workers }, (_, i) => BigInt(1000 + i * 7))
+    if (r === 1) ids.reverse()
+    for (const id of ids) s.addWorkerRank(id, 0)
+    s.setSpread(r, 2, tolerance)
+    out.push(s)
+  }
+  return out as [Scheduler, Scheduler]
+}
+
+t.test('replica spread: two replicas routing the same prompts at once choose different idle workers; random ties collide', async (t) => {
+  const trial = (tolerance: number | null): number => {
+    let collisions = 0
+    for (let k = 0; k < 200; k++) {
+      const [a, b] = pair(4, tolerance)
+      for (let wave = 0; wave < 2; wave++) {
+        const da = a.tryRoute({ id: `a${wave}`, isl: 64 })
+        const db = b.tryRoute({ id: `b${wave}`, isl: 64 })
+        if (da?.workerId === db?.workerId) collisions++
+        // each replica then learns the other's booking, as replica sync would tell it
+        a.addRemote(`b${wave}`, 1, db?.workerId as bigint, 0, 64, undefined, undefined, 0, 64, 0)
+        b.addRemote(`a${wave}`, 1, da?.workerId as bigint, 0, 64, undefined, undefined, 0, 64, 0)
+      }
+    }
+    return collisions
+  }
+  t.equal(trial(0), 0, 'with the spread on, never on the same worker')
+  const random = trial(null)
+  t.ok(random > 50, `with random tie-breaks they collide about 1 time in k (${random} of 400)`)
+})
+
+t.test('replica spread: candidates within the tolerance count as tied, clearer winners still win', async (t) => {
+  const [a, b] = pair(3, 1)
+  // 0.5 block of prefill queued on one worker: within 1 block of the idle ones
+  const w = a.workers.workerIdOf(a.workers.liveSlots[0] as number)
+  for (const s of [a, b]) s.addRemote('half', 1, w, 0, 8, undefined, undefined, 0, 8, 0)
+  const picks = new Set([a.tryRoute({ id: 'x', isl: 64, updateStates: false })?.workerId, b.tryRoute({ id: 'y', isl: 64, updateStates: false })?.workerId])
+  t.equal(picks.size, 2, 'near-tied: the replicas choose apart')
+  const [c, d] = pair(3, 1)
+  const cached = new Float64Array(8)
+  const slotC = c.workers.liveSlots[1] as number
+  const wc = c.workers.workerIdOf(slotC)
+  cached[slotC] = 3
+  const cachedD = new Float64Array(8)
+  cachedD[d.workers.slotOf(wc, 0)] = 3
+  t.equal(c.tryRoute({ id: 'x', isl: 64, overlapBlocks: cached, updateStates: false })?.workerId, wc, 'a 3-block cache hit is no tie')
+  t.equal(d.tryRoute({ id: 'y', isl: 64, overlapBlocks: cachedD, updateStates: false })?.workerId, wc)
+})
+
+t.test('the identity hash depends on the worker and rank only, and spreads', async (t) => {
+  t.equal(identityHash(5n, 0), identityHash(5n, 0))
+  t.not(identityHash(5n, 0), identityHash(5n, 1))
+  t.not(identityHash(5n, 0), identityHash(5n + (1n << 32n), 0))
+  const seen = new Set<number>()
+  for (let i = 0; i < 1000; i++) seen.add(identityHash(BigInt(i), 0))
+  t.equal(seen.size, 1000)
+})

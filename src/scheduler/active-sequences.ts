@@ -253,6 +253,16 @@ export class ActiveSequences {
     return n
   }
 
+  /** Keys of one peer's bookings with when each was added (replica catch-up reconciles them). */
+  remoteKeysOf(owner: number): { key: string; addedAt: number }[] {
+    const out: { key: string; addedAt: number }[] = []
+    for (let h = 0; h < this.top; h++) {
+      const key = this.reqId[h]
+      if (key !== undefined && this.reqOwner[h] === owner) out.push({ key, addedAt: this.reqAddedAt[h] as number })
+    }
+    return out
+  }
+
   /** Bookings held per owner (index = owner; 0 = this router's own). */
   countByOwner(): number[] {
     const out: number[] = []

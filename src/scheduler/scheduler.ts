@@ -450,11 +450,16 @@ export class Scheduler {
   }
 
   /**
-   * Spreads near-ties between replicas (kv mode, temperature 0): this replica is `rank` of
-   * `count` live ones; count 1 (or tolerance null) restores the uniform random tie-break.
+   * Replica spread (kv mode, temperature 0; see Selector): this replica is `rank` of `count`
+   * routing replicas; off or count 1 restores the plain minimum with random ties.
    */
-  setSpread(rank: number, count: number, toleranceBlocks: number | null): void {
-    this.selector.setSpread(rank, count, toleranceBlocks)
+  setSpread(rank: number, count: number, on: boolean): void {
+    this.selector.setSpread(rank, count, on)
+  }
+
+  /** A booking of the k-th replica ranked before this one arrived: for forMs it counts as the one it routes now. */
+  spreadSeen(k: number, forMs: number): void {
+    this.selector.spreadSeen(k, this.clock() + forMs)
   }
 
   /** The client went away: a waiting request leaves the queue, a booked one is freed. */
@@ -563,6 +568,7 @@ export class Scheduler {
     c.creditDecay = o.overlapScoreCreditDecay
     c.requestWeight = o.decodeActiveRequestWeight
     c.temperature = o.temperature
+    c.now = this.clock()
     c.trackPrefill = o.trackPrefillTokens
     let reuse = o.assumeKvReuse
     if (ov !== undefined) {

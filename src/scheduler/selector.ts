@@ -9,10 +9,16 @@
 //         With credit 1, decay 0 and request weight 0 (the defaults) this is Era B's cost
 //         exactly; the three knobs are Era C's, weight being its prefill scale.
 //         T = 0: minimum, exact ties broken uniformly at random; T > 0: softmax sample.
-//         With replica sync and R ≥ 2 live replicas (setSpread), T = 0 instead takes, among the
-//         candidates within the spread tolerance of the minimum ordered by worker-rank identity,
-//         the one at this replica's rank modulo their number: replicas facing the same state
-//         prefer different workers, where random tie-breaks would collide 1 time in k.
+//         Replica spread (setSpread, replica sync with R ≥ 2 routing replicas), T = 0: replica k
+//         of R assumes the replicas ranked before it whose latest booking is not just in (within
+//         the sync delay, spreadSeen) route a request like its own at this very moment, and takes
+//         the worker a single router would give the next one after theirs: greedily,
+//         each earlier one booked on the cheapest with what such a request adds there (prefill
+//         not cached there, blocks neither active nor cached there); at equal cost a worker no
+//         earlier one took wins, then the smaller identity hash, which every replica computes
+//         alike. Replicas facing the same state then choose apart where they would all have
+//         taken the same cheapest worker; a worker cheaper by more than a request's own cost (a
+//         long cached prefix) still takes them all.
 import type { ActiveSequences, TrackMode } from './active-sequences.js'
 import { TRACK_NONE, TRACK_SHARED } from './active-sequences.js'
 import type { RouterMode } from './options.js'
@@ -38,6 +44,8 @@ export class CostInputs {
   /** Era C decode_active_request_weight: cost per request already in flight on the worker. */
   requestWeight = 0
   temperature = 0
+  /** The scheduler's clock at this decision (the replica spread reads it). */
+  now = 0
 }
 
 /** One row of a decision's explanation. */
@@ -63,11 +71,14 @@ export class Selector {
   /** Per slot: request blocks already active there (filled by countPresent). */
   private present = new Int32Array(8)
   private rrLast = -1
-  /** Replica spread (setSpread): this replica's rank, the live replicas, the tolerance in blocks. */
+  /** Replica spread (setSpread): this replica's rank among the routing replicas, their number. */
   private spreadRank = 0
   private spreadCount = 1
-  private spreadTolerance = 0
-  private spreadKeys = new Float64Array(8)
+  private spreadLoad = new Float64Array(8)
+  private spreadOwn = new Float64Array(8)
+  private spreadUsed = new Int32Array(8)
+  /** Per replica ranked before this one: until when its latest booking here is recent (clock ms). */
+  private spreadSeenUntil = new Float64Array(8)
 
   constructor(
     private readonly workers: WorkerRanks,
@@ -83,7 +94,7 @@ export class Selector {
       case 'kv':
         this.computeLogits(c, slots, m)
         if (c.temperature > 0) return slots[this.softmaxPick(m, c.temperature)] as number
-        return slots[this.spreadCount > 1 && m > 1 && m <= SPREAD_MAX ? this.spreadPick(slots, m) : this.minPick(m)] as number
+        return slots[this.spreadCount > 1 && m > 1 ? this.spreadPick(c, slots, m) : this.minPick(m)] as number
       case 'round-robin':
         return this.roundRobin(slots, m)
       case 'random':
@@ -202,35 +213,78 @@ export class Selector {
     return chosen
   }
 
-  /** Replica spread: rank of count live replicas; count ≤ 1 or a null tolerance turns it off. */
-  setSpread(rank: number, count: number, toleranceBlocks: number | null): void {
-    const on = toleranceBlocks !== null && count > 1 && Number.isInteger(rank) && rank >= 0
-    this.spreadCount = on ? count : 1
-    this.spreadRank = on ? rank : 0
-    this.spreadTolerance = on ? toleranceBlocks : 0
+  /** Replica spread: this replica is `rank` of `count` routing replicas; off (or count ≤ 1) restores the random tie-break. */
+  setSpread(rank: number, count: number, on: boolean): void {
+    const active = on && count > 1 && Number.isInteger(rank) && rank >= 0 && rank < count
+    this.spreadCount = active ? count : 1
+    this.spreadRank = active ? rank : 0
+    if (this.spreadSeenUntil.length < this.spreadRank) this.spreadSeenUntil = new Float64Array(this.spreadRank * 2)
+    this.spreadSeenUntil.fill(0)
   }
 
   /**
-   * Index among the m candidates: of those whose logit is the minimum or less than the tolerance
-   * above it, ordered by identity hash, the one at spreadRank modulo their number. Order and
-   * choice depend only on worker identities and costs, so replicas with the same view choose
-   * apart. Allocation-free: keys pack identity and candidate index into one double.
+   * A booking of the k-th replica ranked before this one just arrived: until `until` (clock ms)
+   * the request it was routing at this moment is taken as in view, not assumed.
    */
-  spreadPick(slots: Int32Array, m: number): number {
-    const logits = this.logits
-    let min = Infinity
-    for (let i = 0; i < m; i++) if ((logits[i] as number) < min) min = logits[i] as number
-    if (this.spreadKeys.length < m) this.spreadKeys = new Float64Array(Math.max(m, this.spreadKeys.length * 2))
-    const keys = this.spreadKeys
-    const identity = this.workers.identity
-    const tol = this.spreadTolerance
-    let k = 0
-    for (let i = 0; i < m; i++) {
-      const d = (logits[i] as number) - min
-      if (d === 0 || d < tol) keys[k++] = (identity[slots[i] as number] as number) * SPREAD_MAX + i
+  spreadSeen(k: number, until: number): void {
+    if (k >= 0 && k < this.spreadRank) this.spreadSeenUntil[k] = until
+  }
+
+  /** Index among the m candidates for this replica's rank (see the header); allocation-free. */
+  spreadPick(c: CostInputs, slots: Int32Array, m: number): number {
+    if (this.spreadLoad.length < m) {
+      this.spreadLoad = new Float64Array(Math.max(m, this.spreadLoad.length * 2))
+      this.spreadOwn = new Float64Array(this.spreadLoad.length)
     }
-    if (k === 1) return (keys[0] as number) % SPREAD_MAX
-    return kthSmallest(keys, k, this.spreadRank % k) % SPREAD_MAX
+    const load = this.spreadLoad
+    const own = this.spreadOwn
+    const logits = this.logits
+    const seqs = this.seqs
+    const identity = this.workers.identity
+    const bs = this.blockSize
+    const w = c.weight
+    const ov = c.overlap
+    const ovLen = ov === undefined ? 0 : ov.length
+    const shared = c.track === TRACK_SHARED
+    const n = c.track === TRACK_NONE ? 0 : c.n
+    for (let i = 0; i < m; i++) {
+      const s = slots[i] as number
+      load[i] = logits[i] as number
+      // what one more request like this one would add there: its prefill not cached there, and
+      // its blocks, less those a request like it shares (the ones cached there, once booked)
+      const p = w * ((this.prefillBlocks[i] as number) - (seqs.prefillTokens[s] as number) / bs)
+      let d = (this.decodeBlocks[i] as number) - (seqs.activeBlocks[s] as number)
+      if (shared && s < ovLen) d = Math.min(d, n - ((ov as ArrayLike<number>)[s] as number))
+      own[i] = (p > 0 ? p : 0) + (d > 0 ? d : 0) + c.requestWeight
+    }
+    if (this.spreadUsed.length < m) this.spreadUsed = new Int32Array(this.spreadLoad.length)
+    const used = this.spreadUsed
+    used.fill(0, 0, m)
+    // the replicas before this one whose request of this moment is not in view yet
+    let before = 0
+    for (let k = 0; k < this.spreadRank; k++) if ((this.spreadSeenUntil[k] as number) <= c.now) before++
+    let pick = 0
+    for (let step = 0; step <= before; step++) {
+      let best = Infinity
+      let bestUsed = 0
+      let bestId = 0
+      for (let i = 0; i < m; i++) {
+        const l = load[i] as number
+        if (l > best) continue
+        const u = used[i] as number
+        const id = identity[slots[i] as number] as number
+        // at equal cost, a worker no earlier replica took, then the smaller identity hash
+        if (l < best || u < bestUsed || (u === bestUsed && id < bestId)) {
+          best = l
+          bestUsed = u
+          bestId = id
+          pick = i
+        }
+      }
+      load[pick] = (load[pick] as number) + (own[pick] as number)
+      used[pick] = (used[pick] as number) + 1
+    }
+    return pick
   }
 
   /**
@@ -359,35 +413,6 @@ export class Selector {
     const gpuNorm = gpuLoad / (gpuN * this.cudaToCpuRatio)
     return this.leastLoaded(slots, 0, m, cpuNorm < gpuNorm ? 1 : 0)
   }
-}
-
-/** Candidates the spread handles (index packed below the identity hash in one double). */
-const SPREAD_MAX = 65536
-
-/** The k-th smallest (0-based) of a[0..n), by in-place quickselect; a is reordered. */
-function kthSmallest(a: Float64Array, n: number, k: number): number {
-  let lo = 0
-  let hi = n - 1
-  while (lo < hi) {
-    const pivot = a[(lo + hi) >>> 1] as number
-    let i = lo
-    let j = hi
-    while (i <= j) {
-      while ((a[i] as number) < pivot) i++
-      while ((a[j] as number) > pivot) j--
-      if (i <= j) {
-        const x = a[i] as number
-        a[i] = a[j] as number
-        a[j] = x
-        i++
-        j--
-      }
-    }
-    if (k <= j) hi = j
-    else if (k >= i) lo = i
-    else break
-  }
-  return a[k] as number
 }
 
 /** Dynamo-style debug lines for an explanation, one per candidate. */

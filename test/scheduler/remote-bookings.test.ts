@@ -139,8 +139,8 @@ t.test('local bookings read back with their hashes, prefill left and unique bloc
   t.throws(() => a.addRemote('y', 0, 0, 0, TRACK_SHARED, undefined, undefined, 0, 0), { code: 'KVR_ERR_INVALID_OPTION' })
 })
 
-/** Two schedulers with the same idle workers, registered in different orders (so slots differ). */
-function pair(workers: number, tolerance: number | null): [Scheduler, Scheduler] {
+/** Two schedulers with the same workers, registered in different orders (so slots differ), ranks 0 and 1. */
+function pair(workers: number, spread: boolean): [Scheduler, Scheduler] {
   const out: Scheduler[] = []
   for (let r = 0; r < 2; r++) {
     const clock = new FakeClock()
@@ -148,49 +148,74 @@ function pair(workers: number, tolerance: number | null): [Scheduler, Scheduler]
     const ids = Array.from({ length: workers }, (_, i) => BigInt(1000 + i * 7))
     if (r === 1) ids.reverse()
     for (const id of ids) s.addWorkerRank(id, 0)
-    s.setSpread(r, 2, tolerance)
+    s.setSpread(r, 2, spread)
     out.push(s)
   }
   return out as [Scheduler, Scheduler]
 }
 
-t.test('replica spread: two replicas routing the same prompts at once choose different idle workers; random ties collide', async (t) => {
-  const trial = (tolerance: number | null): number => {
+/** Books `isl` tokens of prefill on a worker on both replicas, as a third router's booking. */
+function load(both: Scheduler[], key: string, worker: bigint, isl: number): void {
+  for (const s of both) s.addRemote(key, 9, worker, 0, isl, undefined, undefined, 0, isl, 0)
+}
+
+t.test('replica spread: two replicas routing at once choose apart where both would take the cheapest; without it they collide', async (t) => {
+  const trial = (spread: boolean): number => {
     let collisions = 0
-    for (let k = 0; k < 200; k++) {
-      const [a, b] = pair(4, tolerance)
-      for (let wave = 0; wave < 2; wave++) {
-        const da = a.tryRoute({ id: `a${wave}`, isl: 64 })
-        const db = b.tryRoute({ id: `b${wave}`, isl: 64 })
+    for (let k = 0; k < 50; k++) {
+      const [a, b] = pair(4, spread)
+      // uneven loads, so most waves have one cheapest worker
+      for (let i = 0; i < 4; i++) load([a, b], `l${i}`, BigInt(1000 + i * 7), 16 * (((k + i * 3) % 5) + 1))
+      for (let wave = 0; wave < 6; wave++) {
+        const da = a.tryRoute({ id: `a${wave}`, isl: 16 * (2 + ((wave + k) % 4)) })
+        const db = b.tryRoute({ id: `b${wave}`, isl: 16 * (2 + ((wave * 3 + k) % 4)) })
         if (da?.workerId === db?.workerId) collisions++
-        // each replica then learns the other's booking, as replica sync would tell it
-        a.addRemote(`b${wave}`, 1, db?.workerId as bigint, 0, 64, undefined, undefined, 0, 64, 0)
-        b.addRemote(`a${wave}`, 1, da?.workerId as bigint, 0, 64, undefined, undefined, 0, 64, 0)
+        // then each learns the other's booking, as replica sync tells it
+        a.addRemote(`b${wave}`, 1, db?.workerId as bigint, 0, b.sequences.requestInfo(`b${wave}`)?.prefillTokens ?? 0, undefined, undefined, 0, 0, 0)
+        b.addRemote(`a${wave}`, 1, da?.workerId as bigint, 0, a.sequences.requestInfo(`a${wave}`)?.prefillTokens ?? 0, undefined, undefined, 0, 0, 0)
       }
     }
     return collisions
   }
-  t.equal(trial(0), 0, 'with the spread on, never on the same worker')
-  const random = trial(null)
-  t.ok(random > 50, `with random tie-breaks they collide about 1 time in k (${random} of 400)`)
+  const without = trial(false)
+  const withSpread = trial(true)
+  t.comment(`300 simultaneous pairs: ${without} collisions without the spread, ${withSpread} with it`)
+  t.ok(without > 150, `without the spread, the cheapest worker takes both most of the time (${without} of 300)`)
+  t.ok(withSpread < without / 5, `with it, rarely (${withSpread} of 300)`)
 })
 
-t.test('replica spread: candidates within the tolerance count as tied, clearer winners still win', async (t) => {
-  const [a, b] = pair(3, 1)
-  // 0.5 block of prefill queued on one worker: within 1 block of the idle ones
-  const w = a.workers.workerIdOf(a.workers.liveSlots[0] as number)
-  for (const s of [a, b]) s.addRemote('half', 1, w, 0, 8, undefined, undefined, 0, 8, 0)
-  const picks = new Set([a.tryRoute({ id: 'x', isl: 64, updateStates: false })?.workerId, b.tryRoute({ id: 'y', isl: 64, updateStates: false })?.workerId])
-  t.equal(picks.size, 2, 'near-tied: the replicas choose apart')
-  const [c, d] = pair(3, 1)
-  const cached = new Float64Array(8)
-  const slotC = c.workers.liveSlots[1] as number
-  const wc = c.workers.workerIdOf(slotC)
-  cached[slotC] = 3
-  const cachedD = new Float64Array(8)
-  cachedD[d.workers.slotOf(wc, 0)] = 3
-  t.equal(c.tryRoute({ id: 'x', isl: 64, overlapBlocks: cached, updateStates: false })?.workerId, wc, 'a 3-block cache hit is no tie')
-  t.equal(d.tryRoute({ id: 'y', isl: 64, overlapBlocks: cachedD, updateStates: false })?.workerId, wc)
+t.test('replica spread: rank 0 takes the cheapest, rank 1 where one router would put a second request; a cached prefix keeps both on its worker', async (t) => {
+  const [a, b] = pair(3, true)
+  const ws = [1000n, 1007n, 1014n]
+  load([a, b], 'x', ws[0] as bigint, 32)
+  load([a, b], 'y', ws[1] as bigint, 48)
+  const da = a.tryRoute({ id: 'p', isl: 64, updateStates: false })
+  const db = b.tryRoute({ id: 'q', isl: 64, updateStates: false })
+  t.equal(da?.workerId, ws[2], 'rank 0: the idle worker, the cheapest')
+  t.equal(db?.workerId, ws[0], 'rank 1: where one router would put a second such request')
+  // its 4 blocks cached on the middle worker: a second request like it costs there only its
+  // unaligned tail, so one router would put both there
+  const cachedA = new Float64Array(8)
+  cachedA[a.workers.slotOf(ws[1] as bigint, 0)] = 4
+  const cachedB = new Float64Array(8)
+  cachedB[b.workers.slotOf(ws[1] as bigint, 0)] = 4
+  const h = chain(blocks(0, 4))
+  t.equal(a.tryRoute({ id: 'r', isl: 72, overlapBlocks: cachedA, seqLo: h.lo, seqHi: h.hi, updateStates: false })?.workerId, ws[1])
+  t.equal(b.tryRoute({ id: 's', isl: 72, overlapBlocks: cachedB, seqLo: h.lo, seqHi: h.hi, updateStates: false })?.workerId, ws[1], 'the cache hit wins on both')
+  // off: both take the cheapest
+  const [c, d] = pair(3, false)
+  load([c, d], 'x', ws[0] as bigint, 32)
+  load([c, d], 'y', ws[1] as bigint, 48)
+  t.equal(c.tryRoute({ id: 'p', isl: 64, updateStates: false })?.workerId, ws[2])
+  t.equal(d.tryRoute({ id: 'q', isl: 64, updateStates: false })?.workerId, ws[2])
+})
+
+t.test('replica spread: exact ties go to the same worker-rank identity on every replica of the same rank', async (t) => {
+  const [a] = pair(4, true)
+  const [, b] = pair(4, true)
+  a.setSpread(0, 2, true)
+  b.setSpread(0, 2, true)
+  t.equal(a.tryRoute({ id: 'x', isl: 32, updateStates: false })?.workerId, b.tryRoute({ id: 'y', isl: 32, updateStates: false })?.workerId, 'same rank, same view, same worker whatever the slots')
 })
 
 t.test('the identity hash depends on the worker and rank only, and spreads', async (t) => {

@@ -11,6 +11,7 @@ import { isKvrError } from './errors.js'
 import { U64_MAX } from './codec/u64.js'
 import { die } from './cli/flags.js'
 import { settleHeap } from './runtime/heap-settle.js'
+import { hostname } from 'node:os'
 
 export interface RunningApp {
   readonly router: Router
@@ -75,5 +76,8 @@ export async function startApp(cfg: ServeConfig, tokenizer: TextTokenizer | null
   }
   const addr = app.fastify.server.address()
   const port = typeof addr === 'object' && addr !== null ? addr.port : cfg.httpPort
+  // the address peers and the registry show: the host's name when listening on every interface
+  const host = cfg.httpHost === '0.0.0.0' || cfg.httpHost === '::' ? hostname() : cfg.httpHost
+  await router.advertise(`http://${host.includes(':') ? `[${host}]` : host}:${port}`)
   return { router, app, embedded, port }
 }

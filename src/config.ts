@@ -65,6 +65,10 @@ export interface ServeConfig {
   readonly activePrefillTokensThreshold: number | null
   readonly activePrefillTokensThresholdFrac: number | null
   readonly replicaSync: boolean
+  /** Replica sync: how long a catch-up waits for peers' bookings at most, seconds. */
+  readonly replicaCatchUpSecs: number
+  /** Replica sync: replicas routing at the same moment take different workers where one router would (see Selector). */
+  readonly replicaSpread: boolean
   readonly durableKvEvents: boolean
   readonly snapshotThreshold: number
   readonly resetStates: boolean
@@ -313,7 +317,25 @@ export const FLAGS: readonly FlagDef[] = [
     env: ['DYN_ROUTER_REPLICA_SYNC'],
     kind: 'bool',
     dflt: false,
-    help: 'share bookings with other replicas (not in effect yet: a warning at start says so)',
+    help: "share bookings with the other router replicas over NATS (Dynamo's active_sequences_events); needs --nats-url",
+  }),
+  F({
+    flag: '--router-replica-catch-up-secs',
+    key: 'replicaCatchUpSecs',
+    env: ['DYN_ROUTER_REPLICA_CATCH_UP_SECS'],
+    kind: 'num',
+    min: 0,
+    max: 600,
+    dflt: 2,
+    help: "replica sync: how long a replica that starts or reconnects waits for its peers' bookings before it reports ready",
+  }),
+  F({
+    flag: '--router-replica-spread',
+    key: 'replicaSpread',
+    env: ['DYN_ROUTER_REPLICA_SPREAD'],
+    kind: 'bool',
+    dflt: true,
+    help: 'replica sync: while peers are routing too, a replica takes the worker one router would give its request after those of the replicas ranked before it, so replicas routing at the same moment do not all pick the cheapest worker (--no-…: always the cheapest)',
   }),
   F({
     flag: '--router-durable-kv-events',
@@ -746,6 +768,7 @@ export function parseServeConfig(argv: readonly string[], env: NodeJS.ProcessEnv
   out.workers = Object.freeze([...workers])
   // approximate mode predicts every decision for --router-ttl-secs already
   if ((out.predictedTtlSecs as number) > 0 && out.kvEvents === false) throw new ConfigError('--router-predicted-ttl-secs needs KV events: it is not used with --no-router-kv-events')
+  if (out.replicaSync === true && out.natsUrl === null) throw new ConfigError('--router-replica-sync needs --nats-url: replicas share their bookings over NATS')
   return Object.freeze(out) as unknown as ServeConfig
 }
 

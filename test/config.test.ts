@@ -70,6 +70,9 @@ t.test('flags, aliases, --no- forms and = syntax', async (t) => {
     '--router-track-active-blocks',
     'false',
     '--router-replica-sync',
+    '--nats-url',
+    'nats://n:4222',
+    '--no-router-replica-spread',
     '--worker',
     'http://a:1',
     '--worker',
@@ -88,6 +91,8 @@ t.test('flags, aliases, --no- forms and = syntax', async (t) => {
   t.equal(c.queuePolicy, 'wspt')
   t.equal(c.trackActiveBlocks, false)
   t.equal(c.replicaSync, true)
+  t.equal(c.replicaSpread, false)
+  t.equal(c.replicaCatchUpSecs, 2)
   t.same(c.workers, [
     { id: 1n, url: 'http://a:1', kvEvents: null },
     { id: 77n, url: 'http://b:2', kvEvents: null },
@@ -179,6 +184,8 @@ t.test('each invalid value: one line naming the flag and what it accepts', async
     [['--namespace', 'a.b'], /^--namespace must be a name of letters, digits/],
     [['--component', 'x/y'], /^--component must be a name/],
     [['--http-host', '--http-port', '80'], /^--http-host needs a value \(a non-empty string\), got the option --http-port; write --http-host=VALUE/],
+    [['--router-replica-sync'], /^--router-replica-sync needs --nats-url: replicas share their bookings over NATS/],
+    [['--router-replica-catch-up-secs', '-1'], /^--router-replica-catch-up-secs must be a number in \[0, 600\]/],
   ]
   for (const [argv, re] of cases) {
     const err = t.throws(() => parseServeConfig(argv, {}), argv.join(' ')) as Error
@@ -227,11 +234,21 @@ function run(args: string[], env: NodeJS.ProcessEnv = {}): Promise<{ code: numbe
 }
 
 t.test('process: options whose features are not implemented are said to have no effect yet', async (t) => {
-  const r = await run(['serve', '--router-replica-sync', '--router-snapshot-threshold', '5', '--tokenizer', '/nonexistent/tokenizer.json', '--router-event-threads', '1'])
+  const r = await run([
+    'serve',
+    '--router-replica-sync',
+    '--nats-url',
+    'nats://127.0.0.1:1',
+    '--router-snapshot-threshold',
+    '5',
+    '--tokenizer',
+    '/nonexistent/tokenizer.json',
+    '--router-event-threads',
+    '1',
+  ])
   t.equal(r.code, 2)
-  t.match(r.stderr, /^kv-router: warning: --router-replica-sync has no effect yet: bookings are not shared between replicas\n/)
-  t.match(r.stderr, /kv-router: warning: --router-snapshot-threshold has no effect yet/)
-  t.notMatch(r.stderr, /durable-kv-events|reset-states/, 'only the options given')
+  t.match(r.stderr, /^kv-router: warning: --router-snapshot-threshold has no effect yet/)
+  t.notMatch(r.stderr, /replica-sync|durable-kv-events|reset-states/, 'only the options given, and replica sync is in effect')
 })
 
 t.test('process: invalid values exit 2 with one line; --help exits 0', async (t) => {

@@ -14,7 +14,6 @@ import { die } from './flags.js'
  */
 function notYetInEffect(cfg: ServeConfig): string[] {
   const out: string[] = []
-  if (cfg.replicaSync) out.push('--router-replica-sync has no effect yet: bookings are not shared between replicas')
   if (cfg.durableKvEvents) out.push('--router-durable-kv-events has no effect yet: events are read from core NATS, not JetStream')
   if (cfg.resetStates) out.push('--router-reset-states has no effect yet (JetStream only)')
   if (cfg.snapshotThreshold !== 1_000_000) out.push('--router-snapshot-threshold has no effect yet (JetStream only)')
@@ -59,7 +58,7 @@ export async function serveMain(argv: string[]): Promise<void> {
   const { router, app, embedded, port } = await startApp(cfg, tokenizer)
   const fleet = embedded?.workers ?? []
   process.stdout.write(
-    `kv-router listening on http://${cfg.httpHost}:${port} (mode ${cfg.mode}${cfg.mode === 'kv' && !cfg.kvEvents ? ' approximate: no KV events, caches predicted' : ''}, block size ${cfg.blockSize}, ${router.pool.size} shard(s), ${router.registry.all().length} worker(s)${fleet.length > 0 ? `, ${fleet.length} embedded simulated` : ''}${cfg.nice !== null ? `, nice ${cfg.nice}` : ''})\n`,
+    `kv-router listening on http://${cfg.httpHost}:${port} (mode ${cfg.mode}${cfg.mode === 'kv' && !cfg.kvEvents ? ' approximate: no KV events, caches predicted' : ''}, block size ${cfg.blockSize}, ${router.pool.size} shard(s), ${router.registry.all().length} worker(s)${fleet.length > 0 ? `, ${fleet.length} embedded simulated` : ''}${cfg.nice !== null ? `, nice ${cfg.nice}` : ''}${router.replicas !== null ? `, replica sync as router ${router.replicas.routerId}` : ''})\n`,
   )
   let stopping = false
   const stop = (signal: string): void => {

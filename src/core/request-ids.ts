@@ -1,11 +1,15 @@
+import { randomBytes } from 'node:crypto'
+
 /**
  * Booking ids the router makes. The proxy's own are marked (`~` is no base-36 digit) so that the
  * release routes of /v1/route can tell them apart: a proxied request's booking ends with its
- * stream, and a client guessing its sequential id must not free it early.
+ * stream, and a client guessing its sequential id must not free it early. Random bits after the
+ * start time keep the ids of replicas started in the same millisecond apart: a Dynamo router that
+ * shares bookings knows them by request id alone.
  */
 export class RequestIds {
   /** The prefix of every id this router makes. */
-  readonly prefix = `r${Date.now().toString(36)}-`
+  readonly prefix = `r${Date.now().toString(36)}${randomBytes(4).readUInt32BE(0).toString(36)}-`
   private readonly proxiedPrefix = `${this.prefix}~`
   private next = 0
 

@@ -23,6 +23,11 @@ import { IndexRecovery } from '../shards/recovery.js'
 import { EngineIntake } from '../transport/engine-intake.js'
 import { NatsIntake, type WorkerLoad } from '../transport/nats.js'
 import { EtcdDiscovery, type DiscoveredWorker } from '../transport/etcd.js'
+import { ReplicaRegistry } from '../transport/replica-registry.js'
+import type { ReplicaRecord, ReplicaRegistryOptions } from '../transport/replica-registry.js'
+import { randomRouterId, ReplicaSync } from '../transport/replica-sync.js'
+import type { ReplicaSyncOptions } from '../transport/replica-sync.js'
+import { registerReplicaMetrics } from '../transport/replica-metrics.js'
 import { EventSources } from './event-sources.js'
 import { RequestIds } from './request-ids.js'
 import { SessionAffinity } from './session-affinity.js'
@@ -62,6 +67,16 @@ export interface RouteInput {
   signal?: CancelSignal
 }
 
+/** What tests may set beyond the configuration. */
+export interface RouterDeps {
+  /** The router id of a replica without etcd (random otherwise). */
+  routerId?: bigint
+  /** Replica-sync timings (heartbeat, silence, grace). */
+  replica?: Pick<ReplicaSyncOptions, 'heartbeatMs' | 'silenceMs' | 'catchUpGraceMs' | 'queueCapacity'>
+  /** The replica registry's lease TTL. */
+  registry?: Pick<ReplicaRegistryOptions, 'ttlSecs'>
+}
+
 interface Scratch {
   lo: Uint32Array
   hi: Uint32Array
@@ -98,6 +113,10 @@ export class Router {
   nats: NatsIntake | null = null
   /** Worker discovery through etcd (`--etcd-url`), or null. */
   discovery: EtcdDiscovery | null = null
+  /** Bookings shared with the other replicas (`--router-replica-sync`), or null. */
+  replicas: ReplicaSync | null = null
+  /** This replica's registration among the others in etcd (replica sync with `--etcd-url`), or null. */
+  replicaRegistry: ReplicaRegistry | null = null
   /** Recovery of missed KV events, or null in approximate mode or with --no-router-event-recovery. */
   readonly recovery: IndexRecovery | null
   /** Engines' own KV events (ZMQ), for the workers registered with a kv-events endpoint. */
@@ -108,7 +127,11 @@ export class Router {
   readonly eventSources: EventSources
   private readonly checkTimer: NodeJS.Timeout
 
-  private constructor(config: ServeConfig, pool: ShardPool) {
+  private constructor(
+    config: ServeConfig,
+    pool: ShardPool,
+    private readonly deps: RouterDeps,
+  ) {
     this.config = config
     this.pool = pool
     const approx = !config.kvEvents
@@ -162,16 +185,17 @@ export class Router {
     registerShardMetrics(reg, pool, this.recovery)
     registerTransportMetrics(reg, this)
     registerWorkerMetrics(reg, this.registry, this.suspension, this.eventSources, this.sessions, config.modelName)
+    registerReplicaMetrics(reg, this)
   }
 
-  static async start(config: ServeConfig): Promise<Router> {
+  static async start(config: ServeConfig, deps: RouterDeps = {}): Promise<Router> {
     const po: ShardPoolOptions = {}
     if (config.eventThreads > 0) po.shards = config.eventThreads
     po.maxBlocksPerShard = config.maxIndexBlocks
     if (config.shardSpinUs !== null) po.shardSpinUs = config.shardSpinUs
     if (config.querySpinUs !== null) po.querySpinUs = config.querySpinUs
     const pool = await ShardPool.start(po)
-    const r = new Router(config, pool)
+    const r = new Router(config, pool, deps)
     try {
       for (const w of config.workers) await r.addWorker({ id: w.id, url: w.url, kvEvents: w.kvEvents })
       await r.connect()
@@ -214,6 +238,44 @@ export class Router {
       // first answers and its start-up line count them
       await Promise.all([...d.workers.values()].map(add))
     }
+    // after the workers: peers' bookings name worker-ranks, and those of unknown workers are dropped
+    if (c.replicaSync && c.natsUrl !== null) await this.startReplicaSync(c.natsUrl, ns, component)
+  }
+
+  private async startReplicaSync(natsUrl: string, namespace: string, component: string): Promise<void> {
+    const c = this.config
+    let routerId = this.deps.routerId
+    const reg = c.etcdUrl === null ? null : await ReplicaRegistry.start({ url: c.etcdUrl, namespace, component, ...this.deps.registry })
+    this.replicaRegistry = reg
+    if (reg !== null) routerId = reg.routerId
+    const known = (): { id: string; url: string | null; host: string | null }[] => [...(reg?.replicas.values() ?? [])].map((r) => ({ id: r.routerId, url: r.url, host: r.host }))
+    const sync = await ReplicaSync.start({
+      natsUrl,
+      namespace,
+      component,
+      routerId: routerId ?? randomRouterId(),
+      scheduler: this.scheduler,
+      blockSize: c.blockSize,
+      catchUpTimeoutMs: c.replicaCatchUpSecs * 1000,
+      spread: c.replicaSpread,
+      knownPeers: known(),
+      ...this.deps.replica,
+    })
+    this.replicas = sync
+    if (reg !== null) {
+      const seen = (r: ReplicaRecord): void => sync.registered(r.routerId, r.url, r.host)
+      reg.on('added', seen)
+      reg.on('updated', seen)
+      reg.on('removed', (id: string) => sync.deregistered(id))
+      // registrations that came while NATS connected
+      for (const p of known()) sync.registered(p.id, p.url, p.host)
+    }
+  }
+
+  /** The URL this replica serves at, for its peers and the registry (once it listens). */
+  async advertise(url: string): Promise<void> {
+    this.replicas?.setUrl(url)
+    await this.replicaRegistry?.setUrl(url)
   }
 
   /** False while a configured NATS or etcd connection is down. */
@@ -601,6 +663,9 @@ export class Router {
     if (this.closed) return
     this.closed = true
     clearInterval(this.checkTimer)
+    // first: peers drop this replica's bookings at its goodbye, and its last frees go out
+    await this.replicas?.close().catch(() => undefined)
+    await this.replicaRegistry?.close().catch(() => undefined)
     await this.nats?.close().catch(() => undefined)
     await this.discovery?.close().catch(() => undefined)
     this.scheduler.close()

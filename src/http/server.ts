@@ -6,6 +6,7 @@
 //   POST /v1/route/:id/prefill-complete, DELETE /v1/route/:id
 //   POST /v1/kv-events                           one RouterEvent or an array
 //   GET|POST /v1/workers, DELETE /v1/workers/:id
+//   GET  /v1/replicas                            replica sync: this replica and its peers
 //   GET|POST /busy_threshold
 //   GET  /health, /live, /ready, /metrics
 // With --api-key every POST and DELETE needs `Authorization: Bearer KEY`.
@@ -27,6 +28,7 @@ import { healthRoutes } from './routes/health.js'
 import { inferenceRoutes } from './routes/inference.js'
 import { kvEventRoutes } from './routes/kv-events.js'
 import { decisionRoutes } from './routes/route.js'
+import { replicaRoutes } from './routes/replicas.js'
 import { workerRoutes } from './routes/workers.js'
 
 export type { ShutdownResult } from './plugins/shutdown.js'
@@ -74,6 +76,7 @@ export async function buildApp(opts: AppOptions): Promise<App> {
   const ctx: HttpContext = { router, cfg, tokenizer: opts.tokenizer, proxy, closing: drain.closing }
   healthRoutes(fastify, ctx)
   workerRoutes(fastify, ctx)
+  replicaRoutes(fastify, ctx)
   busyThresholdRoutes(fastify, ctx)
   await decisionRoutes(fastify, ctx)
   await kvEventRoutes(fastify, ctx)

@@ -18,6 +18,14 @@ export function kvMetricsSubject(namespace: string): string {
   return `namespace.${namespace}.kv_metrics`
 }
 
+/**
+ * The subject routers share their bookings on (replica sync, `ACTIVE_SEQUENCES_SUBJECT`), scoped
+ * to the workers' component: one `ActiveSequenceEvent` per message.
+ */
+export function activeSequencesSubject(namespace: string, component: string): string {
+  return `namespace.${namespace}.component.${component}.active_sequences_events`
+}
+
 /** The etcd prefix of an endpoint's instance records (one key per worker, under its lease). */
 export function instancesPrefix(ns: string, component: string, endpoint: string): string {
   return `v1/instances/${ns}/${component}/${endpoint}/`

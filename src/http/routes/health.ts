@@ -1,5 +1,6 @@
 // Liveness, readiness, metrics and the model list.
 import type { FastifyInstance } from 'fastify'
+import { serializeJson } from '../../codec/json.js'
 import type { HttpContext } from '../context.js'
 
 export function healthRoutes(fastify: FastifyInstance, ctx: HttpContext): void {
@@ -17,11 +18,26 @@ export function healthRoutes(fastify: FastifyInstance, ctx: HttpContext): void {
     // here and in kvrouter_connected, not unready.
     // ?strict: Dynamo's readiness, the connections included, for a deployment that wants it
     const strict = (req.query as Record<string, unknown> | undefined)?.strict !== undefined
-    const degraded = conn.nats === false || conn.etcd === false
-    const ready = recovering === 0 && !ctx.closing() && !(strict && degraded)
+    const sync = router.replicas
+    const degraded = conn.nats === false || conn.etcd === false || sync?.connected === false
+    // a replica that has not caught up with its peers' bookings would route on a fraction of the load
+    const ready = recovering === 0 && !ctx.closing() && !(strict && degraded) && sync?.inStep !== false
     return reply
       .code(ready ? 200 : 503)
-      .send({ ready, degraded, shards: health.length, recovering_shards: recovering, pending_event_messages: pending, workers: router.registry.all().length, nats: conn.nats, etcd: conn.etcd })
+      .header('content-type', 'application/json')
+      .send(
+        serializeJson({
+          ready,
+          degraded,
+          shards: health.length,
+          recovering_shards: recovering,
+          pending_event_messages: pending,
+          workers: router.registry.all().length,
+          nats: conn.nats,
+          etcd: conn.etcd,
+          replica_sync: sync === null ? null : { router_id: sync.routerId, in_step: sync.inStep, connected: sync.connected, peers: sync.livePeers },
+        }),
+      )
   })
   fastify.get('/metrics', async (_req, reply) => {
     const text = await router.metrics.registry.metrics()

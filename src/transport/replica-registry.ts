@@ -114,8 +114,8 @@ export class ReplicaRegistry extends EventEmitter {
 
   private parse(key: string, value: string): ReplicaRecord | null {
     const hex = key.slice(this.prefix.length)
-    if (!/^[0-9a-fA-F]{1,16}$/.test(hex)) return null
     try {
+      if (!/^[0-9a-fA-F]{1,16}$/.test(hex)) throw new Error('not a router id in hex')
       const v = parseJsonExact(value) as Record<string, unknown>
       const routerId = readU64(v['router_id'], 'router_id')
       if (routerId !== BigInt(`0x${hex}`)) throw new Error('the key and router_id disagree')

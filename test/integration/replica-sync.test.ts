@@ -46,10 +46,19 @@ async function replica(t: Test, routerId: bigint, extra: string[] = [], deps: Ro
   return r
 }
 
-/** Makes every worker exact on every router (one cleared event each on NATS). */
+/**
+ * Makes every worker exact on every router: a cleared event each on NATS, again until every
+ * router has one (a router just started may not have subscribed yet).
+ */
 async function exact(...routers: Router[]): Promise<void> {
-  for (let w = 1; w <= WORKERS; w++) pub.publish(kvEventsSubject('dynamo', 'backend'), encodeRouterEvent({ worker_id: BigInt(w), event: { event_id: 1n, dp_rank: 0, data: 'cleared' } }))
-  await waitUntil('workers exact', () => routers.every((r) => r.eventSources.size === 0))
+  let last = 0
+  await waitUntil('workers exact', () => {
+    if (Date.now() - last > 200) {
+      last = Date.now()
+      for (let w = 1; w <= WORKERS; w++) pub.publish(kvEventsSubject('dynamo', 'backend'), encodeRouterEvent({ worker_id: BigInt(w), event: { event_id: 1n, dp_rank: 0, data: 'cleared' } }))
+    }
+    return routers.every((r) => r.eventSources.size === 0)
+  })
 }
 
 const inStep = (r: Router): Promise<void> => waitUntil('in step', () => r.replicas?.inStep === true, 8000)
@@ -319,4 +328,33 @@ t.test('a peer heard again after it was taken for gone is asked for its bookings
   await waitUntil('held again', () => a.scheduler.sequences.remoteSize === 1, 2000, 1)
   const peer = a.replicas?.peerInfo().find((p) => p.routerId === '777')
   t.same([peer?.alive, peer?.kind, peer?.url, peer?.bookingsHeld, peer?.reportedBookings], [true, 'kv-router', 'http://peer:1', 1, 1])
+})
+
+t.test('NATS restarted under two replicas: events queued while it was down go out, and each catches up again', async (t) => {
+  const a = await replica(t, 81n)
+  const b = await replica(t, 82n)
+  await Promise.all([inStep(a), inStep(b)])
+  await exact(a, b)
+  const x = (await a.route({ tokens: prompt(1, 1, 81) })).decision
+  await waitUntil('B holds X', () => b.scheduler.sequences.remoteSize === 1, 2000, 1)
+  await nats.kill()
+  await waitUntil('both see NATS down', () => a.replicas?.connected === false && b.replicas?.connected === false, 5000)
+  const y = (await a.route({ tokens: prompt(1, 2, 82) })).decision
+  a.scheduler.free(x.requestId as string)
+  await new Promise((r) => setImmediate(r))
+  t.equal(a.replicas?.queued, 2, 'held while NATS is down')
+  t.match(await a.metrics.registry.metrics(), /kvrouter_replica_queue_depth 2/)
+  await nats.start()
+  await waitUntil(
+    'both reconnected and in step again',
+    () => (a.replicas?.counters.reconnects ?? 0) >= 1 && (b.replicas?.counters.reconnects ?? 0) >= 1 && a.replicas?.inStep === true && b.replicas?.inStep === true,
+    15_000,
+  )
+  const same = (): boolean => [1n, 2n, 3n, 4n].every((w) => JSON.stringify(slotLoad(a, w)) === JSON.stringify(slotLoad(b, w)))
+  await waitUntil('B holds Y only, as A does', () => b.scheduler.sequences.remoteSize === 1 && same(), 5000)
+  t.equal(a.replicas?.queued, 0)
+  t.same(a.replicas?.counters.published, { add: 2, prefill_completed: 0, free: 1 }, 'what was queued went out')
+  const catchUps = (r: Router): number => Object.values(r.replicas?.counters.catchUps ?? {}).reduce((x, v) => x + v, 0)
+  t.ok(catchUps(a) >= 2 && catchUps(b) >= 2, 'each caught up again after reconnecting')
+  t.equal(slotLoad(b, y.workerId).inFlight, slotLoad(a, y.workerId).inFlight)
 })

@@ -568,7 +568,7 @@ export class Scheduler {
     c.creditDecay = o.overlapScoreCreditDecay
     c.requestWeight = o.decodeActiveRequestWeight
     c.temperature = o.temperature
-    c.now = this.clock()
+    if (this.selector.spreading) c.now = this.clock()
     c.trackPrefill = o.trackPrefillTokens
     let reuse = o.assumeKvReuse
     if (ov !== undefined) {

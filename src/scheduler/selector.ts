@@ -213,6 +213,11 @@ export class Selector {
     return chosen
   }
 
+  /** Whether the replica spread is on (other replicas are routing). */
+  get spreading(): boolean {
+    return this.spreadCount > 1
+  }
+
   /** Replica spread: this replica is `rank` of `count` routing replicas; off (or count ≤ 1) restores the random tie-break. */
   setSpread(rank: number, count: number, on: boolean): void {
     const active = on && count > 1 && Number.isInteger(rank) && rank >= 0 && rank < count

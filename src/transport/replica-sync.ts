@@ -657,7 +657,7 @@ export class ReplicaSync implements BookingObserver {
    * timeout, are still applied.
    */
   catchUp(target: string | null, gate: boolean): Promise<void> {
-    if (this.closed) return Promise.resolve()
+    if (this.closed || this.nc.isClosed()) return Promise.resolve()
     const started = performance.now()
     if (gate) this.gating++
     let resolveDone: () => void = () => undefined
@@ -666,7 +666,7 @@ export class ReplicaSync implements BookingObserver {
     const expected = new Set<string>()
     if (target !== null) expected.add(target)
     else for (const p of this.peers.values()) if (p.kvRouter && (p.alive || p.registered)) expected.add(p.id)
-    const inbox = this.nc.isClosed() ? '' : `_INBOX.kvrouter.${this.id}.${Math.random().toString(36).slice(2)}`
+    const inbox = `_INBOX.kvrouter.${this.id}.${Math.random().toString(36).slice(2)}`
     const c: CatchUp = {
       started,
       target,

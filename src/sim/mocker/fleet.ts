@@ -8,14 +8,15 @@
 // cannot answer yet. Shutdown runs the other way: unregister (revoke the lease / DELETE from
 // the router), close the server (in-flight requests are aborted and free their blocks), stop
 // the engine, flush the publishers.
-import { kvEventsSubject, kvMetricsSubject } from '../../transport/dynamo-names.js'
+import { kvEventsQueueSubject, kvEventsSubject, kvMetricsSubject } from '../../transport/dynamo-names.js'
+import { ensureKvEventsStream } from '../../transport/jetstream.js'
 import type { NatsConnection } from 'nats'
 import type { RouterEvent } from '../../codec/events.js'
 import { KvrError } from '../../errors.js'
 import { ENGINE_DEFAULTS, MockEngine } from './engine.js'
 import type { EngineConfig } from './engine.js'
 import { EngineServer } from './server.js'
-import { CallbackPublisher, HttpEventPublisher, LoadPublisher, NatsEventPublisher, connectNats } from './publisher.js'
+import { CallbackPublisher, HttpEventPublisher, JetStreamEventPublisher, LoadPublisher, NatsEventPublisher, connectNats } from './publisher.js'
 import type { EventPublisher } from './publisher.js'
 import { EtcdRegistrar, deregisterFromRouter, registerWithRouter } from './registration.js'
 import { ZmqEventPublisher, engineEndpoint, parseTcpEndpoint } from './zmq-publisher.js'
@@ -42,6 +43,8 @@ export interface FleetOptions extends Partial<Omit<EngineConfig, 'workerId'>> {
   apiKey?: string
   /** Distributed mode: events and load on NATS. */
   natsUrl?: string
+  /** With natsUrl: KV events into the durable JetStream stream instead of the core subject. */
+  durableKvEvents?: boolean
   /** Distributed mode: one lease per engine in etcd; lease ids are the worker ids. */
   etcdUrl?: string
   namespace?: string
@@ -186,6 +189,14 @@ export class MockerFleet {
     const endpoint = o.endpoint ?? 'generate'
     const warn = o.onWarning ?? ((m: string) => process.emitWarning(m, { code: 'KVR_MOCKER' }))
     if (o.natsUrl !== undefined) this.nats = await connectNats(o.natsUrl)
+    let durableSubject: string | null = null
+    if (this.nats !== null && o.durableKvEvents === true) {
+      try {
+        durableSubject = kvEventsQueueSubject(await ensureKvEventsStream(await this.nats.jetstreamManager(), ns, component))
+      } catch (err) {
+        throw new KvrError('KVR_ERR_INVALID_OPTION', `--durable-kv-events needs JetStream on the NATS server at ${o.natsUrl}: ${(err as Error).message}`, { cause: err })
+      }
+    }
     if (o.etcdUrl !== undefined) {
       const ro: EtcdRegistrarOptions = { url: o.etcdUrl, namespace: ns, component, endpoint }
       if (o.leaseTtlSecs !== undefined) ro.ttlSecs = o.leaseTtlSecs
@@ -202,7 +213,8 @@ export class MockerFleet {
         if (o.apiKey !== undefined) ho.apiKey = o.apiKey
         pubs.push(new HttpEventPublisher(ho))
       }
-      if (this.nats !== null) pubs.push(new NatsEventPublisher(this.nats, kvEventsSubject(ns, component)))
+      if (this.nats !== null && durableSubject !== null) pubs.push(new JetStreamEventPublisher(this.nats, this.nats.jetstream(), durableSubject, (m) => warn(`engine ${workerId}: ${m}`)))
+      else if (this.nats !== null) pubs.push(new NatsEventPublisher(this.nats, kvEventsSubject(ns, component)))
       if (o.kvEventsZmq !== undefined) {
         const zo: ZmqEventPublisherOptions = {
           endpoint: engineEndpoint(o.kvEventsZmq, i),

@@ -46,6 +46,9 @@ registration and KV events (pick one; with none, events stay in each engine's ri
   --first-worker-id N            worker id of the first engine without etcd (default 1000)
   --nats-url URL                 publish KV events on namespace.{ns}.component.{component}.kv-events
                                  and load on namespace.{ns}.kv_metrics
+  --durable-kv-events            with --nats-url: KV events into the JetStream stream
+                                 namespace-{ns}-component-{component}-kv-events instead, each
+                                 stored once and in order (for kv-router --router-durable-kv-events)
   --etcd-url URL                 register each engine under its own lease (lease id = worker id)
   --lease-ttl-secs N             etcd lease TTL (default 10)
   --namespace NS                 (default dynamo)
@@ -100,6 +103,7 @@ export const SPECS: Record<string, Spec> = {
   '--api-key': { kind: 'str' },
   '--first-worker-id': { kind: 'int', min: 0, max: Number.MAX_SAFE_INTEGER },
   '--nats-url': { kind: 'str' },
+  '--durable-kv-events': { kind: 'bool' },
   '--etcd-url': { kind: 'url' },
   '--lease-ttl-secs': { kind: 'int', min: 2, max: 3600 },
   '--namespace': { kind: 'str' },
@@ -162,6 +166,7 @@ export function parseMockerArgs(argv: readonly string[]): MockerCli | 'help' {
     ['--router-url', 'routerUrl'],
     ['--api-key', 'apiKey'],
     ['--nats-url', 'natsUrl'],
+    ['--durable-kv-events', 'durableKvEvents'],
     ['--etcd-url', 'etcdUrl'],
     ['--lease-ttl-secs', 'leaseTtlSecs'],
     ['--kv-events-zmq', 'kvEventsZmq'],
@@ -201,6 +206,7 @@ export function parseMockerArgs(argv: readonly string[]): MockerCli | 'help' {
     throw new MockerArgError('--router-url cannot be combined with --nats-url or --etcd-url (events and registration would go two ways)')
   }
   if (f.apiKey !== undefined && f.routerUrl === undefined) throw new MockerArgError('--api-key is only used with --router-url')
+  if (f.durableKvEvents === true && f.natsUrl === undefined) throw new MockerArgError('--durable-kv-events needs --nats-url: the stream is on the NATS server')
   checkZmq(f, numWorkers)
   return { fleet: f, numWorkers }
 }
@@ -317,7 +323,8 @@ export async function mockerMain(argv: string[]): Promise<void> {
   const transport =
     o.routerUrl !== undefined
       ? `router ${o.routerUrl}`
-      : [o.natsUrl !== undefined ? `NATS ${o.natsUrl}` : '', o.etcdUrl !== undefined ? `etcd ${o.etcdUrl}` : ''].filter((x) => x !== '').join(' + ') || 'none (events stay in the local rings)'
+      : [o.natsUrl !== undefined ? `${o.durableKvEvents === true ? 'JetStream' : 'NATS'} ${o.natsUrl}` : '', o.etcdUrl !== undefined ? `etcd ${o.etcdUrl}` : ''].filter((x) => x !== '').join(' + ') ||
+        'none (events stay in the local rings)'
   const zmq = o.kvEventsZmq === undefined ? '' : `; vLLM KV events on ZMQ ${o.kvEventsZmq}${o.kvEventsReplayZmq === undefined ? '' : `, replay ${o.kvEventsReplayZmq}`} (port + engine index)`
   process.stderr.write(
     `kv-router mocker: worker ids ${ws.map((w) => w.workerId).join(' ')}; block size ${ws[0]?.engine.config.blockSize}, ${ws[0]?.capacity} blocks each; registration and events: ${transport}${zmq}\n`,

@@ -1,12 +1,16 @@
-// Where an engine's KV events and load reports go. Three transports here, one interface (a fourth,
+// Where an engine's KV events and load reports go. Four transports here, one interface (a fifth,
 // vLLM's own ZMQ publisher, is zmq-publisher.ts):
 //   - in process: a callback (the embedded fleet of `kv-router serve`, tests);
 //   - HTTP ingest: POST /v1/kv-events on a router, batched, strictly in order;
 //   - NATS: Dynamo's subjects, the exact subjects and shapes the router's
-//     src/transport/nats.ts subscribes to and decodes (its helpers name the subjects here too).
-// Delivery is at most once, as on a NATS core subject: a router that is away loses events, and
-// the engine's event ring (event-ring.ts) is what a router recovers them from.
-import type { NatsConnection } from 'nats'
+//     src/transport/nats.ts subscribes to and decodes (its helpers name the subjects here too);
+//   - JetStream (--durable-kv-events): Dynamo's durable stream, which the router reads with
+//     --router-durable-kv-events (src/transport/durable.ts).
+// Delivery is at most once on the first three, as on a NATS core subject: a router that is away
+// loses events, and the engine's event ring (event-ring.ts) is what a router recovers them from.
+// The stream keeps them, each exactly once and in order.
+import { randomBytes } from 'node:crypto'
+import type { JetStreamClient, NatsConnection } from 'nats'
 import { encodeRouterEvent } from '../../codec/events.js'
 import type { RouterEvent } from '../../codec/events.js'
 import { KvrError } from '../../errors.js'
@@ -127,6 +131,70 @@ export class NatsEventPublisher implements EventPublisher {
   }
   async close(): Promise<void> {
     await this.flush().catch(() => undefined)
+  }
+}
+
+/**
+ * Events into the durable stream, as a Dynamo worker started with --durable-kv-events publishes
+ * them (a RouterEvent JSON per message on `{stream}.queue`). Each is stored before the next is
+ * sent, and sent again until it is, under a message id the server de-duplicates on: none lost,
+ * none twice, in order, across a server restart. Given up only once the connection is closed.
+ */
+export class JetStreamEventPublisher implements EventPublisher {
+  private outbox: { id: string; data: Uint8Array }[] = []
+  private head = 0
+  private sending: Promise<void> | null = null
+  private failing = false
+  /** Distinguishes this publisher's message ids from an earlier run's with the same event ids. */
+  private readonly run = randomBytes(6).toString('hex')
+  /** Events the stream stored, and sends that failed and were retried. */
+  delivered = 0
+  retries = 0
+
+  constructor(
+    private readonly nc: NatsConnection,
+    private readonly js: JetStreamClient,
+    readonly subject: string,
+    private readonly onError?: (message: string) => void,
+  ) {}
+
+  publish(ev: RouterEvent): void {
+    this.outbox.push({ id: `${this.run}:${ev.worker_id}:${ev.event.dp_rank}:${ev.event.event_id}`, data: utf8.encode(encodeRouterEvent(ev)) })
+    this.sending ??= this.sendLoop()
+  }
+
+  async flush(): Promise<void> {
+    while (this.sending !== null) await this.sending
+  }
+
+  async close(): Promise<void> {
+    await this.flush()
+  }
+
+  private async sendLoop(): Promise<void> {
+    try {
+      while (this.head < this.outbox.length && !this.nc.isClosed()) {
+        const m = this.outbox[this.head] as { id: string; data: Uint8Array }
+        try {
+          await this.js.publish(this.subject, m.data, { msgID: m.id, timeout: 2000 })
+        } catch (err) {
+          this.retries++
+          if (!this.failing) this.onError?.(`cannot store a KV event in ${this.subject} (retrying): ${(err as Error).message}`)
+          this.failing = true
+          await new Promise((r) => setTimeout(r, 100))
+          continue
+        }
+        this.failing = false
+        this.delivered++
+        this.head++
+        if (this.head > 1024 && this.head * 2 > this.outbox.length) {
+          this.outbox = this.outbox.slice(this.head)
+          this.head = 0
+        }
+      }
+    } finally {
+      this.sending = null
+    }
   }
 }
 

@@ -144,6 +144,9 @@ t.test('the parser, flag by flag', async (t) => {
   bad(['--component', 'a/b'], /--component must match/)
   bad(['--router-url', 'http://r:1', '--nats-url', 'nats://n:1'], /cannot be combined/)
   bad(['--api-key', 'k'], /only used with --router-url/)
+  t.match(parseMockerArgs(['--nats-url', 'nats://n:4222', '--durable-kv-events']), { fleet: { natsUrl: 'nats://n:4222', durableKvEvents: true } })
+  t.notOk('durableKvEvents' in (parseMockerArgs(['--nats-url', 'nats://n:4222']) as { fleet: object }).fleet, 'core NATS unless asked')
+  bad(['--durable-kv-events'], /--durable-kv-events needs --nats-url/)
   bad(['positional'], /unexpected argument "positional"/)
 })
 

@@ -343,7 +343,7 @@ export const FLAGS: readonly FlagDef[] = [
     env: ['DYN_ROUTER_DURABLE_KV_EVENTS'],
     kind: 'bool',
     dflt: false,
-    help: 'JetStream event intake (not in effect yet: a warning at start says so)',
+    help: 'read KV events from the JetStream stream namespace-{ns}-component-{component}-kv-events through a durable consumer per replica, with index snapshots in the object store; needs --nats-url',
   }),
   F({
     flag: '--router-snapshot-threshold',
@@ -353,9 +353,16 @@ export const FLAGS: readonly FlagDef[] = [
     min: 1,
     max: Number.MAX_SAFE_INTEGER,
     dflt: 1_000_000,
-    help: 'JetStream only',
+    help: 'durable mode: a replica snapshots the index and purges what every replica acknowledged when the stream holds more messages than this',
   }),
-  F({ flag: '--router-reset-states', key: 'resetStates', env: ['DYN_ROUTER_RESET_STATES'], kind: 'bool', dflt: false, help: 'JetStream only' }),
+  F({
+    flag: '--router-reset-states',
+    key: 'resetStates',
+    env: ['DYN_ROUTER_RESET_STATES'],
+    kind: 'bool',
+    dflt: false,
+    help: 'durable mode: delete the snapshot and purge the stream at start (skipped while another replica reads the stream)',
+  }),
   F({
     flag: '--router-event-threads',
     key: 'eventThreads',
@@ -769,6 +776,10 @@ export function parseServeConfig(argv: readonly string[], env: NodeJS.ProcessEnv
   // approximate mode predicts every decision for --router-ttl-secs already
   if ((out.predictedTtlSecs as number) > 0 && out.kvEvents === false) throw new ConfigError('--router-predicted-ttl-secs needs KV events: it is not used with --no-router-kv-events')
   if (out.replicaSync === true && out.natsUrl === null) throw new ConfigError('--router-replica-sync needs --nats-url: replicas share their bookings over NATS')
+  if (out.durableKvEvents === true) {
+    if (out.natsUrl === null) throw new ConfigError('--router-durable-kv-events needs --nats-url: the durable stream is on the NATS server')
+    if (out.kvEvents === false) throw new ConfigError('--router-durable-kv-events needs KV events: it cannot be combined with --no-router-kv-events')
+  }
   return Object.freeze(out) as unknown as ServeConfig
 }
 

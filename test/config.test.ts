@@ -233,7 +233,7 @@ function run(args: string[], env: NodeJS.ProcessEnv = {}): Promise<{ code: numbe
   })
 }
 
-t.test('process: options whose features are not implemented are said to have no effect yet', async (t) => {
+t.test('process: options that act only in durable mode are said to have no effect without it', async (t) => {
   const r = await run([
     'serve',
     '--router-replica-sync',
@@ -241,14 +241,31 @@ t.test('process: options whose features are not implemented are said to have no 
     'nats://127.0.0.1:1',
     '--router-snapshot-threshold',
     '5',
+    '--router-reset-states',
     '--tokenizer',
     '/nonexistent/tokenizer.json',
     '--router-event-threads',
     '1',
   ])
   t.equal(r.code, 2)
-  t.match(r.stderr, /^kv-router: warning: --router-snapshot-threshold has no effect yet/)
-  t.notMatch(r.stderr, /replica-sync|durable-kv-events|reset-states/, 'only the options given, and replica sync is in effect')
+  t.match(r.stderr, /^kv-router: warning: --router-reset-states has no effect without --router-durable-kv-events\nkv-router: warning: --router-snapshot-threshold has no effect without --router-durable-kv-events\n/)
+  t.notMatch(r.stderr, /replica-sync/, 'replica sync is in effect: nothing said of it')
+  const d = await run(['serve', '--router-durable-kv-events', '--nats-url', 'nats://127.0.0.1:1', '--router-snapshot-threshold', '5', '--router-reset-states', '--tokenizer', '/nonexistent/tokenizer.json', '--router-event-threads', '1'])
+  t.equal(d.code, 2)
+  t.notMatch(d.stderr, /warning/, 'in durable mode both are in effect')
+})
+
+t.test('durable mode needs NATS and KV events', async (t) => {
+  const nats = ['--nats-url', 'nats://127.0.0.1:4222']
+  const c = parse(['--router-durable-kv-events', '--router-snapshot-threshold', '100', '--router-reset-states', ...nats])
+  t.equal(c.durableKvEvents, true)
+  t.equal(c.snapshotThreshold, 100)
+  t.equal(c.resetStates, true)
+  t.equal(parse([], { DYN_ROUTER_DURABLE_KV_EVENTS: 'true', NATS_SERVER: 'nats://n:4222' }).durableKvEvents, true)
+  t.throws(() => parse(['--router-durable-kv-events']), /^--router-durable-kv-events needs --nats-url/)
+  t.throws(() => parse(['--router-durable-kv-events', '--no-router-kv-events', ...nats]), /^--router-durable-kv-events needs KV events/)
+  t.throws(() => parse(['--router-snapshot-threshold', '0']), /^--router-snapshot-threshold must be an integer in \[1,/)
+  t.equal(parse(['--router-snapshot-threshold', '5']).snapshotThreshold, 5, 'taken without durable mode (serve warns that it does nothing there)')
 })
 
 t.test('process: invalid values exit 2 with one line; --help exits 0', async (t) => {

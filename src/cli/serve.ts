@@ -9,14 +9,15 @@ import { applyNice } from '../runtime/nice.js'
 import { die } from './flags.js'
 
 /**
- * Options accepted under Dynamo's names for drop-in command lines, whose features kv-router does
- * not have yet: said at start-up rather than ignored silently.
+ * Options that only act in a mode not chosen (Dynamo deployments set them by env for every
+ * router): said at start-up rather than ignored silently.
  */
-function notYetInEffect(cfg: ServeConfig): string[] {
+function withoutEffect(cfg: ServeConfig): string[] {
   const out: string[] = []
-  if (cfg.durableKvEvents) out.push('--router-durable-kv-events has no effect yet: events are read from core NATS, not JetStream')
-  if (cfg.resetStates) out.push('--router-reset-states has no effect yet (JetStream only)')
-  if (cfg.snapshotThreshold !== 1_000_000) out.push('--router-snapshot-threshold has no effect yet (JetStream only)')
+  if (!cfg.durableKvEvents) {
+    if (cfg.resetStates) out.push('--router-reset-states has no effect without --router-durable-kv-events')
+    if (cfg.snapshotThreshold !== 1_000_000) out.push('--router-snapshot-threshold has no effect without --router-durable-kv-events')
+  }
   return out
 }
 
@@ -32,7 +33,7 @@ export async function serveMain(argv: string[]): Promise<void> {
     process.stdout.write(serveHelp())
     return
   }
-  for (const line of notYetInEffect(cfg)) process.stderr.write(`kv-router: warning: ${line}\n`)
+  for (const line of withoutEffect(cfg)) process.stderr.write(`kv-router: warning: ${line}\n`)
   // before any thread of ours starts: shards and tokenizers inherit the main thread's niceness
   if (cfg.nice !== null) {
     try {
@@ -58,7 +59,7 @@ export async function serveMain(argv: string[]): Promise<void> {
   const { router, app, embedded, port } = await startApp(cfg, tokenizer)
   const fleet = embedded?.workers ?? []
   process.stdout.write(
-    `kv-router listening on http://${cfg.httpHost}:${port} (mode ${cfg.mode}${cfg.mode === 'kv' && !cfg.kvEvents ? ' approximate: no KV events, caches predicted' : ''}, block size ${cfg.blockSize}, ${router.pool.size} shard(s), ${router.registry.all().length} worker(s)${fleet.length > 0 ? `, ${fleet.length} embedded simulated` : ''}${cfg.nice !== null ? `, nice ${cfg.nice}` : ''}${router.replicas !== null ? `, replica sync as router ${router.replicas.routerId}` : ''})\n`,
+    `kv-router listening on http://${cfg.httpHost}:${port} (mode ${cfg.mode}${cfg.mode === 'kv' && !cfg.kvEvents ? ' approximate: no KV events, caches predicted' : ''}, block size ${cfg.blockSize}, ${router.pool.size} shard(s), ${router.registry.all().length} worker(s)${fleet.length > 0 ? `, ${fleet.length} embedded simulated` : ''}${cfg.nice !== null ? `, nice ${cfg.nice}` : ''}${router.replicas !== null ? `, replica sync as router ${router.replicas.routerId}` : ''}${router.durable !== null ? `, durable consumer ${router.durable.consumer}` : ''})\n`,
   )
   let stopping = false
   const stop = (signal: string): void => {

@@ -25,9 +25,11 @@ import { NatsIntake, type WorkerLoad } from '../transport/nats.js'
 import { EtcdDiscovery, type DiscoveredWorker } from '../transport/etcd.js'
 import { ReplicaRegistry } from '../transport/replica-registry.js'
 import type { ReplicaRecord, ReplicaRegistryOptions } from '../transport/replica-registry.js'
-import { randomRouterId, ReplicaSync } from '../transport/replica-sync.js'
+import { ReplicaSync } from '../transport/replica-sync.js'
 import type { ReplicaSyncOptions } from '../transport/replica-sync.js'
 import { registerReplicaMetrics } from '../transport/replica-metrics.js'
+import { DurableKvEvents } from '../transport/durable.js'
+import { randomInstanceId } from './instance-id.js'
 import { EventSources } from './event-sources.js'
 import { RequestIds } from './request-ids.js'
 import { SessionAffinity } from './session-affinity.js'
@@ -69,7 +71,7 @@ export interface RouteInput {
 
 /** What tests may set beyond the configuration. */
 export interface RouterDeps {
-  /** The router id of a replica without etcd (random otherwise). */
+  /** The instance id of a replica without an etcd registry (random otherwise). */
   routerId?: bigint
   /** Replica-sync timings (heartbeat, silence, grace). */
   replica?: Pick<ReplicaSyncOptions, 'heartbeatMs' | 'silenceMs' | 'catchUpGraceMs' | 'queueCapacity'>
@@ -117,6 +119,13 @@ export class Router {
   replicas: ReplicaSync | null = null
   /** This replica's registration among the others in etcd (replica sync with `--etcd-url`), or null. */
   replicaRegistry: ReplicaRegistry | null = null
+  /**
+   * This replica's instance id: its router id in replica sync and its durable consumer's name. The
+   * etcd lease id when replicas register in etcd, else drawn at random (src/core/instance-id.ts).
+   */
+  instanceId: bigint
+  /** KV events from the JetStream stream (`--router-durable-kv-events`), or null. */
+  durable: DurableKvEvents | null = null
   /** Recovery of missed KV events, or null in approximate mode or with --no-router-event-recovery. */
   readonly recovery: IndexRecovery | null
   /** Engines' own KV events (ZMQ), for the workers registered with a kv-events endpoint. */
@@ -134,6 +143,7 @@ export class Router {
   ) {
     this.config = config
     this.pool = pool
+    this.instanceId = deps.routerId ?? randomInstanceId()
     const approx = !config.kvEvents
     // in KV-events mode, for the workers that send none (yet)
     const sink: ApproxSink | undefined = approx || config.mode === 'kv' ? this.approxSink() : undefined
@@ -210,10 +220,29 @@ export class Router {
   private async connect(): Promise<void> {
     const c = this.config
     const [ns, component, endpoint] = c.endpoint !== null ? (c.endpoint.split('.') as [string, string, string]) : [c.namespace, c.component, 'generate']
+    // first: the registry's lease names this replica to everything that follows
+    if (c.replicaSync && c.etcdUrl !== null) {
+      this.replicaRegistry = await ReplicaRegistry.start({ url: c.etcdUrl, namespace: ns, component, ...this.deps.registry })
+      this.instanceId = this.replicaRegistry.routerId
+    }
     if (c.natsUrl !== null) {
       this.nats = await NatsIntake.start({ url: c.natsUrl, namespace: ns, component, pool: this.pool })
       // workers' own load (kv_metrics) feeds load shedding, as Dynamo's worker monitor does
       this.nats.on('load', (l: WorkerLoad) => void this.scheduler.reportLoad(l.workerId, l.dpRank, l.activeBlocks, l.totalBlocks))
+      // before etcd's workers register, so that their recoveries land after the snapshot
+      if (c.durableKvEvents) {
+        this.durable = await DurableKvEvents.start({
+          nc: this.nats.connection,
+          namespace: ns,
+          component,
+          pool: this.pool,
+          instanceId: this.instanceId,
+          snapshotThreshold: c.snapshotThreshold,
+          resetStates: c.resetStates,
+          discovered: () => (this.discovery === null ? null : new Set(this.registry.all().map((w) => w.id))),
+          removeWorker: (id) => this.removeWorker(id),
+        })
+      }
     }
     if (c.etcdUrl !== null) {
       const d = await EtcdDiscovery.start({ url: c.etcdUrl, namespace: ns, component, endpoint })
@@ -244,16 +273,13 @@ export class Router {
 
   private async startReplicaSync(natsUrl: string, namespace: string, component: string): Promise<void> {
     const c = this.config
-    let routerId = this.deps.routerId
-    const reg = c.etcdUrl === null ? null : await ReplicaRegistry.start({ url: c.etcdUrl, namespace, component, ...this.deps.registry })
-    this.replicaRegistry = reg
-    if (reg !== null) routerId = reg.routerId
+    const reg = this.replicaRegistry
     const known = (): { id: string; url: string | null; host: string | null }[] => [...(reg?.replicas.values() ?? [])].map((r) => ({ id: r.routerId, url: r.url, host: r.host }))
     const sync = await ReplicaSync.start({
       natsUrl,
       namespace,
       component,
-      routerId: routerId ?? randomRouterId(),
+      routerId: this.instanceId,
       scheduler: this.scheduler,
       blockSize: c.blockSize,
       catchUpTimeoutMs: c.replicaCatchUpSecs * 1000,
@@ -666,6 +692,7 @@ export class Router {
     // first: peers drop this replica's bookings at its goodbye, and its last frees go out
     await this.replicas?.close().catch(() => undefined)
     await this.replicaRegistry?.close().catch(() => undefined)
+    await this.durable?.close().catch(() => undefined)
     await this.nats?.close().catch(() => undefined)
     await this.discovery?.close().catch(() => undefined)
     this.scheduler.close()

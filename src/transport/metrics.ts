@@ -1,13 +1,15 @@
-// NATS intake, engines' own ZMQ events and etcd discovery in the router's registry, read at
-// scrape time (absent series while not configured).
+// NATS intake, durable (JetStream) intake, engines' own ZMQ events and etcd discovery in the
+// router's registry, read at scrape time (absent series while not configured).
 import { Counter, Gauge } from 'prom-client'
 import type { Registry } from 'prom-client'
 import type { EngineIntake } from './engine-intake.js'
 import type { EtcdDiscovery } from './etcd.js'
 import type { NatsIntake } from './nats.js'
+import type { DurableKvEvents } from './durable.js'
 
 export interface Transports {
   readonly nats: NatsIntake | null
+  readonly durable: DurableKvEvents | null
   readonly discovery: EtcdDiscovery | null
   readonly engines: EngineIntake
   readonly connected: { nats: boolean | null; etcd: boolean | null }
@@ -35,6 +37,89 @@ export function registerTransportMetrics(r: Registry, t: Transports): void {
         ['errors', c.errors],
       ] as const)
         this.inc({ what }, v)
+    },
+  })
+  new Counter({
+    name: 'kvrouter_durable_events_total',
+    help: 'Durable intake (JetStream): messages applied and their bytes, acked, redelivered (already applied), consumer repositionings, failed requests',
+    labelNames: ['what'],
+    registers: [r],
+    collect() {
+      this.reset()
+      const d = t.durable
+      if (d === null) return
+      const c = d.counters
+      for (const [what, v] of [
+        ['messages', c.messages],
+        ['bytes', c.bytes],
+        ['acked', c.acked],
+        ['redelivered', c.redelivered],
+        ['repositioned', c.repositioned],
+        ['errors', c.errors],
+      ] as const)
+        this.inc({ what }, v)
+    },
+  })
+  new Counter({
+    name: 'kvrouter_durable_snapshots_total',
+    help: 'Durable intake: snapshots uploaded, uploads failed, loaded, not usable; messages purged after them; workers dropped before them',
+    labelNames: ['what'],
+    registers: [r],
+    collect() {
+      this.reset()
+      const d = t.durable
+      if (d === null) return
+      const c = d.counters
+      for (const [what, v] of [
+        ['uploaded', c.snapshotsUploaded],
+        ['upload_failed', c.snapshotUploadsFailed],
+        ['loaded', c.snapshotsLoaded],
+        ['load_failed', c.snapshotLoadsFailed],
+        ['purged_messages', c.purged],
+        ['workers_dropped', c.workersDropped],
+      ] as const)
+        this.inc({ what }, v)
+    },
+  })
+  new Gauge({
+    name: 'kvrouter_durable_stream_messages',
+    help: 'Messages in the durable stream at the last check (about every second)',
+    registers: [r],
+    collect() {
+      this.reset()
+      if (t.durable !== null) this.set(t.durable.streamMessages)
+    },
+  })
+  new Gauge({
+    name: 'kvrouter_durable_pending_messages',
+    help: "Messages the replica's consumer had yet to deliver, as of its last delivery",
+    registers: [r],
+    collect() {
+      this.reset()
+      if (t.durable !== null) this.set(t.durable.pending)
+    },
+  })
+  new Gauge({
+    name: 'kvrouter_durable_catchup_events',
+    help: 'Events a start replayed: what the snapshot held (source="snapshot") and the stream messages after it (source="stream")',
+    labelNames: ['source'],
+    registers: [r],
+    collect() {
+      this.reset()
+      const d = t.durable
+      if (d === null) return
+      this.set({ source: 'snapshot' }, d.catchUp.snapshotEvents)
+      if (d.catchUp.seconds !== null) this.set({ source: 'stream' }, d.catchUp.events)
+    },
+  })
+  new Gauge({
+    name: 'kvrouter_durable_catchup_seconds',
+    help: 'Seconds from the consumer start until the stream as it stood at start was applied (absent until then)',
+    registers: [r],
+    collect() {
+      this.reset()
+      const s = t.durable?.catchUp.seconds
+      if (s !== null && s !== undefined) this.set(s)
     },
   })
   new Counter({

@@ -91,6 +91,11 @@ export class NatsIntake extends EventEmitter {
     return intake
   }
 
+  /** The connection, shared with the durable intake (src/transport/durable.ts). */
+  get connection(): NatsConnection {
+    return this.nc
+  }
+
   /** True while connected; false from a disconnect until the client has reconnected. */
   get connected(): boolean {
     return this.isUp && !this.nc.isClosed()

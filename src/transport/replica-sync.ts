@@ -872,10 +872,3 @@ export class ReplicaSync implements BookingObserver {
   }
 }
 
-/** A router id for a replica without an etcd lease: random, 63 bits as lease ids are, never 0. */
-export function randomRouterId(): bigint {
-  const b = new Uint32Array(2)
-  randomFillSync(b)
-  const id = (BigInt((b[1] as number) & 0x7fffffff) << 32n) | BigInt(b[0] as number)
-  return id === 0n ? 1n : id
-}

@@ -1,0 +1,78 @@
+// Durable KV events (src/transport/durable.ts) against a real nats-server with JetStream: the
+// stream and consumer as Dynamo names and configures them, acknowledgements only after the shards
+// applied, and the consumers of replicas that are gone. One shard pool for the file: starting
+// pools is what costs here.
+import t from 'tap'
+import { connect } from 'nats'
+import { waitUntil } from '../helpers/wait.js'
+import { chain, removed } from '../helpers/events.js'
+import { encodeEnvelopeMsgpack, encodeRouterEventMsgpack } from '../helpers/dynamo-msgpack.js'
+import { STREAM, indexOf, natsAndClient, publishAll, startDurable } from '../helpers/durable.js'
+import { ShardPool } from '../../src/shards/pool.js'
+import { DurableKvEvents } from '../../src/transport/durable.js'
+
+const pool = await ShardPool.start({ shards: 2 })
+t.teardown(() => pool.close())
+
+t.test('the stream and a consumer named by the instance id; JSON and MessagePack events applied, and acknowledged only once applied', async (t) => {
+  const { nc } = await natsAndClient(t)
+  const d = await startDurable(t, { nc, pool, instanceId: 18446744073709551n })
+  const jsm = await nc.jetstreamManager()
+  const si = await jsm.streams.info(STREAM)
+  t.same(si.config.subjects, [`${STREAM}.*`], "Dynamo's queue subjects")
+  t.equal(si.config.max_age, 3_600_000_000_000, 'an hour of retention')
+  const ci = await jsm.consumers.info(STREAM, '18446744073709551')
+  t.equal(d.consumer, '18446744073709551')
+  t.equal(ci.config.durable_name, '18446744073709551', 'durable, named by the instance id in decimal')
+  t.equal(ci.config.ack_policy, 'all')
+  t.equal(ci.config.inactive_threshold, 3_600_000_000_000, 'removed by the server after an hour without a reader')
+
+  const w1 = 2n ** 63n + 5n
+  const w2 = 11n
+  const env = encodeEnvelopeMsgpack({ publisher_id: 99, sequence: 0, payload: encodeRouterEventMsgpack(chain(w2, null, [7, 8])) })
+  const last = await publishAll(nc, [chain(w1, null, [1, 2, 3]), env, removed(w1, [300])])
+  await waitUntil('three messages applied', async () => (await indexOf(pool)).get(w2)?.size === 2 && (await indexOf(pool)).get(w1)?.size === 2)
+  await waitUntil('acknowledged', async () => (await jsm.consumers.info(STREAM, d.consumer)).ack_floor.stream_seq === last)
+  t.equal(d.counters.messages, 3)
+  t.equal(d.counters.acked, 3)
+
+  // a shard that has not applied a message holds its acknowledgement back
+  const shard = pool.shardOf(w2)
+  pool.blockShard(shard, 1500)
+  await new Promise((r) => setTimeout(r, 100))
+  const seq = await publishAll(nc, [chain(w2, 8, [9])])
+  await new Promise((r) => setTimeout(r, 600))
+  const held = await jsm.consumers.info(STREAM, d.consumer)
+  t.equal(held.ack_floor.stream_seq, last, 'not acknowledged while its shard has not applied it')
+  t.equal(held.delivered.stream_seq, seq, 'though delivered')
+  await waitUntil('acknowledged once applied', async () => (await jsm.consumers.info(STREAM, d.consumer)).ack_floor.stream_seq === seq, 5000)
+  t.equal((await indexOf(pool)).get(w2)?.size, 3)
+})
+
+t.test("a replica's consumer goes with it: deleted on close, and removed by the server when the replica vanished", async (t) => {
+  const { nats, nc } = await natsAndClient(t)
+  const jsm = await nc.jetstreamManager()
+  const names = async (): Promise<string[]> => (await jsm.consumers.list(STREAM).next()).map((c) => c.name).sort()
+  const stays = await startDurable(t, { nc, pool, instanceId: 41n })
+  const clean = await startDurable(t, { nc, pool, instanceId: 42n })
+  // its own connection, dropped without a word: a replica that crashed
+  const lost = await connect({ servers: nats.url })
+  const vanishing = await DurableKvEvents.start({
+    nc: lost,
+    namespace: 'dynamo',
+    component: 'backend',
+    pool,
+    instanceId: 43n,
+    snapshotThreshold: 1_000_000,
+    resetStates: false,
+    consumerInactiveMs: 1500,
+  })
+  t.same(await names(), ['41', '42', '43'])
+  await clean.close()
+  t.same(await names(), ['41', '43'], 'a replica that stops deletes its consumer')
+  await lost.close()
+  await waitUntil('the vanished replica’s consumer removed', async () => (await names()).length === 1, 15_000, 200)
+  t.same(await names(), ['41'], 'only the live replica’s is left')
+  t.equal(stays.consumer, '41')
+  await vanishing.close()
+})

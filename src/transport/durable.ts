@@ -194,7 +194,8 @@ export class DurableKvEvents {
       jsm = await o.nc.jetstreamManager()
       stream = await ensureKvEventsStream(jsm, o.namespace, o.component)
     } catch (err) {
-      throw new KvrError('KVR_ERR_INVALID_OPTION', `--router-durable-kv-events needs JetStream on the NATS server: ${(err as Error).message}`, { cause: err })
+      // a server without JetStream answers its API with "503" (no responders)
+      throw new KvrError('KVR_ERR_INVALID_OPTION', `--router-durable-kv-events needs JetStream on the NATS server (nats-server --jetstream): ${(err as Error).message}`, { cause: err })
     }
     const d = new DurableKvEvents(o, nats, jsm, stream)
     const seq = o.resetStates && (await d.reset()) ? 0 : await d.load()

@@ -4,6 +4,7 @@
 // pools is what costs here.
 import t from 'tap'
 import { connect } from 'nats'
+import { startNats } from '../helpers/services.js'
 import { waitUntil } from '../helpers/wait.js'
 import { chain, removed } from '../helpers/events.js'
 import { encodeEnvelopeMsgpack, encodeRouterEventMsgpack } from '../helpers/dynamo-msgpack.js'
@@ -75,4 +76,37 @@ t.test("a replica's consumer goes with it: deleted on close, and removed by the 
   t.same(await names(), ['41'], 'only the live replica’s is left')
   t.equal(stays.consumer, '41')
   await vanishing.close()
+})
+
+t.test('a consumer deleted under a replica is made again after the last message applied: nothing lost, nothing twice', async (t) => {
+  const { nc } = await natsAndClient(t)
+  const d = await startDurable(t, { nc, pool, instanceId: 51n })
+  const jsm = await nc.jetstreamManager()
+  const w = 2n ** 40n + 3n
+  await publishAll(nc, [chain(w, null, [1, 2]), chain(w, 2, [3])])
+  await waitUntil('applied', () => d.counters.acked === 2)
+  await jsm.consumers.delete(STREAM, d.consumer)
+  const last = await publishAll(nc, [chain(w, 3, [4]), removed(w, [100]), chain(w, 4, [5])])
+  await waitUntil(
+    'the consumer made again and the rest applied',
+    async () => d.counters.acked === 5 && (await jsm.consumers.info(STREAM, d.consumer).catch(() => null))?.ack_floor.stream_seq === last,
+    15_000,
+    50,
+  )
+  t.ok(d.counters.repositioned >= 1, 'repositioned')
+  t.equal(d.counters.messages, 5, 'each message applied once')
+  const ci = await jsm.consumers.info(STREAM, d.consumer)
+  t.equal(ci.config.opt_start_seq, last - 2, 'the new consumer starts after the last message applied')
+  t.same([...((await indexOf(pool)).get(w) ?? new Map()).keys()].sort(), [200n, 300n, 400n, 500n])
+})
+
+t.test('a server without JetStream: one clear error', async (t) => {
+  const plain = await startNats({ jetstream: false })
+  t.teardown(() => plain.stop())
+  const nc = await connect({ servers: plain.url })
+  t.teardown(() => nc.close())
+  await t.rejects(DurableKvEvents.start({ nc, namespace: 'dynamo', component: 'backend', pool, instanceId: 1n, snapshotThreshold: 10, resetStates: false }), {
+    code: 'KVR_ERR_INVALID_OPTION',
+    message: /--router-durable-kv-events needs JetStream on the NATS server \(nats-server --jetstream\)/,
+  })
 })

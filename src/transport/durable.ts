@@ -377,6 +377,9 @@ export class DurableKvEvents {
             this.repositionNeeded = true
             throw err
           })
+          // a consumer gone for longer than the stream keeps messages (or purged past by others)
+          const first = (await this.jsm.streams.info(this.stream)).state.first_seq
+          if (first > this.lastSeq + 1) this.warn(`messages ${this.lastSeq + 1} to ${first - 1} of ${this.stream} were gone when the consumer was made again: the index misses what they held`)
         }
         const consumer = await this.js.consumers.get(this.stream, this.consumer)
         const messages = await consumer.consume({ max_messages: PULL_BATCH })

@@ -39,13 +39,12 @@ t.test('the stream and a consumer named by the instance id; JSON and MessagePack
 
   // a shard that has not applied a message holds its acknowledgement back
   const shard = pool.shardOf(w2)
-  pool.blockShard(shard, 1500)
-  await new Promise((r) => setTimeout(r, 100))
+  pool.blockShard(shard, 3000)
+  await new Promise((r) => setTimeout(r, 300))
   const seq = await publishAll(nc, [chain(w2, 8, [9])])
-  await new Promise((r) => setTimeout(r, 600))
-  const held = await jsm.consumers.info(STREAM, d.consumer)
-  t.equal(held.ack_floor.stream_seq, last, 'not acknowledged while its shard has not applied it')
-  t.equal(held.delivered.stream_seq, seq, 'though delivered')
+  await waitUntil('delivered', async () => (await jsm.consumers.info(STREAM, d.consumer)).delivered.stream_seq === seq, 2000)
+  await new Promise((r) => setTimeout(r, 200))
+  t.equal((await jsm.consumers.info(STREAM, d.consumer)).ack_floor.stream_seq, last, 'delivered, not acknowledged while its shard has not applied it')
   await waitUntil('acknowledged once applied', async () => (await jsm.consumers.info(STREAM, d.consumer)).ack_floor.stream_seq === seq, 5000)
   t.equal((await indexOf(pool)).get(w2)?.size, 3)
 })

@@ -248,9 +248,24 @@ t.test('process: options that act only in durable mode are said to have no effec
     '1',
   ])
   t.equal(r.code, 2)
-  t.match(r.stderr, /^kv-router: warning: --router-reset-states has no effect without --router-durable-kv-events\nkv-router: warning: --router-snapshot-threshold has no effect without --router-durable-kv-events\n/)
+  t.match(
+    r.stderr,
+    /^kv-router: warning: --router-reset-states has no effect without --router-durable-kv-events\nkv-router: warning: --router-snapshot-threshold has no effect without --router-durable-kv-events\n/,
+  )
   t.notMatch(r.stderr, /replica-sync/, 'replica sync is in effect: nothing said of it')
-  const d = await run(['serve', '--router-durable-kv-events', '--nats-url', 'nats://127.0.0.1:1', '--router-snapshot-threshold', '5', '--router-reset-states', '--tokenizer', '/nonexistent/tokenizer.json', '--router-event-threads', '1'])
+  const d = await run([
+    'serve',
+    '--router-durable-kv-events',
+    '--nats-url',
+    'nats://127.0.0.1:1',
+    '--router-snapshot-threshold',
+    '5',
+    '--router-reset-states',
+    '--tokenizer',
+    '/nonexistent/tokenizer.json',
+    '--router-event-threads',
+    '1',
+  ])
   t.equal(d.code, 2)
   t.notMatch(d.stderr, /warning/, 'in durable mode both are in effect')
 })

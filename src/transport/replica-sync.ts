@@ -871,4 +871,3 @@ export class ReplicaSync implements BookingObserver {
     if (!this.nc.isClosed()) await this.nc.close().catch(() => undefined)
   }
 }
-

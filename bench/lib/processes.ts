@@ -1,0 +1,107 @@
+// The processes of an end-to-end benchmark: `kv-router` commands started as children and awaited
+// until their stdout says they are ready, stopped with SIGTERM, the workers a router lists, and
+// how much of the machine the benchmark's processes and everything else used meanwhile.
+import { spawn } from 'node:child_process'
+import type { ChildProcessWithoutNullStreams } from 'node:child_process'
+import { readFileSync } from 'node:fs'
+import { join } from 'node:path'
+import { processTicks, repoRoot, TICKS_PER_S } from './common.js'
+import { ROUTER_V8_FLAGS } from '../../src/runtime/v8-flags.js'
+
+export interface Child {
+  p: ChildProcessWithoutNullStreams
+  match: RegExpMatchArray
+  stderr: () => string
+  exit: Promise<number | null>
+}
+
+/** Starts `node dist/src/main.js ARGS` and resolves once stdout matches `ready`. */
+export function start(args: string[], ready: RegExp, timeoutMs = 60_000): Promise<Child> {
+  const cli = join(repoRoot(), 'dist', 'src', 'main.js')
+  return new Promise((resolve, reject) => {
+    const p = spawn(process.execPath, [...(args[0] === 'serve' ? ROUTER_V8_FLAGS : []), cli, ...args], { env: { PATH: process.env.PATH ?? '' } })
+    let out = ''
+    let err = ''
+    let done = false
+    const exit = new Promise<number | null>((r) => p.on('close', (code) => r(code)))
+    const timer = setTimeout(() => {
+      done = true
+      p.kill('SIGKILL')
+      reject(new Error(`${args[0]} not ready after ${timeoutMs / 1000} s: ${out} ${err}`))
+    }, timeoutMs)
+    p.stdout.on('data', (d: Buffer) => {
+      out += d.toString()
+      const m = out.match(ready)
+      if (m !== null && !done) {
+        done = true
+        clearTimeout(timer)
+        resolve({ p, match: m, stderr: () => err, exit })
+      }
+    })
+    // keep the tail only: a long run's logs should not grow without bound
+    p.stderr.on('data', (d: Buffer) => (err = (err + d.toString()).slice(-4000)))
+    void exit.then((code) => {
+      if (!done) {
+        done = true
+        clearTimeout(timer)
+        reject(new Error(`${args[0]} exited ${code} before it was ready: ${out} ${err}`))
+      }
+    })
+  })
+}
+
+export async function stop(c: Child): Promise<void> {
+  if (c.p.exitCode !== null || c.p.signalCode !== null) return
+  c.p.kill('SIGTERM')
+  const timer = setTimeout(() => c.p.kill('SIGKILL'), 20_000)
+  await c.exit
+  clearTimeout(timer)
+}
+
+export async function workerIds(url: string): Promise<{ ids: string[]; cachedBlocks: number }> {
+  const text = await (await fetch(`${url}/v1/workers`)).text()
+  // ids are u64: read them from the text, not through JSON numbers
+  const ids = [...text.matchAll(/"id":"?(\d+)"?,"url"/g)].map((m) => m[1] as string)
+  let cachedBlocks = 0
+  for (const m of text.matchAll(/"cached_blocks":(\d+)/g)) cachedBlocks += Number(m[1])
+  return { ids, cachedBlocks }
+}
+
+// The machine is shared and has 2 cores: anything else running during a run inflates its
+// latencies. CPU time from /proc (Linux; null elsewhere) over the replay tells how much of the
+// machine the benchmark's own processes used and how much went to other processes.
+
+function machineTicks(): { busy: number; total: number } | null {
+  try {
+    const f = (readFileSync('/proc/stat', 'utf8').split('\n')[0] ?? '').trim().split(/\s+/).slice(1, 9).map(Number)
+    const total = f.reduce((x, y) => x + y, 0)
+    return { busy: total - (f[3] ?? 0) - (f[4] ?? 0), total }
+  } catch {
+    return null
+  }
+}
+
+function selfTicks(): number {
+  const u = process.cpuUsage()
+  return ((u.user + u.system) / 1e6) * TICKS_PER_S
+}
+
+export interface CpuSample {
+  machine: { busy: number; total: number } | null
+  own: (number | null)[]
+}
+
+export function cpuSample(pids: (number | undefined)[]): CpuSample {
+  return { machine: machineTicks(), own: [selfTicks(), ...pids.map(processTicks)] }
+}
+
+/** Shares of the whole machine (all cores) used by our processes and by everything else. */
+export function cpuShares(a: CpuSample, b: CpuSample): { own: number; other: number } | null {
+  if (a.machine === null || b.machine === null || a.own.some((x) => x === null) || b.own.some((x) => x === null)) return null
+  const total = b.machine.total - a.machine.total
+  if (total <= 0) return null
+  let own = 0
+  for (let i = 0; i < a.own.length; i++) own += (b.own[i] as number) - (a.own[i] as number)
+  const busy = b.machine.busy - a.machine.busy
+  return { own: own / total, other: Math.max(0, busy - own) / total }
+}

@@ -1,6 +1,6 @@
 /**
  * Test harness for the real external services kv-router talks to: NATS (with
- * JetStream) and etcd.
+ * JetStream) and etcd; and HAProxy, the balancer in front of its replicas.
  *
  * Why real servers and not mocks: the router's correctness depends on the
  * actual protocol behaviour of these systems — JetStream sequence numbers and
@@ -13,7 +13,7 @@
  * behind.
  *
  * Missing binaries are an error (never a skip): the message says how to
- * install them (`apt-get install -y nats-server etcd-server`).
+ * install them (`apt-get install -y nats-server etcd-server haproxy`).
  *
  * Orphan protection, in layers:
  *   1. `stop()` (use it in `t.teardown`) terminates and removes the temp dir.
@@ -26,15 +26,16 @@
  * test process alive; layer 2 then cleans up.
  *
  * Set KVR_SERVICE_LOGS=1 to echo server output to stderr while debugging.
- * KVR_NATS_SERVER_BIN / KVR_ETCD_BIN override the binary lookup.
+ * KVR_NATS_SERVER_BIN / KVR_ETCD_BIN / KVR_HAPROXY_BIN override the binary lookup.
  */
 import { spawn, type ChildProcess } from 'node:child_process'
-import { accessSync, constants as fsConstants, rmSync, statSync } from 'node:fs'
-import { mkdtemp, rm } from 'node:fs/promises'
+import { accessSync, existsSync, constants as fsConstants, readFileSync, rmSync, statSync } from 'node:fs'
+import { mkdtemp, rm, writeFile } from 'node:fs/promises'
 import { request as httpRequest } from 'node:http'
 import { createServer, connect as netConnect, type Server } from 'node:net'
 import { tmpdir } from 'node:os'
-import { delimiter, join } from 'node:path'
+import { delimiter, dirname, join } from 'node:path'
+import { fileURLToPath } from 'node:url'
 import { randomBytes } from 'node:crypto'
 
 // ---------------------------------------------------------------------------
@@ -675,25 +676,28 @@ async function startedOrStopped<S extends { start(): Promise<void>; stop(): Prom
 // etcd
 // ---------------------------------------------------------------------------
 
-function httpGetJson(url: string, timeoutMs: number): Promise<{ status: number; body: unknown }> {
+function httpGetText(url: string, timeoutMs: number): Promise<{ status: number; text: string }> {
   return new Promise((resolve, reject) => {
     const req = httpRequest(url, { method: 'GET', timeout: timeoutMs, agent: false }, (res) => {
       let text = ''
       res.setEncoding('utf8')
       res.on('data', (c: string) => (text += c))
       res.on('error', reject)
-      res.on('end', () => {
-        try {
-          resolve({ status: res.statusCode ?? 0, body: JSON.parse(text) as unknown })
-        } catch {
-          reject(new Error(`non-JSON response (${res.statusCode ?? '?'}): ${text.slice(0, 200)}`))
-        }
-      })
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, text }))
     })
     req.on('timeout', () => req.destroy(new Error(`timeout after ${timeoutMs} ms`)))
     req.on('error', reject)
     req.end()
   })
+}
+
+async function httpGetJson(url: string, timeoutMs: number): Promise<{ status: number; body: unknown }> {
+  const { status, text } = await httpGetText(url, timeoutMs)
+  try {
+    return { status, body: JSON.parse(text) as unknown }
+  } catch {
+    throw new Error(`non-JSON response (${status}): ${text.slice(0, 200)}`)
+  }
 }
 
 class EtcdProcess extends ManagedProcess implements EtcdServer {
@@ -773,4 +777,166 @@ export async function startEtcd(opts: EtcdOptions = {}): Promise<EtcdServer> {
   const [port, peerPort] = await getFreePorts(2)
   if (port === undefined || peerPort === undefined) throw new Error('could not allocate free ports')
   return startedOrStopped(new EtcdProcess(bin, dataDir, port, peerPort, opts))
+}
+
+// ---------------------------------------------------------------------------
+// HAProxy
+// ---------------------------------------------------------------------------
+
+/** A replica behind HAProxy: its server name (the `x-router-replica` header) and port on 127.0.0.1. */
+export interface HaproxyBackend {
+  name: string
+  port: number
+}
+
+export interface HaproxyOptions extends ServiceOptions {
+  backends: readonly HaproxyBackend[]
+}
+
+export interface HaproxyServer extends ManagedServer {
+  /** The stats frontend (`/stats`, `/stats;csv`, `/metrics`). */
+  readonly statsUrl: string
+  /** Each backend server's status as HAProxy's health checks see it: `UP`, `DOWN`, `UP 1/2`, … */
+  serverStatus(): Promise<Map<string, string>>
+}
+
+/** deploy/haproxy/haproxy.cfg, found upwards from this module (test/helpers or dist/test/helpers). */
+export function haproxyConfigPath(): string {
+  let dir = dirname(fileURLToPath(import.meta.url))
+  for (;;) {
+    const candidate = join(dir, 'deploy', 'haproxy', 'haproxy.cfg')
+    if (existsSync(candidate)) return candidate
+    const up = dirname(dir)
+    if (up === dir) throw new Error('deploy/haproxy/haproxy.cfg not found above the test helpers')
+    dir = up
+  }
+}
+
+/**
+ * The deployment's HAProxy configuration for loopback, everything else as it is: each `bind` on
+ * 127.0.0.1 and the port `ports` maps its own to, the `server` lines replaced by one per backend
+ * (with the first one's options), and Docker's DNS (the `resolvers` section and its uses) dropped.
+ */
+export function renderHaproxyConfig(text: string, ports: ReadonlyMap<number, number>, backends: readonly HaproxyBackend[]): string {
+  const out: string[] = []
+  let section = ''
+  let servers = false
+  for (const line of text.split('\n')) {
+    if (/^\S/.test(line)) section = line.split(/\s+/)[0] as string
+    if (section === 'resolvers') continue
+    const bind = /^(\s*)bind\s+\S*:(\d+)(.*)$/.exec(line)
+    if (bind !== null) {
+      const port = ports.get(Number(bind[2]))
+      if (port === undefined) throw new Error(`no port given for the bind on ${bind[2]}`)
+      out.push(`${bind[1]}bind 127.0.0.1:${port}${bind[3]}`)
+      continue
+    }
+    const plain = line.replace(/\s+resolvers\s+\S+/, '')
+    const server = /^(\s*)server\s+\S+\s+\S+(.*)$/.exec(plain)
+    if (server !== null) {
+      if (!servers) for (const b of backends) out.push(`${server[1]}server ${b.name} 127.0.0.1:${b.port}${server[2]}`)
+      servers = true
+      continue
+    }
+    out.push(plain)
+  }
+  if (!servers) throw new Error('the HAProxy configuration has no server line')
+  return out.join('\n')
+}
+
+/** The ports the configuration's `bind` lines name, in order: the first is the clients' frontend. */
+export function haproxyBindPorts(text: string): number[] {
+  return [...text.matchAll(/^\s*bind\s+\S*:(\d+)/gm)].map((m) => Number(m[1]))
+}
+
+/** Status by server name from `/stats;csv` (its header line names the columns). */
+export function haproxyServerStatus(csv: string, names: readonly string[]): Map<string, string> {
+  const lines = csv.split('\n')
+  const header = (lines[0] ?? '').replace(/^#\s*/, '').split(',')
+  const sv = header.indexOf('svname')
+  const st = header.indexOf('status')
+  const out = new Map<string, string>()
+  for (const line of lines.slice(1)) {
+    const f = line.split(',')
+    const name = f[sv]
+    if (name !== undefined && names.includes(name)) out.set(name, f[st] ?? '')
+  }
+  return out
+}
+
+class HaproxyProcess extends ManagedProcess implements HaproxyServer {
+  readonly #template: string
+  readonly #binds: number[]
+  readonly #backends: readonly HaproxyBackend[]
+  #ports: number[]
+
+  constructor(bin: string, dataDir: string, template: string, ports: number[], opts: HaproxyOptions) {
+    super('haproxy', bin, dataDir, opts)
+    this.#template = template
+    this.#binds = haproxyBindPorts(template)
+    this.#backends = opts.backends
+    this.#ports = ports
+  }
+
+  get port(): number {
+    return this.#ports[0] as number
+  }
+
+  get url(): string {
+    return `http://127.0.0.1:${this.port}`
+  }
+
+  get statsUrl(): string {
+    return `http://127.0.0.1:${this.#ports[1]}`
+  }
+
+  get configPath(): string {
+    return join(this.dataDir, 'haproxy.cfg')
+  }
+
+  /** Writes the configuration for the current ports; before each first start attempt. */
+  async render(): Promise<void> {
+    const ports = new Map(this.#binds.map((b, i) => [b, this.#ports[i] as number]))
+    await writeFile(this.configPath, renderHaproxyConfig(this.#template, ports, this.#backends))
+  }
+
+  protected args(): string[] {
+    return ['-db', '-f', this.configPath]
+  }
+
+  protected async probe(timeoutMs: number): Promise<void> {
+    const { status } = await httpGetText(`${this.statsUrl}/stats;csv`, timeoutMs)
+    if (status !== 200) throw new Error(`/stats;csv -> ${status}`)
+  }
+
+  protected async reassignPorts(): Promise<void> {
+    this.#ports = await getFreePorts(this.#binds.length)
+    await this.render()
+  }
+
+  async serverStatus(): Promise<Map<string, string>> {
+    const { text } = await httpGetText(`${this.statsUrl}/stats;csv`, 2_000)
+    return haproxyServerStatus(
+      text,
+      this.#backends.map((b) => b.name),
+    )
+  }
+}
+
+/**
+ * Start haproxy with deploy/haproxy/haproxy.cfg rendered for loopback in front of `backends`, on
+ * free ports (the clients' frontend is `url`, the stats frontend `statsUrl`). Ready once its stats
+ * frontend answers; its health checks of the backends (GET /ready) run from then on.
+ */
+export async function startHaproxy(opts: HaproxyOptions): Promise<HaproxyServer> {
+  const bin = requireExecutable('haproxy', 'haproxy', 'KVR_HAPROXY_BIN')
+  const template = readFileSync(haproxyConfigPath(), 'utf8')
+  const binds = haproxyBindPorts(template)
+  if (binds.length < 2) throw new Error("haproxy.cfg should bind a clients' frontend and a stats frontend")
+  const dataDir = await mkdtemp(join(tmpdir(), 'kvr-haproxy-'))
+  liveTempDirs.add(dataDir)
+  installExitHook()
+  const server = new HaproxyProcess(bin, dataDir, template, await getFreePorts(binds.length), opts)
+  await server.render()
+  return startedOrStopped(server)
 }

@@ -60,8 +60,9 @@ export async function stop(c: Child): Promise<void> {
 
 export async function workerIds(url: string): Promise<{ ids: string[]; cachedBlocks: number }> {
   const text = await (await fetch(`${url}/v1/workers`)).text()
-  // ids are u64: read them from the text, not through JSON numbers
-  const ids = [...text.matchAll(/"id":"?(\d+)"?,"url"/g)].map((m) => m[1] as string)
+  // ids are u64: their exact decimal strings, not JSON numbers (an unregistered worker-rank's
+  // field is worker_id_str, so it is not counted)
+  const ids = [...text.matchAll(/"id_str":"(\d+)"/g)].map((m) => m[1] as string)
   let cachedBlocks = 0
   for (const m of text.matchAll(/"cached_blocks":(\d+)/g)) cachedBlocks += Number(m[1])
   return { ids, cachedBlocks }

@@ -1,9 +1,13 @@
 // Integration test of the real-service harness (test/helpers/services.ts):
-// real nats-server (JetStream) and etcd processes, real clients.
+// real nats-server (JetStream), etcd and haproxy processes, real clients.
 import t from 'tap'
 import { AckPolicy, DeliverPolicy, Events, StorageType, connect, type NatsConnection } from 'nats'
 import { Etcd3 } from 'etcd3'
-import { startEtcd, startNats } from '../helpers/services.js'
+import { existsSync, readFileSync } from 'node:fs'
+import { createServer } from 'node:http'
+import type { AddressInfo } from 'node:net'
+import { haproxyBindPorts, haproxyConfigPath, renderHaproxyConfig, startEtcd, startHaproxy, startNats } from '../helpers/services.js'
+import { waitUntil } from '../helpers/wait.js'
 
 const enc = new TextEncoder()
 const dec = new TextDecoder()
@@ -233,4 +237,57 @@ t.test('etcd: lease + watch, revoke, restart keeps data', async (t) => {
   t.equal(res.kvs[0]?.value.toString(), 'stays')
   t.equal(String(res.kvs[0]?.mod_revision), durablePut.modRevision, 'same revision as before the restart')
   t.equal(await c2.get(leasedKey).string(), null, 'revoked key still gone after restart')
+})
+
+t.test('HAProxy: the deployment configuration on loopback; health checks on /ready; stop removes its directory', async (t) => {
+  const template = readFileSync(haproxyConfigPath(), 'utf8')
+  t.same(haproxyBindPorts(template), [8000, 8404], "the clients' frontend, then the stats one")
+  const rendered = renderHaproxyConfig(
+    template,
+    new Map([
+      [8000, 1001],
+      [8404, 1002],
+    ]),
+    [
+      { name: 'a', port: 2001 },
+      { name: 'b', port: 2002 },
+    ],
+  )
+  t.match(rendered, /\n {2}bind 127\.0\.0\.1:1001\n/)
+  t.match(rendered, /\n {2}bind 127\.0\.0\.1:1002\n/)
+  t.match(rendered, /\n {2}server a 127\.0\.0\.1:2001\n {2}server b 127\.0\.0\.1:2002\n/, 'one server line per backend, in place of the deployment’s')
+  t.notMatch(rendered, /resolvers|router-1:8000/, "Docker's DNS is gone")
+  t.match(rendered, /http-check send meth GET uri \/ready/, 'the rest as it is')
+
+  // two backends: one ready, one not
+  const backend = (ready: boolean) =>
+    createServer((req, res) => {
+      res.statusCode = req.url === '/ready' && !ready ? 503 : 200
+      res.end('ok')
+    })
+  const up = backend(true)
+  const down = backend(false)
+  for (const s of [up, down]) {
+    await new Promise<void>((r) => s.listen(0, '127.0.0.1', r))
+    t.teardown(() => new Promise<void>((r) => s.close(() => r())))
+  }
+  const lb = await startHaproxy({
+    backends: [
+      { name: 'up', port: (up.address() as AddressInfo).port },
+      { name: 'down', port: (down.address() as AddressInfo).port },
+    ],
+  })
+  t.teardown(() => lb.stop())
+  t.equal(lb.state, 'running')
+  await waitUntil('the unready backend DOWN', async () => (await lb.serverStatus()).get('down') === 'DOWN', 15_000, 100)
+  t.equal((await lb.serverStatus()).get('up'), 'UP')
+  for (let i = 0; i < 3; i++) {
+    const res = await fetch(`${lb.url}/anything`)
+    await res.text()
+    t.same([res.status, res.headers.get('x-router-replica')], [200, 'up'], 'answered by the ready one, named')
+  }
+  const dir = lb.dataDir
+  await lb.stop()
+  t.equal(lb.state, 'stopped')
+  t.notOk(existsSync(dir), 'its directory is removed')
 })

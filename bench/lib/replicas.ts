@@ -1,0 +1,140 @@
+// The parts of bench:replicas that need no process: its setups, its command line, the counters
+// it reads from the replicas' /metrics, and its targets.
+
+/** One way of running the routers behind HAProxy; every setup gets the same fleet and load. */
+export interface Setup {
+  key: string
+  label: string
+  replicas: number
+  sync: boolean
+}
+
+export const SETUPS: readonly Setup[] = [
+  { key: 'one', label: '1 replica', replicas: 1, sync: false },
+  { key: 'two', label: '2 replicas, no sync', replicas: 2, sync: false },
+  { key: 'two-sync', label: '2 replicas, sync', replicas: 2, sync: true },
+]
+
+// bench:e2e's defaults, so that the 1-replica row compares with its kv-tuned row
+export const DEFAULTS = { minutes: 20, workers: 8, speedup: 1.5, load: 8, capacityFactor: 1.25, maxInFlight: 2048 }
+
+export interface ReplicasArgs {
+  /** null: the whole trace (--full). */
+  minutes: number | null
+  workers: number
+  speedup: number
+  load: number
+  capacityFactor: number
+  maxInFlight: number
+  /** null: data/conversation_trace.jsonl. */
+  trace: string | null
+  /** Extra `kv-router serve` flags for every replica, after the benchmark's own (so they win). */
+  routerArgs: string[]
+}
+
+/** A bad command line: the message is the one line to print. */
+export class ArgError extends Error {}
+
+const VALUE_OPTIONS = ['--minutes', '--workers', '--speedup', '--load', '--capacity-factor', '--max-in-flight', '--trace', '--router-args']
+
+export function parseReplicasArgs(argv: readonly string[]): ReplicasArgs {
+  const v = new Map<string, string>()
+  let full = false
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i] as string
+    if (a === '--full') {
+      full = true
+      continue
+    }
+    const eq = a.indexOf('=')
+    const name = eq > 0 ? a.slice(0, eq) : a
+    if (!VALUE_OPTIONS.includes(name)) throw new ArgError(`unknown option ${JSON.stringify(a)} (known: --full ${VALUE_OPTIONS.join(' ')})`)
+    const value = eq > 0 ? a.slice(eq + 1) : argv[++i]
+    if (value === undefined) throw new ArgError(`${name} needs a value`)
+    v.set(name, value)
+  }
+  const num = (name: string, dflt: number, integer = false): number => {
+    const s = v.get(name)
+    if (s === undefined) return dflt
+    const n = Number(s)
+    if (s.trim() === '' || !Number.isFinite(n) || n <= 0 || (integer && !Number.isInteger(n)))
+      throw new ArgError(`${name} must be a positive ${integer ? 'integer' : 'number'}, got ${JSON.stringify(s)}`)
+    return n
+  }
+  if (full && v.has('--minutes')) throw new ArgError('--full and --minutes exclude each other')
+  return {
+    minutes: full ? null : num('--minutes', DEFAULTS.minutes),
+    workers: num('--workers', DEFAULTS.workers, true),
+    speedup: num('--speedup', DEFAULTS.speedup),
+    load: num('--load', DEFAULTS.load),
+    capacityFactor: num('--capacity-factor', DEFAULTS.capacityFactor),
+    maxInFlight: num('--max-in-flight', DEFAULTS.maxInFlight, true),
+    trace: v.get('--trace') ?? null,
+    routerArgs: (v.get('--router-args') ?? '').split(/\s+/).filter((x) => x !== ''),
+  }
+}
+
+/**
+ * The sum of a counter's samples in a Prometheus text exposition, those whose labels include
+ * `labels` when given; null when the metric is not there at all (a router without replica sync
+ * does not register the replica metrics).
+ */
+export function counterSum(text: string, name: string, labels?: string): number | null {
+  let sum: number | null = null
+  for (const line of text.split('\n')) {
+    if (!(line.startsWith(`${name} `) || line.startsWith(`${name}{`))) continue
+    const close = line.lastIndexOf('}')
+    if (labels !== undefined && (close < 0 || !line.slice(0, close).includes(labels))) continue
+    const value = Number(line.slice(line.lastIndexOf(' ') + 1))
+    if (Number.isFinite(value)) sum = (sum ?? 0) + value
+  }
+  return sum
+}
+
+export interface Bar {
+  bar: string
+  value: string
+  target: string
+  /** null when a figure it needs is missing. */
+  pass: boolean | null
+}
+
+/** What the targets read of one setup's run. */
+export interface SetupFigures {
+  hitRate: number | null
+  ttftP90: number | null
+  errors: number
+}
+
+function pct(v: number): string {
+  return `${(v * 100).toFixed(1)}%`
+}
+
+/**
+ * Synced replicas against one router: the cache hits kept (≥ 0.95 × its hit rate), the p90 TTFT
+ * kept (≤ 1.15 × its), and no errors in any setup.
+ */
+export function replicaBars(figures: Readonly<Record<string, SetupFigures>>): Bar[] {
+  const one = figures['one']
+  const sync = figures['two-sync']
+  const bars: Bar[] = []
+  const h1 = one?.hitRate ?? null
+  const hs = sync?.hitRate ?? null
+  bars.push({
+    bar: 'sync hit rate ≥ 0.95 × 1 replica',
+    value: h1 === null || hs === null ? 'n/a' : `${pct(hs)} vs ${pct(h1)} (${h1 > 0 ? (hs / h1).toFixed(3) : '∞'})`,
+    target: '≥ 0.95',
+    pass: h1 === null || hs === null ? null : hs >= 0.95 * h1,
+  })
+  const p1 = one?.ttftP90 ?? null
+  const ps = sync?.ttftP90 ?? null
+  bars.push({
+    bar: 'sync p90 TTFT ≤ 1.15 × 1 replica',
+    value: p1 === null || ps === null ? 'n/a' : `${ps.toFixed(0)} vs ${p1.toFixed(0)} ms (${p1 > 0 ? (ps / p1).toFixed(3) : '∞'})`,
+    target: '≤ 1.15',
+    pass: p1 === null || ps === null ? null : ps <= 1.15 * p1,
+  })
+  const entries = Object.entries(figures)
+  bars.push({ bar: 'zero errors in every setup', value: entries.map(([k, f]) => `${k} ${f.errors}`).join(', '), target: '0', pass: entries.every(([, f]) => f.errors === 0) })
+  return bars
+}

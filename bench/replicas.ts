@@ -1,0 +1,284 @@
+// Replica benchmark (npm run bench:replicas): bench:e2e's slice of the Mooncake conversation
+// trace, at its load and time compression, replayed through HAProxy (deploy/haproxy/haproxy.cfg,
+// rendered for loopback) to kv-router replicas in three setups, one after another in one run:
+// one replica; two replicas that do not share their bookings; two with --router-replica-sync.
+// Every setup gets a fresh nats-server, etcd, `kv-router mocker` fleet (cold caches) and
+// replicas; the engines register in etcd and publish their KV events on NATS, so every replica
+// holds the whole index and the setups differ only in how many routers decide and what they know
+// of each other's requests in flight.
+//
+// The question: do synced replicas route as well as one router? Two unsynced replicas each see
+// half the load, so each sends requests to workers that only look idle to it; synced ones book
+// each other's requests as their own, one sync delay (about a millisecond) late, and two that
+// decide within that delay can take the same worker (kvrouter_replica_races_total counts it).
+//
+// Times, capacity and the latency figures are bench:e2e's (see there): latencies in simulated
+// ms (wall × --speedup), K KV blocks per engine so that the fleet holds everything the slice
+// stores. The routers run kv mode with bench:e2e's kv-tuned cost.
+//
+// Run: npm run bench:replicas [-- --minutes M | --full] [--workers N] [--speedup S] [--load X]
+//      [--capacity-factor F] [--max-in-flight N] [--trace FILE] [--router-args "FLAGS"]
+// Results: bench/results/replicas.json and a printed table.
+import { writeFileSync } from 'node:fs'
+import { availableParallelism, cpus } from 'node:os'
+import { join, relative } from 'node:path'
+import { readTrace } from '../src/sim/replay/trace.js'
+import type { TraceRequest } from '../src/sim/replay/trace.js'
+import { cacheBound } from '../src/sim/replay/bound.js'
+import { startReplay } from '../src/sim/replay/client.js'
+import type { ReplayResult } from '../src/sim/replay/client.js'
+import { summarize } from '../src/sim/replay/summary.js'
+import type { ReplaySummary } from '../src/sim/replay/summary.js'
+import { startEtcd, startHaproxy, startNats } from '../test/helpers/services.js'
+import type { EtcdServer, HaproxyServer, NatsServer } from '../test/helpers/services.js'
+import { repoRoot, resultsDir } from './lib/common.js'
+import { cpuSample, cpuShares, start, stop, workerIds } from './lib/processes.js'
+import type { Child } from './lib/processes.js'
+import { ArgError, counterSum, parseReplicasArgs, replicaBars, SETUPS } from './lib/replicas.js'
+import type { ReplicasArgs, Setup, SetupFigures } from './lib/replicas.js'
+
+const BLOCK_SIZE = 64
+const MODEL = 'replicas-model'
+// bench:e2e's kv-tuned: the cost this workload's long multi-turn conversations want
+const ROUTER_COST = ['--router-mode', 'kv', '--router-prefill-load-scale', '10', '--router-kv-overlap-score-credit', '5']
+/** Share of the machine other processes may use during a setup before the run is flagged. */
+const OTHER_CPU_WARN = 0.1
+
+interface SetupRun {
+  summary: ReplaySummary
+  result: ReplayResult
+  wallS: number
+  /** Sum of kvrouter_replica_races_total over the replicas; null without replica sync. */
+  races: number | null
+  /** Completions each replica answered (dynamo_frontend_requests_total), in replica order. */
+  perReplica: number[]
+  cpu: { own: number; other: number } | null
+}
+
+async function until(what: string, ok: () => Promise<boolean>, timeoutMs: number): Promise<void> {
+  const deadline = Date.now() + timeoutMs
+  for (;;) {
+    if (await ok().catch(() => false)) return
+    if (Date.now() > deadline) throw new Error(`${what}: not within ${timeoutMs / 1000} s`)
+    await new Promise((r) => setTimeout(r, 100))
+  }
+}
+
+async function metrics(url: string): Promise<string> {
+  return (await fetch(`${url}/metrics`)).text()
+}
+
+async function runSetup(setup: Setup, a: ReplicasArgs, requests: TraceRequest[], k: number): Promise<SetupRun> {
+  let nats: NatsServer | null = null
+  let etcd: EtcdServer | null = null
+  let lb: HaproxyServer | null = null
+  let mocker: Child | null = null
+  const routers: Child[] = []
+  try {
+    nats = await startNats({ jetstream: false })
+    etcd = await startEtcd()
+    for (let i = 0; i < setup.replicas; i++) {
+      const args = ['serve', '--http-host', '127.0.0.1', '--http-port', '0', ...ROUTER_COST, '--router-block-size', String(BLOCK_SIZE), '--router-event-threads', '1']
+      args.push('--model-name', MODEL, '--shutdown-timeout-secs', '5', '--nats-url', nats.url, '--etcd-url', etcd.url, ...(setup.sync ? ['--router-replica-sync'] : []), ...a.routerArgs)
+      routers.push(await start(args, /listening on (http:\/\/\S+)/))
+    }
+    const urls = routers.map((r) => r.match[1] as string)
+    mocker = await start(
+      ['mocker', '--num-workers', String(a.workers), '--block-size', String(BLOCK_SIZE), '--num-gpu-blocks-override', String(k), '--speedup-ratio', String(a.speedup)].concat([
+        '--model-name',
+        MODEL,
+        '--nats-url',
+        nats.url,
+        '--etcd-url',
+        etcd.url,
+      ]),
+      /kv-router mocker: ready (\d+) engine\(s\)/,
+    )
+    for (const url of urls) await until(`${url} lists the ${a.workers} engines from etcd`, async () => (await workerIds(url)).ids.length === a.workers, 30_000)
+    const { ids } = await workerIds(urls[0] as string)
+    const names = urls.map((_, i) => `router-${i + 1}`)
+    const balancer = await startHaproxy({ backends: urls.map((u, i) => ({ name: names[i] as string, port: Number(new URL(u).port) })) })
+    lb = balancer
+    await until('every replica UP in HAProxy', async () => [...(await balancer.serverStatus()).values()].filter((s) => s === 'UP').length === setup.replicas, 30_000)
+
+    const pids = [...routers.map((r) => r.p.pid), mocker.p.pid, balancer.pid, nats.pid, etcd.pid]
+    const t0 = performance.now()
+    const cpu0 = cpuSample(pids)
+    const run = startReplay({ url: balancer.url, requests, speedup: a.load * a.speedup, maxInFlight: a.maxInFlight, model: MODEL, timeoutMs: 600_000 })
+    const tty = process.stderr.isTTY === true
+    const ticker = setInterval(
+      () => {
+        const p = run.progress()
+        const line = `  ${setup.label}: ${Math.floor((p.done / Math.max(1, p.total)) * 100)}%  sent ${p.sent}/${p.total}  in flight ${p.inFlight}  failed ${p.failed}  ${p.elapsedS.toFixed(0)}/${p.scheduleS.toFixed(0)} s`
+        process.stderr.write(tty ? `\r${line}\u001b[K` : `${line}\n`)
+      },
+      tty ? 500 : 15_000,
+    )
+    let result: ReplayResult
+    try {
+      result = await run.done
+    } finally {
+      clearInterval(ticker)
+      if (tty) process.stderr.write('\r\u001b[K')
+    }
+    const wallS = (performance.now() - t0) / 1000
+    const cpu = cpuShares(cpu0, cpuSample(pids))
+    const texts = await Promise.all(urls.map(metrics))
+    const races = setup.sync ? texts.reduce((s, m) => s + (counterSum(m, 'kvrouter_replica_races_total') ?? 0), 0) : null
+    const perReplica = texts.map((m) => counterSum(m, 'dynamo_frontend_requests_total') ?? 0)
+    const summary = summarize(result.records, { gaps: result.itlGaps, timeScale: a.speedup, workers: ids })
+    return { summary, result, wallS, races, perReplica, cpu }
+  } finally {
+    // the balancer first, so nothing new reaches a replica; the engines revoke their leases while etcd is up
+    await lb?.stop()
+    await Promise.all(routers.map(stop))
+    if (mocker !== null) await stop(mocker)
+    await etcd?.stop()
+    await nats?.stop()
+  }
+}
+
+function pct(v: number | null): string {
+  return v === null ? 'n/a' : `${(v * 100).toFixed(1)}%`
+}
+function ms(v: number | null): string {
+  return v === null ? 'n/a' : v >= 100 ? v.toFixed(0) : v.toFixed(1)
+}
+
+function table(header: string[], rows: string[][]): string {
+  const w = header.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)))
+  const line = (cells: string[]): string => cells.map((c, i) => (i === 0 ? c.padEnd(w[i] as number) : c.padStart(w[i] as number))).join(' | ')
+  return [line(header), w.map((n) => '-'.repeat(n)).join('-|-'), ...rows.map(line)].join('\n')
+}
+
+async function main(): Promise<void> {
+  let a: ReplicasArgs
+  try {
+    a = parseReplicasArgs(process.argv.slice(2))
+  } catch (err) {
+    if (!(err instanceof ArgError)) throw err
+    process.stderr.write(`bench:replicas: ${err.message}\n`)
+    process.exit(2)
+  }
+  const tracePath = a.trace ?? join(repoRoot(), 'data', 'conversation_trace.jsonl')
+  const all = readTrace(tracePath)
+  const requests = a.minutes === null ? all : all.filter((r) => r.timestamp < (a.minutes as number) * 60_000)
+  if (requests.length === 0) {
+    process.stderr.write('bench:replicas: the slice holds no request\n')
+    process.exit(2)
+  }
+  const bound = cacheBound(requests, BLOCK_SIZE)
+  const k = Math.ceil((bound.uniqueBlocks / a.workers) * a.capacityFactor)
+  const spanS = ((requests[requests.length - 1] as TraceRequest).timestamp - (requests[0] as TraceRequest).timestamp) / 1000
+  const replaySpeedup = a.load * a.speedup
+  const command = `npm run bench:replicas${process.argv.length > 2 ? ` -- ${process.argv.slice(2).join(' ')}` : ''}`
+  const sliceName = a.minutes === null ? 'the whole trace' : `the first ${a.minutes} min`
+  console.log(`bench:replicas — ${sliceName} of ${relative(process.cwd(), tracePath)}: ${requests.length} requests over ${(spanS / 60).toFixed(1)} min, through HAProxy`)
+  console.log(`  infinite-cache hit-rate bound (block ${BLOCK_SIZE}): ${pct(bound.hitRate)}; K = ${k} KV blocks per engine (× ${a.workers} engines, factor ${a.capacityFactor})`)
+  console.log(`  mocker --speedup-ratio ${a.speedup}, load × ${a.load} → replay at ${replaySpeedup}× the trace: ~${(spanS / replaySpeedup).toFixed(0)} s of sending per setup`)
+  console.log(`  routers: ${[...ROUTER_COST, ...a.routerArgs].join(' ')}`)
+
+  const runs = new Map<Setup, SetupRun>()
+  for (const setup of SETUPS) {
+    const r = await runSetup(setup, a, requests, k)
+    runs.set(setup, r)
+    const s = r.summary
+    const cpuNote = r.cpu === null ? '' : `; CPU: bench ${pct(r.cpu.own)} of the machine, other processes ${pct(r.cpu.other)}`
+    console.log(
+      `  ${setup.label}: ${s.ok}/${s.requests} ok in ${r.wallS.toFixed(0)} s wall; TTFT p50/p90/p99 ${ms(s.ttft_ms.p50)}/${ms(s.ttft_ms.p90)}/${ms(s.ttft_ms.p99)} ms, hit rate ${pct(s.hit_rate)}, spread ${s.spread?.toFixed(2) ?? '∞'}, races ${r.races ?? 'n/a'}${cpuNote}`,
+    )
+    if (r.cpu !== null && r.cpu.other > OTHER_CPU_WARN)
+      console.log(`  WARNING: other processes used ${pct(r.cpu.other)} of the machine during ${setup.label}: its latencies are inflated; rerun on a quiet machine`)
+  }
+  const figures: Record<string, SetupFigures> = {}
+  for (const [setup, r] of runs) figures[setup.key] = { hitRate: r.summary.hit_rate, ttftP90: r.summary.ttft_ms.p90, errors: r.summary.errors }
+  const bars = replicaBars(figures)
+
+  const rows = [...runs].map(([setup, r]) => {
+    const s = r.summary
+    return [
+      setup.label,
+      String(s.requests),
+      String(s.errors),
+      pct(s.hit_rate),
+      ms(s.ttft_ms.p50),
+      ms(s.ttft_ms.p90),
+      ms(s.ttft_ms.p99),
+      s.spread === null ? '∞' : s.spread.toFixed(2),
+      r.races === null ? 'n/a' : String(r.races),
+      r.perReplica.join(' / '),
+      ms(s.send_lag_ms.p99),
+    ]
+  })
+  console.log(`\nper setup (TTFT in SIMULATED ms = wall × ${a.speedup}; spread = max/min requests per engine; races = kvrouter_replica_races_total, all replicas)`)
+  console.log(table(['setup', 'requests', 'errors', 'hit rate', 'TTFT p50', 'TTFT p90', 'TTFT p99', 'spread', 'races', 'per replica', 'send lag p99 (wall ms)'], rows))
+  console.log(`infinite-cache bound: ${pct(bound.hitRate)}`)
+  console.log('\ntargets')
+  console.log(
+    table(
+      ['check', 'value', 'target', 'result'],
+      bars.map((b) => [b.bar, b.value, b.target, b.pass === null ? 'n/a' : b.pass ? 'PASS' : 'FAIL']),
+    ),
+  )
+
+  const setups = Object.fromEntries(
+    [...runs].map(([setup, r]) => {
+      const s = r.summary
+      return [
+        setup.key,
+        {
+          label: setup.label,
+          replicas: setup.replicas,
+          replica_sync: setup.sync,
+          requests: s.requests,
+          errors: s.errors,
+          error_kinds: s.error_kinds,
+          hit_rate: s.hit_rate,
+          ttft_ms: { p50: s.ttft_ms.p50, p90: s.ttft_ms.p90, p99: s.ttft_ms.p99, mean: s.ttft_ms.mean },
+          tpot_ms: { p50: s.tpot_ms.p50, p99: s.tpot_ms.p99 },
+          spread: s.spread,
+          workers: s.workers,
+          // null: no replica sync, nothing counts them
+          races: r.races,
+          requests_per_replica: r.perReplica,
+          prompt_tokens: s.prompt_tokens,
+          cached_tokens: s.cached_tokens,
+          send_lag_wall_ms: { p50: s.send_lag_ms.p50, p99: s.send_lag_ms.p99, max: s.send_lag_ms.max },
+          wall_s: r.wallS,
+          cpu_share: r.cpu === null ? null : { bench_processes: r.cpu.own, other_processes: r.cpu.other },
+        },
+      ]
+    }),
+  )
+  const out = {
+    benchmark: 'replicas',
+    date: new Date().toISOString(),
+    node: process.version,
+    cpus: availableParallelism(),
+    cpuModel: cpus()[0]?.model ?? 'unknown',
+    hit_rate_bound: bound.hitRate,
+    config: {
+      workers: a.workers,
+      K: k,
+      capacity_factor: a.capacityFactor,
+      block_size: BLOCK_SIZE,
+      speedup: a.speedup,
+      load: a.load,
+      replay_speedup: replaySpeedup,
+      minutes: a.minutes,
+      requests: requests.length,
+      max_in_flight: a.maxInFlight,
+      trace: relative(repoRoot(), tracePath),
+      command,
+      router_args: [...ROUTER_COST, ...a.routerArgs],
+      time_unit: `simulated ms (wall ms × ${a.speedup})`,
+    },
+    setups,
+    bars,
+  }
+  const file = join(resultsDir(), 'replicas.json')
+  writeFileSync(file, JSON.stringify(out, null, 2) + '\n')
+  console.log(`\nwritten to ${file}`)
+}
+
+await main()

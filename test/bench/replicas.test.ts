@@ -1,0 +1,69 @@
+// bench:replicas without its processes: the command line, the counters read from /metrics, the targets.
+import t from 'tap'
+import { ArgError, counterSum, DEFAULTS, parseReplicasArgs, replicaBars, SETUPS } from '../../bench/lib/replicas.js'
+
+t.test('the three setups, in the order they run', async (t) => {
+  t.same(
+    SETUPS.map((s) => [s.key, s.replicas, s.sync]),
+    [
+      ['one', 1, false],
+      ['two', 2, false],
+      ['two-sync', 2, true],
+    ],
+  )
+})
+
+t.test('parseReplicasArgs: bench:e2e’s defaults, the options, and one message per mistake', async (t) => {
+  const d = parseReplicasArgs([])
+  t.same([d.minutes, d.workers, d.speedup, d.load, d.capacityFactor, d.maxInFlight, d.trace, d.routerArgs], [20, 8, 1.5, 8, 1.25, 2048, null, []])
+  t.equal(DEFAULTS.minutes, 20)
+  const a = parseReplicasArgs(['--minutes', '2', '--workers=4', '--speedup', '2', '--load', '3.5', '--trace', 'x.jsonl', '--router-args', ' --router-temperature 0.5 '])
+  t.same([a.minutes, a.workers, a.speedup, a.load, a.trace, a.routerArgs], [2, 4, 2, 3.5, 'x.jsonl', ['--router-temperature', '0.5']])
+  t.equal(parseReplicasArgs(['--full']).minutes, null)
+  const bad: [string[], RegExp][] = [
+    [['--modes', 'kv'], /unknown option "--modes"/],
+    [['--workers', '2.5'], /--workers must be a positive integer, got "2.5"/],
+    [['--load', '0'], /--load must be a positive number/],
+    [['--minutes'], /--minutes needs a value/],
+    [['--full', '--minutes', '3'], /exclude each other/],
+  ]
+  for (const [argv, msg] of bad) t.throws(() => parseReplicasArgs(argv), { constructor: ArgError, message: msg }, argv.join(' '))
+})
+
+t.test('counterSum: every sample of the counter, or those with the labels; null when it is absent', async (t) => {
+  const text = [
+    '# HELP kvrouter_replica_races_total races',
+    '# TYPE kvrouter_replica_races_total counter',
+    'kvrouter_replica_races_total 7',
+    'kvrouter_replica_races_total_other 100',
+    'dynamo_frontend_requests_total{model="m",endpoint="completions",request_type="stream",status="200"} 12',
+    'dynamo_frontend_requests_total{model="m",endpoint="completions",request_type="stream",status="503"} 3',
+  ].join('\n')
+  t.equal(counterSum(text, 'kvrouter_replica_races_total'), 7, 'not a metric whose name only begins alike')
+  t.equal(counterSum(text, 'dynamo_frontend_requests_total'), 15)
+  t.equal(counterSum(text, 'dynamo_frontend_requests_total', 'status="200"'), 12)
+  t.equal(counterSum(text, 'kvrouter_replica_peers'), null)
+})
+
+t.test('replicaBars: sync against one replica, and errors anywhere', async (t) => {
+  const one = { hitRate: 0.3, ttftP90: 1000, errors: 0 }
+  const pass = replicaBars({ one, two: { hitRate: 0.2, ttftP90: 3000, errors: 0 }, 'two-sync': { hitRate: 0.285, ttftP90: 1150, errors: 0 } })
+  t.same(
+    pass.map((b) => b.pass),
+    [true, true, true],
+    'at the bars exactly: 0.95 × and 1.15 ×',
+  )
+  t.match(pass[0]?.value, /28\.5% vs 30\.0% \(0\.950\)/)
+  const fail = replicaBars({ one, two: { hitRate: 0.3, ttftP90: 1000, errors: 2 }, 'two-sync': { hitRate: 0.28, ttftP90: 1200, errors: 0 } })
+  t.same(
+    fail.map((b) => b.pass),
+    [false, false, false],
+  )
+  t.match(fail[2]?.value, 'two 2')
+  const missing = replicaBars({ one: { hitRate: null, ttftP90: null, errors: 5 }, 'two-sync': { hitRate: 0.3, ttftP90: 900, errors: 0 } })
+  t.same(
+    missing.map((b) => b.pass),
+    [null, null, false],
+    'a figure missing is no verdict',
+  )
+})

@@ -15,7 +15,7 @@ export const SETUPS: readonly Setup[] = [
   { key: 'two-sync', label: '2 replicas, sync', replicas: 2, sync: true },
 ]
 
-// bench:e2e's defaults, so that the 1-replica row compares with its kv-tuned row
+// bench:e2e's defaults: the same slice, fleet and load
 export const DEFAULTS = { minutes: 20, workers: 8, speedup: 1.5, load: 8, capacityFactor: 1.25, maxInFlight: 2048 }
 
 export interface ReplicasArgs {

@@ -284,6 +284,8 @@ export class Router {
       blockSize: c.blockSize,
       catchUpTimeoutMs: c.replicaCatchUpSecs * 1000,
       spread: c.replicaSpread,
+      // a peer's binding is held for this replica's own TTL: bindings expire in the order made
+      onSessionBinding: this.sessions === null ? undefined : (session, workerId, dpRank) => this.sessions?.bind(session, workerId, dpRank, performance.now()),
       knownPeers: known(),
       ...this.deps.replica,
     })
@@ -629,7 +631,11 @@ export class Router {
       if (input.signal !== undefined) req.signal = input.signal
       const decision = await this.scheduler.schedule(req)
       if (update && this.eventSources.size !== 0) this.eventSources.routed(decision.workerId)
-      if (session !== undefined && update) (this.sessions as SessionAffinity).bind(session, decision.workerId, decision.dpRank, performance.now())
+      if (session !== undefined && update) {
+        ;(this.sessions as SessionAffinity).bind(session, decision.workerId, decision.dpRank, performance.now())
+        // the session's next turn may reach another replica
+        this.replicas?.shareSessionBinding(session, decision.workerId, decision.dpRank, this.config.sessionAffinityTtlSecs * 1000)
+      }
       const t4 = performance.now()
       this.metrics.observeOverhead(t1 - t0, t2 - t1, t4 - t3, t4 - t0)
       this.metrics.observeDecision(decision, n, isl)

@@ -29,9 +29,14 @@ import type { BookingObserver, Scheduler } from '../scheduler/scheduler.js'
 import { activeSequencesSubject } from './dynamo-names.js'
 
 /** kv-router's own subjects beside Dynamo's, on the same component. */
-export function replicaSubjects(namespace: string, component: string): { events: string; heartbeats: string; catchUp: string } {
+export function replicaSubjects(namespace: string, component: string): { events: string; heartbeats: string; catchUp: string; sessions: string } {
   const prefix = `namespace.${namespace}.component.${component}`
-  return { events: activeSequencesSubject(namespace, component), heartbeats: `${prefix}.kvrouter_replicas`, catchUp: `${prefix}.kvrouter_bookings` }
+  return {
+    events: activeSequencesSubject(namespace, component),
+    heartbeats: `${prefix}.kvrouter_replicas`,
+    catchUp: `${prefix}.kvrouter_bookings`,
+    sessions: `${prefix}.kvrouter_sessions`,
+  }
 }
 
 export interface ReplicaSyncOptions {
@@ -56,6 +61,11 @@ export interface ReplicaSyncOptions {
   connectTimeoutMs?: number
   /** Replicas the etcd registry lists at start, awaited by the first catch-up. */
   knownPeers?: readonly { id: string; url: string | null; host: string | null }[]
+  /**
+   * A peer bound a session (session affinity) to a worker-rank this router knows, for ttlMs from
+   * now: the next request of that session reaching this replica goes there too.
+   */
+  onSessionBinding?: (session: string, workerId: bigint, dpRank: number, ttlMs: number) => void
 }
 
 /** What this router knows of another replica. */
@@ -115,6 +125,8 @@ const KIND_ADD = 0
 const KIND_PREFILL = 1
 const KIND_FREE = 2
 const KIND_NAMES = ['add', 'prefill_completed', 'free'] as const
+/** Longest session id shared (the session-affinity limit). */
+const MAX_SESSION_ID = 256
 const LAG_ALPHA = 0.1
 /** A peer that booked within this long counts as routing now, for the spread. */
 const ROUTING_MS = 1000
@@ -124,7 +136,7 @@ const MAX_SEEN_MS = 20
 export type ReceivedOutcome = 'applied' | 'own' | 'unknown_worker' | 'duplicate' | 'unknown_request' | 'incompatible'
 
 export interface ReplicaCounters {
-  published: Record<(typeof KIND_NAMES)[number], number>
+  published: Record<(typeof KIND_NAMES)[number] | 'session_binding', number>
   dropped: { queue_full: number; too_large: number; publish_error: number }
   /** Inbound booking events by `${type}:${outcome}`. */
   received: Map<string, number>
@@ -147,7 +159,7 @@ const wallNow = (): number => performance.timeOrigin + performance.now()
 export class ReplicaSync implements BookingObserver {
   readonly routerId: bigint
   readonly counters: ReplicaCounters = {
-    published: { add: 0, prefill_completed: 0, free: 0 },
+    published: { add: 0, prefill_completed: 0, free: 0, session_binding: 0 },
     dropped: { queue_full: 0, too_large: 0, publish_error: 0 },
     received: new Map(),
     malformed: 0,
@@ -166,7 +178,7 @@ export class ReplicaSync implements BookingObserver {
   lastCatchUp: { at: number; ms: number; outcome: string; peers: number; bookings: number } | null = null
 
   private readonly id: string
-  private readonly subjects: { events: string; heartbeats: string; catchUp: string }
+  private readonly subjects: { events: string; heartbeats: string; catchUp: string; sessions: string }
   private readonly sched: Scheduler
   private readonly decoder = new ActiveSequenceDecoder()
   private readonly peers = new Map<string, Peer>()
@@ -362,6 +374,58 @@ export class ReplicaSync implements BookingObserver {
       this.nc.subscribe(s.heartbeats, { callback: (err, msg) => (err === null ? this.onHeartbeat(msg.data) : undefined) }),
       this.nc.subscribe(s.catchUp, { callback: (err, msg) => (err === null ? this.onCatchUpRequest(msg) : undefined) }),
     )
+    if (this.opts.onSessionBinding !== undefined) {
+      this.subs.push(this.nc.subscribe(s.sessions, { callback: (err, msg) => (err === null ? this.onSessionBinding(msg.data) : undefined) }))
+    }
+  }
+
+  /**
+   * Tells the peers this router bound a session to a worker-rank for ttlMs. Best effort, outside
+   * Dynamo's subject (Dynamo routers do not share sessions): a lost one costs the next turn its
+   * binding on another replica, which then routes it by the cost and binds it there.
+   */
+  shareSessionBinding(session: string, workerId: bigint, dpRank: number, ttlMs: number): void {
+    if (this.closed || !this.up) {
+      this.counters.dropped.publish_error++
+      return
+    }
+    try {
+      this.nc.publish(this.subjects.sessions, `{"router_id":${this.id},"session_id":${JSON.stringify(session)},"worker_id":${workerId},"dp_rank":${dpRank},"ttl_ms":${ttlMs}}`)
+      this.counters.published.session_binding++
+    } catch {
+      this.counters.dropped.publish_error++
+    }
+  }
+
+  private onSessionBinding(bytes: Uint8Array): void {
+    let id: string
+    let session: string
+    let workerId: bigint
+    let dpRank: number
+    let ttlMs: number
+    try {
+      const v = parseJsonExact(utf8.decode(bytes))
+      if (typeof v !== 'object' || v === null || Array.isArray(v)) throw new Error('not an object')
+      const m = v as Record<string, unknown>
+      id = readU64(m['router_id'], 'router_id').toString()
+      const sid = m['session_id']
+      if (typeof sid !== 'string' || sid.length === 0 || sid.length > MAX_SESSION_ID) throw new Error('session_id')
+      session = sid
+      workerId = readU64(m['worker_id'], 'worker_id')
+      const r = m['dp_rank']
+      const t = m['ttl_ms']
+      if (typeof r !== 'number' || !Number.isInteger(r) || r < 0) throw new Error('dp_rank')
+      if (typeof t !== 'number' || !(t > 0)) throw new Error('ttl_ms')
+      dpRank = r
+      ttlMs = t
+    } catch {
+      this.counters.malformed++
+      return
+    }
+    if (id === this.id) return this.count('session_binding', 'own')
+    if (this.sched.slotOf(workerId, dpRank) < 0) return this.count('session_binding', 'unknown_worker')
+    this.opts.onSessionBinding?.(session, workerId, dpRank, ttlMs)
+    this.count('session_binding', 'applied')
   }
 
   private count(type: string, outcome: ReceivedOutcome): void {

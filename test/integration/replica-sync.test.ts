@@ -1,9 +1,10 @@
 // Replica sync between router replicas in this process, over a real nats-server: bookings,
-// prefill completions and frees reach the peer within 50 ms; own events are ignored; synced
-// replicas alternating on requests place them as one router would (and unsynced ones do not);
-// a booking published by hand in Dynamo's format is applied, and ours have Dynamo's shape; a late
-// replica holds its peers' bookings before it is in step; a lone one is in step at once;
-// malformed messages are counted; a peer that says goodbye or goes silent has its bookings dropped.
+// prefill completions and frees reach the peer within 50 ms; own events are ignored; session
+// bindings are shared; synced replicas alternating on requests place them as one router would
+// (and unsynced ones do not); a booking published by hand in Dynamo's format is applied, and ours
+// have Dynamo's shape; a late replica holds its peers' bookings before it is in step; a lone one
+// is in step at once; malformed messages are counted. Peers leaving and NATS restarts:
+// replica-peers.test.ts.
 import t from 'tap'
 import type { Test } from 'tap'
 import { connect } from 'nats'
@@ -14,15 +15,8 @@ import { waitUntil } from '../helpers/wait.js'
 import { parseServeConfig } from '../../src/config.js'
 import { Router } from '../../src/core/router.js'
 import type { RouterDeps } from '../../src/core/router.js'
-import { encodeRouterEvent } from '../../src/codec/events.js'
+import { BS, inStep, makeExact, prompt, slotLoad, startReplica, subjects, WORKERS } from '../helpers/replica-sync.js'
 import { computeBlockHashes, computeSequenceHashes } from '../../src/codec/hashing.js'
-import { kvEventsSubject } from '../../src/transport/dynamo-names.js'
-import { replicaSubjects } from '../../src/transport/replica-sync.js'
-
-const BS = 16
-const WORKERS = 4
-const subjects = replicaSubjects('dynamo', 'backend')
-
 let nats: NatsServer
 let pub: NatsConnection
 t.before(async () => {
@@ -34,47 +28,8 @@ t.teardown(async () => {
   await nats?.stop()
 })
 
-/** A router replica with WORKERS static workers, all made exact by a first (cleared) KV event. */
-async function replica(t: Test, routerId: bigint, extra: string[] = [], deps: RouterDeps = {}): Promise<Router> {
-  const args = ['--router-event-threads', '1', '--no-router-event-recovery', '--router-block-size', String(BS), '--router-queue-threshold', 'none', '--nats-url', nats.url]
-  args.push('--router-replica-sync', '--router-replica-catch-up-secs', '5', ...extra)
-  for (let w = 1; w <= WORKERS; w++) args.push('--worker', `${w}=http://127.0.0.1:${9000 + w}`)
-  const cfg = parseServeConfig(args, {})
-  if (cfg === 'help') throw new Error('help')
-  const r = await Router.start(cfg, { routerId, replica: { heartbeatMs: 100, silenceMs: 1500 }, ...deps })
-  t.teardown(() => r.close())
-  return r
-}
-
-/**
- * Makes every worker exact on every router: a cleared event each on NATS, again until every
- * router has one (a router just started may not have subscribed yet).
- */
-async function exact(...routers: Router[]): Promise<void> {
-  let last = 0
-  await waitUntil('workers exact', () => {
-    if (Date.now() - last > 200) {
-      last = Date.now()
-      for (let w = 1; w <= WORKERS; w++) pub.publish(kvEventsSubject('dynamo', 'backend'), encodeRouterEvent({ worker_id: BigInt(w), event: { event_id: 1n, dp_rank: 0, data: 'cleared' } }))
-    }
-    return routers.every((r) => r.eventSources.size === 0)
-  })
-}
-
-const inStep = (r: Router): Promise<void> => waitUntil('in step', () => r.replicas?.inStep === true, 8000)
-
-/** Tokens of a prompt: `prefix` shared blocks then `own` blocks of its own. */
-function prompt(prefix: number, own: number, seed: number): number[] {
-  const out: number[] = []
-  for (let i = 0; i < prefix * BS; i++) out.push(1000 + i)
-  for (let i = 0; i < own * BS; i++) out.push(50_000 + seed * 997 + i)
-  return out
-}
-
-const slotLoad = (r: Router, worker: bigint): { inFlight: number; prefill: number; blocks: number } => {
-  const s = r.scheduler.stats().slots.find((x) => x.workerId === worker)
-  return { inFlight: s?.inFlight ?? -1, prefill: s?.prefillTokens ?? -1, blocks: s?.activeBlocks ?? -1 }
-}
+const replica = (t: Test, routerId: bigint, extra: string[] = [], deps: RouterDeps = {}): Promise<Router> => startReplica(t, nats.url, routerId, extra, deps)
+const exact = (...routers: Router[]): Promise<void> => makeExact(pub, ...routers)
 
 t.test('a booking reaches the peer within 50 ms, then its prefill completion and its free; own events are ignored', async (t) => {
   const a = await replica(t, 11n)
@@ -95,7 +50,7 @@ t.test('a booking reaches the peer within 50 ms, then its prefill completion and
   t.same(slotLoad(b, decision.workerId), { inFlight: 0, prefill: 0, blocks: 0 })
   t.equal(b.replicas?.counters.received.get('add:applied'), 1)
   const ca = a.replicas?.counters
-  t.same(ca?.published, { add: 1, prefill_completed: 1, free: 1 })
+  t.same(ca?.published, { add: 1, prefill_completed: 1, free: 1, session_binding: 0 })
   t.equal(ca?.received.size, 0, 'A does not hear its own events (no echo)')
   // one carrying A's router id from elsewhere (a replica given the same id) is left alone
   pub.publish(
@@ -112,6 +67,36 @@ t.test('a booking reaches the peer within 50 ms, then its prefill completion and
   t.match(text, /kvrouter_replica_events_received_total\{type="prefill_completed",outcome="applied"\} 1/)
   t.match(text, /kvrouter_replica_in_step 1/)
   t.match(text, /kvrouter_replica_peers 1/)
+})
+
+t.test('a session bound on one replica is bound on the other: its next turn goes to the same worker there', async (t) => {
+  const ttl = ['--router-session-affinity-ttl-secs', '60']
+  const a = await replica(t, 31n, ttl)
+  const b = await replica(t, 32n, ttl)
+  await Promise.all([inStep(a), inStep(b)])
+  await exact(a, b)
+  const first = await a.route({ tokens: prompt(0, 4, 71), sessionId: 'conv-1' })
+  const w = first.decision.workerId
+  await waitUntil('B holds the binding', () => b.sessions?.get('conv-1', performance.now())?.workerId === w, 1000, 1)
+  // B books the same worker so heavily that the cost alone would send the turn elsewhere
+  for (let i = 0; i < 6; i++) await b.route({ tokens: prompt(0, 40, 500 + i), workerId: w, id: `heavy-${i}` })
+  const free = await b.route({ tokens: prompt(0, 4, 72), updateStates: false })
+  t.not(free.decision.workerId, w, 'without the session the turn would go elsewhere')
+  const turn = await b.route({ tokens: prompt(0, 4, 73), sessionId: 'conv-1' })
+  t.equal(turn.decision.workerId, w, "the session's worker, as A bound it")
+  t.equal(b.sessions?.counters.hits, 1)
+  t.equal(a.replicas?.counters.published.session_binding, 1)
+  t.equal(b.replicas?.counters.received.get('session_binding:applied'), 1)
+  // and B's binding (refreshed by its own turn) reaches A
+  await waitUntil('A heard B refresh it', () => a.replicas?.counters.received.get('session_binding:applied') === 1, 1000, 1)
+  // malformed or unknown-worker bindings are counted and bind nothing
+  const before = b.replicas?.counters.malformed ?? 0
+  pub.publish(subjects.sessions, '{"router_id":99,"session_id":"","worker_id":1,"dp_rank":0,"ttl_ms":1000}')
+  pub.publish(subjects.sessions, '{"router_id":99,"session_id":"x","worker_id":1,"dp_rank":-1,"ttl_ms":1000}')
+  pub.publish(subjects.sessions, 'not json')
+  pub.publish(subjects.sessions, '{"router_id":99,"session_id":"ghost","worker_id":777,"dp_rank":0,"ttl_ms":1000}')
+  await waitUntil('counted', () => (b.replicas?.counters.malformed ?? 0) - before === 3 && b.replicas?.counters.received.get('session_binding:unknown_worker') === 1, 1000, 1)
+  t.equal(b.sessions?.get('ghost', performance.now()), undefined)
 })
 
 /** Loads each worker differently (pinned bookings), so the costs below have no ties. */
@@ -269,92 +254,4 @@ t.test('malformed messages are counted and change nothing', async (t) => {
     '{"request_id":"y","worker":{"worker_id":99,"dp_rank":0},"data":{"AddRequest":{"token_sequence":null,"isl":16,"overlap":0,"expected_output_tokens":null}},"router_id":5}',
   )
   await waitUntil('unknown worker counted', () => b.replicas?.counters.received.get('add:unknown_worker') === 1, 2000, 1)
-})
-
-t.test('a peer that says goodbye, or goes silent, has its bookings dropped', async (t) => {
-  const a = await replica(t, 61n)
-  const b = await replica(t, 62n)
-  await Promise.all([inStep(a), inStep(b)])
-  await exact(a, b)
-  await waitUntil('each sees the other', () => a.replicas?.livePeers === 1 && b.replicas?.livePeers === 1)
-  await b.route({ tokens: prompt(1, 1, 1) })
-  await waitUntil('A holds it', () => a.scheduler.sequences.remoteSize === 1, 1000, 1)
-  await b.close()
-  await waitUntil('dropped at the goodbye', () => a.scheduler.sequences.remoteSize === 0, 1000, 1)
-  t.equal(a.replicas?.counters.remoteDropped.peer_gone, 1)
-  t.equal(a.replicas?.livePeers, 0)
-
-  // silence: C's connection is cut without a goodbye
-  const c = await replica(t, 63n)
-  await inStep(c)
-  await c.route({ tokens: prompt(1, 2, 2) })
-  await waitUntil('A holds C’s booking', () => a.scheduler.sequences.remoteSize === 1, 1000, 1)
-  const nc = (c.replicas as unknown as { nc: NatsConnection }).nc
-  const t0 = performance.now()
-  await nc.close()
-  await waitUntil('dropped after the silence', () => a.scheduler.sequences.remoteSize === 0, 6000, 5)
-  const ms = performance.now() - t0
-  t.ok(ms >= 1300 && ms < 4000, `dropped ${ms.toFixed(0)} ms after C fell silent (limit 1500 ms)`)
-  t.equal(a.replicas?.peerInfo().find((p) => p.routerId === '63')?.alive, false)
-})
-
-t.test('a peer heard again after it was taken for gone is asked for its bookings, and its answer is applied', async (t) => {
-  const a = await replica(t, 71n)
-  await inStep(a)
-  await exact(a)
-  // a kv-router peer played by hand: heartbeats, then silence, then heartbeats again
-  const beat = (): void => pub.publish(subjects.heartbeats, `{"router_id":777,"url":"http://peer:1","host":"peer","sent_at":${Date.now()},"bookings":1}`)
-  const asked: { target: unknown; reply: string }[] = []
-  const sub = pub.subscribe(subjects.catchUp, {
-    callback: (_e, m) => {
-      const body = JSON.parse(m.string()) as { router_id: number; target: unknown }
-      if (body.router_id !== 71) return
-      asked.push({ target: body.target, reply: m.reply ?? '' })
-      const booking =
-        '{"request_id":"p-1","worker":{"worker_id":2,"dp_rank":0},"data":{"AddRequest":{"token_sequence":[5,6],"isl":32,"overlap":0,"expected_output_tokens":null,"track_prefill_tokens":true,"prefill_load_hint":{"initial_effective_prefill_tokens":32,"expected_prefill_duration":null}}},"router_id":777,"lora_name":null}'
-      m.respond(`{"router_id":777,"url":"http://peer:1","peers":[],"part":0,"last":true,"count":1}\n${booking}`)
-    },
-  })
-  t.teardown(() => sub.unsubscribe())
-  await pub.flush()
-  beat()
-  await waitUntil('A asked the new peer', () => asked.length === 1, 2000, 1)
-  t.equal(asked[0]?.target, 777, 'a catch-up aimed at that peer')
-  await waitUntil('its booking held', () => a.scheduler.sequences.remoteSize === 1, 2000, 1)
-  t.same(slotLoad(a, 2n), { inFlight: 1, prefill: 32, blocks: 2 })
-  await waitUntil('gone after the silence', () => a.scheduler.sequences.remoteSize === 0, 6000, 5)
-  beat()
-  await waitUntil('asked again', () => asked.length === 2, 2000, 1)
-  await waitUntil('held again', () => a.scheduler.sequences.remoteSize === 1, 2000, 1)
-  const peer = a.replicas?.peerInfo().find((p) => p.routerId === '777')
-  t.same([peer?.alive, peer?.kind, peer?.url, peer?.bookingsHeld, peer?.reportedBookings], [true, 'kv-router', 'http://peer:1', 1, 1])
-})
-
-t.test('NATS restarted under two replicas: events queued while it was down go out, and each catches up again', async (t) => {
-  const a = await replica(t, 81n)
-  const b = await replica(t, 82n)
-  await Promise.all([inStep(a), inStep(b)])
-  await exact(a, b)
-  const x = (await a.route({ tokens: prompt(1, 1, 81) })).decision
-  await waitUntil('B holds X', () => b.scheduler.sequences.remoteSize === 1, 2000, 1)
-  await nats.kill()
-  await waitUntil('both see NATS down', () => a.replicas?.connected === false && b.replicas?.connected === false, 5000)
-  const y = (await a.route({ tokens: prompt(1, 2, 82) })).decision
-  a.scheduler.free(x.requestId as string)
-  await new Promise((r) => setImmediate(r))
-  t.equal(a.replicas?.queued, 2, 'held while NATS is down')
-  t.match(await a.metrics.registry.metrics(), /kvrouter_replica_queue_depth 2/)
-  await nats.start()
-  await waitUntil(
-    'both reconnected and in step again',
-    () => (a.replicas?.counters.reconnects ?? 0) >= 1 && (b.replicas?.counters.reconnects ?? 0) >= 1 && a.replicas?.inStep === true && b.replicas?.inStep === true,
-    15_000,
-  )
-  const same = (): boolean => [1n, 2n, 3n, 4n].every((w) => JSON.stringify(slotLoad(a, w)) === JSON.stringify(slotLoad(b, w)))
-  await waitUntil('B holds Y only, as A does', () => b.scheduler.sequences.remoteSize === 1 && same(), 5000)
-  t.equal(a.replicas?.queued, 0)
-  t.same(a.replicas?.counters.published, { add: 2, prefill_completed: 0, free: 1 }, 'what was queued went out')
-  const catchUps = (r: Router): number => Object.values(r.replicas?.counters.catchUps ?? {}).reduce((x, v) => x + v, 0)
-  t.ok(catchUps(a) >= 2 && catchUps(b) >= 2, 'each caught up again after reconnecting')
-  t.equal(slotLoad(b, y.workerId).inFlight, slotLoad(a, y.workerId).inFlight)
 })

@@ -5,7 +5,7 @@
 //   node scripts/build.mjs --if-stale  the same, only when a source is newer than the last build:
 //                                      `npm start` runs it, so a start after no edit costs a few ms
 import { spawnSync } from 'node:child_process'
-import { chmodSync, existsSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs'
+import { chmodSync, copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
 import { join } from 'node:path'
 import { fileURLToPath, pathToFileURL } from 'node:url'
@@ -21,7 +21,7 @@ function newestSource() {
     for (const e of readdirSync(dir, { withFileTypes: true })) {
       const p = join(dir, e.name)
       if (e.isDirectory()) walk(p)
-      else if (e.name.endsWith('.ts')) newest = Math.max(newest, statSync(p).mtimeMs)
+      else if (e.name.endsWith('.ts') || e.name.endsWith('.html')) newest = Math.max(newest, statSync(p).mtimeMs)
     }
   }
   // what the router is built from: a test or benchmark edited since needs no rebuild to start it
@@ -35,6 +35,19 @@ if (process.argv.includes('--if-stale') && existsSync(stamp) && existsSync(main)
 const tsc = createRequire(import.meta.url).resolve('typescript/bin/tsc')
 const r = spawnSync(process.execPath, [tsc, '-p', join(root, 'tsconfig.json'), '--incremental'], { stdio: 'inherit' })
 if (r.status !== 0) process.exit(r.status ?? 1)
+
+// files the code reads beside itself (the status page), which tsc does not copy
+const copyAssets = (dir) => {
+  for (const e of readdirSync(join(root, dir), { withFileTypes: true })) {
+    const rel = join(dir, e.name)
+    if (e.isDirectory()) copyAssets(rel)
+    else if (e.name.endsWith('.html')) {
+      mkdirSync(join(root, 'dist', dir), { recursive: true })
+      copyFileSync(join(root, rel), join(root, 'dist', rel))
+    }
+  }
+}
+copyAssets('src')
 
 const { ROUTER_V8_FLAGS } = await import(pathToFileURL(join(root, 'dist', 'src', 'runtime', 'v8-flags.js')).href)
 const text = readFileSync(main, 'utf8')

@@ -33,6 +33,7 @@ import { randomInstanceId } from './instance-id.js'
 import { EventSources } from './event-sources.js'
 import { RequestIds } from './request-ids.js'
 import { SessionAffinity } from './session-affinity.js'
+import { DecisionLog } from './decision-log.js'
 import { Suspension } from './suspension.js'
 import { WorkerRegistry } from './worker-registry.js'
 import type { WorkerInfo, WorkerRegistration } from './worker-registry.js'
@@ -104,6 +105,8 @@ export class Router {
   readonly registry = new WorkerRegistry()
   readonly suspension = new Suspension(this.registry)
   readonly requestIds = new RequestIds()
+  /** The last decisions, for the status page. */
+  readonly decisions = new DecisionLog()
   private readonly scratch: Scratch[] = []
   /** (worker id as a safe number, dp rank) → slot, rebuilt when registrations change. */
   private slotCache = new Map<number, number>()
@@ -592,11 +595,13 @@ export class Router {
       const overlap = kv && n > 0 ? await this.pool.query(sc.lo, sc.hi, n) : EMPTY_RESULT
       const t2 = performance.now()
       const w = this.scheduler.workers
+      // the status page shows each candidate's cost terms, built only while someone watches
+      const explain = input.explain === true || this.decisions.watching
       let dense: Float64Array | undefined
       let trees: Float64Array | undefined
       if (overlap.count > 0) {
         dense = new Float64Array(w.slotCapacity)
-        if (input.explain === true) trees = new Float64Array(w.slotCapacity)
+        if (explain) trees = new Float64Array(w.slotCapacity)
         for (let i = 0; i < overlap.count; i++) {
           const slot = this.slotOf(overlap.workerIdLo[i] as number, overlap.workerIdHi[i] as number, overlap.dpRank[i] as number)
           if (slot < 0) continue
@@ -625,7 +630,7 @@ export class Router {
       const session = this.sessions !== null && input.sessionId !== undefined && input.workerId === undefined ? input.sessionId : undefined
       if (session !== undefined) this.pinToSession(session, input.exclude, req)
       if (input.overrides !== undefined) req.overrides = input.overrides
-      if (input.explain === true) req.explain = true
+      if (explain) req.explain = true
       const exclude = this.suspension.any && input.workerId === undefined ? this.suspension.exclusions(input.exclude) : input.exclude
       if (exclude !== undefined) req.exclude = exclude
       if (input.signal !== undefined) req.signal = input.signal
@@ -639,6 +644,7 @@ export class Router {
       const t4 = performance.now()
       this.metrics.observeOverhead(t1 - t0, t2 - t1, t4 - t3, t4 - t0)
       this.metrics.observeDecision(decision, n, isl)
+      this.decisions.record(decision, n, isl)
       return { decision, overlap, blocks: n, isl }
     } finally {
       this.giveScratch(sc)

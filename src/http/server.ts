@@ -9,6 +9,7 @@
 //   GET  /v1/replicas                            replica sync: this replica and its peers
 //   GET|POST /busy_threshold
 //   GET  /health, /live, /ready, /metrics
+//   GET  /status (and / redirecting there), /v1/status, /v1/status/stream   the live status page
 // With --api-key every POST and DELETE needs `Authorization: Bearer KEY`.
 import Fastify from 'fastify'
 import type { FastifyInstance } from 'fastify'
@@ -29,6 +30,7 @@ import { inferenceRoutes } from './routes/inference.js'
 import { kvEventRoutes } from './routes/kv-events.js'
 import { decisionRoutes } from './routes/route.js'
 import { replicaRoutes } from './routes/replicas.js'
+import { statusRoutes } from './routes/status.js'
 import { workerRoutes } from './routes/workers.js'
 
 export type { ShutdownResult } from './plugins/shutdown.js'
@@ -75,7 +77,8 @@ export async function buildApp(opts: AppOptions): Promise<App> {
   const drain = drainOnShutdown(fastify, proxy)
   const ctx: HttpContext = { router, cfg, tokenizer: opts.tokenizer, proxy, closing: drain.closing }
   healthRoutes(fastify, ctx)
-  workerRoutes(fastify, ctx)
+  const listWorkers = workerRoutes(fastify, ctx)
+  statusRoutes(fastify, ctx, listWorkers)
   replicaRoutes(fastify, ctx)
   busyThresholdRoutes(fastify, ctx)
   await decisionRoutes(fastify, ctx)

@@ -1,5 +1,8 @@
 // --api-key: every route but the probes (/health, /ready) and, unless --no-public-metrics,
 // /metrics needs `Authorization: Bearer KEY`: reads too, as they show worker URLs and the fleet.
+// The status page's HTML (/status, and / that redirects there) is open as well: it holds no data,
+// and a browser cannot send the header when it opens it; the page asks for the key and sends it
+// to /v1/status*, which need it.
 import { timingSafeEqual } from 'node:crypto'
 import type { FastifyInstance } from 'fastify'
 import { KvrError } from '../../errors.js'
@@ -9,7 +12,7 @@ import { headerValue } from '../request.js'
 export function apiKeyAuth(fastify: FastifyInstance, key: string | null, publicMetrics: boolean): void {
   const apiKey = key === null ? null : Buffer.from(key)
   // route patterns, so a query string or a trailing slash does not open or close a route
-  const open = new Set(['/health', '/ready', ...(publicMetrics ? ['/metrics'] : [])])
+  const open = new Set(['/health', '/ready', '/', '/status', ...(publicMetrics ? ['/metrics'] : [])])
   if (apiKey !== null) {
     fastify.addHook('onRequest', async (req, reply) => {
       const route = req.routeOptions.url

@@ -15,7 +15,8 @@ import { rawBodyParser } from '../plugins/parsers.js'
 import { overrides } from '../request.js'
 import type { HttpContext } from '../context.js'
 
-function candidateJson(c: Candidate): string {
+/** One row of an explained decision (also the status page's). */
+export function candidateJson(c: Candidate): string {
   const id = c.workerId.toString()
   return `{"worker_id":${id},"worker_id_str":"${id}","dp_rank":${c.dpRank},"overlap_blocks":${c.overlapBlocks},"prefill_blocks":${c.prefillBlocks},"decode_blocks":${c.decodeBlocks},"logit":${Number.isFinite(c.logit) ? c.logit : 'null'}${c.treeSize === undefined ? '' : `,"tree_size":${c.treeSize}`}}`
 }

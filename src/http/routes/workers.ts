@@ -10,9 +10,16 @@ import { readU64, serializeJson } from '../../codec/json.js'
 import { workerSchema } from '../schemas.js'
 import type { HttpContext } from '../context.js'
 
-export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): void {
+/** GET /v1/workers's answer; the status page shows it too. */
+export interface WorkersAnswer {
+  workers: object[]
+  unregistered: object[]
+}
+
+/** Registers the routes; returns what makes GET /v1/workers's answer. */
+export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): () => Promise<WorkersAnswer> {
   const { router, cfg } = ctx
-  fastify.get('/v1/workers', async (_req, reply) => {
+  const listWorkers = async (): Promise<WorkersAnswer> => {
     const stats = router.scheduler.stats().slots
     const health = router.pool.health()
     const cached = new Map<string, number>()
@@ -69,8 +76,9 @@ export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): void {
         ranks,
       }
     })
-    return reply.header('content-type', 'application/json').send(serializeJson({ workers: out, unregistered }))
-  })
+    return { workers: out, unregistered }
+  }
+  fastify.get('/v1/workers', async (_req, reply) => reply.header('content-type', 'application/json').send(serializeJson(await listWorkers())))
   // The index itself, as the Stored events that rebuild it (parents first), for inspection and
   // for checking it against the engines' own caches. Optionally one worker's part only.
   fastify.get('/v1/kv/dump', async (req, reply) => {
@@ -125,6 +133,7 @@ export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): void {
     if (!(await router.removeWorker(id))) throw new KvrError('KVR_ERR_UNKNOWN_WORKER', `worker ${id} is neither registered nor in the index`)
     return reply.header('content-type', 'application/json').send(`{"removed":${id.toString()},"removed_str":"${id.toString()}"}`)
   })
+  return listWorkers
 }
 
 /** The engine-event fields of a registration: every rank's port (port + rank) must be one. */

@@ -65,19 +65,18 @@ export function statusRoutes(fastify: FastifyInstance, ctx: HttpContext, listWor
       .send(page.html),
   )
 
-  // What every snapshot shares, built once for the readers due at the same moment.
-  let shared: { at: number; text: Promise<string> } | null = null
+  // What every snapshot shares: readers due at the same tick wait for one build.
+  let building: Promise<string> | null = null
   const common = (): Promise<string> => {
-    const now = performance.now()
-    if (shared === null || now - shared.at >= STREAM_TICK_MS) {
-      const text = commonPart()
-      shared = { at: now, text }
-      // a failed build is not kept for the next reader
-      text.catch(() => {
-        if (shared?.text === text) shared = null
-      })
+    if (building === null) {
+      const b = commonPart()
+      building = b
+      const done = (): void => {
+        if (building === b) building = null
+      }
+      b.then(done, done)
     }
-    return shared.text
+    return building
   }
   const commonPart = async (): Promise<string> => {
     const reg = router.metrics.registry

@@ -100,6 +100,17 @@ export function registerShardMetrics(r: Registry, pool: ShardPool, recovery: Ind
       },
     })
   }
+  // per worker-rank: what the index holds for it, asked of the shards at scrape time
+  new Gauge({
+    name: 'kvrouter_worker_cached_blocks',
+    help: 'Blocks the index holds for the worker-rank: what its KV events (or predictions) say it has cached',
+    labelNames: ['worker_id', 'dp_rank'],
+    registers: [r],
+    async collect() {
+      this.reset()
+      for (const t of await pool.treeSizesNow().catch(() => [])) this.set({ worker_id: t.worker_id.toString(), dp_rank: String(t.dp_rank) }, t.tree_size)
+    },
+  })
   shardGauge('kvrouter_shard_blocks', "(block, worker-rank) entries in the shard's index", (c) => c.blocks)
   shardGauge('kvrouter_shard_nodes', "Radix-tree nodes in the shard's index", (c) => c.nodes)
   shardGauge('kvrouter_shard_worker_ranks', 'Worker-ranks the shard holds', (c) => c.workerRanks)

@@ -904,6 +904,15 @@ export class ShardPool extends EventEmitter {
     return parts.flat()
   }
 
+  /**
+   * The same as treeSizes(), as the shards hold them now: events still queued to a shard are not
+   * waited for (a scrape must not wait out a backlog).
+   */
+  async treeSizesNow(): Promise<OverlapScore[]> {
+    const parts = await Promise.all(this.shards.map((sh) => this.control(sh, (api) => api.treeSizes(Atomics.load(sh.ctrl, C_PROCESSED)))))
+    return parts.flat()
+  }
+
   /** All shards' indexes as one event list (a dump), event ids renumbered from 0. */
   async dump(): Promise<RouterEvent[]> {
     const parts = await Promise.all(this.shards.map((sh) => this.control(sh, (api) => api.dump(sh.enqueued))))

@@ -4,7 +4,7 @@
 // and streams ending when the router drains.
 import t from 'tap'
 import { createHash } from 'node:crypto'
-import { harness, listening, tokens } from './helpers.js'
+import { harness, listening, metricSum, tokens } from './helpers.js'
 
 const KEY = 'status-key'
 const json = { 'content-type': 'application/json' }
@@ -149,6 +149,7 @@ t.test('GET /v1/status: workers, counters and the decisions after `since`, expla
   t.ok(s.events.applied >= 1, 'applied events counted')
   t.equal(s.events.applied_by_type.stored, s.events.applied)
   t.equal(s.requests.routed, 3)
+  t.ok((await metricSum(h, 'kvrouter_worker_cached_blocks', { worker_id: '2', dp_rank: '0' })) >= 1, "the index's blocks per worker-rank in /metrics too")
   t.equal(s.queue.depth, 0)
   t.ok(s.hit_rate.count >= 3)
 

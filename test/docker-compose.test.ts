@@ -3,10 +3,10 @@
 // through the parser of the kv-router command it runs, HAProxy's configuration through haproxy
 // itself, and the services agree with each other (addresses, ports, block size, the replicas
 // HAProxy balances and Prometheus scrapes, health checks that the dependencies wait on, the
-// trace the load generator mounts).
+// trace the load generator mounts, the files the observe profile mounts and Grafana's provisioning).
 import t from 'tap'
 import { execFileSync } from 'node:child_process'
-import { existsSync, readFileSync, statSync } from 'node:fs'
+import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs'
 import { dirname, isAbsolute, join, resolve } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { parse } from 'yaml'
@@ -29,6 +29,7 @@ interface Service {
   command?: string[]
   ports?: string[]
   volumes?: string[]
+  environment?: Record<string, string>
   profiles?: string[]
   depends_on?: Record<string, { condition: string }>
   healthcheck?: { test: string[] }
@@ -138,7 +139,7 @@ function haSeconds(v: string | undefined): number {
 }
 
 t.test('the services of the fleet are there, on pinned images', async (t) => {
-  for (const name of ['nats', 'etcd', 'router-1', 'router-2', 'haproxy', 'mocker', 'loadgen', 'prometheus']) t.ok(services[name], `service ${name}`)
+  for (const name of ['nats', 'etcd', 'router-1', 'router-2', 'haproxy', 'mocker', 'loadgen', 'prometheus', 'grafana']) t.ok(services[name], `service ${name}`)
   for (const [name, s] of Object.entries(services)) {
     t.ok(s.image, `${name} names its image`)
     t.notMatch(s.image ?? '', /:latest$|^[^:]+$/, `${name}'s image has a pinned tag`)
@@ -151,6 +152,7 @@ t.test('the services of the fleet are there, on pinned images', async (t) => {
   }
   t.same(svc('loadgen').profiles, ['load'], 'the load generator runs only when asked for')
   t.same(svc('prometheus').profiles, ['observe'], 'Prometheus runs only when asked for')
+  t.same(svc('grafana').profiles, ['observe'], 'and Grafana with it')
   // a port published twice would stop `docker compose up` with "port is already allocated"
   const hostPorts = Object.keys(services).flatMap((name) => published(name).map(([host]) => host))
   t.same(hostPorts, [...new Set(hostPorts)], `every host port is published once (${hostPorts.join(', ')})`)
@@ -294,6 +296,64 @@ t.test('Prometheus scrapes both replicas and HAProxy', async (t) => {
     published('prometheus').some(([, container]) => container === 9090),
     'Prometheus on :9090',
   )
+})
+
+t.test('the observe profile mounts files of the repository that exist', async (t) => {
+  const observe = Object.keys(services).filter((name) => svc(name).profiles?.includes('observe'))
+  t.same(observe.sort(), ['grafana', 'prometheus'])
+  for (const name of observe)
+    for (const v of svc(name).volumes ?? []) {
+      const [source, target, mode] = interpolate(v).split(':') as [string, string, string | undefined]
+      const path = isAbsolute(source) ? source : resolve(root, source)
+      t.ok(path.startsWith(`${root}/`) && existsSync(path), `${name}: ${source} exists in the repository`)
+      t.ok(target.startsWith('/'), `${name}: mounted at an absolute path (${target})`)
+      t.equal(mode, 'ro', `${name}: ${source} read-only`)
+    }
+})
+
+t.test('Grafana reads the compose Prometheus and provisions the repository dashboard', async (t) => {
+  const dsDir = mounted('grafana', '/etc/grafana/provisioning/datasources')
+  const dbDir = mounted('grafana', '/etc/grafana/provisioning/dashboards')
+  t.equal(dsDir, join(root, 'deploy', 'grafana', 'provisioning', 'datasources'))
+  t.equal(dbDir, join(root, 'deploy', 'grafana', 'provisioning', 'dashboards'))
+  if (dsDir === undefined || dbDir === undefined) return
+  const yamlIn = (dir: string): Record<string, unknown>[] =>
+    readdirSync(dir)
+      .filter((f) => /\.ya?ml$/.test(f))
+      .map((f) => parse(readFileSync(join(dir, f), 'utf8')) as Record<string, unknown>)
+  interface Datasource {
+    type: string
+    url: string
+    isDefault?: boolean
+  }
+  const datasources = yamlIn(dsDir).flatMap((f) => (f.datasources ?? []) as Datasource[])
+  const prom = datasources.filter((d) => d.type === 'prometheus')
+  t.equal(prom.length, 1, 'one Prometheus data source')
+  t.equal(prom[0]?.isDefault, true, "the default one, which the dashboard's data-source variable starts on")
+  t.equal(hostPort(prom[0]?.url ?? 'http://x'), 'prometheus:9090', 'the prometheus service, on the port it listens on')
+  t.ok(
+    published('prometheus').some(([, container]) => container === 9090),
+    'which Prometheus listens on',
+  )
+  interface Provider {
+    type: string
+    options: { path: string }
+  }
+  const providers = yamlIn(dbDir).flatMap((f) => (f.providers ?? []) as Provider[])
+  t.equal(providers.length, 1)
+  t.equal(providers[0]?.type, 'file')
+  const dashboard = join(root, 'deploy', 'grafana', 'kv-router.json')
+  const target = (svc('grafana').volumes ?? []).map((v) => interpolate(v).split(':')).find(([source]) => resolve(root, source as string) === dashboard)?.[1]
+  t.ok(target, 'the dashboard is mounted')
+  t.equal(dirname(target ?? ''), providers[0]?.options.path, 'into the folder the provider loads')
+  t.equal(svc('grafana').environment?.GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH, target, 'and it is the home dashboard')
+  t.equal((JSON.parse(readFileSync(dashboard, 'utf8')) as { uid: string }).uid, 'kv-router')
+  t.ok(
+    published('grafana').some(([host, container]) => host === 3000 && container === 3000),
+    'Grafana on :3000',
+  )
+  t.equal(svc('grafana').depends_on?.prometheus?.condition, 'service_started')
+  t.match(svc('grafana').image ?? '', /^grafana\/grafana:\d+\.\d+\.\d+$/, 'a pinned Grafana release')
 })
 
 t.test('the engines are a valid `kv-router mocker` that the routers can reach and agree with', async (t) => {

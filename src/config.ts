@@ -424,14 +424,7 @@ export const FLAGS: readonly FlagDef[] = [
   }),
   F({ flag: '--tokenizer', key: 'tokenizer', env: ['DYN_TOKENIZER'], kind: 'str', dflt: null, help: 'tokenizer.json path for text prompts, or "bytes" (UTF-8 bytes as tokens)' }),
   F({ flag: '--tokenizer-threads', key: 'tokenizerThreads', env: ['DYN_TOKENIZER_THREADS'], kind: 'int', min: 1, max: 64, dflt: 1, help: 'piscina threads for tokenizing' }),
-  F({
-    flag: '--api-key',
-    key: 'apiKey',
-    env: ['DYN_API_KEY'],
-    kind: 'str',
-    dflt: null,
-    help: 'require "Authorization: Bearer KEY" on every route but /health, /ready, /metrics and the status page\'s HTML',
-  }),
+  F({ flag: '--api-key', key: 'apiKey', env: ['DYN_API_KEY'], kind: 'str', dflt: null, help: 'require "Authorization: Bearer KEY" on every route but /health, /ready, /metrics, /status' }),
   F({
     flag: '--public-metrics',
     key: 'publicMetrics',

@@ -596,7 +596,7 @@ export class Router {
       const t2 = performance.now()
       const w = this.scheduler.workers
       // the status page shows each candidate's cost terms, built only while someone watches
-      const explain = input.explain === true || this.decisions.watching
+      const explain = input.explain === true || this.decisions.watchingAt(t2)
       let dense: Float64Array | undefined
       let trees: Float64Array | undefined
       if (overlap.count > 0) {
@@ -644,7 +644,7 @@ export class Router {
       const t4 = performance.now()
       this.metrics.observeOverhead(t1 - t0, t2 - t1, t4 - t3, t4 - t0)
       this.metrics.observeDecision(decision, n, isl)
-      this.decisions.record(decision, n, isl)
+      this.decisions.record(decision, n, isl, t4)
       return { decision, overlap, blocks: n, isl }
     } finally {
       this.giveScratch(sc)

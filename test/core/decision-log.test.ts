@@ -19,10 +19,10 @@ t.test('the ring keeps the newest `capacity` decisions, in order, reusing its en
   const log = new DecisionLog(4)
   t.same(log.since(0), [], 'empty at first')
   t.equal(log.newest, 0)
-  log.record(decision(1n), 4, 64)
+  log.record(decision(1n), 4, 64, 1000)
   const first = log.since(0)[0]
-  t.match(first, { seq: 1, workerId: 1n, blocks: 4, isl: 64, booked: true, requestId: 'r1' })
-  for (let i = 2n; i <= 6n; i++) log.record(decision(i, Number(i)), 4, 64)
+  t.match(first, { seq: 1, at: 1000, workerId: 1n, blocks: 4, isl: 64, booked: true, requestId: 'r1' })
+  for (let i = 2n; i <= 6n; i++) log.record(decision(i, Number(i)), 4, 64, 1000 + Number(i))
   t.equal(log.newest, 6)
   t.same(
     log.since(0).map((e) => e.seq),
@@ -63,4 +63,7 @@ t.test('watching: a poll for a while, a stream while it is held', async (t) => {
   t.notOk(quiet.watching)
   quiet.watch(-1)
   t.notOk(quiet.watching, 'a watch that is over')
+  quiet.watch(1000)
+  t.ok(quiet.watchingAt(performance.now() + 500))
+  t.notOk(quiet.watchingAt(performance.now() + 2000), 'read against the clock it is given')
 })

@@ -159,6 +159,8 @@ t.test('GET /v1/status: workers, counters and the decisions after `since`, expla
     t.equal(r.json().error.code, 'KVR_ERR_INVALID_REQUEST')
   }
   t.equal((await h.app.fastify.inject({ method: 'GET', url: '/v1/status/stream?interval_ms=10' })).statusCode, 400, 'an interval below 250 ms')
+  t.equal((await h.app.fastify.inject({ method: 'HEAD', url: '/v1/status/stream' })).statusCode, 404, 'no HEAD that would open a stream')
+  t.equal((await h.app.fastify.inject({ method: 'HEAD', url: '/v1/status' })).statusCode, 200)
 })
 
 t.test('the stream: a snapshot at once, then each interval with the new decisions; it ends when the router drains', async (t) => {

@@ -197,7 +197,8 @@ export function statusRoutes(fastify: FastifyInstance, ctx: HttpContext, listWor
       void send(r)
     }
   }
-  fastify.get('/v1/status/stream', async (req, reply) => {
+  // no HEAD twin: it would open a stream that sends nothing and never ends
+  fastify.get('/v1/status/stream', { exposeHeadRoute: false }, async (req, reply) => {
     const q = req.query as Record<string, unknown>
     const intervalMs = intParam(q.interval_ms, 'interval_ms', 250, 60_000, 1000)
     const since = intParam(q.since, 'since', 0, Number.MAX_SAFE_INTEGER, 0)

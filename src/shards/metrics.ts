@@ -100,7 +100,9 @@ export function registerShardMetrics(r: Registry, pool: ShardPool, recovery: Ind
       },
     })
   }
-  // per worker-rank: what the index holds for it, asked of the shards at scrape time
+  // per worker-rank: what the index holds for it, asked of the shards at scrape time; a shard
+  // that stalls (until it is restarted) leaves the series out rather than hold the scrape
+  const treeSizes = () => Promise.race([pool.treeSizesNow(), new Promise<[]>((resolve) => setTimeout(resolve, 1000, []).unref())]).catch(() => [])
   new Gauge({
     name: 'kvrouter_worker_cached_blocks',
     help: 'Blocks the index holds for the worker-rank: what its KV events (or predictions) say it has cached',
@@ -108,7 +110,7 @@ export function registerShardMetrics(r: Registry, pool: ShardPool, recovery: Ind
     registers: [r],
     async collect() {
       this.reset()
-      for (const t of await pool.treeSizesNow().catch(() => [])) this.set({ worker_id: t.worker_id.toString(), dp_rank: String(t.dp_rank) }, t.tree_size)
+      for (const t of await treeSizes()) this.set({ worker_id: t.worker_id.toString(), dp_rank: String(t.dp_rank) }, t.tree_size)
     },
   })
   shardGauge('kvrouter_shard_blocks', "(block, worker-rank) entries in the shard's index", (c) => c.blocks)

@@ -3,8 +3,8 @@
 // is frozen; an invalid value is a ConfigError whose message is the one line the CLI prints
 // before exiting with status 2.
 import { isHttpUrl, parseIntArg, parseNumArg } from './cli/flags.js'
-import { ROUTER_MODES, QUEUE_POLICIES } from './scheduler/options.js'
-import type { QueuePolicy, RouterMode } from './scheduler/options.js'
+import { COST_MODELS, ROUTER_MODES, QUEUE_POLICIES } from './scheduler/options.js'
+import type { CostModel, QueuePolicy, RouterMode } from './scheduler/options.js'
 import { MAX_SHARDS } from './thread/protocol.js'
 
 export class ConfigError extends Error {
@@ -34,6 +34,8 @@ export interface ServeConfig {
   readonly httpHost: string
   readonly httpPort: number
   readonly blockSize: number
+  /** kv mode's cost: 'latency' (docs/cost.md) or Dynamo's formula. */
+  readonly cost: CostModel
   readonly overlapScoreWeight: number
   readonly overlapScoreCredit: number
   readonly overlapScoreCreditDecay: number
@@ -136,6 +138,15 @@ export const FLAGS: readonly FlagDef[] = [
     help: 'KV block size in tokens; must match the workers',
   }),
   F({
+    flag: '--router-cost',
+    key: 'cost',
+    env: ['DYN_ROUTER_COST'],
+    kind: 'enum',
+    values: COST_MODELS,
+    dflt: 'latency',
+    help: "kv mode's cost: latency = the seconds a worker-rank would add (time to first token + the slowdown of its running requests, docs/cost.md); dynamo = Dynamo's weight × prefill_blocks + decode_blocks, tuned by the four flags that follow",
+  }),
+  F({
     flag: '--router-kv-overlap-score-weight',
     key: 'overlapScoreWeight',
     env: ['DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT', 'DYN_ROUTER_PREFILL_LOAD_SCALE', 'DYN_KV_OVERLAP_SCORE_WEIGHT', 'DYN_OVERLAP_SCORE_WEIGHT'],
@@ -143,7 +154,7 @@ export const FLAGS: readonly FlagDef[] = [
     kind: 'num',
     min: 0,
     dflt: 1.0,
-    help: 'weight of prefill blocks in the cost (Era C calls it the prefill load scale)',
+    help: 'dynamo cost: weight of prefill blocks (Era C calls it the prefill load scale)',
   }),
   F({
     flag: '--router-kv-overlap-score-credit',
@@ -152,7 +163,7 @@ export const FLAGS: readonly FlagDef[] = [
     kind: 'num',
     min: 0,
     dflt: 1.0,
-    help: 'prefill blocks one cached block is worth; above 1 favours the worker holding the prefix over a less loaded one',
+    help: 'dynamo cost: prefill blocks one cached block is worth; above 1 favours the worker holding the prefix over a less loaded one',
   }),
   F({
     flag: '--router-kv-overlap-score-credit-decay',
@@ -161,7 +172,7 @@ export const FLAGS: readonly FlagDef[] = [
     kind: 'num',
     min: 0,
     dflt: 0,
-    help: 'shrinks the credit of workers with more queued prefill than the least queued one',
+    help: 'dynamo cost: shrinks the credit of workers with more queued prefill than the least queued one',
   }),
   F({
     flag: '--router-decode-active-request-weight',
@@ -170,7 +181,7 @@ export const FLAGS: readonly FlagDef[] = [
     kind: 'num',
     min: 0,
     dflt: 0,
-    help: 'cost per request in flight on a worker',
+    help: 'dynamo cost: cost per request in flight on a worker',
   }),
   F({ flag: '--router-temperature', key: 'temperature', env: ['DYN_ROUTER_TEMPERATURE'], kind: 'num', min: 0, dflt: 0.0, help: '0 = pick the cheapest; > 0 = softmax sampling' }),
   F({

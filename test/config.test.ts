@@ -35,6 +35,7 @@ t.test("--worker takes the engine's own KV-event endpoints after its URL", async
 t.test("defaults are Dynamo's and the result is frozen", async (t) => {
   const c = parse([])
   t.equal(c.mode, 'kv')
+  t.equal(c.cost, 'latency', 'the one default that is not Dynamo: docs/cost.md')
   t.equal(c.httpPort, 8000)
   t.equal(c.blockSize, 128)
   t.equal(c.overlapScoreWeight, 1)
@@ -141,12 +142,16 @@ t.test('environment variables, and the command line wins', async (t) => {
   const k = parse(['--router-prefill-load-scale', '10', '--router-kv-overlap-score-credit', '5'], { DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT_DECAY: '0.5', DYN_ROUTER_DECODE_ACTIVE_REQUEST_WEIGHT: '2' })
   t.same([k.overlapScoreWeight, k.overlapScoreCredit, k.overlapScoreCreditDecay, k.decodeActiveRequestWeight], [10, 5, 0.5, 2])
   t.equal(parse([], { DYN_ROUTER_PREFILL_LOAD_SCALE: '4' }).overlapScoreWeight, 4)
+  t.equal(parse(['--router-cost', 'dynamo']).cost, 'dynamo')
+  t.equal(parse([], { DYN_ROUTER_COST: 'dynamo' }).cost, 'dynamo')
+  t.equal(parse(['--router-cost=latency'], { DYN_ROUTER_COST: 'dynamo' }).cost, 'latency', 'the command line wins')
   t.same([e.overlapScoreCredit, e.overlapScoreCreditDecay, e.decodeActiveRequestWeight], [1, 0, 0], "Dynamo's defaults")
 })
 
 t.test('each invalid value: one line naming the flag and what it accepts', async (t) => {
   const cases: [string[], RegExp][] = [
     [['--router-mode', 'fastest'], /^--router-mode must be one of kv\|round-robin\|random\|least-loaded/],
+    [['--router-cost', 'cheap'], /^--router-cost must be one of latency\|dynamo, got "cheap"$/],
     [['--http-port', '70000'], /^--http-port must be an integer in \[0, 65535\], got "70000"$/],
     [['--http-port', 'x'], /^--http-port must be an integer/],
     [['--router-block-size', '0'], /^--router-block-size must be an integer in \[1, 65536\]/],
@@ -281,6 +286,18 @@ t.test('durable mode needs NATS and KV events', async (t) => {
   t.throws(() => parse(['--router-durable-kv-events', '--no-router-kv-events', ...nats]), /^--router-durable-kv-events needs KV events/)
   t.throws(() => parse(['--router-snapshot-threshold', '0']), /^--router-snapshot-threshold must be an integer in \[1,/)
   t.equal(parse(['--router-snapshot-threshold', '5']).snapshotThreshold, 5, 'taken without durable mode (serve warns that it does nothing there)')
+})
+
+t.test("process: Dynamo's cost flags under the latency cost are said to have no effect", async (t) => {
+  const bad = ['--tokenizer', '/nonexistent/tokenizer.json', '--router-event-threads', '1']
+  const [latency, dynamo] = await Promise.all([
+    run(['serve', '--router-prefill-load-scale', '10', ...bad], { DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT: '5' }),
+    run(['serve', '--router-cost', 'dynamo', '--router-prefill-load-scale', '10', ...bad]),
+  ])
+  t.match(latency.stderr, /kv-router: warning: --router-kv-overlap-score-weight \(--router-prefill-load-scale\) tunes Dynamo's cost and has no effect under --router-cost latency/)
+  t.match(latency.stderr, /warning: --router-kv-overlap-score-credit tunes Dynamo's cost/)
+  t.notMatch(latency.stderr, /credit-decay|active-request-weight/, 'only the flags set')
+  t.notMatch(dynamo.stderr, /tunes Dynamo's cost/)
 })
 
 t.test('process: invalid values exit 2 with one line; --help exits 0', async (t) => {

@@ -21,6 +21,17 @@ function withoutEffect(cfg: ServeConfig): string[] {
   return out
 }
 
+/** Dynamo's cost flags set to other than their defaults while kv mode uses the latency cost, which has none of them. */
+function unusedCostFlags(cfg: ServeConfig): string[] {
+  if (cfg.mode !== 'kv' || cfg.cost !== 'latency') return []
+  const set: string[] = []
+  if (cfg.overlapScoreWeight !== 1) set.push('--router-kv-overlap-score-weight (--router-prefill-load-scale)')
+  if (cfg.overlapScoreCredit !== 1) set.push('--router-kv-overlap-score-credit')
+  if (cfg.overlapScoreCreditDecay !== 0) set.push('--router-kv-overlap-score-credit-decay')
+  if (cfg.decodeActiveRequestWeight !== 0) set.push('--router-decode-active-request-weight')
+  return set.map((f) => `${f} tunes Dynamo's cost and has no effect under --router-cost latency (the default); add --router-cost dynamo to use it`)
+}
+
 export async function serveMain(argv: string[]): Promise<void> {
   let cfg: ServeConfig | 'help'
   try {
@@ -33,7 +44,10 @@ export async function serveMain(argv: string[]): Promise<void> {
     process.stdout.write(serveHelp())
     return
   }
-  for (const line of withoutEffect(cfg)) process.stderr.write(`kv-router: warning: ${line}\n`)
+  for (const line of withoutEffect(cfg)) process.stderr.write(`kv-router: warning: ${line}
+`)
+  for (const line of unusedCostFlags(cfg)) process.stderr.write(`kv-router: warning: ${line}
+`)
   // before any thread of ours starts: shards and tokenizers inherit the main thread's niceness
   if (cfg.nice !== null) {
     try {

@@ -153,6 +153,7 @@ export class Router {
     this.scheduler = new Scheduler(
       {
         mode: config.mode,
+        cost: config.cost,
         blockSize: config.blockSize,
         overlapScoreWeight: config.overlapScoreWeight,
         overlapScoreCredit: config.overlapScoreCredit,

@@ -5,6 +5,10 @@ import { KvrError } from '../errors.js'
 export const ROUTER_MODES = ['kv', 'round-robin', 'random', 'least-loaded', 'power-of-two', 'direct', 'device-aware-weighted'] as const
 export type RouterMode = (typeof ROUTER_MODES)[number]
 
+/** kv mode's cost: the latency model of cost.ts, or Dynamo's formula. */
+export const COST_MODELS = ['latency', 'dynamo'] as const
+export type CostModel = (typeof COST_MODELS)[number]
+
 export const QUEUE_POLICIES = ['fcfs', 'wspt', 'lcfs'] as const
 export type QueuePolicy = (typeof QUEUE_POLICIES)[number]
 
@@ -24,9 +28,11 @@ export interface ApproximateOptions {
 
 export interface SchedulerOptions {
   readonly mode: RouterMode
+  /** kv mode's cost: 'latency' (src/scheduler/cost.ts) or Dynamo's formula, unchanged. */
+  readonly cost: CostModel
   /** KV block size in tokens; prefill blocks are prefill tokens / blockSize (not rounded). */
   readonly blockSize: number
-  /** Era B weight = Era C prefill_load_scale: multiplies the prefill term. */
+  /** Era B weight = Era C prefill_load_scale: multiplies the prefill term (dynamo cost). */
   readonly overlapScoreWeight: number
   /** Era C overlap_score_credit (default 1): prefill blocks one cached block is worth. */
   readonly overlapScoreCredit: number
@@ -71,6 +77,7 @@ export type SchedulerOptionsInput = Partial<Omit<SchedulerOptions, 'approximate'
 
 const DEFAULTS: Omit<SchedulerOptions, 'approximate' | 'seed'> = {
   mode: 'kv',
+  cost: 'latency',
   blockSize: 128,
   overlapScoreWeight: 1.0,
   overlapScoreCredit: 1.0,
@@ -153,6 +160,7 @@ export function resolveSchedulerOptions(input: SchedulerOptionsInput = {}): Sche
   const seed = input.seed === undefined ? undefined : int('seed', input.seed, 0, 0, 0xffffffff)
   return Object.freeze({
     mode: oneOf('mode', input.mode, DEFAULTS.mode, ROUTER_MODES),
+    cost: oneOf('cost', input.cost, DEFAULTS.cost, COST_MODELS),
     blockSize: int('blockSize', input.blockSize, DEFAULTS.blockSize, 1, 65536),
     overlapScoreWeight: num('overlapScoreWeight', input.overlapScoreWeight, DEFAULTS.overlapScoreWeight, 0),
     overlapScoreCredit: num('overlapScoreCredit', input.overlapScoreCredit, DEFAULTS.overlapScoreCredit, 0),

@@ -232,7 +232,7 @@ export class Scheduler {
     this.sequences = new ActiveSequences(o.staleRequestSecs * 1000)
     this.sequences.ensureSlots(this.workers.slotCapacity)
     const rng = deps.rng ?? new Xoshiro128(o.seed)
-    this.selector = new Selector(this.workers, this.sequences, rng, o.blockSize, o.cudaToCpuRatio)
+    this.selector = new Selector(this.workers, this.sequences, rng, o.blockSize, o.cudaToCpuRatio, o.cost)
     this.eligibility = new Eligibility(this.workers, this.sequences, o)
     this.epoch = this.clock()
     if (o.approximate.enabled && deps.approxSink === undefined) {

@@ -2,26 +2,31 @@
 // Eligibility and on the load arrays of ActiveSequences; nothing here allocates per decision
 // unless an explanation is asked for.
 //
-//   kv:   logit(w) = weight × prefill_blocks(w) + decode_blocks(w) + request_weight × in_flight(w)
+//   kv, latency cost (the default): the seconds of cost.ts; costs within NEAR_TIE of the
+//         cheapest go to the least loaded (in flight, then active blocks), random among equals.
+//   kv, dynamo cost: Dynamo's
+//         logit(w) = weight × prefill_blocks(w) + decode_blocks(w) + request_weight × in_flight(w)
 //         prefill_blocks = max(0, active_prefill_tokens(w) + isl − credit(w) × overlap(w) × block_size) / block_size
 //         credit(w)      = credit / (1 + decay × ((active_prefill_tokens(w) − min over candidates) / block_size) / ceil(isl / block_size))
 //         decode_blocks  = active_blocks(w) + request blocks not yet active on w
 //         With credit 1, decay 0 and request weight 0 (the defaults) this is Era B's cost
 //         exactly; the three knobs are Era C's, weight being its prefill scale.
 //         T = 0: minimum, exact ties broken uniformly at random; T > 0: softmax sample.
-//         Replica spread (setSpread, replica sync with R ≥ 2 routing replicas), T = 0: replica k
+//   Replica spread, either cost (setSpread, replica sync with R ≥ 2 routing replicas), T = 0: replica k
 //         of R assumes the replicas ranked before it whose latest booking is not just in (within
 //         the sync delay, spreadSeen) route a request like its own at this very moment, and takes
 //         the worker a single router would give the next one after theirs: greedily,
-//         each earlier one booked on the cheapest with what such a request adds there (prefill
-//         not cached there, blocks neither active nor cached there); at equal cost a worker no
-//         earlier one took wins, then the smaller identity hash, which every replica computes
-//         alike. Replicas facing the same state then choose apart where they would all have
+//         each earlier one booked on the cheapest with what such a request adds there (its
+//         latency cost again; under Dynamo's, prefill not cached there and blocks neither active
+//         nor cached there); at equal cost (within NEAR_TIE under the latency cost) a worker no
+//         earlier one took wins, then (latency cost) the least loaded, then the smaller identity
+//         hash, which every replica computes alike. Replicas facing the same state then choose apart where they would all have
 //         taken the same cheapest worker; a worker cheaper by more than a request's own cost (a
 //         long cached prefix) still takes them all.
 import type { ActiveSequences, TrackMode } from './active-sequences.js'
 import { TRACK_NONE, TRACK_SHARED } from './active-sequences.js'
-import type { RouterMode } from './options.js'
+import { chunkTokens, FleetLoad, kvUsage, LatencyTerms, latencyTerms, NEAR_TIE } from './cost.js'
+import type { CostModel, RouterMode } from './options.js'
 import type { Rng } from './rng.js'
 import type { WorkerRanks } from './worker-ranks.js'
 import { DEVICE_CPU } from './worker-ranks.js'
@@ -59,6 +64,12 @@ export interface Candidate {
   logit: number
   inFlight: number
   treeSize?: number
+  /** Latency cost only: the time to first token the request would get there, seconds. */
+  ttftSecs?: number
+  /** Latency cost only: the delay it would add to the requests decoding there, seconds. */
+  slowdownSecs?: number
+  /** Latency cost only: the delay it would add to the requests arriving there after it, seconds. */
+  queueingSecs?: number
 }
 
 export class Selector {
@@ -67,6 +78,12 @@ export class Selector {
   /** Per candidate index: the prefill blocks and decode blocks behind logits[i], for explain(). */
   private prefillBlocks = new Float64Array(8)
   private decodeBlocks = new Float64Array(8)
+  /** Per candidate index, latency cost only: its two terms in seconds, for explain(). */
+  private ttft = new Float64Array(8)
+  private slowdown = new Float64Array(8)
+  private queueing = new Float64Array(8)
+  private readonly terms = new LatencyTerms()
+  private readonly fleet = new FleetLoad()
   private weights = new Float64Array(8)
   /** Per slot: request blocks already active there (filled by countPresent). */
   private present = new Int32Array(8)
@@ -86,6 +103,7 @@ export class Selector {
     private readonly rng: Rng,
     private readonly blockSize: number,
     private readonly cudaToCpuRatio: number,
+    readonly cost: CostModel = 'dynamo',
   ) {}
 
   /** Picks one of the m candidate slots; returns the slot. m must be ≥ 1. */
@@ -94,7 +112,8 @@ export class Selector {
       case 'kv':
         this.computeLogits(c, slots, m)
         if (c.temperature > 0) return slots[this.softmaxPick(m, c.temperature)] as number
-        return slots[this.spreadCount > 1 && m > 1 ? this.spreadPick(c, slots, m) : this.minPick(m)] as number
+        if (this.spreadCount > 1 && m > 1) return slots[this.spreadPick(c, slots, m)] as number
+        return slots[this.cost === 'latency' ? this.nearTiePick(slots, m) : this.minPick(m)] as number
       case 'round-robin':
         return this.roundRobin(slots, m)
       case 'random':
@@ -111,14 +130,23 @@ export class Selector {
     }
   }
 
-  /** logits[i] for each candidate; prefill and decode terms as in the header. */
+  /** logits[i] for each candidate: the cost model's, as in the header. */
   computeLogits(c: CostInputs, slots: Int32Array, m: number): void {
     if (this.logits.length < m) {
       this.logits = new Float64Array(Math.max(m, this.logits.length * 2))
       this.weights = new Float64Array(this.logits.length)
       this.prefillBlocks = new Float64Array(this.logits.length)
       this.decodeBlocks = new Float64Array(this.logits.length)
+      this.ttft = new Float64Array(this.logits.length)
+      this.slowdown = new Float64Array(this.logits.length)
+      this.queueing = new Float64Array(this.logits.length)
     }
+    if (this.cost === 'latency') this.latencyLogits(c, slots, m)
+    else this.dynamoLogits(c, slots, m)
+  }
+
+  /** Dynamo's logit (Era B, with Era C's credit, decay and request weight). */
+  private dynamoLogits(c: CostInputs, slots: Int32Array, m: number): void {
     const shared = c.track === TRACK_SHARED && c.lo !== undefined && c.hi !== undefined && c.n > 0
     const present = shared ? this.countPresent(c, slots, m) : this.present
     const seqs = this.seqs
@@ -163,6 +191,46 @@ export class Selector {
     return Math.max(0, queued + c.isl - credit * cached)
   }
 
+  /** The latency cost of cost.ts, seconds; Dynamo's weight, credit and request weight do not apply. */
+  private latencyLogits(c: CostInputs, slots: Int32Array, m: number): void {
+    const shared = c.track === TRACK_SHARED && c.lo !== undefined && c.hi !== undefined && c.n > 0
+    const present = shared ? this.countPresent(c, slots, m) : this.present
+    const seqs = this.seqs
+    const workers = this.workers
+    const bs = this.blockSize
+    const isl = c.isl
+    const ov = c.overlap
+    const ovLen = ov === undefined ? 0 : ov.length
+    const extra = c.track === TRACK_NONE ? 0 : c.n
+    const terms = this.terms
+    let sumInFlight = 0
+    let sumUsage = 0
+    for (let i = 0; i < m; i++) {
+      const s = slots[i] as number
+      sumInFlight += seqs.inFlight[s] as number
+      sumUsage += kvUsage(seqs.activeBlocks[s] as number, workers.totalKvBlocks[s] as number)
+    }
+    const fleet = this.fleet
+    fleet.set(sumInFlight, sumUsage, m)
+    for (let i = 0; i < m; i++) {
+      const s = slots[i] as number
+      let added = extra
+      if (shared) added -= present[s] as number
+      const active = seqs.activeBlocks[s] as number
+      const queued = seqs.prefillTokens[s] as number
+      const inFlight = seqs.inFlight[s] as number
+      // decode-only pools (prefill tracking off) compute no prompt here
+      const uncached = c.trackPrefill ? isl - Math.min(s < ovLen ? ((ov as ArrayLike<number>)[s] as number) * bs : 0, isl) : 0
+      const chunk = chunkTokens(workers.maxNumBatchedTokens[s] as number, inFlight)
+      this.logits[i] = latencyTerms(queued, uncached, inFlight, chunk, active, added, workers.totalKvBlocks[s] as number, fleet, terms)
+      this.ttft[i] = terms.ttft
+      this.slowdown[i] = terms.slowdown
+      this.queueing[i] = terms.queueing
+      this.prefillBlocks[i] = (queued + uncached) / bs
+      this.decodeBlocks[i] = active + added
+    }
+  }
+
   /** The least queued prefill among the candidates: the credit decay's reference point. */
   private minQueued(slots: Int32Array, m: number): number {
     let min = Infinity
@@ -188,6 +256,11 @@ export class Selector {
         inFlight: this.seqs.inFlight[s] as number,
       }
       if (treeSizes !== undefined && s < treeSizes.length) row.treeSize = treeSizes[s] as number
+      if (this.cost === 'latency') {
+        row.ttftSecs = this.ttft[i] as number
+        row.slowdownSecs = this.slowdown[i] as number
+        row.queueingSecs = this.queueing[i] as number
+      }
       out.push(row)
     }
     return out
@@ -252,9 +325,15 @@ export class Selector {
     const ovLen = ov === undefined ? 0 : ov.length
     const shared = c.track === TRACK_SHARED
     const n = c.track === TRACK_NONE ? 0 : c.n
+    const latency = this.cost === 'latency'
     for (let i = 0; i < m; i++) {
       const s = slots[i] as number
       load[i] = logits[i] as number
+      if (latency) {
+        // the latency cost is already what this request adds there; one like it adds as much again
+        own[i] = logits[i] as number
+        continue
+      }
       // what one more request like this one would add there: its prefill not cached there, and
       // its blocks, less those a request like it shares (the ones cached there, once booked)
       const p = w * ((this.prefillBlocks[i] as number) - (seqs.prefillTokens[s] as number) / bs)
@@ -268,20 +347,34 @@ export class Selector {
     // the replicas before this one whose request of this moment is not in view yet
     let before = 0
     for (let k = 0; k < this.spreadRank; k++) if ((this.spreadSeenUntil[k] as number) <= c.now) before++
+    const inFlight = seqs.inFlight
+    const blocks = seqs.activeBlocks
     let pick = 0
     for (let step = 0; step <= before; step++) {
-      let best = Infinity
+      // under the latency cost, costs within NEAR_TIE of the least are equal (as in nearTiePick)
+      let least = Infinity
+      for (let i = 0; i < m; i++) least = Math.min(least, load[i] as number)
+      const limit = latency ? least + NEAR_TIE * Math.abs(least) : least
       let bestUsed = 0
+      let bestReq = 0
+      let bestBlk = 0
       let bestId = 0
+      let found = false
       for (let i = 0; i < m; i++) {
-        const l = load[i] as number
-        if (l > best) continue
+        if (!((load[i] as number) <= limit)) continue
+        const s = slots[i] as number
         const u = used[i] as number
-        const id = identity[slots[i] as number] as number
-        // at equal cost, a worker no earlier replica took, then the smaller identity hash
-        if (l < best || u < bestUsed || (u === bestUsed && id < bestId)) {
-          best = l
+        const r = latency ? (inFlight[s] as number) : 0
+        const b = latency ? (blocks[s] as number) : 0
+        const id = identity[s] as number
+        // a worker no earlier replica took, then (latency cost) the least loaded, then the
+        // smaller identity hash: every replica computes the same order
+        const better = !found || u < bestUsed || (u === bestUsed && (r < bestReq || (r === bestReq && (b < bestBlk || (b === bestBlk && id < bestId)))))
+        if (better) {
+          found = true
           bestUsed = u
+          bestReq = r
+          bestBlk = b
           bestId = id
           pick = i
         }
@@ -290,6 +383,42 @@ export class Selector {
       used[pick] = (used[pick] as number) + 1
     }
     return pick
+  }
+
+  /**
+   * Index of the least loaded candidate among those whose logit is within NEAR_TIE of the least:
+   * fewest in flight, then fewest active blocks, then the lower logit, random among equals.
+   */
+  nearTiePick(slots: Int32Array, m: number): number {
+    const logits = this.logits
+    let best = Infinity
+    for (let i = 0; i < m; i++) best = Math.min(best, logits[i] as number)
+    const limit = best + NEAR_TIE * Math.abs(best)
+    const inFlight = this.seqs.inFlight
+    const blocks = this.seqs.activeBlocks
+    let chosen = 0
+    let req = Infinity
+    let blk = Infinity
+    let lg = Infinity
+    let ties = 0
+    for (let i = 0; i < m; i++) {
+      const l = logits[i] as number
+      if (!(l <= limit)) continue
+      const s = slots[i] as number
+      const r = inFlight[s] as number
+      const b = blocks[s] as number
+      if (r < req || (r === req && (b < blk || (b === blk && l < lg)))) {
+        req = r
+        blk = b
+        lg = l
+        chosen = i
+        ties = 1
+      } else if (r === req && b === blk && l === lg) {
+        ties++
+        if (this.rng.int(ties) === 0) chosen = i
+      }
+    }
+    return chosen
   }
 
   /**
@@ -420,9 +549,16 @@ export class Selector {
   }
 }
 
-/** Dynamo-style debug lines for an explanation, one per candidate. */
+/**
+ * Dynamo-style debug lines for an explanation, one per candidate: Dynamo's formula, or under the
+ * latency cost its three terms in seconds with what they were computed from.
+ */
 export function formatCandidates(rows: readonly Candidate[], weight: number): string {
   return rows
-    .map((r) => `Formula for worker_id=${r.workerId} dp_rank=${r.dpRank}: ${r.logit.toFixed(3)} = ${weight} * ${r.prefillBlocks.toFixed(3)} + ${r.decodeBlocks} (cached_blocks: ${r.overlapBlocks})`)
+    .map((r) =>
+      r.ttftSecs === undefined || r.slowdownSecs === undefined || r.queueingSecs === undefined
+        ? `Formula for worker_id=${r.workerId} dp_rank=${r.dpRank}: ${r.logit.toFixed(3)} = ${weight} * ${r.prefillBlocks.toFixed(3)} + ${r.decodeBlocks} (cached_blocks: ${r.overlapBlocks})`
+        : `Formula for worker_id=${r.workerId} dp_rank=${r.dpRank}: ${r.logit.toFixed(4)} s = ttft ${r.ttftSecs.toFixed(4)} s (${r.prefillBlocks.toFixed(3)} prefill blocks queued and uncached) + decode slowdown ${r.slowdownSecs.toFixed(4)} s (${r.inFlight} in flight, ${r.decodeBlocks} decode blocks) + queueing ${r.queueingSecs.toFixed(4)} s (cached_blocks: ${r.overlapBlocks})`,
+    )
     .join('\n')
 }

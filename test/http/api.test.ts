@@ -59,10 +59,30 @@ t.test('route: query only, then events move the decision to the worker that hold
   t.match(byStr.body, `"worker_id":${BIG}`)
   const d = await post('/v1/route', { token_ids: prompt })
   t.match(d.body, `{"worker_id":${BIG},"worker_id_str":"${BIG}","dp_rank":0,"overlap_blocks":3,`)
+  // the latency cost explains itself in seconds after Dynamo's fields
+  const row = (d.json() as { candidates: Record<string, number>[] }).candidates[0] ?? {}
+  t.match(d.body, `"worker_id":${BIG},"worker_id_str":"${BIG}","dp_rank":0,"overlap_blocks":3,"prefill_blocks":1,"decode_blocks":4,"logit":`)
+  t.equal(row.logit, (row.ttft_secs ?? NaN) + (row.decode_slowdown_secs ?? NaN) + (row.queueing_secs ?? NaN))
+  t.ok((row.ttft_secs ?? 0) > 0)
+})
+
+t.test("route under --router-cost dynamo: Dynamo's fields only, and its per-request credit", async (t) => {
+  const hd = await harness(['--router-block-size', '4', '--router-cost', 'dynamo'])
+  t.teardown(() => hd.close())
+  const inject = (body: unknown) => hd.app.fastify.inject({ method: 'POST', url: '/v1/route', payload: JSON.stringify(body), headers: json })
+  await hd.app.fastify.inject({ method: 'POST', url: '/v1/workers', payload: JSON.stringify({ id: 1, url: 'http://127.0.0.1:11' }), headers: json })
+  const prompt = tokens(16, 100)
+  const local = computeBlockHashes(prompt, 4)
+  const seq = computeSequenceHashes(local)
+  const blocks = [0, 1, 2].map((i) => ({ block_hash: seq[i] as bigint, tokens_hash: local[i] as bigint }))
+  hd.router.ingestEvent({ worker_id: 1n, event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: null, blocks } } } })
+  await hd.router.pool.flush()
+  const d = await inject({ token_ids: prompt })
+  t.match(d.body, '"worker_id":1,"worker_id_str":"1","dp_rank":0,"overlap_blocks":3,"prefill_blocks":1,"decode_blocks":4,"logit":5,"tree_size":3}')
+  t.notMatch(d.body, 'ttft_secs')
   // Era C credit per request: 3 cached blocks × 2 cover the 4-block prompt, the prefill term is 0
-  t.match(d.body, `"worker_id":${BIG},"worker_id_str":"${BIG}","dp_rank":0,"overlap_blocks":3,"prefill_blocks":1,`)
-  const cr = await post('/v1/route', { token_ids: prompt, router_config_override: { overlap_score_credit: 2 } })
-  t.match(cr.body, `"worker_id":${BIG},"worker_id_str":"${BIG}","dp_rank":0,"overlap_blocks":3,"prefill_blocks":0,`)
+  const cr = await inject({ token_ids: prompt, router_config_override: { overlap_score_credit: 2 } })
+  t.match(cr.body, '"worker_id":1,"worker_id_str":"1","dp_rank":0,"overlap_blocks":3,"prefill_blocks":0,')
 })
 
 t.test('route with update_states books until released', async (t) => {

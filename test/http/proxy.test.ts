@@ -130,6 +130,8 @@ t.test('upstream 500 before the first token is retried on the next best worker',
     payload: JSON.stringify({ token_ids: tokens(64, 9000), worker_id: 101, update_states: true, request_id: 'hold' }),
   })
   t.equal(hold.statusCode, 200)
+  // decoding, not prefilling: a short prompt could share a prefill step already under way
+  h.router.scheduler.markPrefillComplete('hold')
   const released = h.app.proxy.releasedTotal
   const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(12), stream: true }) })
   t.equal(r.status, 200)

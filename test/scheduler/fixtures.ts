@@ -44,7 +44,10 @@ export function makeScheduler(
   deps: SchedulerDeps = {},
 ): { s: Scheduler; clock: FakeClock; slots: number[] } {
   const clock = new FakeClock()
-  const s = new Scheduler({ seed: 7, ...options }, { clock: clock.now, timers: false, ...deps })
+  // Dynamo's cost unless a test asks for another: its logits are small sums a reader can check
+  // by hand, which the mechanics tested here (booking, queue, prediction, retries) rely on;
+  // cost.test.ts checks the latency cost
+  const s = new Scheduler({ seed: 7, cost: 'dynamo', ...options }, { clock: clock.now, timers: false, ...deps })
   const slots: number[] = []
   for (let i = 0; i < workerCount; i++) slots.push(s.addWorkerRank(BigInt(i + 1), 0, typeof info === 'function' ? info(i) : info))
   return { s, clock, slots }

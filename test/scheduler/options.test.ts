@@ -5,6 +5,7 @@ import { DEFAULT_MAX_BATCHED_TOKENS, resolveSchedulerOptions } from '../../src/s
 t.test('the documented defaults, and the result is frozen', async (t) => {
   const o = resolveSchedulerOptions()
   t.equal(o.mode, 'kv')
+  t.equal(o.cost, 'latency')
   t.equal(o.overlapScoreWeight, 1)
   t.equal(o.temperature, 0)
   t.equal(o.queueThreshold, 4)
@@ -39,6 +40,7 @@ t.test('values are kept and a resolved object resolves to itself', async (t) => 
 t.test('every invalid value is refused with a message naming the option and range', async (t) => {
   const cases: [Record<string, unknown>, RegExp][] = [
     [{ mode: 'fastest' }, /options\.mode must be one of kv\|round-robin\|random\|least-loaded\|power-of-two\|direct\|device-aware-weighted, got "fastest"/],
+    [{ cost: 'cheapest' }, /options\.cost must be one of latency\|dynamo, got "cheapest"/],
     [{ blockSize: 0 }, /options\.blockSize must be an integer in \[1, 65536\], got 0/],
     [{ blockSize: 1.5 }, /options\.blockSize must be an integer/],
     [{ overlapScoreWeight: -1 }, /options\.overlapScoreWeight must be a number in \[0, ∞\), got -1/],

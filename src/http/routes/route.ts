@@ -18,7 +18,9 @@ import type { HttpContext } from '../context.js'
 /** One row of an explained decision (also the status page's). */
 export function candidateJson(c: Candidate): string {
   const id = c.workerId.toString()
-  return `{"worker_id":${id},"worker_id_str":"${id}","dp_rank":${c.dpRank},"overlap_blocks":${c.overlapBlocks},"prefill_blocks":${c.prefillBlocks},"decode_blocks":${c.decodeBlocks},"logit":${Number.isFinite(c.logit) ? c.logit : 'null'}${c.treeSize === undefined ? '' : `,"tree_size":${c.treeSize}`}}`
+  // the latency cost's terms, in seconds, after Dynamo's fields (absent under --router-cost dynamo)
+  const terms = c.ttftSecs === undefined ? '' : `,"ttft_secs":${c.ttftSecs},"decode_slowdown_secs":${c.slowdownSecs ?? 0},"queueing_secs":${c.queueingSecs ?? 0}`
+  return `{"worker_id":${id},"worker_id_str":"${id}","dp_rank":${c.dpRank},"overlap_blocks":${c.overlapBlocks},"prefill_blocks":${c.prefillBlocks},"decode_blocks":${c.decodeBlocks},"logit":${Number.isFinite(c.logit) ? c.logit : 'null'}${c.treeSize === undefined ? '' : `,"tree_size":${c.treeSize}`}${terms}}`
 }
 
 /** Registers the routes in their own scope, where bodies arrive as bytes. */

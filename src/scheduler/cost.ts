@@ -1,0 +1,127 @@
+// The latency cost (--router-cost latency, the default in kv mode): per candidate worker-rank,
+// the seconds that sending the request there adds to the latency of the requests the fleet
+// serves, from a model of how a vLLM-like engine spends its steps. docs/cost.md derives it.
+//
+//   An engine step computes up to B tokens (max_num_batched_tokens); each request in flight takes
+//   one of them to decode, so k = B − R prefill tokens go per step, and a step with a prefill
+//   chunk of x tokens and decodes takes prefill_ms(x) + decode_ms(kv usage).
+//
+//   ttft      = T(Q + U)                          its own wait and prefill, T as below
+//   slowdown  = R̄ × (P(Q + U) − P(Q))             its chunks lengthen the steps of the requests
+//             + R × N × slope × blocks / capacity  decoding there; its KV lengthens them too
+//   queueing  = λ × own × (wait + own / 2)         requests arriving while its prefill is pending
+//                                                  or running wait for it
+//   cost      = ttft + slowdown + queueing         seconds
+//
+//   Q = prefill tokens already booked there (ahead of it); U = its prompt tokens not cached there
+//   R = requests in flight there; R̄ = the candidates' mean (0 where R = 0); N = ASSUMED_OUTPUT_TOKENS
+//   P(x) = prefill_ms(x) for x ≤ k, else x / k × prefill_ms(k); T(x) = P(x) + max(1, x / k) × decode step
+//   wait = T(Q), own = ttft − wait; λ = R̄ / (N × decode step at the mean usage) (Little's law)
+//   slope = decode_ms(1) − decode_ms(0), per unit of KV usage
+//
+// Which requests its chunks will stall is not known when it is routed (the ones in flight there
+// now may be gone once the queue ahead of it is done), so the stall counts the fleet's mean in
+// flight, except on a worker-rank with nothing in flight. Counting the worker-rank's own R there
+// sends long prompts to worker-ranks holding few, long requests: the fleet sorts itself by request
+// size, and long prompts queue behind each other (docs/cost.md shows the measurement).
+//
+// prefill_ms and decode_ms are the engine model of src/sim/mocker/timing.ts (Dynamo's mocker
+// default). Its absolute speed scales every term alike, so in a fleet of one kind of engine it
+// cancels out of every decision; its shape (per-step overhead, per-token prefill cost, decode step
+// time) weighs the terms against each other.
+import { DEFAULT_MAX_BATCHED_TOKENS } from './options.js'
+import { decodeMs, prefillMs } from '../sim/mocker/timing.js'
+
+/**
+ * Prefill chunk of an engine that registered no max_num_batched_tokens: vLLM's chunked-prefill
+ * budget for online serving and the mocker's default.
+ */
+export const DEFAULT_CHUNK_TOKENS = 8192
+
+/**
+ * Output tokens a request is assumed to decode: the router does not know how long an answer will
+ * be. It sets how long a request's KV stays in the decode batch and a request's lifetime.
+ */
+export const ASSUMED_OUTPUT_TOKENS = 256
+
+/**
+ * ms a decode step gains per unit of KV usage: the engine model's rise from empty to full. The
+ * fitted curve bends down towards full; its local slope would make busier engines look cheaper
+ * for more KV and gather long requests on them.
+ */
+export const DECODE_MS_PER_USAGE = decodeMs(1) - decodeMs(0)
+
+/**
+ * Costs within this share of the cheapest are one choice to the model, whose error is larger:
+ * among them the least loaded worker-rank wins, so equal candidates share the load.
+ */
+export const NEAR_TIE = 0.01
+
+/** The prefill tokens one step computes on a worker-rank with this registered budget and R in flight. */
+export function chunkTokens(maxNumBatchedTokens: number, inFlight: number): number {
+  const b = maxNumBatchedTokens === DEFAULT_MAX_BATCHED_TOKENS ? DEFAULT_CHUNK_TOKENS : maxNumBatchedTokens
+  return Math.max(1, b - inFlight)
+}
+
+/** ms of prefill compute for x queued tokens in chunks of k. */
+export function prefillTimeMs(x: number, k: number): number {
+  if (!(x > 0)) return 0
+  return x <= k ? prefillMs(x) : (x / k) * prefillMs(k)
+}
+
+/** Steps the engine runs to compute x prefill tokens in chunks of k; at least the one that samples. */
+export function prefillSteps(x: number, k: number): number {
+  return x > k ? x / k : 1
+}
+
+/** KV usage in [0, 1] of a worker-rank with this many active blocks; 0 when its capacity is unknown. */
+export function kvUsage(activeBlocks: number, totalBlocks: number): number {
+  return totalBlocks > 0 ? Math.min(1, activeBlocks / totalBlocks) : 0
+}
+
+/** What the candidates of one decision share: the fleet terms of the cost. */
+export class FleetLoad {
+  /** Mean requests in flight per candidate (R̄). */
+  inFlight = 0
+  /** Requests reaching a worker-rank per ms (λ). */
+  arrivalsPerMs = 0
+
+  /** Sets both from the candidates' summed in-flight requests and KV usage. */
+  set(sumInFlight: number, sumUsage: number, m: number): void {
+    this.inFlight = m > 0 ? sumInFlight / m : 0
+    this.arrivalsPerMs = m > 0 ? this.inFlight / (ASSUMED_OUTPUT_TOKENS * decodeMs(sumUsage / m)) : 0
+  }
+}
+
+/** The terms of one candidate's cost, in seconds (written by latencyTerms). */
+export class LatencyTerms {
+  ttft = 0
+  slowdown = 0
+  queueing = 0
+}
+
+/**
+ * The cost of one candidate: fills `out` and returns its sum, in seconds.
+ *   queued:    prefill tokens booked there (Q)
+ *   uncached:  the request's prompt tokens not cached there (U)
+ *   inFlight:  requests in flight there (R)
+ *   chunk:     prefill tokens per step there (chunkTokens)
+ *   active:    its active KV blocks; added: the request's blocks not already active there
+ *   total:     its KV capacity in blocks (0 = unknown: no usage-dependent terms)
+ */
+export function latencyTerms(queued: number, uncached: number, inFlight: number, chunk: number, active: number, added: number, total: number, fleet: FleetLoad, out: LatencyTerms): number {
+  const x = queued + uncached
+  const prefillAhead = prefillTimeMs(queued, chunk)
+  const prefill = prefillTimeMs(x, chunk)
+  const step = inFlight > 0 ? decodeMs(kvUsage(active, total)) : 0
+  const ttft = prefill + prefillSteps(x, chunk) * step
+  const wait = queued > 0 ? prefillAhead + prefillSteps(queued, chunk) * step : 0
+  const own = ttft - wait
+  let slowdown = inFlight > 0 ? fleet.inFlight * (prefill - prefillAhead) : 0
+  if (total > 0 && added > 0) slowdown += (inFlight * ASSUMED_OUTPUT_TOKENS * DECODE_MS_PER_USAGE * added) / total
+  const queueing = fleet.arrivalsPerMs * own * (wait + own / 2)
+  out.ttft = ttft / 1000
+  out.slowdown = slowdown / 1000
+  out.queueing = queueing / 1000
+  return out.ttft + out.slowdown + out.queueing
+}

@@ -21,7 +21,7 @@
 // engines run overdue steps back to back when the machine is busy, so tokens often arrive
 // several to a read: TPOT is the figure to compare, ITL shows how bursty the delivery was.
 //
-// Run: npm run bench:e2e [-- --minutes M | --full] [--workers N] [--modes kv,round-robin]
+// Run: npm run bench:e2e [-- --minutes M | --full] [--offset M] [--workers N] [--modes kv,round-robin]
 //      [--speedup S] [--load X] [--capacity-factor F] [--max-in-flight N] [--trace FILE]
 //      [--records DIR] [--router-args "FLAGS"];  npm run bench:e2e -- --replot  redraws the SVG
 //      from the JSON
@@ -42,19 +42,20 @@ import { cpuSample, cpuShares, start, stop, workerIds } from './lib/processes.js
 import type { Child } from './lib/processes.js'
 
 const BLOCK_SIZE = 64
-// kv runs Dynamo's default cost; kv-tuned the cost knobs this workload wants (docs/architecture.md):
-// on long multi-turn conversations the decode term, hundreds of blocks per request in
-// flight, outweighs a follow-up's overlap at the defaults and scatters conversations.
+// kv runs the default cost (the latency cost, docs/cost.md); kv-dynamo Dynamo's cost at its
+// defaults; kv-tuned Dynamo's cost with the knobs that made it fit this workload before the
+// latency cost existed (not in the default run: kv does as well without knobs).
 const TUNED = ['--router-prefill-load-scale', '10', '--router-kv-overlap-score-credit', '5']
 const MODE_ARGS: Record<string, string[]> = {
   kv: ['--router-mode', 'kv'],
-  'kv-tuned': ['--router-mode', 'kv', ...TUNED],
+  'kv-dynamo': ['--router-mode', 'kv', '--router-cost', 'dynamo'],
+  'kv-tuned': ['--router-mode', 'kv', '--router-cost', 'dynamo', ...TUNED],
   'round-robin': ['--router-mode', 'round-robin'],
   random: ['--router-mode', 'random'],
   'least-loaded': ['--router-mode', 'least-loaded'],
 }
 const ALL_MODES = Object.keys(MODE_ARGS)
-const KV_MODES = ['kv', 'kv-tuned']
+const DEFAULT_MODES = ['kv', 'kv-dynamo', 'round-robin', 'random', 'least-loaded']
 const MODEL = 'e2e-model'
 /** Share of the machine other processes may use during a mode before the run is flagged. */
 const OTHER_CPU_WARN = 0.1
@@ -63,6 +64,12 @@ const OTHER_CPU_WARN = 0.1
 // (p90 TTFT ≥ 1 s simulated) and S fits five modes in ~12 minutes.
 const DEFAULTS = { minutes: 20, workers: 8, speedup: 1.5, load: 8, capacityFactor: 1.25, maxInFlight: 2048 }
 
+/** The slice's name: "the first 20 min", "min 20 to 40", "the whole trace", "the trace from min 40". */
+function sliceText(minutes: number | null, offset: number): string {
+  if (minutes === null) return offset === 0 ? 'the whole trace' : `the trace from min ${offset}`
+  return offset === 0 ? `the first ${minutes} min` : `min ${offset} to ${offset + minutes}`
+}
+
 function fail(msg: string): never {
   process.stderr.write(`bench:e2e: ${msg}\n`)
   process.exit(2)
@@ -70,6 +77,8 @@ function fail(msg: string): never {
 
 interface Args {
   minutes: number | null
+  /** Minutes of the trace skipped before the slice: a later slice is traffic no default was tuned on. */
+  offset: number
   workers: number
   modes: string[]
   speedup: number
@@ -92,7 +101,7 @@ function parseArgs(argv: string[]): Args {
       full = true
       continue
     }
-    const known = ['--minutes', '--workers', '--modes', '--speedup', '--load', '--capacity-factor', '--max-in-flight', '--trace', '--records', '--router-args']
+    const known = ['--minutes', '--offset', '--workers', '--modes', '--speedup', '--load', '--capacity-factor', '--max-in-flight', '--trace', '--records', '--router-args']
     const [name, inline] = a.includes('=') ? [a.slice(0, a.indexOf('=')), a.slice(a.indexOf('=') + 1)] : [a, undefined]
     if (!known.includes(name as string)) fail(`unknown option ${JSON.stringify(a)} (known: --full ${known.join(' ')})`)
     const value = inline ?? argv[++i]
@@ -106,12 +115,16 @@ function parseArgs(argv: string[]): Args {
     if (s.trim() === '' || !Number.isFinite(n) || n <= 0 || (integer && !Number.isInteger(n))) fail(`${name} must be a positive ${integer ? 'integer' : 'number'}, got ${JSON.stringify(s)}`)
     return n
   }
-  const modes = (v.get('--modes') ?? ALL_MODES.join(',')).split(',').filter((m) => m !== '')
+  const modes = (v.get('--modes') ?? DEFAULT_MODES.join(',')).split(',').filter((m) => m !== '')
   for (const m of modes) if (!ALL_MODES.includes(m)) fail(`--modes: unknown mode ${JSON.stringify(m)} (one of ${ALL_MODES.join(', ')})`)
   if (modes.length === 0) fail('--modes needs at least one mode')
   if (full && v.has('--minutes')) fail('--full and --minutes exclude each other')
+  const offsetText = v.get('--offset') ?? '0'
+  const offset = Number(offsetText)
+  if (offsetText.trim() === '' || !Number.isFinite(offset) || offset < 0) fail(`--offset must be a number of minutes ≥ 0, got ${JSON.stringify(offsetText)}`)
   return {
     minutes: full ? null : num('--minutes', DEFAULTS.minutes),
+    offset,
     workers: num('--workers', DEFAULTS.workers, true),
     modes,
     speedup: num('--speedup', DEFAULTS.speedup),
@@ -220,39 +233,39 @@ function secs(v: number | null): string {
   return v === null ? 'n/a' : `${(v / 1000).toFixed(2)} s`
 }
 
+/** The targets: the default kv mode against the bound and round-robin; errors everywhere. */
 function evaluateBars(bound: number, modes: Record<string, ReplaySummary>): Bar[] {
   const rr = modes['round-robin']
   const rrP90 = rr?.ttft_ms.p90 ?? null
   const bars: Bar[] = []
-  for (const name of KV_MODES) if (modes[name] !== undefined) bars.push(...kvBars(name, bound, modes[name] as ReplaySummary, rr))
+  const kv = modes.kv
+  if (kv !== undefined) bars.push(...kvBars('kv', bound, kv, rr))
   const errs = Object.entries(modes).map(([m, s]) => `${m} ${s.errors}`)
   bars.push({ bar: 'zero errors in every mode', value: errs.join(', '), target: '0', pass: Object.values(modes).every((s) => s.errors === 0) })
   bars.push({ bar: '(calibration) round-robin p90 TTFT ≥ 1 s simulated', value: rrP90 === null ? 'n/a' : `${ms(rrP90)} ms`, target: '≥ 1000 ms', pass: rrP90 === null ? null : rrP90 >= 1000 })
   return bars
 }
 
-/** The targets for one kv variant, against round-robin. */
+/** The targets for one kv variant, against the bound and round-robin. */
 function kvBars(name: string, bound: number, kv: ReplaySummary, rr: ReplaySummary | undefined): Bar[] {
   const bars: Bar[] = []
   const kvHit = kv.hit_rate
-  bars.push({ bar: `${name} hit rate ≥ 0.85 × bound`, value: pct(kvHit), target: `≥ ${pct(0.85 * bound)}`, pass: kvHit === null ? null : kvHit >= 0.85 * bound })
-  const rrHit = rr?.hit_rate ?? null
   bars.push({
-    bar: `${name} hit rate ≥ 2 × round-robin`,
-    value: kvHit === null || rrHit === null ? 'n/a' : `${pct(kvHit)} vs ${pct(rrHit)} (${rrHit > 0 ? (kvHit / rrHit).toFixed(2) : '∞'}×)`,
-    target: '≥ 2×',
-    pass: kvHit === null || rrHit === null ? null : kvHit >= 2 * rrHit,
+    bar: `${name} hit rate ≥ 0.90 × bound`,
+    value: kvHit === null ? 'n/a' : `${pct(kvHit)} (${(kvHit / bound).toFixed(2)} × bound)`,
+    target: `≥ ${pct(0.9 * bound)}`,
+    pass: kvHit === null ? null : kvHit >= 0.9 * bound,
   })
   const kvP90 = kv.ttft_ms.p90
   const rrP90 = rr?.ttft_ms.p90 ?? null
   bars.push({
-    bar: `${name} p90 TTFT ≤ 1/3 × round-robin`,
+    bar: `${name} p90 TTFT ≤ 0.25 × round-robin`,
     value: kvP90 === null || rrP90 === null ? 'n/a' : `${ms(kvP90)} vs ${ms(rrP90)} ms (${(kvP90 / rrP90).toFixed(3)})`,
-    target: '≤ 0.333',
-    pass: kvP90 === null || rrP90 === null ? null : kvP90 <= rrP90 / 3,
+    target: '≤ 0.25',
+    pass: kvP90 === null || rrP90 === null ? null : kvP90 <= rrP90 * 0.25,
   })
   const sp = kv.spread
-  bars.push({ bar: `${name} spread (max/min requests per worker) ≤ 1.5`, value: sp === null ? '∞ (a worker got none)' : sp.toFixed(2), target: '≤ 1.5', pass: sp !== null && sp <= 1.5 })
+  bars.push({ bar: `${name} spread (max/min requests per worker) ≤ 1.3`, value: sp === null ? '∞ (a worker got none)' : sp.toFixed(2), target: '≤ 1.3', pass: sp !== null && sp <= 1.3 })
   return bars
 }
 
@@ -265,14 +278,14 @@ function table(header: string[], rows: string[][]): string {
 interface ResultJson {
   date: string
   hit_rate_bound: number
-  config: { workers: number; K: number; speedup: number; load: number; minutes: number | null; requests: number; block_size: number }
+  config: { workers: number; K: number; speedup: number; load: number; minutes: number | null; offset_minutes?: number; requests: number; block_size: number }
   modes: Record<string, { hit_rate: number | null; ttft_ms: { p50: number | null; p90: number | null; p99: number | null }; ttft_percentiles_ms?: number[] }>
 }
 
 /** The figure, from the result JSON alone (so --replot can redraw a finished run). */
 function plot(r: ResultJson): string {
   const c = r.config
-  const slice = c.minutes === null ? 'the whole' : `the first ${c.minutes} min of the`
+  const slice = `${sliceText(c.minutes, c.offset_minutes ?? 0)} of the`
   return renderE2eSvg({
     title: `kv-router end to end: ${c.workers} mocker workers, ${slice} Mooncake conversation trace (${c.requests} requests)`,
     subtitle: `load × ${c.load}, mocker --speedup-ratio ${c.speedup} (times simulated), K = ${c.K} blocks/worker, block ${c.block_size}; ${r.date.slice(0, 10)}`,
@@ -297,7 +310,8 @@ async function main(): Promise<void> {
   }
   const a = parseArgs(process.argv.slice(2))
   const all = readTrace(a.trace)
-  const requests = a.minutes === null ? all : all.filter((r) => r.timestamp < (a.minutes as number) * 60_000)
+  const from = a.offset * 60_000
+  const requests = all.filter((r) => r.timestamp >= from && (a.minutes === null || r.timestamp < from + a.minutes * 60_000))
   if (requests.length === 0) fail('the slice holds no request')
   const b0 = performance.now()
   const bound = cacheBound(requests, BLOCK_SIZE)
@@ -306,7 +320,7 @@ async function main(): Promise<void> {
   const spanS = ((requests[requests.length - 1] as TraceRequest).timestamp - (requests[0] as TraceRequest).timestamp) / 1000
   const replaySpeedup = a.load * a.speedup
   const command = `npm run bench:e2e${process.argv.length > 2 ? ` -- ${process.argv.slice(2).join(' ')}` : ''}`
-  const sliceName = a.minutes === null ? 'the whole trace' : `the first ${a.minutes} min`
+  const sliceName = sliceText(a.minutes, a.offset)
   console.log(`bench:e2e — ${sliceName} of ${relative(process.cwd(), a.trace)}: ${requests.length} requests over ${(spanS / 60).toFixed(1)} min`)
   console.log(
     `  infinite-cache hit-rate bound (block ${BLOCK_SIZE}): ${pct(bound.hitRate)}; ${bound.uniqueBlocks} unique blocks → K = ${k} KV blocks per worker (× ${a.workers} workers, factor ${a.capacityFactor}) [${boundS.toFixed(1)} s]`,
@@ -314,7 +328,7 @@ async function main(): Promise<void> {
   console.log(
     `  mocker --speedup-ratio ${a.speedup}, load × ${a.load} → replay at ${replaySpeedup}× the trace: ~${(spanS / replaySpeedup).toFixed(0)} s of sending per mode; modes: ${a.modes.join(', ')}`,
   )
-  if (a.modes.includes('kv-tuned')) console.log(`  kv-tuned = kv with ${TUNED.join(' ')}`)
+  if (a.modes.includes('kv-tuned')) console.log(`  kv-tuned = kv-dynamo with ${TUNED.join(' ')}`)
   const runs: Record<string, ModeRun> = {}
   for (const mode of a.modes) {
     const r = await runMode(mode, a, requests, k)
@@ -377,6 +391,7 @@ async function main(): Promise<void> {
     load: a.load,
     replay_speedup: replaySpeedup,
     minutes: a.minutes,
+    offset_minutes: a.offset,
     requests: requests.length,
     max_in_flight: a.maxInFlight,
     trace: relative(repoRoot(), a.trace),

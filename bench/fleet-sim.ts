@@ -11,6 +11,7 @@
 //
 // Run: npm run bench:fleet-sim [-- --minutes M] [--offset M] [--workers N] [--load X]
 //      [--capacity-factor F] [--chunk TOKENS] [--modes kv,kv-dynamo,...] [--trace FILE]
+import { writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { readTrace, TraceBlockHasher, expandTokens } from '../src/sim/replay/trace.js'
 import type { TraceRequest } from '../src/sim/replay/trace.js'
@@ -21,7 +22,7 @@ import type { EngineRequest, RequestListener } from '../src/sim/mocker/engine.js
 import { Scheduler } from '../src/scheduler/scheduler.js'
 import type { SchedulerOptionsInput } from '../src/scheduler/options.js'
 import { percentile } from '../src/sim/replay/summary.js'
-import { repoRoot } from './lib/common.js'
+import { repoRoot, resultsDir } from './lib/common.js'
 
 const BLOCK_SIZE = 64
 
@@ -200,6 +201,7 @@ function main(): void {
     `bench:fleet-sim — min ${a.offset} to ${a.offset + a.minutes} of the trace: ${requests.length} requests, ${a.workers} engines of ${k} KV blocks and a ${a.chunk}-token step, load × ${a.load}; infinite-cache bound ${(bound.hitRate * 100).toFixed(1)}%`,
   )
   const rows: string[][] = []
+  const json: Record<string, { hit_rate: number; hit_rate_over_bound: number; ttft_ms: { p50: number; p90: number; p99: number }; e2e_mean_ms: number; spread: number | null }> = {}
   let rrP90: number | null = null
   for (const mode of a.modes) {
     const t = performance.now()
@@ -207,6 +209,13 @@ function main(): void {
     const p = (q: number): number => percentile(o.ttft, q) ?? NaN
     if (mode === 'round-robin') rrP90 = p(0.9)
     const spread = Math.max(...o.perWorker) / Math.min(...o.perWorker)
+    json[mode] = {
+      hit_rate: o.hitRate,
+      hit_rate_over_bound: o.hitRate / bound.hitRate,
+      ttft_ms: { p50: p(0.5), p90: p(0.9), p99: p(0.99) },
+      e2e_mean_ms: o.e2eMeanMs,
+      spread: Number.isFinite(spread) ? spread : null,
+    }
     rows.push([
       mode,
       `${(o.hitRate * 100).toFixed(1)}%`,
@@ -225,6 +234,19 @@ function main(): void {
     console.log(`TTFT p90 ÷ round-robin's: ${ratios.join(', ')}`)
   }
   console.log('(times in simulated ms; spread = max ÷ min requests per engine)')
+  const file = join(resultsDir(), 'fleet-sim.json')
+  const config = {
+    minutes: a.minutes,
+    offset_minutes: a.offset,
+    workers: a.workers,
+    load: a.load,
+    capacity_factor: a.capacityFactor,
+    chunk_tokens: a.chunk,
+    kv_blocks_per_engine: k,
+    requests: requests.length,
+  }
+  writeFileSync(file, `${JSON.stringify({ date: new Date().toISOString(), hit_rate_bound: bound.hitRate, config, modes: json }, null, 2)}\n`)
+  console.log(`written: ${file}`)
 }
 
 main()

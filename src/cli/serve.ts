@@ -44,10 +44,8 @@ export async function serveMain(argv: string[]): Promise<void> {
     process.stdout.write(serveHelp())
     return
   }
-  for (const line of withoutEffect(cfg)) process.stderr.write(`kv-router: warning: ${line}
-`)
-  for (const line of unusedCostFlags(cfg)) process.stderr.write(`kv-router: warning: ${line}
-`)
+  for (const line of withoutEffect(cfg)) process.stderr.write(`kv-router: warning: ${line}\n`)
+  for (const line of unusedCostFlags(cfg)) process.stderr.write(`kv-router: warning: ${line}\n`)
   // before any thread of ours starts: shards and tokenizers inherit the main thread's niceness
   if (cfg.nice !== null) {
     try {

@@ -7,6 +7,7 @@ import { ActiveSequences, TRACK_SHARED, TRACK_UNIQUE } from '../../src/scheduler
 import type { BookingObserver } from '../../src/scheduler/scheduler.js'
 import { Scheduler } from '../../src/scheduler/scheduler.js'
 import { identityHash } from '../../src/scheduler/worker-ranks.js'
+import type { CostModel } from '../../src/scheduler/options.js'
 import { blocks, chain, FakeClock, makeScheduler } from './fixtures.js'
 
 t.test('a remote booking loads its worker-rank: the next decision goes elsewhere, and comes back once it is freed', async (t) => {
@@ -140,11 +141,11 @@ t.test('local bookings read back with their hashes, prefill left and unique bloc
 })
 
 /** Two schedulers with the same workers, registered in different orders (so slots differ), ranks 0 and 1. */
-function pair(workers: number, spread: boolean): [Scheduler, Scheduler] {
+function pair(workers: number, spread: boolean, cost: CostModel = 'latency'): [Scheduler, Scheduler] {
   const out: Scheduler[] = []
   for (let r = 0; r < 2; r++) {
     const clock = new FakeClock()
-    const s = new Scheduler({ blockSize: 16, queueThreshold: null, seed: 11 + r }, { clock: clock.now, timers: false })
+    const s = new Scheduler({ blockSize: 16, queueThreshold: null, seed: 11 + r, cost }, { clock: clock.now, timers: false })
     const ids = Array.from({ length: workers }, (_, i) => BigInt(1000 + i * 7))
     if (r === 1) ids.reverse()
     for (const id of ids) s.addWorkerRank(id, 0)
@@ -184,8 +185,8 @@ t.test('replica spread: two replicas routing at once choose apart where both wou
   t.ok(withSpread < without / 5, `with it, rarely (${withSpread} of 300)`)
 })
 
-t.test('replica spread: rank 0 takes the cheapest, rank 1 where one router would put a second request; a cached prefix keeps both on its worker', async (t) => {
-  const [a, b] = pair(3, true)
+t.test('replica spread, Dynamo’s cost: rank 0 takes the cheapest, rank 1 where one router would put a second request; a cached prefix keeps both on its worker', async (t) => {
+  const [a, b] = pair(3, true, 'dynamo')
   const ws = [1000n, 1007n, 1014n]
   load([a, b], 'x', ws[0] as bigint, 32)
   load([a, b], 'y', ws[1] as bigint, 48)
@@ -202,6 +203,34 @@ t.test('replica spread: rank 0 takes the cheapest, rank 1 where one router would
   const h = chain(blocks(0, 4))
   t.equal(a.tryRoute({ id: 'r', isl: 72, overlapBlocks: cachedA, seqLo: h.lo, seqHi: h.hi, updateStates: false })?.workerId, ws[1])
   t.equal(b.tryRoute({ id: 's', isl: 72, overlapBlocks: cachedB, seqLo: h.lo, seqHi: h.hi, updateStates: false })?.workerId, ws[1], 'the cache hit wins on both')
+  // off: both take the cheapest
+  const [c, d] = pair(3, false, 'dynamo')
+  load([c, d], 'x', ws[0] as bigint, 32)
+  load([c, d], 'y', ws[1] as bigint, 48)
+  t.equal(c.tryRoute({ id: 'p', isl: 64, updateStates: false })?.workerId, ws[2])
+  t.equal(d.tryRoute({ id: 'q', isl: 64, updateStates: false })?.workerId, ws[2])
+})
+
+t.test('replica spread, latency cost: rank 1 takes where one router would put a second request; a long cached prefix keeps both on its worker', async (t) => {
+  const ws = [1000n, 1007n, 1014n]
+  const [a, b] = pair(3, true)
+  load([a, b], 'x', ws[0] as bigint, 32)
+  load([a, b], 'y', ws[1] as bigint, 48)
+  const da = a.tryRoute({ id: 'p', isl: 64, updateStates: false })
+  const db = b.tryRoute({ id: 'q', isl: 64, updateStates: false })
+  t.equal(da?.workerId, ws[2], 'rank 0: the idle worker, the cheapest')
+  t.not(db?.workerId, ws[2], 'rank 1: not where rank 0 is putting its request')
+  // 200 of its 210 blocks cached on the middle worker: recomputing them elsewhere costs far more
+  // than a second request there, so one router would put both there
+  const isl = 210 * 16
+  const h = chain(blocks(0, 200))
+  const cached = (s: Scheduler): Float64Array => {
+    const o = new Float64Array(8)
+    o[s.workers.slotOf(ws[1] as bigint, 0)] = 200
+    return o
+  }
+  t.equal(a.tryRoute({ id: 'r', isl, overlapBlocks: cached(a), seqLo: h.lo, seqHi: h.hi, updateStates: false })?.workerId, ws[1])
+  t.equal(b.tryRoute({ id: 's', isl, overlapBlocks: cached(b), seqLo: h.lo, seqHi: h.hi, updateStates: false })?.workerId, ws[1], 'the cache hit wins on both')
   // off: both take the cheapest
   const [c, d] = pair(3, false)
   load([c, d], 'x', ws[0] as bigint, 32)

@@ -14,7 +14,7 @@
 //
 // Times, capacity and the latency figures are bench:e2e's (see there): latencies in simulated
 // ms (wall × --speedup), K KV blocks per engine so that the fleet holds everything the slice
-// stores. The routers run kv mode with bench:e2e's kv-tuned cost.
+// stores. The routers run kv mode at its defaults (the latency cost).
 //
 // Run: npm run bench:replicas [-- --minutes M | --full] [--workers N] [--speedup S] [--load X]
 //      [--capacity-factor F] [--max-in-flight N] [--trace FILE] [--router-args "FLAGS"]
@@ -39,8 +39,8 @@ import type { ReplicasArgs, Setup, SetupFigures } from './lib/replicas.js'
 
 const BLOCK_SIZE = 64
 const MODEL = 'replicas-model'
-// bench:e2e's kv-tuned: the cost this workload's long multi-turn conversations want
-const ROUTER_COST = ['--router-mode', 'kv', '--router-prefill-load-scale', '10', '--router-kv-overlap-score-credit', '5']
+// kv mode's defaults, as a user runs it
+const ROUTER_COST = ['--router-mode', 'kv']
 /** Share of the machine other processes may use during a setup before the run is flagged. */
 const OTHER_CPU_WARN = 0.1
 

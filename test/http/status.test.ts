@@ -143,7 +143,8 @@ t.test('GET /v1/status: workers, counters and the decisions after `since`, expla
     'each candidate with its cost terms',
   )
   t.ok((d.candidates?.[0]?.logit ?? 0) <= (d.candidates?.[1]?.logit ?? 0), 'cheapest first')
-  t.same(s.decisions[1]?.candidates, explained.candidates, "the same rows as /v1/route's explanation")
+  const byCost = [...(explained.candidates as { logit: number }[])].sort((x, y) => x.logit - y.logit)
+  t.same(s.decisions[1]?.candidates, byCost, "the same rows as /v1/route's explanation, cheapest first")
   t.equal(s.events.http_received, 1)
   // the predictions of the workers without events are events too (synthetic stores)
   t.ok(s.events.applied >= 1, 'applied events counted')

@@ -96,6 +96,12 @@ export interface ServeConfig {
   /** Simulated engines started in this process (the `npm start` demo fleet). */
   readonly embeddedFleet: number
   readonly proxyRetries: number
+  /** Seconds between health probes of each worker (0 = no probes). */
+  readonly healthProbeIntervalSecs: number
+  /** Seconds a health probe waits for its answer. */
+  readonly healthProbeTimeoutSecs: number
+  /** Failed probes in a row that make a worker unreachable. */
+  readonly healthProbeFailures: number
   readonly bodyLimit: number
   readonly shutdownTimeoutSecs: number
   /** Niceness of the router's threads (--nice); null leaves it as inherited. */
@@ -447,6 +453,36 @@ export const FLAGS: readonly FlagDef[] = [
   F({ flag: '--model-name', key: 'modelName', env: ['DYN_MODEL_NAME'], kind: 'str', dflt: 'kv-router-model', help: 'model name served by GET /v1/models' }),
   F({ flag: '--embedded-fleet', key: 'embeddedFleet', env: ['DYN_EMBEDDED_FLEET'], kind: 'int', min: 0, max: 64, dflt: 0, help: 'simulated engines to run in this process (demo)' }),
   F({ flag: '--proxy-retries', key: 'proxyRetries', env: ['DYN_PROXY_RETRIES'], kind: 'int', min: 0, max: 16, dflt: 2, help: 'retries on another worker when one fails before its first token' }),
+  F({
+    flag: '--router-health-probe-interval-secs',
+    key: 'healthProbeIntervalSecs',
+    env: ['DYN_ROUTER_HEALTH_PROBE_INTERVAL_SECS'],
+    kind: 'num',
+    min: 0,
+    max: 3600,
+    dflt: 2,
+    help: 'seconds between health probes of each worker, GET {url}/health (/v1/models where /health is 404); a worker failing --router-health-probe-failures in a row is unreachable and out of routing until one answers (0 = no probes)',
+  }),
+  F({
+    flag: '--router-health-probe-timeout-secs',
+    key: 'healthProbeTimeoutSecs',
+    env: ['DYN_ROUTER_HEALTH_PROBE_TIMEOUT_SECS'],
+    kind: 'num',
+    min: 0.001,
+    max: 600,
+    dflt: 1,
+    help: 'seconds a health probe waits for its answer before it counts as failed',
+  }),
+  F({
+    flag: '--router-health-probe-failures',
+    key: 'healthProbeFailures',
+    env: ['DYN_ROUTER_HEALTH_PROBE_FAILURES'],
+    kind: 'int',
+    min: 1,
+    max: 100,
+    dflt: 2,
+    help: 'failed health probes in a row that make a worker unreachable',
+  }),
   F({ flag: '--http-body-limit', key: 'bodyLimit', env: ['DYN_HTTP_BODY_LIMIT'], kind: 'int', min: 1024, max: 1 << 30, dflt: 16 * 1024 * 1024, help: 'largest request body in bytes (413 above)' }),
   F({
     flag: '--shutdown-timeout-secs',

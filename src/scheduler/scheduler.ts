@@ -200,6 +200,12 @@ export class Scheduler {
   private merged = new Float64Array(8)
   /** Per slot, 1 when its cache is predicted from decisions (all slots in approximate mode). */
   private predicted = new Uint8Array(8)
+  /** Workers held out of routing (unreachable, misconfigured); only requests pinned to them go there. */
+  private readonly heldIds = new Set<bigint>()
+  /** Per slot, 1 when its worker is held. */
+  private held = new Uint8Array(8)
+  /** The live slots of workers not held, when some are (reused). */
+  private open = new Int32Array(8)
   private readonly cost = new CostInputs()
   private readonly epoch: number
   private pin = new Int32Array(1)
@@ -267,6 +273,8 @@ export class Scheduler {
     const slot = this.workers.register(workerId, dpRank, info)
     this.sequences.ensureSlots(this.workers.slotCapacity)
     if (this.predicted.length < this.workers.slotCapacity) this.predicted = growTo(this.predicted, this.workers.slotCapacity)
+    if (this.held.length < this.workers.slotCapacity) this.held = growTo(this.held, this.workers.slotCapacity)
+    this.held[slot] = this.heldIds.has(workerId) ? 1 : 0
     this.drainQueue()
     return slot
   }
@@ -301,6 +309,25 @@ export class Scheduler {
       if (!on && this.predicted[slot] === 1) this.approx.removeSlot(slot)
       this.predicted[slot] = on ? 1 : 0
     }
+  }
+
+  /**
+   * Holds a worker out of routing (its ranks are no candidates unless a request is pinned to it),
+   * or lets it back. Ranks it registers later are held as well. Waiters that no worker is left
+   * for are refused; a worker let back may take waiters.
+   */
+  setHeld(workerId: bigint, on: boolean): void {
+    if (on === this.heldIds.has(workerId)) return
+    if (on) this.heldIds.add(workerId)
+    else this.heldIds.delete(workerId)
+    for (const slot of this.workers.slotsOf(workerId)) this.held[slot] = on ? 1 : 0
+    if (on) this.afterRemoval()
+    else this.drainQueue()
+  }
+
+  /** Whether the worker-rank's worker is held out of routing. */
+  isHeld(slot: number): boolean {
+    return this.held[slot] === 1
   }
 
   /** Whether the worker-rank is past a load-shedding threshold or the queue threshold. */
@@ -648,6 +675,10 @@ export class Scheduler {
       throw new KvrError('KVR_ERR_INVALID_OPTION', 'router mode direct needs the request to name its worker (workerId)')
     } else if (n === 0) {
       throw new KvrError('KVR_ERR_NO_WORKERS', 'no worker is registered')
+    } else if (this.heldIds.size > 0) {
+      n = this.openSlots()
+      if (n === 0) throw new KvrError('KVR_ERR_NO_WORKERS', `no worker can take requests: each of the ${w.workerCount} registered is unreachable or misconfigured (GET /v1/workers says why)`)
+      from = this.open
     }
     const ex = req.exclude
     if (ex !== undefined && ex.length > 0) {
@@ -760,7 +791,7 @@ export class Scheduler {
       const w = this.workers
       const blocked = this.blocked
       while (this.queue.size > 0) {
-        const m = this.eligibility.collect(w.liveSlots, w.liveCount)
+        const m = this.heldIds.size > 0 ? this.eligibility.collect(this.open, this.openSlots()) : this.eligibility.collect(w.liveSlots, w.liveCount)
         if (m === 0 || allQueueBusy(this.eligibility.slots, m, t, this.sequences, w)) break
         const h = this.queue.pop()
         const waiter = this.waiters[h] as Waiter
@@ -810,6 +841,8 @@ export class Scheduler {
         if (gone) err = new KvrError('KVR_ERR_UNKNOWN_WORKER', `request ${id} waited for worker ${req.workerId}, which was removed`)
       } else if (req.exclude !== undefined && req.exclude.length > 0 && !this.anyLiveOutside(req.exclude)) {
         err = new KvrError('KVR_ERR_NO_WORKERS', `request ${id} waited for a worker it had not tried, and none is left`)
+      } else if (this.heldIds.size > 0 && this.workers.liveCount > 0 && this.openSlots() === 0) {
+        err = new KvrError('KVR_ERR_NO_WORKERS', `request ${id} waited for a worker, and every registered one is now unreachable or misconfigured`)
       }
       if (err === undefined) continue
       const w = this.takeWaiter(h)
@@ -821,14 +854,30 @@ export class Scheduler {
 
   private anyLiveOutside(exclude: readonly WorkerRankRef[]): boolean {
     const w = this.workers
-    for (let i = 0; i < w.liveCount; i++) if (!excludes(w, exclude, w.liveSlots[i] as number)) return true
+    for (let i = 0; i < w.liveCount; i++) {
+      const s = w.liveSlots[i] as number
+      if (this.held[s] !== 1 && !excludes(w, exclude, s)) return true
+    }
     return false
+  }
+
+  /** The live slots whose worker is not held into `open`; their count. */
+  private openSlots(): number {
+    const w = this.workers
+    if (this.open.length < w.liveCount) this.open = new Int32Array(Math.max(w.liveCount, this.open.length * 2))
+    let k = 0
+    for (let i = 0; i < w.liveCount; i++) {
+      const s = w.liveSlots[i] as number
+      if (this.held[s] !== 1) this.open[k++] = s
+    }
+    return k
   }
 
   private forgetSlot(slot: number): string[] {
     this.approx?.removeSlot(slot)
     this.routed?.removeSlot(slot)
     this.predicted[slot] = 0
+    this.held[slot] = 0
     return this.sequences.dropSlot(slot)
   }
 }

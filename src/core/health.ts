@@ -39,8 +39,8 @@ interface Entry {
   lastError: string | null
   /** Why the registration keeps the worker out of kv routing, or null. */
   misconfigured: string | null
-  /** Its engine's KV events announce another block size (kv mode), or null. */
-  engineMismatch: string | null
+  /** Per dp rank, the other block size its engine's KV events carry (kv mode). */
+  engineMismatch: Map<number, number>
 }
 
 export interface WorkerHealthOptions {
@@ -80,7 +80,8 @@ export class WorkerHealth {
   registered(id: bigint, url: string, blockSize: number): void {
     let e = this.entries.get(id)
     if (e === undefined || e.url !== url) {
-      e = { url, path: '/health', failures: 0, unreachable: false, lastOkAt: -1, lastProbeAt: -1, lastError: null, misconfigured: null, engineMismatch: e?.engineMismatch ?? null }
+      // what its engine publishes is not the address's: kept
+      e = { url, path: '/health', failures: 0, unreachable: false, lastOkAt: -1, lastProbeAt: -1, lastError: null, misconfigured: null, engineMismatch: e?.engineMismatch ?? new Map() }
       this.entries.set(id, e)
     }
     const bs = this.opts.blockSize
@@ -123,16 +124,19 @@ export class WorkerHealth {
   engineBlockSize(id: bigint, dpRank: number, eventBlockSize: number): void {
     const e = this.entries.get(id)
     if (e === undefined || !this.opts.kvMode) return
-    const bs = this.opts.blockSize
-    e.engineMismatch = `rank ${dpRank} publishes KV events of block size ${eventBlockSize}, the router's is ${bs}: they are not applied; restart the engine with block size ${bs}`
+    e.engineMismatch.set(dpRank, eventBlockSize)
     this.update(id, e)
   }
 
-  /** The worker's engine restarted or is read afresh: its next events say its block size again. */
-  engineReset(id: bigint): void {
+  /**
+   * The worker's engine (one rank, or all) restarted or is read afresh: its next events say its
+   * block size again.
+   */
+  engineReset(id: bigint, dpRank?: number): void {
     const e = this.entries.get(id)
-    if (e === undefined || e.engineMismatch === null) return
-    e.engineMismatch = null
+    if (e === undefined || e.engineMismatch.size === 0) return
+    if (dpRank === undefined) e.engineMismatch.clear()
+    else e.engineMismatch.delete(dpRank)
     this.update(id, e)
   }
 
@@ -144,7 +148,7 @@ export class WorkerHealth {
   state(id: bigint, suspended: boolean): HealthState {
     const e = this.entries.get(id)
     if (e !== undefined) {
-      if (e.misconfigured !== null || e.engineMismatch !== null) return 'misconfigured'
+      if (e.misconfigured !== null || e.engineMismatch.size > 0) return 'misconfigured'
       if (e.unreachable) return 'unreachable'
     }
     return suspended ? 'suspended' : 'healthy'
@@ -155,7 +159,10 @@ export class WorkerHealth {
     const e = this.entries.get(id)
     if (e === undefined) return null
     if (e.misconfigured !== null) return e.misconfigured
-    if (e.engineMismatch !== null) return e.engineMismatch
+    for (const [rank, size] of e.engineMismatch) {
+      const bs = this.opts.blockSize
+      return `rank ${rank} publishes KV events of block size ${size}, the router's is ${bs}: they are not applied; restart the engine with block size ${bs}`
+    }
     if (e.unreachable) return `${e.failures} health probe(s) in a row failed, the last: ${e.lastError ?? 'no detail'}`
     return null
   }
@@ -175,7 +182,7 @@ export class WorkerHealth {
   }
 
   private update(id: bigint, e: Entry): void {
-    const out = e.misconfigured !== null || e.engineMismatch !== null || e.unreachable
+    const out = e.misconfigured !== null || e.engineMismatch.size > 0 || e.unreachable
     if (out === this.held.has(id)) return
     if (out) this.held.add(id)
     else this.held.delete(id)

@@ -2,6 +2,9 @@
 import { Counter, Gauge } from 'prom-client'
 import type { Registry } from 'prom-client'
 import type { EventSources } from './event-sources.js'
+import { HEALTH_STATES } from './health.js'
+import type { HealthState, WorkerHealth } from './health.js'
+import type { HealthProbes } from './health-probes.js'
 import type { SessionAffinity } from './session-affinity.js'
 import type { Suspension } from './suspension.js'
 import type { WorkerRegistry } from './worker-registry.js'
@@ -53,6 +56,35 @@ export function registerWorkerMetrics(r: Registry, workers: WorkerRegistry, susp
     registers: [r],
     collect() {
       this.set({ model: modelName }, workers.size)
+    },
+  })
+}
+
+/** Workers by health state, and the probes' outcomes. */
+export function registerHealthMetrics(r: Registry, workers: WorkerRegistry, health: WorkerHealth, suspension: Suspension, probes: HealthProbes | null): void {
+  new Gauge({
+    name: 'kvrouter_workers',
+    help: 'Registered workers by health state: healthy, suspended (request failures), unreachable (health probes failing), misconfigured (another block size, kv mode)',
+    labelNames: ['state'],
+    registers: [r],
+    collect() {
+      const n: Record<HealthState, number> = { healthy: 0, suspended: 0, unreachable: 0, misconfigured: 0 }
+      for (const w of workers.all()) n[health.state(w.id, suspension.isSuspended(w))]++
+      for (const s of HEALTH_STATES) this.set({ state: s }, n[s])
+    },
+  })
+  new Counter({
+    name: 'kvrouter_worker_probes_total',
+    help: 'Health probes of the workers by outcome: ok (answered below 500), failed (no connection, reset, 5xx), timeout',
+    labelNames: ['outcome'],
+    registers: [r],
+    collect() {
+      this.reset()
+      if (probes === null) return
+      const c = probes.counters
+      this.inc({ outcome: 'ok' }, c.ok)
+      this.inc({ outcome: 'failed' }, c.failed)
+      this.inc({ outcome: 'timeout' }, c.timeout)
     },
   })
 }

@@ -18,7 +18,7 @@ import { RouterMetrics } from '../metrics/registry.js'
 import { registerSchedulerMetrics } from '../scheduler/metrics.js'
 import { registerShardMetrics } from '../shards/metrics.js'
 import { registerTransportMetrics } from '../transport/metrics.js'
-import { registerWorkerMetrics } from './metrics.js'
+import { registerHealthMetrics, registerWorkerMetrics } from './metrics.js'
 import { IndexRecovery } from '../shards/recovery.js'
 import { EngineIntake } from '../transport/engine-intake.js'
 import { NatsIntake, type WorkerLoad } from '../transport/nats.js'
@@ -35,6 +35,9 @@ import { RequestIds } from './request-ids.js'
 import { SessionAffinity } from './session-affinity.js'
 import { DecisionLog } from './decision-log.js'
 import { Suspension } from './suspension.js'
+import { WorkerHealth } from './health.js'
+import type { ProbeResult } from './health.js'
+import { HealthProbes } from './health-probes.js'
 import { WorkerRegistry } from './worker-registry.js'
 import type { WorkerInfo, WorkerRegistration } from './worker-registry.js'
 
@@ -104,6 +107,10 @@ export class Router {
   readonly metrics: RouterMetrics
   readonly registry = new WorkerRegistry()
   readonly suspension = new Suspension(this.registry)
+  /** Which workers can take requests: probes, block sizes (src/core/health.ts). */
+  readonly health: WorkerHealth
+  /** The health probes, or null with --router-health-probe-interval-secs 0. */
+  readonly probes: HealthProbes | null
   readonly requestIds = new RequestIds()
   /** The last decisions, for the status page. */
   readonly decisions = new DecisionLog()
@@ -187,6 +194,17 @@ export class Router {
     })
     pool.on('firstEvent', (id: bigint) => this.eventSources.evented(id))
     this.sessions = config.sessionAffinityTtlSecs > 0 ? new SessionAffinity(config.sessionAffinityTtlSecs * 1000) : null
+    this.health = new WorkerHealth({
+      blockSize: config.blockSize,
+      kvMode: config.mode === 'kv',
+      failuresToUnreachable: config.healthProbeFailures,
+      onHeld: (id, held) => this.scheduler.setHeld(id, held),
+    })
+    this.engines.blockSizes = { mismatch: (id, rank, size) => this.health.engineBlockSize(id, rank, size), reset: (id, rank) => this.health.engineReset(id, rank) }
+    this.probes =
+      config.healthProbeIntervalSecs > 0
+        ? new HealthProbes({ intervalMs: config.healthProbeIntervalSecs * 1000, timeoutMs: config.healthProbeTimeoutSecs * 1000, result: (id, url, r) => this.probed(id, url, r) })
+        : null
     this.checkTimer = setInterval(() => {
       this.sessions?.expire(performance.now())
       void this.checkEventSources()
@@ -200,6 +218,7 @@ export class Router {
     registerTransportMetrics(reg, this)
     registerWorkerMetrics(reg, this.registry, this.suspension, this.eventSources, this.sessions, config.modelName)
     registerReplicaMetrics(reg, this)
+    registerHealthMetrics(reg, this.registry, this.health, this.suspension, this.probes)
   }
 
   static async start(config: ServeConfig, deps: RouterDeps = {}): Promise<Router> {
@@ -252,9 +271,6 @@ export class Router {
       const d = await EtcdDiscovery.start({ url: c.etcdUrl, namespace: ns, component, endpoint })
       this.discovery = d
       const add = (w: DiscoveredWorker): Promise<unknown> => {
-        if (w.blockSize !== null && w.blockSize !== c.blockSize) {
-          process.emitWarning(`worker ${w.workerId} announces block size ${w.blockSize}, the router hashes with ${c.blockSize}: its blocks will never match`, { code: 'KVR_BLOCK_SIZE_MISMATCH' })
-        }
         const reg: WorkerRegistration = { id: w.workerId, url: w.url, device: w.deviceType, dpRanks: w.dpSize, source: 'etcd', kvEvents: w.kvEvents }
         if (w.blockSize !== null) reg.blockSize = w.blockSize
         if (w.totalKvBlocks !== null) reg.capacity = w.totalKvBlocks
@@ -366,6 +382,9 @@ export class Router {
     // between them a request could be routed to a rank whose worker has no URL yet, and the
     // proxy would count that as a failed attempt.
     const old = this.registry.get(reg.id)
+    if (info.blockSize !== this.config.blockSize && old?.blockSize !== info.blockSize) this.warnBlockSize(info)
+    // before the scheduler learns the ranks: a misconfigured worker never takes a request
+    this.health.registered(reg.id, info.url, info.blockSize)
     if (old !== undefined && old.dpRanks > dpRanks) for (let r = dpRanks; r < old.dpRanks; r++) this.scheduler.removeWorkerRank(reg.id, r)
     for (let r = 0; r < dpRanks; r++) {
       const rankInfo: { device: DeviceType; totalKvBlocks: number; maxNumBatchedTokens?: number } = { device: info.device, totalKvBlocks: info.capacity }
@@ -374,6 +393,7 @@ export class Router {
     }
     this.registry.set(info)
     this.suspension.forget(reg.id)
+    this.probes?.watch(reg.id, info.url)
     const hasSource = this.config.natsUrl !== null || info.kvEvents !== null || reg.eventsInProcess === true
     if (this.config.kvEvents) this.eventSources.registered(info, known, hasSource)
     // An engine's own events come with their own recovery (the replay socket); in approximate
@@ -394,6 +414,23 @@ export class Router {
     // for a worker already known changes neither)
     if (old === undefined || old.url !== info.url || old.dpRanks !== dpRanks || old.kvEvents !== null) void this.recovery?.workerAdded(reg.id, dpRanks)
     return info
+  }
+
+  private warnBlockSize(w: WorkerInfo): void {
+    const bs = this.config.blockSize
+    const out = this.config.mode === 'kv' ? `; it is misconfigured, out of routing until it registers with block size ${bs}` : ''
+    process.emitWarning(`worker ${w.id} announces block size ${w.blockSize}, the router hashes with ${bs}: its blocks will never match${out}`, { code: 'KVR_BLOCK_SIZE_MISMATCH' })
+  }
+
+  /** A health probe ended; returns whether the next should come sooner (see HealthProbes). */
+  private probed(id: bigint, url: string, r: ProbeResult): boolean {
+    const effect = this.health.probed(id, url, r)
+    const w = this.registry.get(id)
+    if (effect.changed === 'unreachable' && w !== undefined)
+      process.emitWarning(`worker ${id} (${w.url}) is unreachable: ${this.health.reason(id) ?? ''}; out of routing until a probe is answered`, { code: 'KVR_WORKER_UNREACHABLE' })
+    // its request failures were the outage: it starts afresh
+    if (effect.changed === 'recovered' && w !== undefined) this.suspension.answered(w)
+    return effect.confirm
   }
 
   /**
@@ -473,8 +510,12 @@ export class Router {
     this.strangers.delete(id)
     this.sessions?.forgetWorker(id)
     this.suspension.forget(id)
-    if (this.registry.delete(id)) this.scheduler.removeWorker(id)
-    else if ((await this.pool.indexedRanks(id)) === 0) return false
+    this.probes?.unwatch(id)
+    const registered = this.registry.delete(id)
+    if (registered) this.scheduler.removeWorker(id)
+    // after the scheduler: a worker let back into routing first could take waiters
+    this.health.removed(id)
+    if (!registered && (await this.pool.indexedRanks(id)) === 0) return false
     await this.pool.removeWorker(id)
     return true
   }
@@ -632,7 +673,7 @@ export class Router {
       if (session !== undefined) this.pinToSession(session, input.exclude, req)
       if (input.overrides !== undefined) req.overrides = input.overrides
       if (explain) req.explain = true
-      const exclude = this.suspension.any && input.workerId === undefined ? this.suspension.exclusions(input.exclude) : input.exclude
+      const exclude = this.suspension.any && input.workerId === undefined ? this.suspension.exclusions(input.exclude, this.health.held) : input.exclude
       if (exclude !== undefined) req.exclude = exclude
       if (input.signal !== undefined) req.signal = input.signal
       const decision = await this.scheduler.schedule(req)
@@ -663,7 +704,7 @@ export class Router {
     const w = this.registry.get(b.workerId)
     const slot = this.scheduler.workers.slotOf(b.workerId, b.dpRank)
     const tried = exclude?.some((x) => x.workerId === b.workerId && x.dpRank === b.dpRank) === true
-    if (w === undefined || slot < 0 || tried || this.suspension.isSuspended(w) || this.scheduler.isBusy(slot)) {
+    if (w === undefined || slot < 0 || tried || this.suspension.isSuspended(w) || this.health.isHeld(w.id) || this.scheduler.isBusy(slot)) {
       sessions.counters.broken++
       return
     }
@@ -702,6 +743,7 @@ export class Router {
     if (this.closed) return
     this.closed = true
     clearInterval(this.checkTimer)
+    await this.probes?.close()
     // first: peers drop this replica's bookings at its goodbye, and its last frees go out
     await this.replicas?.close().catch(() => undefined)
     await this.replicaRegistry?.close().catch(() => undefined)

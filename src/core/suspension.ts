@@ -60,11 +60,13 @@ export class Suspension {
 
   /**
    * `exclude` with the suspended workers' ranks added; `exclude` itself when none is suspended
-   * now, or when every worker is (then none is left out: a try beats a certain refusal).
+   * now, or when every worker not `held` out of routing otherwise (unreachable, misconfigured)
+   * is: then none is left out, as a try beats a certain refusal.
    */
-  exclusions(exclude: readonly WorkerRankRef[] | undefined): readonly WorkerRankRef[] | undefined {
+  exclusions(exclude: readonly WorkerRankRef[] | undefined, held?: ReadonlySet<bigint>): readonly WorkerRankRef[] | undefined {
     const now = performance.now()
     let out: WorkerRankRef[] | null = null
+    let open = 0
     for (const id of this.suspended) {
       const w = this.registry.get(id)
       if (w === undefined || w.suspendedUntil <= now) {
@@ -72,10 +74,12 @@ export class Suspension {
         this.suspended.delete(id)
         continue
       }
+      if (held?.has(id) === true) continue
+      open++
       out ??= exclude === undefined ? [] : [...exclude]
       for (let r = 0; r < w.dpRanks; r++) out.push({ workerId: id, dpRank: r })
     }
-    if (out === null || this.suspended.size >= this.registry.size) return exclude
+    if (out === null || open >= this.registry.size - (held?.size ?? 0)) return exclude
     return out
   }
 }

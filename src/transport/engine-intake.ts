@@ -31,6 +31,11 @@ export class EngineIntake implements ZmqSink {
   private closed = false
   /** True once any listener was started: the metrics are absent before. */
   used = false
+  /**
+   * Told of an engine whose events carry another block size, and of a worker's engine read afresh
+   * (listeners started or stopped, a rank restarted), whose next events say its size again.
+   */
+  blockSizes: { mismatch(workerId: bigint, dpRank: number, eventBlockSize: number): void; reset(workerId: bigint, dpRank?: number): void } | null = null
 
   constructor(
     private readonly blockSize: number,
@@ -90,6 +95,7 @@ export class EngineIntake implements ZmqSink {
     const w: WorkerListeners = { spec, listeners: [] }
     this.workers.set(workerId, w)
     this.pool.resetEngine(workerId, 0, EngineReset.Worker)
+    this.blockSizes?.reset(workerId)
     for (let r = 0; r < dpRanks; r++) {
       const source: ZmqSource = {
         workerId,
@@ -108,6 +114,7 @@ export class EngineIntake implements ZmqSink {
     if (w === undefined) return
     this.workers.delete(workerId)
     for (const key of [...this.warned]) if (key.startsWith(`${workerId}:`)) this.warned.delete(key)
+    this.blockSizes?.reset(workerId)
     await Promise.all(w.listeners.map((l) => l.close()))
     for (const l of w.listeners) addInto(this.retired, l.counters)
     // the shard forgets the decoding state of the worker; its blocks stay until it is removed
@@ -141,7 +148,9 @@ export class EngineIntake implements ZmqSink {
    * (and of the ranks its batches named). The other ranks keep theirs.
    */
   restarted(source: ZmqSource): void {
-    if (this.workers.has(source.workerId)) this.pool.resetEngine(source.workerId, source.dpRank, EngineReset.Rank)
+    if (!this.workers.has(source.workerId)) return
+    this.pool.resetEngine(source.workerId, source.dpRank, EngineReset.Rank)
+    this.blockSizes?.reset(source.workerId, source.dpRank)
   }
 
   state(_source: ZmqSource, _state: ZmqRankState): void {
@@ -150,7 +159,10 @@ export class EngineIntake implements ZmqSink {
 
   private warnMismatch(n: EngineNote): void {
     const key = `${n.workerId}:${n.dpRank}`
-    if (this.warned.has(key) || !this.workers.has(n.workerId)) return
+    if (!this.workers.has(n.workerId)) return
+    // the shard notes it again after each reset, the warning is said once
+    this.blockSizes?.mismatch(n.workerId, n.dpRank, n.eventBlockSize)
+    if (this.warned.has(key)) return
     this.warned.add(key)
     process.emitWarning(`worker ${n.workerId} rank ${n.dpRank} publishes KV events of block size ${n.eventBlockSize}, the router hashes with ${n.routerBlockSize}: they are not applied`, {
       code: 'KVR_BLOCK_SIZE_MISMATCH',

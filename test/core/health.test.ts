@@ -130,4 +130,12 @@ t.test("an engine's events of another block size: misconfigured until the engine
     [1n, true],
     [1n, false],
   ])
+  // per rank: a restarted rank clears its own mismatch only
+  h.engineBlockSize(1n, 0, 32)
+  h.engineBlockSize(1n, 1, 32)
+  h.engineReset(1n, 0)
+  t.equal(h.state(1n, false), 'misconfigured', 'rank 1 still publishes another size')
+  t.match(h.reason(1n), /^rank 1 /)
+  h.engineReset(1n, 1)
+  t.equal(h.state(1n, false), 'healthy')
 })

@@ -86,7 +86,7 @@ t.test('an engine posting its events over HTTP', async (t) => {
   const w = (await (await fetch(`${base}/v1/workers`)).json()) as { workers: { id: number; url: string; health: string; ranks: { in_flight: number }[] }[] }
   const me = w.workers.find((x) => x.id === 77)
   t.equal(me?.url, remote.url)
-  t.equal(me?.health, 'ok')
+  t.equal(me?.health, 'healthy')
   t.equal(me?.ranks[0]?.in_flight, 0)
   // closing the fleet unregisters it (DELETE /v1/workers/77)
   await remoteFleet.close()

@@ -25,7 +25,20 @@ const pub = await connect({ servers: nats.url })
 t.teardown(() => pub.close())
 
 async function replica(routerId: bigint, spread: boolean): Promise<Router> {
-  const args = ['--router-event-threads', '1', '--no-router-event-recovery', '--router-block-size', String(BS), '--router-queue-threshold', 'none', '--nats-url', nats.url]
+  // no health probes: nothing listens at the workers' addresses, and probes would take them out of routing
+  const args = [
+    '--router-event-threads',
+    '1',
+    '--no-router-event-recovery',
+    '--router-health-probe-interval-secs',
+    '0',
+    '--router-block-size',
+    String(BS),
+    '--router-queue-threshold',
+    'none',
+    '--nats-url',
+    nats.url,
+  ]
   args.push('--router-replica-sync', spread ? '--router-replica-spread' : '--no-router-replica-spread')
   for (let w = 1; w <= WORKERS; w++) args.push('--worker', `${w}=http://127.0.0.1:${9000 + w}`)
   const cfg = parseServeConfig(args, {})

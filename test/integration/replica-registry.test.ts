@@ -29,7 +29,8 @@ interface Replica {
 }
 
 async function replica(t: Test, url: string): Promise<Replica> {
-  const args = ['--router-event-threads', '1', '--no-router-event-recovery', '--router-block-size', '16', '--nats-url', nats.url, '--etcd-url', etcd.url]
+  // no health probes: nothing listens at the workers' addresses, and probes would take them out of routing
+  const args = ['--router-event-threads', '1', '--no-router-event-recovery', '--router-health-probe-interval-secs', '0', '--router-block-size', '16', '--nats-url', nats.url, '--etcd-url', etcd.url]
   args.push('--router-replica-sync', '--worker', '1=http://127.0.0.1:9001')
   const cfg = parseServeConfig(args, {})
   if (cfg === 'help') throw new Error('help')

@@ -155,7 +155,20 @@ t.test('replicas alternating on requests that share prefixes place them as one r
   await b.close()
   // the control: two replicas without sync, same requests
   const plain = async (): Promise<Router> => {
-    const args = ['--router-event-threads', '1', '--no-router-event-recovery', '--router-block-size', String(BS), '--router-queue-threshold', 'none', '--nats-url', nats.url]
+    // no health probes: nothing listens at the workers' addresses, and probes would take them out of routing
+    const args = [
+      '--router-event-threads',
+      '1',
+      '--no-router-event-recovery',
+      '--router-health-probe-interval-secs',
+      '0',
+      '--router-block-size',
+      String(BS),
+      '--router-queue-threshold',
+      'none',
+      '--nats-url',
+      nats.url,
+    ]
     for (let w = 1; w <= WORKERS; w++) args.push('--worker', `${w}=http://127.0.0.1:${9000 + w}`)
     const cfg = parseServeConfig(args, {})
     if (cfg === 'help') throw new Error('help')

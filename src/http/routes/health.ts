@@ -21,7 +21,12 @@ export function healthRoutes(fastify: FastifyInstance, ctx: HttpContext): void {
     const sync = router.replicas
     const degraded = conn.nats === false || conn.etcd === false || sync?.connected === false
     // a replica that has not caught up with its peers' bookings would route on a fraction of the load
-    const ready = recovering === 0 && !ctx.closing() && !(strict && degraded) && sync?.inStep !== false
+    const workers = router.registry.all()
+    // a replica no worker can take a request from should leave its balancer's rotation: none
+    // registered, or each unreachable, misconfigured or suspended after failures
+    let healthy = 0
+    for (const w of workers) if (router.health.state(w.id, router.suspension.isSuspended(w)) === 'healthy') healthy++
+    const ready = recovering === 0 && !ctx.closing() && !(strict && degraded) && sync?.inStep !== false && healthy > 0
     return reply
       .code(ready ? 200 : 503)
       .header('content-type', 'application/json')
@@ -32,7 +37,8 @@ export function healthRoutes(fastify: FastifyInstance, ctx: HttpContext): void {
           shards: health.length,
           recovering_shards: recovering,
           pending_event_messages: pending,
-          workers: router.registry.all().length,
+          workers: workers.length,
+          healthy_workers: healthy,
           nats: conn.nats,
           etcd: conn.etcd,
           replica_sync: sync === null ? null : { router_id: sync.routerId, in_step: sync.inStep, connected: sync.connected, peers: sync.livePeers },

@@ -2,7 +2,7 @@
 import type { FastifyInstance } from 'fastify'
 import { ConfigError, engineEventsSpec, RECORD_FIELDS, workerUrl } from '../../config.js'
 import type { EngineEventsSpec } from '../../config.js'
-import type { RankIndexState, Router } from '../../core/router.js'
+import type { RankIndexState, Router, WorkerInfo } from '../../core/router.js'
 import type { DeviceType } from '../../scheduler/worker-ranks.js'
 import { KvrError } from '../../errors.js'
 import { encodeRouterEvent } from '../../codec/events.js'
@@ -67,11 +67,7 @@ export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): () => 
         kv_events_endpoint: w.kvEvents?.endpoint ?? null,
         replay_endpoint: w.kvEvents?.replay ?? null,
         kv_events_topic: w.kvEvents?.topic ?? null,
-        // suspended: left out of routing after failures in a row; failing: its time out is up,
-        // and the next request may go there (an answer makes it ok)
-        health: w.failures === 0 ? 'ok' : router.suspension.isSuspended(w) ? 'suspended' : 'failing',
-        suspended_for_ms: router.suspension.isSuspended(w) ? Math.ceil(w.suspendedUntil - performance.now()) : 0,
-        consecutive_failures: w.failures,
+        ...healthOf(router, w),
         index,
         ranks,
       }
@@ -99,9 +95,9 @@ export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): () => 
     const idRaw = b.id ?? b.worker_id
     if (idRaw === undefined) throw new KvrError('KVR_ERR_INVALID_REQUEST', 'body must have "id" (u64)')
     const id = readU64(idRaw, 'id')
+    // another block size is registered, and shown misconfigured (out of kv routing) until the
+    // worker registers again with the router's: refused, it would be invisible
     const bs = (b.block_size as number | undefined) ?? cfg.blockSize
-    if (bs !== cfg.blockSize)
-      throw new KvrError('KVR_ERR_INVALID_BLOCK_SIZE', `worker block_size ${bs} differs from the router's --router-block-size ${cfg.blockSize}: its KV events would never match`)
     const device: DeviceType = b.device_type === 'cpu' ? 'cpu' : 'gpu'
     const url = workerUrl(b.url as string)
     if (url === null) throw new KvrError('KVR_ERR_INVALID_REQUEST', `url must be an http:// or https:// URL with a host (and a port in [0, 65535]), got ${JSON.stringify(b.url)}`)
@@ -125,6 +121,8 @@ export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): () => 
           kv_events_endpoint: w.kvEvents?.endpoint ?? null,
           replay_endpoint: w.kvEvents?.replay ?? null,
           kv_events_topic: w.kvEvents?.topic ?? null,
+          health: router.health.state(w.id, false),
+          health_reason: router.health.reason(w.id),
         }),
       )
   })
@@ -134,6 +132,23 @@ export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): () => 
     return reply.header('content-type', 'application/json').send(`{"removed":${id.toString()},"removed_str":"${id.toString()}"}`)
   })
   return listWorkers
+}
+
+/**
+ * A worker's health: its state, why when it is not healthy, the proxy's record of failed requests
+ * and the health probes' (null without probes, or before the first ends).
+ */
+function healthOf(router: Router, w: WorkerInfo): Record<string, unknown> {
+  const suspended = router.suspension.isSuspended(w)
+  const state = router.health.state(w.id, suspended)
+  const reason = state === 'suspended' ? `${w.failures} request(s) in a row failed before their first token` : router.health.reason(w.id)
+  return {
+    health: state,
+    health_reason: reason,
+    suspended_for_ms: suspended ? Math.ceil(w.suspendedUntil - performance.now()) : 0,
+    consecutive_failures: w.failures,
+    probe: router.health.probe(w.id),
+  }
 }
 
 /** The engine-event fields of a registration: every rank's port (port + rank) must be one. */

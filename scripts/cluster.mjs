@@ -442,7 +442,8 @@ try {
       { echo: true, env: routerEnv },
     ),
   )
-  await Promise.all(routers.map((r, i) => waitFor(r, 'GET /ready', async () => (await get(`http://127.0.0.1:${routerPorts[i]}/ready`)).status === 200, 30_000)))
+  // listening means subscribed; /ready waits for a worker, which comes after
+  await Promise.all(routers.map((r, i) => waitFor(r, 'GET /health', async () => (await get(`http://127.0.0.1:${routerPorts[i]}/health`)).status === 200, 30_000)))
 
   // after the routers: KV events go over plain NATS subjects, which only reach subscribers
   const mocker = start(
@@ -470,8 +471,9 @@ try {
         r,
         `${opts.engines} workers from etcd`,
         async () => {
-          const workers = JSON.parse((await get(`http://127.0.0.1:${routerPorts[i]}/ready`)).body).workers
-          return workers >= opts.engines || `${workers} worker(s)`
+          const r = await get(`http://127.0.0.1:${routerPorts[i]}/ready`)
+          const workers = JSON.parse(r.body).workers
+          return (workers >= opts.engines && r.status === 200) || `${workers} worker(s), /ready ${r.status}`
         },
         30_000,
       ),

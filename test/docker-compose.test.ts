@@ -194,7 +194,8 @@ t.test('two router replicas run one valid `kv-router serve` with replica sync, p
       published(name).some(([, container]) => container === port),
       `${name}: the published port is the one it listens on`,
     )
-    t.match(svc(name).healthcheck?.test.join(' ') ?? '', new RegExp(`127\\.0\\.0\\.1:${port}/ready`), `${name} is healthy once /ready says so`)
+    // /health, not /ready: the engines start once the routers are healthy, and /ready waits for a worker
+    t.match(svc(name).healthcheck?.test.join(' ') ?? '', new RegExp(`127\\.0\\.0\\.1:${port}/health`), `${name} is healthy once it listens`)
     // Docker sends SIGKILL at the grace period: the router's own deadline must come first, with
     // time left to cut the rest, free its bookings and stop its threads
     const grace = /^(\d+)s$/.exec(svc(name).stop_grace_period ?? '')
@@ -258,7 +259,7 @@ t.test('HAProxy balances exactly the router replicas, checks /ready and listens 
   t.ok(directives(defaults, 'option', 'redispatch').length === 1, 'a refused connection is retried on the other replica')
 
   t.match(svc('haproxy').healthcheck?.test.join(' ') ?? '', new RegExp(`127\\.0\\.0\\.1:${port}/ready`), 'healthy once /ready passes through it')
-  for (const name of routerNames) t.equal(svc('haproxy').depends_on?.[name]?.condition, 'service_healthy', `it starts once ${name} is ready`)
+  for (const name of routerNames) t.equal(svc('haproxy').depends_on?.[name]?.condition, 'service_healthy', `it starts once ${name} listens`)
   t.equal(svc('haproxy').restart, 'unless-stopped')
 })
 

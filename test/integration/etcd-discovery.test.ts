@@ -206,3 +206,46 @@ t.test('a router started against etcd has the workers etcd lists registered by t
     'both, with no wait',
   )
 })
+
+t.test('a worker announcing another block size is misconfigured, out of kv routing, until its card says the right one', async (t) => {
+  const etcd = await startEtcd()
+  t.teardown(() => etcd.stop())
+  const client = new Etcd3({ hosts: etcd.url })
+  t.teardown(() => client.close())
+  const { parseServeConfig } = await import('../../src/config.js')
+  const { Router } = await import('../../src/core/router.js')
+  // no health probes: nothing listens at the workers' addresses
+  const cfg = parseServeConfig(['--router-event-threads', '1', '--no-router-event-recovery', '--router-health-probe-interval-secs', '0', '--router-block-size', '64', '--etcd-url', etcd.url], {})
+  if (cfg === 'help') return t.fail('help')
+  const router = await Router.start(cfg)
+  t.teardown(() => router.close())
+  const warnings: string[] = []
+  const onWarning = (w: Error & { code?: string }): void => void (w.code === 'KVR_BLOCK_SIZE_MISMATCH' && warnings.push(w.message))
+  process.on('warning', onWarning)
+  t.teardown(() => void process.off('warning', onWarning))
+  const good = await register(client, { url: 'http://127.0.0.1:9021' })
+  const lease = client.lease(10)
+  const id = BigInt(await lease.grant())
+  const card = (bs: number): string => JSON.stringify({ kv_cache_block_size: bs, runtime_config: { total_kv_blocks: 4096, max_num_batched_tokens: 8192 } })
+  await lease.put(`${instancesPrefix(NS, COMP, EP)}${id.toString(16)}`).value(JSON.stringify({ http_url: 'http://127.0.0.1:9022' }))
+  await lease.put(`${cardsPrefix(NS, COMP, EP)}${id.toString(16)}`).value(card(32))
+  t.teardown(() =>
+    Promise.all([good.revoke(), lease.revoke()]).then(
+      () => undefined,
+      () => undefined,
+    ),
+  )
+  const stateOf = (w: bigint): string => router.health.state(w, false)
+  await waitUntil('both registered, one misconfigured', () => router.registry.size === 2 && stateOf(id) === 'misconfigured')
+  t.equal(stateOf(good.id), 'healthy')
+  t.match(router.health.reason(id), "block size 32, the router's is 64")
+  t.match(warnings, [`worker ${id} announces block size 32, the router hashes with 64`])
+  const routed = new Set<bigint>()
+  for (let i = 0; i < 20; i++) routed.add((await router.route({ tokens: Array.from({ length: 128 }, (_, k) => i * 1000 + k), updateStates: false })).decision.workerId)
+  t.same([...routed], [good.id], 'every decision for the other worker')
+  await lease.put(`${cardsPrefix(NS, COMP, EP)}${id.toString(16)}`).value(card(64))
+  await waitUntil('healthy with the right block size', () => stateOf(id) === 'healthy')
+  for (let i = 0; i < 40 && !routed.has(id); i++) routed.add((await router.route({ tokens: Array.from({ length: 128 }, (_, k) => 50_000 + i * 1000 + k), updateStates: false })).decision.workerId)
+  t.ok(routed.has(id), 'routed once fixed')
+  t.equal(warnings.length, 1, 'warned once')
+})

@@ -232,6 +232,9 @@ const stored = (hashes: number[], parent: number | null = null, bs = BS) => ({
 
 t.test('malformed batches are counted by reason, skipped events counted, a block-size mismatch warned of once', async (t) => {
   const { pool, intake, send, settle } = await intakeOn(t, 7n, 1)
+  // what the router's worker health hears (the worker is misconfigured until its engine is read afresh)
+  const told: unknown[] = []
+  intake.blockSizes = { mismatch: (id, rank, size) => told.push(['mismatch', id, rank, size]), reset: (id, rank) => told.push(['reset', id, rank]) }
   const warnings: string[] = []
   const onWarning = (w: Error & { code?: string }) => {
     if (w.code === 'KVR_BLOCK_SIZE_MISMATCH') warnings.push(w.message)
@@ -258,6 +261,9 @@ t.test('malformed batches are counted by reason, skipped events counted, a block
   const c = pool.counters()[0]
   t.equal(c?.malformed, 0, 'not counted as malformed JSON messages')
   t.equal(c?.gaps, 0)
+  t.same(told, [['mismatch', 7n, 0, 8]], 'the mismatch told once per worker-rank')
+  await intake.stop(7n)
+  t.same(told.at(-1), ['reset', 7n, undefined], 'no longer read: told to forget it')
 })
 
 t.test('stores and removals are de-duplicated per rank', async (t) => {

@@ -211,7 +211,11 @@ const BOOKINGS = 50_000
  * workers, a 64-token prompt: the proxy benchmark's requests. Time per booking, median of REPS.
  */
 async function benchBooking(mode: 'round-robin' | 'kv'): Promise<{ mode: string; us: number; reps: number[] }> {
-  const cfg = parseServeConfig(['--router-block-size', '64', '--router-event-threads', '1', '--seed', '1', '--router-queue-threshold', 'none', '--router-mode', mode], {}) as ServeConfig
+  // no health probes: nothing listens at the workers' addresses, and probes would take them out of routing
+  const cfg = parseServeConfig(
+    ['--router-block-size', '64', '--router-event-threads', '1', '--seed', '1', '--router-queue-threshold', 'none', '--router-health-probe-interval-secs', '0', '--router-mode', mode],
+    {},
+  ) as ServeConfig
   const router = await Router.start(cfg)
   try {
     for (let w = 1; w <= 4; w++) await router.addWorker({ id: BigInt(w), url: `http://127.0.0.1:${9000 + w}` })
@@ -262,7 +266,11 @@ async function serveChild(): Promise<void> {
   const constant = '{"worker_id":1,"dp_rank":0,"overlap_blocks":0,"candidates":[]}'
   base.post('/raw', async (_req, reply) => reply.header('content-type', 'application/json').send(constant))
   await base.listen({ host: '127.0.0.1', port: 0 })
-  const cfg = parseServeConfig(['--router-block-size', String(HTTP_BLOCK), '--router-event-threads', '1', '--seed', '1', '--router-queue-threshold', 'none'], process.env) as ServeConfig
+  // no health probes: the workers' addresses are made up
+  const cfg = parseServeConfig(
+    ['--router-block-size', String(HTTP_BLOCK), '--router-event-threads', '1', '--seed', '1', '--router-queue-threshold', 'none', '--router-health-probe-interval-secs', '0'],
+    process.env,
+  ) as ServeConfig
   const router = await Router.start(cfg)
   for (let w = 0; w < HTTP_WORKERS; w++) await router.addWorker({ id: BigInt(1_000_000_007 * (w + 1)), url: `http://127.0.0.1:${9000 + w}` })
   // each worker caches one or two of the shared prefixes, so overlaps are real

@@ -20,12 +20,12 @@ export function healthRoutes(fastify: FastifyInstance, ctx: HttpContext): void {
     const strict = (req.query as Record<string, unknown> | undefined)?.strict !== undefined
     const sync = router.replicas
     const degraded = conn.nats === false || conn.etcd === false || sync?.connected === false
-    // a replica that has not caught up with its peers' bookings would route on a fraction of the load
-    const workers = router.registry.all()
     // a replica no worker can take a request from should leave its balancer's rotation: none
     // registered, or each unreachable, misconfigured or suspended after failures
+    const workers = router.registry.all()
     let healthy = 0
     for (const w of workers) if (router.health.state(w.id, router.suspension.isSuspended(w)) === 'healthy') healthy++
+    // a replica that has not caught up with its peers' bookings would route on a fraction of the load
     const ready = recovering === 0 && !ctx.closing() && !(strict && degraded) && sync?.inStep !== false && healthy > 0
     return reply
       .code(ready ? 200 : 503)

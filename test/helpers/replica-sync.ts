@@ -17,7 +17,19 @@ export const subjects = replicaSubjects('dynamo', 'backend')
 /** A router replica with WORKERS static workers, closed at the test's end. */
 export async function startReplica(t: Test, natsUrl: string, routerId: bigint, extra: string[] = [], deps: RouterDeps = {}): Promise<Router> {
   // no health probes: nothing listens at the workers' addresses, and probes would take them out of routing
-  const args = ['--router-event-threads', '1', '--no-router-event-recovery', '--router-health-probe-interval-secs', '0', '--router-block-size', String(BS), '--router-queue-threshold', 'none', '--nats-url', natsUrl]
+  const args = [
+    '--router-event-threads',
+    '1',
+    '--no-router-event-recovery',
+    '--router-health-probe-interval-secs',
+    '0',
+    '--router-block-size',
+    String(BS),
+    '--router-queue-threshold',
+    'none',
+    '--nats-url',
+    natsUrl,
+  ]
   args.push('--router-replica-sync', '--router-replica-catch-up-secs', '5', ...extra)
   for (let w = 1; w <= WORKERS; w++) args.push('--worker', `${w}=http://127.0.0.1:${9000 + w}`)
   const cfg = parseServeConfig(args, {})

@@ -55,6 +55,7 @@ export function renderE2eSvg(input: PlotInput): string {
   const H = LEGEND_Y + Math.ceil(input.series.length / 2) * 18 + 6
   const out: string[] = []
   out.push(`<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" font-family="Helvetica, Arial, sans-serif" font-size="12">`)
+  out.push(`<title>${escapeXml(input.title)}</title>`)
   out.push(`<rect x="0" y="0" width="${W}" height="${H}" fill="white"/>`)
   out.push(text(W / 2, 28, input.title, 'text-anchor="middle" font-size="16" font-weight="bold"'))
   if (input.subtitle !== undefined) out.push(text(W / 2, 50, input.subtitle, 'text-anchor="middle" font-size="12" fill="#444"'))

@@ -363,7 +363,8 @@ t.test('a restarted shard whose worker cannot be rebuilt is exact again, that wo
   const r1 = new Promise((res) => r.pool.once('shardRestarted', res))
   await r.pool.terminateShard(0)
   await r1
-  await until(() => r.pool.health()[0] === 'exact', 10_000)
+  // three probes of the worker (1 s, 2 s, 4 s apart) before it is given up: seconds, more under load
+  await until(() => r.pool.health()[0] === 'exact', 30_000)
   t.equal(r.recovery?.stateOf(51n, 0), 'degraded', 'the worker that could not be rebuilt says so')
   await until(() => warnings.some((w) => /index shard 0 restarted: the cached blocks of worker\(s\) 51 are forgotten/.test(w)))
   // without recovery at all, the same

@@ -6,6 +6,8 @@ import { isHttpUrl, parseIntArg, parseNumArg } from './cli/flags.js'
 import { COST_MODELS, ROUTER_MODES, QUEUE_POLICIES } from './scheduler/options.js'
 import type { CostModel, QueuePolicy, RouterMode } from './scheduler/options.js'
 import { MAX_SHARDS } from './thread/protocol.js'
+import { LOG_FORMATS, parseLogLevel } from './runtime/log.js'
+import type { LogFormat, LogLevel } from './runtime/log.js'
 
 export class ConfigError extends Error {
   override name = 'ConfigError'
@@ -107,9 +109,11 @@ export interface ServeConfig {
   /** Niceness of the router's threads (--nice); null leaves it as inherited. */
   readonly nice: number | null
   readonly seed: number | undefined
+  readonly logLevel: LogLevel
+  readonly logFormat: LogFormat
 }
 
-type Kind = 'int' | 'num' | 'bool' | 'enum' | 'str' | 'url' | 'workers' | 'nullnum' | 'name' | 'endpoint'
+type Kind = 'int' | 'num' | 'bool' | 'enum' | 'str' | 'url' | 'workers' | 'nullnum' | 'name' | 'endpoint' | 'loglevel'
 
 interface FlagDef {
   flag: string
@@ -505,6 +509,16 @@ export const FLAGS: readonly FlagDef[] = [
     help: "scheduling niceness of the router's threads; negative runs it ahead of engines or load generators on shared cores (below the current one needs root, CAP_SYS_NICE or RLIMIT_NICE)",
   }),
   F({ flag: '--seed', key: 'seed', env: ['DYN_ROUTER_SEED'], kind: 'int', min: 0, max: 0xffffffff, dflt: undefined, help: 'seed of the selection RNG (tests)' }),
+  F({ flag: '--log-level', key: 'logLevel', env: ['DYN_LOG'], kind: 'loglevel', dflt: 'info', help: 'least severe log lines written (DYN_LOG: its bare level; target=level directives are skipped)' }),
+  F({
+    flag: '--log-format',
+    key: 'logFormat',
+    env: ['DYN_ROUTER_LOG_FORMAT'],
+    kind: 'enum',
+    values: LOG_FORMATS,
+    dflt: 'auto',
+    help: 'log lines on stderr: json (one object per line), pretty (for people), auto (pretty on a terminal, else json)',
+  }),
 ]
 
 function accepts(d: FlagDef): string {
@@ -527,6 +541,8 @@ function accepts(d: FlagDef): string {
       return 'a name of letters, digits, "_" and "-" (it becomes part of NATS subjects and etcd keys)'
     case 'endpoint':
       return 'namespace.component.endpoint, three names of letters, digits, "_" and "-" (dyn:// in front is allowed)'
+    case 'loglevel':
+      return 'one of error|warn|info|debug|trace|off (also fatal, silent), or a DYN_LOG filter such as info,dynamo_runtime=debug'
     default:
       return 'a non-empty string'
   }
@@ -720,6 +736,8 @@ function convert(d: FlagDef, raw: string, prev: unknown): unknown {
       const parts = e.split('.')
       return parts.length === 3 && parts.every((x) => NAME.test(x)) ? e : undefined
     }
+    case 'loglevel':
+      return parseLogLevel(t) ?? undefined
     default:
       return t === '' ? undefined : t
   }

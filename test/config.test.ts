@@ -6,6 +6,7 @@ import { spawn } from 'node:child_process'
 import { ConfigError, FLAGS, parseServeConfig, serveHelp } from '../src/config.js'
 import type { ServeConfig } from '../src/config.js'
 import { cliArgv } from './helpers/cli.js'
+import { logRecords } from './helpers/log.js'
 
 function parse(argv: string[], env: NodeJS.ProcessEnv = {}): ServeConfig {
   const c = parseServeConfig(argv, env)
@@ -253,10 +254,16 @@ t.test('process: options that act only in durable mode are said to have no effec
     '1',
   ])
   t.equal(r.code, 2)
-  t.match(
-    r.stderr,
-    /^kv-router: warning: --router-reset-states has no effect without --router-durable-kv-events\nkv-router: warning: --router-snapshot-threshold has no effect without --router-durable-kv-events\n/,
+  // two warning lines in the log, then the line the process dies with
+  const lines = r.stderr.split('\n')
+  t.same(
+    logRecords(lines.slice(0, 2).join('\n')).map((x) => [x.level, x.msg]),
+    [
+      ['warn', '--router-reset-states has no effect without --router-durable-kv-events'],
+      ['warn', '--router-snapshot-threshold has no effect without --router-durable-kv-events'],
+    ],
   )
+  t.match(lines[2], /^kv-router: serve: --tokenizer: /)
   t.notMatch(r.stderr, /replica-sync/, 'replica sync is in effect: nothing said of it')
   const d = await run([
     'serve',
@@ -272,7 +279,7 @@ t.test('process: options that act only in durable mode are said to have no effec
     '1',
   ])
   t.equal(d.code, 2)
-  t.notMatch(d.stderr, /warning/, 'in durable mode both are in effect')
+  t.notMatch(d.stderr, /"warn"/, 'in durable mode both are in effect')
 })
 
 t.test('durable mode needs NATS and KV events', async (t) => {
@@ -294,8 +301,13 @@ t.test("process: Dynamo's cost flags under the latency cost are said to have no 
     run(['serve', '--router-prefill-load-scale', '10', ...bad], { DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT: '5' }),
     run(['serve', '--router-cost', 'dynamo', '--router-prefill-load-scale', '10', ...bad]),
   ])
-  t.match(latency.stderr, /kv-router: warning: --router-kv-overlap-score-weight \(--router-prefill-load-scale\) tunes Dynamo's cost and has no effect under --router-cost latency/)
-  t.match(latency.stderr, /warning: --router-kv-overlap-score-credit tunes Dynamo's cost/)
+  const warned = logRecords(latency.stderr)
+    .filter((x) => x.level === 'warn')
+    .map((x) => x.msg)
+  t.match(warned, [
+    /^--router-kv-overlap-score-weight \(--router-prefill-load-scale\) tunes Dynamo's cost and has no effect under --router-cost latency/,
+    /^--router-kv-overlap-score-credit tunes Dynamo's cost/,
+  ])
   t.notMatch(latency.stderr, /credit-decay|active-request-weight/, 'only the flags set')
   t.notMatch(dynamo.stderr, /tunes Dynamo's cost/)
 })

@@ -2,9 +2,10 @@
 // and what it accepts, and exit status 2. And the value readers of every command (`serve`'s
 // src/config.ts, `mocker`, `replay`), so a value one command takes is not refused by another, or
 // the other way round.
+import { redactSecrets } from '../runtime/redact.js'
 
 export function die(line: string): never {
-  process.stderr.write(`kv-router: ${line}\n`)
+  process.stderr.write(`kv-router: ${redactSecrets(line)}\n`)
   process.exit(2)
 }
 

@@ -6,6 +6,7 @@ import { loadTokenizer } from '../tokenizer/tokenizer.js'
 import type { TextTokenizer } from '../tokenizer/tokenizer.js'
 import { isKvrError } from '../errors.js'
 import { applyNice } from '../runtime/nice.js'
+import { addSecret, configureLog, limited, log, redactSecrets } from '../runtime/log.js'
 import { die } from './flags.js'
 
 /**
@@ -32,6 +33,14 @@ function unusedCostFlags(cfg: ServeConfig): string[] {
   return set.map((f) => `${f} tunes Dynamo's cost and has no effect under --router-cost latency (the default); add --router-cost dynamo to use it`)
 }
 
+/** The configuration as the debug log shows it: the API key and URL credentials left out, u64 ids as text. */
+function loggedConfig(cfg: ServeConfig): Record<string, unknown> {
+  const out: Record<string, unknown> = { ...cfg, apiKey: cfg.apiKey === null ? null : '[redacted]' }
+  for (const [k, v] of Object.entries(out)) if (typeof v === 'string') out[k] = redactSecrets(v)
+  out.workers = cfg.workers.map((w) => ({ ...w, id: w.id.toString(), url: redactSecrets(w.url) }))
+  return out
+}
+
 export async function serveMain(argv: string[]): Promise<void> {
   let cfg: ServeConfig | 'help'
   try {
@@ -44,8 +53,11 @@ export async function serveMain(argv: string[]): Promise<void> {
     process.stdout.write(serveHelp())
     return
   }
-  for (const line of withoutEffect(cfg)) process.stderr.write(`kv-router: warning: ${line}\n`)
-  for (const line of unusedCostFlags(cfg)) process.stderr.write(`kv-router: warning: ${line}\n`)
+  configureLog({ level: cfg.logLevel, format: cfg.logFormat })
+  if (cfg.apiKey !== null) addSecret(cfg.apiKey)
+  log.debug({ config: loggedConfig(cfg) }, 'configuration')
+  for (const line of withoutEffect(cfg)) log.warn(line)
+  for (const line of unusedCostFlags(cfg)) log.warn(line)
   // before any thread of ours starts: shards and tokenizers inherit the main thread's niceness
   if (cfg.nice !== null) {
     try {
@@ -64,8 +76,8 @@ export async function serveMain(argv: string[]): Promise<void> {
   }
   // an engine renders chat with the model's template; without it the router hashes other tokens
   if (tokenizer?.kind === 'hf' && tokenizer.chatTemplate === null) {
-    process.stderr.write(
-      `kv-router: warning: no chat template beside ${cfg.tokenizer ?? ''} (chat_template.jinja, or chat_template in tokenizer_config.json): chat requests are tokenized with kv-router's own template, which engines do not use, so they will not match cached prefixes\n`,
+    log.warn(
+      `no chat template beside ${cfg.tokenizer ?? ''} (chat_template.jinja, or chat_template in tokenizer_config.json): chat requests are tokenized with kv-router's own template, which engines do not use, so they will not match cached prefixes`,
     )
   }
   const { router, app, embedded, port } = await startApp(cfg, tokenizer)
@@ -87,6 +99,8 @@ export async function serveMain(argv: string[]): Promise<void> {
       await embedded?.close()
       await router.close()
       await tokenizer?.close()
+      limited.flush()
+      if (!drained) log.warn({ cut, timeout_secs: cfg.shutdownTimeoutSecs }, 'the drain timed out: in-flight requests were cut')
       // exit 0 all the same: the shutdown asked for happened, and a rollout that meets a stream
       // longer than the timeout is not a failure of the router; the line says what was lost
       process.stdout.write(`kv-router: stopped${drained ? '' : ` (drain timed out after ${cfg.shutdownTimeoutSecs} s: ${cut} in-flight request(s) cut)`}\n`)

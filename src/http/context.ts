@@ -2,6 +2,7 @@
 import type { ServeConfig } from '../config.js'
 import type { Router } from '../core/router.js'
 import type { TextTokenizer } from '../tokenizer/tokenizer.js'
+import type { Logger } from '../runtime/log.js'
 import type { Proxy } from './proxy/proxy.js'
 
 export interface HttpContext {
@@ -9,6 +10,8 @@ export interface HttpContext {
   readonly cfg: ServeConfig
   readonly tokenizer: TextTokenizer | null
   readonly proxy: Proxy
+  /** The app's logger (its request lines). */
+  readonly log: Logger
   /** True once the shutdown began. */
   closing(): boolean
 }

@@ -1,13 +1,15 @@
 // What the routes read of a request beyond its parsed body.
 import type { FastifyRequest } from 'fastify'
-import type { RouterConfigOverride } from '../scheduler/scheduler.js'
+import type { RouteDecision, RouterConfigOverride } from '../scheduler/scheduler.js'
 import { KvrError } from '../errors.js'
 
 /** The bytes a request's JSON body was parsed from. */
 export const BODY_BYTES = Symbol('kvr.bodyBytes')
 /** Set on an inference request the proxy took: the proxy counts it, with the status its stream ended on. */
 export const PROXIED = Symbol('proxied')
-export type RequestWithBytes = FastifyRequest & { [BODY_BYTES]?: Buffer; [PROXIED]?: true }
+/** The decision a /v1/route request made, for its log line (set only while request lines are logged). */
+export const ROUTED = Symbol('routed')
+export type RequestWithBytes = FastifyRequest & { [BODY_BYTES]?: Buffer; [PROXIED]?: true; [ROUTED]?: RouteDecision }
 
 export function headerValue(req: FastifyRequest, name: string): string | undefined {
   const v = req.headers[name]

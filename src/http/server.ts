@@ -11,12 +11,15 @@
 //   GET  /health, /live, /ready, /metrics
 //   GET  /status (and / redirecting there), /v1/status, /v1/status/stream   the live status page
 // With --api-key every POST and DELETE needs `Authorization: Bearer KEY`.
-import Fastify from 'fastify'
-import type { FastifyInstance } from 'fastify'
+import Fastify, { LogController } from 'fastify'
+import type { FastifyBaseLogger, FastifyInstance } from 'fastify'
 import type { Dispatcher } from 'undici'
 import type { Router } from '../core/router.js'
 import type { TextTokenizer } from '../tokenizer/tokenizer.js'
 import { KvrError } from '../errors.js'
+import { log } from '../runtime/log.js'
+import type { Logger } from '../runtime/log.js'
+import { requestLines } from './request-log.js'
 import { Proxy } from './proxy/proxy.js'
 import { clientErrorHandler, errorHandler, sendError } from './error-handler.js'
 import type { HttpContext } from './context.js'
@@ -38,7 +41,8 @@ export type { ShutdownResult } from './plugins/shutdown.js'
 export interface AppOptions {
   router: Router
   tokenizer: TextTokenizer | null
-  logger?: boolean
+  /** The logger of the app's request lines and of fastify; the process's (src/runtime/log.ts) by default. */
+  logger?: Logger
   /**
    * The undici dispatcher the proxy sends upstream requests through, for an embedder that needs
    * its own (TLS settings, an egress proxy); a keep-alive Agent by default. The app does not
@@ -54,11 +58,21 @@ export interface App {
   shutdown(timeoutMs: number): Promise<ShutdownResult>
 }
 
+class NoRequestLines extends LogController {
+  override incomingRequest(): void {}
+  override requestCompleted(): void {}
+}
+
 export async function buildApp(opts: AppOptions): Promise<App> {
   const router = opts.router
   const cfg = router.config
+  const logger = opts.logger ?? log
   const fastify = Fastify({
-    logger: opts.logger === true ? { level: 'info' } : false,
+    loggerInstance: logger as FastifyBaseLogger,
+    // fastify's two lines per request are left out (the router writes one of its own), and so is
+    // the child logger it would make for each request
+    logController: new NoRequestLines(),
+    childLoggerFactory: (l) => l,
     bodyLimit: cfg.bodyLimit,
     ajv: { customOptions: { coerceTypes: false, removeAdditional: false, allErrors: false } },
     forceCloseConnections: 'idle',
@@ -67,7 +81,7 @@ export async function buildApp(opts: AppOptions): Promise<App> {
     frameworkErrors: (err, _req, reply) => void sendError(reply, err),
     clientErrorHandler,
   })
-  const proxy = new Proxy(router, { retries: cfg.proxyRetries, dispatcher: opts.dispatcher })
+  const proxy = new Proxy(router, { retries: cfg.proxyRetries, dispatcher: opts.dispatcher, logger })
   fastify.setErrorHandler(errorHandler)
   fastify.setNotFoundHandler((req, reply) => {
     void sendError(reply, new KvrError('KVR_ERR_NOT_FOUND', `no route ${req.method} ${req.url}`))
@@ -75,7 +89,8 @@ export async function buildApp(opts: AppOptions): Promise<App> {
   jsonParser(fastify, cfg.bodyLimit)
   apiKeyAuth(fastify, cfg.apiKey, cfg.publicMetrics)
   const drain = drainOnShutdown(fastify, proxy)
-  const ctx: HttpContext = { router, cfg, tokenizer: opts.tokenizer, proxy, closing: drain.closing }
+  requestLines(fastify, logger)
+  const ctx: HttpContext = { router, cfg, tokenizer: opts.tokenizer, proxy, log: logger, closing: drain.closing }
   healthRoutes(fastify, ctx)
   const listWorkers = workerRoutes(fastify, ctx)
   statusRoutes(fastify, ctx, listWorkers)

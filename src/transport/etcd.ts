@@ -35,6 +35,28 @@ export interface EtcdDiscoveryOptions {
   dialTimeoutMs?: number
 }
 
+/**
+ * The etcd3 client's hosts and password auth for a --etcd-url value. Credentials in a URL
+ * (`http://user:password@host:2379`) are etcd's user and password: handed over as the URL, the
+ * client would take them for part of the host name, and its errors would show them.
+ */
+export function etcdConnection(url: string): { hosts: string[]; auth?: { username: string; password: string } } {
+  let auth: { username: string; password: string } | undefined
+  const hosts = urlList(url).map((h) => {
+    try {
+      const u = new URL(h)
+      if (u.username === '' && u.password === '') return h
+      auth ??= { username: decodeURIComponent(u.username), password: decodeURIComponent(u.password) }
+      u.username = ''
+      u.password = ''
+      return u.href.replace(/\/$/, '')
+    } catch {
+      return h
+    }
+  })
+  return auth === undefined ? { hosts } : { hosts, auth }
+}
+
 export interface DiscoveredWorker {
   workerId: bigint
   url: string
@@ -140,7 +162,7 @@ export class EtcdDiscovery extends EventEmitter {
     // loaded here, not at startup: a router that does not use etcd (the default) starts sooner
     // and smaller without the etcd client and its gRPC stack
     const { Etcd3 } = await import('etcd3')
-    const d = new EtcdDiscovery(opts, new Etcd3({ hosts: urlList(opts.url), dialTimeout: opts.dialTimeoutMs ?? 3000 }))
+    const d = new EtcdDiscovery(opts, new Etcd3({ ...etcdConnection(opts.url), dialTimeout: opts.dialTimeoutMs ?? 3000 }))
     let revision: string
     try {
       revision = await d.resync()

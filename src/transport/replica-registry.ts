@@ -12,7 +12,7 @@ import type { Etcd3, Lease } from 'etcd3'
 import { EventEmitter } from 'node:events'
 import { hostname } from 'node:os'
 import { parseJsonExact, readU64, serializeJson } from '../codec/json.js'
-import { urlList } from '../config.js'
+import { etcdConnection } from './etcd.js'
 import { KvrError } from '../errors.js'
 
 export interface ReplicaRecord {
@@ -67,7 +67,7 @@ export class ReplicaRegistry extends EventEmitter {
   /** Takes a lease (its id becomes the router id), writes this replica's key and watches the others. */
   static async start(opts: ReplicaRegistryOptions): Promise<ReplicaRegistry> {
     const { Etcd3 } = await import('etcd3')
-    const client = new Etcd3({ hosts: urlList(opts.url), dialTimeout: opts.dialTimeoutMs ?? 3000 })
+    const client = new Etcd3({ ...etcdConnection(opts.url), dialTimeout: opts.dialTimeoutMs ?? 3000 })
     let reg: ReplicaRegistry
     try {
       const lease = client.lease(opts.ttlSecs ?? 10)

@@ -18,6 +18,10 @@ import type { RouteInput, Router, WorkerInfo } from '../../core/router.js'
 import type { CancelSignal, RouteDecision, WorkerRankRef } from '../../scheduler/scheduler.js'
 import { KvrError, isKvrError } from '../../errors.js'
 import { serializeJson } from '../../codec/json.js'
+import { limited } from '../../runtime/log.js'
+import type { Logger } from '../../runtime/log.js'
+import { proxiedLine } from '../request-log.js'
+import type { ProxiedRequest } from '../request-log.js'
 import { ChunkWriter } from './chunked.js'
 
 export interface ProxyCall {
@@ -101,6 +105,8 @@ export interface ProxyOptions {
   retries: number
   /** undici dispatcher; a keep-alive Agent by default. */
   dispatcher?: Dispatcher
+  /** Where each request's line goes (at info); none when not given. */
+  logger?: Logger
 }
 
 export class Proxy {
@@ -110,6 +116,8 @@ export class Proxy {
   private idleWaiters: (() => void)[] = []
   /** Bookings released, all requests (tests check exactly-once through it). */
   releasedTotal = 0
+  /** The logger of request lines, or null while they are not written. */
+  readonly requestLog: Logger | null
 
   constructor(
     private readonly router: Router,
@@ -117,6 +125,7 @@ export class Proxy {
   ) {
     this.ownDispatcher = options.dispatcher === undefined
     this.dispatcher = options.dispatcher ?? new Agent({ connections: 1024, keepAliveTimeout: 30_000, headersTimeout: 300_000, bodyTimeout: 300_000 })
+    this.requestLog = options.logger?.isLevelEnabled('info') === true ? options.logger : null
   }
 
   get inFlight(): number {
@@ -252,7 +261,7 @@ export class Proxy {
  * chain: a stream keeps its run alive for its whole life, and each pending promise with its
  * reactions, closures and contexts would be held, and copied by every scavenge, as long.
  */
-class ProxyRun {
+class ProxyRun implements ProxiedRequest {
   readonly gone = new ClientGone()
   /** Retries allowed after the first attempt (none for a pinned request). */
   private readonly retries: number
@@ -263,6 +272,12 @@ class ProxyRun {
   private exchange: UpstreamExchange | null = null
   private ended = false
   private readonly onClose = (): void => this.clientClosed()
+  // what the request's log line says
+  decision: RouteDecision | null = null
+  attempts = 0
+  requestId: string
+  ttftMs = -1
+  errorCode: string | null = null
 
   constructor(
     readonly proxy: Proxy,
@@ -270,6 +285,19 @@ class ProxyRun {
     readonly call: ProxyCall,
   ) {
     this.retries = call.route.workerId === undefined ? proxy.retries : 0
+    this.requestId = reply.request.id
+  }
+
+  get path(): string {
+    return this.call.path
+  }
+
+  get model(): string {
+    return this.call.model
+  }
+
+  get stream(): boolean {
+    return this.call.stream
   }
 
   start(): void {
@@ -310,6 +338,9 @@ class ProxyRun {
   /** One upstream attempt on booking `a`. */
   private attempt(a: Attempt): void {
     const d = a.decision
+    this.decision = d
+    this.requestId = a.booking.id
+    this.attempts++
     const worker = this.proxy.worker(d.workerId)
     if (worker === undefined) return this.attemptFailed(a, new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} has no HTTP endpoint`))
     const ex = new UpstreamExchange(this, a, worker)
@@ -361,6 +392,12 @@ class ProxyRun {
     p.workerFailed(d.workerId)
     const tried = (this.tried ??= [])
     tried.push(rankRef(d))
+    const last = this.retry >= this.retries
+    limited.warn(
+      'upstream_failed',
+      { code: failure.code, phase: 'before_first_token', worker_id: d.workerId.toString(), dp_rank: d.dpRank, request_id: a.booking.id, retried: !last, error: failure.message },
+      'a worker failed before its first token',
+    )
     if (this.retry++ >= this.retries) {
       // the client learns it was retried, and where: the last worker's error alone reads as if
       // only that one had been tried
@@ -381,7 +418,11 @@ class ProxyRun {
   private fail(err: unknown): void {
     if (this.ended) return
     const code = (err as { code?: unknown } | null)?.code
-    if (code === 'KVR_ERR_ALL_WORKERS_BUSY' || code === 'KVR_ERR_QUEUE_FULL') this.proxy.metrics.rejected(this.call.model, this.call.path)
+    if (code === 'KVR_ERR_ALL_WORKERS_BUSY' || code === 'KVR_ERR_QUEUE_FULL') {
+      this.proxy.metrics.rejected(this.call.model, this.call.path)
+      limited.warn('requests_rejected', { code, route: this.call.path, error: (err as Error).message }, 'a request was refused: every worker is busy or the queue is full')
+    }
+    this.errorCode = isKvrError(err) ? err.code : 'internal'
     this.end(isKvrError(err) ? err.statusCode : 500)
     const reply = this.reply
     if (reply.sent || reply.raw.headersSent) return
@@ -393,6 +434,8 @@ class ProxyRun {
     this.ended = true
     this.reply.raw.off('close', this.onClose)
     this.proxy.closed(this.reply, this.call, status)
+    const l = this.proxy.requestLog
+    if (l !== null) proxiedLine(l, this, status, this.reply.elapsedTime)
   }
 }
 
@@ -730,7 +773,8 @@ class UpstreamExchange implements Dispatcher.DispatchHandler {
     run.call.route.tokens = NO_TOKENS
     this.a.booking.prefillComplete()
     run.proxy.workerAnswered(this.worker)
-    run.proxy.metrics.observeTtft((now - run.started) / 1000)
+    run.ttftMs = now - run.started
+    run.proxy.metrics.observeTtft(run.ttftMs / 1000)
     this.last = now
     this.chunks++
     run.reply.hijack()
@@ -814,6 +858,12 @@ class UpstreamExchange implements Dispatcher.DispatchHandler {
     }
     run.proxy.metrics.upstreamErrors.inc({ phase: 'after_first_token' })
     const e = new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} failed mid-stream: ${err.message}`)
+    run.errorCode = e.code
+    limited.warn(
+      'upstream_failed',
+      { code: e.code, phase: 'after_first_token', worker_id: d.workerId.toString(), dp_rank: d.dpRank, request_id: this.a.booking.id, retried: false, error: e.message },
+      'a worker failed mid-stream',
+    )
     // the error is an event of its own: the unfinished event is dropped, and one too long to
     // hold, already out in part, is ended first (a client then fails to read that one, not the error)
     this.held = null

@@ -12,7 +12,8 @@ import { readU64 } from '../../codec/json.js'
 import { RouteBodyScanner } from '../../codec/route-body.js'
 import type { RouteBody } from '../../codec/route-body.js'
 import { rawBodyParser } from '../plugins/parsers.js'
-import { overrides } from '../request.js'
+import { ROUTED, overrides } from '../request.js'
+import type { RequestWithBytes } from '../request.js'
 import type { HttpContext } from '../context.js'
 
 /** One row of an explained decision (also the status page's). */
@@ -26,6 +27,8 @@ export function candidateJson(c: Candidate): string {
 /** Registers the routes in their own scope, where bodies arrive as bytes. */
 export async function decisionRoutes(fastify: FastifyInstance, ctx: HttpContext): Promise<void> {
   const { router, cfg } = ctx
+  // the decision goes into the request's log line, when there is one
+  const logged = ctx.log.isLevelEnabled('info')
   await fastify.register(async (scope) => {
     const scanner = new RouteBodyScanner()
     rawBodyParser(scope, cfg.bodyLimit)
@@ -84,6 +87,7 @@ export async function decisionRoutes(fastify: FastifyInstance, ctx: HttpContext)
         input.id = (id as string | undefined) ?? router.requestIds.create()
       }
       const { decision } = await router.route(input)
+      if (logged) (req as RequestWithBytes)[ROUTED] = decision
       const wid = decision.workerId.toString()
       let s = `{"worker_id":${wid},"worker_id_str":"${wid}","dp_rank":${decision.dpRank},"overlap_blocks":${decision.overlapBlocks},"candidates":[`
       const cs = decision.candidates ?? []

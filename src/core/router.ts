@@ -40,6 +40,7 @@ import type { ProbeResult } from './health.js'
 import { HealthProbes } from './health-probes.js'
 import { WorkerRegistry } from './worker-registry.js'
 import type { WorkerInfo, WorkerRegistration } from './worker-registry.js'
+import { log } from '../runtime/log.js'
 
 export type { WorkerInfo, WorkerRegistration } from './worker-registry.js'
 
@@ -189,7 +190,7 @@ export class Router {
       setPredicted: (id, on) => this.scheduler.setPredicted(id, on),
       watch: (id, on) => (on ? pool.watchFirstEvent(id) : pool.unwatch(id)),
       resetRank: (id, rank) => pool.resetWorkerRank(id, rank),
-      warn: (message) => process.emitWarning(message, { code: 'KVR_WORKER_NO_EVENTS' }),
+      warn: (message) => log.warn({ code: 'KVR_WORKER_NO_EVENTS' }, message),
       now: () => performance.now(),
     })
     pool.on('firstEvent', (id: bigint) => this.eventSources.evented(id))
@@ -277,7 +278,7 @@ export class Router {
         if (w.maxNumBatchedTokens !== null) reg.maxNumBatchedTokens = w.maxNumBatchedTokens
         // a registration the index cannot hold is refused, not dropped unseen
         return this.addWorker(reg).catch((err: unknown) =>
-          process.emitWarning(`worker ${w.workerId} from etcd was not registered: ${err instanceof Error ? err.message : String(err)}`, { code: 'KVR_WORKER_NOT_REGISTERED' }),
+          log.warn({ code: 'KVR_WORKER_NOT_REGISTERED' }, `worker ${w.workerId} from etcd was not registered: ${err instanceof Error ? err.message : String(err)}`),
         )
       }
       d.on('added', (w: DiscoveredWorker) => void add(w))
@@ -495,9 +496,9 @@ export class Router {
     // not after a newer restart, whose own rebuild decides
     if (this.closed || this.pool.counters()[shard]?.restarts !== restarts) return
     if (lost.length > 0)
-      process.emitWarning(
+      log.warn(
+        { code: 'KVR_INDEX_DEGRADED', shard },
         `index shard ${shard} restarted: the cached blocks of worker(s) ${lost.join(', ')} are forgotten until their next KV events (they do not answer the worker query${this.recovery === null ? ', or --no-router-event-recovery' : ''})`,
-        { code: 'KVR_INDEX_DEGRADED' },
       )
     this.pool.markRebuilt(shard)
   }
@@ -539,9 +540,9 @@ export class Router {
       .all()
       .filter((w) => this.eventSources.has(w.id))
       .map((w) => `${w.id} (${w.url})`)
-    process.emitWarning(
-      `KV events arrive for worker id(s) ${[...unknown].join(', ')}, which are not registered, while registered worker(s) ${silent.join(', ')} have sent none: if they are the same engines, register each with its engine's id (--worker ID=URL, or "id" in POST /v1/workers)`,
+    log.warn(
       { code: 'KVR_WORKER_NO_EVENTS' },
+      `KV events arrive for worker id(s) ${[...unknown].join(', ')}, which are not registered, while registered worker(s) ${silent.join(', ')} have sent none: if they are the same engines, register each with its engine's id (--worker ID=URL, or "id" in POST /v1/workers)`,
     )
   }
 

@@ -8,6 +8,7 @@
 // see them, but live in their own id space under an owner number: a peer's request id can never
 // free or shadow one of this router's, and everything a peer holds goes at once when it leaves.
 import { KvrError } from '../errors.js'
+import { limited } from '../runtime/log.js'
 import { BlockRefs } from './block-refs.js'
 import { growTo } from './typed-arrays.js'
 
@@ -323,6 +324,7 @@ export class ActiveSequences {
   /** Frees requests booked at least staleMs ago; returns how many. */
   expireStale(now: number): number {
     let n = 0
+    const remote = this.expiredRemoteTotal
     while (this.fifoLen > 0) {
       const i = this.fifoHead
       const h = this.fifo[i] as number
@@ -336,6 +338,15 @@ export class ActiveSequences {
       }
       this.fifoHead = (i + 2) % this.fifo.length
       this.fifoLen--
+    }
+    if (n > 0) {
+      const peers = this.expiredRemoteTotal - remote
+      limited.warn(
+        'bookings_expired',
+        { count: n, own: n - peers, peers, stale_secs: this.staleMs / 1000 },
+        "bookings older than the stale limit were freed: requests whose end never came (a /v1/route booking never released, a peer's lost free)",
+        n,
+      )
     }
     return n
   }

@@ -87,6 +87,8 @@ import type { RouterEvent } from '../codec/events.js'
 import { u64FromParts, u64Hi, u64Lo } from '../codec/u64.js'
 import { WorkerIdScan } from './partition.js'
 import { KvrError } from '../errors.js'
+import { limited } from '../runtime/log.js'
+import { ShardLogWatch } from './log-watch.js'
 
 export interface ShardPoolOptions {
   /** Number of shard threads, at most 31; default max(1, cores − 1), cores as cpuBudget() counts them. */
@@ -284,6 +286,8 @@ export class ShardPool extends EventEmitter {
   private readonly scan = new WorkerIdScan()
   private readonly opts: Required<ShardPoolOptions>
   private readonly watchdog: NodeJS.Timeout
+  /** The shards' drops in the log (src/shards/log-watch.ts). */
+  readonly logWatch: ShardLogWatch
   private closing = false
   private closed = false
   /** Messages refused before routing: empty, or starting with a NUL byte (malformed events). */
@@ -343,6 +347,7 @@ export class ShardPool extends EventEmitter {
     for (let i = 0; i < o.shards; i++) this.shards.push(this.spawn(i, new SharedArrayBuffer(CTRL_WORDS * 4), new SharedArrayBuffer(o.ringBytes)))
     this.watchdog = setInterval(() => this.checkHeartbeats(), Math.max(20, Math.min(o.heartbeatMs, o.stallMs / 4)))
     this.watchdog.unref()
+    this.logWatch = new ShardLogWatch(this)
   }
 
   /**
@@ -395,7 +400,10 @@ export class ShardPool extends EventEmitter {
       engineRetired: new Float64Array(E_END - E_BASE),
     }
     worker.on('message', (m: unknown) => this.onShardMessage(m))
-    worker.on('error', (err) => this.emit('shardError', index, err))
+    worker.on('error', (err) => {
+      limited.error('shard_error', { shard: index, err }, 'an indexer shard thread failed')
+      this.emit('shardError', index, err)
+    })
     worker.on('exit', (code) => this.onExit(shard, code))
     return shard
   }
@@ -489,7 +497,9 @@ export class ShardPool extends EventEmitter {
       hi?: unknown
       gap?: { lo: number; hi: number; rank: number; fromLo: number; fromHi: number; toLo: number; toHi: number; ticket: number }
       engineNote?: { lo: number; hi: number; rank: number; eventBlockSize: number; routerBlockSize: number }
+      logSample?: Record<string, unknown>
     }
+    if (e.logSample !== undefined) return this.logWatch.sample(e.logSample)
     if (e.engineNote !== undefined) {
       const n = e.engineNote
       const note: EngineNote = { workerId: u64FromParts(n.lo, n.hi), dpRank: n.rank, eventBlockSize: n.eventBlockSize, routerBlockSize: n.routerBlockSize }
@@ -1024,6 +1034,7 @@ export class ShardPool extends EventEmitter {
         sh.lastBeatAt = now
       } else if (!sh.exiting && now - sh.lastBeatAt > this.opts.stallMs) {
         sh.exiting = true
+        limited.error('shard_stalled', { shard: sh.index, stalled_ms: Math.round(now - sh.lastBeatAt) }, "an indexer shard's heartbeat stopped: its thread is restarted")
         this.emit('shardStalled', sh.index)
         void sh.worker.terminate()
       }
@@ -1090,6 +1101,11 @@ export class ShardPool extends EventEmitter {
     fresh.engineRetired = retired
     this.shards[old.index] = fresh
     if (fresh.pendingHead < fresh.pending.length) this.waitForSpace(fresh)
+    limited.error(
+      'shard_restarted',
+      { shard: old.index, exit_code: code, restarts: fresh.restarts, events_lost: fresh.lost },
+      'an indexer shard thread exited and was started again, empty: its workers are rebuilt, and its answers are not exact until then',
+    )
     this.emit('shardRestarted', old.index, code)
   }
 
@@ -1103,6 +1119,7 @@ export class ShardPool extends EventEmitter {
   async close(): Promise<ShardCounters[]> {
     if (this.closed) return this.counters()
     this.closing = true
+    this.logWatch.close()
     const queued = (): boolean => this.shards.some((sh) => !sh.dead && sh.pending.length > sh.pendingHead)
     while (queued()) {
       await new Promise<void>((resolve) => {

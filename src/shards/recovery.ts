@@ -18,6 +18,7 @@ import type { Dispatcher } from 'undici'
 import type { ShardPool, EventGap } from './pool.js'
 import { RecoveryKind } from '../thread/protocol.js'
 import { parseJsonExact, readU64 } from '../codec/json.js'
+import { limited } from '../runtime/log.js'
 
 export type IndexState = 'exact' | 'recovering' | 'degraded'
 
@@ -181,6 +182,7 @@ export class IndexRecovery {
     const key = `${workerId}:${rank}`
     this.states.set(key, 'recovering')
     const ticket = this.pool.park(workerId, rank)
+    limited.info('recovery_started', { worker_id: workerId.toString(), dp_rank: rank, what: 'dump' }, "a worker-rank's cached blocks are fetched from the worker")
     const a = await this.query(url, workerId, rank, null, null, this.opts.attempts)
     return this.finish(workerId, rank, ticket, epoch, a, newest)
   }
@@ -190,6 +192,11 @@ export class IndexRecovery {
     const epoch = this.epochs.get(g.workerId)
     const url = this.opts.urlOf(g.workerId)
     if (epoch !== undefined && !this.closed) this.states.set(`${g.workerId}:${g.dpRank}`, 'recovering')
+    limited.info(
+      'recovery_started',
+      { worker_id: g.workerId.toString(), dp_rank: g.dpRank, what: 'range', from: g.from.toString(), to: g.to.toString() },
+      "a gap in a worker-rank's event ids: the missing events are fetched from the worker",
+    )
     const a: Answer =
       url === undefined || epoch === undefined || this.closed
         ? { kind: 'refused', why: this.closed ? 'the router is stopping' : 'not registered', final: true }
@@ -209,16 +216,28 @@ export class IndexRecovery {
     if (a.kind === 'Events' || a.kind === 'TreeDump') {
       if (a.kind === 'Events') this.counters.ranges++
       else this.counters.dumps++
+      limited.info(
+        'recovery_finished',
+        { worker_id: workerId.toString(), dp_rank: rank, what: a.kind === 'Events' ? 'range' : 'dump', bytes: a.events.length },
+        "a worker-rank's missed events were recovered",
+      )
       this.pool.deliverRecovery(workerId, rank, ticket, a.kind === 'Events' ? RecoveryKind.Events : RecoveryKind.TreeDump, a.events, a.kind === 'TreeDump' ? dumpLastId : null)
       if (mine) this.states.delete(key)
       return true
     }
     this.counters.failed++
     this.pool.deliverRecovery(workerId, rank, ticket, RecoveryKind.Failed, null)
-    if (!mine) return false
-    this.states.set(key, 'degraded')
-    if (a.kind === 'refused')
-      process.emitWarning(`worker ${workerId} rank ${rank}: its KV events could not be recovered (${a.why}); its index may miss blocks until it recovers`, { code: 'KVR_INDEX_DEGRADED' })
+    const why = a.kind === 'refused' ? a.why : `the worker answered ${a.kind}`
+    if (mine) this.states.set(key, 'degraded')
+    // one whose worker left, or whose router stops, degrades nothing
+    limited.log(
+      mine ? 'warn' : 'info',
+      'recovery_failed',
+      { ...(mine ? { code: 'KVR_INDEX_DEGRADED' } : {}), worker_id: workerId.toString(), dp_rank: rank, why },
+      mine
+        ? `worker ${workerId} rank ${rank}: its KV events could not be recovered (${why}); its index may miss blocks until it recovers`
+        : `a recovery of worker ${workerId} rank ${rank} ended unanswered (${why}); the worker left or registered again meanwhile`,
+    )
     return false
   }
 

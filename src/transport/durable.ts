@@ -24,6 +24,7 @@ import { u64FromParts } from '../codec/u64.js'
 import type { RouterEvent } from '../codec/events.js'
 import { splitEvents } from '../codec/event-array.js'
 import { KvrError } from '../errors.js'
+import { limited, log } from '../runtime/log.js'
 import { RADIX_STATE_OBJECT, radixBucket } from './dynamo-names.js'
 import { JS_CONSUMER_NOT_FOUND, ensureKvEventsStream, jsErrorCode } from './jetstream.js'
 
@@ -182,7 +183,7 @@ export class DurableKvEvents {
     this.bucket = radixBucket(o.namespace, o.component)
     this.consumer = o.instanceId.toString()
     this.checkMs = (o.checkMs ?? 1000) * (0.9 + 0.2 * Math.random())
-    this.warn = o.warn ?? ((m) => process.emitWarning(m, { code: 'KVR_DURABLE' }))
+    this.warn = o.warn ?? ((m) => log.warn({ code: 'KVR_DURABLE' }, m))
   }
 
   /** Sets the stream up, loads the snapshot (or resets), and starts consuming. */
@@ -372,6 +373,11 @@ export class DurableKvEvents {
         if (this.repositionNeeded) {
           this.repositionNeeded = false
           this.counters.repositioned++
+          limited.info(
+            'durable_repositioned',
+            { consumer: this.consumer, from_seq: this.lastSeq + 1 },
+            'the durable consumer is made again after the last message applied (a delivery was lost, or the consumer was gone)',
+          )
           await this.position(this.lastSeq + 1).catch((err: unknown) => {
             // tried again, whatever state the old consumer was left in
             this.repositionNeeded = true
@@ -400,6 +406,7 @@ export class DurableKvEvents {
       } catch (err) {
         if (this.closed) break
         this.counters.errors++
+        limited.warn('durable_error', { what: 'consume', error: (err as Error).message }, 'reading the durable stream failed: tried again')
         if (jsErrorCode(err) === JS_CONSUMER_NOT_FOUND) this.repositionNeeded = true
       }
       // a loop that ends at once (server away) waits before the next try
@@ -431,6 +438,7 @@ export class DurableKvEvents {
     this.pending = info.pending
     if (m.seq <= this.lastSeq) {
       this.counters.redelivered++
+      limited.info('durable_redelivered', { seq: m.seq }, 'a stream message applied already was delivered again: acknowledged, not applied twice')
       // applied and acknowledged already; otherwise the ack of a later one covers it
       if (m.seq <= this.ackedSeq) m.ack()
       return true
@@ -485,9 +493,10 @@ export class DurableKvEvents {
           this.catchUp.events = this.counters.messages
           this.catchUp.seconds = (performance.now() - this.catchUpAt) / 1000
         }
-      } catch {
+      } catch (err) {
         // a shard restarted during the barrier: acknowledged with the next batch
         this.counters.errors++
+        limited.warn('durable_error', { what: 'ack', error: (err as Error).message }, 'acknowledging applied stream messages failed: they are acknowledged with the next batch')
         this.toAck ??= m
         this.unacked += n
       } finally {
@@ -521,8 +530,9 @@ export class DurableKvEvents {
       const state = (await this.jsm.streams.info(this.stream)).state
       this.streamMessages = state.messages
       if (state.messages > this.o.snapshotThreshold && this.lastSeq - this.snapshotSeq > this.o.snapshotThreshold) await this.snapshot()
-    } catch {
+    } catch (err) {
       this.counters.errors++
+      limited.warn('durable_error', { what: 'snapshot', error: (err as Error).message }, 'checking the durable stream, or snapshotting it, failed: tried again at the next check')
     }
   }
 
@@ -540,6 +550,7 @@ export class DurableKvEvents {
         if (known.has(id)) continue
         await this.o.removeWorker(id)
         this.counters.workersDropped++
+        limited.info('durable_worker_dropped', { worker_id: id.toString() }, 'a worker etcd no longer lists was dropped before a snapshot')
       }
     }
     let release = (): void => undefined
@@ -562,6 +573,7 @@ export class DurableKvEvents {
       await os.putBlob({ name: RADIX_STATE_OBJECT, metadata: { [SNAPSHOT_SEQ_KEY]: String(seq) } }, body)
     } catch (err) {
       this.counters.snapshotUploadsFailed++
+      limited.warn('durable_snapshot_upload_failed', { bucket: this.bucket, error: (err as Error).message }, 'uploading a snapshot of the index failed: nothing is purged until one succeeds')
       throw err
     }
     this.counters.snapshotsUploaded++

@@ -13,6 +13,7 @@ import type { EngineSkip } from '../codec/engine-events.js'
 import type { EngineCounters, EngineNote, ShardPool } from '../shards/pool.js'
 import { EngineReset } from '../thread/protocol.js'
 import { ZmqListener } from './zmq.js'
+import { log } from '../runtime/log.js'
 import type { ZmqCounters, ZmqListenerOptions, ZmqRankState, ZmqSink, ZmqSource } from './zmq.js'
 
 interface WorkerListeners {
@@ -164,9 +165,10 @@ export class EngineIntake implements ZmqSink {
     this.blockSizes?.mismatch(n.workerId, n.dpRank, n.eventBlockSize)
     if (this.warned.has(key)) return
     this.warned.add(key)
-    process.emitWarning(`worker ${n.workerId} rank ${n.dpRank} publishes KV events of block size ${n.eventBlockSize}, the router hashes with ${n.routerBlockSize}: they are not applied`, {
-      code: 'KVR_BLOCK_SIZE_MISMATCH',
-    })
+    log.warn(
+      { code: 'KVR_BLOCK_SIZE_MISMATCH', worker_id: n.workerId.toString(), dp_rank: n.dpRank },
+      `worker ${n.workerId} rank ${n.dpRank} publishes KV events of block size ${n.eventBlockSize}, the router hashes with ${n.routerBlockSize}: they are not applied`,
+    )
   }
 }
 

@@ -26,6 +26,7 @@ import { EventEmitter } from 'node:events'
 import { ConfigError, engineEventsSpec, RECORD_FIELDS, urlList } from '../config.js'
 import type { EngineEventsSpec } from '../config.js'
 import { KvrError } from '../errors.js'
+import { limited, log } from '../runtime/log.js'
 
 export interface EtcdDiscoveryOptions {
   url: string
@@ -195,8 +196,9 @@ export class EtcdDiscovery extends EventEmitter {
       const value = JSON.parse(kv.value.toString()) as unknown
       if (typeof value !== 'object' || value === null || Array.isArray(value)) throw new Error('not an object')
       return { ...where, value: value as Record<string, unknown> }
-    } catch {
+    } catch (err) {
       this.counters.malformed++
+      limited.warn('etcd_malformed', { key: kv.key.toString(), error: (err as Error).message }, 'an etcd record under the discovery prefixes is not a JSON object: skipped')
       return null
     }
   }
@@ -229,7 +231,7 @@ export class EtcdDiscovery extends EventEmitter {
     if (this.badKvEvents.get(id) === why) return
     this.badKvEvents.set(id, why)
     this.counters.bad_kv_events++
-    process.emitWarning(`worker ${id} from etcd is registered without its engine's KV events: ${why}`, { code: 'KVR_KV_EVENTS_INVALID' })
+    log.warn({ code: 'KVR_KV_EVENTS_INVALID', worker_id: id.toString() }, `worker ${id} from etcd is registered without its engine's KV events: ${why}`)
   }
 
   /** Lists both prefixes and reconciles; returns the revision the listing reflects. */
@@ -276,7 +278,10 @@ export class EtcdDiscovery extends EventEmitter {
         this.refresh(where.id)
       })
       w.on('disconnected', () => {
-        if (this.up) this.counters.disconnects++
+        if (this.up) {
+          this.counters.disconnects++
+          limited.warn('etcd_disconnected', {}, 'the etcd watch lost its connection: workers that come or go meanwhile are seen when it is back')
+        }
         this.up = false
         this.emit('disconnected')
       })
@@ -285,11 +290,14 @@ export class EtcdDiscovery extends EventEmitter {
         this.up = true
         // whatever happened while we were away: list again and reconcile
         this.resync().then(
-          () => this.emit('reconnected'),
-          () => undefined,
+          () => {
+            limited.info('etcd_reconnected', { workers: this.workers.size }, 'the etcd watch is back; the workers were listed again')
+            this.emit('reconnected')
+          },
+          (err: unknown) => limited.warn('etcd_error', { error: (err as Error).message }, 'listing the workers in etcd again failed'),
         )
       })
-      w.on('error', () => undefined)
+      w.on('error', (err: Error) => limited.warn('etcd_error', { error: err.message }, 'the etcd watch reported an error'))
       this.watchers.push(w)
     }
   }

@@ -15,6 +15,7 @@ import type { ShardPool } from '../shards/pool.js'
 import { urlList } from '../config.js'
 import { KvrError } from '../errors.js'
 import { parseJsonExact, readU64 } from '../codec/json.js'
+import { limited } from '../runtime/log.js'
 
 export interface NatsIntakeOptions {
   url: string
@@ -111,6 +112,7 @@ export class NatsIntake extends EventEmitter {
           callback: (err, msg) => {
             if (err !== null) {
               c.errors++
+              limited.warn('nats_error', { subject, error: err.message }, 'a NATS subscription reported an error')
               return
             }
             c.messages++
@@ -120,6 +122,11 @@ export class NatsIntake extends EventEmitter {
               // catch up ('drain'); past the pool's maxPendingBytes, offer() drops and counts
               this.slow = true
               c.slowConsumer++
+              limited.warn(
+                'nats_slow_consumer',
+                { pending_messages: pool.pendingMessages, pending_bytes: pool.pendingBytes },
+                'KV events arrive faster than the shards apply them: they wait in memory, and past 256 MiB are dropped',
+              )
               this.emit('slowConsumer', pool.pendingMessages)
               pool.once('drain', () => (this.slow = false))
             }
@@ -127,17 +134,21 @@ export class NatsIntake extends EventEmitter {
         }),
       )
     }
+    const metrics = kvMetricsSubject(this.opts.namespace)
     this.subs.push(
-      this.nc.subscribe(kvMetricsSubject(this.opts.namespace), {
+      this.nc.subscribe(metrics, {
         callback: (err, msg) => {
           if (err !== null) {
             c.errors++
+            limited.warn('nats_error', { subject: metrics, error: err.message }, 'a NATS subscription reported an error')
             return
           }
           c.metricsMessages++
           const load = parseLoadEvent(msg.data)
-          if (load === null) c.metricsMalformed++
-          else this.emit('load', load)
+          if (load === null) {
+            c.metricsMalformed++
+            limited.warn('nats_metrics_malformed', { subject: metrics, bytes: msg.data.length }, "a worker's load report (kv_metrics) did not decode: skipped")
+          } else this.emit('load', load)
         },
       }),
     )
@@ -148,13 +159,16 @@ export class NatsIntake extends EventEmitter {
       if (s.type === this.events.Disconnect) {
         this.counters.disconnects++
         this.isUp = false
+        limited.warn('nats_disconnected', { server: String(s.data) }, 'the NATS connection is lost: KV events and load reports stop until it is back; reconnecting')
         this.emit('disconnected')
       } else if (s.type === this.events.Reconnect) {
         this.counters.reconnects++
         this.isUp = true
+        limited.info('nats_reconnected', { server: String(s.data) }, 'the NATS connection is back')
         this.emit('reconnected')
       } else if (s.type === this.events.Error) {
         this.counters.errors++
+        limited.warn('nats_error', { error: String(s.data) }, 'the NATS client reported an error')
       }
     }
   }

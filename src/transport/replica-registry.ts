@@ -14,6 +14,7 @@ import { hostname } from 'node:os'
 import { parseJsonExact, readU64, serializeJson } from '../codec/json.js'
 import { etcdConnection } from './etcd.js'
 import { KvrError } from '../errors.js'
+import { limited } from '../runtime/log.js'
 
 export interface ReplicaRecord {
   routerId: string
@@ -105,10 +106,11 @@ export class ReplicaRegistry extends EventEmitter {
     this.lease.on('lost', () => {
       if (this.closed) return
       this.counters.leasesLost++
+      limited.warn('replica_lease_lost', { router_id: this.routerId.toString() }, "this replica's etcd lease was lost: it registers again under a new lease")
       // same router id under a fresh lease: peers keep the bookings they hold for it
       this.lease = this.client.lease(this.opts.ttlSecs ?? 10)
       this.watchLease()
-      this.write().catch(() => undefined)
+      this.write().catch((err: unknown) => limited.warn('replica_registry_error', { error: (err as Error).message }, 'registering this replica in etcd again failed'))
     })
   }
 
@@ -126,8 +128,9 @@ export class ReplicaRegistry extends EventEmitter {
         pid: typeof v['pid'] === 'number' ? v['pid'] : null,
         startedAt: typeof v['started_at'] === 'number' ? v['started_at'] : null,
       }
-    } catch {
+    } catch (err) {
       this.counters.malformed++
+      limited.warn('replica_registry_malformed', { key, error: (err as Error).message }, 'a replica record in etcd did not decode: skipped')
       return null
     }
   }

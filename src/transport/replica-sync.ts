@@ -23,6 +23,7 @@ import type { ActiveSequenceEvent } from '../codec/active-sequence.js'
 import { parseJsonExact, readU64 } from '../codec/json.js'
 import { urlList } from '../config.js'
 import { KvrError } from '../errors.js'
+import { limited } from '../runtime/log.js'
 import { TRACK_SHARED, TRACK_UNIQUE } from '../scheduler/active-sequences.js'
 import type { TrackMode } from '../scheduler/active-sequences.js'
 import type { BookingObserver, Scheduler } from '../scheduler/scheduler.js'
@@ -328,7 +329,7 @@ export class ReplicaSync implements BookingObserver {
   private enqueue(kind: number, text: string): void {
     if (this.queued >= this.capacity) {
       // the newest is dropped, as Dynamo's bounded channel does: what is queued stays in order
-      this.counters.dropped.queue_full++
+      this.dropped('queue_full', { queued: this.queued })
       return
     }
     this.qText.push(text)
@@ -350,14 +351,14 @@ export class ReplicaSync implements BookingObserver {
       const text = this.qText[i] as string
       const kind = this.qKind[i] as number
       if (text.length * 3 > max && Buffer.byteLength(text) > max) {
-        this.counters.dropped.too_large++
+        this.dropped('too_large', { bytes: Buffer.byteLength(text), max_payload: max })
         continue
       }
       try {
         this.nc.publish(subject, text)
         this.counters.published[KIND_NAMES[kind] as (typeof KIND_NAMES)[number]]++
-      } catch {
-        this.counters.dropped.publish_error++
+      } catch (err) {
+        this.dropped('publish_error', { error: (err as Error).message })
       }
     }
     this.qText = []
@@ -433,19 +434,32 @@ export class ReplicaSync implements BookingObserver {
     this.counters.received.set(k, (this.counters.received.get(k) ?? 0) + 1)
   }
 
+  private malformed(what: string, err: unknown): void {
+    this.counters.malformed++
+    limited.warn('replica_malformed', { what, error: err instanceof Error ? err.message : String(err) }, `${what} from a peer did not decode: skipped`)
+  }
+
+  private dropped(reason: 'queue_full' | 'too_large' | 'publish_error', fields: Record<string, unknown>): void {
+    this.counters.dropped[reason]++
+    limited.warn('replica_events_dropped', { reason, ...fields }, 'a booking event was not published to the peers')
+  }
+
   /** One peer's booking event. */
   private onEvent(bytes: Uint8Array): void {
     let ev: ActiveSequenceEvent
     try {
       ev = this.decoder.decode(bytes)
-    } catch {
-      this.counters.malformed++
+    } catch (err) {
+      this.malformed('a booking event', err)
       return
     }
     const type = ev.kind
     if (ev.routerId === this.id) return this.count(type, 'own')
     // a newer Dynamo's sparser token sequences would read as other blocks
-    if (ev.stride !== null && ev.stride !== 1) return this.count(type, 'incompatible')
+    if (ev.stride !== null && ev.stride !== 1) {
+      limited.warn('replica_incompatible', { router_id: ev.routerId, stride: ev.stride }, "a peer's booking event has a token stride other than 1 (a newer Dynamo): skipped")
+      return this.count(type, 'incompatible')
+    }
     const now = wallNow()
     let peer = this.peers.get(ev.routerId)
     if (peer === undefined) {
@@ -476,6 +490,12 @@ export class ReplicaSync implements BookingObserver {
         ev.overlap ?? 0,
       )
       this.count(type, outcome)
+      if (outcome === 'unknown_worker')
+        limited.warn(
+          'replica_unknown_worker',
+          { router_id: ev.routerId, worker_id: ev.workerId.toString(), dp_rank: ev.dpRank },
+          'a peer booked a worker-rank this replica does not know: its booking is not counted here (give every replica the same workers)',
+        )
       if (outcome === 'applied') {
         this.checkRace(ev, peer, now)
         const idle = now - peer.lastBookingAt > ROUTING_MS
@@ -553,8 +573,8 @@ export class ReplicaSync implements BookingObserver {
       if (typeof v !== 'object' || v === null || Array.isArray(v)) throw new Error('not an object')
       hb = v as Record<string, unknown>
       id = readU64(hb['router_id'], 'router_id').toString()
-    } catch {
-      this.counters.malformed++
+    } catch (err) {
+      this.malformed('a heartbeat', err)
       return
     }
     if (id === this.id) return
@@ -589,7 +609,9 @@ export class ReplicaSync implements BookingObserver {
   private gone(peer: Peer): void {
     if (!peer.alive) return
     peer.alive = false
-    this.counters.remoteDropped.peer_gone += this.sched.dropRemoteOwner(peer.owner)
+    const dropped = this.sched.dropRemoteOwner(peer.owner)
+    this.counters.remoteDropped.peer_gone += dropped
+    limited.info('replica_peer_gone', { router_id: peer.id, bookings_dropped: dropped }, 'a peer replica is gone (it said goodbye, went silent or left the registry): its bookings are dropped')
     this.updateSpread()
   }
 
@@ -662,8 +684,8 @@ export class ReplicaSync implements BookingObserver {
       const v = parseJsonExact(utf8.decode(msg.data)) as Record<string, unknown>
       requester = readU64(v['router_id'], 'router_id').toString()
       target = v['target'] === null || v['target'] === undefined ? null : readU64(v['target'], 'target').toString()
-    } catch {
-      this.counters.malformed++
+    } catch (err) {
+      this.malformed('a catch-up request', err)
       return
     }
     if (requester === this.id || (target !== null && target !== this.id)) return
@@ -699,8 +721,8 @@ export class ReplicaSync implements BookingObserver {
     const send = (last: boolean): void => {
       try {
         this.nc.publish(msg.reply as string, [header(part++, last, chunk.length), ...chunk].join('\n'))
-      } catch {
-        this.counters.dropped.publish_error++
+      } catch (err) {
+        this.dropped('publish_error', { error: (err as Error).message })
       }
       chunk = []
       size = 0
@@ -745,6 +767,12 @@ export class ReplicaSync implements BookingObserver {
         c.done = true
         if (c.grace !== undefined) clearTimeout(c.grace)
         if (!this.closed) this.counters.catchUps[outcome]++
+        if (outcome === 'timeout' && !this.closed)
+          limited.warn(
+            'replica_catch_up_timeout',
+            { answered: c.answered.size, expected: c.expected.size, bookings },
+            'the catch-up with the peers timed out: peers that did not answer count only their bookings made from now on',
+          )
         this.lastCatchUp = { at: Date.now(), ms: performance.now() - started, outcome, peers: c.answered.size, bookings }
         if (gate) this.gating--
         resolveDone()
@@ -802,8 +830,8 @@ export class ReplicaSync implements BookingObserver {
     try {
       head = parseJsonExact(lines[0] ?? '') as Record<string, unknown>
       id = readU64(head['router_id'], 'router_id').toString()
-    } catch {
-      this.counters.malformed++
+    } catch (err) {
+      this.malformed("a catch-up answer's header", err)
       return 0
     }
     if (id === this.id) return 0
@@ -838,8 +866,8 @@ export class ReplicaSync implements BookingObserver {
       let ev: ActiveSequenceEvent
       try {
         ev = this.decoder.decode(Buffer.from(lines[i] as string))
-      } catch {
-        this.counters.malformed++
+      } catch (err) {
+        this.malformed('a booking in a catch-up answer', err)
         continue
       }
       if (ev.kind !== 'add') continue
@@ -871,9 +899,11 @@ export class ReplicaSync implements BookingObserver {
       if (s.type === this.events.Disconnect) {
         this.counters.disconnects++
         this.up = false
+        limited.warn('replica_nats_disconnected', { server: String(s.data) }, "replica sync lost its NATS connection: this replica's bookings are held until it is back")
       } else if (s.type === this.events.Reconnect) {
         this.counters.reconnects++
         this.up = true
+        limited.info('replica_nats_reconnected', { server: String(s.data) }, 'replica sync is connected to NATS again')
         this.maxPayload = this.nc.info?.max_payload ?? this.maxPayload
         this.flush()
         this.heartbeat()

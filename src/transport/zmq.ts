@@ -18,6 +18,7 @@
 // what they cached. Sockets reconnect by themselves (ZMQ), with backoff; one engine that is down
 // or sends garbage never holds up another's listener.
 import { Dealer, Subscriber } from 'zeromq'
+import { limited } from '../runtime/log.js'
 
 export type ZmqRankState = 'exact' | 'recovering' | 'degraded'
 
@@ -113,6 +114,11 @@ export class ZmqListener {
     return this.rankState
   }
 
+  /** Who a log line is about. */
+  private who(): Record<string, unknown> {
+    return { worker_id: this.source.workerId.toString(), dp_rank: this.source.dpRank, endpoint: this.source.endpoint }
+  }
+
   private setState(s: ZmqRankState): void {
     if (s === this.rankState) return
     this.rankState = s
@@ -125,6 +131,7 @@ export class ZmqListener {
         const seq = frames.length === 3 ? seqOf(frames[1]) : null
         if (seq === null) {
           this.counters.badFrames++
+          limited.warn('zmq_bad_frame', { ...this.who(), frames: frames.length }, "an engine's KV-event message is not [topic, seq, payload]: skipped")
           continue
         }
         this.live(seq, frames[2] as Buffer)
@@ -144,6 +151,7 @@ export class ZmqListener {
     const last = this.last
     if (last !== null && seq <= last) {
       this.counters.restarts++
+      limited.info('zmq_engine_restart', { ...this.who(), seq: seq.toString(), last: last.toString() }, "an engine rank's batch numbers started over: it restarted, and its worker-rank is reset")
       this.sink.restarted(this.source)
       this.last = null
       // a clean start: what the new publisher reports from its first batch on is all there is
@@ -155,6 +163,13 @@ export class ZmqListener {
       this.setState(seq === 0n ? 'exact' : 'degraded')
     } else if (last !== null && seq > last + 1n) {
       this.counters.gaps++
+      limited.info(
+        'zmq_gap',
+        { ...this.who(), from: (last + 1n).toString(), to: (seq - 1n).toString(), replay: this.source.replay !== null },
+        this.source.replay !== null
+          ? "batches of an engine rank's KV events never arrived: they are replayed"
+          : "batches of an engine rank's KV events never arrived, and it has no replay socket: its rank is degraded",
+      )
       if (this.source.replay !== null) {
         this.held.push({ seq, payload })
         void this.replayFrom(last + 1n, true)
@@ -174,8 +189,9 @@ export class ZmqListener {
     this.counters.bytes += payload.length
     try {
       this.sink.batch(this.source, seq, payload)
-    } catch {
+    } catch (err) {
       this.counters.sinkErrors++
+      limited.warn('zmq_sink_error', { ...this.who(), error: (err as Error).message }, "an engine's KV-event batch could not be handed to its shard")
     }
   }
 
@@ -192,6 +208,7 @@ export class ZmqListener {
         // the batch before the gap is not the one applied: a new publisher, read from its start
         this.restartSeen = false
         this.counters.restarts++
+        limited.info('zmq_engine_restart', this.who(), "an engine rank's replay does not hold the last batch applied: it restarted, and its worker-rank is reset")
         this.sink.restarted(this.source)
         this.last = null
         this.lastLen = -1
@@ -217,6 +234,7 @@ export class ZmqListener {
     }
     if (missing) {
       this.counters.replaysIncomplete++
+      limited.warn('zmq_replay_incomplete', this.who(), "an engine rank's replay did not bring back every missing batch: its rank is degraded until the engine restarts")
       this.setState('degraded')
     } else this.setState('exact')
   }
@@ -250,6 +268,7 @@ export class ZmqListener {
       const seq = body.length === 2 ? seqOf(body[0]) : body.length === 3 ? seqOf(body[1]) : null
       if (seq === null) {
         this.counters.badFrames++
+        limited.warn('zmq_bad_frame', { ...this.who(), frames: frames.length, replay: true }, "an engine's replay message is not [seq, payload]: skipped")
         continue
       }
       if (seq === END) return !hole

@@ -5,6 +5,7 @@ import t from 'tap'
 import { computeBlockHashes, computeSequenceHashes } from '../../src/codec/hashing.js'
 import { encodeRouterEvent } from '../../src/codec/events.js'
 import { harness, tokens } from '../http/helpers.js'
+import { captureProcessLog, warnings } from '../helpers/log.js'
 
 const json = { 'content-type': 'application/json' }
 
@@ -71,21 +72,18 @@ t.test('a worker whose events came before it registered is exact at once', async
 t.test('events for an id nobody registered while a registered worker stays silent: the ids do not agree, said once', async (t) => {
   const h = await harness(['--router-block-size', '4'])
   t.teardown(() => h.close())
-  const warnings: string[] = []
-  const onWarning = (w: Error): void => void warnings.push(w.message)
-  process.on('warning', onWarning)
-  t.teardown(() => void process.off('warning', onWarning))
+  const capture = captureProcessLog()
   await h.router.addWorker({ id: 1n, url: 'http://127.0.0.1:9' })
   await h.router.checkEventSources()
   t.notOk(
-    warnings.some((w) => /are not registered/.test(w)),
+    warnings(capture, 'KVR_WORKER_NO_EVENTS').some((w) => /are not registered/.test(w)),
     'nothing to say before events come',
   )
   h.router.ingestEvent({ worker_id: 7587889n, event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: null, blocks: [{ block_hash: 1n, tokens_hash: 2n }] } } } })
   await h.router.pool.flush()
   await h.router.checkEventSources()
   await h.router.checkEventSources()
-  const said = warnings.filter((w) => /are not registered/.test(w))
+  const said = warnings(capture, 'KVR_WORKER_NO_EVENTS').filter((w) => /are not registered/.test(w))
   t.equal(said.length, 1, 'once')
   t.match(said[0], 'KV events arrive for worker id(s) 7587889, which are not registered, while registered worker(s) 1 (http://127.0.0.1:9) have sent none')
   t.equal(h.router.indexStateOf(1n, 0), 'no-events')

@@ -46,3 +46,8 @@ export function captureProcessLog(level: LogLevel = 'info', periodMs = 10_000): 
   configureLog({ level, format: 'json', destination: capture, periodMs })
   return capture
 }
+
+/** The messages of the warn lines a capture holds, of one code when given. */
+export function warnings(capture: Capture, code?: string): string[] {
+  return capture.records.filter((x) => x.level === 'warn' && (code === undefined || x.code === code)).map((x) => x.msg)
+}

@@ -21,6 +21,7 @@ import { startEtcd } from '../helpers/services.js'
 import type { EtcdServer } from '../helpers/services.js'
 import { waitUntil } from '../helpers/wait.js'
 import { drive, dumpedTokens, sortedByKey, zmqFleet } from '../helpers/zmq-fleet.js'
+import { captureProcessLog, warnings } from '../helpers/log.js'
 
 const BS = 4
 const NS = 'dynamo'
@@ -164,12 +165,8 @@ t.test('data_parallel_size 2: rank r is read on the endpoint port + r', async (t
 t.test('invalid kv-events fields: the worker is registered without events, counted and warned about once per value', async (t) => {
   const { etcd, client } = await etcdAndClient(t)
   const { fleet, base } = await zmqFleet(t, { numWorkers: 1, numGpuBlocks: 24, maxNumSeqs: 4, maxNumBatchedTokens: 64, blockSize: BS })
-  const warnings: string[] = []
-  const onWarning = (w: Error & { code?: string }): void => {
-    if (w.code === 'KVR_KV_EVENTS_INVALID') warnings.push(w.message)
-  }
-  process.on('warning', onWarning)
-  t.teardown(() => process.off('warning', onWarning))
+  const capture = captureProcessLog()
+  const said = (): string[] => warnings(capture, 'KVR_KV_EVENTS_INVALID')
   const w = await leased(client)
   // the engine's own bind address, copied from its --kv-events-config
   await w.instance({ kv_events_endpoint: `tcp://*:${base}` })
@@ -179,8 +176,8 @@ t.test('invalid kv-events fields: the worker is registered without events, count
   t.match(listed.workers, [{ source: 'etcd' }], 'registered, routable')
   t.equal(counter(await metrics(), 'kvrouter_etcd_total', 'bad_kv_events'), 1)
   t.equal(counter(await metrics(), 'kvrouter_zmq_total', 'batches'), -1, 'no listener was ever started')
-  await waitUntil('the warning', () => warnings.length === 1)
-  t.match(warnings[0], /kv_events_endpoint must be tcp:\/\/HOST:PORT, got "tcp:\/\/\*:\d+"; tcp:\/\/\*:PORT is where the engine binds/)
+  await waitUntil('the warning', () => said().length === 1)
+  t.match(said()[0], /kv_events_endpoint must be tcp:\/\/HOST:PORT, got "tcp:\/\/\*:\d+"; tcp:\/\/\*:PORT is where the engine binds/)
 
   // the same record again is not counted again; a fixed one is read
   await w.instance({ kv_events_endpoint: `tcp://*:${base}` })
@@ -193,7 +190,7 @@ t.test('invalid kv-events fields: the worker is registered without events, count
   // broken again, another way: the listener stops, the worker stays
   await w.instance({ kv_events_endpoint: `tcp://127.0.0.1:${base}`, kv_events_topic: 5 })
   await waitUntil('counted', async () => counter(await metrics(), 'kvrouter_etcd_total', 'bad_kv_events') === 2)
-  t.match(warnings[1], /kv_events_topic must be a string/)
+  t.match(said()[1], /kv_events_topic must be a string/)
   // discovery counts the record at once; the router re-registers the worker, and stops its
   // listener, just after
   let batches = -1
@@ -214,7 +211,7 @@ t.test('invalid kv-events fields: the worker is registered without events, count
   await new Promise((r) => setTimeout(r, 300))
   t.equal(counter(await metrics(), 'kvrouter_zmq_total', 'batches'), batches, 'its listener stopped')
   t.equal((JSON.parse(await get(app, '/v1/workers')) as { workers: unknown[] }).workers.length, 1, 'still registered')
-  t.equal(warnings.length, 2)
+  t.equal(said().length, 2)
   await w.lease.revoke()
 })
 

@@ -14,6 +14,7 @@ import { MockerFleet } from '../../src/sim/mocker/fleet.js'
 import { Router } from '../../src/core/router.js'
 import { config, until, upstream } from '../http/helpers.js'
 import { getFreePorts } from '../helpers/services.js'
+import { captureProcessLog, warnings } from '../helpers/log.js'
 
 const key = (s: OverlapScore): string => `${s.worker_id}:${s.dp_rank}=${s.overlap_blocks}/${s.tree_size}`
 const canon = (xs: OverlapScore[]): string[] => xs.map(key).sort()
@@ -297,10 +298,7 @@ t.test('a worker that answers the probe but not the recovery: the held events go
   t.teardown(() => up.close())
   const router = await Router.start(config(['--router-block-size', '4', '--router-event-recovery']))
   t.teardown(() => router.close())
-  const warnings: string[] = []
-  const onWarning = (w: Error): void => void warnings.push(w.message)
-  process.on('warning', onWarning)
-  t.teardown(() => void process.off('warning', onWarning))
+  const capture = captureProcessLog()
   await router.addWorker({ id: 31n, url: up.url })
   await until(() => router.recovery?.counters.dumps === 1)
   router.ingestEvent(ev(31n, 1, 1, null))
@@ -308,7 +306,7 @@ t.test('a worker that answers the probe but not the recovery: the held events go
   await until(() => router.recovery?.counters.failed === 1, 10_000)
   t.same(canon(await router.pool.overlapScores([5n], { readYourWrites: true })), ['31:0=1/2'], 'the held event applied')
   t.equal(router.recovery?.stateOf(31n, 0), 'degraded')
-  const named = (): boolean => warnings.some((w) => /worker 31 rank 0: its KV events could not be recovered/.test(w))
+  const named = (): boolean => warnings(capture, 'KVR_INDEX_DEGRADED').some((w) => /worker 31 rank 0: its KV events could not be recovered/.test(w))
   await until(named).catch(() => undefined)
   t.ok(named(), 'a warning names the worker')
 })
@@ -345,10 +343,7 @@ t.test("a shard that dies comes back empty and is rebuilt from its workers' dump
 })
 
 t.test('a restarted shard whose worker cannot be rebuilt is exact again, that worker degraded with a warning; approximate mode had nothing to lose', async (t) => {
-  const warnings: string[] = []
-  const onWarning = (w: Error): void => void warnings.push(w.message)
-  process.on('warning', onWarning)
-  t.teardown(() => void process.off('warning', onWarning))
+  const capture = captureProcessLog()
   const up = await upstream((_req, _body, res) => {
     res.writeHead(404)
     res.end()
@@ -366,7 +361,7 @@ t.test('a restarted shard whose worker cannot be rebuilt is exact again, that wo
   // three probes of the worker (1 s, 2 s, 4 s apart) before it is given up: seconds, more under load
   await until(() => r.pool.health()[0] === 'exact', 30_000)
   t.equal(r.recovery?.stateOf(51n, 0), 'degraded', 'the worker that could not be rebuilt says so')
-  await until(() => warnings.some((w) => /index shard 0 restarted: the cached blocks of worker\(s\) 51 are forgotten/.test(w)))
+  await until(() => warnings(capture, 'KVR_INDEX_DEGRADED').some((w) => /index shard 0 restarted: the cached blocks of worker\(s\) 51 are forgotten/.test(w)))
   // without recovery at all, the same
   const plain = await Router.start(config(['--router-block-size', '4']))
   t.teardown(() => plain.close())
@@ -377,7 +372,7 @@ t.test('a restarted shard whose worker cannot be rebuilt is exact again, that wo
   await plain.pool.terminateShard(0)
   await r2
   await until(() => plain.pool.health()[0] === 'exact')
-  await until(() => warnings.some((w) => /worker\(s\) 52 are forgotten .*--no-router-event-recovery/.test(w)))
+  await until(() => warnings(capture, 'KVR_INDEX_DEGRADED').some((w) => /worker\(s\) 52 are forgotten .*--no-router-event-recovery/.test(w)))
   const approx = await Router.start(config(['--router-block-size', '4', '--no-router-kv-events']))
   t.teardown(() => approx.close())
   const r3 = new Promise((res) => approx.pool.once('shardRestarted', res))

@@ -19,6 +19,7 @@ import { config } from '../http/helpers.js'
 import { Rng } from '../helpers/rng.js'
 import { waitUntil } from '../helpers/wait.js'
 import { drive, sortedByKey, zmqFleet } from '../helpers/zmq-fleet.js'
+import { captureProcessLog, warnings } from '../helpers/log.js'
 
 const BS = 4
 
@@ -235,12 +236,8 @@ t.test('malformed batches are counted by reason, skipped events counted, a block
   // what the router's worker health hears (the worker is misconfigured until its engine is read afresh)
   const told: unknown[] = []
   intake.blockSizes = { mismatch: (id, rank, size) => told.push(['mismatch', id, rank, size]), reset: (id, rank) => told.push(['reset', id, rank]) }
-  const warnings: string[] = []
-  const onWarning = (w: Error & { code?: string }) => {
-    if (w.code === 'KVR_BLOCK_SIZE_MISMATCH') warnings.push(w.message)
-  }
-  process.on('warning', onWarning)
-  t.teardown(() => process.off('warning', onWarning))
+  const capture = captureProcessLog()
+  const said = (): string[] => warnings(capture, 'KVR_BLOCK_SIZE_MISMATCH')
   await send(0, [1.5, [stored([11, 12])], 0])
   await send(0, Buffer.from([0xc1]))
   await send(0, [1.5, 'not events', 0])
@@ -251,13 +248,13 @@ t.test('malformed batches are counted by reason, skipped events counted, a block
   await send(0, [1.5, [stored([41], null, BS * 2), { type: 'BlockRemoved', block_hashes: [] }], null])
   await send(0, [1.5, [{ type: 'BlockRemoved', block_hashes: [12] }], 0])
   await settle()
-  await waitUntil('the warning', () => warnings.length > 0)
+  await waitUntil('the warning', () => said().length > 0)
   t.same(intake.engineCounters().malformed, { malformed_msgpack: 1, wrong_type: 2, invalid_number: 1, other: 0 })
   t.equal(intake.counters().sinkErrors, 4, 'the malformed batches are sink errors too')
   t.same(intake.skipped, { block_size_mismatch: 3, attention_kind: 0, unknown_event: 1, empty: 1 })
   t.same(await ranksHeld(pool, 7n), new Map([[0, new Set([11n])]]))
-  t.equal(warnings.length, 1, 'once per worker-rank')
-  t.match(warnings[0], /worker 7 rank 0 publishes KV events of block size 8, the router hashes with 4/)
+  t.equal(said().length, 1, 'once per worker-rank')
+  t.match(said()[0], /worker 7 rank 0 publishes KV events of block size 8, the router hashes with 4/)
   const c = pool.counters()[0]
   t.equal(c?.malformed, 0, 'not counted as malformed JSON messages')
   t.equal(c?.gaps, 0)

@@ -2,7 +2,7 @@
 // thread reads. A live event passes through parking.ts between its decoding and its apply (its
 // worker-rank may be held for a recovery); a released one, let go after a hold, does not.
 import { parentPort } from 'node:worker_threads'
-import { REJECT_REASON_COUNT } from '../../src/index/kv-index.js'
+import { REJECT_REASON_COUNT, REJECT_REASON_NAMES } from '../../src/index/kv-index.js'
 import type { DecodedEvent } from '../../src/codec/event-decoder.js'
 import { KvrError } from '../../src/errors.js'
 import {
@@ -23,6 +23,7 @@ import {
   shardOf,
 } from '../../src/thread/protocol.js'
 import { counters, ctrl, decoder, index, init, me } from './state.js'
+import { SAMPLE_MALFORMED, SAMPLE_REJECTED, sample } from './log.js'
 
 /**
  * How a message is taken: as it arrives, or let go after a hold. A released one was counted
@@ -48,6 +49,7 @@ export function decodeOwned(bytes: Uint8Array, mode: Mode): DecodedEvent | null 
       counters.malformed++
       counters.processed++
     }
+    sample(SAMPLE_MALFORMED, { code: err.code, error: err.message, bytes: bytes.length })
     return null
   }
   if (shardOf(ev.workerLo, ev.workerHi, init.shards) !== me) {
@@ -66,10 +68,17 @@ export function decodeOwned(bytes: Uint8Array, mode: Mode): DecodedEvent | null 
 
 /** Applies a decoded event of this shard's to the index. */
 export function applyEvent(ev: DecodedEvent, mode: Mode): void {
-  if (index.apply(ev) === 0) counters.applied++
+  const r = index.apply(ev)
+  if (r === 0) counters.applied++
+  else rejected(ev, r)
   // after the apply, not before: a long apply serves queries from inside (interrupt), and one
   // whose barrier this message passes must see all of it
   if (mode === Live) counters.processed++
+}
+
+/** A sample of an event the index refused (r: 1 + the reason). */
+export function rejected(ev: DecodedEvent, r: number): void {
+  sample(SAMPLE_REJECTED, { reason: REJECT_REASON_NAMES[r - 1], lo: ev.workerLo, hi: ev.workerHi, dp_rank: ev.dpRank, idLo: ev.eventIdLo, idHi: ev.eventIdHi })
 }
 
 /** Decodes and applies a message let go after a hold. */

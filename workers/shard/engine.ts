@@ -33,6 +33,8 @@ import {
 } from '../../src/thread/protocol.js'
 import { interrupt } from './queries.js'
 import { counters, ctrl, index } from './state.js'
+import { rejected } from './apply.js'
+import { SAMPLE_ENGINE_MALFORMED, sample } from './log.js'
 
 /** One decoder per block size a batch names (the router's: one in practice). */
 const decoders = new Map<number, EngineStreamDecoder>()
@@ -109,6 +111,7 @@ function batch(payload: Uint8Array, lo: number, hi: number, listenerRank: number
     const code = err.code
     const reason = code === 'KVR_ERR_EVENT_MALFORMED_MSGPACK' ? 0 : code === 'KVR_ERR_EVENT_WRONG_TYPE' ? 1 : code === 'KVR_ERR_EVENT_INVALID_NUMBER' ? 2 : 3
     bump(E_MALFORMED - E_BASE + reason)
+    sample(SAMPLE_ENGINE_MALFORMED, { code, error: err.message, lo, hi, dp_rank: rank })
     return
   }
   if (rank !== listenerRank) rememberRank(lo, hi, listenerRank, rank)
@@ -127,7 +130,9 @@ function batch(payload: Uint8Array, lo: number, hi: number, listenerRank: number
       dedup.forgetWorker(lo, hi)
       counts = dedup.counts(lo, hi, rank)
     } else if (!dedup.filter(counts, ev)) continue
-    if (index.apply(ev) === 0) counters.applied++
+    const r = index.apply(ev)
+    if (r === 0) counters.applied++
+    else rejected(ev, r)
   }
   engine[E_DUPLICATE_STORES - E_BASE] = dedup.duplicateStores
   engine[E_SUPPRESSED_REMOVALS - E_BASE] = dedup.suppressedRemovals

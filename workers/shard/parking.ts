@@ -29,7 +29,7 @@ import {
   RecoveryKind,
   SHARD_TICKET_BIT,
 } from '../../src/thread/protocol.js'
-import { applyReleased } from './apply.js'
+import { applyReleased, rejected } from './apply.js'
 import { interrupt } from './queries.js'
 import { counters, decoder, index } from './state.js'
 
@@ -198,5 +198,7 @@ function recoverOne(bytes: Uint8Array, lo: number, hi: number, rank: number, flo
   }
   if (ev.workerLo !== lo || ev.workerHi !== hi || ev.dpRank !== rank) return
   if (floor === 1 && (ev.eventIdHi < floorHi || (ev.eventIdHi === floorHi && ev.eventIdLo <= floorLo))) return
-  if (index.apply(ev) === 0) counters.applied++
+  const r = index.apply(ev)
+  if (r === 0) counters.applied++
+  else rejected(ev, r)
 }

@@ -158,6 +158,8 @@ function build(level: LogLevel, sink: Sink): Logger {
       hooks: {
         logMethod(args, method) {
           // only lines that are written come here (a level that is off is a no-op)
+          // an error alone has its message for the line's: that message, redacted
+          if (args.length === 1 && args[0] instanceof Error) (args as unknown[]).push(args[0].message)
           for (let i = 0; i < args.length; i++) {
             const a = args[i] as unknown
             if (typeof a === 'string') (args as unknown[])[i] = redactSecrets(a)

@@ -207,7 +207,7 @@ async function intakeOn(t: Test, id: bigint, ranks: number) {
     await waitUntil('the batches taken', () => intake.counters().batches - takenBefore >= sent - sentBefore, 10_000)
     await pool.flush()
   }
-  return { pool, intake, send, settle }
+  return { pool, intake, send, settle, pubs: p.pubs }
 }
 
 /** block_hash → tokens_hash per rank of a worker, as the index holds them. */
@@ -342,4 +342,24 @@ t.test('GET /v1/workers shows the listener state per rank', async (t) => {
     ['recovering', 'recovering'],
   )
   t.equal(w?.index, 'recovering')
+})
+
+t.test("log lines of an engine's events: a bad frame, a gap without a replay socket, a restart, a batch that does not decode", async (t) => {
+  const capture = captureProcessLog('info', 60_000)
+  const { pool, intake, send, settle, pubs } = await intakeOn(t, 7n, 1)
+  const line = (cls: string): Record<string, unknown> | undefined => capture.records.find((x) => x.class === cls)
+  await (pubs[0] as Publisher).send(['', be(99)])
+  await send(0, Buffer.from([0xc1]))
+  await send(0, [1.5, [stored([21])], 0], 1000)
+  await send(0, [1.5, [stored([22])], 0], 0)
+  await settle()
+  await waitUntil('the listener lines', () => line('zmq_bad_frame') !== undefined && line('zmq_engine_restart') !== undefined)
+  t.match(line('zmq_bad_frame'), { level: 'warn', worker_id: '7', dp_rank: 0, endpoint: /^tcp:\/\/127\.0\.0\.1:\d+$/, frames: 2 })
+  t.match(line('zmq_gap'), { level: 'info', worker_id: '7', dp_rank: 0, to: '999', replay: false })
+  t.match(line('zmq_engine_restart'), { level: 'info', worker_id: '7', seq: '0', last: '1000' })
+  // the shard's sample of the batch it refused travels by message
+  await new Promise((r) => setTimeout(r, 100))
+  pool.logWatch.poll()
+  t.match(line('engine_batches_malformed'), { level: 'warn', count: 1, reasons: { malformed_msgpack: 1 }, last: { code: 'KVR_ERR_EVENT_MALFORMED_MSGPACK', worker_id: '7', dp_rank: 0 } })
+  t.equal(intake.counters().badFrames, 1)
 })

@@ -682,7 +682,8 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
   const agent = new Agent({ connections: 2 * streams + 56, pipelining: 1, keepAliveTimeout: 30_000 })
   try {
     const serve = serveArgs(cli, mode, directUrls)
-    const started = await child(serve, /listening on (http:\/\/\S+)/)
+    // its log (a line per request, at the default level) is read as a collector would, not shown
+    const started = await child(serve, /listening on (http:\/\/\S+)/, { quiet: true })
     router = started.p
     const upPid = up.p.pid
     const direct: Lane = { path: 'direct', urls: directUrls }
@@ -721,7 +722,7 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
     let nice: { p: ChildProcess; m: RegExpMatchArray } | null = null
     let refused: string | null = null
     try {
-      nice = await child([...serve, '--nice', String(PRIORITY_NICE)], /listening on (http:\/\/\S+)/)
+      nice = await child([...serve, '--nice', String(PRIORITY_NICE)], /listening on (http:\/\/\S+)/, { quiet: true })
     } catch (err) {
       // a refused niceness is exit 2 with the router's reason; anything else is the benchmark's failure
       const m = /^child exited 2: (.*)/.exec((err as Error).message)

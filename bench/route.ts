@@ -1,11 +1,14 @@
 // Route-decision benchmark (npm run bench:route): selection plus booking, given overlaps, at
 // 8, 64 and 512 worker-ranks, queue push/pop throughput at 10,000 waiting requests, and the
-// proxy's booking of an attempt through the whole Router.route path; then the HTTP part, each
+// proxy's booking of an attempt through the whole Router.route path, and one proxied request's log
+// line at info and with logging off; then the HTTP part, each
 // against a baseline measured in the same run:
 //   - POST /v1/route with 4,096-token JSON prompts and 16 workers vs a bare fastify route that
 //     takes the same bodies as a raw buffer and answers a constant (autocannon from this
 //     process, same settings, against a server child process `route.js --serve`), with the
-//     server's CPU time per request served beside req/s (steadier on a shared machine);
+//     server's CPU time per request served beside req/s (steadier on a shared machine); the
+//     router's app twice over one router, its request lines logged at the default level (info,
+//     JSON into a file) and with logging off (silent), so one run measures what logging costs;
 //   - proxy overhead: streaming completions through `kv-router serve` vs straight to the
 //     upstreams, 200 concurrent streams, p99 difference (bench/proxy.ts).
 // `--http-only` runs the HTTP part alone; BENCH_HTTP_SECS sets its phase length (10 s).
@@ -15,8 +18,8 @@
 // really shared), one new request booked per op while the oldest is freed and a middle-aged one
 // completes prefill, all outside the timed region. Several repetitions; medians are reported,
 // because a shared machine is noisy.
-import { writeFileSync } from 'node:fs'
-import { availableParallelism, cpus } from 'node:os'
+import { readFileSync, rmSync, writeFileSync } from 'node:fs'
+import { availableParallelism, cpus, tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import type { AddressInfo } from 'node:net'
@@ -27,6 +30,11 @@ import Fastify from 'fastify'
 import { parseServeConfig } from '../src/config.js'
 import type { ServeConfig } from '../src/config.js'
 import { buildApp } from '../src/http/server.js'
+import { createLogger } from '../src/runtime/log.js'
+import type { Logger } from '../src/runtime/log.js'
+import { proxiedLine } from '../src/http/request-log.js'
+import type { ProxiedRequest } from '../src/http/request-log.js'
+import pino from 'pino'
 import { Router } from '../src/core/router.js'
 import { ClientGone, Proxy } from '../src/http/proxy/proxy.js'
 import { computeBlockHashes, computeSequenceHashes } from '../src/codec/hashing.js'
@@ -240,6 +248,49 @@ async function benchBooking(mode: 'round-robin' | 'kv'): Promise<{ mode: string;
   }
 }
 
+const LINES = 100_000
+
+/**
+ * One proxied request's log line, alone: at info into a file (one write per line, as on stderr)
+ * and with logging off, where the proxy checks one boolean and builds nothing. Time per line,
+ * median of REPS.
+ */
+function benchRequestLine(): { infoUs: number; offUs: number; infoReps: number[]; offReps: number[] } {
+  const file = join(tmpdir(), `kvr-bench-lines-${process.pid}.log`)
+  const info = createLogger({ level: 'info', format: 'json', destination: pino.destination({ dest: file, sync: true }) })
+  const off = createLogger({ level: 'silent' })
+  const req: ProxiedRequest = {
+    path: '/v1/completions',
+    model: 'kv-router-model',
+    stream: true,
+    requestId: 'rmwyjyelu18b7m26-~1234',
+    decision: { requestId: 'rmwyjyelu18b7m26-~1234', slot: 3, workerId: 7587888160958778148n, dpRank: 0, overlapBlocks: 12, booked: true, waitedMs: 0, candidates: undefined },
+    attempts: 1,
+    ttftMs: 51.234,
+    errorCode: null,
+  }
+  const run = (logger: Logger): number => {
+    // as the proxy does: the line only when its logger takes info
+    const l = logger.isLevelEnabled('info') ? logger : null
+    const t0 = process.hrtime.bigint()
+    for (let i = 0; i < LINES; i++) if (l !== null) proxiedLine(l, req, 200, 812.5 + i)
+    return Number(process.hrtime.bigint() - t0) / 1000 / LINES
+  }
+  run(info)
+  run(off)
+  const infoReps: number[] = []
+  const offReps: number[] = []
+  try {
+    for (let r = 0; r < REPS; r++) {
+      infoReps.push(run(info))
+      offReps.push(run(off))
+    }
+  } finally {
+    rmSync(file, { force: true })
+  }
+  return { infoUs: median(infoReps), offUs: median(offReps), infoReps, offReps }
+}
+
 // ---------------------------------------------------------------------------------------------
 // HTTP
 
@@ -256,7 +307,13 @@ function httpPrompts(): number[][] {
   return Array.from({ length: 64 }, (_, i) => [...(prefixes[i % 8] as number[]), ...Array.from({ length: HTTP_TOKENS - 1024 }, () => r.int(150_000))])
 }
 
-/** Server child: a bare fastify baseline and the router app on two ports. */
+/** Where the server child's request lines go: a file, written as stderr would be (one write per line). */
+const LOG_FILE = join(tmpdir(), `kvr-bench-route-${process.pid}.log`)
+
+/**
+ * Server child: a bare fastify baseline, and the router app twice over one router: its request
+ * lines logged at info (the default) and with logging off.
+ */
 async function serveChild(): Promise<void> {
   // as kv-router does before its threads start: the flags' heap sizes are the main thread's
   workerHeapsAtDefaults()
@@ -283,10 +340,14 @@ async function serveChild(): Promise<void> {
     router.ingestEvent({ worker_id: BigInt(1_000_000_007 * (w + 1)), event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: null, blocks } } } })
   }
   await router.pool.flush()
-  const app = await buildApp({ router, tokenizer: null })
+  const file = process.argv[process.argv.indexOf('--serve') + 1] as string
+  const logged = createLogger({ level: 'info', format: 'json', destination: pino.destination({ dest: file, sync: true }) })
+  const app = await buildApp({ router, tokenizer: null, logger: logged })
   await app.fastify.listen({ host: '127.0.0.1', port: 0 })
+  const quiet = await buildApp({ router, tokenizer: null, logger: createLogger({ level: 'silent' }) })
+  await quiet.fastify.listen({ host: '127.0.0.1', port: 0 })
   const port = (f: { server: { address(): unknown } }): number => (f.server.address() as AddressInfo).port
-  process.stdout.write(`${JSON.stringify({ baseline: port(base), router: port(app.fastify) })}\n`)
+  process.stdout.write(`${JSON.stringify({ baseline: port(base), router: port(app.fastify), silent: port(quiet.fastify) })}\n`)
   process.on('SIGTERM', () => process.exit(0))
   process.on('SIGINT', () => process.exit(0))
 }
@@ -297,6 +358,8 @@ interface LoadResult {
   p99Ms: number
   errors: number
   non2xx: number
+  /** Requests answered in the phase. */
+  served: number
   /**
    * CPU time (all threads) the server process spent per request served, µs; null where
    * /proc is not readable. Steadier than req/s on a shared machine: it does not count the time
@@ -318,27 +381,48 @@ async function load(url: string, requests: { body: string }[], connections: numb
   const cpu1 = processTicks(serverPid)
   const served = r.requests.total
   const cpuUsPerReq = cpu0 !== null && cpu1 !== null && served > 0 ? ((cpu1 - cpu0) * 1e6) / TICKS_PER_S / served : null
-  return { reqPerSec: r.requests.average, p50Ms: r.latency.p50, p99Ms: r.latency.p99, errors: r.errors + r.timeouts, non2xx: r.non2xx, cpuUsPerReq }
+  return { reqPerSec: r.requests.average, p50Ms: r.latency.p50, p99Ms: r.latency.p99, errors: r.errors + r.timeouts, non2xx: r.non2xx, served, cpuUsPerReq }
+}
+
+interface HttpRound {
+  baseline: LoadResult
+  /** /v1/route with its request lines logged at info. */
+  route: LoadResult
+  /** /v1/route with logging off. */
+  silent: LoadResult
 }
 
 async function benchHttpRoute(): Promise<object> {
   const self = fileURLToPath(import.meta.url)
-  const { p, m } = await child([...ROUTER_V8_FLAGS, self, '--serve'], /(\{.*\})\n/)
-  const ports = JSON.parse(m[1] as string) as { baseline: number; router: number }
+  const { p, m } = await child([...ROUTER_V8_FLAGS, self, '--serve', LOG_FILE], /(\{.*\})\n/)
+  const ports = JSON.parse(m[1] as string) as { baseline: number; router: number; silent: number }
   const bodies = httpPrompts().map((tokens) => ({ body: JSON.stringify({ token_ids: tokens }) }))
-  const rounds: { baseline: LoadResult; route: LoadResult }[] = []
+  const rounds: HttpRound[] = []
+  let logged = 0
+  let lines = 0
   try {
-    await load(`http://127.0.0.1:${ports.router}/v1/route`, bodies, HTTP_CONNECTIONS) // warm-up
-    // three alternating rounds: the ratio is reported as their median
+    // warm-up of both apps (one router under both: its code is warmed by either)
+    await load(`http://127.0.0.1:${ports.router}/v1/route`, bodies, HTTP_CONNECTIONS)
+    await load(`http://127.0.0.1:${ports.silent}/v1/route`, bodies, HTTP_CONNECTIONS)
+    const before = readFileSync(LOG_FILE, 'utf8').split('\n').length - 1
+    // three rounds, the two routers' order alternated: ratios are reported as their median
     for (let i = 0; i < 3; i++) {
-      // both servers live in the one child process, so its CPU during a phase is that server's
+      // the servers live in the one child process, so its CPU during a phase is that server's
       const baseline = await load(`http://127.0.0.1:${ports.baseline}/raw`, bodies, HTTP_CONNECTIONS, p.pid)
-      const route = await load(`http://127.0.0.1:${ports.router}/v1/route`, bodies, HTTP_CONNECTIONS, p.pid)
-      rounds.push({ baseline, route })
+      const first = i % 2 === 0 ? ports.router : ports.silent
+      const a = await load(`http://127.0.0.1:${first}/v1/route`, bodies, HTTP_CONNECTIONS, p.pid)
+      const b = await load(`http://127.0.0.1:${first === ports.router ? ports.silent : ports.router}/v1/route`, bodies, HTTP_CONNECTIONS, p.pid)
+      const [route, silent] = first === ports.router ? [a, b] : [b, a]
+      rounds.push({ baseline, route, silent })
+      logged += route.served
     }
+    lines = readFileSync(LOG_FILE, 'utf8').split('\n').length - 1 - before
   } finally {
     p.kill('SIGTERM')
+    rmSync(LOG_FILE, { force: true })
   }
+  const logRatios = rounds.map((x) => x.route.reqPerSec / x.silent.reqPerSec)
+  const logCpu = rounds.flatMap((x) => (x.route.cpuUsPerReq !== null && x.silent.cpuUsPerReq !== null ? [x.route.cpuUsPerReq - x.silent.cpuUsPerReq] : []))
   const best = rounds.map((x) => x.route.reqPerSec / x.baseline.reqPerSec)
   const cpuRatios = rounds.flatMap((x) => (x.route.cpuUsPerReq !== null && x.baseline.cpuUsPerReq !== null ? [x.baseline.cpuUsPerReq / x.route.cpuUsPerReq] : []))
   return {
@@ -354,6 +438,16 @@ async function benchHttpRoute(): Promise<object> {
     // CPU, the server's or the shared machine's, is what limits both
     cpuRatios,
     cpuRatioMedian: cpuRatios.length > 0 ? median(cpuRatios) : null,
+    // logging at info against logging off: req/s ratio, and the CPU a request's line adds
+    logging: {
+      reqPerSecRatios: logRatios,
+      reqPerSecRatioMedian: median(logRatios),
+      cpuUsPerReqAdded: logCpu,
+      cpuUsPerReqAddedMedian: logCpu.length > 0 ? median(logCpu) : null,
+      // lines written in the logged phases against the requests autocannon counted there
+      lines,
+      requests: logged,
+    },
   }
 }
 
@@ -366,6 +460,7 @@ async function main(): Promise<void> {
   const heap = benchHeap()
   const facade = await benchFacadeQueue()
   const booking = [await benchBooking('round-robin'), await benchBooking('kv')]
+  const requestLine = benchRequestLine()
   const result = {
     benchmark: 'route',
     date: new Date().toISOString(),
@@ -378,6 +473,7 @@ async function main(): Promise<void> {
     decision: decisions,
     queue: { depth: QUEUE_DEPTH, heapPopPushPairsPerSec: heap.pairsPerSec, heapReps: heap.reps, schedulerDispatchEnqueuePairsPerSec: facade.pairsPerSec, schedulerReps: facade.reps },
     booking,
+    requestLine,
   }
   writeFileSync(join(resultsDir(), 'route.json'), JSON.stringify(result, null, 2) + '\n')
   console.log(`route decision (selection + booking, kv mode, given overlaps), median of ${REPS} × ${OPS} ops`)
@@ -387,6 +483,7 @@ async function main(): Promise<void> {
   }
   console.log(`queue at ${QUEUE_DEPTH} waiting: heap pop+push ${(heap.pairsPerSec / 1e6).toFixed(2)} M pairs/s; scheduler dispatch+enqueue ${(facade.pairsPerSec / 1e3).toFixed(1)} k pairs/s`)
   console.log(`proxy booking (Proxy.book + release, 64-token prompt, 4 workers), median of ${REPS} × ${BOOKINGS}: ${booking.map((b) => `${b.mode} ${b.us.toFixed(2)} µs`).join(', ')}`)
+  console.log(`a proxied request's log line, median of ${REPS} × ${LINES}: ${requestLine.infoUs.toFixed(2)} µs at info (JSON into a file), ${requestLine.offUs.toFixed(3)} µs with logging off`)
   await mainHttp(result)
 }
 
@@ -396,7 +493,12 @@ async function mainHttp(prior: object = {}): Promise<void> {
   const dir = resultsDir()
   const out = { ...prior, http: { route: http, proxy } }
   writeFileSync(join(dir, 'route.json'), JSON.stringify(out, null, 2) + '\n')
-  const h = http as { rounds: { baseline: LoadResult; route: LoadResult }[]; ratioMedian: number; cpuRatioMedian: number | null }
+  const h = http as {
+    rounds: HttpRound[]
+    ratioMedian: number
+    cpuRatioMedian: number | null
+    logging: { reqPerSecRatioMedian: number; cpuUsPerReqAddedMedian: number | null; lines: number; requests: number }
+  }
   const cpu = (x: number | null): string => (x === null ? '–' : x.toFixed(1))
   console.log(`\nHTTP /v1/route, ${HTTP_TOKENS}-token JSON prompts, ${HTTP_WORKERS} workers, ${HTTP_CONNECTIONS} connections, ${HTTP_SECS} s per run`)
   console.log('round | baseline req/s | baseline p99 ms | baseline cpu µs/req | /v1/route req/s | /v1/route p99 ms | /v1/route cpu µs/req | ratio')
@@ -406,6 +508,17 @@ async function mainHttp(prior: object = {}): Promise<void> {
     ),
   )
   console.log(`median ratio ${h.ratioMedian.toFixed(3)} (req/s); median CPU-per-request ratio ${h.cpuRatioMedian === null ? '–' : h.cpuRatioMedian.toFixed(3)} (baseline / route)`)
+  console.log('\n/v1/route, request lines logged at info (the default) vs logging off, same rounds')
+  console.log('round | info req/s | info p99 ms | info cpu µs/req | off req/s | off p99 ms | off cpu µs/req | req/s info/off')
+  h.rounds.forEach((r, i) =>
+    console.log(
+      `${String(i + 1).padStart(5)} | ${r.route.reqPerSec.toFixed(0).padStart(10)} | ${r.route.p99Ms.toFixed(2).padStart(11)} | ${cpu(r.route.cpuUsPerReq).padStart(15)} | ${r.silent.reqPerSec.toFixed(0).padStart(9)} | ${r.silent.p99Ms.toFixed(2).padStart(10)} | ${cpu(r.silent.cpuUsPerReq).padStart(14)} | ${(r.route.reqPerSec / r.silent.reqPerSec).toFixed(3)}`,
+    ),
+  )
+  const lg = h.logging
+  console.log(
+    `median req/s ratio info/off ${lg.reqPerSecRatioMedian.toFixed(3)}; CPU a request's line adds, median ${lg.cpuUsPerReqAddedMedian === null ? '–' : lg.cpuUsPerReqAddedMedian.toFixed(1)} µs; ${lg.lines} lines for ${lg.requests} requests counted`,
+  )
   printProxy(proxy)
   console.log(`written to ${join(dir, 'route.json')}`)
 }

@@ -20,15 +20,18 @@ export function repoRoot(): string {
   return dir
 }
 
-/** Starts `node ...args`; resolves once stdout matches `ready`, rejects if it exits first. */
-export function child(args: string[], ready: RegExp): Promise<{ p: ChildProcess; m: RegExpMatchArray }> {
+/**
+ * Starts `node ...args`; resolves once stdout matches `ready`, rejects if it exits first. With
+ * `quiet`, the child's stderr (a router's log: a line per request) is read but not passed on.
+ */
+export function child(args: string[], ready: RegExp, opts: { quiet?: boolean } = {}): Promise<{ p: ChildProcess; m: RegExpMatchArray }> {
   return new Promise((resolve, reject) => {
     // stderr is passed on as it comes, and its first line kept: a child that refuses its options says why there
     const p = spawn(process.execPath, args, { stdio: ['ignore', 'pipe', 'pipe'] })
     let out = ''
     let err = ''
     p.stderr?.on('data', (d: Buffer) => {
-      process.stderr.write(d)
+      if (opts.quiet !== true) process.stderr.write(d)
       if (err.length < 4096) err += d.toString()
     })
     p.stdout?.on('data', (d: Buffer) => {

@@ -146,13 +146,31 @@ function sinkOf(o: LogOptions): Sink {
   return pretty ? prettySink(dest, tty && process.env.NO_COLOR === undefined) : dest
 }
 
+let isoSecond = -1
+let isoPrefix = ''
+
+/**
+ * `,"time":"…Z"`, the ISO time of now. Date#toISOString per line was a third of a request line's
+ * cost; the text up to the second is made once a second.
+ */
+function isoTime(): string {
+  const now = Date.now()
+  const sec = Math.floor(now / 1000)
+  if (sec !== isoSecond) {
+    isoSecond = sec
+    isoPrefix = new Date(sec * 1000).toISOString().slice(0, 20)
+  }
+  const ms = now - sec * 1000
+  return `,"time":"${isoPrefix}${ms < 10 ? '00' : ms < 100 ? '0' : ''}${ms}Z"`
+}
+
 function build(level: LogLevel, sink: Sink): Logger {
   return pino(
     {
       level,
       // the level's name: what log collectors read without a mapping
       formatters: { level: (label) => ({ level: label }) },
-      timestamp: pino.stdTimeFunctions.isoTime,
+      timestamp: isoTime,
       serializers: { err: errSerializer },
       redact: { paths: ['apiKey', 'api_key', 'authorization', 'headers.authorization', 'req.headers.authorization', 'config.apiKey'], censor: REDACTED },
       hooks: {

@@ -420,7 +420,7 @@ export class Router {
   private warnBlockSize(w: WorkerInfo): void {
     const bs = this.config.blockSize
     const out = this.config.mode === 'kv' ? `; it is misconfigured, out of routing until it registers with block size ${bs}` : ''
-    process.emitWarning(`worker ${w.id} announces block size ${w.blockSize}, the router hashes with ${bs}: its blocks will never match${out}`, { code: 'KVR_BLOCK_SIZE_MISMATCH' })
+    log.warn({ code: 'KVR_BLOCK_SIZE_MISMATCH', worker_id: w.id.toString() }, `worker ${w.id} announces block size ${w.blockSize}, the router hashes with ${bs}: its blocks will never match${out}`)
   }
 
   /** A health probe ended; returns whether the next should come sooner (see HealthProbes). */
@@ -428,9 +428,12 @@ export class Router {
     const effect = this.health.probed(id, url, r)
     const w = this.registry.get(id)
     if (effect.changed === 'unreachable' && w !== undefined)
-      process.emitWarning(`worker ${id} (${w.url}) is unreachable: ${this.health.reason(id) ?? ''}; out of routing until a probe is answered`, { code: 'KVR_WORKER_UNREACHABLE' })
+      log.warn({ code: 'KVR_WORKER_UNREACHABLE', worker_id: id.toString() }, `worker ${id} (${w.url}) is unreachable: ${this.health.reason(id) ?? ''}; out of routing until a probe is answered`)
     // its request failures were the outage: it starts afresh
-    if (effect.changed === 'recovered' && w !== undefined) this.suspension.answered(w)
+    if (effect.changed === 'recovered' && w !== undefined) {
+      log.info({ worker_id: id.toString() }, `worker ${id} (${w.url}) answers its health probes again: back in routing`)
+      this.suspension.answered(w)
+    }
     return effect.confirm
   }
 

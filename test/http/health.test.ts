@@ -9,6 +9,7 @@ import { getFreePorts } from '../helpers/services.js'
 import { waitUntil } from '../helpers/wait.js'
 import { harness, metricSum, tokens } from './helpers.js'
 import type { Harness } from './helpers.js'
+import { captureProcessLog, warnings as warnLines } from '../helpers/log.js'
 
 interface WorkerView {
   id: number
@@ -43,10 +44,8 @@ const url = (i: number): string => (fleet.workers[i] as { url: string }).url
 t.test('another block size: registered, misconfigured, out of kv routing until registered right', async (t) => {
   const h = await harness(['--router-block-size', '4'])
   t.teardown(() => h.close())
-  const warnings: string[] = []
-  const onWarning = (w: Error & { code?: string }): void => void (w.code === 'KVR_BLOCK_SIZE_MISMATCH' && warnings.push(w.message))
-  process.on('warning', onWarning)
-  t.teardown(() => void process.off('warning', onWarning))
+  const capture = captureProcessLog()
+  const said = (): string[] => warnLines(capture, 'KVR_BLOCK_SIZE_MISMATCH')
   const bad = await h.app.fastify.inject({ method: 'POST', url: '/v1/workers', payload: { id: 2, url: url(1), block_size: 16 } })
   t.equal(bad.statusCode, 201, 'accepted: a refused worker would be invisible')
   t.match(bad.json(), { id: 2, block_size: 16, health: 'misconfigured', health_reason: /^block size 16, the router's is 4/ })
@@ -67,8 +66,8 @@ t.test('another block size: registered, misconfigured, out of kv routing until r
   t.equal(fixed.statusCode, 200)
   t.match(fixed.json(), { health: 'healthy', health_reason: null })
   t.same([...(await spread(t, h, 20, 100))].sort(), [1, 2], 'both take requests')
-  t.equal(warnings.length, 1, 'warned once')
-  t.match(warnings[0], 'worker 2 announces block size 16, the router hashes with 4: its blocks will never match; it is misconfigured, out of routing until it registers with block size 4')
+  t.equal(said().length, 1, 'warned once')
+  t.match(said()[0], 'worker 2 announces block size 16, the router hashes with 4: its blocks will never match; it is misconfigured, out of routing until it registers with block size 4')
 })
 
 t.test('outside kv mode another block size is routed as any other', async (t) => {
@@ -101,10 +100,8 @@ t.test('probes: a dead worker is unreachable and left out without a retry; answe
   const [deadPort] = await getFreePorts(1)
   const h = await harness(['--router-block-size', '4', '--router-health-probe-interval-secs', '0.2', '--router-health-probe-timeout-secs', '0.5'])
   t.teardown(() => h.close())
-  const warnings: string[] = []
-  const onWarning = (w: Error & { code?: string }): void => void (w.code === 'KVR_WORKER_UNREACHABLE' && warnings.push(w.message))
-  process.on('warning', onWarning)
-  t.teardown(() => void process.off('warning', onWarning))
+  const capture = captureProcessLog()
+  const said = (): string[] => warnLines(capture, 'KVR_WORKER_UNREACHABLE')
   await h.router.addWorker({ id: 1n, url: url(0) })
   await h.router.addWorker({ id: 2n, url: `http://127.0.0.1:${deadPort}` })
   await waitUntil('worker 2 unreachable', async () => (await one(h, 2))?.health === 'unreachable', 5000)
@@ -112,8 +109,8 @@ t.test('probes: a dead worker is unreachable and left out without a retry; answe
   t.match(dead, { health: 'unreachable', health_reason: /^2 health probe\(s\) in a row failed, the last: GET \/health: .*ECONNREFUSED/, probe: { path: '/health', last_ok_ms_ago: null } })
   t.ok((dead?.probe?.consecutive_failures ?? 0) >= 2)
   t.match(await one(h, 1), { health: 'healthy', probe: { path: '/health', consecutive_failures: 0, last_error: null } })
-  t.same(warnings.length, 1)
-  t.match(warnings[0], `worker 2 (http://127.0.0.1:${deadPort}) is unreachable: 2 health probe(s) in a row failed`)
+  t.same(said().length, 1)
+  t.match(said()[0], `worker 2 (http://127.0.0.1:${deadPort}) is unreachable: 2 health probe(s) in a row failed`)
   t.equal(await metricSum(h, 'kvrouter_workers', { state: 'unreachable' }), 1)
   t.ok((await metricSum(h, 'kvrouter_worker_probes_total', { outcome: 'failed' })) >= 2)
   t.ok((await metricSum(h, 'kvrouter_worker_probes_total', { outcome: 'ok' })) >= 1)

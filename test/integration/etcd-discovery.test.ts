@@ -9,6 +9,7 @@ import { EtcdDiscovery, toWorker, type DiscoveredWorker } from '../../src/transp
 import { ShardPool } from '../../src/shards/pool.js'
 import { encodeRouterEvent } from '../../src/codec/events.js'
 import { chain } from '../helpers/events.js'
+import { captureProcessLog, warnings as warnLines } from '../helpers/log.js'
 
 const NS = 'dynamo'
 const COMP = 'backend'
@@ -219,10 +220,8 @@ t.test('a worker announcing another block size is misconfigured, out of kv routi
   if (cfg === 'help') return t.fail('help')
   const router = await Router.start(cfg)
   t.teardown(() => router.close())
-  const warnings: string[] = []
-  const onWarning = (w: Error & { code?: string }): void => void (w.code === 'KVR_BLOCK_SIZE_MISMATCH' && warnings.push(w.message))
-  process.on('warning', onWarning)
-  t.teardown(() => void process.off('warning', onWarning))
+  const capture = captureProcessLog()
+  const said = (): string[] => warnLines(capture, 'KVR_BLOCK_SIZE_MISMATCH')
   const good = await register(client, { url: 'http://127.0.0.1:9021' })
   const lease = client.lease(10)
   const id = BigInt(await lease.grant())
@@ -239,7 +238,7 @@ t.test('a worker announcing another block size is misconfigured, out of kv routi
   await waitUntil('both registered, one misconfigured', () => router.registry.size === 2 && stateOf(id) === 'misconfigured')
   t.equal(stateOf(good.id), 'healthy')
   t.match(router.health.reason(id), "block size 32, the router's is 64")
-  t.match(warnings, [`worker ${id} announces block size 32, the router hashes with 64`])
+  t.match(said(), [`worker ${id} announces block size 32, the router hashes with 64`])
   const routed = new Set<bigint>()
   for (let i = 0; i < 20; i++) routed.add((await router.route({ tokens: Array.from({ length: 128 }, (_, k) => i * 1000 + k), updateStates: false })).decision.workerId)
   t.same([...routed], [good.id], 'every decision for the other worker')
@@ -247,5 +246,5 @@ t.test('a worker announcing another block size is misconfigured, out of kv routi
   await waitUntil('healthy with the right block size', () => stateOf(id) === 'healthy')
   for (let i = 0; i < 40 && !routed.has(id); i++) routed.add((await router.route({ tokens: Array.from({ length: 128 }, (_, k) => 50_000 + i * 1000 + k), updateStates: false })).decision.workerId)
   t.ok(routed.has(id), 'routed once fixed')
-  t.equal(warnings.length, 1, 'warned once')
+  t.equal(said().length, 1, 'warned once')
 })

@@ -8,7 +8,8 @@
 //     process, same settings, against a server child process `route.js --serve`), with the
 //     server's CPU time per request served beside req/s (steadier on a shared machine); the
 //     router's app twice over one router, its request lines logged at the default level (info,
-//     JSON into a file) and with logging off (silent), so one run measures what logging costs;
+//     JSON lines on the child's stderr, a pipe this process reads as a container runtime would)
+//     and with logging off (silent), so one run measures what logging costs;
 //   - proxy overhead: streaming completions through `kv-router serve` vs straight to the
 //     upstreams, 200 concurrent streams, p99 difference (bench/proxy.ts).
 // `--http-only` runs the HTTP part alone; BENCH_HTTP_SECS sets its phase length (10 s).
@@ -18,8 +19,8 @@
 // really shared), one new request booked per op while the oldest is freed and a middle-aged one
 // completes prefill, all outside the timed region. Several repetitions; medians are reported,
 // because a shared machine is noisy.
-import { readFileSync, rmSync, writeFileSync } from 'node:fs'
-import { availableParallelism, cpus, tmpdir } from 'node:os'
+import { writeFileSync } from 'node:fs'
+import { availableParallelism, cpus } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import type { AddressInfo } from 'node:net'
@@ -251,13 +252,12 @@ async function benchBooking(mode: 'round-robin' | 'kv'): Promise<{ mode: string;
 const LINES = 100_000
 
 /**
- * One proxied request's log line, alone: at info into a file (one write per line, as on stderr)
- * and with logging off, where the proxy checks one boolean and builds nothing. Time per line,
- * median of REPS.
+ * One proxied request's log line, alone: at info (the JSON built and written, one write(2) per
+ * line as on stderr, here to /dev/null) and with logging off, where the proxy checks one boolean
+ * and builds nothing. Time per line, median of REPS.
  */
 function benchRequestLine(): { infoUs: number; offUs: number; infoReps: number[]; offReps: number[] } {
-  const file = join(tmpdir(), `kvr-bench-lines-${process.pid}.log`)
-  const info = createLogger({ level: 'info', format: 'json', destination: pino.destination({ dest: file, sync: true }) })
+  const info = createLogger({ level: 'info', format: 'json', destination: pino.destination({ dest: '/dev/null', sync: true }) })
   const off = createLogger({ level: 'silent' })
   const req: ProxiedRequest = {
     path: '/v1/completions',
@@ -280,13 +280,9 @@ function benchRequestLine(): { infoUs: number; offUs: number; infoReps: number[]
   run(off)
   const infoReps: number[] = []
   const offReps: number[] = []
-  try {
-    for (let r = 0; r < REPS; r++) {
-      infoReps.push(run(info))
-      offReps.push(run(off))
-    }
-  } finally {
-    rmSync(file, { force: true })
+  for (let r = 0; r < REPS; r++) {
+    infoReps.push(run(info))
+    offReps.push(run(off))
   }
   return { infoUs: median(infoReps), offUs: median(offReps), infoReps, offReps }
 }
@@ -306,9 +302,6 @@ function httpPrompts(): number[][] {
   const prefixes = Array.from({ length: 8 }, () => Array.from({ length: 1024 }, () => r.int(150_000)))
   return Array.from({ length: 64 }, (_, i) => [...(prefixes[i % 8] as number[]), ...Array.from({ length: HTTP_TOKENS - 1024 }, () => r.int(150_000))])
 }
-
-/** Where the server child's request lines go: a file, written as stderr would be (one write per line). */
-const LOG_FILE = join(tmpdir(), `kvr-bench-route-${process.pid}.log`)
 
 /**
  * Server child: a bare fastify baseline, and the router app twice over one router: its request
@@ -340,9 +333,8 @@ async function serveChild(): Promise<void> {
     router.ingestEvent({ worker_id: BigInt(1_000_000_007 * (w + 1)), event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: null, blocks } } } })
   }
   await router.pool.flush()
-  const file = process.argv[process.argv.indexOf('--serve') + 1] as string
-  const logged = createLogger({ level: 'info', format: 'json', destination: pino.destination({ dest: file, sync: true }) })
-  const app = await buildApp({ router, tokenizer: null, logger: logged })
+  // JSON lines on stderr, as `kv-router serve` writes them
+  const app = await buildApp({ router, tokenizer: null, logger: createLogger({ level: 'info', format: 'json' }) })
   await app.fastify.listen({ host: '127.0.0.1', port: 0 })
   const quiet = await buildApp({ router, tokenizer: null, logger: createLogger({ level: 'silent' }) })
   await quiet.fastify.listen({ host: '127.0.0.1', port: 0 })
@@ -394,7 +386,11 @@ interface HttpRound {
 
 async function benchHttpRoute(): Promise<object> {
   const self = fileURLToPath(import.meta.url)
-  const { p, m } = await child([...ROUTER_V8_FLAGS, self, '--serve', LOG_FILE], /(\{.*\})\n/)
+  const { p, m } = await child([...ROUTER_V8_FLAGS, self, '--serve'], /(\{.*\})\n/, { quiet: true })
+  let newlines = 0
+  p.stderr?.on('data', (d: Buffer) => {
+    for (let i = d.indexOf(10); i !== -1; i = d.indexOf(10, i + 1)) newlines++
+  })
   const ports = JSON.parse(m[1] as string) as { baseline: number; router: number; silent: number }
   const bodies = httpPrompts().map((tokens) => ({ body: JSON.stringify({ token_ids: tokens }) }))
   const rounds: HttpRound[] = []
@@ -404,7 +400,7 @@ async function benchHttpRoute(): Promise<object> {
     // warm-up of both apps (one router under both: its code is warmed by either)
     await load(`http://127.0.0.1:${ports.router}/v1/route`, bodies, HTTP_CONNECTIONS)
     await load(`http://127.0.0.1:${ports.silent}/v1/route`, bodies, HTTP_CONNECTIONS)
-    const before = readFileSync(LOG_FILE, 'utf8').split('\n').length - 1
+    const before = newlines
     // three rounds, the two routers' order alternated: ratios are reported as their median
     for (let i = 0; i < 3; i++) {
       // the servers live in the one child process, so its CPU during a phase is that server's
@@ -416,10 +412,9 @@ async function benchHttpRoute(): Promise<object> {
       rounds.push({ baseline, route, silent })
       logged += route.served
     }
-    lines = readFileSync(LOG_FILE, 'utf8').split('\n').length - 1 - before
+    lines = newlines - before
   } finally {
     p.kill('SIGTERM')
-    rmSync(LOG_FILE, { force: true })
   }
   const logRatios = rounds.map((x) => x.route.reqPerSec / x.silent.reqPerSec)
   const logCpu = rounds.flatMap((x) => (x.route.cpuUsPerReq !== null && x.silent.cpuUsPerReq !== null ? [x.route.cpuUsPerReq - x.silent.cpuUsPerReq] : []))
@@ -483,7 +478,9 @@ async function main(): Promise<void> {
   }
   console.log(`queue at ${QUEUE_DEPTH} waiting: heap pop+push ${(heap.pairsPerSec / 1e6).toFixed(2)} M pairs/s; scheduler dispatch+enqueue ${(facade.pairsPerSec / 1e3).toFixed(1)} k pairs/s`)
   console.log(`proxy booking (Proxy.book + release, 64-token prompt, 4 workers), median of ${REPS} × ${BOOKINGS}: ${booking.map((b) => `${b.mode} ${b.us.toFixed(2)} µs`).join(', ')}`)
-  console.log(`a proxied request's log line, median of ${REPS} × ${LINES}: ${requestLine.infoUs.toFixed(2)} µs at info (JSON into a file), ${requestLine.offUs.toFixed(3)} µs with logging off`)
+  console.log(
+    `a proxied request's log line, median of ${REPS} × ${LINES}: ${requestLine.infoUs.toFixed(2)} µs at info (JSON written to /dev/null), ${requestLine.offUs.toFixed(3)} µs with logging off`,
+  )
   await mainHttp(result)
 }
 

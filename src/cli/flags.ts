@@ -4,7 +4,15 @@
 // the other way round.
 import { redactSecrets } from '../runtime/redact.js'
 
+const dying: (() => void)[] = []
+
+/** Runs `f` before die() writes its line: the log writes out what it holds, so that line comes last. */
+export function beforeDie(f: () => void): void {
+  dying.push(f)
+}
+
 export function die(line: string): never {
+  for (const f of dying) f()
   process.stderr.write(`kv-router: ${redactSecrets(line)}\n`)
   process.exit(2)
 }

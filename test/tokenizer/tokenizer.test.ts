@@ -81,9 +81,10 @@ t.test('text prompts through the router use the tokenizer', async (t) => {
 t.test('process: `serve --tokenizer tokenizer.json` as the shebang starts it tokenizes on its threads', async (t) => {
   // the tokenizer's threads once got the process's V8 flags handed to them explicitly, which a
   // worker refuses: the router then died at startup, and only when started as users start it
-  const s = await upstream((_req, body, res) => {
+  const s = await upstream((req, body, res) => {
     res.writeHead(200, { 'content-type': 'application/json' })
-    res.end(JSON.stringify({ echo: JSON.parse(body) as unknown }))
+    // the router's health probes are GETs without a body
+    res.end(req.method === 'GET' ? '{}' : JSON.stringify({ echo: JSON.parse(body) as unknown }))
   })
   const c = runCli(['serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-event-threads', '1', '--router-block-size', '2', '--tokenizer', fixture, '--worker', `1=${s.url}`])
   t.teardown(async () => {

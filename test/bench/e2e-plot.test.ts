@@ -6,7 +6,8 @@ import { escapeXml, renderE2eSvg } from '../../bench/lib/e2e-plot.js'
 function parseTags(svg: string): string[] {
   const names: string[] = []
   const stack: string[] = []
-  const body = svg.replace(/<text\b[^>]*>[^<]*<\/text>/g, (m) => m.replace(/>[^<]*</, '><')) // text content may hold anything escaped
+  // text and title content may hold anything escaped
+  const body = svg.replace(/<(text|title)\b[^>]*>[^<]*<\/(text|title)>/g, (m) => m.replace(/>[^<]*</, '><'))
   for (const m of body.matchAll(/<(\/?)([a-zA-Z][\w-]*)((?:\s+[\w:-]+="[^"<]*")*)\s*(\/?)>/g)) {
     const [, close, name, , self] = m as unknown as [string, string, string, string, string]
     if (close === '/') {
@@ -42,6 +43,8 @@ t.test('one CDF line and one bar per mode, the bound line, axes and title', asyn
   t.match(svg, /class="bound"[^>]*stroke-dasharray/)
   t.match(svg, /infinite-cache bound 33\.0%/)
   t.match(svg, /e2e: 8 workers &lt;load ×4 &amp; speed ×3&gt;/, 'the title is escaped')
+  t.equal(names[1], 'title', 'the SVG names itself for screen readers')
+  t.match(svg, /<title>e2e: 8 workers &lt;load ×4 &amp; speed ×3&gt;<\/title>/)
   t.match(svg, /TTFT, simulated ms/)
   t.match(svg, />1 s<\/text>/, 'decade labels on the log axis')
   // a CDF ends at the share 1 (top of the panel) at its largest sample

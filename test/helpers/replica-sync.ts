@@ -4,6 +4,7 @@ import type { Test } from 'tap'
 import type { NatsConnection } from 'nats'
 import { waitUntil } from './wait.js'
 import { parseServeConfig } from '../../src/config.js'
+import type { ServeConfig } from '../../src/config.js'
 import { Router } from '../../src/core/router.js'
 import type { RouterDeps } from '../../src/core/router.js'
 import { encodeRouterEvent } from '../../src/codec/events.js'
@@ -15,25 +16,22 @@ export const WORKERS = 4
 export const subjects = replicaSubjects('dynamo', 'backend')
 
 /** A router replica with WORKERS static workers, closed at the test's end. */
-export async function startReplica(t: Test, natsUrl: string, routerId: bigint, extra: string[] = [], deps: RouterDeps = {}): Promise<Router> {
-  // no health probes: nothing listens at the workers' addresses, and probes would take them out of routing
-  const args = [
-    '--router-event-threads',
-    '1',
-    '--no-router-event-recovery',
-    '--router-health-probe-interval-secs',
-    '0',
-    '--router-block-size',
-    String(BS),
-    '--router-queue-threshold',
-    'none',
-    '--nats-url',
-    natsUrl,
-  ]
-  args.push('--router-replica-sync', '--router-replica-catch-up-secs', '5', ...extra)
+/**
+ * The serve configuration of a test router over NATS with WORKERS static workers, `extra` after.
+ * No health probes: nothing listens at the workers' addresses, and probes would take them out of
+ * routing.
+ */
+export function routerConfig(natsUrl: string, extra: string[] = []): ServeConfig {
+  const args = ['--router-event-threads', '1', '--no-router-event-recovery', '--router-health-probe-interval-secs', '0', '--router-block-size', String(BS)]
+  args.push('--router-queue-threshold', 'none', '--nats-url', natsUrl, ...extra)
   for (let w = 1; w <= WORKERS; w++) args.push('--worker', `${w}=http://127.0.0.1:${9000 + w}`)
   const cfg = parseServeConfig(args, {})
   if (cfg === 'help') throw new Error('help')
+  return cfg
+}
+
+export async function startReplica(t: Test, natsUrl: string, routerId: bigint, extra: string[] = [], deps: RouterDeps = {}): Promise<Router> {
+  const cfg = routerConfig(natsUrl, ['--router-replica-sync', '--router-replica-catch-up-secs', '5', ...extra])
   const r = await Router.start(cfg, { routerId, replica: { heartbeatMs: 100, silenceMs: 1500 }, ...deps })
   t.teardown(() => r.close())
   return r

@@ -8,14 +8,12 @@ import t from 'tap'
 import { connect } from 'nats'
 import { startNats } from '../helpers/services.js'
 import { waitUntil } from '../helpers/wait.js'
-import { parseServeConfig } from '../../src/config.js'
+import { BS, routerConfig, WORKERS } from '../helpers/replica-sync.js'
 import { Router } from '../../src/core/router.js'
 import { encodeRouterEvent } from '../../src/codec/events.js'
 import { kvEventsSubject } from '../../src/transport/dynamo-names.js'
 import type { Candidate } from '../../src/scheduler/selector.js'
 
-const BS = 16
-const WORKERS = 4
 const WAVES = 60
 const HOLD = 4
 
@@ -25,24 +23,7 @@ const pub = await connect({ servers: nats.url })
 t.teardown(() => pub.close())
 
 async function replica(routerId: bigint, spread: boolean): Promise<Router> {
-  // no health probes: nothing listens at the workers' addresses, and probes would take them out of routing
-  const args = [
-    '--router-event-threads',
-    '1',
-    '--no-router-event-recovery',
-    '--router-health-probe-interval-secs',
-    '0',
-    '--router-block-size',
-    String(BS),
-    '--router-queue-threshold',
-    'none',
-    '--nats-url',
-    nats.url,
-  ]
-  args.push('--router-replica-sync', spread ? '--router-replica-spread' : '--no-router-replica-spread')
-  for (let w = 1; w <= WORKERS; w++) args.push('--worker', `${w}=http://127.0.0.1:${9000 + w}`)
-  const cfg = parseServeConfig(args, {})
-  if (cfg === 'help') throw new Error('help')
+  const cfg = routerConfig(nats.url, ['--router-replica-sync', spread ? '--router-replica-spread' : '--no-router-replica-spread'])
   return Router.start(cfg, { routerId, replica: { heartbeatMs: 100, silenceMs: 5000 } })
 }
 

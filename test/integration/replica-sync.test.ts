@@ -12,10 +12,9 @@ import type { NatsConnection } from 'nats'
 import { startNats } from '../helpers/services.js'
 import type { NatsServer } from '../helpers/services.js'
 import { waitUntil } from '../helpers/wait.js'
-import { parseServeConfig } from '../../src/config.js'
 import { Router } from '../../src/core/router.js'
 import type { RouterDeps } from '../../src/core/router.js'
-import { BS, inStep, makeExact, prompt, slotLoad, startReplica, subjects, WORKERS } from '../helpers/replica-sync.js'
+import { BS, inStep, makeExact, prompt, routerConfig, slotLoad, startReplica, subjects, WORKERS } from '../helpers/replica-sync.js'
 import { computeBlockHashes, computeSequenceHashes } from '../../src/codec/hashing.js'
 let nats: NatsServer
 let pub: NatsConnection
@@ -155,23 +154,7 @@ t.test('replicas alternating on requests that share prefixes place them as one r
   await b.close()
   // the control: two replicas without sync, same requests
   const plain = async (): Promise<Router> => {
-    // no health probes: nothing listens at the workers' addresses, and probes would take them out of routing
-    const args = [
-      '--router-event-threads',
-      '1',
-      '--no-router-event-recovery',
-      '--router-health-probe-interval-secs',
-      '0',
-      '--router-block-size',
-      String(BS),
-      '--router-queue-threshold',
-      'none',
-      '--nats-url',
-      nats.url,
-    ]
-    for (let w = 1; w <= WORKERS; w++) args.push('--worker', `${w}=http://127.0.0.1:${9000 + w}`)
-    const cfg = parseServeConfig(args, {})
-    if (cfg === 'help') throw new Error('help')
+    const cfg = routerConfig(nats.url)
     const r = await Router.start(cfg)
     t.teardown(() => r.close())
     return r

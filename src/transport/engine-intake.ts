@@ -21,7 +21,7 @@ interface WorkerListeners {
   readonly listeners: ZmqListener[]
 }
 
-const ZERO_COUNTERS: ZmqCounters = { batches: 0, bytes: 0, badFrames: 0, gaps: 0, replays: 0, replayedBatches: 0, replaysIncomplete: 0, restarts: 0, sinkErrors: 0 }
+const ZERO_COUNTERS: ZmqCounters = { batches: 0, bytes: 0, badFrames: 0, gaps: 0, replays: 0, replayedBatches: 0, replaysIncomplete: 0, restarts: 0, duplicates: 0, sinkErrors: 0 }
 
 export class EngineIntake implements ZmqSink {
   private readonly workers = new Map<bigint, WorkerListeners>()

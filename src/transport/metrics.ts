@@ -140,6 +140,7 @@ export function registerTransportMetrics(r: Registry, t: Transports): void {
         ['replays', c.replays],
         ['replays_incomplete', c.replaysIncomplete],
         ['restarts', c.restarts],
+        ['duplicates', c.duplicates],
         ['sink_errors', c.sinkErrors],
       ] as const)
         this.inc({ what }, v)

@@ -12,8 +12,10 @@
 //                    last + 1, then applied in order; a replay that does not reach the held
 //                    batches (SGLang's replay drops at its high-water mark), or no replay socket,
 //                    leaves the worker-rank `degraded` until the engine restarts
-//   seq ≤ last       the engine restarted (a new publisher counts from 0 again): the
-//                    worker-rank is cleared, then the batch applied
+//   seq ≤ last       a batch a replay already applied, arriving late on the live socket (the
+//                    two sockets are read independently): skipped; otherwise the engine
+//                    restarted (a new publisher counts from 0 again): the worker-rank is
+//                    cleared, then the batch applied
 // At start the whole replay buffer is fetched, so a router that starts after its engines knows
 // what they cached. Sockets reconnect by themselves (ZMQ), with backoff; one engine that is down
 // or sends garbage never holds up another's listener.
@@ -51,6 +53,8 @@ export interface ZmqCounters {
   replayedBatches: number
   replaysIncomplete: number
   restarts: number
+  /** Live batches a replay had already applied, skipped. */
+  duplicates: number
   /** Batches the sink threw on (it decodes them: a malformed batch must not stop the listener). */
   sinkErrors: number
 }
@@ -65,13 +69,23 @@ export interface ZmqListenerOptions {
 const END = 0xffffffffffffffffn
 /** Bytes of a batch compared to tell its publisher (its timestamp is among them). */
 const HEAD_BYTES = 32
+/** Replayed batches whose fingerprints are kept, to know them when they come late on the live socket. */
+const REPLAYED_KEPT = 256
+
+/** The length and first HEAD_BYTES of a batch, as one number (FNV-1a). */
+function fingerprint(payload: Uint8Array): number {
+  let h = (0x811c9dc5 ^ payload.length) >>> 0
+  const n = Math.min(HEAD_BYTES, payload.length)
+  for (let i = 0; i < n; i++) h = Math.imul(h ^ (payload[i] as number), 0x01000193) >>> 0
+  return h
+}
 
 function seqOf(frame: Buffer | undefined): bigint | null {
   return frame !== undefined && frame.length === 8 ? frame.readBigUInt64BE(0) : null
 }
 
 export class ZmqListener {
-  readonly counters: ZmqCounters = { batches: 0, bytes: 0, badFrames: 0, gaps: 0, replays: 0, replayedBatches: 0, replaysIncomplete: 0, restarts: 0, sinkErrors: 0 }
+  readonly counters: ZmqCounters = { batches: 0, bytes: 0, badFrames: 0, gaps: 0, replays: 0, replayedBatches: 0, replaysIncomplete: 0, restarts: 0, duplicates: 0, sinkErrors: 0 }
   private readonly sub = new Subscriber({ reconnectInterval: 100, reconnectMaxInterval: 5000, linger: 0 })
   private dealer: Dealer | null = null
   /** The last sequence number applied, null before the first. */
@@ -84,6 +98,9 @@ export class ZmqListener {
   private readonly lastHead = Buffer.alloc(HEAD_BYTES)
   private lastLen = -1
   private held: { seq: bigint; payload: Buffer }[] = []
+  /** Sequence numbers and fingerprints of the last batches a replay applied (slot seq % REPLAYED_KEPT). */
+  private replayedSeq: BigInt64Array | null = null
+  private replayedPrint: Uint32Array | null = null
   private replaying = false
   private closed = false
   private rankState: ZmqRankState = 'exact'
@@ -150,10 +167,15 @@ export class ZmqListener {
     }
     const last = this.last
     if (last !== null && seq <= last) {
+      if (this.replayedAlready(seq, payload)) {
+        this.counters.duplicates++
+        return
+      }
       this.counters.restarts++
       limited.info('zmq_engine_restart', { ...this.who(), seq: seq.toString(), last: last.toString() }, "an engine rank's batch numbers started over: it restarted, and its worker-rank is reset")
       this.sink.restarted(this.source)
       this.last = null
+      this.replayedSeq?.fill(-1n)
       // a clean start: what the new publisher reports from its first batch on is all there is
       if (seq !== 0n && this.source.replay !== null) {
         this.held.push({ seq, payload })
@@ -212,6 +234,7 @@ export class ZmqListener {
         this.sink.restarted(this.source)
         this.last = null
         this.lastLen = -1
+        this.replayedSeq?.fill(-1n)
         complete = await this.requestReplay(0n, false)
       }
     } catch {
@@ -286,8 +309,27 @@ export class ZmqListener {
       if (seq > expect) hole = true
       expect = seq + 1n
       this.counters.replayedBatches++
+      this.noteReplayed(seq, payload)
       this.apply(seq, payload)
     }
+  }
+
+  private noteReplayed(seq: bigint, payload: Uint8Array): void {
+    if (this.replayedSeq === null) {
+      this.replayedSeq = new BigInt64Array(REPLAYED_KEPT).fill(-1n)
+      this.replayedPrint = new Uint32Array(REPLAYED_KEPT)
+    }
+    const slot = Number(seq % BigInt(REPLAYED_KEPT))
+    this.replayedSeq[slot] = BigInt.asIntN(64, seq)
+    ;(this.replayedPrint as Uint32Array)[slot] = fingerprint(payload)
+  }
+
+  /** True when a replay applied this very batch (same number, same bytes): the live copy is late. */
+  private replayedAlready(seq: bigint, payload: Uint8Array): boolean {
+    const seqs = this.replayedSeq
+    if (seqs === null) return false
+    const slot = Number(seq % BigInt(REPLAYED_KEPT))
+    return seqs[slot] === BigInt.asIntN(64, seq) && (this.replayedPrint as Uint32Array)[slot] === fingerprint(payload)
   }
 
   /** Reads the rest of a replay that is not used, up to its end marker. */

@@ -50,6 +50,13 @@ class Engine {
     return seq
   }
 
+  /** Publishes a batch of the ring again on the live socket: its live copy, late. */
+  async resend(seq: bigint): Promise<void> {
+    const e = this.ring.find((b) => b.seq === seq)
+    if (e === undefined) throw new Error(`batch ${seq} is not in the ring`)
+    await this.pub.send([TOPIC, be8(seq), e.payload])
+  }
+
   restart(): void {
     this.next = 0n
     this.ring = []
@@ -186,6 +193,34 @@ t.test('an engine that restarted and counted past the last batch before the sock
   const from = r.seqs.lastIndexOf(-1n)
   t.ok(from >= 0, 'reset')
   t.same(r.seqs.slice(from + 1), range(0, Number(live)), 'then every batch of the new engine, from its first')
+})
+
+t.test('a replayed batch whose live copy comes late is skipped, not taken for a restart', async (t) => {
+  const { e, r, l } = await following(t)
+  const replayed = l.counters.replayedBatches
+  const missed = await e.publish(false)
+  const next = await e.publish()
+  await until(() => r.seqs.includes(next) && l.state === 'exact')
+  t.equal(l.counters.replayedBatches, replayed + 2, 'the missed batch and the next came by the replay')
+  // the live socket delivers it after all, after the replay applied it and the batch past it
+  await e.resend(missed)
+  const after = await e.publish()
+  await until(() => r.seqs.includes(after))
+  t.equal(l.counters.duplicates, 1, 'counted as a duplicate')
+  t.equal(l.counters.restarts, 0, 'not a restart')
+  t.notOk(r.seqs.includes(-1n), 'nothing reset')
+  t.same(
+    r.seqs,
+    [...r.seqs].sort((a, b) => (a < b ? -1 : 1)),
+    'each batch once, in order',
+  )
+  t.equal(new Set(r.seqs).size, r.seqs.length)
+  // a batch under an old number with other bytes is still a restart
+  e.restart()
+  const fresh = await e.publish()
+  await until(() => r.seqs.at(-1) === fresh)
+  t.equal(l.counters.restarts, 1)
+  t.equal(l.counters.duplicates, 1)
 })
 
 t.test('without a replay socket a gap is counted and the rank degraded', async (t) => {

@@ -17,6 +17,11 @@
 // Rounds, three of each kind:
 //   paired       (the headline) both paths at once, 200 streams open on each, requests
 //                interleaved one by one: whatever the shared machine does falls on both alike.
+//   log off      paired rounds, each taken in turn with a paired one, against a second router
+//                started with `--log-level off`: the headline router writes a JSON line per
+//                request at info, as by default, to a pipe this process reads. Request logging is
+//                within the noise when the 95% bootstrap interval of the difference of the two
+//                pooled p99 TTFT overheads holds 0.
 //   alternating  the target's load exactly, one path at a time: each path serves four slices in
 //                the order direct, routed, routed, direct, ..., each slice ramping up from idle,
 //                and only requests sent once its streams are all open count. A path's p99 is over
@@ -63,7 +68,7 @@
 import type { ChildProcess } from 'node:child_process'
 import { createServer, type ServerResponse } from 'node:http'
 import { Agent } from 'undici'
-import { quantile, quantileDifferenceInterval } from './lib/stats.js'
+import { overheadDifferenceInterval, quantile, quantileDifferenceInterval } from './lib/stats.js'
 import { announceReady, bytesApp, child, machineStealTicks, median, processTicks, standInAgent, TICKS_PER_S } from './lib/common.js'
 import { ROUTER_V8_FLAGS } from '../src/runtime/v8-flags.js'
 
@@ -174,6 +179,13 @@ export interface ProxyResult {
   itlMs: number
   /** Paired rounds: both paths at once, requests interleaved one by one (the headline). */
   paired: PairedSummary
+  /** Paired rounds, taken in turn with those above, against a second router with logging off. */
+  pairedLoggingOff: PairedSummary
+  /**
+   * The router's pooled p99 TTFT overhead with its request lines at info (the default) less the
+   * same with logging off, with its 95% bootstrap interval: within the noise when it holds 0.
+   */
+  logging: { differenceMs: number; ci95Ms: [number, number]; withinNoise: boolean }
   /** Alternating rounds: one path at a time in short slices, the target's load exactly (see alternatingRound). */
   alternating: PairedSummary
   /** Paired rounds with a router started with --nice (PRIORITY_NICE); refused says why they did not run. */
@@ -217,6 +229,15 @@ function summary(rounds: Round[]): PairedSummary {
     egressMs: m('p99EgressOverheadMs'),
     cpuUsPerRequest: cpuMedian(rounds),
   }
+}
+
+/** The logged router's pooled p99 TTFT overhead less the quiet one's, and its bootstrap interval. */
+function loggingDifference(logged: Round[], quiet: Round[]): ProxyResult['logging'] {
+  const pool = (rs: Round[], side: 'direct' | 'hop'): number[] => rs.flatMap((x) => ttftSamples(x[side])).sort((a, b) => a - b)
+  const a = summary(logged)
+  const b = summary(quiet)
+  const ci95Ms = overheadDifferenceInterval(pool(logged, 'direct'), pool(logged, 'hop'), pool(quiet, 'direct'), pool(quiet, 'hop'), { resamples: 2000 })
+  return { differenceMs: a.pooledTtftMs - b.pooledTtftMs, ci95Ms, withinNoise: ci95Ms[0] <= 0 && 0 <= ci95Ms[1] }
 }
 
 /** The niceness of the priority rounds' router: ahead of everything at the default 0. */
@@ -676,6 +697,7 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
   const up = await startUpstreams(engines)
   const directUrls = up.urls
   let router: ChildProcess | undefined
+  let quiet: ChildProcess | undefined
   /** The processes of the other rounds (router at --nice, bare proxy, relay), killed at the end whatever happens. */
   const others: ChildProcess[] = []
   // paired rounds hold `streams` open on each path at once
@@ -688,15 +710,26 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
     const upPid = up.p.pid
     const direct: Lane = { path: 'direct', urls: directUrls }
     const routed: Lane = { path: 'router', urls: [started.m[1] as string], pid: router.pid }
+    // the same router with logging off, for what its request lines cost
+    const quietStarted = await child([...serve, '--log-level', 'off'], /listening on (http:\/\/\S+)/, { quiet: true })
+    quiet = quietStarted.p
+    const routedQuiet: Lane = { path: 'router', urls: [quietStarted.m[1] as string], pid: quiet.pid }
     const { rate, streamMs } = await calibrate(direct, streams, agent)
     // not counted: a phase alone, then a paired round (see the header)
-    await phase([routed], rate, 3, agent)
-    await phase([direct, routed], rate, seconds, agent, upPid)
-    const paired: Round[] = []
-    for (let i = 0; i < 3; i++) {
-      const [d, r] = (await phase([direct, routed], rate, headlineSeconds, agent, upPid)) as [PhaseResult, PhaseResult]
-      paired.push(round(d, r))
+    for (const lane of [routed, routedQuiet]) {
+      await phase([lane], rate, 3, agent)
+      await phase([direct, lane], rate, seconds, agent, upPid)
     }
+    // the two routers' rounds in turn, the first of each pair alternated
+    const paired: Round[] = []
+    const pairedOff: Round[] = []
+    for (let i = 0; i < 3; i++) {
+      for (const logged of i % 2 === 0 ? [true, false] : [false, true]) {
+        const [d, r] = (await phase([direct, logged ? routed : routedQuiet], rate, headlineSeconds, agent, upPid)) as [PhaseResult, PhaseResult]
+        ;(logged ? paired : pairedOff).push(round(d, r))
+      }
+    }
+    quiet.kill('SIGTERM')
     const alternating: Round[] = []
     for (let i = 0; i < 3; i++) alternating.push(await alternatingRound(direct, routed, rate, streamMs, headlineSeconds, agent, upPid))
     /** Three paired rounds with `c` in the router's place, after a phase alone and a paired round not counted. */
@@ -745,6 +778,8 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
       ttftMs: TTFT_MS,
       itlMs: ITL_MS,
       paired: summary(paired),
+      pairedLoggingOff: summary(pairedOff),
+      logging: loggingDifference(paired, pairedOff),
       alternating: summary(alternating),
       priority,
       bare: summary(bareRounds),
@@ -753,6 +788,7 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
   } finally {
     await agent.close()
     router?.kill('SIGTERM')
+    quiet?.kill('SIGTERM')
     for (const o of others) o.kill('SIGTERM')
     up.p.kill('SIGTERM')
   }
@@ -798,6 +834,7 @@ export function printProxy(p: ProxyResult): void {
       )
     })
   rows('paired', p.paired.rounds)
+  rows('log off', p.pairedLoggingOff.rounds)
   rows('alternate', p.alternating.rounds)
   if (p.priority.summary !== null) rows(`nice ${p.priority.nice}`, p.priority.summary.rounds)
   rows('bare', p.bare.rounds)
@@ -812,11 +849,16 @@ export function printProxy(p: ProxyResult): void {
       `${name.padEnd(11)} | ${hop.padEnd(22)} | ${x.pooledTtftMs.toFixed(2).padStart(6)} | ${interval(x.pooledTtftCi95Ms).padEnd(16)} | ${x.ttftMs.toFixed(2).padStart(6)} | ${`${x.ingressMs.toFixed(2)} / ${x.egressMs.toFixed(2)}`.padStart(16)} | ${abs(x.rounds).padStart(21)} | ${us(x.cpuUsPerRequest).padStart(10)}`,
     )
   line('paired', 'router', p.paired)
+  line('log off', 'router, --log-level off', p.pairedLoggingOff)
   line('alternating', 'router', p.alternating)
   if (p.priority.summary !== null) line(`nice ${p.priority.nice}`, `router at --nice ${p.priority.nice}`, p.priority.summary)
   else console.log(`nice ${p.priority.nice}    | not run: ${p.priority.refused}`)
   line('bare', 'fastify + undici proxy', p.bare)
   line('relay', 'TCP relay', p.relay)
+  const g = p.logging
+  console.log(
+    `\nrequest logging at info (paired less log off): p99 TTFT overhead ${g.differenceMs >= 0 ? '+' : ''}${g.differenceMs.toFixed(2)} ms (95% bootstrap ${interval(g.ci95Ms)}): ${g.withinNoise ? 'within the noise' : 'NOT within the noise'}`,
+  )
 }
 
 if (process.argv[2] === '--upstreams') {

@@ -9,9 +9,14 @@
 //     server's CPU time per request served beside req/s (steadier on a shared machine); the
 //     router's app twice over one router, its request lines logged at the default level (info,
 //     JSON lines on the child's stderr, a pipe this process reads as a container runtime would)
-//     and with logging off (silent), so one run measures what logging costs;
+//     and with logging off (silent), so one run measures what logging costs: the ratio of each to
+//     the baseline, then nine trios of short phases (info, off, and a twin app with logging off
+//     for an A/A comparison, the order rotated), whose median info/off ratio is within the noise
+//     when its 95% bootstrap interval holds 1;
 //   - proxy overhead: streaming completions through `kv-router serve` vs straight to the
-//     upstreams, 200 concurrent streams, p99 difference (bench/proxy.ts).
+//     upstreams, 200 concurrent streams, p99 difference (bench/proxy.ts), with logging at info
+//     and, in rounds taken in turn with those, off.
+// BENCH_HTTP_LOG_SECS sets the length of a logging trio's phases (3 s).
 // `--http-only` runs the HTTP part alone; BENCH_HTTP_SECS sets its phase length (10 s).
 //
 // Each decision is timed alone with process.hrtime.bigint() over a steady state: a fixed
@@ -44,6 +49,7 @@ import { Xoshiro128 } from '../src/scheduler/rng.js'
 import { Scheduler } from '../src/scheduler/scheduler.js'
 import type { ScheduleRequest } from '../src/scheduler/scheduler.js'
 import { child, median, processTicks, repoRoot, resultsDir, TICKS_PER_S } from './lib/common.js'
+import { medianInterval } from './lib/stats.js'
 
 const BLOCK_SIZE = 64
 const REPS = 5
@@ -338,8 +344,11 @@ async function serveChild(): Promise<void> {
   await app.fastify.listen({ host: '127.0.0.1', port: 0 })
   const quiet = await buildApp({ router, tokenizer: null, logger: createLogger({ level: 'silent' }) })
   await quiet.fastify.listen({ host: '127.0.0.1', port: 0 })
+  // a second app with logging off: the logging pairs compare it with the first (A/A), for the noise
+  const quiet2 = await buildApp({ router, tokenizer: null, logger: createLogger({ level: 'silent' }) })
+  await quiet2.fastify.listen({ host: '127.0.0.1', port: 0 })
   const port = (f: { server: { address(): unknown } }): number => (f.server.address() as AddressInfo).port
-  process.stdout.write(`${JSON.stringify({ baseline: port(base), router: port(app.fastify), silent: port(quiet.fastify) })}\n`)
+  process.stdout.write(`${JSON.stringify({ baseline: port(base), router: port(app.fastify), silent: port(quiet.fastify), silent2: port(quiet2.fastify) })}\n`)
   process.on('SIGTERM', () => process.exit(0))
   process.on('SIGINT', () => process.exit(0))
 }
@@ -360,12 +369,12 @@ interface LoadResult {
   cpuUsPerReq: number | null
 }
 
-async function load(url: string, requests: { body: string }[], connections: number, serverPid?: number): Promise<LoadResult> {
+async function load(url: string, requests: { body: string }[], connections: number, serverPid?: number, seconds = HTTP_SECS): Promise<LoadResult> {
   const cpu0 = processTicks(serverPid)
   const r = await autocannon({
     url,
     connections,
-    duration: HTTP_SECS,
+    duration: seconds,
     pipelining: 1,
     timeout: 30,
     requests: requests.map((q) => ({ method: 'POST', headers: { 'content-type': 'application/json' }, body: q.body })),
@@ -384,6 +393,17 @@ interface HttpRound {
   silent: LoadResult
 }
 
+/** One trio of the logging phases: the app logging at info, the app with logging off, and its twin. */
+interface LoggingTrio {
+  info: LoadResult
+  off: LoadResult
+  off2: LoadResult
+}
+
+/** Short phases of the logging comparison, and how many trios of them (three orders, each as often). */
+const LOG_SECS = Number(process.env.BENCH_HTTP_LOG_SECS ?? 3)
+const LOG_TRIOS = 9
+
 async function benchHttpRoute(): Promise<object> {
   const self = fileURLToPath(import.meta.url)
   const { p, m } = await child([...ROUTER_V8_FLAGS, self, '--serve'], /(\{.*\})\n/, { quiet: true })
@@ -391,9 +411,10 @@ async function benchHttpRoute(): Promise<object> {
   p.stderr?.on('data', (d: Buffer) => {
     for (let i = d.indexOf(10); i !== -1; i = d.indexOf(10, i + 1)) newlines++
   })
-  const ports = JSON.parse(m[1] as string) as { baseline: number; router: number; silent: number }
+  const ports = JSON.parse(m[1] as string) as { baseline: number; router: number; silent: number; silent2: number }
   const bodies = httpPrompts().map((tokens) => ({ body: JSON.stringify({ token_ids: tokens }) }))
   const rounds: HttpRound[] = []
+  const trios: LoggingTrio[] = []
   let logged = 0
   let lines = 0
   try {
@@ -413,12 +434,31 @@ async function benchHttpRoute(): Promise<object> {
       logged += route.served
     }
     lines = newlines - before
+    // Logging at info against logging off, in short phases taken in trios, the three apps' order
+    // rotated so that the machine's drift falls on each alike; the twin with logging off beside
+    // them gives the spread the method itself sees (an A/A comparison).
+    const apps = [ports.router, ports.silent, ports.silent2]
+    for (let i = 0; i < LOG_TRIOS; i++) {
+      const got = new Map<number, LoadResult>()
+      for (let k = 0; k < 3; k++) {
+        const at = apps[(i + k) % 3] as number
+        got.set(at, await load(`http://127.0.0.1:${at}/v1/route`, bodies, HTTP_CONNECTIONS, p.pid, LOG_SECS))
+      }
+      trios.push({ info: got.get(ports.router) as LoadResult, off: got.get(ports.silent) as LoadResult, off2: got.get(ports.silent2) as LoadResult })
+    }
   } finally {
     p.kill('SIGTERM')
   }
   const logRatios = rounds.map((x) => x.route.reqPerSec / x.silent.reqPerSec)
   const logCpu = rounds.flatMap((x) => (x.route.cpuUsPerReq !== null && x.silent.cpuUsPerReq !== null ? [x.route.cpuUsPerReq - x.silent.cpuUsPerReq] : []))
   const best = rounds.map((x) => x.route.reqPerSec / x.baseline.reqPerSec)
+  const offRatios = rounds.map((x) => x.silent.reqPerSec / x.baseline.reqPerSec)
+  const cpuAdded = (a: LoadResult, b: LoadResult): number[] => (a.cpuUsPerReq !== null && b.cpuUsPerReq !== null ? [a.cpuUsPerReq - b.cpuUsPerReq] : [])
+  const trioRatios = trios.map((x) => x.info.reqPerSec / x.off.reqPerSec)
+  const twinRatios = trios.map((x) => x.off2.reqPerSec / x.off.reqPerSec)
+  const trioCpu = trios.flatMap((x) => cpuAdded(x.info, x.off))
+  const twinCpu = trios.flatMap((x) => cpuAdded(x.off2, x.off))
+  const ratioCi = medianInterval(trioRatios)
   const cpuRatios = rounds.flatMap((x) => (x.route.cpuUsPerReq !== null && x.baseline.cpuUsPerReq !== null ? [x.baseline.cpuUsPerReq / x.route.cpuUsPerReq] : []))
   return {
     connections: HTTP_CONNECTIONS,
@@ -429,6 +469,9 @@ async function benchHttpRoute(): Promise<object> {
     rounds,
     ratios: best,
     ratioMedian: median(best),
+    // the same ratio with the app whose logging is off, in the same rounds
+    ratiosLoggingOff: offRatios,
+    ratioMedianLoggingOff: median(offRatios),
     // baseline CPU per request / router CPU per request: the throughput ratio follows it when
     // CPU, the server's or the shared machine's, is what limits both
     cpuRatios,
@@ -442,6 +485,22 @@ async function benchHttpRoute(): Promise<object> {
       // lines written in the logged phases against the requests autocannon counted there
       lines,
       requests: logged,
+      // the trios of short phases: info/off and the A/A twin/off, medians with 95% bootstrap
+      // intervals; logging is within the noise when the info/off interval holds 1
+      trioSeconds: LOG_SECS,
+      trios,
+      trioReqPerSecRatios: trioRatios,
+      trioReqPerSecRatioMedian: median(trioRatios),
+      trioReqPerSecRatioCi95: ratioCi,
+      twinReqPerSecRatios: twinRatios,
+      twinReqPerSecRatioMedian: median(twinRatios),
+      twinReqPerSecRatioCi95: medianInterval(twinRatios),
+      trioCpuUsPerReqAdded: trioCpu,
+      trioCpuUsPerReqAddedMedian: trioCpu.length > 0 ? median(trioCpu) : null,
+      trioCpuUsPerReqAddedCi95: trioCpu.length > 0 ? medianInterval(trioCpu) : null,
+      twinCpuUsPerReqAddedMedian: twinCpu.length > 0 ? median(twinCpu) : null,
+      twinCpuUsPerReqAddedCi95: twinCpu.length > 0 ? medianInterval(twinCpu) : null,
+      withinNoise: ratioCi[0] <= 1 && 1 <= ratioCi[1],
     },
   }
 }
@@ -494,7 +553,24 @@ async function mainHttp(prior: object = {}): Promise<void> {
     rounds: HttpRound[]
     ratioMedian: number
     cpuRatioMedian: number | null
-    logging: { reqPerSecRatioMedian: number; cpuUsPerReqAddedMedian: number | null; lines: number; requests: number }
+    ratioMedianLoggingOff: number
+    logging: {
+      reqPerSecRatioMedian: number
+      cpuUsPerReqAddedMedian: number | null
+      lines: number
+      requests: number
+      trioSeconds: number
+      trios: LoggingTrio[]
+      trioReqPerSecRatioMedian: number
+      trioReqPerSecRatioCi95: [number, number]
+      twinReqPerSecRatioMedian: number
+      twinReqPerSecRatioCi95: [number, number]
+      trioCpuUsPerReqAddedMedian: number | null
+      trioCpuUsPerReqAddedCi95: [number, number] | null
+      twinCpuUsPerReqAddedMedian: number | null
+      twinCpuUsPerReqAddedCi95: [number, number] | null
+      withinNoise: boolean
+    }
   }
   const cpu = (x: number | null): string => (x === null ? '–' : x.toFixed(1))
   console.log(`\nHTTP /v1/route, ${HTTP_TOKENS}-token JSON prompts, ${HTTP_WORKERS} workers, ${HTTP_CONNECTIONS} connections, ${HTTP_SECS} s per run`)
@@ -516,6 +592,22 @@ async function mainHttp(prior: object = {}): Promise<void> {
   console.log(
     `median req/s ratio info/off ${lg.reqPerSecRatioMedian.toFixed(3)}; CPU a request's line adds, median ${lg.cpuUsPerReqAddedMedian === null ? '–' : lg.cpuUsPerReqAddedMedian.toFixed(1)} µs; ${lg.lines} lines for ${lg.requests} requests counted`,
   )
+  console.log(`/v1/route ratio (req/s against the baseline), median of the rounds: logging at info ${h.ratioMedian.toFixed(3)}, logging off ${h.ratioMedianLoggingOff.toFixed(3)}`)
+  const ci = (x: [number, number] | null, d: number): string => (x === null ? '–' : `${x[0].toFixed(d)} to ${x[1].toFixed(d)}`)
+  console.log(`\n/v1/route logging trios: ${lg.trios.length} × (info, off, off twin), ${lg.trioSeconds} s each, the order rotated`)
+  console.log('trio | info req/s | off req/s | twin req/s | info/off | twin/off | info cpu µs/req | off cpu µs/req | twin cpu µs/req')
+  lg.trios.forEach((x, i) =>
+    console.log(
+      `${String(i + 1).padStart(4)} | ${x.info.reqPerSec.toFixed(0).padStart(10)} | ${x.off.reqPerSec.toFixed(0).padStart(9)} | ${x.off2.reqPerSec.toFixed(0).padStart(10)} | ${(x.info.reqPerSec / x.off.reqPerSec).toFixed(3).padStart(8)} | ${(x.off2.reqPerSec / x.off.reqPerSec).toFixed(3).padStart(8)} | ${cpu(x.info.cpuUsPerReq).padStart(15)} | ${cpu(x.off.cpuUsPerReq).padStart(14)} | ${cpu(x.off2.cpuUsPerReq).padStart(15)}`,
+    ),
+  )
+  console.log(
+    `median req/s info/off ${lg.trioReqPerSecRatioMedian.toFixed(3)} (95% bootstrap ${ci(lg.trioReqPerSecRatioCi95, 3)}); A/A twin/off ${lg.twinReqPerSecRatioMedian.toFixed(3)} (${ci(lg.twinReqPerSecRatioCi95, 3)})`,
+  )
+  console.log(
+    `CPU per request added, median: info − off ${cpu(lg.trioCpuUsPerReqAddedMedian)} µs (${ci(lg.trioCpuUsPerReqAddedCi95, 1)}); A/A twin − off ${cpu(lg.twinCpuUsPerReqAddedMedian)} µs (${ci(lg.twinCpuUsPerReqAddedCi95, 1)})`,
+  )
+  console.log(`request logging at info ${lg.withinNoise ? 'is within the noise' : 'is NOT within the noise'}: the info/off interval ${lg.withinNoise ? 'holds' : 'does not hold'} 1`)
   printProxy(proxy)
   console.log(`written to ${join(dir, 'route.json')}`)
 }

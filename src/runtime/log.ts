@@ -11,6 +11,7 @@ import pino from 'pino'
 import type { DestinationStream, Logger } from 'pino'
 import { REDACTED, redactSecrets } from './redact.js'
 import { beforeDie } from '../cli/flags.js'
+import { StderrWriter } from './stderr-writer.js'
 
 export type { Logger } from 'pino'
 export { addSecret, redactSecrets } from './redact.js'
@@ -127,10 +128,9 @@ function prettySink(out: Sink, color: boolean): Sink {
 }
 
 /**
- * The lines of one turn of the event loop, written together at its end: under load a turn
+ * The lines of one turn of the event loop, handed on together at its end: under load a turn
  * answers many requests, and a write(2) per line (to a pipe, a reader woken each time) cost more
- * than the line itself. Written synchronously (sonic-boom, sync), so a line is out by the next
- * turn; what a turn holds is written too at exit and before a fatal line (die()).
+ * than the line itself. What a turn holds is written too at exit and before a fatal line (die()).
  */
 class TurnBatch implements Sink {
   private held = ''
@@ -157,12 +157,31 @@ class TurnBatch implements Sink {
 
 let stderrBatch: TurnBatch | null = null
 
+/** Bytes of log lines held for a reader that falls behind; past them, lines are dropped and counted. */
+export const LOG_BUFFER_BYTES = 16 * 1024 * 1024
+/** How long the lines still held may take to go out when the process exits. */
+const EXIT_FLUSH_MS = 2000
+
+let stderrWriter: StderrWriter | null = null
+
+/** Log lines dropped because the reader of stderr fell LOG_BUFFER_BYTES behind. */
+export function logLinesDropped(): number {
+  return stderrWriter?.droppedLines ?? 0
+}
+
+/** stderr, never waited for (see StderrWriter): a slow reader costs memory, then lines, counted. */
 function stderrSink(): Sink {
   if (stderrBatch === null) {
-    const batch = new TurnBatch(pino.destination({ dest: 2, sync: true }))
+    const writer = new StderrWriter(2, LOG_BUFFER_BYTES)
+    stderrWriter = writer
+    const batch = new TurnBatch(writer)
     stderrBatch = batch
-    process.on('exit', batch.flush)
-    beforeDie(batch.flush)
+    const flushAll = (): void => {
+      batch.flush()
+      writer.flushSync(Date.now() + EXIT_FLUSH_MS)
+    }
+    process.on('exit', flushAll)
+    beforeDie(flushAll)
   }
   return stderrBatch
 }

@@ -1,8 +1,9 @@
 // The proxy benchmark's bootstrap intervals (bench/lib/stats.ts): the shortcut that keeps only the
 // largest indices drawn must give exactly the quantile of the resample built and sorted, and the
 // interval must cover the true difference of two known distributions about as often as it claims.
+// The same holds of the interval of a median of paired ratios and of a difference of overheads.
 import t from 'tap'
-import { quantile, quantileDifferenceInterval, quantileOf, resampledQuantile, uniformDraws } from '../../bench/lib/stats.js'
+import { medianInterval, overheadDifferenceInterval, quantile, quantileDifferenceInterval, quantileOf, resampledQuantile, uniformDraws } from '../../bench/lib/stats.js'
 
 /** The resample built in full from the same draws, sorted, and its quantile taken. */
 function resampledByHand(sorted: number[], q: number, next: () => number): number {
@@ -92,4 +93,41 @@ t.test('a wider level gives a wider interval, from the same draws', async (t) =>
   const [lo50, hi50] = quantileDifferenceInterval(a, b, { level: 0.5, resamples: 500, seed: 5 })
   t.ok(lo95 <= lo50 && hi50 <= hi95, `50% [${lo50}, ${hi50}] inside 95% [${lo95}, ${hi95}]`)
   t.ok(hi95 - lo95 > hi50 - lo50, 'strictly wider')
+})
+
+t.test('the median interval covers the true median about as often as it says', async (t) => {
+  // nine ratios around 1 with a spread of a few percent, as nine logging trios give
+  const gen = uniformDraws(17)
+  let covered = 0
+  const trials = 60
+  for (let i = 0; i < trials; i++) {
+    const xs = Array.from({ length: 9 }, () => 1 + 0.04 * (gen() - 0.5))
+    const [lo, hi] = medianInterval(xs, { resamples: 500, seed: i + 1 })
+    t.ok(lo <= hi, 'ordered')
+    if (lo <= 1 && 1 <= hi) covered++
+  }
+  // the percentile bootstrap of a median of nine is a little narrow; far fewer would be broken
+  t.ok(covered >= 48, `covered ${covered} of ${trials}`)
+  const [lo, hi] = medianInterval([0.9, 0.92, 0.91, 0.9, 0.93])
+  t.ok(hi < 1, `a clear 8% loss is outside 1: [${lo}, ${hi}]`)
+  t.ok(Number.isNaN(medianInterval([])[0]), 'no samples, no interval')
+})
+
+t.test('the difference of two overheads: 0 inside when they are alike, outside when one is slower', async (t) => {
+  const gen = uniformDraws(23)
+  let alike = 0
+  const trials = 30
+  for (let i = 0; i < trials; i++) {
+    const [a1, b1, a2, b2] = [1, 1.5, 1, 1.5].map((m) => latencies(3000, m, gen))
+    const [lo, hi] = overheadDifferenceInterval(a1 as number[], b1 as number[], a2 as number[], b2 as number[], { resamples: 300, seed: i + 1 })
+    if (lo <= 0 && 0 <= hi) alike++
+  }
+  t.ok(alike >= 25, `0 inside in ${alike} of ${trials}`)
+  // a hop whose tail is 3 ms rather than 1.5 ms: its p99 overhead is larger by 1.5 ln 100 ≈ 6.9 ms
+  const [a1, b1, a2, b2] = [1, 3, 1, 1.5].map((m) => latencies(3000, m, gen))
+  const [lo, hi] = overheadDifferenceInterval(a1 as number[], b1 as number[], a2 as number[], b2 as number[], { resamples: 300, seed: 3 })
+  t.ok(lo > 0, `[${lo}, ${hi}] above 0`)
+  const truth = 1.5 * Math.log(100)
+  t.ok(lo <= truth && truth <= hi, `[${lo}, ${hi}] holds ${truth}`)
+  t.ok(Number.isNaN(overheadDifferenceInterval([], [1], [1], [1])[0]), 'an empty side gives no interval')
 })

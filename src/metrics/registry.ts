@@ -209,7 +209,7 @@ export class RouterMetrics {
         },
       })
     }
-    counter(r, 'kvrouter_log_lines_dropped_total', 'Log lines dropped because the reader of stderr fell 16 MiB behind (the router never waits for it)', logLinesDropped)
+    counter(r, 'kvrouter_log_lines_dropped_total', 'Log lines dropped because the reader of stderr fell 16 MiB behind or went away (the router never waits for it)', logLinesDropped)
     // each series reads its own figure: a scrape may fetch any one of them alone
     counter(r, 'process_cpu_user_seconds_total', 'User CPU time of the process, all threads (s)', () => process.cpuUsage().user / 1e6)
     counter(r, 'process_cpu_system_seconds_total', 'System CPU time of the process, all threads (s)', () => process.cpuUsage().system / 1e6)

@@ -22,7 +22,7 @@ export class StderrWriter {
   private timer: NodeJS.Timeout | null = null
   /** The reader is gone (EPIPE, a closed descriptor): nothing more is written. */
   private gone = false
-  /** Lines dropped because `maxBytes` were already waiting. */
+  /** Lines dropped: `maxBytes` were already waiting, or the reader is gone. */
   droppedLines = 0
 
   constructor(
@@ -33,8 +33,11 @@ export class StderrWriter {
 
   /** Writes `text` (whole lines) as far as the descriptor takes it now; the rest waits. */
   write(text: string): boolean {
-    if (this.gone) return false
     const b = Buffer.from(text)
+    if (this.gone) {
+      this.droppedLines += countLines(b)
+      return false
+    }
     if (this.waiting.length === 0) {
       const n = this.tryWrite(b)
       if (n === b.length) return true
@@ -50,11 +53,6 @@ export class StderrWriter {
     }
     this.hold(b)
     return true
-  }
-
-  /** Bytes waiting for the reader. */
-  get pending(): number {
-    return this.waitingBytes
   }
 
   /** Writes what waits, retrying until it is out or `deadlineMs` (Date.now()) has passed: for exit. */
@@ -111,6 +109,9 @@ export class StderrWriter {
     } catch (err) {
       if ((err as NodeJS.ErrnoException).code === 'EAGAIN') return 0
       this.gone = true
+      // what waits, and `b` unless it is the first of those
+      for (const w of this.waiting) this.droppedLines += countLines(w)
+      if (this.waiting[0] !== b) this.droppedLines += countLines(b)
       this.waiting.length = 0
       this.waitingBytes = 0
       return b.length

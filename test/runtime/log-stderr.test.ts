@@ -95,7 +95,7 @@ t.test('past the buffer, lines are dropped and counted; what was kept goes out a
 t.test('a reader that goes away (EPIPE) leaves the process running', async (t) => {
   const logModule = fileURLToPath(new URL('../../dist/src/runtime/log.js', import.meta.url))
   const script = `
-    import { configureLog, log } from ${JSON.stringify(logModule)}
+    import { configureLog, log, logLinesDropped } from ${JSON.stringify(logModule)}
     import { writeSync } from 'node:fs'
     configureLog({ level: 'info', format: 'json' })
     process.stdin.once('data', async () => {
@@ -103,7 +103,7 @@ t.test('a reader that goes away (EPIPE) leaves the process running', async (t) =
         log.info({ i }, 'into a closed pipe')
         if (i % 100 === 99) await new Promise((r) => setImmediate(r))
       }
-      writeSync(1, 'alive\\n')
+      writeSync(1, 'alive, dropped ' + logLinesDropped() + '\\n')
       process.exit(0)
     })
   `
@@ -117,5 +117,5 @@ t.test('a reader that goes away (EPIPE) leaves the process running', async (t) =
   p.stderr.destroy()
   p.stdin.write('go\n')
   t.equal(await exited, 0, 'exits as it meant to')
-  t.equal(out, 'alive\n')
+  t.equal(out, 'alive, dropped 2000\n', 'every line counted as dropped')
 })

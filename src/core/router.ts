@@ -305,8 +305,12 @@ export class Router {
       blockSize: c.blockSize,
       catchUpTimeoutMs: c.replicaCatchUpSecs * 1000,
       spread: c.replicaSpread,
-      // a peer's binding is held for this replica's own TTL: bindings expire in the order made
-      onSessionBinding: this.sessions === null ? undefined : (session, workerId, dpRank) => this.sessions?.bind(session, workerId, dpRank, performance.now()),
+      // a peer's binding is held for this replica's own TTL (bindings expire in the order made);
+      // one a catch-up brings, for the time it has left
+      onSessionBinding:
+        this.sessions === null ? undefined : (session, workerId, dpRank, ttlMs, caughtUp) => this.sessions?.bind(session, workerId, dpRank, performance.now(), caughtUp ? ttlMs : undefined),
+      sessionBindings: this.sessions === null ? undefined : () => this.sessions?.live(performance.now()) ?? [],
+      isBound: (session) => this.sessions?.get(session, performance.now()) !== undefined,
       knownPeers: known(),
       ...this.deps.replica,
     })

@@ -51,10 +51,13 @@ export class SessionAffinity {
     return b
   }
 
-  /** Binds (or re-binds) the session to the worker-rank its request went to, for the TTL from now. */
-  bind(session: string, workerId: bigint, dpRank: number, now: number): void {
+  /**
+   * Binds (or re-binds) the session to the worker-rank its request went to, for the TTL from now
+   * (or for `ttlMs`, at most the TTL: a binding a peer's catch-up brings has only its time left).
+   */
+  bind(session: string, workerId: bigint, dpRank: number, now: number, ttlMs = this.ttlMs): void {
     this.bindings.delete(session)
-    this.bindings.set(session, { workerId, dpRank, expiresAt: now + this.ttlMs })
+    this.bindings.set(session, { workerId, dpRank, expiresAt: now + Math.min(ttlMs, this.ttlMs) })
     if (this.bindings.size > this.maxSessions) {
       const oldest = this.bindings.keys().next()
       if (oldest.done !== true) {
@@ -62,6 +65,11 @@ export class SessionAffinity {
         this.counters.evicted++
       }
     }
+  }
+
+  /** The live bindings and the time each has left (ms), for a peer replica's catch-up. */
+  *live(now: number): Generator<{ session: string; workerId: bigint; dpRank: number; ttlMs: number }> {
+    for (const [session, b] of this.bindings) if (b.expiresAt > now) yield { session, workerId: b.workerId, dpRank: b.dpRank, ttlMs: b.expiresAt - now }
   }
 
   /** Drops every binding to the worker (it left). */

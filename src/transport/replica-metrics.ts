@@ -57,6 +57,7 @@ export function registerReplicaMetrics(r: Registry, src: ReplicaSource): void {
     for (const [outcome, v] of Object.entries(s.counters.catchUps)) c.inc({ outcome }, v)
   })
   counter('kvrouter_replica_catch_up_bookings_total', "Peers' bookings taken from catch-up answers", [], (c, s) => c.inc(s.counters.catchUpBookings))
+  counter('kvrouter_replica_catch_up_sessions_total', "Peers' session bindings taken from catch-up answers (sessions this router had none for)", [], (c, s) => c.inc(s.counters.catchUpSessions))
   counter('kvrouter_replica_races_total', "Peers' bookings on a worker-rank this router booked within the sync delay (neither could have seen the other's)", [], (c, s) => c.inc(s.counters.races))
   gauge('kvrouter_replica_remote_bookings', "Peers' bookings held, counted in cost and busy checks", () => src.scheduler.sequences.remoteSize)
   gauge('kvrouter_replica_peers', 'Peers taken for alive', (s) => s.livePeers)

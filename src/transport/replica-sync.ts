@@ -8,8 +8,11 @@
 //   kvrouter_replicas        ours: a heartbeat per second (router id, URL, bookings), so a
 //                            kv-router peer that stops or goes silent has its bookings dropped.
 //   kvrouter_bookings        ours, request/reply: a replica that starts or reconnects asks
-//                            every peer for its live bookings and is `in step` (ready) once all
-//                            known peers answered, nobody answers, or the catch-up timeout passes.
+//                            every peer for its live bookings (and session bindings) and is `in
+//                            step` (ready) once all known peers answered, nobody answers, or the
+//                            catch-up timeout passes.
+//   kvrouter_sessions        ours: each session-affinity binding made, so a conversation whose
+//                            turns reach different replicas stays on one worker.
 //
 // Outbound events go through a bounded queue flushed on the next turn of the event loop (and held
 // while NATS is down); a full queue drops the newest event and counts it. Inbound events that do
@@ -64,9 +67,17 @@ export interface ReplicaSyncOptions {
   knownPeers?: readonly { id: string; url: string | null; host: string | null }[]
   /**
    * A peer bound a session (session affinity) to a worker-rank this router knows, for ttlMs from
-   * now: the next request of that session reaching this replica goes there too.
+   * now: the next request of that session reaching this replica goes there too. `caughtUp`: the
+   * binding came in a catch-up answer, and ttlMs is the time it has left there.
    */
-  onSessionBinding?: (session: string, workerId: bigint, dpRank: number, ttlMs: number) => void
+  onSessionBinding?: (session: string, workerId: bigint, dpRank: number, ttlMs: number, caughtUp: boolean) => void
+  /**
+   * This router's live session bindings, for a peer's catch-up. A binding a catch-up brings goes
+   * to onSessionBinding only when `isBound` says this router holds none for the session: what
+   * it bound or heard since is newer.
+   */
+  sessionBindings?: () => Iterable<{ session: string; workerId: bigint; dpRank: number; ttlMs: number }>
+  isBound?: (session: string) => boolean
 }
 
 /** What this router knows of another replica. */
@@ -146,6 +157,8 @@ export interface ReplicaCounters {
   remoteDropped: { peer_gone: number; catch_up: number }
   catchUps: { complete: number; timeout: number; alone: number }
   catchUpBookings: number
+  /** Peers' session bindings taken from catch-up answers (sessions this router had none for). */
+  catchUpSessions: number
   /** Peers' bookings on a worker-rank this router booked while neither could have seen the other's. */
   races: number
   disconnects: number
@@ -167,6 +180,7 @@ export class ReplicaSync implements BookingObserver {
     remoteDropped: { peer_gone: 0, catch_up: 0 },
     catchUps: { complete: 0, timeout: 0, alone: 0 },
     catchUpBookings: 0,
+    catchUpSessions: 0,
     races: 0,
     disconnects: 0,
     reconnects: 0,
@@ -391,7 +405,7 @@ export class ReplicaSync implements BookingObserver {
       return
     }
     try {
-      this.nc.publish(this.subjects.sessions, `{"router_id":${this.id},"session_id":${JSON.stringify(session)},"worker_id":${workerId},"dp_rank":${dpRank},"ttl_ms":${ttlMs}}`)
+      this.nc.publish(this.subjects.sessions, this.sessionLine(session, workerId, dpRank, ttlMs))
       this.counters.published.session_binding++
     } catch {
       this.counters.dropped.publish_error++
@@ -399,34 +413,37 @@ export class ReplicaSync implements BookingObserver {
   }
 
   private onSessionBinding(bytes: Uint8Array): void {
-    let id: string
-    let session: string
-    let workerId: bigint
-    let dpRank: number
-    let ttlMs: number
+    const b = this.parseSessionBinding(utf8.decode(bytes))
+    if (b === null) return
+    if (b.id === this.id) return this.count('session_binding', 'own')
+    if (this.sched.slotOf(b.workerId, b.dpRank) < 0) return this.count('session_binding', 'unknown_worker')
+    this.opts.onSessionBinding?.(b.session, b.workerId, b.dpRank, b.ttlMs, false)
+    this.count('session_binding', 'applied')
+  }
+
+  /** A session binding as published (and as a catch-up answer lists it); null, counted, when malformed. */
+  private parseSessionBinding(text: string): { id: string; session: string; workerId: bigint; dpRank: number; ttlMs: number } | null {
     try {
-      const v = parseJsonExact(utf8.decode(bytes))
+      const v = parseJsonExact(text)
       if (typeof v !== 'object' || v === null || Array.isArray(v)) throw new Error('not an object')
       const m = v as Record<string, unknown>
-      id = readU64(m['router_id'], 'router_id').toString()
+      const id = readU64(m['router_id'], 'router_id').toString()
       const sid = m['session_id']
       if (typeof sid !== 'string' || sid.length === 0 || sid.length > MAX_SESSION_ID) throw new Error('session_id')
-      session = sid
-      workerId = readU64(m['worker_id'], 'worker_id')
+      const workerId = readU64(m['worker_id'], 'worker_id')
       const r = m['dp_rank']
       const t = m['ttl_ms']
       if (typeof r !== 'number' || !Number.isInteger(r) || r < 0) throw new Error('dp_rank')
       if (typeof t !== 'number' || !(t > 0)) throw new Error('ttl_ms')
-      dpRank = r
-      ttlMs = t
+      return { id, session: sid, workerId, dpRank: r, ttlMs: t }
     } catch {
       this.counters.malformed++
-      return
+      return null
     }
-    if (id === this.id) return this.count('session_binding', 'own')
-    if (this.sched.slotOf(workerId, dpRank) < 0) return this.count('session_binding', 'unknown_worker')
-    this.opts.onSessionBinding?.(session, workerId, dpRank, ttlMs)
-    this.count('session_binding', 'applied')
+  }
+
+  private sessionLine(session: string, workerId: bigint, dpRank: number, ttlMs: number): string {
+    return `{"router_id":${this.id},"session_id":${JSON.stringify(session)},"worker_id":${workerId},"dp_rank":${dpRank},"ttl_ms":${ttlMs}}`
   }
 
   private count(type: string, outcome: ReceivedOutcome): void {
@@ -680,10 +697,13 @@ export class ReplicaSync implements BookingObserver {
     if (msg.reply === undefined || msg.reply === '') return
     let requester: string
     let target: string | null
+    let withSessions: boolean
     try {
       const v = parseJsonExact(utf8.decode(msg.data)) as Record<string, unknown>
       requester = readU64(v['router_id'], 'router_id').toString()
       target = v['target'] === null || v['target'] === undefined ? null : readU64(v['target'], 'target').toString()
+      // asked for by replicas that take them: an older one would read the lines as bookings
+      withSessions = v['sessions'] === true
     } catch (err) {
       this.malformed('a catch-up request', err)
       return
@@ -710,6 +730,8 @@ export class ReplicaSync implements BookingObserver {
         lines.push(encodeAddRequest(b.id, wid, rank, this.id, lo, hi, b.uniqueBlocks, b.isl, b.overlapBlocks, true, b.prefillTokens, now))
       } else lines.push(encodeAddRequest(b.id, wid, rank, this.id, null, null, 0, b.isl, b.overlapBlocks, true, b.prefillTokens, now))
     }
+    if (withSessions && this.opts.sessionBindings !== undefined)
+      for (const b of this.opts.sessionBindings()) lines.push(this.sessionLine(b.session, b.workerId, b.dpRank, Math.max(1, Math.round(b.ttlMs))))
     const peers: string[] = []
     for (const p of this.peers.values()) if (p.alive && p.kvRouter && p.id !== requester) peers.push(p.id)
     const limit = Math.min(512 * 1024, Math.floor(this.maxPayload / 2))
@@ -813,7 +835,7 @@ export class ReplicaSync implements BookingObserver {
     })
     this.catchUps.add(c)
     try {
-      this.nc.publish(this.subjects.catchUp, `{"router_id":${this.id},"target":${target ?? 'null'}}`, { reply: inbox })
+      this.nc.publish(this.subjects.catchUp, `{"router_id":${this.id},"target":${target ?? 'null'}${this.opts.onSessionBinding !== undefined ? ',"sessions":true' : ''}}`, { reply: inbox })
     } catch {
       c.finish('timeout')
       end()
@@ -863,9 +885,14 @@ export class ReplicaSync implements BookingObserver {
     if (listed === undefined) c.listed.set(id, (listed = new Set()))
     let added = 0
     for (let i = 1; i < lines.length; i++) {
+      const line = lines[i] as string
+      if (line.includes('"session_id":')) {
+        this.catchUpSession(line)
+        continue
+      }
       let ev: ActiveSequenceEvent
       try {
-        ev = this.decoder.decode(Buffer.from(lines[i] as string))
+        ev = this.decoder.decode(Buffer.from(line))
       } catch (err) {
         this.malformed('a booking in a catch-up answer', err)
         continue
@@ -890,6 +917,15 @@ export class ReplicaSync implements BookingObserver {
       }
     }
     return added
+  }
+
+  /** A session binding a catch-up answer lists: taken where this router holds none for it. */
+  private catchUpSession(line: string): void {
+    const b = this.parseSessionBinding(line)
+    if (b === null || b.id === this.id || this.opts.onSessionBinding === undefined) return
+    if (this.sched.slotOf(b.workerId, b.dpRank) < 0 || this.opts.isBound?.(b.session) === true) return
+    this.opts.onSessionBinding(b.session, b.workerId, b.dpRank, b.ttlMs, true)
+    this.counters.catchUpSessions++
   }
 
   // ---- status, inspection, shutdown ----

@@ -2,7 +2,8 @@
 // prefill completions and frees reach the peer within 50 ms; own events are ignored; session
 // bindings are shared; synced replicas alternating on requests place them as one router would
 // (and unsynced ones do not); a booking published by hand in Dynamo's format is applied, and ours
-// have Dynamo's shape; a late replica holds its peers' bookings before it is in step; a lone one
+// have Dynamo's shape; a late replica holds its peers' bookings (and session bindings) before it
+// is in step; a lone one
 // is in step at once; malformed messages are counted. Peers leaving and NATS restarts:
 // replica-peers.test.ts.
 import t from 'tap'
@@ -96,6 +97,35 @@ t.test('a session bound on one replica is bound on the other: its next turn goes
   pub.publish(subjects.sessions, '{"router_id":99,"session_id":"ghost","worker_id":777,"dp_rank":0,"ttl_ms":1000}')
   await waitUntil('counted', () => (b.replicas?.counters.malformed ?? 0) - before === 3 && b.replicas?.counters.received.get('session_binding:unknown_worker') === 1, 1000, 1)
   t.equal(b.sessions?.get('ghost', performance.now()), undefined)
+})
+
+t.test('a replica that starts after a session was bound takes the binding from its catch-up, for the time left; a newer one it holds stays', async (t) => {
+  const ttl = ['--router-session-affinity-ttl-secs', '60']
+  const a = await replica(t, 41n, ttl)
+  await inStep(a)
+  const first = await a.route({ tokens: prompt(0, 4, 81), sessionId: 'conv-late' })
+  const w = first.decision.workerId
+  const b = await replica(t, 42n, ttl)
+  await inStep(b)
+  const got = b.sessions?.get('conv-late', performance.now())
+  t.equal(got?.workerId, w, 'B holds the binding A made before B started')
+  const left = (got?.expiresAt ?? 0) - performance.now()
+  t.ok(left > 50_000 && left <= 60_000, `for the time it had left on A (${left.toFixed(0)} ms)`)
+  t.equal(b.replicas?.counters.catchUpSessions, 1)
+  t.equal(b.replicas?.counters.received.get('session_binding:applied'), undefined, 'not from a live message: B was not there')
+  // bound on each side without a message (as if B's own were newer), and one A alone holds
+  const other = w === 1n ? 2n : 1n
+  const now = performance.now()
+  a.sessions?.bind('conv-both', w, 0, now, 10_000)
+  b.sessions?.bind('conv-both', other, 0, now)
+  a.sessions?.bind('conv-a', w, 0, now, 10_000)
+  await b.replicas?.catchUp(String(a.replicas?.routerId), false)
+  t.equal(b.sessions?.get('conv-both', performance.now())?.workerId, other, "B's own binding stays")
+  const taken = b.sessions?.get('conv-a', performance.now())
+  t.equal(taken?.workerId, w, 'the one B lacked is taken')
+  t.ok((taken?.expiresAt ?? 0) - performance.now() <= 10_000, 'for its 10 s left, not the full TTL')
+  t.equal(b.replicas?.counters.catchUpSessions, 2)
+  t.match(await b.metrics.registry.metrics(), /^kvrouter_replica_catch_up_sessions_total 2$/m)
 })
 
 /** Loads each worker differently (pinned bookings), so the costs below have no ties. */

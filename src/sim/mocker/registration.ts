@@ -7,6 +7,8 @@ import type { Etcd3, Lease } from 'etcd3'
 import { EventEmitter } from 'node:events'
 import { KvrError } from '../../errors.js'
 import { cardsPrefix, instancesPrefix } from '../../transport/dynamo-names.js'
+import { etcdConnection } from '../../transport/etcd.js'
+import { redactSecrets } from '../../runtime/redact.js'
 
 export interface WorkerRecord {
   url: string
@@ -93,12 +95,12 @@ export class EtcdRegistrar {
   static async connect(o: EtcdRegistrarOptions): Promise<EtcdRegistrar> {
     // loaded on first use: a fleet without etcd (npm start's) need not load its gRPC stack
     const { Etcd3 } = await import('etcd3')
-    const r = new EtcdRegistrar(o, new Etcd3({ hosts: o.url, dialTimeout: o.connectTimeoutMs ?? 3000 }))
+    const r = new EtcdRegistrar(o, new Etcd3({ ...etcdConnection(o.url), dialTimeout: o.connectTimeoutMs ?? 3000 }))
     try {
       await withTimeout(r.client.get('v1/instances/').exists(), o.connectTimeoutMs ?? 5000)
     } catch (err) {
       r.client.close()
-      throw new KvrError('KVR_ERR_INVALID_OPTION', `cannot reach etcd at ${o.url}: ${(err as Error).message}`, { cause: err })
+      throw new KvrError('KVR_ERR_INVALID_OPTION', `cannot reach etcd at ${redactSecrets(o.url)}: ${redactSecrets((err as Error).message)}`, { cause: err })
     }
     return r
   }
@@ -111,7 +113,7 @@ export class EtcdRegistrar {
       id = await withTimeout(lease.grant(), this.o.connectTimeoutMs ?? 5000)
     } catch (err) {
       lease.release()
-      throw new KvrError('KVR_ERR_INVALID_OPTION', `cannot get a lease from etcd at ${this.o.url}: ${(err as Error).message}`, { cause: err })
+      throw new KvrError('KVR_ERR_INVALID_OPTION', `cannot get a lease from etcd at ${redactSecrets(this.o.url)}: ${redactSecrets((err as Error).message)}`, { cause: err })
     }
     const l = new EtcdLease(BigInt(id), lease, this.o)
     this.leases.push(l)

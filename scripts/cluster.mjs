@@ -136,47 +136,6 @@ async function freePorts(count) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// HAProxy's configuration for loopback
-
-/**
- * deploy/haproxy/haproxy.cfg with loopback addresses: each `bind` on 127.0.0.1 and the port
- * `ports` maps its own to, the first `server` line repeated once per replica (router-1, …) with
- * the replica's port, the other `server` lines dropped. The `resolvers` section, for Docker's DNS,
- * goes with the names it resolved.
- */
-function renderHaproxyConfig(text, ports, replicaPorts) {
-  const out = []
-  let inResolvers = false
-  let serverDone = false
-  for (const line of text.split('\n')) {
-    if (/^\S/.test(line)) inResolvers = /^resolvers\s/.test(line)
-    if (inResolvers) continue
-    const bind = /^(\s*)bind\s+\S*:(\d+)(.*)$/.exec(line)
-    if (bind !== null) {
-      const port = ports.get(Number(bind[2]))
-      if (port === undefined) throw new Error(`no port for haproxy.cfg's bind on ${bind[2]}`)
-      out.push(`${bind[1]}bind 127.0.0.1:${port}${bind[3]}`)
-      continue
-    }
-    const noDns = line.replace(/\s+resolvers\s+\S+/, '')
-    const server = /^(\s*)server\s+([A-Za-z0-9_.-]*?)-?\d+\s+\S+(.*)$/.exec(noDns)
-    if (server !== null) {
-      if (!serverDone) replicaPorts.forEach((port, i) => out.push(`${server[1]}server ${server[2]}-${i + 1} 127.0.0.1:${port}${server[3]}`))
-      serverDone = true
-      continue
-    }
-    out.push(noDns)
-  }
-  if (!serverDone) throw new Error('haproxy.cfg has no server line to render the replicas from')
-  return out.join('\n')
-}
-
-/** The ports haproxy.cfg binds, in order. */
-function haproxyBindPorts(text) {
-  return [...text.matchAll(/^\s*bind\s+\S*:(\d+)/gm)].map((m) => Number(m[1]))
-}
-
-// ---------------------------------------------------------------------------------------------
 // children
 
 const TAIL_LINES = 40
@@ -315,6 +274,8 @@ if (!existsFile(MAIN)) {
   process.exit(1)
 }
 const { ROUTER_V8_FLAGS } = await import(pathToFileURL(join(root, 'dist', 'src', 'runtime', 'v8-flags.js')).href)
+// deploy/haproxy/haproxy.cfg rendered for loopback, as the tests render it
+const { haproxyBindPorts, renderHaproxyConfig } = await import(pathToFileURL(join(root, 'dist', 'src', 'deploy', 'haproxy.js')).href)
 const haproxyTemplate = readFileSync(HAPROXY_CFG, 'utf8')
 const binds = haproxyBindPorts(haproxyTemplate)
 
@@ -481,7 +442,14 @@ try {
   )
 
   const cfgPath = join(dir, 'haproxy.cfg')
-  writeFileSync(cfgPath, renderHaproxyConfig(haproxyTemplate, bindPorts, routerPorts))
+  writeFileSync(
+    cfgPath,
+    renderHaproxyConfig(
+      haproxyTemplate,
+      bindPorts,
+      routerPorts.map((port, i) => ({ name: `router-${i + 1}`, port })),
+    ),
+  )
   const haproxy = start('haproxy', bins.haproxy, ['-db', '-f', cfgPath])
   // through HAProxy until every replica has answered: each is in the rotation
   const seen = new Set()

@@ -164,6 +164,26 @@ t.test('GET /v1/status: workers, counters and the decisions after `since`, expla
   t.equal((await h.app.fastify.inject({ method: 'HEAD', url: '/v1/status' })).statusCode, 200)
 })
 
+t.test('GET /v1/status does not wait out an event backlog; GET /v1/workers counts every event taken before it', async (t) => {
+  const h = await harness(['--router-block-size', '4', '--worker', '1=http://127.0.0.1:9'])
+  t.teardown(() => h.close())
+  // a flood: 12,000 events of 64 fresh blocks each, seconds of work for the one shard
+  const total = 12_000
+  for (let i = 0; i < total; i++) {
+    const blocks = Array.from({ length: 64 }, (_, k) => ({ block_hash: BigInt(i * 64 + k + 1), tokens_hash: BigInt(i * 64 + k + 1) }))
+    h.router.ingestEvent({ worker_id: 1n, event: { event_id: BigInt(i), dp_rank: 0, data: { stored: { parent_hash: null, blocks } } } })
+  }
+  const processed = (): number => h.router.pool.counters().reduce((a, c) => a + c.processed, 0)
+  const status = await h.app.fastify.inject({ method: 'GET', url: '/v1/status' })
+  const at = processed()
+  t.equal(status.statusCode, 200)
+  t.ok(at < total, `answered with ${at} of ${total} events applied`)
+  const shown = (status.json() as { workers: { ranks: { cached_blocks: number }[] }[] }).workers[0]?.ranks[0]?.cached_blocks ?? -1
+  t.ok(shown < total * 64, `the blocks held then (${shown})`)
+  const workers = await h.app.fastify.inject({ method: 'GET', url: '/v1/workers' })
+  t.equal((workers.json() as { workers: { ranks: { cached_blocks: number }[] }[] }).workers[0]?.ranks[0]?.cached_blocks, total * 64, 'every block of the flood')
+})
+
 t.test('the stream: a snapshot at once, then each interval with the new decisions; it ends when the router drains', async (t) => {
   const h = await harness(['--router-block-size', '4', '--api-key', KEY, '--worker', '1=http://127.0.0.1:9'])
   let closed = false

@@ -15,7 +15,7 @@ import { KvrError } from '../../errors.js'
 import type { Candidate } from '../../scheduler/selector.js'
 import type { HttpContext } from '../context.js'
 import { candidateJson } from './route.js'
-import type { WorkersAnswer } from './workers.js'
+import type { ListWorkers } from './workers.js'
 
 /** Decisions one snapshot carries at most (the newest). */
 const DECISIONS_PER_SNAPSHOT = 32
@@ -48,7 +48,7 @@ function loadPage(): { html: string; csp: string } {
   }
 }
 
-export function statusRoutes(fastify: FastifyInstance, ctx: HttpContext, listWorkers: () => Promise<WorkersAnswer>): void {
+export function statusRoutes(fastify: FastifyInstance, ctx: HttpContext, listWorkers: ListWorkers): void {
   const { router, cfg } = ctx
   const page = loadPage()
   const host = hostname()
@@ -84,7 +84,7 @@ export function statusRoutes(fastify: FastifyInstance, ctx: HttpContext, listWor
     const health = router.pool.health()
     const conn = router.connected
     const sync = router.replicas
-    const [workers, counters] = await Promise.all([listWorkers(), readCounters(reg)])
+    const [workers, counters] = await Promise.all([listWorkers(true), readCounters(reg)])
     const body = serializeJson({
       time_ms: Date.now(),
       router: {

@@ -16,15 +16,22 @@ export interface WorkersAnswer {
   unregistered: object[]
 }
 
+/**
+ * What makes GET /v1/workers's answer. Its cached blocks count every event taken before it
+ * (read your writes); with `now`, as the shards hold them now, not waiting out an event backlog
+ * (the status page, refreshed every few seconds, must not stall behind a flood).
+ */
+export type ListWorkers = (now?: boolean) => Promise<WorkersAnswer>
+
 /** Registers the routes; returns what makes GET /v1/workers's answer. */
-export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): () => Promise<WorkersAnswer> {
+export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): ListWorkers {
   const { router, cfg } = ctx
-  const listWorkers = async (): Promise<WorkersAnswer> => {
+  const listWorkers = async (now = false): Promise<WorkersAnswer> => {
     const stats = router.scheduler.stats().slots
     const health = router.pool.health()
     const cached = new Map<string, number>()
     const lastEvent = new Map<string, bigint>()
-    const sizes = await router.pool.treeSizes()
+    const sizes = await (now ? router.pool.treeSizesNow() : router.pool.treeSizes())
     for (const t of sizes) {
       cached.set(`${t.worker_id}:${t.dp_rank}`, t.tree_size)
       if (t.last_event_id !== undefined) lastEvent.set(`${t.worker_id}:${t.dp_rank}`, t.last_event_id)

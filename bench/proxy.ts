@@ -232,12 +232,10 @@ function summary(rounds: Round[]): PairedSummary {
 }
 
 /** The logged router's pooled p99 TTFT overhead less the quiet one's, and its bootstrap interval. */
-function loggingDifference(logged: Round[], quiet: Round[]): ProxyResult['logging'] {
+function loggingDifference(logged: PairedSummary, quiet: PairedSummary): ProxyResult['logging'] {
   const pool = (rs: Round[], side: 'direct' | 'hop'): number[] => rs.flatMap((x) => ttftSamples(x[side])).sort((a, b) => a - b)
-  const a = summary(logged)
-  const b = summary(quiet)
-  const ci95Ms = overheadDifferenceInterval(pool(logged, 'direct'), pool(logged, 'hop'), pool(quiet, 'direct'), pool(quiet, 'hop'), { resamples: 2000 })
-  return { differenceMs: a.pooledTtftMs - b.pooledTtftMs, ci95Ms, withinNoise: ci95Ms[0] <= 0 && 0 <= ci95Ms[1] }
+  const ci95Ms = overheadDifferenceInterval(pool(logged.rounds, 'direct'), pool(logged.rounds, 'hop'), pool(quiet.rounds, 'direct'), pool(quiet.rounds, 'hop'), { resamples: 2000 })
+  return { differenceMs: logged.pooledTtftMs - quiet.pooledTtftMs, ci95Ms, withinNoise: ci95Ms[0] <= 0 && 0 <= ci95Ms[1] }
 }
 
 /** The niceness of the priority rounds' router: ahead of everything at the default 0. */
@@ -766,6 +764,8 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
     else priority = { nice: PRIORITY_NICE, summary: null, refused }
     const bareRounds = await roundsWith(await startReference('bare', directUrls), 'bare')
     const relayRounds = await roundsWith(await startReference('relay', directUrls), 'relay')
+    const pairedSummary = summary(paired)
+    const offSummary = summary(pairedOff)
     return {
       streamsTarget: streams,
       mode,
@@ -777,9 +777,9 @@ export async function benchProxy(cli: string, opts: { streams?: number; seconds?
       maxTokens: MAX_TOKENS,
       ttftMs: TTFT_MS,
       itlMs: ITL_MS,
-      paired: summary(paired),
-      pairedLoggingOff: summary(pairedOff),
-      logging: loggingDifference(paired, pairedOff),
+      paired: pairedSummary,
+      pairedLoggingOff: offSummary,
+      logging: loggingDifference(pairedSummary, offSummary),
       alternating: summary(alternating),
       priority,
       bare: summary(bareRounds),

@@ -6,7 +6,7 @@ import { PerformanceObserver, constants as perfConstants, monitorEventLoopDelay 
 import type { IntervalHistogram } from 'node:perf_hooks'
 import { Counter, Gauge, Histogram, Registry } from 'prom-client'
 import { BoundHistogram } from './histogram.js'
-import { logLinesDropped } from '../runtime/log.js'
+import { LOG_BUFFER_BYTES, logLinesDropped } from '../runtime/log.js'
 import type { RouteDecision } from '../scheduler/scheduler.js'
 
 const MS_BUCKETS = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 1000]
@@ -209,7 +209,12 @@ export class RouterMetrics {
         },
       })
     }
-    counter(r, 'kvrouter_log_lines_dropped_total', 'Log lines dropped because the reader of stderr fell 16 MiB behind or went away (the router never waits for it)', logLinesDropped)
+    counter(
+      r,
+      'kvrouter_log_lines_dropped_total',
+      `Log lines dropped because the reader of stderr fell ${LOG_BUFFER_BYTES / (1024 * 1024)} MiB behind or went away (the router never waits for it)`,
+      logLinesDropped,
+    )
     // each series reads its own figure: a scrape may fetch any one of them alone
     counter(r, 'process_cpu_user_seconds_total', 'User CPU time of the process, all threads (s)', () => process.cpuUsage().user / 1e6)
     counter(r, 'process_cpu_system_seconds_total', 'System CPU time of the process, all threads (s)', () => process.cpuUsage().system / 1e6)

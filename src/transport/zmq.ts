@@ -91,12 +91,11 @@ export class ZmqListener {
   /** The last sequence number applied, null before the first. */
   private last: bigint | null = null
   /**
-   * The first bytes and the length of the last batch applied: a replay from a gap asks for that
-   * batch again, and other bytes under its number mean another publisher (the engine restarted
-   * and counted past the old number before this socket reconnected), not a gap.
+   * The fingerprint of the last batch applied: a replay from a gap asks for that batch again,
+   * and other bytes under its number mean another publisher (the engine restarted and counted
+   * past the old number before this socket reconnected), not a gap.
    */
-  private readonly lastHead = Buffer.alloc(HEAD_BYTES)
-  private lastLen = -1
+  private lastPrint: number | null = null
   private held: { seq: bigint; payload: Buffer }[] = []
   /** Sequence numbers and fingerprints of the last batches a replay applied (slot seq % REPLAYED_KEPT). */
   private replayedSeq: BigInt64Array | null = null
@@ -204,9 +203,7 @@ export class ZmqListener {
 
   private apply(seq: bigint, payload: Uint8Array): void {
     this.last = seq
-    this.lastLen = payload.length
-    this.lastHead.fill(0)
-    this.lastHead.set(payload.subarray(0, HEAD_BYTES))
+    this.lastPrint = fingerprint(payload)
     this.counters.batches++
     this.counters.bytes += payload.length
     try {
@@ -233,7 +230,7 @@ export class ZmqListener {
         limited.info('zmq_engine_restart', this.who(), "an engine rank's replay does not hold the last batch applied: it restarted, and its worker-rank is reset")
         this.sink.restarted(this.source)
         this.last = null
-        this.lastLen = -1
+        this.lastPrint = null
         this.replayedSeq?.fill(-1n)
         complete = await this.requestReplay(0n, false)
       }
@@ -297,7 +294,7 @@ export class ZmqListener {
       if (seq === END) return !hole
       const payload = body[body.length - 1] as Buffer
       if (check && seq === from && this.last === from) {
-        if (payload.length !== this.lastLen || !payload.subarray(0, HEAD_BYTES).equals(this.lastHead.subarray(0, Math.min(HEAD_BYTES, payload.length)))) {
+        if (fingerprint(payload) !== this.lastPrint) {
           this.restartSeen = true
           await this.drainReplay(d)
           return false
@@ -309,19 +306,20 @@ export class ZmqListener {
       if (seq > expect) hole = true
       expect = seq + 1n
       this.counters.replayedBatches++
-      this.noteReplayed(seq, payload)
       this.apply(seq, payload)
+      this.noteReplayed(seq)
     }
   }
 
-  private noteReplayed(seq: bigint, payload: Uint8Array): void {
+  /** Keeps the batch just applied from a replay (its fingerprint is lastPrint). */
+  private noteReplayed(seq: bigint): void {
     if (this.replayedSeq === null) {
       this.replayedSeq = new BigInt64Array(REPLAYED_KEPT).fill(-1n)
       this.replayedPrint = new Uint32Array(REPLAYED_KEPT)
     }
     const slot = Number(seq % BigInt(REPLAYED_KEPT))
     this.replayedSeq[slot] = BigInt.asIntN(64, seq)
-    ;(this.replayedPrint as Uint32Array)[slot] = fingerprint(payload)
+    ;(this.replayedPrint as Uint32Array)[slot] = this.lastPrint as number
   }
 
   /** True when a replay applied this very batch (same number, same bytes): the live copy is late. */

@@ -124,7 +124,8 @@ try {
       const r = await replica(name)
       await until(() => r.d.catchUp.seconds !== null)
       const c = r.pool.counters()
-      if (r.d.catchUp.events !== w.messages.length || c.reduce((s, x) => s + x.malformed + x.lost, 0) !== 0) throw new Error('bench: events were lost or malformed')
+      if (r.d.catchUp.events !== w.messages.length || c.reduce((s, x) => s + x.malformed + x.lost, 0) !== 0)
+        throw new Error('bench: events were lost or malformed')
       runs[name].push(r.d.catchUp.seconds as number)
       console.log(`  replica ${rep + 1}: ${(r.d.catchUp.seconds as number).toFixed(2)} s`)
       if (name !== 'mooncake' || rep < reps - 1) {
@@ -139,7 +140,8 @@ try {
       snapshot.megabytes = (r.d.lastSnapshot?.bytes ?? 0) / 1e6
       await stop(r)
       const fresh = await replica(name)
-      if (fresh.d.counters.snapshotsLoaded !== 1 || (await (await js.views.os(fresh.d.bucket)).info(RADIX_STATE_OBJECT)) === null) throw new Error('bench: the snapshot was not loaded')
+      if (fresh.d.counters.snapshotsLoaded !== 1 || (await (await js.views.os(fresh.d.bucket)).info(RADIX_STATE_OBJECT)) === null)
+        throw new Error('bench: the snapshot was not loaded')
       snapshot.events = fresh.d.catchUp.snapshotEvents
       snapshot.loadSeconds = fresh.startMs / 1000
       await stop(fresh)

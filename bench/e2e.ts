@@ -101,7 +101,19 @@ function parseArgs(argv: string[]): Args {
       full = true
       continue
     }
-    const known = ['--minutes', '--offset', '--workers', '--modes', '--speedup', '--load', '--capacity-factor', '--max-in-flight', '--trace', '--records', '--router-args']
+    const known = [
+      '--minutes',
+      '--offset',
+      '--workers',
+      '--modes',
+      '--speedup',
+      '--load',
+      '--capacity-factor',
+      '--max-in-flight',
+      '--trace',
+      '--records',
+      '--router-args',
+    ]
     const [name, inline] = a.includes('=') ? [a.slice(0, a.indexOf('=')), a.slice(a.indexOf('=') + 1)] : [a, undefined]
     if (!known.includes(name as string)) fail(`unknown option ${JSON.stringify(a)} (known: --full ${known.join(' ')})`)
     const value = inline ?? argv[++i]
@@ -112,7 +124,8 @@ function parseArgs(argv: string[]): Args {
     const s = v.get(name)
     if (s === undefined) return dflt
     const n = Number(s)
-    if (s.trim() === '' || !Number.isFinite(n) || n <= 0 || (integer && !Number.isInteger(n))) fail(`${name} must be a positive ${integer ? 'integer' : 'number'}, got ${JSON.stringify(s)}`)
+    if (s.trim() === '' || !Number.isFinite(n) || n <= 0 || (integer && !Number.isInteger(n)))
+      fail(`${name} must be a positive ${integer ? 'integer' : 'number'}, got ${JSON.stringify(s)}`)
     return n
   }
   const modes = (v.get('--modes') ?? DEFAULT_MODES.join(',')).split(',').filter((m) => m !== '')
@@ -170,7 +183,19 @@ async function runMode(mode: string, a: Args, requests: TraceRequest[], k: numbe
   let mocker: Child | null = null
   try {
     mocker = await start(
-      ['mocker', '--num-workers', String(a.workers), '--router-url', url, '--block-size', String(BLOCK_SIZE), '--num-gpu-blocks-override', String(k), '--speedup-ratio', String(a.speedup)],
+      [
+        'mocker',
+        '--num-workers',
+        String(a.workers),
+        '--router-url',
+        url,
+        '--block-size',
+        String(BLOCK_SIZE),
+        '--num-gpu-blocks-override',
+        String(k),
+        '--speedup-ratio',
+        String(a.speedup),
+      ],
       /kv-router mocker: ready (\d+) engine\(s\)/,
     )
     const { ids } = await workerIds(url)
@@ -242,7 +267,12 @@ function evaluateBars(bound: number, modes: Record<string, ReplaySummary>): Bar[
   if (kv !== undefined) bars.push(...kvBars('kv', bound, kv, rr))
   const errs = Object.entries(modes).map(([m, s]) => `${m} ${s.errors}`)
   bars.push({ bar: 'zero errors in every mode', value: errs.join(', '), target: '0', pass: Object.values(modes).every((s) => s.errors === 0) })
-  bars.push({ bar: '(calibration) round-robin p90 TTFT ≥ 1 s simulated', value: rrP90 === null ? 'n/a' : `${ms(rrP90)} ms`, target: '≥ 1000 ms', pass: rrP90 === null ? null : rrP90 >= 1000 })
+  bars.push({
+    bar: '(calibration) round-robin p90 TTFT ≥ 1 s simulated',
+    value: rrP90 === null ? 'n/a' : `${ms(rrP90)} ms`,
+    target: '≥ 1000 ms',
+    pass: rrP90 === null ? null : rrP90 >= 1000,
+  })
   return bars
 }
 
@@ -265,7 +295,12 @@ function kvBars(name: string, bound: number, kv: ReplaySummary, rr: ReplaySummar
     pass: kvP90 === null || rrP90 === null ? null : kvP90 <= rrP90 * 0.25,
   })
   const sp = kv.spread
-  bars.push({ bar: `${name} spread (max/min requests per worker) ≤ 1.3`, value: sp === null ? '∞ (a worker got none)' : sp.toFixed(2), target: '≤ 1.3', pass: sp !== null && sp <= 1.3 })
+  bars.push({
+    bar: `${name} spread (max/min requests per worker) ≤ 1.3`,
+    value: sp === null ? '∞ (a worker got none)' : sp.toFixed(2),
+    target: '≤ 1.3',
+    pass: sp !== null && sp <= 1.3,
+  })
   return bars
 }
 
@@ -370,7 +405,26 @@ async function main(): Promise<void> {
   })
   console.log(`\nper mode (times in SIMULATED ms = wall × ${a.speedup}; throughput per simulated second)`)
   console.log(
-    table(['mode', 'requests', 'errors', 'TTFT p50', 'TTFT p90', 'TTFT p99', 'TPOT p50', 'TPOT p99', 'ITL p50', 'ITL p99', 'req/s', 'out tok/s', 'hit rate', 'spread', 'send lag p99 (wall ms)'], rows),
+    table(
+      [
+        'mode',
+        'requests',
+        'errors',
+        'TTFT p50',
+        'TTFT p90',
+        'TTFT p99',
+        'TPOT p50',
+        'TPOT p99',
+        'ITL p50',
+        'ITL p99',
+        'req/s',
+        'out tok/s',
+        'hit rate',
+        'spread',
+        'send lag p99 (wall ms)',
+      ],
+      rows,
+    ),
   )
   console.log(`infinite-cache bound: ${pct(bound.hitRate)}`)
   console.log('\ntargets')

@@ -98,7 +98,16 @@ function simulate(options: SchedulerOptionsInput, requests: TraceRequest[], a: A
   const s = new Scheduler({ blockSize: BLOCK_SIZE, seed: 1, ...options }, { timers: false, clock: () => now })
   const engines: MockEngine[] = []
   for (let i = 0; i < a.workers; i++) {
-    engines.push(new MockEngine({ workerId: BigInt(i + 1), blockSize: BLOCK_SIZE, numGpuBlocks: blocksPerWorker, maxNumBatchedTokens: a.chunk, autoStep: false, now: () => now }))
+    engines.push(
+      new MockEngine({
+        workerId: BigInt(i + 1),
+        blockSize: BLOCK_SIZE,
+        numGpuBlocks: blocksPerWorker,
+        maxNumBatchedTokens: a.chunk,
+        autoStep: false,
+        now: () => now,
+      }),
+    )
     s.addWorkerRank(BigInt(i + 1), 0, { maxNumBatchedTokens: a.chunk, totalKvBlocks: blocksPerWorker })
   }
   const hasher = new TraceBlockHasher(BLOCK_SIZE)
@@ -201,7 +210,10 @@ function main(): void {
     `bench:fleet-sim — min ${a.offset} to ${a.offset + a.minutes} of the trace: ${requests.length} requests, ${a.workers} engines of ${k} KV blocks and a ${a.chunk}-token step, load × ${a.load}; infinite-cache bound ${(bound.hitRate * 100).toFixed(1)}%`,
   )
   const rows: string[][] = []
-  const json: Record<string, { hit_rate: number; hit_rate_over_bound: number; ttft_ms: { p50: number; p90: number; p99: number }; e2e_mean_ms: number; spread: number | null }> = {}
+  const json: Record<
+    string,
+    { hit_rate: number; hit_rate_over_bound: number; ttft_ms: { p50: number; p90: number; p99: number }; e2e_mean_ms: number; spread: number | null }
+  > = {}
   let rrP90: number | null = null
   for (const mode of a.modes) {
     const t = performance.now()

@@ -136,7 +136,10 @@ class PoolTarget implements Target {
   }
 
   static async start(shards: number): Promise<PoolTarget> {
-    return new PoolTarget(await ShardPool.start({ shards, ...(shardSpinUs !== undefined ? { shardSpinUs } : {}), ...(querySpinUs !== undefined ? { querySpinUs } : {}) }), shards)
+    return new PoolTarget(
+      await ShardPool.start({ shards, ...(shardSpinUs !== undefined ? { shardSpinUs } : {}), ...(querySpinUs !== undefined ? { querySpinUs } : {}) }),
+      shards,
+    )
   }
 
   /**
@@ -192,7 +195,14 @@ class PoolTarget implements Target {
     const ringFull = ringFullTotal - this.ringFullBefore
     this.ringFullBefore = ringFullTotal
     if (c.reduce((s, x) => s + x.malformed + x.lost, 0) !== 0) throw new Error('bench: events were malformed or lost')
-    return { seconds, lookupP50: quantileOf(lookups.subarray(0, li), 0.5), lookupP99: quantileOf(lookups.subarray(0, li), 0.99), ringFull, bytesPerBlock: bytes / entries, entries }
+    return {
+      seconds,
+      lookupP50: quantileOf(lookups.subarray(0, li), 0.5),
+      lookupP99: quantileOf(lookups.subarray(0, li), 0.99),
+      ringFull,
+      bytesPerBlock: bytes / entries,
+      entries,
+    }
   }
 
   async clear(): Promise<void> {
@@ -234,7 +244,11 @@ if (oneShard !== undefined && oneShardTarget !== undefined) {
     rs.push(await oneShardTarget.pass(rate))
     await oneShardTarget.clear()
   }
-  paced = { pace_block_ops_per_sec: rate, lookup_us: { p50: median(rs.map((x) => x.lookupP50)), p99: median(rs.map((x) => x.lookupP99)) }, seconds: median(rs.map((x) => x.seconds)) }
+  paced = {
+    pace_block_ops_per_sec: rate,
+    lookup_us: { p50: median(rs.map((x) => x.lookupP50)), p99: median(rs.map((x) => x.lookupP99)) },
+    seconds: median(rs.map((x) => x.seconds)),
+  }
 }
 for (const t of targets) await t.close()
 
@@ -282,8 +296,12 @@ writeFileSync(join(resultsDir(), 'index.json'), JSON.stringify(result, null, 2) 
 
 const f = (x: number): string => Math.round(x).toLocaleString('en-US')
 const us = (x: number): string => x.toFixed(1)
-console.log(`kv-router index benchmark — Mooncake trace, ${counts.requests} requests, ${workers} workers, block ${workload.options.blockSize}, ${workload.options.capacity} blocks/worker`)
-console.log(`${counts.events} events (${f(counts.blocks)} blocks), ${counts.lookups} lookups (${f(counts.lookupBlocks)} blocks); node ${process.version}, ${availableParallelism()} cores`)
+console.log(
+  `kv-router index benchmark — Mooncake trace, ${counts.requests} requests, ${workers} workers, block ${workload.options.blockSize}, ${workload.options.capacity} blocks/worker`,
+)
+console.log(
+  `${counts.events} events (${f(counts.blocks)} blocks), ${counts.lookups} lookups (${f(counts.lookupBlocks)} blocks); node ${process.version}, ${availableParallelism()} cores`,
+)
 console.log(`warm: medians of ${reps} passes after a first (cold) pass on the same index; every worker removed between passes\n`)
 console.log('configuration    block ops/s   request ops/s   lookup p50 µs   lookup p99 µs   ring full   seconds │ cold: block ops/s   p50 µs   p99 µs')
 for (const c of configs) {
@@ -293,7 +311,9 @@ for (const c of configs) {
   )
 }
 if (paced !== undefined) {
-  console.log(`1-shard, events paced at ${f(paced.pace_block_ops_per_sec)} block ops/s (half its warm saturated rate): lookup p50 ${us(paced.lookup_us.p50)} µs, p99 ${us(paced.lookup_us.p99)} µs`)
+  console.log(
+    `1-shard, events paced at ${f(paced.pace_block_ops_per_sec)} block ops/s (half its warm saturated rate): lookup p50 ${us(paced.lookup_us.p50)} µs, p99 ${us(paced.lookup_us.p99)} µs`,
+  )
 }
 const sharded = configs.filter((c) => c !== 'single-thread')
 console.log(

@@ -227,8 +227,12 @@ function benchApply(): {
 function toRouterEventLike(ev: DecodedEvent): Parameters<typeof encodeRouterEvent>[0] {
   const big = (lo: number, hi: number): bigint => (BigInt(hi) << 32n) | BigInt(lo)
   const blocks = []
-  for (let i = 0; i < ev.count; i++) blocks.push({ block_hash: big(ev.blockLo[i] as number, ev.blockHi[i] as number), tokens_hash: big(ev.tokensLo[i] as number, ev.tokensHi[i] as number) })
-  return { worker_id: big(ev.workerLo, ev.workerHi), event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: ev.hasParent ? big(ev.parentLo, ev.parentHi) : null, blocks } } } }
+  for (let i = 0; i < ev.count; i++)
+    blocks.push({ block_hash: big(ev.blockLo[i] as number, ev.blockHi[i] as number), tokens_hash: big(ev.tokensLo[i] as number, ev.tokensHi[i] as number) })
+  return {
+    worker_id: big(ev.workerLo, ev.workerHi),
+    event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: ev.hasParent ? big(ev.parentLo, ev.parentHi) : null, blocks } } },
+  }
 }
 
 // --- find_matches ---------------------------------------------------------------------------
@@ -244,7 +248,11 @@ function benchFind(kind: 'all-hold-all' | 'staggered'): { p50_us: number; p99_us
   for (let w = 0; w < WORKERS; w++) {
     const depth = kind === 'all-hold-all' ? BLOCKS : 1 + (w % BLOCKS)
     const blocks = []
-    for (let i = 0; i < depth; i++) blocks.push({ block_hash: (BigInt(shi[i] as number) << 32n) | BigInt(slo[i] as number), tokens_hash: (BigInt(hi[i] as number) << 32n) | BigInt(lo[i] as number) })
+    for (let i = 0; i < depth; i++)
+      blocks.push({
+        block_hash: (BigInt(shi[i] as number) << 32n) | BigInt(slo[i] as number),
+        tokens_hash: (BigInt(hi[i] as number) << 32n) | BigInt(lo[i] as number),
+      })
     ix.apply(toDecoded({ worker_id: BigInt(w + 1), event: { event_id: 0n, dp_rank: 0, data: { stored: { parent_hash: null, blocks } } } }))
     // plus unrelated load so the tables are not tiny
     const noise = []
@@ -285,7 +293,14 @@ const findStaggered = benchFind('staggered')
  * scanner, with the WebAssembly SIMD scanner and with the byte loop alone (what a runtime
  * without SIMD runs), alternated rep by rep.
  */
-function benchRouteBody(): { bytes_per_body: number; simd_us: number; byte_loop_us: number; simd_mb_per_s: number; simd_reps: number[]; byte_loop_reps: number[] } {
+function benchRouteBody(): {
+  bytes_per_body: number
+  simd_us: number
+  byte_loop_us: number
+  simd_mb_per_s: number
+  simd_reps: number[]
+  byte_loop_reps: number[]
+} {
   const bodies = Array.from({ length: 64 }, () => Buffer.from(JSON.stringify({ token_ids: Array.from(tokens(4096)) })))
   const scanners = { simd: new RouteBodyScanner(), byteLoop: new RouteBodyScanner({ simd: false }) }
   const N = 2000
@@ -303,7 +318,14 @@ function benchRouteBody(): { bytes_per_body: number; simd_us: number; byte_loop_
   }
   const bytes = bodies.reduce((a, b) => a + b.length, 0) / bodies.length
   const simdUs = median(reps.simd)
-  return { bytes_per_body: Math.round(bytes), simd_us: simdUs, byte_loop_us: median(reps.byteLoop), simd_mb_per_s: bytes / simdUs, simd_reps: reps.simd, byte_loop_reps: reps.byteLoop }
+  return {
+    bytes_per_body: Math.round(bytes),
+    simd_us: simdUs,
+    byte_loop_us: median(reps.byteLoop),
+    simd_mb_per_s: bytes / simdUs,
+    simd_reps: reps.simd,
+    byte_loop_reps: reps.byteLoop,
+  }
 }
 const routeBody = benchRouteBody()
 const heap = benchHeap(REPS)
@@ -373,19 +395,29 @@ for (const [bs, h] of [
     )
 }
 console.log('\nindex apply (single thread, 64 worker-ranks, 24-block requests)')
-console.log(`  stored blocks/s, churn    ${Math.round(apply.churn_stored_blocks_per_sec).toLocaleString('en-US').padStart(12)}   (full index; each request's Removed then a new request's Stored)`)
+console.log(
+  `  stored blocks/s, churn    ${Math.round(apply.churn_stored_blocks_per_sec).toLocaleString('en-US').padStart(12)}   (full index; each request's Removed then a new request's Stored)`,
+)
 console.log(`  removed blocks/s, churn   ${Math.round(apply.churn_removed_blocks_per_sec).toLocaleString('en-US').padStart(12)}`)
 console.log(`  stored blocks/s, refill   ${Math.round(apply.stored_blocks_per_sec).toLocaleString('en-US').padStart(12)}   (a drained index refilled in bulk)`)
-console.log(`  stored blocks/s, cold     ${Math.round(apply.stored_blocks_per_sec_cold).toLocaleString('en-US').padStart(12)}   (fresh index growing as it fills)`)
+console.log(
+  `  stored blocks/s, cold     ${Math.round(apply.stored_blocks_per_sec_cold).toLocaleString('en-US').padStart(12)}   (fresh index growing as it fills)`,
+)
 console.log(`  removed blocks/s          ${Math.round(apply.removed_blocks_per_sec).toLocaleString('en-US').padStart(12)}`)
 console.log(`  JSON decode + apply blk/s ${Math.round(apply.decode_and_apply_blocks_per_sec).toLocaleString('en-US').padStart(12)}`)
 console.log(`  bytes per (block, worker) ${f(apply.bytes_per_block, 1).padStart(12)}   (${apply.entries.toLocaleString('en-US')} entries)`)
 console.log('\nfind_matches, 24-block prompt, 64 worker-ranks      p50 µs   p99 µs   mean µs')
-console.log(`  all 64 hold all 24 blocks                       ${f(findAll.p50_us).padStart(7)}  ${f(findAll.p99_us).padStart(7)}  ${f(findAll.mean_us, 3).padStart(8)}`)
-console.log(`  staggered depths (a drop at every block)        ${f(findStaggered.p50_us).padStart(7)}  ${f(findStaggered.p99_us).padStart(7)}  ${f(findStaggered.mean_us, 3).padStart(8)}`)
+console.log(
+  `  all 64 hold all 24 blocks                       ${f(findAll.p50_us).padStart(7)}  ${f(findAll.p99_us).padStart(7)}  ${f(findAll.mean_us, 3).padStart(8)}`,
+)
+console.log(
+  `  staggered depths (a drop at every block)        ${f(findStaggered.p50_us).padStart(7)}  ${f(findStaggered.p99_us).padStart(7)}  ${f(findStaggered.mean_us, 3).padStart(8)}`,
+)
 console.log(`\n/v1/route body, 4,096 token ids (${routeBody.bytes_per_body.toLocaleString('en-US')} bytes of JSON), µs per body`)
 console.log(`  WebAssembly SIMD scanner ${f(routeBody.simd_us, 1).padStart(8)}   (${f(routeBody.simd_mb_per_s, 0)} MB/s)`)
-console.log(`  byte loop alone          ${f(routeBody.byte_loop_us, 1).padStart(8)}   (a runtime without SIMD; ratio ${f(routeBody.simd_us / routeBody.byte_loop_us, 2)})`)
+console.log(
+  `  byte loop alone          ${f(routeBody.byte_loop_us, 1).padStart(8)}   (a runtime without SIMD; ratio ${f(routeBody.simd_us / routeBody.byte_loop_us, 2)})`,
+)
 console.log('\n/v1/completions body with exact u64s (parseJsonExact) vs JSON.parse alone, µs per body')
 for (const [k, v] of Object.entries(completionsBody))
   console.log(`  ${k.padEnd(15)} ${String(v.bytes).padStart(7)} bytes  ${f(v.exact_us).padStart(8)}  ${f(v.json_parse_us).padStart(8)}   (ratio ${f(v.ratio)})`)

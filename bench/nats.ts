@@ -35,7 +35,12 @@ const encodings = {
   msgpack: events.map((e) => {
     let p = publishers.get(e.workerId)
     if (p === undefined) publishers.set(e.workerId, (p = { id: 0x1f_0000_0000_0000n + BigInt(publishers.size) * 7919n, seq: 0 }))
-    return encodeEnvelopeMsgpack({ publisher_id: p.id, sequence: p.seq++, published_at: 1_760_000_000_000 + p.seq, payload: encodeRouterEventMsgpack(parseRouterEvent(e.bytes)) })
+    return encodeEnvelopeMsgpack({
+      publisher_id: p.id,
+      sequence: p.seq++,
+      published_at: 1_760_000_000_000 + p.seq,
+      payload: encodeRouterEventMsgpack(parseRouterEvent(e.bytes)),
+    })
   }),
 }
 type Encoding = keyof typeof encodings
@@ -61,7 +66,8 @@ async function run(messages: Uint8Array[]): Promise<{ seconds: number; slow: num
   }
   const seconds = (performance.now() - t0) / 1000
   const c = pool.counters()
-  if (c.reduce((s, x) => s + x.malformed + x.lost, 0) !== 0 || intake.counters.messages !== messages.length) throw new Error('bench: events were lost or malformed')
+  if (c.reduce((s, x) => s + x.malformed + x.lost, 0) !== 0 || intake.counters.messages !== messages.length)
+    throw new Error('bench: events were lost or malformed')
   const slow = intake.counters.slowConsumer
   await pub.close()
   await intake.close()
@@ -95,7 +101,9 @@ const rows = (Object.keys(encodings) as Encoding[]).map((encoding) => {
 })
 const result = { command: 'npm run bench:nats', node: process.version, shards, reps, events: events.length, blocks, rows }
 writeFileSync(join(resultsDir(), 'nats.json'), JSON.stringify(result, null, 2) + '\n')
-console.log(`NATS intake → ${shards} shard(s): ${events.length} events, ${blocks.toLocaleString('en-US')} blocks through nats-server; median of ${reps}, runs alternated`)
+console.log(
+  `NATS intake → ${shards} shard(s): ${events.length} events, ${blocks.toLocaleString('en-US')} blocks through nats-server; median of ${reps}, runs alternated`,
+)
 for (const r of rows) {
   console.log(
     `  ${r.encoding.padEnd(8)} ${r.megabytes.toFixed(1).padStart(6)} MB   ${Math.round(r.events_per_sec).toLocaleString('en-US')} events/s   ${Math.round(r.blocks_per_sec).toLocaleString('en-US')} blocks/s   ${r.megabytes_per_sec.toFixed(1)} MB/s   (${r.seconds.toFixed(2)} s; slow-consumer episodes ${r.slow_consumer_episodes.join(', ')})`,

@@ -234,7 +234,13 @@ function summary(rounds: Round[]): PairedSummary {
 /** The logged router's pooled p99 TTFT overhead less the quiet one's, and its bootstrap interval. */
 function loggingDifference(logged: PairedSummary, quiet: PairedSummary): ProxyResult['logging'] {
   const pool = (rs: Round[], side: 'direct' | 'hop'): number[] => rs.flatMap((x) => ttftSamples(x[side])).sort((a, b) => a - b)
-  const ci95Ms = overheadDifferenceInterval(pool(logged.rounds, 'direct'), pool(logged.rounds, 'hop'), pool(quiet.rounds, 'direct'), pool(quiet.rounds, 'hop'), { resamples: 2000 })
+  const ci95Ms = overheadDifferenceInterval(
+    pool(logged.rounds, 'direct'),
+    pool(logged.rounds, 'hop'),
+    pool(quiet.rounds, 'direct'),
+    pool(quiet.rounds, 'hop'),
+    { resamples: 2000 },
+  )
   return { differenceMs: logged.pooledTtftMs - quiet.pooledTtftMs, ci95Ms, withinNoise: ci95Ms[0] <= 0 && 0 <= ci95Ms[1] }
 }
 
@@ -269,7 +275,9 @@ async function upstreams(count: number): Promise<void> {
           }
           sent++
           const stamp = sent === 1 ? `"bench_in":${arrived},"bench_out":${monoUs()},` : ''
-          res.write(`data: {"id":"u","object":"text_completion",${stamp}"choices":[{"index":0,"text":"t${sent}","finish_reason":${sent === MAX_TOKENS ? '"length"' : 'null'}}]}\n\n`)
+          res.write(
+            `data: {"id":"u","object":"text_completion",${stamp}"choices":[{"index":0,"text":"t${sent}","finish_reason":${sent === MAX_TOKENS ? '"length"' : 'null'}}]}\n\n`,
+          )
           setTimeout(tick, ITL_MS)
         }
         setTimeout(tick, TTFT_MS)
@@ -382,7 +390,8 @@ function stamps(chunk: Buffer): { in: number; out: number } | null {
 
 const PROMPT_TOKENS = ((): number => {
   const v = Number(process.env.BENCH_PROXY_PROMPT_TOKENS ?? 64)
-  if (!Number.isInteger(v) || v < 1 || v > 65536) throw new Error(`BENCH_PROXY_PROMPT_TOKENS must be an integer in [1, 65536], got ${process.env.BENCH_PROXY_PROMPT_TOKENS}`)
+  if (!Number.isInteger(v) || v < 1 || v > 65536)
+    throw new Error(`BENCH_PROXY_PROMPT_TOKENS must be an integer in [1, 65536], got ${process.env.BENCH_PROXY_PROMPT_TOKENS}`)
   return v
 })()
 const MAX_TOKENS = 16
@@ -526,7 +535,8 @@ async function phase(lanes: Lane[], rate: number, seconds: number, agent: Agent,
   return lanes.map((l, i) => {
     const st = stats[i] as (typeof stats)[number]
     // a first event without the upstream's stamps would drop out of the split unseen
-    if (st.ingress.length !== st.ttft.length) throw new Error(`${l.path}: ${st.ttft.length - st.ingress.length} of ${st.ttft.length} first events came without the upstream's time stamps`)
+    if (st.ingress.length !== st.ttft.length)
+      throw new Error(`${l.path}: ${st.ttft.length - st.ingress.length} of ${st.ttft.length} first events came without the upstream's time stamps`)
     for (const xs of [st.ttft, st.total, st.ingress, st.egress]) xs.sort((a, b) => a - b)
     const h0 = hop0[i] ?? null
     const h1 = hop1[i] ?? null
@@ -570,7 +580,9 @@ function merge(slices: PhaseResult[]): PhaseResult {
   const q = (xs: number[]): { p50: number; p99: number } => ({ p50: quantile(xs, 0.5), p99: quantile(xs, 0.99) })
   const mean = (xs: (number | null)[]): number | null => (xs.every((x) => x !== null) ? (xs as number[]).reduce((a, b) => a + b, 0) / xs.length : null)
   const sent = raw.reduce((a, r) => a + r.sent, 0)
-  const cpu = slices.every((x) => x.hopCpuUsPerRequest !== null) ? slices.reduce((a, x, i) => a + (x.hopCpuUsPerRequest as number) * (raw[i] as { sent: number }).sent, 0) / sent : null
+  const cpu = slices.every((x) => x.hopCpuUsPerRequest !== null)
+    ? slices.reduce((a, x, i) => a + (x.hopCpuUsPerRequest as number) * (raw[i] as { sent: number }).sent, 0) / sent
+    : null
   const gcs = slices.map((x) => x.hopGc)
   const loops = slices.map((x) => x.hopLoopDelayMs)
   const merged: PhaseResult = {
@@ -583,9 +595,15 @@ function merge(slices: PhaseResult[]): PhaseResult {
     ingressMs: q(ingress),
     egressMs: q(egress),
     hopCpuUsPerRequest: cpu,
-    cpuPct: { client: mean(slices.map((x) => x.cpuPct.client)) as number, upstreams: mean(slices.map((x) => x.cpuPct.upstreams)), hop: mean(slices.map((x) => x.cpuPct.hop)) },
+    cpuPct: {
+      client: mean(slices.map((x) => x.cpuPct.client)) as number,
+      upstreams: mean(slices.map((x) => x.cpuPct.upstreams)),
+      hop: mean(slices.map((x) => x.cpuPct.hop)),
+    },
     hopGc: gcs.every((g) => g !== null) ? sumGc(gcs as GcTotals[]) : null,
-    hopLoopDelayMs: loops.every((l) => l !== null) ? { p99: median(loops.map((l) => (l as { p99: number }).p99)), max: Math.max(...loops.map((l) => (l as { max: number }).max)) } : null,
+    hopLoopDelayMs: loops.every((l) => l !== null)
+      ? { p99: median(loops.map((l) => (l as { p99: number }).p99)), max: Math.max(...loops.map((l) => (l as { max: number }).max)) }
+      : null,
     stealMs: slices.every((x) => x.stealMs !== null) ? slices.reduce((a, x) => a + (x.stealMs as number), 0) : null,
   }
   samplesOf.set(merged, { ttft, total, ingress, egress, sent })
@@ -636,7 +654,22 @@ async function startUpstreams(engines: number): Promise<{ p: ChildProcess; urls:
 /** `kv-router serve` in front of the upstreams, with the router's node flags. */
 function serveArgs(cli: string, mode: 'round-robin' | 'kv', upstreamUrls: string[]): string[] {
   const workers = upstreamUrls.flatMap((u, i) => ['--worker', `${i + 1}=${u}`])
-  return [...routerNodeFlags(), cli, 'serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-block-size', '64', '--router-queue-threshold', 'none', '--router-mode', mode, ...workers]
+  return [
+    ...routerNodeFlags(),
+    cli,
+    'serve',
+    '--http-host',
+    '127.0.0.1',
+    '--http-port',
+    '0',
+    '--router-block-size',
+    '64',
+    '--router-queue-threshold',
+    'none',
+    '--router-mode',
+    mode,
+    ...workers,
+  ]
 }
 
 /**
@@ -666,7 +699,15 @@ function interval([lo, hi]: [number, number]): string {
  * are all open count (a stream's length after the start), and a path's p99 is over the pooled
  * samples of its slices, as many as one paired phase has.
  */
-async function alternatingRound(direct: Lane, routed: Lane, rate: number, streamMs: number, seconds: number, agent: Agent, upstreamsPid: number | undefined): Promise<Round> {
+async function alternatingRound(
+  direct: Lane,
+  routed: Lane,
+  rate: number,
+  streamMs: number,
+  seconds: number,
+  agent: Agent,
+  upstreamsPid: number | undefined,
+): Promise<Round> {
   const slices = 4
   // a tenth over the calibrated stream length: by then streams end as fast as new ones open
   const rampMs = Math.ceil(streamMs * 1.1)
@@ -682,7 +723,10 @@ async function alternatingRound(direct: Lane, routed: Lane, rate: number, stream
   return round(merge(out.direct), merge(out.router))
 }
 
-export async function benchProxy(cli: string, opts: { streams?: number; seconds?: number; engines?: number; mode?: 'round-robin' | 'kv' } = {}): Promise<ProxyResult> {
+export async function benchProxy(
+  cli: string,
+  opts: { streams?: number; seconds?: number; engines?: number; mode?: 'round-robin' | 'kv' } = {},
+): Promise<ProxyResult> {
   const streams = opts.streams ?? 200
   const seconds = opts.seconds ?? 10
   // The p99 of one 10-s phase (about 2,300 requests, its slowest two dozen deciding it) moves by a
@@ -808,7 +852,9 @@ export function printProxy(p: ProxyResult): void {
   console.log(
     `\nproxy: ${p.engines} fixed-timing upstreams (first token ${p.ttftMs} ms, then every ${p.itlMs} ms, ${p.maxTokens} tokens), ${p.promptTokens}-token prompts, open-loop at ${p.ratePerSec}/s per path for ~${p.streamsTarget} concurrent streams, ${p.seconds} s per phase (paired and alternating rounds ${p.headlineSeconds} s), router in ${p.mode} mode`,
   )
-  console.log('round        | path   | requests | errors | mean open | TTFT p50 ms | TTFT p99 ms | total p50 ms | total p99 ms | ingress p50 / p99 ms | egress p50 / p99 ms | hop CPU µs/req')
+  console.log(
+    'round        | path   | requests | errors | mean open | TTFT p50 ms | TTFT p99 ms | total p50 ms | total p99 ms | ingress p50 / p99 ms | egress p50 / p99 ms | hop CPU µs/req',
+  )
   const row = (label: string, x: PhaseResult): void =>
     console.log(
       `${label.padEnd(12)} | ${x.path.padEnd(6)} | ${String(x.requests).padStart(8)} | ${String(x.errors).padStart(6)} | ${x.meanOpen.toFixed(0).padStart(9)} | ${x.ttftMs.p50.toFixed(2).padStart(11)} | ${x.ttftMs.p99.toFixed(2).padStart(11)} | ${x.totalMs.p50.toFixed(2).padStart(12)} | ${x.totalMs.p99.toFixed(2).padStart(12)} | ${`${x.ingressMs.p50.toFixed(2)} / ${x.ingressMs.p99.toFixed(2)}`.padStart(20)} | ${`${x.egressMs.p50.toFixed(2)} / ${x.egressMs.p99.toFixed(2)}`.padStart(19)} | ${(x.hopCpuUsPerRequest === null ? '–' : x.hopCpuUsPerRequest.toFixed(0)).padStart(14)}`,
@@ -826,7 +872,10 @@ export function printProxy(p: ProxyResult): void {
         ? `client ${f(c.client)}, upstreams ${f(c.upstreams)}, ${hop} ${f(c.hop)}`
         : `direct phase: client ${f(d.client)}, upstreams ${f(d.upstreams)}; routed phase: client ${f(c.client)}, upstreams ${f(c.upstreams)}, ${hop} ${f(c.hop)}`
       const g = r.hop.hopGc
-      const gcText = g === null ? '' : ` | router GC pauses: ${g.scavenges} scavenges, ${g.scavengeMs.toFixed(1)} ms${g.majors > 0 ? `; ${g.majors} major, ${g.majorMs.toFixed(1)} ms` : ''}`
+      const gcText =
+        g === null
+          ? ''
+          : ` | router GC pauses: ${g.scavenges} scavenges, ${g.scavengeMs.toFixed(1)} ms${g.majors > 0 ? `; ${g.majors} major, ${g.majorMs.toFixed(1)} ms` : ''}`
       const ld = r.hop.hopLoopDelayMs
       const loopText = ld === null ? '' : ` | router event-loop delay p99 ${ld.p99.toFixed(1)} ms, max ${ld.max.toFixed(1)} ms`
       console.log(

@@ -78,20 +78,45 @@ async function runSetup(setup: Setup, a: ReplicasArgs, requests: TraceRequest[],
     nats = await startNats({ jetstream: false })
     etcd = await startEtcd()
     for (let i = 0; i < setup.replicas; i++) {
-      const args = ['serve', '--http-host', '127.0.0.1', '--http-port', '0', ...ROUTER_COST, '--router-block-size', String(BLOCK_SIZE), '--router-event-threads', '1']
-      args.push('--model-name', MODEL, '--shutdown-timeout-secs', '5', '--nats-url', nats.url, '--etcd-url', etcd.url, ...(setup.sync ? ['--router-replica-sync'] : []), ...a.routerArgs)
-      routers.push(await start(args, /listening on (http:\/\/\S+)/))
-    }
-    const urls = routers.map((r) => r.match[1] as string)
-    mocker = await start(
-      ['mocker', '--num-workers', String(a.workers), '--block-size', String(BLOCK_SIZE), '--num-gpu-blocks-override', String(k), '--speedup-ratio', String(a.speedup)].concat([
+      const args = [
+        'serve',
+        '--http-host',
+        '127.0.0.1',
+        '--http-port',
+        '0',
+        ...ROUTER_COST,
+        '--router-block-size',
+        String(BLOCK_SIZE),
+        '--router-event-threads',
+        '1',
+      ]
+      args.push(
         '--model-name',
         MODEL,
+        '--shutdown-timeout-secs',
+        '5',
         '--nats-url',
         nats.url,
         '--etcd-url',
         etcd.url,
-      ]),
+        ...(setup.sync ? ['--router-replica-sync'] : []),
+        ...a.routerArgs,
+      )
+      routers.push(await start(args, /listening on (http:\/\/\S+)/))
+    }
+    const urls = routers.map((r) => r.match[1] as string)
+    mocker = await start(
+      [
+        'mocker',
+        '--num-workers',
+        String(a.workers),
+        '--block-size',
+        String(BLOCK_SIZE),
+        '--num-gpu-blocks-override',
+        String(k),
+        '--speedup-ratio',
+        String(a.speedup),
+      ].concat(['--model-name', MODEL, '--nats-url', nats.url, '--etcd-url', etcd.url]),
       /kv-router mocker: ready (\d+) engine\(s\)/,
     )
     for (const url of urls) await until(`${url} lists the ${a.workers} engines from etcd`, async () => (await workerIds(url)).ids.length === a.workers, 30_000)
@@ -99,7 +124,11 @@ async function runSetup(setup: Setup, a: ReplicasArgs, requests: TraceRequest[],
     const names = urls.map((_, i) => `router-${i + 1}`)
     const balancer = await startHaproxy({ backends: urls.map((u, i) => ({ name: names[i] as string, port: Number(new URL(u).port) })) })
     lb = balancer
-    await until('every replica UP in HAProxy', async () => [...(await balancer.serverStatus()).values()].filter((s) => s === 'UP').length === setup.replicas, 30_000)
+    await until(
+      'every replica UP in HAProxy',
+      async () => [...(await balancer.serverStatus()).values()].filter((s) => s === 'UP').length === setup.replicas,
+      30_000,
+    )
 
     const pids = [...routers.map((r) => r.p.pid), mocker.p.pid, balancer.pid, nats.pid, etcd.pid]
     const t0 = performance.now()
@@ -173,9 +202,15 @@ async function main(): Promise<void> {
   const replaySpeedup = a.load * a.speedup
   const command = `npm run bench:replicas${process.argv.length > 2 ? ` -- ${process.argv.slice(2).join(' ')}` : ''}`
   const sliceName = a.minutes === null ? 'the whole trace' : `the first ${a.minutes} min`
-  console.log(`bench:replicas — ${sliceName} of ${relative(process.cwd(), tracePath)}: ${requests.length} requests over ${(spanS / 60).toFixed(1)} min, through HAProxy`)
-  console.log(`  infinite-cache hit-rate bound (block ${BLOCK_SIZE}): ${pct(bound.hitRate)}; K = ${k} KV blocks per engine (× ${a.workers} engines, factor ${a.capacityFactor})`)
-  console.log(`  mocker --speedup-ratio ${a.speedup}, load × ${a.load} → replay at ${replaySpeedup}× the trace: ~${(spanS / replaySpeedup).toFixed(0)} s of sending per setup`)
+  console.log(
+    `bench:replicas — ${sliceName} of ${relative(process.cwd(), tracePath)}: ${requests.length} requests over ${(spanS / 60).toFixed(1)} min, through HAProxy`,
+  )
+  console.log(
+    `  infinite-cache hit-rate bound (block ${BLOCK_SIZE}): ${pct(bound.hitRate)}; K = ${k} KV blocks per engine (× ${a.workers} engines, factor ${a.capacityFactor})`,
+  )
+  console.log(
+    `  mocker --speedup-ratio ${a.speedup}, load × ${a.load} → replay at ${replaySpeedup}× the trace: ~${(spanS / replaySpeedup).toFixed(0)} s of sending per setup`,
+  )
   console.log(`  routers: ${[...ROUTER_COST, ...a.routerArgs].join(' ')}`)
 
   const runs = new Map<Setup, SetupRun>()
@@ -188,7 +223,9 @@ async function main(): Promise<void> {
       `  ${setup.label}: ${s.ok}/${s.requests} ok in ${r.wallS.toFixed(0)} s wall; TTFT p50/p90/p99 ${ms(s.ttft_ms.p50)}/${ms(s.ttft_ms.p90)}/${ms(s.ttft_ms.p99)} ms, hit rate ${pct(s.hit_rate)}, spread ${s.spread?.toFixed(2) ?? '∞'}, races ${r.races ?? 'n/a'}${cpuNote}`,
     )
     if (r.cpu !== null && r.cpu.other > OTHER_CPU_WARN)
-      console.log(`  WARNING: other processes used ${pct(r.cpu.other)} of the machine during ${setup.label}: its latencies are inflated; rerun on a quiet machine`)
+      console.log(
+        `  WARNING: other processes used ${pct(r.cpu.other)} of the machine during ${setup.label}: its latencies are inflated; rerun on a quiet machine`,
+      )
   }
   const figures: Record<string, SetupFigures> = {}
   for (const [setup, r] of runs) figures[setup.key] = { hitRate: r.summary.hit_rate, ttftP90: r.summary.ttft_ms.p90, errors: r.summary.errors }
@@ -210,8 +247,12 @@ async function main(): Promise<void> {
       ms(s.send_lag_ms.p99),
     ]
   })
-  console.log(`\nper setup (TTFT in SIMULATED ms = wall × ${a.speedup}; spread = max/min requests per engine; races = kvrouter_replica_races_total, all replicas)`)
-  console.log(table(['setup', 'requests', 'errors', 'hit rate', 'TTFT p50', 'TTFT p90', 'TTFT p99', 'spread', 'races', 'per replica', 'send lag p99 (wall ms)'], rows))
+  console.log(
+    `\nper setup (TTFT in SIMULATED ms = wall × ${a.speedup}; spread = max/min requests per engine; races = kvrouter_replica_races_total, all replicas)`,
+  )
+  console.log(
+    table(['setup', 'requests', 'errors', 'hit rate', 'TTFT p50', 'TTFT p90', 'TTFT p99', 'spread', 'races', 'per replica', 'send lag p99 (wall ms)'], rows),
+  )
   console.log(`infinite-cache bound: ${pct(bound.hitRate)}`)
   console.log('\ntargets')
   console.log(

@@ -228,7 +228,20 @@ const BOOKINGS = 50_000
 async function benchBooking(mode: 'round-robin' | 'kv'): Promise<{ mode: string; us: number; reps: number[] }> {
   // no health probes: nothing listens at the workers' addresses, and probes would take them out of routing
   const cfg = parseServeConfig(
-    ['--router-block-size', '64', '--router-event-threads', '1', '--seed', '1', '--router-queue-threshold', 'none', '--router-health-probe-interval-secs', '0', '--router-mode', mode],
+    [
+      '--router-block-size',
+      '64',
+      '--router-event-threads',
+      '1',
+      '--seed',
+      '1',
+      '--router-queue-threshold',
+      'none',
+      '--router-health-probe-interval-secs',
+      '0',
+      '--router-mode',
+      mode,
+    ],
     {},
   ) as ServeConfig
   const router = await Router.start(cfg)
@@ -270,7 +283,16 @@ function benchRequestLine(): { infoUs: number; offUs: number; infoReps: number[]
     model: 'kv-router-model',
     stream: true,
     requestId: 'rmwyjyelu18b7m26-~1234',
-    decision: { requestId: 'rmwyjyelu18b7m26-~1234', slot: 3, workerId: 7587888160958778148n, dpRank: 0, overlapBlocks: 12, booked: true, waitedMs: 0, candidates: undefined },
+    decision: {
+      requestId: 'rmwyjyelu18b7m26-~1234',
+      slot: 3,
+      workerId: 7587888160958778148n,
+      dpRank: 0,
+      overlapBlocks: 12,
+      booked: true,
+      waitedMs: 0,
+      candidates: undefined,
+    },
     attempts: 1,
     ttftMs: 51.234,
     errorCode: null,
@@ -324,7 +346,18 @@ async function serveChild(): Promise<void> {
   await base.listen({ host: '127.0.0.1', port: 0 })
   // no health probes: the workers' addresses are made up
   const cfg = parseServeConfig(
-    ['--router-block-size', String(HTTP_BLOCK), '--router-event-threads', '1', '--seed', '1', '--router-queue-threshold', 'none', '--router-health-probe-interval-secs', '0'],
+    [
+      '--router-block-size',
+      String(HTTP_BLOCK),
+      '--router-event-threads',
+      '1',
+      '--seed',
+      '1',
+      '--router-queue-threshold',
+      'none',
+      '--router-health-probe-interval-secs',
+      '0',
+    ],
     process.env,
   ) as ServeConfig
   const router = await Router.start(cfg)
@@ -459,7 +492,9 @@ async function benchHttpRoute(): Promise<object> {
   const trioCpu = trios.flatMap((x) => cpuAdded(x.info, x.off))
   const twinCpu = trios.flatMap((x) => cpuAdded(x.off2, x.off))
   const ratioCi = medianInterval(trioRatios)
-  const cpuRatios = rounds.flatMap((x) => (x.route.cpuUsPerReq !== null && x.baseline.cpuUsPerReq !== null ? [x.baseline.cpuUsPerReq / x.route.cpuUsPerReq] : []))
+  const cpuRatios = rounds.flatMap((x) =>
+    x.route.cpuUsPerReq !== null && x.baseline.cpuUsPerReq !== null ? [x.baseline.cpuUsPerReq / x.route.cpuUsPerReq] : [],
+  )
   return {
     connections: HTTP_CONNECTIONS,
     seconds: HTTP_SECS,
@@ -525,7 +560,13 @@ async function main(): Promise<void> {
     opsPerRep: OPS,
     reps: REPS,
     decision: decisions,
-    queue: { depth: QUEUE_DEPTH, heapPopPushPairsPerSec: heap.pairsPerSec, heapReps: heap.reps, schedulerDispatchEnqueuePairsPerSec: facade.pairsPerSec, schedulerReps: facade.reps },
+    queue: {
+      depth: QUEUE_DEPTH,
+      heapPopPushPairsPerSec: heap.pairsPerSec,
+      heapReps: heap.reps,
+      schedulerDispatchEnqueuePairsPerSec: facade.pairsPerSec,
+      schedulerReps: facade.reps,
+    },
     booking,
     requestLine,
   }
@@ -533,10 +574,16 @@ async function main(): Promise<void> {
   console.log(`route decision (selection + booking, kv mode, given overlaps), median of ${REPS} × ${OPS} ops`)
   console.log('worker-ranks | in flight |  p50 µs |  p99 µs | mean µs')
   for (const d of decisions) {
-    console.log(`${String(d.workers).padStart(12)} | ${String(d.population).padStart(9)} | ${d.p50Us.toFixed(2).padStart(7)} | ${d.p99Us.toFixed(2).padStart(7)} | ${d.meanUs.toFixed(2).padStart(7)}`)
+    console.log(
+      `${String(d.workers).padStart(12)} | ${String(d.population).padStart(9)} | ${d.p50Us.toFixed(2).padStart(7)} | ${d.p99Us.toFixed(2).padStart(7)} | ${d.meanUs.toFixed(2).padStart(7)}`,
+    )
   }
-  console.log(`queue at ${QUEUE_DEPTH} waiting: heap pop+push ${(heap.pairsPerSec / 1e6).toFixed(2)} M pairs/s; scheduler dispatch+enqueue ${(facade.pairsPerSec / 1e3).toFixed(1)} k pairs/s`)
-  console.log(`proxy booking (Proxy.book + release, 64-token prompt, 4 workers), median of ${REPS} × ${BOOKINGS}: ${booking.map((b) => `${b.mode} ${b.us.toFixed(2)} µs`).join(', ')}`)
+  console.log(
+    `queue at ${QUEUE_DEPTH} waiting: heap pop+push ${(heap.pairsPerSec / 1e6).toFixed(2)} M pairs/s; scheduler dispatch+enqueue ${(facade.pairsPerSec / 1e3).toFixed(1)} k pairs/s`,
+  )
+  console.log(
+    `proxy booking (Proxy.book + release, 64-token prompt, 4 workers), median of ${REPS} × ${BOOKINGS}: ${booking.map((b) => `${b.mode} ${b.us.toFixed(2)} µs`).join(', ')}`,
+  )
   console.log(
     `a proxied request's log line, median of ${REPS} × ${LINES}: ${requestLine.infoUs.toFixed(2)} µs at info (JSON written to /dev/null), ${requestLine.offUs.toFixed(3)} µs with logging off`,
   )
@@ -580,7 +627,9 @@ async function mainHttp(prior: object = {}): Promise<void> {
       `${String(i + 1).padStart(5)} | ${r.baseline.reqPerSec.toFixed(0).padStart(14)} | ${r.baseline.p99Ms.toFixed(2).padStart(15)} | ${cpu(r.baseline.cpuUsPerReq).padStart(19)} | ${r.route.reqPerSec.toFixed(0).padStart(15)} | ${r.route.p99Ms.toFixed(2).padStart(16)} | ${cpu(r.route.cpuUsPerReq).padStart(20)} | ${(r.route.reqPerSec / r.baseline.reqPerSec).toFixed(3)}`,
     ),
   )
-  console.log(`median ratio ${h.ratioMedian.toFixed(3)} (req/s); median CPU-per-request ratio ${h.cpuRatioMedian === null ? '–' : h.cpuRatioMedian.toFixed(3)} (baseline / route)`)
+  console.log(
+    `median ratio ${h.ratioMedian.toFixed(3)} (req/s); median CPU-per-request ratio ${h.cpuRatioMedian === null ? '–' : h.cpuRatioMedian.toFixed(3)} (baseline / route)`,
+  )
   console.log('\n/v1/route, request lines logged at info (the default) vs logging off, same rounds')
   console.log('round | info req/s | info p99 ms | info cpu µs/req | off req/s | off p99 ms | off cpu µs/req | req/s info/off')
   h.rounds.forEach((r, i) =>
@@ -592,7 +641,9 @@ async function mainHttp(prior: object = {}): Promise<void> {
   console.log(
     `median req/s ratio info/off ${lg.reqPerSecRatioMedian.toFixed(3)}; CPU a request's line adds, median ${lg.cpuUsPerReqAddedMedian === null ? '–' : lg.cpuUsPerReqAddedMedian.toFixed(1)} µs; ${lg.lines} lines for ${lg.requests} requests counted`,
   )
-  console.log(`/v1/route ratio (req/s against the baseline), median of the rounds: logging at info ${h.ratioMedian.toFixed(3)}, logging off ${h.ratioMedianLoggingOff.toFixed(3)}`)
+  console.log(
+    `/v1/route ratio (req/s against the baseline), median of the rounds: logging at info ${h.ratioMedian.toFixed(3)}, logging off ${h.ratioMedianLoggingOff.toFixed(3)}`,
+  )
   const ci = (x: [number, number] | null, d: number): string => (x === null ? '–' : `${x[0].toFixed(d)} to ${x[1].toFixed(d)}`)
   console.log(`\n/v1/route logging trios: ${lg.trios.length} × (info, off, off twin), ${lg.trioSeconds} s each, the order rotated`)
   console.log('trio | info req/s | off req/s | twin req/s | info/off | twin/off | info cpu µs/req | off cpu µs/req | twin cpu µs/req')
@@ -607,7 +658,9 @@ async function mainHttp(prior: object = {}): Promise<void> {
   console.log(
     `CPU per request added, median: info − off ${cpu(lg.trioCpuUsPerReqAddedMedian)} µs (${ci(lg.trioCpuUsPerReqAddedCi95, 1)}); A/A twin − off ${cpu(lg.twinCpuUsPerReqAddedMedian)} µs (${ci(lg.twinCpuUsPerReqAddedCi95, 1)})`,
   )
-  console.log(`request logging at info ${lg.withinNoise ? 'is within the noise' : 'is NOT within the noise'}: the info/off interval ${lg.withinNoise ? 'holds' : 'does not hold'} 1`)
+  console.log(
+    `request logging at info ${lg.withinNoise ? 'is within the noise' : 'is NOT within the noise'}: the info/off interval ${lg.withinNoise ? 'holds' : 'does not hold'} 1`,
+  )
   printProxy(proxy)
   console.log(`written to ${join(dir, 'route.json')}`)
 }

@@ -50,7 +50,9 @@ const bytesOf = (xs: Uint8Array[]): number => xs.reduce((s, x) => s + x.length, 
 
 const pool = await ShardPool.start({ shards: 1 })
 // the HTTP row's router: one shard too
-const httpRouter = await Router.start(parseServeConfig(['--router-event-threads', '1', '--no-router-event-recovery', '--router-block-size', String(BS)], {}) as ServeConfig)
+const httpRouter = await Router.start(
+  parseServeConfig(['--router-event-threads', '1', '--no-router-event-recovery', '--router-block-size', String(BS)], {}) as ServeConfig,
+)
 const httpApp = await buildApp({ router: httpRouter, tokenizer: null })
 await httpApp.fastify.listen({ host: '127.0.0.1', port: 0 })
 const httpAddr = httpApp.fastify.server.address()
@@ -224,7 +226,10 @@ try {
   const c = pool.counters()[0]
   const e = intake.engineCounters()
   const bad =
-    (c?.malformed ?? 0) + Object.values(c?.rejected ?? {}).reduce((s, x) => s + x, 0) + Object.values(e.malformed).reduce((s, x) => s + x, 0) + Object.values(e.skipped).reduce((s, x) => s + x, 0)
+    (c?.malformed ?? 0) +
+    Object.values(c?.rejected ?? {}).reduce((s, x) => s + x, 0) +
+    Object.values(e.malformed).reduce((s, x) => s + x, 0) +
+    Object.values(e.skipped).reduce((s, x) => s + x, 0)
   if (bad !== 0 || (c?.gaps ?? 0) !== 0) throw new Error(`bench: events were refused (${bad}) or gaps counted (${c?.gaps})`)
 } finally {
   pub.close()
@@ -238,7 +243,14 @@ try {
 const rows = paths.map((p) => {
   const t = times.get(p.name) as { cold: number; warm: number[] }
   const sec = median(t.warm)
-  return { path: p.name, seconds: sec, block_ops_per_sec: w.blockOps / sec, events_per_sec: w.events / sec, megabytes_per_sec: p.bytes / 1e6 / sec, cold_block_ops_per_sec: w.blockOps / t.cold }
+  return {
+    path: p.name,
+    seconds: sec,
+    block_ops_per_sec: w.blockOps / sec,
+    events_per_sec: w.events / sec,
+    megabytes_per_sec: p.bytes / 1e6 / sec,
+    cold_block_ops_per_sec: w.blockOps / t.cold,
+  }
 })
 const rate = (name: string): number => rows.find((r) => r.path.startsWith(name))?.block_ops_per_sec ?? 0
 const result = {
@@ -265,7 +277,8 @@ console.log(
 )
 console.log(`| path | block ops/s | events/s | MB/s | cold pass, block ops/s |`)
 console.log(`|---|---:|---:|---:|---:|`)
-for (const r of rows) console.log(`| ${r.path} | ${fmt(r.block_ops_per_sec)} | ${fmt(r.events_per_sec)} | ${r.megabytes_per_sec.toFixed(1)} | ${fmt(r.cold_block_ops_per_sec)} |`)
+for (const r of rows)
+  console.log(`| ${r.path} | ${fmt(r.block_ops_per_sec)} | ${fmt(r.events_per_sec)} | ${r.megabytes_per_sec.toFixed(1)} | ${fmt(r.cold_block_ops_per_sec)} |`)
 console.log(
   `ZMQ (map) / JSON posted ${result.zmq_map_over_json_posted.toFixed(2)}×, / JSON pushed ${result.zmq_map_over_json_pushed.toFixed(2)}×; hand-written / msgpackr decode ${result.hand_written_over_msgpackr_map.toFixed(2)}× (map), ${result.hand_written_over_msgpackr_array.toFixed(2)}× (array)`,
 )

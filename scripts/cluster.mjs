@@ -375,7 +375,10 @@ try {
     ],
     { env: etcdEnv },
   )
-  await Promise.all([waitFor(nats, 'INFO on its port', () => natsGreets(natsPort), 20_000), waitFor(etcd, 'GET /health', async () => (await get(`${etcdUrl}/health`)).body.includes('"true"'), 20_000)])
+  await Promise.all([
+    waitFor(nats, 'INFO on its port', () => natsGreets(natsPort), 20_000),
+    waitFor(etcd, 'GET /health', async () => (await get(`${etcdUrl}/health`)).body.includes('"true"'), 20_000),
+  ])
 
   // the routers only from kv-router's own environment: a DYN_* variable of the caller's shell
   // would configure them unseen
@@ -404,7 +407,9 @@ try {
     ),
   )
   // listening means subscribed; /ready waits for a worker, which comes after
-  await Promise.all(routers.map((r, i) => waitFor(r, 'GET /health', async () => (await get(`http://127.0.0.1:${routerPorts[i]}/health`)).status === 200, 30_000)))
+  await Promise.all(
+    routers.map((r, i) => waitFor(r, 'GET /health', async () => (await get(`http://127.0.0.1:${routerPorts[i]}/health`)).status === 200, 30_000)),
+  )
 
   // after the routers: KV events go over plain NATS subjects, which only reach subscribers
   const mocker = start(

@@ -60,7 +60,13 @@ export async function startApp(cfg: ServeConfig, tokenizer: TextTokenizer | null
         onEvent: (ev) => router.ingestEvent(ev),
       })
     for (const e of embedded?.workers ?? [])
-      await router.addWorker({ id: e.workerId, url: e.url, capacity: e.capacity, maxNumBatchedTokens: e.engine.config.maxNumBatchedTokens, eventsInProcess: true })
+      await router.addWorker({
+        id: e.workerId,
+        url: e.url,
+        capacity: e.capacity,
+        maxNumBatchedTokens: e.engine.config.maxNumBatchedTokens,
+        eventsInProcess: true,
+      })
   } catch (err) {
     // a start-up failure is one line, as for every other part of serve, not a stack trace
     await embedded?.close()

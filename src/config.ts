@@ -135,7 +135,16 @@ const F = (d: FlagDef): FlagDef => d
 export const FLAGS: readonly FlagDef[] = [
   F({ flag: '--router-mode', key: 'mode', env: ['DYN_ROUTER_MODE'], kind: 'enum', values: ROUTER_MODES, dflt: 'kv', help: 'how workers are chosen' }),
   F({ flag: '--http-host', key: 'httpHost', env: ['DYN_HTTP_HOST'], kind: 'str', dflt: '0.0.0.0', help: 'address to listen on' }),
-  F({ flag: '--http-port', key: 'httpPort', env: ['DYN_HTTP_PORT'], kind: 'int', min: 0, max: 65535, dflt: 8000, help: 'port to listen on (0 = any free port)' }),
+  F({
+    flag: '--http-port',
+    key: 'httpPort',
+    env: ['DYN_HTTP_PORT'],
+    kind: 'int',
+    min: 0,
+    max: 65535,
+    dflt: 8000,
+    help: 'port to listen on (0 = any free port)',
+  }),
   F({
     flag: '--router-block-size',
     key: 'blockSize',
@@ -193,7 +202,15 @@ export const FLAGS: readonly FlagDef[] = [
     dflt: 0,
     help: 'dynamo cost: cost per request in flight on a worker',
   }),
-  F({ flag: '--router-temperature', key: 'temperature', env: ['DYN_ROUTER_TEMPERATURE'], kind: 'num', min: 0, dflt: 0.0, help: '0 = pick the cheapest; > 0 = softmax sampling' }),
+  F({
+    flag: '--router-temperature',
+    key: 'temperature',
+    env: ['DYN_ROUTER_TEMPERATURE'],
+    kind: 'num',
+    min: 0,
+    dflt: 0.0,
+    help: '0 = pick the cheapest; > 0 = softmax sampling',
+  }),
   F({
     flag: '--router-kv-events',
     key: 'kvEvents',
@@ -290,7 +307,15 @@ export const FLAGS: readonly FlagDef[] = [
     dflt: 4.0,
     help: 'queue when every worker has more unstarted prefill than this × max_num_batched_tokens ("none" disables)',
   }),
-  F({ flag: '--router-queue-policy', key: 'queuePolicy', env: ['DYN_ROUTER_QUEUE_POLICY'], kind: 'enum', values: QUEUE_POLICIES, dflt: 'fcfs', help: 'order of waiting requests' }),
+  F({
+    flag: '--router-queue-policy',
+    key: 'queuePolicy',
+    env: ['DYN_ROUTER_QUEUE_POLICY'],
+    kind: 'enum',
+    values: QUEUE_POLICIES,
+    dflt: 'fcfs',
+    help: 'order of waiting requests',
+  }),
   F({
     flag: '--router-queue-max-pending',
     key: 'queueMaxPending',
@@ -301,9 +326,30 @@ export const FLAGS: readonly FlagDef[] = [
     dflt: 10_000,
     help: 'waiting requests beyond this get 503 + Retry-After',
   }),
-  F({ flag: '--router-track-active-blocks', key: 'trackActiveBlocks', env: ['DYN_ROUTER_TRACK_ACTIVE_BLOCKS'], kind: 'bool', dflt: true, help: 'count blocks of active requests in the cost' }),
-  F({ flag: '--router-track-prefill-tokens', key: 'trackPrefillTokens', env: ['DYN_ROUTER_TRACK_PREFILL_TOKENS'], kind: 'bool', dflt: true, help: 'count queued prefill tokens in the cost' }),
-  F({ flag: '--router-assume-kv-reuse', key: 'assumeKvReuse', env: ['DYN_ROUTER_ASSUME_KV_REUSE'], kind: 'bool', dflt: true, help: 'active requests sharing a prefix share its blocks' }),
+  F({
+    flag: '--router-track-active-blocks',
+    key: 'trackActiveBlocks',
+    env: ['DYN_ROUTER_TRACK_ACTIVE_BLOCKS'],
+    kind: 'bool',
+    dflt: true,
+    help: 'count blocks of active requests in the cost',
+  }),
+  F({
+    flag: '--router-track-prefill-tokens',
+    key: 'trackPrefillTokens',
+    env: ['DYN_ROUTER_TRACK_PREFILL_TOKENS'],
+    kind: 'bool',
+    dflt: true,
+    help: 'count queued prefill tokens in the cost',
+  }),
+  F({
+    flag: '--router-assume-kv-reuse',
+    key: 'assumeKvReuse',
+    env: ['DYN_ROUTER_ASSUME_KV_REUSE'],
+    kind: 'bool',
+    dflt: true,
+    help: 'active requests sharing a prefix share its blocks',
+  }),
   F({
     flag: '--active-decode-blocks-threshold',
     key: 'activeDecodeBlocksThreshold',
@@ -443,9 +489,32 @@ export const FLAGS: readonly FlagDef[] = [
     dflt: [],
     help: "static worker: URL or ID=URL, then ,kv-events=tcp://HOST:PORT[,replay=tcp://HOST:PORT][,topic=T] to read the engine's own KV events (repeatable; env: comma-separated)",
   }),
-  F({ flag: '--tokenizer', key: 'tokenizer', env: ['DYN_TOKENIZER'], kind: 'str', dflt: null, help: 'tokenizer.json path for text prompts, or "bytes" (UTF-8 bytes as tokens)' }),
-  F({ flag: '--tokenizer-threads', key: 'tokenizerThreads', env: ['DYN_TOKENIZER_THREADS'], kind: 'int', min: 1, max: 64, dflt: 1, help: 'piscina threads for tokenizing' }),
-  F({ flag: '--api-key', key: 'apiKey', env: ['DYN_API_KEY'], kind: 'str', dflt: null, help: 'require "Authorization: Bearer KEY" on every route but /health, /ready, /metrics, /status' }),
+  F({
+    flag: '--tokenizer',
+    key: 'tokenizer',
+    env: ['DYN_TOKENIZER'],
+    kind: 'str',
+    dflt: null,
+    help: 'tokenizer.json path for text prompts, or "bytes" (UTF-8 bytes as tokens)',
+  }),
+  F({
+    flag: '--tokenizer-threads',
+    key: 'tokenizerThreads',
+    env: ['DYN_TOKENIZER_THREADS'],
+    kind: 'int',
+    min: 1,
+    max: 64,
+    dflt: 1,
+    help: 'piscina threads for tokenizing',
+  }),
+  F({
+    flag: '--api-key',
+    key: 'apiKey',
+    env: ['DYN_API_KEY'],
+    kind: 'str',
+    dflt: null,
+    help: 'require "Authorization: Bearer KEY" on every route but /health, /ready, /metrics, /status',
+  }),
   F({
     flag: '--public-metrics',
     key: 'publicMetrics',
@@ -455,8 +524,26 @@ export const FLAGS: readonly FlagDef[] = [
     help: 'with --api-key, /metrics answers without the key (--no-public-metrics: it needs the key too)',
   }),
   F({ flag: '--model-name', key: 'modelName', env: ['DYN_MODEL_NAME'], kind: 'str', dflt: 'kv-router-model', help: 'model name served by GET /v1/models' }),
-  F({ flag: '--embedded-fleet', key: 'embeddedFleet', env: ['DYN_EMBEDDED_FLEET'], kind: 'int', min: 0, max: 64, dflt: 0, help: 'simulated engines to run in this process (demo)' }),
-  F({ flag: '--proxy-retries', key: 'proxyRetries', env: ['DYN_PROXY_RETRIES'], kind: 'int', min: 0, max: 16, dflt: 2, help: 'retries on another worker when one fails before its first token' }),
+  F({
+    flag: '--embedded-fleet',
+    key: 'embeddedFleet',
+    env: ['DYN_EMBEDDED_FLEET'],
+    kind: 'int',
+    min: 0,
+    max: 64,
+    dflt: 0,
+    help: 'simulated engines to run in this process (demo)',
+  }),
+  F({
+    flag: '--proxy-retries',
+    key: 'proxyRetries',
+    env: ['DYN_PROXY_RETRIES'],
+    kind: 'int',
+    min: 0,
+    max: 16,
+    dflt: 2,
+    help: 'retries on another worker when one fails before its first token',
+  }),
   F({
     flag: '--router-health-probe-interval-secs',
     key: 'healthProbeIntervalSecs',
@@ -487,7 +574,16 @@ export const FLAGS: readonly FlagDef[] = [
     dflt: 2,
     help: 'failed health probes in a row that make a worker unreachable',
   }),
-  F({ flag: '--http-body-limit', key: 'bodyLimit', env: ['DYN_HTTP_BODY_LIMIT'], kind: 'int', min: 1024, max: 1 << 30, dflt: 16 * 1024 * 1024, help: 'largest request body in bytes (413 above)' }),
+  F({
+    flag: '--http-body-limit',
+    key: 'bodyLimit',
+    env: ['DYN_HTTP_BODY_LIMIT'],
+    kind: 'int',
+    min: 1024,
+    max: 1 << 30,
+    dflt: 16 * 1024 * 1024,
+    help: 'largest request body in bytes (413 above)',
+  }),
   F({
     flag: '--shutdown-timeout-secs',
     key: 'shutdownTimeoutSecs',
@@ -508,8 +604,24 @@ export const FLAGS: readonly FlagDef[] = [
     dflt: null,
     help: "scheduling niceness of the router's threads; negative runs it ahead of engines or load generators on shared cores (below the current one needs root, CAP_SYS_NICE or RLIMIT_NICE)",
   }),
-  F({ flag: '--seed', key: 'seed', env: ['DYN_ROUTER_SEED'], kind: 'int', min: 0, max: 0xffffffff, dflt: undefined, help: 'seed of the selection RNG (tests)' }),
-  F({ flag: '--log-level', key: 'logLevel', env: ['DYN_LOG'], kind: 'loglevel', dflt: 'info', help: 'least severe log lines written (DYN_LOG: its bare level; target=level directives are skipped)' }),
+  F({
+    flag: '--seed',
+    key: 'seed',
+    env: ['DYN_ROUTER_SEED'],
+    kind: 'int',
+    min: 0,
+    max: 0xffffffff,
+    dflt: undefined,
+    help: 'seed of the selection RNG (tests)',
+  }),
+  F({
+    flag: '--log-level',
+    key: 'logLevel',
+    env: ['DYN_LOG'],
+    kind: 'loglevel',
+    dflt: 'info',
+    help: 'least severe log lines written (DYN_LOG: its bare level; target=level directives are skipped)',
+  }),
   F({
     flag: '--log-format',
     key: 'logFormat',
@@ -600,7 +712,13 @@ export interface EngineEventsNames {
   readonly alone: string
 }
 
-const FLAG_FIELDS: EngineEventsNames = { endpoint: 'kv-events', replay: 'replay', topic: 'topic', dpSize: 'dp_size', alone: 'replay= and topic= need kv-events=tcp://HOST:PORT' }
+const FLAG_FIELDS: EngineEventsNames = {
+  endpoint: 'kv-events',
+  replay: 'replay',
+  topic: 'topic',
+  dpSize: 'dp_size',
+  alone: 'replay= and topic= need kv-events=tcp://HOST:PORT',
+}
 /** The field names of POST /v1/workers and of etcd instance records. */
 export const RECORD_FIELDS: EngineEventsNames = {
   endpoint: 'kv_events_endpoint',
@@ -616,7 +734,11 @@ export const RECORD_FIELDS: EngineEventsNames = {
  * Throws ConfigError naming the field as `names` spells it. --worker, POST /v1/workers and etcd
  * records all check with it, so the three accept the same values.
  */
-export function engineEventsSpec(f: { endpoint: unknown; replay: unknown; topic: unknown }, dpRanks: number, names: EngineEventsNames): EngineEventsSpec | null {
+export function engineEventsSpec(
+  f: { endpoint: unknown; replay: unknown; topic: unknown },
+  dpRanks: number,
+  names: EngineEventsNames,
+): EngineEventsSpec | null {
   const given = (v: unknown): boolean => v !== null && v !== undefined
   if (!given(f.endpoint)) {
     if (given(f.replay) || given(f.topic)) throw new ConfigError(names.alone)
@@ -805,7 +927,8 @@ export function parseServeConfig(argv: readonly string[], env: NodeJS.ProcessEnv
       if (next === undefined) throw new ConfigError(`${name} needs a value: ${accepts(d)}`)
       // `--http-host --http-port 80` forgot the host; a value that really starts with "--" can
       // be given as NAME=VALUE
-      if (next.startsWith('--') && next.length > 2) throw new ConfigError(`${name} needs a value (${accepts(d)}), got the option ${next}; write ${name}=VALUE for a value that starts with --`)
+      if (next.startsWith('--') && next.length > 2)
+        throw new ConfigError(`${name} needs a value (${accepts(d)}), got the option ${next}; write ${name}=VALUE for a value that starts with --`)
       raw = next
       i++
     }
@@ -839,7 +962,8 @@ export function parseServeConfig(argv: readonly string[], env: NodeJS.ProcessEnv
   }
   out.workers = Object.freeze([...workers])
   // approximate mode predicts every decision for --router-ttl-secs already
-  if ((out.predictedTtlSecs as number) > 0 && out.kvEvents === false) throw new ConfigError('--router-predicted-ttl-secs needs KV events: it is not used with --no-router-kv-events')
+  if ((out.predictedTtlSecs as number) > 0 && out.kvEvents === false)
+    throw new ConfigError('--router-predicted-ttl-secs needs KV events: it is not used with --no-router-kv-events')
   if (out.replicaSync === true && out.natsUrl === null) throw new ConfigError('--router-replica-sync needs --nats-url: replicas share their bookings over NATS')
   if (out.durableKvEvents === true) {
     if (out.natsUrl === null) throw new ConfigError('--router-durable-kv-events needs --nats-url: the durable stream is on the NATS server')
@@ -849,7 +973,12 @@ export function parseServeConfig(argv: readonly string[], env: NodeJS.ProcessEnv
 }
 
 export function serveHelp(): string {
-  const lines = ['usage: kv-router serve [options]', '', 'Runs the KV-cache-aware router. Every option also reads its environment variable; the command line wins.', '']
+  const lines = [
+    'usage: kv-router serve [options]',
+    '',
+    'Runs the KV-cache-aware router. Every option also reads its environment variable; the command line wins.',
+    '',
+  ]
   for (const d of FLAGS) {
     const names = [d.kind === 'bool' ? `${d.flag}, --no-${d.flag.slice(2)}` : `${d.flag} V`, ...(d.aliases ?? [])].join(', ')
     const dflt = d.dflt === null || d.dflt === undefined || (Array.isArray(d.dflt) && d.dflt.length === 0) ? '' : ` (default ${String(d.dflt)})`

@@ -15,7 +15,12 @@ function parse(argv: string[], env: NodeJS.ProcessEnv = {}): ServeConfig {
 }
 
 t.test("--worker takes the engine's own KV-event endpoints after its URL", async (t) => {
-  const c = parse(['--worker', '1=http://a:1,kv-events=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558,topic=kv-events', '--worker', 'http://b:2,kv-events=tcp://[::1]:6000'])
+  const c = parse([
+    '--worker',
+    '1=http://a:1,kv-events=tcp://10.0.0.5:5557,replay=tcp://10.0.0.5:5558,topic=kv-events',
+    '--worker',
+    'http://b:2,kv-events=tcp://[::1]:6000',
+  ])
   t.same(c.workers, [
     { id: 1n, url: 'http://a:1', kvEvents: { endpoint: 'tcp://10.0.0.5:5557', replay: 'tcp://10.0.0.5:5558', topic: 'kv-events' } },
     { id: 2n, url: 'http://b:2', kvEvents: { endpoint: 'tcp://[::1]:6000', replay: null, topic: '' } },
@@ -140,7 +145,10 @@ t.test('environment variables, and the command line wins', async (t) => {
   // the primary name wins over a legacy variable
   t.equal(parse([], { DYN_ROUTER_BLOCK_SIZE: '8', DYN_KV_CACHE_BLOCK_SIZE: '64' }).blockSize, 8)
   // Era C cost knobs: the prefill load scale is the weight under its newer name
-  const k = parse(['--router-prefill-load-scale', '10', '--router-kv-overlap-score-credit', '5'], { DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT_DECAY: '0.5', DYN_ROUTER_DECODE_ACTIVE_REQUEST_WEIGHT: '2' })
+  const k = parse(['--router-prefill-load-scale', '10', '--router-kv-overlap-score-credit', '5'], {
+    DYN_ROUTER_KV_OVERLAP_SCORE_CREDIT_DECAY: '0.5',
+    DYN_ROUTER_DECODE_ACTIVE_REQUEST_WEIGHT: '2',
+  })
   t.same([k.overlapScoreWeight, k.overlapScoreCredit, k.overlapScoreCreditDecay, k.decodeActiveRequestWeight], [10, 5, 0.5, 2])
   t.equal(parse([], { DYN_ROUTER_PREFILL_LOAD_SCALE: '4' }).overlapScoreWeight, 4)
   t.equal(parse(['--router-cost', 'dynamo']).cost, 'dynamo')
@@ -214,8 +222,14 @@ t.test('a variable the command line overrides is not read, so a bad one does not
   // an alias on the command line overrides every variable of its option
   t.equal(parse(['--block-size', '32'], { DYN_ROUTER_BLOCK_SIZE: 'x', DYN_KV_CACHE_BLOCK_SIZE: 'y' }).blockSize, 32)
   // the ones it does not override are still checked
-  t.throws(() => parse(['--router-temperature', '0.5', '--worker', 'http://w:1'], bad), /^DYN_ROUTER_USE_KV_EVENTS \(--router-kv-events\) must be true or false/)
-  t.throws(() => parse(['--router-temperature', '0.5'], { DYN_ROUTER_QUEUE_POLICY: 'random' }), /^DYN_ROUTER_QUEUE_POLICY \(--router-queue-policy\) must be one of/)
+  t.throws(
+    () => parse(['--router-temperature', '0.5', '--worker', 'http://w:1'], bad),
+    /^DYN_ROUTER_USE_KV_EVENTS \(--router-kv-events\) must be true or false/,
+  )
+  t.throws(
+    () => parse(['--router-temperature', '0.5'], { DYN_ROUTER_QUEUE_POLICY: 'random' }),
+    /^DYN_ROUTER_QUEUE_POLICY \(--router-queue-policy\) must be one of/,
+  )
   t.equal(parseServeConfig(['--help'], bad), 'help', '--help is shown whatever the environment holds')
 })
 
@@ -338,7 +352,9 @@ t.test('index cap, approximate pruning, the CUDA-to-CPU ratio: flags with defaul
   t.equal(d.maxTreeSize, 1 << 20)
   t.equal(d.pruneTargetRatio, 0.8)
   t.equal(d.cudaToCpuRatio, 8, "Dynamo's default")
-  const c = parse(['--router-max-index-blocks', '5000', '--router-max-tree-size', '100', '--router-prune-target-ratio', '0.5'], { DYN_ENCODER_CUDA_TO_CPU_RATIO: '1' })
+  const c = parse(['--router-max-index-blocks', '5000', '--router-max-tree-size', '100', '--router-prune-target-ratio', '0.5'], {
+    DYN_ENCODER_CUDA_TO_CPU_RATIO: '1',
+  })
   t.equal(c.maxIndexBlocks, 5000)
   t.equal(c.maxTreeSize, 100)
   t.equal(c.pruneTargetRatio, 0.5)

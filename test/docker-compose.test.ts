@@ -200,7 +200,10 @@ t.test('two router replicas run one valid `kv-router serve` with replica sync, p
     // time left to cut the rest, free its bookings and stop its threads
     const grace = /^(\d+)s$/.exec(svc(name).stop_grace_period ?? '')
     t.ok(grace, 'a grace period in seconds')
-    t.ok(Number(grace?.[1]) >= cfg.shutdownTimeoutSecs + 5, `${name}: grace ${svc(name).stop_grace_period} leaves 5 s after the drain deadline (${cfg.shutdownTimeoutSecs} s)`)
+    t.ok(
+      Number(grace?.[1]) >= cfg.shutdownTimeoutSecs + 5,
+      `${name}: grace ${svc(name).stop_grace_period} leaves 5 s after the drain deadline (${cfg.shutdownTimeoutSecs} s)`,
+    )
     t.equal(svc(name).restart, 'unless-stopped', `${name} comes back if it exits`)
     t.equal(svc(name).hostname, name, `${name} is named after its service`)
   }
@@ -282,7 +285,11 @@ t.test('Prometheus scrapes both replicas and HAProxy', async (t) => {
       .filter((j) => j.job_name === name)
       .flatMap((j) => j.static_configs.flatMap((c) => c.targets))
       .sort()
-  t.same(targets('kv-router'), routerNames.map((name) => `${name}:${routerCfg(name).httpPort}`).sort(), 'the kv-router job scrapes every replica on the port it listens on')
+  t.same(
+    targets('kv-router'),
+    routerNames.map((name) => `${name}:${routerCfg(name).httpPort}`).sort(),
+    'the kv-router job scrapes every replica on the port it listens on',
+  )
   for (const j of jobs) t.equal(j.metrics_path ?? '/metrics', '/metrics', `${j.job_name}: /metrics`)
   const stats = haproxy.find((x) => x.kind === 'frontend' && x.lines.some((l) => l.includes('prometheus-exporter')))
   t.ok(stats, 'HAProxy serves its own metrics (Prometheus exporter)')
@@ -367,7 +374,11 @@ t.test('the engines are a valid `kv-router mocker` that the routers can reach an
   t.equal(flag(argv, '--host'), '0.0.0.0', 'engines listen beyond the container')
   t.equal(hostPort(flag(argv, '--nats-url') ?? ''), 'nats:4222', 'events go where the routers listen')
   t.equal(hostPort(flag(argv, '--etcd-url') ?? ''), 'etcd:2379', 'engines register where the routers look')
-  t.match(svc('mocker').healthcheck?.test.join(' ') ?? '', new RegExp(`127\\.0\\.0\\.1:${flag(argv, '--http-port')}/health`), 'the health check asks the first engine')
+  t.match(
+    svc('mocker').healthcheck?.test.join(' ') ?? '',
+    new RegExp(`127\\.0\\.0\\.1:${flag(argv, '--http-port')}/health`),
+    'the health check asks the first engine',
+  )
   for (const name of routerNames) t.ok(svc('mocker').depends_on?.[name], `engines start after ${name} has subscribed`)
 })
 

@@ -39,7 +39,10 @@ interface Doc {
   spec: any
 }
 
-const kustomization = parse(readFileSync(join(dir, 'kustomization.yaml'), 'utf8')) as { resources: string[]; images?: { name: string; newName?: string; newTag?: string }[] }
+const kustomization = parse(readFileSync(join(dir, 'kustomization.yaml'), 'utf8')) as {
+  resources: string[]
+  images?: { name: string; newName?: string; newTag?: string }[]
+}
 const docs: Doc[] = []
 const parseErrors: string[] = []
 for (const file of kustomization.resources) {
@@ -65,7 +68,8 @@ const cfg = (): ServeConfig => {
   return c
 }
 /** A selector's matchLabels all on the Deployment's pods. */
-const selects = (labels: Record<string, string> | undefined): boolean => labels !== undefined && Object.keys(labels).length > 0 && Object.entries(labels).every(([k, v]) => podLabels[k] === v)
+const selects = (labels: Record<string, string> | undefined): boolean =>
+  labels !== undefined && Object.keys(labels).length > 0 && Object.entries(labels).every(([k, v]) => podLabels[k] === v)
 /** Kubernetes quantities: CPUs, or bytes. */
 function quantity(q: string | undefined): number {
   const m = /^(\d+(?:\.\d+)?)(m|Ki|Mi|Gi|Ti|k|M|G|T)?$/.exec(q ?? '')
@@ -145,7 +149,10 @@ t.test('the grace period covers preStop and the drain deadline', async (t) => {
   const sleep = pre?.sleep?.seconds ?? (pre?.exec?.command[0] === 'sleep' ? Number(pre.exec.command[1]) : 0)
   t.ok(sleep > 0, `preStop waits ${sleep} s for the endpoints to go before SIGTERM`)
   const grace = deployment.spec.template.spec.terminationGracePeriodSeconds as number
-  t.ok(grace >= sleep + c.shutdownTimeoutSecs + 5, `terminationGracePeriodSeconds ${grace} leaves 5 s after preStop (${sleep} s) and the drain deadline (${c.shutdownTimeoutSecs} s)`)
+  t.ok(
+    grace >= sleep + c.shutdownTimeoutSecs + 5,
+    `terminationGracePeriodSeconds ${grace} leaves 5 s after preStop (${sleep} s) and the drain deadline (${c.shutdownTimeoutSecs} s)`,
+  )
 })
 
 t.test('the Service and the PodDisruptionBudget select the router pods', async (t) => {

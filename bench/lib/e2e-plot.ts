@@ -54,7 +54,9 @@ function msLabel(v: number): string {
 export function renderE2eSvg(input: PlotInput): string {
   const H = LEGEND_Y + Math.ceil(input.series.length / 2) * 18 + 6
   const out: string[] = []
-  out.push(`<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" font-family="Helvetica, Arial, sans-serif" font-size="12">`)
+  out.push(
+    `<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" font-family="Helvetica, Arial, sans-serif" font-size="12">`,
+  )
   out.push(`<title>${escapeXml(input.title)}</title>`)
   out.push(`<rect x="0" y="0" width="${W}" height="${H}" fill="white"/>`)
   out.push(text(W / 2, 28, input.title, 'text-anchor="middle" font-size="16" font-weight="bold"'))
@@ -82,7 +84,9 @@ export function renderE2eSvg(input: PlotInput): string {
   const xOf = (v: number): number => CDF.x0 + ((Math.log10(v) - d0) / (d1 - d0)) * (CDF.x1 - CDF.x0)
   const yOf = (f: number): number => CDF.y0 - f * (CDF.y0 - CDF.y1)
   out.push(`<g class="ttft-cdf">`)
-  out.push(text((CDF.x0 + CDF.x1) / 2, CDF.y1 - 14, 'Time to first token: cumulative share of requests', 'text-anchor="middle" font-size="13" font-weight="bold"'))
+  out.push(
+    text((CDF.x0 + CDF.x1) / 2, CDF.y1 - 14, 'Time to first token: cumulative share of requests', 'text-anchor="middle" font-size="13" font-weight="bold"'),
+  )
   for (let d = d0; d <= d1; d++) {
     const v = 10 ** d
     const x = xOf(v)
@@ -97,12 +101,16 @@ export function renderE2eSvg(input: PlotInput): string {
   }
   for (const f of [0, 0.25, 0.5, 0.75, 0.9, 1]) {
     const y = yOf(f)
-    out.push(`<line x1="${CDF.x0}" y1="${r1(y)}" x2="${CDF.x1}" y2="${r1(y)}" stroke="${f === 0.9 ? '#999' : '#ddd'}"${f === 0.9 ? ' stroke-dasharray="4 3"' : ''}/>`)
+    out.push(
+      `<line x1="${CDF.x0}" y1="${r1(y)}" x2="${CDF.x1}" y2="${r1(y)}" stroke="${f === 0.9 ? '#999' : '#ddd'}"${f === 0.9 ? ' stroke-dasharray="4 3"' : ''}/>`,
+    )
     out.push(text(CDF.x0 - 6, y + 4, f === 0.9 ? 'p90' : f.toFixed(2), 'text-anchor="end"'))
   }
   out.push(`<rect x="${CDF.x0}" y="${CDF.y1}" width="${CDF.x1 - CDF.x0}" height="${CDF.y0 - CDF.y1}" fill="none" stroke="#333"/>`)
   out.push(text((CDF.x0 + CDF.x1) / 2, CDF.y0 + 36, input.ttftLabel ?? 'TTFT (log scale)', 'text-anchor="middle"'))
-  out.push(text(CDF.x0 - 52, (CDF.y0 + CDF.y1) / 2, 'share of requests', `text-anchor="middle" transform="rotate(-90 ${CDF.x0 - 52} ${(CDF.y0 + CDF.y1) / 2})"`))
+  out.push(
+    text(CDF.x0 - 52, (CDF.y0 + CDF.y1) / 2, 'share of requests', `text-anchor="middle" transform="rotate(-90 ${CDF.x0 - 52} ${(CDF.y0 + CDF.y1) / 2})"`),
+  )
   input.series.forEach((s, i) => {
     const v = sorted[i] as Float64Array
     if (v.length === 0) return

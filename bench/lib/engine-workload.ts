@@ -121,7 +121,13 @@ export function buildEngineWorkload(o: EngineWorkloadOptions): EngineWorkload {
       ]),
     )
     arrayBatches.push(
-      packr.pack([ts, slice.map((e) => (e.stored ? ['BlockStored', e.hashes, e.parent, e.tokens, bs, null, 'GPU', null, null, 0, 'full_attention'] : ['BlockRemoved', e.hashes, 'GPU', 0])), 0]),
+      packr.pack([
+        ts,
+        slice.map((e) =>
+          e.stored ? ['BlockStored', e.hashes, e.parent, e.tokens, bs, null, 'GPU', null, null, 0, 'full_attention'] : ['BlockRemoved', e.hashes, 'GPU', 0],
+        ),
+        0,
+      ]),
     )
   }
   const json = events.map((e, i) => {
@@ -131,7 +137,12 @@ export function buildEngineWorkload(o: EngineWorkloadOptions): EngineWorkload {
         event_id: BigInt(i + 1),
         dp_rank: 0,
         data: e.stored
-          ? { stored: { parent_hash: e.parent, blocks: [...computeBlockHashes(e.tokens, bs)].map((t, k) => ({ block_hash: e.hashes[k] as bigint, tokens_hash: t })) } }
+          ? {
+              stored: {
+                parent_hash: e.parent,
+                blocks: [...computeBlockHashes(e.tokens, bs)].map((t, k) => ({ block_hash: e.hashes[k] as bigint, tokens_hash: t })),
+              },
+            }
           : { removed: { block_hashes: e.hashes } },
       },
     }

@@ -135,6 +135,11 @@ export function replicaBars(figures: Readonly<Record<string, SetupFigures>>): Ba
     pass: p1 === null || ps === null ? null : ps <= 1.15 * p1,
   })
   const entries = Object.entries(figures)
-  bars.push({ bar: 'zero errors in every setup', value: entries.map(([k, f]) => `${k} ${f.errors}`).join(', '), target: '0', pass: entries.every(([, f]) => f.errors === 0) })
+  bars.push({
+    bar: 'zero errors in every setup',
+    value: entries.map(([k, f]) => `${k} ${f.errors}`).join(', '),
+    target: '0',
+    pass: entries.every(([, f]) => f.errors === 0),
+  })
   return bars
 }

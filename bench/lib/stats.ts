@@ -55,7 +55,11 @@ export function uniformDraws(seed: number): () => number {
  * The central `level` bootstrap interval of quantile(b, q) - quantile(a, q), both ascending, over
  * `resamples` resamples of each (percentile method); [NaN, NaN] when either is empty.
  */
-export function quantileDifferenceInterval(a: number[], b: number[], opts: { q?: number; level?: number; resamples?: number; seed?: number } = {}): [number, number] {
+export function quantileDifferenceInterval(
+  a: number[],
+  b: number[],
+  opts: { q?: number; level?: number; resamples?: number; seed?: number } = {},
+): [number, number] {
   if (a.length === 0 || b.length === 0) return [NaN, NaN]
   const q = opts.q ?? 0.99
   const tail = (1 - (opts.level ?? 0.95)) / 2
@@ -89,7 +93,13 @@ export function medianInterval(xs: number[], opts: { level?: number; resamples?:
  * - quantile(a2, q)), all four ascending: how far the difference of two overheads moves from
  * sampling alone, e.g. a router's p99 overhead with logging on less the same with logging off.
  */
-export function overheadDifferenceInterval(a1: number[], b1: number[], a2: number[], b2: number[], opts: { q?: number; level?: number; resamples?: number; seed?: number } = {}): [number, number] {
+export function overheadDifferenceInterval(
+  a1: number[],
+  b1: number[],
+  a2: number[],
+  b2: number[],
+  opts: { q?: number; level?: number; resamples?: number; seed?: number } = {},
+): [number, number] {
   if (a1.length === 0 || b1.length === 0 || a2.length === 0 || b2.length === 0) return [NaN, NaN]
   const q = opts.q ?? 0.99
   const tail = (1 - (opts.level ?? 0.95)) / 2

@@ -104,7 +104,14 @@ export function encodeAddRequest(
 }
 
 /** JSON of a MarkPrefillCompleted or Free event. */
-export function encodeLifecycle(kind: 'prefill_completed' | 'free', requestId: string, workerId: bigint, dpRank: number, routerId: string, publishedAt: number): string {
+export function encodeLifecycle(
+  kind: 'prefill_completed' | 'free',
+  requestId: string,
+  workerId: bigint,
+  dpRank: number,
+  routerId: string,
+  publishedAt: number,
+): string {
   const data = kind === 'free' ? '"Free"' : '"MarkPrefillCompleted"'
   return `{"request_id":${JSON.stringify(requestId)},"worker":{"worker_id":${workerId},"dp_rank":${dpRank}},"data":${data},"router_id":${routerId},"lora_name":null,"published_at":${publishedAt}}`
 }
@@ -122,7 +129,8 @@ function missing(what: string): KvrError {
 
 function smallInt(v: unknown, field: string): number {
   const n = typeof v === 'bigint' && v <= 0xffffffffn && v >= 0n ? Number(v) : v
-  if (typeof n !== 'number' || !Number.isInteger(n) || n < 0 || n > 0xffffffff) throw new KvrError('KVR_ERR_EVENT_INVALID_NUMBER', `${field} must be an integer in [0, 2^32), got ${String(v)}`)
+  if (typeof n !== 'number' || !Number.isInteger(n) || n < 0 || n > 0xffffffff)
+    throw new KvrError('KVR_ERR_EVENT_INVALID_NUMBER', `${field} must be an integer in [0, 2^32), got ${String(v)}`)
   return n
 }
 
@@ -332,7 +340,8 @@ export class ActiveSequenceDecoder {
   private fromObject(o: Record<string, unknown>): ActiveSequenceEvent {
     const requestId = o['request_id']
     if (requestId === undefined) throw missing('request_id is missing')
-    if (typeof requestId !== 'string' || requestId.length === 0 || requestId.length > MAX_ID_LENGTH) throw wrongType(`request_id must be a string of 1 to ${MAX_ID_LENGTH} characters`)
+    if (typeof requestId !== 'string' || requestId.length === 0 || requestId.length > MAX_ID_LENGTH)
+      throw wrongType(`request_id must be a string of 1 to ${MAX_ID_LENGTH} characters`)
     let workerId: bigint
     let dpRank = 0
     const w = o['worker']
@@ -391,7 +400,8 @@ export class ActiveSequenceDecoder {
       ev.kind = 'add'
       this.addRequest(body, ev)
     } else throw new KvrError('KVR_ERR_EVENT_UNKNOWN_VARIANT', `data names an unknown variant ${JSON.stringify(variant)}`)
-    if (ev.kind !== 'add' && body !== null && body !== undefined && !(isObject(body) && Object.keys(body).length === 0)) throw wrongType(`${variant} carries no fields`)
+    if (ev.kind !== 'add' && body !== null && body !== undefined && !(isObject(body) && Object.keys(body).length === 0))
+      throw wrongType(`${variant} carries no fields`)
     return ev
   }
 

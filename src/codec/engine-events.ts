@@ -347,7 +347,9 @@ export class EngineEventDecoder extends EngineDecoderBase implements EngineBatch
               // vLLM's 8th element is lora_name; SGLang's is a {cache_salt} map
               loraName: typeof a[7] === 'string' || a[7] === null || a[7] === undefined ? optString(a[7], 'lora_name') : null,
               cacheSalt:
-                a[7] !== null && typeof a[7] === 'object' && !Array.isArray(a[7]) && !(a[7] instanceof Uint8Array) ? optString((a[7] as Record<string, unknown>).cache_salt, 'cache_salt') : null,
+                a[7] !== null && typeof a[7] === 'object' && !Array.isArray(a[7]) && !(a[7] instanceof Uint8Array)
+                  ? optString((a[7] as Record<string, unknown>).cache_salt, 'cache_salt')
+                  : null,
               extraKeys: a[8],
               kind: a[10],
             }
@@ -391,7 +393,8 @@ export class EngineEventDecoder extends EngineDecoderBase implements EngineBatch
     const hashes = arrayField(f.hashes, 'block_hashes')
     const tokens = arrayField(f.tokens, 'token_ids')
     const bs = typeof f.blockSize === 'bigint' ? Number(f.blockSize) : f.blockSize
-    if (typeof bs !== 'number' || !Number.isInteger(bs) || bs < 1) throw new KvrError('KVR_ERR_EVENT_INVALID_NUMBER', `block_size must be a positive integer, got ${String(f.blockSize)}`)
+    if (typeof bs !== 'number' || !Number.isInteger(bs) || bs < 1)
+      throw new KvrError('KVR_ERR_EVENT_INVALID_NUMBER', `block_size must be a positive integer, got ${String(f.blockSize)}`)
     out.kind = EventKind.Stored
     out.tier = tierOf(f.medium)
     if (f.kind !== null && f.kind !== undefined && !(typeof f.kind === 'string' && PREFIX_KINDS.has(f.kind))) return EngineSkip.AttentionKind

@@ -13,7 +13,18 @@
 // reads one event per call.
 import { Unpackr } from 'msgpackr'
 import { KvrError } from '../errors.js'
-import { arrayField, type EngineBatchDecoder, EngineDecoderBase, EngineSkip, optString, PREFIX_KINDS, rankOf, tierOf, tokenError, wrongType } from './engine-events.js'
+import {
+  arrayField,
+  type EngineBatchDecoder,
+  EngineDecoderBase,
+  EngineSkip,
+  optString,
+  PREFIX_KINDS,
+  rankOf,
+  tierOf,
+  tokenError,
+  wrongType,
+} from './engine-events.js'
 import { type DecodedEvent, EventKind, StorageTier } from './event-decoder.js'
 
 // field slots of a stored or removed event, wherever the form puts them
@@ -241,7 +252,8 @@ export class EngineStreamDecoder extends EngineDecoderBase implements EngineBatc
       this.pos = bsAt
       bs = this.number('block_size')
     }
-    if (!Number.isInteger(bs) || bs < 1) throw new KvrError('KVR_ERR_EVENT_INVALID_NUMBER', `block_size must be a positive integer, got ${bsAt < 0 ? 'undefined' : String(this.unpackAt(bsAt))}`)
+    if (!Number.isInteger(bs) || bs < 1)
+      throw new KvrError('KVR_ERR_EVENT_INVALID_NUMBER', `block_size must be a positive integer, got ${bsAt < 0 ? 'undefined' : String(this.unpackAt(bsAt))}`)
     out.kind = EventKind.Stored
     out.tier = this.tierAt(at[F_MEDIUM] as number)
     const kindAt = at[F_KIND] as number

@@ -85,7 +85,10 @@ export function encodeRouterEvent(ev: RouterEvent): string {
   } else if ('stored' in e.data) {
     const s = e.data.stored
     const blocks = s.blocks
-      .map((b, i) => `{"block_hash":${u64Text(b.block_hash, `blocks[${i}].block_hash`)},"tokens_hash":${u64Text(b.tokens_hash, `blocks[${i}].tokens_hash`)},"mm_extra_info":null}`)
+      .map(
+        (b, i) =>
+          `{"block_hash":${u64Text(b.block_hash, `blocks[${i}].block_hash`)},"tokens_hash":${u64Text(b.tokens_hash, `blocks[${i}].tokens_hash`)},"mm_extra_info":null}`,
+      )
       .join(',')
     const parent = s.parent_hash === null ? 'null' : u64Text(s.parent_hash, 'parent_hash')
     data = `{"stored":{"parent_hash":${parent},"blocks":[${blocks}]}}`

@@ -99,7 +99,10 @@ export function readU64(v: unknown, field: string): bigint {
   } else if (typeof v === 'bigint' && v >= 0n && v <= 0xffffffffffffffffn) {
     return v
   }
-  throw new KvrError('KVR_ERR_INVALID_REQUEST', `${field} must be an unsigned 64-bit integer (a JSON integer or a decimal string), got ${JSON.stringify(v) ?? String(v)}`)
+  throw new KvrError(
+    'KVR_ERR_INVALID_REQUEST',
+    `${field} must be an unsigned 64-bit integer (a JSON integer or a decimal string), got ${JSON.stringify(v) ?? String(v)}`,
+  )
 }
 
 /** JSON text where bigint values are written as exact integers. */

@@ -63,7 +63,16 @@ function after(tokenBytes: number): number {
  * Hashes `n` blocks of `blockSize` u32 words already written at the token area; writes local
  * hashes to lo/hi and, when sLo/sHi are given, the chained sequence hashes too.
  */
-export function hashTokenArea(blockSize: number, n: number, seed0: number, seed1: number, lo: Uint32Array, hi: Uint32Array, sLo?: Uint32Array, sHi?: Uint32Array): void {
+export function hashTokenArea(
+  blockSize: number,
+  n: number,
+  seed0: number,
+  seed1: number,
+  lo: Uint32Array,
+  hi: Uint32Array,
+  sLo?: Uint32Array,
+  sHi?: Uint32Array,
+): void {
   useSeed(seed0, seed1)
   const bytes = n * blockSize * 4
   const local = after(bytes)

@@ -32,7 +32,19 @@ export class DecisionLog {
   constructor(readonly capacity = 64) {
     this.ring = []
     for (let i = 0; i < capacity; i++)
-      this.ring.push({ seq: 0, at: 0, requestId: undefined, workerId: 0n, dpRank: 0, overlapBlocks: 0, blocks: 0, isl: 0, booked: false, waitedMs: 0, candidates: undefined })
+      this.ring.push({
+        seq: 0,
+        at: 0,
+        requestId: undefined,
+        workerId: 0n,
+        dpRank: 0,
+        overlapBlocks: 0,
+        blocks: 0,
+        isl: 0,
+        booked: false,
+        waitedMs: 0,
+        candidates: undefined,
+      })
   }
 
   /** Whether a reader is watching at `now` (performance.now()): routing then explains every decision. */

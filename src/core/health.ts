@@ -81,11 +81,24 @@ export class WorkerHealth {
     let e = this.entries.get(id)
     if (e === undefined || e.url !== url) {
       // what its engine publishes is not the address's: kept
-      e = { url, path: '/health', failures: 0, unreachable: false, lastOkAt: -1, lastProbeAt: -1, lastError: null, misconfigured: null, engineMismatch: e?.engineMismatch ?? new Map() }
+      e = {
+        url,
+        path: '/health',
+        failures: 0,
+        unreachable: false,
+        lastOkAt: -1,
+        lastProbeAt: -1,
+        lastError: null,
+        misconfigured: null,
+        engineMismatch: e?.engineMismatch ?? new Map(),
+      }
       this.entries.set(id, e)
     }
     const bs = this.opts.blockSize
-    e.misconfigured = this.opts.kvMode && blockSize !== bs ? `block size ${blockSize}, the router's is ${bs}: its KV blocks can never match; register it again with block size ${bs}` : null
+    e.misconfigured =
+      this.opts.kvMode && blockSize !== bs
+        ? `block size ${blockSize}, the router's is ${bs}: its KV blocks can never match; register it again with block size ${bs}`
+        : null
     this.update(id, e)
   }
 

@@ -9,7 +9,14 @@ import type { SessionAffinity } from './session-affinity.js'
 import type { Suspension } from './suspension.js'
 import type { WorkerRegistry } from './worker-registry.js'
 
-export function registerWorkerMetrics(r: Registry, workers: WorkerRegistry, suspension: Suspension, sources: EventSources, sessions: SessionAffinity | null, modelName: string): void {
+export function registerWorkerMetrics(
+  r: Registry,
+  workers: WorkerRegistry,
+  suspension: Suspension,
+  sources: EventSources,
+  sessions: SessionAffinity | null,
+  modelName: string,
+): void {
   new Gauge({
     name: 'kvrouter_session_bindings',
     help: 'Sessions (X-Dynamo-Session-ID) bound to a worker-rank now',

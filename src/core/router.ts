@@ -184,7 +184,10 @@ export class Router {
       },
       sink === undefined ? {} : { approxSink: sink },
     )
-    this.recovery = config.kvEvents && config.eventRecovery ? new IndexRecovery(pool, { urlOf: (id) => this.registry.get(id)?.url, onAnswers: (id) => this.eventSources.evented(id) }) : null
+    this.recovery =
+      config.kvEvents && config.eventRecovery
+        ? new IndexRecovery(pool, { urlOf: (id) => this.registry.get(id)?.url, onAnswers: (id) => this.eventSources.evented(id) })
+        : null
     this.engines = new EngineIntake(config.blockSize, pool)
     this.eventSources = new EventSources({
       setPredicted: (id, on) => this.scheduler.setPredicted(id, on),
@@ -201,10 +204,17 @@ export class Router {
       failuresToUnreachable: config.healthProbeFailures,
       onHeld: (id, held) => this.scheduler.setHeld(id, held),
     })
-    this.engines.blockSizes = { mismatch: (id, rank, size) => this.health.engineBlockSize(id, rank, size), reset: (id, rank) => this.health.engineReset(id, rank) }
+    this.engines.blockSizes = {
+      mismatch: (id, rank, size) => this.health.engineBlockSize(id, rank, size),
+      reset: (id, rank) => this.health.engineReset(id, rank),
+    }
     this.probes =
       config.healthProbeIntervalSecs > 0
-        ? new HealthProbes({ intervalMs: config.healthProbeIntervalSecs * 1000, timeoutMs: config.healthProbeTimeoutSecs * 1000, result: (id, url, r) => this.probed(id, url, r) })
+        ? new HealthProbes({
+            intervalMs: config.healthProbeIntervalSecs * 1000,
+            timeoutMs: config.healthProbeTimeoutSecs * 1000,
+            result: (id, url, r) => this.probed(id, url, r),
+          })
         : null
     this.checkTimer = setInterval(() => {
       this.sessions?.expire(performance.now())
@@ -278,7 +288,10 @@ export class Router {
         if (w.maxNumBatchedTokens !== null) reg.maxNumBatchedTokens = w.maxNumBatchedTokens
         // a registration the index cannot hold is refused, not dropped unseen
         return this.addWorker(reg).catch((err: unknown) =>
-          log.warn({ code: 'KVR_WORKER_NOT_REGISTERED' }, `worker ${w.workerId} from etcd was not registered: ${err instanceof Error ? err.message : String(err)}`),
+          log.warn(
+            { code: 'KVR_WORKER_NOT_REGISTERED' },
+            `worker ${w.workerId} from etcd was not registered: ${err instanceof Error ? err.message : String(err)}`,
+          ),
         )
       }
       d.on('added', (w: DiscoveredWorker) => void add(w))
@@ -295,7 +308,8 @@ export class Router {
   private async startReplicaSync(natsUrl: string, namespace: string, component: string): Promise<void> {
     const c = this.config
     const reg = this.replicaRegistry
-    const known = (): { id: string; url: string | null; host: string | null }[] => [...(reg?.replicas.values() ?? [])].map((r) => ({ id: r.routerId, url: r.url, host: r.host }))
+    const known = (): { id: string; url: string | null; host: string | null }[] =>
+      [...(reg?.replicas.values() ?? [])].map((r) => ({ id: r.routerId, url: r.url, host: r.host }))
     const sync = await ReplicaSync.start({
       natsUrl,
       namespace,
@@ -308,7 +322,9 @@ export class Router {
       // a peer's binding is held for this replica's own TTL (bindings expire in the order made);
       // one a catch-up brings, for the time it has left
       onSessionBinding:
-        this.sessions === null ? undefined : (session, workerId, dpRank, ttlMs, caughtUp) => this.sessions?.bind(session, workerId, dpRank, performance.now(), caughtUp ? ttlMs : undefined),
+        this.sessions === null
+          ? undefined
+          : (session, workerId, dpRank, ttlMs, caughtUp) => this.sessions?.bind(session, workerId, dpRank, performance.now(), caughtUp ? ttlMs : undefined),
       sessionBindings: this.sessions === null ? undefined : () => this.sessions?.live(performance.now()) ?? [],
       isBound: (session) => this.sessions?.get(session, performance.now()) !== undefined,
       knownPeers: known(),
@@ -424,7 +440,10 @@ export class Router {
   private warnBlockSize(w: WorkerInfo): void {
     const bs = this.config.blockSize
     const out = this.config.mode === 'kv' ? `; it is misconfigured, out of routing until it registers with block size ${bs}` : ''
-    log.warn({ code: 'KVR_BLOCK_SIZE_MISMATCH', worker_id: w.id.toString() }, `worker ${w.id} announces block size ${w.blockSize}, the router hashes with ${bs}: its blocks will never match${out}`)
+    log.warn(
+      { code: 'KVR_BLOCK_SIZE_MISMATCH', worker_id: w.id.toString() },
+      `worker ${w.id} announces block size ${w.blockSize}, the router hashes with ${bs}: its blocks will never match${out}`,
+    )
   }
 
   /** A health probe ended; returns whether the next should come sooner (see HealthProbes). */
@@ -432,7 +451,10 @@ export class Router {
     const effect = this.health.probed(id, url, r)
     const w = this.registry.get(id)
     if (effect.changed === 'unreachable' && w !== undefined)
-      log.warn({ code: 'KVR_WORKER_UNREACHABLE', worker_id: id.toString() }, `worker ${id} (${w.url}) is unreachable: ${this.health.reason(id) ?? ''}; out of routing until a probe is answered`)
+      log.warn(
+        { code: 'KVR_WORKER_UNREACHABLE', worker_id: id.toString() },
+        `worker ${id} (${w.url}) is unreachable: ${this.health.reason(id) ?? ''}; out of routing until a probe is answered`,
+      )
     // its request failures were the outage: it starts afresh
     if (effect.changed === 'recovered' && w !== undefined) {
       log.info({ worker_id: id.toString() }, `worker ${id} (${w.url}) answers its health probes again: back in routing`)
@@ -540,7 +562,8 @@ export class Router {
     this.eventSources.check()
     if (this.eventSources.size === 0 || this.closed) return
     const unknown = new Set<bigint>()
-    for (const t of await this.pool.treeSizes().catch(() => [])) if (!this.registry.has(t.worker_id) && !this.strangers.has(t.worker_id)) unknown.add(t.worker_id)
+    for (const t of await this.pool.treeSizes().catch(() => []))
+      if (!this.registry.has(t.worker_id) && !this.strangers.has(t.worker_id)) unknown.add(t.worker_id)
     if (unknown.size === 0 || this.closed) return
     for (const id of unknown) this.strangers.add(id)
     const silent = this.registry
@@ -736,7 +759,11 @@ export class Router {
     return {
       stored: (workerId, dpRank, localLo, localHi, seqLo, seqHi, n) => {
         const blocks: StoredBlock[] = []
-        for (let i = 0; i < n; i++) blocks.push({ block_hash: u64FromParts(seqLo[i] as number, seqHi[i] as number), tokens_hash: u64FromParts(localLo[i] as number, localHi[i] as number) })
+        for (let i = 0; i < n; i++)
+          blocks.push({
+            block_hash: u64FromParts(seqLo[i] as number, seqHi[i] as number),
+            tokens_hash: u64FromParts(localLo[i] as number, localHi[i] as number),
+          })
         push({ worker_id: workerId, event: { event_id: eventId(workerId, dpRank), dp_rank: dpRank, data: { stored: { parent_hash: null, blocks } } } })
       },
       removed: (workerId, dpRank, seqLo, seqHi, n) => {

@@ -52,7 +52,8 @@ export function readBody(payload: Readable, limit: number, contentLength: string
     else (rest ??= [first]).push(b)
   }
   const onEnd = (): void => {
-    if (!Number.isNaN(declared) && received !== declared) return finish(new KvrError('KVR_ERR_INVALID_REQUEST', `the body has ${received} bytes, its Content-Length says ${declared}`))
+    if (!Number.isNaN(declared) && received !== declared)
+      return finish(new KvrError('KVR_ERR_INVALID_REQUEST', `the body has ${received} bytes, its Content-Length says ${declared}`))
     if (rest !== null) return finish(null, Buffer.concat(rest, received))
     if (first === null) return finish(null, Buffer.alloc(0))
     // a view into memory something else may reuse (a shared read buffer) is copied; a buffer

@@ -55,7 +55,11 @@ export const chatSchema = {
     messages: {
       type: 'array',
       minItems: 1,
-      items: { type: 'object', required: ['role'], properties: { role: { type: 'string' }, content: { anyOf: [{ type: 'string' }, { type: 'array', items: contentPartSchema }, { type: 'null' }] } } },
+      items: {
+        type: 'object',
+        required: ['role'],
+        properties: { role: { type: 'string' }, content: { anyOf: [{ type: 'string' }, { type: 'array', items: contentPartSchema }, { type: 'null' }] } },
+      },
     },
     stream: { type: 'boolean' },
     add_special_tokens: { type: 'boolean' },

@@ -587,7 +587,12 @@ export class KvIndex {
     const out: OverlapScore[] = []
     for (let w = 0; w < this.wHigh; w++) {
       if (this.wLive[w] !== 1) continue
-      const ts: OverlapScore = { worker_id: u64FromParts(this.wIdLo[w] as number, this.wIdHi[w] as number), dp_rank: this.wRank[w] as number, overlap_blocks: 0, tree_size: this.wSize[w] as number }
+      const ts: OverlapScore = {
+        worker_id: u64FromParts(this.wIdLo[w] as number, this.wIdHi[w] as number),
+        dp_rank: this.wRank[w] as number,
+        overlap_blocks: 0,
+        tree_size: this.wSize[w] as number,
+      }
       if (this.wEvSeen[w] === 1) ts.last_event_id = u64FromParts(this.wEvLo[w] as number, this.wEvHi[w] as number)
       out.push(ts)
     }
@@ -982,7 +987,10 @@ export class KvIndex {
     }
     let eventId = 0n
     const push = (w: number, data: RouterEvent['event']['data']): void => {
-      events.push({ worker_id: u64FromParts(this.wIdLo[w] as number, this.wIdHi[w] as number), event: { event_id: eventId++, data, dp_rank: this.wRank[w] as number } })
+      events.push({
+        worker_id: u64FromParts(this.wIdLo[w] as number, this.wIdHi[w] as number),
+        event: { event_id: eventId++, data, dp_rank: this.wRank[w] as number },
+      })
     }
     let synthCounter = 0
     const synth = (w: number): bigint => {

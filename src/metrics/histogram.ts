@@ -49,7 +49,11 @@ export class BoundHistogram {
     let acc = 0
     for (let i = 0; i <= this.bounds.length; i++) {
       acc += this.counts[i] as number
-      values.push({ labels: { le: i < this.bounds.length ? (this.bounds[i] as number) : '+Inf', ...this.labels }, value: acc, metricName: `${this.name}_bucket` })
+      values.push({
+        labels: { le: i < this.bounds.length ? (this.bounds[i] as number) : '+Inf', ...this.labels },
+        value: acc,
+        metricName: `${this.name}_bucket`,
+      })
     }
     values.push({ labels: { ...this.labels }, value: this.sum, metricName: `${this.name}_sum` })
     values.push({ labels: { ...this.labels }, value: this.count, metricName: `${this.name}_count` })

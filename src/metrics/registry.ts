@@ -134,7 +134,8 @@ export class RouterMetrics {
         this.reset()
         for (const [model, byEndpoint] of self.frontendRequests)
           for (const [endpoint, byType] of byEndpoint)
-            for (const [type, byStatus] of byType) for (const [status, n] of byStatus) this.inc({ model, endpoint, request_type: type, status: String(status) }, n)
+            for (const [type, byStatus] of byType)
+              for (const [status, n] of byStatus) this.inc({ model, endpoint, request_type: type, status: String(status) }, n)
       },
     })
     this.rejections = new Counter({
@@ -152,8 +153,17 @@ export class RouterMetrics {
         for (const [model, n] of self.inflightByModel) this.set({ model }, n)
       },
     })
-    this.retries = new Counter({ name: 'kvrouter_proxy_retries_total', help: 'Requests retried on another worker after a failure before the first token', registers: [r] })
-    this.upstreamErrors = new Counter({ name: 'kvrouter_proxy_upstream_errors_total', help: 'Upstream failures by phase', labelNames: ['phase'], registers: [r] })
+    this.retries = new Counter({
+      name: 'kvrouter_proxy_retries_total',
+      help: 'Requests retried on another worker after a failure before the first token',
+      registers: [r],
+    })
+    this.upstreamErrors = new Counter({
+      name: 'kvrouter_proxy_upstream_errors_total',
+      help: 'Upstream failures by phase',
+      labelNames: ['phase'],
+      registers: [r],
+    })
     this.eventsHttp = new Counter({ name: 'kvrouter_http_events_received_total', help: 'KV events received over POST /v1/kv-events', registers: [r] })
     this.eventsHttpRefused = new Counter({
       name: 'kvrouter_http_events_refused_total',
@@ -162,7 +172,13 @@ export class RouterMetrics {
     })
     // every request in flight waits out a pause of the main thread: when the latency tail moves,
     // the scavenges are the first thing to look at (the name is prom-client's default metric's)
-    const gc = new Histogram({ name: 'nodejs_gc_duration_seconds', help: 'Garbage collection pauses of the main thread, by kind', labelNames: ['kind'], buckets: GC_BUCKETS, registers: [r] })
+    const gc = new Histogram({
+      name: 'nodejs_gc_duration_seconds',
+      help: 'Garbage collection pauses of the main thread, by kind',
+      labelNames: ['kind'],
+      buckets: GC_BUCKETS,
+      registers: [r],
+    })
     for (const kind of Object.values(GC_KINDS)) gc.zero({ kind })
     this.gcObserver = new PerformanceObserver((list) => {
       for (const e of list.getEntries()) {
@@ -222,11 +238,18 @@ export class RouterMetrics {
       const c = process.cpuUsage()
       return (c.user + c.system) / 1e6
     })
-    new Gauge({ name: 'process_start_time_seconds', help: 'Start of the process since the Unix epoch (s)', registers: [r] }).set(Math.round(Date.now() / 1000 - process.uptime()))
+    new Gauge({ name: 'process_start_time_seconds', help: 'Start of the process since the Unix epoch (s)', registers: [r] }).set(
+      Math.round(Date.now() / 1000 - process.uptime()),
+    )
     gauge(r, 'process_resident_memory_bytes', 'Resident memory of the process (bytes)', () => process.memoryUsage.rss())
     gauge(r, 'nodejs_heap_size_total_bytes', 'V8 heap of the main thread, reserved (bytes)', () => process.memoryUsage().heapTotal)
     gauge(r, 'nodejs_heap_size_used_bytes', 'V8 heap of the main thread, in use (bytes)', () => process.memoryUsage().heapUsed)
-    gauge(r, 'nodejs_external_memory_bytes', 'Memory outside the V8 heap held by its objects, buffers in flight included (bytes)', () => process.memoryUsage().external)
+    gauge(
+      r,
+      'nodejs_external_memory_bytes',
+      'Memory outside the V8 heap held by its objects, buffers in flight included (bytes)',
+      () => process.memoryUsage().external,
+    )
   }
 
   /** Stops watching GC pauses and the event loop (the router is closing). */

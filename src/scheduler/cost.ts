@@ -109,7 +109,17 @@ export class LatencyTerms {
  *   active:    its active KV blocks; added: the request's blocks not already active there
  *   total:     its KV capacity in blocks (0 = unknown: no usage-dependent terms)
  */
-export function latencyTerms(queued: number, uncached: number, inFlight: number, chunk: number, active: number, added: number, total: number, fleet: FleetLoad, out: LatencyTerms): number {
+export function latencyTerms(
+  queued: number,
+  uncached: number,
+  inFlight: number,
+  chunk: number,
+  active: number,
+  added: number,
+  total: number,
+  fleet: FleetLoad,
+  out: LatencyTerms,
+): number {
   const x = queued + uncached
   const prefillAhead = prefillTimeMs(queued, chunk)
   const prefill = prefillTimeMs(x, chunk)

@@ -20,5 +20,9 @@ export function allWorkersBusy(retryAfterSecs: number): RetryableError {
 }
 
 export function queueFull(maxPending: number, retryAfterSecs: number): RetryableError {
-  return new RetryableError('KVR_ERR_QUEUE_FULL', `the router queue holds its maximum of ${maxPending} pending requests (--router-queue-max-pending); retry later`, retryAfterSecs)
+  return new RetryableError(
+    'KVR_ERR_QUEUE_FULL',
+    `the router queue holds its maximum of ${maxPending} pending requests (--router-queue-max-pending); retry later`,
+    retryAfterSecs,
+  )
 }

@@ -252,7 +252,11 @@ export class Scheduler {
       })
     }
     if (o.predictedTtlSecs > 0)
-      this.routed = new ApproxTracker(this.workers, NO_SINK, { ttlMs: o.predictedTtlSecs * 1000, maxTreeSize: o.approximate.maxTreeSize, pruneTargetRatio: o.approximate.pruneTargetRatio })
+      this.routed = new ApproxTracker(this.workers, NO_SINK, {
+        ttlMs: o.predictedTtlSecs * 1000,
+        maxTreeSize: o.approximate.maxTreeSize,
+        pruneTargetRatio: o.approximate.pruneTargetRatio,
+      })
     if (deps.timers !== false) {
       if (o.queueRecheckMs > 0) this.timers.push(setInterval(() => this.recheck(), o.queueRecheckMs))
       if (this.routed !== undefined) {
@@ -353,7 +357,8 @@ export class Scheduler {
     const slot = this.workers.slotOf(workerId, dpRank)
     if (slot < 0) return false
     if (activeBlocks !== null && Number.isFinite(activeBlocks) && activeBlocks >= 0) this.workers.reportedActiveBlocks[slot] = activeBlocks
-    if (totalBlocks !== null && Number.isFinite(totalBlocks) && totalBlocks > 0 && this.workers.totalKvBlocks[slot] === 0) this.workers.totalKvBlocks[slot] = totalBlocks
+    if (totalBlocks !== null && Number.isFinite(totalBlocks) && totalBlocks > 0 && this.workers.totalKvBlocks[slot] === 0)
+      this.workers.totalKvBlocks[slot] = totalBlocks
     return true
   }
 
@@ -572,13 +577,15 @@ export class Scheduler {
     const booked = req.updateStates !== false
     if (booked) {
       const id = req.id
-      if (typeof id !== 'string' || id.length === 0) throw new KvrError('KVR_ERR_INVALID_OPTION', 'request.id must be a non-empty string when the request is booked')
+      if (typeof id !== 'string' || id.length === 0)
+        throw new KvrError('KVR_ERR_INVALID_OPTION', 'request.id must be a non-empty string when the request is booked')
       if (this.sequences.has(id) || this.waitingIds.has(id)) throw new KvrError('KVR_ERR_DUPLICATE_REQUEST', `request ${id} is already booked or waiting`)
     }
     const isl = req.isl
     // bounded so that sums of bookings stay exact doubles: one of 1e300 would absorb every other
     // booking's tokens into it and leave its worker busy for good
-    if (typeof isl !== 'number' || !(isl >= 0) || !(isl <= MAX_ISL)) throw new KvrError('KVR_ERR_INVALID_OPTION', `request.isl must be a number in [0, 2^32), got ${String(isl)}`)
+    if (typeof isl !== 'number' || !(isl >= 0) || !(isl <= MAX_ISL))
+      throw new KvrError('KVR_ERR_INVALID_OPTION', `request.isl must be a number in [0, 2^32), got ${String(isl)}`)
     return booked
   }
 
@@ -677,7 +684,11 @@ export class Scheduler {
       throw new KvrError('KVR_ERR_NO_WORKERS', 'no worker is registered')
     } else if (this.heldIds.size > 0) {
       n = this.openSlots()
-      if (n === 0) throw new KvrError('KVR_ERR_NO_WORKERS', `no worker can take requests: each of the ${w.workerCount} registered is unreachable or misconfigured (GET /v1/workers says why)`)
+      if (n === 0)
+        throw new KvrError(
+          'KVR_ERR_NO_WORKERS',
+          `no worker can take requests: each of the ${w.workerCount} registered is unreachable or misconfigured (GET /v1/workers says why)`,
+        )
       from = this.open
     }
     const ex = req.exclude
@@ -802,7 +813,10 @@ export class Scheduler {
           // Some worker is free, but a pinned request may only run on its own ranks, and a retry
           // not on those it has tried: it keeps its place while requests behind it that can run
           // now go ahead.
-          if ((req.workerId !== undefined || (req.exclude !== undefined && req.exclude.length > 0)) && allQueueBusy(this.eligibility.slots, k, t, this.sequences, w)) {
+          if (
+            (req.workerId !== undefined || (req.exclude !== undefined && req.exclude.length > 0)) &&
+            allQueueBusy(this.eligibility.slots, k, t, this.sequences, w)
+          ) {
             blocked.push(h)
             continue
           }
@@ -894,12 +908,14 @@ function hashCount(req: ScheduleRequest): number {
   if (lo === undefined || hi === undefined) return 0
   const max = Math.min(lo.length, hi.length)
   const n = req.blockCount ?? max
-  if (!Number.isInteger(n) || n < 0 || n > max) throw new KvrError('KVR_ERR_INVALID_OPTION', `request.blockCount must be an integer in [0, ${max}], got ${String(n)}`)
+  if (!Number.isInteger(n) || n < 0 || n > max)
+    throw new KvrError('KVR_ERR_INVALID_OPTION', `request.blockCount must be an integer in [0, ${max}], got ${String(n)}`)
   return n
 }
 
 function checkNonNegative(name: string, v: number): number {
-  if (typeof v !== 'number' || !Number.isFinite(v) || v < 0) throw new KvrError('KVR_ERR_INVALID_OPTION', `${name} must be a finite number ≥ 0, got ${String(v)}`)
+  if (typeof v !== 'number' || !Number.isFinite(v) || v < 0)
+    throw new KvrError('KVR_ERR_INVALID_OPTION', `${name} must be a finite number ≥ 0, got ${String(v)}`)
   return v
 }
 

@@ -86,17 +86,35 @@ export class ShardLogWatch {
       this.samples.delete(what)
       return s
     }
-    if (malformed > 0) limited.warn('events_malformed', { count: malformed, ...take('events_malformed') }, 'KV event messages did not decode: dropped', malformed)
+    if (malformed > 0)
+      limited.warn('events_malformed', { count: malformed, ...take('events_malformed') }, 'KV event messages did not decode: dropped', malformed)
     const nRejected = total(rejected)
-    if (nRejected > 0) limited.warn('events_rejected', { count: nRejected, reasons: rejected, ...take('events_rejected') }, 'the index refused KV events (or parts of them)', nRejected)
+    if (nRejected > 0)
+      limited.warn(
+        'events_rejected',
+        { count: nRejected, reasons: rejected, ...take('events_rejected') },
+        'the index refused KV events (or parts of them)',
+        nRejected,
+      )
     if (gaps > 0) limited.warn('event_gaps', { count: gaps }, "gaps in workers' KV event ids: events they published never arrived", gaps)
-    if (dropped > 0) limited.warn('events_dropped', { count: dropped }, 'NATS KV event messages dropped: 256 MiB of events already waited for the indexer shards', dropped)
+    if (dropped > 0)
+      limited.warn('events_dropped', { count: dropped }, 'NATS KV event messages dropped: 256 MiB of events already waited for the indexer shards', dropped)
     const nEngine = total(engineMalformed)
     if (nEngine > 0)
-      limited.warn('engine_batches_malformed', { count: nEngine, reasons: engineMalformed, ...take('engine_batches_malformed') }, "engines' KV-event batches did not decode: refused whole", nEngine)
+      limited.warn(
+        'engine_batches_malformed',
+        { count: nEngine, reasons: engineMalformed, ...take('engine_batches_malformed') },
+        "engines' KV-event batches did not decode: refused whole",
+        nEngine,
+      )
     const nSkipped = total(skipped)
     if (nSkipped > 0)
-      limited.info('engine_events_skipped', { count: nSkipped, reasons: skipped }, "engines' KV events not applied (another block size, sliding-window groups, unknown kinds, empty)", nSkipped)
+      limited.info(
+        'engine_events_skipped',
+        { count: nSkipped, reasons: skipped },
+        "engines' KV events not applied (another block size, sliding-window groups, unknown kinds, empty)",
+        nSkipped,
+      )
   }
 
   close(): void {

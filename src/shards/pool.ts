@@ -508,7 +508,13 @@ export class ShardPool extends EventEmitter {
     }
     if (e.gap !== undefined) {
       const g = e.gap
-      const gap: EventGap = { workerId: u64FromParts(g.lo, g.hi), dpRank: g.rank, from: u64FromParts(g.fromLo, g.fromHi), to: u64FromParts(g.toLo, g.toHi) - 1n, ticket: g.ticket }
+      const gap: EventGap = {
+        workerId: u64FromParts(g.lo, g.hi),
+        dpRank: g.rank,
+        from: u64FromParts(g.fromLo, g.fromHi),
+        to: u64FromParts(g.toLo, g.toHi) - 1n,
+        ticket: g.ticket,
+      }
       this.emit('gap', gap)
       return
     }
@@ -1034,7 +1040,11 @@ export class ShardPool extends EventEmitter {
         sh.lastBeatAt = now
       } else if (!sh.exiting && now - sh.lastBeatAt > this.opts.stallMs) {
         sh.exiting = true
-        limited.error('shard_stalled', { shard: sh.index, stalled_ms: Math.round(now - sh.lastBeatAt) }, "an indexer shard's heartbeat stopped: its thread is restarted")
+        limited.error(
+          'shard_stalled',
+          { shard: sh.index, stalled_ms: Math.round(now - sh.lastBeatAt) },
+          "an indexer shard's heartbeat stopped: its thread is restarted",
+        )
         this.emit('shardStalled', sh.index)
         void sh.worker.terminate()
       }

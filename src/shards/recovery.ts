@@ -182,7 +182,11 @@ export class IndexRecovery {
     const key = `${workerId}:${rank}`
     this.states.set(key, 'recovering')
     const ticket = this.pool.park(workerId, rank)
-    limited.info('recovery_started', { worker_id: workerId.toString(), dp_rank: rank, what: 'dump' }, "a worker-rank's cached blocks are fetched from the worker")
+    limited.info(
+      'recovery_started',
+      { worker_id: workerId.toString(), dp_rank: rank, what: 'dump' },
+      "a worker-rank's cached blocks are fetched from the worker",
+    )
     const a = await this.query(url, workerId, rank, null, null, this.opts.attempts)
     return this.finish(workerId, rank, ticket, epoch, a, newest)
   }
@@ -221,7 +225,14 @@ export class IndexRecovery {
         { worker_id: workerId.toString(), dp_rank: rank, what: a.kind === 'Events' ? 'range' : 'dump', bytes: a.events.length },
         "a worker-rank's missed events were recovered",
       )
-      this.pool.deliverRecovery(workerId, rank, ticket, a.kind === 'Events' ? RecoveryKind.Events : RecoveryKind.TreeDump, a.events, a.kind === 'TreeDump' ? dumpLastId : null)
+      this.pool.deliverRecovery(
+        workerId,
+        rank,
+        ticket,
+        a.kind === 'Events' ? RecoveryKind.Events : RecoveryKind.TreeDump,
+        a.events,
+        a.kind === 'TreeDump' ? dumpLastId : null,
+      )
       if (mine) this.states.delete(key)
       return true
     }
@@ -281,7 +292,8 @@ export class IndexRecovery {
       }
       const text = Buffer.concat(parts).toString('utf8')
       // a worker that does not serve the query, or refuses it: final
-      if (res.statusCode !== 200) return { kind: 'refused', why: `HTTP ${res.statusCode}: ${text.slice(0, 200)}`, final: res.statusCode < 500 || res.statusCode === 501 }
+      if (res.statusCode !== 200)
+        return { kind: 'refused', why: `HTTP ${res.statusCode}: ${text.slice(0, 200)}`, final: res.statusCode < 500 || res.statusCode === 501 }
       return answerOf(text)
     } catch (err) {
       return { kind: 'refused', why: (err as Error).message, final: false }

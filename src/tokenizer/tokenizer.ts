@@ -26,7 +26,10 @@ export function chatPromptText(messages: readonly ChatMessage[]): string {
 
 function contentText(c: unknown): string {
   if (typeof c === 'string') return c
-  if (Array.isArray(c)) return c.map((p) => (p !== null && typeof p === 'object' && typeof (p as { text?: unknown }).text === 'string' ? (p as { text: string }).text : '')).join('')
+  if (Array.isArray(c))
+    return c
+      .map((p) => (p !== null && typeof p === 'object' && typeof (p as { text?: unknown }).text === 'string' ? (p as { text: string }).text : ''))
+      .join('')
   return ''
 }
 
@@ -109,7 +112,8 @@ export class HfTokenizer implements TextTokenizer {
       return await this.pool.run({ chat, addSpecialTokens })
     } catch (err) {
       const m = (err as Error).message
-      if (m.startsWith(TEMPLATE_REFUSED)) throw new KvrError('KVR_ERR_INVALID_REQUEST', `the model's chat template refused the messages: ${m.slice(TEMPLATE_REFUSED.length)}`)
+      if (m.startsWith(TEMPLATE_REFUSED))
+        throw new KvrError('KVR_ERR_INVALID_REQUEST', `the model's chat template refused the messages: ${m.slice(TEMPLATE_REFUSED.length)}`)
       throw err
     }
   }

@@ -196,7 +196,11 @@ export class DurableKvEvents {
       stream = await ensureKvEventsStream(jsm, o.namespace, o.component)
     } catch (err) {
       // a server without JetStream answers its API with "503" (no responders)
-      throw new KvrError('KVR_ERR_INVALID_OPTION', `--router-durable-kv-events needs JetStream on the NATS server (nats-server --jetstream): ${(err as Error).message}`, { cause: err })
+      throw new KvrError(
+        'KVR_ERR_INVALID_OPTION',
+        `--router-durable-kv-events needs JetStream on the NATS server (nats-server --jetstream): ${(err as Error).message}`,
+        { cause: err },
+      )
     }
     const d = new DurableKvEvents(o, nats, jsm, stream)
     const seq = o.resetStates && (await d.reset()) ? 0 : await d.load()
@@ -261,7 +265,8 @@ export class DurableKvEvents {
         await sleep(200)
         continue
       }
-      if (first > seq + 1) this.warn(`messages ${seq + 1} to ${first - 1} of ${this.stream} are gone and no snapshot covers them: the index misses what they held`)
+      if (first > seq + 1)
+        this.warn(`messages ${seq + 1} to ${first - 1} of ${this.stream} are gone and no snapshot covers them: the index misses what they held`)
       if (snap !== null && seq > 0) {
         const n = this.applySnapshot(snap.bytes)
         if (n >= 0) {
@@ -385,7 +390,10 @@ export class DurableKvEvents {
           })
           // a consumer gone for longer than the stream keeps messages (or purged past by others)
           const first = (await this.jsm.streams.info(this.stream)).state.first_seq
-          if (first > this.lastSeq + 1) this.warn(`messages ${this.lastSeq + 1} to ${first - 1} of ${this.stream} were gone when the consumer was made again: the index misses what they held`)
+          if (first > this.lastSeq + 1)
+            this.warn(
+              `messages ${this.lastSeq + 1} to ${first - 1} of ${this.stream} were gone when the consumer was made again: the index misses what they held`,
+            )
         }
         const consumer = await this.js.consumers.get(this.stream, this.consumer)
         const messages = await consumer.consume({ max_messages: PULL_BATCH })
@@ -496,7 +504,11 @@ export class DurableKvEvents {
       } catch (err) {
         // a shard restarted during the barrier: acknowledged with the next batch
         this.counters.errors++
-        limited.warn('durable_error', { what: 'ack', error: (err as Error).message }, 'acknowledging applied stream messages failed: they are acknowledged with the next batch')
+        limited.warn(
+          'durable_error',
+          { what: 'ack', error: (err as Error).message },
+          'acknowledging applied stream messages failed: they are acknowledged with the next batch',
+        )
         this.toAck ??= m
         this.unacked += n
       } finally {
@@ -532,7 +544,11 @@ export class DurableKvEvents {
       if (state.messages > this.o.snapshotThreshold && this.lastSeq - this.snapshotSeq > this.o.snapshotThreshold) await this.snapshot()
     } catch (err) {
       this.counters.errors++
-      limited.warn('durable_error', { what: 'snapshot', error: (err as Error).message }, 'checking the durable stream, or snapshotting it, failed: tried again at the next check')
+      limited.warn(
+        'durable_error',
+        { what: 'snapshot', error: (err as Error).message },
+        'checking the durable stream, or snapshotting it, failed: tried again at the next check',
+      )
     }
   }
 
@@ -573,7 +589,11 @@ export class DurableKvEvents {
       await os.putBlob({ name: RADIX_STATE_OBJECT, metadata: { [SNAPSHOT_SEQ_KEY]: String(seq) } }, body)
     } catch (err) {
       this.counters.snapshotUploadsFailed++
-      limited.warn('durable_snapshot_upload_failed', { bucket: this.bucket, error: (err as Error).message }, 'uploading a snapshot of the index failed: nothing is purged until one succeeds')
+      limited.warn(
+        'durable_snapshot_upload_failed',
+        { bucket: this.bucket, error: (err as Error).message },
+        'uploading a snapshot of the index failed: nothing is purged until one succeeds',
+      )
       throw err
     }
     this.counters.snapshotsUploaded++

@@ -21,7 +21,18 @@ interface WorkerListeners {
   readonly listeners: ZmqListener[]
 }
 
-const ZERO_COUNTERS: ZmqCounters = { batches: 0, bytes: 0, badFrames: 0, gaps: 0, replays: 0, replayedBatches: 0, replaysIncomplete: 0, restarts: 0, duplicates: 0, sinkErrors: 0 }
+const ZERO_COUNTERS: ZmqCounters = {
+  batches: 0,
+  bytes: 0,
+  badFrames: 0,
+  gaps: 0,
+  replays: 0,
+  replayedBatches: 0,
+  replaysIncomplete: 0,
+  restarts: 0,
+  duplicates: 0,
+  sinkErrors: 0,
+}
 
 export class EngineIntake implements ZmqSink {
   private readonly workers = new Map<bigint, WorkerListeners>()
@@ -81,7 +92,9 @@ export class EngineIntake implements ZmqSink {
   /** Whether the worker has listeners with this spec and rank count. */
   private same(id: bigint, spec: EngineEventsSpec, dpRanks: number): boolean {
     const w = this.workers.get(id)
-    return w !== undefined && w.listeners.length === dpRanks && w.spec.endpoint === spec.endpoint && w.spec.replay === spec.replay && w.spec.topic === spec.topic
+    return (
+      w !== undefined && w.listeners.length === dpRanks && w.spec.endpoint === spec.endpoint && w.spec.replay === spec.replay && w.spec.topic === spec.topic
+    )
   }
 
   /**

@@ -198,7 +198,11 @@ export class EtcdDiscovery extends EventEmitter {
       return { ...where, value: value as Record<string, unknown> }
     } catch (err) {
       this.counters.malformed++
-      limited.warn('etcd_malformed', { key: kv.key.toString(), error: (err as Error).message }, 'an etcd record under the discovery prefixes is not a JSON object: skipped')
+      limited.warn(
+        'etcd_malformed',
+        { key: kv.key.toString(), error: (err as Error).message },
+        'an etcd record under the discovery prefixes is not a JSON object: skipped',
+      )
       return null
     }
   }

@@ -52,7 +52,16 @@ export interface NatsIntakeCounters {
 const NAME_RE = /^[A-Za-z0-9_-]+$/
 
 export class NatsIntake extends EventEmitter {
-  readonly counters: NatsIntakeCounters = { messages: 0, bytes: 0, metricsMessages: 0, metricsMalformed: 0, disconnects: 0, reconnects: 0, slowConsumer: 0, errors: 0 }
+  readonly counters: NatsIntakeCounters = {
+    messages: 0,
+    bytes: 0,
+    metricsMessages: 0,
+    metricsMalformed: 0,
+    disconnects: 0,
+    reconnects: 0,
+    slowConsumer: 0,
+    errors: 0,
+  }
   private subs: Subscription[] = []
   private isUp = true
   private slow = false
@@ -159,7 +168,11 @@ export class NatsIntake extends EventEmitter {
       if (s.type === this.events.Disconnect) {
         this.counters.disconnects++
         this.isUp = false
-        limited.warn('nats_disconnected', { server: String(s.data) }, 'the NATS connection is lost: KV events and load reports stop until it is back; reconnecting')
+        limited.warn(
+          'nats_disconnected',
+          { server: String(s.data) },
+          'the NATS connection is lost: KV events and load reports stop until it is back; reconnecting',
+        )
         this.emit('disconnected')
       } else if (s.type === this.events.Reconnect) {
         this.counters.reconnects++

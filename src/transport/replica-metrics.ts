@@ -47,7 +47,9 @@ export function registerReplicaMetrics(r: Registry, src: ReplicaSource): void {
       c.inc({ type, outcome }, v)
     }
   })
-  counter('kvrouter_replica_events_malformed_total', 'Replica-sync messages (events, heartbeats, catch-up answers) that did not decode', [], (c, s) => c.inc(s.counters.malformed))
+  counter('kvrouter_replica_events_malformed_total', 'Replica-sync messages (events, heartbeats, catch-up answers) that did not decode', [], (c, s) =>
+    c.inc(s.counters.malformed),
+  )
   counter('kvrouter_replica_remote_bookings_ended_total', "Peers' bookings ended here other than by their free, by reason", ['reason'], (c, s) => {
     c.inc({ reason: 'peer_gone' }, s.counters.remoteDropped.peer_gone)
     c.inc({ reason: 'catch_up' }, s.counters.remoteDropped.catch_up)
@@ -57,8 +59,15 @@ export function registerReplicaMetrics(r: Registry, src: ReplicaSource): void {
     for (const [outcome, v] of Object.entries(s.counters.catchUps)) c.inc({ outcome }, v)
   })
   counter('kvrouter_replica_catch_up_bookings_total', "Peers' bookings taken from catch-up answers", [], (c, s) => c.inc(s.counters.catchUpBookings))
-  counter('kvrouter_replica_catch_up_sessions_total', "Peers' session bindings taken from catch-up answers (sessions this router had none for)", [], (c, s) => c.inc(s.counters.catchUpSessions))
-  counter('kvrouter_replica_races_total', "Peers' bookings on a worker-rank this router booked within the sync delay (neither could have seen the other's)", [], (c, s) => c.inc(s.counters.races))
+  counter('kvrouter_replica_catch_up_sessions_total', "Peers' session bindings taken from catch-up answers (sessions this router had none for)", [], (c, s) =>
+    c.inc(s.counters.catchUpSessions),
+  )
+  counter(
+    'kvrouter_replica_races_total',
+    "Peers' bookings on a worker-rank this router booked within the sync delay (neither could have seen the other's)",
+    [],
+    (c, s) => c.inc(s.counters.races),
+  )
   gauge('kvrouter_replica_remote_bookings', "Peers' bookings held, counted in cost and busy checks", () => src.scheduler.sequences.remoteSize)
   gauge('kvrouter_replica_peers', 'Peers taken for alive', (s) => s.livePeers)
   gauge('kvrouter_replica_in_step', '1 once the catch-up after start or reconnection has ended, else 0', (s) => (s.inStep ? 1 : 0))

@@ -110,7 +110,9 @@ export class ReplicaRegistry extends EventEmitter {
       // same router id under a fresh lease: peers keep the bookings they hold for it
       this.lease = this.client.lease(this.opts.ttlSecs ?? 10)
       this.watchLease()
-      this.write().catch((err: unknown) => limited.warn('replica_registry_error', { error: (err as Error).message }, 'registering this replica in etcd again failed'))
+      this.write().catch((err: unknown) =>
+        limited.warn('replica_registry_error', { error: (err as Error).message }, 'registering this replica in etcd again failed'),
+      )
     })
   }
 

@@ -306,7 +306,8 @@ export class ReplicaSync implements BookingObserver {
     if (this.closed) return
     const w = this.sched.workers
     let text: string
-    if (track === TRACK_SHARED && lo !== undefined && hi !== undefined) text = encodeAddRequest(id, w.workerIdOf(slot), w.dpRankOf(slot), this.id, lo, hi, n, isl, overlap, trackPrefill, prefill, now)
+    if (track === TRACK_SHARED && lo !== undefined && hi !== undefined)
+      text = encodeAddRequest(id, w.workerIdOf(slot), w.dpRankOf(slot), this.id, lo, hi, n, isl, overlap, trackPrefill, prefill, now)
     else if (track === TRACK_UNIQUE && n > 0) text = this.encodeUnique(id, slot, isl, overlap, trackPrefill, prefill, n, now)
     else text = encodeAddRequest(id, w.workerIdOf(slot), w.dpRankOf(slot), this.id, null, null, 0, isl, overlap, trackPrefill, prefill, now)
     this.enqueue(KIND_ADD, text)
@@ -474,7 +475,11 @@ export class ReplicaSync implements BookingObserver {
     if (ev.routerId === this.id) return this.count(type, 'own')
     // a newer Dynamo's sparser token sequences would read as other blocks
     if (ev.stride !== null && ev.stride !== 1) {
-      limited.warn('replica_incompatible', { router_id: ev.routerId, stride: ev.stride }, "a peer's booking event has a token stride other than 1 (a newer Dynamo): skipped")
+      limited.warn(
+        'replica_incompatible',
+        { router_id: ev.routerId, stride: ev.stride },
+        "a peer's booking event has a token stride other than 1 (a newer Dynamo): skipped",
+      )
       return this.count(type, 'incompatible')
     }
     const now = wallNow()
@@ -535,7 +540,8 @@ export class ReplicaSync implements BookingObserver {
   /** Newer Dynamo workers mark prefill complete themselves: applied to this router's own booking of that request on that worker-rank. */
   private workerOriginMark(ev: ActiveSequenceEvent): void {
     const slot = this.sched.slotOf(ev.workerId, ev.dpRank)
-    if (slot >= 0 && this.sched.sequences.slotOfRequest(ev.requestId) === slot && this.sched.markPrefillComplete(ev.requestId)) this.count('prefill_completed', 'applied')
+    if (slot >= 0 && this.sched.sequences.slotOfRequest(ev.requestId) === slot && this.sched.markPrefillComplete(ev.requestId))
+      this.count('prefill_completed', 'applied')
     else this.count('prefill_completed', 'unknown_request')
   }
 
@@ -628,7 +634,11 @@ export class ReplicaSync implements BookingObserver {
     peer.alive = false
     const dropped = this.sched.dropRemoteOwner(peer.owner)
     this.counters.remoteDropped.peer_gone += dropped
-    limited.info('replica_peer_gone', { router_id: peer.id, bookings_dropped: dropped }, 'a peer replica is gone (it said goodbye, went silent or left the registry): its bookings are dropped')
+    limited.info(
+      'replica_peer_gone',
+      { router_id: peer.id, bookings_dropped: dropped },
+      'a peer replica is gone (it said goodbye, went silent or left the registry): its bookings are dropped',
+    )
     this.updateSpread()
   }
 
@@ -721,7 +731,8 @@ export class ReplicaSync implements BookingObserver {
     for (const b of this.sched.sequences.localBookings()) {
       const wid = w.workerIdOf(b.slot)
       const rank = w.dpRankOf(b.slot)
-      if (b.lo !== null && b.hi !== null) lines.push(encodeAddRequest(b.id, wid, rank, this.id, b.lo, b.hi, b.lo.length, b.isl, b.overlapBlocks, true, b.prefillTokens, now))
+      if (b.lo !== null && b.hi !== null)
+        lines.push(encodeAddRequest(b.id, wid, rank, this.id, b.lo, b.hi, b.lo.length, b.isl, b.overlapBlocks, true, b.prefillTokens, now))
       else if (b.uniqueBlocks > 0) {
         const lo = new Uint32Array(b.uniqueBlocks)
         const hi = new Uint32Array(b.uniqueBlocks)
@@ -835,7 +846,11 @@ export class ReplicaSync implements BookingObserver {
     })
     this.catchUps.add(c)
     try {
-      this.nc.publish(this.subjects.catchUp, `{"router_id":${this.id},"target":${target ?? 'null'}${this.opts.onSessionBinding !== undefined ? ',"sessions":true' : ''}}`, { reply: inbox })
+      this.nc.publish(
+        this.subjects.catchUp,
+        `{"router_id":${this.id},"target":${target ?? 'null'}${this.opts.onSessionBinding !== undefined ? ',"sessions":true' : ''}}`,
+        { reply: inbox },
+      )
     } catch {
       c.finish('timeout')
       end()
@@ -902,7 +917,18 @@ export class ReplicaSync implements BookingObserver {
       listed.add(key)
       if (this.tombstones.has(key)) continue
       const prefill = prefillTokensOf(ev, this.opts.blockSize)
-      const outcome = this.sched.addRemote(key, peer.owner, ev.workerId, ev.dpRank, prefill, ev.lo ?? undefined, ev.hi ?? undefined, ev.lo === null ? 0 : ev.n, ev.isl ?? 0, ev.overlap ?? 0)
+      const outcome = this.sched.addRemote(
+        key,
+        peer.owner,
+        ev.workerId,
+        ev.dpRank,
+        prefill,
+        ev.lo ?? undefined,
+        ev.hi ?? undefined,
+        ev.lo === null ? 0 : ev.n,
+        ev.isl ?? 0,
+        ev.overlap ?? 0,
+      )
       if (outcome === 'applied') added++
       // held already from its event: the answer says whether its prefill is still to come
       else if (outcome === 'duplicate' && prefill === 0) this.sched.markRemotePrefillComplete(key)
@@ -935,7 +961,11 @@ export class ReplicaSync implements BookingObserver {
       if (s.type === this.events.Disconnect) {
         this.counters.disconnects++
         this.up = false
-        limited.warn('replica_nats_disconnected', { server: String(s.data) }, "replica sync lost its NATS connection: this replica's bookings are held until it is back")
+        limited.warn(
+          'replica_nats_disconnected',
+          { server: String(s.data) },
+          "replica sync lost its NATS connection: this replica's bookings are held until it is back",
+        )
       } else if (s.type === this.events.Reconnect) {
         this.counters.reconnects++
         this.up = true

@@ -85,7 +85,18 @@ function seqOf(frame: Buffer | undefined): bigint | null {
 }
 
 export class ZmqListener {
-  readonly counters: ZmqCounters = { batches: 0, bytes: 0, badFrames: 0, gaps: 0, replays: 0, replayedBatches: 0, replaysIncomplete: 0, restarts: 0, duplicates: 0, sinkErrors: 0 }
+  readonly counters: ZmqCounters = {
+    batches: 0,
+    bytes: 0,
+    badFrames: 0,
+    gaps: 0,
+    replays: 0,
+    replayedBatches: 0,
+    replaysIncomplete: 0,
+    restarts: 0,
+    duplicates: 0,
+    sinkErrors: 0,
+  }
   private readonly sub = new Subscriber({ reconnectInterval: 100, reconnectMaxInterval: 5000, linger: 0 })
   private dealer: Dealer | null = null
   /** The last sequence number applied, null before the first. */
@@ -171,7 +182,11 @@ export class ZmqListener {
         return
       }
       this.counters.restarts++
-      limited.info('zmq_engine_restart', { ...this.who(), seq: seq.toString(), last: last.toString() }, "an engine rank's batch numbers started over: it restarted, and its worker-rank is reset")
+      limited.info(
+        'zmq_engine_restart',
+        { ...this.who(), seq: seq.toString(), last: last.toString() },
+        "an engine rank's batch numbers started over: it restarted, and its worker-rank is reset",
+      )
       this.sink.restarted(this.source)
       this.last = null
       this.replayedSeq?.fill(-1n)
@@ -227,7 +242,11 @@ export class ZmqListener {
         // the batch before the gap is not the one applied: a new publisher, read from its start
         this.restartSeen = false
         this.counters.restarts++
-        limited.info('zmq_engine_restart', this.who(), "an engine rank's replay does not hold the last batch applied: it restarted, and its worker-rank is reset")
+        limited.info(
+          'zmq_engine_restart',
+          this.who(),
+          "an engine rank's replay does not hold the last batch applied: it restarted, and its worker-rank is reset",
+        )
         this.sink.restarted(this.source)
         this.last = null
         this.lastPrint = null
@@ -254,7 +273,11 @@ export class ZmqListener {
     }
     if (missing) {
       this.counters.replaysIncomplete++
-      limited.warn('zmq_replay_incomplete', this.who(), "an engine rank's replay did not bring back every missing batch: its rank is degraded until the engine restarts")
+      limited.warn(
+        'zmq_replay_incomplete',
+        this.who(),
+        "an engine rank's replay did not bring back every missing batch: its rank is degraded until the engine restarts",
+      )
       this.setState('degraded')
     } else this.setState('exact')
   }

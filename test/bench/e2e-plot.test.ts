@@ -28,7 +28,12 @@ function parseTags(svg: string): string[] {
 const modes = ['kv', 'round-robin', 'random', 'least-loaded']
 
 t.test('one CDF line and one bar per mode, the bound line, axes and title', async (t) => {
-  const series = modes.map((mode, i) => ({ mode, ttftMs: Array.from({ length: 500 }, (_, k) => (k + 1) * (i + 1) * 3), hitRate: 0.3 - i * 0.05, note: `p90 ${i + 1}.5 s` }))
+  const series = modes.map((mode, i) => ({
+    mode,
+    ttftMs: Array.from({ length: 500 }, (_, k) => (k + 1) * (i + 1) * 3),
+    hitRate: 0.3 - i * 0.05,
+    note: `p90 ${i + 1}.5 s`,
+  }))
   const svg = renderE2eSvg({ title: 'e2e: 8 workers <load ×4 & speed ×3>', subtitle: 'K = 1000', series, bound: 0.33, ttftLabel: 'TTFT, simulated ms' })
   const names = parseTags(svg)
   t.equal(names[0], 'svg')

@@ -85,7 +85,10 @@ t.test('the body forwarded as it came, round-robin, every chunk passed back', as
   }
   t.same(a.bodies, [bodies[0]], 'the first request to the first upstream, byte for byte')
   t.same(b.bodies, [bodies[1]], 'the second to the second, a body read in many chunks')
-  t.same(answers, [`data: a first ${bodies[0]?.length}\n\ndata: a second\n\ndata: [DONE]\n\n`, `data: b first ${bodies[1]?.length}\n\ndata: b second\n\ndata: [DONE]\n\n`])
+  t.same(answers, [
+    `data: a first ${bodies[0]?.length}\n\ndata: a second\n\ndata: [DONE]\n\n`,
+    `data: b first ${bodies[1]?.length}\n\ndata: b second\n\ndata: [DONE]\n\n`,
+  ])
   t.ok(await until(() => a.endings.length + b.endings.length === 2))
   t.same([...a.endings, ...b.endings], ['finished', 'finished'])
 })

@@ -17,7 +17,19 @@ t.test('parseReplicasArgs: bench:e2e’s defaults, the options, and one message 
   const d = parseReplicasArgs([])
   t.same([d.minutes, d.workers, d.speedup, d.load, d.capacityFactor, d.maxInFlight, d.trace, d.routerArgs], [20, 8, 1.5, 8, 1.25, 2048, null, []])
   t.equal(DEFAULTS.minutes, 20)
-  const a = parseReplicasArgs(['--minutes', '2', '--workers=4', '--speedup', '2', '--load', '3.5', '--trace', 'x.jsonl', '--router-args', ' --router-temperature 0.5 '])
+  const a = parseReplicasArgs([
+    '--minutes',
+    '2',
+    '--workers=4',
+    '--speedup',
+    '2',
+    '--load',
+    '3.5',
+    '--trace',
+    'x.jsonl',
+    '--router-args',
+    ' --router-temperature 0.5 ',
+  ])
   t.same([a.minutes, a.workers, a.speedup, a.load, a.trace, a.routerArgs], [2, 4, 2, 3.5, 'x.jsonl', ['--router-temperature', '0.5']])
   t.equal(parseReplicasArgs(['--full']).minutes, null)
   const bad: [string[], RegExp][] = [

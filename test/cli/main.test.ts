@@ -77,7 +77,19 @@ t.test('serve: the embedded fleet is numbered after the static workers, which st
 })
 
 t.test('serve: an embedded fleet with no worker ids left after --worker exits 2 with one line', async (t) => {
-  const c = runCli(['serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-event-threads', '1', '--embedded-fleet', '1', '--worker', '18446744073709551615=http://127.0.0.1:1'])
+  const c = runCli([
+    'serve',
+    '--http-host',
+    '127.0.0.1',
+    '--http-port',
+    '0',
+    '--router-event-threads',
+    '1',
+    '--embedded-fleet',
+    '1',
+    '--worker',
+    '18446744073709551615=http://127.0.0.1:1',
+  ])
   t.teardown(() => c.p.kill('SIGKILL'))
   const started = await waitForOutput(c, /listening on/)
   t.equal(started, null, 'it does not start')

@@ -11,7 +11,20 @@ const halves = (v: bigint): [number, number] => [Number(v & 0xffffffffn), Number
 const enc = new TextEncoder()
 
 t.test('u64Decimal writes every u64 exactly, without a bigint', async (t) => {
-  const edge = [0n, 1n, 2n ** 32n - 1n, 2n ** 32n, 2n ** 53n - 1n, 2n ** 53n, 2n ** 53n + 1n, 10n ** 8n * 2n ** 32n, 10n ** 19n, 2n ** 63n, 2n ** 64n - 1n, 99999999n * 2n ** 32n + 99999999n]
+  const edge = [
+    0n,
+    1n,
+    2n ** 32n - 1n,
+    2n ** 32n,
+    2n ** 53n - 1n,
+    2n ** 53n,
+    2n ** 53n + 1n,
+    10n ** 8n * 2n ** 32n,
+    10n ** 19n,
+    2n ** 63n,
+    2n ** 64n - 1n,
+    99999999n * 2n ** 32n + 99999999n,
+  ]
   for (const v of edge) t.equal(u64Decimal(...halves(v)), v.toString(), v.toString())
   const rng = new Xoshiro128(3)
   let bad = 0
@@ -38,7 +51,10 @@ t.test('an AddRequest round-trips with exact hashes, worker and router ids above
   t.equal(ev.n, 4)
   const got = Array.from({ length: ev.n }, (_, i) => (BigInt(ev.hi?.[i] ?? 0) << 32n) | BigInt(ev.lo?.[i] ?? 0))
   t.same(got, hashes)
-  t.same([ev.isl, ev.overlap, ev.trackPrefillTokens, ev.prefillHint, ev.expectedOutputTokens, ev.loraName, ev.publishedAt], [200, 2, true, 72, null, null, 1712345678901.25])
+  t.same(
+    [ev.isl, ev.overlap, ev.trackPrefillTokens, ev.prefillHint, ev.expectedOutputTokens, ev.loraName, ev.publishedAt],
+    [200, 2, true, 72, null, null, 1712345678901.25],
+  )
   t.equal(prefillTokensOf(ev, 16), 72)
   const none = new ActiveSequenceDecoder().decode(enc.encode(encodeAddRequest('r', 1n, 0, '5', null, null, 0, 10, 0, false, 0, 1)))
   t.equal(none.lo, null, 'token_sequence null stays null')
@@ -90,7 +106,10 @@ t.test('what Dynamo routers write is read', async (t) => {
       '{"request_id":"b1","worker":{"worker_id":18446744073709551615,"dp_rank":1},"data":{"AddRequest":{"token_sequence":[9007199254740993, 18446744073709551614],"isl":100,"overlap":2,"expected_output_tokens":7}},"router_id":9223372036854775809,"lora_name":null}',
     ),
   )
-  t.same([eraB.kind, eraB.workerId, eraB.dpRank, eraB.routerId, eraB.n, eraB.expectedOutputTokens, eraB.publishedAt], ['add', 2n ** 64n - 1n, 1, '9223372036854775809', 2, 7, null])
+  t.same(
+    [eraB.kind, eraB.workerId, eraB.dpRank, eraB.routerId, eraB.n, eraB.expectedOutputTokens, eraB.publishedAt],
+    ['add', 2n ** 64n - 1n, 1, '9223372036854775809', 2, 7, null],
+  )
   t.same([eraB.lo?.[0], eraB.hi?.[0], eraB.lo?.[1], eraB.hi?.[1]], [1, 0x200000, 0xfffffffe, 0xffffffff])
   t.equal(prefillTokensOf(eraB, 16), 100 - 32)
   // Era C: the prefill hint, no isl; unknown fields ignored as serde does
@@ -106,7 +125,9 @@ t.test('what Dynamo routers write is read', async (t) => {
   const old = d.decode(enc.encode('{"request_id":"x","worker_id":77,"data":"Free","router_id":"5b0c1a8e-8a57-4bb5-9d0e-3e9f6f1f6a11"}'))
   t.same([old.workerId, old.dpRank, old.routerId], [77n, 0, '5b0c1a8e-8a57-4bb5-9d0e-3e9f6f1f6a11'])
   // the event-plane envelope, payload as JSON bytes
-  const inner = enc.encode('{"request_id":"e","worker":{"worker_id":3,"dp_rank":0},"data":{"AddRequest":{"token_sequence":[1,2,3],"isl":48,"overlap":0,"expected_output_tokens":null}},"router_id":8}')
+  const inner = enc.encode(
+    '{"request_id":"e","worker":{"worker_id":3,"dp_rank":0},"data":{"AddRequest":{"token_sequence":[1,2,3],"isl":48,"overlap":0,"expected_output_tokens":null}},"router_id":8}',
+  )
   const env = d.decode(enc.encode(`{"publisher_id":8,"sequence":0,"published_at":1700000000000,"payload":[${Array.from(inner).join(',')}]}`))
   t.same([env.requestId, env.n, env.publishedAt], ['e', 3, 1700000000000])
   // MessagePack: a bare map and Dynamo's MessagePack envelope, u64s as bigints
@@ -120,7 +141,9 @@ t.test('what Dynamo routers write is read', async (t) => {
   }
   const bare = d.decode(packr.pack(mp))
   t.same([bare.workerId, bare.dpRank, bare.routerId, bare.n, bare.hi?.[0], bare.lo?.[1]], [2n ** 64n - 5n, 2, (2n ** 62n).toString(), 2, 0x80000000, 7])
-  const wrapped = d.decode(packr.pack({ publisher_id: 1n, sequence: 2n, published_at: 1700000000001n, topic: 'active_sequences_events', payload: packr.pack(mp) }))
+  const wrapped = d.decode(
+    packr.pack({ publisher_id: 1n, sequence: 2n, published_at: 1700000000001n, topic: 'active_sequences_events', payload: packr.pack(mp) }),
+  )
   t.same([wrapped.requestId, wrapped.publishedAt, wrapped.n], ['m', 1700000000001, 2])
 })
 
@@ -153,11 +176,17 @@ t.test('anything else is refused with the catalogue code', async (t) => {
     ['{"request_id":"a","worker":{"worker_id":1},"data":{"AddRequest":{"isl":1}},"router_id":1}', 'KVR_ERR_EVENT_MISSING_FIELD'],
     ['{"request_id":"a","worker":{"worker_id":1},"data":{"AddRequest":{"token_sequence":[-1]}},"router_id":1}', 'KVR_ERR_EVENT_INVALID_NUMBER'],
     ['{"request_id":"a","worker":{"worker_id":1},"data":{"AddRequest":{"token_sequence":[1.5]}},"router_id":1}', 'KVR_ERR_EVENT_INVALID_NUMBER'],
-    ['{"request_id":"a","worker":{"worker_id":1},"data":{"AddRequest":{"token_sequence":[18446744073709551616]}},"router_id":1}', 'KVR_ERR_EVENT_INVALID_NUMBER'],
+    [
+      '{"request_id":"a","worker":{"worker_id":1},"data":{"AddRequest":{"token_sequence":[18446744073709551616]}},"router_id":1}',
+      'KVR_ERR_EVENT_INVALID_NUMBER',
+    ],
     ['{"request_id":"a","worker":{"worker_id":1},"data":{"AddRequest":{"token_sequence":[1,]}},"router_id":1}', 'KVR_ERR_EVENT_INVALID_NUMBER'],
     ['{"request_id":"a","worker":{"worker_id":1},"data":{"AddRequest":{"token_sequence":[01]}},"router_id":1}', 'KVR_ERR_EVENT_INVALID_NUMBER'],
     ['{"request_id":"a","worker":{"worker_id":1},"data":{"AddRequest":{"token_sequence":"x"}},"router_id":1}', 'KVR_ERR_EVENT_WRONG_TYPE'],
-    ['{"request_id":"a","worker":{"worker_id":1},"data":{"AddRequest":{"token_sequence":null,"track_prefill_tokens":1}},"router_id":1}', 'KVR_ERR_EVENT_WRONG_TYPE'],
+    [
+      '{"request_id":"a","worker":{"worker_id":1},"data":{"AddRequest":{"token_sequence":null,"track_prefill_tokens":1}},"router_id":1}',
+      'KVR_ERR_EVENT_WRONG_TYPE',
+    ],
     ['{"publisher_id":1,"sequence":0,"payload":"x"}', 'KVR_ERR_EVENT_WRONG_TYPE'],
     [`{"request_id":"${'x'.repeat(5000)}","worker":{"worker_id":1},"data":"Free","router_id":1}`, 'KVR_ERR_EVENT_WRONG_TYPE'],
   ]
@@ -165,7 +194,10 @@ t.test('anything else is refused with the catalogue code', async (t) => {
   t.throws(() => d.decode(new Uint8Array([0x81, 0xc1])), { code: 'KVR_ERR_EVENT_MALFORMED_MSGPACK' })
   t.throws(() => d.decode(new Uint8Array([0xff, 0xfe])), { code: 'KVR_ERR_EVENT_MALFORMED_JSON' }, 'not UTF-8')
   // the decoder is still good after refusals
-  t.equal(d.decode(enc.encode('{"request_id":"ok","worker":{"worker_id":1},"data":{"AddRequest":{"token_sequence":[1],"isl":1,"overlap":0}},"router_id":1}')).n, 1)
+  t.equal(
+    d.decode(enc.encode('{"request_id":"ok","worker":{"worker_id":1},"data":{"AddRequest":{"token_sequence":[1],"isl":1,"overlap":0}},"router_id":1}')).n,
+    1,
+  )
 })
 
 t.test('long token sequences grow the scratch', async (t) => {

@@ -21,7 +21,12 @@ function fields(d: DecodedEvent): unknown {
     kind: d.kind,
     tier: d.tier,
     parent: d.hasParent ? [d.parentLo, d.parentHi] : null,
-    blocks: Array.from({ length: d.count }, (_, i) => [d.blockLo[i], d.blockHi[i], d.kind === EventKind.Stored ? d.tokensLo[i] : 0, d.kind === EventKind.Stored ? d.tokensHi[i] : 0]),
+    blocks: Array.from({ length: d.count }, (_, i) => [
+      d.blockLo[i],
+      d.blockHi[i],
+      d.kind === EventKind.Stored ? d.tokensLo[i] : 0,
+      d.kind === EventKind.Stored ? d.tokensHi[i] : 0,
+    ]),
   }
 }
 
@@ -81,7 +86,11 @@ t.test('random event streams in both forms match their JSON', async (t) => {
 
 t.test('older and other layouts Dynamo reads: legacy positions, signed ints, long headers, unknown keys', async (t) => {
   const dec = new DynamoMsgpackDecoder()
-  const want = fromJson({ worker_id: 7n, storage_tier: 'disk', event: { event_id: 4n, dp_rank: 2, data: { stored: { parent_hash: 5n, blocks: [{ block_hash: 1n, tokens_hash: 2n }] } } } })
+  const want = fromJson({
+    worker_id: 7n,
+    storage_tier: 'disk',
+    event: { event_id: 4n, dp_rank: 2, data: { stored: { parent_hash: 5n, blocks: [{ block_hash: 1n, tokens_hash: 2n }] } } },
+  })
   const block = [1, 2, null]
   // no residency_domain, then no storage_tier either (device), then a store without start_position
   t.same(fields(dec.decode(pack([7, 'disk', [4, { stored: [5, null, [block]] }, 2]]))), want)
@@ -169,7 +178,11 @@ t.test('malformed messages are refused with the reason', async (t) => {
     [new Uint8Array([0x82, 0xa1]), 'KVR_ERR_EVENT_MALFORMED_MSGPACK', /truncated/],
     [new Uint8Array([...pack(ok), 0x00]), 'KVR_ERR_EVENT_MALFORMED_MSGPACK', /after the event/],
     [new Uint8Array([0xdd, 0xff, 0xff, 0xff, 0xff, 0x01]), 'KVR_ERR_EVENT_MALFORMED_MSGPACK', /truncated/],
-    [pack({ worker_id: 1, event: { event_id: 1, data: { stored: { blocks: [] } } }, x: null }).map((b) => (b === 0xc0 ? 0xc1 : b)), 'KVR_ERR_EVENT_MALFORMED_MSGPACK', /0xc1/],
+    [
+      pack({ worker_id: 1, event: { event_id: 1, data: { stored: { blocks: [] } } }, x: null }).map((b) => (b === 0xc0 ? 0xc1 : b)),
+      'KVR_ERR_EVENT_MALFORMED_MSGPACK',
+      /0xc1/,
+    ],
     [pack('cleared'), 'KVR_ERR_EVENT_WRONG_TYPE'],
     [pack([]), 'KVR_ERR_EVENT_MISSING_FIELD', /worker_id/],
     [pack([1]), 'KVR_ERR_EVENT_MISSING_FIELD', /event/],
@@ -214,11 +227,16 @@ t.test('malformed messages are refused with the reason', async (t) => {
     [pack({ publisher_id: 1, payload: pack(ok) }), 'KVR_ERR_EVENT_MISSING_FIELD', /sequence/],
     [pack({ publisher_id: 1, sequence: 1, payload: [1, 2] }), 'KVR_ERR_EVENT_WRONG_TYPE', /bin/],
     [pack({ publisher_id: 1, sequence: 1, payload: new Uint8Array([0xc1]) }), 'KVR_ERR_EVENT_WRONG_TYPE', /in envelope payload/],
-    [pack({ publisher_id: 1, sequence: 1, payload: new Uint8Array([...pack(ok), 0]) }), 'KVR_ERR_EVENT_MALFORMED_MSGPACK', /in envelope payload: unexpected data/],
+    [
+      pack({ publisher_id: 1, sequence: 1, payload: new Uint8Array([...pack(ok), 0]) }),
+      'KVR_ERR_EVENT_MALFORMED_MSGPACK',
+      /in envelope payload: unexpected data/,
+    ],
     [pack({ publisher_id: 1, sequence: 1, payload: new Uint8Array(0) }), 'KVR_ERR_EVENT_WRONG_TYPE', /in envelope payload/],
     [pack([1, 2, 3, 'kv-events', pack([5])]), 'KVR_ERR_EVENT_MISSING_FIELD', /in envelope payload.*event/],
   ]
-  for (const [bytes, code, msg] of cases) t.throws(() => dec.decode(bytes), { code, ...(msg === undefined ? {} : { message: msg }) }, Buffer.from(bytes).toString('hex').slice(0, 60))
+  for (const [bytes, code, msg] of cases)
+    t.throws(() => dec.decode(bytes), { code, ...(msg === undefined ? {} : { message: msg }) }, Buffer.from(bytes).toString('hex').slice(0, 60))
   // an unknown value nested deeper than any event is refused without exhausting the stack
   const deep = new MsgpackWriter().mapHeader(3).str('worker_id').uint(1).str('x')
   for (let i = 0; i < 100; i++) deep.arrayHeader(1)
@@ -234,7 +252,10 @@ t.test('every truncation and random corruption is a KvrError, never a crash', as
     [U64_MAX, 2n ** 40n],
     [300n, 70000n],
   ])
-  const samples = FORMS.flatMap((f) => [encodeRouterEventMsgpack(ev, f), encodeEnvelopeMsgpack({ publisher_id: 2n ** 50n, sequence: 3, payload: encodeRouterEventMsgpack(ev, f) }, f)])
+  const samples = FORMS.flatMap((f) => [
+    encodeRouterEventMsgpack(ev, f),
+    encodeEnvelopeMsgpack({ publisher_id: 2n ** 50n, sequence: 3, payload: encodeRouterEventMsgpack(ev, f) }, f),
+  ])
   let refused = 0
   for (const s of samples) {
     for (let n = 0; n < s.length; n++) {

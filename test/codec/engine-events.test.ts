@@ -25,7 +25,12 @@ const DECODERS: [string, (bs: number) => EngineBatchDecoder][] = [
 ]
 
 function stored(d: DecodedEvent): { blocks: bigint[]; tokens: bigint[]; parent: bigint | null; tier: number } {
-  return { blocks: u64(d.blockLo, d.blockHi, d.count), tokens: u64(d.tokensLo, d.tokensHi, d.count), parent: d.hasParent ? (BigInt(d.parentHi) << 32n) | BigInt(d.parentLo) : null, tier: d.tier }
+  return {
+    blocks: u64(d.blockLo, d.blockHi, d.count),
+    tokens: u64(d.tokensLo, d.tokensHi, d.count),
+    parent: d.hasParent ? (BigInt(d.parentHi) << 32n) | BigInt(d.parentLo) : null,
+    tier: d.tier,
+  }
 }
 
 for (const [name, make] of DECODERS) {
@@ -207,7 +212,11 @@ for (const [name, make] of DECODERS) {
       const s = stored(out[0]?.[1] as DecodedEvent)
       t.equal(s.tokens[0], plain[0], 'the block without media as usual')
       t.not(s.tokens[1], plain[1], 'the block with media differs')
-      const { out: hexOut } = run([0, [{ type: 'BlockStored', block_hashes: [1], token_ids: [1, 2, 3, 4], block_size: BS, extra_keys: [[['000000000000002a' + '0'.repeat(48), 0]]] }], 0])
+      const { out: hexOut } = run([
+        0,
+        [{ type: 'BlockStored', block_hashes: [1], token_ids: [1, 2, 3, 4], block_size: BS, extra_keys: [[['000000000000002a' + '0'.repeat(48), 0]]] }],
+        0,
+      ])
       t.same(stored(hexOut[0]?.[1] as DecodedEvent).tokens, [14000361058806882387n], 'a digest identifier: mm_hash 42')
     })
 
@@ -298,7 +307,13 @@ for (const [name, make] of DECODERS) {
           ],
           2,
         ],
-        { ts: 1.5, events: [{ type: 'BlockStored', block_hashes: [new Uint8Array(32).fill(7)], token_ids: tokens.slice(0, 4), block_size: BS, extra_keys: [[['img', 0]]] }], data_parallel_rank: 0 },
+        {
+          ts: 1.5,
+          events: [
+            { type: 'BlockStored', block_hashes: [new Uint8Array(32).fill(7)], token_ids: tokens.slice(0, 4), block_size: BS, extra_keys: [[['img', 0]]] },
+          ],
+          data_parallel_rank: 0,
+        },
       ]) {
         const whole = pack(batch)
         let refused = 0
@@ -306,7 +321,8 @@ for (const [name, make] of DECODERS) {
           try {
             dec.begin(whole.subarray(0, cut))
           } catch (err) {
-            if ((err as { code?: string }).code === 'KVR_ERR_EVENT_MALFORMED_MSGPACK' || (err as { code?: string }).code === 'KVR_ERR_EVENT_WRONG_TYPE') refused++
+            if ((err as { code?: string }).code === 'KVR_ERR_EVENT_MALFORMED_MSGPACK' || (err as { code?: string }).code === 'KVR_ERR_EVENT_WRONG_TYPE')
+              refused++
           }
         }
         t.equal(refused, whole.length, 'every prefix refused before an event is read')
@@ -355,7 +371,9 @@ for (const [name, make] of DECODERS) {
       ]
       for (const form of ['array', 'map'] as const) {
         const events = media.map(([m]) =>
-          form === 'array' ? ['BlockStored', [1], null, tokens.slice(0, 4), BS, null, m] : { type: 'BlockStored', block_hashes: [1], token_ids: tokens.slice(0, 4), block_size: BS, medium: m },
+          form === 'array'
+            ? ['BlockStored', [1], null, tokens.slice(0, 4), BS, null, m]
+            : { type: 'BlockStored', block_hashes: [1], token_ids: tokens.slice(0, 4), block_size: BS, medium: m },
         )
         const removed = media.map(([m]) => (form === 'array' ? ['BlockRemoved', [1], m] : { type: 'BlockRemoved', block_hashes: [1], medium: m }))
         const { out } = run([0, [...events, ...removed], 0])
@@ -373,7 +391,16 @@ for (const [name, make] of DECODERS) {
       const { out } = run([
         0,
         [
-          { extra: { nested: [1, { x: new Uint8Array(3) }] }, type: 'BlockStored', 7: 'int key', block_size: BS, token_ids: tokens.slice(0, 4), block_hashes: [4], big: 2n ** 64n - 1n, f: 1.5 },
+          {
+            extra: { nested: [1, { x: new Uint8Array(3) }] },
+            type: 'BlockStored',
+            7: 'int key',
+            block_size: BS,
+            token_ids: tokens.slice(0, 4),
+            block_hashes: [4],
+            big: 2n ** 64n - 1n,
+            f: 1.5,
+          },
           ['BlockStored', [5], null, tokens.slice(0, 4), BS, 9, 'GPU', { cache_salt: null, other: 1 }, null, 0, 'full_attention', { future: true }],
           ['BlockStored', [6], null, tokens.slice(0, 4), BS, null, 'GPU', 42],
         ],
@@ -398,10 +425,19 @@ t.test('the two decoders agree on random batches of both forms', async (t) => {
     const events: unknown[] = []
     for (let e = 0; e < 1 + rng.int(6); e++) {
       const n = 1 + rng.int(4)
-      const hashes = Array.from({ length: n }, () => pick<unknown>([rng.int(1000), -1 - rng.int(1000), 2n ** 64n - BigInt(1 + rng.int(9)), new Uint8Array(32).fill(rng.int(256))]))
+      const hashes = Array.from({ length: n }, () =>
+        pick<unknown>([rng.int(1000), -1 - rng.int(1000), 2n ** 64n - BigInt(1 + rng.int(9)), new Uint8Array(32).fill(rng.int(256))]),
+      )
       const toks = Array.from({ length: n * BS - (rng.next() < 0.2 ? 1 : 0) }, () => pick([rng.int(128), rng.int(70000), 2 ** 32 - 1 - rng.int(5)]))
       const lora = pick([null, 'my-lora', ''])
-      const extra = pick<unknown>([null, undefined, Array.from({ length: n }, () => null), [['tenant-a']], [null, [['img-1', 0]]], [['dynamo-cache-salt:t'], null]])
+      const extra = pick<unknown>([
+        null,
+        undefined,
+        Array.from({ length: n }, () => null),
+        [['tenant-a']],
+        [null, [['img-1', 0]]],
+        [['dynamo-cache-salt:t'], null],
+      ])
       const parent = pick<unknown>([null, undefined, rng.int(1000)])
       const medium = pick([null, 'GPU', 'CPU', 'DISK'])
       const kind = pick([null, 'full_attention', 'sliding_window'])
@@ -439,7 +475,9 @@ t.test('the two decoders agree on random batches of both forms', async (t) => {
       if (sa === null && a.kind !== EventKind.Cleared) {
         const x = a.kind === EventKind.Stored ? stored(a) : u64(a.blockLo, a.blockHi, a.count)
         const y = c.kind === EventKind.Stored ? stored(c) : u64(c.blockLo, c.blockHi, c.count)
-        if (JSON.stringify(x, (_k, v) => (typeof v === 'bigint' ? v.toString() : v)) !== JSON.stringify(y, (_k, v) => (typeof v === 'bigint' ? v.toString() : v))) {
+        if (
+          JSON.stringify(x, (_k, v) => (typeof v === 'bigint' ? v.toString() : v)) !== JSON.stringify(y, (_k, v) => (typeof v === 'bigint' ? v.toString() : v))
+        ) {
           t.fail(`batch ${b} event ${i}: blocks differ`)
           return
         }
@@ -464,7 +502,10 @@ t.test('bytes changed at random: the shards’ decoder refuses with a KvrError, 
     ]),
     pack({
       ts: 1.5,
-      events: [{ type: 'BlockStored', block_hashes: [new Uint8Array(32).fill(7), 3], token_ids: tokens, block_size: BS, cache_salt: 's', extra_keys: [null, null] }, { type: 'AllBlocksCleared' }],
+      events: [
+        { type: 'BlockStored', block_hashes: [new Uint8Array(32).fill(7), 3], token_ids: tokens, block_size: BS, cache_salt: 's', extra_keys: [null, null] },
+        { type: 'AllBlocksCleared' },
+      ],
       data_parallel_rank: 0,
     }),
   ]

@@ -3,7 +3,8 @@ import { parseRouterEvent, encodeRouterEvent, encodeEnvelope, toDecoded, type Ro
 import { EventDecoder, EventKind } from '../../src/codec/event-decoder.js'
 import { KvrError } from '../../src/errors.js'
 
-const example = '{"worker_id":7,"event":{"event_id":12,"data":{"stored":{"parent_hash":null,"blocks":[{"block_hash":2,"tokens_hash":3,"mm_extra_info":null}]}},"dp_rank":0}}'
+const example =
+  '{"worker_id":7,"event":{"event_id":12,"data":{"stored":{"parent_hash":null,"blocks":[{"block_hash":2,"tokens_hash":3,"mm_extra_info":null}]}},"dp_rank":0}}'
 
 t.test('a RouterEvent as Dynamo publishes it decodes', async (t) => {
   const ev = parseRouterEvent(example)
@@ -30,7 +31,9 @@ t.test('u64 values above 2^53 are exact, as integers and as decimal strings', as
 })
 
 t.test('removed and cleared variants, dp_rank default, key order and unknown keys', async (t) => {
-  const removed = parseRouterEvent('{"event":{"dp_rank":1,"data":{"removed":{"block_hashes":[1,2,18446744073709551614]}},"event_id":5},"worker_id":9,"extra":{"x":[1,2,{"y":null}]}}')
+  const removed = parseRouterEvent(
+    '{"event":{"dp_rank":1,"data":{"removed":{"block_hashes":[1,2,18446744073709551614]}},"event_id":5},"worker_id":9,"extra":{"x":[1,2,{"y":null}]}}',
+  )
   t.same(removed.event.data, { removed: { block_hashes: [1n, 2n, 18446744073709551614n] } })
   t.equal(removed.event.dp_rank, 1)
   const cleared = parseRouterEvent(' {"worker_id":1,"event":{"event_id":0,"data":"cleared"}} ')
@@ -179,8 +182,14 @@ t.test('random u64 values of every length round-trip exactly', async (t) => {
     if (quoted.worker_id !== v) bad++
   }
   t.equal(bad, 0)
-  t.throws(() => parseRouterEvent('{"worker_id":99999999999999999999,"event":{"event_id":0,"data":"cleared"}}'), { code: 'KVR_ERR_EVENT_INVALID_NUMBER', message: /exceeds/ })
-  t.throws(() => parseRouterEvent('{"worker_id":123456789012345678901,"event":{"event_id":0,"data":"cleared"}}'), { code: 'KVR_ERR_EVENT_INVALID_NUMBER', message: /exceeds/ })
+  t.throws(() => parseRouterEvent('{"worker_id":99999999999999999999,"event":{"event_id":0,"data":"cleared"}}'), {
+    code: 'KVR_ERR_EVENT_INVALID_NUMBER',
+    message: /exceeds/,
+  })
+  t.throws(() => parseRouterEvent('{"worker_id":123456789012345678901,"event":{"event_id":0,"data":"cleared"}}'), {
+    code: 'KVR_ERR_EVENT_INVALID_NUMBER',
+    message: /exceeds/,
+  })
 })
 
 t.test('block hashes of every length, at every alignment, decode as the general parser reads them', async (t) => {
@@ -190,7 +199,11 @@ t.test('block hashes of every length, at every alignment, decode as the general 
   const values: bigint[] = [0n, 1n, 9n, 10n, 2n ** 32n - 1n, 2n ** 32n, 2n ** 53n - 1n, 2n ** 53n, 2n ** 53n + 1n, 10n ** 19n - 1n, 10n ** 19n, 2n ** 64n - 1n]
   for (let digits = 1; digits <= 20; digits++) {
     const lowest = digits === 1 ? 0n : 10n ** BigInt(digits - 1)
-    values.push(lowest, 10n ** BigInt(digits) - 1n <= 2n ** 64n - 1n ? 10n ** BigInt(digits) - 1n : 2n ** 64n - 1n, lowest + (123456789n % (lowest === 0n ? 1n : lowest)))
+    values.push(
+      lowest,
+      10n ** BigInt(digits) - 1n <= 2n ** 64n - 1n ? 10n ** BigInt(digits) - 1n : 2n ** 64n - 1n,
+      lowest + (123456789n % (lowest === 0n ? 1n : lowest)),
+    )
   }
   const dec = new EventDecoder()
   let checked = 0
@@ -210,10 +223,18 @@ t.test('block hashes of every length, at every alignment, decode as the general 
         else checked++
       }
       // the removed list, raw and inside an envelope whose payload is decoded from byte values
-      const inner: RouterEvent = { worker_id: BigInt(worker), event: { event_id: 1n, dp_rank: 0, data: { removed: { block_hashes: [v, 2n ** 64n - 1n - v] } } } }
+      const inner: RouterEvent = {
+        worker_id: BigInt(worker),
+        event: { event_id: 1n, dp_rank: 0, data: { removed: { block_hashes: [v, 2n ** 64n - 1n - v] } } },
+      }
       for (const text of [removed, encodeEnvelope({ publisher_id: 1n, sequence: 1n, published_at: 1n, payload: inner })]) {
         const r = dec.decodeString(text)
-        if (r.count !== 2 || r.blockLo[0] !== Number(v & 0xffffffffn) || r.blockHi[0] !== Number(v >> 32n) || r.blockHi[1] !== Number((2n ** 64n - 1n - v) >> 32n))
+        if (
+          r.count !== 2 ||
+          r.blockLo[0] !== Number(v & 0xffffffffn) ||
+          r.blockHi[0] !== Number(v >> 32n) ||
+          r.blockHi[1] !== Number((2n ** 64n - 1n - v) >> 32n)
+        )
           t.fail(`removed ${v}: ${text.slice(0, 80)}`)
         else checked++
       }
@@ -223,7 +244,8 @@ t.test('block hashes of every length, at every alignment, decode as the general 
 })
 
 t.test("what the word-at-a-time reader refuses still gets the general parser's error", async (t) => {
-  const stored = (h: string): string => `{"worker_id":1,"event":{"event_id":1,"data":{"stored":{"parent_hash":null,"blocks":[{"block_hash":${h},"tokens_hash":1,"mm_extra_info":null}]}}}}`
+  const stored = (h: string): string =>
+    `{"worker_id":1,"event":{"event_id":1,"data":{"stored":{"parent_hash":null,"blocks":[{"block_hash":${h},"tokens_hash":1,"mm_extra_info":null}]}}}}`
   const removed = (h: string): string => `{"worker_id":1,"event":{"event_id":1,"data":{"removed":{"block_hashes":[${h}]}}}}`
   const cases: [string, RegExp][] = [
     ['18446744073709551616', /exceeds/],
@@ -238,7 +260,11 @@ t.test("what the word-at-a-time reader refuses still gets the general parser's e
   ]
   for (const [h, msg] of cases) {
     for (const text of [stored(h), removed(h)]) {
-      t.throws(() => parseRouterEvent(text), { code: 'KVR_ERR_EVENT_INVALID_NUMBER', message: msg }, `${h} in ${text.includes('stored') ? 'stored' : 'removed'}`)
+      t.throws(
+        () => parseRouterEvent(text),
+        { code: 'KVR_ERR_EVENT_INVALID_NUMBER', message: msg },
+        `${h} in ${text.includes('stored') ? 'stored' : 'removed'}`,
+      )
     }
   }
   t.equal(parseRouterEvent(removed('"18446744073709551615"')).event.data !== 'cleared', true, 'a quoted hash still reads')

@@ -20,7 +20,9 @@ t.test('bodies without an unsafe number parse as JSON.parse does', async (t) => 
 })
 
 t.test('a float that large sends the body down the slow path without changing it', async (t) => {
-  const v = parseJsonExact('{"f":1e300,"g":-2.5e20,"id":18446744073709551615,"small":[0.5,-3],"n":1234567890123456,"m":9007199254740991,"p":9007199254740992}') as Record<string, unknown>
+  const v = parseJsonExact(
+    '{"f":1e300,"g":-2.5e20,"id":18446744073709551615,"small":[0.5,-3],"n":1234567890123456,"m":9007199254740991,"p":9007199254740992}',
+  ) as Record<string, unknown>
   t.equal(v.f, 1e300)
   t.equal(v.n, 1234567890123456, 'a safe 16-digit integer stays a number on the slow path too')
   t.equal(v.m, Number.MAX_SAFE_INTEGER)

@@ -8,7 +8,9 @@ const s = new RouteBodyScanner()
 const scan = (text: string) => s.scan(Buffer.from(text))
 
 t.test('token ids into a Uint32Array, other members JSON-parsed', async (t) => {
-  const r = scan(' { "token_ids" : [ 0 , 1,4294967295 ,\n7 ] , "update_states": true, "router_config_override": {"overlap_score_weight": 2, "x": [1, {"y": "a\\"]}"}]}, "request_id": "q" } ')
+  const r = scan(
+    ' { "token_ids" : [ 0 , 1,4294967295 ,\n7 ] , "update_states": true, "router_config_override": {"overlap_score_weight": 2, "x": [1, {"y": "a\\"]}"}]}, "request_id": "q" } ',
+  )
   t.same([...(r.tokens as Uint32Array)], [0, 1, 4294967295, 7])
   t.same(r.rest, { update_states: true, router_config_override: { overlap_score_weight: 2, x: [1, { y: 'a"]}' }] }, request_id: 'q' })
   t.same([...(scan('{"token_ids":[]}').tokens as Uint32Array)], [])
@@ -107,7 +109,10 @@ t.test('errors name the field and the byte offset', async (t) => {
 })
 
 t.test('exact JSON helpers', async (t) => {
-  const v = parseJsonExact('{"id": 18446744073709551615, "s": "1234567890123456789", "n": [1.5, -2, 1e3], "e": "\\"9999999999999999999\\""}') as Record<string, unknown>
+  const v = parseJsonExact('{"id": 18446744073709551615, "s": "1234567890123456789", "n": [1.5, -2, 1e3], "e": "\\"9999999999999999999\\""}') as Record<
+    string,
+    unknown
+  >
   t.equal(v.id, '18446744073709551615', 'long integers stay exact as strings')
   t.equal(v.s, '1234567890123456789')
   t.same(v.n, [1.5, -2, 1000])
@@ -116,7 +121,8 @@ t.test('exact JSON helpers', async (t) => {
   t.equal(readU64(7, 'x'), 7n)
   t.equal(readU64('18446744073709551615', 'x'), 18446744073709551615n)
   t.equal(readU64(5n, 'x'), 5n)
-  for (const bad of [-1, 1.5, '18446744073709551616', '01', 'x', null, 2 ** 60]) t.throws(() => readU64(bad, 'worker_id'), { code: 'KVR_ERR_INVALID_REQUEST', message: /worker_id/ })
+  for (const bad of [-1, 1.5, '18446744073709551616', '01', 'x', null, 2 ** 60])
+    t.throws(() => readU64(bad, 'worker_id'), { code: 'KVR_ERR_INVALID_REQUEST', message: /worker_id/ })
   t.equal(serializeJson({ a: 18446744073709551615n, b: [1n], c: 'x' }), '{"a":18446744073709551615,"b":[1],"c":"x"}')
   t.equal(serializeJson({ a: 1 }), '{"a":1}')
 })

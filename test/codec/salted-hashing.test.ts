@@ -14,7 +14,11 @@ t.test('the seed folds in the adapter and the salt', async (t) => {
   t.equal(saltSeed('my-lora', null), 12827409268353072861n)
   t.equal(saltSeed(null, 'tenant-a'), 1948188790972764086n)
   t.equal(saltSeed('my-lora', null), BigInt.asUintN(64, 1337n + xxh3.xxh64(Buffer.from('my-lora'), 0n)))
-  t.equal(saltSeed('my-lora', 'tenant-a'), BigInt.asUintN(64, 1337n + xxh3.xxh64(Buffer.from('my-lora'), 0n) + xxh3.xxh64(Buffer.from('tenant-a'), 1n)), 'both, wrapping at 2^64')
+  t.equal(
+    saltSeed('my-lora', 'tenant-a'),
+    BigInt.asUintN(64, 1337n + xxh3.xxh64(Buffer.from('my-lora'), 0n) + xxh3.xxh64(Buffer.from('tenant-a'), 1n)),
+    'both, wrapping at 2^64',
+  )
 })
 
 t.test('salted blocks', async (t) => {

@@ -5,7 +5,20 @@ import { EventSources, SILENT_AFTER_MS } from '../../src/core/event-sources.js'
 import type { WorkerInfo } from '../../src/core/worker-registry.js'
 
 function info(id: bigint, dpRanks = 1, kvEvents: WorkerInfo['kvEvents'] = null): WorkerInfo {
-  return { id, url: 'http://w', blockSize: 16, capacity: 0, device: 'gpu', dpRanks, maxNumBatchedTokens: undefined, registeredAt: 0, failures: 0, suspendedUntil: 0, source: 'static', kvEvents }
+  return {
+    id,
+    url: 'http://w',
+    blockSize: 16,
+    capacity: 0,
+    device: 'gpu',
+    dpRanks,
+    maxNumBatchedTokens: undefined,
+    registeredAt: 0,
+    failures: 0,
+    suspendedUntil: 0,
+    source: 'static',
+    kvEvents,
+  }
 }
 
 function setup() {

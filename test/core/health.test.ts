@@ -12,7 +12,14 @@ const SLOW: ProbeResult = { outcome: 'timeout', detail: 'GET /health: no answer 
 function make(o: Partial<WorkerHealthOptions> = {}): { h: WorkerHealth; calls: [bigint, boolean][]; clock: { now: number } } {
   const calls: [bigint, boolean][] = []
   const clock = { now: 1000 }
-  const h = new WorkerHealth({ blockSize: 16, kvMode: true, failuresToUnreachable: 2, now: () => clock.now, onHeld: (id, held) => calls.push([id, held]), ...o })
+  const h = new WorkerHealth({
+    blockSize: 16,
+    kvMode: true,
+    failuresToUnreachable: 2,
+    now: () => clock.now,
+    onHeld: (id, held) => calls.push([id, held]),
+    ...o,
+  })
   return { h, calls, clock }
 }
 

@@ -17,7 +17,10 @@ t.test('predicted until the first event, then exactly the events', async (t) => 
   await h.router.addWorker({ id: 2n, url: 'http://127.0.0.1:9' })
   // worker 1 sends an event: exact
   t.equal((await post('/v1/kv-events', `[${encodeRouterEvent({ worker_id: 1n, event: { event_id: 1n, dp_rank: 0, data: 'cleared' } })}]`)).statusCode, 202)
-  const states = async () => ((await h.app.fastify.inject({ method: 'GET', url: '/v1/workers' })).json() as { workers: { id: number; index: string }[] }).workers.map((w) => `${w.id}:${w.index}`)
+  const states = async () =>
+    ((await h.app.fastify.inject({ method: 'GET', url: '/v1/workers' })).json() as { workers: { id: number; index: string }[] }).workers.map(
+      (w) => `${w.id}:${w.index}`,
+    )
   t.same(await states(), ['1:exact', '2:no-events'])
 
   // a prompt routed to worker 2 (pinned) counts as cached there
@@ -79,7 +82,10 @@ t.test('events for an id nobody registered while a registered worker stays silen
     warnings(capture, 'KVR_WORKER_NO_EVENTS').some((w) => /are not registered/.test(w)),
     'nothing to say before events come',
   )
-  h.router.ingestEvent({ worker_id: 7587889n, event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: null, blocks: [{ block_hash: 1n, tokens_hash: 2n }] } } } })
+  h.router.ingestEvent({
+    worker_id: 7587889n,
+    event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: null, blocks: [{ block_hash: 1n, tokens_hash: 2n }] } } },
+  })
   await h.router.pool.flush()
   await h.router.checkEventSources()
   await h.router.checkEventSources()
@@ -94,7 +100,10 @@ t.test('a worker registered again without its kv-events endpoint: its engine blo
   t.teardown(() => h.close())
   // a listener on an endpoint nobody publishes on; its worker's blocks come from elsewhere here
   await h.router.addWorker({ id: 5n, url: 'http://127.0.0.1:9', kvEvents: { endpoint: 'tcp://127.0.0.1:9', replay: null, topic: '' } })
-  h.router.ingestEvent({ worker_id: 5n, event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: null, blocks: [{ block_hash: 1n, tokens_hash: 2n }] } } } })
+  h.router.ingestEvent({
+    worker_id: 5n,
+    event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: null, blocks: [{ block_hash: 1n, tokens_hash: 2n }] } } },
+  })
   await h.router.pool.flush()
   t.not(h.router.indexStateOf(5n, 0), 'no-events', 'its events came')
   t.equal((await h.router.pool.treeSizes()).find((x) => x.worker_id === 5n)?.tree_size, 1)

@@ -39,7 +39,8 @@ t.test('relative links resolve', async (t) => {
       const [path, hash] = target.split('#') as [string, string | undefined]
       const file = path === '' ? join(root, doc) : join(root, dirname(doc), path)
       t.ok(existsSync(file), `${doc}: ${target} (${relative(root, file)})`)
-      if (hash !== undefined && existsSync(file) && file.endsWith('.md')) t.ok(anchors(file).has(hash), `${doc}: #${hash} is a heading of ${relative(root, file)}`)
+      if (hash !== undefined && existsSync(file) && file.endsWith('.md'))
+        t.ok(anchors(file).has(hash), `${doc}: #${hash} is a heading of ${relative(root, file)}`)
     }
   }
   t.ok(links > 10, `${links} links checked`)

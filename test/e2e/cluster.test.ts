@@ -51,7 +51,8 @@ t.test('npm run cluster: HAProxy in front of two replicas that both answer; SIGT
   const exited = new Promise<number | null>((resolve) => p.on('exit', (code) => resolve(code)))
   let code: number | null | undefined
   void exited.then((c) => (code = c))
-  const pids = (): Map<string, number> => new Map([...(/ {2}pids +(.*)/.exec(out)?.[1]?.matchAll(/(\S+)=(\d+)/g) ?? [])].map((m) => [m[1] as string, Number(m[2])]))
+  const pids = (): Map<string, number> =>
+    new Map([...(/ {2}pids +(.*)/.exec(out)?.[1]?.matchAll(/(\S+)=(\d+)/g) ?? [])].map((m) => [m[1] as string, Number(m[2])]))
   const dir = (): string | undefined => / {2}dir +(\S+)/.exec(out)?.[1]
   t.teardown(() => {
     // a failed run: nothing may outlive the test
@@ -67,7 +68,9 @@ t.test('npm run cluster: HAProxy in front of two replicas that both answer; SIGT
     if (d?.includes('kvr-cluster-')) rmSync(d, { recursive: true, force: true })
   })
 
-  await waitUntil('the ready lines', () => /Ctrl-C stops everything/.test(out) || code !== undefined, 35_000).catch((e: Error) => t.fail(`${e.message}\n${out}\n${err}`))
+  await waitUntil('the ready lines', () => /Ctrl-C stops everything/.test(out) || code !== undefined, 35_000).catch((e: Error) =>
+    t.fail(`${e.message}\n${out}\n${err}`),
+  )
   const lb = /cluster: ready (http:\/\/127\.0\.0\.1:\d+)/.exec(out)?.[1]
   if (lb === undefined) return t.fail(`no ready line; exit ${code}\n${out}\n${err}`)
   const routers = [...out.matchAll(/ {2}(router-\d+) +(http:\/\/127\.0\.0\.1:\d+)/g)].map((m) => ({ name: m[1] as string, url: m[2] as string }))
@@ -92,7 +95,12 @@ t.test('npm run cluster: HAProxy in front of two replicas that both answer; SIGT
     const res = await fetch(`${lb}/v1/completions`, {
       method: 'POST',
       headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ model: 'kv-router-model', prompt: `request ${i}: a prompt long enough to fill one 64-token block of the simulated engines' caches`, max_tokens: 4, stream }),
+      body: JSON.stringify({
+        model: 'kv-router-model',
+        prompt: `request ${i}: a prompt long enough to fill one 64-token block of the simulated engines' caches`,
+        max_tokens: 4,
+        stream,
+      }),
     })
     const body = await res.text()
     t.equal(res.status, 200, `request ${i} (${stream ? 'streamed' : 'unary'}) is answered: ${body.slice(0, 200)}`)

@@ -142,18 +142,23 @@ t.test('serve with NATS and etcd: discovery, routing by prefix, lease expiry, NA
         publisher_id: wEnv,
         sequence: 0n,
         published_at: 0n,
-        payload: { worker_id: wEnv, event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: null, blocks: [{ block_hash: 21n, tokens_hash: h1 }] } } } },
+        payload: {
+          worker_id: wEnv,
+          event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: null, blocks: [{ block_hash: 21n, tokens_hash: h1 }] } } },
+        },
       }),
     ),
   )
   await pub.flush()
-  const overlapOf = async (body: string): Promise<string> => await (await fetch(base + '/v1/overlap', { method: 'POST', headers: { 'content-type': 'application/json' }, body })).text()
+  const overlapOf = async (body: string): Promise<string> =>
+    await (await fetch(base + '/v1/overlap', { method: 'POST', headers: { 'content-type': 'application/json' }, body })).text()
   await waitUntil(
     'both events in /v1/overlap',
     async () => {
       const text = await overlapOf(`{"block_hashes":["${h1}","${h2}"]}`)
       return (
-        text.includes(`"worker_id":${wRaw},"worker_id_str":"${wRaw}","dp_rank":0,"overlap_blocks":2`) && text.includes(`"worker_id":${wEnv},"worker_id_str":"${wEnv}","dp_rank":0,"overlap_blocks":1`)
+        text.includes(`"worker_id":${wRaw},"worker_id_str":"${wRaw}","dp_rank":0,"overlap_blocks":2`) &&
+        text.includes(`"worker_id":${wEnv},"worker_id_str":"${wEnv}","dp_rank":0,"overlap_blocks":1`)
       )
     },
     5000,
@@ -162,7 +167,11 @@ t.test('serve with NATS and etcd: discovery, routing by prefix, lease expiry, NA
   // the same prompt twice: the second lands where the first left its blocks
   const prompt = 'The quick brown fox jumps over the lazy dog while the router keeps score of every cached block it has seen.'
   const ask = async (): Promise<{ worker: string; cached: number }> => {
-    const r = await fetch(base + '/v1/completions', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ model: 'm', prompt, max_tokens: 4 }) })
+    const r = await fetch(base + '/v1/completions', {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ model: 'm', prompt, max_tokens: 4 }),
+    })
     t.equal(r.status, 200)
     // worker ids are etcd lease ids, above 2^53: read them from the text, not through a double
     const text = await r.text()
@@ -194,12 +203,20 @@ t.test('serve with NATS and etcd: discovery, routing by prefix, lease expiry, NA
   const t0 = Date.now()
   t.comment(`etcd took ${t0 - tRevoke} ms to confirm the revoke`)
   const promptTokens = `{"token_ids":[${[...Buffer.from(prompt, 'utf8')].join(',')}]}`
-  await waitUntil('the worker is gone from routing', async () => ((await get('/v1/workers')).body['workers'] as unknown[]).length === 1, 2000).catch(async (err: Error) => {
-    // what discovery saw: a missing delete and a lost watch stream look alike from outside
-    const m = (await (await fetch(base + '/metrics')).text()).split('\n').filter((l) => l.startsWith('kvrouter_etcd_total') || l.startsWith('kvrouter_connection_up'))
-    throw new Error(`${err.message}; ${m.join('; ')}`)
-  })
-  await waitUntil('and from the index', async () => !(await overlapOf(promptTokens)).includes(`"worker_id":${first.worker},`), Math.max(1, 2000 - (Date.now() - t0)))
+  await waitUntil('the worker is gone from routing', async () => ((await get('/v1/workers')).body['workers'] as unknown[]).length === 1, 2000).catch(
+    async (err: Error) => {
+      // what discovery saw: a missing delete and a lost watch stream look alike from outside
+      const m = (await (await fetch(base + '/metrics')).text())
+        .split('\n')
+        .filter((l) => l.startsWith('kvrouter_etcd_total') || l.startsWith('kvrouter_connection_up'))
+      throw new Error(`${err.message}; ${m.join('; ')}`)
+    },
+  )
+  await waitUntil(
+    'and from the index',
+    async () => !(await overlapOf(promptTokens)).includes(`"worker_id":${first.worker},`),
+    Math.max(1, 2000 - (Date.now() - t0)),
+  )
   t.ok(Date.now() - t0 <= 2000, 'gone from routing and the index within 2 s')
   const third = await ask()
   t.not(third.worker, first.worker, 'requests go to the remaining worker')

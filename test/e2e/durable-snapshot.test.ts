@@ -21,7 +21,16 @@ t.test('a restart from the snapshot and the stream after it equals a replica tha
   later(t, () => nats.stop())
   const nc = await connect({ servers: nats.url, maxReconnectAttempts: -1 })
   later(t, () => nc.close())
-  const fleet = await MockerFleet.start({ numWorkers: 3, blockSize: BS, numGpuBlocks: 48, maxNumSeqs: 4, speedupRatio: 0, natsUrl: nats.url, durableKvEvents: true, onWarning: () => undefined })
+  const fleet = await MockerFleet.start({
+    numWorkers: 3,
+    blockSize: BS,
+    numGpuBlocks: 48,
+    maxNumSeqs: 4,
+    speedupRatio: 0,
+    natsUrl: nats.url,
+    durableKvEvents: true,
+    onWarning: () => undefined,
+  })
   later(t, () => fleet.close())
   const rng = new Rng(5)
   const snap = ['--router-snapshot-threshold', '100']
@@ -31,8 +40,11 @@ t.test('a restart from the snapshot and the stream after it equals a replica tha
   const jsm = await nc.jetstreamManager()
   // either replica may be the one that snapshots and purges
   await waitUntil('a snapshot uploaded and the stream purged', async () => (await jsm.streams.info(STREAM)).state.first_seq > 1, 20_000, 100)
-  const uploaded = (await metric(a.base, 'kvrouter_durable_snapshots_total', 'uploaded')) + (await metric(b.base, 'kvrouter_durable_snapshots_total', 'uploaded'))
-  const purged = (await metric(a.base, 'kvrouter_durable_snapshots_total', 'purged_messages')) + (await metric(b.base, 'kvrouter_durable_snapshots_total', 'purged_messages'))
+  const uploaded =
+    (await metric(a.base, 'kvrouter_durable_snapshots_total', 'uploaded')) + (await metric(b.base, 'kvrouter_durable_snapshots_total', 'uploaded'))
+  const purged =
+    (await metric(a.base, 'kvrouter_durable_snapshots_total', 'purged_messages')) +
+    (await metric(b.base, 'kvrouter_durable_snapshots_total', 'purged_messages'))
   t.ok(uploaded >= 1 && purged > 0, `snapshots uploaded (${uploaded}), messages purged after them (${purged})`)
 
   // one replica stops; events go on; it starts again
@@ -65,7 +77,8 @@ t.test('a restart from the snapshot and the stream after it equals a replica tha
   t.equal((await jsm.streams.info(STREAM)).state.messages, 0, 'the stream purged')
   await t.rejects(jsm.streams.info(`OBJ_${radixBucket('dynamo', 'backend')}`), 'the bucket deleted')
   t.equal(await metric(c.base, 'kvrouter_durable_snapshots_total', 'loaded'), 0)
-  for (const w of fleet.workers) t.equal(dumpedTokens(await (await fetch(`${c.base}/v1/kv/dump?worker_id=${w.workerId}`)).text()).size, 0, `worker ${w.workerId}: nothing indexed`)
+  for (const w of fleet.workers)
+    t.equal(dumpedTokens(await (await fetch(`${c.base}/v1/kv/dump?worker_id=${w.workerId}`)).text()).size, 0, `worker ${w.workerId}: nothing indexed`)
   await drive(fleet, rng, 10)
   await waitUntil('new events indexed', async () => (await metric(c.base, 'kvrouter_durable_events_total', 'acked')) > 0, 10_000, 100)
   t.ok((await metric(c.base, 'kvrouter_durable_events_total', 'messages')) > 0, 'what comes after the reset is read')

@@ -18,7 +18,16 @@ t.test('a nats-server restart and a replica crash mid-stream lose no event', asy
   const nats = await startNats()
   later(t, () => nats.stop())
   // few blocks per engine: prompts evict, so the stream carries removals too
-  const fleet = await MockerFleet.start({ numWorkers: 3, blockSize: BS, numGpuBlocks: 48, maxNumSeqs: 4, speedupRatio: 0, natsUrl: nats.url, durableKvEvents: true, onWarning: () => undefined })
+  const fleet = await MockerFleet.start({
+    numWorkers: 3,
+    blockSize: BS,
+    numGpuBlocks: 48,
+    maxNumSeqs: 4,
+    speedupRatio: 0,
+    natsUrl: nats.url,
+    durableKvEvents: true,
+    onWarning: () => undefined,
+  })
   later(t, () => fleet.close())
   const rng = new Rng(17)
   // served before any router exists: the stream keeps them

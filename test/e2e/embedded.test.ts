@@ -81,7 +81,11 @@ t.test('an engine posting its events over HTTP', async (t) => {
   t.equal(a.nvext.worker_id.decode_worker_id, 77)
   await remote.flushEvents()
   await h.router.pool.flush()
-  const ov = await fetch(`${base}/v1/overlap`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ token_ids: [...Buffer.from(prompt)] }) })
+  const ov = await fetch(`${base}/v1/overlap`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ token_ids: [...Buffer.from(prompt)] }),
+  })
   t.match(await ov.text(), `{"worker_id":77,"worker_id_str":"77","dp_rank":0,"overlap_blocks":${Math.floor(Buffer.byteLength(prompt) / 8)}`)
   const w = (await (await fetch(`${base}/v1/workers`)).json()) as { workers: { id: number; url: string; health: string; ranks: { in_flight: number }[] }[] }
   const me = w.workers.find((x) => x.id === 77)

@@ -84,7 +84,11 @@ function load(base: string, clients = 3): { sent: { at: number; status: number; 
       const i = n++
       const prompt = Array.from({ length: 3 * BS }, (_, k) => (i * 7919 + k) % 50_000)
       try {
-        const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt, max_tokens: 2 }) })
+        const r = await fetch(`${base}/v1/completions`, {
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body: JSON.stringify({ prompt, max_tokens: 2 }),
+        })
         const body = await r.text()
         const worker = r.status === 200 ? (JSON.parse(body) as { nvext: { worker_id: { decode_worker_id: number } } }).nvext.worker_id.decode_worker_id : -1
         sent.push({ at: performance.now(), status: r.status, worker, body: r.status === 200 ? '' : body })
@@ -160,7 +164,11 @@ t.test('an engine killed: out of routing within two probe intervals, no request 
   t.ok(notReadyAt - allKilledAt <= 2 * INTERVAL_MS, `/ready 503 ${(notReadyAt - allKilledAt).toFixed(0)} ms after the last kill`)
   const r = await fetch(`${base}/ready`)
   t.match(await r.json(), { ready: false, workers: 3, healthy_workers: 0 })
-  const refused = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: [1, 2, 3], max_tokens: 1 }) })
+  const refused = await fetch(`${base}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt: [1, 2, 3], max_tokens: 1 }),
+  })
   t.equal(refused.status, 503)
   t.match(await refused.json(), { error: { code: 'KVR_ERR_NO_WORKERS' } })
   // one back: ready
@@ -196,7 +204,9 @@ t.test('another block size: misconfigured, no request; registered with the right
 
 t.test('the embedded fleet answers the probes', async (t) => {
   const base = await router(t, ['--embedded-fleet', '2', '--router-health-probe-interval-secs', '0.2'])
-  await when('both probed', async () => (await workers(base)).every((w) => w.probe !== null && w.probe.consecutive_failures === 0 && w.probe.last_ok_ms_ago !== null))
+  await when('both probed', async () =>
+    (await workers(base)).every((w) => w.probe !== null && w.probe.consecutive_failures === 0 && w.probe.last_ok_ms_ago !== null),
+  )
   t.same(
     (await workers(base)).map((w) => [w.health, w.probe?.path]),
     [

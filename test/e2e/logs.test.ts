@@ -33,7 +33,20 @@ t.test('JSON lines on stderr with a request line per completion; no secret writt
   const nats = await startNats()
   t.teardown(() => nats.stop())
   const natsUrl = nats.url.replace('nats://', 'nats://natsuser:n4tspw@')
-  const { c, base } = await serve(t, ['--embedded-fleet', '2', '--tokenizer', 'bytes', '--router-block-size', '16', '--log-level', 'debug', '--api-key', KEY, '--nats-url', natsUrl])
+  const { c, base } = await serve(t, [
+    '--embedded-fleet',
+    '2',
+    '--tokenizer',
+    'bytes',
+    '--router-block-size',
+    '16',
+    '--log-level',
+    'debug',
+    '--api-key',
+    KEY,
+    '--nats-url',
+    natsUrl,
+  ])
   t.match(c.out(), /^kv-router listening on http:\/\/127\.0\.0\.1:\d+ \(mode kv, .*\)\n$/, 'stdout holds the listening line alone')
   const ok = await completion(base, { authorization: `Bearer ${KEY}` })
   t.equal(ok.status, 200)
@@ -46,10 +59,25 @@ t.test('JSON lines on stderr with a request line per completion; no secret writt
   const records = logRecords(c.err())
   t.equal(records.length, c.err().trim().split('\n').length, 'every stderr line is a JSON record')
   const [served, refused] = records.filter((x) => x.msg === 'request' && x.route === '/v1/completions')
-  t.match(served, { level: 'info', method: 'POST', status: 200, stream: true, dp_rank: 0, overlap_blocks: Number, ttft_ms: Number, duration_ms: Number, request_id: String, worker_id: /^[12]$/ })
+  t.match(served, {
+    level: 'info',
+    method: 'POST',
+    status: 200,
+    stream: true,
+    dp_rank: 0,
+    overlap_blocks: Number,
+    ttft_ms: Number,
+    duration_ms: Number,
+    request_id: String,
+    worker_id: /^[12]$/,
+  })
   t.match(refused, { level: 'info', status: 401 })
   const cfg = records.find((x) => x.msg === 'configuration')?.config as Record<string, unknown> | undefined
-  t.match(cfg, { apiKey: '[redacted]', natsUrl: /^nats:\/\/\[redacted\]@127\.0\.0\.1:\d+$/, logLevel: 'debug' }, 'the configuration at debug, without its secrets')
+  t.match(
+    cfg,
+    { apiKey: '[redacted]', natsUrl: /^nats:\/\/\[redacted\]@127\.0\.0\.1:\d+$/, logLevel: 'debug' },
+    'the configuration at debug, without its secrets',
+  )
   for (const secret of [KEY, 'n4tspw', 'natsuser', 'wr0ng-t0ken']) {
     t.notMatch(c.err(), secret, `${secret} is not on stderr`)
     t.notMatch(c.out(), secret, `${secret} is not on stdout`)
@@ -76,7 +104,17 @@ t.test("an etcd URL's credentials go to etcd as its user and password, and show 
   const etcd = await startEtcd()
   t.teardown(() => etcd.stop())
   // this etcd has no authentication: the router refuses to start, and its one line says why
-  const c = runCli(['serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-event-threads', '1', '--etcd-url', etcd.url.replace('http://', 'http://etcduser:3tcdpw@')])
+  const c = runCli([
+    'serve',
+    '--http-host',
+    '127.0.0.1',
+    '--http-port',
+    '0',
+    '--router-event-threads',
+    '1',
+    '--etcd-url',
+    etcd.url.replace('http://', 'http://etcduser:3tcdpw@'),
+  ])
   t.teardown(() => {
     c.p.kill('SIGKILL')
   })

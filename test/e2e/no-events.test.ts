@@ -19,7 +19,11 @@ async function ready(p: CliProcess, re: RegExp, what: string): Promise<RegExpExe
 }
 
 async function complete(url: string, prompt: string): Promise<{ worker: number; cached: number }> {
-  const r = await fetch(`${url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt, max_tokens: 4 }) })
+  const r = await fetch(`${url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt, max_tokens: 4 }),
+  })
   if (r.status !== 200) throw new Error(`${url}: ${r.status} ${await r.text()}`)
   const j = (await r.json()) as { usage?: { prompt_tokens_details?: { cached_tokens: number } }; nvext?: { worker_id?: { decode_worker_id: number } } }
   return { worker: j.nvext?.worker_id?.decode_worker_id ?? -1, cached: j.usage?.prompt_tokens_details?.cached_tokens ?? 0 }
@@ -75,7 +79,9 @@ t.test('workers without events: no-events, warned once each, routed on predictio
   for (let i = 1; i < 6; i++) t.ok((results[i]?.cached ?? 0) >= 320, `request ${i} hits the engine's cache (${results[i]?.cached} tokens)`)
 
   // an unrelated prompt may go anywhere; the load still spreads: a burst of distinct prompts uses both
-  const burst = await Promise.all(Array.from({ length: 8 }, (_, i) => complete(base, `Distinct prompt number ${i} with nothing shared, long enough for blocks ${'x'.repeat(40 + i)}`)))
+  const burst = await Promise.all(
+    Array.from({ length: 8 }, (_, i) => complete(base, `Distinct prompt number ${i} with nothing shared, long enough for blocks ${'x'.repeat(40 + i)}`)),
+  )
   t.equal(new Set(burst.map((r) => r.worker)).size, 2, 'unrelated prompts spread over both engines')
 
   const warned = router.err().match(/KVR_WORKER_NO_EVENTS/g) ?? []

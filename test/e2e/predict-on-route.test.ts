@@ -75,7 +75,12 @@ t.test('the prediction ends with its TTL', async (t) => {
   const h = await setup(t, ['--router-predicted-ttl-secs', '0.5'])
   const first = await complete(h, parent, 4)
   const overlapOn = async (): Promise<number | undefined> => {
-    const r = await h.app.fastify.inject({ method: 'POST', url: '/v1/route', headers: json, payload: JSON.stringify({ token_ids: [...Buffer.from(parent)], explain: true }) })
+    const r = await h.app.fastify.inject({
+      method: 'POST',
+      url: '/v1/route',
+      headers: json,
+      payload: JSON.stringify({ token_ids: [...Buffer.from(parent)], explain: true }),
+    })
     const j = r.json() as { candidates: { worker_id: number; overlap_blocks: number }[] }
     return j.candidates.find((c) => c.worker_id === first.worker)?.overlap_blocks
   }

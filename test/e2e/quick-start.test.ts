@@ -48,7 +48,11 @@ t.test('npm start: ready within 5 s, and the README curl works, with a cache hit
   const ask = async () => {
     const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body })
     t.equal(r.status, 200)
-    return (await r.json()) as { choices: { text: string }[]; usage: { prompt_tokens: number; prompt_tokens_details?: { cached_tokens: number } }; nvext: { worker_id: { decode_worker_id: number } } }
+    return (await r.json()) as {
+      choices: { text: string }[]
+      usage: { prompt_tokens: number; prompt_tokens_details?: { cached_tokens: number } }
+      nvext: { worker_id: { decode_worker_id: number } }
+    }
   }
   const first = await ask()
   t.equal(first.choices.length, 1)

@@ -29,7 +29,21 @@ t.test('replay of 200 trace requests through serve + mocker over NATS and etcd',
   const etcd = await startEtcd()
   t.teardown(() => etcd.stop())
 
-  const router = run(['serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-block-size', '64', '--router-event-threads', '1', '--nats-url', nats.url, '--etcd-url', etcd.url])
+  const router = run([
+    'serve',
+    '--http-host',
+    '127.0.0.1',
+    '--http-port',
+    '0',
+    '--router-block-size',
+    '64',
+    '--router-event-threads',
+    '1',
+    '--nats-url',
+    nats.url,
+    '--etcd-url',
+    etcd.url,
+  ])
   t.teardown(async () => {
     router.p.kill('SIGTERM')
     await router.exited
@@ -37,7 +51,21 @@ t.test('replay of 200 trace requests through serve + mocker over NATS and etcd',
   await waitUntil(`router listening (${router.err()})`, () => /listening on http:\/\/\S+/.test(router.out()), 20_000)
   const base = (/listening on (http:\/\/\S+)/.exec(router.out()) as RegExpExecArray)[1] as string
 
-  const mocker = run(['mocker', '--num-workers', String(ENGINES), '--block-size', '64', '--speedup-ratio', '0', '--num-gpu-blocks-override', '16384', '--nats-url', nats.url, '--etcd-url', etcd.url])
+  const mocker = run([
+    'mocker',
+    '--num-workers',
+    String(ENGINES),
+    '--block-size',
+    '64',
+    '--speedup-ratio',
+    '0',
+    '--num-gpu-blocks-override',
+    '16384',
+    '--nats-url',
+    nats.url,
+    '--etcd-url',
+    etcd.url,
+  ])
   t.teardown(async () => {
     mocker.p.kill('SIGTERM')
     await mocker.exited
@@ -84,7 +112,11 @@ t.test('replay of 200 trace requests through serve + mocker over NATS and etcd',
       for (const id of workers) {
         const engine = await Promise.all(
           urls.map(async (u) => {
-            const r = await fetch(`${u}/v1/kv/query`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: `{"worker_id":${id},"start_event_id":null,"end_event_id":null}` })
+            const r = await fetch(`${u}/v1/kv/query`, {
+              method: 'POST',
+              headers: { 'content-type': 'application/json' },
+              body: `{"worker_id":${id},"start_event_id":null,"end_event_id":null}`,
+            })
             return r.status === 200 ? await r.text() : null
           }),
         )

@@ -80,7 +80,19 @@ class Replica {
   }
 
   async start(): Promise<void> {
-    const args = ['serve', '--http-host', '127.0.0.1', '--http-port', String(this.port), '--router-block-size', String(BS), '--tokenizer', 'bytes', '--router-event-threads', '1']
+    const args = [
+      'serve',
+      '--http-host',
+      '127.0.0.1',
+      '--http-port',
+      String(this.port),
+      '--router-block-size',
+      String(BS),
+      '--tokenizer',
+      'bytes',
+      '--router-event-threads',
+      '1',
+    ]
     args.push('--model-name', MODEL, '--nats-url', nats.url, '--etcd-url', etcd.url, '--router-replica-sync', '--shutdown-timeout-secs', '2')
     const c = run(args)
     this.proc = c
@@ -127,19 +139,25 @@ await Promise.all([a.start(), b.start()])
 // engines slow at decoding (about 60 ms a token), so that a stream lasts long enough to be cut
 // and the KV events of decoded blocks come seldom
 const mocker = run(
-  ['mocker', '--num-workers', String(ENGINES), '--block-size', String(BS), '--num-gpu-blocks-override', '4096', '--speedup-ratio', '1', '--decode-speedup-ratio', '0.1'].concat([
-    '--model-name',
-    MODEL,
-    '--nats-url',
-    nats.url,
-    '--etcd-url',
-    etcd.url,
-  ]),
+  [
+    'mocker',
+    '--num-workers',
+    String(ENGINES),
+    '--block-size',
+    String(BS),
+    '--num-gpu-blocks-override',
+    '4096',
+    '--speedup-ratio',
+    '1',
+    '--decode-speedup-ratio',
+    '0.1',
+  ].concat(['--model-name', MODEL, '--nats-url', nats.url, '--etcd-url', etcd.url]),
 )
 t.teardown(() => terminate(mocker))
 await waitUntil(`the mocker's ready line (${mocker.err()})`, () => /kv-router mocker: ready/.test(mocker.out()) || mocker.p.exitCode !== null, 30_000, 20)
 if (mocker.p.exitCode !== null) throw new Error(`the mocker exited ${mocker.p.exitCode}: ${mocker.err()}`)
-for (const r of [a, b]) await waitUntil(`${r.name} lists the ${ENGINES} engines`, async () => ((await r.json('/ready'))['workers'] as number) === ENGINES, 20_000, 50)
+for (const r of [a, b])
+  await waitUntil(`${r.name} lists the ${ENGINES} engines`, async () => ((await r.json('/ready'))['workers'] as number) === ENGINES, 20_000, 50)
 
 const lb: HaproxyServer = await startHaproxy({
   backends: [
@@ -163,7 +181,9 @@ async function workers(r: Replica): Promise<WorkerView> {
   const view: WorkerView = { bookings: new Map(), cached: new Map(), inFlight: 0 }
   // worker ids are u64: taken from the text, never through a JSON number
   for (const w of text.matchAll(/"id_str":"(\d+)".*?"ranks":\[(.*?)\]\}/g)) {
-    for (const rank of (w[2] as string).matchAll(/\{"dp_rank":(\d+),"index":"[a-z-]+","cached_blocks":(\d+),"last_event_id":[^,]+,"active_blocks":(\d+),"prefill_tokens":(\d+),"in_flight":(\d+)\}/g)) {
+    for (const rank of (w[2] as string).matchAll(
+      /\{"dp_rank":(\d+),"index":"[a-z-]+","cached_blocks":(\d+),"last_event_id":[^,]+,"active_blocks":(\d+),"prefill_tokens":(\d+),"in_flight":(\d+)\}/g,
+    )) {
       const key = `${w[1]}:${rank[1]}`
       view.cached.set(key, Number(rank[2]))
       view.bookings.set(key, `in_flight ${rank[5]}, active_blocks ${rank[3]}, prefill_tokens ${rank[4]}`)
@@ -178,7 +198,9 @@ async function workers(r: Replica): Promise<WorkerView> {
 async function indexEntries(r: Replica): Promise<string[]> {
   const text = await (await fetch(`${r.base}/v1/kv/dump`)).text()
   const out: string[] = []
-  for (const ev of text.matchAll(/\{"worker_id":(\d+),"event":\{"event_id":\d+,"data":\{"stored":\{"parent_hash":(null|\d+),"blocks":\[(.*?)\]\}\},"dp_rank":(\d+)\}\}/g)) {
+  for (const ev of text.matchAll(
+    /\{"worker_id":(\d+),"event":\{"event_id":\d+,"data":\{"stored":\{"parent_hash":(null|\d+),"blocks":\[(.*?)\]\}\},"dp_rank":(\d+)\}\}/g,
+  )) {
     let parent = ev[2] as string
     for (const blk of (ev[3] as string).matchAll(/"block_hash":(\d+)/g)) {
       out.push(`${ev[1]}:${ev[4]} ${parent} ${blk[1]}`)
@@ -245,12 +267,20 @@ t.test('a booking made on one replica is in the other’s GET /v1/replicas withi
     const tokens = Array.from({ length: 5 * BS }, (_, j) => 1000 + (k + 2) * 100 + j)
     // the clock runs from before the request that books: an upper bound on the sync delay
     const t0 = performance.now()
-    const res = await fetch(`${from.base}/v1/route`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ token_ids: tokens, update_states: true }) })
+    const res = await fetch(`${from.base}/v1/route`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ token_ids: tokens, update_states: true }),
+    })
     const routed = (await res.json()) as { request_id: string; worker_id_str: string; dp_rank: number }
     t.equal(res.status, 200)
     await waitUntil(`the booking on ${to.name}`, async () => (await remote(to)) === 1, 2000, 0)
     const booked = performance.now() - t0
-    t.equal((await workers(to)).bookings.get(`${routed.worker_id_str}:${routed.dp_rank}`), 'in_flight 1, active_blocks 5, prefill_tokens 80', `${to.name} counts it on the worker ${from.name} chose`)
+    t.equal(
+      (await workers(to)).bookings.get(`${routed.worker_id_str}:${routed.dp_rank}`),
+      'in_flight 1, active_blocks 5, prefill_tokens 80',
+      `${to.name} counts it on the worker ${from.name} chose`,
+    )
     const t1 = performance.now()
     const del = await fetch(`${from.base}/v1/route/${routed.request_id}`, { method: 'DELETE' })
     await del.arrayBuffer()
@@ -294,7 +324,10 @@ t.test('kill -9 of a replica under load: only its requests in flight fail; resta
   t.ok(failed.length >= 1, 'the kill cut streams in flight on the killed replica')
   for (const r of failed) {
     const inFlightOnA = r.replica === a.name && r.sentAt < killAt && r.endAt >= killAt
-    t.ok(inFlightOnA, `request ${r.i} failed (${r.error}): it was in flight on ${a.name} (replica ${r.replica}, sent ${(r.sentAt - killAt).toFixed(0)} ms from the kill)`)
+    t.ok(
+      inFlightOnA,
+      `request ${r.i} failed (${r.error}): it was in flight on ${a.name} (replica ${r.replica}, sent ${(r.sentAt - killAt).toFixed(0)} ms from the kill)`,
+    )
   }
   const after = results.filter((r) => r.sentAt > killAt)
   t.ok(after.length >= 30, `${after.length} requests sent after the kill`)

@@ -22,7 +22,15 @@ t.teardown(() => etcd.stop())
 const client = new Etcd3({ hosts: etcd.url })
 t.teardown(() => client.close())
 // engines slow enough that a long answer streams for seconds
-const fleet = await MockerFleet.start({ numWorkers: 2, blockSize: BS, speedupRatio: 1, numGpuBlocks: 4096, natsUrl: nats.url, etcdUrl: etcd.url, modelName: 'sim' })
+const fleet = await MockerFleet.start({
+  numWorkers: 2,
+  blockSize: BS,
+  speedupRatio: 1,
+  numGpuBlocks: 4096,
+  natsUrl: nats.url,
+  etcdUrl: etcd.url,
+  modelName: 'sim',
+})
 t.teardown(() => fleet.close())
 
 interface Replica {
@@ -33,7 +41,21 @@ interface Replica {
 }
 
 async function router(t: Test): Promise<Replica> {
-  const args = ['serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-block-size', String(BS), '--tokenizer', 'bytes', '--router-event-threads', '1', '--model-name', 'sim']
+  const args = [
+    'serve',
+    '--http-host',
+    '127.0.0.1',
+    '--http-port',
+    '0',
+    '--router-block-size',
+    String(BS),
+    '--tokenizer',
+    'bytes',
+    '--router-event-threads',
+    '1',
+    '--model-name',
+    'sim',
+  ]
   args.push('--nats-url', nats.url, '--etcd-url', etcd.url, '--router-replica-sync', '--router-replica-catch-up-secs', '10')
   const p = spawn(process.execPath, cliArgv(args), { env: { PATH: process.env.PATH } })
   let out = ''
@@ -74,7 +96,12 @@ t.test('two replicas share a stream’s booking, catch up before ready, list and
   const res = await fetch(`${a.base}/v1/completions`, {
     method: 'POST',
     headers: { 'content-type': 'application/json' },
-    body: JSON.stringify({ model: 'sim', prompt: 'a prompt long enough to fill a few blocks of sixteen tokens each, and then some more', max_tokens: 3000, stream: true }),
+    body: JSON.stringify({
+      model: 'sim',
+      prompt: 'a prompt long enough to fill a few blocks of sixteen tokens each, and then some more',
+      max_tokens: 3000,
+      stream: true,
+    }),
     signal: ac.signal,
   })
   t.equal(res.status, 200)
@@ -110,7 +137,11 @@ t.test('two replicas share a stream’s booking, catch up before ready, list and
   )
 
   // each lists the other, registered in etcd under its lease with its URL
-  await waitUntil('each lists the other', async () => peers((await a.get('/v1/replicas')).body).some((p) => p['alive'] === true && p['registered'] === true && p['url'] === b.base), 5000)
+  await waitUntil(
+    'each lists the other',
+    async () => peers((await a.get('/v1/replicas')).body).some((p) => p['alive'] === true && p['registered'] === true && p['url'] === b.base),
+    5000,
+  )
   const fromB = await b.get('/v1/replicas')
   const aOnB = peers(fromB.body)[0] as Record<string, unknown>
   t.same([aOnB['kind'], aOnB['alive'], aOnB['registered'], aOnB['url'], aOnB['bookings_held']], ['kv-router', true, true, a.base, 1])

@@ -10,7 +10,10 @@ import { cliArgv } from '../helpers/cli.js'
 
 const KEY = 'e2e-key'
 
-function start(args: string[], ready: RegExp): Promise<{ p: ChildProcessWithoutNullStreams; out: () => string; match: RegExpMatchArray; exit: Promise<number | null> }> {
+function start(
+  args: string[],
+  ready: RegExp,
+): Promise<{ p: ChildProcessWithoutNullStreams; out: () => string; match: RegExpMatchArray; exit: Promise<number | null> }> {
   return new Promise((resolve, reject) => {
     const p = spawn(process.execPath, cliArgv(args), { env: { PATH: process.env.PATH } })
     let out = ''
@@ -56,7 +59,10 @@ const router = await start(
   /listening on (http:\/\/[^ ]+)/,
 )
 const base = router.match[1] as string
-const mocker = await start(['mocker', '--router-url', base, '--num-workers', '2', '--block-size', '16', '--api-key', KEY], /kv-router mocker: ready 2 engine\(s\) http:\/\/\S+ http:\/\/\S+\n/)
+const mocker = await start(
+  ['mocker', '--router-url', base, '--num-workers', '2', '--block-size', '16', '--api-key', KEY],
+  /kv-router mocker: ready 2 engine\(s\) http:\/\/\S+ http:\/\/\S+\n/,
+)
 t.teardown(async () => {
   mocker.p.kill('SIGTERM')
   router.p.kill('SIGKILL')

@@ -69,7 +69,15 @@ const auth = { authorization: `Bearer ${KEY}` }
 const browser: Browser = await chromium.launch({
   executablePath,
   headless: true,
-  args: ['--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+  args: [
+    '--no-sandbox',
+    '--disable-gpu',
+    '--disable-quic',
+    '--no-first-run',
+    '--disable-background-networking',
+    '--disable-component-update',
+    '--disable-sync',
+  ],
 })
 t.teardown(async () => {
   await browser.close()
@@ -210,7 +218,9 @@ t.test('worker health: the values the probes report, and none', async (t) => {
   const ctx = await browser.newContext()
   t.teardown(() => ctx.close())
   await ctx.addInitScript({ content: keyScript })
-  await ctx.route('**/v1/status/stream*', (route) => route.fulfill({ status: 200, contentType: 'text/event-stream', body: `event: status\ndata: ${JSON.stringify(snapshot)}\n\n` }))
+  await ctx.route('**/v1/status/stream*', (route) =>
+    route.fulfill({ status: 200, contentType: 'text/event-stream', body: `event: status\ndata: ${JSON.stringify(snapshot)}\n\n` }),
+  )
   const { page, console, errors } = await open(ctx)
   await page.goto(`${base}/status`)
   await page.waitForSelector('#workers tbody tr[data-worker-id]')

@@ -68,7 +68,11 @@ async function mocker(t: Test): Promise<{ base: number; urls: string[] }> {
 }
 
 async function complete(url: string, prompt: string): Promise<{ worker: number; cached: number }> {
-  const r = await fetch(`${url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt, max_tokens: 4 }) })
+  const r = await fetch(`${url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt, max_tokens: 4 }),
+  })
   if (r.status !== 200) throw new Error(`${url}: ${r.status} ${await r.text()}`)
   const j = (await r.json()) as { usage?: { prompt_tokens_details?: { cached_tokens: number } }; nvext?: { worker_id?: { decode_worker_id: number } } }
   return { worker: j.nvext?.worker_id?.decode_worker_id ?? -1, cached: j.usage?.prompt_tokens_details?.cached_tokens ?? 0 }
@@ -78,16 +82,24 @@ async function complete(url: string, prompt: string): Promise<{ worker: number; 
 async function compare(base: string, urls: string[]): Promise<string> {
   for (let i = 0; i < urls.length; i++) {
     const id = i + 1
-    const r = await fetch(`${urls[i]}/v1/kv/query`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: `{"worker_id":${id},"start_event_id":null,"end_event_id":null}` })
+    const r = await fetch(`${urls[i]}/v1/kv/query`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: `{"worker_id":${id},"start_event_id":null,"end_event_id":null}`,
+    })
     if (r.status !== 200) return `engine ${id} answers ${r.status}`
     const pool = storedHashes(await r.text())
     const index = storedHashes(await (await fetch(`${base}/v1/kv/dump?worker_id=${id}`)).text())
-    if (pool.size === 0 || pool.size !== index.size || [...pool].some((h) => !index.has(h))) return `worker ${id}: pool ${pool.size} blocks, index ${index.size}`
+    if (pool.size === 0 || pool.size !== index.size || [...pool].some((h) => !index.has(h)))
+      return `worker ${id}: pool ${pool.size} blocks, index ${index.size}`
   }
   return ''
 }
 
-const shared = ['You are a careful assistant. Answer the question about the cache in one line. ', 'System: the KV router keeps an index of which engine holds which prompt prefix; ']
+const shared = [
+  'You are a careful assistant. Answer the question about the cache in one line. ',
+  'System: the KV router keeps an index of which engine holds which prompt prefix; ',
+]
 
 t.test('serve reads mocker engines over ZMQ: caught up through replay, then exact, and prefixes hit', async (t) => {
   const { base: port, urls } = await mocker(t)

@@ -49,7 +49,15 @@ export async function startPool(t: Test, shards = 1): Promise<ShardPool> {
 }
 
 export async function startDurable(t: Test, o: Partial<DurableKvEventsOptions> & Pick<DurableKvEventsOptions, 'nc' | 'pool'>): Promise<DurableKvEvents> {
-  const d = await DurableKvEvents.start({ namespace: 'dynamo', component: 'backend', instanceId: 7n, snapshotThreshold: 1_000_000, resetStates: false, warn: () => undefined, ...o })
+  const d = await DurableKvEvents.start({
+    namespace: 'dynamo',
+    component: 'backend',
+    instanceId: 7n,
+    snapshotThreshold: 1_000_000,
+    resetStates: false,
+    warn: () => undefined,
+    ...o,
+  })
   later(t, () => d.close())
   return d
 }

@@ -10,7 +10,9 @@ export function stored(worker: bigint | number, parent: bigint | number | null, 
     event: {
       event_id: nextId++,
       dp_rank: dpRank,
-      data: { stored: { parent_hash: parent === null ? null : BigInt(parent), blocks: blocks.map(([b, t]) => ({ block_hash: BigInt(b), tokens_hash: BigInt(t) })) } },
+      data: {
+        stored: { parent_hash: parent === null ? null : BigInt(parent), blocks: blocks.map(([b, t]) => ({ block_hash: BigInt(b), tokens_hash: BigInt(t) })) },
+      },
     },
   }
 }

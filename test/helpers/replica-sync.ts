@@ -46,7 +46,8 @@ export async function makeExact(pub: NatsConnection, ...routers: Router[]): Prom
   await waitUntil('workers exact', () => {
     if (Date.now() - last > 200) {
       last = Date.now()
-      for (let w = 1; w <= WORKERS; w++) pub.publish(kvEventsSubject('dynamo', 'backend'), encodeRouterEvent({ worker_id: BigInt(w), event: { event_id: 1n, dp_rank: 0, data: 'cleared' } }))
+      for (let w = 1; w <= WORKERS; w++)
+        pub.publish(kvEventsSubject('dynamo', 'backend'), encodeRouterEvent({ worker_id: BigInt(w), event: { event_id: 1n, dp_rank: 0, data: 'cleared' } }))
     }
     return routers.every((r) => r.eventSources.size === 0)
   })

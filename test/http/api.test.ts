@@ -86,7 +86,12 @@ t.test("route under --router-cost dynamo: Dynamo's fields only, and its per-requ
 })
 
 t.test('route with update_states books until released', async (t) => {
-  const r = await post('/v1/route', { token_ids: tokens(40, 7000), update_states: true, request_id: 'req-1', router_config_override: { overlap_score_weight: 2 } })
+  const r = await post('/v1/route', {
+    token_ids: tokens(40, 7000),
+    update_states: true,
+    request_id: 'req-1',
+    router_config_override: { overlap_score_weight: 2 },
+  })
   t.equal(r.statusCode, 200)
   t.equal((r.json() as { request_id: string }).request_id, 'req-1')
   const s = h.router.scheduler.stats()
@@ -212,13 +217,19 @@ t.test('metrics: event-loop delay since the last scrape, process CPU and memory'
   // the delay is recorded when the loop's next sample comes due, after the block
   await new Promise((r) => setTimeout(r, 40))
   const blocked = await scrape()
-  t.ok(blocked('kvrouter_eventloop_delay_max_seconds') >= 0.15, `a 200 ms block shows as the interval's max (${blocked('kvrouter_eventloop_delay_max_seconds')} s)`)
+  t.ok(
+    blocked('kvrouter_eventloop_delay_max_seconds') >= 0.15,
+    `a 200 ms block shows as the interval's max (${blocked('kvrouter_eventloop_delay_max_seconds')} s)`,
+  )
   for (const k of ['mean', 'p50', 'p90', 'p99']) {
     const v = blocked(`kvrouter_eventloop_delay_${k}_seconds`)
     t.ok(v >= 0 && v <= blocked('kvrouter_eventloop_delay_max_seconds'), `${k} within [0, max]: ${v}`)
   }
   t.ok(blocked('process_cpu_seconds_total') - first('process_cpu_seconds_total') >= 0.15, 'the CPU burnt is counted')
-  t.ok(Math.abs(blocked('process_cpu_seconds_total') - blocked('process_cpu_user_seconds_total') - blocked('process_cpu_system_seconds_total')) < 0.05, 'user + system = total')
+  t.ok(
+    Math.abs(blocked('process_cpu_seconds_total') - blocked('process_cpu_user_seconds_total') - blocked('process_cpu_system_seconds_total')) < 0.05,
+    'user + system = total',
+  )
   // 20 samples or so: their median is the idle loop's, even on a busy machine
   await new Promise((r) => setTimeout(r, 200))
   const after = await scrape()
@@ -226,9 +237,15 @@ t.test('metrics: event-loop delay since the last scrape, process CPU and memory'
     after('kvrouter_eventloop_delay_max_seconds') < blocked('kvrouter_eventloop_delay_max_seconds'),
     `a new interval began at the last scrape (max ${after('kvrouter_eventloop_delay_max_seconds')} s)`,
   )
-  t.ok(after('kvrouter_eventloop_delay_p50_seconds') < 0.008, `the sampling period is not counted as delay (p50 ${after('kvrouter_eventloop_delay_p50_seconds')} s)`)
+  t.ok(
+    after('kvrouter_eventloop_delay_p50_seconds') < 0.008,
+    `the sampling period is not counted as delay (p50 ${after('kvrouter_eventloop_delay_p50_seconds')} s)`,
+  )
   t.ok(after('process_resident_memory_bytes') > 10 * 1024 * 1024, 'resident memory')
-  t.ok(after('nodejs_heap_size_used_bytes') > 0 && after('nodejs_heap_size_used_bytes') <= after('nodejs_heap_size_total_bytes'), 'heap used within heap reserved')
+  t.ok(
+    after('nodejs_heap_size_used_bytes') > 0 && after('nodejs_heap_size_used_bytes') <= after('nodejs_heap_size_total_bytes'),
+    'heap used within heap reserved',
+  )
   t.ok(after('nodejs_external_memory_bytes') >= 0)
   const start = after('process_start_time_seconds')
   t.ok(Math.abs(start - (Date.now() / 1000 - process.uptime())) <= 1, 'start time')
@@ -238,7 +255,12 @@ t.test('metrics: the model label takes at most 256 values from request bodies, t
   const hm = await harness(['--router-block-size', '4'])
   t.teardown(() => hm.close())
   for (let i = 0; i < 300; i++) {
-    const r = await hm.app.fastify.inject({ method: 'POST', url: '/v1/completions', headers: { 'content-type': 'application/json' }, payload: JSON.stringify({ model: `m${i}`, prompt: tokens(8) }) })
+    const r = await hm.app.fastify.inject({
+      method: 'POST',
+      url: '/v1/completions',
+      headers: { 'content-type': 'application/json' },
+      payload: JSON.stringify({ model: `m${i}`, prompt: tokens(8) }),
+    })
     t.equal(r.statusCode >= 400, true, 'no worker: an error, still counted')
   }
   const body = (await hm.app.fastify.inject({ method: 'GET', url: '/metrics' })).body
@@ -262,12 +284,21 @@ t.test('approximate mode (--no-router-kv-events): decisions become the index', a
   await a.router.addWorker({ id: 1n, url: 'http://127.0.0.1:9' })
   await a.router.addWorker({ id: BIG, url: 'http://127.0.0.1:9' })
   const prompt = tokens(20, 300)
-  const first = await a.app.fastify.inject({ method: 'POST', url: '/v1/route', headers: json, payload: JSON.stringify({ token_ids: prompt, update_states: true, request_id: 'p1' }) })
+  const first = await a.app.fastify.inject({
+    method: 'POST',
+    url: '/v1/route',
+    headers: json,
+    payload: JSON.stringify({ token_ids: prompt, update_states: true, request_id: 'p1' }),
+  })
   const chosen = /^\{"worker_id":(\d+)/.exec(first.body)?.[1] as string
   t.ok(a.router.scheduler.free('p1'))
   await a.router.pool.flush()
   const again = await a.app.fastify.inject({ method: 'POST', url: '/v1/route', headers: json, payload: JSON.stringify({ token_ids: prompt }) })
-  t.match(again.body, new RegExp(`^\\{"worker_id":${chosen},"worker_id_str":"${chosen}","dp_rank":0,"overlap_blocks":5,`), 'the predicted prefix is found where it was routed')
+  t.match(
+    again.body,
+    new RegExp(`^\\{"worker_id":${chosen},"worker_id_str":"${chosen}","dp_rank":0,"overlap_blocks":5,`),
+    'the predicted prefix is found where it was routed',
+  )
 })
 
 t.test('kv dump: the index as Stored events, whole or for one worker, u64 exact', async (t) => {
@@ -278,7 +309,10 @@ t.test('kv dump: the index as Stored events, whole or for one worker, u64 exact'
   const other = 77n
   await post('/v1/workers', { id: String(other), url: 'http://127.0.0.1:12' })
   const evs = [BIG, other].map((w) =>
-    encodeRouterEvent({ worker_id: w, event: { event_id: 9n, dp_rank: 0, data: { stored: { parent_hash: null, blocks: w === BIG ? blocks : blocks.slice(0, 1) } } } }),
+    encodeRouterEvent({
+      worker_id: w,
+      event: { event_id: 9n, dp_rank: 0, data: { stored: { parent_hash: null, blocks: w === BIG ? blocks : blocks.slice(0, 1) } } },
+    }),
   )
   t.equal((await post('/v1/kv-events', `[${evs.join(',')}]`)).statusCode, 202)
   await h.router.pool.flush()
@@ -332,11 +366,17 @@ t.test('workers known only from KV events: listed, removable, and giving way to 
   t.teardown(() => own.close())
   const send = (body: string) => own.app.fastify.inject({ method: 'POST', url: '/v1/kv-events', payload: body, headers: json })
   const stored = (w: bigint, rank = 0) =>
-    encodeRouterEvent({ worker_id: w, event: { event_id: 1n, dp_rank: rank, data: { stored: { parent_hash: null, blocks: [{ block_hash: 4242n + w, tokens_hash: 4242n + w }] } } } })
+    encodeRouterEvent({
+      worker_id: w,
+      event: { event_id: 1n, dp_rank: rank, data: { stored: { parent_hash: null, blocks: [{ block_hash: 4242n + w, tokens_hash: 4242n + w }] } } },
+    })
   await own.app.fastify.inject({ method: 'POST', url: '/v1/workers', payload: JSON.stringify({ id: 1, url: 'http://127.0.0.1:9' }), headers: json })
   t.equal((await send(`[${stored(424242n)},${stored(1n, 7)}]`)).statusCode, 202)
   await own.router.pool.flush()
-  const list = (await own.app.fastify.inject({ method: 'GET', url: '/v1/workers' })).json() as { workers: unknown[]; unregistered: { worker_id: number; dp_rank: number; cached_blocks: number }[] }
+  const list = (await own.app.fastify.inject({ method: 'GET', url: '/v1/workers' })).json() as {
+    workers: unknown[]
+    unregistered: { worker_id: number; dp_rank: number; cached_blocks: number }[]
+  }
   t.equal(list.workers.length, 1)
   t.same(
     list.unregistered.map((u) => [u.worker_id, u.dp_rank, u.cached_blocks]).sort((a, b) => (a[0] as number) - (b[0] as number)),
@@ -378,7 +418,12 @@ t.test('workers known only from KV events: listed, removable, and giving way to 
   await own.router.pool.flush()
   // a registration makes room by dropping the event-only worker that holds the fewest blocks
   // (otherwise made-up worker ids in events would keep every real worker out)
-  const ok = await own.app.fastify.inject({ method: 'POST', url: '/v1/workers', payload: JSON.stringify({ id: 31337, url: 'http://127.0.0.1:9' }), headers: json })
+  const ok = await own.app.fastify.inject({
+    method: 'POST',
+    url: '/v1/workers',
+    payload: JSON.stringify({ id: 31337, url: 'http://127.0.0.1:9' }),
+    headers: json,
+  })
   t.equal(ok.statusCode, 201, 'a full table takes a registered worker')
   t.equal(await own.router.pool.indexedRanks(5_000_123n), 0, 'the one-block ghost gave way')
   t.equal(await own.router.pool.indexedRanks(5_000_000n), 1, 'the others stay')
@@ -392,7 +437,8 @@ t.test('workers known only from KV events: listed, removable, and giving way to 
 t.test('a table full of registered worker-ranks refuses a registration, and leaves nothing of it behind', async (t) => {
   const own = await harness(['--router-block-size', '4'])
   t.teardown(() => own.close())
-  const reg = (id: number, dp: number) => own.app.fastify.inject({ method: 'POST', url: '/v1/workers', payload: JSON.stringify({ id, url: 'http://127.0.0.1:9', dp_size: dp }), headers: json })
+  const reg = (id: number, dp: number) =>
+    own.app.fastify.inject({ method: 'POST', url: '/v1/workers', payload: JSON.stringify({ id, url: 'http://127.0.0.1:9', dp_size: dp }), headers: json })
   t.equal(own.router.pool.maxWorkerRanksPerShard, 2048)
   t.equal((await reg(1, 1024)).statusCode, 201)
   t.equal((await reg(2, 1023)).statusCode, 201)
@@ -442,7 +488,12 @@ t.test('--encoder-cuda-to-cpu-ratio and --router-max-index-blocks reach the sche
   await dev.router.addWorker({ id: 2n, url: 'http://127.0.0.1:10', device: 'gpu' })
   const picks: string[] = []
   for (let i = 0; i < 6; i++) {
-    const r = await dev.app.fastify.inject({ method: 'POST', url: '/v1/route', payload: JSON.stringify({ token_ids: tokens(8, i * 100), update_states: true }), headers: json })
+    const r = await dev.app.fastify.inject({
+      method: 'POST',
+      url: '/v1/route',
+      payload: JSON.stringify({ token_ids: tokens(8, i * 100), update_states: true }),
+      headers: json,
+    })
     picks.push(String((r.json() as { worker_id: number }).worker_id))
   }
   // at ratio 1 a GPU worker counts as one CPU worker, so the two take turns (at 8 the GPU took 5 of 6)
@@ -456,7 +507,9 @@ t.test('--encoder-cuda-to-cpu-ratio and --router-max-index-blocks reach the sche
   await capped.router.pool.flush()
   const m = (await capped.app.fastify.inject({ method: 'GET', url: '/metrics' })).body
   t.match(m, /kvrouter_shard_events_rejected_total\{[^}]*reason="capacity"[^}]*\} [1-9]/, 'blocks past the cap are rejected as capacity')
-  const dump = (await capped.app.fastify.inject({ method: 'GET', url: '/v1/kv/dump' })).json() as { events: { event: { data: { stored: { blocks: unknown[] } } } }[] }
+  const dump = (await capped.app.fastify.inject({ method: 'GET', url: '/v1/kv/dump' })).json() as {
+    events: { event: { data: { stored: { blocks: unknown[] } } } }[]
+  }
   const held = dump.events.reduce((n, e) => n + e.event.data.stored.blocks.length, 0)
   t.ok(held <= 3, `the shard holds at most 3 blocks (held ${held})`)
 })
@@ -509,7 +562,14 @@ t.test('a large event batch lets other requests through while it is decoded', as
 })
 
 t.test("workers: the engine's own KV-event endpoints are registered and checked", async (t) => {
-  const ok = await post('/v1/workers', { id: 901, url: 'http://127.0.0.1:9', dp_size: 2, kv_events_endpoint: 'tcp://127.0.0.1:1', replay_endpoint: 'tcp://127.0.0.1:3', kv_events_topic: 'kv-events' })
+  const ok = await post('/v1/workers', {
+    id: 901,
+    url: 'http://127.0.0.1:9',
+    dp_size: 2,
+    kv_events_endpoint: 'tcp://127.0.0.1:1',
+    replay_endpoint: 'tcp://127.0.0.1:3',
+    kv_events_topic: 'kv-events',
+  })
   t.equal(ok.statusCode, 201)
   t.match(ok.json(), { kv_events_endpoint: 'tcp://127.0.0.1:1', replay_endpoint: 'tcp://127.0.0.1:3', kv_events_topic: 'kv-events' })
   t.same(h.router.registry.get(901n)?.kvEvents, { endpoint: 'tcp://127.0.0.1:1', replay: 'tcp://127.0.0.1:3', topic: 'kv-events' })

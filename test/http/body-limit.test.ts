@@ -12,7 +12,21 @@ const LIMIT = 16 << 20
 
 /** `kv-router serve` as a user runs it (the embedded fleet of `npm start`), on a free port. */
 async function serve(t: Test): Promise<number> {
-  const c = runCli(['serve', '--embedded-fleet', '2', '--tokenizer', 'bytes', '--router-block-size', '16', '--http-host', '127.0.0.1', '--http-port', '0', '--router-event-threads', '1'])
+  const c = runCli([
+    'serve',
+    '--embedded-fleet',
+    '2',
+    '--tokenizer',
+    'bytes',
+    '--router-block-size',
+    '16',
+    '--http-host',
+    '127.0.0.1',
+    '--http-port',
+    '0',
+    '--router-event-threads',
+    '1',
+  ])
   t.teardown(() => {
     c.p.kill('SIGKILL')
   })
@@ -31,10 +45,13 @@ t.test('an oversized body gets its 413 through fetch, 20 times in a row', async 
   }
   // and the same for a body that declares no length (chunked): the bytes, not the header, pass the limit
   const chunked = await new Promise<number>((resolve, reject) => {
-    const req = request({ host: '127.0.0.1', port, method: 'POST', path: '/v1/route', headers: { 'content-type': 'application/json', 'transfer-encoding': 'chunked' } }, (res) => {
-      res.resume()
-      resolve(res.statusCode ?? 0)
-    })
+    const req = request(
+      { host: '127.0.0.1', port, method: 'POST', path: '/v1/route', headers: { 'content-type': 'application/json', 'transfer-encoding': 'chunked' } },
+      (res) => {
+        res.resume()
+        resolve(res.statusCode ?? 0)
+      },
+    )
     req.on('error', reject)
     for (let i = 0; i < 4; i++) req.write(body.subarray(0, LIMIT))
     req.end()
@@ -49,10 +66,13 @@ t.test('an upload far beyond the limit is not read for ever: the connection is c
   const port = await serve(t)
   // declares 1 TiB and keeps sending: the router stops reading after its drain allowance
   const outcome = await new Promise<string>((resolve) => {
-    const req = request({ host: '127.0.0.1', port, method: 'POST', path: '/v1/completions', headers: { 'content-type': 'application/json', 'content-length': String(2 ** 40) } }, (res) => {
-      res.resume()
-      resolve(`status ${res.statusCode}`)
-    })
+    const req = request(
+      { host: '127.0.0.1', port, method: 'POST', path: '/v1/completions', headers: { 'content-type': 'application/json', 'content-length': String(2 ** 40) } },
+      (res) => {
+        res.resume()
+        resolve(`status ${res.statusCode}`)
+      },
+    )
     req.on('error', (err) => resolve(`error ${(err as NodeJS.ErrnoException).code}`))
     const chunk = Buffer.alloc(1 << 20, 0x20)
     const pump = (): void => {

@@ -59,7 +59,12 @@ t.test('a dispatcher that throws on abort: the booking is released and the route
   const base = `http://127.0.0.1:${(h.app.fastify.server.address() as AddressInfo).port}`
   const released = h.app.proxy.releasedTotal
   const ac = new AbortController()
-  const pending = fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(8), stream: true }), signal: ac.signal })
+  const pending = fetch(`${base}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt: tokens(8), stream: true }),
+    signal: ac.signal,
+  })
   await until(() => d.dispatched === 1 && h.router.scheduler.stats().bookedRequests === 1)
   ac.abort()
   await t.rejects(pending)

@@ -52,7 +52,11 @@ t.test('api key: missing or wrong → 401 on every route but the probes and /met
     const ok = await call('POST', '/busy_threshold', '{}', { 'content-type': 'application/json', authorization: `${scheme} ${KEY}` })
     t.equal(ok.status, 200, `the key under the scheme spelt ${scheme}`)
   }
-  t.equal((await call('POST', '/busy_threshold', '{}', { 'content-type': 'application/json', authorization: `Bearer ${KEY}x` })).status, 401, 'the key with a byte more')
+  t.equal(
+    (await call('POST', '/busy_threshold', '{}', { 'content-type': 'application/json', authorization: `Bearer ${KEY}x` })).status,
+    401,
+    'the key with a byte more',
+  )
   // the probes and the metrics stay open; every other read needs the key (worker URLs, the fleet)
   for (const url of ['/health', '/ready', '/metrics', '/health?x=1']) t.equal((await call('GET', url, undefined, {})).status, 200, `GET ${url}`)
   for (const url of ['/v1/models', '/v1/workers', '/busy_threshold', '/v1/kv/dump', '/v1/kv/dump?worker_id=5', '/no/such/route']) {
@@ -341,8 +345,18 @@ t.test('errors before any route runs are catalogue JSON too: bad path encoding, 
       s.on('error', reject)
     })
   const cases: [string, string, number, string][] = [
-    ['a Content-Length that is not a number', 'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: -1\r\n\r\n{}', 400, 'KVR_ERR_MALFORMED_HTTP'],
-    ['Content-Length with Transfer-Encoding', 'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n', 400, 'KVR_ERR_MALFORMED_HTTP'],
+    [
+      'a Content-Length that is not a number',
+      'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: -1\r\n\r\n{}',
+      400,
+      'KVR_ERR_MALFORMED_HTTP',
+    ],
+    [
+      'Content-Length with Transfer-Encoding',
+      'POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n',
+      400,
+      'KVR_ERR_MALFORMED_HTTP',
+    ],
     ['an unknown method', 'FOO / HTTP/1.1\r\nHost: x\r\n\r\n', 400, 'KVR_ERR_MALFORMED_HTTP'],
     ['headers over the limit', `GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ${'a'.repeat(20_000)}\r\n\r\n`, 431, 'KVR_ERR_HEADERS_TOO_LARGE'],
   ]
@@ -425,7 +439,8 @@ t.test('every answered inference request is counted in dynamo_frontend_requests_
   const count = async (endpoint: string, status: number): Promise<number> => {
     let n = 0
     for (const line of (await h.app.fastify.inject({ method: 'GET', url: '/metrics' })).body.split('\n')) {
-      if (line.startsWith('dynamo_frontend_requests_total{') && line.includes(`endpoint="${endpoint}"`) && line.includes(`status="${status}"`)) n += Number(line.slice(line.lastIndexOf(' ') + 1))
+      if (line.startsWith('dynamo_frontend_requests_total{') && line.includes(`endpoint="${endpoint}"`) && line.includes(`status="${status}"`))
+        n += Number(line.slice(line.lastIndexOf(' ') + 1))
     }
     return n
   }

@@ -19,7 +19,8 @@ interface WorkerView {
   probe: { path: string; consecutive_failures: number; last_ok_ms_ago: number | null; last_error: string | null } | null
 }
 
-const workers = async (h: Harness): Promise<WorkerView[]> => (await h.app.fastify.inject({ method: 'GET', url: '/v1/workers' })).json<{ workers: WorkerView[] }>().workers
+const workers = async (h: Harness): Promise<WorkerView[]> =>
+  (await h.app.fastify.inject({ method: 'GET', url: '/v1/workers' })).json<{ workers: WorkerView[] }>().workers
 const one = async (h: Harness, id: number): Promise<WorkerView | undefined> => (await workers(h)).find((w) => w.id === id)
 const ready = async (h: Harness, q = ''): Promise<{ status: number; body: { ready: boolean; workers: number; healthy_workers: number } }> => {
   const r = await h.app.fastify.inject({ method: 'GET', url: `/ready${q}` })
@@ -49,16 +50,28 @@ t.test('another block size: registered, misconfigured, out of kv routing until r
   const bad = await h.app.fastify.inject({ method: 'POST', url: '/v1/workers', payload: { id: 2, url: url(1), block_size: 16 } })
   t.equal(bad.statusCode, 201, 'accepted: a refused worker would be invisible')
   t.match(bad.json(), { id: 2, block_size: 16, health: 'misconfigured', health_reason: /^block size 16, the router's is 4/ })
-  t.same(await ready(h), { status: 503, body: { ...(await ready(h)).body, ready: false, workers: 1, healthy_workers: 0 } }, 'its only worker misconfigured: not ready')
+  t.same(
+    await ready(h),
+    { status: 503, body: { ...(await ready(h)).body, ready: false, workers: 1, healthy_workers: 0 } },
+    'its only worker misconfigured: not ready',
+  )
   await h.router.addWorker({ id: 1n, url: url(0) })
   t.equal((await ready(h)).status, 200)
-  t.match(await one(h, 2), { health: 'misconfigured', health_reason: "block size 16, the router's is 4: its KV blocks can never match; register it again with block size 4" })
+  t.match(await one(h, 2), {
+    health: 'misconfigured',
+    health_reason: "block size 16, the router's is 4: its KV blocks can never match; register it again with block size 4",
+  })
   t.match(await one(h, 1), { health: 'healthy', health_reason: null })
   t.equal(await metricSum(h, 'kvrouter_workers', { state: 'misconfigured' }), 1)
   t.equal(await metricSum(h, 'kvrouter_workers', { state: 'healthy' }), 1)
   t.same([...(await spread(t, h, 12))], [1], 'every request to worker 1')
   // a request pinned to it still goes there
-  const pinned = await h.app.fastify.inject({ method: 'POST', url: '/v1/completions', headers: { 'x-worker-instance-id': '2' }, payload: { prompt: tokens(8), max_tokens: 1 } })
+  const pinned = await h.app.fastify.inject({
+    method: 'POST',
+    url: '/v1/completions',
+    headers: { 'x-worker-instance-id': '2' },
+    payload: { prompt: tokens(8), max_tokens: 1 },
+  })
   t.equal(pinned.statusCode, 200)
   t.match(pinned.body, '"decode_worker_id":2')
   // registered again with the router's size: routed
@@ -67,7 +80,10 @@ t.test('another block size: registered, misconfigured, out of kv routing until r
   t.match(fixed.json(), { health: 'healthy', health_reason: null })
   t.same([...(await spread(t, h, 20, 100))].sort(), [1, 2], 'both take requests')
   t.equal(said().length, 1, 'warned once')
-  t.match(said()[0], 'worker 2 announces block size 16, the router hashes with 4: its blocks will never match; it is misconfigured, out of routing until it registers with block size 4')
+  t.match(
+    said()[0],
+    'worker 2 announces block size 16, the router hashes with 4: its blocks will never match; it is misconfigured, out of routing until it registers with block size 4',
+  )
 })
 
 t.test('outside kv mode another block size is routed as any other', async (t) => {
@@ -106,7 +122,11 @@ t.test('probes: a dead worker is unreachable and left out without a retry; answe
   await h.router.addWorker({ id: 2n, url: `http://127.0.0.1:${deadPort}` })
   await waitUntil('worker 2 unreachable', async () => (await one(h, 2))?.health === 'unreachable', 5000)
   const dead = await one(h, 2)
-  t.match(dead, { health: 'unreachable', health_reason: /^2 health probe\(s\) in a row failed, the last: GET \/health: .*ECONNREFUSED/, probe: { path: '/health', last_ok_ms_ago: null } })
+  t.match(dead, {
+    health: 'unreachable',
+    health_reason: /^2 health probe\(s\) in a row failed, the last: GET \/health: .*ECONNREFUSED/,
+    probe: { path: '/health', last_ok_ms_ago: null },
+  })
   t.ok((dead?.probe?.consecutive_failures ?? 0) >= 2)
   t.match(await one(h, 1), { health: 'healthy', probe: { path: '/health', consecutive_failures: 0, last_error: null } })
   t.same(said().length, 1)

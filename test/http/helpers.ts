@@ -20,7 +20,10 @@ export interface Harness {
 export function config(argv: string[] = [], env: NodeJS.ProcessEnv = {}): ServeConfig {
   // no recovery probes (POST /v1/kv/query) and no health probes (GET /health) unless a test
   // asks: its scripted upstreams would take them for requests of their own
-  const c = parseServeConfig(['--router-event-threads', '1', '--seed', '7', '--no-router-event-recovery', '--router-health-probe-interval-secs', '0', ...argv], env)
+  const c = parseServeConfig(
+    ['--router-event-threads', '1', '--seed', '7', '--no-router-event-recovery', '--router-health-probe-interval-secs', '0', ...argv],
+    env,
+  )
   if (c === 'help') throw new Error('unexpected help')
   return c
 }

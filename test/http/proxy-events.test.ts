@@ -20,7 +20,8 @@ t.teardown(() => h.close())
 const fleet = (handlers: Handler[]) => workerFleet(h, handlers)
 const booked = (): number => h.router.scheduler.stats().bookedRequests
 
-const post = (body: unknown, signal?: AbortSignal) => fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal })
+const post = (body: unknown, signal?: AbortSignal) =>
+  fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body), signal })
 
 const metric = (name: string, labels: Record<string, string> = {}) => metricSum(h, name, labels)
 const requests = (status: number) => metric('dynamo_frontend_requests_total', { endpoint: '/v1/completions', status: String(status) })
@@ -94,30 +95,33 @@ t.test('a worker that dies inside an event: the partial event is dropped and the
   t.equal(booked(), 0)
 })
 
-t.test('an event split over reads mid-stream arrives whole and in order; a read of several events and a partial one is cut at the last event end', async (t) => {
-  const two = sse(chunk('twö ✓'))
-  const at = Buffer.from(two).indexOf(Buffer.from('ö')) + 1
-  const f = await fleet([
-    (_req, _body, res) => {
-      res.writeHead(200, { 'content-type': 'text/event-stream' })
-      const bytes = Buffer.from(sse(chunk('one')) + two + sse(chunk('three')) + 'data: [DONE]\n\n')
-      const cut1 = Buffer.byteLength(sse(chunk('one'))) + at
-      const cut2 = bytes.length - 'data: [DONE]\n\n'.length - 7
-      // the second event cut inside a character, and the third cut just before its blank line
-      res.write(bytes.subarray(0, cut1))
-      setTimeout(() => res.write(bytes.subarray(cut1, cut2)), 20)
-      setTimeout(() => res.end(bytes.subarray(cut2)), 40)
-    },
-  ])
-  t.teardown(() => f.close())
-  const r = await post({ prompt: tokens(12), stream: true })
-  const evs = events(t, await r.text())
-  t.same(
-    evs.map((e) => (e === '[DONE]' ? e : text(e))),
-    ['one', 'twö ✓', 'three', '[DONE]'],
-  )
-  t.equal(booked(), 0)
-})
+t.test(
+  'an event split over reads mid-stream arrives whole and in order; a read of several events and a partial one is cut at the last event end',
+  async (t) => {
+    const two = sse(chunk('twö ✓'))
+    const at = Buffer.from(two).indexOf(Buffer.from('ö')) + 1
+    const f = await fleet([
+      (_req, _body, res) => {
+        res.writeHead(200, { 'content-type': 'text/event-stream' })
+        const bytes = Buffer.from(sse(chunk('one')) + two + sse(chunk('three')) + 'data: [DONE]\n\n')
+        const cut1 = Buffer.byteLength(sse(chunk('one'))) + at
+        const cut2 = bytes.length - 'data: [DONE]\n\n'.length - 7
+        // the second event cut inside a character, and the third cut just before its blank line
+        res.write(bytes.subarray(0, cut1))
+        setTimeout(() => res.write(bytes.subarray(cut1, cut2)), 20)
+        setTimeout(() => res.end(bytes.subarray(cut2)), 40)
+      },
+    ])
+    t.teardown(() => f.close())
+    const r = await post({ prompt: tokens(12), stream: true })
+    const evs = events(t, await r.text())
+    t.same(
+      evs.map((e) => (e === '[DONE]' ? e : text(e))),
+      ['one', 'twö ✓', 'three', '[DONE]'],
+    )
+    t.equal(booked(), 0)
+  },
+)
 
 t.test('an event too long to hold goes out as it comes; a worker that dies inside it: the event is ended before the error event', async (t) => {
   const big = 'data: ' + 'x'.repeat(300 * 1024)

@@ -202,9 +202,19 @@ t.test('every worker busy: 503 with Retry-After through the proxy, rejection cou
     payload: JSON.stringify({ token_ids: tokens(64, 5000), worker_id: 100, update_states: true, request_id: 'review-busy' }),
   })
   t.equal(hold.statusCode, 200)
-  await h.app.fastify.inject({ method: 'POST', url: '/busy_threshold', headers: { 'content-type': 'application/json' }, payload: JSON.stringify({ active_prefill_tokens_threshold: 0 }) })
+  await h.app.fastify.inject({
+    method: 'POST',
+    url: '/busy_threshold',
+    headers: { 'content-type': 'application/json' },
+    payload: JSON.stringify({ active_prefill_tokens_threshold: 0 }),
+  })
   t.teardown(async () => {
-    await h.app.fastify.inject({ method: 'POST', url: '/busy_threshold', headers: { 'content-type': 'application/json' }, payload: JSON.stringify({ active_prefill_tokens_threshold: null }) })
+    await h.app.fastify.inject({
+      method: 'POST',
+      url: '/busy_threshold',
+      headers: { 'content-type': 'application/json' },
+      payload: JSON.stringify({ active_prefill_tokens_threshold: null }),
+    })
   })
   const rejected = await metric('dynamo_frontend_model_rejection_total', { endpoint: '/v1/completions' })
   const busy = await requests(503)
@@ -267,7 +277,11 @@ t.test('an HTTP/1.0 client gets the stream unframed, [DONE] last, with or withou
     const body = got.slice(got.indexOf('\r\n\r\n') + 4)
     t.match(head, /^http\/1\.[01] 200/)
     t.notMatch(head, 'transfer-encoding: chunked')
-    t.match(body, /^data: \{[^\n]*"text":"one"[^\n]*"decode_worker_id":100[^\n]*\}\n\ndata: \{[^\n]*"text":"two"[^\n]*\}\n\ndata: \[DONE\]\n\n/, 'every event in order, unframed')
+    t.match(
+      body,
+      /^data: \{[^\n]*"text":"one"[^\n]*"decode_worker_id":100[^\n]*\}\n\ndata: \{[^\n]*"text":"two"[^\n]*\}\n\ndata: \[DONE\]\n\n/,
+      'every event in order, unframed',
+    )
     t.equal(body.split('[DONE]').length - 1, 1, '[DONE] once')
     if (held) t.ok(body.endsWith('data: [DONE]\n\n: trailing\n\n'), 'what followed [DONE] came after it')
     else t.ok(body.endsWith('data: [DONE]\n\n'), '[DONE] last')
@@ -353,7 +367,12 @@ t.test('a dispatcher that throws synchronously: retried, then 502; every booking
   t.teardown(() => hr.close())
   await hr.router.addWorker({ id: 1n, url: 'http://127.0.0.1:9' })
   await hr.router.addWorker({ id: 2n, url: 'http://127.0.0.1:9' })
-  const r = await hr.app.fastify.inject({ method: 'POST', url: '/v1/completions', headers: { 'content-type': 'application/json' }, payload: JSON.stringify({ prompt: tokens(8), stream: true }) })
+  const r = await hr.app.fastify.inject({
+    method: 'POST',
+    url: '/v1/completions',
+    headers: { 'content-type': 'application/json' },
+    payload: JSON.stringify({ prompt: tokens(8), stream: true }),
+  })
   t.equal(r.statusCode, 502)
   const body = r.json() as { error: { code: string; message: string } }
   t.equal(body.error.code, 'KVR_ERR_UPSTREAM')
@@ -507,7 +526,9 @@ t.test('a keep-alive connection: a stream whose [DONE] went out with the end of 
     const text = data.join('')
     t.match(
       text,
-      new RegExp(`^data: \\{[^\\n]*"text":"one-${i}"[^\\n]*"worker_id"[^\\n]*\\}\\n\\ndata: \\{[^\\n]*"text":"two-${i}"[^\\n]*\\}\\n\\ndata: \\[DONE\\]\\n\\n$`),
+      new RegExp(
+        `^data: \\{[^\\n]*"text":"one-${i}"[^\\n]*"worker_id"[^\\n]*\\}\\n\\ndata: \\{[^\\n]*"text":"two-${i}"[^\\n]*\\}\\n\\ndata: \\[DONE\\]\\n\\n$`,
+      ),
       `response ${i}: every event once, in order`,
     )
   }
@@ -521,7 +542,12 @@ t.test('a dispatcher that throws a non-Error: the client gets 502, the booking i
   const hr = await harness(['--router-block-size', '4', '--proxy-retries', '0'], null, d)
   t.teardown(() => hr.close())
   await hr.router.addWorker({ id: 1n, url: 'http://127.0.0.1:9' })
-  const r = await hr.app.fastify.inject({ method: 'POST', url: '/v1/completions', headers: { 'content-type': 'application/json' }, payload: JSON.stringify({ prompt: tokens(8) }) })
+  const r = await hr.app.fastify.inject({
+    method: 'POST',
+    url: '/v1/completions',
+    headers: { 'content-type': 'application/json' },
+    payload: JSON.stringify({ prompt: tokens(8) }),
+  })
   t.equal(d.calls, 1)
   t.equal(r.statusCode, 502)
   t.equal((r.json() as { error: { code: string } }).error.code, 'KVR_ERR_UPSTREAM')

@@ -39,7 +39,11 @@ t.test('non-streaming: nvext.worker_id with the exact u64 id, booking released',
   })
   await h.router.addWorker({ id: BIG, url: s.url })
   const released = h.app.proxy.releasedTotal
-  const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(8) }) })
+  const r = await fetch(`${base}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt: tokens(8) }),
+  })
   t.equal(r.status, 200)
   const text = await r.text()
   t.match(text, `"decode_worker_id":${BIG}`, 'exact u64 in the response')
@@ -93,7 +97,12 @@ t.test('client abort mid-stream frees the booking and aborts the upstream reques
   ])
   const released = h.app.proxy.releasedTotal
   const ac = new AbortController()
-  const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(12), stream: true }), signal: ac.signal })
+  const r = await fetch(`${base}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt: tokens(12), stream: true }),
+    signal: ac.signal,
+  })
   t.equal(r.status, 200)
   const reader = (r.body as ReadableStream<Uint8Array>).getReader()
   const first = await reader.read()
@@ -133,7 +142,11 @@ t.test('upstream 500 before the first token is retried on the next best worker',
   // decoding, not prefilling: a short prompt could share a prefill step already under way
   h.router.scheduler.markPrefillComplete('hold')
   const released = h.app.proxy.releasedTotal
-  const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(12), stream: true }) })
+  const r = await fetch(`${base}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt: tokens(12), stream: true }),
+  })
   t.equal(r.status, 200)
   const text = await r.text()
   t.same(hits, ['a', 'b'], 'the failing worker first, then the next best')
@@ -156,7 +169,11 @@ t.test('a refused connection is retried; when every worker fails the client gets
   ])
   await h.router.addWorker({ id: 200n, url: 'http://127.0.0.1:9' }) // nothing listens on port 9
   const released = h.app.proxy.releasedTotal
-  const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(12) }) })
+  const r = await fetch(`${base}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt: tokens(12) }),
+  })
   t.equal(r.status, 502)
   const body = (await r.json()) as { error: { code: string; message: string } }
   t.equal(body.error.code, 'KVR_ERR_UPSTREAM')
@@ -182,7 +199,11 @@ t.test('--proxy-retries bounds the attempts: N retries, N + 1 workers asked, how
       servers.push(s)
       await hr.router.addWorker({ id: BigInt(500 + i), url: s.url })
     }
-    const r = await fetch(`${url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(12) }) })
+    const r = await fetch(`${url}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: tokens(12) }),
+    })
     t.equal(r.status, 502, `--proxy-retries ${retries}: the failure is answered`)
     t.equal(hits, retries + 1, `--proxy-retries ${retries}: ${retries + 1} of the 5 workers were asked`)
     t.equal(hr.app.proxy.releasedTotal, retries + 1, 'one booking per attempt, each released')
@@ -210,10 +231,23 @@ t.test('nvext priority and router_config_override reach the routing decision, co
   ])
   const nvext = {
     agent_hints: { priority: -7 },
-    router_config_override: { overlap_score_weight: 2.5, overlap_score_credit: 3, router_temperature: 0.25, assume_kv_reuse: false, track_prefill_tokens: true },
+    router_config_override: {
+      overlap_score_weight: 2.5,
+      overlap_score_credit: 3,
+      router_temperature: 0.25,
+      assume_kv_reuse: false,
+      track_prefill_tokens: true,
+    },
   }
-  const want = { priority: -7, overrides: { overlapScoreWeight: 2.5, overlapScoreCredit: 3, temperature: 0.25, assumeKvReuse: false, trackPrefillTokens: true } }
-  const a = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(12), nvext }) })
+  const want = {
+    priority: -7,
+    overrides: { overlapScoreWeight: 2.5, overlapScoreCredit: 3, temperature: 0.25, assumeKvReuse: false, trackPrefillTokens: true },
+  }
+  const a = await fetch(`${base}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt: tokens(12), nvext }),
+  })
   t.equal(a.status, 200)
   const b = await fetch(`${base}/v1/chat/completions`, {
     method: 'POST',
@@ -240,7 +274,11 @@ t.test('upstream death mid-stream ends the stream with an error event and frees 
     },
   ])
   const released = h.app.proxy.releasedTotal
-  const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(12), stream: true }) })
+  const r = await fetch(`${base}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt: tokens(12), stream: true }),
+  })
   t.equal(r.status, 200)
   const text = await r.text()
   t.match(text, '"text":"one"')
@@ -274,7 +312,12 @@ t.test('the [DONE] event goes out with the end of the body, or on its own when t
       }, 5)
     },
   ])
-  const post = () => fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(8), stream: true }) })
+  const post = () =>
+    fetch(`${base}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: tokens(8), stream: true }),
+    })
   const released = h.app.proxy.releasedTotal
   const whole = await (await post()).text()
   t.match(whole, /"text":"one".*\n\ndata: \{.*"text":"two".*\n\ndata: \[DONE\]\n\n$/s, 'every event in order, [DONE] last')
@@ -320,9 +363,12 @@ t.test('a client that leaves while its request waits in the queue is removed fro
   })
   t.equal(hold.statusCode, 200)
   const ac = new AbortController()
-  const p = fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(12) }), signal: ac.signal }).catch(
-    (e: unknown) => e,
-  )
+  const p = fetch(`${base}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt: tokens(12) }),
+    signal: ac.signal,
+  }).catch((e: unknown) => e)
   await until(() => h.router.scheduler.stats().queueDepth === 1)
   ac.abort()
   await p
@@ -476,7 +522,11 @@ t.test('a first event split over two upstream writes is rewritten once and count
     return Number(line?.split(' ').pop() ?? NaN)
   }
   const before = await sum()
-  const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(12), stream: true }) })
+  const r = await fetch(`${base}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt: tokens(12), stream: true }),
+  })
   const text = await r.text()
   t.equal(text.split('"decode_worker_id":100').length - 1, 1, 'nvext.worker_id added once')
   t.match(text, /"text":"a"[\s\S]*"text":"b"[\s\S]*\[DONE\]/)
@@ -496,7 +546,11 @@ t.test('shutdown drains: a stream in flight finishes whole, a new connection is 
   })
   t.teardown(() => s.close())
   await h2.router.addWorker({ id: 200n, url: s.url })
-  const r = await fetch(`${base2}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(8), stream: true }) })
+  const r = await fetch(`${base2}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt: tokens(8), stream: true }),
+  })
   t.equal(r.status, 200)
   const reader = (r.body as ReadableStream<Uint8Array>).getReader()
   await reader.read()
@@ -504,7 +558,9 @@ t.test('shutdown drains: a stream in flight finishes whole, a new connection is 
   // a new connection, as a load balancer's next request would use: refused, not answered 503
   // for as long as the drain takes
   const refused = await new Promise<string>((resolve) => {
-    const req = httpRequest(`${base2}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, agent: false }, () => resolve('answered'))
+    const req = httpRequest(`${base2}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, agent: false }, () =>
+      resolve('answered'),
+    )
     req.on('error', (err: NodeJS.ErrnoException) => resolve(err.code ?? 'error'))
     req.end(JSON.stringify({ prompt: tokens(8), stream: true }))
   })
@@ -536,7 +592,11 @@ t.test('shutdown past its timeout cuts a stream that never ends, frees its booki
   })
   t.teardown(() => s.close())
   await h3.router.addWorker({ id: 300n, url: s.url })
-  const r = await fetch(`${base3}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(8), stream: true }) })
+  const r = await fetch(`${base3}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt: tokens(8), stream: true }),
+  })
   const reader = (r.body as ReadableStream<Uint8Array>).getReader()
   await reader.read()
   t.equal(h3.router.scheduler.stats().bookedRequests, 1)
@@ -676,7 +736,11 @@ t.test('past the first token the router lets go of the prompt, while the stream 
       end = () => res.end('data: [DONE]\n\n')
     },
   ])
-  const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(4096), stream: true }) })
+  const r = await fetch(`${base}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt: tokens(4096), stream: true }),
+  })
   const reader = (r.body as ReadableStream<Uint8Array>).getReader()
   await reader.read()
   t.ok(ref !== undefined, 'the prompt went through routing')
@@ -691,38 +755,45 @@ t.test('past the first token the router lets go of the prompt, while the stream 
   await f.close()
 })
 
-t.test('a first event ended by CRLF lines gets its worker id and goes out at once; a first chunk with no event end past 256 KiB goes out as it is', async (t) => {
-  const ends: (() => void)[] = []
-  const big = 'x'.repeat(300 * 1024)
-  let served = 0
-  const f = await fleet([
-    (_req, _body, res) => {
-      res.writeHead(200, { 'content-type': 'text/event-stream' })
-      if (served++ === 0) res.write(`data: ${JSON.stringify(chunk('crlf'))}\r\n\r\n`)
-      else res.write(big)
-      ends.push(() => res.end('data: [DONE]\r\n\r\n'))
-    },
-  ])
-  for (const expectBig of [false, true]) {
-    const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(8), stream: true }) })
-    const reader = (r.body as ReadableStream<Uint8Array>).getReader()
-    let got = ''
-    // read what arrives while the upstream still holds the stream open
-    while (got.length < (expectBig ? big.length : 1) || (!expectBig && !got.includes('\n\n'))) {
-      const x = await reader.read()
-      if (x.done) break
-      got += Buffer.from(x.value).toString()
+t.test(
+  'a first event ended by CRLF lines gets its worker id and goes out at once; a first chunk with no event end past 256 KiB goes out as it is',
+  async (t) => {
+    const ends: (() => void)[] = []
+    const big = 'x'.repeat(300 * 1024)
+    let served = 0
+    const f = await fleet([
+      (_req, _body, res) => {
+        res.writeHead(200, { 'content-type': 'text/event-stream' })
+        if (served++ === 0) res.write(`data: ${JSON.stringify(chunk('crlf'))}\r\n\r\n`)
+        else res.write(big)
+        ends.push(() => res.end('data: [DONE]\r\n\r\n'))
+      },
+    ])
+    for (const expectBig of [false, true]) {
+      const r = await fetch(`${base}/v1/completions`, {
+        method: 'POST',
+        headers: { 'content-type': 'application/json' },
+        body: JSON.stringify({ prompt: tokens(8), stream: true }),
+      })
+      const reader = (r.body as ReadableStream<Uint8Array>).getReader()
+      let got = ''
+      // read what arrives while the upstream still holds the stream open
+      while (got.length < (expectBig ? big.length : 1) || (!expectBig && !got.includes('\n\n'))) {
+        const x = await reader.read()
+        if (x.done) break
+        got += Buffer.from(x.value).toString()
+      }
+      if (expectBig) t.equal(got, big, 'the unframed chunk, unchanged, before the upstream ends')
+      else {
+        t.match(got, '"text":"crlf"')
+        t.match(got, '"decode_worker_id":100', 'the CRLF-ended first event carries nvext.worker_id before the upstream ends')
+      }
+      ;(ends.shift() as () => void)()
+      while (!(await reader.read()).done);
     }
-    if (expectBig) t.equal(got, big, 'the unframed chunk, unchanged, before the upstream ends')
-    else {
-      t.match(got, '"text":"crlf"')
-      t.match(got, '"decode_worker_id":100', 'the CRLF-ended first event carries nvext.worker_id before the upstream ends')
-    }
-    ;(ends.shift() as () => void)()
-    while (!(await reader.read()).done);
-  }
-  await f.close()
-})
+    await f.close()
+  },
+)
 
 t.test('a first event split inside a multi-byte character arrives intact', async (t) => {
   const f = await fleet([
@@ -736,10 +807,17 @@ t.test('a first event split inside a multi-byte character arrives intact', async
       setTimeout(() => res.end('data: [DONE]\n\n'), 40)
     },
   ])
-  const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(12), stream: true }) })
+  const r = await fetch(`${base}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt: tokens(12), stream: true }),
+  })
   const text = await r.text()
   t.notMatch(text, '\uFFFD', 'no replacement character')
-  const first = JSON.parse((text.split('\n\n')[0] as string).slice('data: '.length)) as { choices: { text: string }[]; nvext: { worker_id: { decode_worker_id: number } } }
+  const first = JSON.parse((text.split('\n\n')[0] as string).slice('data: '.length)) as {
+    choices: { text: string }[]
+    nvext: { worker_id: { decode_worker_id: number } }
+  }
   t.equal(first.choices[0]?.text, 'héllo wörld ✓')
   t.equal(first.nvext.worker_id.decode_worker_id, 100)
   await f.close()
@@ -764,13 +842,27 @@ t.test('a retry that finds every other worker busy answers the upstream failure,
     payload: JSON.stringify({ token_ids: tokens(64, 7000), worker_id: 101, update_states: true, request_id: 'hold-busy' }),
   })
   t.equal(hold.statusCode, 200)
-  const set = await h.app.fastify.inject({ method: 'POST', url: '/busy_threshold', headers: { 'content-type': 'application/json' }, payload: JSON.stringify({ active_prefill_tokens_threshold: 0 }) })
+  const set = await h.app.fastify.inject({
+    method: 'POST',
+    url: '/busy_threshold',
+    headers: { 'content-type': 'application/json' },
+    payload: JSON.stringify({ active_prefill_tokens_threshold: 0 }),
+  })
   t.equal(set.statusCode, 200)
   t.teardown(async () => {
-    await h.app.fastify.inject({ method: 'POST', url: '/busy_threshold', headers: { 'content-type': 'application/json' }, payload: JSON.stringify({ active_prefill_tokens_threshold: null }) })
+    await h.app.fastify.inject({
+      method: 'POST',
+      url: '/busy_threshold',
+      headers: { 'content-type': 'application/json' },
+      payload: JSON.stringify({ active_prefill_tokens_threshold: null }),
+    })
   })
   const released = h.app.proxy.releasedTotal
-  const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(12) }) })
+  const r = await fetch(`${base}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt: tokens(12) }),
+  })
   t.equal(r.status, 502, 'the failure that happened, not a 503')
   const body = (await r.json()) as { error: { code: string; message: string } }
   t.equal(body.error.code, 'KVR_ERR_UPSTREAM')

@@ -46,7 +46,10 @@ t.test('a request line per request: worker, rank, overlap, TTFT and duration of 
   for (const x of [a, b]) {
     t.match(x, { level: 'info', method: 'POST', status: 200, stream: true, model: 'kv-router-model', dp_rank: 0, request_id: String })
     t.ok(x.worker_id === '41' || x.worker_id === '42', `the worker chosen (${x.worker_id})`)
-    t.ok(typeof x.ttft_ms === 'number' && typeof x.duration_ms === 'number' && x.ttft_ms <= x.duration_ms, `TTFT ${x.ttft_ms} ms within the duration ${x.duration_ms} ms`)
+    t.ok(
+      typeof x.ttft_ms === 'number' && typeof x.duration_ms === 'number' && x.ttft_ms <= x.duration_ms,
+      `TTFT ${x.ttft_ms} ms within the duration ${x.duration_ms} ms`,
+    )
     t.notOk('code' in x || 'attempts' in x, 'no error, one attempt')
   }
   t.equal(a.overlap_blocks, 0, 'the first prompt was new')
@@ -123,7 +126,10 @@ t.test('failures: one line per class, with the worker, the code and what went wr
   // what the shards drop or refuse: a message that does not decode (as from NATS), a store under
   // a parent the worker does not hold, a gap in a worker's event ids
   h.router.ingest(Buffer.from('{"worker_id":9,"event":{"event_id":1,"dp_rank":0,"data":{"stored":{"parent_hash":null,"blocks":"nope"}}}}'))
-  h.router.ingestEvent({ worker_id: 9n, event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: 99n, blocks: [{ block_hash: 1n, tokens_hash: 2n }] } } } })
+  h.router.ingestEvent({
+    worker_id: 9n,
+    event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: 99n, blocks: [{ block_hash: 1n, tokens_hash: 2n }] } } },
+  })
   h.router.ingestEvent({ worker_id: 9n, event: { event_id: 5n, dp_rank: 0, data: 'cleared' } })
   await h.router.pool.flush()
   // the shard's sample travels by message: let it arrive

@@ -120,12 +120,17 @@ t.test('GET /v1/status: workers, counters and the decisions after `since`, expla
     method: 'POST',
     url: '/v1/kv-events',
     headers: json,
-    payload: JSON.stringify({ worker_id: 2, event: { event_id: 1, dp_rank: 0, data: { stored: { parent_hash: null, blocks: [{ block_hash: 11, tokens_hash: 1 }] } } } }),
+    payload: JSON.stringify({
+      worker_id: 2,
+      event: { event_id: 1, dp_rank: 0, data: { stored: { parent_hash: null, blocks: [{ block_hash: 11, tokens_hash: 1 }] } } },
+    }),
   })
   t.equal(ev.statusCode, 202)
   await h.router.pool.flush()
   await h.router.route({ tokens: tokens(8), updateStates: true })
-  const explained = (await h.app.fastify.inject({ method: 'POST', url: '/v1/route', headers: json, payload: JSON.stringify({ token_ids: tokens(8) }) })).json() as {
+  const explained = (
+    await h.app.fastify.inject({ method: 'POST', url: '/v1/route', headers: json, payload: JSON.stringify({ token_ids: tokens(8) }) })
+  ).json() as {
     candidates: unknown[]
   }
   s = await get('/v1/status?since=1')

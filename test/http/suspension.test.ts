@@ -21,7 +21,11 @@ t.test('dead workers are tried once, then left out while the live one takes ever
   await h.router.addWorker({ id: 3n, url: live.url })
   const port = await listening(h)
   const post = async (i: number): Promise<number> => {
-    const r = await fetch(`http://127.0.0.1:${port}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: tokens(8, 100 * i) }) })
+    const r = await fetch(`http://127.0.0.1:${port}/v1/completions`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ prompt: tokens(8, 100 * i) }),
+    })
     await r.text()
     return r.status
   }
@@ -31,7 +35,9 @@ t.test('dead workers are tried once, then left out while the live one takes ever
   const failures = (id: bigint): number => h.router.registry.get(id)?.failures ?? -1
   t.ok(failures(1n) <= 1 && failures(2n) <= 1, `each dead worker tried at most once in the first second (${failures(1n)}, ${failures(2n)})`)
   t.equal(failures(3n), 0)
-  const workers = (await h.app.fastify.inject({ method: 'GET', url: '/v1/workers' })).json<{ workers: { id: number; health: string; suspended_for_ms: number }[] }>().workers
+  const workers = (await h.app.fastify.inject({ method: 'GET', url: '/v1/workers' })).json<{
+    workers: { id: number; health: string; suspended_for_ms: number }[]
+  }>().workers
   for (const w of workers.filter((x) => x.id !== 3 && failures(BigInt(x.id)) === 1)) {
     t.equal(w.health, 'suspended', `worker ${w.id}`)
     t.ok(w.suspended_for_ms > 0 && w.suspended_for_ms <= 1000, `for up to 1 s (${w.suspended_for_ms} ms)`)

@@ -102,7 +102,8 @@ for (const [seed, maxBlocks] of [
     t.equal(mismatches, 0, 'no divergence')
     t.equal(dumps, 10, 'dumps replayed')
     // the stream really exercised the rules
-    for (const s of ['ok', 'parent_block_not_found', 'block_not_found', 'invalid_block', ...(maxBlocks ? ['capacity'] : [])]) t.ok(seen.has(s), `stream produced ${s}`)
+    for (const s of ['ok', 'parent_block_not_found', 'block_not_found', 'invalid_block', ...(maxBlocks ? ['capacity'] : [])])
+      t.ok(seen.has(s), `stream produced ${s}`)
   })
 }
 

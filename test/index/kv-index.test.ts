@@ -343,7 +343,11 @@ t.test('a first block whose tokens_hash is 0 is a block like any other, not the 
   t.same(scores(ix, [0, 7, 8]), { '2:0': 1 }, 'worker 1 holds no block 0')
   t.same(scores(ix, [7, 8]), { '1:0': 2 })
   t.equal(ix.liveNodes, 4, 'root + three nodes')
-  const dumped = ix.dump().flatMap((e) => (typeof e.event.data === 'object' && 'stored' in e.event.data ? e.event.data.stored.blocks.map((b) => `${e.worker_id}:${b.tokens_hash}`) : []))
+  const dumped = ix
+    .dump()
+    .flatMap((e) =>
+      typeof e.event.data === 'object' && 'stored' in e.event.data ? e.event.data.stored.blocks.map((b) => `${e.worker_id}:${b.tokens_hash}`) : [],
+    )
   t.same(dumped.sort(), ['1:7', '1:8', '2:0'], 'the dump has the block')
   t.equal(apply(ix, removed(2, [10])), 0)
   t.same(scores(ix, [7, 8]), { '1:0': 2 }, "worker 2's remove leaves worker 1 whole")

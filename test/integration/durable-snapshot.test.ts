@@ -15,7 +15,15 @@ t.test('from the snapshot and the stream after it, a replica equals one that nev
   const poolA = await startPool(t)
   // discovery knows workers 1 to 5: worker 6's blocks are dropped before a snapshot
   const known = new Set([1n, 2n, 3n, 4n, 5n])
-  const a = await startDurable(t, { nc, pool: poolA, instanceId: 1n, snapshotThreshold: 5, checkMs: 100, discovered: () => known, removeWorker: (id) => poolA.removeWorker(id) })
+  const a = await startDurable(t, {
+    nc,
+    pool: poolA,
+    instanceId: 1n,
+    snapshotThreshold: 5,
+    checkMs: 100,
+    discovered: () => known,
+    removeWorker: (id) => poolA.removeWorker(id),
+  })
   const events: RouterEvent[] = [chain(6, null, [61, 62])]
   for (let w = 1; w <= 4; w++) {
     events.push(chain(w, null, [w * 10 + 1, w * 10 + 2, w * 10 + 3]))
@@ -52,7 +60,9 @@ t.test('from the snapshot and the stream after it, a replica equals one that nev
   t.ok(b.catchUp.snapshotEvents > 0)
   await waitUntil(
     'both applied the last message',
-    async () => (await jsm.consumers.info(STREAM, b.consumer)).ack_floor.stream_seq === lastSeq && (await jsm.consumers.info(STREAM, a.consumer)).ack_floor.stream_seq === lastSeq,
+    async () =>
+      (await jsm.consumers.info(STREAM, b.consumer)).ack_floor.stream_seq === lastSeq &&
+      (await jsm.consumers.info(STREAM, a.consumer)).ack_floor.stream_seq === lastSeq,
   )
   const ia = await indexOf(poolA)
   const ib = await indexOf(poolB)

@@ -37,7 +37,9 @@ t.test('an --etcd-url with credentials registers and discovers on an etcd that r
   t.equal(disco.workers.get(lease.id)?.url, 'http://127.0.0.1:9001', 'the router discovers the engine the mocker registered')
 
   const wrong = etcd.url.replace('http://', 'http://root:not-the-pw@')
-  const err = (await EtcdRegistrar.connect({ url: wrong, namespace: NS, component: COMP, endpoint: EP, connectTimeoutMs: 2000 }).catch((e: unknown) => e)) as Error
+  const err = (await EtcdRegistrar.connect({ url: wrong, namespace: NS, component: COMP, endpoint: EP, connectTimeoutMs: 2000 }).catch(
+    (e: unknown) => e,
+  )) as Error
   t.ok(err instanceof Error, 'a wrong password is refused')
   t.match(err.message, /cannot reach etcd at http:\/\/\[redacted\]@127\.0\.0\.1:\d+/, 'the URL is named, its credentials not')
   t.notMatch(err.message, /not-the-pw/)

@@ -16,14 +16,22 @@ const COMP = 'backend'
 const EP = 'generate'
 
 /** Registers a worker the way an engine wrapper would: two keys under its own lease. */
-async function register(client: Etcd3, opts: { url: string; device?: string; blockSize?: number; dpSize?: number; ttl?: number }): Promise<{ id: bigint; revoke: () => Promise<void> }> {
+async function register(
+  client: Etcd3,
+  opts: { url: string; device?: string; blockSize?: number; dpSize?: number; ttl?: number },
+): Promise<{ id: bigint; revoke: () => Promise<void> }> {
   const lease = client.lease(opts.ttl ?? 10)
   const id = BigInt(await lease.grant())
   const hex = id.toString(16)
   await lease.put(`${instancesPrefix(NS, COMP, EP)}${hex}`).value(JSON.stringify({ http_url: opts.url, device_type: opts.device ?? 'cuda' }))
   await lease
     .put(`${cardsPrefix(NS, COMP, EP)}${hex}`)
-    .value(JSON.stringify({ kv_cache_block_size: opts.blockSize ?? 64, runtime_config: { total_kv_blocks: 4096, max_num_batched_tokens: 8192, data_parallel_size: opts.dpSize ?? 1 } }))
+    .value(
+      JSON.stringify({
+        kv_cache_block_size: opts.blockSize ?? 64,
+        runtime_config: { total_kv_blocks: 4096, max_num_batched_tokens: 8192, data_parallel_size: opts.dpSize ?? 1 },
+      }),
+    )
   return { id, revoke: () => lease.revoke() }
 }
 
@@ -44,7 +52,17 @@ t.test('a leased worker appears with its record and disappears, from discovery a
   const first = disco.workers.get(early.id)
   t.same(
     first,
-    { workerId: early.id, url: 'http://127.0.0.1:9001', deviceType: 'cpu', blockSize: 16, totalKvBlocks: 4096, maxNumBatchedTokens: 8192, dpStart: 0, dpSize: 2, kvEvents: null },
+    {
+      workerId: early.id,
+      url: 'http://127.0.0.1:9001',
+      deviceType: 'cpu',
+      blockSize: 16,
+      totalKvBlocks: 4096,
+      maxNumBatchedTokens: 8192,
+      dpStart: 0,
+      dpSize: 2,
+      kvEvents: null,
+    },
     'listed at start',
   )
 
@@ -136,16 +154,28 @@ t.test('records: the kv-events fields of an instance, checked as --worker and PO
     replay: 'tcp://h:5558',
     topic: 'kv-events',
   })
-  t.same(toWorker(3n, { instance: { ...url, kv_events_endpoint: 'tcp://h:5557', replay_endpoint: null } })?.kvEvents, { endpoint: 'tcp://h:5557', replay: null, topic: '' }, 'null is absent')
+  t.same(
+    toWorker(3n, { instance: { ...url, kv_events_endpoint: 'tcp://h:5557', replay_endpoint: null } })?.kvEvents,
+    { endpoint: 'tcp://h:5557', replay: null, topic: '' },
+    'null is absent',
+  )
   const card = (dp: number) => ({ runtime_config: { data_parallel_size: dp } })
   t.equal(toWorker(3n, { instance: { ...url, kv_events_endpoint: 'tcp://h:65535' }, card: card(1) })?.kvEvents?.endpoint, 'tcp://h:65535')
   for (const [fields, dp, why] of [
-    [{ kv_events_endpoint: 'tcp://*:5557' }, 1, /^kv_events_endpoint must be tcp:\/\/HOST:PORT, got "tcp:\/\/\*:5557"; tcp:\/\/\*:PORT is where the engine binds/],
+    [
+      { kv_events_endpoint: 'tcp://*:5557' },
+      1,
+      /^kv_events_endpoint must be tcp:\/\/HOST:PORT, got "tcp:\/\/\*:5557"; tcp:\/\/\*:PORT is where the engine binds/,
+    ],
     [{ kv_events_endpoint: 5557 }, 1, /^kv_events_endpoint must be tcp:\/\/HOST:PORT, got 5557$/],
     [{ kv_events_endpoint: 'tcp://h:1', replay_endpoint: 'tcp://h' }, 1, /^replay_endpoint must be tcp/],
     [{ replay_endpoint: 'tcp://h:2' }, 1, /^replay_endpoint and kv_events_topic need kv_events_endpoint$/],
     [{ kv_events_endpoint: 'tcp://h:1', kv_events_topic: 7 }, 1, /^kv_events_topic must be a string/],
-    [{ kv_events_endpoint: 'tcp://h:65535' }, 2, /^kv_events_endpoint must be tcp:\/\/HOST:PORT with PORT \+ data_parallel_size - 1 at most 65535 \(data_parallel_size 2\)/],
+    [
+      { kv_events_endpoint: 'tcp://h:65535' },
+      2,
+      /^kv_events_endpoint must be tcp:\/\/HOST:PORT with PORT \+ data_parallel_size - 1 at most 65535 \(data_parallel_size 2\)/,
+    ],
   ] as const) {
     const why2: string[] = []
     const w = toWorker(3n, { instance: { ...url, ...fields }, card: card(dp) }, (m) => why2.push(m))
@@ -216,7 +246,20 @@ t.test('a worker announcing another block size is misconfigured, out of kv routi
   const { parseServeConfig } = await import('../../src/config.js')
   const { Router } = await import('../../src/core/router.js')
   // no health probes: nothing listens at the workers' addresses
-  const cfg = parseServeConfig(['--router-event-threads', '1', '--no-router-event-recovery', '--router-health-probe-interval-secs', '0', '--router-block-size', '64', '--etcd-url', etcd.url], {})
+  const cfg = parseServeConfig(
+    [
+      '--router-event-threads',
+      '1',
+      '--no-router-event-recovery',
+      '--router-health-probe-interval-secs',
+      '0',
+      '--router-block-size',
+      '64',
+      '--etcd-url',
+      etcd.url,
+    ],
+    {},
+  )
   if (cfg === 'help') return t.fail('help')
   const router = await Router.start(cfg)
   t.teardown(() => router.close())
@@ -240,11 +283,13 @@ t.test('a worker announcing another block size is misconfigured, out of kv routi
   t.match(router.health.reason(id), "block size 32, the router's is 64")
   t.match(said(), [`worker ${id} announces block size 32, the router hashes with 64`])
   const routed = new Set<bigint>()
-  for (let i = 0; i < 20; i++) routed.add((await router.route({ tokens: Array.from({ length: 128 }, (_, k) => i * 1000 + k), updateStates: false })).decision.workerId)
+  for (let i = 0; i < 20; i++)
+    routed.add((await router.route({ tokens: Array.from({ length: 128 }, (_, k) => i * 1000 + k), updateStates: false })).decision.workerId)
   t.same([...routed], [good.id], 'every decision for the other worker')
   await lease.put(`${cardsPrefix(NS, COMP, EP)}${id.toString(16)}`).value(card(64))
   await waitUntil('healthy with the right block size', () => stateOf(id) === 'healthy')
-  for (let i = 0; i < 40 && !routed.has(id); i++) routed.add((await router.route({ tokens: Array.from({ length: 128 }, (_, k) => 50_000 + i * 1000 + k), updateStates: false })).decision.workerId)
+  for (let i = 0; i < 40 && !routed.has(id); i++)
+    routed.add((await router.route({ tokens: Array.from({ length: 128 }, (_, k) => 50_000 + i * 1000 + k), updateStates: false })).decision.workerId)
   t.ok(routed.has(id), 'routed once fixed')
   t.equal(said().length, 1, 'warned once')
 })

@@ -40,7 +40,9 @@ async function leased(client: Etcd3, dpSize = 1): Promise<Registration> {
   const lease = client.lease(30)
   const id = BigInt(await lease.grant())
   const hex = id.toString(16)
-  await lease.put(`${cardsPrefix(NS, COMP, EP)}${hex}`).value(JSON.stringify({ kv_cache_block_size: BS, runtime_config: { total_kv_blocks: 64, data_parallel_size: dpSize } }))
+  await lease
+    .put(`${cardsPrefix(NS, COMP, EP)}${hex}`)
+    .value(JSON.stringify({ kv_cache_block_size: BS, runtime_config: { total_kv_blocks: 64, data_parallel_size: dpSize } }))
   return {
     id,
     lease,
@@ -136,7 +138,10 @@ t.test('an etcd worker naming kv_events_endpoint is indexed from its engine; a c
   // the lease ends: the worker, its blocks and its listener go
   const metrics = async () => get(app, '/metrics')
   await w.lease.revoke()
-  await waitUntil('the worker and its blocks removed', async () => (JSON.parse(await get(app, '/v1/workers')) as { workers: unknown[] }).workers.length === 0 && (await indexed(app, w.id)).size === 0)
+  await waitUntil(
+    'the worker and its blocks removed',
+    async () => (JSON.parse(await get(app, '/v1/workers')) as { workers: unknown[] }).workers.length === 0 && (await indexed(app, w.id)).size === 0,
+  )
   const batches = counter(await metrics(), 'kvrouter_zmq_total', 'batches')
   t.ok(batches > 0, 'batches were read')
   await drive(fleet, rng, 20)
@@ -246,7 +251,15 @@ t.test('a mocker fleet with --etcd-url and --kv-events-zmq names its publishers 
     base = 20000 + Math.floor(Math.random() * 20000) * 2
     try {
       // bound on every interface: the record must carry an address a router can dial
-      fleet = await MockerFleet.start({ numWorkers: 2, blockSize: BS, numGpuBlocks: 24, speedupRatio: 0, etcdUrl: etcd.url, kvEventsZmq: `tcp://*:${base}`, kvEventsReplayZmq: `tcp://*:${base + 2}` })
+      fleet = await MockerFleet.start({
+        numWorkers: 2,
+        blockSize: BS,
+        numGpuBlocks: 24,
+        speedupRatio: 0,
+        etcdUrl: etcd.url,
+        kvEventsZmq: `tcp://*:${base}`,
+        kvEventsReplayZmq: `tcp://*:${base + 2}`,
+      })
     } catch (err) {
       if (attempt > 10 || !/cannot bind/.test((err as Error).message)) throw err
     }

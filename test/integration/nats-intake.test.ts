@@ -42,7 +42,10 @@ t.test('raw and enveloped events with u64 values above 2^53 reach the index; NAT
       ),
     ),
   )
-  pub.publish(oldSubject, enc.encode(encodeEnvelope({ publisher_id: w2, sequence: 0n, published_at: 1n, payload: stored(w2, null, [[big - 2n, 2n ** 53n + 1n]]) })))
+  pub.publish(
+    oldSubject,
+    enc.encode(encodeEnvelope({ publisher_id: w2, sequence: 0n, published_at: 1n, payload: stored(w2, null, [[big - 2n, 2n ** 53n + 1n]]) })),
+  )
   await pub.flush()
   await waitUntil('two messages at the intake', () => intake.counters.messages === 2)
   const scores = await pool.overlapScores([2n ** 53n + 1n, 2n ** 62n], { readYourWrites: true })
@@ -110,7 +113,16 @@ t.test("Dynamo's MessagePack events, named and positional, bare and enveloped, r
       [2n ** 64n - 8n, toks[1]],
     ])
   const ids = Array.from({ length: 8 }, (_, i) => 2n ** 60n + BigInt(i) * 977n)
-  const [jsonBare, jsonEnv, named, namedEnv, positional, positionalEnv, mixedEnv, oldSubj] = ids as bigint[] as [bigint, bigint, bigint, bigint, bigint, bigint, bigint, bigint]
+  const [jsonBare, jsonEnv, named, namedEnv, positional, positionalEnv, mixedEnv, oldSubj] = ids as bigint[] as [
+    bigint,
+    bigint,
+    bigint,
+    bigint,
+    bigint,
+    bigint,
+    bigint,
+    bigint,
+  ]
   t.ok(ids.some((w) => shard(w) === 0) && ids.some((w) => shard(w) === 1), 'workers on both shards')
   const messages: [string, Uint8Array][] = [
     [subject, enc.encode(encodeRouterEvent(ev(jsonBare)))],
@@ -118,7 +130,13 @@ t.test("Dynamo's MessagePack events, named and positional, bare and enveloped, r
     [subject, encodeRouterEventMsgpack(ev(named))],
     [subject, encodeEnvelopeMsgpack({ publisher_id: otherPublisher(namedEnv), sequence: 0, payload: encodeRouterEventMsgpack(ev(namedEnv)) })],
     [subject, encodeRouterEventMsgpack(ev(positional), 'positional')],
-    [subject, encodeEnvelopeMsgpack({ publisher_id: otherPublisher(positionalEnv), sequence: 0, payload: encodeRouterEventMsgpack(ev(positionalEnv), 'positional') }, 'positional')],
+    [
+      subject,
+      encodeEnvelopeMsgpack(
+        { publisher_id: otherPublisher(positionalEnv), sequence: 0, payload: encodeRouterEventMsgpack(ev(positionalEnv), 'positional') },
+        'positional',
+      ),
+    ],
     [subject, encodeEnvelopeMsgpack({ publisher_id: otherPublisher(mixedEnv), sequence: 0, payload: encodeRouterEventMsgpack(ev(mixedEnv), 'positional') })],
     [oldSubject, encodeEnvelopeMsgpack({ publisher_id: otherPublisher(oldSubj), sequence: 0, payload: encodeRouterEventMsgpack(ev(oldSubj)) })],
   ]
@@ -174,7 +192,13 @@ t.test('worker load metrics on kv_metrics', async (t) => {
   const [load] = (await got) as [ReturnType<typeof parseLoadEvent>]
   t.same(load, { workerId: id, dpRank: 2, activeBlocks: 120, totalBlocks: 1000, requestsWaiting: 4 })
   await waitUntil('the malformed one counted', () => intake.counters.metricsMalformed === 1)
-  t.same(parseLoadEvent(enc.encode('{"worker_id":5,"dp_rank":1,"active_decode_blocks":9}')), { workerId: 5n, dpRank: 1, activeBlocks: 9, totalBlocks: null, requestsWaiting: null })
+  t.same(parseLoadEvent(enc.encode('{"worker_id":5,"dp_rank":1,"active_decode_blocks":9}')), {
+    workerId: 5n,
+    dpRank: 1,
+    activeBlocks: 9,
+    totalBlocks: null,
+    requestsWaiting: null,
+  })
   t.equal(parseLoadEvent(enc.encode('{"worker_id":5,')), null)
   // the top-level worker_id, exactly
   const busy = '"data":{"kv_stats":{"kv_active_blocks":999,"kv_total_blocks":1000}}'

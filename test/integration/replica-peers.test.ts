@@ -101,7 +101,8 @@ t.test('NATS restarted under two replicas: events queued while it was down go ou
   await nats.start()
   await waitUntil(
     'both reconnected and in step again',
-    () => (a.replicas?.counters.reconnects ?? 0) >= 1 && (b.replicas?.counters.reconnects ?? 0) >= 1 && a.replicas?.inStep === true && b.replicas?.inStep === true,
+    () =>
+      (a.replicas?.counters.reconnects ?? 0) >= 1 && (b.replicas?.counters.reconnects ?? 0) >= 1 && a.replicas?.inStep === true && b.replicas?.inStep === true,
     15_000,
   )
   const same = (): boolean => [1n, 2n, 3n, 4n].every((w) => JSON.stringify(slotLoad(a, w)) === JSON.stringify(slotLoad(b, w)))

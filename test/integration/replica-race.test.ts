@@ -49,13 +49,18 @@ async function run(spread: boolean, idBase: bigint): Promise<[number, number, nu
   const a = await replica(idBase + 1n, spread)
   const b = await replica(idBase + 2n, spread)
   try {
-    await waitUntil('in step and peered', () => a.replicas?.inStep === true && b.replicas?.inStep === true && a.replicas.livePeers === 1 && b.replicas.livePeers === 1, 10_000)
+    await waitUntil(
+      'in step and peered',
+      () => a.replicas?.inStep === true && b.replicas?.inStep === true && a.replicas.livePeers === 1 && b.replicas.livePeers === 1,
+      10_000,
+    )
     // a cleared event for each worker, again until both routers have one
     let last = 0
     await waitUntil('workers exact', () => {
       if (Date.now() - last > 200) {
         last = Date.now()
-        for (let w = 1; w <= WORKERS; w++) pub.publish(kvEventsSubject('dynamo', 'backend'), encodeRouterEvent({ worker_id: BigInt(w), event: { event_id: 1n, dp_rank: 0, data: 'cleared' } }))
+        for (let w = 1; w <= WORKERS; w++)
+          pub.publish(kvEventsSubject('dynamo', 'backend'), encodeRouterEvent({ worker_id: BigInt(w), event: { event_id: 1n, dp_rank: 0, data: 'cleared' } }))
       }
       return a.eventSources.size === 0 && b.eventSources.size === 0
     })
@@ -64,7 +69,8 @@ async function run(spread: boolean, idBase: bigint): Promise<[number, number, nu
     const held: [Router, string][][] = []
     for (let wave = 0; wave < WAVES; wave++) {
       // cold prompts of 2 to 7 blocks, of independent lengths on the two replicas
-      const tokens = (salt: number): number[] => Array.from({ length: (2 + ((wave * (5 + salt * 2) + salt) % 6)) * BS }, (_, i) => 100_000 + wave * 1000 + salt * 500 + i)
+      const tokens = (salt: number): number[] =>
+        Array.from({ length: (2 + ((wave * (5 + salt * 2) + salt) % 6)) * BS }, (_, i) => 100_000 + wave * 1000 + salt * 500 + i)
       // both decide before either hears of the other: the race
       const base = new Map(b.scheduler.stats().slots.map((x) => [x.workerId, x.prefillTokens / BS + x.activeBlocks]))
       const [da, db] = await Promise.all([a.route({ tokens: tokens(1) }), b.route({ tokens: tokens(2), explain: true })])

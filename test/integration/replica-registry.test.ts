@@ -30,7 +30,19 @@ interface Replica {
 
 async function replica(t: Test, url: string): Promise<Replica> {
   // no health probes: nothing listens at the workers' addresses, and probes would take them out of routing
-  const args = ['--router-event-threads', '1', '--no-router-event-recovery', '--router-health-probe-interval-secs', '0', '--router-block-size', '16', '--nats-url', nats.url, '--etcd-url', etcd.url]
+  const args = [
+    '--router-event-threads',
+    '1',
+    '--no-router-event-recovery',
+    '--router-health-probe-interval-secs',
+    '0',
+    '--router-block-size',
+    '16',
+    '--nats-url',
+    nats.url,
+    '--etcd-url',
+    etcd.url,
+  ]
   args.push('--router-replica-sync', '--worker', '1=http://127.0.0.1:9001')
   const cfg = parseServeConfig(args, {})
   if (cfg === 'help') throw new Error('help')
@@ -73,7 +85,9 @@ t.test('replicas register under their leases, list each other, survive a lost le
   }
 
   // each lists the other as registered and alive, with its URL, ids exact
-  await waitUntil('A lists B', async () => peers((await a.get('/v1/replicas')).body).some((p) => p['registered'] === true && p['alive'] === true && p['url'] === 'http://router-b:8000'))
+  await waitUntil('A lists B', async () =>
+    peers((await a.get('/v1/replicas')).body).some((p) => p['registered'] === true && p['alive'] === true && p['url'] === 'http://router-b:8000'),
+  )
   const listed = await a.get('/v1/replicas')
   t.match(listed.text, `"router_id":${idb}`)
   t.match(listed.text, `"self":{"router_id":${ida},"url":"http://router-a:8000"`)
@@ -97,7 +111,11 @@ t.test('replicas register under their leases, list each other, survive a lost le
   const kvb = ((await client.getAll().prefix(PREFIX).exec()).kvs ?? []).find((kv) => kv.key.toString() === PREFIX + idb.toString(16))
   await client.leaseClient.leaseRevoke({ ID: kvb?.lease.toString() ?? '0' })
   await waitUntil('A dropped B', () => a.router.scheduler.sequences.remoteSize === 0, 5000)
-  await waitUntil('B registered again, same id', () => (b.router.replicaRegistry?.counters.leasesLost ?? 0) >= 1 && a.router.replicaRegistry?.replicas.has(idb.toString()) === true, 10_000)
+  await waitUntil(
+    'B registered again, same id',
+    () => (b.router.replicaRegistry?.counters.leasesLost ?? 0) >= 1 && a.router.replicaRegistry?.replicas.has(idb.toString()) === true,
+    10_000,
+  )
   await waitUntil('and its booking is held again', () => a.router.scheduler.sequences.remoteSize === 1, 5000)
   t.equal(b.router.replicas?.routerId, idb, 'the router id stays')
 

@@ -95,7 +95,12 @@ t.test('a session bound on one replica is bound on the other: its next turn goes
   pub.publish(subjects.sessions, '{"router_id":99,"session_id":"x","worker_id":1,"dp_rank":-1,"ttl_ms":1000}')
   pub.publish(subjects.sessions, 'not json')
   pub.publish(subjects.sessions, '{"router_id":99,"session_id":"ghost","worker_id":777,"dp_rank":0,"ttl_ms":1000}')
-  await waitUntil('counted', () => (b.replicas?.counters.malformed ?? 0) - before === 3 && b.replicas?.counters.received.get('session_binding:unknown_worker') === 1, 1000, 1)
+  await waitUntil(
+    'counted',
+    () => (b.replicas?.counters.malformed ?? 0) - before === 3 && b.replicas?.counters.received.get('session_binding:unknown_worker') === 1,
+    1000,
+    1,
+  )
   t.equal(b.sessions?.get('ghost', performance.now()), undefined)
 })
 
@@ -236,7 +241,10 @@ t.test("a booking published by hand in Dynamo's format is applied; ours have Dyn
     add,
     /^\{"request_id":"ours-1",.*"data":\{"AddRequest":\{"token_sequence":\[[0-9,]+\],"isl":48,"overlap":0,"expected_output_tokens":null,"track_prefill_tokens":true,"prefill_load_hint":\{"initial_effective_prefill_tokens":48,/,
   )
-  t.match(got[1] as string, /^\{"request_id":"ours-1","worker":\{"worker_id":\d+,"dp_rank":0\},"data":"Free","router_id":31,"lora_name":null,"published_at":[0-9.]+\}$/)
+  t.match(
+    got[1] as string,
+    /^\{"request_id":"ours-1","worker":\{"worker_id":\d+,"dp_rank":0\},"data":"Free","router_id":31,"lora_name":null,"published_at":[0-9.]+\}$/,
+  )
 })
 
 t.test('a replica started after its peer has bookings holds them before it is in step; a lone one is in step at once', async (t) => {

@@ -23,7 +23,16 @@ t.test('quota text', async (t) => {
 })
 
 t.test("cgroup v2: the process's own cgroup, else the root of the mount (a container)", async (t) => {
-  t.equal(cgroupCpuQuota(files({ '/proc/self/cgroup': '0::/kubepods/pod1/c1\n', '/sys/fs/cgroup/kubepods/pod1/c1/cpu.max': '300000 100000\n', '/sys/fs/cgroup/cpu.max': 'max 100000\n' })), 3)
+  t.equal(
+    cgroupCpuQuota(
+      files({
+        '/proc/self/cgroup': '0::/kubepods/pod1/c1\n',
+        '/sys/fs/cgroup/kubepods/pod1/c1/cpu.max': '300000 100000\n',
+        '/sys/fs/cgroup/cpu.max': 'max 100000\n',
+      }),
+    ),
+    3,
+  )
   t.equal(cgroupCpuQuota(files({ '/proc/self/cgroup': '0::/\n', '/sys/fs/cgroup/cpu.max': '200000 100000\n' })), 2, 'namespaced: the root is the container')
   t.equal(cgroupCpuQuota(files({ '/proc/self/cgroup': '0::/user.slice\n', '/sys/fs/cgroup/user.slice/cpu.max': 'max 100000\n' })), null)
 })
@@ -31,15 +40,30 @@ t.test("cgroup v2: the process's own cgroup, else the root of the mount (a conta
 t.test('cgroup v1: cfs quota over period', async (t) => {
   const self = '12:pids:/docker/abc\n4:cpu,cpuacct:/docker/abc\n1:name=systemd:/docker/abc\n'
   t.equal(
-    cgroupCpuQuota(files({ '/proc/self/cgroup': self, '/sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_quota_us': '250000\n', '/sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_period_us': '100000\n' })),
+    cgroupCpuQuota(
+      files({
+        '/proc/self/cgroup': self,
+        '/sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_quota_us': '250000\n',
+        '/sys/fs/cgroup/cpu,cpuacct/docker/abc/cpu.cfs_period_us': '100000\n',
+      }),
+    ),
     3,
   )
   t.equal(
-    cgroupCpuQuota(files({ '/proc/self/cgroup': self, '/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us': '100000\n', '/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us': '100000\n' })),
+    cgroupCpuQuota(
+      files({
+        '/proc/self/cgroup': self,
+        '/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us': '100000\n',
+        '/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_period_us': '100000\n',
+      }),
+    ),
     1,
     'inside the container the mount root is its cgroup',
   )
-  t.equal(cgroupCpuQuota(files({ '/proc/self/cgroup': self, '/sys/fs/cgroup/cpu/cpu.cfs_quota_us': '-1\n', '/sys/fs/cgroup/cpu/cpu.cfs_period_us': '100000\n' })), null)
+  t.equal(
+    cgroupCpuQuota(files({ '/proc/self/cgroup': self, '/sys/fs/cgroup/cpu/cpu.cfs_quota_us': '-1\n', '/sys/fs/cgroup/cpu/cpu.cfs_period_us': '100000\n' })),
+    null,
+  )
 })
 
 t.test('nothing readable: no quota', async (t) => {

@@ -26,7 +26,19 @@ function lineCounter(p: ChildProcessWithoutNullStreams, re: RegExp): { count: ()
 t.test('a reader that stops reading stderr stalls nothing, and loses no line it comes back for', async (t) => {
   const p = spawn(
     process.execPath,
-    cliArgv(['serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-event-threads', '1', '--worker', '1=http://127.0.0.1:9', '--router-health-probe-interval-secs', '0']),
+    cliArgv([
+      'serve',
+      '--http-host',
+      '127.0.0.1',
+      '--http-port',
+      '0',
+      '--router-event-threads',
+      '1',
+      '--worker',
+      '1=http://127.0.0.1:9',
+      '--router-health-probe-interval-secs',
+      '0',
+    ]),
     { env: { PATH: process.env.PATH } },
   )
   t.teardown(() => {

@@ -71,19 +71,26 @@ t.test('formats: JSON lines, or one short line for people; auto follows the dest
   const pipe = new Capture()
   createLogger({ destination: pipe }).info('in a pipe')
   t.equal(JSON.parse(pipe.text).msg, 'in a pipe', 'auto: JSON elsewhere')
-  const err = prettyLine(JSON.stringify({ level: 'error', time: '2025-01-02T03:04:05.678Z', msg: 'failed', err: { message: 'boom', stack: 'Error: boom\n    at x' } }), false)
+  const err = prettyLine(
+    JSON.stringify({ level: 'error', time: '2025-01-02T03:04:05.678Z', msg: 'failed', err: { message: 'boom', stack: 'Error: boom\n    at x' } }),
+    false,
+  )
   t.equal(err, '03:04:05.678 ERROR failed err=boom\n    Error: boom\n        at x\n', "an error's stack under its line")
 })
 
 t.test('secrets: the API key, URL credentials and Bearer tokens never reach a line', async (t) => {
   addSecret('sekrit-key-123')
   const { logger, capture } = captured('trace')
-  logger.info({ url: 'nats://alice:pa55word@10.0.0.1:4222', token: 'nats://s3cr3tt0ken@10.0.0.2:4222', header: 'Bearer sekrit-key-123' }, 'said sekrit-key-123 to http://bob:hunter2@etcd:2379')
+  logger.info(
+    { url: 'nats://alice:pa55word@10.0.0.1:4222', token: 'nats://s3cr3tt0ken@10.0.0.2:4222', header: 'Bearer sekrit-key-123' },
+    'said sekrit-key-123 to http://bob:hunter2@etcd:2379',
+  )
   logger.warn({ authorization: 'Bearer abc.def', apiKey: 'whatever', config: { apiKey: 'nested' } }, 'authorization: bearer xyz789')
   logger.error({ err: new Error('connect to http://carol:opensesame@host:80 failed', { cause: new Error('Bearer qwerty') }) }, 'failed')
   logger.error(new Error('etcd at http://dave:letmein@h:2379 refused'))
   const text = capture.text
-  for (const s of ['pa55word', 's3cr3tt0ken', 'sekrit-key-123', 'hunter2', 'abc.def', 'xyz789', 'whatever', 'nested', 'opensesame', 'qwerty', 'letmein']) t.notMatch(text, s, `${s} is not written`)
+  for (const s of ['pa55word', 's3cr3tt0ken', 'sekrit-key-123', 'hunter2', 'abc.def', 'xyz789', 'whatever', 'nested', 'opensesame', 'qwerty', 'letmein'])
+    t.notMatch(text, s, `${s} is not written`)
   t.match(text, 'nats://[redacted]@10.0.0.1:4222', 'the rest of a URL stays')
   t.equal(capture.records.length, 4)
   t.equal(redactSecrets('http://h:1/path?q=a@b'), 'http://h:1/path?q=a@b', 'an @ after the host is no credential')
@@ -143,7 +150,13 @@ t.test('the limiter: the first line at once, one more at the end of the period w
 
 t.test("the shards' counters: a line per class that grew, with how many and the latest sample", async (t) => {
   const capture = captureProcessLog('info', 60_000)
-  const shard = { shard: 0, malformed: 0, gaps: 0, rejected: { parent_block_not_found: 0, capacity: 0 }, engine: { malformed: { malformed_msgpack: 0 }, skipped: { attention_kind: 0 } } }
+  const shard = {
+    shard: 0,
+    malformed: 0,
+    gaps: 0,
+    rejected: { parent_block_not_found: 0, capacity: 0 },
+    engine: { malformed: { malformed_msgpack: 0 }, skipped: { attention_kind: 0 } },
+  }
   const src: ShardCountersSource & { dropped: number; rejectedAtIntake: number } = { counters: () => [shard], dropped: 0, rejectedAtIntake: 2 }
   const w = new ShardLogWatch(src, 3_600_000)
   t.teardown(() => w.close())
@@ -161,8 +174,18 @@ t.test("the shards' counters: a line per class that grew, with how many and the 
   w.sample({ what: 'events_rejected', reason: 'capacity', lo: 5, hi: 1, dp_rank: 0, idLo: 9, idHi: 0 })
   w.poll()
   const by = (cls: string): Record<string, unknown> | undefined => capture.records.find((x) => x.class === cls)
-  t.match(by('events_malformed'), { level: 'warn', count: 4, suppressed: 0, last: { code: 'KVR_ERR_EVENT_MISSING_FIELD', error: 'missing field event_id at byte 17' } })
-  t.match(by('events_rejected'), { level: 'warn', count: 5, reasons: { parent_block_not_found: 4, capacity: 1 }, last: { reason: 'capacity', worker_id: String(2n ** 32n + 5n), event_id: '9' } })
+  t.match(by('events_malformed'), {
+    level: 'warn',
+    count: 4,
+    suppressed: 0,
+    last: { code: 'KVR_ERR_EVENT_MISSING_FIELD', error: 'missing field event_id at byte 17' },
+  })
+  t.match(by('events_rejected'), {
+    level: 'warn',
+    count: 5,
+    reasons: { parent_block_not_found: 4, capacity: 1 },
+    last: { reason: 'capacity', worker_id: String(2n ** 32n + 5n), event_id: '9' },
+  })
   t.match(by('event_gaps'), { level: 'warn', count: 2 })
   t.match(by('events_dropped'), { level: 'warn', count: 6 })
   t.match(by('engine_batches_malformed'), { level: 'warn', count: 1, reasons: { malformed_msgpack: 1 } })

@@ -42,8 +42,23 @@ async function mayTake(nice: number): Promise<boolean> {
   }
 }
 
-async function serveWith(nice: number, shards = 2): Promise<{ threads: { name: string; nice: number }[]; line: string } | { code: number | null; stderr: string }> {
-  const c = runCli(['serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-event-threads', String(shards), '--worker', '1=http://127.0.0.1:9', '--nice', String(nice)])
+async function serveWith(
+  nice: number,
+  shards = 2,
+): Promise<{ threads: { name: string; nice: number }[]; line: string } | { code: number | null; stderr: string }> {
+  const c = runCli([
+    'serve',
+    '--http-host',
+    '127.0.0.1',
+    '--http-port',
+    '0',
+    '--router-event-threads',
+    String(shards),
+    '--worker',
+    '1=http://127.0.0.1:9',
+    '--nice',
+    String(nice),
+  ])
   const line = (await waitForOutput(c, /kv-router listening on [^\n]*\n/))?.[0] ?? null
   if (line === null) return { code: await c.exited, stderr: c.err() }
   const threads = threadNiceness(c.p.pid as number)
@@ -111,11 +126,15 @@ function cannotRunAsNobody(): string | false {
 }
 
 t.test('started as a user who may not raise a priority: exit 2 with one line, nothing served', { skip: cannotRunAsNobody() }, async (t) => {
-  const p = spawn(process.execPath, cliArgv(['serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-event-threads', '1', '--worker', '1=http://127.0.0.1:9', '--nice', '-5']), {
-    uid: 65534,
-    gid: 65534,
-    env: { PATH: process.env.PATH },
-  })
+  const p = spawn(
+    process.execPath,
+    cliArgv(['serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-event-threads', '1', '--worker', '1=http://127.0.0.1:9', '--nice', '-5']),
+    {
+      uid: 65534,
+      gid: 65534,
+      env: { PATH: process.env.PATH },
+    },
+  )
   let out = ''
   let err = ''
   p.stdout.on('data', (d: Buffer) => (out += d.toString()))

@@ -29,7 +29,11 @@ t.test('npm start and the Dockerfile run the executable, not node with a copy of
 t.test('the flags give a fixed 64 MB young generation', async (t) => {
   const r = spawnSync(
     process.execPath,
-    [...ROUTER_V8_FLAGS, '-e', "const s = require('v8').getHeapSpaceStatistics().find((x) => x.space_name === 'new_space'); process.stdout.write(String(s.space_size))"],
+    [
+      ...ROUTER_V8_FLAGS,
+      '-e',
+      "const s = require('v8').getHeapSpaceStatistics().find((x) => x.space_name === 'new_space'); process.stdout.write(String(s.space_size))",
+    ],
     { encoding: 'utf8' },
   )
   t.equal(r.status, 0, r.stderr)
@@ -39,7 +43,10 @@ t.test('the flags give a fixed 64 MB young generation', async (t) => {
 
 t.test('the executable runs through its shebang', async (t) => {
   chmodSync(cli, 0o755)
-  const r = spawnSync(cli, ['serve', '--help'], { encoding: 'utf8', env: { ...process.env, PATH: `${process.execPath.replace(/\/node$/, '')}:${process.env.PATH ?? ''}` } })
+  const r = spawnSync(cli, ['serve', '--help'], {
+    encoding: 'utf8',
+    env: { ...process.env, PATH: `${process.execPath.replace(/\/node$/, '')}:${process.env.PATH ?? ''}` },
+  })
   t.equal(r.status, 0, r.stderr)
   t.match(r.stdout, '--router-mode')
 })

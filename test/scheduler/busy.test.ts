@@ -99,7 +99,10 @@ t.test('thresholds are live-editable and validated', async (t) => {
     activePrefillTokensThresholdFrac: null,
   })
   t.equal(s.tryRoute({ id: 'b', isl: 1 })?.workerId, 1n)
-  t.throws(() => s.setBusyThresholds({ activeDecodeBlocksThreshold: 2, activePrefillTokensThreshold: 1 }), /activeDecodeBlocksThreshold must be a number in \[0, 1\] or null, got 2/)
+  t.throws(
+    () => s.setBusyThresholds({ activeDecodeBlocksThreshold: 2, activePrefillTokensThreshold: 1 }),
+    /activeDecodeBlocksThreshold must be a number in \[0, 1\] or null, got 2/,
+  )
   t.equal(s.busyThresholds().activePrefillTokensThreshold, 200, 'a refused edit changes nothing')
   t.throws(() => s.setBusyThresholds({ activePrefillTokensThresholdFrac: -1 }), /activePrefillTokensThresholdFrac must be a number in \[0, ∞\) or null/)
   s.setBusyThresholds({ activePrefillTokensThreshold: null, activeDecodeBlocksThreshold: null })

@@ -1,7 +1,16 @@
 // The latency cost (src/scheduler/cost.ts) against cases computed by hand from the engine model:
 // prefill_ms(T) = 4.209989e-7·T² + 1.518344e-2·T + 16.50142, decode_ms(p) = −25.74·p² + 54.01·p + 5.74.
 import t from 'tap'
-import { ASSUMED_OUTPUT_TOKENS, chunkTokens, DECODE_MS_PER_USAGE, DEFAULT_CHUNK_TOKENS, FleetLoad, LatencyTerms, latencyTerms, NEAR_TIE } from '../../src/scheduler/cost.js'
+import {
+  ASSUMED_OUTPUT_TOKENS,
+  chunkTokens,
+  DECODE_MS_PER_USAGE,
+  DEFAULT_CHUNK_TOKENS,
+  FleetLoad,
+  LatencyTerms,
+  latencyTerms,
+  NEAR_TIE,
+} from '../../src/scheduler/cost.js'
 import { DEFAULT_MAX_BATCHED_TOKENS } from '../../src/scheduler/options.js'
 import { Selector, formatCandidates } from '../../src/scheduler/selector.js'
 import type { ActiveSequences } from '../../src/scheduler/active-sequences.js'

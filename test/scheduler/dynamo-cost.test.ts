@@ -88,8 +88,18 @@ const CASES: { name: string; options: SchedulerOptionsInput; seed: number; info?
     digest: 'a76ee3509c927e26e0b37a3d873b81b60fbcf19f2a1ad7419c4160db0c1264e6',
   },
   { name: 'softmax', options: { temperature: 0.8, queueThreshold: null }, seed: 3, digest: '5cf4d9eab891bf6b8e582b0503c50d7d1b487232939dd47b0af8fdbcc02dad5c' },
-  { name: 'no prefill tracking, no kv reuse', options: { trackPrefillTokens: false, assumeKvReuse: false }, seed: 4, digest: '01b00880a69a0eb26babaaf3bcdbe3fdd400ffbbea3e25de98630f7ae4ca0b3e' },
-  { name: 'no active-block tracking', options: { trackActiveBlocks: false, overlapScoreWeight: 0.5 }, seed: 5, digest: 'f2344cb8742aea467f66fc66f6241f460d2b678e6fd2ce071d738cf2586818a8' },
+  {
+    name: 'no prefill tracking, no kv reuse',
+    options: { trackPrefillTokens: false, assumeKvReuse: false },
+    seed: 4,
+    digest: '01b00880a69a0eb26babaaf3bcdbe3fdd400ffbbea3e25de98630f7ae4ca0b3e',
+  },
+  {
+    name: 'no active-block tracking',
+    options: { trackActiveBlocks: false, overlapScoreWeight: 0.5 },
+    seed: 5,
+    digest: 'f2344cb8742aea467f66fc66f6241f460d2b678e6fd2ce071d738cf2586818a8',
+  },
   {
     name: 'queue and load shedding',
     options: { queueThreshold: 1, activePrefillTokensThreshold: 600 },

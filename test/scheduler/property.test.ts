@@ -63,7 +63,9 @@ for (let seed = 1; seed <= SEEDS; seed++) {
         }
         const blocks = !trackActiveBlocks ? 0 : assumeKvReuse ? union.size : sum
         if (seqs.inFlight[slot] !== inFlight || seqs.prefillTokens[slot] !== prefill || seqs.activeBlocks[slot] !== blocks) {
-          t.fail(`${where}: slot ${slot} has ${seqs.inFlight[slot]}/${seqs.prefillTokens[slot]}/${seqs.activeBlocks[slot]}, model ${inFlight}/${prefill}/${blocks}`)
+          t.fail(
+            `${where}: slot ${slot} has ${seqs.inFlight[slot]}/${seqs.prefillTokens[slot]}/${seqs.activeBlocks[slot]}, model ${inFlight}/${prefill}/${blocks}`,
+          )
           return
         }
       }

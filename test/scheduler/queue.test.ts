@@ -58,7 +58,11 @@ t.test('fcfs: earlier arrival first, priority (seconds) jumps ahead', async (t) 
 
 t.test('lcfs: latest arrival first, priority still jumps', async (t) => {
   const { s, clock } = busyFleet({ queuePolicy: 'lcfs' })
-  const p = [enqueueAt(s, clock, 0, { id: 'a', isl: 200, priority: 2.5 }), enqueueAt(s, clock, 1000, { id: 'b', isl: 200 }), enqueueAt(s, clock, 2000, { id: 'c', isl: 200 })]
+  const p = [
+    enqueueAt(s, clock, 0, { id: 'a', isl: 200, priority: 2.5 }),
+    enqueueAt(s, clock, 1000, { id: 'b', isl: 200 }),
+    enqueueAt(s, clock, 2000, { id: 'c', isl: 200 }),
+  ]
   t.same(await runAll(s, ['a', 'b', 'c'], p), ['a', 'c', 'b'], 'a: 2.5 + 0 beats c: 2 and b: 1')
 })
 

@@ -185,31 +185,38 @@ t.test('replica spread: two replicas routing at once choose apart where both wou
   t.ok(withSpread < without / 5, `with it, rarely (${withSpread} of 300)`)
 })
 
-t.test('replica spread, Dynamo’s cost: rank 0 takes the cheapest, rank 1 where one router would put a second request; a cached prefix keeps both on its worker', async (t) => {
-  const [a, b] = pair(3, true, 'dynamo')
-  const ws = [1000n, 1007n, 1014n]
-  load([a, b], 'x', ws[0] as bigint, 32)
-  load([a, b], 'y', ws[1] as bigint, 48)
-  const da = a.tryRoute({ id: 'p', isl: 64, updateStates: false })
-  const db = b.tryRoute({ id: 'q', isl: 64, updateStates: false })
-  t.equal(da?.workerId, ws[2], 'rank 0: the idle worker, the cheapest')
-  t.equal(db?.workerId, ws[0], 'rank 1: where one router would put a second such request')
-  // its 4 blocks cached on the middle worker: a second request like it costs there only its
-  // unaligned tail, so one router would put both there
-  const cachedA = new Float64Array(8)
-  cachedA[a.workers.slotOf(ws[1] as bigint, 0)] = 4
-  const cachedB = new Float64Array(8)
-  cachedB[b.workers.slotOf(ws[1] as bigint, 0)] = 4
-  const h = chain(blocks(0, 4))
-  t.equal(a.tryRoute({ id: 'r', isl: 72, overlapBlocks: cachedA, seqLo: h.lo, seqHi: h.hi, updateStates: false })?.workerId, ws[1])
-  t.equal(b.tryRoute({ id: 's', isl: 72, overlapBlocks: cachedB, seqLo: h.lo, seqHi: h.hi, updateStates: false })?.workerId, ws[1], 'the cache hit wins on both')
-  // off: both take the cheapest
-  const [c, d] = pair(3, false, 'dynamo')
-  load([c, d], 'x', ws[0] as bigint, 32)
-  load([c, d], 'y', ws[1] as bigint, 48)
-  t.equal(c.tryRoute({ id: 'p', isl: 64, updateStates: false })?.workerId, ws[2])
-  t.equal(d.tryRoute({ id: 'q', isl: 64, updateStates: false })?.workerId, ws[2])
-})
+t.test(
+  'replica spread, Dynamo’s cost: rank 0 takes the cheapest, rank 1 where one router would put a second request; a cached prefix keeps both on its worker',
+  async (t) => {
+    const [a, b] = pair(3, true, 'dynamo')
+    const ws = [1000n, 1007n, 1014n]
+    load([a, b], 'x', ws[0] as bigint, 32)
+    load([a, b], 'y', ws[1] as bigint, 48)
+    const da = a.tryRoute({ id: 'p', isl: 64, updateStates: false })
+    const db = b.tryRoute({ id: 'q', isl: 64, updateStates: false })
+    t.equal(da?.workerId, ws[2], 'rank 0: the idle worker, the cheapest')
+    t.equal(db?.workerId, ws[0], 'rank 1: where one router would put a second such request')
+    // its 4 blocks cached on the middle worker: a second request like it costs there only its
+    // unaligned tail, so one router would put both there
+    const cachedA = new Float64Array(8)
+    cachedA[a.workers.slotOf(ws[1] as bigint, 0)] = 4
+    const cachedB = new Float64Array(8)
+    cachedB[b.workers.slotOf(ws[1] as bigint, 0)] = 4
+    const h = chain(blocks(0, 4))
+    t.equal(a.tryRoute({ id: 'r', isl: 72, overlapBlocks: cachedA, seqLo: h.lo, seqHi: h.hi, updateStates: false })?.workerId, ws[1])
+    t.equal(
+      b.tryRoute({ id: 's', isl: 72, overlapBlocks: cachedB, seqLo: h.lo, seqHi: h.hi, updateStates: false })?.workerId,
+      ws[1],
+      'the cache hit wins on both',
+    )
+    // off: both take the cheapest
+    const [c, d] = pair(3, false, 'dynamo')
+    load([c, d], 'x', ws[0] as bigint, 32)
+    load([c, d], 'y', ws[1] as bigint, 48)
+    t.equal(c.tryRoute({ id: 'p', isl: 64, updateStates: false })?.workerId, ws[2])
+    t.equal(d.tryRoute({ id: 'q', isl: 64, updateStates: false })?.workerId, ws[2])
+  },
+)
 
 t.test('replica spread, latency cost: rank 1 takes where one router would put a second request; a long cached prefix keeps both on its worker', async (t) => {
   const ws = [1000n, 1007n, 1014n]
@@ -244,7 +251,11 @@ t.test('replica spread: exact ties go to the same worker-rank identity on every 
   const [, b] = pair(4, true)
   a.setSpread(0, 2, true)
   b.setSpread(0, 2, true)
-  t.equal(a.tryRoute({ id: 'x', isl: 32, updateStates: false })?.workerId, b.tryRoute({ id: 'y', isl: 32, updateStates: false })?.workerId, 'same rank, same view, same worker whatever the slots')
+  t.equal(
+    a.tryRoute({ id: 'x', isl: 32, updateStates: false })?.workerId,
+    b.tryRoute({ id: 'y', isl: 32, updateStates: false })?.workerId,
+    'same rank, same view, same worker whatever the slots',
+  )
 })
 
 t.test('the identity hash depends on the worker and rank only, and spreads', async (t) => {

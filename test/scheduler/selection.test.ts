@@ -113,7 +113,8 @@ t.test('Era C overlap credit: above 1 a cached block outweighs decode load (cred
   const { s: s3 } = makeScheduler({ blockSize: 16, queueThreshold: null }, 1)
   s3.tryRoute({ id: 'queued', isl: 160, workerId: 1n })
   const at = (credit: number): number =>
-    s3.tryRoute({ isl: 32, overlapBlocks: overlaps({ 0: 10 }), updateStates: false, explain: true, overrides: { overlapScoreCredit: credit } })?.candidates?.[0]?.prefillBlocks ?? NaN
+    s3.tryRoute({ isl: 32, overlapBlocks: overlaps({ 0: 10 }), updateStates: false, explain: true, overrides: { overlapScoreCredit: credit } })?.candidates?.[0]
+      ?.prefillBlocks ?? NaN
   t.equal(at(1), 10, 'Era B: the queued 10 blocks, no new tokens')
   t.ok(Math.abs(at(1.01) - (10 - 0.01 * 2)) < 1e-9, 'just above 1: just below')
   t.throws(() => makeScheduler({ overlapScoreCredit: Number.NaN }, 1), { code: 'KVR_ERR_INVALID_OPTION' })
@@ -413,9 +414,17 @@ t.test('exclude (a proxy retry): the best worker-rank not excluded, in the order
   t.equal(second?.workerId, 3n, 'W2 tried: the next best is W3')
   const third = s.tryRoute({ id: 'r', isl: 160, overlapBlocks: ov, updateStates: false, exclude: [first as RouteDecision, second as RouteDecision] })
   t.equal(third?.workerId, 1n, 'then W1')
-  t.throws(() => s.tryRoute({ id: 'r', isl: 160, overlapBlocks: ov, exclude: [1n, 2n, 3n].map((workerId) => ({ workerId, dpRank: 0 })) }), { code: 'KVR_ERR_NO_WORKERS' }, 'every worker tried')
+  t.throws(
+    () => s.tryRoute({ id: 'r', isl: 160, overlapBlocks: ov, exclude: [1n, 2n, 3n].map((workerId) => ({ workerId, dpRank: 0 })) }),
+    { code: 'KVR_ERR_NO_WORKERS' },
+    'every worker tried',
+  )
   t.equal(s.stats().bookedRequests, 3, 'nothing booked by the refused retry')
   const pinned = s.tryRoute({ id: 'p', isl: 16, workerId: 3n, updateStates: false, exclude: [first as RouteDecision] })
   t.equal(pinned?.workerId, 3n, 'an exclusion of another worker leaves a pin alone')
-  t.throws(() => s.tryRoute({ id: 'p', isl: 16, workerId: 3n, exclude: [second as RouteDecision] }), { code: 'KVR_ERR_NO_WORKERS' }, 'a pinned worker that was tried')
+  t.throws(
+    () => s.tryRoute({ id: 'p', isl: 16, workerId: 3n, exclude: [second as RouteDecision] }),
+    { code: 'KVR_ERR_NO_WORKERS' },
+    'a pinned worker that was tried',
+  )
 })

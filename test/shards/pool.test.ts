@@ -240,7 +240,10 @@ t.test('a control call or a query wakes a shard asleep in its futex wait at once
   // the heartbeat would take seconds, not milliseconds.
   const pool = await ShardPool.start({ shards: 1, heartbeatMs: 30_000, stallMs: 120_000, shardSpinUs: 0, querySpinUs: 0 })
   t.teardown(() => pool.close())
-  const ev: RouterEvent = { worker_id: 7n, event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: null, blocks: [{ block_hash: 11n, tokens_hash: 21n }] } } } }
+  const ev: RouterEvent = {
+    worker_id: 7n,
+    event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: null, blocks: [{ block_hash: 11n, tokens_hash: 21n }] } } },
+  }
   pool.push(Buffer.from(encodeRouterEvent(ev)))
   await pool.flush()
   for (let round = 0; round < 5; round++) {

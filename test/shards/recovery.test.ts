@@ -26,7 +26,9 @@ function ev(worker: bigint, id: number, tok: number, parentTok: number | null): 
     event: {
       event_id: BigInt(id),
       dp_rank: 0,
-      data: { stored: { parent_hash: parentTok === null ? null : BigInt(parentTok * 100), blocks: [{ block_hash: BigInt(tok * 100), tokens_hash: BigInt(tok) }] } },
+      data: {
+        stored: { parent_hash: parentTok === null ? null : BigInt(parentTok * 100), blocks: [{ block_hash: BigInt(tok * 100), tokens_hash: BigInt(tok) }] },
+      },
     },
   }
 }
@@ -173,11 +175,19 @@ t.test('a gap that nobody answers does not keep the pool from closing', async (t
 
 t.test('answers of the worker query', async (t) => {
   t.same(answerOf('{"TooNew":{"requested_start":5,"requested_end":null,"newest_available":3}}'), { kind: 'TooNew', newest: 3n })
-  t.same(answerOf('{"TooNew":{"requested_start":5,"requested_end":null,"newest_available":18446744073709551615}}'), { kind: 'TooNew', newest: 18446744073709551615n }, 'exact above 2^53')
+  t.same(
+    answerOf('{"TooNew":{"requested_start":5,"requested_end":null,"newest_available":18446744073709551615}}'),
+    { kind: 'TooNew', newest: 18446744073709551615n },
+    'exact above 2^53',
+  )
   t.match(answerOf('{"TooNew":{"requested_start":5}}'), { kind: 'refused', final: true })
   const a = answerOf('{"Events":[{"worker_id":18446744073709551615,"event":{"event_id":3,"data":"cleared","dp_rank":0}}]}')
   t.equal(a.kind, 'Events')
-  t.equal(a.kind === 'Events' ? Buffer.from(a.events).toString() : '', '[{"worker_id":18446744073709551615,"event":{"event_id":3,"data":"cleared","dp_rank":0}}]', 'the array as the worker wrote it')
+  t.equal(
+    a.kind === 'Events' ? Buffer.from(a.events).toString() : '',
+    '[{"worker_id":18446744073709551615,"event":{"event_id":3,"data":"cleared","dp_rank":0}}]',
+    'the array as the worker wrote it',
+  )
   t.equal(answerOf('{"TreeDump":[]}').kind, 'TreeDump')
   t.match(answerOf('{"Error":"no"}'), { kind: 'refused', why: /no/ })
   t.match(answerOf('nope'), { kind: 'refused', why: /not JSON/ })
@@ -197,7 +207,11 @@ function blocksOf(events: RouterEvent[], worker: bigint): string[] {
 }
 
 async function complete(url: string, prompt: number[]): Promise<void> {
-  const r = await fetch(`${url}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt, max_tokens: 1 }) })
+  const r = await fetch(`${url}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt, max_tokens: 1 }),
+  })
   await r.text()
   if (r.status !== 200) throw new Error(`the engine answered ${r.status}`)
 }
@@ -205,7 +219,13 @@ async function complete(url: string, prompt: number[]): Promise<void> {
 t.test('against a simulated engine: a router that starts late catches up, and events lost on the way are fetched', async (t) => {
   let deliver: ((e: RouterEvent) => void) | null = null
   let lose = (_e: RouterEvent): boolean => false
-  const fleet = await MockerFleet.start({ numWorkers: 1, firstWorkerId: 11n, blockSize: 4, speedupRatio: 0, onEvent: (e) => (lose(e) ? undefined : deliver?.(e)) })
+  const fleet = await MockerFleet.start({
+    numWorkers: 1,
+    firstWorkerId: 11n,
+    blockSize: 4,
+    speedupRatio: 0,
+    onEvent: (e) => (lose(e) ? undefined : deliver?.(e)),
+  })
   t.teardown(() => fleet.close())
   const engine = fleet.workers[0]
   if (engine === undefined) return t.fail('no engine')
@@ -224,7 +244,11 @@ t.test('against a simulated engine: a router that starts late catches up, and ev
   await router.addWorker({ id: engine.workerId, url: engine.url })
   await until(() => router.recovery?.counters.dumps === 1)
   await router.pool.flush()
-  t.same(blocksOf(await router.pool.dump(), engine.workerId), blocksOf(engine.engine.ring.treeDump(), engine.workerId), 'after the dump, the index holds what the engine holds')
+  t.same(
+    blocksOf(await router.pool.dump(), engine.workerId),
+    blocksOf(engine.engine.ring.treeDump(), engine.workerId),
+    'after the dump, the index holds what the engine holds',
+  )
   t.equal(blocksOf(await router.pool.dump(), engine.workerId).length, 7, 'four blocks and three')
 
   // a stretch of events is lost (a NATS outage); the next one that arrives reveals the gap
@@ -244,12 +268,23 @@ t.test('against a simulated engine: a router that starts late catches up, and ev
     Array.from({ length: 8 }, (_, i) => 400 + i),
   )
   await until(() => (router.recovery?.counters.ranges ?? 0) === 1).catch((e: unknown) => {
-    t.comment(JSON.stringify({ counters: router.recovery?.counters, gaps: router.pool.counters()[0]?.gaps, newest: String(engine.engine.ring.newestId), was: String(newest) }))
+    t.comment(
+      JSON.stringify({
+        counters: router.recovery?.counters,
+        gaps: router.pool.counters()[0]?.gaps,
+        newest: String(engine.engine.ring.newestId),
+        was: String(newest),
+      }),
+    )
     throw e
   })
   await router.pool.flush()
   t.equal(router.recovery?.counters.gaps, 1)
-  t.same(blocksOf(await router.pool.dump(), engine.workerId), blocksOf(engine.engine.ring.treeDump(), engine.workerId), 'the lost events were fetched: the index holds what the engine holds')
+  t.same(
+    blocksOf(await router.pool.dump(), engine.workerId),
+    blocksOf(engine.engine.ring.treeDump(), engine.workerId),
+    'the lost events were fetched: the index holds what the engine holds',
+  )
   t.equal(router.recovery?.stateOf(engine.workerId, 0), 'exact')
   const m = await router.metrics.registry.metrics()
   t.match(m, /kvrouter_index_recovery_total\{what="dumps"\} 1/)
@@ -342,45 +377,48 @@ t.test("a shard that dies comes back empty and is rebuilt from its workers' dump
   t.ok(asked(), 'a gap after the restart goes to recovery')
 })
 
-t.test('a restarted shard whose worker cannot be rebuilt is exact again, that worker degraded with a warning; approximate mode had nothing to lose', async (t) => {
-  const capture = captureProcessLog()
-  const up = await upstream((_req, _body, res) => {
-    res.writeHead(404)
-    res.end()
-  })
-  t.teardown(() => up.close())
-  const r = await Router.start(config(['--router-block-size', '4', '--router-event-recovery']))
-  t.teardown(() => r.close())
-  await r.addWorker({ id: 51n, url: up.url })
-  // it sent events (a worker that never did had only predictions to lose)
-  r.ingestEvent({ worker_id: 51n, event: { event_id: 1n, dp_rank: 0, data: 'cleared' } })
-  await r.pool.flush()
-  const r1 = new Promise((res) => r.pool.once('shardRestarted', res))
-  await r.pool.terminateShard(0)
-  await r1
-  // three probes of the worker (1 s, 2 s, 4 s apart) before it is given up: seconds, more under load
-  await until(() => r.pool.health()[0] === 'exact', 30_000)
-  t.equal(r.recovery?.stateOf(51n, 0), 'degraded', 'the worker that could not be rebuilt says so')
-  await until(() => warnings(capture, 'KVR_INDEX_DEGRADED').some((w) => /index shard 0 restarted: the cached blocks of worker\(s\) 51 are forgotten/.test(w)))
-  // without recovery at all, the same
-  const plain = await Router.start(config(['--router-block-size', '4']))
-  t.teardown(() => plain.close())
-  await plain.addWorker({ id: 52n, url: 'http://127.0.0.1:9' })
-  plain.ingestEvent({ worker_id: 52n, event: { event_id: 1n, dp_rank: 0, data: 'cleared' } })
-  await plain.pool.flush()
-  const r2 = new Promise((res) => plain.pool.once('shardRestarted', res))
-  await plain.pool.terminateShard(0)
-  await r2
-  await until(() => plain.pool.health()[0] === 'exact')
-  await until(() => warnings(capture, 'KVR_INDEX_DEGRADED').some((w) => /worker\(s\) 52 are forgotten .*--no-router-event-recovery/.test(w)))
-  const approx = await Router.start(config(['--router-block-size', '4', '--no-router-kv-events']))
-  t.teardown(() => approx.close())
-  const r3 = new Promise((res) => approx.pool.once('shardRestarted', res))
-  await approx.pool.terminateShard(0)
-  await r3
-  await until(() => approx.pool.health()[0] === 'exact').catch(() => undefined)
-  t.equal(approx.pool.health()[0], 'exact', 'approximate mode: exact at once')
-})
+t.test(
+  'a restarted shard whose worker cannot be rebuilt is exact again, that worker degraded with a warning; approximate mode had nothing to lose',
+  async (t) => {
+    const capture = captureProcessLog()
+    const up = await upstream((_req, _body, res) => {
+      res.writeHead(404)
+      res.end()
+    })
+    t.teardown(() => up.close())
+    const r = await Router.start(config(['--router-block-size', '4', '--router-event-recovery']))
+    t.teardown(() => r.close())
+    await r.addWorker({ id: 51n, url: up.url })
+    // it sent events (a worker that never did had only predictions to lose)
+    r.ingestEvent({ worker_id: 51n, event: { event_id: 1n, dp_rank: 0, data: 'cleared' } })
+    await r.pool.flush()
+    const r1 = new Promise((res) => r.pool.once('shardRestarted', res))
+    await r.pool.terminateShard(0)
+    await r1
+    // three probes of the worker (1 s, 2 s, 4 s apart) before it is given up: seconds, more under load
+    await until(() => r.pool.health()[0] === 'exact', 30_000)
+    t.equal(r.recovery?.stateOf(51n, 0), 'degraded', 'the worker that could not be rebuilt says so')
+    await until(() => warnings(capture, 'KVR_INDEX_DEGRADED').some((w) => /index shard 0 restarted: the cached blocks of worker\(s\) 51 are forgotten/.test(w)))
+    // without recovery at all, the same
+    const plain = await Router.start(config(['--router-block-size', '4']))
+    t.teardown(() => plain.close())
+    await plain.addWorker({ id: 52n, url: 'http://127.0.0.1:9' })
+    plain.ingestEvent({ worker_id: 52n, event: { event_id: 1n, dp_rank: 0, data: 'cleared' } })
+    await plain.pool.flush()
+    const r2 = new Promise((res) => plain.pool.once('shardRestarted', res))
+    await plain.pool.terminateShard(0)
+    await r2
+    await until(() => plain.pool.health()[0] === 'exact')
+    await until(() => warnings(capture, 'KVR_INDEX_DEGRADED').some((w) => /worker\(s\) 52 are forgotten .*--no-router-event-recovery/.test(w)))
+    const approx = await Router.start(config(['--router-block-size', '4', '--no-router-kv-events']))
+    t.teardown(() => approx.close())
+    const r3 = new Promise((res) => approx.pool.once('shardRestarted', res))
+    await approx.pool.terminateShard(0)
+    await r3
+    await until(() => approx.pool.health()[0] === 'exact').catch(() => undefined)
+    t.equal(approx.pool.health()[0], 'exact', 'approximate mode: exact at once')
+  },
+)
 
 t.test('a worker not up when it registers is probed again until it answers, then rebuilt', async (t) => {
   const [port] = await getFreePorts(1)
@@ -396,7 +434,11 @@ t.test('a worker not up when it registers is probed again until it answers, then
     req.on('end', () => {
       const q = JSON.parse(body) as { start_event_id: unknown }
       res.writeHead(200, { 'content-type': 'application/json' })
-      res.end(q.start_event_id === null ? `{"TreeDump":[${encodeRouterEvent(ev(61n, 0, 70, null))}]}` : '{"TooNew":{"requested_start":18446744073709551615,"requested_end":null,"newest_available":3}}')
+      res.end(
+        q.start_event_id === null
+          ? `{"TreeDump":[${encodeRouterEvent(ev(61n, 0, 70, null))}]}`
+          : '{"TooNew":{"requested_start":18446744073709551615,"requested_end":null,"newest_available":3}}',
+      )
     })
   })
   await new Promise<void>((r) => srv.listen(port, '127.0.0.1', r))

@@ -46,7 +46,11 @@ t.test('where the template is found', async (t) => {
   t.equal(findChatTemplate(modelDir()), null, 'no tokenizer_config.json')
   t.equal(findChatTemplate(modelDir({ config: { bos_token: '<s>' } })), null, 'a config without a template')
   const fromConfig = findChatTemplate(modelDir({ config: { chat_template: 'A', bos_token: { content: '<s>' }, eos_token: '</s>' } }))
-  t.match(fromConfig, { text: 'A', bosToken: '<s>', eosToken: '</s>', from: /tokenizer_config\.json$/ }, 'a special token written as an object gives its content')
+  t.match(
+    fromConfig,
+    { text: 'A', bosToken: '<s>', eosToken: '</s>', from: /tokenizer_config\.json$/ },
+    'a special token written as an object gives its content',
+  )
   t.match(
     findChatTemplate(
       modelDir({
@@ -61,7 +65,11 @@ t.test('where the template is found', async (t) => {
     { text: 'D', from: /\(default\)$/ },
     'of named templates, the default',
   )
-  t.match(findChatTemplate(modelDir({ config: { chat_template: 'A' }, jinja: 'J' })), { text: 'J', from: /chat_template\.jinja$/ }, 'chat_template.jinja before the config')
+  t.match(
+    findChatTemplate(modelDir({ config: { chat_template: 'A' }, jinja: 'J' })),
+    { text: 'J', from: /chat_template\.jinja$/ },
+    'chat_template.jinja before the config',
+  )
 })
 
 t.test('chat rendered by the model template, completions with the BOS', async (t) => {
@@ -70,17 +78,31 @@ t.test('chat rendered by the model template, completions with the BOS', async (t
   t.match(tok.chatTemplate, /tokenizer_config\.json$/)
   const user = [{ role: 'user', content: 'hello kv cache' }]
   t.same([...(await tok.encodeChat(chat(user), false))], [BOS, START, 9, 1, 3, 4, END, START, 10], 'the template writes the one BOS')
-  t.same([...(await tok.encodeChat(chat(user), true))], [BOS, BOS, START, 9, 1, 3, 4, END, START, 10], 'add_special_tokens on a chat adds a second, as vLLM does')
+  t.same(
+    [...(await tok.encodeChat(chat(user), true))],
+    [BOS, BOS, START, 9, 1, 3, 4, END, START, 10],
+    'add_special_tokens on a chat adds a second, as vLLM does',
+  )
   t.same([...(await tok.encodeChat(chat(user, { addGenerationPrompt: false }), false))], [BOS, START, 9, 1, 3, 4, END])
-  t.same([...(await tok.encodeChat(chat(user, { kwargs: { enable_thinking: true } }), false))], [BOS, START, 9, 1, 3, 4, END, 5, START, 10], 'chat_template_kwargs reach the template')
+  t.same(
+    [...(await tok.encodeChat(chat(user, { kwargs: { enable_thinking: true } }), false))],
+    [BOS, START, 9, 1, 3, 4, END, 5, START, 10],
+    'chat_template_kwargs reach the template',
+  )
   t.same([...(await tok.encode('hello world', true))], [BOS, 1, 2], 'a completion gets the BOS')
   t.same([...(await tok.encode('hello world', false))], [1, 2])
-  await t.rejects(tok.encodeChat(chat([{ role: 'bad', content: 'x' }]), false), { code: 'KVR_ERR_INVALID_REQUEST', message: /chat template refused the messages: roles must alternate/ })
+  await t.rejects(tok.encodeChat(chat([{ role: 'bad', content: 'x' }]), false), {
+    code: 'KVR_ERR_INVALID_REQUEST',
+    message: /chat template refused the messages: roles must alternate/,
+  })
   t.same([...(await tok.encodeChat(chat(user), false))], [BOS, START, 9, 1, 3, 4, END, START, 10], 'the thread still works after a refusal')
 })
 
 t.test('a template that does not parse stops the start; none at all falls back to the fixed template', async (t) => {
-  await t.rejects(HfTokenizer.load(modelDir({ jinja: '{% for %}' }), 1), { code: 'KVR_ERR_INVALID_OPTION', message: /chat template beside .* could not be read/ })
+  await t.rejects(HfTokenizer.load(modelDir({ jinja: '{% for %}' }), 1), {
+    code: 'KVR_ERR_INVALID_OPTION',
+    message: /chat template beside .* could not be read/,
+  })
   const tok = await HfTokenizer.load(modelDir(), 1)
   t.teardown(() => tok.close())
   t.equal(tok.chatTemplate, null)
@@ -91,9 +113,13 @@ t.test('a template that does not parse stops the start; none at all falls back t
 t.test('through the router: the tokens routed are the template tokens; the request fields reach the tokenizer', async (t) => {
   const tok = await HfTokenizer.load(modelDir({ config: { chat_template: CHATML, bos_token: '<s>' } }), 1)
   const h = await tokenizedRouter(t, tok)
-  const post = (url: string, body: object) => h.app.fastify.inject({ method: 'POST', url, headers: { 'content-type': 'application/json' }, payload: JSON.stringify(body) })
+  const post = (url: string, body: object) =>
+    h.app.fastify.inject({ method: 'POST', url, headers: { 'content-type': 'application/json' }, payload: JSON.stringify(body) })
   const sum = async (): Promise<number> =>
-    Number(/dynamo_component_router_input_sequence_tokens_sum\{[^}]*\} (\d+)/.exec((await h.app.fastify.inject({ method: 'GET', url: '/metrics' })).body)?.[1] ?? Number.NaN)
+    Number(
+      /dynamo_component_router_input_sequence_tokens_sum\{[^}]*\} (\d+)/.exec((await h.app.fastify.inject({ method: 'GET', url: '/metrics' })).body)?.[1] ??
+        Number.NaN,
+    )
   const messages = [{ role: 'user', content: 'hello kv cache' }]
   t.equal((await post('/v1/chat/completions', { messages })).statusCode, 200)
   t.equal(await sum(), 9, 'nine tokens: BOS, the turn, the generation prompt')

@@ -48,7 +48,12 @@ t.test('bytes tokenizer and chat template', async (t) => {
 t.test('text prompts through the router use the tokenizer', async (t) => {
   const tok = await HfTokenizer.load(fixture, 1)
   const h = await tokenizedRouter(t, tok)
-  const r = await h.app.fastify.inject({ method: 'POST', url: '/v1/completions', headers: { 'content-type': 'application/json' }, payload: JSON.stringify({ prompt: 'hello world kv cache router' }) })
+  const r = await h.app.fastify.inject({
+    method: 'POST',
+    url: '/v1/completions',
+    headers: { 'content-type': 'application/json' },
+    payload: JSON.stringify({ prompt: 'hello world kv cache router' }),
+  })
   t.equal(r.statusCode, 200)
   t.match(r.body, '"prompt":"hello world kv cache router"', 'the text is forwarded as sent')
   const c = await h.app.fastify.inject({
@@ -86,7 +91,21 @@ t.test('process: `serve --tokenizer tokenizer.json` as the shebang starts it tok
     // the router's health probes are GETs without a body
     res.end(req.method === 'GET' ? '{}' : JSON.stringify({ echo: JSON.parse(body) as unknown }))
   })
-  const c = runCli(['serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-event-threads', '1', '--router-block-size', '2', '--tokenizer', fixture, '--worker', `1=${s.url}`])
+  const c = runCli([
+    'serve',
+    '--http-host',
+    '127.0.0.1',
+    '--http-port',
+    '0',
+    '--router-event-threads',
+    '1',
+    '--router-block-size',
+    '2',
+    '--tokenizer',
+    fixture,
+    '--worker',
+    `1=${s.url}`,
+  ])
   t.teardown(async () => {
     c.p.kill('SIGKILL')
     await c.exited
@@ -94,7 +113,11 @@ t.test('process: `serve --tokenizer tokenizer.json` as the shebang starts it tok
   })
   const base = (await waitForOutput(c, /listening on (http:\/\/\S+)/))?.[1]
   if (base === undefined) return t.fail(`the router exited: ${c.err()}`)
-  const r = await fetch(`${base}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt: 'hello world kv cache router' }) })
+  const r = await fetch(`${base}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt: 'hello world kv cache router' }),
+  })
   t.equal(r.status, 200)
   t.match(await r.text(), '"prompt":"hello world kv cache router"')
   const m = await (await fetch(`${base}/metrics`)).text()
@@ -117,7 +140,12 @@ t.test('non-kv mode accepts text without a tokenizer', async (t) => {
     await s.close()
   })
   await h.router.addWorker({ id: 1n, url: s.url })
-  const r = await h.app.fastify.inject({ method: 'POST', url: '/v1/completions', headers: { 'content-type': 'application/json' }, payload: JSON.stringify({ prompt: 'plain text' }) })
+  const r = await h.app.fastify.inject({
+    method: 'POST',
+    url: '/v1/completions',
+    headers: { 'content-type': 'application/json' },
+    payload: JSON.stringify({ prompt: 'plain text' }),
+  })
   t.equal(r.statusCode, 200)
   t.match(r.body, '"ok":true')
 })

@@ -137,8 +137,15 @@ class Gen {
       medium: this.rng.pick(['GPU', null, undefined]),
       kind: extra.kind ?? this.rng.pick(['full_attention', undefined]),
     }
-    if (this.rng.next() < 0.5) return ['BlockStored', f.block_hashes, f.parent_block_hash, f.token_ids, f.block_size, null, f.medium ?? null, null, null, 0, f.kind ?? null]
-    const m: Record<string, unknown> = { type: 'BlockStored', block_hashes: f.block_hashes, parent_block_hash: f.parent_block_hash, token_ids: f.token_ids, block_size: f.block_size }
+    if (this.rng.next() < 0.5)
+      return ['BlockStored', f.block_hashes, f.parent_block_hash, f.token_ids, f.block_size, null, f.medium ?? null, null, null, 0, f.kind ?? null]
+    const m: Record<string, unknown> = {
+      type: 'BlockStored',
+      block_hashes: f.block_hashes,
+      parent_block_hash: f.parent_block_hash,
+      token_ids: f.token_ids,
+      block_size: f.block_size,
+    }
     if (f.medium !== undefined) m.medium = f.medium
     if (f.kind !== undefined) m.kv_cache_spec_kind = f.kind
     return m
@@ -437,7 +444,13 @@ t.test(`the ZMQ intake under random, mutated and well-formed batches (seed ${SEE
   // probes and markers draw from their own stream: how many the subscription takes depends on
   // timing, and must not change what the seed generates
   const aside = new Gen(new Rng(SEED ^ 0x5bd1e995))
-  const exp: Expected = { badFrames: 0, sinkErrors: 0, skipped: { block_size_mismatch: 0, attention_kind: 0, unknown_event: 0, empty: 0 }, goodBatches: 0, batches: 0 }
+  const exp: Expected = {
+    badFrames: 0,
+    sinkErrors: 0,
+    skipped: { block_size_mismatch: 0, attention_kind: 0, unknown_event: 0, empty: 0 },
+    goodBatches: 0,
+    batches: 0,
+  }
   let model = new Model()
 
   const pub = new Publisher({ linger: 0, sendHighWaterMark: 100_000 })
@@ -489,7 +502,8 @@ t.test(`the ZMQ intake under random, mutated and well-formed batches (seed ${SEE
     payload: { id: WORKER, url: 'http://127.0.0.1:9', kv_events_endpoint: pubEp, replay_endpoint: replayEp, kv_events_topic: TOPIC },
   })
   t.equal(reg.statusCode, 201, reg.body)
-  const rankIndex = async (): Promise<string> => (JSON.parse(await get('/v1/workers')) as { workers: { ranks: { index: string }[] }[] }).workers[0]?.ranks[0]?.index ?? ''
+  const rankIndex = async (): Promise<string> =>
+    (JSON.parse(await get('/v1/workers')) as { workers: { ranks: { index: string }[] }[] }).workers[0]?.ranks[0]?.index ?? ''
   const holds = async (m: Model): Promise<boolean> => {
     const d = dumpedBlocks(await get(`/v1/kv/dump?worker_id=${WORKER}`))
     return d.size === m.blocks.size && [...m.blocks.keys()].every((h) => d.has(h))
@@ -556,7 +570,9 @@ t.test(`the ZMQ intake under random, mutated and well-formed batches (seed ${SEE
   }
   t.equal(mismatches, 0, 'every block with its parent and tokens_hash')
   const deepest = [...model.blocks.keys()].map((h) => model.path(h)).reduce((a, b) => (b.length > a.length ? b : a))
-  const overlap = (await app.fastify.inject({ method: 'POST', url: '/v1/overlap', payload: { token_ids: deepest } })).json() as { scores: { worker_id: number; overlap_blocks: number }[] }
+  const overlap = (await app.fastify.inject({ method: 'POST', url: '/v1/overlap', payload: { token_ids: deepest } })).json() as {
+    scores: { worker_id: number; overlap_blocks: number }[]
+  }
   t.same(
     overlap.scores.filter((s) => s.worker_id === WORKER).map((s) => s.overlap_blocks),
     [deepest.length / BS],

@@ -58,7 +58,11 @@ t.test('registered with its kv-events endpoints, each engine is indexed exactly;
   const router = await startRouter(t)
   const ids = fleet.workers.map((w) => w.workerId)
   for (let i = 0; i < 2; i++)
-    await router.addWorker({ id: ids[i] as bigint, url: 'http://127.0.0.1:9', kvEvents: { endpoint: `tcp://127.0.0.1:${base + i}`, replay: `tcp://127.0.0.1:${base + 2 + i}`, topic: '' } })
+    await router.addWorker({
+      id: ids[i] as bigint,
+      url: 'http://127.0.0.1:9',
+      kvEvents: { endpoint: `tcp://127.0.0.1:${base + i}`, replay: `tcp://127.0.0.1:${base + 2 + i}`, topic: '' },
+    })
   for (let i = 0; i < 2; i++) {
     const want = cachedOf(fleet, i)
     t.ok(want.size > 0)
@@ -105,7 +109,11 @@ t.test('an engine that restarts is reset, then indexed from its new events', asy
   const first = await zmqFleet(t, { numGpuBlocks: 32, maxNumSeqs: 4, maxNumBatchedTokens: 64, blockSize: BS })
   const router = await startRouter(t)
   const id = first.fleet.workers[0]?.workerId as bigint
-  await router.addWorker({ id, url: 'http://127.0.0.1:9', kvEvents: { endpoint: `tcp://127.0.0.1:${first.base}`, replay: `tcp://127.0.0.1:${first.base + 1}`, topic: '' } })
+  await router.addWorker({
+    id,
+    url: 'http://127.0.0.1:9',
+    kvEvents: { endpoint: `tcp://127.0.0.1:${first.base}`, replay: `tcp://127.0.0.1:${first.base + 1}`, topic: '' },
+  })
   const rng = new Rng(9)
   await waitUntil('subscribed', async () => {
     await drive(first.fleet, rng, 3)
@@ -335,8 +343,14 @@ t.test('GET /v1/workers shows the listener state per rank', async (t) => {
   const app = await buildApp({ router, tokenizer: null })
   t.teardown(() => app.shutdown(1000))
   // nothing listens on the replay port: the first replay times out, the rank is degraded
-  await router.addWorker({ id: 3n, url: 'http://127.0.0.1:9', dpRanks: 2, kvEvents: { endpoint: 'tcp://127.0.0.1:9', replay: 'tcp://127.0.0.1:19', topic: '' } })
-  const get = async () => (await app.fastify.inject({ method: 'GET', url: '/v1/workers' })).json() as { workers: { index: string; ranks: { index: string }[] }[] }
+  await router.addWorker({
+    id: 3n,
+    url: 'http://127.0.0.1:9',
+    dpRanks: 2,
+    kvEvents: { endpoint: 'tcp://127.0.0.1:9', replay: 'tcp://127.0.0.1:19', topic: '' },
+  })
+  const get = async () =>
+    (await app.fastify.inject({ method: 'GET', url: '/v1/workers' })).json() as { workers: { index: string; ranks: { index: string }[] }[] }
   const w = (await get()).workers[0]
   t.same(
     w?.ranks.map((r) => r.index),
@@ -361,6 +375,11 @@ t.test("log lines of an engine's events: a bad frame, a gap without a replay soc
   // the shard's sample of the batch it refused travels by message
   await new Promise((r) => setTimeout(r, 100))
   pool.logWatch.poll()
-  t.match(line('engine_batches_malformed'), { level: 'warn', count: 1, reasons: { malformed_msgpack: 1 }, last: { code: 'KVR_ERR_EVENT_MALFORMED_MSGPACK', worker_id: '7', dp_rank: 0 } })
+  t.match(line('engine_batches_malformed'), {
+    level: 'warn',
+    count: 1,
+    reasons: { malformed_msgpack: 1 },
+    last: { code: 'KVR_ERR_EVENT_MALFORMED_MSGPACK', worker_id: '7', dp_rank: 0 },
+  })
   t.equal(intake.counters().badFrames, 1)
 })

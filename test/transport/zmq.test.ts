@@ -68,9 +68,15 @@ class Engine {
       const from = (start as Buffer).readBigUInt64BE(0)
       for (const e of this.ring) {
         if (e.seq < from || this.dropFromReplay.has(e.seq)) continue
-        await this.router.send(this.topicInReplies ? [id as Buffer, Buffer.alloc(0), TOPIC, be8(e.seq), e.payload] : [id as Buffer, Buffer.alloc(0), be8(e.seq), e.payload])
+        await this.router.send(
+          this.topicInReplies ? [id as Buffer, Buffer.alloc(0), TOPIC, be8(e.seq), e.payload] : [id as Buffer, Buffer.alloc(0), be8(e.seq), e.payload],
+        )
       }
-      await this.router.send(this.topicInReplies ? [id as Buffer, Buffer.alloc(0), Buffer.alloc(0), be8(-1n), Buffer.alloc(0)] : [id as Buffer, Buffer.alloc(0), be8(-1n), Buffer.alloc(0)])
+      await this.router.send(
+        this.topicInReplies
+          ? [id as Buffer, Buffer.alloc(0), Buffer.alloc(0), be8(-1n), Buffer.alloc(0)]
+          : [id as Buffer, Buffer.alloc(0), be8(-1n), Buffer.alloc(0)],
+      )
     }
   }
 }

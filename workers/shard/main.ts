@@ -102,7 +102,8 @@ async function run(): Promise<void> {
     // the ring fills again at once, so waking per batch cost thousands of them per second. Half
     // a ring always holds the next fragment (fragments are at most a quarter).
     const read = Atomics.load(ctrl, RING_READ)
-    if (read !== readBefore && Atomics.load(ctrl, PRODUCER_WAIT) === 1 && (Atomics.load(ctrl, RING_WRITE) - read) >>> 0 <= ringHalf) Atomics.notify(ctrl, RING_READ)
+    if (read !== readBefore && Atomics.load(ctrl, PRODUCER_WAIT) === 1 && (Atomics.load(ctrl, RING_WRITE) - read) >>> 0 <= ringHalf)
+      Atomics.notify(ctrl, RING_READ)
     if (n > 0) {
       work += n
       publishCounters()

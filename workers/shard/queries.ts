@@ -2,7 +2,20 @@
 // number into the query ring; this shard answers from its own index into its column of the
 // slot's results and clears its pending bit, and the last shard to answer wakes the main thread
 // if it waits.
-import { B_ANSWERS, B_MAIN_WAITING, HEARTBEAT, Q_FLAGS, Q_N, Q_PENDING, QF_EARLY_EXIT, QRING_BASE, QRING_READ, QRING_SIZE, QRING_WRITE, RESULT_WORDS } from '../../src/thread/protocol.js'
+import {
+  B_ANSWERS,
+  B_MAIN_WAITING,
+  HEARTBEAT,
+  Q_FLAGS,
+  Q_N,
+  Q_PENDING,
+  QF_EARLY_EXIT,
+  QRING_BASE,
+  QRING_READ,
+  QRING_SIZE,
+  QRING_WRITE,
+  RESULT_WORDS,
+} from '../../src/thread/protocol.js'
 import { board, counters, ctrl, index, init, layout, me } from './state.js'
 
 const loViews: Uint32Array[] = []

@@ -395,13 +395,24 @@ class ProxyRun implements ProxiedRequest {
     const last = this.retry >= this.retries
     limited.warn(
       'upstream_failed',
-      { code: failure.code, phase: 'before_first_token', worker_id: d.workerId.toString(), dp_rank: d.dpRank, request_id: a.booking.id, retried: !last, error: failure.message },
+      {
+        code: failure.code,
+        phase: 'before_first_token',
+        worker_id: d.workerId.toString(),
+        dp_rank: d.dpRank,
+        request_id: a.booking.id,
+        retried: !last,
+        error: failure.message,
+      },
       'a worker failed before its first token',
     )
     if (this.retry++ >= this.retries) {
       // the client learns it was retried, and where: the last worker's error alone reads as if
       // only that one had been tried
-      if (tried.length > 1) return this.fail(new KvrError('KVR_ERR_UPSTREAM', `${failure.message} (the last of ${tried.length} attempts, on workers ${tried.map((x) => x.workerId).join(', ')})`))
+      if (tried.length > 1)
+        return this.fail(
+          new KvrError('KVR_ERR_UPSTREAM', `${failure.message} (the last of ${tried.length} attempts, on workers ${tried.map((x) => x.workerId).join(', ')})`),
+        )
       return this.fail(failure)
     }
     p.rebook(this.call.route, this.gone, this.tried).then(
@@ -420,7 +431,11 @@ class ProxyRun implements ProxiedRequest {
     const code = (err as { code?: unknown } | null)?.code
     if (code === 'KVR_ERR_ALL_WORKERS_BUSY' || code === 'KVR_ERR_QUEUE_FULL') {
       this.proxy.metrics.rejected(this.call.model, this.call.path)
-      limited.warn('requests_rejected', { code, route: this.call.path, error: (err as Error).message }, 'a request was refused: every worker is busy or the queue is full')
+      limited.warn(
+        'requests_rejected',
+        { code, route: this.call.path, error: (err as Error).message },
+        'a request was refused: every worker is busy or the queue is full',
+      )
     }
     this.errorCode = isKvrError(err) ? err.code : 'internal'
     this.end(isKvrError(err) ? err.statusCode : 500)
@@ -503,7 +518,14 @@ const targets = new Map<string, { origin: string; path: string }>()
 /** nvext.worker_id (the same worker does prefill and decode): built when a response needs it. */
 function workerIdObject(r: WorkerRankRef): object {
   const s = r.workerId.toString()
-  return { prefill_worker_id: r.workerId, prefill_worker_id_str: s, prefill_dp_rank: r.dpRank, decode_worker_id: r.workerId, decode_worker_id_str: s, decode_dp_rank: r.dpRank }
+  return {
+    prefill_worker_id: r.workerId,
+    prefill_worker_id_str: s,
+    prefill_dp_rank: r.dpRank,
+    decode_worker_id: r.workerId,
+    decode_worker_id_str: s,
+    decode_dp_rank: r.dpRank,
+  }
 }
 
 /** The identity of a tried worker-rank, without holding on to the decision it came from. */
@@ -779,7 +801,12 @@ class UpstreamExchange implements Dispatcher.DispatchHandler {
     this.chunks++
     run.reply.hijack()
     const raw = run.reply.raw
-    raw.writeHead(200, { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-worker-id': this.a.decision.workerId.toString() })
+    raw.writeHead(200, {
+      'content-type': 'text/event-stream',
+      'cache-control': 'no-cache',
+      connection: 'keep-alive',
+      'x-worker-id': this.a.decision.workerId.toString(),
+    })
     const out = new ChunkWriter(raw)
     this.out = out
     return out.begin(event)
@@ -861,7 +888,15 @@ class UpstreamExchange implements Dispatcher.DispatchHandler {
     run.errorCode = e.code
     limited.warn(
       'upstream_failed',
-      { code: e.code, phase: 'after_first_token', worker_id: d.workerId.toString(), dp_rank: d.dpRank, request_id: this.a.booking.id, retried: false, error: e.message },
+      {
+        code: e.code,
+        phase: 'after_first_token',
+        worker_id: d.workerId.toString(),
+        dp_rank: d.dpRank,
+        request_id: this.a.booking.id,
+        retried: false,
+        error: e.message,
+      },
       'a worker failed mid-stream',
     )
     // the error is an event of its own: the unfinished event is dropped, and one too long to

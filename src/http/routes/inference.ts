@@ -16,12 +16,17 @@ export function inferenceRoutes(fastify: FastifyInstance, ctx: HttpContext): voi
   const { router, cfg, tokenizer, proxy } = ctx
   const noTokenizer = (): null => {
     if (cfg.mode === 'kv')
-      throw new KvrError('KVR_ERR_NO_TOKENIZER', 'a text prompt needs a tokenizer in kv mode: start the router with --tokenizer PATH (a tokenizer.json) or --tokenizer bytes, or send token ids')
+      throw new KvrError(
+        'KVR_ERR_NO_TOKENIZER',
+        'a text prompt needs a tokenizer in kv mode: start the router with --tokenizer PATH (a tokenizer.json) or --tokenizer bytes, or send token ids',
+      )
     return null
   }
   // vLLM's request field, with its defaults: a completion gets the tokenizer's BOS, a rendered chat not
-  const specialTokens = (body: Record<string, unknown>, dflt: boolean): boolean => (typeof body.add_special_tokens === 'boolean' ? body.add_special_tokens : dflt)
-  const tokensOf = async (text: string, body: Record<string, unknown>): Promise<ArrayLike<number> | null> => (tokenizer === null ? noTokenizer() : tokenizer.encode(text, specialTokens(body, true)))
+  const specialTokens = (body: Record<string, unknown>, dflt: boolean): boolean =>
+    typeof body.add_special_tokens === 'boolean' ? body.add_special_tokens : dflt
+  const tokensOf = async (text: string, body: Record<string, unknown>): Promise<ArrayLike<number> | null> =>
+    tokenizer === null ? noTokenizer() : tokenizer.encode(text, specialTokens(body, true))
 
   const commonRoute = (req: FastifyRequest, body: Record<string, unknown>, tokens: ArrayLike<number> | null, textLength: number): RouteInput => {
     const input: RouteInput = { tokens: tokens ?? [], isl: tokens === null ? Math.ceil(textLength / 4) : tokens.length }
@@ -32,10 +37,14 @@ export function inferenceRoutes(fastify: FastifyInstance, ctx: HttpContext): voi
     if (rank !== undefined && rank !== null) {
       // a header is text: Number() would read "" and "0x0" as rank 0
       const r = typeof rank === 'string' ? (/^[0-9]{1,10}$/.test(rank) ? Number(rank) : Number.NaN) : Number(rank)
-      if (!Number.isInteger(r) || r < 0 || r > 0xffffffff) throw new KvrError('KVR_ERR_INVALID_REQUEST', `dp rank must be a decimal integer in [0, 2^32), got ${JSON.stringify(rank)}`)
+      if (!Number.isInteger(r) || r < 0 || r > 0xffffffff)
+        throw new KvrError('KVR_ERR_INVALID_REQUEST', `dp rank must be a decimal integer in [0, 2^32), got ${JSON.stringify(rank)}`)
       // a rank names one rank of one worker; without the worker it would be dropped unseen
       if (input.workerId === undefined)
-        throw new KvrError('KVR_ERR_INVALID_REQUEST', 'a dp rank (x-dp-rank, nvext.dp_rank) needs the worker it belongs to (x-worker-instance-id or nvext.backend_instance_id)')
+        throw new KvrError(
+          'KVR_ERR_INVALID_REQUEST',
+          'a dp rank (x-dp-rank, nvext.dp_rank) needs the worker it belongs to (x-worker-instance-id or nvext.backend_instance_id)',
+        )
       input.dpRank = r
     }
     const session = headerValue(req, 'x-dynamo-session-id')
@@ -92,7 +101,11 @@ export function inferenceRoutes(fastify: FastifyInstance, ctx: HttpContext): voi
           textLength = (arr[0] as string).length
           tokens = await tokensOf(arr[0] as string, body)
         } else if (arr.length === 1 && Array.isArray(arr[0])) tokens = arr[0] as number[]
-        else throw new KvrError('KVR_ERR_INVALID_REQUEST', 'prompt must be a string, an array of token ids, or one of them in an array (batches are not supported)')
+        else
+          throw new KvrError(
+            'KVR_ERR_INVALID_REQUEST',
+            'prompt must be a string, an array of token ids, or one of them in an array (batches are not supported)',
+          )
       }
     }
     if (tokens !== null && tokens.length === 0) throw new KvrError('KVR_ERR_EMPTY_PROMPT', 'prompt is empty')
@@ -134,5 +147,9 @@ export function inferenceRoutes(fastify: FastifyInstance, ctx: HttpContext): voi
         })
     }
   fastify.post('/v1/completions', { schema: { body: completionSchema }, onResponse: countUnproxied('/v1/completions') }, inference('/v1/completions', false))
-  fastify.post('/v1/chat/completions', { schema: { body: chatSchema }, onResponse: countUnproxied('/v1/chat/completions') }, inference('/v1/chat/completions', true))
+  fastify.post(
+    '/v1/chat/completions',
+    { schema: { body: chatSchema }, onResponse: countUnproxied('/v1/chat/completions') },
+    inference('/v1/chat/completions', true),
+  )
 }

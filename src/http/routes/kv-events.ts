@@ -17,8 +17,15 @@ export async function kvEventRoutes(fastify: FastifyInstance, ctx: HttpContext):
       if (router.pool.backlogFull) {
         router.metrics.eventsRefused(1)
         reply.header('retry-after', '1')
-        const err = new KvrError('KVR_ERR_EVENT_BACKLOG', `${router.pool.pendingMessages} event messages (${router.pool.pendingBytes} bytes) wait for the indexer shards`)
-        limited.warn('http_events_refused', { code: err.code, error: err.message, client: req.ip }, 'a POST /v1/kv-events batch was refused: the backlog is full')
+        const err = new KvrError(
+          'KVR_ERR_EVENT_BACKLOG',
+          `${router.pool.pendingMessages} event messages (${router.pool.pendingBytes} bytes) wait for the indexer shards`,
+        )
+        limited.warn(
+          'http_events_refused',
+          { code: err.code, error: err.message, client: req.ip },
+          'a POST /v1/kv-events batch was refused: the backlog is full',
+        )
         throw err
       }
       const buf = req.body as Buffer
@@ -41,7 +48,11 @@ export async function kvEventRoutes(fastify: FastifyInstance, ctx: HttpContext):
       } catch (err) {
         router.metrics.eventsRefused(1)
         const e = err as { code?: unknown; message?: unknown }
-        limited.warn('http_events_refused', { code: e.code, error: String(e.message), client: req.ip }, 'a POST /v1/kv-events batch was refused whole: an event in it does not decode')
+        limited.warn(
+          'http_events_refused',
+          { code: e.code, error: String(e.message), client: req.ip },
+          'a POST /v1/kv-events batch was refused whole: an event in it does not decode',
+        )
         throw err
       }
       let backpressure = false

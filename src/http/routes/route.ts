@@ -20,7 +20,8 @@ import type { HttpContext } from '../context.js'
 export function candidateJson(c: Candidate): string {
   const id = c.workerId.toString()
   // the latency cost's terms, in seconds, after Dynamo's fields (absent under --router-cost dynamo)
-  const terms = c.ttftSecs === undefined ? '' : `,"ttft_secs":${c.ttftSecs},"decode_slowdown_secs":${c.slowdownSecs ?? 0},"queueing_secs":${c.queueingSecs ?? 0}`
+  const terms =
+    c.ttftSecs === undefined ? '' : `,"ttft_secs":${c.ttftSecs},"decode_slowdown_secs":${c.slowdownSecs ?? 0},"queueing_secs":${c.queueingSecs ?? 0}`
   return `{"worker_id":${id},"worker_id_str":"${id}","dp_rank":${c.dpRank},"overlap_blocks":${c.overlapBlocks},"prefill_blocks":${c.prefillBlocks},"decode_blocks":${c.decodeBlocks},"logit":${Number.isFinite(c.logit) ? c.logit : 'null'}${c.treeSize === undefined ? '' : `,"tree_size":${c.treeSize}`}${terms}}`
 }
 
@@ -49,7 +50,8 @@ export async function decisionRoutes(fastify: FastifyInstance, ctx: HttpContext)
       if (wid !== undefined && wid !== null) input.workerId = readU64(wid, 'worker_id')
       if (rest.dp_rank !== undefined && rest.dp_rank !== null) {
         const r = rest.dp_rank
-        if (typeof r !== 'number' || !Number.isInteger(r) || r < 0 || r > 0xffffffff) throw new KvrError('KVR_ERR_INVALID_REQUEST', 'dp_rank must be an integer in [0, 2^32)')
+        if (typeof r !== 'number' || !Number.isInteger(r) || r < 0 || r > 0xffffffff)
+          throw new KvrError('KVR_ERR_INVALID_REQUEST', 'dp_rank must be an integer in [0, 2^32)')
         if (input.workerId === undefined) throw new KvrError('KVR_ERR_INVALID_REQUEST', 'dp_rank needs the worker it belongs to (worker_id)')
         input.dpRank = r
       }
@@ -62,7 +64,8 @@ export async function decisionRoutes(fastify: FastifyInstance, ctx: HttpContext)
       }
       if (rest.isl !== undefined) {
         const n = rest.isl
-        if (typeof n !== 'number' || !Number.isInteger(n) || n < 0 || n > MAX_ISL) throw new KvrError('KVR_ERR_INVALID_REQUEST', `isl must be an integer in [0, 2^32), got ${JSON.stringify(n)}`)
+        if (typeof n !== 'number' || !Number.isInteger(n) || n < 0 || n > MAX_ISL)
+          throw new KvrError('KVR_ERR_INVALID_REQUEST', `isl must be an integer in [0, 2^32), got ${JSON.stringify(n)}`)
         input.isl = n
       }
       return input
@@ -78,7 +81,8 @@ export async function decisionRoutes(fastify: FastifyInstance, ctx: HttpContext)
       input.explain = true
       if (update === true) {
         const id = rest.request_id
-        if (id !== undefined && (typeof id !== 'string' || id.length === 0 || id.length > 256)) throw new KvrError('KVR_ERR_INVALID_REQUEST', 'request_id must be a non-empty string (≤ 256 chars)')
+        if (id !== undefined && (typeof id !== 'string' || id.length === 0 || id.length > 256))
+          throw new KvrError('KVR_ERR_INVALID_REQUEST', 'request_id must be a non-empty string (≤ 256 chars)')
         if (id !== undefined && router.requestIds.isOurs(id as string))
           throw new KvrError(
             'KVR_ERR_INVALID_REQUEST',
@@ -140,4 +144,7 @@ export async function decisionRoutes(fastify: FastifyInstance, ctx: HttpContext)
 
 /** A booking of a request the router proxies: it follows that request, not the release routes. */
 const proxiedBooking = (id: string): KvrError =>
-  new KvrError('KVR_ERR_UNKNOWN_REQUEST', `no request booked through /v1/route has the id ${id}: it is one the router is proxying, whose booking ends with its stream`)
+  new KvrError(
+    'KVR_ERR_UNKNOWN_REQUEST',
+    `no request booked through /v1/route has the id ${id}: it is one the router is proxying, whose booking ends with its stream`,
+  )

@@ -215,7 +215,8 @@ export function statusRoutes(fastify: FastifyInstance, ctx: HttpContext, listWor
 function intParam(v: unknown, name: string, min: number, max: number, dflt: number): number {
   if (v === undefined) return dflt
   const n = typeof v === 'string' && /^\d+$/.test(v) ? Number(v) : Number.NaN
-  if (!Number.isSafeInteger(n) || n < min || n > max) throw new KvrError('KVR_ERR_INVALID_REQUEST', `${name} must be an integer in [${min}, ${max}], got ${JSON.stringify(v)}`)
+  if (!Number.isSafeInteger(n) || n < min || n > max)
+    throw new KvrError('KVR_ERR_INVALID_REQUEST', `${name} must be an integer in [${min}, ${max}], got ${JSON.stringify(v)}`)
   return n
 }
 
@@ -240,14 +241,24 @@ async function samples(reg: Registry, name: string, series = name): Promise<{ la
   const got = await m.get()
   return got.values.filter((v) => ((v as { metricName?: string }).metricName ?? name) === series)
 }
-async function total(reg: Registry, name: string, series = name, where?: (labels: Partial<Record<string, string | number>>) => boolean): Promise<number | null> {
+async function total(
+  reg: Registry,
+  name: string,
+  series = name,
+  where?: (labels: Partial<Record<string, string | number>>) => boolean,
+): Promise<number | null> {
   const vs = await samples(reg, name, series)
   if (vs === null) return null
   let n = 0
   for (const v of vs) if (where === undefined || where(v.labels)) n += v.value
   return n
 }
-async function byLabel(reg: Registry, name: string, label: string, where?: (labels: Partial<Record<string, string | number>>) => boolean): Promise<Record<string, number> | null> {
+async function byLabel(
+  reg: Registry,
+  name: string,
+  label: string,
+  where?: (labels: Partial<Record<string, string | number>>) => boolean,
+): Promise<Record<string, number> | null> {
   const vs = await samples(reg, name)
   if (vs === null) return null
   const out: Record<string, number> = {}

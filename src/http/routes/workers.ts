@@ -42,7 +42,13 @@ export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): ListWo
     for (const t of sizes) {
       const w = router.registry.get(t.worker_id)
       if (w === undefined || t.dp_rank >= w.dpRanks)
-        unregistered.push({ worker_id: t.worker_id, worker_id_str: t.worker_id.toString(), dp_rank: t.dp_rank, cached_blocks: t.tree_size, last_event_id: t.last_event_id ?? null })
+        unregistered.push({
+          worker_id: t.worker_id,
+          worker_id_str: t.worker_id.toString(),
+          dp_rank: t.dp_rank,
+          cached_blocks: t.tree_size,
+          last_event_id: t.last_event_id ?? null,
+        })
     }
     const out = router.registry.all().map((w) => {
       const ranks: { index: RankIndexState; [field: string]: unknown }[] = []
@@ -107,8 +113,19 @@ export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): ListWo
     const bs = (b.block_size as number | undefined) ?? cfg.blockSize
     const device: DeviceType = b.device_type === 'cpu' ? 'cpu' : 'gpu'
     const url = workerUrl(b.url as string)
-    if (url === null) throw new KvrError('KVR_ERR_INVALID_REQUEST', `url must be an http:// or https:// URL with a host (and a port in [0, 65535]), got ${JSON.stringify(b.url)}`)
-    const reg: Parameters<Router['addWorker']>[0] = { id, url, blockSize: bs, device, capacity: (b.capacity ?? b.total_kv_blocks ?? 0) as number, dpRanks: (b.dp_size as number | undefined) ?? 1 }
+    if (url === null)
+      throw new KvrError(
+        'KVR_ERR_INVALID_REQUEST',
+        `url must be an http:// or https:// URL with a host (and a port in [0, 65535]), got ${JSON.stringify(b.url)}`,
+      )
+    const reg: Parameters<Router['addWorker']>[0] = {
+      id,
+      url,
+      blockSize: bs,
+      device,
+      capacity: (b.capacity ?? b.total_kv_blocks ?? 0) as number,
+      dpRanks: (b.dp_size as number | undefined) ?? 1,
+    }
     if (typeof b.max_num_batched_tokens === 'number') reg.maxNumBatchedTokens = b.max_num_batched_tokens
     reg.kvEvents = engineEvents(b, reg.dpRanks ?? 1)
     const existed = router.registry.get(id) !== undefined

@@ -197,7 +197,8 @@ export class BlockPool {
   cachedTokensHashes(): Map<bigint, bigint> {
     const out = new Map<bigint, bigint>()
     for (let s = 0; s < this.capacity; s++) {
-      if ((this.refs[s] as number) >= 0) out.set(u64FromParts(this.seqLo[s] as number, this.seqHi[s] as number), u64FromParts(this.tokLo[s] as number, this.tokHi[s] as number))
+      if ((this.refs[s] as number) >= 0)
+        out.set(u64FromParts(this.seqLo[s] as number, this.seqHi[s] as number), u64FromParts(this.tokLo[s] as number, this.tokHi[s] as number))
     }
     return out
   }
@@ -254,7 +255,8 @@ export class BlockPool {
    */
   allocate(requestId: RequestId, localLo: Uint32Array, localHi: Uint32Array, n: number, tokens?: Uint32Array): AllocateResult {
     checkCount(n, localLo, localHi)
-    if (tokens !== undefined && tokens.length < n * this.blockSize) throw new RangeError(`${n} blocks need ${n * this.blockSize} tokens, ${tokens.length} given`)
+    if (tokens !== undefined && tokens.length < n * this.blockSize)
+      throw new RangeError(`${n} blocks need ${n * this.blockSize} tokens, ${tokens.length} given`)
     const req = this.requests.get(requestId)
     const held = req === undefined ? 0 : req.count
     if (n < held) throw new RangeError(`request ${String(requestId)} holds ${held} blocks; an allocation cannot shrink it to ${n}`)
@@ -357,7 +359,8 @@ export class BlockPool {
     // Removed first: the router must drop the old blocks before it sees the ones in their place.
     if (evicted > 0) this.emitRemoved()
     // the Stored event's blocks are the request's blocks held + hits … n (after the cached run)
-    if (stored > 0) this.emit(storedData, storedData !== null && tokens !== undefined ? tokens.subarray((held + hits) * this.blockSize, n * this.blockSize) : undefined)
+    if (stored > 0)
+      this.emit(storedData, storedData !== null && tokens !== undefined ? tokens.subarray((held + hits) * this.blockSize, n * this.blockSize) : undefined)
     return { ok: true, hits, stored, evicted, needed, available }
   }
 

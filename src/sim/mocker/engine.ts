@@ -222,14 +222,25 @@ export interface EngineLoad {
 }
 
 function checkInt(name: string, v: number, min: number, max: number): void {
-  if (!Number.isInteger(v) || v < min || v > max) throw new KvrError('KVR_ERR_INVALID_OPTION', `${name} must be an integer in [${min}, ${max}], got ${String(v)}`)
+  if (!Number.isInteger(v) || v < min || v > max)
+    throw new KvrError('KVR_ERR_INVALID_OPTION', `${name} must be an integer in [${min}, ${max}], got ${String(v)}`)
 }
 
 export class MockEngine {
   readonly config: Readonly<EngineConfig>
   readonly pool: BlockPool
   readonly ring: EventRing
-  readonly stats: EngineStats = { steps: 0, requests: 0, finished: 0, aborted: 0, preemptions: 0, promptTokens: 0, cachedTokens: 0, generatedTokens: 0, busyMs: 0 }
+  readonly stats: EngineStats = {
+    steps: 0,
+    requests: 0,
+    finished: 0,
+    aborted: 0,
+    preemptions: 0,
+    promptTokens: 0,
+    cachedTokens: 0,
+    generatedTokens: 0,
+    busyMs: 0,
+  }
 
   private readonly waiting: EngineRequest[] = []
   private readonly running: EngineRequest[] = []
@@ -263,8 +274,10 @@ export class MockEngine {
     checkInt('num_gpu_blocks', c.numGpuBlocks, 1, 1 << 26)
     checkInt('max_num_seqs', c.maxNumSeqs, 1, 1 << 20)
     checkInt('max_num_batched_tokens', c.maxNumBatchedTokens, 1, 1 << 30)
-    if (c.preemptionMode !== 'lifo' && c.preemptionMode !== 'fifo') throw new KvrError('KVR_ERR_INVALID_OPTION', `preemption mode must be lifo or fifo, got ${String(c.preemptionMode)}`)
-    if (!(c.speedupRatio >= 0) || !Number.isFinite(c.speedupRatio)) throw new KvrError('KVR_ERR_INVALID_OPTION', `speedup ratio must be a finite number ≥ 0, got ${String(c.speedupRatio)}`)
+    if (c.preemptionMode !== 'lifo' && c.preemptionMode !== 'fifo')
+      throw new KvrError('KVR_ERR_INVALID_OPTION', `preemption mode must be lifo or fifo, got ${String(c.preemptionMode)}`)
+    if (!(c.speedupRatio >= 0) || !Number.isFinite(c.speedupRatio))
+      throw new KvrError('KVR_ERR_INVALID_OPTION', `speedup ratio must be a finite number ≥ 0, got ${String(c.speedupRatio)}`)
     if (!(c.decodeSpeedupRatio > 0) || !Number.isFinite(c.decodeSpeedupRatio))
       throw new KvrError('KVR_ERR_INVALID_OPTION', `decode speedup ratio must be a finite number > 0, got ${String(c.decodeSpeedupRatio)}`)
     this.config = Object.freeze(c)
@@ -326,14 +339,21 @@ export class MockEngine {
     const c = this.config
     const isl = prompt.length
     if (isl === 0) throw new KvrError('KVR_ERR_EMPTY_PROMPT', 'the prompt is empty')
-    if (!Number.isInteger(maxTokens) || maxTokens < 1) throw new KvrError('KVR_ERR_INVALID_REQUEST', `max_tokens must be a positive integer, got ${String(maxTokens)}`)
+    if (!Number.isInteger(maxTokens) || maxTokens < 1)
+      throw new KvrError('KVR_ERR_INVALID_REQUEST', `max_tokens must be a positive integer, got ${String(maxTokens)}`)
     const total = isl + maxTokens
     const blocks = Math.ceil(total / c.blockSize)
     if (blocks > c.numGpuBlocks) {
-      throw new KvrError('KVR_ERR_INVALID_REQUEST', `prompt (${isl} tokens) + max_tokens (${maxTokens}) need ${blocks} KV blocks of ${c.blockSize} tokens; this engine has ${c.numGpuBlocks}`)
+      throw new KvrError(
+        'KVR_ERR_INVALID_REQUEST',
+        `prompt (${isl} tokens) + max_tokens (${maxTokens}) need ${blocks} KV blocks of ${c.blockSize} tokens; this engine has ${c.numGpuBlocks}`,
+      )
     }
     if (!c.enableChunkedPrefill && total > c.maxNumBatchedTokens) {
-      throw new KvrError('KVR_ERR_INVALID_REQUEST', `prompt (${isl} tokens) + max_tokens (${maxTokens}) exceed max_num_batched_tokens (${c.maxNumBatchedTokens}) and chunked prefill is off`)
+      throw new KvrError(
+        'KVR_ERR_INVALID_REQUEST',
+        `prompt (${isl} tokens) + max_tokens (${maxTokens}) exceed max_num_batched_tokens (${c.maxNumBatchedTokens}) and chunked prefill is off`,
+      )
     }
     const tokens = new Uint32Array(total)
     for (let i = 0; i < isl; i++) {

@@ -195,7 +195,9 @@ export class MockerFleet {
       try {
         durableSubject = kvEventsQueueSubject(await ensureKvEventsStream(await this.nats.jetstreamManager(), ns, component))
       } catch (err) {
-        throw new KvrError('KVR_ERR_INVALID_OPTION', `--durable-kv-events needs JetStream on the NATS server at ${o.natsUrl}: ${(err as Error).message}`, { cause: err })
+        throw new KvrError('KVR_ERR_INVALID_OPTION', `--durable-kv-events needs JetStream on the NATS server at ${o.natsUrl}: ${(err as Error).message}`, {
+          cause: err,
+        })
       }
     }
     if (o.etcdUrl !== undefined) {
@@ -214,7 +216,8 @@ export class MockerFleet {
         if (o.apiKey !== undefined) ho.apiKey = o.apiKey
         pubs.push(new HttpEventPublisher(ho))
       }
-      if (this.nats !== null && durableSubject !== null) pubs.push(new JetStreamEventPublisher(this.nats, this.nats.jetstream(), durableSubject, (m) => warn(`engine ${workerId}: ${m}`)))
+      if (this.nats !== null && durableSubject !== null)
+        pubs.push(new JetStreamEventPublisher(this.nats, this.nats.jetstream(), durableSubject, (m) => warn(`engine ${workerId}: ${m}`)))
       else if (this.nats !== null) pubs.push(new NatsEventPublisher(this.nats, kvEventsSubject(ns, component)))
       if (o.kvEventsZmq !== undefined) {
         const zo: ZmqEventPublisherOptions = {
@@ -231,7 +234,16 @@ export class MockerFleet {
       }
       let load: LoadPublisher | null = null
       const engineOpts: ConstructorParameters<typeof MockEngine>[0] = { workerId }
-      for (const k of ['blockSize', 'numGpuBlocks', 'maxNumSeqs', 'maxNumBatchedTokens', 'enableChunkedPrefill', 'preemptionMode', 'speedupRatio', 'decodeSpeedupRatio'] as const) {
+      for (const k of [
+        'blockSize',
+        'numGpuBlocks',
+        'maxNumSeqs',
+        'maxNumBatchedTokens',
+        'enableChunkedPrefill',
+        'preemptionMode',
+        'speedupRatio',
+        'decodeSpeedupRatio',
+      ] as const) {
         if (o[k] !== undefined) (engineOpts as unknown as Record<string, unknown>)[k] = o[k]
       }
       if (pubs.length === 1) {
@@ -256,7 +268,10 @@ export class MockerFleet {
       // a router reading NATS too would take every event twice
       if (o.kvEventsZmq !== undefined && this.nats === null) {
         const reach = (e: string): string => advertised(e, o.advertiseHost ?? host)
-        w.kvEvents = { endpoint: reach(engineEndpoint(o.kvEventsZmq, i)), replay: o.kvEventsReplayZmq === undefined ? null : reach(engineEndpoint(o.kvEventsReplayZmq, i)) }
+        w.kvEvents = {
+          endpoint: reach(engineEndpoint(o.kvEventsZmq, i)),
+          replay: o.kvEventsReplayZmq === undefined ? null : reach(engineEndpoint(o.kvEventsReplayZmq, i)),
+        }
       }
       this.workers.push(w)
       try {

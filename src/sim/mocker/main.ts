@@ -182,7 +182,8 @@ export function parseMockerArgs(argv: readonly string[]): MockerCli | 'help' {
   if (pm !== undefined) f.preemptionMode = pm as PreemptionMode
   f.firstWorkerId = BigInt(get<number>('--first-worker-id') ?? 1000)
   const port = get<number>('--http-port')
-  if (port !== undefined && port > 0 && port + numWorkers - 1 > 65535) throw new MockerArgError(`--http-port ${port} leaves no room for ${numWorkers} engines below port 65536`)
+  if (port !== undefined && port > 0 && port + numWorkers - 1 > 65535)
+    throw new MockerArgError(`--http-port ${port} leaves no room for ${numWorkers} engines below port 65536`)
 
   let ns = get<string>('--namespace') ?? 'dynamo'
   let component = get<string>('--component') ?? 'backend'
@@ -281,7 +282,8 @@ function convert(name: string, s: Spec, raw: string): string | number | boolean 
       return raw
     default:
       if (raw === '' || /\s/.test(raw)) throw new MockerArgError(`${name} must be a non-empty value without spaces, got ${JSON.stringify(raw)}`)
-      if (s.values !== undefined && !s.values.includes(raw)) throw new MockerArgError(`${name} must be one of ${s.values.join('|')}, got ${JSON.stringify(raw)}`)
+      if (s.values !== undefined && !s.values.includes(raw))
+        throw new MockerArgError(`${name} must be one of ${s.values.join('|')}, got ${JSON.stringify(raw)}`)
       return raw
   }
 }
@@ -323,9 +325,13 @@ export async function mockerMain(argv: string[]): Promise<void> {
   const transport =
     o.routerUrl !== undefined
       ? `router ${o.routerUrl}`
-      : [o.natsUrl !== undefined ? `${o.durableKvEvents === true ? 'JetStream' : 'NATS'} ${o.natsUrl}` : '', o.etcdUrl !== undefined ? `etcd ${o.etcdUrl}` : ''].filter((x) => x !== '').join(' + ') ||
-        'none (events stay in the local rings)'
-  const zmq = o.kvEventsZmq === undefined ? '' : `; vLLM KV events on ZMQ ${o.kvEventsZmq}${o.kvEventsReplayZmq === undefined ? '' : `, replay ${o.kvEventsReplayZmq}`} (port + engine index)`
+      : [o.natsUrl !== undefined ? `${o.durableKvEvents === true ? 'JetStream' : 'NATS'} ${o.natsUrl}` : '', o.etcdUrl !== undefined ? `etcd ${o.etcdUrl}` : '']
+          .filter((x) => x !== '')
+          .join(' + ') || 'none (events stay in the local rings)'
+  const zmq =
+    o.kvEventsZmq === undefined
+      ? ''
+      : `; vLLM KV events on ZMQ ${o.kvEventsZmq}${o.kvEventsReplayZmq === undefined ? '' : `, replay ${o.kvEventsReplayZmq}`} (port + engine index)`
   process.stderr.write(
     `kv-router mocker: worker ids ${ws.map((w) => w.workerId).join(' ')}; block size ${ws[0]?.engine.config.blockSize}, ${ws[0]?.capacity} blocks each; registration and events: ${transport}${zmq}\n`,
   )

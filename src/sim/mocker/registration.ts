@@ -113,7 +113,9 @@ export class EtcdRegistrar {
       id = await withTimeout(lease.grant(), this.o.connectTimeoutMs ?? 5000)
     } catch (err) {
       lease.release()
-      throw new KvrError('KVR_ERR_INVALID_OPTION', `cannot get a lease from etcd at ${redactSecrets(this.o.url)}: ${redactSecrets((err as Error).message)}`, { cause: err })
+      throw new KvrError('KVR_ERR_INVALID_OPTION', `cannot get a lease from etcd at ${redactSecrets(this.o.url)}: ${redactSecrets((err as Error).message)}`, {
+        cause: err,
+      })
     }
     const l = new EtcdLease(BigInt(id), lease, this.o)
     this.leases.push(l)
@@ -165,14 +167,19 @@ export async function registerWithRouter(o: RouterRegistration, workerId: bigint
   } catch (err) {
     throw new KvrError('KVR_ERR_INVALID_OPTION', `cannot reach the router at ${base}: ${(err as Error).message}`, { cause: err })
   }
-  if (!res.ok) throw new KvrError('KVR_ERR_INVALID_OPTION', `the router at ${base} refused worker ${workerId}: ${res.status} ${(await res.text()).slice(0, 300)}`)
+  if (!res.ok)
+    throw new KvrError('KVR_ERR_INVALID_OPTION', `the router at ${base} refused worker ${workerId}: ${res.status} ${(await res.text()).slice(0, 300)}`)
   await res.arrayBuffer()
 }
 
 /** DELETE /v1/workers/{id}; best effort (the router may be gone already). */
 export async function deregisterFromRouter(o: RouterRegistration, workerId: bigint, timeoutMs = 2000): Promise<boolean> {
   try {
-    const res = await fetch(`${o.routerUrl.replace(/\/+$/, '')}/v1/workers/${workerId}`, { method: 'DELETE', headers: routerHeaders(o, false), signal: AbortSignal.timeout(timeoutMs) })
+    const res = await fetch(`${o.routerUrl.replace(/\/+$/, '')}/v1/workers/${workerId}`, {
+      method: 'DELETE',
+      headers: routerHeaders(o, false),
+      signal: AbortSignal.timeout(timeoutMs),
+    })
     await res.arrayBuffer()
     return res.ok
   } catch {

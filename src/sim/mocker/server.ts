@@ -134,7 +134,11 @@ class Completion implements RequestListener {
     this.onDone()
     if (this.stream) {
       if (!this.started) this.res.writeHead(200, SSE_HEADERS)
-      this.res.end(this.includeUsage ? `${this.chunk(r, true)}data: ${this.base},"choices":[],${this.usage(r)}}\n\ndata: [DONE]\n\n` : `${this.chunk(r, true)}data: [DONE]\n\n`)
+      this.res.end(
+        this.includeUsage
+          ? `${this.chunk(r, true)}data: ${this.base},"choices":[],${this.usage(r)}}\n\ndata: [DONE]\n\n`
+          : `${this.chunk(r, true)}data: [DONE]\n\n`,
+      )
       return
     }
     const text = JSON.stringify(outputText(r.outputTokens))
@@ -211,7 +215,12 @@ export class EngineServer {
     const url = req.url ?? '/'
     if (req.method === 'GET') {
       if (url === '/health') return this.send(res, 200, `{"status":"ok","worker_id":${this.engine.workerId}}`)
-      if (url === '/v1/models') return this.send(res, 200, `{"object":"list","data":[{"id":${JSON.stringify(this.modelName)},"object":"model","created":0,"owned_by":"kv-router-mocker"}]}`)
+      if (url === '/v1/models')
+        return this.send(
+          res,
+          200,
+          `{"object":"list","data":[{"id":${JSON.stringify(this.modelName)},"object":"model","created":0,"owned_by":"kv-router-mocker"}]}`,
+        )
       if (url === '/stats') return this.send(res, 200, this.statsJson())
     } else if (req.method === 'POST') {
       if (url === '/v1/completions' || url === '/v1/chat/completions' || url === KV_QUERY_PATH) {
@@ -292,7 +301,11 @@ export class EngineServer {
       if (body.dp_rank !== undefined && body.dp_rank !== null && body.dp_rank !== 0)
         throw new KvrError('KVR_ERR_INVALID_REQUEST', `dp_rank ${JSON.stringify(body.dp_rank)}: this engine serves rank 0 only`)
       answer = this.engine.ring.query(
-        { worker_id: readU64(body.worker_id, 'worker_id'), start_event_id: opt(body.start_event_id, 'start_event_id'), end_event_id: opt(body.end_event_id, 'end_event_id') },
+        {
+          worker_id: readU64(body.worker_id, 'worker_id'),
+          start_event_id: opt(body.start_event_id, 'start_event_id'),
+          end_event_id: opt(body.end_event_id, 'end_event_id'),
+        },
         this.engine.workerId,
       )
     } catch (err) {
@@ -312,7 +325,14 @@ export class EngineServer {
       url: this.url,
       config: { ...e.config, workerId: undefined },
       load: { active_blocks: l.activeBlocks, total_blocks: l.totalBlocks, waiting: l.waiting, running: l.running, prefix_hit_rate: l.prefixHitRate },
-      pool: { used: e.pool.used, active: e.pool.activeBlocks, inactive: e.pool.inactiveBlocks, free: e.pool.freeBlocks, evictions: e.pool.evictions, stored_blocks: e.pool.storedBlocks },
+      pool: {
+        used: e.pool.used,
+        active: e.pool.activeBlocks,
+        inactive: e.pool.inactiveBlocks,
+        free: e.pool.freeBlocks,
+        evictions: e.pool.evictions,
+        stored_blocks: e.pool.storedBlocks,
+      },
       events: { newest_id: Number(e.ring.newestId), oldest_id: Number(e.ring.oldestId) },
       stats: { ...s, requests_served: this.requestsServed },
     })

@@ -158,14 +158,23 @@ export class ReplayRun {
   constructor(options: ReplayOptions) {
     this.o = { speedup: 1, maxInFlight: 2048, timeoutMs: 600_000, ...options }
     if (!(this.o.speedup > 0) || !Number.isFinite(this.o.speedup)) throw new RangeError(`speedup must be a positive number, got ${this.o.speedup}`)
-    if (!(this.o.timeoutMs > 0) || this.o.timeoutMs > MAX_TIMER_MS) throw new RangeError(`timeoutMs must be in (0, ${MAX_TIMER_MS}], Node's timer range, got ${this.o.timeoutMs}`)
-    if (!Number.isInteger(this.o.maxInFlight) || this.o.maxInFlight < 1) throw new RangeError(`maxInFlight must be a positive integer, got ${this.o.maxInFlight}`)
+    if (!(this.o.timeoutMs > 0) || this.o.timeoutMs > MAX_TIMER_MS)
+      throw new RangeError(`timeoutMs must be in (0, ${MAX_TIMER_MS}], Node's timer range, got ${this.o.timeoutMs}`)
+    if (!Number.isInteger(this.o.maxInFlight) || this.o.maxInFlight < 1)
+      throw new RangeError(`maxInFlight must be a positive integer, got ${this.o.maxInFlight}`)
     this.endpoint = `${this.o.url.replace(/\/+$/, '')}/v1/completions`
     this.headers = { 'content-type': 'application/json', accept: 'text/event-stream' }
     if (this.o.apiKey !== undefined) this.headers.authorization = `Bearer ${this.o.apiKey}`
     // One connection per outstanding stream (HTTP/1.1 cannot multiplex); the request deadline
     // is ours, so undici's own header/body timeouts are off.
-    this.agent = new Agent({ connections: this.o.maxInFlight, pipelining: 1, headersTimeout: 0, bodyTimeout: 0, keepAliveTimeout: 30_000, connect: { timeout: 10_000 } })
+    this.agent = new Agent({
+      connections: this.o.maxInFlight,
+      pipelining: 1,
+      headersTimeout: 0,
+      bodyTimeout: 0,
+      keepAliveTimeout: 30_000,
+      connect: { timeout: 10_000 },
+    })
     this.records = new Array<ReplayRecord>(this.o.requests.length)
     this.done = this.run().finally(() => this.agent.close().catch(() => undefined))
   }
@@ -220,7 +229,10 @@ export class ReplayRun {
       for (let i = 0; i < reqs.length; i++) {
         if (this.records[i] === undefined && i >= this.sent) {
           const req = reqs[i] as TraceRequest
-          this.finish({ ...emptyRecord(i, req, (req.timestamp - t0) / this.o.speedup, performance.now() - this.start), error: 'not sent: replay aborted' }, false)
+          this.finish(
+            { ...emptyRecord(i, req, (req.timestamp - t0) / this.o.speedup, performance.now() - this.start), error: 'not sent: replay aborted' },
+            false,
+          )
         }
       }
       if (this.finished < reqs.length) await allDone
@@ -278,7 +290,13 @@ export class ReplayRun {
     let usage: Usage | null = null
     let sawDone = false
     try {
-      const res: Dispatcher.ResponseData = await request(this.endpoint, { method: 'POST', body, headers: this.headers, dispatcher: this.agent, signal: ac.signal })
+      const res: Dispatcher.ResponseData = await request(this.endpoint, {
+        method: 'POST',
+        body,
+        headers: this.headers,
+        dispatcher: this.agent,
+        signal: ac.signal,
+      })
       rec.status = res.statusCode
       const hdr = res.headers['x-worker-id']
       if (typeof hdr === 'string' && hdr !== '') rec.worker = hdr
@@ -310,7 +328,8 @@ export class ReplayRun {
           } catch {
             throw new Error(`malformed stream event: ${data.slice(0, 120)}`)
           }
-          if (ev.error !== undefined) throw new Error(`stream error: ${typeof ev.error === 'string' ? ev.error : String(ev.error.message ?? JSON.stringify(ev.error))}`)
+          if (ev.error !== undefined)
+            throw new Error(`stream error: ${typeof ev.error === 'string' ? ev.error : String(ev.error.message ?? JSON.stringify(ev.error))}`)
           if (rec.worker === null) {
             const m = WORKER_RE.exec(data)
             if (m !== null) rec.worker = m[1] as string

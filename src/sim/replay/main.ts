@@ -63,7 +63,19 @@ export interface ReplayArgs {
 /** Seconds of the longest timer Node keeps: a longer --timeout-s would fire after 1 ms. */
 const MAX_TIMEOUT_S = MAX_TIMER_MS / 1000
 
-export const VALUE_FLAGS = ['--trace', '--url', '--speedup', '--limit', '--duration-min', '--max-in-flight', '--timeout-s', '--model', '--api-key', '--output', '--time-scale'] as const
+export const VALUE_FLAGS = [
+  '--trace',
+  '--url',
+  '--speedup',
+  '--limit',
+  '--duration-min',
+  '--max-in-flight',
+  '--timeout-s',
+  '--model',
+  '--api-key',
+  '--output',
+  '--time-scale',
+] as const
 export const BOOL_FLAGS = ['--quiet'] as const
 
 /** Parses replay flags; throws ReplayUsageError naming the flag. Returns 'help' for --help. */
@@ -90,7 +102,8 @@ export function parseReplayArgs(argv: readonly string[]): ReplayArgs | 'help' {
     const s = v.get(name)
     if (s === undefined) return dflt
     const n = parseNumArg(s, 0, max)
-    if (n === undefined || n === 0) throw new ReplayUsageError(`${name} must be a positive number${max < Infinity ? ` at most ${max}${why}` : ''}, got ${JSON.stringify(s)}`)
+    if (n === undefined || n === 0)
+      throw new ReplayUsageError(`${name} must be a positive number${max < Infinity ? ` at most ${max}${why}` : ''}, got ${JSON.stringify(s)}`)
     return n
   }
   const count = (name: string): number | null => {
@@ -131,7 +144,10 @@ export function selectRequests(all: readonly TraceRequest[], limit: number | nul
 
 async function defaultModel(url: string, apiKey: string | null): Promise<string> {
   try {
-    const res = await fetch(`${url.replace(/\/+$/, '')}/v1/models`, { headers: apiKey === null ? {} : { authorization: `Bearer ${apiKey}` }, signal: AbortSignal.timeout(5000) })
+    const res = await fetch(`${url.replace(/\/+$/, '')}/v1/models`, {
+      headers: apiKey === null ? {} : { authorization: `Bearer ${apiKey}` },
+      signal: AbortSignal.timeout(5000),
+    })
     const body = (await res.json()) as { data?: { id?: unknown }[] }
     const id = body.data?.[0]?.id
     if (typeof id === 'string' && id !== '') return id
@@ -200,7 +216,10 @@ export async function runReplay(argv: readonly string[], io: ReplayIo = { stdout
   let ticker: NodeJS.Timeout | null = null
   if (!args.quiet) {
     io.stderr.write(`kv-router replay: ${requests.length} request(s) to ${args.url} at ${args.speedup}× (model ${model})\n`)
-    ticker = setInterval(() => io.stderr.write(tty ? `\r${progressLine(run.progress())}\u001b[K` : `${progressLine(run.progress())}\n`), tty ? 250 : (io.progressEveryMs ?? 10_000))
+    ticker = setInterval(
+      () => io.stderr.write(tty ? `\r${progressLine(run.progress())}\u001b[K` : `${progressLine(run.progress())}\n`),
+      tty ? 250 : (io.progressEveryMs ?? 10_000),
+    )
   }
   let result: Awaited<typeof run.done>
   try {

@@ -96,7 +96,11 @@ export function parseTraceLine(text: string, line: number, source = 'trace'): Tr
   const input = o.input_length as number
   const need = traceBlocksFor(input)
   if (ids.length < need) {
-    throw new TraceFormatError(source, line, `"hash_ids" has ${ids.length} block(s) (${ids.length * TRACE_BLOCK_TOKENS} tokens) but "input_length" ${input} needs ${need}`)
+    throw new TraceFormatError(
+      source,
+      line,
+      `"hash_ids" has ${ids.length} block(s) (${ids.length * TRACE_BLOCK_TOKENS} tokens) but "input_length" ${input} needs ${need}`,
+    )
   }
   return { timestamp: ts, input_length: input, output_length: o.output_length as number, hash_ids: ids as number[] }
 }

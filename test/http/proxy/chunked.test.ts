@@ -196,7 +196,14 @@ t.test('injectWorkerId: the spliced event parses to the event plus nvext.worker_
     // the bare integer (not its string twin) made a string, to compare it exactly
     const exact = data.replace(/(?<!")18446744073709551615(?!")/g, '"u64max"')
     const s = '18446744073709551615'
-    const ids = { prefill_worker_id: 'u64max', prefill_worker_id_str: s, prefill_dp_rank: 3, decode_worker_id: 'u64max', decode_worker_id_str: s, decode_dp_rank: 3 }
+    const ids = {
+      prefill_worker_id: 'u64max',
+      prefill_worker_id_str: s,
+      prefill_dp_rank: 3,
+      decode_worker_id: 'u64max',
+      decode_worker_id_str: s,
+      decode_dp_rank: 3,
+    }
     const want = { ...obj, nvext: { ...((obj.nvext as object | undefined) ?? {}), worker_id: ids } }
     t.same(JSON.parse(exact), want, `${JSON.stringify(event)} gains nvext.worker_id with exact ids`)
     t.equal(out.slice(0, out.indexOf('data:')), event.slice(0, event.indexOf('data:')), 'lines before data: kept')

@@ -37,7 +37,8 @@ function alloc(pool: BlockPool, id: RequestId, p: Prompt, n = p.n): AllocateResu
 
 function storedOf(ev: RouterEvent | undefined): { parent_hash: bigint | null; blocks: { block_hash: bigint; tokens_hash: bigint }[] } {
   const d = ev?.event.data
-  if (d === undefined || d === 'cleared' || !('stored' in d)) throw new Error(`expected a stored event, got ${JSON.stringify(d, (_, v: unknown) => (typeof v === 'bigint' ? String(v) : v))}`)
+  if (d === undefined || d === 'cleared' || !('stored' in d))
+    throw new Error(`expected a stored event, got ${JSON.stringify(d, (_, v: unknown) => (typeof v === 'bigint' ? String(v) : v))}`)
   return d.stored
 }
 function removedOf(ev: RouterEvent | undefined): bigint[] {
@@ -369,7 +370,13 @@ t.test('random workloads: the pool matches a reference model, and its events reb
     ]
     const workers: Worker[] = specs.map(([workerId, dpRank]) => {
       const events: RouterEvent[] = []
-      return { pool: new BlockPool({ capacity, blockSize: 16, workerId, dpRank, sink: (ev) => events.push(ev) }), model: new ModelPool(capacity), events, running: [], hits: 0 }
+      return {
+        pool: new BlockPool({ capacity, blockSize: 16, workerId, dpRank, sink: (ev) => events.push(ev) }),
+        model: new ModelPool(capacity),
+        events,
+        running: [],
+        hits: 0,
+      }
     })
     // prompts share prefixes: each new one extends a random prefix of an earlier one
     const prompts: Prompt[] = [prompt([])]
@@ -491,7 +498,8 @@ t.test('random workloads: the pool matches a reference model, and its events reb
     for (const w of workers) {
       const key = `${w.pool.workerId}:${w.pool.dpRank}`
       t.equal(sizes.get(key) ?? 0, w.pool.used, `seed ${seed}: tree size of ${key} is the pool's cached count`)
-      const overlapOf = (local: bigint[]): number => index.overlapScores(local).find((s) => s.worker_id === w.pool.workerId && s.dp_rank === w.pool.dpRank)?.overlap_blocks ?? 0
+      const overlapOf = (local: bigint[]): number =>
+        index.overlapScores(local).find((s) => s.worker_id === w.pool.workerId && s.dp_rank === w.pool.dpRank)?.overlap_blocks ?? 0
       for (const s of w.pool.cachedBlocks()) {
         const chain = chainOf.get(s) as bigint[]
         const pre = prompt(chain)

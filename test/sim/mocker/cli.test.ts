@@ -27,7 +27,10 @@ t.test('invalid flags exit 2 with one line naming the flag', async (t) => {
     [['--preemption-mode', 'random'], /^kv-router: mocker: --preemption-mode must be one of lifo\|fifo, got "random"\n$/],
     [['--router-url', 'localhost:8000'], /^kv-router: mocker: --router-url must be an http\(s\) URL/],
     [['--bogus'], /^kv-router: mocker: unknown option --bogus/],
-    [['--kv-events-zmq', 'tcp://127.0.0.1:5557', '--kv-events-form', 'tuple'], /^kv-router: mocker: --kv-events-form must be one of map\|array, got "tuple"\n$/],
+    [
+      ['--kv-events-zmq', 'tcp://127.0.0.1:5557', '--kv-events-form', 'tuple'],
+      /^kv-router: mocker: --kv-events-form must be one of map\|array, got "tuple"\n$/,
+    ],
   ]
   const procs = cases.map(([args]) => run(['mocker', ...args]))
   for (let i = 0; i < cases.length; i++) {
@@ -129,9 +132,28 @@ t.test('the parser, flag by flag', async (t) => {
       endpoint: 'generate',
     },
   })
-  const d = parseMockerArgs(['--enable-chunked-prefill', '--nats-url', 'nats://n:4222', '--etcd-url', 'http://e:2379', '--endpoint', 'dyn://ns1.comp1.ep1', '--lease-ttl-secs', '5'])
+  const d = parseMockerArgs([
+    '--enable-chunked-prefill',
+    '--nats-url',
+    'nats://n:4222',
+    '--etcd-url',
+    'http://e:2379',
+    '--endpoint',
+    'dyn://ns1.comp1.ep1',
+    '--lease-ttl-secs',
+    '5',
+  ])
   t.match(d, {
-    fleet: { enableChunkedPrefill: true, natsUrl: 'nats://n:4222', etcdUrl: 'http://e:2379', namespace: 'ns1', component: 'comp1', endpoint: 'ep1', leaseTtlSecs: 5, firstWorkerId: 1000n },
+    fleet: {
+      enableChunkedPrefill: true,
+      natsUrl: 'nats://n:4222',
+      etcdUrl: 'http://e:2379',
+      namespace: 'ns1',
+      component: 'comp1',
+      endpoint: 'ep1',
+      leaseTtlSecs: 5,
+      firstWorkerId: 1000n,
+    },
   })
   t.equal(parseMockerArgs(['-h']), 'help')
   bad(['--num-workers'], /--num-workers needs a value/)
@@ -162,15 +184,44 @@ t.test('the parser reads numbers and URLs as serve does, and refuses hosts that 
   bad(['--advertise-host', 'h:80'], /^--advertise-host must be a host name or IP address/)
   bad(['--advertise-host', 'h?x'], /^--advertise-host must be a host name or IP address/)
   t.match(parseMockerArgs(['--speedup-ratio', '1e-3', '--decode-speedup-ratio', ' 2 ']), { fleet: { speedupRatio: 0.001, decodeSpeedupRatio: 2 } })
-  for (const host of ['engine-1', '10.0.0.7', '::1', 'Engine.Example.com']) t.match(parseMockerArgs(['--advertise-host', host]), { fleet: { advertiseHost: host } }, host)
+  for (const host of ['engine-1', '10.0.0.7', '::1', 'Engine.Example.com'])
+    t.match(parseMockerArgs(['--advertise-host', host]), { fleet: { advertiseHost: host } }, host)
 })
 
 t.test('--router-url: registers with a spawned router, events and prefix hits flow, SIGTERM unregisters', async (t) => {
   const KEY = 'mk'
-  const router = run(['serve', '--http-host', '127.0.0.1', '--http-port', '0', '--router-block-size', '16', '--tokenizer', 'bytes', '--router-event-threads', '1', '--api-key', KEY])
+  const router = run([
+    'serve',
+    '--http-host',
+    '127.0.0.1',
+    '--http-port',
+    '0',
+    '--router-block-size',
+    '16',
+    '--tokenizer',
+    'bytes',
+    '--router-event-threads',
+    '1',
+    '--api-key',
+    KEY,
+  ])
   t.teardown(() => router.p.kill('SIGKILL'))
   const base = (await ready(router, /listening on (http:\/\/\S+)/))[1] as string
-  const mocker = run(['mocker', '--router-url', base, '--api-key', KEY, '--num-workers', '2', '--block-size', '16', '--speedup-ratio', '10', '--first-worker-id', '40'])
+  const mocker = run([
+    'mocker',
+    '--router-url',
+    base,
+    '--api-key',
+    KEY,
+    '--num-workers',
+    '2',
+    '--block-size',
+    '16',
+    '--speedup-ratio',
+    '10',
+    '--first-worker-id',
+    '40',
+  ])
   t.teardown(() => mocker.p.kill('SIGKILL'))
   const m = await ready(mocker, /^kv-router mocker: ready (\d+) engine\(s\) (http:\/\/\S+) (http:\/\/\S+)\n/)
   t.equal(m[1], '2')
@@ -200,7 +251,11 @@ t.test('--router-url: registers with a spawned router, events and prefix hits fl
   }
   const a = await ask()
   t.equal(a.cached, 0)
-  await waitUntil('the events reached the router', async () => /"last_event_id":[1-9]/.test(await (await fetch(`${base}/v1/workers`, { headers: { authorization: `Bearer ${KEY}` } })).text()), 5000)
+  await waitUntil(
+    'the events reached the router',
+    async () => /"last_event_id":[1-9]/.test(await (await fetch(`${base}/v1/workers`, { headers: { authorization: `Bearer ${KEY}` } })).text()),
+    5000,
+  )
   const b = await ask()
   t.equal(b.worker, a.worker, 'routed where the prefix is')
   t.equal(b.cached, Math.floor(Buffer.byteLength(prompt) / 16) * 16)
@@ -216,7 +271,19 @@ t.test('--kv-events-zmq: engine i publishes on port + i; its batches carry the p
   let base = 0
   for (let attempt = 0; mocker === null; attempt++) {
     base = 20000 + Math.floor(Math.random() * 20000) * 2
-    const pr = run(['mocker', '--num-workers', '2', '--block-size', '4', '--speedup-ratio', '0', '--kv-events-zmq', `tcp://127.0.0.1:${base}`, '--kv-events-replay-zmq', `tcp://127.0.0.1:${base + 2}`])
+    const pr = run([
+      'mocker',
+      '--num-workers',
+      '2',
+      '--block-size',
+      '4',
+      '--speedup-ratio',
+      '0',
+      '--kv-events-zmq',
+      `tcp://127.0.0.1:${base}`,
+      '--kv-events-replay-zmq',
+      `tcp://127.0.0.1:${base + 2}`,
+    ])
     t.teardown(() => pr.p.kill('SIGKILL'))
     let code: number | null | undefined
     void pr.exited.then((c) => (code = c))
@@ -230,7 +297,11 @@ t.test('--kv-events-zmq: engine i publishes on port + i; its batches carry the p
   t.ok(m, 'the ready line')
   t.match(pr.err(), new RegExp(`vLLM KV events on ZMQ tcp://127\\.0\\.0\\.1:${base}, replay tcp://127\\.0\\.0\\.1:${base + 2} \\(port \\+ engine index\\)`))
   const prompt = [11, 12, 13, 14, 15, 16, 17, 18, 19]
-  const r = await fetch(`${(m as RegExpMatchArray)[2]}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt, max_tokens: 2 }) })
+  const r = await fetch(`${(m as RegExpMatchArray)[2]}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt, max_tokens: 2 }),
+  })
   t.equal(r.status, 200)
   await r.arrayBuffer()
   // the second engine: port + 1, replay port + 1, the whole buffer replayed at the start

@@ -93,7 +93,17 @@ t.test('engines register in etcd under their leases and publish events and load 
   await waitUntil('both engines discovered', () => disco.workers.size === 2, 5000)
   t.same(
     disco.workers.get(w0.workerId),
-    { workerId: w0.workerId, url: w0.url, deviceType: 'gpu', blockSize: BS, totalKvBlocks: 2048, maxNumBatchedTokens: 4096, dpStart: 0, dpSize: 1, kvEvents: null },
+    {
+      workerId: w0.workerId,
+      url: w0.url,
+      deviceType: 'gpu',
+      blockSize: BS,
+      totalKvBlocks: 2048,
+      maxNumBatchedTokens: 4096,
+      dpStart: 0,
+      dpSize: 1,
+      kvEvents: null,
+    },
     "the router's discovery reads the record",
   )
 
@@ -145,10 +155,19 @@ t.test('engines register in etcd under their leases and publish events and load 
 })
 
 t.test('the record format', async (t) => {
-  const rec = etcdRecord({ namespace: 'ns', component: 'c', endpoint: 'e' }, 0xabcn, { url: 'http://h:1', blockSize: 64, totalKvBlocks: 16384, maxNumBatchedTokens: 8192 })
+  const rec = etcdRecord({ namespace: 'ns', component: 'c', endpoint: 'e' }, 0xabcn, {
+    url: 'http://h:1',
+    blockSize: 64,
+    totalKvBlocks: 16384,
+    maxNumBatchedTokens: 8192,
+  })
   t.same(rec, [
     { key: 'v1/instances/ns/c/e/abc', value: '{"http_url":"http://h:1","device_type":"cuda"}' },
-    { key: 'v1/mdc/ns/c/e/abc', value: '{"kv_cache_block_size":64,"runtime_config":{"total_kv_blocks":16384,"max_num_batched_tokens":8192,"data_parallel_size":1,"data_parallel_start_rank":0}}' },
+    {
+      key: 'v1/mdc/ns/c/e/abc',
+      value:
+        '{"kv_cache_block_size":64,"runtime_config":{"total_kv_blocks":16384,"max_num_batched_tokens":8192,"data_parallel_size":1,"data_parallel_start_rank":0}}',
+    },
   ])
 })
 
@@ -169,11 +188,17 @@ t.test('shutting down while NATS and etcd are gone is bounded and leaves nothing
   t.teardown(() => etcd.stop())
   const fleet = await MockerFleet.start({ numWorkers: 2, natsUrl: nats.url, etcdUrl: etcd.url, speedupRatio: 0, loadIntervalMs: 100 })
   const w = fleet.workers[0] as MockerWorker
-  const r = await fetch(`${w.url}/v1/completions`, { method: 'POST', body: JSON.stringify({ prompt: Array.from({ length: 200 }, (_, i) => i), max_tokens: 3 }) })
+  const r = await fetch(`${w.url}/v1/completions`, {
+    method: 'POST',
+    body: JSON.stringify({ prompt: Array.from({ length: 200 }, (_, i) => i), max_tokens: 3 }),
+  })
   t.equal(r.status, 200, 'serving goes on with NATS down')
   await nats.kill()
   await etcd.kill()
-  const r2 = await fetch(`${w.url}/v1/completions`, { method: 'POST', body: JSON.stringify({ prompt: Array.from({ length: 200 }, (_, i) => i + 1), max_tokens: 3 }) })
+  const r2 = await fetch(`${w.url}/v1/completions`, {
+    method: 'POST',
+    body: JSON.stringify({ prompt: Array.from({ length: 200 }, (_, i) => i + 1), max_tokens: 3 }),
+  })
   t.equal(r2.status, 200, 'and with NATS and etcd down')
   const t0 = Date.now()
   await fleet.close()

@@ -21,7 +21,15 @@ t.test("names: Dynamo's slug of the stream and the bucket", async (t) => {
 t.test('every event stored once and in order, across a server restart', async (t) => {
   const nats = await startNats()
   t.teardown(() => nats.stop())
-  const fleet = await MockerFleet.start({ numWorkers: 2, blockSize: 4, numGpuBlocks: 40, speedupRatio: 0, natsUrl: nats.url, durableKvEvents: true, onWarning: () => undefined })
+  const fleet = await MockerFleet.start({
+    numWorkers: 2,
+    blockSize: 4,
+    numGpuBlocks: 40,
+    speedupRatio: 0,
+    natsUrl: nats.url,
+    durableKvEvents: true,
+    onWarning: () => undefined,
+  })
   t.teardown(() => fleet.close())
   const nc = await connect({ servers: nats.url, maxReconnectAttempts: -1, reconnectTimeWait: 100 })
   t.teardown(() => nc.close())

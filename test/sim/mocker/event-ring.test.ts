@@ -25,7 +25,8 @@ async function query(body: string): Promise<{ status: number; text: string; obj:
   const text = await r.text()
   return { status: r.status, text, obj: parseJsonExact(text) as Record<string, unknown> }
 }
-const q = (start: bigint | null, end: bigint | null, worker: bigint = WORKER): string => `{"worker_id":${worker},"start_event_id":${start ?? 'null'},"end_event_id":${end ?? 'null'}}`
+const q = (start: bigint | null, end: bigint | null, worker: bigint = WORKER): string =>
+  `{"worker_id":${worker},"start_event_id":${start ?? 'null'},"end_event_id":${end ?? 'null'}}`
 
 async function complete(prompt: number[]): Promise<void> {
   const r = await fetch(url + '/v1/completions', { method: 'POST', body: JSON.stringify({ prompt, max_tokens: 1 }) })
@@ -87,7 +88,9 @@ t.test('events, ranges, too new, invalid, errors', async (t) => {
     [newest],
     'an end past the newest: what exists',
   )
-  t.same((await query(q(newest + 1n, newest + 9n))).obj, { TooNew: { requested_start: Number(newest + 1n), requested_end: Number(newest + 9n), newest_available: Number(newest) } })
+  t.same((await query(q(newest + 1n, newest + 9n))).obj, {
+    TooNew: { requested_start: Number(newest + 1n), requested_end: Number(newest + 9n), newest_available: Number(newest) },
+  })
   t.same((await query(q(9n, 3n))).obj, { InvalidRange: { start_id: 9, end_id: 3 } })
 
   const other = await query(q(1n, 2n, WORKER + 1n))
@@ -121,7 +124,8 @@ t.test('a start older than the ring, or none, gives a tree dump that rebuilds th
       'synthetic ids from 0',
     )
     const held = new Set<bigint>()
-    for (const ev of index.dump()) if (typeof ev.event.data === 'object' && 'stored' in ev.event.data) for (const b of ev.event.data.stored.blocks) held.add(b.block_hash)
+    for (const ev of index.dump())
+      if (typeof ev.event.data === 'object' && 'stored' in ev.event.data) for (const b of ev.event.data.stored.blocks) held.add(b.block_hash)
     t.same(held, engine.pool.cachedBlocks(), 'the same cached set as the pool')
     t.equal(index.treeSizes()[0]?.worker_id, WORKER)
     t.equal(index.treeSizes()[0]?.tree_size, engine.pool.used)
@@ -131,7 +135,10 @@ t.test('a start older than the ring, or none, gives a tree dump that rebuilds th
 t.test('the ring on its own', async (t) => {
   t.throws(() => new EventRing(0), /positive integer/)
   const ring = new EventRing(2)
-  const ev = (id: bigint): RouterEvent => ({ worker_id: 1n, event: { event_id: id, dp_rank: 0, data: { stored: { parent_hash: null, blocks: [{ block_hash: id, tokens_hash: id }] } } } })
+  const ev = (id: bigint): RouterEvent => ({
+    worker_id: 1n,
+    event: { event_id: id, dp_rank: 0, data: { stored: { parent_hash: null, blocks: [{ block_hash: id, tokens_hash: id }] } } },
+  })
   ring.push(ev(5n))
   t.throws(() => ring.push(ev(7n)), /does not follow 5/)
   ring.push(ev(6n))

@@ -112,7 +112,8 @@ for (const cfg of SEEDS) {
       'event ids consecutive from 1',
     )
     t.equal(e.stats.finished + e.stats.aborted, all.length, 'every request finished or was aborted')
-    for (const r of all) if (r.state === 'finished' && r.outputTokens !== r.maxTokens) t.fail(`request ${r.id} ended with ${r.outputTokens}/${r.maxTokens} tokens`)
+    for (const r of all)
+      if (r.state === 'finished' && r.outputTokens !== r.maxTokens) t.fail(`request ${r.id} ended with ${r.outputTokens}/${r.maxTokens} tokens`)
     t.equal(e.pool.activeBlocks + e.partialBlockCount, 0, 'no block leaked')
 
     // the final state, three ways

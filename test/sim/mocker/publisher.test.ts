@@ -12,7 +12,10 @@ import { parseRouterEvent, type RouterEvent } from '../../../src/codec/events.js
 import { waitUntil } from '../../helpers/wait.js'
 import { parseJsonExact } from '../../../src/codec/json.js'
 
-const ev = (id: number): RouterEvent => ({ worker_id: 2n ** 64n - 1n, event: { event_id: BigInt(id), dp_rank: 0, data: { removed: { block_hashes: [BigInt(id)] } } } })
+const ev = (id: number): RouterEvent => ({
+  worker_id: 2n ** 64n - 1n,
+  event: { event_id: BigInt(id), dp_rank: 0, data: { removed: { block_hashes: [BigInt(id)] } } },
+})
 
 t.test('HTTP ingest: in order, batched, failures told once per run', async (t) => {
   const got: number[] = []
@@ -69,7 +72,15 @@ t.test('HTTP ingest: in order, batched, failures told once per run', async (t) =
   t.equal(seen[0]?.event.event_id, 9n)
 })
 
-const load = (active: number, waiting: number): EngineLoad => ({ workerId: 2n ** 63n + 1n, activeBlocks: active, totalBlocks: 1000, waiting, running: 3, maxNumSeqs: 256, prefixHitRate: 0.25 })
+const load = (active: number, waiting: number): EngineLoad => ({
+  workerId: 2n ** 63n + 1n,
+  activeBlocks: active,
+  totalBlocks: 1000,
+  waiting,
+  running: 3,
+  maxNumSeqs: 256,
+  prefixHitRate: 0.25,
+})
 
 t.test('kv_metrics: a LoadEvent the router decodes, exact worker id', async (t) => {
   const text = loadEventJson(load(250, 4))
@@ -84,7 +95,10 @@ t.test('kv_metrics: a LoadEvent the router decodes, exact worker id', async (t) 
 t.test('load reports: on change, throttled, and periodic', async (t) => {
   const sent: string[] = []
   let closed = false
-  const nc = { publish: (subject: string, data: Uint8Array) => sent.push(`${subject} ${new TextDecoder().decode(data)}`), isClosed: () => closed } as unknown as NatsConnection
+  const nc = {
+    publish: (subject: string, data: Uint8Array) => sent.push(`${subject} ${new TextDecoder().decode(data)}`),
+    isClosed: () => closed,
+  } as unknown as NatsConnection
   let cur = load(0, 0)
   const lp = new LoadPublisher(nc, 'namespace.dynamo.kv_metrics', () => cur, { intervalMs: 150, minGapMs: 60 })
   t.equal(sent.length, 1, 'one report at start')

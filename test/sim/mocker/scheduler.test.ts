@@ -2,7 +2,15 @@
 // chunked prefill, max-num-seqs, preemption under memory pressure (lifo and fifo), prefix hits,
 // decode blocks, aborts, the modelled step duration, and no block left behind.
 import t, { type Test } from 'tap'
-import { MockEngine, OUTPUT_TOKEN_BASE, outputToken, type EngineOptions, type EngineRequest, type RequestListener, type StepReport } from '../../../src/sim/mocker/engine.js'
+import {
+  MockEngine,
+  OUTPUT_TOKEN_BASE,
+  outputToken,
+  type EngineOptions,
+  type EngineRequest,
+  type RequestListener,
+  type StepReport,
+} from '../../../src/sim/mocker/engine.js'
 import { stepMs } from '../../../src/sim/mocker/timing.js'
 import type { RouterEvent } from '../../../src/codec/events.js'
 import { computeBlockHashes, computeSequenceHashes } from '../../../src/codec/hashing.js'
@@ -265,7 +273,8 @@ t.test("step durations follow the timing model with the step's own T, decodes an
   e.submit(prompt(300), 4)
   const reports = e.runUntilIdle()
   t.equal(reports[0]?.prefillTokens, 800, 'both prompts in one batch: T = 2 × (400 − 0)')
-  for (const r of reports) t.equal(r.durationMs, stepMs({ prefillTokens: r.prefillTokens, decodes: r.decodes, kvUsage: r.kvUsage }, { speedupRatio: 2, decodeSpeedupRatio: 3 }))
+  for (const r of reports)
+    t.equal(r.durationMs, stepMs({ prefillTokens: r.prefillTokens, decodes: r.decodes, kvUsage: r.kvUsage }, { speedupRatio: 2, decodeSpeedupRatio: 3 }))
   // after the prefill, both decode: usage is their blocks (partials included) over 100
   t.equal(reports[1]?.kvUsage, (Math.ceil(501 / 16) + Math.ceil(301 / 16)) / 100)
   t.equal(

@@ -21,7 +21,11 @@ interface Usage {
 }
 
 async function post(path: string, body: unknown, url = base): Promise<{ status: number; text: string }> {
-  const r = await fetch(url + path, { method: 'POST', headers: { 'content-type': 'application/json' }, body: typeof body === 'string' ? body : JSON.stringify(body) })
+  const r = await fetch(url + path, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: typeof body === 'string' ? body : JSON.stringify(body),
+  })
   return { status: r.status, text: await r.text() }
 }
 
@@ -64,7 +68,11 @@ t.test('chat: unary and streamed, messages through the shared chat template', as
     { role: 'system', content: 'be brief' },
     { role: 'user', content: [{ type: 'text', text: 'hello' }] },
   ]
-  const u = JSON.parse((await post('/v1/chat/completions', { messages, max_completion_tokens: 3 })).text) as { object: string; choices: { message: { role: string; content: string } }[]; usage: Usage }
+  const u = JSON.parse((await post('/v1/chat/completions', { messages, max_completion_tokens: 3 })).text) as {
+    object: string
+    choices: { message: { role: string; content: string } }[]
+    usage: Usage
+  }
   t.equal(u.object, 'chat.completion')
   t.same(u.choices[0]?.message, { role: 'assistant', content: 'the cache is' })
   t.equal(u.usage.prompt_tokens, Buffer.byteLength(chatPromptText(messages)))
@@ -90,7 +98,9 @@ t.test('streamed completion with one token: token, usage, done', async (t) => {
 
 t.test('a stream carries the usage chunk only when stream_options.include_usage asks for it', async (t) => {
   for (const so of [undefined, null, {}, { include_usage: false }, { include_usage: 'true' }]) {
-    const chunks = sse((await post('/v1/completions', { prompt: [1, 2, 3], max_tokens: 2, stream: true, ...(so === undefined ? {} : { stream_options: so }) })).text)
+    const chunks = sse(
+      (await post('/v1/completions', { prompt: [1, 2, 3], max_tokens: 2, stream: true, ...(so === undefined ? {} : { stream_options: so }) })).text,
+    )
     t.equal(chunks.length, 3, `stream_options ${JSON.stringify(so)}: two tokens, [DONE]`)
     t.match(chunks[1], { choices: [{ text: ' cache', finish_reason: 'length' }] })
     t.equal(chunks[2], '[DONE]')
@@ -126,7 +136,15 @@ t.test('prompt forms and errors', async (t) => {
   t.match(await (await fetch(`${base}/v1/models`)).json(), { object: 'list', data: [{ id: 'm1' }] })
   const stats = (await (await fetch(`${base}/stats`)).json()) as Record<string, Record<string, unknown>>
   t.equal(stats.worker_id, '5')
-  t.match(stats.config, { blockSize: 16, numGpuBlocks: 16384, maxNumSeqs: 256, maxNumBatchedTokens: 8192, enableChunkedPrefill: true, preemptionMode: 'lifo', speedupRatio: 0 })
+  t.match(stats.config, {
+    blockSize: 16,
+    numGpuBlocks: 16384,
+    maxNumSeqs: 256,
+    maxNumBatchedTokens: 8192,
+    enableChunkedPrefill: true,
+    preemptionMode: 'lifo',
+    speedupRatio: 0,
+  })
   t.ok((stats.stats?.finished as number) > 0)
 
   const small = new MockEngine({ workerId: 1n, speedupRatio: 0 })
@@ -161,7 +179,9 @@ t.test('a client that goes away aborts its request and frees its blocks', async 
   t.equal(e.runningCount, 0)
   // unary requests too, while still waiting for their answer
   const ac2 = new AbortController()
-  const p = fetch(`${f.urls[0]}/v1/completions`, { method: 'POST', body: JSON.stringify({ prompt: [1, 2, 3], max_tokens: 5000 }), signal: ac2.signal }).catch((err: unknown) => err)
+  const p = fetch(`${f.urls[0]}/v1/completions`, { method: 'POST', body: JSON.stringify({ prompt: [1, 2, 3], max_tokens: 5000 }), signal: ac2.signal }).catch(
+    (err: unknown) => err,
+  )
   await waitUntil('the second request running', () => e.runningCount === 1, 5000)
   ac2.abort()
   t.ok((await p) instanceof Error)

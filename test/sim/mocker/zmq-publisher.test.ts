@@ -100,7 +100,14 @@ const range = (n: bigint): bigint[] => Array.from({ length: Number(n) }, (_, i) 
 
 for (const form of ['map', 'array'] as VllmEventForm[]) {
   t.test(`${form} form: the index built from the ZMQ batches holds exactly each pool's cached blocks`, async (t) => {
-    const { fleet, pub, replay } = await zmqFleet(t, { numWorkers: 2, numGpuBlocks: 24, maxNumSeqs: 4, maxNumBatchedTokens: 64, kvEventsForm: form, blockSize: BS })
+    const { fleet, pub, replay } = await zmqFleet(t, {
+      numWorkers: 2,
+      numGpuBlocks: 24,
+      maxNumSeqs: 4,
+      maxNumBatchedTokens: 64,
+      kvEventsForm: form,
+      blockSize: BS,
+    })
     const side = new RouterSide()
     for (let i = 0; i < 2; i++) {
       const w = fleet.workers[i]
@@ -236,7 +243,18 @@ t.test('engine i binds port + i; a taken port is an error naming it', async (t) 
 })
 
 t.test('CLI: the ZMQ flags are validated like the others', async (t) => {
-  const ok = parseMockerArgs(['--num-workers', '2', '--kv-events-zmq', 'tcp://127.0.0.1:5557', '--kv-events-replay-zmq', 'tcp://127.0.0.1:5560', '--kv-events-form', 'array', '--kv-events-topic', 'x'])
+  const ok = parseMockerArgs([
+    '--num-workers',
+    '2',
+    '--kv-events-zmq',
+    'tcp://127.0.0.1:5557',
+    '--kv-events-replay-zmq',
+    'tcp://127.0.0.1:5560',
+    '--kv-events-form',
+    'array',
+    '--kv-events-topic',
+    'x',
+  ])
   if (ok === 'help') throw new Error('help')
   t.match(ok.fleet, { kvEventsZmq: 'tcp://127.0.0.1:5557', kvEventsReplayZmq: 'tcp://127.0.0.1:5560', kvEventsForm: 'array', kvEventsTopic: 'x' })
   const cases: [string[], RegExp][] = [
@@ -246,7 +264,10 @@ t.test('CLI: the ZMQ flags are validated like the others', async (t) => {
     [['--kv-events-form', 'map'], /^--kv-events-form is only used with --kv-events-zmq$/],
     [['--kv-events-replay-zmq', 'tcp://127.0.0.1:5558'], /^--kv-events-replay-zmq is only used with --kv-events-zmq$/],
     [['--kv-events-topic', 't'], /^--kv-events-topic is only used with --kv-events-zmq$/],
-    [['--num-workers', '2', '--kv-events-zmq', 'tcp://127.0.0.1:5557', '--kv-events-replay-zmq', 'tcp://127.0.0.1:5558'], /^--kv-events-zmq and --kv-events-replay-zmq overlap/],
+    [
+      ['--num-workers', '2', '--kv-events-zmq', 'tcp://127.0.0.1:5557', '--kv-events-replay-zmq', 'tcp://127.0.0.1:5558'],
+      /^--kv-events-zmq and --kv-events-replay-zmq overlap/,
+    ],
     [['--num-workers', '3', '--kv-events-zmq', 'tcp://127.0.0.1:65534'], /^--kv-events-zmq port 65534 leaves no room for 3 engines/],
   ]
   for (const [args, re] of cases) {
@@ -261,5 +282,8 @@ t.test('CLI: the ZMQ flags are validated like the others', async (t) => {
     t.ok(err instanceof MockerArgError, args.join(' '))
     t.match((err as Error).message, re)
   }
-  t.ok(parseMockerArgs(['--num-workers', '2', '--kv-events-zmq', 'tcp://127.0.0.1:5557', '--kv-events-replay-zmq', 'tcp://127.0.0.2:5558']), 'other hosts do not overlap')
+  t.ok(
+    parseMockerArgs(['--num-workers', '2', '--kv-events-zmq', 'tcp://127.0.0.1:5557', '--kv-events-replay-zmq', 'tcp://127.0.0.2:5558']),
+    'other hosts do not overlap',
+  )
 })

@@ -109,7 +109,10 @@ t.test('parse: every invalid flag is refused with a message naming it', async (t
     [[...base, '--timeout-s', '0b11'], /^--timeout-s must be a positive number at most 2147483\.647 .*, got "0b11"$/],
     [[...base, '--limit', '0x10'], /^--limit must be a positive integer, got "0x10"$/],
     [['--trace', 'f', '--url', 'http://127.0.0.1:99999'], /^--url must be an http\(s\) URL/],
-    [[...base, '--timeout-s', '2147484'], /^--timeout-s must be a positive number at most 2147483\.647 \(about 24\.8 days, the longest timer Node keeps\), got "2147484"$/],
+    [
+      [...base, '--timeout-s', '2147484'],
+      /^--timeout-s must be a positive number at most 2147483\.647 \(about 24\.8 days, the longest timer Node keeps\), got "2147484"$/,
+    ],
     [[...base, '--bogus'], /unknown option "--bogus"/],
     [[...base, '--quiet=yes'], /--quiet takes no value/],
     [[...base, '--output'], /--output needs a value/],
@@ -124,7 +127,10 @@ t.test('the CLI: invalid flags and unreadable traces exit 2 with one line', asyn
     [['--trace', tracePath], /^kv-router: replay: --url URL is required\n$/],
     [['--trace', join(dir, 'missing.jsonl'), '--url', 'http://127.0.0.1:1'], /^kv-router: replay: --trace: cannot read .*missing\.jsonl: ENOENT\n$/],
     [['--trace', tracePath, '--url', 'http://127.0.0.1:1', '--nope'], /^kv-router: replay: unknown option "--nope"/],
-    [['--trace', tracePath, '--url', 'http://127.0.0.1:1', '--timeout-s', '3000000'], /^kv-router: replay: --timeout-s must be a positive number at most 2147483\.647 .*, got "3000000"\n$/],
+    [
+      ['--trace', tracePath, '--url', 'http://127.0.0.1:1', '--timeout-s', '3000000'],
+      /^kv-router: replay: --timeout-s must be a positive number at most 2147483\.647 .*, got "3000000"\n$/,
+    ],
   ]
   const results = await Promise.all(cases.map(([argv]) => run(argv)))
   results.forEach((r, i) => {
@@ -180,7 +186,21 @@ t.test('a run writes one JSONL record per request and prints the summary', async
   t.equal(recs.length, 4)
   t.same(recs.map((r) => r.id).sort(), [0, 1, 2, 3])
   for (const r of recs) {
-    t.same(Object.keys(r).sort(), ['cached_tokens', 'e2e_ms', 'error', 'id', 'output_tokens', 'prompt_tokens', 'scheduled_ms', 'sent_ms', 'status', 'timestamp', 'tpot_ms', 'ttft_ms', 'worker'])
+    t.same(Object.keys(r).sort(), [
+      'cached_tokens',
+      'e2e_ms',
+      'error',
+      'id',
+      'output_tokens',
+      'prompt_tokens',
+      'scheduled_ms',
+      'sent_ms',
+      'status',
+      'timestamp',
+      'tpot_ms',
+      'ttft_ms',
+      'worker',
+    ])
     const src = lines[r.id]
     t.equal(r.timestamp, src?.timestamp)
     t.equal(r.prompt_tokens, src?.input_length)
@@ -218,13 +238,21 @@ t.test('a failed request makes the exit status 1; TTY progress redraws one line;
   t.teardown(() => models.close())
   const stdout = sink()
   const stderr = sink(true)
-  const code = await runReplay(['--trace', tracePath, '--url', srv.url, '--speedup', '1000', '--limit', '2', '--model', 'explicit'], { stdout: stdout.stream, stderr: stderr.stream, signals: false })
+  const code = await runReplay(['--trace', tracePath, '--url', srv.url, '--speedup', '1000', '--limit', '2', '--model', 'explicit'], {
+    stdout: stdout.stream,
+    stderr: stderr.stream,
+    signals: false,
+  })
   t.equal(code, 1)
   t.equal(srv.seen[0]?.body.model, 'explicit')
   t.match(stdout.text(), /error ×1 {3}HTTP 500: boom/)
   t.match(stderr.text(), /\rreplay 100% {2}sent 2\/2 {2}in flight 0 {2}done 2 {2}failed 1/)
   const quiet = sink()
-  const code2 = await runReplay(['--trace', tracePath, '--url', models.url, '--limit', '1', '--quiet'], { stdout: sink().stream, stderr: quiet.stream, signals: false })
+  const code2 = await runReplay(['--trace', tracePath, '--url', models.url, '--limit', '1', '--quiet'], {
+    stdout: sink().stream,
+    stderr: quiet.stream,
+    signals: false,
+  })
   t.equal(code2, 0)
   t.equal(models.seen[0]?.body.model, 'served-model', 'the model named by /v1/models')
   t.equal(quiet.text(), '', '--quiet prints no progress')
@@ -236,10 +264,17 @@ t.test('in process: help, unreadable traces and an unwritable --output are usage
   const help = sink()
   t.equal(await runReplay(['--help'], { stdout: help.stream, stderr: sink().stream, signals: false }), 0)
   t.equal(help.text(), replayHelp)
-  await t.rejects(runReplay(['--trace', join(dir, 'missing.jsonl'), '--url', 'http://127.0.0.1:1']), { name: 'ReplayUsageError', message: /cannot read .*ENOENT/ })
+  await t.rejects(runReplay(['--trace', join(dir, 'missing.jsonl'), '--url', 'http://127.0.0.1:1']), {
+    name: 'ReplayUsageError',
+    message: /cannot read .*ENOENT/,
+  })
   await t.rejects(runReplay(['--trace', join(dir, 'bad.jsonl'), '--url', 'http://127.0.0.1:1']), { name: 'ReplayUsageError', message: /bad\.jsonl line 1/ })
   await t.rejects(
-    runReplay(['--trace', tracePath, '--url', 'http://127.0.0.1:1', '--output', join(dir, 'no', 'such', 'dir.jsonl')], { stdout: sink().stream, stderr: sink().stream, signals: false }),
+    runReplay(['--trace', tracePath, '--url', 'http://127.0.0.1:1', '--output', join(dir, 'no', 'such', 'dir.jsonl')], {
+      stdout: sink().stream,
+      stderr: sink().stream,
+      signals: false,
+    }),
     { name: 'ReplayUsageError', message: /--output: cannot write .*dir\.jsonl: ENOENT/ },
   )
 })
@@ -263,6 +298,12 @@ t.test('SIGINT stops the replay: in-flight requests are aborted, the rest not se
 })
 
 t.test('progressLine', async (t) => {
-  t.equal(progressLine({ total: 200, sent: 150, done: 100, failed: 3, inFlight: 50, elapsedS: 12.4, scheduleS: 30 }), 'replay  50%  sent 150/200  in flight 50  done 100  failed 3  12/30 s')
-  t.equal(progressLine({ total: 0, sent: 0, done: 0, failed: 0, inFlight: 0, elapsedS: 0, scheduleS: 0 }), 'replay 100%  sent 0/0  in flight 0  done 0  failed 0  0/0 s')
+  t.equal(
+    progressLine({ total: 200, sent: 150, done: 100, failed: 3, inFlight: 50, elapsedS: 12.4, scheduleS: 30 }),
+    'replay  50%  sent 150/200  in flight 50  done 100  failed 3  12/30 s',
+  )
+  t.equal(
+    progressLine({ total: 0, sent: 0, done: 0, failed: 0, inFlight: 0, elapsedS: 0, scheduleS: 0 }),
+    'replay 100%  sent 0/0  in flight 0  done 0  failed 0  0/0 s',
+  )
 })

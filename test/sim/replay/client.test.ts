@@ -48,7 +48,9 @@ t.test('sends on the trace schedule divided by speedup, without waiting for resp
 })
 
 t.test('records: tokens, usage, cached tokens, worker from the header or from nvext', async (t) => {
-  const srv = await sseServer(sseScript({ gapMs: 20, worker: '18446744073709551557', header: false, cached: (b) => ((b.prompt as number[]).length >= 600 ? 512 : 0) }))
+  const srv = await sseServer(
+    sseScript({ gapMs: 20, worker: '18446744073709551557', header: false, cached: (b) => ((b.prompt as number[]).length >= 600 ? 512 : 0) }),
+  )
   t.teardown(() => srv.close())
   const seen: number[] = []
   const { records, itlGaps } = await replayTrace({ url: srv.url, requests: [req(0, 640, 4), req(10, 100, 2)], apiKey: 'k1', onRecord: (r) => seen.push(r.id) })
@@ -191,7 +193,10 @@ t.test("a wait beyond Node's timer range is kept, not cut to 1 ms", async (t) =>
 
 t.test('invalid options are refused', async (t) => {
   t.throws(() => startReplay({ url: 'http://127.0.0.1:1', requests: [], speedup: 0 }), RangeError)
-  t.throws(() => startReplay({ url: 'http://127.0.0.1:1', requests: [], timeoutMs: 2 ** 31 }), { name: 'RangeError', message: /timeoutMs must be in \(0, 2147483647\]/ })
+  t.throws(() => startReplay({ url: 'http://127.0.0.1:1', requests: [], timeoutMs: 2 ** 31 }), {
+    name: 'RangeError',
+    message: /timeoutMs must be in \(0, 2147483647\]/,
+  })
   t.throws(() => startReplay({ url: 'http://127.0.0.1:1', requests: [], timeoutMs: 0 }), RangeError)
   t.throws(() => startReplay({ url: 'http://127.0.0.1:1', requests: [], maxInFlight: 0 }), RangeError)
   const r = await replayTrace({ url: 'http://127.0.0.1:1', requests: [] })

@@ -39,7 +39,21 @@ t.test('hit rate', async (t) => {
 })
 
 function rec(p: Partial<ReplayRecord> & { id: number }): ReplayRecord {
-  return { timestamp: 0, scheduled_ms: 0, sent_ms: 0, ttft_ms: 10, tpot_ms: 2, e2e_ms: 100, output_tokens: 10, prompt_tokens: 100, cached_tokens: 0, worker: 'a', status: 200, error: null, ...p }
+  return {
+    timestamp: 0,
+    scheduled_ms: 0,
+    sent_ms: 0,
+    ttft_ms: 10,
+    tpot_ms: 2,
+    e2e_ms: 100,
+    output_tokens: 10,
+    prompt_tokens: 100,
+    cached_tokens: 0,
+    worker: 'a',
+    status: 200,
+    error: null,
+    ...p,
+  }
 }
 
 t.test('summarize: counts, hit rate over successes, per-worker counts and spread, time scale', async (t) => {

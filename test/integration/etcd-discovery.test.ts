@@ -24,14 +24,12 @@ async function register(
   const id = BigInt(await lease.grant())
   const hex = id.toString(16)
   await lease.put(`${instancesPrefix(NS, COMP, EP)}${hex}`).value(JSON.stringify({ http_url: opts.url, device_type: opts.device ?? 'cuda' }))
-  await lease
-    .put(`${cardsPrefix(NS, COMP, EP)}${hex}`)
-    .value(
-      JSON.stringify({
-        kv_cache_block_size: opts.blockSize ?? 64,
-        runtime_config: { total_kv_blocks: 4096, max_num_batched_tokens: 8192, data_parallel_size: opts.dpSize ?? 1 },
-      }),
-    )
+  await lease.put(`${cardsPrefix(NS, COMP, EP)}${hex}`).value(
+    JSON.stringify({
+      kv_cache_block_size: opts.blockSize ?? 64,
+      runtime_config: { total_kv_blocks: 4096, max_num_batched_tokens: 8192, data_parallel_size: opts.dpSize ?? 1 },
+    }),
+  )
   return { id, revoke: () => lease.revoke() }
 }
 

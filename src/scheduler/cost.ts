@@ -25,12 +25,12 @@
 // sends long prompts to worker-ranks holding few, long requests: the fleet sorts itself by request
 // size, and long prompts queue behind each other (docs/cost.md shows the measurement).
 //
-// prefill_ms and decode_ms are the engine model of src/sim/mocker/timing.ts (Dynamo's mocker
-// default). Its absolute speed scales every term alike, so in a fleet of one kind of engine it
-// cancels out of every decision; its shape (per-step overhead, per-token prefill cost, decode step
-// time) weighs the terms against each other.
+// prefill_ms and decode_ms are the engine model of engine-model.ts (Dynamo's mocker default),
+// which the simulated engines run too. Its absolute speed scales every term alike, so in a fleet
+// of one kind of engine it cancels out of every decision; its shape (per-step overhead, per-token
+// prefill cost, decode step time) weighs the terms against each other.
 import { DEFAULT_MAX_BATCHED_TOKENS } from './options.js'
-import { decodeMs, prefillMs } from '../sim/mocker/timing.js'
+import { decodeMs, prefillMs } from './engine-model.js'
 
 /**
  * Prefill chunk of an engine that registered no max_num_batched_tokens: vLLM's chunked-prefill

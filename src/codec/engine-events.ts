@@ -1,4 +1,6 @@
-// vLLM's and SGLang's own KV events (MessagePack over ZMQ), decoded into the index's DecodedEvent.
+// vLLM's and SGLang's own KV events (MessagePack over ZMQ): the rules that turn them into the
+// index's DecodedEvent, shared by the decoder the shards run (engine-stream.ts) and the reference
+// decoder it is held to (support/engine-reference-decoder.ts).
 //
 // A batch is `[ts, events, data_parallel_rank]` (the rank is missing in old vLLM; a map with those
 // keys is taken too). Each event is a tagged struct in one of two forms, both in the field:
@@ -22,18 +24,9 @@
 // - medium names the tier (absent or GPU = device, the only one routed on);
 // - attention groups other than full attention (sliding windows) do not hold whole prefixes and
 //   are not applied.
-import { Unpackr } from 'msgpackr'
 import { KvrError } from '../errors.js'
-import { type DecodedEvent, EventKind, StorageTier } from './event-decoder.js'
+import { type DecodedEvent, StorageTier } from './event-decoder.js'
 import { mmBlockHashInto, mmHashOf, saltSeed, seededBlockHashesInto, XXH3_SEED } from './hashing.js'
-
-/** A decoded batch, before its events are converted. */
-export interface EngineBatch {
-  readonly ts: number
-  readonly events: readonly unknown[]
-  /** The batch's data-parallel rank, null when it names none. */
-  readonly dpRank: number | null
-}
 
 /** Why an engine event was not applied, for the drop counters. */
 export const EngineSkip = {
@@ -117,19 +110,6 @@ export function optString(v: unknown, field: string): string | null {
   return v === '' ? null : v
 }
 
-/** The fields of a BlockStored, whichever form it came in. */
-interface StoredFields {
-  hashes: unknown
-  parent: unknown
-  tokens: unknown
-  blockSize: unknown
-  medium: unknown
-  loraName: string | null
-  cacheSalt: string | null
-  extraKeys: unknown
-  kind: unknown
-}
-
 /**
  * A decoder of engine batches as the shard drives it: begin() reads a batch's frame (and checks
  * all of it is well-formed MessagePack), then next() converts its events one at a time into a
@@ -151,7 +131,7 @@ export interface EngineBatchDecoder {
   forgetWorker(workerLo: number, workerHi: number): void
 }
 
-/** What both decoders share: the rules that turn a stored block's tokens into its tokens_hash. */
+/** What every engine decoder shares: the rules that turn a stored block's tokens into its tokens_hash. */
 export abstract class EngineDecoderBase {
   /** Events not applied, by reason (counted by whoever drives the decoder). */
   readonly skipped: Record<EngineSkip, number> = { block_size_mismatch: 0, attention_kind: 0, unknown_event: 0, empty: 0 }
@@ -266,164 +246,6 @@ export abstract class EngineDecoderBase {
       this.saltedCount -= m.size
       this.salted.delete(k)
     }
-  }
-}
-
-/** The decoder on msgpackr: the batch unpacked into JS values, then each event converted. */
-export class EngineEventDecoder extends EngineDecoderBase implements EngineBatchDecoder {
-  private readonly unpackr = new Unpackr({ int64AsType: 'bigint', mapsAsObjects: true, useRecords: false })
-  private readonly h = new Uint32Array(2)
-  private batch: EngineBatch | null = null
-  private at = 0
-
-  begin(payload: Uint8Array): number {
-    this.batch = this.decodeBatch(payload)
-    this.at = 0
-    return this.batch.events.length
-  }
-
-  get batchRank(): number | null {
-    return this.batch?.dpRank ?? null
-  }
-
-  next(workerLo: number, workerHi: number, dpRank: number, out: DecodedEvent): EngineSkip | null {
-    return this.convert(this.batch?.events[this.at++], workerLo, workerHi, dpRank, out)
-  }
-
-  /** Decodes a batch's MessagePack; throws KvrError (MALFORMED_MSGPACK, WRONG_TYPE). */
-  decodeBatch(payload: Uint8Array): EngineBatch {
-    let v: unknown
-    try {
-      v = this.unpackr.unpack(payload)
-    } catch (err) {
-      throw new KvrError('KVR_ERR_EVENT_MALFORMED_MSGPACK', `the batch does not decode: ${(err as Error).message}`)
-    }
-    let ts: unknown
-    let events: unknown
-    let rank: unknown
-    if (Array.isArray(v)) [ts, events, rank] = v
-    else if (v !== null && typeof v === 'object' && !(v instanceof Uint8Array)) {
-      const m = v as Record<string, unknown>
-      ts = m.ts
-      events = m.events
-      rank = m.data_parallel_rank ?? m.attn_dp_rank
-    } else throw wrongType('the batch', 'an array [ts, events, data_parallel_rank]', v)
-    if (typeof ts !== 'number' && typeof ts !== 'bigint') throw wrongType('the batch timestamp', 'a number', ts)
-    const list = arrayField(events, 'the batch events')
-    let dpRank: number | null = null
-    if (rank !== null && rank !== undefined) dpRank = rankOf(typeof rank === 'bigint' ? Number(rank) : rank)
-    return { ts: Number(ts), events: list, dpRank }
-  }
-
-  /**
-   * Converts one event of a batch into `out` for worker (lo, hi) and `dpRank`. Returns null when
-   * there is something to apply, else why not (the caller counts it); throws KvrError when the
-   * event is malformed.
-   */
-  convert(ev: unknown, workerLo: number, workerHi: number, dpRank: number, out: DecodedEvent): EngineSkip | null {
-    out.reset()
-    out.workerLo = workerLo
-    out.workerHi = workerHi
-    out.dpRank = dpRank
-    let tag: unknown
-    let m: Record<string, unknown> | null = null
-    let a: readonly unknown[] | null = null
-    if (Array.isArray(ev)) {
-      a = ev
-      tag = ev[0]
-    } else if (ev !== null && typeof ev === 'object' && !(ev instanceof Uint8Array)) {
-      m = ev as Record<string, unknown>
-      tag = m.type
-    } else throw wrongType('an event', 'an array or a map', ev)
-    if (tag === 'BlockStored') {
-      const f: StoredFields =
-        a !== null
-          ? {
-              hashes: a[1],
-              parent: a[2],
-              tokens: a[3],
-              blockSize: a[4],
-              medium: a[6],
-              // vLLM's 8th element is lora_name; SGLang's is a {cache_salt} map
-              loraName: typeof a[7] === 'string' || a[7] === null || a[7] === undefined ? optString(a[7], 'lora_name') : null,
-              cacheSalt:
-                a[7] !== null && typeof a[7] === 'object' && !Array.isArray(a[7]) && !(a[7] instanceof Uint8Array)
-                  ? optString((a[7] as Record<string, unknown>).cache_salt, 'cache_salt')
-                  : null,
-              extraKeys: a[8],
-              kind: a[10],
-            }
-          : {
-              hashes: (m as Record<string, unknown>).block_hashes,
-              parent: (m as Record<string, unknown>).parent_block_hash,
-              tokens: (m as Record<string, unknown>).token_ids,
-              blockSize: (m as Record<string, unknown>).block_size,
-              medium: (m as Record<string, unknown>).medium,
-              loraName: optString((m as Record<string, unknown>).lora_name, 'lora_name'),
-              cacheSalt: optString((m as Record<string, unknown>).cache_salt, 'cache_salt'),
-              extraKeys: (m as Record<string, unknown>).extra_keys,
-              kind: (m as Record<string, unknown>).kv_cache_spec_kind,
-            }
-      return this.stored(f, out)
-    }
-    if (tag === 'BlockRemoved') {
-      const hashes = arrayField(a !== null ? a[1] : (m as Record<string, unknown>).block_hashes, 'block_hashes')
-      out.kind = EventKind.Removed
-      out.tier = tierOf(a !== null ? a[2] : (m as Record<string, unknown>).medium)
-      out.ensure(hashes.length)
-      for (let i = 0; i < hashes.length; i++) {
-        hashHalves(hashes[i], 'block_hashes', this.h)
-        out.blockLo[i] = this.h[0] as number
-        out.blockHi[i] = this.h[1] as number
-        if (this.saltedCount > 0) this.forgetSalted(workerLo, workerHi, dpRank, this.h[0] as number, this.h[1] as number)
-      }
-      out.count = hashes.length
-      return hashes.length === 0 ? EngineSkip.Empty : null
-    }
-    if (tag === 'AllBlocksCleared') {
-      out.kind = EventKind.Cleared
-      this.forgetWorker(workerLo, workerHi)
-      return null
-    }
-    if (typeof tag !== 'string') throw wrongType('the event tag', 'a string', tag)
-    return EngineSkip.UnknownEvent
-  }
-
-  private stored(f: StoredFields, out: DecodedEvent): EngineSkip | null {
-    const hashes = arrayField(f.hashes, 'block_hashes')
-    const tokens = arrayField(f.tokens, 'token_ids')
-    const bs = typeof f.blockSize === 'bigint' ? Number(f.blockSize) : f.blockSize
-    if (typeof bs !== 'number' || !Number.isInteger(bs) || bs < 1)
-      throw new KvrError('KVR_ERR_EVENT_INVALID_NUMBER', `block_size must be a positive integer, got ${String(f.blockSize)}`)
-    out.kind = EventKind.Stored
-    out.tier = tierOf(f.medium)
-    if (f.kind !== null && f.kind !== undefined && !(typeof f.kind === 'string' && PREFIX_KINDS.has(f.kind))) return EngineSkip.AttentionKind
-    if (bs !== this.blockSize) return this.mismatch(bs)
-    if (f.parent !== null && f.parent !== undefined) {
-      hashHalves(f.parent, 'parent_block_hash', this.h)
-      out.hasParent = true
-      out.parentLo = this.h[0] as number
-      out.parentHi = this.h[1] as number
-    }
-    // blocks whose tokens all came with the event (a short token list ends the run)
-    const n = Math.min(hashes.length, Math.floor(tokens.length / bs))
-    if (n === 0) return EngineSkip.Empty
-    out.ensure(n)
-    for (let i = 0; i < n; i++) {
-      hashHalves(hashes[i], 'block_hashes', this.h)
-      out.blockLo[i] = this.h[0] as number
-      out.blockHi[i] = this.h[1] as number
-    }
-    const extra = f.extraKeys === null || f.extraKeys === undefined ? null : arrayField(f.extraKeys, 'extra_keys')
-    const words = n * bs
-    const tw = this.words(words)
-    for (let i = 0; i < words; i++) {
-      const t = tokens[i]
-      if (typeof t !== 'number' || t >>> 0 !== t) throw tokenError(i, t)
-      tw[i] = t
-    }
-    this.hashBlocks(out, n, f.loraName, f.cacheSalt, extra)
-    return null
   }
 }
 

@@ -1,7 +1,7 @@
 // vLLM's and SGLang's KV-event batches read straight from their MessagePack bytes into the
 // index's DecodedEvent: the decoder a shard runs (workers/shard/engine.ts). Same layouts and
-// rules as engine-events.ts (whose msgpackr-based decoder is the reference the tests hold this
-// one to), but no JS value is built for a hash or a token id: hashes go into the event's typed
+// rules as engine-events.ts (the tests hold it to support/engine-reference-decoder.ts, on
+// msgpackr), but no JS value is built for a hash or a token id: hashes go into the event's typed
 // arrays as u32 halves, token ids into one reused Uint32Array, keys are compared as bytes. Only
 // rare fields (extra keys that name media or a salt, SGLang's salt map, unusual strings) are
 // unpacked with msgpackr. `npm run bench:zmq` measures both decoders: this one is there because

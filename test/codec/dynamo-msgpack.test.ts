@@ -8,7 +8,7 @@ import { KvrError } from '../../src/errors.js'
 import { cleared, removed, stored } from '../helpers/events.js'
 import { EventStream } from '../helpers/random-events.js'
 import { Rng } from '../helpers/rng.js'
-import { type MsgpackForm, MsgpackWriter, encodeEnvelopeMsgpack, encodeRouterEventMsgpack, pack, routerEventValue } from '../helpers/dynamo-msgpack.js'
+import { type MsgpackForm, MsgpackWriter, encodeEnvelopeMsgpack, encodeRouterEventMsgpack, pack, routerEventValue } from '../../support/dynamo-msgpack.js'
 
 const U64_MAX = 2n ** 64n - 1n
 const FORMS: MsgpackForm[] = ['named', 'positional']

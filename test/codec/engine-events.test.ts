@@ -1,10 +1,11 @@
 // vLLM's and SGLang's KV-event batches, built from the documented layouts (both forms, old short
 // tuples, unknown keys, trailing fields), decoded into what the index applies. Every fixture runs
 // against both decoders: the hand-written one the shards use (engine-stream.ts) and the msgpackr
-// one it is held to (engine-events.ts).
+// one it is held to (support/engine-reference-decoder.ts).
 import t from 'tap'
 import { pack, Packr } from 'msgpackr'
-import { type EngineBatchDecoder, EngineEventDecoder, EngineSkip, hashHalves, tierOf } from '../../src/codec/engine-events.js'
+import { type EngineBatchDecoder, EngineSkip, hashHalves, tierOf } from '../../src/codec/engine-events.js'
+import { EngineEventDecoder } from '../../support/engine-reference-decoder.js'
 import { EngineStreamDecoder } from '../../src/codec/engine-stream.js'
 import { DecodedEvent, EventKind, StorageTier } from '../../src/codec/event-decoder.js'
 import { isKvrError } from '../../src/errors.js'

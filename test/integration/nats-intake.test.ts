@@ -9,7 +9,7 @@ import { NatsIntake, parseLoadEvent } from '../../src/transport/nats.js'
 import { ShardPool } from '../../src/shards/pool.js'
 import { encodeEnvelope, encodeRouterEvent } from '../../src/codec/events.js'
 import { stored } from '../helpers/events.js'
-import { encodeEnvelopeMsgpack, encodeRouterEventMsgpack } from '../helpers/dynamo-msgpack.js'
+import { encodeEnvelopeMsgpack, encodeRouterEventMsgpack } from '../../support/dynamo-msgpack.js'
 import { shardOf } from '../../src/thread/protocol.js'
 import { u64Hi, u64Lo } from '../../src/codec/u64.js'
 

@@ -2,7 +2,7 @@ import t from 'tap'
 import { WorkerIdScan } from '../../src/shards/partition.js'
 import { encodeEnvelope, encodeRouterEvent } from '../../src/codec/events.js'
 import { chain } from '../helpers/events.js'
-import { encodeEnvelopeMsgpack, encodeRouterEventMsgpack, pack } from '../helpers/dynamo-msgpack.js'
+import { encodeEnvelopeMsgpack, encodeRouterEventMsgpack, pack } from '../../support/dynamo-msgpack.js'
 
 t.test('finds the worker id without decoding', async (t) => {
   const s = new WorkerIdScan()

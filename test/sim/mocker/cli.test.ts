@@ -9,7 +9,7 @@ import { MockerArgError, parseMockerArgs } from '../../../src/sim/mocker/main.js
 import { startEtcd, startNats } from '../../helpers/services.js'
 import { waitUntil } from '../../helpers/wait.js'
 import { runCli as run } from '../../helpers/cli.js'
-import { EngineEventDecoder } from '../../../src/codec/engine-events.js'
+import { EngineEventDecoder } from '../../../support/engine-reference-decoder.js'
 import { ZmqListener } from '../../../src/transport/zmq.js'
 import type { CliProcess as Proc } from '../../helpers/cli.js'
 

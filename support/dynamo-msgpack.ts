@@ -4,7 +4,7 @@
 // Dynamo's event-plane codec), `positional` is rmp_serde::to_vec (structs as arrays). A current
 // worker's RouterEvent carries `residency_domain: "worker"` and `start_position: nil`; the
 // envelope is `{publisher_id, sequence, published_at, topic, payload: bin}`.
-import type { KvCacheEventData, RouterEvent } from '../../src/codec/events.js'
+import type { KvCacheEventData, RouterEvent } from '../src/codec/events.js'
 
 export type MsgpackForm = 'named' | 'positional'
 

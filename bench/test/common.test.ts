@@ -1,7 +1,7 @@
 // The machine's steal time as the proxy benchmark reads it from /proc/stat, beside each round.
 import t from 'tap'
 import { readFileSync } from 'node:fs'
-import { machineStealTicks, stealTicksOf } from '../../bench/lib/common.js'
+import { machineStealTicks, stealTicksOf } from '../lib/common.js'
 
 t.test('stealTicksOf: the eighth field of the aggregate cpu line', async (t) => {
   const text = 'cpu  3593537 6429 794712 9712117 7946 0 225532 11561 0 0\ncpu0 1780707 3199 388158 4886630 767 0 111943 5806 0 0\n'

@@ -1,6 +1,6 @@
 // The e2e figure: a well-formed SVG (balanced tags, one root) with a CDF and a bar per mode.
 import t from 'tap'
-import { escapeXml, renderE2eSvg } from '../../bench/lib/e2e-plot.js'
+import { escapeXml, renderE2eSvg } from '../lib/e2e-plot.js'
 
 /** Checks tag nesting with a stack; returns the element names in document order. */
 function parseTags(svg: string): string[] {

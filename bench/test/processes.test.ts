@@ -3,7 +3,7 @@
 import t from 'tap'
 import { createServer } from 'node:http'
 import type { AddressInfo } from 'node:net'
-import { workerIds } from '../../bench/lib/processes.js'
+import { workerIds } from '../lib/processes.js'
 
 t.test('workerIds: the id_str of each registered worker, not an unregistered rank’s; cached blocks summed', async (t) => {
   const body =

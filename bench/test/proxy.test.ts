@@ -8,7 +8,7 @@ import { createServer } from 'node:http'
 import type { ServerResponse } from 'node:http'
 import { once } from 'node:events'
 import { Agent, request } from 'undici'
-import { bareProxy } from '../../bench/proxy.js'
+import { bareProxy } from '../proxy.js'
 
 interface Upstream {
   url: string

@@ -1,6 +1,6 @@
 // bench:replicas without its processes: the command line, the counters read from /metrics, the targets.
 import t from 'tap'
-import { ArgError, counterSum, DEFAULTS, parseReplicasArgs, replicaBars, SETUPS } from '../../bench/lib/replicas.js'
+import { ArgError, counterSum, DEFAULTS, parseReplicasArgs, replicaBars, SETUPS } from '../lib/replicas.js'
 
 t.test('the three setups, in the order they run', async (t) => {
   t.same(

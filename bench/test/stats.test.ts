@@ -3,15 +3,7 @@
 // interval must cover the true difference of two known distributions about as often as it claims.
 // The same holds of the interval of a median of paired ratios and of a difference of overheads.
 import t from 'tap'
-import {
-  medianInterval,
-  overheadDifferenceInterval,
-  quantile,
-  quantileDifferenceInterval,
-  quantileOf,
-  resampledQuantile,
-  uniformDraws,
-} from '../../bench/lib/stats.js'
+import { medianInterval, overheadDifferenceInterval, quantile, quantileDifferenceInterval, quantileOf, resampledQuantile, uniformDraws } from '../lib/stats.js'
 
 /** The resample built in full from the same draws, sorted, and its quantile taken. */
 function resampledByHand(sorted: number[], q: number, next: () => number): number {

@@ -7,6 +7,7 @@ COPY src src
 COPY workers workers
 COPY bench bench
 COPY test test
+COPY support support
 COPY scripts scripts
 # `npm ci` builds dist/ through the prepare script; the dev dependencies go afterwards
 RUN npm ci && npm prune --omit=dev

@@ -9,18 +9,20 @@
 //
 // It prints the URLs once HAProxy passes /ready through to every replica, and stops everything on
 // SIGINT or SIGTERM: HAProxy first, then the replicas (they drain), the engines (they revoke their
-// leases), etcd and NATS; then it removes the temporary directory and exits 0. A child that exits
-// on its own stops the rest too (exit 1). The options are in docs/configuration.md#cluster.
+// leases), etcd and NATS; then it removes the temporary directory and exits 0. Once it is up, a
+// replica, the engines or HAProxy that exits is started again, as compose's `restart:
+// unless-stopped` does, with a growing delay while it keeps exiting; NATS or etcd exiting stops
+// the rest (exit 1). nats-server, etcd and haproxy are run by the launcher the tests and
+// benchmarks use (src/deploy/services.ts, from dist/). The options are in
+// docs/configuration.md#cluster.
 import { spawn } from 'node:child_process'
-import { accessSync, constants, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs'
+import { existsSync, mkdtempSync, rmSync } from 'node:fs'
 import { request } from 'node:http'
-import { connect, createServer } from 'node:net'
 import { tmpdir } from 'node:os'
-import { delimiter, join } from 'node:path'
+import { join } from 'node:path'
 import { fileURLToPath, pathToFileURL } from 'node:url'
 
 const root = fileURLToPath(new URL('../', import.meta.url))
-const HAPROXY_CFG = join(root, 'deploy', 'haproxy', 'haproxy.cfg')
 const MAIN = join(root, 'dist', 'src', 'main.js')
 
 const HELP = `usage: npm run cluster -- [options] [-- serve options]
@@ -97,50 +99,11 @@ function parseArgs(argv, env) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// executables and ports
-
-function isExecutable(path) {
-  try {
-    accessSync(path, constants.X_OK)
-    return statSync(path).isFile()
-  } catch {
-    return false
-  }
-}
-
-/** A server's binary from PATH or the (s)bin directories Debian installs into (root's PATH may lack /usr/sbin). */
-function requireBinary(name, debianPackage) {
-  const dirs = [...(process.env.PATH ?? '').split(delimiter), '/usr/sbin', '/usr/local/sbin', '/usr/bin', '/usr/local/bin', '/sbin', '/bin']
-  for (const dir of dirs) if (dir !== '' && isExecutable(join(dir, name))) return join(dir, name)
-  process.stderr.write(`cluster: ${name} not found (PATH and the sbin directories); on Debian: apt-get update && apt-get install -y ${debianPackage}\n`)
-  process.exit(1)
-}
-
-/** `count` distinct free ports on 127.0.0.1: all held open at once, then released. */
-async function freePorts(count) {
-  const servers = []
-  try {
-    for (let i = 0; i < count; i++) {
-      servers.push(
-        await new Promise((resolve, reject) => {
-          const s = createServer()
-          s.once('error', reject)
-          s.listen({ host: '127.0.0.1', port: 0, exclusive: true }, () => resolve(s))
-        }),
-      )
-    }
-    return servers.map((s) => s.address().port)
-  } finally {
-    await Promise.all(servers.map((s) => new Promise((resolve) => s.close(resolve))))
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
 // children
 
 const TAIL_LINES = 40
 
-/** A child process in its own process group, so a terminal's Ctrl-C reaches this script only, which stops the children in order. */
+/** A kv-router process in its own process group, so a terminal's Ctrl-C reaches this script only, which stops the children in order. */
 class Child {
   constructor(name, bin, args, { cwd, echo, env }) {
     this.name = name
@@ -177,6 +140,10 @@ class Child {
     if (echo) (isErr ? process.stderr : process.stdout).write(`[${this.name}] ${line}\n`)
   }
 
+  get pid() {
+    return this.proc.pid
+  }
+
   get running() {
     return this.exitInfo === null && this.proc.pid !== undefined
   }
@@ -204,6 +171,62 @@ class Child {
   }
 }
 
+/**
+ * A kv-router process run as compose's `restart: unless-stopped` runs a container: once the
+ * cluster is up, an exit is followed by a new start with the same command line. One that ran
+ * for RESTART_STABLE_MS comes back at once; one that keeps exiting waits twice as long each time,
+ * up to RESTART_MAX_MS, so a replica that cannot start does not spin.
+ */
+class Supervised {
+  constructor(name, spec, echo) {
+    this.name = name
+    this.spec = spec
+    this.echo = echo
+    this.restarts = 0
+    this.delay = 0
+    this.timer = null
+    this.run()
+  }
+
+  run() {
+    this.child = new Child(this.name, this.spec.bin, this.spec.args, { cwd: dir, echo: opts.logs || this.echo, env: this.spec.env })
+    this.since = Date.now()
+    const child = this.child
+    void child.exited.then((e) => {
+      if (stopping === null && child === this.child) this.exited(e)
+    })
+  }
+
+  exited(e) {
+    // before the ready line an exit is a failed start (a bad serve option, say): waitFor reports it
+    if (!started) return
+    const ranFor = Date.now() - this.since
+    this.delay = ranFor >= RESTART_STABLE_MS ? RESTART_FIRST_MS : Math.min(RESTART_MAX_MS, Math.max(RESTART_BACKOFF_MS, this.delay * 2))
+    const why = ranFor >= RESTART_STABLE_MS ? '' : ` (it ran ${(ranFor / 1000).toFixed(1)} s: backing off)`
+    process.stderr.write(`cluster: ${this.name} exited (${describe(e)}); restarting it in ${(this.delay / 1000).toFixed(1)} s${why}\n`)
+    if (!this.echo) process.stderr.write(`--- ${this.name}'s last lines ---\n${this.child.tail.join('\n')}\n`)
+    this.timer = setTimeout(() => {
+      this.timer = null
+      if (stopping !== null) return
+      this.restarts++
+      this.run()
+      process.stdout.write(`cluster: ${this.name} restarted (restart ${this.restarts}), pid ${this.child.pid}\n`)
+    }, this.delay)
+  }
+
+  /** Stops it for good: no restart after this. */
+  stop(signal, ms) {
+    if (this.timer !== null) clearTimeout(this.timer)
+    this.timer = null
+    return this.child.stop(signal, ms)
+  }
+}
+
+const RESTART_FIRST_MS = 100
+const RESTART_BACKOFF_MS = 1_000
+const RESTART_MAX_MS = 30_000
+const RESTART_STABLE_MS = 10_000
+
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms))
 
 /** GET a loopback URL: { status, headers, body } or the error. */
@@ -222,27 +245,13 @@ function get(url, timeoutMs = 2000) {
   })
 }
 
-/** Whether a NATS server on the port greets with INFO. */
-function natsGreets(port) {
-  return new Promise((resolve) => {
-    const s = connect({ host: '127.0.0.1', port })
-    const done = (ok) => {
-      s.destroy()
-      resolve(ok)
-    }
-    s.setTimeout(1000, () => done(false))
-    s.on('error', () => done(false))
-    s.on('data', (d) => done(d.toString('utf8').startsWith('INFO ')))
-  })
-}
-
-/** Polls `probe` until it returns true; fails when any child has exited or the time is up. */
+/** Polls `probe` until it returns true; fails when a child has exited or the time is up. */
 async function waitFor(child, what, probe, timeoutMs) {
   const deadline = Date.now() + timeoutMs
   let last = 'no answer yet'
   for (;;) {
-    const gone = children.find((c) => !c.running)
-    if (gone !== undefined) throw new StartError(gone, `${gone.name} exited while starting (${describe(gone.exitInfo)})`)
+    const gone = supervised.find((s) => !s.child.running)
+    if (gone !== undefined) throw new StartError(gone.child, `${gone.name} exited while starting (${describe(gone.child.exitInfo)})`)
     try {
       const r = await probe()
       if (r === true) return
@@ -268,46 +277,47 @@ const describe = (e) => (e === null ? 'running' : e.signal !== null ? `signal ${
 // the cluster
 
 const opts = parseArgs(process.argv.slice(2), process.env)
-const bins = { nats: requireBinary('nats-server', 'nats-server'), etcd: requireBinary('etcd', 'etcd-server'), haproxy: requireBinary('haproxy', 'haproxy') }
-if (!existsFile(MAIN)) {
+if (!existsSync(MAIN)) {
   process.stderr.write(`cluster: ${MAIN} is missing: build first (node scripts/build.mjs; npm run cluster does)\n`)
   process.exit(1)
 }
 const { ROUTER_V8_FLAGS } = await import(pathToFileURL(join(root, 'dist', 'src', 'runtime', 'v8-flags.js')).href)
-// deploy/haproxy/haproxy.cfg rendered for loopback, as the tests render it
-const { haproxyBindPorts, renderHaproxyConfig } = await import(pathToFileURL(join(root, 'dist', 'src', 'deploy', 'haproxy.js')).href)
-const haproxyTemplate = readFileSync(HAPROXY_CFG, 'utf8')
-const binds = haproxyBindPorts(haproxyTemplate)
-
-function existsFile(path) {
+// nats-server, etcd and haproxy through the launcher the tests and benchmarks use
+const services = await import(pathToFileURL(join(root, 'dist', 'src', 'deploy', 'services.js')).href)
+for (const [name, pkg, env] of [
+  ['nats-server', 'nats-server', 'KVR_NATS_SERVER_BIN'],
+  ['etcd', 'etcd-server', 'KVR_ETCD_BIN'],
+  ['haproxy', 'haproxy', 'KVR_HAPROXY_BIN'],
+]) {
   try {
-    return statSync(path).isFile()
-  } catch {
-    return false
+    services.requireExecutable(name, pkg, env)
+  } catch (err) {
+    process.stderr.write(`cluster: ${err.message}\n`)
+    process.exit(1)
   }
 }
 
 const dir = mkdtempSync(join(tmpdir(), 'kvr-cluster-'))
-/** Started children, in start order; stopped in reverse groups (see stopAll). */
-const children = []
+/** The kv-router processes, restarted when they exit. */
+const supervised = []
+/** nats-server, etcd and haproxy, once started. */
+const servers = { nats: null, etcd: null, haproxy: null }
 let stopping = null
+let started = false
 
 /** Stops every child in order, removes the directory and exits with `code`. */
 function stopAll(code, reason) {
   if (stopping !== null) return stopping
   if (reason !== undefined) process.stderr.write(`cluster: ${reason}\n`)
   stopping = (async () => {
-    const named = (prefix) => children.filter((c) => c.name.startsWith(prefix))
+    const named = (prefix) => supervised.filter((s) => s.name.startsWith(prefix))
     // HAProxy first, so nothing new reaches a replica; the replicas drain before their engines go;
     // the engines revoke their leases while etcd is still up
-    const order = [
-      [named('haproxy'), 'SIGTERM', 5_000],
-      [named('router-'), 'SIGTERM', 30_000],
-      [named('mocker'), 'SIGTERM', 10_000],
-      [named('etcd'), 'SIGTERM', 10_000],
-      [named('nats'), 'SIGTERM', 10_000],
-    ]
-    for (const [group, signal, ms] of order) await Promise.all(group.map((c) => c.stop(signal, ms)))
+    await servers.haproxy?.stop()
+    await Promise.all(named('router-').map((s) => s.stop('SIGTERM', 30_000)))
+    await Promise.all(named('mocker').map((s) => s.stop('SIGTERM', 10_000)))
+    await servers.etcd?.stop()
+    await servers.nats?.stop()
     rmSync(dir, { recursive: true, force: true, maxRetries: 3, retryDelay: 50 })
     process.stdout.write(`cluster: stopped, ${dir} removed\n`)
     process.exit(code)
@@ -317,13 +327,16 @@ function stopAll(code, reason) {
 
 /** On a second signal: no more waiting, every child is killed at once. */
 function killAll() {
-  for (const c of children) {
+  for (const s of supervised) {
     try {
-      if (c.running) c.proc.kill('SIGKILL')
+      if (s.child.running) s.child.proc.kill('SIGKILL')
     } catch {
       // gone meanwhile
     }
   }
+  rmSync(dir, { recursive: true, force: true, maxRetries: 3, retryDelay: 50 })
+  // the launcher's exit hook kills nats-server, etcd and haproxy and removes their directories
+  process.exit(1)
 }
 
 for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP']) {
@@ -338,103 +351,99 @@ for (const signal of ['SIGINT', 'SIGTERM', 'SIGHUP']) {
   })
 }
 
-function start(name, bin, args, extra = {}) {
-  const child = new Child(name, bin, args, { cwd: dir, echo: opts.logs || extra.echo === true, env: extra.env })
-  children.push(child)
-  void child.exited.then((e) => {
-    if (stopping === null && started) void stopAll(1, `${name} exited (${describe(e)}); stopping the rest. Its last lines:\n${child.tail.join('\n')}`)
-  })
-  return child
+/** What the launcher passes every server: its directory under ours, and what to do when it dies. */
+function serverOptions(name, onExit) {
+  return { parentDir: dir, echoLogs: opts.logs, stopTimeoutMs: 10_000, onExit: (how) => onExit(name, how) }
 }
 
-let started = false
-try {
-  const [natsPort, etcdPort, etcdPeerPort, ...rest] = await freePorts(3 + opts.replicas + binds.length)
-  const routerPorts = rest.slice(0, opts.replicas)
-  const bindPorts = new Map(binds.map((p, i) => [p, rest[opts.replicas + i]]))
-  // the clients' frontend is the first bind, as in docker-compose.yml, where it is published on 8000
-  if (opts.port !== 0) bindPorts.set(binds[0], opts.port)
-  const lbPort = bindPorts.get(binds[0])
-  const natsUrl = `nats://127.0.0.1:${natsPort}`
-  const etcdUrl = `http://127.0.0.1:${etcdPort}`
+/** NATS and etcd hold what every other process relies on: without them the cluster stops. */
+function fatalExit(name, how) {
+  const server = servers[name]
+  void stopAll(1, `${name} exited (${how}); it cannot be restarted, so the rest stops. Its last lines:\n${server?.logs(TAIL_LINES) ?? ''}`)
+}
 
-  const nats = start('nats', bins.nats, ['--addr', '127.0.0.1', '--port', String(natsPort), '--jetstream', '--store_dir', join(dir, 'nats')])
-  // etcd reads ETCD_* variables as flags: none of the caller's may conflict with these
-  const etcdEnv = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('ETCD_')))
-  const etcd = start(
-    'etcd',
-    bins.etcd,
-    [
-      '--name=kvr-cluster',
-      `--data-dir=${join(dir, 'etcd')}`,
-      `--listen-client-urls=${etcdUrl}`,
-      `--advertise-client-urls=${etcdUrl}`,
-      `--listen-peer-urls=http://127.0.0.1:${etcdPeerPort}`,
-      `--initial-advertise-peer-urls=http://127.0.0.1:${etcdPeerPort}`,
-      `--initial-cluster=kvr-cluster=http://127.0.0.1:${etcdPeerPort}`,
-    ],
-    { env: etcdEnv },
-  )
-  await Promise.all([
-    waitFor(nats, 'INFO on its port', () => natsGreets(natsPort), 20_000),
-    waitFor(etcd, 'GET /health', async () => (await get(`${etcdUrl}/health`)).body.includes('"true"'), 20_000),
+/** HAProxy holds no state: it comes back on the same ports, as a replica does. */
+let haproxyDelay = 0
+let haproxySince = 0
+function haproxyExit(_name, how) {
+  if (stopping !== null) return
+  const ranFor = Date.now() - haproxySince
+  haproxyDelay = ranFor >= RESTART_STABLE_MS ? RESTART_FIRST_MS : Math.min(RESTART_MAX_MS, Math.max(RESTART_BACKOFF_MS, haproxyDelay * 2))
+  process.stderr.write(`cluster: haproxy exited (${how}); restarting it in ${(haproxyDelay / 1000).toFixed(1)} s\n`)
+  setTimeout(async () => {
+    if (stopping !== null) return
+    haproxySince = Date.now()
+    try {
+      await servers.haproxy.start()
+      process.stdout.write(`cluster: haproxy restarted, pid ${servers.haproxy.pid}\n`)
+    } catch (err) {
+      haproxyExit('haproxy', err instanceof Error ? err.message.split('\n')[0] : String(err))
+    }
+  }, haproxyDelay)
+}
+
+try {
+  const [natsServer, etcdServer] = await Promise.allSettled([
+    services.startNats(serverOptions('nats', fatalExit)),
+    services.startEtcd(serverOptions('etcd', fatalExit)),
   ])
+  if (natsServer.status === 'fulfilled') servers.nats = natsServer.value
+  if (etcdServer.status === 'fulfilled') servers.etcd = etcdServer.value
+  for (const r of [natsServer, etcdServer]) if (r.status === 'rejected') throw r.reason
+  const natsUrl = servers.nats.url
+  const etcdUrl = servers.etcd.url
+  const routerPorts = await services.getFreePorts(opts.replicas)
 
   // the routers only from kv-router's own environment: a DYN_* variable of the caller's shell
   // would configure them unseen
   const routerEnv = Object.fromEntries(Object.entries(process.env).filter(([k]) => !k.startsWith('DYN_') && k !== 'NATS_SERVER' && k !== 'ETCD_ENDPOINTS'))
-  const routers = routerPorts.map((port, i) =>
-    start(
-      `router-${i + 1}`,
-      process.execPath,
-      [
-        ...ROUTER_V8_FLAGS,
-        MAIN,
-        'serve',
-        '--http-host=127.0.0.1',
-        `--http-port=${port}`,
-        `--router-block-size=${opts.blockSize}`,
-        `--nats-url=${natsUrl}`,
-        `--etcd-url=${etcdUrl}`,
-        '--router-mode=kv',
-        '--router-replica-sync',
-        // text prompts hashed as their UTF-8 bytes, as the simulated engines read them
-        '--tokenizer=bytes',
-        '--shutdown-timeout-secs=10',
-        ...opts.serveArgs,
-      ],
-      { echo: true, env: routerEnv },
-    ),
-  )
+  const routers = routerPorts.map((port, i) => {
+    const args = [
+      ...ROUTER_V8_FLAGS,
+      MAIN,
+      'serve',
+      '--http-host=127.0.0.1',
+      `--http-port=${port}`,
+      `--router-block-size=${opts.blockSize}`,
+      `--nats-url=${natsUrl}`,
+      `--etcd-url=${etcdUrl}`,
+      '--router-mode=kv',
+      '--router-replica-sync',
+      // text prompts hashed as their UTF-8 bytes, as the simulated engines read them
+      '--tokenizer=bytes',
+      '--shutdown-timeout-secs=10',
+      ...opts.serveArgs,
+    ]
+    const s = new Supervised(`router-${i + 1}`, { bin: process.execPath, args, env: routerEnv }, true)
+    supervised.push(s)
+    return s
+  })
   // listening means subscribed; /ready waits for a worker, which comes after
   await Promise.all(
-    routers.map((r, i) => waitFor(r, 'GET /health', async () => (await get(`http://127.0.0.1:${routerPorts[i]}/health`)).status === 200, 30_000)),
+    routers.map((r, i) => waitFor(r.child, 'GET /health', async () => (await get(`http://127.0.0.1:${routerPorts[i]}/health`)).status === 200, 30_000)),
   )
 
   // after the routers: KV events go over plain NATS subjects, which only reach subscribers
-  const mocker = start(
+  const mockerArgs = [
+    MAIN,
     'mocker',
-    process.execPath,
-    [
-      MAIN,
-      'mocker',
-      `--num-workers=${opts.engines}`,
-      `--block-size=${opts.blockSize}`,
-      `--speedup-ratio=${opts.speedup}`,
-      '--host=127.0.0.1',
-      '--http-port=0',
-      `--nats-url=${natsUrl}`,
-      `--etcd-url=${etcdUrl}`,
-    ],
-    { echo: true },
-  )
-  await waitFor(mocker, 'its ready line', () => /kv-router mocker: ready/.test(mocker.out), 30_000)
-  const engineUrls = /kv-router mocker: ready \d+ engine\(s\) (.*)/.exec(mocker.out)?.[1]?.trim().split(' ') ?? []
+    `--num-workers=${opts.engines}`,
+    `--block-size=${opts.blockSize}`,
+    `--speedup-ratio=${opts.speedup}`,
+    '--host=127.0.0.1',
+    '--http-port=0',
+    `--nats-url=${natsUrl}`,
+    `--etcd-url=${etcdUrl}`,
+  ]
+  const mocker = new Supervised('mocker', { bin: process.execPath, args: mockerArgs }, true)
+  supervised.push(mocker)
+  await waitFor(mocker.child, 'its ready line', () => /kv-router mocker: ready/.test(mocker.child.out), 30_000)
+  const engineUrls = /kv-router mocker: ready \d+ engine\(s\) (.*)/.exec(mocker.child.out)?.[1]?.trim().split(' ') ?? []
   // every replica discovers every engine in etcd
   await Promise.all(
     routers.map((r, i) =>
       waitFor(
-        r,
+        r.child,
         `${opts.engines} workers from etcd`,
         async () => {
           const r = await get(`http://127.0.0.1:${routerPorts[i]}/ready`)
@@ -446,43 +455,50 @@ try {
     ),
   )
 
-  const cfgPath = join(dir, 'haproxy.cfg')
-  writeFileSync(
-    cfgPath,
-    renderHaproxyConfig(
-      haproxyTemplate,
-      bindPorts,
-      routerPorts.map((port, i) => ({ name: `router-${i + 1}`, port })),
-    ),
-  )
-  const haproxy = start('haproxy', bins.haproxy, ['-db', '-f', cfgPath])
+  // the clients' frontend is the configuration's first bind, as in docker-compose.yml, where it is published on 8000
+  haproxySince = Date.now()
+  servers.haproxy = await services.startHaproxy({
+    ...serverOptions('haproxy', haproxyExit),
+    stopTimeoutMs: 5_000,
+    backends: routerPorts.map((port, i) => ({ name: `router-${i + 1}`, port })),
+    ...(opts.port !== 0 ? { port: opts.port } : {}),
+  })
+  const lb = servers.haproxy.url
   // through HAProxy until every replica has answered: each is in the rotation
   const seen = new Set()
+  const haproxyTail = {
+    name: 'haproxy',
+    get tail() {
+      return servers.haproxy.logs(TAIL_LINES).split('\n')
+    },
+  }
   await waitFor(
-    haproxy,
+    haproxyTail,
     'GET /ready through to every replica',
     async () => {
-      const r = await get(`http://127.0.0.1:${lbPort}/ready`)
+      const r = await get(`${lb}/ready`)
       if (r.status === 200 && typeof r.headers['x-router-replica'] === 'string') seen.add(r.headers['x-router-replica'])
       return seen.size === opts.replicas || `status ${r.status}, replicas seen: ${[...seen].join(', ') || 'none'}`
     },
     30_000,
   )
-  started = true
   // a child that exited during the last wait
-  for (const c of children) if (!c.running) await stopAll(1, `${c.name} exited (${describe(c.exitInfo)})`)
+  for (const s of supervised) if (!s.child.running) await stopAll(1, `${s.name} exited while starting (${describe(s.child.exitInfo)})`)
+  started = true
 
-  const stats = [...bindPorts.entries()].filter(([from]) => from !== binds[0]).map(([, port]) => `http://127.0.0.1:${port}`)
+  const stats = servers.haproxy.statsUrl
+  const pids = [['nats', servers.nats.pid], ['etcd', servers.etcd.pid], ...supervised.map((s) => [s.name, s.child.pid]), ['haproxy', servers.haproxy.pid]]
   const lines = [
-    `cluster: ready http://127.0.0.1:${lbPort}`,
-    `  haproxy    http://127.0.0.1:${lbPort}${stats.length > 0 ? ` (stats and metrics: ${stats.map((u) => `${u}/stats ${u}/metrics`).join(', ')})` : ''}`,
+    `cluster: ready ${lb}`,
+    `  haproxy    ${lb} (stats and metrics: ${stats}/stats ${stats}/metrics)`,
     ...routers.map((r, i) => `  ${r.name.padEnd(10)} http://127.0.0.1:${routerPorts[i]}`),
     `  engines    ${engineUrls.join(' ')}`,
     `  nats       ${natsUrl}`,
     `  etcd       ${etcdUrl}`,
     `  dir        ${dir}`,
-    `  pids       ${children.map((c) => `${c.name}=${c.proc.pid}`).join(' ')}`,
-    `try: curl -si http://127.0.0.1:${lbPort}/v1/completions -H 'content-type: application/json' -d '{"model":"kv-router-model","prompt":"Hello, cluster","max_tokens":4}'`,
+    `  pids       ${pids.map(([name, pid]) => `${name}=${pid}`).join(' ')}`,
+    `try: curl -si ${lb}/v1/completions -H 'content-type: application/json' -d '{"model":"kv-router-model","prompt":"Hello, cluster","max_tokens":4}'`,
+    'A replica, the engines or HAProxy that exits is restarted; NATS or etcd exiting stops everything.',
     'Ctrl-C stops everything.',
   ]
   process.stdout.write(lines.join('\n') + '\n')

@@ -13,7 +13,7 @@ import { parse } from 'yaml'
 import { parseServeConfig, type ServeConfig } from '../src/config.js'
 import { parseMockerArgs } from '../src/sim/mocker/main.js'
 import { parseReplayArgs, type ReplayArgs } from '../src/sim/replay/main.js'
-import { requireExecutable } from './helpers/services.js'
+import { requireExecutable } from '../src/deploy/services.js'
 
 function repoRoot(): string {
   let dir = dirname(fileURLToPath(import.meta.url))
@@ -409,7 +409,7 @@ t.test('the Dockerfile builds what the services run', async (t) => {
   const text = readFileSync(join(root, 'Dockerfile'), 'utf8')
   t.match(text, /COPY package\.json package-lock\.json/, 'installs from the lockfile')
   t.match(text, /RUN npm ci/, 'with npm ci, which builds dist/ through the prepare script')
-  // `npm ci` runs tsc over everything tsconfig.json includes (bench/ imports test helpers)
+  // `npm ci` runs tsc over everything tsconfig.json includes (bench/ and test/ share support/)
   const tsconfig = JSON.parse(readFileSync(join(root, 'tsconfig.json'), 'utf8')) as { include: string[] }
   const dirs = new Set(tsconfig.include.map((g) => g.split('/')[0] as string))
   t.ok(dirs.size >= 4, 'tsconfig.json includes src, workers, bench and test')

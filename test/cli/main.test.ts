@@ -3,7 +3,7 @@
 import t from 'tap'
 import { readFileSync } from 'node:fs'
 import { runCli, waitForOutput } from '../helpers/cli.js'
-import { getFreePort } from '../helpers/services.js'
+import { getFreePort } from '../../src/deploy/services.js'
 
 const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string }
 

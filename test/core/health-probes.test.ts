@@ -9,7 +9,7 @@ import type { AddressInfo } from 'node:net'
 import { HealthProbes } from '../../src/core/health-probes.js'
 import type { ProbeResult } from '../../src/core/health.js'
 import { MockerFleet } from '../../src/sim/mocker/fleet.js'
-import { getFreePorts } from '../helpers/services.js'
+import { getFreePorts } from '../../src/deploy/services.js'
 import { waitUntil } from '../helpers/wait.js'
 
 interface Scripted {

@@ -6,7 +6,7 @@
 // empty, the stream purged and the snapshot gone.
 import t from 'tap'
 import { connect } from 'nats'
-import { startNats } from '../helpers/services.js'
+import { startNats } from '../../src/deploy/services.js'
 import { waitUntil } from '../helpers/wait.js'
 import { Rng } from '../helpers/rng.js'
 import { drive, dumpedTokens } from '../helpers/zmq-fleet.js'

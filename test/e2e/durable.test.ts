@@ -5,7 +5,7 @@
 // starts again, then the server is killed (SIGKILL) and started again: after quiet, each replica's index (GET /v1/kv/dump) holds, per engine,
 // exactly the blocks the engine's pool holds.
 import t from 'tap'
-import { startNats } from '../helpers/services.js'
+import { startNats } from '../../src/deploy/services.js'
 import { waitUntil } from '../helpers/wait.js'
 import { Rng } from '../helpers/rng.js'
 import { drive } from '../helpers/zmq-fleet.js'

@@ -7,7 +7,7 @@ import type { Test } from 'tap'
 import { runCli, waitForOutput } from '../helpers/cli.js'
 import type { CliProcess } from '../helpers/cli.js'
 import { logRecords } from '../helpers/log.js'
-import { startEtcd, startNats } from '../helpers/services.js'
+import { startEtcd, startNats } from '../../src/deploy/services.js'
 import { waitUntil } from '../helpers/wait.js'
 
 const KEY = 'k3y-that-must-not-show'

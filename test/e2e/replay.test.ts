@@ -8,7 +8,7 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { startEtcd, startNats } from '../helpers/services.js'
+import { startEtcd, startNats } from '../../src/deploy/services.js'
 import { waitUntil } from '../helpers/wait.js'
 import { runCli as run } from '../helpers/cli.js'
 

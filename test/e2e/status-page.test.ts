@@ -11,7 +11,7 @@ import type { ChildProcessWithoutNullStreams } from 'node:child_process'
 import { chromium } from 'playwright-core'
 import type { Browser, BrowserContext, ConsoleMessage, Page } from 'playwright-core'
 import { cliArgv } from '../helpers/cli.js'
-import { requireExecutable } from '../helpers/services.js'
+import { requireExecutable } from '../../src/deploy/services.js'
 
 const KEY = 'status-page-key'
 const KEY_ITEM = 'kv-router.api-key'

@@ -5,7 +5,7 @@
 import t from 'tap'
 import type { Test } from 'tap'
 import { MockerFleet } from '../../src/sim/mocker/fleet.js'
-import { getFreePorts } from '../helpers/services.js'
+import { getFreePorts } from '../../src/deploy/services.js'
 import { waitUntil } from '../helpers/wait.js'
 import { harness, metricSum, tokens } from './helpers.js'
 import type { Harness } from './helpers.js'

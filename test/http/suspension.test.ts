@@ -2,7 +2,7 @@
 // with each failure in a row, up to 30 s), so dead workers stop taking requests and retries
 // while their lease runs out; an answer ends it; when every worker is out, none is.
 import t from 'tap'
-import { getFreePorts } from '../helpers/services.js'
+import { getFreePorts } from '../../src/deploy/services.js'
 import { harness, listening, tokens, upstream } from './helpers.js'
 
 const ok = (_req: unknown, _body: string, res: import('node:http').ServerResponse): void => {

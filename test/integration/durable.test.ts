@@ -4,7 +4,7 @@
 // pools is what costs here.
 import t from 'tap'
 import { connect } from 'nats'
-import { startNats } from '../helpers/services.js'
+import { startNats } from '../../src/deploy/services.js'
 import { waitUntil } from '../helpers/wait.js'
 import { chain, removed } from '../helpers/events.js'
 import { encodeEnvelopeMsgpack, encodeRouterEventMsgpack } from '../../support/dynamo-msgpack.js'

@@ -3,7 +3,7 @@
 // a wrong password is refused with an error that does not show it.
 import t from 'tap'
 import { Etcd3 } from 'etcd3'
-import { startEtcd } from '../helpers/services.js'
+import { startEtcd } from '../../src/deploy/services.js'
 import { EtcdDiscovery } from '../../src/transport/etcd.js'
 import { EtcdRegistrar } from '../../src/sim/mocker/registration.js'
 

@@ -2,7 +2,7 @@
 import t from 'tap'
 import { once } from 'node:events'
 import { Etcd3 } from 'etcd3'
-import { startEtcd, getFreePort } from '../helpers/services.js'
+import { startEtcd, getFreePort } from '../../src/deploy/services.js'
 import { waitUntil } from '../helpers/wait.js'
 import { cardsPrefix, instancesPrefix } from '../../src/transport/dynamo-names.js'
 import { EtcdDiscovery, toWorker, type DiscoveredWorker } from '../../src/transport/etcd.js'

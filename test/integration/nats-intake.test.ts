@@ -2,7 +2,7 @@
 import t from 'tap'
 import { once } from 'node:events'
 import { connect } from 'nats'
-import { startNats, getFreePort } from '../helpers/services.js'
+import { startNats, getFreePort } from '../../src/deploy/services.js'
 import { waitUntil } from '../helpers/wait.js'
 import { kvEventSubjects, kvMetricsSubject } from '../../src/transport/dynamo-names.js'
 import { NatsIntake, parseLoadEvent } from '../../src/transport/nats.js'

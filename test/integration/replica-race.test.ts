@@ -6,7 +6,7 @@
 // have put the two requests on different workers.
 import t from 'tap'
 import { connect } from 'nats'
-import { startNats } from '../helpers/services.js'
+import { startNats } from '../../src/deploy/services.js'
 import { waitUntil } from '../helpers/wait.js'
 import { BS, routerConfig, WORKERS } from '../helpers/replica-sync.js'
 import { Router } from '../../src/core/router.js'

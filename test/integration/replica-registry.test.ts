@@ -5,7 +5,7 @@
 import t from 'tap'
 import type { Test } from 'tap'
 import { Etcd3 } from 'etcd3'
-import { startEtcd, startNats } from '../helpers/services.js'
+import { startEtcd, startNats } from '../../src/deploy/services.js'
 import { waitUntil } from '../helpers/wait.js'
 import { parseServeConfig } from '../../src/config.js'
 import { Router } from '../../src/core/router.js'

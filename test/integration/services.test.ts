@@ -1,4 +1,4 @@
-// Integration test of the real-service harness (test/helpers/services.ts):
+// Integration test of the services launcher (src/deploy/services.ts):
 // real nats-server (JetStream), etcd and haproxy processes, real clients.
 import t from 'tap'
 import { AckPolicy, DeliverPolicy, Events, StorageType, connect, type NatsConnection } from 'nats'
@@ -6,7 +6,8 @@ import { Etcd3 } from 'etcd3'
 import { existsSync, readFileSync } from 'node:fs'
 import { createServer } from 'node:http'
 import type { AddressInfo } from 'node:net'
-import { haproxyBindPorts, haproxyConfigPath, renderHaproxyConfig, startEtcd, startHaproxy, startNats } from '../helpers/services.js'
+import { haproxyBindPorts, renderHaproxyConfig } from '../../src/deploy/haproxy.js'
+import { haproxyConfigPath, startEtcd, startHaproxy, startNats } from '../../src/deploy/services.js'
 import { waitUntil } from '../helpers/wait.js'
 
 const enc = new TextEncoder()

@@ -13,7 +13,7 @@ import { answerOf } from '../../src/shards/recovery.js'
 import { MockerFleet } from '../../src/sim/mocker/fleet.js'
 import { Router } from '../../src/core/router.js'
 import { config, until, upstream } from '../http/helpers.js'
-import { getFreePorts } from '../helpers/services.js'
+import { getFreePorts } from '../../src/deploy/services.js'
 import { captureProcessLog, warnings } from '../helpers/log.js'
 
 const key = (s: OverlapScore): string => `${s.worker_id}:${s.dp_rank}=${s.overlap_blocks}/${s.tree_size}`

@@ -6,7 +6,7 @@
 import t from 'tap'
 import { connect } from 'nats'
 import { Etcd3 } from 'etcd3'
-import { startEtcd, startNats } from '../../helpers/services.js'
+import { startEtcd, startNats } from '../../../src/deploy/services.js'
 import { waitUntil } from '../../helpers/wait.js'
 import { MockerFleet, type MockerWorker } from '../../../src/sim/mocker/fleet.js'
 import { etcdRecord } from '../../../src/sim/mocker/registration.js'

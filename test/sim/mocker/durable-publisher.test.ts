@@ -2,7 +2,7 @@
 // stream name and subjects, and every event stored once and in order across a server restart.
 import t from 'tap'
 import { connect } from 'nats'
-import { startNats } from '../../helpers/services.js'
+import { startNats } from '../../../src/deploy/services.js'
 import { waitUntil } from '../../helpers/wait.js'
 import { parseRouterEvent } from '../../../src/codec/events.js'
 import { MockerFleet } from '../../../src/sim/mocker/fleet.js'

@@ -1,33 +1,26 @@
-/**
- * Test harness for the real external services kv-router talks to: NATS (with
- * JetStream) and etcd; and HAProxy, the balancer in front of its replicas.
- *
- * Why real servers and not mocks: the router's correctness depends on the
- * actual protocol behaviour of these systems — JetStream sequence numbers and
- * acks, consumer redelivery, client reconnects across a server restart, etcd
- * lease expiry/revocation producing watch DELETE events, data surviving a
- * restart. A mock would only encode our own assumptions about that behaviour.
- * So every helper here spawns the real binary on free loopback ports, in a
- * fresh temporary directory, waits until it really answers, and tears it
- * down again (SIGTERM, then SIGKILL) without leaving processes or directories
- * behind.
- *
- * Missing binaries are an error (never a skip): the message says how to
- * install them (`apt-get install -y nats-server etcd-server haproxy`).
- *
- * Orphan protection, in layers:
- *   1. `stop()` (use it in `t.teardown`) terminates and removes the temp dir.
- *   2. A process 'exit' handler SIGKILLs every still-running server and
- *      removes the temp dirs.
- *   3. Each server gets a tiny detached `sh` watchdog that SIGKILLs it (and
- *      removes its temp dir) if the test process dies without running its
- *      'exit' handlers (SIGKILL after a test-runner timeout, a fatal signal).
- * Server child processes are unref'd, so a forgotten `stop()` does not keep the
- * test process alive; layer 2 then cleans up.
- *
- * Set KVR_SERVICE_LOGS=1 to echo server output to stderr while debugging.
- * KVR_NATS_SERVER_BIN / KVR_ETCD_BIN / KVR_HAPROXY_BIN override the binary lookup.
- */
+// The real services kv-router talks to, run as processes on loopback: nats-server (with
+// JetStream), etcd, and HAProxy in front of replicas. One launcher for the tests, the benchmarks
+// and `npm run cluster`: it finds the binary (PATH, then the (s)bin directories Debian installs
+// into, which root's PATH may lack), picks free 127.0.0.1 ports, starts the server in a fresh
+// temporary directory, waits until it really answers, and stops it (SIGTERM, then SIGKILL)
+// without leaving a process or a directory behind.
+//
+// Real servers, not mocks, for the tests: the router depends on how these systems actually behave
+// (JetStream sequences and acks, redelivery, client reconnects across a restart, lease expiry
+// turning into watch DELETE events, data surviving a restart), which a mock would only restate.
+//
+// A missing binary is an error whose message says how to install it (Debian:
+// `apt-get install -y nats-server etcd-server haproxy`). KVR_NATS_SERVER_BIN, KVR_ETCD_BIN and
+// KVR_HAPROXY_BIN override the lookup; KVR_SERVICE_LOGS=1 echoes every server's output to stderr.
+//
+// Orphan protection, in layers:
+//   1. `stop()` terminates the server and removes its directory.
+//   2. A process 'exit' handler SIGKILLs every server still running and removes the directories.
+//   3. Each server has a small detached `sh` watchdog that SIGKILLs it (and removes its directory)
+//      once this process is gone without running its 'exit' handlers (SIGKILL, a fatal signal).
+// Servers run in their own process group, so a terminal's Ctrl-C reaches only the process that
+// started them, which stops them in its own order; their handles are unref'd, so a server left
+// running does not keep that process alive (layer 2 then cleans up).
 import { spawn, type ChildProcess } from 'node:child_process'
 import { accessSync, existsSync, constants as fsConstants, readFileSync, rmSync, statSync } from 'node:fs'
 import { mkdtemp, rm, writeFile } from 'node:fs/promises'
@@ -37,8 +30,8 @@ import { tmpdir } from 'node:os'
 import { delimiter, dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { randomBytes } from 'node:crypto'
-import { haproxyBindPorts, renderHaproxyConfig } from '../../src/deploy/haproxy.js'
-import type { HaproxyBackend } from '../../src/deploy/haproxy.js'
+import { haproxyBindPorts, renderHaproxyConfig } from './haproxy.js'
+import type { HaproxyBackend } from './haproxy.js'
 
 // ---------------------------------------------------------------------------
 // Public types
@@ -51,6 +44,13 @@ export interface ServiceOptions {
   stopTimeoutMs?: number
   /** Echo server output to stderr (default: env KVR_SERVICE_LOGS === '1'). */
   echoLogs?: boolean
+  /** Where the server's own temporary directory is made. Default the system's. */
+  parentDir?: string
+  /**
+   * Called when the server exits on its own while running (not through kill(), restart() or
+   * stop()), with how it exited: whoever started it decides whether that ends its work.
+   */
+  onExit?: (how: string) => void
 }
 
 export interface NatsOptions extends ServiceOptions {
@@ -147,7 +147,7 @@ export function requireExecutable(name: string, debianPackage: string, overrideE
   if (found) return found
   throw new Error(
     `'${name}' binary not found (searched PATH and ${EXTRA_BIN_DIRS.join(', ')}). ` +
-      `These integration tests need the real server. Install it with: ` +
+      `Install it with: ` +
       `apt-get update && apt-get install -y ${debianPackage}`,
   )
 }
@@ -261,7 +261,7 @@ function killWatchdog(pid: number): void {
 /** Returns the watchdog's pid (its own process group), or undefined if it could not be started. */
 function spawnWatchdog(childPid: number, rmDir: string): number | undefined {
   try {
-    const wd = spawn('/bin/sh', ['-c', WATCHDOG_SCRIPT, 'kvr-test-watchdog', String(process.pid), String(childPid)], {
+    const wd = spawn('/bin/sh', ['-c', WATCHDOG_SCRIPT, 'kvr-service-watchdog', String(process.pid), String(childPid)], {
       stdio: 'ignore',
       detached: true,
       env: { PATH: process.env['PATH'] ?? '/usr/bin:/bin', KVR_WATCHDOG_RMDIR: rmDir },
@@ -361,6 +361,7 @@ abstract class ManagedProcess implements ManagedServer {
   protected readonly log: LogTail
   protected readonly startTimeoutMs: number
   protected readonly stopTimeoutMs: number
+  private readonly onExit: ((how: string) => void) | undefined
 
   protected constructor(
     name: string,
@@ -372,6 +373,7 @@ abstract class ManagedProcess implements ManagedServer {
     this.dataDir = dataDir
     this.startTimeoutMs = opts.startTimeoutMs ?? 20_000
     this.stopTimeoutMs = opts.stopTimeoutMs ?? 5_000
+    this.onExit = opts.onExit
     const echo = opts.echoLogs ?? process.env['KVR_SERVICE_LOGS'] === '1'
     this.log = new LogTail(200, echo ? `[${name}]` : undefined)
   }
@@ -476,10 +478,12 @@ abstract class ManagedProcess implements ManagedServer {
   async #spawnAndWait(): Promise<void> {
     installExitHook()
     const args = this.args()
+    // its own process group: a terminal's Ctrl-C reaches only the process that started it
     const child = spawn(this.bin, args, {
       stdio: ['ignore', 'pipe', 'pipe'],
       env: this.env(),
       cwd: this.dataDir,
+      detached: true,
     })
     const exit = new Promise<ExitInfo>((resolve) => {
       child.once('exit', (code, signal) => resolve({ code, signal }))
@@ -491,8 +495,8 @@ abstract class ManagedProcess implements ManagedServer {
     })
     child.stdout?.on('data', (d: Buffer) => this.log.push('out', d))
     child.stderr?.on('data', (d: Buffer) => this.log.push('err', d))
-    // Do not let a forgotten server keep the test process alive; the 'exit'
-    // hook kills it. Lifecycle operations hold their own keep-alive timer.
+    // A forgotten server does not keep this process alive; the 'exit' hook kills it.
+    // Lifecycle operations hold their own keep-alive timer.
     child.unref()
     for (const stream of [child.stdout, child.stderr]) {
       ;(stream as unknown as { unref?: () => void } | null)?.unref?.()
@@ -504,12 +508,13 @@ abstract class ManagedProcess implements ManagedServer {
       liveChildren.add(child)
       watchdogPid = spawnWatchdog(child.pid, this.dataDir)
     }
-    void exit.then(() => {
+    void exit.then((e) => {
       liveChildren.delete(child)
       if (watchdogPid !== undefined) killWatchdog(watchdogPid)
       if (this.#child === child && this.#state === 'running') {
         this.log.mark('--- server process exited unexpectedly ---')
         this.#state = 'down'
+        this.onExit?.(describeExit(e))
       }
     })
 
@@ -657,7 +662,7 @@ class NatsProcess extends ManagedProcess implements NatsServer {
 /** Start a nats-server (JetStream on by default) on a free 127.0.0.1 port. */
 export async function startNats(opts: NatsOptions = {}): Promise<NatsServer> {
   const bin = requireExecutable('nats-server', 'nats-server', 'KVR_NATS_SERVER_BIN')
-  const dataDir = await mkdtemp(join(tmpdir(), 'kvr-nats-'))
+  const dataDir = await mkdtemp(join(opts.parentDir ?? tmpdir(), 'kvr-nats-'))
   liveTempDirs.add(dataDir)
   installExitHook()
   return startedOrStopped(new NatsProcess(bin, dataDir, await getFreePort(), opts))
@@ -705,7 +710,7 @@ async function httpGetJson(url: string, timeoutMs: number): Promise<{ status: nu
 class EtcdProcess extends ManagedProcess implements EtcdServer {
   #port: number
   #peerPort: number
-  readonly #clusterToken = `kvr-test-${randomBytes(6).toString('hex')}`
+  readonly #clusterToken = `kvr-${randomBytes(6).toString('hex')}`
 
   constructor(bin: string, dataDir: string, port: number, peerPort: number, opts: EtcdOptions) {
     super('etcd', bin, dataDir, opts)
@@ -730,7 +735,7 @@ class EtcdProcess extends ManagedProcess implements EtcdServer {
   }
 
   protected args(): string[] {
-    const member = 'kvr-test'
+    const member = 'kvr'
     // The --initial-* flags only matter for the first start; on restart the
     // member data in --data-dir wins, so data survives.
     return [
@@ -773,7 +778,7 @@ class EtcdProcess extends ManagedProcess implements EtcdServer {
 /** Start a single-member etcd on free 127.0.0.1 client and peer ports. */
 export async function startEtcd(opts: EtcdOptions = {}): Promise<EtcdServer> {
   const bin = requireExecutable('etcd', 'etcd-server', 'KVR_ETCD_BIN')
-  const dataDir = await mkdtemp(join(tmpdir(), 'kvr-etcd-'))
+  const dataDir = await mkdtemp(join(opts.parentDir ?? tmpdir(), 'kvr-etcd-'))
   liveTempDirs.add(dataDir)
   installExitHook()
   const [port, peerPort] = await getFreePorts(2)
@@ -785,11 +790,10 @@ export async function startEtcd(opts: EtcdOptions = {}): Promise<EtcdServer> {
 // HAProxy
 // ---------------------------------------------------------------------------
 
-export type { HaproxyBackend } from '../../src/deploy/haproxy.js'
-export { haproxyBindPorts, renderHaproxyConfig } from '../../src/deploy/haproxy.js'
-
 export interface HaproxyOptions extends ServiceOptions {
   backends: readonly HaproxyBackend[]
+  /** The clients' frontend's port (the configuration's first bind). Default a free one. */
+  port?: number
 }
 
 export interface HaproxyServer extends ManagedServer {
@@ -799,14 +803,14 @@ export interface HaproxyServer extends ManagedServer {
   serverStatus(): Promise<Map<string, string>>
 }
 
-/** deploy/haproxy/haproxy.cfg, found upwards from this module (test/helpers or dist/test/helpers). */
+/** deploy/haproxy/haproxy.cfg, found upwards from this module (src/deploy or dist/src/deploy). */
 export function haproxyConfigPath(): string {
   let dir = dirname(fileURLToPath(import.meta.url))
   for (;;) {
     const candidate = join(dir, 'deploy', 'haproxy', 'haproxy.cfg')
     if (existsSync(candidate)) return candidate
     const up = dirname(dir)
-    if (up === dir) throw new Error('deploy/haproxy/haproxy.cfg not found above the test helpers')
+    if (up === dir) throw new Error('deploy/haproxy/haproxy.cfg not found above src/deploy')
     dir = up
   }
 }
@@ -830,6 +834,7 @@ class HaproxyProcess extends ManagedProcess implements HaproxyServer {
   readonly #template: string
   readonly #binds: number[]
   readonly #backends: readonly HaproxyBackend[]
+  readonly #fixedPort: number | undefined
   #ports: number[]
 
   constructor(bin: string, dataDir: string, template: string, ports: number[], opts: HaproxyOptions) {
@@ -837,7 +842,9 @@ class HaproxyProcess extends ManagedProcess implements HaproxyServer {
     this.#template = template
     this.#binds = haproxyBindPorts(template)
     this.#backends = opts.backends
+    this.#fixedPort = opts.port
     this.#ports = ports
+    if (opts.port !== undefined) this.#ports[0] = opts.port
   }
 
   get port(): number {
@@ -873,6 +880,7 @@ class HaproxyProcess extends ManagedProcess implements HaproxyServer {
 
   protected async reassignPorts(): Promise<void> {
     this.#ports = await getFreePorts(this.#binds.length)
+    if (this.#fixedPort !== undefined) this.#ports[0] = this.#fixedPort
     await this.render()
   }
 
@@ -895,7 +903,7 @@ export async function startHaproxy(opts: HaproxyOptions): Promise<HaproxyServer>
   const template = readFileSync(haproxyConfigPath(), 'utf8')
   const binds = haproxyBindPorts(template)
   if (binds.length < 2) throw new Error("haproxy.cfg should bind a clients' frontend and a stats frontend")
-  const dataDir = await mkdtemp(join(tmpdir(), 'kvr-haproxy-'))
+  const dataDir = await mkdtemp(join(opts.parentDir ?? tmpdir(), 'kvr-haproxy-'))
   liveTempDirs.add(dataDir)
   installExitHook()
   const server = new HaproxyProcess(bin, dataDir, template, await getFreePorts(binds.length), opts)

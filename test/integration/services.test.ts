@@ -3,11 +3,13 @@
 import t from 'tap'
 import { AckPolicy, DeliverPolicy, Events, StorageType, connect, type NatsConnection } from 'nats'
 import { Etcd3 } from 'etcd3'
-import { existsSync, readFileSync } from 'node:fs'
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { dirname, join } from 'node:path'
 import { createServer } from 'node:http'
 import type { AddressInfo } from 'node:net'
 import { haproxyBindPorts, renderHaproxyConfig } from '../../src/deploy/haproxy.js'
-import { haproxyConfigPath, startEtcd, startHaproxy, startNats } from '../../src/deploy/services.js'
+import { getFreePort, haproxyConfigPath, startEtcd, startHaproxy, startNats } from '../../src/deploy/services.js'
 import { waitUntil } from '../helpers/wait.js'
 
 const enc = new TextEncoder()
@@ -291,4 +293,29 @@ t.test('HAProxy: the deployment configuration on loopback; health checks on /rea
   await lb.stop()
   t.equal(lb.state, 'stopped')
   t.notOk(existsSync(dir), 'its directory is removed')
+})
+
+t.test("a server that dies on its own is reported to its starter; HAProxy on a port of the caller's choosing", async (t) => {
+  const parent = mkdtempSync(join(tmpdir(), 'kvr-services-parent-'))
+  t.teardown(() => rmSync(parent, { recursive: true, force: true }))
+  const exits: string[] = []
+  const nats = await startNats({ jetstream: false, parentDir: parent, onExit: (how) => exits.push(how) })
+  t.teardown(() => nats.stop())
+  t.equal(dirname(nats.dataDir), parent, 'its directory is made where the starter says')
+  await nats.kill('SIGTERM')
+  t.same(exits, [], 'a kill() it was asked for is not reported')
+  await nats.start()
+  const pid = nats.pid
+  if (pid === undefined) return t.fail('no pid')
+  process.kill(pid, 'SIGKILL')
+  await waitUntil('the exit reported', async () => exits.length > 0, 10_000, 20)
+  t.same(exits, ['signal SIGKILL'], 'how it exited')
+  t.equal(nats.state, 'down')
+
+  const port = await getFreePort()
+  const lb = await startHaproxy({ backends: [{ name: 'none', port: await getFreePort() }], port, parentDir: parent })
+  t.teardown(() => lb.stop())
+  t.equal(lb.url, `http://127.0.0.1:${port}`, "the clients' frontend on the given port")
+  t.not(lb.statsUrl, lb.url, 'the stats frontend on a free one')
+  t.equal((await fetch(`${lb.statsUrl}/stats;csv`)).status, 200)
 })

@@ -162,7 +162,22 @@ t.test('the check fails on a planted violation', async (t) => {
 })
 
 t.test('the table is read from the document', async (t) => {
-  const doc = `# x\n\n${HEADING}\n\ntext\n\n| layer | modules | never imports |\n|---|---|---|\n| top | \`a/\` | \`c/\` |\n| bottom | \`b/\`, \`c/\` | |\n\n## next\n| not | \`d/\` | |\n`
+  const doc = [
+    '# x',
+    '',
+    HEADING,
+    '',
+    'text',
+    '',
+    '| layer | modules | never imports |',
+    '|---|---|---|',
+    '| top | `a/` | `c/` |',
+    '| bottom | `b/`, `c/` | |',
+    '',
+    '## next',
+    '| not | `d/` | |',
+    '',
+  ].join('\n')
   const table = readTable(doc)
   t.same(
     table.map((r) => [r.name, r.paths, r.never]),

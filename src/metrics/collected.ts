@@ -15,32 +15,28 @@ export function labelledCounter(r: Registry, name: string, help: string, label: 
   })
 }
 
-/** A counter that `fill` sets afresh at every scrape (after a reset). */
-export function collectedCounter(r: Registry, name: string, help: string, labelNames: readonly string[], fill: (c: Counter) => void): void {
-  new Counter({
+/** A metric's options that reset it and let `fill` set it afresh at every scrape. */
+function refilled<M extends Counter | Gauge>(r: Registry, name: string, help: string, labelNames: readonly string[], fill: (m: M) => void) {
+  return {
     name,
     help,
     labelNames,
     registers: [r],
-    collect() {
+    collect(this: M) {
       this.reset()
       fill(this)
     },
-  })
+  }
+}
+
+/** A counter that `fill` sets afresh at every scrape (after a reset). */
+export function collectedCounter(r: Registry, name: string, help: string, labelNames: readonly string[], fill: (c: Counter) => void): void {
+  new Counter(refilled(r, name, help, labelNames, fill))
 }
 
 /** A gauge that `fill` sets afresh at every scrape (after a reset). */
 export function collectedGauge(r: Registry, name: string, help: string, labelNames: readonly string[], fill: (g: Gauge) => void): void {
-  new Gauge({
-    name,
-    help,
-    labelNames,
-    registers: [r],
-    collect() {
-      this.reset()
-      fill(this)
-    },
-  })
+  new Gauge(refilled(r, name, help, labelNames, fill))
 }
 
 /** A gauge without labels holding `value()`, absent while it is null. */

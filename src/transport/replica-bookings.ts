@@ -25,35 +25,11 @@ const KIND_NAMES = ['add', 'prefill_completed', 'free'] as const
 /** Cap of the sync delay a peer's booking is taken as its current request for (a skewed lag estimate can be large). */
 const MAX_SEEN_MS = 20
 
-/**
- * A booking as Dynamo's AddRequest: with its block hashes (lo/hi, n of them), or with `unique`
- * blocks counted without hashes, which go out as fresh random hashes as Dynamo's never-shared
- * blocks do, or with no blocks.
- */
-export function addRequestText(
-  id: string,
-  workerId: bigint,
-  dpRank: number,
-  routerId: string,
-  lo: ArrayLike<number> | null,
-  hi: ArrayLike<number> | null,
-  n: number,
-  unique: number,
-  isl: number,
-  overlap: number,
-  trackPrefill: boolean,
-  prefill: number,
-  now: number,
-): string {
-  if (lo !== null && hi !== null) return encodeAddRequest(id, workerId, dpRank, routerId, lo, hi, n, isl, overlap, trackPrefill, prefill, now)
-  if (unique > 0) {
-    const rlo = new Uint32Array(unique)
-    const rhi = new Uint32Array(unique)
-    randomFillSync(rlo)
-    randomFillSync(rhi)
-    return encodeAddRequest(id, workerId, dpRank, routerId, rlo, rhi, unique, isl, overlap, trackPrefill, prefill, now)
-  }
-  return encodeAddRequest(id, workerId, dpRank, routerId, null, null, 0, isl, overlap, trackPrefill, prefill, now)
+/** Fresh random hashes for blocks counted without hashes: Dynamo's never-shared blocks go out so. */
+export function randomHashes(n: number): Uint32Array {
+  const out = new Uint32Array(n)
+  randomFillSync(out)
+  return out
 }
 
 /** A peer's AddRequest handed to the scheduler as a booking owned by that peer. */
@@ -123,22 +99,19 @@ export class ReplicaBookings implements BookingObserver {
     const link = this.link
     if (link.closed) return
     const w = link.sched.workers
-    const shared = track === TRACK_SHARED && lo !== undefined && hi !== undefined
-    const text = addRequestText(
-      id,
-      w.workerIdOf(slot),
-      w.dpRankOf(slot),
-      link.id,
-      shared ? lo : null,
-      shared ? hi : null,
-      n,
-      track === TRACK_UNIQUE ? n : 0,
-      isl,
-      overlap,
-      trackPrefill,
-      prefill,
-      now,
-    )
+    let l: ArrayLike<number> | null = null
+    let h: ArrayLike<number> | null = null
+    let k = 0
+    if (track === TRACK_SHARED && lo !== undefined && hi !== undefined) {
+      l = lo
+      h = hi
+      k = n
+    } else if (track === TRACK_UNIQUE && n > 0) {
+      l = randomHashes(n)
+      h = randomHashes(n)
+      k = n
+    }
+    const text = encodeAddRequest(id, w.workerIdOf(slot), w.dpRankOf(slot), link.id, l, h, k, isl, overlap, trackPrefill, prefill, now)
     this.enqueue(KIND_ADD, text)
   }
 

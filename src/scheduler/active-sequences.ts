@@ -202,31 +202,31 @@ export class ActiveSequences {
 
   /** First token seen: the request's prompt is no longer unstarted work. False if unknown. */
   markPrefillComplete(id: string): boolean {
-    const h = this.ids.get(id)
-    if (h === undefined) return false
-    this.clearPrefill(h)
-    return true
+    return this.prefillDone(this.ids.get(id))
   }
 
   /** Ends a request (stream end, error, disconnect). False if unknown or already freed. */
   free(id: string): boolean {
-    const h = this.ids.get(id)
-    if (h === undefined) return false
-    this.releaseHandle(h)
-    return true
+    return this.release(this.ids.get(id))
   }
 
   /** Another replica's request: its prompt is no longer unstarted work. False if unknown. */
   markRemotePrefillComplete(key: string): boolean {
-    const h = this.remoteIds.get(key)
+    return this.prefillDone(this.remoteIds.get(key))
+  }
+
+  /** Ends another replica's request. False if unknown or already freed. */
+  freeRemote(key: string): boolean {
+    return this.release(this.remoteIds.get(key))
+  }
+
+  private prefillDone(h: number | undefined): boolean {
     if (h === undefined) return false
     this.clearPrefill(h)
     return true
   }
 
-  /** Ends another replica's request. False if unknown or already freed. */
-  freeRemote(key: string): boolean {
-    const h = this.remoteIds.get(key)
+  private release(h: number | undefined): boolean {
     if (h === undefined) return false
     this.releaseHandle(h)
     return true

@@ -1,6 +1,7 @@
 // Seedable pseudo-random numbers for selection (tie-breaks, softmax draws, random and
 // power-of-two modes). Math.random cannot be seeded, and tests must replay the exact same
 // decisions, so the scheduler owns its generator: xoshiro128** seeded through splitmix32.
+import { fmix32 } from '../codec/hash-mix.js'
 
 export interface Rng {
   /** Uniform in [0, 1). */
@@ -21,10 +22,7 @@ export class Xoshiro128 implements Rng {
     let s = seed >>> 0
     const step = (): number => {
       s = (s + 0x9e3779b9) >>> 0
-      let z = s
-      z = Math.imul(z ^ (z >>> 16), 0x85ebca6b)
-      z = Math.imul(z ^ (z >>> 13), 0xc2b2ae35)
-      return (z ^ (z >>> 16)) >>> 0
+      return fmix32(s)
     }
     this.a = step()
     this.b = step()

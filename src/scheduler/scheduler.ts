@@ -407,21 +407,23 @@ export class Scheduler {
 
   /** The first token arrived: the request's prompt is no longer queued work. */
   markPrefillComplete(id: string): boolean {
-    const slot = this.observer === null ? -1 : this.sequences.slotOfRequest(id)
-    const ok = this.sequences.markPrefillComplete(id)
-    if (ok) {
-      if (slot >= 0) this.observer?.prefillCompleted(id, slot)
-      this.drainQueue()
-    }
-    return ok
+    return this.progress(id, false)
   }
 
   /** Ends a booked request. Idempotent: false when unknown or already freed. */
   free(id: string): boolean {
+    return this.progress(id, true)
+  }
+
+  /** The request's prefill completed, or (`ended`) the request ended: the observer hears of it, and waiters may run. */
+  private progress(id: string, ended: boolean): boolean {
     const slot = this.observer === null ? -1 : this.sequences.slotOfRequest(id)
-    const ok = this.sequences.free(id)
+    const ok = ended ? this.sequences.free(id) : this.sequences.markPrefillComplete(id)
     if (ok) {
-      if (slot >= 0) this.observer?.freed(id, slot)
+      if (slot >= 0) {
+        if (ended) this.observer?.freed(id, slot)
+        else this.observer?.prefillCompleted(id, slot)
+      }
       this.drainQueue()
     }
     return ok

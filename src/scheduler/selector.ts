@@ -141,20 +141,21 @@ export class Selector {
       this.slowdown = new Float64Array(this.logits.length)
       this.queueing = new Float64Array(this.logits.length)
     }
-    if (this.cost === 'latency') this.latencyLogits(c, slots, m)
-    else this.dynamoLogits(c, slots, m)
+    // the request's blocks already active on a worker-rank add no load there
+    const present = c.track === TRACK_SHARED && c.lo !== undefined && c.hi !== undefined && c.n > 0 ? this.countPresent(c, slots, m) : null
+    const extra = c.track === TRACK_NONE ? 0 : c.n
+    if (this.cost === 'latency') this.latencyLogits(c, slots, m, present, extra)
+    else this.dynamoLogits(c, slots, m, present, extra)
   }
 
-  /** Dynamo's logit (Era B, with Era C's credit, decay and request weight). */
-  private dynamoLogits(c: CostInputs, slots: Int32Array, m: number): void {
-    const shared = c.track === TRACK_SHARED && c.lo !== undefined && c.hi !== undefined && c.n > 0
-    const present = shared ? this.countPresent(c, slots, m) : this.present
+  /**
+   * Dynamo's logit (Era B, with Era C's credit, decay and request weight). `present`: per slot, the
+   * request's blocks already active there (null unless they are shared); `extra`: the blocks it adds.
+   */
+  private dynamoLogits(c: CostInputs, slots: Int32Array, m: number, present: Int32Array | null, extra: number): void {
     const seqs = this.seqs
     const bs = this.blockSize
-    const isl = c.isl
-    const ov = c.overlap
-    const ovLen = ov === undefined ? 0 : ov.length
-    const extra = c.track === TRACK_NONE ? 0 : c.n
+    const ovLen = c.overlap === undefined ? 0 : c.overlap.length
     const w = c.weight
     const rw = c.requestWeight
     const logits = this.logits
@@ -162,11 +163,11 @@ export class Selector {
     const db = this.decodeBlocks
     const decay = c.trackPrefill ? c.creditDecay : 0
     const minQueued = decay > 0 ? this.minQueued(slots, m) : 0
-    const reqBlocks = Math.max(1, Math.ceil(isl / bs))
+    const reqBlocks = Math.max(1, Math.ceil(c.isl / bs))
     for (let i = 0; i < m; i++) {
       const s = slots[i] as number
       let decode = (seqs.activeBlocks[s] as number) + extra
-      if (shared) decode -= present[s] as number
+      if (present !== null) decode -= present[s] as number
       const prefill = this.prefillTokens(c, s, ovLen, decay, minQueued, reqBlocks) / bs
       pb[i] = prefill
       db[i] = decode
@@ -191,17 +192,14 @@ export class Selector {
     return Math.max(0, queued + c.isl - credit * cached)
   }
 
-  /** The latency cost of cost.ts, seconds; Dynamo's weight, credit and request weight do not apply. */
-  private latencyLogits(c: CostInputs, slots: Int32Array, m: number): void {
-    const shared = c.track === TRACK_SHARED && c.lo !== undefined && c.hi !== undefined && c.n > 0
-    const present = shared ? this.countPresent(c, slots, m) : this.present
+  /** The latency cost of cost.ts, seconds; Dynamo's weight, credit and request weight do not apply. `present`, `extra`: as for dynamoLogits. */
+  private latencyLogits(c: CostInputs, slots: Int32Array, m: number, present: Int32Array | null, extra: number): void {
     const seqs = this.seqs
     const workers = this.workers
     const bs = this.blockSize
     const isl = c.isl
     const ov = c.overlap
     const ovLen = ov === undefined ? 0 : ov.length
-    const extra = c.track === TRACK_NONE ? 0 : c.n
     const terms = this.terms
     let sumInFlight = 0
     let sumUsage = 0
@@ -215,7 +213,7 @@ export class Selector {
     for (let i = 0; i < m; i++) {
       const s = slots[i] as number
       let added = extra
-      if (shared) added -= present[s] as number
+      if (present !== null) added -= present[s] as number
       const active = seqs.activeBlocks[s] as number
       const queued = seqs.prefillTokens[s] as number
       const inFlight = seqs.inFlight[s] as number

@@ -2,6 +2,7 @@
 // Chaining (bucket heads + next links) rather than open addressing, because callers keep entry
 // indices in their own parallel arrays and in per-request lists: an entry must never move when
 // another one is deleted. Freed entries go on a free list threaded through `next`.
+import { fmix32 } from '../codec/hash-mix.js'
 
 export class U64SlotMap {
   lo: Uint32Array
@@ -136,13 +137,7 @@ export class U64SlotMap {
   }
 }
 
-/** 32-bit finalizer over the three key words; hashes from tests (small integers) spread too. */
+/** The three key words folded and finalized: hashes from tests (small integers) spread too. Only bucket placement depends on it. */
 export function mix(lo: number, hi: number, slot: number): number {
-  let h = Math.imul(lo ^ Math.imul(slot + 1, 0x85ebca6b), 0x9e3779b1) ^ hi
-  h ^= h >>> 16
-  h = Math.imul(h, 0x7feb352d)
-  h ^= h >>> 15
-  h = Math.imul(h, 0x846ca68b)
-  h ^= h >>> 16
-  return h >>> 0
+  return fmix32(Math.imul(lo ^ Math.imul(slot + 1, 0x85ebca6b), 0x9e3779b1) ^ hi)
 }

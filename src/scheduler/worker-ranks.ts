@@ -2,6 +2,7 @@
 // and on the main thread every such pair is a dense integer slot so that loads, overlaps and
 // candidate sets are plain typed arrays indexed by slot. Registration is rare (discovery), so
 // the bigint-keyed maps live only here; the per-request path reads the typed arrays.
+import { fmix32 } from '../codec/hash-mix.js'
 import { KvrError } from '../errors.js'
 import { DEFAULT_MAX_BATCHED_TOKENS } from './options.js'
 import { grow } from './typed-arrays.js'
@@ -199,10 +200,5 @@ export function identityHash(workerId: bigint, dpRank: number): number {
     h = (h << 15) | (h >>> 17)
     h = Math.imul(h, 0x1b873593)
   }
-  h ^= h >>> 16
-  h = Math.imul(h, 0x85ebca6b)
-  h ^= h >>> 13
-  h = Math.imul(h, 0xc2b2ae35)
-  h ^= h >>> 16
-  return h >>> 0
+  return fmix32(h)
 }

@@ -12,7 +12,7 @@ import type { EngineEventsSpec } from '../config.js'
 import type { EngineSkip } from '../codec/engine-events.js'
 import type { EngineCounters, EngineNote, ShardPool } from '../shards/pool.js'
 import { EngineReset } from '../thread/protocol.js'
-import { ZmqListener } from './zmq.js'
+import { ZmqListener, zeroZmqCounters } from './zmq.js'
 import { log } from '../runtime/log.js'
 import type { ZmqCounters, ZmqListenerOptions, ZmqRankState, ZmqSink, ZmqSource } from './zmq.js'
 
@@ -21,23 +21,10 @@ interface WorkerListeners {
   readonly listeners: ZmqListener[]
 }
 
-const ZERO_COUNTERS: ZmqCounters = {
-  batches: 0,
-  bytes: 0,
-  badFrames: 0,
-  gaps: 0,
-  replays: 0,
-  replayedBatches: 0,
-  replaysIncomplete: 0,
-  restarts: 0,
-  duplicates: 0,
-  sinkErrors: 0,
-}
-
 export class EngineIntake implements ZmqSink {
   private readonly workers = new Map<bigint, WorkerListeners>()
   /** Counts of listeners already stopped, so the totals never go down. */
-  private readonly retired: ZmqCounters = { ...ZERO_COUNTERS }
+  private readonly retired: ZmqCounters = zeroZmqCounters()
   /** Worker-ranks warned about a block-size mismatch (once each). */
   private readonly warned = new Set<string>()
   private closed = false

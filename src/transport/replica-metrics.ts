@@ -1,6 +1,6 @@
 // Replica sync in the router's registry, read at scrape time (absent series while it is off).
-import { Counter, Gauge } from 'prom-client'
-import type { Registry } from 'prom-client'
+import type { Counter, Registry } from 'prom-client'
+import { collectedCounter, labelledCounter, valueGauge } from '../metrics/collected.js'
 import type { Scheduler } from '../scheduler/scheduler.js'
 import type { ReplicaSync } from './replica-sync.js'
 
@@ -10,37 +10,17 @@ export interface ReplicaSource {
 }
 
 export function registerReplicaMetrics(r: Registry, src: ReplicaSource): void {
-  const counter = (name: string, help: string, labelNames: string[], fill: (c: Counter, s: ReplicaSync) => void): void => {
-    new Counter({
-      name,
-      help,
-      labelNames,
-      registers: [r],
-      collect() {
-        this.reset()
-        const s = src.replicas
-        if (s !== null) fill(this, s)
-      },
+  const counter = (name: string, help: string, labelNames: string[], fill: (c: Counter, s: ReplicaSync) => void): void =>
+    collectedCounter(r, name, help, labelNames, (c) => {
+      const s = src.replicas
+      if (s !== null) fill(c, s)
     })
-  }
-  const gauge = (name: string, help: string, value: (s: ReplicaSync) => number): void => {
-    new Gauge({
-      name,
-      help,
-      registers: [r],
-      collect() {
-        this.reset()
-        const s = src.replicas
-        if (s !== null) this.set(value(s))
-      },
-    })
-  }
-  counter('kvrouter_replica_events_published_total', "This router's booking events published to its peers, by type", ['type'], (c, s) => {
-    for (const [type, v] of Object.entries(s.counters.published)) c.inc({ type }, v)
-  })
-  counter('kvrouter_replica_events_dropped_total', 'Booking events not published, by reason', ['reason'], (c, s) => {
-    for (const [reason, v] of Object.entries(s.counters.dropped)) c.inc({ reason }, v)
-  })
+  const table = (name: string, help: string, label: string, rows: (s: ReplicaSync) => Record<string, number>): void =>
+    labelledCounter(r, name, help, label, () => (src.replicas === null ? null : Object.entries(rows(src.replicas))))
+  const gauge = (name: string, help: string, value: (s: ReplicaSync) => number): void =>
+    valueGauge(r, name, help, () => (src.replicas === null ? null : value(src.replicas)))
+  table('kvrouter_replica_events_published_total', "This router's booking events published to its peers, by type", 'type', (s) => s.counters.published)
+  table('kvrouter_replica_events_dropped_total', 'Booking events not published, by reason', 'reason', (s) => s.counters.dropped)
   counter('kvrouter_replica_events_received_total', "Peers' booking events received, by type and outcome", ['type', 'outcome'], (c, s) => {
     for (const [k, v] of s.counters.received) {
       const [type, outcome] = k.split(':') as [string, string]
@@ -55,9 +35,7 @@ export function registerReplicaMetrics(r: Registry, src: ReplicaSource): void {
     c.inc({ reason: 'catch_up' }, s.counters.remoteDropped.catch_up)
     c.inc({ reason: 'stale' }, src.scheduler.sequences.expiredRemoteTotal)
   })
-  counter('kvrouter_replica_catch_up_total', 'Catch-ups with the peers, by how they ended', ['outcome'], (c, s) => {
-    for (const [outcome, v] of Object.entries(s.counters.catchUps)) c.inc({ outcome }, v)
-  })
+  table('kvrouter_replica_catch_up_total', 'Catch-ups with the peers, by how they ended', 'outcome', (s) => s.counters.catchUps)
   counter('kvrouter_replica_catch_up_bookings_total', "Peers' bookings taken from catch-up answers", [], (c, s) => c.inc(s.counters.catchUpBookings))
   counter('kvrouter_replica_catch_up_sessions_total', "Peers' session bindings taken from catch-up answers (sessions this router had none for)", [], (c, s) =>
     c.inc(s.counters.catchUpSessions),

@@ -59,6 +59,11 @@ export interface ZmqCounters {
   sinkErrors: number
 }
 
+/** Counters at zero, fresh. */
+export function zeroZmqCounters(): ZmqCounters {
+  return { batches: 0, bytes: 0, badFrames: 0, gaps: 0, replays: 0, replayedBatches: 0, replaysIncomplete: 0, restarts: 0, duplicates: 0, sinkErrors: 0 }
+}
+
 export interface ZmqListenerOptions {
   /** How long a replay may take before it counts as failed (ms). */
   replayTimeoutMs?: number
@@ -85,18 +90,7 @@ function seqOf(frame: Buffer | undefined): bigint | null {
 }
 
 export class ZmqListener {
-  readonly counters: ZmqCounters = {
-    batches: 0,
-    bytes: 0,
-    badFrames: 0,
-    gaps: 0,
-    replays: 0,
-    replayedBatches: 0,
-    replaysIncomplete: 0,
-    restarts: 0,
-    duplicates: 0,
-    sinkErrors: 0,
-  }
+  readonly counters: ZmqCounters = zeroZmqCounters()
   private readonly sub = new Subscriber({ reconnectInterval: 100, reconnectMaxInterval: 5000, linger: 0 })
   private dealer: Dealer | null = null
   /** The last sequence number applied, null before the first. */

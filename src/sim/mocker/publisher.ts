@@ -34,6 +34,43 @@ export class CallbackPublisher implements EventPublisher {
   async close(): Promise<void> {}
 }
 
+/**
+ * Events queued and handed over by one send loop at a time, so they leave in order; whatever
+ * piles up while it sends is taken by the same loop.
+ */
+abstract class QueuedPublisher<T> implements EventPublisher {
+  protected outbox: T[] = []
+  /** Set while a run of sends fails: the first failure of a run is told, the rest are not. */
+  protected failing = false
+  private sending: Promise<void> | null = null
+
+  abstract publish(ev: RouterEvent): void
+
+  async flush(): Promise<void> {
+    while (this.sending !== null) await this.sending
+  }
+
+  async close(): Promise<void> {
+    await this.flush()
+  }
+
+  protected enqueue(item: T): void {
+    this.outbox.push(item)
+    this.sending ??= this.drain()
+  }
+
+  /** Sends what the outbox holds until it is empty (or there is nowhere left to send). */
+  protected abstract send(): Promise<void>
+
+  private async drain(): Promise<void> {
+    try {
+      await this.send()
+    } finally {
+      this.sending = null
+    }
+  }
+}
+
 export interface HttpEventPublisherOptions {
   routerUrl: string
   apiKey?: string
@@ -47,10 +84,7 @@ export interface HttpEventPublisherOptions {
  * POSTs events to a router's /v1/kv-events as JSON arrays, one request at a time so the router
  * sees them in order; whatever piles up during a request goes in the next one.
  */
-export class HttpEventPublisher implements EventPublisher {
-  private outbox: string[] = []
-  private sending: Promise<void> | null = null
-  private failing = false
+export class HttpEventPublisher extends QueuedPublisher<string> {
   private readonly url: string
   private readonly headers: Record<string, string>
   /** Events the router accepted, and events lost to failed POSTs. */
@@ -58,47 +92,35 @@ export class HttpEventPublisher implements EventPublisher {
   lost = 0
 
   constructor(private readonly o: HttpEventPublisherOptions) {
+    super()
     this.url = `${o.routerUrl.replace(/\/+$/, '')}/v1/kv-events`
     this.headers = { 'content-type': 'application/json' }
     if (o.apiKey !== undefined) this.headers.authorization = `Bearer ${o.apiKey}`
   }
 
   publish(ev: RouterEvent): void {
-    this.outbox.push(encodeRouterEvent(ev))
-    this.sending ??= this.sendLoop()
+    this.enqueue(encodeRouterEvent(ev))
   }
 
-  async flush(): Promise<void> {
-    while (this.sending !== null) await this.sending
-  }
-
-  async close(): Promise<void> {
-    await this.flush()
-  }
-
-  private async sendLoop(): Promise<void> {
-    try {
-      while (this.outbox.length > 0) {
-        const batch = this.outbox.splice(0, this.o.batch ?? 512)
-        let problem: string | null = null
-        try {
-          const res = await fetch(this.url, { method: 'POST', headers: this.headers, body: `[${batch.join(',')}]` })
-          if (!res.ok) problem = `the router answered ${res.status} to ${batch.length} KV event(s): ${(await res.text()).slice(0, 200)}`
-          else await res.arrayBuffer()
-        } catch (err) {
-          problem = `cannot post KV events to ${this.url}: ${(err as Error).message}`
-        }
-        if (problem === null) {
-          this.delivered += batch.length
-          this.failing = false
-        } else {
-          this.lost += batch.length
-          if (!this.failing) this.o.onError?.(problem)
-          this.failing = true
-        }
+  protected async send(): Promise<void> {
+    while (this.outbox.length > 0) {
+      const batch = this.outbox.splice(0, this.o.batch ?? 512)
+      let problem: string | null = null
+      try {
+        const res = await fetch(this.url, { method: 'POST', headers: this.headers, body: `[${batch.join(',')}]` })
+        if (!res.ok) problem = `the router answered ${res.status} to ${batch.length} KV event(s): ${(await res.text()).slice(0, 200)}`
+        else await res.arrayBuffer()
+      } catch (err) {
+        problem = `cannot post KV events to ${this.url}: ${(err as Error).message}`
       }
-    } finally {
-      this.sending = null
+      if (problem === null) {
+        this.delivered += batch.length
+        this.failing = false
+      } else {
+        this.lost += batch.length
+        if (!this.failing) this.o.onError?.(problem)
+        this.failing = true
+      }
     }
   }
 }
@@ -140,11 +162,8 @@ export class NatsEventPublisher implements EventPublisher {
  * sent, and sent again until it is, under a message id the server de-duplicates on: none lost,
  * none twice, in order, across a server restart. Given up only once the connection is closed.
  */
-export class JetStreamEventPublisher implements EventPublisher {
-  private outbox: { id: string; data: Uint8Array }[] = []
+export class JetStreamEventPublisher extends QueuedPublisher<{ id: string; data: Uint8Array }> {
   private head = 0
-  private sending: Promise<void> | null = null
-  private failing = false
   /** Distinguishes this publisher's message ids from an earlier run's with the same event ids. */
   private readonly run = randomBytes(6).toString('hex')
   /** Events the stream stored, and sends that failed and were retried. */
@@ -156,44 +175,33 @@ export class JetStreamEventPublisher implements EventPublisher {
     private readonly js: JetStreamClient,
     readonly subject: string,
     private readonly onError?: (message: string) => void,
-  ) {}
+  ) {
+    super()
+  }
 
   publish(ev: RouterEvent): void {
-    this.outbox.push({ id: `${this.run}:${ev.worker_id}:${ev.event.dp_rank}:${ev.event.event_id}`, data: utf8.encode(encodeRouterEvent(ev)) })
-    this.sending ??= this.sendLoop()
+    this.enqueue({ id: `${this.run}:${ev.worker_id}:${ev.event.dp_rank}:${ev.event.event_id}`, data: utf8.encode(encodeRouterEvent(ev)) })
   }
 
-  async flush(): Promise<void> {
-    while (this.sending !== null) await this.sending
-  }
-
-  async close(): Promise<void> {
-    await this.flush()
-  }
-
-  private async sendLoop(): Promise<void> {
-    try {
-      while (this.head < this.outbox.length && !this.nc.isClosed()) {
-        const m = this.outbox[this.head] as { id: string; data: Uint8Array }
-        try {
-          await this.js.publish(this.subject, m.data, { msgID: m.id, timeout: 2000 })
-        } catch (err) {
-          this.retries++
-          if (!this.failing) this.onError?.(`cannot store a KV event in ${this.subject} (retrying): ${(err as Error).message}`)
-          this.failing = true
-          await new Promise((r) => setTimeout(r, 100))
-          continue
-        }
-        this.failing = false
-        this.delivered++
-        this.head++
-        if (this.head > 1024 && this.head * 2 > this.outbox.length) {
-          this.outbox = this.outbox.slice(this.head)
-          this.head = 0
-        }
+  protected async send(): Promise<void> {
+    while (this.head < this.outbox.length && !this.nc.isClosed()) {
+      const m = this.outbox[this.head] as { id: string; data: Uint8Array }
+      try {
+        await this.js.publish(this.subject, m.data, { msgID: m.id, timeout: 2000 })
+      } catch (err) {
+        this.retries++
+        if (!this.failing) this.onError?.(`cannot store a KV event in ${this.subject} (retrying): ${(err as Error).message}`)
+        this.failing = true
+        await new Promise((r) => setTimeout(r, 100))
+        continue
       }
-    } finally {
-      this.sending = null
+      this.failing = false
+      this.delivered++
+      this.head++
+      if (this.head > 1024 && this.head * 2 > this.outbox.length) {
+        this.outbox = this.outbox.slice(this.head)
+        this.head = 0
+      }
     }
   }
 }

@@ -12,6 +12,7 @@
 import { createReadStream, readFileSync } from 'node:fs'
 import { basename } from 'node:path'
 import { createInterface } from 'node:readline'
+import { fmix32 } from '../../codec/hash-mix.js'
 import { blockHashesInto, checkBlockSize, completeBlocks, joinHalves } from '../../codec/hashing.js'
 
 /** Tokens per trace block (Mooncake's block size; every published trace uses it). */
@@ -158,15 +159,6 @@ const TWO32 = 4294967296
 // Scaling a uniform u32 into the vocabulary with one float multiply: a `%` on values above 2^31
 // leaves int32 arithmetic and costs several times more, over ~10^8 tokens for a whole trace.
 const VOCAB_SCALE = TRACE_VOCAB_SIZE / TWO32
-
-function fmix32(h: number): number {
-  h ^= h >>> 16
-  h = Math.imul(h, 0x85ebca6b)
-  h ^= h >>> 13
-  h = Math.imul(h, 0xc2b2ae35)
-  h ^= h >>> 16
-  return h >>> 0
-}
 
 // Ids may exceed 32 bits in other traces, so both halves feed the seed.
 function idSeed(id: number): number {

@@ -1,9 +1,8 @@
 // Decoding event messages and applying them to the KvIndex, and publishing the counters the main
 // thread reads. A live event passes through parking.ts between its decoding and its apply (its
 // worker-rank may be held for a recovery); a released one, let go after a hold, does not.
-import { parentPort } from 'node:worker_threads'
 import { REJECT_REASON_COUNT, REJECT_REASON_NAMES } from '../../src/index/kv-index.js'
-import type { DecodedEvent } from '../../src/codec/event-decoder.js'
+import { DecodedEvent, EventKind } from '../../src/codec/event-decoder.js'
 import { KvrError } from '../../src/errors.js'
 import {
   C_APPLIED,
@@ -22,8 +21,10 @@ import {
   C_WORKERS,
   shardOf,
 } from '../../src/thread/protocol.js'
+import { PREDICTED, readU32, readU32s, recordOp } from '../../src/thread/records.js'
 import { counters, ctrl, decoder, index, init, me } from './state.js'
 import { SAMPLE_MALFORMED, SAMPLE_REJECTED, sample } from './log.js'
+import { post } from './post.js'
 
 /**
  * How a message is taken: as it arrives, or let go after a hold. A released one was counted
@@ -34,14 +35,50 @@ export const Live = 0
 export const Released = 1
 export type Mode = typeof Live | typeof Released
 
+/** The event of the last PREDICTED record read (reused). */
+const predicted = new DecodedEvent()
+
 /**
- * Decodes one event message into the decoder's reused event; null when the message is malformed
- * (counted and dropped) or belongs to another shard (sent back).
+ * Reads a PREDICTED record into `predicted`: the router's own blocks, written from its typed
+ * arrays, taken as an event without any text decoding.
+ */
+function decodePredicted(bytes: Uint8Array): DecodedEvent {
+  const at = PREDICTED.at
+  const n = bytes.length >= PREDICTED.length ? readU32(bytes, at.count) : 0
+  const kind = bytes[at.flag] === EventKind.Removed ? EventKind.Removed : EventKind.Stored
+  // only the pool writes these: a short one is a bug, and restarts the shard
+  if (bytes.length < PREDICTED.length + (kind === EventKind.Stored ? 16 : 8) * n) throw new Error(`predicted-blocks record of ${bytes.length} bytes is short`)
+  const ev = predicted
+  ev.reset()
+  ev.workerLo = readU32(bytes, at.workerLo)
+  ev.workerHi = readU32(bytes, at.workerHi)
+  ev.dpRank = readU32(bytes, at.rank)
+  ev.eventIdLo = readU32(bytes, at.eventIdLo)
+  ev.eventIdHi = readU32(bytes, at.eventIdHi)
+  ev.kind = kind
+  ev.hasParent = bytes[at.hasParent] === 1
+  ev.parentLo = readU32(bytes, at.parentLo)
+  ev.parentHi = readU32(bytes, at.parentHi)
+  ev.ensure(n)
+  ev.count = n
+  let o = PREDICTED.length
+  readU32s(bytes, o, ev.blockLo, n)
+  readU32s(bytes, (o += 4 * n), ev.blockHi, n)
+  if (kind === EventKind.Stored) {
+    readU32s(bytes, (o += 4 * n), ev.tokensLo, n)
+    readU32s(bytes, o + 4 * n, ev.tokensHi, n)
+  }
+  return ev
+}
+
+/**
+ * Decodes one event message (or PREDICTED record) into a reused event; null when the message is
+ * malformed (counted and dropped) or belongs to another shard (sent back).
  */
 export function decodeOwned(bytes: Uint8Array, mode: Mode): DecodedEvent | null {
   let ev: DecodedEvent
   try {
-    ev = decoder.decode(bytes)
+    ev = recordOp(bytes) === PREDICTED.op ? decodePredicted(bytes) : decoder.decode(bytes)
   } catch (err) {
     // bad input is counted and dropped; anything else is a bug that must restart this shard
     if (!(err instanceof KvrError)) throw err
@@ -60,7 +97,7 @@ export function decodeOwned(bytes: Uint8Array, mode: Mode): DecodedEvent | null 
     counters.misplaced++
     if (mode === Live) counters.processed++
     const copy = bytes.slice()
-    parentPort?.postMessage({ misplacedEvent: copy, lo: ev.workerLo, hi: ev.workerHi }, [copy.buffer])
+    post({ kind: 'misplacedEvent', bytes: copy, lo: ev.workerLo, hi: ev.workerHi }, [copy.buffer])
     return null
   }
   return ev

@@ -7,6 +7,7 @@
 // Every record starts with byte 0 = 0 (no event message starts so: JSON starts with `{` or
 // whitespace, MessagePack with a map or array tag) and byte 1 = its opcode. Integers are little
 // endian; a u64 is two u32 fields, low half first.
+import { type DecodedEvent, EventKind } from '../codec/event-decoder.js'
 
 /** A field's position in its record: byte offset and width in bytes. */
 export interface Field {
@@ -127,3 +128,35 @@ export const RecoveryKind = { Events: 0, TreeDump: 1, Failed: 2 } as const
 export type RecoveryKind = (typeof RecoveryKind)[keyof typeof RecoveryKind]
 export const EngineReset = { Rank: 0, Worker: 1, State: 2 } as const
 export type EngineReset = (typeof EngineReset)[keyof typeof EngineReset]
+
+/**
+ * Reads a PREDICTED record into `ev` (reset first) and returns it: the router's own blocks,
+ * written from its typed arrays, taken as an event without any text decoding.
+ */
+export function readPredicted(bytes: Uint8Array, ev: DecodedEvent): DecodedEvent {
+  const at = PREDICTED.at
+  const n = bytes.length >= PREDICTED.length ? readU32(bytes, at.count) : 0
+  const kind = bytes[at.flag] === EventKind.Removed ? EventKind.Removed : EventKind.Stored
+  // only the pool writes these: a short one is a bug (in a shard, it restarts the thread)
+  if (bytes.length < PREDICTED.length + (kind === EventKind.Stored ? 16 : 8) * n) throw new Error(`predicted-blocks record of ${bytes.length} bytes is short`)
+  ev.reset()
+  ev.workerLo = readU32(bytes, at.workerLo)
+  ev.workerHi = readU32(bytes, at.workerHi)
+  ev.dpRank = readU32(bytes, at.rank)
+  ev.eventIdLo = readU32(bytes, at.eventIdLo)
+  ev.eventIdHi = readU32(bytes, at.eventIdHi)
+  ev.kind = kind
+  ev.hasParent = bytes[at.hasParent] === 1
+  ev.parentLo = readU32(bytes, at.parentLo)
+  ev.parentHi = readU32(bytes, at.parentHi)
+  ev.ensure(n)
+  ev.count = n
+  let o = PREDICTED.length
+  readU32s(bytes, o, ev.blockLo, n)
+  readU32s(bytes, (o += 4 * n), ev.blockHi, n)
+  if (kind === EventKind.Stored) {
+    readU32s(bytes, (o += 4 * n), ev.tokensLo, n)
+    readU32s(bytes, o + 4 * n, ev.tokensHi, n)
+  }
+  return ev
+}

@@ -2,7 +2,7 @@
 // thread reads. A live event passes through parking.ts between its decoding and its apply (its
 // worker-rank may be held for a recovery); a released one, let go after a hold, does not.
 import { REJECT_REASON_COUNT, REJECT_REASON_NAMES } from '../../src/index/kv-index.js'
-import { DecodedEvent, EventKind } from '../../src/codec/event-decoder.js'
+import { DecodedEvent } from '../../src/codec/event-decoder.js'
 import { KvrError } from '../../src/errors.js'
 import {
   C_APPLIED,
@@ -21,7 +21,7 @@ import {
   C_WORKERS,
   shardOf,
 } from '../../src/thread/protocol.js'
-import { PREDICTED, readU32, readU32s, recordOp } from '../../src/thread/records.js'
+import { PREDICTED, readPredicted, recordOp } from '../../src/thread/records.js'
 import { counters, ctrl, decoder, index, init, me } from './state.js'
 import { SAMPLE_MALFORMED, SAMPLE_REJECTED, sample } from './log.js'
 import { post } from './post.js'
@@ -39,46 +39,13 @@ export type Mode = typeof Live | typeof Released
 const predicted = new DecodedEvent()
 
 /**
- * Reads a PREDICTED record into `predicted`: the router's own blocks, written from its typed
- * arrays, taken as an event without any text decoding.
- */
-function decodePredicted(bytes: Uint8Array): DecodedEvent {
-  const at = PREDICTED.at
-  const n = bytes.length >= PREDICTED.length ? readU32(bytes, at.count) : 0
-  const kind = bytes[at.flag] === EventKind.Removed ? EventKind.Removed : EventKind.Stored
-  // only the pool writes these: a short one is a bug, and restarts the shard
-  if (bytes.length < PREDICTED.length + (kind === EventKind.Stored ? 16 : 8) * n) throw new Error(`predicted-blocks record of ${bytes.length} bytes is short`)
-  const ev = predicted
-  ev.reset()
-  ev.workerLo = readU32(bytes, at.workerLo)
-  ev.workerHi = readU32(bytes, at.workerHi)
-  ev.dpRank = readU32(bytes, at.rank)
-  ev.eventIdLo = readU32(bytes, at.eventIdLo)
-  ev.eventIdHi = readU32(bytes, at.eventIdHi)
-  ev.kind = kind
-  ev.hasParent = bytes[at.hasParent] === 1
-  ev.parentLo = readU32(bytes, at.parentLo)
-  ev.parentHi = readU32(bytes, at.parentHi)
-  ev.ensure(n)
-  ev.count = n
-  let o = PREDICTED.length
-  readU32s(bytes, o, ev.blockLo, n)
-  readU32s(bytes, (o += 4 * n), ev.blockHi, n)
-  if (kind === EventKind.Stored) {
-    readU32s(bytes, (o += 4 * n), ev.tokensLo, n)
-    readU32s(bytes, o + 4 * n, ev.tokensHi, n)
-  }
-  return ev
-}
-
-/**
  * Decodes one event message (or PREDICTED record) into a reused event; null when the message is
  * malformed (counted and dropped) or belongs to another shard (sent back).
  */
 export function decodeOwned(bytes: Uint8Array, mode: Mode): DecodedEvent | null {
   let ev: DecodedEvent
   try {
-    ev = recordOp(bytes) === PREDICTED.op ? decodePredicted(bytes) : decoder.decode(bytes)
+    ev = recordOp(bytes) === PREDICTED.op ? readPredicted(bytes, predicted) : decoder.decode(bytes)
   } catch (err) {
     // bad input is counted and dropped; anything else is a bug that must restart this shard
     if (!(err instanceof KvrError)) throw err

@@ -98,7 +98,14 @@ export class ShardPool extends EventEmitter {
    */
   static async start(options: ShardPoolOptions = {}): Promise<ShardPool> {
     const pool = new ShardPool(options)
-    await pool.threads.whenRunning(30_000)
+    try {
+      await pool.threads.whenRunning(30_000)
+    } catch (err) {
+      // threads left running would keep the process alive
+      await pool.threads.stop()
+      pool.logWatch.close()
+      throw err
+    }
     return pool
   }
 

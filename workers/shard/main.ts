@@ -7,7 +7,8 @@
 // This module is the entry: the run loop, its sleep on the doorbell, the comlink API, start and
 // stop. The rest of the thread: state.ts (what the modules share), apply.ts (event messages into
 // the index, the published counters), engine.ts (engines' own MessagePack batches), parking.ts
-// (events held while a worker-rank is recovered, control records), queries.ts (the query board).
+// (events held while a worker-rank is recovered, control records), queries.ts (the query board),
+// post.ts (the typed messages to the main thread).
 //
 // Scheduling: work first (queries, then a batch of events, then queries again, so a query never
 // waits behind more than one batch); when idle, spin briefly on the rings (a futex wake costs

@@ -15,6 +15,10 @@ import { parseJsonExact } from '../src/codec/json.js'
 import { median, resultsDir } from './lib/common.js'
 import { quantileOf } from './lib/stats.js'
 import { benchHeap } from './lib/heap.js'
+import { RouterEventDecoder } from '../src/codec/dynamo-msgpack.js'
+import { u64FromParts } from '../src/codec/u64.js'
+import { predictedStoredRecord } from '../src/shards/control-records.js'
+import { readPredicted } from '../src/thread/records.js'
 
 const REPS = Number(process.env.BENCH_REPS ?? 7)
 
@@ -368,6 +372,43 @@ function benchCompletionsBody(): Record<string, { bytes: number; exact_us: numbe
 }
 const completionsBody = benchCompletionsBody()
 
+// --- predicted blocks: what approximate mode hands a shard per routing decision -------------
+/** One 24-block prediction written and read back: as a PREDICTED ring record, and as a RouterEvent's JSON. */
+function benchPredicted(): { blocks: number; record_us: number; json_us: number } {
+  const n = 24
+  const [localLo, localHi, seqLo, seqHi] = [0, 1, 2, 3].map(() => Uint32Array.from({ length: n }, () => (rand() * 4294967296) >>> 0)) as [
+    Uint32Array,
+    Uint32Array,
+    Uint32Array,
+    Uint32Array,
+  ]
+  const ev = new DecodedEvent()
+  const decoder = new RouterEventDecoder()
+  const inner = 20000
+  const rec: number[] = []
+  const json: number[] = []
+  let sink = 0
+  for (let r = 0; r < REPS; r++) {
+    let t0 = now()
+    for (let i = 0; i < inner; i++) sink += readPredicted(predictedStoredRecord(7n, 0, BigInt(i + 1), localLo, localHi, seqLo, seqHi, n), ev).count
+    rec.push((now() - t0) / inner)
+    t0 = now()
+    for (let i = 0; i < inner; i++) {
+      const blocks = []
+      for (let k = 0; k < n; k++)
+        blocks.push({ block_hash: u64FromParts(seqLo[k] as number, seqHi[k] as number), tokens_hash: u64FromParts(localLo[k] as number, localHi[k] as number) })
+      const bytes = Buffer.from(
+        encodeRouterEvent({ worker_id: 7n, event: { event_id: BigInt(i + 1), dp_rank: 0, data: { stored: { parent_hash: null, blocks } } } }),
+      )
+      sink += decoder.decode(bytes).count
+    }
+    json.push((now() - t0) / inner)
+  }
+  if (sink === 0) throw new Error('nothing decoded')
+  return { blocks: n, record_us: median(rec), json_us: median(json) }
+}
+const predicted = benchPredicted()
+
 const result = {
   command: 'npm run bench:micro',
   node: process.version,
@@ -379,6 +420,7 @@ const result = {
   route_body_4096_tokens: routeBody,
   completions_body_exact_parse: completionsBody,
   scheduler_heap: heap,
+  predicted_blocks_24: predicted,
 }
 writeFileSync(join(resultsDir(), 'micro.json'), JSON.stringify(result, null, 2) + '\n')
 
@@ -428,4 +470,7 @@ console.log(
 console.log(
   `  waiting room: churn at depth ${heap.queue_depth.toLocaleString('en-US')}                         ${(heap.queue_ops_per_sec / 1e6).toFixed(2).padStart(6)} M     ${(heap.queue_ops_per_cpu_sec / 1e6).toFixed(2).padStart(6)} M ops`,
 )
+console.log(`\npredicted blocks, ${predicted.blocks} per event, written and read back, µs per event`)
+console.log(`  PREDICTED ring record    ${f(predicted.record_us).padStart(8)}`)
+console.log(`  RouterEvent JSON         ${f(predicted.json_us).padStart(8)}`)
 console.log(`\nwrote ${join('bench', 'results', 'micro.json')}`)

@@ -11,7 +11,7 @@ import type { ApproxSink } from '../scheduler/approximate.js'
 import type { DeviceType } from '../scheduler/worker-ranks.js'
 import { promptHashesInto, sequenceHashesInto } from '../codec/hashing.js'
 import { encodeRouterEvent } from '../codec/events.js'
-import type { RouterEvent, StoredBlock } from '../codec/events.js'
+import type { RouterEvent } from '../codec/events.js'
 import { KvrError } from '../errors.js'
 import { u64FromParts } from '../codec/u64.js'
 import { RouterMetrics } from '../metrics/registry.js'
@@ -755,22 +755,11 @@ export class Router {
       ids[rank] = id
       return id
     }
-    const push = (ev: RouterEvent): void => void this.pool.pushPredicted(Buffer.from(encodeRouterEvent(ev)), ev.worker_id)
+    // written into the shard's ring straight from the tracker's arrays (a PREDICTED record)
     return {
-      stored: (workerId, dpRank, localLo, localHi, seqLo, seqHi, n) => {
-        const blocks: StoredBlock[] = []
-        for (let i = 0; i < n; i++)
-          blocks.push({
-            block_hash: u64FromParts(seqLo[i] as number, seqHi[i] as number),
-            tokens_hash: u64FromParts(localLo[i] as number, localHi[i] as number),
-          })
-        push({ worker_id: workerId, event: { event_id: eventId(workerId, dpRank), dp_rank: dpRank, data: { stored: { parent_hash: null, blocks } } } })
-      },
-      removed: (workerId, dpRank, seqLo, seqHi, n) => {
-        const hashes: bigint[] = []
-        for (let i = 0; i < n; i++) hashes.push(u64FromParts(seqLo[i] as number, seqHi[i] as number))
-        push({ worker_id: workerId, event: { event_id: eventId(workerId, dpRank), dp_rank: dpRank, data: { removed: { block_hashes: hashes } } } })
-      },
+      stored: (workerId, dpRank, localLo, localHi, seqLo, seqHi, n) =>
+        void this.pool.pushPredictedStored(workerId, dpRank, eventId(workerId, dpRank), localLo, localHi, seqLo, seqHi, n),
+      removed: (workerId, dpRank, seqLo, seqHi, n) => void this.pool.pushPredictedRemoved(workerId, dpRank, eventId(workerId, dpRank), seqLo, seqHi, n),
     }
   }
 

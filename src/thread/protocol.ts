@@ -167,51 +167,8 @@ export class BoardLayout {
   }
 }
 
-/**
- * Control records travel in the event ring, so they apply in order with the worker's events:
- * byte 0 is 0 (no JSON message starts so), byte 1 the operation, then u32 LE worker id low and
- * high halves at offsets 4 and 8.
- */
-export const CONTROL_BYTES = 12
-export const CONTROL_REMOVE_WORKER = 1
-/**
- * Gap recovery (src/shards/recovery.ts). These records also carry the dp rank, a u32
- * LE at offset 12, and byte 2 holds a flag or a kind.
- * RECOVERABLE: byte 2 = 1 when the worker answers worker queries (its gaps are then held for
- * recovery), 0 when not. PARK (32 bytes): hold the worker-rank's events from here until the
- * RECOVERY record with the same ticket, a u32 LE at offset 16. RECOVERY: byte 2 = a
- * RecoveryKind, the ticket at offset 16, byte 3 = 1 when a u64 LE at offset 24 is the
- * worker-rank's last event id after a tree dump (else it is not known), then from offset 32
- * (Events, TreeDump) the events as a JSON array.
- */
-export const CONTROL_RANK_BYTES = 16
-export const CONTROL_RECOVERY_BYTES = 32
-/** Tickets of the holds a shard opens at a gap have this bit; the main thread's, not. */
-export const SHARD_TICKET_BIT = 0x80000000
-export const CONTROL_RECOVERABLE = 2
-export const CONTROL_PARK = 3
-export const CONTROL_RECOVERY = 4
-/** RESET_RANK: drop the worker-rank's blocks and forget its last event id (what came before was not its events). */
-export const CONTROL_RESET_RANK = 5
-export const RecoveryKind = { Events: 0, TreeDump: 1, Failed: 2 } as const
-export type RecoveryKind = (typeof RecoveryKind)[keyof typeof RecoveryKind]
-/**
- * An engine's own KV-event batch (src/transport/engine-intake.ts), decoded by the shard
- * (workers/shard/engine.ts): the listener's dp rank at offset 12, the router's block size, a u32
- * LE at 16, then from ENGINE_BATCH_BYTES the batch's MessagePack as the engine sent it. The
- * listener has put the batches in order, so their events bypass the event-id gap detection.
- */
-export const CONTROL_ENGINE_BATCH = 5
-export const ENGINE_BATCH_BYTES = 20
-/**
- * Resets what a shard holds of an engine (CONTROL_RANK_BYTES): byte 2 an EngineReset, the dp rank
- * at 12. Rank: the rank's blocks and its decoding state (an engine rank restarted); Worker: every
- * rank's (the listeners start, and replay what the engine holds); State: the decoding state
- * alone (the listeners stop).
- */
-export const CONTROL_ENGINE_RESET = 6
-export const EngineReset = { Rank: 0, Worker: 1, State: 2 } as const
-export type EngineReset = (typeof EngineReset)[keyof typeof EngineReset]
+// the records' kinds are used by transports that only name them
+export { EngineReset, RecoveryKind } from './records.js'
 
 /** What the main thread hands a shard thread in workerData. */
 export interface ShardInit {

@@ -1,9 +1,8 @@
 // Decoding event messages and applying them to the KvIndex, and publishing the counters the main
 // thread reads. A live event passes through parking.ts between its decoding and its apply (its
 // worker-rank may be held for a recovery); a released one, let go after a hold, does not.
-import { parentPort } from 'node:worker_threads'
 import { REJECT_REASON_COUNT, REJECT_REASON_NAMES } from '../../src/index/kv-index.js'
-import type { DecodedEvent } from '../../src/codec/event-decoder.js'
+import { DecodedEvent } from '../../src/codec/event-decoder.js'
 import { KvrError } from '../../src/errors.js'
 import {
   C_APPLIED,
@@ -22,8 +21,10 @@ import {
   C_WORKERS,
   shardOf,
 } from '../../src/thread/protocol.js'
+import { PREDICTED, readPredicted, recordOp } from '../../src/thread/records.js'
 import { counters, ctrl, decoder, index, init, me } from './state.js'
 import { SAMPLE_MALFORMED, SAMPLE_REJECTED, sample } from './log.js'
+import { post } from './post.js'
 
 /**
  * How a message is taken: as it arrives, or let go after a hold. A released one was counted
@@ -34,14 +35,17 @@ export const Live = 0
 export const Released = 1
 export type Mode = typeof Live | typeof Released
 
+/** The event of the last PREDICTED record read (reused). */
+const predicted = new DecodedEvent()
+
 /**
- * Decodes one event message into the decoder's reused event; null when the message is malformed
- * (counted and dropped) or belongs to another shard (sent back).
+ * Decodes one event message (or PREDICTED record) into a reused event; null when the message is
+ * malformed (counted and dropped) or belongs to another shard (sent back).
  */
 export function decodeOwned(bytes: Uint8Array, mode: Mode): DecodedEvent | null {
   let ev: DecodedEvent
   try {
-    ev = decoder.decode(bytes)
+    ev = recordOp(bytes) === PREDICTED.op ? readPredicted(bytes, predicted) : decoder.decode(bytes)
   } catch (err) {
     // bad input is counted and dropped; anything else is a bug that must restart this shard
     if (!(err instanceof KvrError)) throw err
@@ -60,7 +64,7 @@ export function decodeOwned(bytes: Uint8Array, mode: Mode): DecodedEvent | null 
     counters.misplaced++
     if (mode === Live) counters.processed++
     const copy = bytes.slice()
-    parentPort?.postMessage({ misplacedEvent: copy, lo: ev.workerLo, hi: ev.workerHi }, [copy.buffer])
+    post({ kind: 'misplacedEvent', bytes: copy, lo: ev.workerLo, hi: ev.workerHi }, [copy.buffer])
     return null
   }
   return ev

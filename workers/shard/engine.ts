@@ -8,16 +8,12 @@
 // events never pass the event-id gap detection or the holds of parking.ts. A malformed batch is
 // counted by reason and refused from its malformed event on (the events before it are applied,
 // as the engine sent them); anything but a KvrError is a bug and restarts the shard.
-import { parentPort } from 'node:worker_threads'
 import { EngineSkip } from '../../src/codec/engine-events.js'
 import { EngineStreamDecoder } from '../../src/codec/engine-stream.js'
 import { DecodedEvent, EventKind } from '../../src/codec/event-decoder.js'
 import { KvrError } from '../../src/errors.js'
 import { EngineDedup } from '../../src/index/engine-dedup.js'
 import {
-  CONTROL_ENGINE_BATCH,
-  CONTROL_ENGINE_RESET,
-  CONTROL_RANK_BYTES,
   E_BASE,
   E_BATCHES,
   E_DUPLICATE_STORES,
@@ -26,15 +22,15 @@ import {
   E_MALFORMED,
   E_SKIPPED,
   E_SUPPRESSED_REMOVALS,
-  ENGINE_BATCH_BYTES,
   ENGINE_SKIP_NAMES,
-  EngineReset,
   HEARTBEAT,
 } from '../../src/thread/protocol.js'
+import { ENGINE_BATCH, ENGINE_RESET, EngineReset, readU32 } from '../../src/thread/records.js'
 import { interrupt } from './queries.js'
 import { counters, ctrl, index } from './state.js'
 import { rejected } from './apply.js'
 import { SAMPLE_ENGINE_MALFORMED, sample } from './log.js'
+import { post } from './post.js'
 
 /** One decoder per block size a batch names (the router's: one in practice). */
 const decoders = new Map<number, EngineStreamDecoder>()
@@ -57,28 +53,26 @@ function bump(at: number): void {
   engine[at] = (engine[at] as number) + 1
 }
 
-function u32(b: Uint8Array, at: number): number {
-  return ((b[at] as number) | ((b[at + 1] as number) << 8) | ((b[at + 2] as number) << 16) | ((b[at + 3] as number) << 24)) >>> 0
-}
-
 function decoderFor(blockSize: number): EngineStreamDecoder {
   let d = decoders.get(blockSize)
   if (d === undefined) decoders.set(blockSize, (d = new EngineStreamDecoder(blockSize)))
   return d
 }
 
-/** True for the ring records this module takes (a control record: byte 0 is 0). */
-export function isEngineRecord(bytes: Uint8Array): boolean {
-  const op = bytes[1]
-  return (op === CONTROL_ENGINE_BATCH && bytes.length >= ENGINE_BATCH_BYTES) || (op === CONTROL_ENGINE_RESET && bytes.length >= CONTROL_RANK_BYTES)
+/** An ENGINE_BATCH record (one too short is counted as processed and dropped). */
+export function onEngineBatch(bytes: Uint8Array): void {
+  const at = ENGINE_BATCH.at
+  if (bytes.length >= ENGINE_BATCH.length) {
+    batch(bytes.subarray(ENGINE_BATCH.length), readU32(bytes, at.workerLo), readU32(bytes, at.workerHi), readU32(bytes, at.rank), readU32(bytes, at.blockSize))
+  }
+  counters.processed++
+  publish()
 }
 
-export function onEngineRecord(bytes: Uint8Array): void {
-  const lo = u32(bytes, 4)
-  const hi = u32(bytes, 8)
-  const rank = u32(bytes, 12)
-  if (bytes[1] === CONTROL_ENGINE_BATCH) batch(bytes.subarray(ENGINE_BATCH_BYTES), lo, hi, rank, u32(bytes, 16))
-  else reset(lo, hi, rank, bytes[2] as number)
+/** An ENGINE_RESET record. */
+export function onEngineReset(bytes: Uint8Array): void {
+  const at = ENGINE_RESET.at
+  if (bytes.length >= ENGINE_RESET.length) reset(readU32(bytes, at.workerLo), readU32(bytes, at.workerHi), readU32(bytes, at.rank), bytes[at.flag] as number)
   counters.processed++
   publish()
 }
@@ -173,7 +167,7 @@ function note(lo: number, hi: number, rank: number, dec: EngineStreamDecoder): v
   if (noted.has(key) || m === null) return
   if (noted.size >= MAX_NOTED) noted.clear()
   noted.add(key)
-  parentPort?.postMessage({ engineNote: { lo, hi, rank, eventBlockSize: m.eventBlockSize, routerBlockSize: m.routerBlockSize } })
+  post({ kind: 'engineNote', lo, hi, rank, eventBlockSize: m.eventBlockSize, routerBlockSize: m.routerBlockSize })
 }
 
 function publish(): void {

@@ -1,7 +1,7 @@
 // What the shard tells the main thread's log. The main thread counts the shard's drops from its
 // shared counters (src/shards/log-watch.ts); the shard only posts a sample of each class, the
 // latest at most once a second, so a line there can say what was wrong and with which worker.
-import { parentPort } from 'node:worker_threads'
+import { post } from './post.js'
 
 export const SAMPLE_MALFORMED = 0
 export const SAMPLE_REJECTED = 1
@@ -16,5 +16,5 @@ export function sample(what: number, fields: Record<string, unknown>): void {
   const now = performance.now()
   if (now - (last[what] as number) < SAMPLE_MS) return
   last[what] = now
-  parentPort?.postMessage({ logSample: { what: NAMES[what], ...fields } })
+  post({ kind: 'logSample', what: NAMES[what] as string, fields })
 }

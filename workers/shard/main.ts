@@ -7,7 +7,8 @@
 // This module is the entry: the run loop, its sleep on the doorbell, the comlink API, start and
 // stop. The rest of the thread: state.ts (what the modules share), apply.ts (event messages into
 // the index, the published counters), engine.ts (engines' own MessagePack batches), parking.ts
-// (events held while a worker-rank is recovered, control records), queries.ts (the query board).
+// (events held while a worker-rank is recovered, control records), queries.ts (the query board),
+// post.ts (the typed messages to the main thread).
 //
 // Scheduling: work first (queries, then a batch of events, then queries again, so a query never
 // waits behind more than one batch); when idle, spin briefly on the rings (a futex wake costs
@@ -21,8 +22,9 @@ import type { OverlapScore } from '../../src/index/kv-index.js'
 import type { RouterEvent } from '../../src/codec/events.js'
 import { CONTROL_POSTED, DOORBELL, HEARTBEAT, PRODUCER_WAIT, RING_READ, RING_WRITE, SLEEPING, STATE, ShardState } from '../../src/thread/protocol.js'
 import type { ShardApi, ShardStats } from '../../src/thread/protocol.js'
+import { ENGINE_BATCH, ENGINE_RESET, PREDICTED, recordOp } from '../../src/thread/records.js'
 import { Live, applyEvent, decodeOwned, publishCounters } from './apply.js'
-import { isEngineRecord, onEngineRecord } from './engine.js'
+import { onEngineBatch, onEngineReset } from './engine.js'
 import { held, onControl, stopHolding, unparkAll } from './parking.js'
 import { interrupt, queriesWaiting, serveQueries } from './queries.js'
 import { counters, ctrl, decoder, index, init, ring } from './state.js'
@@ -47,11 +49,14 @@ const waiters: { seq: number; resolve: () => void }[] = []
 function onMessage(bytes: Uint8Array): void {
   // a query never waits behind a whole batch of small events: two atomic loads per message
   if (queriesWaiting()) serveQueries()
-  if (bytes[0] === 0) {
-    if (isEngineRecord(bytes)) onEngineRecord(bytes)
-    else onControl(bytes)
+  const op = recordOp(bytes)
+  if (op !== 0 && op !== PREDICTED.op) {
+    if (op === ENGINE_BATCH.op) onEngineBatch(bytes)
+    else if (op === ENGINE_RESET.op) onEngineReset(bytes)
+    else onControl(op, bytes)
     return
   }
+  // an event message, or the router's predicted blocks: both are events of a worker-rank
   counters.received++
   Atomics.add(ctrl, HEARTBEAT, 1)
   const ev = decodeOwned(bytes, Live)

@@ -13,23 +13,12 @@
 // to a hold that something else ended (a removal, the size bound, a shutdown) cannot end a newer
 // one with stale events. Tickets of holds this thread opens at a gap have the high bit set; the
 // main thread numbers the holds it opens (PARK records) below it.
-import { parentPort } from 'node:worker_threads'
 import type { DecodedEvent } from '../../src/codec/event-decoder.js'
 import { splitEvents } from '../../src/codec/event-array.js'
 import { KvrError } from '../../src/errors.js'
-import {
-  CONTROL_BYTES,
-  CONTROL_PARK,
-  CONTROL_RANK_BYTES,
-  CONTROL_RECOVERABLE,
-  CONTROL_RECOVERY,
-  CONTROL_RECOVERY_BYTES,
-  CONTROL_REMOVE_WORKER,
-  CONTROL_RESET_RANK,
-  RecoveryKind,
-  SHARD_TICKET_BIT,
-} from '../../src/thread/protocol.js'
+import { PARK, RECOVERABLE, RECOVERY, REMOVE_WORKER, RESET_RANK, RecoveryKind, SHARD_TICKET_BIT, readU32 } from '../../src/thread/records.js'
 import { applyReleased, rejected } from './apply.js'
+import { post } from './post.js'
 import { interrupt } from './queries.js'
 import { counters, decoder, index } from './state.js'
 
@@ -88,7 +77,7 @@ export function held(ev: DecodedEvent, bytes: Uint8Array): boolean {
       const ticket = (SHARD_TICKET_BIT | (nextTicket++ & 0x7fffffff)) >>> 0
       counters.processed++
       parks.set(rankKey(ev.workerLo, ev.workerHi, ev.dpRank), { ticket, msgs: [bytes.slice()], bytes: bytes.length })
-      parentPort?.postMessage({ gap: { lo: ev.workerLo, hi: ev.workerHi, rank: ev.dpRank, fromLo, fromHi, toLo: ev.eventIdLo, toHi: ev.eventIdHi, ticket } })
+      post({ kind: 'gap', lo: ev.workerLo, hi: ev.workerHi, rank: ev.dpRank, fromLo, fromHi, toLo: ev.eventIdLo, toHi: ev.eventIdHi, ticket })
       return true
     }
   }
@@ -115,45 +104,63 @@ export function stopHolding(): void {
   unparkAll()
 }
 
-/** A control record in the ring (first byte 0, which no JSON message has): ordered with events. */
-export function onControl(bytes: Uint8Array): void {
-  const v = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength)
-  const op = bytes[1]
-  if (bytes.length >= CONTROL_BYTES && op === CONTROL_REMOVE_WORKER) {
-    const lo = v.getUint32(4, true)
-    const hi = v.getUint32(8, true)
-    // its held events came before the removal: applied, then removed with everything else
-    if (parks.size !== 0) for (const key of [...parks.keys()]) if (key.startsWith(`${lo}:${hi}:`)) unpark(key)
-    recoverable.delete(`${lo}:${hi}`)
-    index.removeWorker(lo, hi)
-  } else if (bytes.length >= CONTROL_RANK_BYTES) {
-    const lo = v.getUint32(4, true)
-    const hi = v.getUint32(8, true)
-    const rank = v.getUint32(12, true)
-    const key = rankKey(lo, hi, rank)
-    if (op === CONTROL_RECOVERABLE) {
-      if (bytes[2] === 1 && !shuttingDown) recoverable.add(`${lo}:${hi}`)
-      else recoverable.delete(`${lo}:${hi}`)
-    } else if (op === CONTROL_PARK && bytes.length >= CONTROL_RECOVERY_BYTES) {
+/**
+ * A control record of the worker-rank holds (REMOVE_WORKER, RECOVERABLE, PARK, RECOVERY,
+ * RESET_RANK), ordered with events. One too short, or of a kind no one takes, is counted as
+ * processed and dropped.
+ */
+export function onControl(op: number, bytes: Uint8Array): void {
+  if (op === REMOVE_WORKER.op) {
+    if (bytes.length >= REMOVE_WORKER.length) removeWorker(readU32(bytes, REMOVE_WORKER.at.workerLo), readU32(bytes, REMOVE_WORKER.at.workerHi))
+  } else if (op === RECOVERABLE.op) {
+    const at = RECOVERABLE.at
+    if (bytes.length >= RECOVERABLE.length) {
+      const worker = `${readU32(bytes, at.workerLo)}:${readU32(bytes, at.workerHi)}`
+      if (bytes[at.flag] === 1 && !shuttingDown) recoverable.add(worker)
+      else recoverable.delete(worker)
+    }
+  } else if (op === PARK.op) {
+    const at = PARK.at
+    if (bytes.length >= PARK.length) {
+      const key = rankKey(readU32(bytes, at.workerLo), readU32(bytes, at.workerHi), readU32(bytes, at.rank))
       // a newer hold replaces an older one, whose events go first
       unpark(key)
-      if (!shuttingDown) parks.set(key, { ticket: v.getUint32(16, true), msgs: [], bytes: 0 })
-    } else if (op === CONTROL_RESET_RANK) {
-      // events held before the reset came before it
-      unpark(key)
-      index.resetWorkerRank(lo, hi, rank)
-    } else if (op === CONTROL_RECOVERY && bytes.length >= CONTROL_RECOVERY_BYTES) {
-      const p = parks.get(key)
-      // a recovery for a hold that ended meanwhile comes too late to apply in order: dropped
-      if (p !== undefined && p.ticket === v.getUint32(16, true)) recover(lo, hi, rank, key, bytes, v)
+      if (!shuttingDown) parks.set(key, { ticket: readU32(bytes, at.ticket), msgs: [], bytes: 0 })
     }
+  } else if (op === RESET_RANK.op) {
+    const at = RESET_RANK.at
+    if (bytes.length >= RESET_RANK.length) {
+      const lo = readU32(bytes, at.workerLo)
+      const hi = readU32(bytes, at.workerHi)
+      const rank = readU32(bytes, at.rank)
+      // events held before the reset came before it
+      unpark(rankKey(lo, hi, rank))
+      index.resetWorkerRank(lo, hi, rank)
+    }
+  } else if (op === RECOVERY.op && bytes.length >= RECOVERY.length) {
+    const at = RECOVERY.at
+    const lo = readU32(bytes, at.workerLo)
+    const hi = readU32(bytes, at.workerHi)
+    const rank = readU32(bytes, at.rank)
+    const key = rankKey(lo, hi, rank)
+    const p = parks.get(key)
+    // a recovery for a hold that ended meanwhile comes too late to apply in order: dropped
+    if (p !== undefined && p.ticket === readU32(bytes, at.ticket)) recover(lo, hi, rank, key, bytes)
   }
   counters.processed++
 }
 
+function removeWorker(lo: number, hi: number): void {
+  // its held events came before the removal: applied, then removed with everything else
+  if (parks.size !== 0) for (const key of [...parks.keys()]) if (key.startsWith(`${lo}:${hi}:`)) unpark(key)
+  recoverable.delete(`${lo}:${hi}`)
+  index.removeWorker(lo, hi)
+}
+
 /** Applies a recovery record to its hold, then the held events, and ends the hold. */
-function recover(lo: number, hi: number, rank: number, key: string, bytes: Uint8Array, v: DataView): void {
-  const kind = bytes[2]
+function recover(lo: number, hi: number, rank: number, key: string, bytes: Uint8Array): void {
+  const at = RECOVERY.at
+  const kind = bytes[at.flag]
   // an Events answer holds the missing ids: ids at or below the last applied are already here
   const known = kind === RecoveryKind.Events && index.lastEventId(lo, hi, rank, lastId)
   const floorLo = known ? lastId.lo : 0
@@ -162,7 +169,7 @@ function recover(lo: number, hi: number, rank: number, key: string, bytes: Uint8
   if (kind === RecoveryKind.Events || kind === RecoveryKind.TreeDump) {
     let parts: Uint8Array[] = []
     try {
-      parts = splitEvents(bytes.subarray(CONTROL_RECOVERY_BYTES))
+      parts = splitEvents(bytes.subarray(RECOVERY.length))
     } catch (err) {
       // the main thread checked the answer's shape; a worker's bad events are dropped here
       if (!(err instanceof KvrError)) throw err
@@ -177,7 +184,7 @@ function recover(lo: number, hi: number, rank: number, key: string, bytes: Uint8
   // a dump's ids are synthetic: the worker's own go on from the id the main thread names (the
   // newest it reported before the dump), or, unnamed, from whatever comes next
   if (kind === RecoveryKind.TreeDump) {
-    if (bytes[3] === 1) index.setEventId(lo, hi, rank, v.getUint32(24, true), v.getUint32(28, true))
+    if (bytes[at.hasLastId] === 1) index.setEventId(lo, hi, rank, readU32(bytes, at.lastIdLo), readU32(bytes, at.lastIdHi))
     else index.forgetEventId(lo, hi, rank)
   }
   unpark(key)

@@ -109,7 +109,7 @@ export interface ProxyOptions {
   logger?: Logger
 }
 
-export class Proxy {
+export class UpstreamProxy {
   private readonly dispatcher: Dispatcher
   private readonly ownDispatcher: boolean
   private active = 0
@@ -280,7 +280,7 @@ class ProxyRun implements ProxiedRequest {
   errorCode: string | null = null
 
   constructor(
-    readonly proxy: Proxy,
+    readonly proxy: UpstreamProxy,
     readonly reply: FastifyReply,
     readonly call: ProxyCall,
   ) {

@@ -24,6 +24,7 @@ export const ErrorCodes = {
   KVR_ERR_SHARD_RESTARTED: { status: 503, summary: 'an indexer shard restarted while the operation ran' },
   // workers and scheduling
   KVR_ERR_UNKNOWN_WORKER: { status: 404, summary: 'no such worker is registered' },
+  KVR_ERR_WORKER_DECISIONS_ONLY: { status: 409, summary: 'the worker is registered for routing decisions only; the router sends it no request' },
   KVR_ERR_NO_WORKERS: { status: 503, summary: 'no worker is available for the request' },
   KVR_ERR_ALL_WORKERS_BUSY: { status: 503, summary: 'all workers are busy, please retry later' },
   KVR_ERR_QUEUE_FULL: { status: 503, summary: 'the router queue holds its maximum of pending requests' },

@@ -80,6 +80,28 @@ t.test('proxied inference never goes to it', async (t) => {
   t.equal(h.router.registry.get(1n)?.failures, 0, 'no request failed on it')
 })
 
+t.test('a retry after a failure does not go to it either', async (t) => {
+  // up for its probes, failing every completion before its first token: each one sent there is retried
+  let failed = 0
+  const failing = await upstream((req, _body, res) => {
+    if (req.url === '/health') return void res.writeHead(200).end()
+    failed++
+    res.writeHead(503, { 'content-type': 'application/json' })
+    res.end('{"error":"overloaded"}')
+  })
+  t.teardown(() => failing.close())
+  await h.router.addWorker({ id: 5n, url: failing.url })
+  for (let i = 0; i < 8; i++) {
+    h.router.suspension.forget(5n)
+    const r = await inject({ method: 'POST', url: '/v1/completions', payload: { prompt: tokens(8, 20_000 + 100 * i), max_tokens: 1 } })
+    t.equal(r.statusCode, 200, `request ${i} answered`)
+    t.equal(r.headers['x-worker-id'], '3', `request ${i} answered by the worker that works`)
+  }
+  t.ok(failed > 0, `requests were retried after the failing worker (${failed})`)
+  t.equal(h.router.registry.get(1n)?.failures, 0, 'no retry went to the decisions-only worker')
+  await h.router.removeWorker(5n)
+})
+
 t.test('registered again as decisions-only, an unreachable worker is back in /v1/route at once', async (t) => {
   t.equal((await one(2))?.health, 'unreachable')
   const again = await inject({ method: 'POST', url: '/v1/workers', payload: { id: 2, url: `http://127.0.0.1:${silentB}`, decisions_only: true } })

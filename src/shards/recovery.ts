@@ -19,7 +19,6 @@ import type { ShardPool, EventGap } from './pool.js'
 import { RecoveryKind } from '../thread/protocol.js'
 import { parseJsonExact, readU64 } from '../codec/json.js'
 import { limited } from '../runtime/log.js'
-import { Warn } from '../errors.js'
 
 export type IndexState = 'exact' | 'recovering' | 'degraded'
 
@@ -245,7 +244,7 @@ export class IndexRecovery {
     limited.log(
       mine ? 'warn' : 'info',
       'recovery_failed',
-      { ...(mine ? { code: Warn.KVR_INDEX_DEGRADED } : {}), worker_id: workerId.toString(), dp_rank: rank, why },
+      { ...(mine ? { code: 'KVR_INDEX_DEGRADED' } : {}), worker_id: workerId.toString(), dp_rank: rank, why },
       mine
         ? `worker ${workerId} rank ${rank}: its KV events could not be recovered (${why}); its index may miss blocks until it recovers`
         : `a recovery of worker ${workerId} rank ${rank} ended unanswered (${why}); the worker left or registered again meanwhile`,

@@ -1,6 +1,7 @@
 # One image for every kv-router command (serve, mocker, replay); docker-compose.yml runs it as
 # the router, the simulated engines and the load generator.
-FROM node:20-bookworm-slim AS build
+# Node 22: an LTS line still supported (package.json's engines also admit 20.18.1 for development).
+FROM node:22-bookworm-slim AS build
 WORKDIR /app
 COPY package.json package-lock.json tsconfig.json ./
 COPY src src
@@ -12,7 +13,7 @@ COPY scripts scripts
 # `npm ci` builds dist/ through the prepare script; the dev dependencies go afterwards
 RUN npm ci && npm prune --omit=dev
 
-FROM node:20-bookworm-slim
+FROM node:22-bookworm-slim
 WORKDIR /app
 ENV NODE_ENV=production
 COPY --from=build /app/package.json ./

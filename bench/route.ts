@@ -42,7 +42,7 @@ import { proxiedLine } from '../src/http/request-log.js'
 import type { ProxiedRequest } from '../src/http/request-log.js'
 import pino from 'pino'
 import { Router } from '../src/core/router.js'
-import { ClientGone, Proxy } from '../src/http/proxy/proxy.js'
+import { ClientGone, UpstreamProxy } from '../src/http/proxy/proxy.js'
 import { computeBlockHashes, computeSequenceHashes } from '../src/codec/hashing.js'
 import { PendingQueue } from '../src/scheduler/pending-queue.js'
 import { Xoshiro128 } from '../src/scheduler/rng.js'
@@ -221,7 +221,7 @@ async function benchFacadeQueue(): Promise<{ pairsPerSec: number; reps: number[]
 const BOOKINGS = 50_000
 
 /**
- * What the proxy pays to book one attempt and free it: Proxy.book through Router.route (hashing,
+ * What the proxy pays to book one attempt and free it: UpstreamProxy.book through Router.route (hashing,
  * the shard's overlap query in kv mode, selection, booking) and the release, one at a time, 4
  * workers, a 64-token prompt: the proxy benchmark's requests. Time per booking, median of REPS.
  */
@@ -247,7 +247,7 @@ async function benchBooking(mode: 'round-robin' | 'kv'): Promise<{ mode: string;
   const router = await Router.start(cfg)
   try {
     for (let w = 1; w <= 4; w++) await router.addWorker({ id: BigInt(w), url: `http://127.0.0.1:${9000 + w}` })
-    const proxy = new Proxy(router, { retries: 2 })
+    const proxy = new UpstreamProxy(router, { retries: 2 })
     const tokens = Array.from({ length: 64 }, (_, i) => (i * 7919) % 150_000)
     const one = async (): Promise<void> => {
       const a = await proxy.book({ tokens, isl: tokens.length }, new ClientGone())
@@ -582,7 +582,7 @@ async function main(): Promise<void> {
     `queue at ${QUEUE_DEPTH} waiting: heap pop+push ${(heap.pairsPerSec / 1e6).toFixed(2)} M pairs/s; scheduler dispatch+enqueue ${(facade.pairsPerSec / 1e3).toFixed(1)} k pairs/s`,
   )
   console.log(
-    `proxy booking (Proxy.book + release, 64-token prompt, 4 workers), median of ${REPS} × ${BOOKINGS}: ${booking.map((b) => `${b.mode} ${b.us.toFixed(2)} µs`).join(', ')}`,
+    `proxy booking (UpstreamProxy.book + release, 64-token prompt, 4 workers), median of ${REPS} × ${BOOKINGS}: ${booking.map((b) => `${b.mode} ${b.us.toFixed(2)} µs`).join(', ')}`,
   )
   console.log(
     `a proxied request's log line, median of ${REPS} × ${LINES}: ${requestLine.infoUs.toFixed(2)} µs at info (JSON written to /dev/null), ${requestLine.offUs.toFixed(3)} µs with logging off`,

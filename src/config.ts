@@ -173,7 +173,7 @@ export const FLAGS: readonly FlagDef[] = [
     kind: 'num',
     min: 0,
     dflt: 1.0,
-    help: 'dynamo cost: weight of prefill blocks (Era C calls it the prefill load scale)',
+    help: 'dynamo cost: weight of prefill blocks (Dynamo 1.2 and later call it the prefill load scale)',
   }),
   F({
     flag: '--router-kv-overlap-score-credit',

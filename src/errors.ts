@@ -1,6 +1,8 @@
-// The one catalogue of kv-router error codes. Every error that crosses a module boundary is a
-// KvrError carrying one of these codes, so HTTP answers, logs, metrics and tests all speak the
-// same names. Shard threads use it too, which is why it imports nothing.
+// The one catalogue of kv-router's codes. Every error that crosses a module boundary is a
+// KvrError carrying one of the error codes, and every warning line in the log carries one of the
+// warning codes, so HTTP answers, logs, metrics and tests all speak the same names. A code is
+// never reused (fastify's rule): one taken out goes to RetiredCodes and no new code takes its
+// name. Shard threads use it too, which is why it imports nothing.
 
 export const ErrorCodes = {
   // configuration and flags
@@ -16,14 +18,13 @@ export const ErrorCodes = {
   KVR_ERR_EVENT_WRONG_TYPE: { status: 400, summary: 'a field has the wrong type' },
   KVR_ERR_EVENT_MISSING_FIELD: { status: 400, summary: 'a required field is missing' },
   KVR_ERR_EVENT_UNKNOWN_VARIANT: { status: 400, summary: 'the event data names an unknown variant' },
-  KVR_ERR_EVENT_TOO_LARGE: { status: 413, summary: 'the event is larger than the configured limit' },
   KVR_ERR_EVENT_BACKLOG: { status: 503, summary: 'the events waiting for the indexer shards fill the backlog; retry later' },
   // index
-  KVR_ERR_INDEX_CAPACITY: { status: 503, summary: 'the index holds its configured maximum of blocks' },
   KVR_ERR_TOO_MANY_WORKERS: { status: 503, summary: 'more worker-ranks than one index can hold' },
   KVR_ERR_SHARD_RESTARTED: { status: 503, summary: 'an indexer shard restarted while the operation ran' },
   // workers and scheduling
   KVR_ERR_UNKNOWN_WORKER: { status: 404, summary: 'no such worker is registered' },
+  KVR_ERR_WORKER_DECISIONS_ONLY: { status: 409, summary: 'the worker is registered for routing decisions only; the router sends it no request' },
   KVR_ERR_NO_WORKERS: { status: 503, summary: 'no worker is available for the request' },
   KVR_ERR_ALL_WORKERS_BUSY: { status: 503, summary: 'all workers are busy, please retry later' },
   KVR_ERR_QUEUE_FULL: { status: 503, summary: 'the router queue holds its maximum of pending requests' },
@@ -47,6 +48,32 @@ export const ErrorCodes = {
 } as const
 
 export type ErrorCode = keyof typeof ErrorCodes
+
+/** Codes of the warnings the router writes to its log (a line's `code`); none is an HTTP answer. */
+export const WarningCodes = {
+  KVR_BLOCK_SIZE_MISMATCH: "a worker announces, or its engine publishes KV events of, a block size other than the router's",
+  KVR_WORKER_NO_EVENTS: 'a registered worker sends no KV events, or events arrive for ids that are not registered',
+  KVR_WORKER_UNREACHABLE: 'a worker stopped answering its health probes and is out of routing',
+  KVR_WORKER_NOT_REGISTERED: 'a worker discovered in etcd could not be registered',
+  KVR_KV_EVENTS_INVALID: 'a worker from etcd names KV event endpoints the router cannot use; it is registered without them',
+  KVR_INDEX_DEGRADED: "a worker-rank's cached blocks could not be recovered; its index may miss blocks",
+  KVR_DURABLE: 'durable mode (JetStream) met a problem it works around: a snapshot, a consumer or the stream',
+  KVR_MOCKER: 'a simulated engine (kv-router mocker) could not publish its KV events or lost its etcd lease',
+} as const
+
+export type WarningCode = keyof typeof WarningCodes
+
+/** Each warning code as a constant, for a log line's `code`. */
+export const Warn = Object.fromEntries(Object.keys(WarningCodes).map((c) => [c, c])) as { readonly [C in WarningCode]: C }
+
+/**
+ * Codes taken out of the catalogue, with why. They are never reused: a new error or warning code
+ * takes another name (test/docs/errors.test.ts holds it).
+ */
+export const RetiredCodes = {
+  KVR_ERR_EVENT_TOO_LARGE: 'never raised: an oversized body is KVR_ERR_BODY_TOO_LARGE, whatever it holds',
+  KVR_ERR_INDEX_CAPACITY: 'never raised: a store beyond --router-max-index-blocks is rejected in its shard and counted, not answered',
+} as const
 
 export class KvrError extends Error {
   readonly code: ErrorCode

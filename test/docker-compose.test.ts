@@ -422,3 +422,15 @@ t.test('the Dockerfile builds what the services run', async (t) => {
   t.ok(existsSync(join(root, 'src', 'main.ts')), 'which is built from src/main.ts')
   t.match(readFileSync(join(root, '.dockerignore'), 'utf8'), /^node_modules$/m, 'the host node_modules stays out of the build context')
 })
+
+t.test('the image runs a supported Node LTS that package.json admits', async (t) => {
+  const text = readFileSync(join(root, 'Dockerfile'), 'utf8')
+  const majors = [...text.matchAll(/^FROM node:(\d+)\b/gm)].map((m) => Number(m[1]))
+  t.equal(majors.length, 2, 'the build and run stages both start from the node image')
+  // Node 20 left support in April 2026; even majors are the LTS lines
+  for (const major of majors) t.ok(major >= 22 && major % 2 === 0, `node:${major} is an LTS line still supported`)
+  const engines = (JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { engines: { node: string } }).engines.node
+  const min = /^>=(\d+)\./.exec(engines)
+  t.ok(min, `engines.node is a lower bound (${engines})`)
+  for (const major of majors) t.ok(Number(min?.[1]) <= major, `engines.node (${engines}) admits node:${major}`)
+})

@@ -441,7 +441,7 @@ function invalidHash(): KvrError {
 
 /**
  * The prefill tokens an AddRequest books on the receiver: the newer fields when the sender gave
- * them, else Era B's isl − overlap × block size (never below 0).
+ * them, else the earlier isl − overlap × block size (never below 0).
  */
 export function prefillTokensOf(ev: ActiveSequenceEvent, blockSize: number): number {
   if (ev.trackPrefillTokens !== null) return ev.trackPrefillTokens ? (ev.prefillHint ?? 0) : 0

@@ -8,7 +8,7 @@ import { KvrError, type ErrorCode } from '../errors.js'
 export const EventKind = { Stored: 1, Removed: 2, Cleared: 3 } as const
 export type EventKind = (typeof EventKind)[keyof typeof EventKind]
 
-/** Storage tiers of Era C events; only `device` blocks are routed on. */
+/** Storage tiers of recent Dynamo's events; only `device` blocks are routed on. */
 export const StorageTier = { Device: 0, HostPinned: 1, Disk: 2, External: 3 } as const
 
 export class DecodedEvent {

@@ -75,9 +75,10 @@ export class WorkerHealth {
   /**
    * The worker registered, or registered again. A new URL starts a new probe record; the same URL
    * keeps it (a worker found unreachable stays so until a probe answers). Its block size is
-   * checked each time, so registering again with the router's size ends a mismatch.
+   * checked each time, so registering again with the router's size ends a mismatch. A worker that
+   * is not probed (registered for decisions only) is never unreachable.
    */
-  registered(id: bigint, url: string, blockSize: number): void {
+  registered(id: bigint, url: string, blockSize: number, probed = true): void {
     let e = this.entries.get(id)
     if (e === undefined || e.url !== url) {
       // what its engine publishes is not the address's: kept
@@ -93,6 +94,11 @@ export class WorkerHealth {
         engineMismatch: e?.engineMismatch ?? new Map(),
       }
       this.entries.set(id, e)
+    }
+    if (!probed) {
+      e.failures = 0
+      e.unreachable = false
+      e.lastError = null
     }
     const bs = this.opts.blockSize
     e.misconfigured =

@@ -383,6 +383,7 @@ export class Router {
       suspendedUntil: 0,
       source: reg.source ?? 'static',
       kvEvents: reg.kvEvents ?? null,
+      decisionsOnly: reg.decisionsOnly === true,
     }
     // a worker the index knew nothing of leaves nothing in it when its registration is refused
     const known = this.registry.has(reg.id) || (await this.pool.indexedRanks(reg.id)) > 0
@@ -405,7 +406,7 @@ export class Router {
     const old = this.registry.get(reg.id)
     if (info.blockSize !== this.config.blockSize && old?.blockSize !== info.blockSize) this.warnBlockSize(info)
     // before the scheduler learns the ranks: a misconfigured worker never takes a request
-    this.health.registered(reg.id, info.url, info.blockSize)
+    this.health.registered(reg.id, info.url, info.blockSize, !info.decisionsOnly)
     if (old !== undefined && old.dpRanks > dpRanks) for (let r = dpRanks; r < old.dpRanks; r++) this.scheduler.removeWorkerRank(reg.id, r)
     for (let r = 0; r < dpRanks; r++) {
       const rankInfo: { device: DeviceType; totalKvBlocks: number; maxNumBatchedTokens?: number } = { device: info.device, totalKvBlocks: info.capacity }
@@ -414,7 +415,9 @@ export class Router {
     }
     this.registry.set(info)
     this.suspension.forget(reg.id)
-    this.probes?.watch(reg.id, info.url)
+    // the router may have no way to reach a worker registered for decisions only
+    if (info.decisionsOnly) this.probes?.unwatch(reg.id)
+    else this.probes?.watch(reg.id, info.url)
     const hasSource = this.config.natsUrl !== null || info.kvEvents !== null || reg.eventsInProcess === true
     if (this.config.kvEvents) this.eventSources.registered(info, known, hasSource)
     // An engine's own events come with their own recovery (the replay socket); in approximate

@@ -2,6 +2,7 @@
 // apply. The router core (router.ts) does the registering against the index and the scheduler.
 import type { EngineEventsSpec } from '../config.js'
 import type { DeviceType } from '../scheduler/worker-ranks.js'
+import type { WorkerRankRef } from '../scheduler/scheduler.js'
 
 export interface WorkerInfo {
   id: bigint
@@ -21,6 +22,11 @@ export interface WorkerInfo {
   source: 'static' | 'etcd'
   /** The engine's own KV-event publisher the router listens to, or null. */
   kvEvents: EngineEventsSpec | null
+  /**
+   * Registered for routing decisions only (POST /v1/route callers contact it themselves): never
+   * probed, never sent a proxied request.
+   */
+  decisionsOnly: boolean
 }
 
 export interface WorkerRegistration {
@@ -35,12 +41,15 @@ export interface WorkerRegistration {
   kvEvents?: EngineEventsSpec | null
   /** Its KV events are handed to the router in this process (the embedded fleet). */
   eventsInProcess?: boolean
+  /** For routing decisions only: see WorkerInfo.decisionsOnly. */
+  decisionsOnly?: boolean
 }
 
 export class WorkerRegistry {
   private readonly table = new Map<bigint, WorkerInfo>()
   /** Per worker, the tail of its membership changes under way. */
   private readonly pending = new Map<bigint, Promise<unknown>>()
+  private decisionsOnlyList: readonly WorkerRankRef[] = []
 
   get(id: bigint): WorkerInfo | undefined {
     return this.table.get(id)
@@ -58,12 +67,29 @@ export class WorkerRegistry {
     return [...this.table.values()]
   }
 
+  /** The worker-ranks of the workers registered for decisions only, which the proxy leaves out. */
+  get decisionsOnly(): readonly WorkerRankRef[] {
+    return this.decisionsOnlyList
+  }
+
   set(info: WorkerInfo): void {
+    const old = this.table.get(info.id)
     this.table.set(info.id, info)
+    if (info.decisionsOnly || old?.decisionsOnly === true) this.listDecisionsOnly()
   }
 
   delete(id: bigint): boolean {
-    return this.table.delete(id)
+    const old = this.table.get(id)
+    const had = this.table.delete(id)
+    if (old?.decisionsOnly === true) this.listDecisionsOnly()
+    return had
+  }
+
+  /** A new array each time: a proxy run holding the old one keeps what it saw. */
+  private listDecisionsOnly(): void {
+    const out: WorkerRankRef[] = []
+    for (const w of this.table.values()) if (w.decisionsOnly) for (let r = 0; r < w.dpRanks; r++) out.push({ workerId: w.id, dpRank: r })
+    this.decisionsOnlyList = out
   }
 
   /** True while a membership change of the worker is under way (it may hold index slots before it is in the table). */

@@ -88,6 +88,8 @@ export const workerSchema = {
     kv_events_endpoint: { type: 'string', pattern: '^tcp://' },
     replay_endpoint: { type: 'string', pattern: '^tcp://' },
     kv_events_topic: { type: 'string' },
+    // the router decides for it (POST /v1/route) and neither probes it nor proxies to it
+    decisions_only: { type: 'boolean' },
   },
 }
 export const thresholdSchema = {

@@ -20,7 +20,7 @@ import { KvrError } from '../errors.js'
 import { log } from '../runtime/log.js'
 import type { Logger } from '../runtime/log.js'
 import { requestLines } from './request-log.js'
-import { Proxy } from './proxy/proxy.js'
+import { UpstreamProxy } from './proxy/proxy.js'
 import { clientErrorHandler, errorHandler, sendError } from './error-handler.js'
 import type { HttpContext } from './context.js'
 import { apiKeyAuth } from './plugins/auth.js'
@@ -53,7 +53,7 @@ export interface AppOptions {
 
 export interface App {
   fastify: FastifyInstance
-  proxy: Proxy
+  proxy: UpstreamProxy
   /** Stops accepting, drains every open request (proxied, or still arriving) up to timeoutMs, then cuts what is left and closes. */
   shutdown(timeoutMs: number): Promise<ShutdownResult>
 }
@@ -81,7 +81,7 @@ export async function buildApp(opts: AppOptions): Promise<App> {
     frameworkErrors: (err, _req, reply) => void sendError(reply, err),
     clientErrorHandler,
   })
-  const proxy = new Proxy(router, { retries: cfg.proxyRetries, dispatcher: opts.dispatcher, logger })
+  const proxy = new UpstreamProxy(router, { retries: cfg.proxyRetries, dispatcher: opts.dispatcher, logger })
   fastify.setErrorHandler(errorHandler)
   fastify.setNotFoundHandler((req, reply) => {
     void sendError(reply, new KvrError('KVR_ERR_NOT_FOUND', `no route ${req.method} ${req.url}`))

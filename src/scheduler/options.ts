@@ -32,13 +32,13 @@ export interface SchedulerOptions {
   readonly cost: CostModel
   /** KV block size in tokens; prefill blocks are prefill tokens / blockSize (not rounded). */
   readonly blockSize: number
-  /** Era B weight = Era C prefill_load_scale: multiplies the prefill term (dynamo cost). */
+  /** Dynamo's overlap_score_weight, later its prefill_load_scale: multiplies the prefill term (dynamo cost). */
   readonly overlapScoreWeight: number
-  /** Era C overlap_score_credit (default 1): prefill blocks one cached block is worth. */
+  /** Dynamo's overlap_score_credit (default 1): prefill blocks one cached block is worth. */
   readonly overlapScoreCredit: number
-  /** Era C overlap_score_credit_decay (default 0). */
+  /** Dynamo's overlap_score_credit_decay (default 0). */
   readonly overlapScoreCreditDecay: number
-  /** Era C decode_active_request_weight (default 0): cost per in-flight request. */
+  /** Dynamo's decode_active_request_weight (default 0): cost per in-flight request. */
   readonly decodeActiveRequestWeight: number
   readonly temperature: number
   /** null disables the queue: requests are always scheduled at once. */
@@ -53,7 +53,7 @@ export interface SchedulerOptions {
   readonly trackActiveBlocks: boolean
   readonly trackPrefillTokens: boolean
   readonly assumeKvReuse: boolean
-  /** A booked request still present this long after it was added is freed (Era B: 300 s). */
+  /** A booked request still present this long after it was added is freed (Dynamo's: 300 s). */
   readonly staleRequestSecs: number
   /** Load shedding; null = threshold not set. */
   readonly activeDecodeBlocksThreshold: number | null

@@ -9,8 +9,8 @@
 //         prefill_blocks = max(0, active_prefill_tokens(w) + isl − credit(w) × overlap(w) × block_size) / block_size
 //         credit(w)      = credit / (1 + decay × ((active_prefill_tokens(w) − min over candidates) / block_size) / ceil(isl / block_size))
 //         decode_blocks  = active_blocks(w) + request blocks not yet active on w
-//         With credit 1, decay 0 and request weight 0 (the defaults) this is Era B's cost
-//         exactly; the three knobs are Era C's, weight being its prefill scale.
+//         With credit 1, decay 0 and request weight 0 (the defaults) this is Dynamo's original cost
+//         exactly; the three knobs are those of Dynamo 1.2 and later, weight being its prefill scale.
 //         T = 0: minimum, exact ties broken uniformly at random; T > 0: softmax sample.
 //   Replica spread, either cost (setSpread, replica sync with R ≥ 2 routing replicas), T = 0: replica k
 //         of R assumes the replicas ranked before it whose latest booking is not just in (within
@@ -42,11 +42,11 @@ export class CostInputs {
   track: TrackMode = TRACK_NONE
   trackPrefill = true
   weight = 1
-  /** Era C overlap_score_credit: how many prefill blocks one cached block is worth. */
+  /** Dynamo's overlap_score_credit: how many prefill blocks one cached block is worth. */
   credit = 1
-  /** Era C overlap_score_credit_decay: shrinks the credit of workers with more queued prefill. */
+  /** Dynamo's overlap_score_credit_decay: shrinks the credit of workers with more queued prefill. */
   creditDecay = 0
-  /** Era C decode_active_request_weight: cost per request already in flight on the worker. */
+  /** Dynamo's decode_active_request_weight: cost per request already in flight on the worker. */
   requestWeight = 0
   temperature = 0
   /** The scheduler's clock at this decision (the replica spread reads it). */
@@ -149,7 +149,7 @@ export class Selector {
   }
 
   /**
-   * Dynamo's logit (Era B, with Era C's credit, decay and request weight). `present`: per slot, the
+   * Dynamo's logit, with the credit, decay and request weight of its later releases. `present`: per slot, the
    * request's blocks already active there (null unless they are shared); `extra`: the blocks it adds.
    */
   private dynamoLogits(c: CostInputs, slots: Int32Array, m: number, present: Int32Array | null, extra: number): void {
@@ -185,8 +185,8 @@ export class Selector {
     let credit = c.credit
     if (decay > 0) credit /= 1 + (decay * ((queued - minQueued) / this.blockSize)) / reqBlocks
     // A cached run longer than the prompt (a client's isl shorter than its hashes) counts as the
-    // whole prompt: at credit 1 that is Era B's max(0, isl − cached), and the cost stays
-    // continuous in the credit. Above 1 the credit may exceed the prompt on purpose, and Era C
+    // whole prompt: at credit 1 that is Dynamo's original max(0, isl − cached), and the cost stays
+    // continuous in the credit. Above 1 the credit may exceed the prompt on purpose, and Dynamo
     // clamps the whole term at 0.
     const cached = Math.min(overlap * this.blockSize, c.isl)
     return Math.max(0, queued + c.isl - credit * cached)

@@ -23,7 +23,7 @@ import { EventDecoder } from '../codec/event-decoder.js'
 import { u64FromParts } from '../codec/u64.js'
 import type { RouterEvent } from '../codec/events.js'
 import { splitEvents } from '../codec/event-array.js'
-import { KvrError } from '../errors.js'
+import { KvrError, Warn } from '../errors.js'
 import { limited, log } from '../runtime/log.js'
 import { RADIX_STATE_OBJECT, radixBucket } from './dynamo-names.js'
 import { JS_CONSUMER_NOT_FOUND, ensureKvEventsStream, jsErrorCode } from './jetstream.js'
@@ -183,7 +183,7 @@ export class DurableKvEvents {
     this.bucket = radixBucket(o.namespace, o.component)
     this.consumer = o.instanceId.toString()
     this.checkMs = (o.checkMs ?? 1000) * (0.9 + 0.2 * Math.random())
-    this.warn = o.warn ?? ((m) => log.warn({ code: 'KVR_DURABLE' }, m))
+    this.warn = o.warn ?? ((m) => log.warn({ code: Warn.KVR_DURABLE }, m))
   }
 
   /** Sets the stream up, loads the snapshot (or resets), and starts consuming. */

@@ -14,6 +14,7 @@ import type { EngineCounters, EngineNote, ShardPool } from '../shards/pool.js'
 import { EngineReset } from '../thread/protocol.js'
 import { ZmqListener, zeroZmqCounters } from './zmq.js'
 import { log } from '../runtime/log.js'
+import { Warn } from '../errors.js'
 import type { ZmqCounters, ZmqListenerOptions, ZmqRankState, ZmqSink, ZmqSource } from './zmq.js'
 
 interface WorkerListeners {
@@ -166,7 +167,7 @@ export class EngineIntake implements ZmqSink {
     if (this.warned.has(key)) return
     this.warned.add(key)
     log.warn(
-      { code: 'KVR_BLOCK_SIZE_MISMATCH', worker_id: n.workerId.toString(), dp_rank: n.dpRank },
+      { code: Warn.KVR_BLOCK_SIZE_MISMATCH, worker_id: n.workerId.toString(), dp_rank: n.dpRank },
       `worker ${n.workerId} rank ${n.dpRank} publishes KV events of block size ${n.eventBlockSize}, the router hashes with ${n.routerBlockSize}: they are not applied`,
     )
   }

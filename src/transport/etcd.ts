@@ -25,7 +25,7 @@ import type { Etcd3, IKeyValue } from 'etcd3'
 import { EventEmitter } from 'node:events'
 import { ConfigError, engineEventsSpec, RECORD_FIELDS, urlList } from '../config.js'
 import type { EngineEventsSpec } from '../config.js'
-import { KvrError } from '../errors.js'
+import { KvrError, Warn } from '../errors.js'
 import { limited, log } from '../runtime/log.js'
 
 export interface EtcdDiscoveryOptions {
@@ -235,7 +235,7 @@ export class EtcdDiscovery extends EventEmitter {
     if (this.badKvEvents.get(id) === why) return
     this.badKvEvents.set(id, why)
     this.counters.bad_kv_events++
-    log.warn({ code: 'KVR_KV_EVENTS_INVALID', worker_id: id.toString() }, `worker ${id} from etcd is registered without its engine's KV events: ${why}`)
+    log.warn({ code: Warn.KVR_KV_EVENTS_INVALID, worker_id: id.toString() }, `worker ${id} from etcd is registered without its engine's KV events: ${why}`)
   }
 
   /** Lists both prefixes and reconciles; returns the revision the listing reflects. */

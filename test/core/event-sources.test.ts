@@ -14,6 +14,7 @@ function info(id: bigint, dpRanks = 1, kvEvents: WorkerInfo['kvEvents'] = null):
     dpRanks,
     maxNumBatchedTokens: undefined,
     registeredAt: 0,
+    decisionsOnly: false,
     failures: 0,
     suspendedUntil: 0,
     source: 'static',

@@ -5,7 +5,7 @@ import type { Socket } from 'node:net'
 import type { FastifyInstance } from 'fastify'
 import { KvrError } from '../../errors.js'
 import { responseUnderWay, sendError } from '../error-handler.js'
-import type { Proxy } from '../proxy/proxy.js'
+import type { UpstreamProxy } from '../proxy/proxy.js'
 
 export interface ShutdownResult {
   /** Nothing had to be cut. */
@@ -20,7 +20,7 @@ export interface Drain {
   readonly shutdown: (timeoutMs: number) => Promise<ShutdownResult>
 }
 
-export function drainOnShutdown(fastify: FastifyInstance, proxy: Proxy): Drain {
+export function drainOnShutdown(fastify: FastifyInstance, proxy: UpstreamProxy): Drain {
   // The connections open, for the shutdown's sweep: one listener per connection, nothing per request.
   const sockets = new Set<Socket>()
   fastify.server.on('connection', (s: Socket) => {

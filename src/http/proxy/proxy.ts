@@ -109,7 +109,7 @@ export interface ProxyOptions {
   logger?: Logger
 }
 
-export class Proxy {
+export class UpstreamProxy {
   private readonly dispatcher: Dispatcher
   private readonly ownDispatcher: boolean
   private active = 0
@@ -184,6 +184,13 @@ export class Proxy {
    * took about 7 µs with the copy and 2–3 without (`npm run bench:route`, "proxy booking").
    */
   async book(route: RouteInput, signal: CancelSignal): Promise<Attempt> {
+    if (route.workerId !== undefined && this.router.registry.get(route.workerId)?.decisionsOnly === true)
+      throw new KvrError(
+        'KVR_ERR_WORKER_DECISIONS_ONLY',
+        `worker ${route.workerId} is registered for routing decisions only: the router sends it no request (ask POST /v1/route and send it yourself)`,
+      )
+    // workers registered for decisions only are not the proxy's to send to
+    if (route.exclude === undefined && this.router.registry.decisionsOnly.length > 0) route.exclude = this.router.registry.decisionsOnly
     const id = this.router.requestIds.create(true)
     route.id = id
     route.updateStates = true
@@ -198,8 +205,11 @@ export class Proxy {
    * retry that rarely comes cost each request a table as long as the fleet.)
    */
   async rebook(route: RouteInput, signal: CancelSignal, tried: WorkerRankRef[]): Promise<Attempt | string> {
-    // the same array throughout: each worker-rank found without a URL below joins it
-    route.exclude = tried
+    // the same array throughout: each worker-rank found without a URL below joins it (and the
+    // workers registered for decisions only stay out)
+    const held = this.router.registry.decisionsOnly
+    const exclude = held.length === 0 ? tried : [...held, ...tried]
+    route.exclude = exclude
     for (;;) {
       let a: Attempt
       try {
@@ -215,7 +225,9 @@ export class Proxy {
       if (this.router.registry.get(a.decision.workerId) !== undefined) return a
       // a worker-rank known only from its KV events has no URL to proxy to: not an attempt
       this.release(a.booking)
-      tried.push(rankRef(a.decision))
+      const ref = rankRef(a.decision)
+      tried.push(ref)
+      if (exclude !== tried) exclude.push(ref)
     }
   }
 
@@ -280,7 +292,7 @@ class ProxyRun implements ProxiedRequest {
   errorCode: string | null = null
 
   constructor(
-    readonly proxy: Proxy,
+    readonly proxy: UpstreamProxy,
     readonly reply: FastifyReply,
     readonly call: ProxyCall,
   ) {

@@ -80,6 +80,7 @@ export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): ListWo
         kv_events_endpoint: w.kvEvents?.endpoint ?? null,
         replay_endpoint: w.kvEvents?.replay ?? null,
         kv_events_topic: w.kvEvents?.topic ?? null,
+        decisions_only: w.decisionsOnly,
         ...healthOf(router, w),
         index,
         ranks,
@@ -127,6 +128,7 @@ export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): ListWo
       dpRanks: (b.dp_size as number | undefined) ?? 1,
     }
     if (typeof b.max_num_batched_tokens === 'number') reg.maxNumBatchedTokens = b.max_num_batched_tokens
+    if (b.decisions_only === true) reg.decisionsOnly = true
     reg.kvEvents = engineEvents(b, reg.dpRanks ?? 1)
     const existed = router.registry.get(id) !== undefined
     const w = await router.addWorker(reg)
@@ -145,6 +147,7 @@ export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): ListWo
           kv_events_endpoint: w.kvEvents?.endpoint ?? null,
           replay_endpoint: w.kvEvents?.replay ?? null,
           kv_events_topic: w.kvEvents?.topic ?? null,
+          decisions_only: w.decisionsOnly,
           health: router.health.state(w.id, false),
           health_reason: router.health.reason(w.id),
         }),

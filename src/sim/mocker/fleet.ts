@@ -12,7 +12,7 @@ import { kvEventsQueueSubject, kvEventsSubject, kvMetricsSubject } from '../../t
 import { ensureKvEventsStream } from '../../transport/jetstream.js'
 import type { NatsConnection } from 'nats'
 import type { RouterEvent } from '../../codec/events.js'
-import { KvrError } from '../../errors.js'
+import { KvrError, Warn } from '../../errors.js'
 import { log } from '../../runtime/log.js'
 import { ENGINE_DEFAULTS, MockEngine } from './engine.js'
 import type { EngineConfig } from './engine.js'
@@ -188,7 +188,7 @@ export class MockerFleet {
     const ns = o.namespace ?? 'dynamo'
     const component = o.component ?? 'backend'
     const endpoint = o.endpoint ?? 'generate'
-    const warn = o.onWarning ?? ((m: string) => log.warn({ code: 'KVR_MOCKER' }, m))
+    const warn = o.onWarning ?? ((m: string) => log.warn({ code: Warn.KVR_MOCKER }, m))
     if (o.natsUrl !== undefined) this.nats = await connectNats(o.natsUrl)
     let durableSubject: string | null = null
     if (this.nats !== null && o.durableKvEvents === true) {

@@ -6,6 +6,7 @@ import type { ServeConfig } from '../config.js'
 import { ShardPool } from '../shards/pool.js'
 import type { OverlapResult, ShardPoolOptions } from '../shards/pool.js'
 import { Scheduler } from '../scheduler/scheduler.js'
+import { schedulerOptionsOf } from '../scheduler/options.js'
 import type { CancelSignal, RouteDecision, RouterConfigOverride, WorkerRankRef } from '../scheduler/scheduler.js'
 import type { ApproxSink } from '../scheduler/approximate.js'
 import type { DeviceType } from '../scheduler/worker-ranks.js'
@@ -158,32 +159,7 @@ export class Router {
     const approx = !config.kvEvents
     // in KV-events mode, for the workers that send none (yet)
     const sink: ApproxSink | undefined = approx || config.mode === 'kv' ? this.approxSink() : undefined
-    this.scheduler = new Scheduler(
-      {
-        mode: config.mode,
-        cost: config.cost,
-        blockSize: config.blockSize,
-        overlapScoreWeight: config.overlapScoreWeight,
-        overlapScoreCredit: config.overlapScoreCredit,
-        overlapScoreCreditDecay: config.overlapScoreCreditDecay,
-        decodeActiveRequestWeight: config.decodeActiveRequestWeight,
-        temperature: config.temperature,
-        queueThreshold: config.queueThreshold,
-        queuePolicy: config.queuePolicy,
-        queueMaxPending: config.queueMaxPending,
-        trackActiveBlocks: config.trackActiveBlocks,
-        trackPrefillTokens: config.trackPrefillTokens,
-        assumeKvReuse: config.assumeKvReuse,
-        activeDecodeBlocksThreshold: config.activeDecodeBlocksThreshold,
-        activePrefillTokensThreshold: config.activePrefillTokensThreshold,
-        activePrefillTokensThresholdFrac: config.activePrefillTokensThresholdFrac,
-        approximate: { enabled: approx, ttlSecs: config.ttlSecs, maxTreeSize: config.maxTreeSize, pruneTargetRatio: config.pruneTargetRatio },
-        cudaToCpuRatio: config.cudaToCpuRatio,
-        predictedTtlSecs: config.predictedTtlSecs,
-        seed: config.seed,
-      },
-      sink === undefined ? {} : { approxSink: sink },
-    )
+    this.scheduler = new Scheduler(schedulerOptionsOf(config, approx), sink === undefined ? {} : { approxSink: sink })
     this.recovery =
       config.kvEvents && config.eventRecovery
         ? new IndexRecovery(pool, { urlOf: (id) => this.registry.get(id)?.url, onAnswers: (id) => this.eventSources.evented(id) })

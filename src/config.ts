@@ -209,8 +209,12 @@ const SERVE_ROWS = [
     env: ['DYN_ROUTER_EVENT_RECOVERY'],
     kind: 'bool',
     dflt: true,
-    help: "fetch what a worker's KV events missed (a gap in its event ids, or a router that starts after it cached blocks) through its worker query, POST {url}/v1/kv/query (--no-… = count gaps and accept them)",
-    doc: "Fetch what a worker's KV events missed (a gap in its event ids, or a router that starts after it cached blocks) through its worker query, `POST {url}/v1/kv/query`. `--no-router-event-recovery` counts gaps and accepts them.",
+    help:
+      "fetch what a worker's KV events missed (a gap in its event ids, or a router that starts after it cached blocks) through its worker query, " +
+      'POST {url}/v1/kv/query (--no-… = count gaps and accept them)',
+    doc:
+      "Fetch what a worker's KV events missed (a gap in its event ids, or a router that starts after it cached blocks) through its worker query, " +
+      '`POST {url}/v1/kv/query`. `--no-router-event-recovery` counts gaps and accepts them.',
   }),
   ttlSecs,
   maxTreeSize,
@@ -235,8 +239,12 @@ const SERVE_ROWS = [
     min: 0,
     max: 31_536_000,
     dflt: 0,
-    help: 'requests with an X-Dynamo-Session-ID header go to the worker their session last went to while that is younger than this, unless it is gone, suspended or busy (0 = off)',
-    doc: "Session affinity: a request with an `X-Dynamo-Session-ID` header goes to the worker-rank its session's last request went to, while that binding is younger than this many seconds and the worker-rank is registered, not suspended and not busy (0 = off, up to 31536000).",
+    help:
+      'requests with an X-Dynamo-Session-ID header go to the worker their session last went to while that is younger than this, unless it is gone, ' +
+      'suspended or busy (0 = off)',
+    doc:
+      "Session affinity: a request with an `X-Dynamo-Session-ID` header goes to the worker-rank its session's last request went to, while that " +
+      'binding is younger than this many seconds and the worker-rank is registered, not suspended and not busy (0 = off, up to 31536000).',
   }),
   cudaToCpuRatio,
   queueThreshold,
@@ -255,7 +263,10 @@ const SERVE_ROWS = [
     kind: 'bool',
     dflt: false,
     help: "share bookings with the other router replicas over NATS (Dynamo's active_sequences_events); needs --nats-url",
-    doc: "Share bookings with the other router replicas over NATS, on Dynamo's `active_sequences_events` subject, so each replica's costs count the load every replica put on a worker. Needs `--nats-url`; with `--etcd-url` each replica also registers in etcd. See [operations](operations.md#replicas).",
+    doc:
+      "Share bookings with the other router replicas over NATS, on Dynamo's `active_sequences_events` subject, so each replica's costs count the " +
+      'load every replica put on a worker. Needs `--nats-url`; with `--etcd-url` each replica also registers in etcd. See ' +
+      '[operations](operations.md#replicas).',
   }),
   opt({
     flag: '--router-replica-catch-up-secs',
@@ -266,7 +277,9 @@ const SERVE_ROWS = [
     max: 600,
     dflt: 2,
     help: "replica sync: how long a replica that starts or reconnects waits for its peers' bookings before it reports ready",
-    doc: "Replica sync: how long a replica that starts or reconnects to NATS waits for its peers' live bookings before `/ready` says ready, 0–600. A replica with no peer listening is ready at once.",
+    doc:
+      "Replica sync: how long a replica that starts or reconnects to NATS waits for its peers' live bookings before `/ready` says ready, 0–600. A " +
+      'replica with no peer listening is ready at once.',
   }),
   opt({
     flag: '--router-replica-spread',
@@ -274,8 +287,14 @@ const SERVE_ROWS = [
     env: ['DYN_ROUTER_REPLICA_SPREAD'],
     kind: 'bool',
     dflt: true,
-    help: 'replica sync: while peers are routing too, a replica takes the worker one router would give its request after those of the replicas ranked before it, so replicas routing at the same moment do not all pick the cheapest worker (--no-…: always the cheapest)',
-    doc: 'Replica sync: while peers are routing too, replica k of R takes the worker one router would give its request after those of the replicas ranked before it whose latest booking is not in view yet, so replicas routing at the same moment do not all pick the cheapest worker; ties (within 1% under the latency cost) broken in one order every replica computes. `--no-router-replica-spread`: always the cheapest, ties at random. See [operations](operations.md#the-race-and-the-spread).',
+    help:
+      'replica sync: while peers are routing too, a replica takes the worker one router would give its request after those of the replicas ranked ' +
+      'before it, so replicas routing at the same moment do not all pick the cheapest worker (--no-…: always the cheapest)',
+    doc:
+      'Replica sync: while peers are routing too, replica k of R takes the worker one router would give its request after those of the replicas ' +
+      'ranked before it whose latest booking is not in view yet, so replicas routing at the same moment do not all pick the cheapest worker; ties ' +
+      '(within 1% under the latency cost) broken in one order every replica computes. `--no-router-replica-spread`: always the cheapest, ties at ' +
+      'random. See [operations](operations.md#the-race-and-the-spread).',
   }),
   opt({
     flag: '--router-durable-kv-events',
@@ -283,8 +302,13 @@ const SERVE_ROWS = [
     env: ['DYN_ROUTER_DURABLE_KV_EVENTS'],
     kind: 'bool',
     dflt: false,
-    help: 'read KV events from the JetStream stream namespace-{ns}-component-{component}-kv-events through a durable consumer per replica, with index snapshots in the object store; needs --nats-url',
-    doc: "Durable mode: also read KV events from the JetStream stream `namespace-{ns}-component-{component}-kv-events` (created when missing, an hour of retention) through a durable consumer named by this replica's instance id, acknowledged once applied, with index snapshots in the object store. Needs `--nats-url` (with JetStream on the server) and KV events. See [operations](operations.md#durable-mode).",
+    help:
+      'read KV events from the JetStream stream namespace-{ns}-component-{component}-kv-events through a durable consumer per replica, with index ' +
+      'snapshots in the object store; needs --nats-url',
+    doc:
+      'Durable mode: also read KV events from the JetStream stream `namespace-{ns}-component-{component}-kv-events` (created when missing, an hour ' +
+      "of retention) through a durable consumer named by this replica's instance id, acknowledged once applied, with index snapshots in the object " +
+      'store. Needs `--nats-url` (with JetStream on the server) and KV events. See [operations](operations.md#durable-mode).',
   }),
   opt({
     flag: '--router-reset-states',
@@ -293,7 +317,9 @@ const SERVE_ROWS = [
     kind: 'bool',
     dflt: false,
     help: 'durable mode: delete the snapshot and purge the stream at start (skipped while another replica reads the stream)',
-    doc: 'Durable mode: at start, delete the snapshot bucket and purge the stream, so this replica (and every later one) starts empty. Skipped, with a warning, while another replica reads the stream. No effect without `--router-durable-kv-events`.',
+    doc:
+      'Durable mode: at start, delete the snapshot bucket and purge the stream, so this replica (and every later one) starts empty. Skipped, with a ' +
+      'warning, while another replica reads the stream. No effect without `--router-durable-kv-events`.',
     noEffect: { when: { durableKvEvents: false }, says: 'has no effect without --router-durable-kv-events' },
   }),
   opt({
@@ -305,7 +331,10 @@ const SERVE_ROWS = [
     max: Number.MAX_SAFE_INTEGER,
     dflt: 1_000_000,
     help: 'durable mode: a replica snapshots the index and purges what every replica acknowledged when the stream holds more messages than this',
-    doc: 'Durable mode: when the stream holds more messages than this (checked every 1 s ± 100 ms), the replica drops the workers etcd no longer lists, uploads a snapshot of its index and purges the messages every replica acknowledged. At most once per this many new messages. No effect without `--router-durable-kv-events`.',
+    doc:
+      'Durable mode: when the stream holds more messages than this (checked every 1 s ± 100 ms), the replica drops the workers etcd no longer ' +
+      'lists, uploads a snapshot of its index and purges the messages every replica acknowledged. At most once per this many new messages. No ' +
+      'effect without `--router-durable-kv-events`.',
     noEffect: { when: { durableKvEvents: false }, says: 'has no effect without --router-durable-kv-events' },
   }),
   opt({
@@ -317,7 +346,9 @@ const SERVE_ROWS = [
     max: MAX_SHARDS,
     dflt: 0,
     help: 'indexer shard threads (0 = one per spare core: the CPUs the process may use, capped by its cgroup CPU quota, less one)',
-    doc: 'Indexer shard threads, 0–31. 0 = one per spare core: the CPUs the process may use, capped by its cgroup CPU quota, less one (at least 1). See [operations](operations.md#sizing).',
+    doc:
+      'Indexer shard threads, 0–31. 0 = one per spare core: the CPUs the process may use, capped by its cgroup CPU quota, less one (at least 1). ' +
+      'See [operations](operations.md#sizing).',
   }),
   opt({
     flag: '--router-shard-spin-us',
@@ -341,7 +372,9 @@ const SERVE_ROWS = [
     max: 1_000_000,
     dflt: null,
     help: 'µs the event loop spins for an overlap answer before it awaits (default 60 with a core to spare for every shard, else 0)',
-    doc: 'µs the event loop spins for an overlap answer before it waits (0–1,000,000). Unset: 60 when a core is spare for every shard beside the event loop, else 0.',
+    doc:
+      'µs the event loop spins for an overlap answer before it waits (0–1,000,000). Unset: 60 when a core is spare for every shard beside the event ' +
+      'loop, else 0.',
   }),
   opt({
     flag: '--namespace',
@@ -385,7 +418,9 @@ const SERVE_ROWS = [
     accepts: urlsAccepts(['nats', 'tls', 'ws', 'wss']),
     dflt: null,
     help: 'NATS server: KV events from namespace.{ns}.component.{component}.kv-events',
-    doc: 'NATS server(s) to read KV events and worker load from (`nats://`, `tls://`, `ws://`, `wss://`; comma-separated for several servers of one cluster). Unset: no NATS.',
+    doc:
+      'NATS server(s) to read KV events and worker load from (`nats://`, `tls://`, `ws://`, `wss://`; comma-separated for several servers of one ' +
+      'cluster). Unset: no NATS.',
   }),
   opt({
     flag: '--etcd-url',
@@ -396,7 +431,9 @@ const SERVE_ROWS = [
     accepts: urlsAccepts(['http', 'https']),
     dflt: null,
     help: 'etcd: workers from v1/instances/{ns}/{component}/{endpoint}/ (docs/dynamo-compatibility.md)',
-    doc: "etcd server(s) to discover workers from (`http://`, `https://`; comma-separated). Credentials in a URL (`http://user:password@host:2379`) are etcd's user and password. Unset: no etcd.",
+    doc:
+      'etcd server(s) to discover workers from (`http://`, `https://`; comma-separated). Credentials in a URL (`http://user:password@host:2379`) ' +
+      "are etcd's user and password. Unset: no etcd.",
   }),
   opt({
     flag: '--worker',
@@ -407,8 +444,16 @@ const SERVE_ROWS = [
     accepts: WORKER_ACCEPTS,
     dflt: [],
     docDefault: 'none',
-    help: "static worker: URL or ID=URL, then ,kv-events=tcp://HOST:PORT[,replay=tcp://HOST:PORT][,topic=T] to read the engine's own KV events (repeatable; env: comma-separated)",
-    doc: "A static worker, `URL` or `ID=URL` (repeatable; the variable takes a comma-separated list). Without `ID=`, the worker's 1-based position is its id. Ids are u64 and must be distinct. A vLLM or SGLang engine's own KV events (ZMQ + MessagePack) follow the URL: `ID=URL,kv-events=tcp://HOST:5557[,replay=tcp://HOST:5558][,topic=kv-events]`; the router subscribes to the PUB endpoint, catches up and fills gaps through the replay endpoint, and subscribes to every topic when none is given. Endpoints must be `tcp://HOST:PORT`. With `dp_size` above 1 (`POST /v1/workers`, or `data_parallel_size` for a worker from etcd), rank r is read on each port + r, as vLLM offsets its publishers per data-parallel rank.",
+    help:
+      "static worker: URL or ID=URL, then ,kv-events=tcp://HOST:PORT[,replay=tcp://HOST:PORT][,topic=T] to read the engine's own KV events " +
+      '(repeatable; env: comma-separated)',
+    doc:
+      "A static worker, `URL` or `ID=URL` (repeatable; the variable takes a comma-separated list). Without `ID=`, the worker's 1-based position is " +
+      "its id. Ids are u64 and must be distinct. A vLLM or SGLang engine's own KV events (ZMQ + MessagePack) follow the URL: " +
+      '`ID=URL,kv-events=tcp://HOST:5557[,replay=tcp://HOST:5558][,topic=kv-events]`; the router subscribes to the PUB endpoint, catches up and ' +
+      'fills gaps through the replay endpoint, and subscribes to every topic when none is given. Endpoints must be `tcp://HOST:PORT`. With ' +
+      '`dp_size` above 1 (`POST /v1/workers`, or `data_parallel_size` for a worker from etcd), rank r is read on each port + r, as vLLM offsets its ' +
+      'publishers per data-parallel rank.',
   }),
   opt({
     flag: '--tokenizer',
@@ -417,7 +462,9 @@ const SERVE_ROWS = [
     kind: 'str',
     dflt: null,
     help: 'tokenizer.json path for text prompts, or "bytes" (UTF-8 bytes as tokens)',
-    doc: 'Path of a Hugging Face `tokenizer.json` for text prompts, or `bytes` (UTF-8 bytes as tokens, for demos and simulated engines). Unset: text prompts are refused in kv mode.',
+    doc:
+      'Path of a Hugging Face `tokenizer.json` for text prompts, or `bytes` (UTF-8 bytes as tokens, for demos and simulated engines). Unset: text ' +
+      'prompts are refused in kv mode.',
   }),
   opt({
     flag: '--tokenizer-threads',
@@ -437,7 +484,9 @@ const SERVE_ROWS = [
     kind: 'str',
     dflt: null,
     help: 'require "Authorization: Bearer KEY" on every route but /health, /ready, /metrics, /status',
-    doc: "Require `Authorization: Bearer KEY` on every route but `/health`, `/ready`, (unless `--no-public-metrics`) `/metrics`, and the status page's HTML (`/status`, `/`: it holds no data and asks for the key): reads too, as they show worker URLs.",
+    doc:
+      "Require `Authorization: Bearer KEY` on every route but `/health`, `/ready`, (unless `--no-public-metrics`) `/metrics`, and the status page's " +
+      'HTML (`/status`, `/`: it holds no data and asks for the key): reads too, as they show worker URLs.',
   }),
   opt({
     flag: '--public-metrics',
@@ -487,8 +536,13 @@ const SERVE_ROWS = [
     min: 0,
     max: 3600,
     dflt: 2,
-    help: 'seconds between health probes of each worker, GET {url}/health (/v1/models where /health is 404); a worker failing --router-health-probe-failures in a row is unreachable and out of routing until one answers (0 = no probes)',
-    doc: 'Seconds between health probes of each registered worker, `GET {url}/health` (`/v1/models` for a worker whose `/health` answers 404), 0–3,600; 0 = no probes. A worker that fails `--router-health-probe-failures` probes in a row is `unreachable` and out of routing until a probe is answered (see [operations](operations.md#worker-health)).',
+    help:
+      'seconds between health probes of each worker, GET {url}/health (/v1/models where /health is 404); a worker failing ' +
+      '--router-health-probe-failures in a row is unreachable and out of routing until one answers (0 = no probes)',
+    doc:
+      'Seconds between health probes of each registered worker, `GET {url}/health` (`/v1/models` for a worker whose `/health` answers 404), ' +
+      '0–3,600; 0 = no probes. A worker that fails `--router-health-probe-failures` probes in a row is `unreachable` and out of routing until a ' +
+      'probe is answered (see [operations](operations.md#worker-health)).',
   }),
   opt({
     flag: '--router-health-probe-timeout-secs',
@@ -542,8 +596,12 @@ const SERVE_ROWS = [
     min: -20,
     max: 19,
     dflt: null,
-    help: "scheduling niceness of the router's threads; negative runs it ahead of engines or load generators on shared cores (below the current one needs root, CAP_SYS_NICE or RLIMIT_NICE)",
-    doc: 'Niceness of every router thread, −20–19. Negative runs the router ahead of engines or load generators on shared cores; below the current niceness it needs root, `CAP_SYS_NICE` or `RLIMIT_NICE`. Unset: inherited.',
+    help:
+      "scheduling niceness of the router's threads; negative runs it ahead of engines or load generators on shared cores (below the current one " +
+      'needs root, CAP_SYS_NICE or RLIMIT_NICE)',
+    doc:
+      'Niceness of every router thread, −20–19. Negative runs the router ahead of engines or load generators on shared cores; below the current ' +
+      'niceness it needs root, `CAP_SYS_NICE` or `RLIMIT_NICE`. Unset: inherited.',
   }),
   seed,
   opt({
@@ -555,7 +613,11 @@ const SERVE_ROWS = [
     accepts: LOG_LEVEL_ACCEPTS,
     dflt: 'info',
     help: 'least severe log lines written (DYN_LOG: its bare level; target=level directives are skipped)',
-    doc: "Least severe [log](operations.md#logs) lines written: `error`, `warn`, `info`, `debug`, `trace`, `off` (case-insensitive; pino's `fatal` and `silent` too). `DYN_LOG` may hold Dynamo's filter form, comma-separated directives such as `info,dynamo_runtime=debug`: its one bare level is taken, and `target=level` directives (modules of Dynamo's Rust processes) are skipped; with none bare the level is `info`. Two bare levels, or a word that is no level, are refused.",
+    doc:
+      "Least severe [log](operations.md#logs) lines written: `error`, `warn`, `info`, `debug`, `trace`, `off` (case-insensitive; pino's `fatal` and " +
+      "`silent` too). `DYN_LOG` may hold Dynamo's filter form, comma-separated directives such as `info,dynamo_runtime=debug`: its one bare level " +
+      "is taken, and `target=level` directives (modules of Dynamo's Rust processes) are skipped; with none bare the level is `info`. Two bare " +
+      'levels, or a word that is no level, are refused.',
   }),
   opt({
     flag: '--log-format',

@@ -32,7 +32,9 @@ export const SCHEDULER_ROWS = [
     values: ROUTER_MODES,
     dflt: 'kv',
     help: 'how workers are chosen',
-    doc: 'How workers are chosen: `kv`, `round-robin`, `random`, `least-loaded`, `power-of-two`, `direct`, `device-aware-weighted` (see [architecture](architecture.md#modes)).',
+    doc:
+      'How workers are chosen: `kv`, `round-robin`, `random`, `least-loaded`, `power-of-two`, `direct`, `device-aware-weighted` (see ' +
+      '[architecture](architecture.md#modes)).',
   }),
   opt({
     flag: '--router-cost',
@@ -41,8 +43,14 @@ export const SCHEDULER_ROWS = [
     kind: 'enum',
     values: COST_MODELS,
     dflt: 'latency',
-    help: "kv mode's cost: latency = the seconds a worker-rank would add (time to first token + the slowdown of its running requests, docs/cost.md); dynamo = Dynamo's weight × prefill_blocks + decode_blocks, tuned by the four flags that follow",
-    doc: "The cost `kv` mode minimizes. `latency`: the seconds a worker-rank would add to the fleet's latency (the request's time to first token, the slowdown of the requests decoding there, the wait of the requests arriving after it), from a model of the engine; see [architecture](architecture.md#cost-kv-mode). `dynamo`: Dynamo's `weight × prefill_blocks + decode_blocks`, exactly as Dynamo computes it, tuned by the next four flags. The one default that differs from Dynamo's.",
+    help:
+      "kv mode's cost: latency = the seconds a worker-rank would add (time to first token + the slowdown of its running requests, docs/cost.md); " +
+      "dynamo = Dynamo's weight × prefill_blocks + decode_blocks, tuned by the four flags that follow",
+    doc:
+      "The cost `kv` mode minimizes. `latency`: the seconds a worker-rank would add to the fleet's latency (the request's time to first token, the " +
+      'slowdown of the requests decoding there, the wait of the requests arriving after it), from a model of the engine; see ' +
+      "[architecture](architecture.md#cost-kv-mode). `dynamo`: Dynamo's `weight × prefill_blocks + decode_blocks`, exactly as Dynamo computes it, " +
+      "tuned by the next four flags. The one default that differs from Dynamo's.",
   }),
   opt({
     flag: '--router-block-size',
@@ -109,7 +117,9 @@ export const SCHEDULER_ROWS = [
     min: 0,
     dflt: 0.0,
     help: '0 = pick the cheapest; > 0 = softmax sampling',
-    doc: '0 picks the cheapest worker-rank (under `latency`, costs within 1% of the cheapest go to the one with the fewest requests in flight; under `dynamo`, exact ties at random); above 0, softmax sampling over the costs.',
+    doc:
+      '0 picks the cheapest worker-rank (under `latency`, costs within 1% of the cheapest go to the one with the fewest requests in flight; under ' +
+      '`dynamo`, exact ties at random); above 0, softmax sampling over the costs.',
   }),
   opt({
     flag: '--router-predicted-ttl-secs',
@@ -120,7 +130,9 @@ export const SCHEDULER_ROWS = [
     max: 86_400,
     dflt: 0,
     help: "predict-on-route: seconds a routed prompt's blocks count as cached on the chosen worker until its KV events confirm them (0 = off; needs KV events)",
-    doc: "Predict-on-route: seconds a routed prompt's blocks count as cached on the chosen worker-rank until its KV events confirm them; the overlap is the larger of the index's and this (0 = off, up to 86400; not with `--no-router-kv-events`).",
+    doc:
+      "Predict-on-route: seconds a routed prompt's blocks count as cached on the chosen worker-rank until its KV events confirm them; the overlap " +
+      "is the larger of the index's and this (0 = off, up to 86400; not with `--no-router-kv-events`).",
   }),
   opt({
     flag: '--encoder-cuda-to-cpu-ratio',
@@ -143,7 +155,9 @@ export const SCHEDULER_ROWS = [
     min: 0,
     dflt: 4.0,
     help: 'queue when every worker has more unstarted prefill than this × max_num_batched_tokens ("none" disables)',
-    doc: 'A request waits in the router queue when every worker-rank it may use has more unstarted prefill tokens than this × `max_num_batched_tokens`. `none` disables the queue.',
+    doc:
+      'A request waits in the router queue when every worker-rank it may use has more unstarted prefill tokens than this × ' +
+      '`max_num_batched_tokens`. `none` disables the queue.',
   }),
   opt({
     flag: '--router-queue-policy',

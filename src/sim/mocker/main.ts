@@ -229,8 +229,14 @@ const MOCKER_ROWS = [
     key: 'durableKvEvents',
     kind: 'bool',
     dflt: false,
-    help: 'with --nats-url: KV events into the JetStream stream namespace-{ns}-component-{component}-kv-events instead, each stored once and in order (for kv-router serve --router-durable-kv-events)',
-    doc: 'With `--nats-url`: publish KV events into the JetStream stream `namespace-{ns}-component-{component}-kv-events` (subject `….queue`, created when missing) instead of the core subject, as a Dynamo worker started with `--durable-kv-events` does: each event stored before the next is sent, retried until it is, under a message id the server de-duplicates, so none is lost or repeated across a server restart. For a router with `--router-durable-kv-events`.',
+    help:
+      'with --nats-url: KV events into the JetStream stream namespace-{ns}-component-{component}-kv-events instead, each stored once and in order ' +
+      '(for kv-router serve --router-durable-kv-events)',
+    doc:
+      'With `--nats-url`: publish KV events into the JetStream stream `namespace-{ns}-component-{component}-kv-events` (subject `….queue`, created ' +
+      'when missing) instead of the core subject, as a Dynamo worker started with `--durable-kv-events` does: each event stored before the next is ' +
+      'sent, retried until it is, under a message id the server de-duplicates, so none is lost or repeated across a server restart. For a router ' +
+      'with `--router-durable-kv-events`.',
   }),
   opt({
     flag: '--etcd-url',
@@ -286,8 +292,13 @@ const MOCKER_ROWS = [
     metavar: 'ENDPOINT',
     dflt: null,
     group: 'KV events over ZMQ, as vLLM publishes them (in addition to any of the above)',
-    help: 'bind a PUB socket per engine at tcp://HOST:PORT (HOST * = every interface), engine i on PORT + i as vLLM offsets per data-parallel rank; kv-router serve reads it for a worker registered with kv-events=tcp://HOST:PORT',
-    doc: 'Also publish KV events exactly as vLLM does: a ZMQ PUB socket per engine bound at `tcp://HOST:PORT` (`*` = every interface), engine i on PORT + i (as vLLM offsets per data-parallel rank); frames `[topic, seq, MessagePack batch]`, seq from 0. Combinable with the other transports. A router reads it for the workers registered with these endpoints ([vLLM and SGLang](vllm-sglang.md#registering-the-engines)).',
+    help:
+      'bind a PUB socket per engine at tcp://HOST:PORT (HOST * = every interface), engine i on PORT + i as vLLM offsets per data-parallel rank; ' +
+      'kv-router serve reads it for a worker registered with kv-events=tcp://HOST:PORT',
+    doc:
+      'Also publish KV events exactly as vLLM does: a ZMQ PUB socket per engine bound at `tcp://HOST:PORT` (`*` = every interface), engine i on ' +
+      'PORT + i (as vLLM offsets per data-parallel rank); frames `[topic, seq, MessagePack batch]`, seq from 0. Combinable with the other ' +
+      'transports. A router reads it for the workers registered with these endpoints ([vLLM and SGLang](vllm-sglang.md#registering-the-engines)).',
   }),
   opt({
     flag: '--kv-events-replay-zmq',
@@ -297,8 +308,12 @@ const MOCKER_ROWS = [
     accepts: ZMQ,
     metavar: 'ENDPOINT',
     dflt: null,
-    help: "with --kv-events-zmq: a replay ROUTER socket per engine (PORT + i) answering from the engine's last 10000 batches, ending with seq −1; its ports must not overlap the PUB ports",
-    doc: "With `--kv-events-zmq`: a replay ROUTER socket per engine (PORT + i) answering from the engine's last 10000 batches, ending with seq −1. Its ports must not overlap the PUB ports.",
+    help:
+      "with --kv-events-zmq: a replay ROUTER socket per engine (PORT + i) answering from the engine's last 10000 batches, ending with seq −1; its " +
+      'ports must not overlap the PUB ports',
+    doc:
+      "With `--kv-events-zmq`: a replay ROUTER socket per engine (PORT + i) answering from the engine's last 10000 batches, ending with seq −1. Its " +
+      'ports must not overlap the PUB ports.',
   }),
   opt({
     flag: '--kv-events-form',

@@ -196,9 +196,10 @@ export function parseOptions<C>(table: CommandTable, argv: readonly string[], en
   for (const d of table.options) out[d.key] = d.dflt
   const given = new Map<string, string>()
   const byName = namesOf(table)
+  // --help wins over whatever else the line holds, valid or not
+  if (argv.includes('--help') || argv.includes('-h')) return 'help'
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i] as string
-    if (arg === '-h' || arg === '--help') return 'help'
     const eq = arg.startsWith('--') ? arg.indexOf('=') : -1
     const name = eq > 0 ? arg.slice(0, eq) : arg
     let d = byName.get(name)
@@ -279,7 +280,7 @@ export function optionsHelp(table: CommandTable): string {
           : `${d.flag}, --no-${d.flag.slice(2)}`
         : `${d.flag} ${d.metavar ?? (d.kind === 'int' ? 'N' : d.kind === 'num' ? 'X' : 'V')}`
     lines.push(`  ${[first, ...(d.aliases ?? [])].join(', ')}`)
-    const dflt = shownDefault(d)
+    const dflt = d.flagOnly === true ? null : shownDefault(d)
     const env = d.env !== undefined && d.env.length > 0 ? `; env ${d.env.join(', ')}` : ''
     lines.push(`      ${d.help}${dflt === null ? '' : ` (default ${dflt})`}${d.flagOnly === true ? '' : `; ${accepts(d)}`}${env}`)
   }

@@ -25,77 +25,24 @@ import { fileURLToPath, pathToFileURL } from 'node:url'
 const root = fileURLToPath(new URL('../', import.meta.url))
 const MAIN = join(root, 'dist', 'src', 'main.js')
 
-const HELP = `usage: npm run cluster -- [options] [-- serve options]
+// the options' one table (src/cli/cluster-options.ts): parser, --help and docs/configuration.md
+const { ConfigError, clusterHelp, parseClusterArgs } = await import(pathToFileURL(join(root, 'dist', 'src', 'cli', 'cluster-options.js')).href)
 
-Runs nats-server, etcd, simulated engines, kv-router replicas and haproxy on 127.0.0.1, the
-topology of docker-compose.yml. Ctrl-C (SIGINT) or SIGTERM stops everything.
-
-  --port N          HAProxy's port (env KVR_CLUSTER_PORT, default 8000; 0 = a free port)
-  --replicas N      kv-router serve replicas, 1-16 (env KVR_CLUSTER_REPLICAS, default 2)
-  --engines N       simulated engines, 1-256 (env KVR_ENGINES, default 4)
-  --block-size N    KV block size of engines and routers (default 64, as in docker-compose.yml)
-  --speedup-ratio X the engines' --speedup-ratio (env KVR_MOCKER_SPEEDUP, default 1)
-  --logs            show every child's output (default: the kv-router processes' only)
-  -h, --help
-
-Arguments after a second -- are added to every replica's kv-router serve command line.
-Every other port is a free one. The last lines of a child's output are printed if it fails.
-`
-
-/** A bad command line: one line, status 2, as kv-router's own commands do. */
-function usage(message) {
-  process.stderr.write(`cluster: ${message} (npm run cluster -- --help)\n`)
-  process.exit(2)
-}
-
-function intArg(name, raw, min, max) {
-  if (!/^\d+$/.test(raw ?? '') || Number(raw) < min || Number(raw) > max) usage(`${name} must be an integer in [${min}, ${max}], got ${JSON.stringify(raw)}`)
-  return Number(raw)
-}
-
+/** The options, or the one line and status 2 of a bad command line, as kv-router's own commands do. */
 function parseArgs(argv, env) {
-  const opts = {
-    port: env.KVR_CLUSTER_PORT ?? '8000',
-    replicas: env.KVR_CLUSTER_REPLICAS ?? '2',
-    engines: env.KVR_ENGINES ?? '4',
-    blockSize: '64',
-    speedup: env.KVR_MOCKER_SPEEDUP ?? '1',
-    logs: false,
-    serveArgs: [],
+  let opts
+  try {
+    opts = parseClusterArgs(argv, env)
+  } catch (err) {
+    if (!(err instanceof ConfigError)) throw err
+    process.stderr.write(`cluster: ${err.message} (npm run cluster -- --help)\n`)
+    process.exit(2)
   }
-  const names = { '--port': 'port', '--replicas': 'replicas', '--engines': 'engines', '--block-size': 'blockSize', '--speedup-ratio': 'speedup' }
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i]
-    if (a === '-h' || a === '--help') {
-      process.stdout.write(HELP)
-      process.exit(0)
-    }
-    if (a === '--') {
-      opts.serveArgs = argv.slice(i + 1)
-      break
-    }
-    if (a === '--logs') {
-      opts.logs = true
-      continue
-    }
-    const eq = a.indexOf('=')
-    const name = eq > 0 ? a.slice(0, eq) : a
-    const key = names[name]
-    if (key === undefined) usage(`unknown option ${JSON.stringify(a)}`)
-    const value = eq > 0 ? a.slice(eq + 1) : argv[++i]
-    if (value === undefined) usage(`${name} needs a value`)
-    opts[key] = value
+  if (opts === 'help') {
+    process.stdout.write(clusterHelp)
+    process.exit(0)
   }
-  const speedup = Number(opts.speedup)
-  if (opts.speedup === '' || !Number.isFinite(speedup) || speedup < 0) usage(`--speedup-ratio must be a number >= 0, got ${JSON.stringify(opts.speedup)}`)
-  return {
-    ...opts,
-    port: intArg('--port', opts.port, 0, 65535),
-    replicas: intArg('--replicas', opts.replicas, 1, 16),
-    engines: intArg('--engines', opts.engines, 1, 256),
-    blockSize: intArg('--block-size', opts.blockSize, 1, 65536),
-    speedup,
-  }
+  return opts
 }
 
 // ---------------------------------------------------------------------------------------------

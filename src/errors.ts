@@ -7,6 +7,7 @@
 export const ErrorCodes = {
   // configuration and flags
   KVR_ERR_INVALID_OPTION: { status: 400, summary: 'an option has an invalid value' },
+  KVR_ERR_INVALID_ENDPOINT: { status: 400, summary: "an engine's KV-event endpoint is not tcp://HOST:PORT, or its ports do not fit its dp ranks" },
   KVR_ERR_PRIORITY_DENIED: { status: 500, summary: 'the system refused the scheduling priority asked for (--nice)' },
   // hashing and prompts
   KVR_ERR_TOKEN_OUT_OF_RANGE: { status: 400, summary: 'a token id is not an integer in [0, 2^32)' },

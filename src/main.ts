@@ -1,9 +1,10 @@
 #!/usr/bin/env node
 // The `kv-router` executable: `serve` (the router, src/cli/serve.ts), `mocker` (simulated
-// engines) and `replay` (a trace against a router). Invalid options exit with status 2 and one
-// line naming the option and what it accepts.
+// engines) and `replay` (a trace against a router). The one place the process exits: each command
+// resolves with its exit status, or throws FatalError, written here as one line with its status
+// (2 for an invalid option: the line names the option and what it accepts).
 import { readFileSync } from 'node:fs'
-import { die } from './cli/flags.js'
+import { FatalError, fatalLine } from './runtime/fatal.js'
 import { workerHeapsAtDefaults } from './runtime/v8-flags.js'
 
 const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string }
@@ -25,19 +26,33 @@ options:
 // before any thread starts: the heap sizes of the shebang's flags are the main thread's alone
 workerHeapsAtDefaults()
 
-const [command, ...rest] = process.argv.slice(2)
-if (command === undefined || command === '-h' || command === '--help' || command === 'help') {
-  process.stdout.write(usage)
-} else if (command === '-v' || command === '--version') {
-  process.stdout.write(`${pkg.version}\n`)
-} else if (command === 'serve') {
-  await (await import('./cli/serve.js')).serveMain(rest)
-} else if (command === 'mocker') {
-  await (await import('./sim/mocker/main.js')).mockerMain(rest)
-} else if (command === 'replay') {
-  await (await import('./sim/replay/main.js')).replayMain(rest)
-} else {
+async function run(command: string | undefined, rest: string[]): Promise<number> {
+  if (command === undefined || command === '-h' || command === '--help' || command === 'help') {
+    process.stdout.write(usage)
+    return 0
+  }
+  if (command === '-v' || command === '--version') {
+    process.stdout.write(`${pkg.version}\n`)
+    return 0
+  }
+  if (command === 'serve') return (await import('./cli/serve.js')).serveMain(rest)
+  if (command === 'mocker') return (await import('./sim/mocker/main.js')).mockerMain(rest)
+  if (command === 'replay') return (await import('./sim/replay/main.js')).replayMain(rest)
   // one line, as for a bad option: the usage is a --help away, and 14 lines of it would bury
   // the mistake in a script's log
-  die(`unknown command ${JSON.stringify(command)} (see kv-router --help)`)
+  throw new FatalError(`unknown command ${JSON.stringify(command)} (see kv-router --help)`)
 }
+
+const [command, ...rest] = process.argv.slice(2)
+let status: number
+try {
+  status = await run(command, rest)
+} catch (err) {
+  if (!(err instanceof FatalError)) throw err
+  process.stderr.write(fatalLine(err.message))
+  process.exit(err.status)
+}
+// a command that returns has finished: servers, threads and timers it leaves do not keep the
+// process up; what it wrote goes out first
+process.exitCode = status
+process.stdout.write('', () => process.exit(status))

@@ -1,6 +1,6 @@
 // The registered workers: their records, and the order in which membership changes of one worker
 // apply. The router core (router.ts) does the registering against the index and the scheduler.
-import type { EngineEventsSpec } from '../config.js'
+import type { EngineEventsSpec } from './endpoints.js'
 import type { DeviceType } from '../scheduler/worker-ranks.js'
 import type { WorkerRankRef } from '../scheduler/scheduler.js'
 

@@ -10,7 +10,7 @@ import { hostname } from 'node:os'
 import pino from 'pino'
 import type { DestinationStream, Logger } from 'pino'
 import { REDACTED, redactSecrets } from './redact.js'
-import { beforeDie } from '../cli/flags.js'
+import { beforeFatalLine } from './fatal.js'
 import { StderrWriter } from './stderr-writer.js'
 
 export type { Logger } from 'pino'
@@ -130,7 +130,7 @@ function prettySink(out: Sink, color: boolean): Sink {
 /**
  * The lines of one turn of the event loop, handed on together at its end: under load a turn
  * answers many requests, and a write(2) per line (to a pipe, a reader woken each time) cost more
- * than the line itself. What a turn holds is written too at exit and before a fatal line (die()).
+ * than the line itself. What a turn holds is written too at exit and before a fatal line (src/runtime/fatal.ts).
  */
 class TurnBatch implements Sink {
   private held = ''
@@ -181,7 +181,7 @@ function stderrSink(): Sink {
       writer.flushSync(Date.now() + EXIT_FLUSH_MS)
     }
     process.on('exit', flushAll)
-    beforeDie(flushAll)
+    beforeFatalLine(flushAll)
   }
   return stderrBatch
 }

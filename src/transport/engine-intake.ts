@@ -7,8 +7,8 @@
 // alone, in order with its batches. What the shards count (events skipped, de-duplicated,
 // batches refused) is read from their shared counters, and their note of an engine of another
 // block size becomes a warning here, once per worker-rank.
-import { rankEndpoint } from '../config.js'
-import type { EngineEventsSpec } from '../config.js'
+import { rankEndpoint } from '../core/endpoints.js'
+import type { EngineEventsSpec } from '../core/endpoints.js'
 import type { EngineSkip } from '../codec/engine-events.js'
 import type { EngineCounters, EngineNote, ShardPool } from '../shards/pool.js'
 import { EngineReset } from '../thread/protocol.js'

@@ -23,9 +23,9 @@
 import { cardsPrefix, instancesPrefix } from './dynamo-names.js'
 import type { Etcd3, IKeyValue } from 'etcd3'
 import { EventEmitter } from 'node:events'
-import { ConfigError, engineEventsSpec, RECORD_FIELDS, urlList } from '../config.js'
-import type { EngineEventsSpec } from '../config.js'
-import { KvrError, Warn } from '../errors.js'
+import { engineEventsSpec, RECORD_FIELDS, urlList } from '../core/endpoints.js'
+import type { EngineEventsSpec } from '../core/endpoints.js'
+import { isKvrError, KvrError, Warn } from '../errors.js'
 import { limited, log } from '../runtime/log.js'
 
 export interface EtcdDiscoveryOptions {
@@ -100,7 +100,7 @@ export function toWorker(workerId: bigint, parts: Parts, invalid?: (why: string)
   try {
     kvEvents = engineEventsSpec({ endpoint: inst['kv_events_endpoint'], replay: inst['replay_endpoint'], topic: inst['kv_events_topic'] }, dpSize, ETCD_FIELDS)
   } catch (err) {
-    if (!(err instanceof ConfigError)) throw err
+    if (!isKvrError(err, 'KVR_ERR_INVALID_ENDPOINT')) throw err
     invalid?.(err.message)
   }
   return {

@@ -10,7 +10,7 @@
 // What the subjects share is in replica-link.ts (connection, counters) and replica-peers.ts (the
 // peers heard of, the spread).
 import type { Events, NatsConnection, Subscription } from 'nats'
-import { urlList } from '../config.js'
+import { urlList } from '../core/endpoints.js'
 import { KvrError } from '../errors.js'
 import { limited } from '../runtime/log.js'
 import { ReplicaBookings } from './replica-bookings.js'

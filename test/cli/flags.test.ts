@@ -1,7 +1,8 @@
 // The value readers `mocker` and `replay` share: they must take exactly what `serve` takes for
 // the same kind of value, so each is held against parseServeConfig over the same inputs.
 import t from 'tap'
-import { isHttpUrl, parseIntArg, parseNumArg } from '../../src/cli/flags.js'
+import { parseIntArg, parseNumArg } from '../../src/config/table.js'
+import { isHttpUrl } from '../../src/core/endpoints.js'
 import { parseServeConfig } from '../../src/config.js'
 
 const serveTakes = (argv: string[]): boolean => {

@@ -4,7 +4,7 @@
 // /v1/route's answers, while a worker registered as usual at such an address turns unreachable.
 // Proxied inference never goes to it: unpinned requests go elsewhere, pinned ones are refused.
 import t from 'tap'
-import { getFreePorts } from '../helpers/services.js'
+import { getFreePorts } from '../../src/deploy/services.js'
 import { waitUntil } from '../helpers/wait.js'
 import { harness, tokens, upstream } from './helpers.js'
 

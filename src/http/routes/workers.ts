@@ -1,10 +1,10 @@
 // The worker registry over HTTP, and the index as the events that rebuild it.
 import type { FastifyInstance } from 'fastify'
-import { ConfigError, engineEventsSpec, RECORD_FIELDS, workerUrl } from '../../config.js'
-import type { EngineEventsSpec } from '../../config.js'
+import { engineEventsSpec, RECORD_FIELDS, workerUrl } from '../../core/endpoints.js'
+import type { EngineEventsSpec } from '../../core/endpoints.js'
 import type { RankIndexState, Router, WorkerInfo } from '../../core/router.js'
 import type { DeviceType } from '../../scheduler/worker-ranks.js'
-import { KvrError } from '../../errors.js'
+import { isKvrError, KvrError } from '../../errors.js'
 import { encodeRouterEvent } from '../../codec/events.js'
 import { readU64, serializeJson } from '../../codec/json.js'
 import { workerSchema } from '../schemas.js'
@@ -183,7 +183,7 @@ function engineEvents(b: Record<string, unknown>, dpRanks: number): EngineEvents
   try {
     return engineEventsSpec({ endpoint: b.kv_events_endpoint, replay: b.replay_endpoint, topic: b.kv_events_topic }, dpRanks, RECORD_FIELDS)
   } catch (err) {
-    throw err instanceof ConfigError ? new KvrError('KVR_ERR_INVALID_REQUEST', err.message) : err
+    throw isKvrError(err, 'KVR_ERR_INVALID_ENDPOINT') ? new KvrError('KVR_ERR_INVALID_REQUEST', err.message) : err
   }
 }
 

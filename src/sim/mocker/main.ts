@@ -7,63 +7,354 @@
 //
 // Invalid options exit 2 with one line naming the option; SIGTERM/SIGINT revoke the leases (or
 // unregister from the router), close the servers and exit 0.
-import { die, isHttpUrl, parseIntArg, parseNumArg } from '../../cli/flags.js'
 import { isKvrError } from '../../errors.js'
+import { isHttpUrl } from '../../core/endpoints.js'
+import { ConfigError, opt, optionsHelp, parseOptions } from '../../config/table.js'
+import type { CommandTable, ConfigOf } from '../../config/table.js'
+import { FatalError } from '../../runtime/fatal.js'
 import { ENGINE_DEFAULTS } from './engine.js'
-import type { PreemptionMode } from './engine.js'
 import { FleetListenError, MockerFleet } from './fleet.js'
 import type { FleetOptions } from './fleet.js'
 import { urlHost } from './server.js'
 import { parseTcpEndpoint } from './zmq-publisher.js'
+
+/** A value without spaces, as subjects, keys and names need. */
+function word(t: string): string | undefined {
+  return t === '' || /\s/.test(t) ? undefined : t
+}
+const WORD = 'a non-empty value without spaces'
+
+/**
+ * Whether `host` makes a sound engine URL, built the way the engines build theirs: "a/b" or
+ * "u@h" would otherwise be registered with a router as a URL that points elsewhere or nowhere.
+ */
+function isUrlHost(host: string): boolean {
+  try {
+    const u = new URL(`http://${urlHost(host)}:1/`)
+    return u.port === '1' && u.pathname === '/' && u.username === '' && u.password === ''
+  } catch {
+    return false
+  }
+}
+
+const httpUrl = (t: string): string | undefined => (isHttpUrl(t) ? t.replace(/\/+$/, '') : undefined)
+const HTTP_URL = 'an http(s) URL (http://host:port)'
+const zmq = (t: string): string | undefined => (parseTcpEndpoint(t) === null ? undefined : t)
+const ZMQ = 'tcp://HOST:PORT with a port in [1, 65535]'
+const speed = (open: boolean): string => `a number ${open ? '>' : '≥'} 0 (at most 1000000000)`
+
+const MOCKER_ROWS = [
+  opt({
+    flag: '--num-workers',
+    key: 'numWorkers',
+    kind: 'int',
+    min: 1,
+    max: 1024,
+    dflt: 1,
+    group: "engines (names as in Dynamo's mocker)",
+    help: 'engines in this process',
+    doc: 'Engines in this process (1–1024).',
+  }),
+  opt({
+    flag: '--block-size',
+    key: 'blockSize',
+    kind: 'int',
+    min: 1,
+    max: 65536,
+    dflt: ENGINE_DEFAULTS.blockSize,
+    help: "tokens per KV block; must match the router's --router-block-size",
+    doc: "Tokens per KV block (1–65536); must match the router's `--router-block-size`.",
+  }),
+  opt({
+    flag: '--num-gpu-blocks-override',
+    key: 'numGpuBlocks',
+    kind: 'int',
+    min: 1,
+    max: 1 << 26,
+    dflt: ENGINE_DEFAULTS.numGpuBlocks,
+    help: 'KV blocks per engine',
+    doc: 'KV blocks per engine (1–2^26).',
+  }),
+  opt({
+    flag: '--max-num-seqs',
+    key: 'maxNumSeqs',
+    kind: 'int',
+    min: 1,
+    max: 1 << 20,
+    dflt: ENGINE_DEFAULTS.maxNumSeqs,
+    help: 'running requests per engine at most',
+    doc: 'Running requests per engine at most.',
+  }),
+  opt({
+    flag: '--max-num-batched-tokens',
+    key: 'maxNumBatchedTokens',
+    kind: 'int',
+    min: 1,
+    max: 1 << 30,
+    dflt: ENGINE_DEFAULTS.maxNumBatchedTokens,
+    help: 'token budget of one engine step',
+    doc: 'Token budget of one engine step.',
+  }),
+  opt({
+    flag: '--enable-chunked-prefill',
+    key: 'enableChunkedPrefill',
+    kind: 'bool',
+    dflt: ENGINE_DEFAULTS.enableChunkedPrefill,
+    help: 'split long prefills over steps',
+    doc: '`true` or `false`: split long prefills over steps.',
+  }),
+  opt({
+    flag: '--preemption-mode',
+    key: 'preemptionMode',
+    kind: 'enum',
+    values: ['lifo', 'fifo'],
+    dflt: ENGINE_DEFAULTS.preemptionMode,
+    help: 'which running request gives way under memory pressure',
+    doc: '`lifo` or `fifo`: which running request gives way under memory pressure.',
+  }),
+  opt({
+    flag: '--speedup-ratio',
+    key: 'speedupRatio',
+    kind: 'num',
+    min: 0,
+    max: 1e9,
+    dflt: ENGINE_DEFAULTS.speedupRatio,
+    accepts: speed(false),
+    help: 'divides every simulated duration; 0 = no sleeping at all',
+    doc: 'Divides every simulated duration; 0 = no sleeping at all.',
+  }),
+  opt({
+    flag: '--decode-speedup-ratio',
+    key: 'decodeSpeedupRatio',
+    kind: 'num',
+    min: 0,
+    openMin: true,
+    max: 1e9,
+    dflt: ENGINE_DEFAULTS.decodeSpeedupRatio,
+    accepts: speed(true),
+    help: 'further divides decode durations',
+    doc: 'Further divides decode durations (> 0).',
+  }),
+  opt({
+    flag: '--model-name',
+    key: 'modelName',
+    kind: 'str',
+    read: word,
+    accepts: WORD,
+    metavar: 'NAME',
+    dflt: 'kv-router-model',
+    help: "model served by the engines' GET /v1/models",
+    doc: "Model served by the engines' `GET /v1/models`.",
+  }),
+  opt({
+    flag: '--host',
+    key: 'host',
+    kind: 'str',
+    read: word,
+    accepts: WORD,
+    metavar: 'HOST',
+    dflt: '127.0.0.1',
+    group: 'network',
+    help: 'listen address',
+    doc: 'Listen address.',
+  }),
+  opt({
+    flag: '--http-port',
+    key: 'port',
+    kind: 'int',
+    min: 0,
+    max: 65535,
+    dflt: 0,
+    help: "first engine's port; engine i listens on port + i (0 = free ports)",
+    doc: "First engine's port; engine i listens on port + i. 0 = free ports.",
+  }),
+  opt({
+    flag: '--advertise-host',
+    key: 'advertiseHost',
+    kind: 'str',
+    read: (t: string) => (isUrlHost(t) ? t : undefined),
+    accepts: 'a host name or IP address',
+    metavar: 'HOST',
+    dflt: null,
+    docDefault: '`--host`',
+    help: "host written into the engines' URLs, what the router connects to (default: --host)",
+    doc: "Host written into the engines' URLs (what the router connects to).",
+  }),
+  opt({
+    flag: '--router-url',
+    key: 'routerUrl',
+    kind: 'str',
+    read: httpUrl,
+    accepts: HTTP_URL,
+    metavar: 'URL',
+    dflt: null,
+    group: "registration and KV events (pick one; with none, events stay in each engine's ring)",
+    help: 'register with a kv-router (POST /v1/workers) and post KV events to its /v1/kv-events',
+    doc: 'Register with a kv-router (`POST /v1/workers`) and post KV events to its `/v1/kv-events`. Not combinable with `--nats-url`/`--etcd-url`.',
+  }),
+  opt({
+    flag: '--api-key',
+    key: 'apiKey',
+    kind: 'str',
+    read: word,
+    accepts: WORD,
+    metavar: 'KEY',
+    dflt: null,
+    help: "that router's --api-key (only with --router-url)",
+    doc: "That router's `--api-key` (only with `--router-url`).",
+  }),
+  opt({
+    flag: '--first-worker-id',
+    key: 'firstWorkerId',
+    kind: 'int',
+    min: 0,
+    max: Number.MAX_SAFE_INTEGER,
+    dflt: 1000,
+    help: 'worker id of the first engine when ids do not come from etcd leases (then N, N+1, …)',
+    doc: 'Worker id of the first engine when ids do not come from etcd leases (then N, N+1, …).',
+  }),
+  opt({
+    flag: '--nats-url',
+    key: 'natsUrl',
+    kind: 'str',
+    read: word,
+    accepts: WORD,
+    metavar: 'URL',
+    dflt: null,
+    help: 'publish KV events on namespace.{ns}.component.{component}.kv-events and load on namespace.{ns}.kv_metrics',
+    doc: 'Publish KV events on `namespace.{ns}.component.{component}.kv-events` and load on `namespace.{ns}.kv_metrics`.',
+  }),
+  opt({
+    flag: '--durable-kv-events',
+    key: 'durableKvEvents',
+    kind: 'bool',
+    dflt: false,
+    help:
+      'with --nats-url: KV events into the JetStream stream namespace-{ns}-component-{component}-kv-events instead, each stored once and in order ' +
+      '(for kv-router serve --router-durable-kv-events)',
+    doc:
+      'With `--nats-url`: publish KV events into the JetStream stream `namespace-{ns}-component-{component}-kv-events` (subject `….queue`, created ' +
+      'when missing) instead of the core subject, as a Dynamo worker started with `--durable-kv-events` does: each event stored before the next is ' +
+      'sent, retried until it is, under a message id the server de-duplicates, so none is lost or repeated across a server restart. For a router ' +
+      'with `--router-durable-kv-events`.',
+  }),
+  opt({
+    flag: '--etcd-url',
+    key: 'etcdUrl',
+    kind: 'str',
+    read: httpUrl,
+    accepts: HTTP_URL,
+    metavar: 'URL',
+    dflt: null,
+    help: 'register each engine in etcd under its own lease (lease id = worker id)',
+    doc: 'Register each engine in etcd under its own lease (lease id = worker id).',
+  }),
+  opt({ flag: '--lease-ttl-secs', key: 'leaseTtlSecs', kind: 'int', min: 2, max: 3600, dflt: 10, help: 'etcd lease TTL', doc: 'etcd lease TTL (2–3600).' }),
+  opt({
+    flag: '--namespace',
+    key: 'namespace',
+    kind: 'str',
+    read: word,
+    accepts: WORD,
+    metavar: 'NS',
+    dflt: 'dynamo',
+    help: 'namespace for subjects and keys',
+    doc: 'Namespace for subjects and keys.',
+  }),
+  opt({
+    flag: '--component',
+    key: 'component',
+    kind: 'str',
+    read: word,
+    accepts: WORD,
+    metavar: 'NAME',
+    dflt: 'backend',
+    help: 'component for subjects and keys',
+    doc: 'Component for subjects and keys.',
+  }),
+  opt({
+    flag: '--endpoint',
+    key: 'endpoint',
+    kind: 'str',
+    read: word,
+    accepts: WORD,
+    metavar: 'NAME',
+    dflt: 'generate',
+    help: 'endpoint name, or ns.component.endpoint (which then sets all three)',
+    doc: 'Endpoint name, or `ns.component.endpoint` (which then sets all three).',
+  }),
+  opt({
+    flag: '--kv-events-zmq',
+    key: 'kvEventsZmq',
+    kind: 'str',
+    read: zmq,
+    accepts: ZMQ,
+    metavar: 'ENDPOINT',
+    dflt: null,
+    group: 'KV events over ZMQ, as vLLM publishes them (in addition to any of the above)',
+    help:
+      'bind a PUB socket per engine at tcp://HOST:PORT (HOST * = every interface), engine i on PORT + i as vLLM offsets per data-parallel rank; ' +
+      'kv-router serve reads it for a worker registered with kv-events=tcp://HOST:PORT',
+    doc:
+      'Also publish KV events exactly as vLLM does: a ZMQ PUB socket per engine bound at `tcp://HOST:PORT` (`*` = every interface), engine i on ' +
+      'PORT + i (as vLLM offsets per data-parallel rank); frames `[topic, seq, MessagePack batch]`, seq from 0. Combinable with the other ' +
+      'transports. A router reads it for the workers registered with these endpoints ([vLLM and SGLang](vllm-sglang.md#registering-the-engines)).',
+  }),
+  opt({
+    flag: '--kv-events-replay-zmq',
+    key: 'kvEventsReplayZmq',
+    kind: 'str',
+    read: zmq,
+    accepts: ZMQ,
+    metavar: 'ENDPOINT',
+    dflt: null,
+    help:
+      "with --kv-events-zmq: a replay ROUTER socket per engine (PORT + i) answering from the engine's last 10000 batches, ending with seq −1; its " +
+      'ports must not overlap the PUB ports',
+    doc:
+      "With `--kv-events-zmq`: a replay ROUTER socket per engine (PORT + i) answering from the engine's last 10000 batches, ending with seq −1. Its " +
+      'ports must not overlap the PUB ports.',
+  }),
+  opt({
+    flag: '--kv-events-form',
+    key: 'kvEventsForm',
+    kind: 'enum',
+    values: ['map', 'array'],
+    dflt: 'map',
+    help: 'with --kv-events-zmq: vLLM\'s event encoding, map (vLLM since PR #42892, {type: "BlockStored", …}) or array (older vLLM, ["BlockStored", …])',
+    doc: 'With `--kv-events-zmq`: `map` (vLLM since PR #42892, `{type: "BlockStored", …}`) or `array` (older vLLM, `["BlockStored", …]`).',
+  }),
+  opt({
+    flag: '--kv-events-topic',
+    key: 'kvEventsTopic',
+    kind: 'str',
+    read: word,
+    accepts: WORD,
+    metavar: 'T',
+    dflt: 'kv-events',
+    help: 'with --kv-events-zmq: the topic frame of every batch',
+    doc: 'With `--kv-events-zmq`: the topic frame of every batch.',
+  }),
+] as const
+
+type MockerConfig = ConfigOf<typeof MOCKER_ROWS>
+
+/** `kv-router mocker`'s options: the parser, --help and docs/configuration.md come from it. */
+export const MOCKER_TABLE: CommandTable = {
+  command: 'mocker',
+  options: MOCKER_ROWS,
+  unknown: (arg) =>
+    arg.startsWith('--')
+      ? `unknown option ${arg} (kv-router mocker --help lists the options)`
+      : `unexpected argument ${JSON.stringify(arg)} (kv-router mocker --help lists the options)`,
+}
 
 export const mockerHelp = `usage: kv-router mocker [options]
 
 Simulated vLLM-like engines: OpenAI-compatible HTTP servers with a paged KV cache, prefix
 caching, a token-budget scheduler (chunked prefill, preemption) and the timing model of
 Dynamo's mocker; they publish real KV events and answer the worker KV query.
-
-engines (names as in Dynamo's mocker):
-  --num-workers N                engines in this process (default 1)
-  --block-size N                 tokens per KV block (default ${ENGINE_DEFAULTS.blockSize}; must match the router's)
-  --num-gpu-blocks-override N    KV blocks per engine (default ${ENGINE_DEFAULTS.numGpuBlocks})
-  --max-num-seqs N               running requests per engine at most (default ${ENGINE_DEFAULTS.maxNumSeqs})
-  --max-num-batched-tokens N     token budget of one step (default ${ENGINE_DEFAULTS.maxNumBatchedTokens})
-  --enable-chunked-prefill B     true|false (default true)
-  --preemption-mode M            lifo|fifo: which request gives way under memory pressure (default lifo)
-  --speedup-ratio X              divides every simulated duration; 0 = no sleeping at all (default 1)
-  --decode-speedup-ratio X       further divides decode durations (default 1)
-  --model-name NAME              model served by GET /v1/models (default kv-router-model)
-
-network:
-  --host HOST                    listen address (default 127.0.0.1)
-  --http-port N                  first engine's port, engine i uses N+i (default 0: free ports)
-  --advertise-host HOST          host written into the engines' URLs (default: --host)
-
-registration and KV events (pick one; with none, events stay in each engine's ring):
-  --router-url URL               register with a kv-router (POST /v1/workers) and post KV events
-                                 to its /v1/kv-events
-  --api-key KEY                  that router's --api-key
-  --first-worker-id N            worker id of the first engine without etcd (default 1000)
-  --nats-url URL                 publish KV events on namespace.{ns}.component.{component}.kv-events
-                                 and load on namespace.{ns}.kv_metrics
-  --durable-kv-events            with --nats-url: KV events into the JetStream stream
-                                 namespace-{ns}-component-{component}-kv-events instead, each
-                                 stored once and in order (for kv-router --router-durable-kv-events)
-  --etcd-url URL                 register each engine under its own lease (lease id = worker id)
-  --lease-ttl-secs N             etcd lease TTL (default 10)
-  --namespace NS                 (default dynamo)
-  --component NAME               (default backend)
-  --endpoint NAME                endpoint name, or ns.component.endpoint (default generate)
-
-KV events over ZMQ, as vLLM publishes them (in addition to any of the above):
-  --kv-events-zmq ENDPOINT       bind a PUB socket per engine, tcp://HOST:PORT (HOST * = every
-                                 interface); engine i binds PORT+i, as vLLM offsets per DP rank
-  --kv-events-replay-zmq ENDPOINT  a replay ROUTER per engine (its last 10000 batches), PORT+i too
-  --kv-events-form F             map|array: vLLM's event encoding, map since PR #42892 (default map)
-  --kv-events-topic T            the topic frame (default kv-events)
-  The router side is not wired yet: kv-router does not read these sockets (use --router-url,
-  --nats-url for the router; ZMQ is for tests and other subscribers).
-
+${optionsHelp(MOCKER_TABLE)}
 Each engine serves POST /v1/completions, POST /v1/chat/completions, POST /v1/kv/query (the
 worker KV query: {worker_id, start_event_id, end_event_id}), GET /health, GET /v1/models and
 GET /stats. Once all are up, one line is printed on stdout:
@@ -75,46 +366,6 @@ export interface MockerCli {
   numWorkers: number
 }
 
-type Kind = 'int' | 'num' | 'bool' | 'str' | 'url' | 'host' | 'zmq'
-interface Spec {
-  kind: Kind
-  min?: number
-  max?: number
-  /** num: the lower bound is exclusive */
-  open?: boolean
-  values?: readonly string[]
-}
-
-export const SPECS: Record<string, Spec> = {
-  '--num-workers': { kind: 'int', min: 1, max: 1024 },
-  '--block-size': { kind: 'int', min: 1, max: 65536 },
-  '--num-gpu-blocks-override': { kind: 'int', min: 1, max: 1 << 26 },
-  '--max-num-seqs': { kind: 'int', min: 1, max: 1 << 20 },
-  '--max-num-batched-tokens': { kind: 'int', min: 1, max: 1 << 30 },
-  '--enable-chunked-prefill': { kind: 'bool' },
-  '--preemption-mode': { kind: 'str', values: ['lifo', 'fifo'] },
-  '--speedup-ratio': { kind: 'num', min: 0, max: 1e9 },
-  '--decode-speedup-ratio': { kind: 'num', min: 0, max: 1e9, open: true },
-  '--model-name': { kind: 'str' },
-  '--host': { kind: 'str' },
-  '--http-port': { kind: 'int', min: 0, max: 65535 },
-  '--advertise-host': { kind: 'host' },
-  '--router-url': { kind: 'url' },
-  '--api-key': { kind: 'str' },
-  '--first-worker-id': { kind: 'int', min: 0, max: Number.MAX_SAFE_INTEGER },
-  '--nats-url': { kind: 'str' },
-  '--durable-kv-events': { kind: 'bool' },
-  '--etcd-url': { kind: 'url' },
-  '--lease-ttl-secs': { kind: 'int', min: 2, max: 3600 },
-  '--namespace': { kind: 'str' },
-  '--component': { kind: 'str' },
-  '--endpoint': { kind: 'str' },
-  '--kv-events-zmq': { kind: 'zmq' },
-  '--kv-events-replay-zmq': { kind: 'zmq' },
-  '--kv-events-form': { kind: 'str', values: ['map', 'array'] },
-  '--kv-events-topic': { kind: 'str' },
-}
-
 const NAME_RE = /^[A-Za-z0-9_-]+$/
 
 /** A bad command line: the message is the one line to print. */
@@ -122,72 +373,26 @@ export class MockerArgError extends Error {}
 
 /** Parses the mocker's arguments; 'help' for --help. Throws MockerArgError. */
 export function parseMockerArgs(argv: readonly string[]): MockerCli | 'help' {
-  const v = new Map<string, string | number | boolean>()
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i] as string
-    if (a === '--help' || a === '-h') return 'help'
-    if (!a.startsWith('--')) throw new MockerArgError(`unexpected argument ${JSON.stringify(a)} (kv-router mocker --help lists the options)`)
-    const eq = a.indexOf('=')
-    const name = eq < 0 ? a : a.slice(0, eq)
-    const spec = SPECS[name]
-    if (spec === undefined) throw new MockerArgError(`unknown option ${name} (kv-router mocker --help lists the options)`)
-    let raw: string | undefined
-    if (eq >= 0) raw = a.slice(eq + 1)
-    else if (spec.kind === 'bool') {
-      const next = argv[i + 1]
-      if (next !== undefined && !next.startsWith('--')) {
-        raw = next
-        i++
-      } else raw = 'true'
-    } else {
-      raw = argv[i + 1]
-      if (raw === undefined) throw new MockerArgError(`${name} needs a value`)
-      i++
-    }
-    v.set(name, convert(name, spec, raw))
+  let parsed: ReturnType<typeof parseOptions<MockerConfig>>
+  try {
+    parsed = parseOptions<MockerConfig>(MOCKER_TABLE, argv)
+  } catch (err) {
+    if (err instanceof ConfigError) throw new MockerArgError(err.message)
+    throw err
   }
-  const get = <T extends string | number | boolean>(name: string): T | undefined => v.get(name) as T | undefined
-
+  if (parsed === 'help') return 'help'
+  const { config: c, given } = parsed
+  // the options given, as the fleet reads them (the others take the fleet's own defaults)
   const f: FleetOptions = {}
-  const numWorkers = get<number>('--num-workers') ?? 1
+  for (const key of given.keys()) if (key !== 'firstWorkerId') (f as Record<string, unknown>)[key] = c[key as keyof MockerConfig]
+  const numWorkers = c.numWorkers
   f.numWorkers = numWorkers
-  const engineKeys = [
-    ['--block-size', 'blockSize'],
-    ['--num-gpu-blocks-override', 'numGpuBlocks'],
-    ['--max-num-seqs', 'maxNumSeqs'],
-    ['--max-num-batched-tokens', 'maxNumBatchedTokens'],
-    ['--enable-chunked-prefill', 'enableChunkedPrefill'],
-    ['--speedup-ratio', 'speedupRatio'],
-    ['--decode-speedup-ratio', 'decodeSpeedupRatio'],
-    ['--model-name', 'modelName'],
-    ['--host', 'host'],
-    ['--http-port', 'port'],
-    ['--advertise-host', 'advertiseHost'],
-    ['--router-url', 'routerUrl'],
-    ['--api-key', 'apiKey'],
-    ['--nats-url', 'natsUrl'],
-    ['--durable-kv-events', 'durableKvEvents'],
-    ['--etcd-url', 'etcdUrl'],
-    ['--lease-ttl-secs', 'leaseTtlSecs'],
-    ['--kv-events-zmq', 'kvEventsZmq'],
-    ['--kv-events-replay-zmq', 'kvEventsReplayZmq'],
-    ['--kv-events-form', 'kvEventsForm'],
-    ['--kv-events-topic', 'kvEventsTopic'],
-  ] as const
-  for (const [flag, key] of engineKeys) {
-    const x = v.get(flag)
-    if (x !== undefined) (f as Record<string, unknown>)[key] = x
-  }
-  const pm = get<string>('--preemption-mode')
-  if (pm !== undefined) f.preemptionMode = pm as PreemptionMode
-  f.firstWorkerId = BigInt(get<number>('--first-worker-id') ?? 1000)
-  const port = get<number>('--http-port')
-  if (port !== undefined && port > 0 && port + numWorkers - 1 > 65535)
-    throw new MockerArgError(`--http-port ${port} leaves no room for ${numWorkers} engines below port 65536`)
+  f.firstWorkerId = BigInt(c.firstWorkerId)
+  if (c.port > 0 && c.port + numWorkers - 1 > 65535) throw new MockerArgError(`--http-port ${c.port} leaves no room for ${numWorkers} engines below port 65536`)
 
-  let ns = get<string>('--namespace') ?? 'dynamo'
-  let component = get<string>('--component') ?? 'backend'
-  let endpoint = get<string>('--endpoint') ?? 'generate'
+  let ns: string = c.namespace
+  let component: string = c.component
+  let endpoint: string = c.endpoint
   if (endpoint.includes('.')) {
     const parts = endpoint.replace(/^dyn:\/\//, '').split('.')
     if (parts.length !== 3) throw new MockerArgError(`--endpoint must be a name or ns.component.endpoint, got ${JSON.stringify(endpoint)}`)
@@ -241,72 +446,31 @@ function checkZmq(f: FleetOptions, numWorkers: number): void {
 }
 
 /**
- * Whether `host` makes a sound engine URL, built the way the engines build theirs: "a/b" or
- * "u@h" would otherwise be registered with a router as a URL that points elsewhere or nowhere.
+ * Runs the engines until SIGTERM or SIGINT (status 0) or a lost etcd lease (status 1); resolves
+ * with the exit status once they are closed. Throws FatalError for an invalid option or engines
+ * that cannot start.
  */
-function isUrlHost(host: string): boolean {
-  try {
-    const u = new URL(`http://${urlHost(host)}:1/`)
-    return u.port === '1' && u.pathname === '/' && u.username === '' && u.password === ''
-  } catch {
-    return false
-  }
-}
-
-function convert(name: string, s: Spec, raw: string): string | number | boolean {
-  switch (s.kind) {
-    case 'int': {
-      const n = parseIntArg(raw, s.min as number, s.max as number)
-      if (n === undefined) throw new MockerArgError(`${name} must be an integer in [${s.min}, ${s.max}], got ${JSON.stringify(raw)}`)
-      return n
-    }
-    case 'num': {
-      const n = parseNumArg(raw, s.min as number, s.max as number)
-      if (n === undefined || (s.open === true && n === s.min)) {
-        throw new MockerArgError(`${name} must be a number ${s.open === true ? '>' : '≥'} ${s.min} (at most ${s.max}), got ${JSON.stringify(raw)}`)
-      }
-      return n
-    }
-    case 'bool':
-      if (raw === 'true' || raw === '1') return true
-      if (raw === 'false' || raw === '0') return false
-      throw new MockerArgError(`${name} must be true or false, got ${JSON.stringify(raw)}`)
-    case 'url':
-      if (!isHttpUrl(raw)) throw new MockerArgError(`${name} must be an http(s) URL (http://host:port), got ${JSON.stringify(raw)}`)
-      return raw.replace(/\/+$/, '')
-    case 'zmq':
-      if (parseTcpEndpoint(raw) === null) throw new MockerArgError(`${name} must be tcp://HOST:PORT with a port in [1, 65535], got ${JSON.stringify(raw)}`)
-      return raw
-    case 'host':
-      if (!isUrlHost(raw)) throw new MockerArgError(`${name} must be a host name or IP address, got ${JSON.stringify(raw)}`)
-      return raw
-    default:
-      if (raw === '' || /\s/.test(raw)) throw new MockerArgError(`${name} must be a non-empty value without spaces, got ${JSON.stringify(raw)}`)
-      if (s.values !== undefined && !s.values.includes(raw))
-        throw new MockerArgError(`${name} must be one of ${s.values.join('|')}, got ${JSON.stringify(raw)}`)
-      return raw
-  }
-}
-
-export async function mockerMain(argv: string[]): Promise<void> {
+export async function mockerMain(argv: string[]): Promise<number> {
   let cli: MockerCli | 'help'
   try {
     cli = parseMockerArgs(argv)
   } catch (err) {
-    if (err instanceof MockerArgError) die(`mocker: ${err.message}`)
+    if (err instanceof MockerArgError) throw new FatalError(`mocker: ${err.message}`)
     throw err
   }
   if (cli === 'help') {
     process.stdout.write(mockerHelp)
-    return
+    return 0
   }
   const o = cli.fleet
   let stopping = false
   let fleet: MockerFleet | null = null
+  let stopped: (code: number) => void = () => undefined
+  const done = new Promise<number>((resolve) => (stopped = resolve))
   const stop = (code: number): void => {
     if (stopping) return
     stopping = true
-    void (fleet?.close() ?? Promise.resolve()).finally(() => process.exit(code))
+    void (fleet?.close() ?? Promise.resolve()).finally(() => stopped(code))
   }
   o.onWarning = (m) => process.stderr.write(`kv-router mocker: ${m}\n`)
   o.onLeaseLost = (id, err) => {
@@ -317,8 +481,8 @@ export async function mockerMain(argv: string[]): Promise<void> {
   try {
     fleet = await MockerFleet.start(o)
   } catch (err) {
-    if (err instanceof FleetListenError) die(`mocker: ${err.option === 'host' ? '--host' : '--http-port'}: ${err.message}`)
-    if (isKvrError(err)) die(`mocker: ${err.message}`)
+    if (err instanceof FleetListenError) throw new FatalError(`mocker: ${err.option === 'host' ? '--host' : '--http-port'}: ${err.message}`)
+    if (isKvrError(err)) throw new FatalError(`mocker: ${err.message}`)
     throw err
   }
   const ws = fleet.workers
@@ -338,4 +502,5 @@ export async function mockerMain(argv: string[]): Promise<void> {
   process.stdout.write(`kv-router mocker: ready ${ws.length} engine(s) ${fleet.urls.join(' ')}\n`)
   process.on('SIGTERM', () => stop(0))
   process.on('SIGINT', () => stop(0))
+  return done
 }

@@ -9,11 +9,166 @@ import { createWriteStream } from 'node:fs'
 import type { WriteStream } from 'node:fs'
 import { readTrace, TraceFormatError } from './trace.js'
 import type { TraceRequest } from './trace.js'
-import { die, isHttpUrl, parseIntArg, parseNumArg } from '../../cli/flags.js'
+import { isHttpUrl } from '../../core/endpoints.js'
+import { ConfigError, opt, optionsHelp, parseOptions } from '../../config/table.js'
+import type { CommandTable, ConfigOf } from '../../config/table.js'
+import { FatalError } from '../../runtime/fatal.js'
 import { startReplay } from './client.js'
 import { MAX_TIMER_MS } from '../../runtime/timers.js'
 import type { ReplayProgress } from './client.js'
 import { formatSummary, summarize } from './summary.js'
+
+export class ReplayUsageError extends Error {
+  override name = 'ReplayUsageError'
+}
+
+/** Seconds of the longest timer Node keeps: a longer --timeout-s would fire after 1 ms. */
+const MAX_TIMEOUT_S = MAX_TIMER_MS / 1000
+const POSITIVE = 'a positive number'
+const COUNT = 'a positive integer'
+
+const REPLAY_ROWS = [
+  opt({
+    flag: '--trace',
+    key: 'trace',
+    kind: 'str',
+    read: (t: string) => t,
+    metavar: 'FILE',
+    dflt: null,
+    docDefault: 'required',
+    help: 'Mooncake trace file (required)',
+    doc: 'Mooncake trace file.',
+  }),
+  opt({
+    flag: '--url',
+    key: 'url',
+    kind: 'str',
+    read: (t: string) => (isHttpUrl(t) ? t : undefined),
+    accepts: 'an http(s) URL',
+    metavar: 'URL',
+    dflt: null,
+    docDefault: 'required',
+    help: 'router base URL, e.g. http://127.0.0.1:8000 (required)',
+    doc: 'Router base URL, e.g. `http://127.0.0.1:8000`.',
+  }),
+  opt({
+    flag: '--speedup',
+    key: 'speedup',
+    kind: 'num',
+    min: 0,
+    openMin: true,
+    accepts: POSITIVE,
+    dflt: 1,
+    help: 'replay X times faster than the trace',
+    doc: 'Replay X times faster than the trace (> 0).',
+  }),
+  opt({
+    flag: '--limit',
+    key: 'limit',
+    kind: 'int',
+    min: 1,
+    max: Number.MAX_SAFE_INTEGER,
+    accepts: COUNT,
+    dflt: null,
+    docDefault: 'all',
+    help: 'only the first N requests',
+    doc: 'Only the first N requests.',
+  }),
+  opt({
+    flag: '--duration-min',
+    key: 'durationMin',
+    kind: 'num',
+    min: 0,
+    openMin: true,
+    accepts: POSITIVE,
+    metavar: 'M',
+    dflt: null,
+    docDefault: 'all',
+    help: 'only requests with a timestamp below M minutes',
+    doc: 'Only requests with a timestamp below M minutes.',
+  }),
+  opt({
+    flag: '--max-in-flight',
+    key: 'maxInFlight',
+    kind: 'int',
+    min: 1,
+    max: Number.MAX_SAFE_INTEGER,
+    accepts: COUNT,
+    dflt: 2048,
+    help: 'safety cap on outstanding requests; later ones wait, and the lateness shows as send lag',
+    doc: 'Safety cap on outstanding requests; later ones wait, and the lateness shows as send lag.',
+  }),
+  opt({
+    flag: '--timeout-s',
+    key: 'timeoutS',
+    kind: 'num',
+    min: 0,
+    openMin: true,
+    max: MAX_TIMEOUT_S,
+    accepts: `${POSITIVE} at most ${MAX_TIMEOUT_S} (about 24.8 days, the longest timer Node keeps)`,
+    metavar: 'S',
+    dflt: 600,
+    help: 'per-request deadline in seconds',
+    doc: "Per-request deadline in seconds (at most 2,147,483.647, Node's longest timer).",
+  }),
+  opt({
+    flag: '--model',
+    key: 'model',
+    kind: 'str',
+    metavar: 'NAME',
+    dflt: null,
+    docDefault: 'first of `/v1/models`',
+    help: 'model field of every request (default: the first of URL/v1/models, else kv-router-model)',
+    doc: '`model` field of every request (falls back to `kv-router-model`).',
+  }),
+  opt({
+    flag: '--api-key',
+    key: 'apiKey',
+    kind: 'str',
+    metavar: 'KEY',
+    dflt: null,
+    help: 'sent as Authorization: Bearer KEY',
+    doc: 'Sent as `Authorization: Bearer KEY`.',
+  }),
+  opt({
+    flag: '--output',
+    key: 'output',
+    kind: 'str',
+    metavar: 'FILE.jsonl',
+    dflt: null,
+    help: 'one JSON record per request, in completion order (wall-clock ms)',
+    doc: 'Write one JSON record per request, in completion order (wall-clock ms).',
+  }),
+  opt({
+    flag: '--time-scale',
+    key: 'timeScale',
+    kind: 'num',
+    min: 0,
+    openMin: true,
+    accepts: POSITIVE,
+    metavar: 'K',
+    dflt: 1,
+    help: "multiply reported durations, e.g. by the mocker's --speedup-ratio to report simulated time (records stay in wall ms)",
+    doc: "Multiply reported durations, e.g. by the mocker's `--speedup-ratio` to report simulated time (records stay in wall ms).",
+  }),
+  opt({
+    flag: '--quiet',
+    key: 'quiet',
+    kind: 'bool',
+    flagOnly: true,
+    dflt: false,
+    docDefault: 'off',
+    help: 'no progress line (a \\r line on a TTY, else a line every 10 s)',
+    doc: 'No progress line (a `\\r` line on a TTY, else a line every 10 s).',
+  }),
+] as const
+
+/** `kv-router replay`'s options: the parser, --help and docs/configuration.md come from it. */
+export const REPLAY_TABLE: CommandTable = {
+  command: 'replay',
+  options: REPLAY_ROWS,
+  unknown: (arg) => `unknown option ${JSON.stringify(arg)} (kv-router replay --help lists them)`,
+}
 
 export const replayHelp = `usage: kv-router replay --trace FILE --url URL [options]
 
@@ -23,116 +178,26 @@ earlier responses: the prompt is the request's deterministic token ids, max_toke
 output_length, streamed with usage. Prints TTFT, TPOT, ITL, throughput, the prefix-cache hit rate
 (cached / prompt tokens, as the engines report them) and how requests spread over workers.
 
-  --trace FILE          Mooncake trace (required)
-  --url URL             router base URL, e.g. http://127.0.0.1:8000 (required)
-  --speedup X           replay X times faster than the trace (default 1)
-  --limit N             only the first N requests
-  --duration-min M      only requests with timestamp < M minutes
-  --max-in-flight N     safety cap on outstanding requests; later ones wait (default 2048)
-  --timeout-s S         per-request deadline (default 600; at most 2147483.647, Node's timer range)
-  --model NAME          model field (default: the first of URL/v1/models, else kv-router-model)
-  --api-key KEY         sent as Authorization: Bearer KEY
-  --output FILE.jsonl   one record per request, in completion order
-  --time-scale K        multiply reported durations by K, e.g. the mocker's --speedup-ratio to
-                        report simulated time (default 1; JSONL records stay in wall ms)
-  --quiet               no progress line
-  -h, --help            this help
-
+${optionsHelp(REPLAY_TABLE)}
 exit status: 0 all requests succeeded, 1 some failed, 2 invalid flags or trace
 `
 
-export class ReplayUsageError extends Error {
-  override name = 'ReplayUsageError'
-}
-
-export interface ReplayArgs {
-  trace: string
-  url: string
-  speedup: number
-  limit: number | null
-  durationMin: number | null
-  maxInFlight: number
-  timeoutS: number
-  model: string | null
-  apiKey: string | null
-  output: string | null
-  timeScale: number
-  quiet: boolean
-}
-
-/** Seconds of the longest timer Node keeps: a longer --timeout-s would fire after 1 ms. */
-const MAX_TIMEOUT_S = MAX_TIMER_MS / 1000
-
-export const VALUE_FLAGS = [
-  '--trace',
-  '--url',
-  '--speedup',
-  '--limit',
-  '--duration-min',
-  '--max-in-flight',
-  '--timeout-s',
-  '--model',
-  '--api-key',
-  '--output',
-  '--time-scale',
-] as const
-export const BOOL_FLAGS = ['--quiet'] as const
+export type ReplayArgs = Omit<ConfigOf<typeof REPLAY_ROWS>, 'trace' | 'url'> & { readonly trace: string; readonly url: string }
 
 /** Parses replay flags; throws ReplayUsageError naming the flag. Returns 'help' for --help. */
 export function parseReplayArgs(argv: readonly string[]): ReplayArgs | 'help' {
-  const v = new Map<string, string>()
-  const bools = new Set<string>()
-  for (let i = 0; i < argv.length; i++) {
-    const a = argv[i] as string
-    if (a === '-h' || a === '--help') return 'help'
-    const eq = a.indexOf('=')
-    const name = a.startsWith('--') && eq > 0 ? a.slice(0, eq) : a
-    if ((BOOL_FLAGS as readonly string[]).includes(name)) {
-      if (eq > 0) throw new ReplayUsageError(`${name} takes no value`)
-      bools.add(name)
-    } else if ((VALUE_FLAGS as readonly string[]).includes(name)) {
-      const value = eq > 0 && name !== a ? a.slice(eq + 1) : argv[++i]
-      if (value === undefined || (name === a && value.startsWith('--'))) throw new ReplayUsageError(`${name} needs a value`)
-      v.set(name, value)
-    } else {
-      throw new ReplayUsageError(`unknown option ${JSON.stringify(a)} (kv-router replay --help lists them)`)
-    }
+  let parsed: ReturnType<typeof parseOptions<ConfigOf<typeof REPLAY_ROWS>>>
+  try {
+    parsed = parseOptions<ConfigOf<typeof REPLAY_ROWS>>(REPLAY_TABLE, argv)
+  } catch (err) {
+    if (err instanceof ConfigError) throw new ReplayUsageError(err.message)
+    throw err
   }
-  const positive = (name: string, dflt: number, max = Infinity, why = ''): number => {
-    const s = v.get(name)
-    if (s === undefined) return dflt
-    const n = parseNumArg(s, 0, max)
-    if (n === undefined || n === 0)
-      throw new ReplayUsageError(`${name} must be a positive number${max < Infinity ? ` at most ${max}${why}` : ''}, got ${JSON.stringify(s)}`)
-    return n
-  }
-  const count = (name: string): number | null => {
-    const s = v.get(name)
-    if (s === undefined) return null
-    const n = parseIntArg(s, 1, Number.MAX_SAFE_INTEGER)
-    if (n === undefined) throw new ReplayUsageError(`${name} must be a positive integer, got ${JSON.stringify(s)}`)
-    return n
-  }
-  const trace = v.get('--trace')
-  if (trace === undefined || trace === '') throw new ReplayUsageError('--trace FILE is required')
-  const url = v.get('--url')
-  if (url === undefined) throw new ReplayUsageError('--url URL is required')
-  if (!isHttpUrl(url)) throw new ReplayUsageError(`--url must be an http(s) URL, got ${JSON.stringify(url)}`)
-  const durationMin = v.has('--duration-min') ? positive('--duration-min', 0) : null
-  return {
-    trace,
-    url,
-    speedup: positive('--speedup', 1),
-    limit: count('--limit'),
-    durationMin,
-    maxInFlight: count('--max-in-flight') ?? 2048,
-    timeoutS: positive('--timeout-s', 600, MAX_TIMEOUT_S, ' (about 24.8 days, the longest timer Node keeps)'),
-    model: v.get('--model') ?? null,
-    apiKey: v.get('--api-key') ?? null,
-    output: v.get('--output') ?? null,
-    timeScale: positive('--time-scale', 1),
-    quiet: bools.has('--quiet'),
-  }
+  if (parsed === 'help') return 'help'
+  const { trace, url } = parsed.config
+  if (trace === null || trace === '') throw new ReplayUsageError('--trace FILE is required')
+  if (url === null) throw new ReplayUsageError('--url URL is required')
+  return { ...parsed.config, trace, url }
 }
 
 /** The requests a replay sends: timestamps below the duration, then at most `limit`. */
@@ -238,11 +303,12 @@ export async function runReplay(argv: readonly string[], io: ReplayIo = { stdout
   return summary.errors > 0 ? 1 : 0
 }
 
-export async function replayMain(argv: string[]): Promise<void> {
+/** Runs a replay; resolves with its exit status. Throws FatalError for bad flags or an unreadable trace. */
+export async function replayMain(argv: string[]): Promise<number> {
   try {
-    process.exitCode = await runReplay(argv)
+    return await runReplay(argv)
   } catch (err) {
-    if (err instanceof ReplayUsageError) die(`replay: ${err.message}`)
+    if (err instanceof ReplayUsageError) throw new FatalError(`replay: ${err.message}`)
     throw err
   }
 }

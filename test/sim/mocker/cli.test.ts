@@ -47,7 +47,8 @@ t.test('invalid flags exit 2 with one line naming the flag', async (t) => {
   t.match(help.out(), /--num-gpu-blocks-override N/)
   t.match(help.out(), /kv-router mocker: ready <N> engine\(s\) <url>/)
   t.match(help.out(), /--kv-events-zmq ENDPOINT/)
-  t.match(help.out(), /router side is not wired yet/)
+  t.match(help.out(), /kv-router serve reads it for a worker registered with kv-events=/, "the router reads the engines' ZMQ events")
+  t.notMatch(help.out(), /not wired|does not read/)
 })
 
 t.test('a listen failure exits 2 with one line naming --host or --http-port', async (t) => {

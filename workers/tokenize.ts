@@ -6,7 +6,7 @@ import { readFileSync } from 'node:fs'
 import { workerData } from 'node:worker_threads'
 import { Tokenizer } from '@huggingface/tokenizers'
 import { ChatTemplate, findChatTemplate, TEMPLATE_REFUSED, tokenizerConfig } from '../src/tokenizer/chat-template.js'
-import type { TokenizeTask } from '../src/thread/protocol.js'
+import type { TokenizeTask } from '../src/tokenizer/chat-template.js'
 
 let tokenizer: Tokenizer | undefined
 let template: ChatTemplate | null | undefined

@@ -47,7 +47,6 @@
 // push) shared a line, and every check for waiting queries missed the cache after each push.
 import type { RouterEvent } from '../codec/events.js'
 import type { OverlapScore } from '../index/kv-index.js'
-import type { ChatRequest } from '../tokenizer/chat-template.js'
 
 const LINE = 32
 /** Main thread, every push. */
@@ -231,6 +230,3 @@ export interface ShardApi {
   block(ms: number): Promise<void>
   shutdown(seq: number): Promise<ShardStats>
 }
-
-/** One tokenizer-thread task: a text to encode, or a chat to render with the model's template and encode. */
-export type TokenizeTask = { text: string; addSpecialTokens: boolean } | { chat: ChatRequest; addSpecialTokens: boolean }

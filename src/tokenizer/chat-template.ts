@@ -19,6 +19,9 @@ export interface ChatRequest {
 /** A tokenizer thread's task: text, or a chat request for the model's template to render first. */
 
 /** The start of the message of a task the chat template refused: the client's error, not the router's. */
+/** One tokenizer-thread task: a text to encode, or a chat to render with the model's template and encode. */
+export type TokenizeTask = { text: string; addSpecialTokens: boolean } | { chat: ChatRequest; addSpecialTokens: boolean }
+
 export const TEMPLATE_REFUSED = 'chat template: '
 
 export interface ChatTemplateSource {

@@ -10,7 +10,7 @@ import { KvrError } from '../errors.js'
 import { ChatTemplate, findChatTemplate, TEMPLATE_REFUSED } from './chat-template.js'
 import type { ChatRequest, ChatTemplateSource } from './chat-template.js'
 import { TOKENIZE_ENTRY } from '../thread/protocol.js'
-import type { TokenizeTask } from '../thread/protocol.js'
+import type { TokenizeTask } from './chat-template.js'
 
 export interface ChatMessage {
   role: string

@@ -23,6 +23,7 @@
 // - A worker may reach one node through several block hashes (e.g. LoRA variants with equal
 //   token content); it stays in the node until its last such hash is removed.
 // - find_matches keeps the reference's O(1) "equal count ⇒ same set" step.
+import { mix3 } from '../codec/hash-mix.js'
 import { EventKind, type DecodedEvent } from '../codec/event-decoder.js'
 import type { RouterEvent, StoredBlock } from '../codec/events.js'
 import { u64FromParts } from '../codec/u64.js'
@@ -119,16 +120,6 @@ const E_NODE = 1
 const E_LO = 2
 const E_HI = 3
 const E_NEXT = 4
-
-function mix3(a: number, b: number, c: number): number {
-  let h = Math.imul(a ^ 0x9e3779b9, 0x85ebca6b)
-  h ^= h >>> 13
-  h = Math.imul(h ^ b, 0xc2b2ae35)
-  h ^= h >>> 16
-  h = Math.imul(h ^ c, 0x27d4eb2f)
-  h ^= h >>> 15
-  return h
-}
 
 function growI32(a: Int32Array, n: number, fill: number): Int32Array<ArrayBuffer> {
   const b = new Int32Array(n)

@@ -45,6 +45,7 @@
 // stretch (two cache lines, as adjacent-line prefetchers pair them). Packed together, the
 // shard's heartbeat (bumped every few blocks) and the main thread's ring position (bumped every
 // push) shared a line, and every check for waiting queries missed the cache after each push.
+import { fmix32 } from '../codec/hash-mix.js'
 import type { RouterEvent } from '../codec/events.js'
 import type { OverlapScore } from '../index/kv-index.js'
 
@@ -185,11 +186,7 @@ export interface ShardInit {
 
 /** Partition of worker ids over shards: every event and rank of a worker lands on one shard. */
 export function shardOf(idLo: number, idHi: number, shards: number): number {
-  let h = Math.imul(idLo ^ 0x9e3779b9, 0x85ebca6b)
-  h ^= h >>> 13
-  h = Math.imul(h ^ idHi, 0xc2b2ae35)
-  h ^= h >>> 16
-  return (h >>> 0) % shards
+  return fmix32(fmix32(idLo) ^ idHi) % shards
 }
 
 // ---- thread entry points and their messages ----

@@ -186,10 +186,14 @@ writeFileSync(join(resultsDir(), 'durable.json'), JSON.stringify(result, null, 2
 console.log(`durable catch-up → ${shards} shard(s), from the JetStream stream; median of ${reps}`)
 for (const r of rows) {
   console.log(
-    `  ${r.workload.padEnd(9)} ${String(r.events).padStart(7)} events ${r.megabytes.toFixed(1).padStart(6)} MB   ${Math.round(r.events_per_sec).toLocaleString('en-US')} events/s   ${Math.round(r.blocks_per_sec).toLocaleString('en-US')} blocks/s   ${r.megabytes_per_sec.toFixed(1)} MB/s   (${r.seconds.toFixed(2)} s; runs ${r.runs.map((x) => x.toFixed(2)).join(', ')})`,
+    `  ${r.workload.padEnd(9)} ${String(r.events).padStart(7)} events ${r.megabytes.toFixed(1).padStart(6)} MB   ` +
+      `${Math.round(r.events_per_sec).toLocaleString('en-US')} events/s   ${Math.round(r.blocks_per_sec).toLocaleString('en-US')} blocks/s   ` +
+      `${r.megabytes_per_sec.toFixed(1)} MB/s   (${r.seconds.toFixed(2)} s; runs ${r.runs.map((x) => x.toFixed(2)).join(', ')})`,
   )
 }
 console.log(
-  `  snapshot of the mooncake index: ${snapshot.events.toLocaleString('en-US')} events, ${snapshot.megabytes.toFixed(1)} MB; taken in ${snapshot.takeSeconds.toFixed(2)} s (dump with the intake held ${snapshot.dumpSeconds.toFixed(2)} s, encode and upload ${snapshot.uploadSeconds.toFixed(2)} s, then the purge); loaded by a new replica in ${snapshot.loadSeconds.toFixed(2)} s`,
+  `  snapshot of the mooncake index: ${snapshot.events.toLocaleString('en-US')} events, ${snapshot.megabytes.toFixed(1)} MB; taken in ` +
+    `${snapshot.takeSeconds.toFixed(2)} s (dump with the intake held ${snapshot.dumpSeconds.toFixed(2)} s, encode and upload ` +
+    `${snapshot.uploadSeconds.toFixed(2)} s, then the purge); loaded by a new replica in ${snapshot.loadSeconds.toFixed(2)} s`,
 )
 console.log('wrote bench/results/durable.json')

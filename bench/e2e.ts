@@ -207,7 +207,9 @@ async function runMode(mode: string, a: Args, requests: TraceRequest[], k: numbe
     const ticker = setInterval(
       () => {
         const p = run.progress()
-        const line = `  ${mode}: ${Math.floor((p.done / Math.max(1, p.total)) * 100)}%  sent ${p.sent}/${p.total}  in flight ${p.inFlight}  failed ${p.failed}  ${p.elapsedS.toFixed(0)}/${p.scheduleS.toFixed(0)} s`
+        const line =
+          `  ${mode}: ${Math.floor((p.done / Math.max(1, p.total)) * 100)}%  sent ${p.sent}/${p.total}  in flight ${p.inFlight}  failed ` +
+          `${p.failed}  ${p.elapsedS.toFixed(0)}/${p.scheduleS.toFixed(0)} s`
         process.stderr.write(tty ? `\r${line}\u001b[K` : `${line}\n`)
       },
       tty ? 500 : 15_000,
@@ -323,7 +325,8 @@ function plot(r: ResultJson): string {
   const slice = `${sliceText(c.minutes, c.offset_minutes ?? 0)} of the`
   return renderE2eSvg({
     title: `kv-router end to end: ${c.workers} mocker workers, ${slice} Mooncake conversation trace (${c.requests} requests)`,
-    subtitle: `load × ${c.load}, mocker --speedup-ratio ${c.speedup} (times simulated), K = ${c.K} blocks/worker, block ${c.block_size}; ${r.date.slice(0, 10)}`,
+    subtitle:
+      `load × ${c.load}, mocker --speedup-ratio ${c.speedup} (times simulated), K = ${c.K} blocks/worker, block ${c.block_size}; ` + `${r.date.slice(0, 10)}`,
     series: Object.entries(r.modes).map(([m, s]) => ({
       mode: m,
       ttftMs: s.ttft_percentiles_ms ?? [],
@@ -358,10 +361,12 @@ async function main(): Promise<void> {
   const sliceName = sliceText(a.minutes, a.offset)
   console.log(`bench:e2e — ${sliceName} of ${relative(process.cwd(), a.trace)}: ${requests.length} requests over ${(spanS / 60).toFixed(1)} min`)
   console.log(
-    `  infinite-cache hit-rate bound (block ${BLOCK_SIZE}): ${pct(bound.hitRate)}; ${bound.uniqueBlocks} unique blocks → K = ${k} KV blocks per worker (× ${a.workers} workers, factor ${a.capacityFactor}) [${boundS.toFixed(1)} s]`,
+    `  infinite-cache hit-rate bound (block ${BLOCK_SIZE}): ${pct(bound.hitRate)}; ${bound.uniqueBlocks} unique blocks → K = ${k} KV blocks per ` +
+      `worker (× ${a.workers} workers, factor ${a.capacityFactor}) [${boundS.toFixed(1)} s]`,
   )
   console.log(
-    `  mocker --speedup-ratio ${a.speedup}, load × ${a.load} → replay at ${replaySpeedup}× the trace: ~${(spanS / replaySpeedup).toFixed(0)} s of sending per mode; modes: ${a.modes.join(', ')}`,
+    `  mocker --speedup-ratio ${a.speedup}, load × ${a.load} → replay at ${replaySpeedup}× the trace: ~${(spanS / replaySpeedup).toFixed(0)} s of ` +
+      `sending per mode; modes: ${a.modes.join(', ')}`,
   )
   if (a.modes.includes('kv-tuned')) console.log(`  kv-tuned = kv-dynamo with ${TUNED.join(' ')}`)
   const runs: Record<string, ModeRun> = {}
@@ -375,7 +380,8 @@ async function main(): Promise<void> {
     const s = r.summary
     const cpuNote = r.cpu === null ? '' : `; CPU: bench ${pct(r.cpu.own)} of the machine, other processes ${pct(r.cpu.other)}`
     console.log(
-      `  ${mode}: ${s.ok}/${s.requests} ok in ${r.wallS.toFixed(0)} s wall; TTFT p50/p90/p99 ${ms(s.ttft_ms.p50)}/${ms(s.ttft_ms.p90)}/${ms(s.ttft_ms.p99)} ms, hit rate ${pct(s.hit_rate)}, spread ${s.spread?.toFixed(2) ?? '∞'}${cpuNote}`,
+      `  ${mode}: ${s.ok}/${s.requests} ok in ${r.wallS.toFixed(0)} s wall; TTFT p50/p90/p99 ${ms(s.ttft_ms.p50)}/${ms(s.ttft_ms.p90)}/` +
+        `${ms(s.ttft_ms.p99)} ms, hit rate ${pct(s.hit_rate)}, spread ${s.spread?.toFixed(2) ?? '∞'}${cpuNote}`,
     )
     if (r.cpu !== null && r.cpu.other > OTHER_CPU_WARN)
       console.log(`  WARNING: other processes used ${pct(r.cpu.other)} of the machine during ${mode}: its latencies are inflated; rerun on a quiet machine`)

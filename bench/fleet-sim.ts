@@ -207,7 +207,8 @@ function main(): void {
   const bound = cacheBound(requests, BLOCK_SIZE)
   const k = Math.ceil((bound.uniqueBlocks / a.workers) * a.capacityFactor)
   console.log(
-    `bench:fleet-sim — min ${a.offset} to ${a.offset + a.minutes} of the trace: ${requests.length} requests, ${a.workers} engines of ${k} KV blocks and a ${a.chunk}-token step, load × ${a.load}; infinite-cache bound ${(bound.hitRate * 100).toFixed(1)}%`,
+    `bench:fleet-sim — min ${a.offset} to ${a.offset + a.minutes} of the trace: ${requests.length} requests, ${a.workers} engines of ${k} KV ` +
+      `blocks and a ${a.chunk}-token step, load × ${a.load}; infinite-cache bound ${(bound.hitRate * 100).toFixed(1)}%`,
   )
   const rows: string[][] = []
   const json: Record<

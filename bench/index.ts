@@ -297,26 +297,32 @@ writeFileSync(join(resultsDir(), 'index.json'), JSON.stringify(result, null, 2) 
 const f = (x: number): string => Math.round(x).toLocaleString('en-US')
 const us = (x: number): string => x.toFixed(1)
 console.log(
-  `kv-router index benchmark — Mooncake trace, ${counts.requests} requests, ${workers} workers, block ${workload.options.blockSize}, ${workload.options.capacity} blocks/worker`,
+  `kv-router index benchmark — Mooncake trace, ${counts.requests} requests, ${workers} workers, block ${workload.options.blockSize}, ` +
+    `${workload.options.capacity} blocks/worker`,
 )
 console.log(
-  `${counts.events} events (${f(counts.blocks)} blocks), ${counts.lookups} lookups (${f(counts.lookupBlocks)} blocks); node ${process.version}, ${availableParallelism()} cores`,
+  `${counts.events} events (${f(counts.blocks)} blocks), ${counts.lookups} lookups (${f(counts.lookupBlocks)} blocks); node ${process.version}, ` +
+    `${availableParallelism()} cores`,
 )
 console.log(`warm: medians of ${reps} passes after a first (cold) pass on the same index; every worker removed between passes\n`)
 console.log('configuration    block ops/s   request ops/s   lookup p50 µs   lookup p99 µs   ring full   seconds │ cold: block ops/s   p50 µs   p99 µs')
 for (const c of configs) {
   const s = summary[c] as Summary
   console.log(
-    `${c.padEnd(14)} ${f(s.block_ops_per_sec).padStart(13)} ${f(s.request_ops_per_sec).padStart(15)} ${us(s.lookup_us.p50).padStart(15)} ${us(s.lookup_us.p99).padStart(15)} ${String(s.ring_full).padStart(11)} ${s.seconds.toFixed(2).padStart(9)} │ ${f(s.cold.block_ops_per_sec).padStart(17)} ${us(s.cold.lookup_us.p50).padStart(8)} ${us(s.cold.lookup_us.p99).padStart(8)}`,
+    `${c.padEnd(14)} ${f(s.block_ops_per_sec).padStart(13)} ${f(s.request_ops_per_sec).padStart(15)} ${us(s.lookup_us.p50).padStart(15)} ` +
+      `${us(s.lookup_us.p99).padStart(15)} ${String(s.ring_full).padStart(11)} ${s.seconds.toFixed(2).padStart(9)} │ ` +
+      `${f(s.cold.block_ops_per_sec).padStart(17)} ${us(s.cold.lookup_us.p50).padStart(8)} ${us(s.cold.lookup_us.p99).padStart(8)}`,
   )
 }
 if (paced !== undefined) {
   console.log(
-    `1-shard, events paced at ${f(paced.pace_block_ops_per_sec)} block ops/s (half its warm saturated rate): lookup p50 ${us(paced.lookup_us.p50)} µs, p99 ${us(paced.lookup_us.p99)} µs`,
+    `1-shard, events paced at ${f(paced.pace_block_ops_per_sec)} block ops/s (half its warm saturated rate): lookup p50 ${us(paced.lookup_us.p50)} ` +
+      `µs, p99 ${us(paced.lookup_us.p99)} µs`,
   )
 }
 const sharded = configs.filter((c) => c !== 'single-thread')
 console.log(
-  `\nbytes per cached (block, worker) entry after the cold pass: ${result.bytes_per_block.toFixed(1)} (single index, ${f(result.entries_at_end)} entries); sharded: ${sharded.map((c) => `${c}: ${(result.bytes_per_block_sharded[c] as number).toFixed(1)}`).join(', ')}`,
+  `\nbytes per cached (block, worker) entry after the cold pass: ${result.bytes_per_block.toFixed(1)} (single index, ${f(result.entries_at_end)} ` +
+    `entries); sharded: ${sharded.map((c) => `${c}: ${(result.bytes_per_block_sharded[c] as number).toFixed(1)}`).join(', ')}`,
 )
 console.log(`wrote bench/results/index.json`)

@@ -433,12 +433,14 @@ for (const [bs, h] of [
 ] as const) {
   for (const [k, v] of Object.entries(h))
     console.log(
-      `  ${k.padStart(5)} tokens, block ${bs.padStart(2)}: ${String(v.blocks).padStart(5)} blocks  ${f(v.local_us, 1).padStart(8)} µs  ${f(v.local_and_seq_us, 1).padStart(8)} µs  (${f(v.ns_per_block, 0)} ns/block)`,
+      `  ${k.padStart(5)} tokens, block ${bs.padStart(2)}: ${String(v.blocks).padStart(5)} blocks  ${f(v.local_us, 1).padStart(8)} µs  ` +
+        `${f(v.local_and_seq_us, 1).padStart(8)} µs  (${f(v.ns_per_block, 0)} ns/block)`,
     )
 }
 console.log('\nindex apply (single thread, 64 worker-ranks, 24-block requests)')
 console.log(
-  `  stored blocks/s, churn    ${Math.round(apply.churn_stored_blocks_per_sec).toLocaleString('en-US').padStart(12)}   (full index; each request's Removed then a new request's Stored)`,
+  `  stored blocks/s, churn    ${Math.round(apply.churn_stored_blocks_per_sec).toLocaleString('en-US').padStart(12)}   (full index; each request's ` +
+    `Removed then a new request's Stored)`,
 )
 console.log(`  removed blocks/s, churn   ${Math.round(apply.churn_removed_blocks_per_sec).toLocaleString('en-US').padStart(12)}`)
 console.log(`  stored blocks/s, refill   ${Math.round(apply.stored_blocks_per_sec).toLocaleString('en-US').padStart(12)}   (a drained index refilled in bulk)`)
@@ -453,22 +455,26 @@ console.log(
   `  all 64 hold all 24 blocks                       ${f(findAll.p50_us).padStart(7)}  ${f(findAll.p99_us).padStart(7)}  ${f(findAll.mean_us, 3).padStart(8)}`,
 )
 console.log(
-  `  staggered depths (a drop at every block)        ${f(findStaggered.p50_us).padStart(7)}  ${f(findStaggered.p99_us).padStart(7)}  ${f(findStaggered.mean_us, 3).padStart(8)}`,
+  `  staggered depths (a drop at every block)        ${f(findStaggered.p50_us).padStart(7)}  ${f(findStaggered.p99_us).padStart(7)}  ` +
+    `${f(findStaggered.mean_us, 3).padStart(8)}`,
 )
 console.log(`\n/v1/route body, 4,096 token ids (${routeBody.bytes_per_body.toLocaleString('en-US')} bytes of JSON), µs per body`)
 console.log(`  WebAssembly SIMD scanner ${f(routeBody.simd_us, 1).padStart(8)}   (${f(routeBody.simd_mb_per_s, 0)} MB/s)`)
 console.log(
-  `  byte loop alone          ${f(routeBody.byte_loop_us, 1).padStart(8)}   (a runtime without SIMD; ratio ${f(routeBody.simd_us / routeBody.byte_loop_us, 2)})`,
+  `  byte loop alone          ${f(routeBody.byte_loop_us, 1).padStart(8)}   (a runtime without SIMD; ratio ` +
+    `${f(routeBody.simd_us / routeBody.byte_loop_us, 2)})`,
 )
 console.log('\n/v1/completions body with exact u64s (parseJsonExact) vs JSON.parse alone, µs per body')
 for (const [k, v] of Object.entries(completionsBody))
   console.log(`  ${k.padEnd(15)} ${String(v.bytes).padStart(7)} bytes  ${f(v.exact_us).padStart(8)}  ${f(v.json_parse_us).padStart(8)}   (ratio ${f(v.ratio)})`)
 console.log(`\nscheduler heap (src/scheduler/binary-heap.ts)                 per wall s   per CPU s`)
 console.log(
-  `  approximate mode: record + expire, ${heap.blocks.toLocaleString('en-US')} blocks, ${heap.workers} ranks  ${(heap.approx_blocks_per_sec / 1e6).toFixed(2).padStart(6)} M     ${(heap.approx_blocks_per_cpu_sec / 1e6).toFixed(2).padStart(6)} M blocks`,
+  `  approximate mode: record + expire, ${heap.blocks.toLocaleString('en-US')} blocks, ${heap.workers} ranks  ` +
+    `${(heap.approx_blocks_per_sec / 1e6).toFixed(2).padStart(6)} M     ${(heap.approx_blocks_per_cpu_sec / 1e6).toFixed(2).padStart(6)} M blocks`,
 )
 console.log(
-  `  waiting room: churn at depth ${heap.queue_depth.toLocaleString('en-US')}                         ${(heap.queue_ops_per_sec / 1e6).toFixed(2).padStart(6)} M     ${(heap.queue_ops_per_cpu_sec / 1e6).toFixed(2).padStart(6)} M ops`,
+  `  waiting room: churn at depth ${heap.queue_depth.toLocaleString('en-US')}                         ` +
+    `${(heap.queue_ops_per_sec / 1e6).toFixed(2).padStart(6)} M     ${(heap.queue_ops_per_cpu_sec / 1e6).toFixed(2).padStart(6)} M ops`,
 )
 console.log(`\npredicted blocks, ${predicted.blocks} per event, written and read back, µs per event`)
 console.log(`  PREDICTED ring record    ${f(predicted.record_us).padStart(8)}`)

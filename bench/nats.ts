@@ -102,11 +102,14 @@ const rows = (Object.keys(encodings) as Encoding[]).map((encoding) => {
 const result = { command: 'npm run bench:nats', node: process.version, shards, reps, events: events.length, blocks, rows }
 writeFileSync(join(resultsDir(), 'nats.json'), JSON.stringify(result, null, 2) + '\n')
 console.log(
-  `NATS intake → ${shards} shard(s): ${events.length} events, ${blocks.toLocaleString('en-US')} blocks through nats-server; median of ${reps}, runs alternated`,
+  `NATS intake → ${shards} shard(s): ${events.length} events, ${blocks.toLocaleString('en-US')} blocks through nats-server; ` +
+    `median of ${reps}, runs alternated`,
 )
 for (const r of rows) {
   console.log(
-    `  ${r.encoding.padEnd(8)} ${r.megabytes.toFixed(1).padStart(6)} MB   ${Math.round(r.events_per_sec).toLocaleString('en-US')} events/s   ${Math.round(r.blocks_per_sec).toLocaleString('en-US')} blocks/s   ${r.megabytes_per_sec.toFixed(1)} MB/s   (${r.seconds.toFixed(2)} s; slow-consumer episodes ${r.slow_consumer_episodes.join(', ')})`,
+    `  ${r.encoding.padEnd(8)} ${r.megabytes.toFixed(1).padStart(6)} MB   ${Math.round(r.events_per_sec).toLocaleString('en-US')} events/s   ` +
+      `${Math.round(r.blocks_per_sec).toLocaleString('en-US')} blocks/s   ${r.megabytes_per_sec.toFixed(1)} MB/s   (${r.seconds.toFixed(2)} s; ` +
+      `slow-consumer episodes ${r.slow_consumer_episodes.join(', ')})`,
   )
 }
 const [json, msgpack] = rows as [(typeof rows)[0], (typeof rows)[0]]

@@ -88,7 +88,10 @@ export interface PhaseResult {
   ingressMs: { p50: number; p99: number }
   /** The upstream writes the first event -> the client has it. */
   egressMs: { p50: number; p99: number }
-  /** CPU time (all threads, from /proc) of the process in the path (router, bare proxy or relay), per request of the phase; null for direct phases or off Linux. */
+  /**
+   * CPU time (all threads, from /proc) of the process in the path (router, bare proxy or relay), per request of the phase; null for
+   * direct phases or off Linux.
+   */
   hopCpuUsPerRequest: number | null
   /** CPU of each process over the phase, in % of one core (the machine has to share its cores between them). */
   cpuPct: { client: number; upstreams: number | null; hop: number | null }
@@ -269,14 +272,16 @@ async function upstreams(count: number): Promise<void> {
           if (res.destroyed) return
           if (sent === MAX_TOKENS) {
             res.end(
-              'data: {"id":"u","object":"text_completion","choices":[],"usage":{"prompt_tokens":64,"completion_tokens":16,"total_tokens":80,"prompt_tokens_details":{"cached_tokens":0}}}\n\ndata: [DONE]\n\n',
+              'data: {"id":"u","object":"text_completion","choices":[],"usage":{"prompt_tokens":64,"completion_tokens":16,"total_tokens":80,' +
+                '"prompt_tokens_details":{"cached_tokens":0}}}\n\ndata: [DONE]\n\n',
             )
             return
           }
           sent++
           const stamp = sent === 1 ? `"bench_in":${arrived},"bench_out":${monoUs()},` : ''
           res.write(
-            `data: {"id":"u","object":"text_completion",${stamp}"choices":[{"index":0,"text":"t${sent}","finish_reason":${sent === MAX_TOKENS ? '"length"' : 'null'}}]}\n\n`,
+            `data: {"id":"u","object":"text_completion",${stamp}"choices":[{"index":0,"text":"t${sent}","finish_reason":` +
+              `${sent === MAX_TOKENS ? '"length"' : 'null'}}]}\n\n`,
           )
           setTimeout(tick, ITL_MS)
         }
@@ -850,14 +855,22 @@ function stealText(direct: PhaseResult, hop: PhaseResult, samePhase: boolean): s
 
 export function printProxy(p: ProxyResult): void {
   console.log(
-    `\nproxy: ${p.engines} fixed-timing upstreams (first token ${p.ttftMs} ms, then every ${p.itlMs} ms, ${p.maxTokens} tokens), ${p.promptTokens}-token prompts, open-loop at ${p.ratePerSec}/s per path for ~${p.streamsTarget} concurrent streams, ${p.seconds} s per phase (paired and alternating rounds ${p.headlineSeconds} s), router in ${p.mode} mode`,
+    `\nproxy: ${p.engines} fixed-timing upstreams (first token ${p.ttftMs} ms, then every ${p.itlMs} ms, ${p.maxTokens} tokens), ` +
+      `${p.promptTokens}-token prompts, open-loop at ${p.ratePerSec}/s per path for ~${p.streamsTarget} concurrent streams, ${p.seconds} s per ` +
+      `phase (paired and alternating rounds ${p.headlineSeconds} s), router in ${p.mode} mode`,
   )
   console.log(
-    'round        | path   | requests | errors | mean open | TTFT p50 ms | TTFT p99 ms | total p50 ms | total p99 ms | ingress p50 / p99 ms | egress p50 / p99 ms | hop CPU µs/req',
+    'round        | path   | requests | errors | mean open | TTFT p50 ms | TTFT p99 ms | total p50 ms | total p99 ms | ingress p50 / p99 ms | ' +
+      'egress p50 / p99 ms | hop CPU µs/req',
   )
   const row = (label: string, x: PhaseResult): void =>
     console.log(
-      `${label.padEnd(12)} | ${x.path.padEnd(6)} | ${String(x.requests).padStart(8)} | ${String(x.errors).padStart(6)} | ${x.meanOpen.toFixed(0).padStart(9)} | ${x.ttftMs.p50.toFixed(2).padStart(11)} | ${x.ttftMs.p99.toFixed(2).padStart(11)} | ${x.totalMs.p50.toFixed(2).padStart(12)} | ${x.totalMs.p99.toFixed(2).padStart(12)} | ${`${x.ingressMs.p50.toFixed(2)} / ${x.ingressMs.p99.toFixed(2)}`.padStart(20)} | ${`${x.egressMs.p50.toFixed(2)} / ${x.egressMs.p99.toFixed(2)}`.padStart(19)} | ${(x.hopCpuUsPerRequest === null ? '–' : x.hopCpuUsPerRequest.toFixed(0)).padStart(14)}`,
+      `${label.padEnd(12)} | ${x.path.padEnd(6)} | ${String(x.requests).padStart(8)} | ${String(x.errors).padStart(6)} | ` +
+        `${x.meanOpen.toFixed(0).padStart(9)} | ${x.ttftMs.p50.toFixed(2).padStart(11)} | ${x.ttftMs.p99.toFixed(2).padStart(11)} | ` +
+        `${x.totalMs.p50.toFixed(2).padStart(12)} | ${x.totalMs.p99.toFixed(2).padStart(12)} | ` +
+        `${`${x.ingressMs.p50.toFixed(2)} / ${x.ingressMs.p99.toFixed(2)}`.padStart(20)} | ` +
+        `${`${x.egressMs.p50.toFixed(2)} / ${x.egressMs.p99.toFixed(2)}`.padStart(19)} | ` +
+        `${(x.hopCpuUsPerRequest === null ? '–' : x.hopCpuUsPerRequest.toFixed(0)).padStart(14)}`,
     )
   const f = (x: number | null): string => (x === null ? '–' : `${x.toFixed(0)}%`)
   const rows = (label: string, rs: Round[]): void =>
@@ -870,16 +883,20 @@ export function printProxy(p: ProxyResult): void {
       const samePhase = c.client === d.client && c.upstreams === d.upstreams
       const load = samePhase
         ? `client ${f(c.client)}, upstreams ${f(c.upstreams)}, ${hop} ${f(c.hop)}`
-        : `direct phase: client ${f(d.client)}, upstreams ${f(d.upstreams)}; routed phase: client ${f(c.client)}, upstreams ${f(c.upstreams)}, ${hop} ${f(c.hop)}`
+        : `direct phase: client ${f(d.client)}, upstreams ${f(d.upstreams)}; routed phase: client ${f(c.client)}, upstreams ${f(c.upstreams)}, ` +
+          `${hop} ${f(c.hop)}`
       const g = r.hop.hopGc
       const gcText =
         g === null
           ? ''
-          : ` | router GC pauses: ${g.scavenges} scavenges, ${g.scavengeMs.toFixed(1)} ms${g.majors > 0 ? `; ${g.majors} major, ${g.majorMs.toFixed(1)} ms` : ''}`
+          : ` | router GC pauses: ${g.scavenges} scavenges, ${g.scavengeMs.toFixed(1)} ms` +
+            `${g.majors > 0 ? `; ${g.majors} major, ${g.majorMs.toFixed(1)} ms` : ''}`
       const ld = r.hop.hopLoopDelayMs
       const loopText = ld === null ? '' : ` | router event-loop delay p99 ${ld.p99.toFixed(1)} ms, max ${ld.max.toFixed(1)} ms`
       console.log(
-        `${''.padEnd(12)} | p99 overhead: TTFT ${r.p99TtftOverheadMs.toFixed(2)} ms (95% bootstrap ${interval(r.p99TtftOverheadCi95Ms)}; ingress ${r.p99IngressOverheadMs.toFixed(2)}, egress ${r.p99EgressOverheadMs.toFixed(2)}), total ${r.p99TotalOverheadMs.toFixed(2)} ms | CPU of one core: ${load}${gcText}${loopText}${stealText(r.direct, r.hop, samePhase)}`,
+        `${''.padEnd(12)} | p99 overhead: TTFT ${r.p99TtftOverheadMs.toFixed(2)} ms (95% bootstrap ${interval(r.p99TtftOverheadCi95Ms)}; ingress ` +
+          `${r.p99IngressOverheadMs.toFixed(2)}, egress ${r.p99EgressOverheadMs.toFixed(2)}), total ${r.p99TotalOverheadMs.toFixed(2)} ms | CPU of ` +
+          `one core: ${load}${gcText}${loopText}${stealText(r.direct, r.hop, samePhase)}`,
       )
     })
   rows('paired', p.paired.rounds)
@@ -895,7 +912,9 @@ export function printProxy(p: ProxyResult): void {
   console.log("rounds      | in the router's place  | pooled | 95% bootstrap    | median | ingress / egress | TTFT p99 direct / hop | CPU µs/req")
   const line = (name: string, hop: string, x: PairedSummary): void =>
     console.log(
-      `${name.padEnd(11)} | ${hop.padEnd(22)} | ${x.pooledTtftMs.toFixed(2).padStart(6)} | ${interval(x.pooledTtftCi95Ms).padEnd(16)} | ${x.ttftMs.toFixed(2).padStart(6)} | ${`${x.ingressMs.toFixed(2)} / ${x.egressMs.toFixed(2)}`.padStart(16)} | ${abs(x.rounds).padStart(21)} | ${us(x.cpuUsPerRequest).padStart(10)}`,
+      `${name.padEnd(11)} | ${hop.padEnd(22)} | ${x.pooledTtftMs.toFixed(2).padStart(6)} | ${interval(x.pooledTtftCi95Ms).padEnd(16)} | ` +
+        `${x.ttftMs.toFixed(2).padStart(6)} | ${`${x.ingressMs.toFixed(2)} / ${x.egressMs.toFixed(2)}`.padStart(16)} | ` +
+        `${abs(x.rounds).padStart(21)} | ${us(x.cpuUsPerRequest).padStart(10)}`,
     )
   line('paired', 'router', p.paired)
   line('log off', 'router, --log-level off', p.pairedLoggingOff)
@@ -906,7 +925,8 @@ export function printProxy(p: ProxyResult): void {
   line('relay', 'TCP relay', p.relay)
   const g = p.logging
   console.log(
-    `\nrequest logging at info (paired less log off): p99 TTFT overhead ${g.differenceMs >= 0 ? '+' : ''}${g.differenceMs.toFixed(2)} ms (95% bootstrap ${interval(g.ci95Ms)}): ${g.withinNoise ? 'within the noise' : 'NOT within the noise'}`,
+    `\nrequest logging at info (paired less log off): p99 TTFT overhead ${g.differenceMs >= 0 ? '+' : ''}${g.differenceMs.toFixed(2)} ms (95% ` +
+      `bootstrap ${interval(g.ci95Ms)}): ${g.withinNoise ? 'within the noise' : 'NOT within the noise'}`,
   )
 }
 

@@ -138,7 +138,9 @@ async function runSetup(setup: Setup, a: ReplicasArgs, requests: TraceRequest[],
     const ticker = setInterval(
       () => {
         const p = run.progress()
-        const line = `  ${setup.label}: ${Math.floor((p.done / Math.max(1, p.total)) * 100)}%  sent ${p.sent}/${p.total}  in flight ${p.inFlight}  failed ${p.failed}  ${p.elapsedS.toFixed(0)}/${p.scheduleS.toFixed(0)} s`
+        const line =
+          `  ${setup.label}: ${Math.floor((p.done / Math.max(1, p.total)) * 100)}%  sent ${p.sent}/${p.total}  in flight ${p.inFlight}  ` +
+          `failed ${p.failed}  ${p.elapsedS.toFixed(0)}/${p.scheduleS.toFixed(0)} s`
         process.stderr.write(tty ? `\r${line}\u001b[K` : `${line}\n`)
       },
       tty ? 500 : 15_000,
@@ -203,13 +205,16 @@ async function main(): Promise<void> {
   const command = `npm run bench:replicas${process.argv.length > 2 ? ` -- ${process.argv.slice(2).join(' ')}` : ''}`
   const sliceName = a.minutes === null ? 'the whole trace' : `the first ${a.minutes} min`
   console.log(
-    `bench:replicas — ${sliceName} of ${relative(process.cwd(), tracePath)}: ${requests.length} requests over ${(spanS / 60).toFixed(1)} min, through HAProxy`,
+    `bench:replicas — ${sliceName} of ${relative(process.cwd(), tracePath)}: ` +
+      `${requests.length} requests over ${(spanS / 60).toFixed(1)} min, through HAProxy`,
   )
   console.log(
-    `  infinite-cache hit-rate bound (block ${BLOCK_SIZE}): ${pct(bound.hitRate)}; K = ${k} KV blocks per engine (× ${a.workers} engines, factor ${a.capacityFactor})`,
+    `  infinite-cache hit-rate bound (block ${BLOCK_SIZE}): ${pct(bound.hitRate)}; K = ${k} KV blocks per engine (× ${a.workers} engines, factor ` +
+      `${a.capacityFactor})`,
   )
   console.log(
-    `  mocker --speedup-ratio ${a.speedup}, load × ${a.load} → replay at ${replaySpeedup}× the trace: ~${(spanS / replaySpeedup).toFixed(0)} s of sending per setup`,
+    `  mocker --speedup-ratio ${a.speedup}, load × ${a.load} → replay at ${replaySpeedup}× the trace: ~${(spanS / replaySpeedup).toFixed(0)} s of ` +
+      `sending per setup`,
   )
   console.log(`  routers: ${[...ROUTER_COST, ...a.routerArgs].join(' ')}`)
 
@@ -220,7 +225,8 @@ async function main(): Promise<void> {
     const s = r.summary
     const cpuNote = r.cpu === null ? '' : `; CPU: bench ${pct(r.cpu.own)} of the machine, other processes ${pct(r.cpu.other)}`
     console.log(
-      `  ${setup.label}: ${s.ok}/${s.requests} ok in ${r.wallS.toFixed(0)} s wall; TTFT p50/p90/p99 ${ms(s.ttft_ms.p50)}/${ms(s.ttft_ms.p90)}/${ms(s.ttft_ms.p99)} ms, hit rate ${pct(s.hit_rate)}, spread ${s.spread?.toFixed(2) ?? '∞'}, races ${r.races ?? 'n/a'}${cpuNote}`,
+      `  ${setup.label}: ${s.ok}/${s.requests} ok in ${r.wallS.toFixed(0)} s wall; TTFT p50/p90/p99 ${ms(s.ttft_ms.p50)}/${ms(s.ttft_ms.p90)}/` +
+        `${ms(s.ttft_ms.p99)} ms, hit rate ${pct(s.hit_rate)}, spread ${s.spread?.toFixed(2) ?? '∞'}, races ${r.races ?? 'n/a'}${cpuNote}`,
     )
     if (r.cpu !== null && r.cpu.other > OTHER_CPU_WARN)
       console.log(

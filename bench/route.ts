@@ -575,17 +575,21 @@ async function main(): Promise<void> {
   console.log('worker-ranks | in flight |  p50 µs |  p99 µs | mean µs')
   for (const d of decisions) {
     console.log(
-      `${String(d.workers).padStart(12)} | ${String(d.population).padStart(9)} | ${d.p50Us.toFixed(2).padStart(7)} | ${d.p99Us.toFixed(2).padStart(7)} | ${d.meanUs.toFixed(2).padStart(7)}`,
+      `${String(d.workers).padStart(12)} | ${String(d.population).padStart(9)} | ${d.p50Us.toFixed(2).padStart(7)} | ` +
+        `${d.p99Us.toFixed(2).padStart(7)} | ${d.meanUs.toFixed(2).padStart(7)}`,
     )
   }
   console.log(
-    `queue at ${QUEUE_DEPTH} waiting: heap pop+push ${(heap.pairsPerSec / 1e6).toFixed(2)} M pairs/s; scheduler dispatch+enqueue ${(facade.pairsPerSec / 1e3).toFixed(1)} k pairs/s`,
+    `queue at ${QUEUE_DEPTH} waiting: heap pop+push ${(heap.pairsPerSec / 1e6).toFixed(2)} M pairs/s; scheduler dispatch+enqueue ` +
+      `${(facade.pairsPerSec / 1e3).toFixed(1)} k pairs/s`,
   )
   console.log(
-    `proxy booking (UpstreamProxy.book + release, 64-token prompt, 4 workers), median of ${REPS} × ${BOOKINGS}: ${booking.map((b) => `${b.mode} ${b.us.toFixed(2)} µs`).join(', ')}`,
+    `proxy booking (UpstreamProxy.book + release, 64-token prompt, 4 workers), median of ${REPS} × ${BOOKINGS}: ` +
+      `${booking.map((b) => `${b.mode} ${b.us.toFixed(2)} µs`).join(', ')}`,
   )
   console.log(
-    `a proxied request's log line, median of ${REPS} × ${LINES}: ${requestLine.infoUs.toFixed(2)} µs at info (JSON written to /dev/null), ${requestLine.offUs.toFixed(3)} µs with logging off`,
+    `a proxied request's log line, median of ${REPS} × ${LINES}: ${requestLine.infoUs.toFixed(2)} µs at info (JSON written to /dev/null), ` +
+      `${requestLine.offUs.toFixed(3)} µs with logging off`,
   )
   await mainHttp(result)
 }
@@ -624,42 +628,55 @@ async function mainHttp(prior: object = {}): Promise<void> {
   console.log('round | baseline req/s | baseline p99 ms | baseline cpu µs/req | /v1/route req/s | /v1/route p99 ms | /v1/route cpu µs/req | ratio')
   h.rounds.forEach((r, i) =>
     console.log(
-      `${String(i + 1).padStart(5)} | ${r.baseline.reqPerSec.toFixed(0).padStart(14)} | ${r.baseline.p99Ms.toFixed(2).padStart(15)} | ${cpu(r.baseline.cpuUsPerReq).padStart(19)} | ${r.route.reqPerSec.toFixed(0).padStart(15)} | ${r.route.p99Ms.toFixed(2).padStart(16)} | ${cpu(r.route.cpuUsPerReq).padStart(20)} | ${(r.route.reqPerSec / r.baseline.reqPerSec).toFixed(3)}`,
+      `${String(i + 1).padStart(5)} | ${r.baseline.reqPerSec.toFixed(0).padStart(14)} | ${r.baseline.p99Ms.toFixed(2).padStart(15)} | ` +
+        `${cpu(r.baseline.cpuUsPerReq).padStart(19)} | ${r.route.reqPerSec.toFixed(0).padStart(15)} | ${r.route.p99Ms.toFixed(2).padStart(16)} | ` +
+        `${cpu(r.route.cpuUsPerReq).padStart(20)} | ${(r.route.reqPerSec / r.baseline.reqPerSec).toFixed(3)}`,
     ),
   )
   console.log(
-    `median ratio ${h.ratioMedian.toFixed(3)} (req/s); median CPU-per-request ratio ${h.cpuRatioMedian === null ? '–' : h.cpuRatioMedian.toFixed(3)} (baseline / route)`,
+    `median ratio ${h.ratioMedian.toFixed(3)} (req/s); median CPU-per-request ratio ` +
+      `${h.cpuRatioMedian === null ? '–' : h.cpuRatioMedian.toFixed(3)} (baseline / route)`,
   )
   console.log('\n/v1/route, request lines logged at info (the default) vs logging off, same rounds')
   console.log('round | info req/s | info p99 ms | info cpu µs/req | off req/s | off p99 ms | off cpu µs/req | req/s info/off')
   h.rounds.forEach((r, i) =>
     console.log(
-      `${String(i + 1).padStart(5)} | ${r.route.reqPerSec.toFixed(0).padStart(10)} | ${r.route.p99Ms.toFixed(2).padStart(11)} | ${cpu(r.route.cpuUsPerReq).padStart(15)} | ${r.silent.reqPerSec.toFixed(0).padStart(9)} | ${r.silent.p99Ms.toFixed(2).padStart(10)} | ${cpu(r.silent.cpuUsPerReq).padStart(14)} | ${(r.route.reqPerSec / r.silent.reqPerSec).toFixed(3)}`,
+      `${String(i + 1).padStart(5)} | ${r.route.reqPerSec.toFixed(0).padStart(10)} | ${r.route.p99Ms.toFixed(2).padStart(11)} | ` +
+        `${cpu(r.route.cpuUsPerReq).padStart(15)} | ${r.silent.reqPerSec.toFixed(0).padStart(9)} | ${r.silent.p99Ms.toFixed(2).padStart(10)} | ` +
+        `${cpu(r.silent.cpuUsPerReq).padStart(14)} | ${(r.route.reqPerSec / r.silent.reqPerSec).toFixed(3)}`,
     ),
   )
   const lg = h.logging
   console.log(
-    `median req/s ratio info/off ${lg.reqPerSecRatioMedian.toFixed(3)}; CPU a request's line adds, median ${lg.cpuUsPerReqAddedMedian === null ? '–' : lg.cpuUsPerReqAddedMedian.toFixed(1)} µs; ${lg.lines} lines for ${lg.requests} requests counted`,
+    `median req/s ratio info/off ${lg.reqPerSecRatioMedian.toFixed(3)}; CPU a request's line adds, median ` +
+      `${lg.cpuUsPerReqAddedMedian === null ? '–' : lg.cpuUsPerReqAddedMedian.toFixed(1)} µs; ${lg.lines} lines for ${lg.requests} requests counted`,
   )
   console.log(
-    `/v1/route ratio (req/s against the baseline), median of the rounds: logging at info ${h.ratioMedian.toFixed(3)}, logging off ${h.ratioMedianLoggingOff.toFixed(3)}`,
+    `/v1/route ratio (req/s against the baseline), median of the rounds: logging at info ${h.ratioMedian.toFixed(3)}, logging off ` +
+      `${h.ratioMedianLoggingOff.toFixed(3)}`,
   )
   const ci = (x: [number, number] | null, d: number): string => (x === null ? '–' : `${x[0].toFixed(d)} to ${x[1].toFixed(d)}`)
   console.log(`\n/v1/route logging trios: ${lg.trios.length} × (info, off, off twin), ${lg.trioSeconds} s each, the order rotated`)
   console.log('trio | info req/s | off req/s | twin req/s | info/off | twin/off | info cpu µs/req | off cpu µs/req | twin cpu µs/req')
   lg.trios.forEach((x, i) =>
     console.log(
-      `${String(i + 1).padStart(4)} | ${x.info.reqPerSec.toFixed(0).padStart(10)} | ${x.off.reqPerSec.toFixed(0).padStart(9)} | ${x.off2.reqPerSec.toFixed(0).padStart(10)} | ${(x.info.reqPerSec / x.off.reqPerSec).toFixed(3).padStart(8)} | ${(x.off2.reqPerSec / x.off.reqPerSec).toFixed(3).padStart(8)} | ${cpu(x.info.cpuUsPerReq).padStart(15)} | ${cpu(x.off.cpuUsPerReq).padStart(14)} | ${cpu(x.off2.cpuUsPerReq).padStart(15)}`,
+      `${String(i + 1).padStart(4)} | ${x.info.reqPerSec.toFixed(0).padStart(10)} | ${x.off.reqPerSec.toFixed(0).padStart(9)} | ` +
+        `${x.off2.reqPerSec.toFixed(0).padStart(10)} | ${(x.info.reqPerSec / x.off.reqPerSec).toFixed(3).padStart(8)} | ` +
+        `${(x.off2.reqPerSec / x.off.reqPerSec).toFixed(3).padStart(8)} | ${cpu(x.info.cpuUsPerReq).padStart(15)} | ` +
+        `${cpu(x.off.cpuUsPerReq).padStart(14)} | ${cpu(x.off2.cpuUsPerReq).padStart(15)}`,
     ),
   )
   console.log(
-    `median req/s info/off ${lg.trioReqPerSecRatioMedian.toFixed(3)} (95% bootstrap ${ci(lg.trioReqPerSecRatioCi95, 3)}); A/A twin/off ${lg.twinReqPerSecRatioMedian.toFixed(3)} (${ci(lg.twinReqPerSecRatioCi95, 3)})`,
+    `median req/s info/off ${lg.trioReqPerSecRatioMedian.toFixed(3)} (95% bootstrap ${ci(lg.trioReqPerSecRatioCi95, 3)}); A/A twin/off ` +
+      `${lg.twinReqPerSecRatioMedian.toFixed(3)} (${ci(lg.twinReqPerSecRatioCi95, 3)})`,
   )
   console.log(
-    `CPU per request added, median: info − off ${cpu(lg.trioCpuUsPerReqAddedMedian)} µs (${ci(lg.trioCpuUsPerReqAddedCi95, 1)}); A/A twin − off ${cpu(lg.twinCpuUsPerReqAddedMedian)} µs (${ci(lg.twinCpuUsPerReqAddedCi95, 1)})`,
+    `CPU per request added, median: info − off ${cpu(lg.trioCpuUsPerReqAddedMedian)} µs (${ci(lg.trioCpuUsPerReqAddedCi95, 1)}); A/A twin − off ` +
+      `${cpu(lg.twinCpuUsPerReqAddedMedian)} µs (${ci(lg.twinCpuUsPerReqAddedCi95, 1)})`,
   )
   console.log(
-    `request logging at info ${lg.withinNoise ? 'is within the noise' : 'is NOT within the noise'}: the info/off interval ${lg.withinNoise ? 'holds' : 'does not hold'} 1`,
+    `request logging at info ${lg.withinNoise ? 'is within the noise' : 'is NOT within the noise'}: the info/off interval ` +
+      `${lg.withinNoise ? 'holds' : 'does not hold'} 1`,
   )
   printProxy(proxy)
   console.log(`written to ${join(dir, 'route.json')}`)

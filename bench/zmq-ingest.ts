@@ -101,7 +101,8 @@ async function appliedReaches(target: number, what: string): Promise<void> {
     if (performance.now() > deadline) {
       const c = pool.counters()[0]
       throw new Error(
-        `bench: ${what} stopped at ${applied()} of ${target} events applied (rejected ${JSON.stringify(c?.rejected)}, engine ${JSON.stringify(c?.engine)}, listener ${JSON.stringify(intake.counters())})`,
+        `bench: ${what} stopped at ${applied()} of ${target} events applied (rejected ${JSON.stringify(c?.rejected)}, engine ` +
+          `${JSON.stringify(c?.engine)}, listener ${JSON.stringify(intake.counters())})`,
       )
     }
     await new Promise((r) => setTimeout(r, 1))
@@ -274,13 +275,16 @@ const result = {
 writeFileSync(join(resultsDir(), 'zmq-ingest.json'), JSON.stringify(result, null, 2) + '\n')
 const fmt = (n: number): string => Math.round(n).toLocaleString('en-US')
 console.log(
-  `engines' KV events → 1 shard: ${fmt(w.events)} events, ${fmt(w.blockOps)} block ops (${fmt(w.storedBlocks)} stored, ${fmt(w.removedBlocks)} removed), ${BS}-token blocks, ${w.mapBatches.length} batches; median of ${reps} warm passes`,
+  `engines' KV events → 1 shard: ${fmt(w.events)} events, ${fmt(w.blockOps)} block ops (${fmt(w.storedBlocks)} stored, ${fmt(w.removedBlocks)} ` +
+    `removed), ${BS}-token blocks, ${w.mapBatches.length} batches; median of ${reps} warm passes`,
 )
 console.log(`| path | block ops/s | events/s | MB/s | cold pass, block ops/s |`)
 console.log(`|---|---:|---:|---:|---:|`)
 for (const r of rows)
   console.log(`| ${r.path} | ${fmt(r.block_ops_per_sec)} | ${fmt(r.events_per_sec)} | ${r.megabytes_per_sec.toFixed(1)} | ${fmt(r.cold_block_ops_per_sec)} |`)
 console.log(
-  `ZMQ (map) / JSON posted ${result.zmq_map_over_json_posted.toFixed(2)}×, / JSON pushed ${result.zmq_map_over_json_pushed.toFixed(2)}×; hand-written / msgpackr decode ${result.hand_written_over_msgpackr_map.toFixed(2)}× (map), ${result.hand_written_over_msgpackr_array.toFixed(2)}× (array)`,
+  `ZMQ (map) / JSON posted ${result.zmq_map_over_json_posted.toFixed(2)}×, / JSON pushed ${result.zmq_map_over_json_pushed.toFixed(2)}×; ` +
+    `hand-written / msgpackr decode ${result.hand_written_over_msgpackr_map.toFixed(2)}× (map), ` +
+    `${result.hand_written_over_msgpackr_array.toFixed(2)}× (array)`,
 )
 console.log('wrote bench/results/zmq-ingest.json')

@@ -7,8 +7,10 @@ import { workerIds } from '../lib/processes.js'
 
 t.test('workerIds: the id_str of each registered worker, not an unregistered rank’s; cached blocks summed', async (t) => {
   const body =
-    '{"workers":[{"id":18446744073709551557,"id_str":"18446744073709551557","url":"http://127.0.0.1:1","ranks":[{"dp_rank":0,"index":"exact","cached_blocks":7,"last_event_id":3,"active_blocks":0,"prefill_tokens":0,"in_flight":0}]},' +
-    '{"id":1001,"id_str":"1001","url":"http://127.0.0.1:2","ranks":[{"dp_rank":0,"index":"exact","cached_blocks":5,"last_event_id":null,"active_blocks":0,"prefill_tokens":0,"in_flight":0}]}],' +
+    '{"workers":[{"id":18446744073709551557,"id_str":"18446744073709551557","url":"http://127.0.0.1:1","ranks":[{"dp_rank":0,"index":"exact",' +
+    '"cached_blocks":7,"last_event_id":3,"active_blocks":0,"prefill_tokens":0,"in_flight":0}]},' +
+    '{"id":1001,"id_str":"1001","url":"http://127.0.0.1:2","ranks":[{"dp_rank":0,"index":"exact","cached_blocks":5,"last_event_id":null,' +
+    '"active_blocks":0,"prefill_tokens":0,"in_flight":0}]}],' +
     '"unregistered":[{"worker_id":99,"worker_id_str":"99","dp_rank":0,"cached_blocks":2,"last_event_id":40}]}'
   const server = createServer((_req, res) => res.end(body))
   await new Promise<void>((r) => server.listen(0, '127.0.0.1', r))

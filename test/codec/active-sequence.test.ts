@@ -103,7 +103,8 @@ t.test('what Dynamo routers write is read', async (t) => {
   // Era B: isl and overlap, the router computes the prefill
   const eraB = d.decode(
     enc.encode(
-      '{"request_id":"b1","worker":{"worker_id":18446744073709551615,"dp_rank":1},"data":{"AddRequest":{"token_sequence":[9007199254740993, 18446744073709551614],"isl":100,"overlap":2,"expected_output_tokens":7}},"router_id":9223372036854775809,"lora_name":null}',
+      '{"request_id":"b1","worker":{"worker_id":18446744073709551615,"dp_rank":1},"data":{"AddRequest":{"token_sequence":[9007199254740993, ' +
+        '18446744073709551614],"isl":100,"overlap":2,"expected_output_tokens":7}},"router_id":9223372036854775809,"lora_name":null}',
     ),
   )
   t.same(
@@ -115,7 +116,9 @@ t.test('what Dynamo routers write is read', async (t) => {
   // Era C: the prefill hint, no isl; unknown fields ignored as serde does
   const eraC = d.decode(
     enc.encode(
-      '{"request_id":"c1","worker":{"worker_id":5,"dp_rank":0},"data":{"AddRequest":{"token_sequence":null,"track_prefill_tokens":true,"expected_output_tokens":null,"prefill_load_hint":{"initial_effective_prefill_tokens":300,"expected_prefill_duration":{"secs":1,"nanos":0}},"future":1}},"router_id":42,"stride":1}',
+      '{"request_id":"c1","worker":{"worker_id":5,"dp_rank":0},"data":{"AddRequest":{"token_sequence":null,"track_prefill_tokens":true,' +
+        '"expected_output_tokens":null,"prefill_load_hint":{"initial_effective_prefill_tokens":300,"expected_prefill_duration":{"secs":1,' +
+        '"nanos":0}},"future":1}},"router_id":42,"stride":1}',
     ),
   )
   t.same([eraC.kind, eraC.lo, eraC.isl, prefillTokensOf(eraC, 16), eraC.stride], ['add', null, null, 300, 1])
@@ -126,7 +129,8 @@ t.test('what Dynamo routers write is read', async (t) => {
   t.same([old.workerId, old.dpRank, old.routerId], [77n, 0, '5b0c1a8e-8a57-4bb5-9d0e-3e9f6f1f6a11'])
   // the event-plane envelope, payload as JSON bytes
   const inner = enc.encode(
-    '{"request_id":"e","worker":{"worker_id":3,"dp_rank":0},"data":{"AddRequest":{"token_sequence":[1,2,3],"isl":48,"overlap":0,"expected_output_tokens":null}},"router_id":8}',
+    '{"request_id":"e","worker":{"worker_id":3,"dp_rank":0},"data":{"AddRequest":{"token_sequence":[1,2,3],"isl":48,"overlap":0,' +
+      '"expected_output_tokens":null}},"router_id":8}',
   )
   const env = d.decode(enc.encode(`{"publisher_id":8,"sequence":0,"published_at":1700000000000,"payload":[${Array.from(inner).join(',')}]}`))
   t.same([env.requestId, env.n, env.publishedAt], ['e', 3, 1700000000000])
@@ -150,7 +154,8 @@ t.test('what Dynamo routers write is read', async (t) => {
 t.test('a request id or other string that contains the key does not confuse the hash scan', async (t) => {
   const ev = new ActiveSequenceDecoder().decode(
     enc.encode(
-      '{"request_id":"\\"token_sequence\\":[1]","lora_name":"token_sequence","worker":{"worker_id":1,"dp_rank":0},"data":{"AddRequest":{"token_sequence" : [ 5 , "6" ],"isl":1,"overlap":0}},"router_id":2}',
+      '{"request_id":"\\"token_sequence\\":[1]","lora_name":"token_sequence","worker":{"worker_id":1,"dp_rank":0},' +
+        '"data":{"AddRequest":{"token_sequence" : [ 5 , "6" ],"isl":1,"overlap":0}},"router_id":2}',
     ),
   )
   t.equal(ev.requestId, '"token_sequence":[1]')

@@ -18,7 +18,9 @@ t.test('a RouterEvent as Dynamo publishes it decodes', async (t) => {
 t.test('u64 values above 2^53 are exact, as integers and as decimal strings', async (t) => {
   const big = 18446744073709551615n
   const near = 9007199254740993n // 2^53 + 1: a double would round it
-  const text = `{"worker_id":${big},"event":{"event_id":"${near}","data":{"stored":{"parent_hash":"${near}","blocks":[{"block_hash":${near},"tokens_hash":"${big}"}]}},"dp_rank":3}}`
+  const text =
+    `{"worker_id":${big},"event":{"event_id":"${near}","data":{"stored":{"parent_hash":"${near}","blocks":[{"block_hash":` +
+    `${near},"tokens_hash":"${big}"}]}},"dp_rank":3}}`
   const ev = parseRouterEvent(text)
   t.equal(ev.worker_id, big)
   t.equal(ev.event.event_id, near)
@@ -42,7 +44,8 @@ t.test('removed and cleared variants, dp_rank default, key order and unknown key
   const cleared2 = parseRouterEvent('{"worker_id":1,"event":{"event_id":0,"data":{"cleared":null}}}')
   t.equal(cleared2.event.data, 'cleared')
   const era = parseRouterEvent(
-    '{"worker_id":1,"storage_tier":"host_pinned","event":{"event_id":0,"data":{"stored":{"parent_hash":null,"start_position":4,"blocks":[{"block_hash":1,"tokens_hash":2,"mm_extra_info":{"mm_objects":[{"mm_hash":42,"offsets":[[0,3]]}]}}]}}}}',
+    '{"worker_id":1,"storage_tier":"host_pinned","event":{"event_id":0,"data":{"stored":{"parent_hash":null,"start_position":4,' +
+      '"blocks":[{"block_hash":1,"tokens_hash":2,"mm_extra_info":{"mm_objects":[{"mm_hash":42,"offsets":[[0,3]]}]}}]}}}}',
   )
   t.equal(era.storage_tier, 'host_pinned', 'Era C storage tier is kept')
   const escaped = parseRouterEvent('{"worker\\u005fid":4,"event":{"event_id":1,"data":"cleared"}}')

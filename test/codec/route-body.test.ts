@@ -9,7 +9,8 @@ const scan = (text: string) => s.scan(Buffer.from(text))
 
 t.test('token ids into a Uint32Array, other members JSON-parsed', async (t) => {
   const r = scan(
-    ' { "token_ids" : [ 0 , 1,4294967295 ,\n7 ] , "update_states": true, "router_config_override": {"overlap_score_weight": 2, "x": [1, {"y": "a\\"]}"}]}, "request_id": "q" } ',
+    ' { "token_ids" : [ 0 , 1,4294967295 ,\n7 ] , "update_states": true, "router_config_override": {"overlap_score_weight": 2, "x": [1, {"y": ' +
+      '"a\\"]}"}]}, "request_id": "q" } ',
   )
   t.same([...(r.tokens as Uint32Array)], [0, 1, 4294967295, 7])
   t.same(r.rest, { update_states: true, router_config_override: { overlap_score_weight: 2, x: [1, { y: 'a"]}' }] }, request_id: 'q' })

@@ -291,7 +291,10 @@ t.test('a booking made on one replica is in the other’s GET /v1/replicas withi
     if (k < 0) continue
     delays.push(booked, released)
     // each figure also holds an HTTP request and a poll, which a loaded machine can delay alone
-    t.ok(booked <= 250 && released <= 250, `${from.name} → ${to.name}: booking visible after ${booked.toFixed(1)} ms, release after ${released.toFixed(1)} ms`)
+    t.ok(
+      booked <= 250 && released <= 250,
+      `${from.name} → ${to.name}: booking visible after ${booked.toFixed(1)} ms, ` + `release after ${released.toFixed(1)} ms`,
+    )
   }
   t.comment(`delays, ms: ${delays.map((d) => d.toFixed(1)).join(' ')}`)
   const sorted = [...delays].sort((x, y) => x - y)

@@ -82,7 +82,8 @@ t.test('another block size: registered, misconfigured, out of kv routing until r
   t.equal(said().length, 1, 'warned once')
   t.match(
     said()[0],
-    'worker 2 announces block size 16, the router hashes with 4: its blocks will never match; it is misconfigured, out of routing until it registers with block size 4',
+    'worker 2 announces block size 16, the router hashes with 4: its blocks will never match; it is misconfigured, out of routing until it ' +
+      'registers with block size 4',
   )
 })
 

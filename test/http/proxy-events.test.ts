@@ -145,7 +145,8 @@ t.test('a worker that ends its body cleanly inside an event: what it sent is rel
   const body = await r.text()
   t.ok(
     body.endsWith(
-      '"text":"one","finish_reason":null}],"nvext":{"worker_id":{"prefill_worker_id":100,"prefill_worker_id_str":"100","prefill_dp_rank":0,"decode_worker_id":100,"decode_worker_id_str":"100","decode_dp_rank":0}}}\n\ndata: [DONE]\n',
+      '"text":"one","finish_reason":null}],"nvext":{"worker_id":{"prefill_worker_id":100,"prefill_worker_id_str":"100","prefill_dp_rank":0,' +
+        '"decode_worker_id":100,"decode_worker_id_str":"100","decode_dp_rank":0}}}\n\ndata: [DONE]\n',
     ),
     'every byte, in order',
   )

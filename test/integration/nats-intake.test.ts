@@ -185,7 +185,9 @@ t.test('worker load metrics on kv_metrics', async (t) => {
   pub.publish(
     kvMetricsSubject('ns1'),
     enc.encode(
-      `{"worker_id":${id},"data":{"worker_stats":{"data_parallel_rank":2,"request_active_slots":3,"request_total_slots":8,"num_requests_waiting":4},"kv_stats":{"kv_active_blocks":120,"kv_total_blocks":1000,"gpu_cache_usage_perc":0.12,"gpu_prefix_cache_hit_rate":0.5},"spec_decode_stats":null}}`,
+      `{"worker_id":${id},"data":{"worker_stats":{"data_parallel_rank":2,"request_active_slots":3,"request_total_slots":8,` +
+        `"num_requests_waiting":4},"kv_stats":{"kv_active_blocks":120,"kv_total_blocks":1000,"gpu_cache_usage_perc":0.12,` +
+        `"gpu_prefix_cache_hit_rate":0.5},"spec_decode_stats":null}}`,
     ),
   )
   pub.publish(kvMetricsSubject('ns1'), enc.encode('{"nope":1}'))

@@ -65,7 +65,9 @@ t.test('a peer heard again after it was taken for gone is asked for its bookings
       if (body.router_id !== 71) return
       asked.push({ target: body.target, reply: m.reply ?? '' })
       const booking =
-        '{"request_id":"p-1","worker":{"worker_id":2,"dp_rank":0},"data":{"AddRequest":{"token_sequence":[5,6],"isl":32,"overlap":0,"expected_output_tokens":null,"track_prefill_tokens":true,"prefill_load_hint":{"initial_effective_prefill_tokens":32,"expected_prefill_duration":null}}},"router_id":777,"lora_name":null}'
+        '{"request_id":"p-1","worker":{"worker_id":2,"dp_rank":0},"data":{"AddRequest":{"token_sequence":[5,6],"isl":32,"overlap":0,' +
+        '"expected_output_tokens":null,"track_prefill_tokens":true,"prefill_load_hint":{"initial_effective_prefill_tokens":32,' +
+        '"expected_prefill_duration":null}}},"router_id":777,"lora_name":null}'
       m.respond(`{"router_id":777,"url":"http://peer:1","peers":[],"part":0,"last":true,"count":1}\n${booking}`)
     },
   })

@@ -100,7 +100,8 @@ t.test('the race is counted, and the spread makes replicas choose apart where on
   const [before, avoidableBefore, racesBefore] = await run(false, 100n)
   const [after, avoidableAfter, racesAfter] = await run(true, 200n)
   t.comment(
-    `${WAVES} waves of 2 simultaneous requests on ${WORKERS} workers: same worker ${before} times without the spread (${avoidableBefore} of them split by one router; races counted ${racesBefore}), ` +
+    `${WAVES} waves of 2 simultaneous requests on ${WORKERS} workers: same worker ${before} times without the spread (${avoidableBefore} of them ` +
+      `split by one router; races counted ${racesBefore}), ` +
       `${after} with it (${avoidableAfter} split by one router; races counted ${racesAfter})`,
   )
   t.ok(before > WAVES / 2, 'without the spread both take the cheapest worker, most of the time')

@@ -55,7 +55,8 @@ t.test('a booking reaches the peer within 50 ms, then its prefill completion and
   // one carrying A's router id from elsewhere (a replica given the same id) is left alone
   pub.publish(
     subjects.events,
-    `{"request_id":"echo","worker":{"worker_id":1,"dp_rank":0},"data":{"AddRequest":{"token_sequence":null,"isl":16,"overlap":0,"expected_output_tokens":null}},"router_id":11}`,
+    `{"request_id":"echo","worker":{"worker_id":1,"dp_rank":0},"data":{"AddRequest":{"token_sequence":null,"isl":16,"overlap":0,` +
+      `"expected_output_tokens":null}},"router_id":11}`,
   )
   await waitUntil('counted as own', () => ca?.received.get('add:own') === 1, 1000, 1)
   t.equal(a.scheduler.sequences.remoteSize, 0)
@@ -212,7 +213,8 @@ t.test("a booking published by hand in Dynamo's format is applied; ours have Dyn
   await exact(b)
   // a Dynamo router (Era B fields), hashes and router id above 2^53
   const dyn =
-    '{"request_id":"dyn-1","worker":{"worker_id":3,"dp_rank":0},"data":{"AddRequest":{"token_sequence":[18446744073709551615,9007199254740993,12],"isl":100,"overlap":1,"expected_output_tokens":null}},"router_id":9223372036854775807,"lora_name":null}'
+    '{"request_id":"dyn-1","worker":{"worker_id":3,"dp_rank":0},"data":{"AddRequest":{"token_sequence":[18446744073709551615,9007199254740993,12],' +
+    '"isl":100,"overlap":1,"expected_output_tokens":null}},"router_id":9223372036854775807,"lora_name":null}'
   pub.publish(subjects.events, dyn)
   await waitUntil('the Dynamo booking applied', () => b.scheduler.sequences.remoteSize === 1, 2000, 1)
   t.same(slotLoad(b, 3n), { inFlight: 1, prefill: 100 - BS, blocks: 3 })
@@ -239,7 +241,10 @@ t.test("a booking published by hand in Dynamo's format is applied; ours have Dyn
   t.match(add, /"router_id":31,/)
   t.match(
     add,
-    /^\{"request_id":"ours-1",.*"data":\{"AddRequest":\{"token_sequence":\[[0-9,]+\],"isl":48,"overlap":0,"expected_output_tokens":null,"track_prefill_tokens":true,"prefill_load_hint":\{"initial_effective_prefill_tokens":48,/,
+    new RegExp(
+      '^\\{"request_id":"ours-1",.*"data":\\{"AddRequest":\\{"token_sequence":\\[[0-9,]+\\],"isl":48,"overlap":0,"expected_output_tokens":null,' +
+        '"track_prefill_tokens":true,"prefill_load_hint":\\{"initial_effective_prefill_tokens":48,',
+    ),
   )
   t.match(
     got[1] as string,
@@ -285,7 +290,8 @@ t.test('malformed messages are counted and change nothing', async (t) => {
   // a booking on a worker it does not know is dropped and counted
   pub.publish(
     subjects.events,
-    '{"request_id":"y","worker":{"worker_id":99,"dp_rank":0},"data":{"AddRequest":{"token_sequence":null,"isl":16,"overlap":0,"expected_output_tokens":null}},"router_id":5}',
+    '{"request_id":"y","worker":{"worker_id":99,"dp_rank":0},"data":{"AddRequest":{"token_sequence":null,"isl":16,"overlap":0,' +
+      '"expected_output_tokens":null}},"router_id":5}',
   )
   await waitUntil('unknown worker counted', () => b.replicas?.counters.received.get('add:unknown_worker') === 1, 2000, 1)
 })

@@ -108,7 +108,11 @@ t.test('a negative niceness: applied where the system allows it, else exit 2 wit
     t.equal(r.code, 2)
     t.match(
       r.stderr,
-      /^kv-router: serve: --nice -2: the system refused the priority \((EACCES|EPERM)\); a niceness below the current one needs root, CAP_SYS_NICE or an RLIMIT_NICE \(ulimit -e\) of at least 22$/m,
+      new RegExp(
+        '^kv-router: serve: --nice -2: the system refused the priority \\((EACCES|EPERM)\\); a niceness below the current one needs root, ' +
+          'CAP_SYS_NICE or an RLIMIT_NICE \\(ulimit -e\\) of at least 22$',
+        'm',
+      ),
     )
     t.equal(r.stderr.split('\n').length, 2, 'one line')
   }
@@ -154,7 +158,8 @@ t.test('started as a user who may not raise a priority: exit 2 with one line, no
   // the first line only: under tap, its coverage hook in the child then fails to write its record as that user
   t.equal(
     err.split('\n')[0],
-    'kv-router: serve: --nice -5: the system refused the priority (EACCES); a niceness below the current one needs root, CAP_SYS_NICE or an RLIMIT_NICE (ulimit -e) of at least 25',
+    'kv-router: serve: --nice -5: the system refused the priority (EACCES); a niceness below the current one needs root, CAP_SYS_NICE or an ' +
+      'RLIMIT_NICE (ulimit -e) of at least 25',
   )
   t.notMatch(out, /listening/)
 })

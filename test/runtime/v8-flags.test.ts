@@ -76,7 +76,8 @@ function step() {
   const base = s[0] ? old(s[0].beforeGC) : 0
   const mc = s.find((x) => x.gcType === 'MarkSweepCompact')
   const last = s.at(-1)
-  process.stdout.write(JSON.stringify({ firstMarkCompactMb: mc ? (old(mc.beforeGC) - base) / 2 ** 20 : null, grewMb: last ? (old(last.afterGC) - base) / 2 ** 20 : 0 }))
+  const firstMarkCompactMb = mc ? (old(mc.beforeGC) - base) / 2 ** 20 : null
+  process.stdout.write(JSON.stringify({ firstMarkCompactMb, grewMb: last ? (old(last.afterGC) - base) / 2 ** 20 : 0 }))
 }
 setImmediate(step)
 `
@@ -119,7 +120,8 @@ const young = () => v8.getHeapSpaceStatistics().find((x) => x.space_name === 'ne
 const youngMb = young()
 import(${JSON.stringify(v8Flags)}).then((m) => {
   const reset = ${call ? 'm.workerHeapsAtDefaults()' : '[]'}
-  const inWorker = 'const { parentPort } = require("worker_threads"); const youngMb = require("v8").getHeapSpaceStatistics().find((x) => x.space_name === "new_space").space_size / 2 ** 20; ' + ${JSON.stringify(measure)} + '((s) => parentPort.postMessage({ youngMb, ...JSON.parse(s) }))'
+  const inWorker = 'const { parentPort } = require("worker_threads"); const youngMb = require("v8").getHeapSpaceStatistics().find((x) => ' +
+    'x.space_name === "new_space").space_size / 2 ** 20; ' + ${JSON.stringify(measure)} + '((s) => parentPort.postMessage({ youngMb, ...JSON.parse(s) }))'
   const w = new Worker(inWorker, { eval: true })
   w.on('error', (e) => { throw e })
   w.on('message', (worker) => {

@@ -135,7 +135,11 @@ t.test('a follow-up stays with its cache on a busier worker; a new prompt goes t
   const text = formatCandidates(other?.candidates ?? [], 1)
   t.match(
     text,
-    /^Formula for worker_id=1 dp_rank=0: \d+\.\d{4} s = ttft \d+\.\d{4} s \(250\.000 prefill blocks queued and uncached\) \+ decode slowdown \d+\.\d{4} s \(8 in flight, 1850 decode blocks\) \+ queueing \d+\.\d{4} s \(cached_blocks: 0\)$/m,
+    new RegExp(
+      '^Formula for worker_id=1 dp_rank=0: \\d+\\.\\d{4} s = ttft \\d+\\.\\d{4} s \\(250\\.000 prefill blocks queued and uncached\\) ' +
+        '\\+ decode slowdown \\d+\\.\\d{4} s \\(8 in flight, 1850 decode blocks\\) \\+ queueing \\d+\\.\\d{4} s \\(cached_blocks: 0\\)$',
+      'm',
+    ),
   )
   t.equal(text.split('\n').length, 2)
 })

@@ -15,7 +15,8 @@ const BOS = 13
 const START = 14
 const END = 15
 const CHATML =
-  '{{ bos_token }}{% for m in messages %}{% if m.role == "bad" %}{{ raise_exception("roles must alternate") }}{% endif %}<|im_start|>{{ m.role }} {{ m.content }}<|im_end|>{% endfor %}{% if enable_thinking %}router{% endif %}{% if add_generation_prompt %}<|im_start|>assistant{% endif %}'
+  '{{ bos_token }}{% for m in messages %}{% if m.role == "bad" %}{{ raise_exception("roles must alternate") }}{% endif %}<|im_start|>{{ m.role }} ' +
+  '{{ m.content }}<|im_end|>{% endfor %}{% if enable_thinking %}router{% endif %}{% if add_generation_prompt %}<|im_start|>assistant{% endif %}'
 
 /** The fixture's word-level vocabulary with a BOS its post-processor adds and two chat markers, in a folder of its own. */
 function modelDir(files: { config?: object; jinja?: string } = {}): string {

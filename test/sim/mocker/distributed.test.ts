@@ -166,7 +166,8 @@ t.test('the record format', async (t) => {
     {
       key: 'v1/mdc/ns/c/e/abc',
       value:
-        '{"kv_cache_block_size":64,"runtime_config":{"total_kv_blocks":16384,"max_num_batched_tokens":8192,"data_parallel_size":1,"data_parallel_start_rank":0}}',
+        '{"kv_cache_block_size":64,"runtime_config":{"total_kv_blocks":16384,"max_num_batched_tokens":8192,"data_parallel_size":1,' +
+        '"data_parallel_start_rank":0}}',
     },
   ])
 })

@@ -200,7 +200,7 @@ export class EngineStreamDecoder extends EngineDecoderBase implements EngineBatc
       const n = this.r.len
       const tagAt = this.r.pos
       let map = STORED_ELEMENTS
-      if (n > 0 && this.r.isString(tagAt, T_REMOVED)) map = REMOVED_ELEMENTS
+      if (n > 0 && this.r.isStringAt(tagAt, T_REMOVED)) map = REMOVED_ELEMENTS
       for (let i = 0; i < n; i++) {
         const f = i < map.length ? (map[i] as number) : -1
         if (f >= 0) at[f] = this.r.pos
@@ -224,9 +224,9 @@ export class EngineStreamDecoder extends EngineDecoderBase implements EngineBatc
     }
     this.evPos = this.r.pos
     const tag = at[F_TAG] as number
-    if (tag >= 0 && this.r.isString(tag, T_STORED)) return this.stored(out)
-    if (tag >= 0 && this.r.isString(tag, T_REMOVED)) return this.removed(out)
-    if (tag >= 0 && this.r.isString(tag, T_CLEARED)) {
+    if (tag >= 0 && this.r.isStringAt(tag, T_STORED)) return this.stored(out)
+    if (tag >= 0 && this.r.isStringAt(tag, T_REMOVED)) return this.removed(out)
+    if (tag >= 0 && this.r.isStringAt(tag, T_CLEARED)) {
       out.kind = EventKind.Cleared
       this.forgetWorker(workerLo, workerHi)
       return null
@@ -270,7 +270,7 @@ export class EngineStreamDecoder extends EngineDecoderBase implements EngineBatc
     out.kind = EventKind.Stored
     out.tier = this.tierAt(at[F_MEDIUM] as number)
     const kindAt = at[F_KIND] as number
-    if (kindAt >= 0 && this.r.buf[kindAt] !== 0xc0 && !this.r.isString(kindAt, S_FULL)) {
+    if (kindAt >= 0 && this.r.buf[kindAt] !== 0xc0 && !this.r.isStringAt(kindAt, S_FULL)) {
       const k = this.isStringOrNil(kindAt) ? this.stringAt(kindAt) : null
       if (k === null || !PREFIX_KINDS.has(k)) return EngineSkip.AttentionKind
     }
@@ -474,7 +474,7 @@ export class EngineStreamDecoder extends EngineDecoderBase implements EngineBatc
   }
 
   private tierAt(p: number): number {
-    if (p < 0 || this.r.buf[p] === 0xc0 || this.r.isString(p, S_GPU)) return StorageTier.Device
+    if (p < 0 || this.r.buf[p] === 0xc0 || this.r.isStringAt(p, S_GPU)) return StorageTier.Device
     return tierOf(this.isStringOrNil(p) ? this.stringAt(p) : this.unpackAt(p))
   }
 
@@ -520,7 +520,7 @@ export class EngineStreamDecoder extends EngineDecoderBase implements EngineBatc
   }
 
   private keyIs(p: number, lit: Uint8Array): boolean {
-    return this.r.isString(p, lit)
+    return this.r.isStringAt(p, lit)
   }
 
   /** The field slot a map key at p names, -1 for keys not read. */

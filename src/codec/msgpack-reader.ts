@@ -100,7 +100,7 @@ export abstract class MsgpackCursor {
   }
 
   /** Whether the value at p is the string `lit`. */
-  isString(p: number, lit: Uint8Array): boolean {
+  isStringAt(p: number, lit: Uint8Array): boolean {
     const save = this.pos
     this.pos = p
     const ok = this.strHeader() && this.len === lit.length && this.bytesAre(this.pos, lit)

@@ -8,10 +8,10 @@
 // reader, over the shared cursor of msgpack-reader.ts. It runs in the indexer shards on every
 // event, so it reads the bytes in place, u64 values as u32 halves, with no allocation per block.
 import { KvrError, type ErrorCode } from '../errors.js'
-import { DecodedEvent } from './decoded-event.js'
+import type { DecodedEvent } from './decoded-event.js'
 import { EventDecoder } from './event-decoder.js'
 import { MpKind, MsgpackCursor, mpKindOf } from './msgpack-reader.js'
-import { type EventReader, K, RouterEventWalker } from './router-event-walker.js'
+import { type EventReader, K, type ValueKind, WalkingDecoder } from './router-event-walker.js'
 
 /**
  * Whether a message's first byte starts MessagePack rather than JSON: every JSON text starts
@@ -64,24 +64,8 @@ class MsgpackEventReader extends MsgpackCursor implements EventReader {
     return this.peekKind() === MpKind.Array
   }
 
-  isString(): boolean {
-    return this.peekKind() === MpKind.Str
-  }
-
-  isNil(): boolean {
-    return this.peekKind() === MpKind.Nil
-  }
-
-  isMap(): boolean {
-    return this.peekKind() === MpKind.Map
-  }
-
-  isArray(): boolean {
-    return this.peekKind() === MpKind.Array
-  }
-
-  isInt(): boolean {
-    return this.peekKind() === MpKind.Int
+  peek(): ValueKind {
+    return this.peekKind() as ValueKind
   }
 
   /** A map's entry count; each entry takes at least two bytes, so a count the rest cannot hold is refused before it is used. */
@@ -275,30 +259,10 @@ class MsgpackEventReader extends MsgpackCursor implements EventReader {
   }
 }
 
-/**
- * Reusable decoder. `decode(bytes)` fills `out` (and returns it) or throws a KvrError naming the
- * field and byte offset. Not re-entrant: one decoder per thread.
- */
-export class DynamoMsgpackDecoder {
-  readonly out = new DecodedEvent()
-  private readonly reader = new MsgpackEventReader()
-  private readonly walker = new RouterEventWalker(this.reader, this.out)
-
-  /** Called every 16 blocks of a long event, as EventDecoder does (a shard answers queries there). */
-  get interrupt(): (() => void) | null {
-    return this.walker.interrupt
-  }
-
-  set interrupt(f: (() => void) | null) {
-    this.walker.interrupt = f
-  }
-
-  decode(bytes: Uint8Array, out: DecodedEvent = this.out): DecodedEvent {
-    out.reset()
-    this.reader.begin(bytes)
-    this.walker.walk(out)
-    this.reader.finish()
-    return out
+/** Dynamo's MessagePack RouterEvents and envelopes, walked into a DecodedEvent. */
+export class DynamoMsgpackDecoder extends WalkingDecoder {
+  constructor() {
+    super(new MsgpackEventReader())
   }
 }
 

@@ -4,8 +4,8 @@
 // event: u64 values are read straight into u32 halves, and serde's exact block layout is matched
 // a word at a time before the general parser is tried.
 import { KvrError, type ErrorCode } from '../errors.js'
-import { DecodedEvent } from './decoded-event.js'
-import { type EventReader, RouterEventWalker } from './router-event-walker.js'
+import type { DecodedEvent } from './decoded-event.js'
+import { type EventReader, ValueKind, WalkingDecoder } from './router-event-walker.js'
 
 export { DecodedEvent, EventKind, StorageTier } from './decoded-event.js'
 
@@ -117,33 +117,15 @@ class JsonEventReader implements EventReader {
     return false
   }
 
-  isString(): boolean {
+  peek(): ValueKind {
     this.ws()
-    return this.peek() === C_QUOTE
-  }
-
-  isNil(): boolean {
-    this.ws()
-    const save = this.pos
-    const yes = this.isNull()
-    this.pos = save
-    return yes
-  }
-
-  isMap(): boolean {
-    this.ws()
-    return this.peek() === C_LBRACE
-  }
-
-  isArray(): boolean {
-    this.ws()
-    return this.peek() === C_LBRACKET
-  }
-
-  isInt(): boolean {
-    this.ws()
-    const c = this.peek()
-    return c >= C_ZERO && c <= C_NINE
+    const c = this.peekByte()
+    if (c === C_QUOTE) return ValueKind.Str
+    if (c === C_LBRACE) return ValueKind.Map
+    if (c === C_LBRACKET) return ValueKind.Array
+    if ((c >= C_ZERO && c <= C_NINE) || c === C_MINUS) return ValueKind.Int
+    if (c === 0x6e) return ValueKind.Nil
+    return ValueKind.Other
   }
 
   openMap(what: string): number {
@@ -157,14 +139,14 @@ class JsonEventReader implements EventReader {
 
   openArray(field: string): number {
     this.ws()
-    if (this.peek() !== C_LBRACKET) throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', `field "${field}" must be an array`)
+    if (this.peekByte() !== C_LBRACKET) throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', `field "${field}" must be an array`)
     this.pos++
     return -1
   }
 
   nextElement(_n: number, i: number, field: string): boolean {
     this.ws()
-    if (this.peek() === C_RBRACKET) {
+    if (this.peekByte() === C_RBRACKET) {
       this.pos++
       return false
     }
@@ -199,7 +181,7 @@ class JsonEventReader implements EventReader {
 
   payload(): void {
     this.ws()
-    const c = this.peek()
+    const c = this.peekByte()
     if (c === C_LBRACE) {
       this.payloadLen = -1
       this.payloadAt = this.pos
@@ -212,7 +194,7 @@ class JsonEventReader implements EventReader {
     let first = true
     for (;;) {
       this.ws()
-      if (this.peek() === C_RBRACKET) {
+      if (this.peekByte() === C_RBRACKET) {
         this.pos++
         break
       }
@@ -269,7 +251,7 @@ class JsonEventReader implements EventReader {
   private u64Text(field: string): void {
     const buf = this.buf
     let quoted = false
-    if (this.peek() === C_QUOTE) {
+    if (this.peekByte() === C_QUOTE) {
       quoted = true
       this.pos++
     }
@@ -329,7 +311,7 @@ class JsonEventReader implements EventReader {
       if (c === 0x2e || c === 0x65 || c === 0x45) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', `field "${field}" must be an integer`)
     }
     if (quoted) {
-      if (this.peek() !== C_QUOTE) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', `field "${field}" must be a decimal integer string`)
+      if (this.peekByte() !== C_QUOTE) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', `field "${field}" must be a decimal integer string`)
       this.pos++
     }
     this.numLo = lo
@@ -354,7 +336,7 @@ class JsonEventReader implements EventReader {
 
   /** Reads a JSON string into keyStart/keyEnd (raw bytes) or keyEscaped (decoded, when escaped). */
   private stringToken(field: string): void {
-    if (this.peek() !== C_QUOTE) throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', `field "${field}" must be a string`)
+    if (this.peekByte() !== C_QUOTE) throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', `field "${field}" must be a string`)
     this.pos++
     const start = this.pos
     const buf = this.buf
@@ -387,7 +369,7 @@ class JsonEventReader implements EventReader {
   /** Advances to the next key of an object whose `{` was consumed; false at `}`. */
   private nextKeyAfter(first: boolean): boolean {
     this.ws()
-    const c = this.peek()
+    const c = this.peekByte()
     if (c === C_RBRACE) {
       this.pos++
       return false
@@ -397,7 +379,7 @@ class JsonEventReader implements EventReader {
       this.pos++
       this.ws()
     }
-    if (this.peek() !== C_QUOTE) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'expected an object key')
+    if (this.peekByte() !== C_QUOTE) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'expected an object key')
     this.stringToken('key')
     this.ws()
     this.expect(C_COLON, 'object')
@@ -419,7 +401,7 @@ class JsonEventReader implements EventReader {
 
   private expectObjectStart(what: string): void {
     this.ws()
-    if (this.peek() !== C_LBRACE) {
+    if (this.peekByte() !== C_LBRACE) {
       if (this.pos >= this.end) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', `truncated input: expected ${what} object`)
       throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', `${what} must be a JSON object`)
     }
@@ -440,7 +422,7 @@ class JsonEventReader implements EventReader {
   private skipValue(depth: number): void {
     if (depth > MAX_DEPTH) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'nesting too deep')
     this.ws()
-    const c = this.peek()
+    const c = this.peekByte()
     const buf = this.buf
     if (c === C_LBRACE) {
       this.pos++
@@ -456,7 +438,7 @@ class JsonEventReader implements EventReader {
       let first = true
       for (;;) {
         this.ws()
-        if (this.peek() === C_RBRACKET) {
+        if (this.peekByte() === C_RBRACKET) {
           this.pos++
           return
         }
@@ -492,7 +474,7 @@ class JsonEventReader implements EventReader {
    */
   fastBlock(out: DecodedEvent, n: number): boolean {
     this.ws()
-    if (this.peek() !== C_LBRACE) return false
+    if (this.peekByte() !== C_LBRACE) return false
     const start = this.pos + 1
     let p = this.matchWords(FAST_BLOCK_HASH, start)
     if (p >= 0) p = this.fastDigits(p)
@@ -600,12 +582,12 @@ class JsonEventReader implements EventReader {
     }
   }
 
-  private peek(): number {
+  private peekByte(): number {
     return this.pos < this.end ? (this.buf[this.pos] as number) : -1
   }
 
   private expect(ch: number, where: string): void {
-    if (this.peek() !== ch) {
+    if (this.peekByte() !== ch) {
       if (this.pos >= this.end) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', `truncated input in ${where}`)
       throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', `expected "${String.fromCharCode(ch)}" in ${where}`)
     }
@@ -613,29 +595,10 @@ class JsonEventReader implements EventReader {
   }
 }
 
-/**
- * Reusable decoder. `decode(bytes)` fills `out` (and returns it) or throws a KvrError naming the
- * field and byte offset. Not re-entrant: one decoder per thread.
- */
-export class EventDecoder {
-  readonly out = new DecodedEvent()
-  private readonly reader = new JsonEventReader()
-  private readonly walker = new RouterEventWalker(this.reader, this.out)
-
-  /** Called every 16 blocks while a long event is decoded (a shard answers queries there). */
-  get interrupt(): (() => void) | null {
-    return this.walker.interrupt
-  }
-
-  set interrupt(f: (() => void) | null) {
-    this.walker.interrupt = f
-  }
-
-  decode(bytes: Uint8Array): DecodedEvent {
-    this.reader.begin(bytes)
-    this.walker.walk(this.out)
-    this.reader.finish()
-    return this.out
+/** RouterEvent JSON and its envelope, walked into a DecodedEvent. */
+export class EventDecoder extends WalkingDecoder {
+  constructor() {
+    super(new JsonEventReader())
   }
 
   decodeString(text: string): DecodedEvent {

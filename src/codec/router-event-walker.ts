@@ -17,7 +17,11 @@
 // never reports one. In them the optional fields are told apart by type: a string or nil before
 // the event is the tier, then the residency domain; the first map or array is the event.
 import type { ErrorCode, KvrError } from '../errors.js'
-import { type DecodedEvent, EventKind, StorageTier } from './decoded-event.js'
+import { DecodedEvent, EventKind, StorageTier } from './decoded-event.js'
+
+/** What a value is, as far as the schema tells values apart. */
+export const ValueKind = { Int: 1, Nil: 2, Str: 3, Bin: 4, Array: 5, Map: 6, Other: 7 } as const
+export type ValueKind = (typeof ValueKind)[keyof typeof ValueKind]
 
 /** A cursor over one encoded RouterEvent, as the walker reads it. */
 export interface EventReader {
@@ -26,13 +30,14 @@ export interface EventReader {
   numHi: number
   /** How the format names a map in messages: "an object", "a map". */
   readonly mapWord: string
+  /** Checks the input's framing and puts the cursor on its first value. */
+  begin(bytes: Uint8Array): void
+  /** Checks that nothing follows the event. */
+  finish(): void
+  /** What the value at the cursor is (whitespace passed over). */
+  peek(): ValueKind
   /** Whether the value at the cursor is a struct in positional form (never, for JSON). */
   isPositional(): boolean
-  isString(): boolean
-  isNil(): boolean
-  isMap(): boolean
-  isArray(): boolean
-  isInt(): boolean
   /** Opens a map: its entry count, or -1 when the format does not say ahead (JSON). */
   openMap(what: string): number
   /** Before entry i of a map of n entries: reads its key and returns true, or false at its end. */
@@ -180,7 +185,7 @@ export class RouterEventWalker {
     const n = r.openArray('the event')
     if (n === 0) throw r.fail('KVR_ERR_EVENT_MISSING_FIELD', 'field "worker_id" is missing')
     r.u64('worker_id')
-    if (n < 2 || !r.isInt()) {
+    if (n < 2 || r.peek() !== ValueKind.Int) {
       out.workerLo = r.numLo
       out.workerHi = r.numHi
       this.eventArrayRest(n - 1)
@@ -222,15 +227,16 @@ export class RouterEventWalker {
     const r = this.r
     let sawTier = false
     let sawEvent = false
+    let k: ValueKind
     for (let i = 0; i < n; i++) {
       if (sawEvent) {
         r.skip()
-      } else if (r.isString() || r.isNil()) {
+      } else if ((k = r.peek()) === ValueKind.Str || k === ValueKind.Nil) {
         // the tier, then the residency domain (not used: every event here is a worker's own)
         if (sawTier) r.skip()
         else this.storageTier()
         sawTier = true
-      } else if (r.isMap() || r.isArray()) {
+      } else if (k === ValueKind.Map || k === ValueKind.Array) {
         this.kvCacheEvent()
         sawEvent = true
       } else {
@@ -301,13 +307,13 @@ export class RouterEventWalker {
   /** Externally tagged: "cleared" (a unit variant is its name) | {"stored": …} | {"removed": …}. */
   private eventData(): void {
     const r = this.r
-    if (r.isString()) {
+    if (r.peek() === ValueKind.Str) {
       r.string('event.data')
       if (!r.keyIs(K.cleared)) throw r.fail('KVR_ERR_EVENT_UNKNOWN_VARIANT', `unknown event variant "${r.keyText()}"`)
       this.out.kind = EventKind.Cleared
       return
     }
-    if (!r.isMap()) throw r.fail('KVR_ERR_EVENT_WRONG_TYPE', `field "event.data" must be ${r.mapWord} or "cleared"`)
+    if (r.peek() !== ValueKind.Map) throw r.fail('KVR_ERR_EVENT_WRONG_TYPE', `field "event.data" must be ${r.mapWord} or "cleared"`)
     const n = r.openMap('event.data')
     if (!r.nextKey(n, 0)) throw r.fail('KVR_ERR_EVENT_UNKNOWN_VARIANT', 'event.data names no variant')
     if (r.keyIs(K.stored)) {
@@ -346,7 +352,7 @@ export class RouterEventWalker {
       const n = r.openArray('stored')
       if (n > 0) this.parentHash()
       for (let i = 1; i < n; i++) {
-        if (!sawBlocks && r.isArray()) {
+        if (!sawBlocks && r.peek() === ValueKind.Array) {
           this.storedBlocks()
           sawBlocks = true
         } else {
@@ -457,5 +463,35 @@ export class RouterEventWalker {
       out.blockHi[i] = r.numHi
     }
     out.count = i
+  }
+}
+
+/**
+ * A reusable decoder of one format: `decode(bytes)` fills `out` (and returns it) or throws a
+ * KvrError naming the field and byte offset. Not re-entrant: one decoder per thread.
+ */
+export class WalkingDecoder {
+  readonly out = new DecodedEvent()
+  private readonly walker: RouterEventWalker
+
+  constructor(private readonly reader: EventReader) {
+    this.walker = new RouterEventWalker(reader, this.out)
+  }
+
+  /** Called every 16 blocks while a long event is decoded (a shard answers queries there). */
+  get interrupt(): (() => void) | null {
+    return this.walker.interrupt
+  }
+
+  set interrupt(f: (() => void) | null) {
+    this.walker.interrupt = f
+  }
+
+  decode(bytes: Uint8Array, out: DecodedEvent = this.out): DecodedEvent {
+    out.reset()
+    this.reader.begin(bytes)
+    this.walker.walk(out)
+    this.reader.finish()
+    return out
   }
 }

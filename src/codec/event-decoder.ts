@@ -5,21 +5,24 @@
 // a word at a time before the general parser is tried.
 import { KvrError, type ErrorCode } from '../errors.js'
 import type { DecodedEvent } from './decoded-event.js'
+import {
+  J_BACKSLASH as C_BACKSLASH,
+  J_COLON as C_COLON,
+  J_COMMA as C_COMMA,
+  J_LBRACE as C_LBRACE,
+  J_LBRACKET as C_LBRACKET,
+  J_MINUS as C_MINUS,
+  J_NINE as C_NINE,
+  J_QUOTE as C_QUOTE,
+  J_RBRACE as C_RBRACE,
+  J_RBRACKET as C_RBRACKET,
+  J_ZERO as C_ZERO,
+  skipJsonSpace,
+} from './json-scan.js'
 import { type EventReader, ValueKind, WalkingDecoder } from './router-event-walker.js'
 
 export { DecodedEvent, EventKind, StorageTier } from './decoded-event.js'
 
-const C_QUOTE = 0x22
-const C_BACKSLASH = 0x5c
-const C_COMMA = 0x2c
-const C_COLON = 0x3a
-const C_LBRACE = 0x7b
-const C_RBRACE = 0x7d
-const C_LBRACKET = 0x5b
-const C_RBRACKET = 0x5d
-const C_MINUS = 0x2d
-const C_ZERO = 0x30
-const C_NINE = 0x39
 /** 10^k for the lengths of the u64 parser's digit runs. */
 const POW10 = [1, 10, 100, 1000, 10000, 100000, 1000000]
 
@@ -191,18 +194,7 @@ class JsonEventReader implements EventReader {
     if (c !== C_LBRACKET) throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', 'envelope "payload" must be an array of byte values or an object')
     this.pos++
     let n = 0
-    let first = true
-    for (;;) {
-      this.ws()
-      if (this.peekByte() === C_RBRACKET) {
-        this.pos++
-        break
-      }
-      if (!first) {
-        this.expect(C_COMMA, 'payload')
-        this.ws()
-      }
-      first = false
+    while (this.nextElement(-1, n, 'payload')) {
       this.u64Text('payload byte')
       if (this.numHi !== 0 || this.numLo > 255) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', 'payload bytes must be integers in [0, 255]')
       if (n === this.payloadBytes.length) {
@@ -435,19 +427,8 @@ class JsonEventReader implements EventReader {
     }
     if (c === C_LBRACKET) {
       this.pos++
-      let first = true
-      for (;;) {
-        this.ws()
-        if (this.peekByte() === C_RBRACKET) {
-          this.pos++
-          return
-        }
-        if (!first) {
-          this.expect(C_COMMA, 'array')
-        }
-        first = false
-        this.skipValue(depth + 1)
-      }
+      for (let i = 0; this.nextElement(-1, i, 'array'); i++) this.skipValue(depth + 1)
+      return
     }
     if (c === C_QUOTE) {
       this.stringToken('value')
@@ -574,12 +555,7 @@ class JsonEventReader implements EventReader {
   }
 
   private ws(): void {
-    const buf = this.buf
-    while (this.pos < this.end) {
-      const c = buf[this.pos] as number
-      if (c === 0x20 || c === 0x0a || c === 0x0d || c === 0x09) this.pos++
-      else break
-    }
+    this.pos = skipJsonSpace(this.buf, this.pos, this.end)
   }
 
   private peekByte(): number {

@@ -137,10 +137,7 @@ export class RouterEventWalker {
     let sawSequence = false
     for (let i = 0; r.nextKey(n, i); i++) {
       if (r.keyIs(K.worker_id)) {
-        r.u64('worker_id')
-        out.workerLo = r.numLo
-        out.workerHi = r.numHi
-        sawWorker = true
+        sawWorker = this.workerId()
       } else if (r.keyIs(K.event)) {
         this.kvCacheEvent()
         sawEvent = true
@@ -212,9 +209,7 @@ export class RouterEventWalker {
     if (r.isPositional()) {
       const n = r.openArray('the event')
       if (n === 0) throw r.fail('KVR_ERR_EVENT_MISSING_FIELD', 'field "worker_id" is missing')
-      r.u64('worker_id')
-      this.out.workerLo = r.numLo
-      this.out.workerHi = r.numHi
+      this.workerId()
       this.eventArrayRest(n - 1)
     } else {
       this.eventMap(false)
@@ -259,13 +254,12 @@ export class RouterEventWalker {
 
   private kvCacheEvent(): void {
     const r = this.r
-    const out = this.out
     if (r.isPositional()) {
       const n = r.openArray('event')
       if (n < 2) throw r.fail('KVR_ERR_EVENT_MISSING_FIELD', n === 0 ? 'field "event.event_id" is missing' : 'field "event.data" is missing')
       r.u64('event_id')
-      out.eventIdLo = r.numLo
-      out.eventIdHi = r.numHi
+      this.out.eventIdLo = r.numLo
+      this.out.eventIdHi = r.numHi
       this.eventData()
       if (n > 2) this.dpRank()
       for (let i = 3; i < n; i++) r.skip()
@@ -277,8 +271,8 @@ export class RouterEventWalker {
     for (let i = 0; r.nextKey(n, i); i++) {
       if (r.keyIs(K.event_id)) {
         r.u64('event_id')
-        out.eventIdLo = r.numLo
-        out.eventIdHi = r.numHi
+        this.out.eventIdLo = r.numLo
+        this.out.eventIdHi = r.numHi
         sawId = true
       } else if (r.keyIs(K.dp_rank)) {
         this.dpRank()
@@ -291,6 +285,15 @@ export class RouterEventWalker {
     }
     if (!sawId) throw r.fail('KVR_ERR_EVENT_MISSING_FIELD', 'field "event.event_id" is missing')
     if (!sawData) throw r.fail('KVR_ERR_EVENT_MISSING_FIELD', 'field "event.data" is missing')
+  }
+
+  /** worker_id into out; true, for the caller's "seen". */
+  private workerId(): boolean {
+    const r = this.r
+    r.u64('worker_id')
+    this.out.workerLo = r.numLo
+    this.out.workerHi = r.numHi
+    return true
   }
 
   private dpRank(): void {
@@ -372,10 +375,21 @@ export class RouterEventWalker {
     if (!sawBlocks) throw r.fail('KVR_ERR_EVENT_MISSING_FIELD', 'field "stored.blocks" is missing')
   }
 
-  /** Before block (or hash) i: room for it in out, and the interrupt every 16. */
-  private element(i: number): void {
+  /** Before block (or hash) i of an array of n: false at its end, else room for it in out, and the interrupt every 16. */
+  private nextBlock(n: number, i: number, field: string): boolean {
+    if (!this.r.nextElement(n, i, field)) return false
     this.out.ensure(i + 1)
     if ((i & 15) === 15 && this.interrupt !== null) this.interrupt()
+    return true
+  }
+
+  /** A hash into slot i of lo/hi; true, for the caller's "seen". */
+  private hashAt(field: string, lo: Uint32Array, hi: Uint32Array, i: number): boolean {
+    const r = this.r
+    r.u64(field)
+    lo[i] = r.numLo
+    hi[i] = r.numHi
+    return true
   }
 
   private storedBlocks(): void {
@@ -383,42 +397,21 @@ export class RouterEventWalker {
     const out = this.out
     const n = r.openArray('stored.blocks')
     let i = 0
-    for (; r.nextElement(n, i, 'stored.blocks'); i++) {
-      this.element(i)
+    for (; this.nextBlock(n, i, 'stored.blocks'); i++) {
       if (r.fastBlock(out, i)) continue
       let sawBlock = false
       let sawTokens = false
       if (r.isPositional()) {
         const m = r.openArray('stored block')
-        if (m > 0) {
-          r.u64('block_hash')
-          out.blockLo[i] = r.numLo
-          out.blockHi[i] = r.numHi
-          sawBlock = true
-        }
-        if (m > 1) {
-          r.u64('tokens_hash')
-          out.tokensLo[i] = r.numLo
-          out.tokensHi[i] = r.numHi
-          sawTokens = true
-        }
+        if (m > 0) sawBlock = this.hashAt('block_hash', out.blockLo, out.blockHi, i)
+        if (m > 1) sawTokens = this.hashAt('tokens_hash', out.tokensLo, out.tokensHi, i)
         for (let j = 2; j < m; j++) r.skip()
       } else {
         const m = r.openMap('stored block')
         for (let j = 0; r.nextKey(m, j); j++) {
-          if (r.keyIs(K.block_hash)) {
-            r.u64('block_hash')
-            out.blockLo[i] = r.numLo
-            out.blockHi[i] = r.numHi
-            sawBlock = true
-          } else if (r.keyIs(K.tokens_hash)) {
-            r.u64('tokens_hash')
-            out.tokensLo[i] = r.numLo
-            out.tokensHi[i] = r.numHi
-            sawTokens = true
-          } else {
-            r.skip()
-          }
+          if (r.keyIs(K.block_hash)) sawBlock = this.hashAt('block_hash', out.blockLo, out.blockHi, i)
+          else if (r.keyIs(K.tokens_hash)) sawTokens = this.hashAt('tokens_hash', out.tokensLo, out.tokensHi, i)
+          else r.skip()
         }
       }
       if (!sawBlock) throw r.fail('KVR_ERR_EVENT_MISSING_FIELD', `field "blocks[${i}].block_hash" is missing`)
@@ -456,12 +449,7 @@ export class RouterEventWalker {
     const out = this.out
     const n = r.openArray('removed.block_hashes')
     let i = 0
-    for (; r.nextElement(n, i, 'removed.block_hashes'); i++) {
-      this.element(i)
-      r.u64('block_hashes[]')
-      out.blockLo[i] = r.numLo
-      out.blockHi[i] = r.numHi
-    }
+    for (; this.nextBlock(n, i, 'removed.block_hashes'); i++) this.hashAt('block_hashes[]', out.blockLo, out.blockHi, i)
     out.count = i
   }
 }

@@ -20,7 +20,9 @@
 // round them, and the rest goes through parseJsonExact.
 import { Unpackr } from 'msgpackr'
 import { KvrError } from '../errors.js'
+import { jsonTextStringEnd } from './json-scan.js'
 import { parseJsonExact, readU64 } from './json.js'
+import { u64ToString } from './u64.js'
 
 export type ActiveSequenceKind = 'add' | 'prefill_completed' | 'free'
 
@@ -52,24 +54,6 @@ export interface ActiveSequenceEvent {
 const TWO32 = 4294967296
 const MAX_ID_LENGTH = 4096
 
-/** Exact decimal text of a u64 given as halves, without a bigint. */
-export function u64Decimal(lo: number, hi: number): string {
-  if (hi < 0x200000) return String(hi * TWO32 + lo)
-  // long division by 1e8 over 16-bit limbs (hi's upper limb is below 1e8): every step stays below 2^53
-  const D = 1e8
-  const q2 = Math.floor(hi / D)
-  let r = hi - q2 * D
-  let t = r * 65536 + (lo >>> 16)
-  const q1 = Math.floor(t / D)
-  r = t - q1 * D
-  t = r * 65536 + (lo & 0xffff)
-  const q0 = Math.floor(t / D)
-  r = t - q0 * D
-  const q = q2 * TWO32 + q1 * 65536 + q0
-  const rs = String(r)
-  return String(q) + '00000000'.slice(rs.length) + rs
-}
-
 /**
  * JSON of an AddRequest event. lo/hi hold n block hashes (null: token_sequence null); the
  * prefill tokens go in prefill_load_hint, isl and overlap for receivers that compute them.
@@ -91,7 +75,7 @@ export function encodeAddRequest(
   let seq = 'null'
   if (lo !== null && hi !== null) {
     seq = '['
-    for (let i = 0; i < n; i++) seq += (i === 0 ? '' : ',') + u64Decimal(lo[i] as number, hi[i] as number)
+    for (let i = 0; i < n; i++) seq += (i === 0 ? '' : ',') + u64ToString(lo[i] as number, hi[i] as number)
     seq += ']'
   }
   const hint = prefillTokens > 0 ? `{"initial_effective_prefill_tokens":${Math.round(prefillTokens)},"expected_prefill_duration":null}` : 'null'
@@ -160,16 +144,21 @@ export class ActiveSequenceDecoder {
 
   /** Decodes one message; throws KvrError (KVR_ERR_EVENT_*) when it is not an ActiveSequenceEvent. */
   decode(bytes: Uint8Array): ActiveSequenceEvent {
+    if (bytes[0] === undefined) throw new KvrError('KVR_ERR_EVENT_MALFORMED_JSON', 'the message is empty')
+    return this.fromBytes(bytes, true)
+  }
+
+  /** A message, or an envelope's payload (then no envelope again): a MessagePack map, else JSON text. */
+  private fromBytes(bytes: Uint8Array, envelopeAllowed: boolean): ActiveSequenceEvent {
     const first = bytes[0]
-    if (first === undefined) throw new KvrError('KVR_ERR_EVENT_MALFORMED_JSON', 'the message is empty')
-    if ((first >= 0x80 && first <= 0x8f) || first === 0xde || first === 0xdf) return this.fromMsgpack(bytes)
+    if (first !== undefined && ((first >= 0x80 && first <= 0x8f) || first === 0xde || first === 0xdf)) return this.fromMsgpack(bytes)
     let text: string
     try {
       text = dec.decode(bytes)
     } catch {
-      throw new KvrError('KVR_ERR_EVENT_MALFORMED_JSON', 'the message is not UTF-8')
+      throw new KvrError('KVR_ERR_EVENT_MALFORMED_JSON', envelopeAllowed ? 'the message is not UTF-8' : 'the envelope payload is not UTF-8')
     }
-    return this.fromText(text, true)
+    return this.fromText(text, envelopeAllowed)
   }
 
   private fromText(text: string, envelopeAllowed: boolean): ActiveSequenceEvent {
@@ -188,7 +177,7 @@ export class ActiveSequenceDecoder {
       if (Array.isArray(p)) {
         const raw = new Uint8Array(p.length)
         for (let i = 0; i < p.length; i++) raw[i] = smallInt(p[i], 'payload byte') & 0xff
-        ev = this.decodePayload(raw)
+        ev = this.fromBytes(raw, false)
       } else if (isObject(p)) {
         ev = this.fromObject(p)
       } else throw wrongType('envelope "payload" must be an array of bytes or an object')
@@ -196,18 +185,6 @@ export class ActiveSequenceDecoder {
       return ev
     }
     return this.fromObject(v)
-  }
-
-  private decodePayload(raw: Uint8Array): ActiveSequenceEvent {
-    const first = raw[0]
-    if (first !== undefined && ((first >= 0x80 && first <= 0x8f) || first === 0xde || first === 0xdf)) return this.fromMsgpack(raw)
-    let text: string
-    try {
-      text = dec.decode(raw)
-    } catch {
-      throw new KvrError('KVR_ERR_EVENT_MALFORMED_JSON', 'the envelope payload is not UTF-8')
-    }
-    return this.fromText(text, false)
   }
 
   private fromMsgpack(bytes: Uint8Array): ActiveSequenceEvent {
@@ -222,7 +199,7 @@ export class ActiveSequenceDecoder {
     const payload = v['payload']
     if (v['request_id'] === undefined && payload instanceof Uint8Array) {
       const at = v['published_at']
-      const ev = this.decodePayload(payload)
+      const ev = this.fromBytes(payload, false)
       if (ev.publishedAt === null && (typeof at === 'number' || typeof at === 'bigint')) ev.publishedAt = Number(at)
       return ev
     }
@@ -257,15 +234,9 @@ export class ActiveSequenceDecoder {
           }
         }
       }
-      // skip the string
-      i++
-      while (i < len) {
-        const d = text.charCodeAt(i)
-        if (d === 92) i += 2
-        else if (d === 34) break
-        else i++
-      }
-      i++
+      const e = jsonTextStringEnd(text, i)
+      if (e < 0) break
+      i = e + 1
     }
     return text
   }

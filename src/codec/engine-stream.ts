@@ -26,6 +26,7 @@ import {
   wrongType,
 } from './engine-events.js'
 import { type DecodedEvent, EventKind, StorageTier } from './event-decoder.js'
+import { INT_BYTES, MsgpackCursor } from './msgpack-reader.js'
 
 // field slots of a stored or removed event, wherever the form puts them
 const F_TAG = 0
@@ -81,6 +82,23 @@ function truncated(): KvrError {
   return new KvrError('KVR_ERR_EVENT_MALFORMED_MSGPACK', 'the batch does not decode: it ends inside a value')
 }
 
+/** Deeper than any batch an engine writes; a value nested beyond it is refused, not followed. */
+const MAX_DEPTH = 1024
+
+class BatchCursor extends MsgpackCursor {
+  constructor() {
+    super(MAX_DEPTH)
+  }
+
+  truncated(): KvrError {
+    return truncated()
+  }
+
+  malformed(what: string): KvrError {
+    return new KvrError('KVR_ERR_EVENT_MALFORMED_MSGPACK', `the batch does not decode: ${what} at ${this.pos}`)
+  }
+}
+
 /** What a value's first byte makes it, in the words wrongType uses for JS values. */
 function kindName(b: number | undefined): unknown {
   if (b === undefined) return undefined
@@ -96,9 +114,8 @@ function kindName(b: number | undefined): unknown {
 
 export class EngineStreamDecoder extends EngineDecoderBase implements EngineBatchDecoder {
   batchRank: number | null = null
-  private buf: Uint8Array = new Uint8Array(0)
-  private pos = 0
-  private end = 0
+  /** The batch's bytes; values are read in place. */
+  private readonly r = new BatchCursor()
   /** Where the next event starts. */
   private evPos = 0
   /** Whether the current event came as an array (tag first, fields by position). */
@@ -108,8 +125,6 @@ export class EngineStreamDecoder extends EngineDecoderBase implements EngineBatc
   /** The last u64 read, as halves. */
   private lo = 0
   private hi = 0
-  /** The last length read from a header. */
-  private len = 0
   /** Token ids of the current event, read into tokenWords during its field scan: how many, and the first that is no u32 (-1: none) with its value. */
   private tokenCount = -1
   private badToken = -1
@@ -119,53 +134,51 @@ export class EngineStreamDecoder extends EngineDecoderBase implements EngineBatc
   private readonly unpackr = new Unpackr({ int64AsType: 'bigint', mapsAsObjects: true, useRecords: false })
 
   begin(payload: Uint8Array): number {
-    this.buf = payload
-    this.pos = 0
-    this.end = payload.length
+    this.r.reset(payload)
     this.batchRank = null
     const b = payload[0]
     let ts = -1
     let events = -1
     let rank = -1
     let count = 0
-    if (this.arrayHeader()) {
-      const n = this.len
+    if (this.r.arrayHeader()) {
+      const n = this.r.len
       for (let i = 0; i < n; i++) {
-        if (i === 0) ts = this.pos
-        else if (i === 1) events = this.pos
-        else if (i === 2) rank = this.pos
-        this.skip()
+        if (i === 0) ts = this.r.pos
+        else if (i === 1) events = this.r.pos
+        else if (i === 2) rank = this.r.pos
+        this.r.skip()
       }
-    } else if (this.mapHeader()) {
-      const n = this.len
+    } else if (this.r.mapHeader()) {
+      const n = this.r.len
       let attn = -1
       for (let i = 0; i < n; i++) {
-        const k = this.pos
-        this.skip()
-        const v = this.pos
-        this.skip()
+        const k = this.r.pos
+        this.r.skip()
+        const v = this.r.pos
+        this.r.skip()
         if (this.keyIs(k, K_TS)) ts = v
         else if (this.keyIs(k, K_EVENTS)) events = v
         else if (this.keyIs(k, K_DP_RANK)) rank = v
         else if (this.keyIs(k, K_ATTN_DP_RANK)) attn = v
       }
       // a null data_parallel_rank gives way to attn_dp_rank, as `??` does
-      if (rank < 0 || this.buf[rank] === 0xc0) rank = attn
+      if (rank < 0 || this.r.buf[rank] === 0xc0) rank = attn
     } else {
-      this.skip()
-      if (this.pos !== this.end) throw new KvrError('KVR_ERR_EVENT_MALFORMED_MSGPACK', 'the batch does not decode: data after its end')
+      this.r.skip()
+      if (this.r.pos !== this.r.end) throw new KvrError('KVR_ERR_EVENT_MALFORMED_MSGPACK', 'the batch does not decode: data after its end')
       throw wrongType('the batch', 'an array [ts, events, data_parallel_rank]', kindName(b))
     }
-    if (this.pos !== this.end) throw new KvrError('KVR_ERR_EVENT_MALFORMED_MSGPACK', 'the batch does not decode: data after its end')
-    const tsb = ts < 0 ? undefined : this.buf[ts]
+    if (this.r.pos !== this.r.end) throw new KvrError('KVR_ERR_EVENT_MALFORMED_MSGPACK', 'the batch does not decode: data after its end')
+    const tsb = ts < 0 ? undefined : this.r.buf[ts]
     const tsKind = kindName(tsb)
     if (typeof tsKind !== 'number') throw wrongType('the batch timestamp', 'a number', tsKind)
-    this.pos = events
-    if (events < 0 || !this.arrayHeader()) throw wrongType('the batch events', 'an array', kindName(events < 0 ? undefined : this.buf[events]))
-    count = this.len
-    this.evPos = this.pos
-    if (rank >= 0 && this.buf[rank] !== 0xc0) {
-      this.pos = rank
+    this.r.pos = events
+    if (events < 0 || !this.r.arrayHeader()) throw wrongType('the batch events', 'an array', kindName(events < 0 ? undefined : this.r.buf[events]))
+    count = this.r.len
+    this.evPos = this.r.pos
+    if (rank >= 0 && this.r.buf[rank] !== 0xc0) {
+      this.r.pos = rank
       this.batchRank = rankOf(this.number('data_parallel_rank'))
     }
     return count
@@ -179,46 +192,46 @@ export class EngineStreamDecoder extends EngineDecoderBase implements EngineBatc
     const at = this.at
     at.fill(-1)
     this.tokenCount = -1
-    this.pos = this.evPos
-    const first = this.buf[this.pos]
+    this.r.pos = this.evPos
+    const first = this.r.buf[this.r.pos]
     this.arrayForm = false
-    if (this.arrayHeader()) {
+    if (this.r.arrayHeader()) {
       this.arrayForm = true
-      const n = this.len
-      const tagAt = this.pos
+      const n = this.r.len
+      const tagAt = this.r.pos
       let map = STORED_ELEMENTS
-      if (n > 0 && this.isString(tagAt, T_REMOVED)) map = REMOVED_ELEMENTS
+      if (n > 0 && this.r.isStringAt(tagAt, T_REMOVED)) map = REMOVED_ELEMENTS
       for (let i = 0; i < n; i++) {
         const f = i < map.length ? (map[i] as number) : -1
-        if (f >= 0) at[f] = this.pos
+        if (f >= 0) at[f] = this.r.pos
         if (f === F_TOKENS) this.scanTokens()
-        else this.skip()
+        else this.r.skip()
       }
-    } else if (this.mapHeader()) {
-      const n = this.len
+    } else if (this.r.mapHeader()) {
+      const n = this.r.len
       for (let i = 0; i < n; i++) {
-        const k = this.pos
-        this.skip()
+        const k = this.r.pos
+        this.r.skip()
         const f = this.eventKey(k)
-        if (f >= 0) at[f] = this.pos
+        if (f >= 0) at[f] = this.r.pos
         if (f === F_TOKENS) this.scanTokens()
-        else this.skip()
+        else this.r.skip()
       }
     } else {
-      this.skip()
-      this.evPos = this.pos
+      this.r.skip()
+      this.evPos = this.r.pos
       throw wrongType('an event', 'an array or a map', kindName(first))
     }
-    this.evPos = this.pos
+    this.evPos = this.r.pos
     const tag = at[F_TAG] as number
-    if (tag >= 0 && this.isString(tag, T_STORED)) return this.stored(out)
-    if (tag >= 0 && this.isString(tag, T_REMOVED)) return this.removed(out)
-    if (tag >= 0 && this.isString(tag, T_CLEARED)) {
+    if (tag >= 0 && this.r.isStringAt(tag, T_STORED)) return this.stored(out)
+    if (tag >= 0 && this.r.isStringAt(tag, T_REMOVED)) return this.removed(out)
+    if (tag >= 0 && this.r.isStringAt(tag, T_CLEARED)) {
       out.kind = EventKind.Cleared
       this.forgetWorker(workerLo, workerHi)
       return null
     }
-    const tb = tag < 0 ? undefined : this.buf[tag]
+    const tb = tag < 0 ? undefined : this.r.buf[tag]
     if (typeof kindName(tb) !== 'string') throw wrongType('the event tag', 'a string', kindName(tb))
     return EngineSkip.UnknownEvent
   }
@@ -239,17 +252,17 @@ export class EngineStreamDecoder extends EngineDecoderBase implements EngineBatc
     }
     const hashesAt = at[F_HASHES] as number
     const tokensAt = at[F_TOKENS] as number
-    this.pos = hashesAt
-    if (hashesAt < 0 || !this.arrayHeader()) throw wrongType('block_hashes', 'an array', this.kindAt(hashesAt))
-    const hashCount = this.len
-    const firstHash = this.pos
-    this.pos = tokensAt
+    this.r.pos = hashesAt
+    if (hashesAt < 0 || !this.r.arrayHeader()) throw wrongType('block_hashes', 'an array', this.kindAt(hashesAt))
+    const hashCount = this.r.len
+    const firstHash = this.r.pos
+    this.r.pos = tokensAt
     if (tokensAt < 0 || this.tokenCount < 0) throw wrongType('token_ids', 'an array', this.kindAt(tokensAt))
     const tokenCount = this.tokenCount
     const bsAt = at[F_BLOCK_SIZE] as number
     let bs = Number.NaN
-    if (bsAt >= 0 && typeof kindName(this.buf[bsAt]) === 'number') {
-      this.pos = bsAt
+    if (bsAt >= 0 && typeof kindName(this.r.buf[bsAt]) === 'number') {
+      this.r.pos = bsAt
       bs = this.number('block_size')
     }
     if (!Number.isInteger(bs) || bs < 1)
@@ -257,14 +270,14 @@ export class EngineStreamDecoder extends EngineDecoderBase implements EngineBatc
     out.kind = EventKind.Stored
     out.tier = this.tierAt(at[F_MEDIUM] as number)
     const kindAt = at[F_KIND] as number
-    if (kindAt >= 0 && this.buf[kindAt] !== 0xc0 && !this.isString(kindAt, S_FULL)) {
+    if (kindAt >= 0 && this.r.buf[kindAt] !== 0xc0 && !this.r.isStringAt(kindAt, S_FULL)) {
       const k = this.isStringOrNil(kindAt) ? this.stringAt(kindAt) : null
       if (k === null || !PREFIX_KINDS.has(k)) return EngineSkip.AttentionKind
     }
     if (bs !== this.blockSize) return this.mismatch(bs)
     const parentAt = at[F_PARENT] as number
-    if (parentAt >= 0 && this.buf[parentAt] !== 0xc0) {
-      this.pos = parentAt
+    if (parentAt >= 0 && this.r.buf[parentAt] !== 0xc0) {
+      this.r.pos = parentAt
       this.u64('parent_block_hash')
       out.hasParent = true
       out.parentLo = this.lo
@@ -274,7 +287,7 @@ export class EngineStreamDecoder extends EngineDecoderBase implements EngineBatc
     const n = Math.min(hashCount, Math.floor(tokenCount / bs))
     if (n === 0) return EngineSkip.Empty
     out.ensure(n)
-    this.pos = firstHash
+    this.r.pos = firstHash
     const bLo = out.blockLo
     const bHi = out.blockHi
     for (let i = 0; i < n; i++) {
@@ -291,14 +304,14 @@ export class EngineStreamDecoder extends EngineDecoderBase implements EngineBatc
 
   private removed(out: DecodedEvent): EngineSkip | null {
     const hashesAt = this.at[F_HASHES] as number
-    this.pos = hashesAt
-    if (hashesAt < 0 || !this.arrayHeader()) throw wrongType('block_hashes', 'an array', this.kindAt(hashesAt))
-    const n = this.len
-    const first = this.pos
+    this.r.pos = hashesAt
+    if (hashesAt < 0 || !this.r.arrayHeader()) throw wrongType('block_hashes', 'an array', this.kindAt(hashesAt))
+    const n = this.r.len
+    const first = this.r.pos
     out.kind = EventKind.Removed
     out.tier = this.tierAt(this.at[F_MEDIUM] as number)
     out.ensure(n)
-    this.pos = first
+    this.r.pos = first
     for (let i = 0; i < n; i++) {
       this.u64('block_hashes')
       out.blockLo[i] = this.lo
@@ -317,15 +330,15 @@ export class EngineStreamDecoder extends EngineDecoderBase implements EngineBatc
    * and an event of another block size is skipped whatever its ids).
    */
   private scanTokens(): void {
-    if (!this.arrayHeader()) {
-      this.skip()
+    if (!this.r.arrayHeader()) {
+      this.r.skip()
       return
     }
-    const words = this.len
-    if (words > this.end - this.pos) throw truncated()
+    const words = this.r.len
+    if (words > this.r.end - this.r.pos) throw truncated()
     const tw = this.words(words)
-    const buf = this.buf
-    let p = this.pos
+    const buf = this.r.buf
+    let p = this.r.pos
     this.badToken = -1
     for (let i = 0; i < words; i++) {
       const b = buf[p] as number
@@ -343,38 +356,38 @@ export class EngineStreamDecoder extends EngineDecoderBase implements EngineBatc
         p += 2
       } else {
         // any other spelling of an integer (signed, 64-bit, a float with no fraction)
-        this.pos = p
+        this.r.pos = p
         const t = this.numberOrNull()
         if ((t === null || t >>> 0 !== t) && this.badToken < 0) {
           this.badToken = i
           this.badValue = t === null ? this.unpackAt(p) : t
-          this.pos = p
-          this.skip()
+          this.r.pos = p
+          this.r.skip()
         }
         if (t !== null) tw[i] = t >>> 0
-        p = this.pos
+        p = this.r.pos
       }
     }
-    if (p > this.end) throw truncated()
-    this.pos = p
+    if (p > this.r.end) throw truncated()
+    this.r.pos = p
     this.tokenCount = words
   }
 
   /** One block hash at pos into lo/hi: an int of any width and sign (its 64 bits), or bytes (the last 8, big-endian). */
   private u64(field: string): void {
-    const buf = this.buf
-    const p = this.pos
+    const buf = this.r.buf
+    const p = this.r.pos
     const b = buf[p] as number
     if (b <= 0x7f) {
       this.lo = b
       this.hi = 0
-      this.pos = p + 1
+      this.r.pos = p + 1
       return
     }
     if (b === 0xcf || b === 0xd3) {
-      this.hi = this.u32(p + 1)
-      this.lo = this.u32(p + 5)
-      this.pos = p + 9
+      this.hi = this.r.u32At(p + 1)
+      this.lo = this.r.u32At(p + 5)
+      this.r.pos = p + 9
       return
     }
     if (b >= 0xe0 || (b >= 0xcc && b <= 0xce) || (b >= 0xd0 && b <= 0xd2)) {
@@ -384,18 +397,18 @@ export class EngineStreamDecoder extends EngineDecoderBase implements EngineBatc
       return
     }
     if (b >= 0xc4 && b <= 0xc6) {
-      this.binHeader()
-      const len = this.len
+      this.r.binHeader()
+      const len = this.r.len
       if (len === 0) throw new KvrError('KVR_ERR_EVENT_INVALID_NUMBER', `${field} is empty bytes`)
       let hi = 0
       let lo = 0
-      for (let i = this.pos + Math.max(0, len - 8); i < this.pos + len; i++) {
+      for (let i = this.r.pos + Math.max(0, len - 8); i < this.r.pos + len; i++) {
         hi = ((hi << 8) | (lo >>> 24)) >>> 0
         lo = ((lo << 8) | (buf[i] as number)) >>> 0
       }
       this.lo = lo
       this.hi = hi
-      this.pos += len
+      this.r.pos += len
       return
     }
     if (b === 0xca || b === 0xcb) {
@@ -410,15 +423,10 @@ export class EngineStreamDecoder extends EngineDecoderBase implements EngineBatc
     throw wrongType(field, 'an integer or bytes', kindName(b))
   }
 
-  private u32(p: number): number {
-    const buf = this.buf
-    return (((buf[p] as number) << 24) | ((buf[p + 1] as number) << 16) | ((buf[p + 2] as number) << 8) | (buf[p + 3] as number)) >>> 0
-  }
-
   /** A number at pos (ints exact up to 2^53, beyond as the nearest double), or null when it is no number; moves past it either way. */
   private numberOrNull(): number | null {
-    const buf = this.buf
-    const p = this.pos
+    const buf = this.r.buf
+    const p = this.r.pos
     const b = buf[p] as number
     let v: number | null
     let size = 1
@@ -428,12 +436,12 @@ export class EngineStreamDecoder extends EngineDecoderBase implements EngineBatc
       size = INT_BYTES[b - 0xcc] as number
       if (b === 0xcc) v = buf[p + 1] as number
       else if (b === 0xcd) v = ((buf[p + 1] as number) << 8) | (buf[p + 2] as number)
-      else if (b === 0xce) v = this.u32(p + 1)
-      else if (b === 0xcf) v = this.u32(p + 1) * 4294967296 + this.u32(p + 5)
+      else if (b === 0xce) v = this.r.u32At(p + 1)
+      else if (b === 0xcf) v = this.r.u32At(p + 1) * 4294967296 + this.r.u32At(p + 5)
       else if (b === 0xd0) v = ((buf[p + 1] as number) << 24) >> 24
       else if (b === 0xd1) v = ((((buf[p + 1] as number) << 8) | (buf[p + 2] as number)) << 16) >> 16
-      else if (b === 0xd2) v = this.u32(p + 1) | 0
-      else v = (this.u32(p + 1) | 0) * 4294967296 + this.u32(p + 5)
+      else if (b === 0xd2) v = this.r.u32At(p + 1) | 0
+      else v = (this.r.u32At(p + 1) | 0) * 4294967296 + this.r.u32At(p + 5)
     } else if (b === 0xca || b === 0xcb) {
       const f = this.f8
       const n = b === 0xca ? 4 : 8
@@ -441,32 +449,32 @@ export class EngineStreamDecoder extends EngineDecoderBase implements EngineBatc
       v = b === 0xca ? f.getFloat32(0) : f.getFloat64(0)
       size = n + 1
     } else {
-      this.skip()
+      this.r.skip()
       return null
     }
-    this.pos = p + size
+    this.r.pos = p + size
     return v
   }
 
   private number(field: string): number {
-    const p = this.pos
+    const p = this.r.pos
     const v = this.numberOrNull()
-    if (v === null) throw wrongType(field, 'a number', kindName(this.buf[p]))
+    if (v === null) throw wrongType(field, 'a number', kindName(this.r.buf[p]))
     return v
   }
 
   /** The extra keys at p: null when absent, null or a list of nulls (nothing to hash), else the list unpacked. */
   private extraKeys(p: number): readonly unknown[] | null {
-    if (p < 0 || this.buf[p] === 0xc0) return null
-    this.pos = p
-    if (!this.arrayHeader()) throw wrongType('extra_keys', 'an array', kindName(this.buf[p]))
-    const n = this.len
-    for (let i = 0; i < n; i++) if (this.buf[this.pos++] !== 0xc0) return arrayField(this.unpackAt(p), 'extra_keys')
+    if (p < 0 || this.r.buf[p] === 0xc0) return null
+    this.r.pos = p
+    if (!this.r.arrayHeader()) throw wrongType('extra_keys', 'an array', kindName(this.r.buf[p]))
+    const n = this.r.len
+    for (let i = 0; i < n; i++) if (this.r.buf[this.r.pos++] !== 0xc0) return arrayField(this.unpackAt(p), 'extra_keys')
     return null
   }
 
   private tierAt(p: number): number {
-    if (p < 0 || this.buf[p] === 0xc0 || this.isString(p, S_GPU)) return StorageTier.Device
+    if (p < 0 || this.r.buf[p] === 0xc0 || this.r.isStringAt(p, S_GPU)) return StorageTier.Device
     return tierOf(this.isStringOrNil(p) ? this.stringAt(p) : this.unpackAt(p))
   }
 
@@ -477,261 +485,61 @@ export class EngineStreamDecoder extends EngineDecoderBase implements EngineBatc
 
   /** The string (or null) at p. */
   private stringAt(p: number): string | null {
-    if (this.buf[p] === 0xc0) return null
-    this.pos = p
-    this.strHeader()
-    return text.decode(this.buf.subarray(this.pos, this.pos + this.len))
+    if (this.r.buf[p] === 0xc0) return null
+    this.r.pos = p
+    this.r.strHeader()
+    return text.decode(this.r.buf.subarray(this.r.pos, this.r.pos + this.r.len))
   }
 
   /** Any value at p as msgpackr makes it: for the rare fields read whole. */
   private unpackAt(p: number): unknown {
-    this.pos = p
-    this.skip()
+    this.r.pos = p
+    this.r.skip()
     try {
-      return this.unpackr.unpack(this.buf.subarray(p, this.pos))
+      return this.unpackr.unpack(this.r.buf.subarray(p, this.r.pos))
     } catch (err) {
       throw new KvrError('KVR_ERR_EVENT_MALFORMED_MSGPACK', `the batch does not decode: ${(err as Error).message}`)
     }
   }
 
   private kindAt(p: number): unknown {
-    return p < 0 ? undefined : kindName(this.buf[p])
+    return p < 0 ? undefined : kindName(this.r.buf[p])
   }
 
   // ---- headers ----
 
   private isStringOrNil(p: number): boolean {
-    const b = this.buf[p] as number
+    const b = this.r.buf[p] as number
     return b === 0xc0 || (b >= 0xa0 && b <= 0xbf) || (b >= 0xd9 && b <= 0xdb)
   }
 
   private isMapAt(p: number): boolean {
     if (p < 0) return false
-    const b = this.buf[p] as number
+    const b = this.r.buf[p] as number
     return (b >= 0x80 && b <= 0x8f) || b === 0xde || b === 0xdf
   }
 
-  /** True when the value at p is the string `lit`. */
-  private isString(p: number, lit: Uint8Array): boolean {
-    const save = this.pos
-    this.pos = p
-    const ok = this.strHeader() && this.len === lit.length && this.bytesAre(this.pos, lit)
-    this.pos = save
-    return ok
-  }
-
   private keyIs(p: number, lit: Uint8Array): boolean {
-    return this.isString(p, lit)
+    return this.r.isStringAt(p, lit)
   }
 
   /** The field slot a map key at p names, -1 for keys not read. */
   private eventKey(p: number): number {
-    const save = this.pos
-    this.pos = p
+    const save = this.r.pos
+    this.r.pos = p
     let f = -1
-    if (this.strHeader()) {
-      const cands = KEYS_BY_LENGTH[this.len]
+    if (this.r.strHeader()) {
+      const cands = KEYS_BY_LENGTH[this.r.len]
       if (cands !== undefined) {
         for (const [lit, slot] of cands) {
-          if (this.bytesAre(this.pos, lit)) {
+          if (this.r.bytesAre(this.r.pos, lit)) {
             f = slot
             break
           }
         }
       }
     }
-    this.pos = save
+    this.r.pos = save
     return f
   }
-
-  private bytesAre(p: number, lit: Uint8Array): boolean {
-    const buf = this.buf
-    for (let i = 0; i < lit.length; i++) if (buf[p + i] !== lit[i]) return false
-    return true
-  }
-
-  /** A string header at pos: true and len set, pos at its bytes; false (pos kept) when it is none. */
-  private strHeader(): boolean {
-    const buf = this.buf
-    const p = this.pos
-    const b = buf[p] as number
-    if (b >= 0xa0 && b <= 0xbf) {
-      this.len = b & 0x1f
-      this.pos = p + 1
-    } else if (b === 0xd9) {
-      this.len = buf[p + 1] as number
-      this.pos = p + 2
-    } else if (b === 0xda) {
-      this.len = ((buf[p + 1] as number) << 8) | (buf[p + 2] as number)
-      this.pos = p + 3
-    } else if (b === 0xdb) {
-      this.len = this.u32(p + 1)
-      this.pos = p + 5
-    } else return false
-    return true
-  }
-
-  private binHeader(): void {
-    const buf = this.buf
-    const p = this.pos
-    const b = buf[p] as number
-    if (b === 0xc4) {
-      this.len = buf[p + 1] as number
-      this.pos = p + 2
-    } else if (b === 0xc5) {
-      this.len = ((buf[p + 1] as number) << 8) | (buf[p + 2] as number)
-      this.pos = p + 3
-    } else {
-      this.len = this.u32(p + 1)
-      this.pos = p + 5
-    }
-  }
-
-  private arrayHeader(): boolean {
-    const buf = this.buf
-    const p = this.pos
-    const b = buf[p]
-    if (b === undefined) return false
-    if (b >= 0x90 && b <= 0x9f) {
-      this.len = b & 0x0f
-      this.pos = p + 1
-    } else if (b === 0xdc) {
-      if (p + 3 > this.end) throw truncated()
-      this.len = ((buf[p + 1] as number) << 8) | (buf[p + 2] as number)
-      this.pos = p + 3
-    } else if (b === 0xdd) {
-      if (p + 5 > this.end) throw truncated()
-      this.len = this.u32(p + 1)
-      this.pos = p + 5
-    } else return false
-    return true
-  }
-
-  private mapHeader(): boolean {
-    const buf = this.buf
-    const p = this.pos
-    const b = buf[p]
-    if (b === undefined) return false
-    if (b >= 0x80 && b <= 0x8f) {
-      this.len = b & 0x0f
-      this.pos = p + 1
-    } else if (b === 0xde) {
-      if (p + 3 > this.end) throw truncated()
-      this.len = ((buf[p + 1] as number) << 8) | (buf[p + 2] as number)
-      this.pos = p + 3
-    } else if (b === 0xdf) {
-      if (p + 5 > this.end) throw truncated()
-      this.len = this.u32(p + 1)
-      this.pos = p + 5
-    } else return false
-    return true
-  }
-
-  /**
-   * Moves pos past one whole value, nested ones included, without recursion: `left` counts the
-   * values still to pass. Every value takes at least a byte, so a count beyond the bytes left, or
-   * a length past the end, is a truncated batch.
-   */
-  private skip(): void {
-    const buf = this.buf
-    const end = this.end
-    let p = this.pos
-    let left = 1
-    while (left > 0) {
-      const b = buf[p] as number
-      left--
-      // ints and floats first: token ids are most of a batch's bytes (a value cut short at the
-      // end leaves p past end, which the check after the loop refuses)
-      if (b <= 0x7f || b >= 0xe0) {
-        p++
-        continue
-      }
-      if (b >= 0xca && b <= 0xd3) {
-        p += SCALAR_BYTES[b - 0xca] as number
-        continue
-      }
-      if (p >= end) throw truncated()
-      p++
-      if (b <= 0x8f) left += 2 * (b & 0x0f)
-      else if (b <= 0x9f) left += b & 0x0f
-      else if (b <= 0xbf) p += b & 0x1f
-      else {
-        if (b === 0xc0 || b === 0xc2 || b === 0xc3) continue
-        if (b === 0xc1) throw new KvrError('KVR_ERR_EVENT_MALFORMED_MSGPACK', `the batch does not decode: byte 0xc1 at ${p - 1}`)
-        // the length field that follows, if any, must be there to be read
-        const need = LENGTH_BYTES[b - 0xc4] as number
-        if (p + need > end) throw truncated()
-        switch (b) {
-          case 0xc4:
-          case 0xd9:
-            p += 1 + (buf[p] as number)
-            break
-          case 0xc5:
-          case 0xda:
-            p += 2 + (((buf[p] as number) << 8) | (buf[p + 1] as number))
-            break
-          case 0xc6:
-          case 0xdb:
-            p += 4 + this.u32(p)
-            break
-          case 0xc7:
-            p += 2 + (buf[p] as number)
-            break
-          case 0xc8:
-            p += 3 + (((buf[p] as number) << 8) | (buf[p + 1] as number))
-            break
-          case 0xc9:
-            p += 5 + this.u32(p)
-            break
-          case 0xdc:
-            left += ((buf[p] as number) << 8) | (buf[p + 1] as number)
-            p += 2
-            break
-          case 0xdd:
-            left += this.u32(p)
-            p += 4
-            break
-          case 0xde:
-            left += 2 * (((buf[p] as number) << 8) | (buf[p + 1] as number))
-            p += 2
-            break
-          case 0xdf:
-            left += 2 * this.u32(p)
-            p += 4
-            break
-          default:
-            p += FIXED_BYTES[b - 0xc4] as number
-        }
-      }
-      if (left > end - p) throw truncated()
-    }
-    if (p > end) throw truncated()
-    this.pos = p
-  }
 }
-
-/** Bytes of uint8..64, int8..64 with their type byte. */
-const INT_BYTES = [2, 3, 5, 9, 2, 3, 5, 9]
-/** Bytes of float32, float64, then INT_BYTES, from type byte 0xca on. */
-const SCALAR_BYTES = [5, 9, ...INT_BYTES]
-
-// Per first byte from 0xc4 to 0xdf: the bytes of its length field, and the fixed size of its
-// payload for the types that have one (floats, ints, fixext).
-// biome-ignore format: one entry per type byte
-const LENGTH_BYTES = [
-  1, 2, 4, // bin 8/16/32
-  2, 3, 5, // ext 8/16/32 (length, then the type byte)
-  4, 8, 1, 2, 4, 8, 1, 2, 4, 8, // float32/64, uint8..64, int8..64
-  2, 3, 5, 9, 17, // fixext 1/2/4/8/16 (type byte included)
-  1, 2, 4, // str 8/16/32
-  2, 4, 2, 4, // array 16/32, map 16/32
-]
-// biome-ignore format: one entry per type byte
-const FIXED_BYTES = [
-  0, 0, 0,
-  0, 0, 0,
-  4, 8, 1, 2, 4, 8, 1, 2, 4, 8,
-  2, 3, 5, 9, 17,
-  0, 0, 0,
-  0, 0, 0, 0,
-]

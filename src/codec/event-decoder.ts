@@ -1,111 +1,34 @@
-// Byte-level decoder for Dynamo `RouterEvent` JSON, raw or wrapped in the event-plane
-// envelope. It runs inside the indexer shards on every event, so it decodes straight
-// into one reusable DecodedEvent: u64 values become u32 halves (exact above 2^53, no bigint), block
-// lists land in growable typed arrays, and nothing is allocated per block. Unknown object keys are
-// skipped as serde does; everything else that is not what the schema says is a KvrError.
+// The JSON side of the RouterEvent decoding: a byte-level EventReader for Dynamo `RouterEvent`
+// JSON, raw or wrapped in the event-plane envelope (payload as an array of byte values or as the
+// object itself), walked by router-event-walker.ts. It runs inside the indexer shards on every
+// event: u64 values are read straight into u32 halves, and serde's exact block layout is matched
+// a word at a time before the general parser is tried.
 import { KvrError, type ErrorCode } from '../errors.js'
+import type { DecodedEvent } from './decoded-event.js'
+import {
+  J_BACKSLASH as C_BACKSLASH,
+  J_COLON as C_COLON,
+  J_COMMA as C_COMMA,
+  J_LBRACE as C_LBRACE,
+  J_LBRACKET as C_LBRACKET,
+  J_MINUS as C_MINUS,
+  J_NINE as C_NINE,
+  J_QUOTE as C_QUOTE,
+  J_RBRACE as C_RBRACE,
+  J_RBRACKET as C_RBRACKET,
+  J_ZERO as C_ZERO,
+  skipJsonSpace,
+} from './json-scan.js'
+import { type EventReader, ValueKind, WalkingDecoder } from './router-event-walker.js'
 
-export const EventKind = { Stored: 1, Removed: 2, Cleared: 3 } as const
-export type EventKind = (typeof EventKind)[keyof typeof EventKind]
+export { DecodedEvent, EventKind, StorageTier } from './decoded-event.js'
 
-/** Storage tiers of recent Dynamo's events; only `device` blocks are routed on. */
-export const StorageTier = { Device: 0, HostPinned: 1, Disk: 2, External: 3 } as const
-
-export class DecodedEvent {
-  workerLo = 0
-  workerHi = 0
-  eventIdLo = 0
-  eventIdHi = 0
-  dpRank = 0
-  kind: EventKind = EventKind.Cleared
-  tier = 0
-  hasParent = false
-  parentLo = 0
-  parentHi = 0
-  /** Blocks of a stored event, or hashes of a removed event. */
-  count = 0
-  blockLo: Uint32Array = new Uint32Array(64)
-  blockHi: Uint32Array = new Uint32Array(64)
-  tokensLo: Uint32Array = new Uint32Array(64)
-  tokensHi: Uint32Array = new Uint32Array(64)
-  hasEnvelope = false
-  publisherLo = 0
-  publisherHi = 0
-  sequenceLo = 0
-  sequenceHi = 0
-
-  reset(): void {
-    this.workerLo = this.workerHi = this.eventIdLo = this.eventIdHi = this.dpRank = 0
-    this.kind = EventKind.Cleared
-    this.tier = 0
-    this.hasParent = false
-    this.parentLo = this.parentHi = 0
-    this.count = 0
-    this.hasEnvelope = false
-    this.publisherLo = this.publisherHi = this.sequenceLo = this.sequenceHi = 0
-  }
-
-  ensure(n: number): void {
-    // Called per block: no closure in here, as a captured variable makes every call allocate
-    // a context (about 40 bytes of garbage per block, a scavenge every few ms on a shard).
-    if (n <= this.blockLo.length) return
-    let cap = this.blockLo.length * 2
-    while (cap < n) cap *= 2
-    this.blockLo = grown(this.blockLo, cap)
-    this.blockHi = grown(this.blockHi, cap)
-    this.tokensLo = grown(this.tokensLo, cap)
-    this.tokensHi = grown(this.tokensHi, cap)
-  }
-}
-
-function grown(a: Uint32Array, cap: number): Uint32Array {
-  const b = new Uint32Array(cap)
-  b.set(a)
-  return b
-}
-
-const C_QUOTE = 0x22
-const C_BACKSLASH = 0x5c
-const C_COMMA = 0x2c
-const C_COLON = 0x3a
-const C_LBRACE = 0x7b
-const C_RBRACE = 0x7d
-const C_LBRACKET = 0x5b
-const C_RBRACKET = 0x5d
-const C_MINUS = 0x2d
-const C_ZERO = 0x30
-const C_NINE = 0x39
 /** 10^k for the lengths of the u64 parser's digit runs. */
 const POW10 = [1, 10, 100, 1000, 10000, 100000, 1000000]
 
 function keyBytes(s: string): Uint8Array {
   return new TextEncoder().encode(s)
 }
-
-const K = {
-  worker_id: keyBytes('worker_id'),
-  event: keyBytes('event'),
-  storage_tier: keyBytes('storage_tier'),
-  event_id: keyBytes('event_id'),
-  data: keyBytes('data'),
-  dp_rank: keyBytes('dp_rank'),
-  stored: keyBytes('stored'),
-  removed: keyBytes('removed'),
-  cleared: keyBytes('cleared'),
-  parent_hash: keyBytes('parent_hash'),
-  blocks: keyBytes('blocks'),
-  block_hash: keyBytes('block_hash'),
-  tokens_hash: keyBytes('tokens_hash'),
-  block_hashes: keyBytes('block_hashes'),
-  publisher_id: keyBytes('publisher_id'),
-  sequence: keyBytes('sequence'),
-  published_at: keyBytes('published_at'),
-  payload: keyBytes('payload'),
-  device: keyBytes('device'),
-  host_pinned: keyBytes('host_pinned'),
-  disk: keyBytes('disk'),
-  external: keyBytes('external'),
-} as const
 
 /** A literal to match four bytes at a time: its little-endian 32-bit words, then the rest. */
 interface WordLiteral {
@@ -132,22 +55,15 @@ const MAX_DEPTH = 64
 const TWO32 = 4294967296
 const textDecoder = new TextDecoder('utf-8', { fatal: false })
 
-/**
- * Reusable decoder. `decode(bytes)` fills `out` (and returns it) or throws a KvrError naming the
- * field and byte offset. Not re-entrant: one decoder per thread.
- */
-export class EventDecoder {
-  readonly out = new DecodedEvent()
-  /**
-   * Called every 64 blocks while a long event is decoded: a shard answers waiting queries
-   * there, so a lookup never waits for a whole large message to be parsed.
-   */
-  interrupt: (() => void) | null = null
+class JsonEventReader implements EventReader {
+  numLo = 0
+  numHi = 0
+  readonly mapWord = 'an object'
   private buf: Uint8Array = new Uint8Array(0)
   /** A view of buf's whole backing buffer, for the word-at-a-time reads. */
   private dv: DataView<ArrayBufferLike> = new DataView(new ArrayBuffer(8))
   // Views of the last two backing buffers: messages come from one ring, and an enveloped one
-  // switches to this decoder's payload buffer and back (a fragmented one to the ring's assembly
+  // switches to this reader's payload buffer and back (a fragmented one to the ring's assembly
   // buffer), so two views make every switch free of allocation. They hold at most two buffers.
   private dvA: DataView<ArrayBufferLike> = this.dv
   private dvB: DataView<ArrayBufferLike> = this.dv
@@ -159,22 +75,28 @@ export class EventDecoder {
   private keyStart = 0
   private keyEnd = 0
   private keyEscaped: string | null = null
-  private numLo = 0
-  private numHi = 0
   private runLen = 0
-  private payload = new Uint8Array(1024)
+  private payloadBytes = new Uint8Array(1024)
+  /** The envelope's payload: its length in payloadBytes, or -1 when it is an object at payloadAt. */
+  private payloadLen = 0
+  private payloadAt = 0
+  private saveBuf: Uint8Array = this.buf
+  private savePos = 0
+  private saveEnd = 0
+  private inPayload = false
 
-  decode(bytes: Uint8Array): DecodedEvent {
-    this.out.reset()
+  begin(bytes: Uint8Array): void {
     this.input(bytes)
     this.pos = 0
     this.end = bytes.length
+    this.inPayload = false
     this.ws()
     if (this.pos >= this.end) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'empty input')
-    this.topLevel()
+  }
+
+  finish(): void {
     this.ws()
     if (this.pos !== this.end) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'unexpected data after the event')
-    return this.out
   }
 
   /** Every switch of buf goes through here, so the word view always matches it. */
@@ -192,301 +114,42 @@ export class EventDecoder {
     this.base = bytes.byteOffset
   }
 
-  decodeString(text: string): DecodedEvent {
-    return this.decode(Buffer.from(text, 'utf8'))
+  // --- the walker's view -------------------------------------------------------------------
+
+  isPositional(): boolean {
+    return false
   }
 
-  // --- structure ---------------------------------------------------------------------------
-
-  private topLevel(): void {
-    this.routerEventObject(true)
-  }
-
-  /**
-   * A RouterEvent object; at the top level it may instead be the event-plane envelope, whose
-   * keys are then read too (inside a payload they are unknown keys, skipped).
-   */
-  private routerEventObject(envelopeAllowed: boolean): void {
-    const out = this.out
-    this.expectObjectStart(envelopeAllowed ? 'event' : 'payload event')
-    let sawWorker = false
-    let sawEvent = false
-    let sawPayload = false
-    let sawPublisher = false
-    let sawSequence = false
-    let first = true
-    while (this.nextKey(first)) {
-      first = false
-      if (this.keyIs(K.worker_id)) {
-        this.u64('worker_id')
-        out.workerLo = this.numLo
-        out.workerHi = this.numHi
-        sawWorker = true
-      } else if (this.keyIs(K.event)) {
-        this.kvCacheEvent()
-        sawEvent = true
-      } else if (this.keyIs(K.storage_tier)) {
-        this.storageTier()
-      } else if (!envelopeAllowed) {
-        this.skipValue(0)
-      } else if (this.keyIs(K.publisher_id)) {
-        this.u64('publisher_id')
-        out.publisherLo = this.numLo
-        out.publisherHi = this.numHi
-        sawPublisher = true
-      } else if (this.keyIs(K.sequence)) {
-        this.u64('sequence')
-        out.sequenceLo = this.numLo
-        out.sequenceHi = this.numHi
-        sawSequence = true
-      } else if (this.keyIs(K.published_at)) {
-        this.u64('published_at')
-      } else if (this.keyIs(K.payload)) {
-        this.envelopePayload()
-        sawPayload = true
-      } else {
-        this.skipValue(0)
-      }
-    }
-    if (sawPayload) {
-      if (sawWorker || sawEvent) throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', 'an envelope must not also carry worker_id or event at its top level')
-      if (!sawPublisher) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', 'envelope field "publisher_id" is missing')
-      if (!sawSequence) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', 'envelope field "sequence" is missing')
-      out.hasEnvelope = true
-      return
-    }
-    if (!sawWorker) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', 'field "worker_id" is missing')
-    if (!sawEvent) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', 'field "event" is missing')
-  }
-
-  /** The envelope payload: JSON bytes as an array of byte values, or the object itself. */
-  private envelopePayload(): void {
+  peek(): ValueKind {
     this.ws()
-    const c = this.peek()
-    if (c === C_LBRACE) {
-      this.routerEventObject(false)
-      return
-    }
-    if (c !== C_LBRACKET) throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', 'envelope "payload" must be an array of byte values or an object')
+    const c = this.peekByte()
+    if (c === C_QUOTE) return ValueKind.Str
+    if (c === C_LBRACE) return ValueKind.Map
+    if (c === C_LBRACKET) return ValueKind.Array
+    if ((c >= C_ZERO && c <= C_NINE) || c === C_MINUS) return ValueKind.Int
+    if (c === 0x6e) return ValueKind.Nil
+    return ValueKind.Other
+  }
+
+  openMap(what: string): number {
+    this.expectObjectStart(what)
+    return -1
+  }
+
+  nextKey(_n: number, i: number): boolean {
+    return this.nextKeyAfter(i === 0)
+  }
+
+  openArray(field: string): number {
+    this.ws()
+    if (this.peekByte() !== C_LBRACKET) throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', `field "${field}" must be an array`)
     this.pos++
-    let n = 0
-    let first = true
-    for (;;) {
-      this.ws()
-      if (this.peek() === C_RBRACKET) {
-        this.pos++
-        break
-      }
-      if (!first) {
-        this.expect(C_COMMA, 'payload')
-        this.ws()
-      }
-      first = false
-      this.u64('payload byte')
-      if (this.numHi !== 0 || this.numLo > 255) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', 'payload bytes must be integers in [0, 255]')
-      if (n === this.payload.length) {
-        const grown = new Uint8Array(n * 2)
-        grown.set(this.payload)
-        this.payload = grown
-      }
-      this.payload[n++] = this.numLo
-    }
-    const saveBuf = this.buf
-    const savePos = this.pos
-    const saveEnd = this.end
-    this.input(this.payload)
-    this.pos = 0
-    this.end = n
-    try {
-      this.ws()
-      this.routerEventObject(false)
-      this.ws()
-      if (this.pos !== this.end) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'unexpected data after the payload event')
-    } catch (err) {
-      if (err instanceof KvrError) throw new KvrError(err.code, `in envelope payload: ${err.message}`)
-      throw err
-    } finally {
-      this.input(saveBuf)
-      this.pos = savePos
-      this.end = saveEnd
-    }
+    return -1
   }
 
-  private storageTier(): void {
+  nextElement(_n: number, i: number, field: string): boolean {
     this.ws()
-    if (this.isNull()) return
-    this.stringToken('storage_tier')
-    if (this.keyIs(K.device)) this.out.tier = StorageTier.Device
-    else if (this.keyIs(K.host_pinned)) this.out.tier = StorageTier.HostPinned
-    else if (this.keyIs(K.disk)) this.out.tier = StorageTier.Disk
-    else if (this.keyIs(K.external)) this.out.tier = StorageTier.External
-    else throw this.fail('KVR_ERR_EVENT_UNKNOWN_VARIANT', `unknown storage_tier "${this.keyText()}"`)
-  }
-
-  private kvCacheEvent(): void {
-    const out = this.out
-    this.expectObjectStart('event')
-    let sawId = false
-    let sawData = false
-    let first = true
-    while (this.nextKey(first)) {
-      first = false
-      if (this.keyIs(K.event_id)) {
-        this.u64('event_id')
-        out.eventIdLo = this.numLo
-        out.eventIdHi = this.numHi
-        sawId = true
-      } else if (this.keyIs(K.dp_rank)) {
-        this.ws()
-        if (this.isNull()) {
-          out.dpRank = 0
-        } else {
-          this.u64('dp_rank')
-          if (this.numHi !== 0) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', 'dp_rank must fit in u32')
-          out.dpRank = this.numLo
-        }
-      } else if (this.keyIs(K.data)) {
-        this.eventData()
-        sawData = true
-      } else {
-        this.skipValue(0)
-      }
-    }
-    if (!sawId) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', 'field "event.event_id" is missing')
-    if (!sawData) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', 'field "event.data" is missing')
-  }
-
-  /** Externally tagged enum: {"stored": {...}} | {"removed": {...}} | "cleared" (or {"cleared": null}). */
-  private eventData(): void {
-    this.ws()
-    const c = this.peek()
-    if (c === C_QUOTE) {
-      this.stringToken('event.data')
-      if (!this.keyIs(K.cleared)) throw this.fail('KVR_ERR_EVENT_UNKNOWN_VARIANT', `unknown event variant "${this.keyText()}"`)
-      this.out.kind = EventKind.Cleared
-      return
-    }
-    if (c !== C_LBRACE) throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', 'field "event.data" must be an object or "cleared"')
-    this.pos++
-    if (!this.nextKey(true)) throw this.fail('KVR_ERR_EVENT_UNKNOWN_VARIANT', 'event.data names no variant')
-    if (this.keyIs(K.stored)) {
-      this.out.kind = EventKind.Stored
-      this.storedData()
-    } else if (this.keyIs(K.removed)) {
-      this.out.kind = EventKind.Removed
-      this.removedData()
-    } else if (this.keyIs(K.cleared)) {
-      this.out.kind = EventKind.Cleared
-      this.ws()
-      if (!this.isNull()) this.skipValue(0)
-    } else {
-      throw this.fail('KVR_ERR_EVENT_UNKNOWN_VARIANT', `unknown event variant "${this.keyText()}"`)
-    }
-    if (this.nextKey(false)) throw this.fail('KVR_ERR_EVENT_UNKNOWN_VARIANT', 'event.data must name exactly one variant')
-  }
-
-  private storedData(): void {
-    const out = this.out
-    this.expectObjectStart('stored')
-    let sawBlocks = false
-    let first = true
-    while (this.nextKey(first)) {
-      first = false
-      if (this.keyIs(K.parent_hash)) {
-        this.ws()
-        if (this.isNull()) {
-          out.hasParent = false
-        } else {
-          this.u64('parent_hash')
-          out.hasParent = true
-          out.parentLo = this.numLo
-          out.parentHi = this.numHi
-        }
-      } else if (this.keyIs(K.blocks)) {
-        this.storedBlocks()
-        sawBlocks = true
-      } else {
-        this.skipValue(0)
-      }
-    }
-    if (!sawBlocks) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', 'field "stored.blocks" is missing')
-  }
-
-  private storedBlocks(): void {
-    const out = this.out
-    this.arrayStart('stored.blocks')
-    let n = 0
-    while (this.nextElement(n, 'stored.blocks')) {
-      this.expectObjectStart('stored block')
-      if (this.fastBlock(n)) {
-        n++
-        continue
-      }
-      let sawBlock = false
-      let sawTokens = false
-      let first = true
-      while (this.nextKey(first)) {
-        first = false
-        if (this.keyIs(K.block_hash)) {
-          this.u64('block_hash')
-          out.blockLo[n] = this.numLo
-          out.blockHi[n] = this.numHi
-          sawBlock = true
-        } else if (this.keyIs(K.tokens_hash)) {
-          this.u64('tokens_hash')
-          out.tokensLo[n] = this.numLo
-          out.tokensHi[n] = this.numHi
-          sawTokens = true
-        } else {
-          this.skipValue(0)
-        }
-      }
-      if (!sawBlock) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', `field "blocks[${n}].block_hash" is missing`)
-      if (!sawTokens) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', `field "blocks[${n}].tokens_hash" is missing`)
-      n++
-    }
-    out.count = n
-  }
-
-  private removedData(): void {
-    const out = this.out
-    this.expectObjectStart('removed')
-    let saw = false
-    let first = true
-    while (this.nextKey(first)) {
-      first = false
-      if (this.keyIs(K.block_hashes)) {
-        this.arrayStart('removed.block_hashes')
-        let n = 0
-        while (this.nextElement(n, 'removed.block_hashes')) {
-          const q = this.fastDigits(this.pos)
-          if (q >= 0) this.pos = q
-          else this.u64('block_hashes[]')
-          out.blockLo[n] = this.numLo
-          out.blockHi[n] = this.numHi
-          n++
-        }
-        out.count = n
-        saw = true
-      } else {
-        this.skipValue(0)
-      }
-    }
-    if (!saw) throw this.fail('KVR_ERR_EVENT_MISSING_FIELD', 'field "removed.block_hashes" is missing')
-  }
-
-  // --- arrays of blocks ----------------------------------------------------------------------
-
-  private arrayStart(field: string): void {
-    this.ws()
-    if (this.peek() !== C_LBRACKET) throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', `field "${field}" must be an array`)
-    this.pos++
-  }
-
-  /** Before element i of a block array: false at its end. Grows the output, lets queries in. */
-  private nextElement(i: number, field: string): boolean {
-    this.ws()
-    if (this.peek() === C_RBRACKET) {
+    if (this.peekByte() === C_RBRACKET) {
       this.pos++
       return false
     }
@@ -494,19 +157,93 @@ export class EventDecoder {
       this.expect(C_COMMA, field)
       this.ws()
     }
-    this.out.ensure(i + 1)
-    if ((i & 15) === 15 && this.interrupt !== null) this.interrupt()
     return true
+  }
+
+  string(field: string): void {
+    this.ws()
+    this.stringToken(field)
+  }
+
+  nil(): boolean {
+    this.ws()
+    return this.isNull()
+  }
+
+  u64(field: string): void {
+    this.ws()
+    // serde writes hashes as bare integers: the word-at-a-time reader first
+    const q = this.fastDigits(this.pos)
+    if (q >= 0) this.pos = q
+    else this.u64Text(field)
+  }
+
+  skip(): void {
+    this.skipValue(0)
+  }
+
+  payload(): void {
+    this.ws()
+    const c = this.peekByte()
+    if (c === C_LBRACE) {
+      this.payloadLen = -1
+      this.payloadAt = this.pos
+      this.skipValue(0)
+      return
+    }
+    if (c !== C_LBRACKET) throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', 'envelope "payload" must be an array of byte values or an object')
+    this.pos++
+    let n = 0
+    while (this.nextElement(-1, n, 'payload')) {
+      this.u64Text('payload byte')
+      if (this.numHi !== 0 || this.numLo > 255) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', 'payload bytes must be integers in [0, 255]')
+      if (n === this.payloadBytes.length) {
+        const grown = new Uint8Array(n * 2)
+        grown.set(this.payloadBytes)
+        this.payloadBytes = grown
+      }
+      this.payloadBytes[n++] = this.numLo
+    }
+    this.payloadLen = n
+  }
+
+  enterPayload(): void {
+    this.saveBuf = this.buf
+    this.savePos = this.pos
+    this.saveEnd = this.end
+    this.inPayload = true
+    if (this.payloadLen < 0) {
+      this.pos = this.payloadAt
+      return
+    }
+    this.input(this.payloadBytes)
+    this.pos = 0
+    this.end = this.payloadLen
+    this.ws()
+  }
+
+  leavePayload(): void {
+    if (this.payloadLen >= 0) {
+      this.ws()
+      if (this.pos !== this.end) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'unexpected data after the payload event')
+      this.input(this.saveBuf)
+    }
+    this.pos = this.savePos
+    this.end = this.saveEnd
+    this.inPayload = false
+  }
+
+  fail(code: ErrorCode, message: string): KvrError {
+    return new KvrError(code, `${this.inPayload ? 'in envelope payload: ' : ''}${message} (at byte ${this.pos})`)
   }
 
   // --- tokens ------------------------------------------------------------------------------
 
-  /** Unsigned integer up to 2^64-1, as a JSON integer or a decimal string, into numLo/numHi. */
-  private u64(field: string): void {
-    this.ws()
+  /** Unsigned integer up to 2^64-1, as a JSON integer or a decimal string, into numLo/numHi; after ws(). */
+  private u64Text(field: string): void {
     const buf = this.buf
     let quoted = false
-    if (this.peek() === C_QUOTE) {
+    if (this.peekByte() === C_QUOTE) {
       quoted = true
       this.pos++
     }
@@ -566,7 +303,7 @@ export class EventDecoder {
       if (c === 0x2e || c === 0x65 || c === 0x45) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', `field "${field}" must be an integer`)
     }
     if (quoted) {
-      if (this.peek() !== C_QUOTE) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', `field "${field}" must be a decimal integer string`)
+      if (this.peekByte() !== C_QUOTE) throw this.fail('KVR_ERR_EVENT_INVALID_NUMBER', `field "${field}" must be a decimal integer string`)
       this.pos++
     }
     this.numLo = lo
@@ -591,7 +328,7 @@ export class EventDecoder {
 
   /** Reads a JSON string into keyStart/keyEnd (raw bytes) or keyEscaped (decoded, when escaped). */
   private stringToken(field: string): void {
-    if (this.peek() !== C_QUOTE) throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', `field "${field}" must be a string`)
+    if (this.peekByte() !== C_QUOTE) throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', `field "${field}" must be a string`)
     this.pos++
     const start = this.pos
     const buf = this.buf
@@ -622,9 +359,9 @@ export class EventDecoder {
   }
 
   /** Advances to the next key of an object whose `{` was consumed; false at `}`. */
-  private nextKey(first: boolean): boolean {
+  private nextKeyAfter(first: boolean): boolean {
     this.ws()
-    const c = this.peek()
+    const c = this.peekByte()
     if (c === C_RBRACE) {
       this.pos++
       return false
@@ -634,14 +371,14 @@ export class EventDecoder {
       this.pos++
       this.ws()
     }
-    if (this.peek() !== C_QUOTE) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'expected an object key')
+    if (this.peekByte() !== C_QUOTE) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'expected an object key')
     this.stringToken('key')
     this.ws()
     this.expect(C_COLON, 'object')
     return true
   }
 
-  private keyIs(k: Uint8Array): boolean {
+  keyIs(k: Uint8Array): boolean {
     if (this.keyEscaped !== null) return this.keyEscaped === textDecoder.decode(k)
     const len = this.keyEnd - this.keyStart
     if (len !== k.length) return false
@@ -650,13 +387,13 @@ export class EventDecoder {
     return true
   }
 
-  private keyText(): string {
+  keyText(): string {
     return this.keyEscaped ?? textDecoder.decode(this.buf.subarray(this.keyStart, this.keyEnd))
   }
 
   private expectObjectStart(what: string): void {
     this.ws()
-    if (this.peek() !== C_LBRACE) {
+    if (this.peekByte() !== C_LBRACE) {
       if (this.pos >= this.end) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', `truncated input: expected ${what} object`)
       throw this.fail('KVR_ERR_EVENT_WRONG_TYPE', `${what} must be a JSON object`)
     }
@@ -677,12 +414,12 @@ export class EventDecoder {
   private skipValue(depth: number): void {
     if (depth > MAX_DEPTH) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'nesting too deep')
     this.ws()
-    const c = this.peek()
+    const c = this.peekByte()
     const buf = this.buf
     if (c === C_LBRACE) {
       this.pos++
       let first = true
-      while (this.nextKey(first)) {
+      while (this.nextKeyAfter(first)) {
         first = false
         this.skipValue(depth + 1)
       }
@@ -690,19 +427,8 @@ export class EventDecoder {
     }
     if (c === C_LBRACKET) {
       this.pos++
-      let first = true
-      for (;;) {
-        this.ws()
-        if (this.peek() === C_RBRACKET) {
-          this.pos++
-          return
-        }
-        if (!first) {
-          this.expect(C_COMMA, 'array')
-        }
-        first = false
-        this.skipValue(depth + 1)
-      }
+      for (let i = 0; this.nextElement(-1, i, 'array'); i++) this.skipValue(depth + 1)
+      return
     }
     if (c === C_QUOTE) {
       this.stringToken('value')
@@ -723,12 +449,14 @@ export class EventDecoder {
   }
 
   /**
-   * One stored block in serde's exact layout, from just after its `{`: fills block n and returns
-   * true, or returns false with the position unchanged so the general parser takes it (and
-   * reports whatever is wrong with it).
+   * One stored block in serde's exact layout, `{` included: fills block n and returns true, or
+   * returns false with the position at the `{` so the general parser takes it (and reports
+   * whatever is wrong with it).
    */
-  private fastBlock(n: number): boolean {
-    const start = this.pos
+  fastBlock(out: DecodedEvent, n: number): boolean {
+    this.ws()
+    if (this.peekByte() !== C_LBRACE) return false
+    const start = this.pos + 1
     let p = this.matchWords(FAST_BLOCK_HASH, start)
     if (p >= 0) p = this.fastDigits(p)
     if (p < 0) return false
@@ -741,7 +469,6 @@ export class EventDecoder {
     if (q >= 0) p = q
     else if (p < this.end && this.buf[p] === C_RBRACE) p++
     else return false
-    const out = this.out
     out.blockLo[n] = lo
     out.blockHi[n] = hi
     out.tokensLo[n] = this.numLo
@@ -828,27 +555,29 @@ export class EventDecoder {
   }
 
   private ws(): void {
-    const buf = this.buf
-    while (this.pos < this.end) {
-      const c = buf[this.pos] as number
-      if (c === 0x20 || c === 0x0a || c === 0x0d || c === 0x09) this.pos++
-      else break
-    }
+    this.pos = skipJsonSpace(this.buf, this.pos, this.end)
   }
 
-  private peek(): number {
+  private peekByte(): number {
     return this.pos < this.end ? (this.buf[this.pos] as number) : -1
   }
 
   private expect(ch: number, where: string): void {
-    if (this.peek() !== ch) {
+    if (this.peekByte() !== ch) {
       if (this.pos >= this.end) throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', `truncated input in ${where}`)
       throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', `expected "${String.fromCharCode(ch)}" in ${where}`)
     }
     this.pos++
   }
+}
 
-  private fail(code: ErrorCode, message: string): KvrError {
-    return new KvrError(code, `${message} (at byte ${this.pos})`)
+/** RouterEvent JSON and its envelope, walked into a DecodedEvent. */
+export class EventDecoder extends WalkingDecoder {
+  constructor() {
+    super(new JsonEventReader())
+  }
+
+  decodeString(text: string): DecodedEvent {
+    return this.decode(Buffer.from(text, 'utf8'))
   }
 }

@@ -4,6 +4,7 @@
 // decimal strings alike. On the way out, u64 values are written as exact JSON
 // integers (serializeJson handles bigint).
 import { KvrError } from '../errors.js'
+import { jsonTextStringEnd } from './json-scan.js'
 
 /**
  * JSON.parse with long integer literals kept exact as strings. Throws SyntaxError.
@@ -56,17 +57,12 @@ function unsafeIntegerLiteral(lit: string): boolean {
 function quoteLongIntegers(text: string): string {
   let out = ''
   let last = 0
-  let inString = false
   for (let i = 0; i < text.length; i++) {
     const c = text.charCodeAt(i)
-    if (inString) {
-      if (c === 92)
-        i++ // backslash: skip the escaped char
-      else if (c === 34) inString = false
-      continue
-    }
     if (c === 34) {
-      inString = true
+      const e = jsonTextStringEnd(text, i)
+      if (e < 0) break
+      i = e
       continue
     }
     if ((c >= 48 && c <= 57) || c === 45) {

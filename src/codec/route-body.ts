@@ -6,6 +6,25 @@
 // member is small and is parsed on its own slice (u64-exact, json.ts). Errors are KvrErrors
 // naming the field and the byte offset.
 import { KvrError } from '../errors.js'
+import {
+  J_BACKSLASH as BACKSLASH,
+  J_COLON as COLON,
+  J_COMMA as COMMA,
+  J_CR as CR,
+  J_LBRACE as LBRACE,
+  J_LBRACKET as LBRACK,
+  J_LF as LF,
+  J_NINE as NINE,
+  J_QUOTE as QUOTE,
+  J_RBRACE as RBRACE,
+  J_RBRACKET as RBRACK,
+  J_SPACE as SP,
+  J_TAB as TAB,
+  J_ZERO as ZERO,
+  jsonStringEnd,
+  jsonValueEnd,
+  skipJsonSpace as ws,
+} from './json-scan.js'
 import { parseJsonExact } from './json.js'
 import { scanTokenIds, tokenScanAccelerated } from './token-scan.js'
 import type { TokenSink } from './token-scan.js'
@@ -23,20 +42,6 @@ export interface RouteBody {
   rest: Record<string, unknown>
 }
 
-const SP = 32
-const TAB = 9
-const LF = 10
-const CR = 13
-const QUOTE = 34
-const COMMA = 44
-const ZERO = 48
-const NINE = 57
-const COLON = 58
-const LBRACK = 91
-const BACKSLASH = 92
-const RBRACK = 93
-const LBRACE = 123
-const RBRACE = 125
 const TWO32 = 4294967296
 
 function bad(msg: string, at: number): KvrError {
@@ -264,14 +269,6 @@ function valueEndLoose(buf: Uint8Array, i: number): number {
   return i
 }
 
-function ws(buf: Uint8Array, i: number): number {
-  for (;;) {
-    const c = buf[i]
-    if (c === SP || c === LF || c === CR || c === TAB) i++
-    else return i
-  }
-}
-
 /** The member name of the string at [i, end]: printable ASCII as is, anything else through JSON.parse. */
 function memberName(buf: Uint8Array, i: number, end: number): string {
   let plain = true
@@ -292,37 +289,15 @@ function memberName(buf: Uint8Array, i: number, end: number): string {
 }
 
 function stringEnd(buf: Uint8Array, i: number): number {
-  for (let j = i + 1; j < buf.length; j++) {
-    const c = buf[j]
-    if (c === BACKSLASH) j++
-    else if (c === QUOTE) return j
-  }
-  throw bad('unterminated string', i)
+  const e = jsonStringEnd(buf, i)
+  if (e < 0) throw bad('unterminated string', i)
+  return e
 }
 
 /** End (exclusive) of the JSON value starting at i; structure only, JSON.parse validates. */
 function valueEnd(buf: Uint8Array, i: number): number {
-  const c = buf[i]
-  if (c === QUOTE) return stringEnd(buf, i) + 1
-  if (c === LBRACE || c === LBRACK) {
-    let depth = 0
-    for (let j = i; j < buf.length; j++) {
-      const d = buf[j]
-      if (d === QUOTE) j = stringEnd(buf, j)
-      else if (d === LBRACE || d === LBRACK) depth++
-      else if (d === RBRACE || d === RBRACK) {
-        depth--
-        if (depth === 0) return j + 1
-      }
-    }
-    throw bad('unterminated value', i)
-  }
-  let j = i
-  while (j < buf.length) {
-    const d = buf[j] as number
-    if (d === COMMA || d === RBRACE || d === RBRACK || d === SP || d === LF || d === CR || d === TAB) break
-    j++
-  }
-  if (j === i) throw bad('expected a value', i)
-  return j
+  const e = jsonValueEnd(buf, i)
+  if (e < 0) throw bad(buf[i] === QUOTE ? 'unterminated string' : 'unterminated value', i)
+  if (e === i) throw bad('expected a value', i)
+  return e
 }

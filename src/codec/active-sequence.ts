@@ -97,7 +97,10 @@ export function encodeLifecycle(
   publishedAt: number,
 ): string {
   const data = kind === 'free' ? '"Free"' : '"MarkPrefillCompleted"'
-  return `{"request_id":${JSON.stringify(requestId)},"worker":{"worker_id":${workerId},"dp_rank":${dpRank}},"data":${data},"router_id":${routerId},"lora_name":null,"published_at":${publishedAt}}`
+  return (
+    `{"request_id":${JSON.stringify(requestId)},"worker":{"worker_id":${workerId},"dp_rank":${dpRank}},"data":${data},"router_id":${routerId},` +
+    `"lora_name":null,"published_at":${publishedAt}}`
+  )
 }
 
 const KEY = '"token_sequence"'

@@ -87,7 +87,8 @@ export function encodeRouterEvent(ev: RouterEvent): string {
     const blocks = s.blocks
       .map(
         (b, i) =>
-          `{"block_hash":${u64Text(b.block_hash, `blocks[${i}].block_hash`)},"tokens_hash":${u64Text(b.tokens_hash, `blocks[${i}].tokens_hash`)},"mm_extra_info":null}`,
+          `{"block_hash":${u64Text(b.block_hash, `blocks[${i}].block_hash`)},"tokens_hash":${u64Text(b.tokens_hash, `blocks[${i}].tokens_hash`)},` +
+          `"mm_extra_info":null}`,
       )
       .join(',')
     const parent = s.parent_hash === null ? 'null' : u64Text(s.parent_hash, 'parent_hash')
@@ -99,13 +100,19 @@ export function encodeRouterEvent(ev: RouterEvent): string {
     throw new KvrError('KVR_ERR_EVENT_INVALID_NUMBER', 'field "dp_rank" must be a u32')
   }
   const tier = ev.storage_tier === undefined ? '' : `,"storage_tier":"${ev.storage_tier}"`
-  return `{"worker_id":${u64Text(ev.worker_id, 'worker_id')},"event":{"event_id":${u64Text(e.event_id, 'event_id')},"data":${data},"dp_rank":${e.dp_rank}}${tier}}`
+  return (
+    `{"worker_id":${u64Text(ev.worker_id, 'worker_id')},"event":{"event_id":${u64Text(e.event_id, 'event_id')},"data":${data},"dp_rank":` +
+    `${e.dp_rank}}${tier}}`
+  )
 }
 
 /** The envelope form, payload as a JSON array of byte values (as Dynamo's event plane sends it). */
 export function encodeEnvelope(env: EventEnvelope): string {
   const payload = Buffer.from(encodeRouterEvent(env.payload), 'utf8')
-  return `{"publisher_id":${u64Text(env.publisher_id, 'publisher_id')},"sequence":${u64Text(env.sequence, 'sequence')},"published_at":${u64Text(env.published_at, 'published_at')},"payload":[${payload.join(',')}]}`
+  return (
+    `{"publisher_id":${u64Text(env.publisher_id, 'publisher_id')},"sequence":${u64Text(env.sequence, 'sequence')},"published_at":` +
+    `${u64Text(env.published_at, 'published_at')},"payload":[${payload.join(',')}]}`
+  )
 }
 
 function setHalves(v: bigint, field: string): void {

@@ -72,7 +72,8 @@ export class EventSources {
     if (!hasSource && !this.warned.has(id)) {
       this.warned.add(id)
       this.deps.warn(
-        `worker ${id} has no KV event source (no --nats-url, no kv-events= endpoint, nothing posted to /v1/kv-events yet): it is routed on predictions of its cache, made from the router's own decisions, until its events arrive (GET /v1/workers shows it as no-events)`,
+        `worker ${id} has no KV event source (no --nats-url, no kv-events= endpoint, nothing posted to /v1/kv-events yet): it is routed on ` +
+          `predictions of its cache, made from the router's own decisions, until its events arrive (GET /v1/workers shows it as no-events)`,
       )
     }
   }
@@ -110,7 +111,9 @@ export class EventSources {
       if (!s.hasSource || s.firstRoutedAt < 0 || now - s.firstRoutedAt < SILENT_AFTER_MS || this.warned.has(id)) continue
       this.warned.add(id)
       this.deps.warn(
-        `worker ${id} was sent requests ${Math.round((now - s.firstRoutedAt) / 1000)} s ago and has published no KV events since it registered: check its KV event publisher (vLLM/SGLang --kv-events-config, the kv-events= endpoint, the NATS subject); it is routed on predictions meanwhile`,
+        `worker ${id} was sent requests ${Math.round((now - s.firstRoutedAt) / 1000)} s ago and has published no KV events since it registered: ` +
+          `check its KV event publisher (vLLM/SGLang --kv-events-config, the kv-events= endpoint, the NATS subject); it is routed on predictions ` +
+          `meanwhile`,
       )
     }
   }

@@ -27,7 +27,9 @@ export function registerWorkerMetrics(
   })
   new Counter({
     name: 'kvrouter_session_affinity_total',
-    help: 'Requests with a session id by outcome: hit (sent to its bound worker-rank), bound (no live binding: bound where it went), broken (its worker-rank could not take it), evicted (bindings dropped past the bound)',
+    help:
+      'Requests with a session id by outcome: hit (sent to its bound worker-rank), bound (no live binding: bound where it went), broken (its ' +
+      'worker-rank could not take it), evicted (bindings dropped past the bound)',
     labelNames: ['outcome'],
     registers: [r],
     collect() {
@@ -71,7 +73,9 @@ export function registerWorkerMetrics(
 export function registerHealthMetrics(r: Registry, workers: WorkerRegistry, health: WorkerHealth, suspension: Suspension, probes: HealthProbes | null): void {
   new Gauge({
     name: 'kvrouter_workers',
-    help: 'Registered workers by health state: healthy, suspended (request failures), unreachable (health probes failing), misconfigured (another block size, kv mode)',
+    help:
+      'Registered workers by health state: healthy, suspended (request failures), unreachable (health probes failing), misconfigured (another ' +
+      'block size, kv mode)',
     labelNames: ['state'],
     registers: [r],
     collect() {

@@ -161,7 +161,8 @@ export class RouterParts {
         if (!known) await this.pool.removeWorker(reg.id)
         throw new KvrError(
           'KVR_ERR_TOO_MANY_WORKERS',
-          `worker ${reg.id} rank ${r} does not fit: its index shard holds its maximum of ${this.pool.maxWorkerRanksPerShard} worker-ranks, all of registered workers`,
+          `worker ${reg.id} rank ${r} does not fit: its index shard holds its maximum of ${this.pool.maxWorkerRanksPerShard} worker-ranks, all of ` +
+            `registered workers`,
         )
       }
     }
@@ -295,7 +296,8 @@ export class RouterParts {
     if (lost.length > 0)
       log.warn(
         { code: 'KVR_INDEX_DEGRADED', shard },
-        `index shard ${shard} restarted: the cached blocks of worker(s) ${lost.join(', ')} are forgotten until their next KV events (they do not answer the worker query${this.recovery === null ? ', or --no-router-event-recovery' : ''})`,
+        `index shard ${shard} restarted: the cached blocks of worker(s) ${lost.join(', ')} are forgotten until their next KV events (they do not ` +
+          `answer the worker query${this.recovery === null ? ', or --no-router-event-recovery' : ''})`,
       )
     this.pool.markRebuilt(shard)
   }
@@ -340,7 +342,8 @@ export class RouterParts {
       .map((w) => `${w.id} (${w.url})`)
     log.warn(
       { code: 'KVR_WORKER_NO_EVENTS' },
-      `KV events arrive for worker id(s) ${[...unknown].join(', ')}, which are not registered, while registered worker(s) ${silent.join(', ')} have sent none: if they are the same engines, register each with its engine's id (--worker ID=URL, or "id" in POST /v1/workers)`,
+      `KV events arrive for worker id(s) ${[...unknown].join(', ')}, which are not registered, while registered worker(s) ${silent.join(', ')} ` +
+        `have sent none: if they are the same engines, register each with its engine's id (--worker ID=URL, or "id" in POST /v1/workers)`,
     )
   }
 

@@ -94,7 +94,8 @@ export function clientErrorHandler(this: FastifyInstance, err: NodeJS.ErrnoExcep
   if (socket.writable && !responseUnderWay(socket)) {
     const body = errorBody(e)
     socket.write(
-      `HTTP/1.1 ${e.statusCode} ${STATUS_CODES[e.statusCode] ?? ''}\r\nContent-Length: ${Buffer.byteLength(body)}\r\nContent-Type: application/json; charset=utf-8\r\nConnection: close\r\n\r\n${body}`,
+      `HTTP/1.1 ${e.statusCode} ${STATUS_CODES[e.statusCode] ?? ''}\r\nContent-Length: ${Buffer.byteLength(body)}\r\nContent-Type: ` +
+        `application/json; charset=utf-8\r\nConnection: close\r\n\r\n${body}`,
     )
   }
   socket.destroy(err)

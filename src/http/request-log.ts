@@ -33,7 +33,9 @@ export function requestLines(fastify: FastifyInstance, logger: Logger): void {
     if (probe && !probes) return done()
     // one string, not an object through pino: the line of every request is on the hot path
     const d = r[ROUTED]
-    const fields = `,"request_id":${JSON.stringify(req.id)},"method":${JSON.stringify(req.method)},"route":${JSON.stringify(route ?? null)},"status":${reply.statusCode}${d === undefined ? '' : decisionFields(d)},"duration_ms":${ms(reply.elapsedTime)}`
+    const fields =
+      `,"request_id":${JSON.stringify(req.id)},"method":${JSON.stringify(req.method)},"route":${JSON.stringify(route ?? null)},` +
+      `"status":${reply.statusCode}${d === undefined ? '' : decisionFields(d)},"duration_ms":${ms(reply.elapsedTime)}`
     writeJsonLine(logger, probe ? 'debug' : 'info', fields, 'request')
     done()
   })
@@ -56,7 +58,9 @@ export interface ProxiedRequest {
 }
 
 export function proxiedLine(logger: Logger, p: ProxiedRequest, status: number, durationMs: number): void {
-  let fields = `,"request_id":${JSON.stringify(p.requestId)},"method":"POST","route":${JSON.stringify(p.path)},"status":${status},"model":${JSON.stringify(p.model)},"stream":${p.stream}`
+  let fields =
+    `,"request_id":${JSON.stringify(p.requestId)},"method":"POST","route":${JSON.stringify(p.path)},"status":${status},"model":` +
+    `${JSON.stringify(p.model)},"stream":${p.stream}`
   if (p.decision !== null) fields += decisionFields(p.decision)
   if (p.attempts > 1) fields += `,"attempts":${p.attempts}`
   if (p.ttftMs >= 0) fields += `,"ttft_ms":${ms(p.ttftMs)}`

@@ -168,7 +168,8 @@ export class EngineIntake implements ZmqSink {
     this.warned.add(key)
     log.warn(
       { code: Warn.KVR_BLOCK_SIZE_MISMATCH, worker_id: n.workerId.toString(), dp_rank: n.dpRank },
-      `worker ${n.workerId} rank ${n.dpRank} publishes KV events of block size ${n.eventBlockSize}, the router hashes with ${n.routerBlockSize}: they are not applied`,
+      `worker ${n.workerId} rank ${n.dpRank} publishes KV events of block size ${n.eventBlockSize}, the router hashes with ${n.routerBlockSize}: ` +
+        `they are not applied`,
     )
   }
 }

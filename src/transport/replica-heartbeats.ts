@@ -18,7 +18,9 @@ export class ReplicaHeartbeats {
   send(): void {
     const link = this.link
     if (link.closed || !link.connected) return
-    const body = `{"router_id":${link.id},"url":${JSON.stringify(link.url)},"host":${JSON.stringify(link.host)},"started_at":${link.startedAt},"sent_at":${wallNow()},"bookings":${link.sched.sequences.size},"in_step":${this.inStep()}}`
+    const body =
+      `{"router_id":${link.id},"url":${JSON.stringify(link.url)},"host":${JSON.stringify(link.host)},"started_at":${link.startedAt},` +
+      `"sent_at":${wallNow()},"bookings":${link.sched.sequences.size},"in_step":${this.inStep()}}`
     try {
       link.nc.publish(link.subjects.heartbeats, body)
     } catch {

@@ -943,7 +943,9 @@ export function injectWorkerId(event: string, rank: WorkerRankRef): string {
   if (end > 0 && json.charCodeAt(end) === 125 /* } */ && json.indexOf('\n') < 0 && !json.includes('nvext') && !json.includes('\\u')) {
     const comma = json.slice(1, end).trim().length === 0 ? '' : ','
     const w = rank.workerId.toString()
-    const id = `{"prefill_worker_id":${w},"prefill_worker_id_str":"${w}","prefill_dp_rank":${rank.dpRank},"decode_worker_id":${w},"decode_worker_id_str":"${w}","decode_dp_rank":${rank.dpRank}}`
+    const id =
+      `{"prefill_worker_id":${w},"prefill_worker_id_str":"${w}","prefill_dp_rank":${rank.dpRank},"decode_worker_id":${w},` +
+      `"decode_worker_id_str":"${w}","decode_dp_rank":${rank.dpRank}}`
     return `${event.slice(0, at)}data: ${json.slice(0, end)}${comma}"nvext":{"worker_id":${id}}}\n\n`
   }
   try {

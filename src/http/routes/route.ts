@@ -22,7 +22,11 @@ export function candidateJson(c: Candidate): string {
   // the latency cost's terms, in seconds, after Dynamo's fields (absent under --router-cost dynamo)
   const terms =
     c.ttftSecs === undefined ? '' : `,"ttft_secs":${c.ttftSecs},"decode_slowdown_secs":${c.slowdownSecs ?? 0},"queueing_secs":${c.queueingSecs ?? 0}`
-  return `{"worker_id":${id},"worker_id_str":"${id}","dp_rank":${c.dpRank},"overlap_blocks":${c.overlapBlocks},"prefill_blocks":${c.prefillBlocks},"decode_blocks":${c.decodeBlocks},"logit":${Number.isFinite(c.logit) ? c.logit : 'null'}${c.treeSize === undefined ? '' : `,"tree_size":${c.treeSize}`}${terms}}`
+  return (
+    `{"worker_id":${id},"worker_id_str":"${id}","dp_rank":${c.dpRank},"overlap_blocks":${c.overlapBlocks},"prefill_blocks":${c.prefillBlocks},` +
+    `"decode_blocks":${c.decodeBlocks},"logit":${Number.isFinite(c.logit) ? c.logit : 'null'}` +
+    `${c.treeSize === undefined ? '' : `,"tree_size":${c.treeSize}`}${terms}}`
+  )
 }
 
 /** Registers the routes in their own scope, where bodies arrive as bytes. */
@@ -86,7 +90,8 @@ export async function decisionRoutes(fastify: FastifyInstance, ctx: HttpContext)
         if (id !== undefined && router.requestIds.isOurs(id as string))
           throw new KvrError(
             'KVR_ERR_INVALID_REQUEST',
-            `request_id ${JSON.stringify(id)} is in the router's own id space (ids it makes begin with ${JSON.stringify(router.requestIds.prefix)}): choose another`,
+            `request_id ${JSON.stringify(id)} is in the router's own id space (ids it makes begin with ` +
+              `${JSON.stringify(router.requestIds.prefix)}): choose another`,
           )
         input.id = (id as string | undefined) ?? router.requestIds.create()
       }

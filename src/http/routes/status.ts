@@ -44,7 +44,9 @@ function loadPage(): { html: string; csp: string } {
   const style = hash(/<style>([\s\S]*?)<\/style>/)
   return {
     html,
-    csp: `default-src 'none'; script-src ${script}; style-src ${style}; connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'`,
+    csp:
+      `default-src 'none'; script-src ${script}; style-src ${style}; connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; ` +
+      `frame-ancestors 'none'`,
   }
 }
 
@@ -222,7 +224,10 @@ function intParam(v: unknown, name: string, min: number, max: number, dflt: numb
 
 function decisionJson(e: DecisionEntry): string {
   const id = e.workerId.toString()
-  let s = `{"seq":${e.seq},"at_ms":${Math.round(performance.timeOrigin + e.at)},"request_id":${e.requestId === undefined ? 'null' : JSON.stringify(e.requestId)},"worker_id":${id},"worker_id_str":"${id}","dp_rank":${e.dpRank},"overlap_blocks":${e.overlapBlocks},"blocks":${e.blocks},"isl":${e.isl},"booked":${e.booked},"waited_ms":${e.waitedMs}`
+  let s =
+    `{"seq":${e.seq},"at_ms":${Math.round(performance.timeOrigin + e.at)},"request_id":` +
+    `${e.requestId === undefined ? 'null' : JSON.stringify(e.requestId)},"worker_id":${id},"worker_id_str":"${id}","dp_rank":${e.dpRank},` +
+    `"overlap_blocks":${e.overlapBlocks},"blocks":${e.blocks},"isl":${e.isl},"booked":${e.booked},"waited_ms":${e.waitedMs}`
   const cs = e.candidates
   if (cs === undefined) return `${s},"candidates":null,"candidates_total":null}`
   // the cheapest first; the chosen one kept even when it is not among them (a temperature draw)

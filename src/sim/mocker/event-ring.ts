@@ -106,7 +106,10 @@ export function encodeKvQueryResponse(r: KvQueryResponse): string {
   if ('TreeDump' in r) return `{"TreeDump":[${r.TreeDump.map(encodeRouterEvent).join(',')}]}`
   if ('TooNew' in r) {
     const t = r.TooNew
-    return `{"TooNew":{"requested_start":${t.requested_start},"requested_end":${t.requested_end === null ? 'null' : String(t.requested_end)},"newest_available":${t.newest_available}}}`
+    return (
+      `{"TooNew":{"requested_start":${t.requested_start},"requested_end":${t.requested_end === null ? 'null' : String(t.requested_end)},` +
+      `"newest_available":${t.newest_available}}}`
+    )
   }
   if ('InvalidRange' in r) return `{"InvalidRange":{"start_id":${r.InvalidRange.start_id},"end_id":${r.InvalidRange.end_id}}}`
   return JSON.stringify({ Error: r.Error })

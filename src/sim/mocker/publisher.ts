@@ -210,8 +210,10 @@ export class JetStreamEventPublisher extends QueuedPublisher<{ id: string; data:
 export function loadEventJson(l: EngineLoad): string {
   const usage = l.totalBlocks > 0 ? l.activeBlocks / l.totalBlocks : 0
   return (
-    `{"worker_id":${l.workerId},"data":{"worker_stats":{"data_parallel_rank":0,"request_active_slots":${l.running},"request_total_slots":${l.maxNumSeqs},"num_requests_waiting":${l.waiting}},` +
-    `"kv_stats":{"kv_active_blocks":${l.activeBlocks},"kv_total_blocks":${l.totalBlocks},"gpu_cache_usage_perc":${usage},"gpu_prefix_cache_hit_rate":${l.prefixHitRate}},"spec_decode_stats":null}}`
+    `{"worker_id":${l.workerId},"data":{"worker_stats":{"data_parallel_rank":0,"request_active_slots":${l.running},"request_total_slots":` +
+    `${l.maxNumSeqs},"num_requests_waiting":${l.waiting}},` +
+    `"kv_stats":{"kv_active_blocks":${l.activeBlocks},"kv_total_blocks":${l.totalBlocks},"gpu_cache_usage_perc":${usage},` +
+    `"gpu_prefix_cache_hit_rate":${l.prefixHitRate}},"spec_decode_stats":null}}`
   )
 }
 

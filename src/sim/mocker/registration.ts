@@ -160,7 +160,9 @@ function routerHeaders(o: RouterRegistration, json: boolean): Record<string, str
 /** POST /v1/workers on a router; a refusal or an unreachable router is a KvrError. */
 export async function registerWithRouter(o: RouterRegistration, workerId: bigint, rec: WorkerRecord): Promise<void> {
   const base = o.routerUrl.replace(/\/+$/, '')
-  const body = `{"id":"${workerId}","url":${JSON.stringify(rec.url)},"block_size":${rec.blockSize},"capacity":${rec.totalKvBlocks},"max_num_batched_tokens":${rec.maxNumBatchedTokens}}`
+  const body =
+    `{"id":"${workerId}","url":${JSON.stringify(rec.url)},"block_size":${rec.blockSize},"capacity":${rec.totalKvBlocks},` +
+    `"max_num_batched_tokens":${rec.maxNumBatchedTokens}}`
   let res: Response
   try {
     res = await fetch(`${base}/v1/workers`, { method: 'POST', headers: routerHeaders(o, true), body })

@@ -117,7 +117,10 @@ class Completion implements RequestListener {
 
   private usage(r: EngineRequest): string {
     const cached = Math.max(0, r.cachedTokens)
-    return `"usage":{"prompt_tokens":${r.isl},"completion_tokens":${r.outputTokens},"total_tokens":${r.isl + r.outputTokens},"prompt_tokens_details":{"cached_tokens":${cached}}}`
+    return (
+      `"usage":{"prompt_tokens":${r.isl},"completion_tokens":${r.outputTokens},"total_tokens":${r.isl + r.outputTokens},` +
+      `"prompt_tokens_details":{"cached_tokens":${cached}}}`
+    )
   }
 
   onToken(r: EngineRequest): void {

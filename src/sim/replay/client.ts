@@ -121,7 +121,10 @@ export function requestBody(req: TraceRequest, model: string): string {
   const tokens = expandTokens(req)
   // Array.prototype.join over the typed array: no intermediate number[] for 10^4–10^5 tokens
   const prompt = Array.prototype.join.call(tokens, ',')
-  return `{"model":${JSON.stringify(model)},"prompt":[${prompt}],"max_tokens":${req.output_length},"ignore_eos":true,"stream":true,"stream_options":{"include_usage":true}}`
+  return (
+    `{"model":${JSON.stringify(model)},"prompt":[${prompt}],"max_tokens":${req.output_length},"ignore_eos":true,"stream":true,` +
+    `"stream_options":{"include_usage":true}}`
+  )
 }
 
 interface Usage {

@@ -224,7 +224,10 @@ async function defaultModel(url: string, apiKey: string | null): Promise<string>
 
 export function progressLine(p: ReplayProgress): string {
   const pct = p.total === 0 ? 100 : Math.floor((p.done / p.total) * 100)
-  return `replay ${String(pct).padStart(3)}%  sent ${p.sent}/${p.total}  in flight ${p.inFlight}  done ${p.done}  failed ${p.failed}  ${p.elapsedS.toFixed(0)}/${p.scheduleS.toFixed(0)} s`
+  return (
+    `replay ${String(pct).padStart(3)}%  sent ${p.sent}/${p.total}  in flight ${p.inFlight}  done ${p.done}  failed ${p.failed}  ` +
+    `${p.elapsedS.toFixed(0)}/${p.scheduleS.toFixed(0)} s`
+  )
 }
 
 export interface ReplayIo {

@@ -161,12 +161,14 @@ export function formatSummary(s: ReplaySummary): string {
   const counts = Object.entries(s.workers)
   const lines = [
     `requests      ${s.requests} (${s.ok} ok, ${s.errors} failed)`,
-    `duration      ${s.duration_s.toFixed(1)} s${s.time_scale === 1 ? '' : ' (simulated)'}; ${s.requests_per_s.toFixed(2)} req/s, ${s.output_tokens_per_s.toFixed(0)} output tokens/s`,
+    `duration      ${s.duration_s.toFixed(1)} s${s.time_scale === 1 ? '' : ' (simulated)'}; ${s.requests_per_s.toFixed(2)} req/s, ` +
+      `${s.output_tokens_per_s.toFixed(0)} output tokens/s`,
     `TTFT (${unit})  p50 ${fmt(s.ttft_ms.p50)}  p90 ${fmt(s.ttft_ms.p90)}  p99 ${fmt(s.ttft_ms.p99)}`,
     `TPOT (${unit})  p50 ${fmt(s.tpot_ms.p50, 2)}  p99 ${fmt(s.tpot_ms.p99, 2)}  (per request: time per output token after the first)`,
     `ITL  (${unit})  p50 ${fmt(s.itl_ms.p50, 2)}  p99 ${fmt(s.itl_ms.p99, 2)}  (gaps between reads that carried tokens)`,
     `hit rate      ${s.hit_rate === null ? '–' : `${(s.hit_rate * 100).toFixed(2)}%`} (${s.cached_tokens} of ${s.prompt_tokens} prompt tokens cached)`,
-    `workers       ${counts.length === 0 ? '–' : counts.map(([w, n]) => `${w}:${n}`).join(' ')}; spread max/min ${s.spread === null ? '–' : s.spread.toFixed(2)}`,
+    `workers       ${counts.length === 0 ? '–' : counts.map(([w, n]) => `${w}:${n}`).join(' ')}; spread max/min ` +
+      `${s.spread === null ? '–' : s.spread.toFixed(2)}`,
     `send lag (wall ms)  p50 ${fmt(s.send_lag_ms.p50)}  p99 ${fmt(s.send_lag_ms.p99)}  max ${fmt(s.send_lag_ms.max)}`,
   ]
   for (const [msg, n] of Object.entries(s.error_kinds)) lines.push(`error ×${n}   ${msg}`)

@@ -5,7 +5,7 @@ import { createServer } from 'node:http'
 import type { IncomingMessage, ServerResponse } from 'node:http'
 import { connect } from 'node:net'
 import { chunkFrame, ChunkWriter } from '../../../src/http/proxy/chunked.js'
-import { endsEvent, endsWithDone, eventEnd, injectWorkerId, lastEventEnd } from '../../../src/http/proxy/proxy.js'
+import { endsEvent, endsWithDone, eventEnd, injectWorkerId, lastEventEnd } from '../../../src/http/proxy/sse.js'
 
 /** Decodes a chunked body; throws on any framing error. */
 function unchunk(body: Buffer): Buffer[] {

@@ -227,7 +227,7 @@ function installExitHook(): void {
 
 /**
  * Detached shell that SIGKILLs the server ($2) once this Node process ($1) is
- * gone, then removes the server's temp dir (passed as KVR_WATCHDOG_RMDIR in
+ * gone, then removes the server's temp dir (passed as WATCHDOG_RMDIR in
  * its environment). It exits by itself as soon as the server exits.
  * "Gone" means the watchdog was re-parented (its parent pid in /proc is no
  * longer ours), which also works while our dead process lingers as an
@@ -242,7 +242,7 @@ const WATCHDOG_SCRIPT = [
   '}',
   'while owner_alive "$1"; do kill -0 "$2" 2>/dev/null || exit 0; sleep 0.5; done',
   'kill -9 "$2" 2>/dev/null',
-  'if [ -n "${KVR_WATCHDOG_RMDIR:-}" ]; then sleep 0.2; rm -rf -- "$KVR_WATCHDOG_RMDIR"; fi',
+  'if [ -n "${WATCHDOG_RMDIR:-}" ]; then sleep 0.2; rm -rf -- "$WATCHDOG_RMDIR"; fi',
   'exit 0',
 ].join('\n')
 
@@ -264,7 +264,7 @@ function spawnWatchdog(childPid: number, rmDir: string): number | undefined {
     const wd = spawn('/bin/sh', ['-c', WATCHDOG_SCRIPT, 'kvr-service-watchdog', String(process.pid), String(childPid)], {
       stdio: 'ignore',
       detached: true,
-      env: { PATH: process.env['PATH'] ?? '/usr/bin:/bin', KVR_WATCHDOG_RMDIR: rmDir },
+      env: { PATH: process.env['PATH'] ?? '/usr/bin:/bin', WATCHDOG_RMDIR: rmDir },
     })
     wd.on('error', () => {})
     wd.unref()

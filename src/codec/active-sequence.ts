@@ -54,35 +54,44 @@ export interface ActiveSequenceEvent {
 const TWO32 = 4294967296
 const MAX_ID_LENGTH = 4096
 
+/** What an AddRequest tells of a booking (the scheduler's Booking is one). */
+export interface AddRequestBooking {
+  /** n block hashes as u64 halves; undefined: token_sequence null. */
+  lo: ArrayLike<number> | undefined
+  hi: ArrayLike<number> | undefined
+  n: number
+  isl: number
+  overlapBlocks: number
+  trackPrefill: boolean
+  prefillTokens: number
+}
+
 /**
- * JSON of an AddRequest event. lo/hi hold n block hashes (null: token_sequence null); the
- * prefill tokens go in prefill_load_hint, isl and overlap for receivers that compute them.
+ * JSON of an AddRequest event. The prefill tokens go in prefill_load_hint, isl and overlap for
+ * receivers that compute them.
  */
 export function encodeAddRequest(
   requestId: string,
   workerId: bigint,
   dpRank: number,
   routerId: string,
-  lo: ArrayLike<number> | null,
-  hi: ArrayLike<number> | null,
-  n: number,
-  isl: number,
-  overlap: number,
-  trackPrefill: boolean,
-  prefillTokens: number,
+  b: Readonly<AddRequestBooking>,
   publishedAt: number,
 ): string {
+  const lo = b.lo
+  const hi = b.hi
   let seq = 'null'
-  if (lo !== null && hi !== null) {
+  if (lo !== undefined && hi !== undefined) {
     seq = '['
-    for (let i = 0; i < n; i++) seq += (i === 0 ? '' : ',') + u64ToString(lo[i] as number, hi[i] as number)
+    for (let i = 0; i < b.n; i++) seq += (i === 0 ? '' : ',') + u64ToString(lo[i] as number, hi[i] as number)
     seq += ']'
   }
+  const prefillTokens = b.prefillTokens
   const hint = prefillTokens > 0 ? `{"initial_effective_prefill_tokens":${Math.round(prefillTokens)},"expected_prefill_duration":null}` : 'null'
   return (
     `{"request_id":${JSON.stringify(requestId)},"worker":{"worker_id":${workerId},"dp_rank":${dpRank}},` +
-    `"data":{"AddRequest":{"token_sequence":${seq},"isl":${Math.round(isl)},"overlap":${Math.round(overlap)},"expected_output_tokens":null,` +
-    `"track_prefill_tokens":${trackPrefill},"prefill_load_hint":${hint}}},` +
+    `"data":{"AddRequest":{"token_sequence":${seq},"isl":${Math.round(b.isl)},"overlap":${Math.round(b.overlapBlocks)},"expected_output_tokens":null,` +
+    `"track_prefill_tokens":${b.trackPrefill},"prefill_load_hint":${hint}}},` +
     `"router_id":${routerId},"lora_name":null,"published_at":${publishedAt}}`
   )
 }

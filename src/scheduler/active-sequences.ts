@@ -20,18 +20,41 @@ export type TrackMode = typeof TRACK_NONE | typeof TRACK_SHARED | typeof TRACK_U
 
 const EMPTY = new Int32Array(0)
 
-/** A local booking as replica catch-up sends it: its blocks' hashes as u64 halves. */
-export interface LocalBooking {
-  id: string
+/**
+ * One booking: the worker-rank it loads and what it puts there. What travels together from the
+ * decision to the load arrays and to the observer (replica sync). Callers on the routing path fill
+ * one reused object, so a booking allocates nothing for its description; it is read only during the call.
+ */
+export interface Booking {
   slot: number
+  /** Prompt length in tokens. */
   isl: number
+  /** The slot's cached prefix, in blocks. */
   overlapBlocks: number
+  /** Prefill tokens still to compute on the slot (isl minus the cached prefix; 0 when prefill tracking is off). */
   prefillTokens: number
-  /** Hashes of the shared blocks (TRACK_SHARED), or null. */
-  lo: Uint32Array | null
-  hi: Uint32Array | null
-  /** Blocks counted without hashes (TRACK_UNIQUE). */
-  uniqueBlocks: number
+  /** Whether prefill tokens are tracked (peers are told). */
+  trackPrefill: boolean
+  /** TRACK_SHARED: the n hashes in lo/hi are referenced on the slot; TRACK_UNIQUE: n blocks are counted without hashes. */
+  track: TrackMode
+  lo: ArrayLike<number> | undefined
+  hi: ArrayLike<number> | undefined
+  n: number
+}
+
+/** A Booking with every field given or zero (no blocks, prefill tracked), for a reusable scratch or a one-off call. */
+export function booking(fields: Partial<Booking> = {}): Booking {
+  return { slot: 0, isl: 0, overlapBlocks: 0, prefillTokens: 0, trackPrefill: true, track: TRACK_NONE, lo: undefined, hi: undefined, n: 0, ...fields }
+}
+
+/**
+ * A local booking as replica catch-up sends it: its shared blocks' hashes read back as u64 halves.
+ * trackPrefill is true: prefillTokens is what is left to compute (0 when untracked or done).
+ */
+export interface LocalBooking extends Booking {
+  id: string
+  lo: Uint32Array | undefined
+  hi: Uint32Array | undefined
 }
 
 export interface RequestInfo {
@@ -113,83 +136,47 @@ export class ActiveSequences {
     this.refs.countPresent(lo, hi, n, present)
   }
 
-  /**
-   * Books a request on a slot. prefillTokens is what the request still has to compute there
-   * (isl minus the cached prefix; 0 when prefill tracking is off). With TRACK_SHARED the n hashes
-   * in lo/hi are referenced on the slot; with TRACK_UNIQUE n blocks are counted without hashes.
-   */
-  add(
-    id: string,
-    slot: number,
-    prefillTokens: number,
-    track: TrackMode,
-    lo: ArrayLike<number> | undefined,
-    hi: ArrayLike<number> | undefined,
-    n: number,
-    now: number,
-    isl = 0,
-    overlapBlocks = 0,
-  ): number {
+  /** Books a request (see Booking). */
+  add(id: string, b: Readonly<Booking>, now: number): number {
     if (this.ids.has(id)) throw new KvrError('KVR_ERR_DUPLICATE_REQUEST', `request ${id} is already booked`)
-    return this.book(this.ids, id, 0, slot, prefillTokens, track, lo, hi, n, now, isl, overlapBlocks)
+    return this.book(this.ids, id, 0, b, now)
   }
 
   /**
    * Books another replica's request under `key` (unique per owner and request) for owner ≥ 1;
    * -1 when the key is already booked (a repeated add, or one that catch-up brought first).
    */
-  addRemote(
-    key: string,
-    owner: number,
-    slot: number,
-    prefillTokens: number,
-    track: TrackMode,
-    lo: ArrayLike<number> | undefined,
-    hi: ArrayLike<number> | undefined,
-    n: number,
-    now: number,
-    isl = 0,
-    overlapBlocks = 0,
-  ): number {
+  addRemote(key: string, owner: number, b: Readonly<Booking>, now: number): number {
     if (!(owner >= 1)) throw new KvrError('KVR_ERR_INVALID_OPTION', `a remote booking's owner must be ≥ 1, got ${owner}`)
     if (this.remoteIds.has(key)) return -1
-    return this.book(this.remoteIds, key, owner, slot, prefillTokens, track, lo, hi, n, now, isl, overlapBlocks)
+    return this.book(this.remoteIds, key, owner, b, now)
   }
 
-  private book(
-    map: Map<string, number>,
-    id: string,
-    owner: number,
-    slot: number,
-    prefillTokens: number,
-    track: TrackMode,
-    lo: ArrayLike<number> | undefined,
-    hi: ArrayLike<number> | undefined,
-    n: number,
-    now: number,
-    isl: number,
-    overlapBlocks: number,
-  ): number {
+  private book(map: Map<string, number>, id: string, owner: number, b: Readonly<Booking>, now: number): number {
     this.expireStale(now)
     const h = this.allocHandle()
     map.set(id, h)
     this.reqId[h] = id
     this.reqOwner[h] = owner
+    const slot = b.slot
+    const n = b.n
+    const lo = b.lo
+    const hi = b.hi
     this.reqSlot[h] = slot
     this.reqAddedAt[h] = now
-    this.reqIsl[h] = isl
-    this.reqOverlap[h] = overlapBlocks
-    this.reqPrefill[h] = prefillTokens
-    this.prefillTokens[slot] = (this.prefillTokens[slot] as number) + prefillTokens
+    this.reqIsl[h] = b.isl
+    this.reqOverlap[h] = b.overlapBlocks
+    this.reqPrefill[h] = b.prefillTokens
+    this.prefillTokens[slot] = (this.prefillTokens[slot] as number) + b.prefillTokens
     this.inFlight[slot] = (this.inFlight[slot] as number) + 1
     let unique = 0
     let pairCount = 0
     let pairs = EMPTY
-    if (track === TRACK_SHARED && n > 0 && lo !== undefined && hi !== undefined) {
+    if (b.track === TRACK_SHARED && n > 0 && lo !== undefined && hi !== undefined) {
       pairs = this.takeList(n)
       pairCount = n
       this.activeBlocks[slot] = (this.activeBlocks[slot] as number) + this.refs.acquireAll(slot, lo, hi, n, pairs)
-    } else if (track !== TRACK_NONE && n > 0) {
+    } else if (b.track !== TRACK_NONE && n > 0) {
       unique = n
       this.activeBlocks[slot] = (this.activeBlocks[slot] as number) + n
     }
@@ -280,8 +267,9 @@ export class ActiveSequences {
     const out: LocalBooking[] = []
     for (const [id, h] of this.ids) {
       const n = this.reqPairCount[h] as number
-      let lo: Uint32Array | null = null
-      let hi: Uint32Array | null = null
+      const unique = this.reqUnique[h] as number
+      let lo: Uint32Array | undefined
+      let hi: Uint32Array | undefined
       if (n > 0) {
         lo = new Uint32Array(n)
         hi = new Uint32Array(n)
@@ -294,9 +282,11 @@ export class ActiveSequences {
         isl: this.reqIsl[h] as number,
         overlapBlocks: this.reqOverlap[h] as number,
         prefillTokens: this.reqPrefill[h] as number,
+        trackPrefill: true,
+        track: n > 0 ? TRACK_SHARED : unique > 0 ? TRACK_UNIQUE : TRACK_NONE,
         lo,
         hi,
-        uniqueBlocks: this.reqUnique[h] as number,
+        n: n > 0 ? n : unique,
       })
     }
     return out

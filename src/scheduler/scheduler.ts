@@ -9,7 +9,7 @@
 //                                      select + book ◄─────────────────────────────┘
 import { KvrError } from '../errors.js'
 import { ActiveSequences, TRACK_NONE, TRACK_SHARED, TRACK_UNIQUE } from './active-sequences.js'
-import type { TrackMode } from './active-sequences.js'
+import type { Booking } from './active-sequences.js'
 import type { ApproxSink } from './approximate.js'
 import { ApproxTracker, NO_SINK } from './approximate.js'
 import type { BusyThresholds } from './busy.js'
@@ -105,22 +105,10 @@ export interface RouteDecision {
 
 /**
  * Told of this router's bookings as they are made and end (replica sync publishes them). Called
- * synchronously on the routing path: lo/hi are the scheduler's scratch, valid only during the call.
+ * synchronously on the routing path: the booking is the scheduler's scratch, valid only during the call.
  */
 export interface BookingObserver {
-  /** n hashes in lo/hi when track is TRACK_SHARED; n blocks without hashes when TRACK_UNIQUE. */
-  booked(
-    id: string,
-    slot: number,
-    isl: number,
-    overlapBlocks: number,
-    prefillTokens: number,
-    trackPrefill: boolean,
-    track: TrackMode,
-    lo: ArrayLike<number> | undefined,
-    hi: ArrayLike<number> | undefined,
-    n: number,
-  ): void
+  booked(id: string, b: Readonly<Booking>): void
   prefillCompleted(id: string, slot: number): void
   freed(id: string, slot: number): void
 }
@@ -434,28 +422,21 @@ export class Scheduler {
   /**
    * Books another replica's request on (workerId, dpRank) as if it were this router's: its
    * prefill tokens and blocks load the worker-rank in cost and busy checks. `key` is unique per
-   * owner and request; owner ≥ 1 names the replica. The hashes count as shared blocks unless
-   * active-block tracking is off.
+   * owner and request; owner ≥ 1 names the replica. `b` is the booking as the peer tells it (isl,
+   * overlapBlocks, prefillTokens, n hashes in lo/hi); its slot, track and prefill are set here as
+   * this router counts them: the hashes as shared blocks unless active-block tracking is off, the
+   * prefill tokens only when prefill tracking is on.
    */
-  addRemote(
-    key: string,
-    owner: number,
-    workerId: bigint,
-    dpRank: number,
-    prefillTokens: number,
-    lo: ArrayLike<number> | undefined,
-    hi: ArrayLike<number> | undefined,
-    n: number,
-    isl: number,
-    overlapBlocks: number,
-  ): RemoteOutcome {
+  addRemote(key: string, owner: number, workerId: bigint, dpRank: number, b: Booking): RemoteOutcome {
     const slot = this.workers.slotOf(workerId, dpRank)
     if (slot < 0) return 'unknown_worker'
     if (this.sequences.activeBlocks.length < this.workers.slotCapacity) this.sequences.ensureSlots(this.workers.slotCapacity)
     const o = this.options
-    const track = o.trackActiveBlocks && n > 0 ? TRACK_SHARED : TRACK_NONE
-    const prefill = o.trackPrefillTokens && prefillTokens > 0 ? Math.min(prefillTokens, MAX_ISL) : 0
-    const h = this.sequences.addRemote(key, owner, slot, prefill, track, lo, hi, n, this.clock(), isl, overlapBlocks)
+    b.slot = slot
+    b.track = o.trackActiveBlocks && b.n > 0 ? TRACK_SHARED : TRACK_NONE
+    b.trackPrefill = o.trackPrefillTokens
+    b.prefillTokens = o.trackPrefillTokens && b.prefillTokens > 0 ? Math.min(b.prefillTokens, MAX_ISL) : 0
+    const h = this.sequences.addRemote(key, owner, b, this.clock())
     return h < 0 ? 'duplicate' : 'applied'
   }
 
@@ -722,9 +703,12 @@ export class Scheduler {
     if (booked) {
       const now = this.clock()
       const fresh = c.isl - overlap * this.options.blockSize
-      const prefill = c.trackPrefill && fresh > 0 ? fresh : 0
-      this.sequences.add(req.id as string, slot, prefill, c.track, c.lo, c.hi, c.n, now, c.isl, overlap)
-      this.observer?.booked(req.id as string, slot, c.isl, overlap, prefill, c.trackPrefill, c.track, c.lo, c.hi, c.n)
+      // the cost inputs already hold the request's prompt and blocks: with the choice they are its booking
+      c.slot = slot
+      c.overlapBlocks = overlap
+      c.prefillTokens = c.trackPrefill && fresh > 0 ? fresh : 0
+      this.sequences.add(req.id as string, c, now)
+      this.observer?.booked(req.id as string, c)
       if (this.routed !== undefined && req.seqLo !== undefined && req.seqHi !== undefined) {
         this.routed.record(slot, req.seqLo, req.seqHi, req.seqLo, req.seqHi, Math.min(hashCount(req), req.seqLo.length, req.seqHi.length), now)
       }

@@ -23,7 +23,7 @@
 //         hash, which every replica computes alike. Replicas facing the same state then choose apart where they would all have
 //         taken the same cheapest worker; a worker cheaper by more than a request's own cost (a
 //         long cached prefix) still takes them all.
-import type { ActiveSequences, TrackMode } from './active-sequences.js'
+import type { ActiveSequences, Booking, TrackMode } from './active-sequences.js'
 import { TRACK_NONE, TRACK_SHARED } from './active-sequences.js'
 import { chunkTokens, FleetLoad, kvUsage, LatencyTerms, latencyTerms, NEAR_TIE } from './cost.js'
 import type { CostModel, RouterMode } from './options.js'
@@ -31,8 +31,12 @@ import type { Rng } from './rng.js'
 import type { WorkerRanks } from './worker-ranks.js'
 import { DEVICE_CPU } from './worker-ranks.js'
 
-/** The per-decision inputs, held in one reusable object so the hot path passes no literals. */
-export class CostInputs {
+/**
+ * The per-decision inputs, held in one reusable object so the hot path passes no literals. Once
+ * a slot is chosen the scheduler fills in slot, overlapBlocks and prefillTokens, and the same
+ * object is the request's Booking.
+ */
+export class CostInputs implements Booking {
   isl = 0
   overlap: ArrayLike<number> | undefined = undefined
   lo: ArrayLike<number> | undefined = undefined
@@ -51,6 +55,10 @@ export class CostInputs {
   temperature = 0
   /** The scheduler's clock at this decision (the replica spread reads it). */
   now = 0
+  /** The booking's, set after the selection: the chosen slot, its cached prefix in blocks, the prefill tokens booked there. */
+  slot = -1
+  overlapBlocks = 0
+  prefillTokens = 0
 }
 
 /** One row of a decision's explanation. */

@@ -8,10 +8,10 @@
 // not decode are counted and skipped.
 import { randomFillSync } from 'node:crypto'
 import { ActiveSequenceDecoder, encodeAddRequest, encodeLifecycle, prefillTokensOf } from '../codec/active-sequence.js'
-import type { ActiveSequenceEvent } from '../codec/active-sequence.js'
+import type { ActiveSequenceEvent, AddRequestBooking } from '../codec/active-sequence.js'
 import { limited } from '../runtime/log.js'
-import { TRACK_SHARED, TRACK_UNIQUE } from '../scheduler/active-sequences.js'
-import type { TrackMode } from '../scheduler/active-sequences.js'
+import { booking, TRACK_SHARED, TRACK_UNIQUE } from '../scheduler/active-sequences.js'
+import type { Booking } from '../scheduler/active-sequences.js'
 import type { BookingObserver, RemoteOutcome, Scheduler } from '../scheduler/scheduler.js'
 import type { ReplicaLink } from './replica-link.js'
 import { wallNow } from './replica-link.js'
@@ -32,20 +32,44 @@ export function randomHashes(n: number): Uint32Array {
   return out
 }
 
+/** Scratch of addRemoteBooking, read by the scheduler during the call. */
+const remote: Booking = booking()
+
 /** A peer's AddRequest handed to the scheduler as a booking owned by that peer. */
 export function addRemoteBooking(sched: Scheduler, key: string, owner: number, ev: ActiveSequenceEvent, prefill: number): RemoteOutcome {
-  return sched.addRemote(
-    key,
-    owner,
-    ev.workerId,
-    ev.dpRank,
-    prefill,
-    ev.lo ?? undefined,
-    ev.hi ?? undefined,
-    ev.lo === null ? 0 : ev.n,
-    ev.isl ?? 0,
-    ev.overlap ?? 0,
-  )
+  const b = remote
+  b.isl = ev.isl ?? 0
+  b.overlapBlocks = ev.overlap ?? 0
+  b.prefillTokens = prefill
+  b.lo = ev.lo ?? undefined
+  b.hi = ev.hi ?? undefined
+  b.n = ev.lo === null ? 0 : ev.n
+  return sched.addRemote(key, owner, ev.workerId, ev.dpRank, b)
+}
+
+/** Scratch of addRequestText for a booking whose blocks go out other than as its own hashes. */
+const unshared: AddRequestBooking = { lo: undefined, hi: undefined, n: 0, isl: 0, overlapBlocks: 0, trackPrefill: true, prefillTokens: 0 }
+
+/**
+ * The AddRequest of one of this router's bookings (its event, or a line of a catch-up answer).
+ * Blocks counted without hashes go out as fresh random hashes, as Dynamo's never-shared blocks do.
+ */
+export function addRequestText(link: ReplicaLink, id: string, b: Readonly<Booking>, now: number): string {
+  let sent: Readonly<AddRequestBooking> = b
+  if (b.track !== TRACK_SHARED) {
+    const k = b.track === TRACK_UNIQUE ? b.n : 0
+    const u = unshared
+    u.lo = k > 0 ? randomHashes(k) : undefined
+    u.hi = k > 0 ? randomHashes(k) : undefined
+    u.n = k
+    u.isl = b.isl
+    u.overlapBlocks = b.overlapBlocks
+    u.trackPrefill = b.trackPrefill
+    u.prefillTokens = b.prefillTokens
+    sent = u
+  }
+  const w = link.sched.workers
+  return encodeAddRequest(id, w.workerIdOf(b.slot), w.dpRankOf(b.slot), link.id, sent, now)
 }
 
 /** The catch-ups running, as far as inbound events must know of them. */
@@ -81,38 +105,12 @@ export class ReplicaBookings implements BookingObserver {
 
   // ---- this router's bookings, out (BookingObserver) ----
 
-  booked(
-    id: string,
-    slot: number,
-    isl: number,
-    overlap: number,
-    prefill: number,
-    trackPrefill: boolean,
-    track: TrackMode,
-    lo: ArrayLike<number> | undefined,
-    hi: ArrayLike<number> | undefined,
-    n: number,
-  ): void {
+  booked(id: string, b: Readonly<Booking>): void {
     const now = wallNow()
-    if (slot >= this.lastLocal.length) this.growLastLocal(slot + 1)
-    this.lastLocal[slot] = now
-    const link = this.link
-    if (link.closed) return
-    const w = link.sched.workers
-    let l: ArrayLike<number> | null = null
-    let h: ArrayLike<number> | null = null
-    let k = 0
-    if (track === TRACK_SHARED && lo !== undefined && hi !== undefined) {
-      l = lo
-      h = hi
-      k = n
-    } else if (track === TRACK_UNIQUE && n > 0) {
-      l = randomHashes(n)
-      h = randomHashes(n)
-      k = n
-    }
-    const text = encodeAddRequest(id, w.workerIdOf(slot), w.dpRankOf(slot), link.id, l, h, k, isl, overlap, trackPrefill, prefill, now)
-    this.enqueue(KIND_ADD, text)
+    if (b.slot >= this.lastLocal.length) this.growLastLocal(b.slot + 1)
+    this.lastLocal[b.slot] = now
+    if (this.link.closed) return
+    this.enqueue(KIND_ADD, addRequestText(this.link, id, b, now))
   }
 
   prefillCompleted(id: string, slot: number): void {

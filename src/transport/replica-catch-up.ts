@@ -4,11 +4,11 @@
 // after it was taken for gone is asked alone.
 import type { Msg, Subscription } from 'nats'
 import type { ActiveSequenceEvent } from '../codec/active-sequence.js'
-import { ActiveSequenceDecoder, encodeAddRequest, prefillTokensOf } from '../codec/active-sequence.js'
+import { ActiveSequenceDecoder, prefillTokensOf } from '../codec/active-sequence.js'
 import { parseJsonExact, readU64 } from '../codec/json.js'
 import { limited } from '../runtime/log.js'
 import type { CatchUpState } from './replica-bookings.js'
-import { addRemoteBooking, randomHashes } from './replica-bookings.js'
+import { addRemoteBooking, addRequestText } from './replica-bookings.js'
 import type { ReplicaLink } from './replica-link.js'
 import { utf8, wallNow } from './replica-link.js'
 import type { ReplicaPeers } from './replica-peers.js'
@@ -79,16 +79,9 @@ export class ReplicaCatchUps implements CatchUpState {
     }
     if (requester === link.id || (target !== null && target !== link.id)) return
     this.peers.kvRouterHeard(requester)
-    const w = link.sched.workers
     const now = wallNow()
     const lines: string[] = []
-    for (const b of link.sched.sequences.localBookings()) {
-      // blocks counted without hashes go out as fresh random hashes, as the booking's event did
-      const lo = b.lo ?? (b.uniqueBlocks > 0 ? randomHashes(b.uniqueBlocks) : null)
-      const hi = b.hi ?? (b.uniqueBlocks > 0 ? randomHashes(b.uniqueBlocks) : null)
-      const n = lo === null ? 0 : lo.length
-      lines.push(encodeAddRequest(b.id, w.workerIdOf(b.slot), w.dpRankOf(b.slot), link.id, lo, hi, n, b.isl, b.overlapBlocks, true, b.prefillTokens, now))
-    }
+    for (const b of link.sched.sequences.localBookings()) lines.push(addRequestText(link, b.id, b, now))
     if (withSessions && link.opts.sessionBindings !== undefined)
       for (const b of link.opts.sessionBindings()) lines.push(this.sessions.line(b.session, b.workerId, b.dpRank, Math.max(1, Math.round(b.ttlMs))))
     const peers: string[] = []

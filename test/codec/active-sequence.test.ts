@@ -14,7 +14,14 @@ t.test('an AddRequest round-trips with exact hashes, worker and router ids above
   const lo = hashes.map((h) => halves(h)[0])
   const hi = hashes.map((h) => halves(h)[1])
   const router = (2n ** 64n - 2n).toString()
-  const text = encodeAddRequest('req "1"', 2n ** 63n + 9n, 3, router, lo, hi, 4, 200, 2, true, 72, 1712345678901.25)
+  const text = encodeAddRequest(
+    'req "1"',
+    2n ** 63n + 9n,
+    3,
+    router,
+    { lo, hi, n: 4, isl: 200, overlapBlocks: 2, trackPrefill: true, prefillTokens: 72 },
+    1712345678901.25,
+  )
   const ev = new ActiveSequenceDecoder().decode(enc.encode(text))
   t.equal(ev.kind, 'add')
   t.equal(ev.requestId, 'req "1"')
@@ -29,7 +36,9 @@ t.test('an AddRequest round-trips with exact hashes, worker and router ids above
     [200, 2, true, 72, null, null, 1712345678901.25],
   )
   t.equal(prefillTokensOf(ev, 16), 72)
-  const none = new ActiveSequenceDecoder().decode(enc.encode(encodeAddRequest('r', 1n, 0, '5', null, null, 0, 10, 0, false, 0, 1)))
+  const none = new ActiveSequenceDecoder().decode(
+    enc.encode(encodeAddRequest('r', 1n, 0, '5', { lo: undefined, hi: undefined, n: 0, isl: 10, overlapBlocks: 0, trackPrefill: false, prefillTokens: 0 }, 1)),
+  )
   t.equal(none.lo, null, 'token_sequence null stays null')
   t.equal(prefillTokensOf(none, 16), 0, 'track_prefill_tokens false books no prefill')
   for (const kind of ['free', 'prefill_completed'] as const) {
@@ -65,8 +74,18 @@ function dynamoShaped(t: Test, text: string): void {
 }
 
 t.test("what kv-router writes has the shape of Dynamo's ActiveSequenceEvent", async (t) => {
-  dynamoShaped(t, encodeAddRequest('a', 2n ** 64n - 1n, 0, (2n ** 63n).toString(), [1, 0], [0, 0xffffffff], 2, 64, 1, true, 48, 1))
-  dynamoShaped(t, encodeAddRequest('a', 1n, 0, '1', null, null, 0, 64, 0, true, 0, 1))
+  dynamoShaped(
+    t,
+    encodeAddRequest(
+      'a',
+      2n ** 64n - 1n,
+      0,
+      (2n ** 63n).toString(),
+      { lo: [1, 0], hi: [0, 0xffffffff], n: 2, isl: 64, overlapBlocks: 1, trackPrefill: true, prefillTokens: 48 },
+      1,
+    ),
+  )
+  dynamoShaped(t, encodeAddRequest('a', 1n, 0, '1', { lo: undefined, hi: undefined, n: 0, isl: 64, overlapBlocks: 0, trackPrefill: true, prefillTokens: 0 }, 1))
   dynamoShaped(t, encodeLifecycle('free', 'a', 1n, 0, '1', 1))
   dynamoShaped(t, encodeLifecycle('prefill_completed', 'a', 1n, 0, '1', 1))
 })
@@ -182,7 +201,9 @@ t.test('long token sequences grow the scratch', async (t) => {
   const n = 5000
   const lo = Array.from({ length: n }, (_, i) => i)
   const hi = Array.from({ length: n }, (_, i) => 0xffff0000 + (i % 7))
-  const ev = new ActiveSequenceDecoder().decode(enc.encode(encodeAddRequest('big', 1n, 0, '1', lo, hi, n, n * 16, 0, true, n * 16, 0)))
+  const ev = new ActiveSequenceDecoder().decode(
+    enc.encode(encodeAddRequest('big', 1n, 0, '1', { lo, hi, n, isl: n * 16, overlapBlocks: 0, trackPrefill: true, prefillTokens: n * 16 }, 0)),
+  )
   t.equal(ev.n, n)
   t.equal(ev.lo?.[n - 1], n - 1)
   t.equal(ev.hi?.[n - 1], 0xffff0000 + ((n - 1) % 7))

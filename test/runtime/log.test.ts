@@ -7,7 +7,7 @@ import type { ServeConfig } from '../../src/config.js'
 import { LogLimiter, addSecret, createLogger, parseLogLevel, prettyLine, redactSecrets } from '../../src/runtime/log.js'
 import { ShardLogWatch } from '../../src/shards/log-watch.js'
 import type { ShardCountersSource } from '../../src/shards/log-watch.js'
-import { ActiveSequences, TRACK_NONE } from '../../src/scheduler/active-sequences.js'
+import { ActiveSequences, booking } from '../../src/scheduler/active-sequences.js'
 import { Capture, captureProcessLog, captured } from '../helpers/log.js'
 
 const serve = (argv: string[], env: NodeJS.ProcessEnv = {}): ServeConfig => parseServeConfig(argv, env) as ServeConfig
@@ -204,8 +204,8 @@ t.test('bookings that outlive the stale limit are freed with a line', async (t) 
   const capture = captureProcessLog('info')
   const s = new ActiveSequences(100)
   s.ensureSlots(1)
-  s.add('a', 0, 10, TRACK_NONE, undefined, undefined, 0, 0)
-  s.add('b', 0, 10, TRACK_NONE, undefined, undefined, 0, 50)
+  s.add('a', booking({ slot: 0, prefillTokens: 10 }), 0)
+  s.add('b', booking({ slot: 0, prefillTokens: 10 }), 50)
   t.equal(s.expireStale(120), 1)
   t.match(capture.records, [{ level: 'warn', class: 'bookings_expired', count: 1, own: 1, peers: 0, stale_secs: 0.1 }])
 })

@@ -1,5 +1,5 @@
 import t from 'tap'
-import { ActiveSequences, TRACK_NONE, TRACK_SHARED, TRACK_UNIQUE } from '../../src/scheduler/active-sequences.js'
+import { ActiveSequences, booking, TRACK_SHARED, TRACK_UNIQUE } from '../../src/scheduler/active-sequences.js'
 import { BlockRefs } from '../../src/scheduler/block-refs.js'
 import { Xoshiro128 } from '../../src/scheduler/rng.js'
 import { U64SlotMap } from '../../src/scheduler/u64-slot-map.js'
@@ -10,13 +10,13 @@ t.test('shared prefix blocks count once per worker-rank, by reference', async (t
   a.ensureSlots(2)
   const p = chain([...blocks(0, 4), 100, 101]) // shares 4 blocks with q
   const q = chain([...blocks(0, 4), 200, 201, 202])
-  a.add('p', 0, 96, TRACK_SHARED, p.lo, p.hi, 6, 0, 96, 0)
+  a.add('p', booking({ slot: 0, isl: 96, prefillTokens: 96, track: TRACK_SHARED, lo: p.lo, hi: p.hi, n: 6 }), 0)
   t.equal(a.activeBlocks[0], 6)
-  a.add('q', 0, 112, TRACK_SHARED, q.lo, q.hi, 7, 0, 112, 4)
+  a.add('q', booking({ slot: 0, isl: 112, overlapBlocks: 4, prefillTokens: 112, track: TRACK_SHARED, lo: q.lo, hi: q.hi, n: 7 }), 0)
   t.equal(a.activeBlocks[0], 9, '4 shared + 2 + 3 distinct')
   t.equal(a.blockRefCount(0, p.lo[0] as number, p.hi[0] as number), 2)
   t.equal(a.blockRefCount(0, p.lo[4] as number, p.hi[4] as number), 1)
-  a.add('r', 1, 16, TRACK_SHARED, q.lo, q.hi, 7, 0)
+  a.add('r', booking({ slot: 1, prefillTokens: 16, track: TRACK_SHARED, lo: q.lo, hi: q.hi, n: 7 }), 0)
   t.equal(a.activeBlocks[1], 7, 'another worker-rank counts its own copy')
   t.equal(a.inFlight[0], 2)
   t.equal(a.prefillTokens[0], 208)
@@ -40,8 +40,8 @@ t.test('shared prefix blocks count once per worker-rank, by reference', async (t
 
 t.test('prefill tokens leave on prefill-complete, and free implies it', async (t) => {
   const a = new ActiveSequences(300_000)
-  a.add('x', 0, 500, TRACK_NONE, undefined, undefined, 0, 0, 600, 1)
-  a.add('y', 0, 300, TRACK_NONE, undefined, undefined, 0, 0)
+  a.add('x', booking({ slot: 0, isl: 600, overlapBlocks: 1, prefillTokens: 500 }), 0)
+  a.add('y', booking({ slot: 0, prefillTokens: 300 }), 0)
   t.equal(a.prefillTokens[0], 800)
   t.same(a.requestInfo('x'), { slot: 0, isl: 600, overlapBlocks: 1, prefillTokens: 500, blocks: 0, addedAt: 0 })
   t.ok(a.markPrefillComplete('x'))
@@ -61,10 +61,10 @@ t.test('prefill tokens leave on prefill-complete, and free implies it', async (t
 t.test('toggles: no tracking adds no blocks; no kv reuse counts every block', async (t) => {
   const a = new ActiveSequences(300_000)
   const h = chain(blocks(0, 5))
-  a.add('none', 0, 0, TRACK_NONE, h.lo, h.hi, 5, 0)
+  a.add('none', booking({ slot: 0, lo: h.lo, hi: h.hi, n: 5 }), 0)
   t.equal(a.activeBlocks[0], 0)
-  a.add('u1', 0, 0, TRACK_UNIQUE, undefined, undefined, 5, 0)
-  a.add('u2', 0, 0, TRACK_UNIQUE, undefined, undefined, 5, 0)
+  a.add('u1', booking({ slot: 0, track: TRACK_UNIQUE, n: 5 }), 0)
+  a.add('u2', booking({ slot: 0, track: TRACK_UNIQUE, n: 5 }), 0)
   t.equal(a.activeBlocks[0], 10, 'random hashes never dedupe')
   t.equal(a.requestInfo('u1')?.blocks, 5)
   a.free('u1')
@@ -76,21 +76,21 @@ t.test('toggles: no tracking adds no blocks; no kv reuse counts every block', as
 
 t.test('duplicates are refused', async (t) => {
   const a = new ActiveSequences(300_000)
-  a.add('d', 0, 1, TRACK_NONE, undefined, undefined, 0, 0)
-  t.throws(() => a.add('d', 0, 1, TRACK_NONE, undefined, undefined, 0, 0), { code: 'KVR_ERR_DUPLICATE_REQUEST' })
+  a.add('d', booking({ slot: 0, prefillTokens: 1 }), 0)
+  t.throws(() => a.add('d', booking({ slot: 0, prefillTokens: 1 }), 0), { code: 'KVR_ERR_DUPLICATE_REQUEST' })
   t.equal(a.inFlight[0], 1)
 })
 
 t.test('stale requests expire lazily on add and on demand, exactly once', async (t) => {
   const a = new ActiveSequences(1000)
   const h = chain(blocks(0, 3))
-  a.add('old', 0, 10, TRACK_SHARED, h.lo, h.hi, 3, 0)
-  a.add('gone', 0, 10, TRACK_NONE, undefined, undefined, 0, 100)
+  a.add('old', booking({ slot: 0, prefillTokens: 10, track: TRACK_SHARED, lo: h.lo, hi: h.hi, n: 3 }), 0)
+  a.add('gone', booking({ slot: 0, prefillTokens: 10 }), 100)
   a.free('gone') // its FIFO record goes stale and must be skipped
-  a.add('mid', 0, 10, TRACK_NONE, undefined, undefined, 0, 500)
-  a.add('new', 0, 10, TRACK_SHARED, h.lo, h.hi, 3, 999)
+  a.add('mid', booking({ slot: 0, prefillTokens: 10 }), 500)
+  a.add('new', booking({ slot: 0, prefillTokens: 10, track: TRACK_SHARED, lo: h.lo, hi: h.hi, n: 3 }), 999)
   t.equal(a.size, 3, 'nothing expired before a full period')
-  a.add('later', 0, 10, TRACK_NONE, undefined, undefined, 0, 1000)
+  a.add('later', booking({ slot: 0, prefillTokens: 10 }), 1000)
   t.notOk(a.has('old'), 'the oldest booking expired when a new one was added')
   t.ok(a.has('mid'))
   t.equal(a.activeBlocks[0], 3, "'new' still holds the shared blocks")
@@ -104,12 +104,12 @@ t.test('stale requests expire lazily on add and on demand, exactly once', async 
 
 t.test('FIFO and handle storage grow', async (t) => {
   const a = new ActiveSequences(10)
-  for (let i = 0; i < 500; i++) a.add(`r${i}`, i % 3, 1, TRACK_UNIQUE, undefined, undefined, 1, i / 100)
+  for (let i = 0; i < 500; i++) a.add(`r${i}`, booking({ slot: i % 3, prefillTokens: 1, track: TRACK_UNIQUE, n: 1 }), i / 100)
   t.equal(a.size, 500)
   t.equal(a.expireStale(100), 500)
   // wrap-around: alternate add and expire so the ring head moves
   for (let i = 0; i < 300; i++) {
-    a.add(`w${i}`, 0, 1, TRACK_NONE, undefined, undefined, 0, 200 + i)
+    a.add(`w${i}`, booking({ slot: 0, prefillTokens: 1 }), 200 + i)
     if (i % 3 === 0) a.expireStale(200 + i)
   }
   const left = a.size
@@ -124,9 +124,9 @@ t.test('dropSlot frees only that slot', async (t) => {
   a.ensureSlots(40)
   t.ok(a.activeBlocks.length >= 40)
   const h = chain(blocks(0, 4))
-  a.add('a', 3, 5, TRACK_SHARED, h.lo, h.hi, 4, 0)
-  a.add('b', 3, 5, TRACK_SHARED, h.lo, h.hi, 4, 0)
-  a.add('c', 4, 5, TRACK_SHARED, h.lo, h.hi, 4, 0)
+  a.add('a', booking({ slot: 3, prefillTokens: 5, track: TRACK_SHARED, lo: h.lo, hi: h.hi, n: 4 }), 0)
+  a.add('b', booking({ slot: 3, prefillTokens: 5, track: TRACK_SHARED, lo: h.lo, hi: h.hi, n: 4 }), 0)
+  a.add('c', booking({ slot: 4, prefillTokens: 5, track: TRACK_SHARED, lo: h.lo, hi: h.hi, n: 4 }), 0)
   t.same(a.dropSlot(3).sort(), ['a', 'b'])
   t.equal(a.activeBlocks[3], 0)
   t.equal(a.activeBlocks[4], 4)
@@ -144,19 +144,19 @@ t.test('big prompts: pair lists recycle by size class and the maps grow', async 
     lo[i] = i
     hi[i] = 7
   }
-  for (let slot = 0; slot < 4; slot++) a.add(`big${slot}`, slot, 0, TRACK_SHARED, lo, hi, n, 0)
+  for (let slot = 0; slot < 4; slot++) a.add(`big${slot}`, booking({ slot, track: TRACK_SHARED, lo, hi, n }), 0)
   t.equal(a.trackedPairs, 4 * n)
   const present = new Int32Array(4)
   a.countPresent(lo, hi, n, present)
   t.same(Array.from(present), [n, n, n, n])
   for (let slot = 0; slot < 4; slot++) a.free(`big${slot}`)
   t.equal(a.trackedPairs, 0)
-  a.add('again', 1, 0, TRACK_SHARED, lo, hi, n, 0)
+  a.add('again', booking({ slot: 1, track: TRACK_SHARED, lo, hi, n }), 0)
   t.equal(a.activeBlocks[1], n)
   a.free('again')
   t.equal(a.activeBlocks[1], 0)
   // one-block requests use the smallest class
-  a.add('one', 0, 0, TRACK_SHARED, lo, hi, 1, 0)
+  a.add('one', booking({ slot: 0, track: TRACK_SHARED, lo, hi, n: 1 }), 0)
   t.equal(a.activeBlocks[0], 1)
   a.free('one')
 })
@@ -211,9 +211,9 @@ t.test('countPresent: depth of the longest active prefix per slot, for chained h
   const q = chain(blocks(0, 7))
   const p = chain([...blocks(0, 4), 50, 51]) // shares q's first 4 blocks
   const r = chain(blocks(0, 2))
-  a.add('p', 0, 0, TRACK_SHARED, p.lo, p.hi, 6, 0)
-  a.add('q', 1, 0, TRACK_SHARED, q.lo, q.hi, 7, 0)
-  a.add('r', 2, 0, TRACK_SHARED, r.lo, r.hi, 2, 0)
+  a.add('p', booking({ slot: 0, track: TRACK_SHARED, lo: p.lo, hi: p.hi, n: 6 }), 0)
+  a.add('q', booking({ slot: 1, track: TRACK_SHARED, lo: q.lo, hi: q.hi, n: 7 }), 0)
+  a.add('r', booking({ slot: 2, track: TRACK_SHARED, lo: r.lo, hi: r.hi, n: 2 }), 0)
   const present = new Int32Array(3)
   a.countPresent(q.lo, q.hi, 7, present)
   t.same(Array.from(present), [4, 7, 2])
@@ -237,8 +237,8 @@ t.test('countPresent is exact for hashes that are not chained (same holder count
   const a = new ActiveSequences(300_000)
   a.ensureSlots(3)
   // slot 0 holds A, slot 1 holds B: each query block has one holder, but not the same one
-  a.add('a', 0, 0, TRACK_SHARED, [1], [0], 1, 0)
-  a.add('b', 1, 0, TRACK_SHARED, [2], [0], 1, 0)
+  a.add('a', booking({ slot: 0, track: TRACK_SHARED, lo: [1], hi: [0], n: 1 }), 0)
+  a.add('b', booking({ slot: 1, track: TRACK_SHARED, lo: [2], hi: [0], n: 1 }), 0)
   const present = new Int32Array(3)
   a.countPresent([1, 2], [0, 0], 2, present)
   t.same(Array.from(present), [1, 1, 0], 'A on slot 0, B on slot 1')
@@ -247,12 +247,12 @@ t.test('countPresent is exact for hashes that are not chained (same holder count
   a.countPresent([9, 1], [0, 0], 2, present)
   t.same(Array.from(present), [1, 0, 0])
   // fewer holders is not a subset either: A on {0, 2}, B on {1}
-  a.add('c', 2, 0, TRACK_SHARED, [1], [0], 1, 0)
+  a.add('c', booking({ slot: 2, track: TRACK_SHARED, lo: [1], hi: [0], n: 1 }), 0)
   present.fill(0)
   a.countPresent([1, 2], [0, 0], 2, present)
   t.same(Array.from(present), [1, 1, 1])
   // a block stored after another hash than in the query
-  a.add('d', 1, 0, TRACK_SHARED, [7, 1], [0, 0], 2, 0)
+  a.add('d', booking({ slot: 1, track: TRACK_SHARED, lo: [7, 1], hi: [0, 0], n: 2 }), 0)
   present.fill(0)
   a.countPresent([1, 2, 7], [0, 0, 0], 3, present)
   t.same(Array.from(present), [1, 3, 1])
@@ -290,16 +290,7 @@ t.test('countPresent equals plain set membership for arbitrary hashes (randomise
           )
           if (rng.next() < 0.3) hashes[rng.int(hashes.length)] = rng.int(8)
         }
-        a.add(
-          id,
-          slot,
-          0,
-          TRACK_SHARED,
-          hashes,
-          hashes.map(() => 5),
-          hashes.length,
-          0,
-        )
+        a.add(id, booking({ slot, track: TRACK_SHARED, lo: hashes, hi: hashes.map(() => 5), n: hashes.length }), 0)
         live.set(id, { slot, hashes })
       } else {
         const ids = [...live.keys()]

@@ -3,7 +3,7 @@
 // their owner leaving; this router's bookings are reported to an observer; and the replica
 // spread makes replicas facing the same near-tie choose different workers.
 import t from 'tap'
-import { ActiveSequences, TRACK_SHARED, TRACK_UNIQUE } from '../../src/scheduler/active-sequences.js'
+import { ActiveSequences, booking, TRACK_SHARED, TRACK_UNIQUE } from '../../src/scheduler/active-sequences.js'
 import type { BookingObserver } from '../../src/scheduler/scheduler.js'
 import { Scheduler } from '../../src/scheduler/scheduler.js'
 import { identityHash } from '../../src/scheduler/worker-ranks.js'
@@ -13,7 +13,7 @@ import { blocks, chain, FakeClock, makeScheduler } from './fixtures.js'
 t.test('a remote booking loads its worker-rank: the next decision goes elsewhere, and comes back once it is freed', async (t) => {
   const { s } = makeScheduler({ blockSize: 16, queueThreshold: null }, 2)
   const h = chain(blocks(0, 8))
-  t.equal(s.addRemote('p1/r1', 1, 1n, 0, 128, h.lo, h.hi, 8, 128, 0), 'applied')
+  t.equal(s.addRemote('p1/r1', 1, 1n, 0, booking({ isl: 128, prefillTokens: 128, lo: h.lo, hi: h.hi, n: 8 })), 'applied')
   t.equal(s.sequences.prefillTokens[0], 128)
   t.equal(s.sequences.activeBlocks[0], 8)
   t.equal(s.sequences.inFlight[0], 1)
@@ -31,9 +31,9 @@ t.test('a remote booking loads its worker-rank: the next decision goes elsewhere
 t.test('remote keys never meet local ids; duplicates and unknown workers are refused', async (t) => {
   const { s } = makeScheduler({ blockSize: 16, queueThreshold: null }, 2)
   s.tryRoute({ id: 'same', isl: 32, workerId: 2n })
-  t.equal(s.addRemote('same', 1, 1n, 0, 32, undefined, undefined, 0, 32, 0), 'applied', 'a remote key equal to a local id is another booking')
-  t.equal(s.addRemote('same', 1, 1n, 0, 32, undefined, undefined, 0, 32, 0), 'duplicate')
-  t.equal(s.addRemote('other', 1, 9n, 0, 32, undefined, undefined, 0, 32, 0), 'unknown_worker')
+  t.equal(s.addRemote('same', 1, 1n, 0, booking({ isl: 32, prefillTokens: 32 })), 'applied', 'a remote key equal to a local id is another booking')
+  t.equal(s.addRemote('same', 1, 1n, 0, booking({ isl: 32, prefillTokens: 32 })), 'duplicate')
+  t.equal(s.addRemote('other', 1, 9n, 0, booking({ isl: 32, prefillTokens: 32 })), 'unknown_worker')
   t.equal(s.sequences.inFlight[0], 1)
   t.equal(s.sequences.inFlight[1], 1)
   t.ok(s.free('same'), 'the local booking frees the local one')
@@ -44,9 +44,9 @@ t.test('remote keys never meet local ids; duplicates and unknown workers are ref
 
 t.test('a peer leaving drops its bookings only; stale expiry reaps remote bookings and counts them', async (t) => {
   const { s, clock } = makeScheduler({ blockSize: 16, queueThreshold: null }, 2)
-  s.addRemote('a', 1, 1n, 0, 16, undefined, undefined, 0, 16, 0)
-  s.addRemote('b', 1, 2n, 0, 16, undefined, undefined, 0, 16, 0)
-  s.addRemote('c', 2, 2n, 0, 16, undefined, undefined, 0, 16, 0)
+  s.addRemote('a', 1, 1n, 0, booking({ isl: 16, prefillTokens: 16 }))
+  s.addRemote('b', 1, 2n, 0, booking({ isl: 16, prefillTokens: 16 }))
+  s.addRemote('c', 2, 2n, 0, booking({ isl: 16, prefillTokens: 16 }))
   s.tryRoute({ id: 'local', isl: 16, workerId: 1n })
   t.same(s.sequences.countByOwner(), [1, 2, 1])
   t.equal(s.dropRemoteOwner(1), 2)
@@ -63,7 +63,7 @@ t.test('a peer leaving drops its bookings only; stale expiry reaps remote bookin
 t.test('removing a worker returns only this router’s ids, and drops the remote bookings on it too', async (t) => {
   const { s } = makeScheduler({ blockSize: 16, queueThreshold: null }, 2)
   s.tryRoute({ id: 'mine', isl: 16, workerId: 1n })
-  s.addRemote('theirs', 1, 1n, 0, 16, undefined, undefined, 0, 16, 0)
+  s.addRemote('theirs', 1, 1n, 0, booking({ isl: 16, prefillTokens: 16 }))
   t.same(s.removeWorker(1n), ['mine'])
   t.notOk(s.sequences.hasRemote('theirs'))
 })
@@ -71,26 +71,26 @@ t.test('removing a worker returns only this router’s ids, and drops the remote
 t.test('remote prefill and blocks follow the tracking options', async (t) => {
   const { s } = makeScheduler({ blockSize: 16, queueThreshold: null, trackActiveBlocks: false, trackPrefillTokens: false }, 1)
   const h = chain(blocks(0, 4))
-  s.addRemote('x', 1, 1n, 0, 64, h.lo, h.hi, 4, 64, 0)
+  s.addRemote('x', 1, 1n, 0, booking({ isl: 64, prefillTokens: 64, lo: h.lo, hi: h.hi, n: 4 }))
   t.same([s.sequences.prefillTokens[0], s.sequences.activeBlocks[0], s.sequences.inFlight[0]], [0, 0, 1])
 })
 
 t.test('the observer hears every booking, prefill completion and free of this router, with the blocks it booked', async (t) => {
   const seen: unknown[] = []
   const observer: BookingObserver = {
-    booked: (id, slot, isl, overlap, prefill, trackPrefill, track, lo, hi, n) =>
+    booked: (id, b) =>
       seen.push([
         'booked',
         id,
-        slot,
-        isl,
-        overlap,
-        prefill,
-        trackPrefill,
-        track,
-        n,
-        lo === undefined ? null : Array.from(lo as Uint32Array).slice(0, n),
-        hi === undefined ? null : Array.from(hi as Uint32Array).slice(0, n),
+        b.slot,
+        b.isl,
+        b.overlapBlocks,
+        b.prefillTokens,
+        b.trackPrefill,
+        b.track,
+        b.n,
+        b.lo === undefined ? null : Array.from(b.lo as Uint32Array).slice(0, b.n),
+        b.hi === undefined ? null : Array.from(b.hi as Uint32Array).slice(0, b.n),
       ]),
     prefillCompleted: (id, slot) => seen.push(['prefill', id, slot]),
     freed: (id, slot) => seen.push(['freed', id, slot]),
@@ -104,7 +104,7 @@ t.test('the observer hears every booking, prefill completion and free of this ro
   t.notOk(s.markPrefillComplete('unknown'))
   t.ok(s.free('q'))
   t.notOk(s.free('q'))
-  s.addRemote('r', 1, 1n, 0, 16, undefined, undefined, 0, 16, 0)
+  s.addRemote('r', 1, 1n, 0, booking({ isl: 16, prefillTokens: 16 }))
   s.freeRemote('r')
   t.same(
     seen,
@@ -127,17 +127,17 @@ t.test('local bookings read back with their hashes, prefill left and unique bloc
   const a = new ActiveSequences(300_000)
   a.ensureSlots(2)
   const p = chain(blocks(0, 5))
-  a.add('p', 1, 80, TRACK_SHARED, p.lo, p.hi, 5, 0, 80, 0)
-  a.add('u', 0, 32, TRACK_UNIQUE, undefined, undefined, 2, 0, 32, 0)
-  a.addRemote('x', 3, 0, 16, TRACK_SHARED, p.lo, p.hi, 5, 0, 16, 0)
+  a.add('p', booking({ slot: 1, isl: 80, prefillTokens: 80, track: TRACK_SHARED, lo: p.lo, hi: p.hi, n: 5 }), 0)
+  a.add('u', booking({ slot: 0, isl: 32, prefillTokens: 32, track: TRACK_UNIQUE, n: 2 }), 0)
+  a.addRemote('x', 3, booking({ slot: 0, isl: 16, prefillTokens: 16, track: TRACK_SHARED, lo: p.lo, hi: p.hi, n: 5 }), 0)
   a.markPrefillComplete('u')
   const got = a.localBookings().sort((x, y) => x.id.localeCompare(y.id))
   t.equal(got.length, 2, 'remote bookings are not this router’s to tell')
-  t.same(got[0], { id: 'p', slot: 1, isl: 80, overlapBlocks: 0, prefillTokens: 80, lo: p.lo, hi: p.hi, uniqueBlocks: 0 })
-  t.same(got[1], { id: 'u', slot: 0, isl: 32, overlapBlocks: 0, prefillTokens: 0, lo: null, hi: null, uniqueBlocks: 2 })
+  t.same(got[0], { id: 'p', slot: 1, isl: 80, overlapBlocks: 0, prefillTokens: 80, trackPrefill: true, track: TRACK_SHARED, lo: p.lo, hi: p.hi, n: 5 })
+  t.same(got[1], { id: 'u', slot: 0, isl: 32, overlapBlocks: 0, prefillTokens: 0, trackPrefill: true, track: TRACK_UNIQUE, lo: undefined, hi: undefined, n: 2 })
   t.equal(a.remoteAddedAt('x'), 0)
   t.equal(a.remoteAddedAt('p'), -1)
-  t.throws(() => a.addRemote('y', 0, 0, 0, TRACK_SHARED, undefined, undefined, 0, 0), { code: 'KVR_ERR_INVALID_OPTION' })
+  t.throws(() => a.addRemote('y', 0, booking({ slot: 0, track: TRACK_SHARED }), 0), { code: 'KVR_ERR_INVALID_OPTION' })
 })
 
 /** Two schedulers with the same workers, registered in different orders (so slots differ), ranks 0 and 1. */
@@ -157,7 +157,7 @@ function pair(workers: number, spread: boolean, cost: CostModel = 'latency'): [S
 
 /** Books `isl` tokens of prefill on a worker on both replicas, as a third router's booking. */
 function load(both: Scheduler[], key: string, worker: bigint, isl: number): void {
-  for (const s of both) s.addRemote(key, 9, worker, 0, isl, undefined, undefined, 0, isl, 0)
+  for (const s of both) s.addRemote(key, 9, worker, 0, booking({ isl, prefillTokens: isl }))
 }
 
 t.test('replica spread: two replicas routing at once choose apart where both would take the cheapest; without it they collide', async (t) => {
@@ -172,8 +172,8 @@ t.test('replica spread: two replicas routing at once choose apart where both wou
         const db = b.tryRoute({ id: `b${wave}`, isl: 16 * (2 + ((wave * 3 + k) % 4)) })
         if (da?.workerId === db?.workerId) collisions++
         // then each learns the other's booking, as replica sync tells it
-        a.addRemote(`b${wave}`, 1, db?.workerId as bigint, 0, b.sequences.requestInfo(`b${wave}`)?.prefillTokens ?? 0, undefined, undefined, 0, 0, 0)
-        b.addRemote(`a${wave}`, 1, da?.workerId as bigint, 0, a.sequences.requestInfo(`a${wave}`)?.prefillTokens ?? 0, undefined, undefined, 0, 0, 0)
+        a.addRemote(`b${wave}`, 1, db?.workerId as bigint, 0, booking({ prefillTokens: b.sequences.requestInfo(`b${wave}`)?.prefillTokens ?? 0 }))
+        b.addRemote(`a${wave}`, 1, da?.workerId as bigint, 0, booking({ prefillTokens: a.sequences.requestInfo(`a${wave}`)?.prefillTokens ?? 0 }))
       }
     }
     return collisions

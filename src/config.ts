@@ -140,32 +140,18 @@ function readWorkers(t: string, prev: unknown): readonly StaticWorkerSpec[] | un
   return list
 }
 
-const [
-  mode,
-  cost,
-  blockSize,
-  overlapScoreWeight,
-  overlapScoreCredit,
-  overlapScoreCreditDecay,
-  decodeActiveRequestWeight,
-  temperature,
-  predictedTtlSecs,
-  cudaToCpuRatio,
-  queueThreshold,
-  queuePolicy,
-  queueMaxPending,
-  trackActiveBlocks,
-  trackPrefillTokens,
-  assumeKvReuse,
-  activeDecodeBlocksThreshold,
-  activePrefillTokensThreshold,
-  activePrefillTokensThresholdFrac,
-  seed,
-] = SCHEDULER_ROWS
-const [ttlSecs, maxTreeSize, pruneTargetRatio] = APPROXIMATE_ROWS
+/**
+ * A table's rows by key, their literal types kept: the serve table picks the scheduler's rows by
+ * name, so a row moved or added there cannot take another's place here.
+ */
+function byKey<const T extends readonly OptionDef[]>(rows: T): { readonly [D in T[number] as D['key']]: D } {
+  return Object.fromEntries(rows.map((d) => [d.key, d])) as { readonly [D in T[number] as D['key']]: D }
+}
+const sched = byKey(SCHEDULER_ROWS)
+const approx = byKey(APPROXIMATE_ROWS)
 
 const SERVE_ROWS = [
-  mode,
+  sched.mode,
   opt({
     flag: '--http-host',
     key: 'httpHost',
@@ -186,13 +172,13 @@ const SERVE_ROWS = [
     help: 'port to listen on (0 = any free port)',
     doc: 'Port to listen on, 0–65535 (0 = any free port; the start-up line names it).',
   }),
-  blockSize,
-  cost,
-  overlapScoreWeight,
-  overlapScoreCredit,
-  overlapScoreCreditDecay,
-  decodeActiveRequestWeight,
-  temperature,
+  sched.blockSize,
+  sched.cost,
+  sched.overlapScoreWeight,
+  sched.overlapScoreCredit,
+  sched.overlapScoreCreditDecay,
+  sched.decodeActiveRequestWeight,
+  sched.temperature,
   opt({
     flag: '--router-kv-events',
     key: 'kvEvents',
@@ -216,9 +202,9 @@ const SERVE_ROWS = [
       "Fetch what a worker's KV events missed (a gap in its event ids, or a router that starts after it cached blocks) through its worker query, " +
       '`POST {url}/v1/kv/query`. `--no-router-event-recovery` counts gaps and accepts them.',
   }),
-  ttlSecs,
-  maxTreeSize,
-  pruneTargetRatio,
+  approx.ttlSecs,
+  approx.maxTreeSize,
+  approx.pruneTargetRatio,
   opt({
     flag: '--router-max-index-blocks',
     key: 'maxIndexBlocks',
@@ -230,7 +216,7 @@ const SERVE_ROWS = [
     help: 'blocks one indexer shard holds at most (KV events beyond it are rejected and counted as capacity)',
     doc: '(block, worker-rank) entries one indexer shard holds at most, 1–67,000,000. Stores beyond it are rejected and counted as `capacity`.',
   }),
-  predictedTtlSecs,
+  sched.predictedTtlSecs,
   opt({
     flag: '--router-session-affinity-ttl-secs',
     key: 'sessionAffinityTtlSecs',
@@ -246,16 +232,16 @@ const SERVE_ROWS = [
       "Session affinity: a request with an `X-Dynamo-Session-ID` header goes to the worker-rank its session's last request went to, while that " +
       'binding is younger than this many seconds and the worker-rank is registered, not suspended and not busy (0 = off, up to 31536000).',
   }),
-  cudaToCpuRatio,
-  queueThreshold,
-  queuePolicy,
-  queueMaxPending,
-  trackActiveBlocks,
-  trackPrefillTokens,
-  assumeKvReuse,
-  activeDecodeBlocksThreshold,
-  activePrefillTokensThreshold,
-  activePrefillTokensThresholdFrac,
+  sched.cudaToCpuRatio,
+  sched.queueThreshold,
+  sched.queuePolicy,
+  sched.queueMaxPending,
+  sched.trackActiveBlocks,
+  sched.trackPrefillTokens,
+  sched.assumeKvReuse,
+  sched.activeDecodeBlocksThreshold,
+  sched.activePrefillTokensThreshold,
+  sched.activePrefillTokensThresholdFrac,
   opt({
     flag: '--router-replica-sync',
     key: 'replicaSync',
@@ -603,7 +589,7 @@ const SERVE_ROWS = [
       'Niceness of every router thread, −20–19. Negative runs the router ahead of engines or load generators on shared cores; below the current ' +
       'niceness it needs root, `CAP_SYS_NICE` or `RLIMIT_NICE`. Unset: inherited.',
   }),
-  seed,
+  sched.seed,
   opt({
     flag: '--log-level',
     key: 'logLevel',

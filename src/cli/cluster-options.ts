@@ -2,6 +2,7 @@
 // from which its parser, its --help and its part of docs/configuration.md come.
 import { ConfigError, opt, optionsHelp, parseOptions } from '../config/table.js'
 import type { CommandTable, ConfigOf } from '../config/table.js'
+import { BLOCK_SIZE_OPTION } from '../sim/mocker/engine.js'
 
 const CLUSTER_ROWS = [
   opt({
@@ -38,11 +39,7 @@ const CLUSTER_ROWS = [
     doc: 'Simulated engines, 1–256.',
   }),
   opt({
-    flag: '--block-size',
-    key: 'blockSize',
-    kind: 'int',
-    min: 1,
-    max: 65536,
+    ...BLOCK_SIZE_OPTION,
     dflt: 64,
     help: 'KV block size of the engines and the routers, as in `docker-compose.yml`',
     doc: 'KV block size of the engines and the routers, as in `docker-compose.yml`.',

@@ -10,7 +10,7 @@ import { loadTokenizer } from '../tokenizer/tokenizer.js'
 import type { TextTokenizer } from '../tokenizer/tokenizer.js'
 import { isKvrError } from '../errors.js'
 import { applyNice } from '../runtime/nice.js'
-import { FatalError } from '../runtime/fatal.js'
+import { FatalError, commandArgs } from '../runtime/fatal.js'
 import { addSecret, configureLog, limited, log, redactSecrets } from '../runtime/log.js'
 
 /** The configuration as the debug log shows it: the API key and URL credentials left out, u64 ids as text. */
@@ -55,17 +55,13 @@ function fatal(err: unknown): never {
  * Throws FatalError (one line, status 2) for an invalid option or a part that does not start.
  */
 export async function serveMain(argv: string[]): Promise<number> {
-  let parsed: ReturnType<typeof parseServe>
-  try {
-    parsed = parseServe(argv)
-  } catch (err) {
-    if (err instanceof ConfigError) throw new FatalError(`serve: ${err.message}`)
-    throw err
-  }
-  if (parsed === 'help') {
-    process.stdout.write(serveHelp())
-    return 0
-  }
+  const parsed = commandArgs(
+    'serve',
+    () => parseServe(argv),
+    (err) => err instanceof ConfigError,
+    serveHelp,
+  )
+  if (parsed === null) return 0
   const cfg = parsed.config
   configureLog({ level: cfg.logLevel, format: cfg.logFormat })
   if (cfg.apiKey !== null) addSecret(cfg.apiKey)

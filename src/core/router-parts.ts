@@ -381,11 +381,7 @@ export class RouterParts {
       return id
     }
     // written into the shard's ring straight from the tracker's arrays (a PREDICTED record)
-    return {
-      stored: (workerId, dpRank, localLo, localHi, seqLo, seqHi, n) =>
-        void this.pool.pushPredictedStored(workerId, dpRank, eventId(workerId, dpRank), localLo, localHi, seqLo, seqHi, n),
-      removed: (workerId, dpRank, seqLo, seqHi, n) => void this.pool.pushPredictedRemoved(workerId, dpRank, eventId(workerId, dpRank), seqLo, seqHi, n),
-    }
+    return this.pool.predictedSink(eventId)
   }
 
   /** True from the start of closing: nothing new starts. */

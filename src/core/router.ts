@@ -38,18 +38,7 @@ export interface RouterDeps {
 }
 
 /** The transports a router reads from and shares with, each null when not configured. */
-interface Links {
-  /**
-   * This replica's instance id: its router id in replica sync and its durable consumer's name. The
-   * etcd lease id when replicas register in etcd, else drawn at random (src/core/instance-id.ts).
-   */
-  readonly instanceId: bigint
-  readonly nats: NatsIntake | null
-  readonly discovery: EtcdDiscovery | null
-  readonly replicas: ReplicaSync | null
-  readonly replicaRegistry: ReplicaRegistry | null
-  readonly durable: DurableKvEvents | null
-}
+type Links = Pick<Router, 'instanceId' | 'nats' | 'discovery' | 'replicas' | 'replicaRegistry' | 'durable'>
 
 /** Closes what started, newest first, ignoring failures: a start that failed half-way. */
 async function closeAll(links: Partial<Links>): Promise<void> {
@@ -169,8 +158,12 @@ async function startReplicaSync(
   return sync
 }
 
-export class Router implements Links {
+export class Router {
   readonly parts: RouterParts
+  /**
+   * This replica's instance id: its router id in replica sync and its durable consumer's name. The
+   * etcd lease id when replicas register in etcd, else drawn at random (src/core/instance-id.ts).
+   */
   readonly instanceId: bigint
   /** KV-event intake from NATS (`--nats-url`), or null in embedded mode. */
   readonly nats: NatsIntake | null

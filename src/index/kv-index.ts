@@ -133,6 +133,17 @@ function growU32(a: Uint32Array, n: number): Uint32Array<ArrayBuffer> {
   return b
 }
 
+/**
+ * The stamp after `stamp` for an array of stamps (a slot is marked when it holds the current
+ * one): on the wrap to 0 the array is cleared, so no old mark passes for a new one.
+ */
+function stampAfter(stamp: number, marks: Uint32Array): number {
+  const next = (stamp + 1) >>> 0
+  if (next !== 0) return next
+  marks.fill(0)
+  return 1
+}
+
 export class KvIndex {
   readonly maxBlocks: number
   readonly maxWorkerRanks: number
@@ -596,21 +607,11 @@ export class KvIndex {
   }
 
   private nextMarkStamp(): number {
-    this.markStamp = (this.markStamp + 1) >>> 0
-    if (this.markStamp === 0) {
-      this.mark.fill(0)
-      this.markStamp = 1
-    }
-    return this.markStamp
+    return (this.markStamp = stampAfter(this.markStamp, this.mark))
   }
 
   private nextStamp(): number {
-    this.stamp = (this.stamp + 1) >>> 0
-    if (this.stamp === 0) {
-      this.seen.fill(0)
-      this.stamp = 1
-    }
-    return this.stamp
+    return (this.stamp = stampAfter(this.stamp, this.seen))
   }
 
   // ------------------------------------------------------------------------------------------

@@ -15,6 +15,23 @@ export class FatalError extends Error {
   }
 }
 
+/**
+ * A command's parsed arguments, or null once its --help is written to stdout: an argument error
+ * (`isArgError`) ends the command with one line naming it.
+ */
+export function commandArgs<T>(command: string, parse: () => T | 'help', isArgError: (err: unknown) => boolean, help: () => string): T | null {
+  let parsed: T | 'help'
+  try {
+    parsed = parse()
+  } catch (err) {
+    if (isArgError(err)) throw new FatalError(`${command}: ${(err as Error).message}`)
+    throw err
+  }
+  if (parsed !== 'help') return parsed
+  process.stdout.write(help())
+  return null
+}
+
 const hooks: (() => void)[] = []
 
 /** Runs `f` before the fatal line is written. */

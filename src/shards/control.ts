@@ -7,7 +7,7 @@ import type { RouterEvent } from '../codec/events.js'
 import { u64Hi, u64Lo } from '../codec/u64.js'
 import { KvrError } from '../errors.js'
 import type { OverlapScore } from '../index/kv-index.js'
-import { C_PROCESSED, CONTROL_POSTED, DOORBELL, type ShardApi, type ShardStats } from '../thread/protocol.js'
+import { C, CONTROL_POSTED, DOORBELL, type ShardApi, type ShardStats } from '../thread/protocol.js'
 import type { Shard } from './shard.js'
 
 /** Runs a control call on a shard; rejects, instead of waiting forever, if the thread exits. */
@@ -61,7 +61,7 @@ export class ShardControl {
 
   /** treeSizes() as the shards hold them now, events still queued not waited for. */
   async treeSizesNow(): Promise<OverlapScore[]> {
-    const parts = await Promise.all(this.shards.map((sh) => call(sh, (api) => api.treeSizes(Atomics.load(sh.ctrl, C_PROCESSED)))))
+    const parts = await Promise.all(this.shards.map((sh) => call(sh, (api) => api.treeSizes(Atomics.load(sh.ctrl, C.processed)))))
     return parts.flat()
   }
 

@@ -1,31 +1,6 @@
 // What a shard has counted, read from its control words without a message (the shard publishes
 // them per batch; layout in src/thread/protocol.ts), plus what the main thread counts of it.
-import {
-  C_APPLIED,
-  C_BLOCKS,
-  C_CLEARED,
-  C_GAPS,
-  C_MALFORMED,
-  C_MISPLACED,
-  C_NODES,
-  C_PROCESSED,
-  C_QUERIES,
-  C_RECEIVED,
-  C_REJECTED,
-  C_REMOVED,
-  C_STORED,
-  C_WORKERS,
-  E_BASE,
-  E_BATCHES,
-  E_DUPLICATE_STORES,
-  E_END,
-  E_EVENTS,
-  E_MALFORMED,
-  E_SKIPPED,
-  E_SUPPRESSED_REMOVALS,
-  ENGINE_MALFORMED_NAMES,
-  ENGINE_SKIP_NAMES,
-} from '../thread/protocol.js'
+import { C, E, E_BASE, ENGINE_MALFORMED_NAMES, ENGINE_SKIP_NAMES } from '../thread/protocol.js'
 import { REJECT_REASON_COUNT, REJECT_REASON_NAMES } from '../index/kv-index.js'
 import type { Shard, ShardHealth } from './shard.js'
 
@@ -83,31 +58,31 @@ export function readCounters(sh: Shard): ShardCounters {
   for (let k = 0; k < 3; k++) {
     for (let i = 0; i < REJECT_REASON_COUNT; i++) {
       const name = REJECT_REASON_NAMES[i] as string
-      const v = Atomics.load(c, C_REJECTED + k * REJECT_REASON_COUNT + i) >>> 0
+      const v = Atomics.load(c, C.rejected + k * REJECT_REASON_COUNT + i) >>> 0
       ;(kinds[k] as Record<string, number>)[name] = v
       rejected[name] = (rejected[name] ?? 0) + v
     }
   }
   // processed is published last by the shard: read it first, the rest are at least as new
-  const processed = Atomics.load(c, C_PROCESSED) >>> 0
+  const processed = Atomics.load(c, C.processed) >>> 0
   return {
     shard: sh.index,
     health: sh.health,
     restarts: sh.restarts,
     enqueued: sh.enqueued >>> 0,
-    received: Atomics.load(c, C_RECEIVED) >>> 0,
+    received: Atomics.load(c, C.received) >>> 0,
     processed,
-    applied: Atomics.load(c, C_APPLIED) >>> 0,
-    malformed: Atomics.load(c, C_MALFORMED) >>> 0,
+    applied: Atomics.load(c, C.applied) >>> 0,
+    malformed: Atomics.load(c, C.malformed) >>> 0,
     rejected,
-    appliedByType: { stored: Atomics.load(c, C_STORED) >>> 0, removed: Atomics.load(c, C_REMOVED) >>> 0, cleared: Atomics.load(c, C_CLEARED) >>> 0 },
+    appliedByType: { stored: Atomics.load(c, C.stored) >>> 0, removed: Atomics.load(c, C.removed) >>> 0, cleared: Atomics.load(c, C.cleared) >>> 0 },
     rejectedByType,
-    blocks: Atomics.load(c, C_BLOCKS) >>> 0,
-    nodes: Atomics.load(c, C_NODES) >>> 0,
-    workerRanks: Atomics.load(c, C_WORKERS) >>> 0,
-    queries: Atomics.load(c, C_QUERIES) >>> 0,
-    misplaced: Atomics.load(c, C_MISPLACED) >>> 0,
-    gaps: Atomics.load(c, C_GAPS) >>> 0,
+    blocks: Atomics.load(c, C.blocks) >>> 0,
+    nodes: Atomics.load(c, C.nodes) >>> 0,
+    workerRanks: Atomics.load(c, C.workers) >>> 0,
+    queries: Atomics.load(c, C.queries) >>> 0,
+    misplaced: Atomics.load(c, C.misplaced) >>> 0,
+    gaps: Atomics.load(c, C.gaps) >>> 0,
     ringFull: sh.ringFull,
     ringWaits: sh.ringWaits,
     pendingMessages: sh.pending.length - sh.pendingHead,
@@ -119,15 +94,15 @@ export function readCounters(sh: Shard): ShardCounters {
 function engineCounters(sh: Shard): EngineCounters {
   const word = (i: number): number => (sh.engineRetired[i - E_BASE] as number) + (Atomics.load(sh.ctrl, i) >>> 0)
   const skipped: Record<string, number> = {}
-  ENGINE_SKIP_NAMES.forEach((name, k) => (skipped[name] = word(E_SKIPPED + k)))
+  ENGINE_SKIP_NAMES.forEach((name, k) => (skipped[name] = word(E.skipped + k)))
   const malformed: Record<string, number> = {}
-  ENGINE_MALFORMED_NAMES.forEach((name, k) => (malformed[name] = word(E_MALFORMED + k)))
+  ENGINE_MALFORMED_NAMES.forEach((name, k) => (malformed[name] = word(E.malformed + k)))
   return {
-    batches: word(E_BATCHES),
-    events: word(E_EVENTS),
+    batches: word(E.batches),
+    events: word(E.events),
     skipped,
-    duplicateStores: word(E_DUPLICATE_STORES),
-    suppressedRemovals: word(E_SUPPRESSED_REMOVALS),
+    duplicateStores: word(E.duplicateStores),
+    suppressedRemovals: word(E.suppressedRemovals),
     malformed,
   }
 }
@@ -135,7 +110,7 @@ function engineCounters(sh: Shard): EngineCounters {
 /** Adds a dead thread's engine counters to what its shard's earlier threads counted, and zeroes its words. */
 export function retireEngineCounters(sh: Shard): Float64Array {
   const retired = sh.engineRetired
-  for (let i = E_BASE; i < E_END; i++) {
+  for (let i = E_BASE; i < E.end; i++) {
     retired[i - E_BASE] = (retired[i - E_BASE] as number) + (Atomics.load(sh.ctrl, i) >>> 0)
     Atomics.store(sh.ctrl, i, 0)
   }

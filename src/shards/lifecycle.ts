@@ -8,14 +8,12 @@ import nodeEndpoint from 'comlink/dist/esm/node-adapter.mjs'
 import { limited } from '../runtime/log.js'
 import { RingProducer } from '../thread/ring.js'
 import {
-  C_END,
-  C_PROCESSED,
-  C_RECEIVED,
+  C,
+  E,
   CONTROL_POSTED,
   CTRL_WORDS,
   DOORBELL,
   E_BASE,
-  E_END,
   HEARTBEAT,
   PRODUCER_WAIT,
   QRING_READ,
@@ -94,7 +92,7 @@ export class ShardThreads {
       exiting: false,
       dead: false,
       exited: new Promise<number>((resolve) => worker.once('exit', resolve)),
-      engineRetired: new Float64Array(E_END - E_BASE),
+      engineRetired: new Float64Array(E.end - E_BASE),
     }
     worker.on('message', this.onMessage)
     worker.on('error', (err) => {
@@ -165,13 +163,13 @@ export class ShardThreads {
     const c = old.ctrl
     this.board.finishOwedQueries(old.index)
     // Messages in the ring that the dead thread never processed are lost with its index.
-    const processed = Atomics.load(c, C_PROCESSED)
+    const processed = Atomics.load(c, C.processed)
     const queued = old.pending.length - old.pendingHead
     old.lost += Math.max(0, ((old.enqueued - processed) | 0) - queued)
     Atomics.store(c, RING_READ, Atomics.load(c, RING_WRITE))
     Atomics.store(c, QRING_READ, Atomics.load(c, QRING_WRITE))
     for (const i of [DOORBELL, SLEEPING, PRODUCER_WAIT, HEARTBEAT, CONTROL_POSTED]) Atomics.store(c, i, 0)
-    for (let i = C_RECEIVED; i < C_END; i++) Atomics.store(c, i, 0)
+    for (let i = C.received; i < C.end; i++) Atomics.store(c, i, 0)
     const retired = retireEngineCounters(old)
     Atomics.store(c, STATE, ShardState.Starting)
     for (let i = old.pendingHead; i < old.pending.length; i++) (old.pending[i] as Pending).offset = 0
@@ -219,7 +217,7 @@ export class ShardThreads {
     for (const sh of this.shards) {
       if (!sh.dead) continue
       // what a shard that died during close never applied is reported, not silently dropped
-      sh.lost += Math.max(0, (sh.enqueued - Atomics.load(sh.ctrl, C_PROCESSED)) | 0)
+      sh.lost += Math.max(0, (sh.enqueued - Atomics.load(sh.ctrl, C.processed)) | 0)
       this.writer.discard(sh)
     }
     const r = report()

@@ -88,33 +88,17 @@ export class ShardLogWatch {
     }
     if (malformed > 0)
       limited.warn('events_malformed', { count: malformed, ...take('events_malformed') }, 'KV event messages did not decode: dropped', malformed)
-    const nRejected = total(rejected)
-    if (nRejected > 0)
-      limited.warn(
-        'events_rejected',
-        { count: nRejected, reasons: rejected, ...take('events_rejected') },
-        'the index refused KV events (or parts of them)',
-        nRejected,
-      )
+    // a class counted by reason: one line with the total, the reasons and the latest sample
+    const byReason = (level: 'warn' | 'info', what: string, reasons: Record<string, number>, msg: string): void => {
+      const n = total(reasons)
+      if (n > 0) limited.log(level, what, { count: n, reasons, ...take(what) }, msg, n)
+    }
+    byReason('warn', 'events_rejected', rejected, 'the index refused KV events (or parts of them)')
     if (gaps > 0) limited.warn('event_gaps', { count: gaps }, "gaps in workers' KV event ids: events they published never arrived", gaps)
     if (dropped > 0)
       limited.warn('events_dropped', { count: dropped }, 'NATS KV event messages dropped: 256 MiB of events already waited for the indexer shards', dropped)
-    const nEngine = total(engineMalformed)
-    if (nEngine > 0)
-      limited.warn(
-        'engine_batches_malformed',
-        { count: nEngine, reasons: engineMalformed, ...take('engine_batches_malformed') },
-        "engines' KV-event batches did not decode: refused whole",
-        nEngine,
-      )
-    const nSkipped = total(skipped)
-    if (nSkipped > 0)
-      limited.info(
-        'engine_events_skipped',
-        { count: nSkipped, reasons: skipped },
-        "engines' KV events not applied (another block size, sliding-window groups, unknown kinds, empty)",
-        nSkipped,
-      )
+    byReason('warn', 'engine_batches_malformed', engineMalformed, "engines' KV-event batches did not decode: refused whole")
+    byReason('info', 'engine_events_skipped', skipped, "engines' KV events not applied (another block size, sliding-window groups, unknown kinds, empty)")
   }
 
   close(): void {

@@ -19,6 +19,7 @@ import { shardOf, type ShardStats } from '../thread/protocol.js'
 import { RECORD_MARKER_AT, RecoveryKind, SHARD_TICKET_BIT, type EngineReset } from '../thread/records.js'
 import { isShardMessage } from '../thread/messages.js'
 import type { OverlapScore } from '../index/kv-index.js'
+import type { ApproxSink } from '../scheduler/approximate.js'
 import type { RouterEvent } from '../codec/events.js'
 import { u64FromParts, u64Hi, u64Lo } from '../codec/u64.js'
 import { KvrError } from '../errors.js'
@@ -151,27 +152,21 @@ export class ShardPool extends EventEmitter {
   }
 
   /**
-   * Blocks the router predicts a worker-rank now holds (tokens hashes `local`, block hashes
-   * `seq`), as a stored event with id `eventId`; it announces nothing.
+   * Where the scheduler's predicted blocks go (approximate mode): each call is a PREDICTED record,
+   * a stored or removed event numbered by `eventId`, in its worker's shard ring; it announces nothing.
    */
-  pushPredictedStored(
-    workerId: bigint,
-    dpRank: number,
-    eventId: bigint,
-    localLo: Uint32Array,
-    localHi: Uint32Array,
-    seqLo: Uint32Array,
-    seqHi: Uint32Array,
-    n: number,
-  ): boolean {
-    this.open()
-    return this.writer.write(this.owner(workerId), records.predictedStoredRecord(workerId, dpRank, eventId, localLo, localHi, seqLo, seqHi, n))
+  predictedSink(eventId: (workerId: bigint, dpRank: number) => bigint): ApproxSink {
+    return {
+      stored: (workerId, dpRank, localLo, localHi, seqLo, seqHi, n) =>
+        this.pushPredicted(workerId, records.predictedStoredRecord(workerId, dpRank, eventId(workerId, dpRank), localLo, localHi, seqLo, seqHi, n)),
+      removed: (workerId, dpRank, seqLo, seqHi, n) =>
+        this.pushPredicted(workerId, records.predictedRemovedRecord(workerId, dpRank, eventId(workerId, dpRank), seqLo, seqHi, n)),
+    }
   }
 
-  /** Blocks the router predicts a worker-rank no longer holds, as a removed event with id `eventId`. */
-  pushPredictedRemoved(workerId: bigint, dpRank: number, eventId: bigint, seqLo: Uint32Array, seqHi: Uint32Array, n: number): boolean {
+  private pushPredicted(workerId: bigint, rec: Uint8Array): void {
     this.open()
-    return this.writer.write(this.owner(workerId), records.predictedRemovedRecord(workerId, dpRank, eventId, seqLo, seqHi, n))
+    this.writer.write(this.owner(workerId), rec)
   }
 
   /** Announces the worker's next event message once ('firstEvent' with its id), before it is queued. */

@@ -14,7 +14,7 @@
 //   PRODUCER_WAIT   main    1 while main waits for ring space (shard notifies RING_READ then)
 //   HEARTBEAT       shard   bumped at least every heartbeat interval, busy or idle
 //   STATE           shard   ShardState
-//   C_*             shard   counters, u32 that wrap (main widens them by reading often)
+//   C.*             shard   counters, u32 that wrap (main widens them by reading often)
 //   QRING_BASE..    main    the query ring: QRING_SIZE slot ids
 //
 // Shared by all shards, the query board (Int32Array over `board`), QUERY_SLOTS slots:
@@ -65,51 +65,53 @@ export const SLEEPING = 2 * LINE + 2
 export const STATE = 2 * LINE + 3
 /** Shard, every few blocks of work; main reads it once per watchdog tick. */
 export const HEARTBEAT = 3 * LINE
-/** Shard counters, published per batch, read by main at scrape time. */
-export const C_RECEIVED = 4 * LINE
-export const C_APPLIED = C_RECEIVED + 1
-export const C_MALFORMED = C_RECEIVED + 2
-export const C_PROCESSED = C_RECEIVED + 3
-export const C_BLOCKS = C_RECEIVED + 4
-export const C_NODES = C_RECEIVED + 5
-export const C_WORKERS = C_RECEIVED + 6
-export const C_QUERIES = C_RECEIVED + 7
-export const C_STORED = C_RECEIVED + 8
-export const C_REMOVED = C_RECEIVED + 9
-export const C_CLEARED = C_RECEIVED + 10
-/**
- * Rejections by event kind and RejectReason (kv-index.ts): word C_REJECTED + (kind − 1) ×
- * REJECT_REASON_COUNT + reason, for the kinds stored, removed, cleared.
- */
-export const C_REJECTED = C_RECEIVED + 11
-export const C_REJECTED_WORDS = 18
-/** Events whose decoded worker belongs to another shard (sent back to go there, counted). */
-export const C_MISPLACED = C_REJECTED + C_REJECTED_WORDS
-/** Gaps in a worker-rank's event ids, recovered or not. */
-export const C_GAPS = C_MISPLACED + 1
-/** One past the last counter. */
-export const C_END = C_GAPS + 1
 /** Main thread, per query: the query ring's slot ids. */
 export const QRING_BASE = 5 * LINE
 export const QRING_SIZE = 256
-/**
- * Shard, per engine batch: what became of engines' own KV events (workers/shard/engine.ts).
- * E_SKIPPED has a word per ENGINE_SKIP_NAMES entry, E_MALFORMED one per ENGINE_MALFORMED_NAMES.
- */
-export const E_BASE = QRING_BASE + QRING_SIZE
-export const E_BATCHES = E_BASE
-export const E_EVENTS = E_BASE + 1
-export const E_SKIPPED = E_BASE + 2
-export const E_DUPLICATE_STORES = E_BASE + 6
-export const E_SUPPRESSED_REMOVALS = E_BASE + 7
-export const E_MALFORMED = E_BASE + 8
-export const E_END = E_BASE + 12
 export const ENGINE_SKIP_NAMES = ['block_size_mismatch', 'attention_kind', 'unknown_event', 'empty'] as const
 /** Why an engine batch was refused: the KvrError codes of bad input, then anything else a KvrError says. */
 export const ENGINE_MALFORMED_NAMES = ['malformed_msgpack', 'wrong_type', 'invalid_number', 'other'] as const
+
+/**
+ * Consecutive words from `base`, one per name unless `widths` gives more, by name; `end` is one
+ * past the last. Both sides read and write the counters by these names.
+ */
+function words<const N extends string>(base: number, names: readonly N[], widths: Partial<Record<N, number>> = {}): Readonly<Record<N | 'end', number>> {
+  const at = {} as Record<N | 'end', number>
+  let w = base
+  for (const n of names) {
+    at[n] = w
+    w += widths[n] ?? 1
+  }
+  at.end = w
+  return Object.freeze(at)
+}
+
+/** Rejection words: one per event kind (stored, removed, cleared) and RejectReason (kv-index.ts). */
+export const C_REJECTED_WORDS = 18
+/**
+ * Shard counters, published per batch, read by main at scrape time. rejected: word rejected +
+ * (kind − 1) × REJECT_REASON_COUNT + reason; misplaced: events whose decoded worker belongs to
+ * another shard (sent back to go there, counted); gaps: gaps in a worker-rank's event ids,
+ * recovered or not.
+ */
+export const C = words(
+  4 * LINE,
+  ['received', 'applied', 'malformed', 'processed', 'blocks', 'nodes', 'workers', 'queries', 'stored', 'removed', 'cleared', 'rejected', 'misplaced', 'gaps'],
+  { rejected: C_REJECTED_WORDS },
+)
+/**
+ * Shard, per engine batch: what became of engines' own KV events (workers/shard/engine.ts).
+ * skipped has a word per ENGINE_SKIP_NAMES entry, malformed one per ENGINE_MALFORMED_NAMES.
+ */
+export const E_BASE = QRING_BASE + QRING_SIZE
+export const E = words(E_BASE, ['batches', 'events', 'skipped', 'duplicateStores', 'suppressedRemovals', 'malformed'], {
+  skipped: ENGINE_SKIP_NAMES.length,
+  malformed: ENGINE_MALFORMED_NAMES.length,
+})
 export const CTRL_WORDS = E_BASE + LINE
-if (C_END > QRING_BASE) throw new Error('shard counters overrun their line')
-if (E_END > CTRL_WORDS) throw new Error('engine counters overrun their line')
+if (C.end > QRING_BASE) throw new Error('shard counters overrun their line')
+if (E.end > CTRL_WORDS) throw new Error('engine counters overrun their line')
 
 export const ShardState = { Starting: 0, Running: 1, Stopping: 2, Stopped: 3 } as const
 export type ShardState = (typeof ShardState)[keyof typeof ShardState]

@@ -413,8 +413,7 @@ export class DurableKvEvents {
         await messages.close().catch(() => undefined)
       } catch (err) {
         if (this.closed) break
-        this.counters.errors++
-        limited.warn('durable_error', { what: 'consume', error: (err as Error).message }, 'reading the durable stream failed: tried again')
+        this.failed('consume', err, 'reading the durable stream failed: tried again')
         if (jsErrorCode(err) === JS_CONSUMER_NOT_FOUND) this.repositionNeeded = true
       }
       // a loop that ends at once (server away) waits before the next try
@@ -503,12 +502,7 @@ export class DurableKvEvents {
         }
       } catch (err) {
         // a shard restarted during the barrier: acknowledged with the next batch
-        this.counters.errors++
-        limited.warn(
-          'durable_error',
-          { what: 'ack', error: (err as Error).message },
-          'acknowledging applied stream messages failed: they are acknowledged with the next batch',
-        )
+        this.failed('ack', err, 'acknowledging applied stream messages failed: they are acknowledged with the next batch')
         this.toAck ??= m
         this.unacked += n
       } finally {
@@ -517,6 +511,12 @@ export class DurableKvEvents {
       }
     })()
     return this.acking
+  }
+
+  /** A failed request to the stream: counted, and one line through the limiter. */
+  private failed(what: 'consume' | 'ack' | 'snapshot', err: unknown, msg: string): void {
+    this.counters.errors++
+    limited.warn('durable_error', { what, error: (err as Error).message }, msg)
   }
 
   // ---- snapshots ----
@@ -543,12 +543,7 @@ export class DurableKvEvents {
       this.streamMessages = state.messages
       if (state.messages > this.o.snapshotThreshold && this.lastSeq - this.snapshotSeq > this.o.snapshotThreshold) await this.snapshot()
     } catch (err) {
-      this.counters.errors++
-      limited.warn(
-        'durable_error',
-        { what: 'snapshot', error: (err as Error).message },
-        'checking the durable stream, or snapshotting it, failed: tried again at the next check',
-      )
+      this.failed('snapshot', err, 'checking the durable stream, or snapshotting it, failed: tried again at the next check')
     }
   }
 

@@ -15,38 +15,23 @@ export interface Transports {
   readonly connected: { nats: boolean | null; etcd: boolean | null }
 }
 
+/** A labelledCounter's rows: the named counters of `c`, each labelled with its name in snake_case; null without `c`. */
+function byField<K extends string>(c: Readonly<Record<K, number>> | undefined, keys: readonly K[]): [string, number][] | null {
+  if (c === undefined) return null
+  return keys.map((k) => [k.replace(/[A-Z]/g, (m) => `_${m.toLowerCase()}`), c[k]])
+}
+
 export function registerTransportMetrics(r: Registry, t: Transports): void {
   labelledCounter(r, 'kvrouter_nats_total', 'NATS intake: messages, bytes, disconnects, reconnects, slow-consumer episodes, errors', 'what', () => {
-    const c = t.nats?.counters
-    if (c === undefined) return null
-    return [
-      ['messages', c.messages],
-      ['bytes', c.bytes],
-      ['metrics_messages', c.metricsMessages],
-      ['metrics_malformed', c.metricsMalformed],
-      ['disconnects', c.disconnects],
-      ['reconnects', c.reconnects],
-      ['slow_consumer', c.slowConsumer],
-      ['errors', c.errors],
-    ]
+    const fields = ['messages', 'bytes', 'metricsMessages', 'metricsMalformed', 'disconnects', 'reconnects', 'slowConsumer', 'errors'] as const
+    return byField(t.nats?.counters, fields)
   })
   labelledCounter(
     r,
     'kvrouter_durable_events_total',
     'Durable intake (JetStream): messages applied and their bytes, acked, redelivered (already applied), consumer repositionings, failed requests',
     'what',
-    () => {
-      const c = t.durable?.counters
-      if (c === undefined) return null
-      return [
-        ['messages', c.messages],
-        ['bytes', c.bytes],
-        ['acked', c.acked],
-        ['redelivered', c.redelivered],
-        ['repositioned', c.repositioned],
-        ['errors', c.errors],
-      ]
-    },
+    () => byField(t.durable?.counters, ['messages', 'bytes', 'acked', 'redelivered', 'repositioned', 'errors']),
   )
   labelledCounter(
     r,
@@ -104,18 +89,7 @@ export function registerTransportMetrics(r: Registry, t: Transports): void {
     () => {
       const e = t.engines
       if (!e.used) return null
-      const c = e.counters()
-      return [
-        ['batches', c.batches],
-        ['bytes', c.bytes],
-        ['bad_frames', c.badFrames],
-        ['gaps', c.gaps],
-        ['replays', c.replays],
-        ['replays_incomplete', c.replaysIncomplete],
-        ['restarts', c.restarts],
-        ['duplicates', c.duplicates],
-        ['sink_errors', c.sinkErrors],
-      ]
+      return byField(e.counters(), ['batches', 'bytes', 'badFrames', 'gaps', 'replays', 'replaysIncomplete', 'restarts', 'duplicates', 'sinkErrors'])
     },
   )
   labelledCounter(r, 'kvrouter_engine_events_skipped_total', "Engines' own KV events not applied, by reason", 'reason', () =>
@@ -126,14 +100,7 @@ export function registerTransportMetrics(r: Registry, t: Transports): void {
     'kvrouter_engine_events_deduplicated_total',
     "Engines' own KV events de-duplicated per worker-rank: blocks stored again while held, block removals held back while the hash is stored more often",
     'what',
-    () => {
-      if (!t.engines.used) return null
-      const c = t.engines.engineCounters()
-      return [
-        ['duplicate_stores', c.duplicateStores],
-        ['suppressed_removals', c.suppressedRemovals],
-      ]
-    },
+    () => (t.engines.used ? byField(t.engines.engineCounters(), ['duplicateStores', 'suppressedRemovals']) : null),
   )
   labelledCounter(r, 'kvrouter_engine_batches_malformed_total', "Engines' own KV-event batches refused by the shards, by reason", 'reason', () =>
     t.engines.used ? Object.entries(t.engines.engineCounters().malformed) : null,

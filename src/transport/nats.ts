@@ -9,7 +9,7 @@
 // counters, and nothing needs a restart. A start against an unreachable server fails with an
 // error naming the URL.
 import { kvEventSubjects, kvMetricsSubject } from './dynamo-names.js'
-import type { Events, NatsConnection, Subscription } from 'nats'
+import type { NatsConnection, Subscription } from 'nats'
 import { EventEmitter } from 'node:events'
 import type { ShardPool } from '../shards/pool.js'
 import { urlList } from '../core/endpoints.js'
@@ -69,7 +69,6 @@ export class NatsIntake extends EventEmitter {
   private constructor(
     private readonly nc: NatsConnection,
     private readonly opts: NatsIntakeOptions,
-    private readonly events: typeof Events,
   ) {
     super()
   }
@@ -82,7 +81,7 @@ export class NatsIntake extends EventEmitter {
       if (!NAME_RE.test(v)) throw new KvrError('KVR_ERR_INVALID_OPTION', `${k} must match ${NAME_RE.source}, got "${v}"`)
     }
     // loaded here, not at startup: a router without NATS (the default) need not load the client
-    const { connect, Events } = await import('nats')
+    const { connect } = await import('nats')
     let nc: NatsConnection
     try {
       nc = await connect({
@@ -95,7 +94,7 @@ export class NatsIntake extends EventEmitter {
     } catch (err) {
       throw new KvrError('KVR_ERR_INVALID_OPTION', `cannot connect to NATS at ${opts.url}: ${(err as Error).message}`, { cause: err })
     }
-    const intake = new NatsIntake(nc, opts, Events)
+    const intake = new NatsIntake(nc, opts)
     intake.subscribe()
     void intake.watchStatus()
     return intake
@@ -163,27 +162,25 @@ export class NatsIntake extends EventEmitter {
     )
   }
 
-  private async watchStatus(): Promise<void> {
-    for await (const s of this.nc.status()) {
-      if (s.type === this.events.Disconnect) {
+  private watchStatus(): Promise<void> {
+    return watchNatsStatus(this.nc, {
+      disconnected: (server) => {
         this.counters.disconnects++
         this.isUp = false
-        limited.warn(
-          'nats_disconnected',
-          { server: String(s.data) },
-          'the NATS connection is lost: KV events and load reports stop until it is back; reconnecting',
-        )
+        limited.warn('nats_disconnected', { server }, 'the NATS connection is lost: KV events and load reports stop until it is back; reconnecting')
         this.emit('disconnected')
-      } else if (s.type === this.events.Reconnect) {
+      },
+      reconnected: (server) => {
         this.counters.reconnects++
         this.isUp = true
-        limited.info('nats_reconnected', { server: String(s.data) }, 'the NATS connection is back')
+        limited.info('nats_reconnected', { server }, 'the NATS connection is back')
         this.emit('reconnected')
-      } else if (s.type === this.events.Error) {
+      },
+      error: (error) => {
         this.counters.errors++
-        limited.warn('nats_error', { error: String(s.data) }, 'the NATS client reported an error')
-      }
-    }
+        limited.warn('nats_error', { error }, 'the NATS client reported an error')
+      },
+    })
   }
 
   async close(): Promise<void> {
@@ -234,4 +231,23 @@ export function parseLoadEvent(bytes: Uint8Array): WorkerLoad | null {
     return { workerId, dpRank: num(obj['dp_rank']) ?? 0, activeBlocks: num(obj['active_decode_blocks']), totalBlocks: null, requestsWaiting: null }
   }
   return null
+}
+
+/** What a NATS connection's owner does when the connection is lost, when it is back, and on a client error. */
+export interface NatsStatusHandlers {
+  disconnected(server: string): void
+  reconnected(server: string): void
+  error?(error: string): void
+}
+
+/** Calls `on` for each of the connection's status changes, until it closes. */
+export async function watchNatsStatus(nc: NatsConnection, on: NatsStatusHandlers): Promise<void> {
+  // listening before the await: a change the client reports meanwhile is not missed
+  const changes = nc.status()
+  const { Events } = await import('nats')
+  for await (const s of changes) {
+    if (s.type === Events.Disconnect) on.disconnected(String(s.data))
+    else if (s.type === Events.Reconnect) on.reconnected(String(s.data))
+    else if (s.type === Events.Error) on.error?.(String(s.data))
+  }
 }

@@ -9,7 +9,8 @@
 //
 // What the subjects share is in replica-link.ts (connection, counters) and replica-peers.ts (the
 // peers heard of, the spread).
-import type { Events, NatsConnection, Subscription } from 'nats'
+import type { NatsConnection, Subscription } from 'nats'
+import { watchNatsStatus } from './nats.js'
 import { urlList } from '../core/endpoints.js'
 import { KvrError } from '../errors.js'
 import { limited } from '../runtime/log.js'
@@ -45,7 +46,6 @@ export class ReplicaSync {
   private constructor(
     private readonly nc: NatsConnection,
     opts: ReplicaSyncOptions,
-    private readonly events: typeof Events,
   ) {
     const link = new ReplicaLink(nc, opts)
     this.link = link
@@ -63,7 +63,7 @@ export class ReplicaSync {
 
   /** Connects, subscribes, announces itself and starts the first catch-up (see inStep). */
   static async start(opts: ReplicaSyncOptions): Promise<ReplicaSync> {
-    const { connect, Events } = await import('nats')
+    const { connect } = await import('nats')
     let nc: NatsConnection
     try {
       // noEcho: this router's own messages never come back to it, and a catch-up request that
@@ -79,7 +79,7 @@ export class ReplicaSync {
     } catch (err) {
       throw new KvrError('KVR_ERR_INVALID_OPTION', `replica sync cannot connect to NATS at ${opts.natsUrl}: ${(err as Error).message}`, { cause: err })
     }
-    const r = new ReplicaSync(nc, opts, Events)
+    const r = new ReplicaSync(nc, opts)
     r.subscribe()
     void r.watchStatus()
     r.heartbeats.send()
@@ -177,28 +177,25 @@ export class ReplicaSync {
     this.heartbeats.send()
   }
 
-  private async watchStatus(): Promise<void> {
+  private watchStatus(): Promise<void> {
     const link = this.link
-    for await (const s of this.nc.status()) {
-      if (s.type === this.events.Disconnect) {
+    return watchNatsStatus(this.nc, {
+      disconnected: (server) => {
         link.counters.disconnects++
         link.up = false
-        limited.warn(
-          'replica_nats_disconnected',
-          { server: String(s.data) },
-          "replica sync lost its NATS connection: this replica's bookings are held until it is back",
-        )
-      } else if (s.type === this.events.Reconnect) {
+        limited.warn('replica_nats_disconnected', { server }, "replica sync lost its NATS connection: this replica's bookings are held until it is back")
+      },
+      reconnected: (server) => {
         link.counters.reconnects++
         link.up = true
-        limited.info('replica_nats_reconnected', { server: String(s.data) }, 'replica sync is connected to NATS again')
+        limited.info('replica_nats_reconnected', { server }, 'replica sync is connected to NATS again')
         link.maxPayload = this.nc.info?.max_payload ?? link.maxPayload
         this.bookings.flush()
         this.heartbeats.send()
         // events published while this router was away never reached it
         if (!link.closed) void this.catchUp(null, true)
-      }
-    }
+      },
+    })
   }
 
   /** Says goodbye (peers drop this router's bookings at once), publishes what is queued, closes. */

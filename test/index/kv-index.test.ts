@@ -363,3 +363,17 @@ t.test('a first block whose tokens_hash is 0 is a block like any other, not the 
   )
   t.same(scores(ix, [0, 0, 0]), { '3:0': 2 })
 })
+
+t.test('queries stay exact when the stamps wrap past 2^32 - 1', async (t) => {
+  const ix = new KvIndex()
+  apply(ix, chain(1, null, [1, 2, 3]))
+  apply(ix, chain(2, null, [1, 2]))
+  t.same(scores(ix, [1, 2, 3]), { '1:0': 3, '2:0': 2 })
+  // the next query's stamps wrap to 1 with the marks of the last one still in place
+  const stamps = ix as unknown as { stamp: number; markStamp: number }
+  stamps.stamp = 0xffffffff
+  stamps.markStamp = 0xffffffff
+  t.same(scores(ix, [1, 2, 3]), { '1:0': 3, '2:0': 2 })
+  t.equal(stamps.stamp, 1)
+  t.same(scores(ix, [1, 2]), { '1:0': 2, '2:0': 2 })
+})

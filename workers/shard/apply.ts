@@ -4,23 +4,7 @@
 import { REJECT_REASON_COUNT, REJECT_REASON_NAMES } from '../../src/index/kv-index.js'
 import { DecodedEvent } from '../../src/codec/event-decoder.js'
 import { KvrError } from '../../src/errors.js'
-import {
-  C_APPLIED,
-  C_BLOCKS,
-  C_CLEARED,
-  C_GAPS,
-  C_MALFORMED,
-  C_MISPLACED,
-  C_NODES,
-  C_PROCESSED,
-  C_QUERIES,
-  C_RECEIVED,
-  C_REJECTED,
-  C_REMOVED,
-  C_STORED,
-  C_WORKERS,
-  shardOf,
-} from '../../src/thread/protocol.js'
+import { C, shardOf } from '../../src/thread/protocol.js'
 import { PREDICTED, readPredicted, recordOp } from '../../src/thread/records.js'
 import { counters, ctrl, decoder, index, init, me } from './state.js'
 import { SAMPLE_MALFORMED, SAMPLE_REJECTED, sample } from './log.js'
@@ -92,19 +76,19 @@ export function applyReleased(bytes: Uint8Array): void {
 }
 
 export function publishCounters(): void {
-  Atomics.store(ctrl, C_RECEIVED, counters.received | 0)
-  Atomics.store(ctrl, C_APPLIED, counters.applied | 0)
-  Atomics.store(ctrl, C_MALFORMED, counters.malformed | 0)
-  Atomics.store(ctrl, C_MISPLACED, counters.misplaced | 0)
-  Atomics.store(ctrl, C_GAPS, counters.gaps | 0)
-  Atomics.store(ctrl, C_BLOCKS, index.liveEntries)
-  Atomics.store(ctrl, C_NODES, index.liveNodes)
-  Atomics.store(ctrl, C_WORKERS, index.liveWorkers)
-  Atomics.store(ctrl, C_QUERIES, counters.queries | 0)
-  Atomics.store(ctrl, C_STORED, (index.appliedByKind[1] as number) | 0)
-  Atomics.store(ctrl, C_REMOVED, (index.appliedByKind[2] as number) | 0)
-  Atomics.store(ctrl, C_CLEARED, (index.appliedByKind[3] as number) | 0)
-  for (let i = 0; i < 3 * REJECT_REASON_COUNT; i++) Atomics.store(ctrl, C_REJECTED + i, (index.rejectedByKindReason[REJECT_REASON_COUNT + i] as number) | 0)
+  Atomics.store(ctrl, C.received, counters.received | 0)
+  Atomics.store(ctrl, C.applied, counters.applied | 0)
+  Atomics.store(ctrl, C.malformed, counters.malformed | 0)
+  Atomics.store(ctrl, C.misplaced, counters.misplaced | 0)
+  Atomics.store(ctrl, C.gaps, counters.gaps | 0)
+  Atomics.store(ctrl, C.blocks, index.liveEntries)
+  Atomics.store(ctrl, C.nodes, index.liveNodes)
+  Atomics.store(ctrl, C.workers, index.liveWorkers)
+  Atomics.store(ctrl, C.queries, counters.queries | 0)
+  Atomics.store(ctrl, C.stored, (index.appliedByKind[1] as number) | 0)
+  Atomics.store(ctrl, C.removed, (index.appliedByKind[2] as number) | 0)
+  Atomics.store(ctrl, C.cleared, (index.appliedByKind[3] as number) | 0)
+  for (let i = 0; i < 3 * REJECT_REASON_COUNT; i++) Atomics.store(ctrl, C.rejected + i, (index.rejectedByKindReason[REJECT_REASON_COUNT + i] as number) | 0)
   // last: a reader that sees this count sees every counter above as of that message
-  Atomics.store(ctrl, C_PROCESSED, counters.processed | 0)
+  Atomics.store(ctrl, C.processed, counters.processed | 0)
 }

@@ -13,18 +13,7 @@ import { EngineStreamDecoder } from '../../src/codec/engine-stream.js'
 import { DecodedEvent, EventKind } from '../../src/codec/event-decoder.js'
 import { KvrError } from '../../src/errors.js'
 import { EngineDedup } from '../../src/index/engine-dedup.js'
-import {
-  E_BASE,
-  E_BATCHES,
-  E_DUPLICATE_STORES,
-  E_END,
-  E_EVENTS,
-  E_MALFORMED,
-  E_SKIPPED,
-  E_SUPPRESSED_REMOVALS,
-  ENGINE_SKIP_NAMES,
-  HEARTBEAT,
-} from '../../src/thread/protocol.js'
+import { E, E_BASE, ENGINE_SKIP_NAMES, HEARTBEAT } from '../../src/thread/protocol.js'
 import { ENGINE_BATCH, ENGINE_RESET, EngineReset, readU32 } from '../../src/thread/records.js'
 import { interrupt } from './queries.js'
 import { counters, ctrl, index } from './state.js'
@@ -40,7 +29,7 @@ const pending: DecodedEvent[] = []
 /** Per pending event, the index of its skip reason, or -1 when it is applied. */
 let skips = new Int8Array(64)
 /** The published counters, E_BASE-relative. */
-const engine = new Float64Array(E_END - E_BASE)
+const engine = new Float64Array(E.end - E_BASE)
 /** Worker-ranks whose block-size mismatch the main thread was told of (it warns once for each). */
 const noted = new Set<string>()
 const MAX_NOTED = 65536
@@ -79,7 +68,7 @@ export function onEngineReset(bytes: Uint8Array): void {
 
 function batch(payload: Uint8Array, lo: number, hi: number, listenerRank: number, blockSize: number): void {
   counters.received++
-  bump(E_BATCHES - E_BASE)
+  bump(E.batches - E_BASE)
   Atomics.add(ctrl, HEARTBEAT, 1)
   const dec = decoderFor(blockSize)
   // Every event is decoded before any is applied: a batch with a malformed event is refused
@@ -104,7 +93,7 @@ function batch(payload: Uint8Array, lo: number, hi: number, listenerRank: number
     if (!(err instanceof KvrError)) throw err
     const code = err.code
     const reason = code === 'KVR_ERR_EVENT_MALFORMED_MSGPACK' ? 0 : code === 'KVR_ERR_EVENT_WRONG_TYPE' ? 1 : code === 'KVR_ERR_EVENT_INVALID_NUMBER' ? 2 : 3
-    bump(E_MALFORMED - E_BASE + reason)
+    bump(E.malformed - E_BASE + reason)
     sample(SAMPLE_ENGINE_MALFORMED, { code, error: err.message, lo, hi, dp_rank: rank })
     return
   }
@@ -114,11 +103,11 @@ function batch(payload: Uint8Array, lo: number, hi: number, listenerRank: number
     if ((i & 15) === 15) interrupt()
     const skip = skips[i] as number
     if (skip >= 0) {
-      bump(E_SKIPPED - E_BASE + skip)
+      bump(E.skipped - E_BASE + skip)
       continue
     }
     const ev = pending[i] as DecodedEvent
-    bump(E_EVENTS - E_BASE)
+    bump(E.events - E_BASE)
     if (ev.kind === EventKind.Cleared) {
       // the index clears every rank of the worker, and the counts go with it, as Dynamo's do
       dedup.forgetWorker(lo, hi)
@@ -128,8 +117,8 @@ function batch(payload: Uint8Array, lo: number, hi: number, listenerRank: number
     if (r === 0) counters.applied++
     else rejected(ev, r)
   }
-  engine[E_DUPLICATE_STORES - E_BASE] = dedup.duplicateStores
-  engine[E_SUPPRESSED_REMOVALS - E_BASE] = dedup.suppressedRemovals
+  engine[E.duplicateStores - E_BASE] = dedup.duplicateStores
+  engine[E.suppressedRemovals - E_BASE] = dedup.suppressedRemovals
 }
 
 function rememberRank(lo: number, hi: number, listenerRank: number, rank: number): void {

@@ -77,6 +77,12 @@ export const ENGINE_DEFAULTS: Readonly<Omit<EngineConfig, 'workerId'>> = Object.
   decodeSpeedupRatio: 1,
 })
 
+/**
+ * The engines' `--block-size` option and the range an engine takes; `kv-router mocker` and `npm
+ * run cluster` (which hands its value on to the engines) each add their default and words.
+ */
+export const BLOCK_SIZE_OPTION = { flag: '--block-size', key: 'blockSize', kind: 'int', min: 1, max: 65536 } as const
+
 export interface EngineOptions extends Partial<Omit<EngineConfig, 'workerId'>> {
   workerId: bigint
   /**
@@ -270,7 +276,7 @@ export class MockEngine {
     for (const k of Object.keys(ENGINE_DEFAULTS) as (keyof typeof ENGINE_DEFAULTS)[]) {
       if (o[k] !== undefined) (c as unknown as Record<string, unknown>)[k] = o[k]
     }
-    checkInt('block size', c.blockSize, 1, 65536)
+    checkInt('block size', c.blockSize, BLOCK_SIZE_OPTION.min, BLOCK_SIZE_OPTION.max)
     checkInt('num_gpu_blocks', c.numGpuBlocks, 1, 1 << 26)
     checkInt('max_num_seqs', c.maxNumSeqs, 1, 1 << 20)
     checkInt('max_num_batched_tokens', c.maxNumBatchedTokens, 1, 1 << 30)

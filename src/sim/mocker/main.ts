@@ -11,8 +11,8 @@ import { isKvrError } from '../../errors.js'
 import { isHttpUrl } from '../../core/endpoints.js'
 import { ConfigError, opt, optionsHelp, parseOptions } from '../../config/table.js'
 import type { CommandTable, ConfigOf } from '../../config/table.js'
-import { FatalError } from '../../runtime/fatal.js'
-import { ENGINE_DEFAULTS } from './engine.js'
+import { FatalError, commandArgs } from '../../runtime/fatal.js'
+import { BLOCK_SIZE_OPTION, ENGINE_DEFAULTS } from './engine.js'
 import { FleetListenError, MockerFleet } from './fleet.js'
 import type { FleetOptions } from './fleet.js'
 import { urlHost } from './server.js'
@@ -56,11 +56,7 @@ const MOCKER_ROWS = [
     doc: 'Engines in this process (1–1024).',
   }),
   opt({
-    flag: '--block-size',
-    key: 'blockSize',
-    kind: 'int',
-    min: 1,
-    max: 65536,
+    ...BLOCK_SIZE_OPTION,
     dflt: ENGINE_DEFAULTS.blockSize,
     help: "tokens per KV block; must match the router's --router-block-size",
     doc: "Tokens per KV block (1–65536); must match the router's `--router-block-size`.",
@@ -451,17 +447,13 @@ function checkZmq(f: FleetOptions, numWorkers: number): void {
  * that cannot start.
  */
 export async function mockerMain(argv: string[]): Promise<number> {
-  let cli: MockerCli | 'help'
-  try {
-    cli = parseMockerArgs(argv)
-  } catch (err) {
-    if (err instanceof MockerArgError) throw new FatalError(`mocker: ${err.message}`)
-    throw err
-  }
-  if (cli === 'help') {
-    process.stdout.write(mockerHelp)
-    return 0
-  }
+  const cli = commandArgs(
+    'mocker',
+    () => parseMockerArgs(argv),
+    (err) => err instanceof MockerArgError,
+    () => mockerHelp,
+  )
+  if (cli === null) return 0
   const o = cli.fleet
   let stopping = false
   let fleet: MockerFleet | null = null

@@ -21,6 +21,8 @@ export interface StaticWorkerSpec {
   readonly url: string
   /** Where the engine publishes its own KV events, or null (Dynamo events via NATS / HTTP). */
   readonly kvEvents: EngineEventsSpec | null
+  /** Routed by /v1/route only: never probed, never sent a proxied request (`decisions-only=true`). */
+  readonly decisionsOnly: boolean
 }
 
 // names that go into NATS subjects and etcd keys, where "." and "/" separate levels
@@ -29,7 +31,8 @@ const NAME_ACCEPTS = 'a name of letters, digits, "_" and "-" (it becomes part of
 const ENDPOINT_ACCEPTS = 'namespace.component.endpoint, three names of letters, digits, "_" and "-" (dyn:// in front is allowed)'
 const LOG_LEVEL_ACCEPTS = 'one of error|warn|info|debug|trace|off (also fatal, silent), or a DYN_LOG filter such as info,dynamo_runtime=debug'
 const WORKER_ACCEPTS =
-  'a worker URL (http://host:port) or ID=URL with ID a u64, optionally followed by ,kv-events=tcp://HOST:PORT[,replay=tcp://HOST:PORT][,topic=T]'
+  'a worker URL (http://host:port) or ID=URL with ID a u64, optionally followed by ,kv-events=tcp://HOST:PORT[,replay=tcp://HOST:PORT][,topic=T] ' +
+  'and ,decisions-only=true'
 
 function readName(t: string): string | undefined {
   return NAME.test(t) ? t : undefined
@@ -81,11 +84,11 @@ function parseWorker(text: string, position: number): StaticWorkerSpec | null {
   }
   if (id === null) return null
   const checked = workerUrl(url)
-  return checked === null ? null : Object.freeze({ id, url: checked, kvEvents: null })
+  return checked === null ? null : Object.freeze({ id, url: checked, kvEvents: null, decisionsOnly: false })
 }
 
 /** The keys a --worker value may carry after its URL, for the engine's own KV events. */
-const WORKER_KEYS = ['kv-events', 'replay', 'topic'] as const
+const WORKER_KEYS = ['kv-events', 'replay', 'topic', 'decisions-only'] as const
 type WorkerKey = (typeof WORKER_KEYS)[number]
 
 /** `kv-events=…` and the like: a key of the worker before it, not a worker of its own. */
@@ -105,6 +108,12 @@ const FLAG_FIELDS: EngineEventsNames = {
 
 /** A worker with the engine-event keys given after its URL; throws ConfigError (without the flag name) when they do not fit. */
 function withEngineKeys(w: StaticWorkerSpec, keys: Map<WorkerKey, string>): StaticWorkerSpec {
+  const only = keys.get('decisions-only')
+  if (only !== undefined) {
+    if (only !== 'true' && only !== 'false') throw new ConfigError(`worker ${w.id}: decisions-only= takes true or false, got ${JSON.stringify(only)}`)
+    w = Object.freeze({ ...w, decisionsOnly: only === 'true' })
+    keys.delete('decisions-only')
+  }
   if (keys.size === 0) return w
   try {
     const spec = engineEventsSpec({ endpoint: keys.get('kv-events'), replay: keys.get('replay'), topic: keys.get('topic') }, 1, FLAG_FIELDS)
@@ -431,15 +440,16 @@ const SERVE_ROWS = [
     dflt: [],
     docDefault: 'none',
     help:
-      "static worker: URL or ID=URL, then ,kv-events=tcp://HOST:PORT[,replay=tcp://HOST:PORT][,topic=T] to read the engine's own KV events " +
-      '(repeatable; env: comma-separated)',
+      "static worker: URL or ID=URL, then ,kv-events=tcp://HOST:PORT[,replay=tcp://HOST:PORT][,topic=T] to read the engine's own KV events, " +
+      ',decisions-only=true for a worker only /v1/route callers reach (repeatable; env: comma-separated)',
     doc:
       "A static worker, `URL` or `ID=URL` (repeatable; the variable takes a comma-separated list). Without `ID=`, the worker's 1-based position is " +
       "its id. Ids are u64 and must be distinct. A vLLM or SGLang engine's own KV events (ZMQ + MessagePack) follow the URL: " +
       '`ID=URL,kv-events=tcp://HOST:5557[,replay=tcp://HOST:5558][,topic=kv-events]`; the router subscribes to the PUB endpoint, catches up and ' +
       'fills gaps through the replay endpoint, and subscribes to every topic when none is given. Endpoints must be `tcp://HOST:PORT`. With ' +
       '`dp_size` above 1 (`POST /v1/workers`, or `data_parallel_size` for a worker from etcd), rank r is read on each port + r, as vLLM offsets its ' +
-      'publishers per data-parallel rank.',
+      'publishers per data-parallel rank. `,decisions-only=true` registers a worker for `/v1/route` decisions only (its callers reach it ' +
+      'themselves): it is never probed and never sent a proxied request; see [http-api](http-api.md#post-v1workers).',
   }),
   opt({
     flag: '--tokenizer',

@@ -22,8 +22,8 @@ t.test("--worker takes the engine's own KV-event endpoints after its URL", async
     'http://b:2,kv-events=tcp://[::1]:6000',
   ])
   t.same(c.workers, [
-    { id: 1n, url: 'http://a:1', kvEvents: { endpoint: 'tcp://10.0.0.5:5557', replay: 'tcp://10.0.0.5:5558', topic: 'kv-events' } },
-    { id: 2n, url: 'http://b:2', kvEvents: { endpoint: 'tcp://[::1]:6000', replay: null, topic: '' } },
+    { id: 1n, url: 'http://a:1', kvEvents: { endpoint: 'tcp://10.0.0.5:5557', replay: 'tcp://10.0.0.5:5558', topic: 'kv-events' }, decisionsOnly: false },
+    { id: 2n, url: 'http://b:2', kvEvents: { endpoint: 'tcp://[::1]:6000', replay: null, topic: '' }, decisionsOnly: false },
   ])
   const e = parse([], { DYN_ROUTER_WORKERS: '5=http://a:1,kv-events=tcp://h:1,6=http://b:2,7=http://c:3,kv-events=tcp://h:3' })
   t.same(
@@ -36,6 +36,27 @@ t.test("--worker takes the engine's own KV-event endpoints after its URL", async
     'in the variable, keys belong to the worker before them',
   )
   t.throws(() => parse([], { DYN_ROUTER_WORKERS: '5=http://a:1,kv-events=x' }), /^DYN_ROUTER_WORKERS \(--worker\): worker 5: kv-events must be tcp/)
+})
+
+t.test('--worker takes decisions-only=true|false after its URL', async (t) => {
+  const c = parse([
+    '--worker',
+    '1=http://a:1,decisions-only=true,kv-events=tcp://h:1',
+    '--worker',
+    '2=http://b:2,decisions-only=false',
+    '--worker',
+    'http://c:3',
+  ])
+  t.same(
+    c.workers.map((w) => [w.id, w.decisionsOnly, w.kvEvents?.endpoint ?? null]),
+    [
+      [1n, true, 'tcp://h:1'],
+      [2n, false, null],
+      [3n, false, null],
+    ],
+  )
+  t.throws(() => parse(['--worker', '1=http://a:1,decisions-only=yes']), /^--worker: worker 1: decisions-only= takes true or false, got "yes"$/)
+  t.throws(() => parse(['--worker', 'decisions-only=true']), /decisions-only= must follow a worker URL/)
 })
 
 t.test("defaults are Dynamo's and the result is frozen", async (t) => {
@@ -101,8 +122,8 @@ t.test('flags, aliases, --no- forms and = syntax', async (t) => {
   t.equal(c.replicaSpread, false)
   t.equal(c.replicaCatchUpSecs, 2)
   t.same(c.workers, [
-    { id: 1n, url: 'http://a:1', kvEvents: null },
-    { id: 77n, url: 'http://b:2', kvEvents: null },
+    { id: 1n, url: 'http://a:1', kvEvents: null, decisionsOnly: false },
+    { id: 77n, url: 'http://b:2', kvEvents: null, decisionsOnly: false },
   ])
   t.equal(c.apiKey, 'k')
   t.equal(c.endpoint, 'dyn.backend.generate')

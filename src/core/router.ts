@@ -201,7 +201,7 @@ export class Router {
     const parts = new RouterParts(config, pool)
     const started: { -readonly [K in keyof Links]?: Links[K] } = {}
     try {
-      for (const w of config.workers) await parts.addWorker({ id: w.id, url: w.url, kvEvents: w.kvEvents })
+      for (const w of config.workers) await parts.addWorker({ id: w.id, url: w.url, kvEvents: w.kvEvents, decisionsOnly: w.decisionsOnly })
       return new Router(parts, await connect(parts, deps, started))
     } catch (err) {
       await parts.stop()

@@ -116,3 +116,23 @@ t.test('registered again as decisions-only, an unreachable worker is back in /v1
   await inject({ method: 'POST', url: '/v1/workers', payload: { id: 2, url: `http://127.0.0.1:${silentB}` } })
   await waitUntil('worker 2 unreachable again', async () => (await one(2))?.health === 'unreachable', 5000)
 })
+
+t.test('--worker ID=URL,decisions-only=true registers a static worker for decisions only', async (t) => {
+  const [silent] = await getFreePorts(1)
+  const s = await harness([
+    '--router-block-size',
+    '4',
+    '--router-health-probe-interval-secs',
+    '0.1',
+    '--worker',
+    `7=http://127.0.0.1:${silent},decisions-only=true`,
+  ])
+  t.teardown(() => s.close())
+  t.equal(s.router.registry.get(7n)?.decisionsOnly, true)
+  await new Promise((r) => setTimeout(r, 400))
+  const w = (await s.app.fastify.inject({ method: 'GET', url: '/v1/workers' })).json<{ workers: WorkerView[] }>().workers.find((x) => x.id === 7)
+  t.match(w, { decisions_only: true, health: 'healthy', probe: null }, 'never probed, still healthy')
+  const r = await s.app.fastify.inject({ method: 'POST', url: '/v1/route', payload: { token_ids: tokens(8, 9000) } })
+  t.equal(r.statusCode, 200)
+  t.equal(r.json<{ worker_id: number }>().worker_id, 7)
+})

@@ -86,13 +86,18 @@ export async function serveMain(argv: string[]): Promise<number> {
   // an engine renders chat with the model's template; without it the router hashes other tokens
   if (tokenizer?.kind === 'hf' && tokenizer.chatTemplate === null) {
     log.warn(
-      `no chat template beside ${cfg.tokenizer ?? ''} (chat_template.jinja, or chat_template in tokenizer_config.json): chat requests are tokenized with kv-router's own template, which engines do not use, so they will not match cached prefixes`,
+      `no chat template beside ${cfg.tokenizer ?? ''} (chat_template.jinja, or chat_template in tokenizer_config.json): chat requests are ` +
+        `tokenized with kv-router's own template, which engines do not use, so they will not match cached prefixes`,
     )
   }
   const { router, app, embedded, port } = await startApp(cfg, tokenizer, cfg.embeddedFleet > 0 ? embeddedFleet(cfg) : null)
   const fleet = embedded?.workers ?? []
   process.stdout.write(
-    `kv-router listening on http://${cfg.httpHost}:${port} (mode ${cfg.mode}${cfg.mode === 'kv' && !cfg.kvEvents ? ' approximate: no KV events, caches predicted' : ''}, block size ${cfg.blockSize}, ${router.pool.size} shard(s), ${router.registry.all().length} worker(s)${fleet.length > 0 ? `, ${fleet.length} embedded simulated` : ''}${cfg.nice !== null ? `, nice ${cfg.nice}` : ''}${router.replicas !== null ? `, replica sync as router ${router.replicas.routerId}` : ''}${router.durable !== null ? `, durable consumer ${router.durable.consumer}` : ''})\n`,
+    `kv-router listening on http://${cfg.httpHost}:${port} (mode ${cfg.mode}` +
+      `${cfg.mode === 'kv' && !cfg.kvEvents ? ' approximate: no KV events, caches predicted' : ''}, block size ${cfg.blockSize}, ` +
+      `${router.pool.size} shard(s), ${router.registry.all().length} worker(s)${fleet.length > 0 ? `, ${fleet.length} embedded simulated` : ''}` +
+      `${cfg.nice !== null ? `, nice ${cfg.nice}` : ''}${router.replicas !== null ? `, replica sync as router ${router.replicas.routerId}` : ''}` +
+      `${router.durable !== null ? `, durable consumer ${router.durable.consumer}` : ''})\n`,
   )
   return new Promise<number>((resolve) => {
     let stopping = false

@@ -25,7 +25,9 @@ export function overrides(o: unknown): RouterConfigOverride | undefined {
   const num = (k: string): number | undefined => {
     const v = r[k]
     if (v === undefined || v === null) return undefined
-    if (typeof v !== 'number' || !Number.isFinite(v) || v < 0) throw new KvrError('KVR_ERR_INVALID_REQUEST', `router_config_override.${k} must be a number ≥ 0`)
+    if (typeof v !== 'number' || !Number.isFinite(v) || v < 0) {
+      throw new KvrError('KVR_ERR_INVALID_REQUEST', `router_config_override.${k} must be a number ≥ 0`)
+    }
     return v
   }
   const bool = (k: string): boolean | undefined => {

@@ -563,8 +563,11 @@ export function formatCandidates(rows: readonly Candidate[], weight: number): st
   return rows
     .map((r) =>
       r.ttftSecs === undefined || r.slowdownSecs === undefined || r.queueingSecs === undefined
-        ? `Formula for worker_id=${r.workerId} dp_rank=${r.dpRank}: ${r.logit.toFixed(3)} = ${weight} * ${r.prefillBlocks.toFixed(3)} + ${r.decodeBlocks} (cached_blocks: ${r.overlapBlocks})`
-        : `Formula for worker_id=${r.workerId} dp_rank=${r.dpRank}: ${r.logit.toFixed(4)} s = ttft ${r.ttftSecs.toFixed(4)} s (${r.prefillBlocks.toFixed(3)} prefill blocks queued and uncached) + decode slowdown ${r.slowdownSecs.toFixed(4)} s (${r.inFlight} in flight, ${r.decodeBlocks} decode blocks) + queueing ${r.queueingSecs.toFixed(4)} s (cached_blocks: ${r.overlapBlocks})`,
+        ? `Formula for worker_id=${r.workerId} dp_rank=${r.dpRank}: ${r.logit.toFixed(3)} = ${weight} * ${r.prefillBlocks.toFixed(3)} + ` +
+          `${r.decodeBlocks} (cached_blocks: ${r.overlapBlocks})`
+        : `Formula for worker_id=${r.workerId} dp_rank=${r.dpRank}: ${r.logit.toFixed(4)} s = ttft ${r.ttftSecs.toFixed(4)} s (` +
+          `${r.prefillBlocks.toFixed(3)} prefill blocks queued and uncached) + decode slowdown ${r.slowdownSecs.toFixed(4)} s (${r.inFlight} in ` +
+          `flight, ${r.decodeBlocks} decode blocks) + queueing ${r.queueingSecs.toFixed(4)} s (cached_blocks: ${r.overlapBlocks})`,
     )
     .join('\n')
 }

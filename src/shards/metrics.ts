@@ -35,7 +35,9 @@ export function registerShardMetrics(r: Registry, pool: ShardPool, recovery: Ind
   shardCounter('kvrouter_shard_events_lost_total', 'Events lost with a dead shard thread', (c) => c.lost)
   new Counter({
     name: 'kvrouter_index_recovery_total',
-    help: 'Recovery of missed KV events through worker queries: gaps reported, recoveries answered with the missing range or a tree dump, recoveries failed (the gap stays a hole)',
+    help:
+      'Recovery of missed KV events through worker queries: gaps reported, recoveries answered with the missing range or a tree dump, ' +
+      'recoveries failed (the gap stays a hole)',
     labelNames: ['what'],
     registers: [r],
     collect() {

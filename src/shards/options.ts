@@ -28,7 +28,10 @@ export interface ShardPoolOptions {
    * is waiting; default 50 ms. Tests raise it to show control calls do not wait for it.
    */
   shardYieldMaxMs?: number
-  /** How long a query spins on the event loop for its answer before it awaits; default 60 µs when a core is spare for every shard beside the event loop, else 0. */
+  /**
+   * How long a query spins on the event loop for its answer before it awaits; default 60 µs when a core is spare for every shard
+   * beside the event loop, else 0.
+   */
   querySpinUs?: number
   /**
    * Bytes of event messages queued behind full rings, all shards, above which offer() drops

@@ -84,7 +84,8 @@ export function registerTransportMetrics(r: Registry, t: Transports): void {
   labelledCounter(
     r,
     'kvrouter_zmq_total',
-    "Engines' own KV events over ZMQ: batches, bytes, bad frames, sequence gaps, replays (and those that fell short), engine restarts, batches refused as malformed",
+    "Engines' own KV events over ZMQ: batches, bytes, bad frames, sequence gaps, replays (and those that fell short), engine restarts, batches " +
+      'refused as malformed',
     'what',
     () => {
       const e = t.engines

@@ -88,7 +88,8 @@ export class ReplicaCatchUps implements CatchUpState {
     for (const p of this.peers.values()) if (p.alive && p.kvRouter && p.id !== requester) peers.push(p.id)
     const limit = Math.min(512 * 1024, Math.floor(link.maxPayload / 2))
     const header = (part: number, last: boolean, count: number): string =>
-      `{"router_id":${link.id},"url":${JSON.stringify(link.url)},"host":${JSON.stringify(link.host)},"peers":[${peers.join(',')}],"part":${part},"last":${last},"count":${count},"sent_at":${wallNow()}}`
+      `{"router_id":${link.id},"url":${JSON.stringify(link.url)},"host":${JSON.stringify(link.host)},"peers":[${peers.join(',')}],"part":${part},` +
+      `"last":${last},"count":${count},"sent_at":${wallNow()}}`
     let part = 0
     let chunk: string[] = []
     let size = 0

@@ -489,7 +489,8 @@ export async function mockerMain(argv: string[]): Promise<number> {
       ? ''
       : `; vLLM KV events on ZMQ ${o.kvEventsZmq}${o.kvEventsReplayZmq === undefined ? '' : `, replay ${o.kvEventsReplayZmq}`} (port + engine index)`
   process.stderr.write(
-    `kv-router mocker: worker ids ${ws.map((w) => w.workerId).join(' ')}; block size ${ws[0]?.engine.config.blockSize}, ${ws[0]?.capacity} blocks each; registration and events: ${transport}${zmq}\n`,
+    `kv-router mocker: worker ids ${ws.map((w) => w.workerId).join(' ')}; block size ${ws[0]?.engine.config.blockSize}, ${ws[0]?.capacity} blocks ` +
+      `each; registration and events: ${transport}${zmq}\n`,
   )
   process.stdout.write(`kv-router mocker: ready ${ws.length} engine(s) ${fleet.urls.join(' ')}\n`)
   process.on('SIGTERM', () => stop(0))

@@ -197,7 +197,8 @@ const api: ShardApi = {
 Comlink.expose(api, nodeEndpoint(parentPort as NonNullable<typeof parentPort>))
 // On a normal stop the main thread terminates this thread after shutdown() answered.
 void run().catch((err: unknown) => {
-  // an internal bug: let the main thread see the exit and restart this shard
+  // an internal bug: let the main thread see the exit and restart this shard (in a worker thread,
+  // process.exit ends the thread, not the process)
   console.error('shard loop failed', err)
   process.exit(1)
 })

@@ -131,7 +131,27 @@ class MsgpackEventReader extends MsgpackCursor implements EventReader {
    * mm_extra_info?} with the keys in that order: read without the general walk's per-key calls
    * (a block is most of an event's bytes). Anything else, pos unchanged, goes the general way.
    */
-  fastBlock(out: DecodedEvent, i: number): boolean {
+  fastBlocks(out: DecodedEvent, i: number, n: number, interrupt: (() => void) | null): number {
+    for (; i < n; i++) {
+      out.ensure(i + 1)
+      if (!this.fastBlock(out, i)) return i
+      if ((i & 15) === 15 && interrupt !== null) interrupt()
+    }
+    return i
+  }
+
+  fastHashes(out: DecodedEvent, i: number, n: number, interrupt: (() => void) | null): number {
+    for (; i < n; i++) {
+      out.ensure(i + 1)
+      this.u64('block_hashes[]')
+      out.blockLo[i] = this.numLo
+      out.blockHi[i] = this.numHi
+      if ((i & 15) === 15 && interrupt !== null) interrupt()
+    }
+    return i
+  }
+
+  private fastBlock(out: DecodedEvent, i: number): boolean {
     const start = this.pos
     const b = this.buf[start] as number
     if (b >= 0x92 && b <= 0x9f) {

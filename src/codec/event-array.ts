@@ -2,7 +2,9 @@
 // bytes of each event without parsing them (the event decoder validates each one): the HTTP
 // ingest takes batches so, and a shard takes a worker query's answer so.
 import { KvrError } from '../errors.js'
-import { isJsonSpace as isWs, jsonValueEnd } from './json-scan.js'
+
+// Literal byte values in the loops: an imported constant is a module-cell load on every use.
+const isWs = (c: number | undefined): boolean => c === 32 || c === 10 || c === 13 || c === 9
 
 /** One event or a JSON array of them → the raw bytes of each event. */
 export function splitEvents(buf: Uint8Array | undefined): Uint8Array[] {
@@ -34,11 +36,22 @@ export function splitEvents(buf: Uint8Array | undefined): Uint8Array[] {
       throw new KvrError('KVR_ERR_EVENT_MALFORMED_JSON', `expected "," or "]" in the events array at byte ${j}`)
     }
     if (!expectValue) throw new KvrError('KVR_ERR_EVENT_MALFORMED_JSON', `expected "," or "]" in the events array at byte ${j}`)
-    // one object: find its end, strings and nesting considered; the event parser validates it
-    const end = jsonValueEnd(buf, j)
-    if (end < 0) break
-    out.push(buf.subarray(j, end))
-    j = end - 1
+    // one object: find its end, strings and nesting considered; the event parser validates it.
+    // One flat loop over every byte of the body, as a call per string (jsonValueEnd) timed slower.
+    const start = j
+    let depth = 0
+    let inString = false
+    for (; j < buf.length; j++) {
+      const d = buf[j]
+      if (inString) {
+        if (d === 92) j++
+        else if (d === 34) inString = false
+      } else if (d === 34) inString = true
+      else if (d === 123 || d === 91) depth++
+      else if ((d === 125 || d === 93) && --depth === 0) break
+    }
+    if (j >= buf.length) break
+    out.push(buf.subarray(start, j + 1))
     expectValue = false
   }
   throw new KvrError('KVR_ERR_EVENT_MALFORMED_JSON', 'the events array is not terminated')

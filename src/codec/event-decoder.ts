@@ -5,23 +5,24 @@
 // a word at a time before the general parser is tried.
 import { KvrError, type ErrorCode } from '../errors.js'
 import type { DecodedEvent } from './decoded-event.js'
-import {
-  J_BACKSLASH as C_BACKSLASH,
-  J_COLON as C_COLON,
-  J_COMMA as C_COMMA,
-  J_LBRACE as C_LBRACE,
-  J_LBRACKET as C_LBRACKET,
-  J_MINUS as C_MINUS,
-  J_NINE as C_NINE,
-  J_QUOTE as C_QUOTE,
-  J_RBRACE as C_RBRACE,
-  J_RBRACKET as C_RBRACKET,
-  J_ZERO as C_ZERO,
-  skipJsonSpace,
-} from './json-scan.js'
+import { skipJsonSpace } from './json-scan.js'
 import { type EventReader, ValueKind, WalkingDecoder } from './router-event-walker.js'
 
 export { DecodedEvent, EventKind, StorageTier } from './decoded-event.js'
+
+// The byte values as this module's own constants: in optimized code an imported binding is a
+// load from its module cell on every use, and these are compared on every byte.
+const C_QUOTE = 0x22
+const C_BACKSLASH = 0x5c
+const C_COMMA = 0x2c
+const C_COLON = 0x3a
+const C_LBRACE = 0x7b
+const C_RBRACE = 0x7d
+const C_LBRACKET = 0x5b
+const C_RBRACKET = 0x5d
+const C_MINUS = 0x2d
+const C_ZERO = 0x30
+const C_NINE = 0x39
 
 /** 10^k for the lengths of the u64 parser's digit runs. */
 const POW10 = [1, 10, 100, 1000, 10000, 100000, 1000000]
@@ -448,15 +449,53 @@ class JsonEventReader implements EventReader {
     throw this.fail('KVR_ERR_EVENT_MALFORMED_JSON', 'unexpected character')
   }
 
+  fastBlocks(out: DecodedEvent, i: number, _n: number, interrupt: (() => void) | null): number {
+    for (; ; i++) {
+      const p = this.elementStart(i)
+      if (p < 0) return i
+      out.ensure(i + 1)
+      if (!this.fastBlock(out, i, p)) return i
+      if ((i & 15) === 15 && interrupt !== null) interrupt()
+    }
+  }
+
+  fastHashes(out: DecodedEvent, i: number, _n: number, interrupt: (() => void) | null): number {
+    for (; ; i++) {
+      const p = this.elementStart(i)
+      if (p < 0) return i
+      const q = this.fastDigits(p)
+      if (q < 0) return i
+      out.ensure(i + 1)
+      out.blockLo[i] = this.numLo
+      out.blockHi[i] = this.numHi
+      this.pos = q
+      if ((i & 15) === 15 && interrupt !== null) interrupt()
+    }
+  }
+
   /**
-   * One stored block in serde's exact layout, `{` included: fills block n and returns true, or
-   * returns false with the position at the `{` so the general parser takes it (and reports
-   * whatever is wrong with it).
+   * Where element i of an array starts, past its separator, or -1 at the array's end or anything
+   * unexpected (left to the general path, which reports it); pos is not moved.
    */
-  fastBlock(out: DecodedEvent, n: number): boolean {
-    this.ws()
-    if (this.peekByte() !== C_LBRACE) return false
-    const start = this.pos + 1
+  private elementStart(i: number): number {
+    const buf = this.buf
+    const end = this.end
+    let p = skipJsonSpace(buf, this.pos, end)
+    if (i > 0) {
+      if (p >= end || buf[p] !== C_COMMA) return -1
+      p = skipJsonSpace(buf, p + 1, end)
+    }
+    return p < end && buf[p] !== C_RBRACKET ? p : -1
+  }
+
+  /**
+   * One stored block in serde's exact layout at p, `{` included: fills block n, moves pos past it
+   * and returns true, or returns false with pos unmoved so the general parser takes it (and
+   * reports whatever is wrong with it).
+   */
+  private fastBlock(out: DecodedEvent, n: number, at: number): boolean {
+    if (this.buf[at] !== C_LBRACE) return false
+    const start = at + 1
     let p = this.matchWords(FAST_BLOCK_HASH, start)
     if (p >= 0) p = this.fastDigits(p)
     if (p < 0) return false

@@ -27,30 +27,37 @@ const C_NINE = 0x39
 /** 10^k for the lengths of the u64 parser's digit runs. */
 const POW10 = [1, 10, 100, 1000, 10000, 100000, 1000000]
 
-function keyBytes(s: string): Uint8Array {
-  return new TextEncoder().encode(s)
-}
-
-/** A literal to match four bytes at a time: its little-endian 32-bit words, then the rest. */
-interface WordLiteral {
-  readonly bytes: Uint8Array
-  readonly words: Int32Array
-}
-
-function wordLiteral(s: string): WordLiteral {
-  const bytes = keyBytes(s)
-  const words = new Int32Array(bytes.length >> 2)
-  const v = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength)
-  for (let i = 0; i < words.length; i++) words[i] = v.getInt32(i * 4, true)
-  return { bytes, words }
+/**
+ * The little-endian 32-bit word of `s` (ASCII) at byte `at`: literals are matched as words at 0,
+ * 4, 8, … and one more ending on their last byte (overlapping the one before).
+ */
+function wordOf(s: string, at: number): number {
+  const b = new TextEncoder().encode(s)
+  return new DataView(b.buffer).getInt32(at, true)
 }
 
 // The exact block layout serde writes, matched a word at a time first (decoding is about half
 // of a shard's work per block, and these literals are half of the bytes it reads), with the
-// general object parser as the fallback for any other spelling, order or spacing.
-const FAST_BLOCK_HASH = wordLiteral('"block_hash":')
-const FAST_TOKENS_HASH = wordLiteral(',"tokens_hash":')
-const FAST_MM_NULL = wordLiteral(',"mm_extra_info":null}')
+// general object parser as the fallback for any other spelling, order or spacing. Unrolled
+// compares of these constants: a loop over a literal's words would not be inlined into the
+// block loop.
+const BLOCK_HASH = '"block_hash":'
+const BH0 = wordOf(BLOCK_HASH, 0)
+const BH1 = wordOf(BLOCK_HASH, 4)
+const BH2 = wordOf(BLOCK_HASH, 8)
+const BH3 = wordOf(BLOCK_HASH, BLOCK_HASH.length - 4)
+const TOKENS_HASH = ',"tokens_hash":'
+const TH0 = wordOf(TOKENS_HASH, 0)
+const TH1 = wordOf(TOKENS_HASH, 4)
+const TH2 = wordOf(TOKENS_HASH, 8)
+const TH3 = wordOf(TOKENS_HASH, TOKENS_HASH.length - 4)
+const MM_NULL = ',"mm_extra_info":null}'
+const MM0 = wordOf(MM_NULL, 0)
+const MM1 = wordOf(MM_NULL, 4)
+const MM2 = wordOf(MM_NULL, 8)
+const MM3 = wordOf(MM_NULL, 12)
+const MM4 = wordOf(MM_NULL, 16)
+const MM5 = wordOf(MM_NULL, MM_NULL.length - 4)
 
 const MAX_DEPTH = 64
 const TWO32 = 4294967296
@@ -480,10 +487,13 @@ class JsonEventReader implements EventReader {
   private elementStart(i: number): number {
     const buf = this.buf
     const end = this.end
-    let p = skipJsonSpace(buf, this.pos, end)
+    let p = this.pos
+    // serde writes no whitespace: the scan only when there is some
+    if (p < end && (buf[p] as number) <= 0x20) p = skipJsonSpace(buf, p, end)
     if (i > 0) {
       if (p >= end || buf[p] !== C_COMMA) return -1
-      p = skipJsonSpace(buf, p + 1, end)
+      p++
+      if (p < end && (buf[p] as number) <= 0x20) p = skipJsonSpace(buf, p, end)
     }
     return p < end && buf[p] !== C_RBRACKET ? p : -1
   }
@@ -494,40 +504,56 @@ class JsonEventReader implements EventReader {
    * reports whatever is wrong with it).
    */
   private fastBlock(out: DecodedEvent, n: number, at: number): boolean {
+    const dv = this.dv
+    const b = this.base
+    const end = this.end
     if (this.buf[at] !== C_LBRACE) return false
-    const start = at + 1
-    let p = this.matchWords(FAST_BLOCK_HASH, start)
-    if (p >= 0) p = this.fastDigits(p)
+    let p = at + 1
+    if (
+      p + BLOCK_HASH.length > end ||
+      dv.getInt32(b + p, true) !== BH0 ||
+      dv.getInt32(b + p + 4, true) !== BH1 ||
+      dv.getInt32(b + p + 8, true) !== BH2 ||
+      dv.getInt32(b + p + BLOCK_HASH.length - 4, true) !== BH3
+    ) {
+      return false
+    }
+    p = this.fastDigits(p + BLOCK_HASH.length)
     if (p < 0) return false
     const lo = this.numLo
     const hi = this.numHi
-    p = this.matchWords(FAST_TOKENS_HASH, p)
-    if (p >= 0) p = this.fastDigits(p)
+    if (
+      p + TOKENS_HASH.length > end ||
+      dv.getInt32(b + p, true) !== TH0 ||
+      dv.getInt32(b + p + 4, true) !== TH1 ||
+      dv.getInt32(b + p + 8, true) !== TH2 ||
+      dv.getInt32(b + p + TOKENS_HASH.length - 4, true) !== TH3
+    ) {
+      return false
+    }
+    p = this.fastDigits(p + TOKENS_HASH.length)
     if (p < 0) return false
-    const q = this.matchWords(FAST_MM_NULL, p)
-    if (q >= 0) p = q
-    else if (p < this.end && this.buf[p] === C_RBRACE) p++
-    else return false
+    if (
+      p + MM_NULL.length <= end &&
+      dv.getInt32(b + p, true) === MM0 &&
+      dv.getInt32(b + p + 4, true) === MM1 &&
+      dv.getInt32(b + p + 8, true) === MM2 &&
+      dv.getInt32(b + p + 12, true) === MM3 &&
+      dv.getInt32(b + p + 16, true) === MM4 &&
+      dv.getInt32(b + p + MM_NULL.length - 4, true) === MM5
+    ) {
+      p += MM_NULL.length
+    } else if (p < end && this.buf[p] === C_RBRACE) {
+      p++
+    } else {
+      return false
+    }
     out.blockLo[n] = lo
     out.blockHi[n] = hi
     out.tokensLo[n] = this.numLo
     out.tokensHi[n] = this.numHi
     this.pos = p
     return true
-  }
-
-  /** Position after `lit` if it starts at p, else -1. */
-  private matchWords(lit: WordLiteral, p: number): number {
-    const len = lit.bytes.length
-    if (p + len > this.end) return -1
-    const dv = this.dv
-    const at = this.base + p
-    const words = lit.words
-    for (let i = 0; i < words.length; i++) if (dv.getInt32(at + 4 * i, true) !== words[i]) return -1
-    const buf = this.buf
-    const bytes = lit.bytes
-    for (let i = words.length * 4; i < len; i++) if (buf[p + i] !== bytes[i]) return -1
-    return p + len
   }
 
   /**

@@ -361,7 +361,7 @@ export class RouterEventWalker {
       if (n > 0) this.parentHash()
       for (let i = 1; i < n; i++) {
         if (!sawBlocks && r.peek() === ValueKind.Array) {
-          this.storedBlocks()
+          this.blockList('stored.blocks', true)
           sawBlocks = true
         } else {
           r.skip()
@@ -372,7 +372,7 @@ export class RouterEventWalker {
       for (let i = 0; r.nextKey(n, i); i++) {
         if (r.keyIs(K.parent_hash)) this.parentHash()
         else if (r.keyIs(K.blocks)) {
-          this.storedBlocks()
+          this.blockList('stored.blocks', true)
           sawBlocks = true
         } else r.skip()
       }
@@ -397,33 +397,44 @@ export class RouterEventWalker {
     return true
   }
 
-  private storedBlocks(): void {
+  /**
+   * The blocks of a stored event or the hashes of a removed one: runs in the writer's usual layout
+   * go through the reader's fast path, anything else one element at a time.
+   */
+  private blockList(field: string, stored: boolean): void {
     const r = this.r
     const out = this.out
-    const n = r.openArray('stored.blocks')
+    const n = r.openArray(field)
     let i = 0
     for (; ; i++) {
-      i = r.fastBlocks(out, i, n, this.interrupt)
-      if (!this.nextBlock(n, i, 'stored.blocks')) break
-      let sawBlock = false
-      let sawTokens = false
-      if (r.isPositional()) {
-        const m = r.openArray('stored block')
-        if (m > 0) sawBlock = this.hashAt('block_hash', out.blockLo, out.blockHi, i)
-        if (m > 1) sawTokens = this.hashAt('tokens_hash', out.tokensLo, out.tokensHi, i)
-        for (let j = 2; j < m; j++) r.skip()
-      } else {
-        const m = r.openMap('stored block')
-        for (let j = 0; r.nextKey(m, j); j++) {
-          if (r.keyIs(K.block_hash)) sawBlock = this.hashAt('block_hash', out.blockLo, out.blockHi, i)
-          else if (r.keyIs(K.tokens_hash)) sawTokens = this.hashAt('tokens_hash', out.tokensLo, out.tokensHi, i)
-          else r.skip()
-        }
-      }
-      if (!sawBlock) throw r.fail('KVR_ERR_EVENT_MISSING_FIELD', `field "blocks[${i}].block_hash" is missing`)
-      if (!sawTokens) throw r.fail('KVR_ERR_EVENT_MISSING_FIELD', `field "blocks[${i}].tokens_hash" is missing`)
+      i = stored ? r.fastBlocks(out, i, n, this.interrupt) : r.fastHashes(out, i, n, this.interrupt)
+      if (!this.nextBlock(n, i, field)) break
+      if (stored) this.storedBlock(i)
+      else this.hashAt('block_hashes[]', out.blockLo, out.blockHi, i)
     }
     out.count = i
+  }
+
+  private storedBlock(i: number): void {
+    const r = this.r
+    const out = this.out
+    let sawBlock = false
+    let sawTokens = false
+    if (r.isPositional()) {
+      const m = r.openArray('stored block')
+      if (m > 0) sawBlock = this.hashAt('block_hash', out.blockLo, out.blockHi, i)
+      if (m > 1) sawTokens = this.hashAt('tokens_hash', out.tokensLo, out.tokensHi, i)
+      for (let j = 2; j < m; j++) r.skip()
+    } else {
+      const m = r.openMap('stored block')
+      for (let j = 0; r.nextKey(m, j); j++) {
+        if (r.keyIs(K.block_hash)) sawBlock = this.hashAt('block_hash', out.blockLo, out.blockHi, i)
+        else if (r.keyIs(K.tokens_hash)) sawTokens = this.hashAt('tokens_hash', out.tokensLo, out.tokensHi, i)
+        else r.skip()
+      }
+    }
+    if (!sawBlock) throw r.fail('KVR_ERR_EVENT_MISSING_FIELD', `field "blocks[${i}].block_hash" is missing`)
+    if (!sawTokens) throw r.fail('KVR_ERR_EVENT_MISSING_FIELD', `field "blocks[${i}].tokens_hash" is missing`)
   }
 
   private removedData(): void {
@@ -432,7 +443,7 @@ export class RouterEventWalker {
     if (r.isPositional()) {
       const n = r.openArray('removed')
       if (n > 0) {
-        this.blockHashes()
+        this.blockList('removed.block_hashes', false)
         saw = true
       }
       for (let i = 1; i < n; i++) r.skip()
@@ -440,7 +451,7 @@ export class RouterEventWalker {
       const n = r.openMap('removed')
       for (let i = 0; r.nextKey(n, i); i++) {
         if (r.keyIs(K.block_hashes)) {
-          this.blockHashes()
+          this.blockList('removed.block_hashes', false)
           saw = true
         } else {
           r.skip()
@@ -448,19 +459,6 @@ export class RouterEventWalker {
       }
     }
     if (!saw) throw r.fail('KVR_ERR_EVENT_MISSING_FIELD', 'field "removed.block_hashes" is missing')
-  }
-
-  private blockHashes(): void {
-    const r = this.r
-    const out = this.out
-    const n = r.openArray('removed.block_hashes')
-    let i = 0
-    for (; ; i++) {
-      i = r.fastHashes(out, i, n, this.interrupt)
-      if (!this.nextBlock(n, i, 'removed.block_hashes')) break
-      this.hashAt('block_hashes[]', out.blockLo, out.blockHi, i)
-    }
-    out.count = i
   }
 }
 

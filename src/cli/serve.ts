@@ -50,6 +50,9 @@ function fatal(err: unknown): never {
   throw err
 }
 
+/** Longest wait for the transports and embedded engines to close after the drain. */
+const CLOSE_LIMIT_MS = 15_000
+
 /**
  * Runs the router until SIGTERM or SIGINT; resolves with the exit status once it has stopped.
  * Throws FatalError (one line, status 2) for an invalid option or a part that does not start.
@@ -112,9 +115,17 @@ export async function serveMain(argv: string[]): Promise<number> {
       process.stdout.write(`kv-router: ${signal}: draining ${app.proxy.inFlight} in-flight request(s)\n`)
       void (async () => {
         const { drained, cut } = await app.shutdown(cfg.shutdownTimeoutSecs * 1000)
+        // each transport bounds its own steps; this bounds their sum, as a stop that waits on a
+        // server that went away is worse than one that leaves it to clean up after itself
+        const closing = setTimeout(() => {
+          process.stdout.write(`kv-router: closing the transports took over ${CLOSE_LIMIT_MS / 1000} s: exiting without waiting\n`)
+          limited.flush()
+          resolve(1)
+        }, CLOSE_LIMIT_MS)
         await embedded?.close()
         await router.close()
         await tokenizer?.close()
+        clearTimeout(closing)
         limited.flush()
         if (!drained) log.warn({ cut, timeout_secs: cfg.shutdownTimeoutSecs }, 'the drain timed out: in-flight requests were cut')
         // exit 0 all the same: the shutdown asked for happened, and a rollout that meets a stream

@@ -60,8 +60,10 @@ export interface DurableCounters {
   acked: number
   /** Deliveries of messages already applied (the server redelivered them): acknowledged, not applied again. */
   redelivered: number
-  /** Times the consumer was put back after the message last applied (a lost delivery, a consumer gone). */
+  /** Times the consumer was put back after the message last applied (a lost delivery, a consumer gone, a stall). */
   repositioned: number
+  /** Times deliveries stopped while the stream held unread messages (the client's pull lost, as after a server crash): the consumer is made again. */
+  stalled: number
   /** Failed requests to the server (retried). */
   errors: number
   snapshotsUploaded: number
@@ -100,6 +102,9 @@ const STABLE_PAUSE_MS = 100
 /** A consumer that delivered or was acknowledged this recently belongs to a live replica. */
 const LIVE_MS = 60_000
 
+/** Checks in a row that saw no delivery while the stream held unread messages: the pull is lost. */
+const STALL_CHECKS = 3
+
 /** Longest wait of one shutdown step. */
 const CLOSE_STEP_MS = 2000
 
@@ -129,6 +134,7 @@ export class DurableKvEvents {
     acked: 0,
     redelivered: 0,
     repositioned: 0,
+    stalled: 0,
     errors: 0,
     snapshotsUploaded: 0,
     snapshotUploadsFailed: 0,
@@ -167,6 +173,9 @@ export class DurableKvEvents {
   private repositionNeeded = false
   private running: Promise<void> | null = null
   private closed = false
+  /** Deliveries seen at the last check, and checks in a row since without one while messages were waiting. */
+  private deliveriesAtCheck = -1
+  private stalledChecks = 0
   private catchUpTarget = 0
   private catchUpAt = 0
   private readonly checkMs: number
@@ -410,7 +419,7 @@ export class DurableKvEvents {
           }
           if (this.backlogged) await this.drained()
         }
-        await messages.close().catch(() => undefined)
+        await bounded(messages.close(), CLOSE_STEP_MS)
       } catch (err) {
         if (this.closed) break
         this.failed('consume', err, 'reading the durable stream failed: tried again')
@@ -541,10 +550,37 @@ export class DurableKvEvents {
     try {
       const state = (await this.jsm.streams.info(this.stream)).state
       this.streamMessages = state.messages
+      this.watchStall(state.last_seq)
       if (state.messages > this.o.snapshotThreshold && this.lastSeq - this.snapshotSeq > this.o.snapshotThreshold) await this.snapshot()
     } catch (err) {
       this.failed('snapshot', err, 'checking the durable stream, or snapshotting it, failed: tried again at the next check')
     }
+  }
+
+  /**
+   * A pull the server lost (it crashed with the pull outstanding, or came back before its
+   * JetStream) leaves the client waiting for heartbeats that take tens of seconds to be missed,
+   * while the stream holds messages this replica has not read. A few checks in a row without a
+   * delivery, with nothing holding the intake back, end the iteration: the consumer is made again
+   * after the last message applied, which is exact whatever the server kept.
+   */
+  private watchStall(lastStreamSeq: number): void {
+    const seen = this.counters.messages + this.counters.redelivered
+    const waiting = lastStreamSeq > this.lastSeq && this.gate === null && !this.backlogged && this.messages !== null
+    if (waiting && seen === this.deliveriesAtCheck) {
+      if (++this.stalledChecks >= STALL_CHECKS) {
+        this.stalledChecks = 0
+        this.counters.stalled++
+        limited.info(
+          'durable_stalled',
+          { consumer: this.consumer, last_applied: this.lastSeq, stream_last: lastStreamSeq },
+          'no delivery for a few seconds while the stream held unread messages: the consumer is made again',
+        )
+        this.repositionNeeded = true
+        this.messages?.stop()
+      }
+    } else this.stalledChecks = 0
+    this.deliveriesAtCheck = seen
   }
 
   /**
@@ -613,7 +649,7 @@ export class DurableKvEvents {
     this.closed = true
     if (this.checkTimer !== null) clearTimeout(this.checkTimer)
     this.messages?.stop()
-    await this.running
+    await bounded(this.running ?? Promise.resolve(), CLOSE_STEP_MS)
     await bounded(this.checking ?? Promise.resolve(), CLOSE_STEP_MS)
     await bounded(this.ackApplied(), CLOSE_STEP_MS)
     await bounded(this.jsm.consumers.delete(this.stream, this.consumer), CLOSE_STEP_MS)

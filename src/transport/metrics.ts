@@ -29,9 +29,9 @@ export function registerTransportMetrics(r: Registry, t: Transports): void {
   labelledCounter(
     r,
     'kvrouter_durable_events_total',
-    'Durable intake (JetStream): messages applied and their bytes, acked, redelivered (already applied), consumer repositionings, failed requests',
+    'Durable intake (JetStream): messages applied and their bytes, acked, redelivered (already applied), consumer repositionings, stalls, failed requests',
     'what',
-    () => byField(t.durable?.counters, ['messages', 'bytes', 'acked', 'redelivered', 'repositioned', 'errors']),
+    () => byField(t.durable?.counters, ['messages', 'bytes', 'acked', 'redelivered', 'repositioned', 'stalled', 'errors']),
   )
   labelledCounter(
     r,

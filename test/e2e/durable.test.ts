@@ -71,6 +71,8 @@ t.test('a nats-server restart and a replica crash mid-stream lose no event', asy
     'the engines hold blocks',
   )
   const total = published()
+  // the index can equal the pools before the last messages are counted (a removal of a block never stored)
+  await waitUntil('every event applied', async () => (await metric(b.base, 'kvrouter_durable_events_total', 'messages')) >= total, 10_000, 100)
   t.equal(await metric(b.base, 'kvrouter_durable_events_total', 'messages'), total, 'the restarted replica applied every event once')
   t.equal((await metric(b.base, 'kvrouter_durable_catchup_events', 'stream')) > 0, true, 'and says how many it replayed at start')
   t.ok((await metric(b.base, 'kvrouter_durable_catchup_seconds')) >= 0)

@@ -71,7 +71,7 @@ t.test('a nats-server restart and a replica crash mid-stream lose no event', asy
     'the engines hold blocks',
   )
   const total = published()
-  // the index can equal the pools before the last messages are counted (a removal of a block never stored)
+  // the index can equal the pools while a late message (a removal, a re-store) is still on its way
   await waitUntil('every event applied', async () => (await metric(b.base, 'kvrouter_durable_events_total', 'messages')) >= total, 10_000, 100)
   t.equal(await metric(b.base, 'kvrouter_durable_events_total', 'messages'), total, 'the restarted replica applied every event once')
   t.equal((await metric(b.base, 'kvrouter_durable_catchup_events', 'stream')) > 0, true, 'and says how many it replayed at start')

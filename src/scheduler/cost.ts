@@ -30,7 +30,7 @@
 // of one kind of engine it cancels out of every decision; its shape (per-step overhead, per-token
 // prefill cost, decode step time) weighs the terms against each other.
 import { DEFAULT_MAX_BATCHED_TOKENS } from './options.js'
-import { decodeMs, prefillMs } from './engine-model.js'
+import { decodeMs, PREFILL_B, prefillMs } from './engine-model.js'
 
 /**
  * Prefill chunk of an engine that registered no max_num_batched_tokens: vLLM's chunked-prefill
@@ -79,6 +79,18 @@ export function kvUsage(activeBlocks: number, totalBlocks: number): number {
   return totalBlocks > 0 ? Math.min(1, activeBlocks / totalBlocks) : 0
 }
 
+/** Units of usageUnits(): 2^30 per worker-rank at full usage, so sums over 2^23 candidates stay exact. */
+export const USAGE_SCALE = 2 ** 30
+
+/**
+ * KV usage in integer units. The fleet's mean usage is a sum over the candidates; summed as
+ * integers it is exact in any order, so a sum kept up to date as loads change (LoadIndex) and
+ * one added up candidate by candidate give the same double, and with it the same costs.
+ */
+export function usageUnits(activeBlocks: number, totalBlocks: number): number {
+  return Math.round(kvUsage(activeBlocks, totalBlocks) * USAGE_SCALE)
+}
+
 /** What the candidates of one decision share: the fleet terms of the cost. */
 export class FleetLoad {
   /** Mean requests in flight per candidate (R̄). */
@@ -86,7 +98,7 @@ export class FleetLoad {
   /** Requests reaching a worker-rank per ms (λ). */
   arrivalsPerMs = 0
 
-  /** Sets both from the candidates' summed in-flight requests and KV usage. */
+  /** Sets both from the candidates' summed in-flight requests and KV usage (usage units ÷ USAGE_SCALE). */
   set(sumInFlight: number, sumUsage: number, m: number): void {
     this.inFlight = m > 0 ? sumInFlight / m : 0
     this.arrivalsPerMs = m > 0 ? this.inFlight / (ASSUMED_OUTPUT_TOKENS * decodeMs(sumUsage / m)) : 0
@@ -134,4 +146,24 @@ export function latencyTerms(
   out.slowdown = slowdown / 1000
   out.queueing = queueing / 1000
   return out.ttft + out.slowdown + out.queueing
+}
+
+/**
+ * A lower bound, in seconds, of latencyTerms() over every worker-rank of one kind (its requests
+ * in flight, capacity and chunk) whose wait, T(queued) with its own decode step, is at least
+ * `wait` and whose queue is not empty, for a request whose `uncached` tokens are not cached there
+ * and which adds `added` blocks. LoadIndex keeps such worker-ranks sorted by their wait, so the
+ * pruned selection stops at the first whose bound exceeds what it has already found.
+ *
+ * Why it holds: P rises at least PREFILL_B ms per token everywhere (the quadratic's slope, and
+ * beyond a chunk prefill_ms(k) / k = a·k + b + c / k), so behind a non-empty queue the request's
+ * own prefill, P(queued + uncached) − P(queued), is at least PREFILL_B × uncached, and its steps
+ * only add; every other term grows with the wait or with that own time.
+ */
+export function latencyLowerBound(wait: number, uncached: number, inFlight: number, added: number, total: number, fleet: FleetLoad): number {
+  const own = PREFILL_B * uncached
+  let slowdown = inFlight > 0 ? fleet.inFlight * own : 0
+  if (total > 0 && added > 0) slowdown += (inFlight * ASSUMED_OUTPUT_TOKENS * DECODE_MS_PER_USAGE * added) / total
+  const queueing = fleet.arrivalsPerMs * own * (wait + own / 2)
+  return (wait + own + slowdown + queueing) / 1000
 }

@@ -72,13 +72,13 @@ export class PrunedSelector {
   /** The equal best: matched slots, classes, how many candidates in all. */
   private tieSlots = new Int32Array(8)
   private tieSlotN = 0
-  private tieClasses = new Int32Array(8)
+  private tieClasses = new Int32Array(64)
   private tieClassN = 0
   private tieCount = 0
   /** Tie pick scratch: each tied class's masked members, sorted, at tieOff[i] for tieLen[i]. */
   private tieMasked = new Int32Array(8)
-  private tieOff = new Int32Array(8)
-  private tieLen = new Int32Array(8)
+  private tieOff = new Int32Array(64)
+  private tieLen = new Int32Array(64)
   private readonly fleet = new FleetLoad()
   private readonly terms = new LatencyTerms()
   // the request's terms for a class (set per decision)
@@ -154,10 +154,11 @@ export class PrunedSelector {
     }
     for (let k = 0; k < view.excludedN; k++) this.maskOut(view.excluded[k] as number)
     const ov = c.overlap
-    const ovLen = ov === undefined ? 0 : ov.length
+    // slots past the registered ones hold no worker-rank (an overlap for one removed since)
+    const ovLen = ov === undefined ? 0 : Math.min(ov.length, cap)
     for (let k = 0; k < matchedN; k++) {
       const s = matched[k] as number
-      if (s < ovLen && (ov as ArrayLike<number>)[s] !== 0) this.addSpecial(s, view)
+      if (s >= 0 && s < ovLen && (ov as ArrayLike<number>)[s] !== 0) this.addSpecial(s, view)
     }
     const touched = this.touched
     for (let k = 0; k < touchedN; k++) this.addSpecial(touched[k] as number, view)

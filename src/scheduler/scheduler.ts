@@ -158,6 +158,8 @@ export interface SchedulerStats {
   queueDepth: number
   queueMaxPending: number
   decisionsTotal: number
+  /** Of them, made by the pruned selection (the rest scored every candidate). */
+  prunedTotal: number
   queuedTotal: number
   queueFullTotal: number
   allBusyTotal: number
@@ -219,6 +221,7 @@ export class Scheduler {
   observer: BookingObserver | null = null
 
   private decisionsTotal = 0
+  private prunedTotal = 0
   private queuedTotal = 0
   private queueFullTotal = 0
   private cancelledTotal = 0
@@ -553,6 +556,7 @@ export class Scheduler {
       queueDepth: this.queue.size,
       queueMaxPending: this.options.queueMaxPending,
       decisionsTotal: this.decisionsTotal,
+      prunedTotal: this.prunedTotal,
       queuedTotal: this.queuedTotal,
       queueFullTotal: this.queueFullTotal,
       allBusyTotal: this.cands.allBusyTotal,
@@ -698,7 +702,10 @@ export class Scheduler {
   private prunedSelect(req: ScheduleRequest): number {
     this.overlap.matchedSlots(this.cost.overlap)
     const slot = (this.pruned as PrunedSelector).select(this.cost, this.overlap.matched, this.overlap.matchedN, this.cands)
-    if (slot >= 0) return slot
+    if (slot >= 0) {
+      this.prunedTotal++
+      return slot
+    }
     const k = this.cands.collect(req, false)
     return this.selector.select(this.options.mode, this.cost, this.cands.eligibility.slots, k)
   }

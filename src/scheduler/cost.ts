@@ -150,13 +150,14 @@ export function latencyTerms(
 
 /**
  * A lower bound, in seconds, of latencyTerms() over every worker-rank of one kind (its requests
- * in flight, capacity and chunk) whose wait, T(queued) with its own decode step, is at least
- * `wait` and whose queue is not empty, for a request whose `uncached` tokens are not cached there
- * and which adds `added` blocks. LoadIndex keeps such worker-ranks sorted by their wait, so the
- * pruned selection stops at the first whose bound exceeds what it has already found.
+ * in flight, capacity and chunk) whose wait, T(queued) with its own decode step (0 with nothing
+ * queued), is at least `wait`, for a request whose `uncached` tokens are not cached there and
+ * which adds `added` blocks. LoadIndex keeps such worker-ranks sorted by their wait, so the pruned
+ * selection stops at the first whose bound exceeds what it has already found; with `wait` 0 it
+ * bounds them all.
  *
  * Why it holds: P rises at least PREFILL_B ms per token everywhere (the quadratic's slope, and
- * beyond a chunk prefill_ms(k) / k = a·k + b + c / k), so behind a non-empty queue the request's
+ * beyond a chunk prefill_ms(k) / k = a·k + b + c / k) and P(x) ≥ PREFILL_B × x, so the request's
  * own prefill, P(queued + uncached) − P(queued), is at least PREFILL_B × uncached, and its steps
  * only add; every other term grows with the wait or with that own time.
  */

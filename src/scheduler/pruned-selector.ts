@@ -69,6 +69,11 @@ export class PrunedSelector {
   private costCache = new Float64Array(64)
   private costStamp = new Int32Array(64)
   private stamp = 0
+  /** Per class: a matched member's cost, the overlap and active request blocks it was scored with, valid while mStamp equals stamp. */
+  private mShared = new Float64Array(64)
+  private mOverlap = new Float64Array(64)
+  private mPresent = new Int32Array(64)
+  private mStamp = new Int32Array(64)
   /** The equal best: matched slots, classes, how many candidates in all. */
   private tieSlots = new Int32Array(8)
   private tieSlotN = 0
@@ -136,6 +141,10 @@ export class PrunedSelector {
       this.masked = growTo(this.masked, classes)
       this.costCache = growTo(this.costCache, classes)
       this.costStamp = growTo(this.costStamp, classes)
+      this.mShared = growTo(this.mShared, classes)
+      this.mOverlap = growTo(this.mOverlap, classes)
+      this.mPresent = growTo(this.mPresent, classes)
+      this.mStamp = growTo(this.mStamp, classes)
       this.tieClasses = growTo(this.tieClasses, classes)
       this.tieOff = growTo(this.tieOff, classes)
       this.tieLen = growTo(this.tieLen, classes)
@@ -143,6 +152,7 @@ export class PrunedSelector {
     if (this.groupMask.length < this.index.groupR.length) this.groupMask = growTo(this.groupMask, this.index.groupR.length)
     if (++this.stamp === 0x40000000) {
       this.costStamp.fill(0)
+      this.mStamp.fill(0)
       this.stamp = 1
     }
     this.specialN = 0
@@ -223,8 +233,14 @@ export class PrunedSelector {
     for (let k = 0; k < this.mN; k++) {
       const s = this.mSlot[k] as number
       const overlap = s < ovLen ? ((ov as ArrayLike<number>)[s] as number) : 0
-      const prefill = prefillTokens(c, seqs.prefillTokens[s] as number, overlap, bs, this.decay, 0, this.reqBlocks) / bs
-      const l = dynamoLogit(w, prefill, decodeBlocks(seqs.activeBlocks[s] as number, this.extra, this.present[s] as number), rw, seqs.inFlight[s] as number)
+      const present = this.present[s] as number
+      const cid = this.index.classOf[s] as number
+      let l = this.sharedCost(cid, overlap, present)
+      if (Number.isNaN(l)) {
+        const prefill = prefillTokens(c, seqs.prefillTokens[s] as number, overlap, bs, this.decay, 0, this.reqBlocks) / bs
+        l = dynamoLogit(w, prefill, decodeBlocks(seqs.activeBlocks[s] as number, this.extra, present), rw, seqs.inFlight[s] as number)
+        this.share(cid, overlap, present, l)
+      }
       if (l < best) {
         best = l
         this.resetTies()
@@ -237,6 +253,9 @@ export class PrunedSelector {
       const g = index.active[i] as number
       if ((index.groupCount[g] as number) === (this.groupMask[g] as number)) continue
       const r = index.groupR[g] as number
+      const rPart = rw !== 0 ? rw * r : 0
+      // every class of the group costs at least the shared part (its key is not negative)
+      if (shared + rPart > best * (1 + SLACK)) continue
       // Z: the logit grows with a in every rounding step, so the first above the best ends the list
       const z = index.groupZ[g] as Int32Array
       for (let k = 0, n = index.groupZn[g] as number; k < n; k++) {
@@ -250,7 +269,6 @@ export class PrunedSelector {
         }
         this.tieClass(cid)
       }
-      const rPart = rw !== 0 ? rw * r : 0
       const q = index.groupQ[g] as Int32Array
       for (let k = 0, n = index.groupQn[g] as number; k < n; k++) {
         const cid = q[k] as number
@@ -291,24 +309,35 @@ export class PrunedSelector {
     let best = Infinity
     for (let k = 0; k < this.mN; k++) {
       const s = this.mSlot[k] as number
-      const uncached = uncachedTokens(c, s < ovLen ? ((ov as ArrayLike<number>)[s] as number) : 0, this.blockSize)
-      const cost = latencyCost(
-        seqs.prefillTokens[s] as number,
-        uncached,
-        seqs.inFlight[s] as number,
-        workers.maxNumBatchedTokens[s] as number,
-        seqs.activeBlocks[s] as number,
-        this.extra - (this.present[s] as number),
-        workers.totalKvBlocks[s] as number,
-        fleet,
-        this.terms,
-      )
+      const overlap = s < ovLen ? ((ov as ArrayLike<number>)[s] as number) : 0
+      const r = seqs.inFlight[s] as number
+      const total = workers.totalKvBlocks[s] as number
+      // the blocks already active there enter only the slowdown of its requests in flight, over a known capacity
+      const present = r > 0 && total > 0 ? (this.present[s] as number) : 0
+      const cid = this.index.classOf[s] as number
+      let cost = this.sharedCost(cid, overlap, present)
+      if (Number.isNaN(cost)) {
+        const uncached = uncachedTokens(c, overlap, this.blockSize)
+        const extra = this.extra - (this.present[s] as number)
+        cost = latencyCost(
+          seqs.prefillTokens[s] as number,
+          uncached,
+          r,
+          workers.maxNumBatchedTokens[s] as number,
+          seqs.activeBlocks[s] as number,
+          extra,
+          total,
+          fleet,
+          this.terms,
+        )
+        this.share(cid, overlap, present, cost)
+      }
       this.mCost[k] = cost
       if (cost < best) best = cost
     }
     for (let i = 0; i < index.activeN; i++) {
       const g = index.active[i] as number
-      if ((index.groupCount[g] as number) === (this.groupMask[g] as number)) continue
+      if ((index.groupCount[g] as number) === (this.groupMask[g] as number) || this.groupBound(g) > best) continue
       best = this.leastInZ(g, best)
       const q = index.groupQ[g] as Int32Array
       for (let k = 0, n = index.groupQn[g] as number; k < n; k++) {
@@ -342,7 +371,7 @@ export class PrunedSelector {
       const g = index.active[i] as number
       const r = index.groupR[g] as number
       if (r > bestR) break
-      if ((index.groupCount[g] as number) === (this.groupMask[g] as number)) continue
+      if ((index.groupCount[g] as number) === (this.groupMask[g] as number) || this.groupBound(g) > limit) continue
       const z = this.firstInZ(g, limit, r === bestR ? bestA : Infinity)
       if (z >= 0) {
         const a = index.classA[z] as number
@@ -426,6 +455,13 @@ export class PrunedSelector {
     return (this.index.groupR[g] as number) > 0 ? (this.index.famTotal[this.index.groupFam[g] as number] as number) : 0
   }
 
+  /** latencyLowerBound over a whole group (no wait at all: its Z classes, and below every Q class), with the slack. */
+  private groupBound(g: number): number {
+    const index = this.index
+    const total = index.famTotal[index.groupFam[g] as number] as number
+    return latencyLowerBound(0, this.uncached, index.groupR[g] as number, this.extra, total, this.fleet) * (1 - SLACK)
+  }
+
   /** latencyLowerBound of a Q class, with the slack. */
   private boundOf(g: number, cid: number): number {
     const index = this.index
@@ -452,6 +488,22 @@ export class PrunedSelector {
     this.costStamp[cid] = this.stamp
     this.costCache[cid] = cost
     return cost
+  }
+
+  /**
+   * The cost of a matched candidate from the scores of its class's others this decision: members of
+   * a class with the same overlap and the same blocks active there cost the same. NaN when none was
+   * scored (a class remembers the last overlap and active blocks it was scored with).
+   */
+  private sharedCost(cid: number, overlap: number, present: number): number {
+    return this.mStamp[cid] === this.stamp && this.mOverlap[cid] === overlap && this.mPresent[cid] === present ? (this.mShared[cid] as number) : Number.NaN
+  }
+
+  private share(cid: number, overlap: number, present: number, cost: number): void {
+    this.mStamp[cid] = this.stamp
+    this.mOverlap[cid] = overlap
+    this.mPresent[cid] = present
+    this.mShared[cid] = cost
   }
 
   // ---- exact ties ----

@@ -1,0 +1,326 @@
+// The route decision of bench:route: selection plus booking, kv mode (latency cost), given the
+// request's overlaps, timed alone (process.hrtime.bigint()) in a steady state. A fixed population
+// of booked requests, about 4 per worker-rank (prompts sharing 16 system prefixes, so active
+// blocks are really shared), one new request booked per operation while the oldest is freed and
+// a middle-aged one completes prefill (the upkeep, timed apart). Overlaps: about one worker-rank
+// in eight holds the request's system prefix, a few hold more; they reach the scheduler as the
+// route path gives them, the slots holding a prefix listed (the older build reads the array).
+//
+// Three schedulers take the same operations, each on its own: this build's (the pruned
+// selection), this build's with fullScan (the reference: every decision of the pruned one is
+// checked against it), and, with BENCH_ROUTE_BASE=<dist of another build>, that build's. This
+// build's and the other's repetitions alternate, their order swapped each time, so that a
+// shared machine's drift falls on both; their ratio is the median of the repetitions' ratios.
+// Heap: used heap after a full collection, before the scheduler is built and once it has
+// reached its steady state, per scheduler.
+import { setFlagsFromString } from 'node:v8'
+import { runInNewContext } from 'node:vm'
+import { join } from 'node:path'
+import { Xoshiro128 } from '../../src/scheduler/rng.js'
+import type { ScheduleRequest, SchedulerDeps } from '../../src/scheduler/scheduler.js'
+import { Scheduler } from '../../src/scheduler/scheduler.js'
+import type { SchedulerOptionsInput } from '../../src/scheduler/options.js'
+import { median } from './common.js'
+
+const BLOCK_SIZE = 64
+/** Requests booked per worker-rank in the steady state. */
+const IN_FLIGHT_PER_RANK = 4
+
+/** What the benchmark calls on a scheduler: the public API every build has. */
+interface SchedulerLike {
+  addWorkerRank(workerId: bigint, dpRank: number): number
+  tryRoute(req: ScheduleRequest): { slot: number } | null
+  free(id: string): boolean
+  markPrefillComplete(id: string): boolean
+}
+
+type SchedulerClass = new (options: SchedulerOptionsInput, deps: SchedulerDeps) => SchedulerLike
+
+/** One fleet: ranks worker-ranks in workers of ranksPerWorker dp ranks. */
+export interface DecisionCase {
+  ranks: number
+  ranksPerWorker: number
+}
+
+export interface DecisionSettings {
+  reps: number
+  ops: number
+  warmup: number
+  templates: number
+}
+
+interface Run {
+  p50Us: number
+  p99Us: number
+  meanUs: number
+  /** free + prefill completion of one operation, mean µs. */
+  upkeepUs: number
+}
+
+export interface DecisionSide {
+  p50Us: number
+  p99Us: number
+  meanUs: number
+  upkeepUs: number
+  /** Heap the scheduler holds in its steady state, MB. */
+  heapMB: number
+  reps: Run[]
+}
+
+export interface DecisionResult {
+  ranks: number
+  ranksPerWorker: number
+  population: number
+  /** Mean worker-ranks with an overlap per request. */
+  matchedPerRequest: number
+  pruned: DecisionSide
+  fullScan: DecisionSide
+  base: DecisionSide | null
+  /** Per repetition: base ÷ this build, p50 and p99; their medians. */
+  ratiosP50: number[]
+  ratiosP99: number[]
+  ratioP50: number | null
+  ratioP99: number | null
+  /** Decisions of the pruned selection checked against the full scan's, and how many differed. */
+  compared: number
+  differed: number
+}
+
+interface Template {
+  isl: number
+  lo: Uint32Array
+  hi: Uint32Array
+  slots: Int32Array
+  values: Float64Array
+}
+
+function makeTemplates(rng: Xoshiro128, ranks: number, count: number): Template[] {
+  const prefixes = Array.from({ length: 16 }, () => {
+    const n = 4 + rng.int(29)
+    return { lo: Uint32Array.from({ length: n }, () => rng.int(2 ** 32)), hi: Uint32Array.from({ length: n }, () => rng.int(2 ** 32)) }
+  })
+  const out: Template[] = []
+  for (let i = 0; i < count; i++) {
+    const p = prefixes[rng.int(prefixes.length)] as { lo: Uint32Array; hi: Uint32Array }
+    const n = Math.max(p.lo.length + 1, 8 + rng.int(121))
+    const lo = new Uint32Array(n)
+    const hi = new Uint32Array(n)
+    lo.set(p.lo)
+    hi.set(p.hi)
+    for (let k = p.lo.length; k < n; k++) {
+      lo[k] = rng.int(2 ** 32)
+      hi[k] = rng.int(2 ** 32)
+    }
+    // about one worker-rank in eight holds the system prefix, a few hold more
+    const slots: number[] = []
+    const values: number[] = []
+    for (let w = 0; w < ranks; w++) {
+      const r = rng.next()
+      if (r < 0.125) {
+        slots.push(w)
+        values.push(p.lo.length)
+      } else if (r < 0.14) {
+        slots.push(w)
+        values.push(p.lo.length + rng.int(n - p.lo.length + 1))
+      }
+    }
+    out.push({ isl: n * BLOCK_SIZE - rng.int(BLOCK_SIZE), lo, hi, slots: Int32Array.from(slots), values: Float64Array.from(values) })
+  }
+  return out
+}
+
+/** One scheduler under the workload: its own population of booked requests. */
+class Driver {
+  readonly s: SchedulerLike
+  private readonly ring: number[] = []
+  private readonly dense: Float64Array
+  private readonly req: ScheduleRequest = { id: '', isl: 0 }
+  private seq = 0
+
+  constructor(
+    Ctor: SchedulerClass,
+    fullScan: boolean,
+    c: DecisionCase,
+    private readonly templates: Template[],
+    private readonly ids: string[],
+    private readonly population: number,
+  ) {
+    this.s = new Ctor({ mode: 'kv', blockSize: BLOCK_SIZE, seed: 1, queueThreshold: 4.0 }, { timers: false, fullScan })
+    for (let w = 0; w < c.ranks / c.ranksPerWorker; w++) for (let r = 0; r < c.ranksPerWorker; r++) this.s.addWorkerRank(BigInt(1_000_000_007 * (w + 1)), r)
+    this.dense = new Float64Array(c.ranks)
+  }
+
+  /** Operations [from, to) of the sequence: decisions timed into `timed`, choices into `choices`. */
+  run(ops: Int32Array, from: number, to: number, timed: Float64Array | null, upkeep: Float64Array | null, choices: Int32Array): void {
+    const req = this.req
+    const dense = this.dense
+    for (let i = from; i < to; i++) {
+      const tpl = this.templates[ops[i] as number] as Template
+      for (let k = 0; k < tpl.slots.length; k++) dense[tpl.slots[k] as number] = tpl.values[k] as number
+      const id = this.seq++ % this.ids.length
+      req.id = this.ids[id] as string
+      req.isl = tpl.isl
+      req.seqLo = tpl.lo
+      req.seqHi = tpl.hi
+      req.overlapBlocks = dense
+      req.overlapSlots = tpl.slots
+      const t0 = process.hrtime.bigint()
+      const d = this.s.tryRoute(req)
+      const t1 = process.hrtime.bigint()
+      for (let k = 0; k < tpl.slots.length; k++) dense[tpl.slots[k] as number] = 0
+      if (d === null) throw new Error('benchmark state unexpectedly queued a request')
+      choices[i] = d.slot
+      this.ring.push(id)
+      const t2 = process.hrtime.bigint()
+      if (this.ring.length > this.population) this.s.free(this.ids[this.ring.shift() as number] as string)
+      const mid = this.ring[this.ring.length >> 1]
+      if (mid !== undefined) this.s.markPrefillComplete(this.ids[mid] as string)
+      const t3 = process.hrtime.bigint()
+      if (timed !== null) timed[i - from] = Number(t1 - t0) / 1000
+      if (upkeep !== null) upkeep[i - from] = Number(t3 - t2) / 1000
+    }
+  }
+}
+
+let gcFn: (() => void) | undefined
+
+/** Used heap after a full collection, MB. */
+function heapMB(): number {
+  if (gcFn === undefined) {
+    setFlagsFromString('--expose-gc')
+    gcFn = runInNewContext('gc') as () => void
+  }
+  gcFn()
+  gcFn()
+  return process.memoryUsage().heapUsed / 2 ** 20
+}
+
+function percentile(sorted: Float64Array, q: number): number {
+  return sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] as number
+}
+
+function summarize(samples: Float64Array, upkeep: Float64Array): Run {
+  let sum = 0
+  for (const v of samples) sum += v
+  let up = 0
+  for (const v of upkeep) up += v
+  const sorted = Float64Array.from(samples).sort()
+  return { p50Us: percentile(sorted, 0.5), p99Us: percentile(sorted, 0.99), meanUs: sum / samples.length, upkeepUs: up / upkeep.length }
+}
+
+function side(reps: Run[], heap: number): DecisionSide {
+  return {
+    p50Us: median(reps.map((x) => x.p50Us)),
+    p99Us: median(reps.map((x) => x.p99Us)),
+    meanUs: median(reps.map((x) => x.meanUs)),
+    upkeepUs: median(reps.map((x) => x.upkeepUs)),
+    heapMB: heap,
+    reps,
+  }
+}
+
+/** The Scheduler of another build's dist (BENCH_ROUTE_BASE), or null. */
+export async function baseScheduler(dist: string | undefined): Promise<SchedulerClass | null> {
+  if (dist === undefined || dist === '') return null
+  const mod = (await import(join(dist, 'src', 'scheduler', 'scheduler.js'))) as { Scheduler: SchedulerClass }
+  return mod.Scheduler
+}
+
+export function benchDecisions(c: DecisionCase, set: DecisionSettings, Base: SchedulerClass | null): DecisionResult {
+  const rng = new Xoshiro128(20240601 + c.ranks * 8 + c.ranksPerWorker)
+  const templates = makeTemplates(rng, c.ranks, set.templates)
+  const population = IN_FLIGHT_PER_RANK * c.ranks
+  const ids = Array.from({ length: population * 2 + 2 }, (_, i) => `req-${i}`)
+  // warm-up long enough to fill the population, then the timed repetitions
+  const warmup = Math.max(set.warmup, population + set.warmup / 2)
+  const total = warmup + set.reps * set.ops
+  const ops = Int32Array.from({ length: total }, () => rng.int(templates.length))
+  let matched = 0
+  for (const t of templates) matched += t.slots.length
+  const build = (Ctor: SchedulerClass, fullScan: boolean): { d: Driver; heap: number; choices: Int32Array } => {
+    const h0 = heapMB()
+    const d = new Driver(Ctor, fullScan, c, templates, ids, population)
+    const choices = new Int32Array(total)
+    d.run(ops, 0, warmup, null, null, choices)
+    return { d, heap: heapMB() - h0, choices }
+  }
+  const pruned = build(Scheduler as unknown as SchedulerClass, false)
+  const full = build(Scheduler as unknown as SchedulerClass, true)
+  const base = Base === null ? null : build(Base, false)
+  const samples = new Float64Array(set.ops)
+  const upkeep = new Float64Array(set.ops)
+  const reps: { pruned: Run[]; full: Run[]; base: Run[] } = { pruned: [], full: [], base: [] }
+  const timedRep = (d: Driver, from: number, choices: Int32Array, into: Run[]): void => {
+    d.run(ops, from, from + set.ops, samples, upkeep, choices)
+    into.push(summarize(samples, upkeep))
+  }
+  for (let r = 0; r < set.reps; r++) {
+    const from = warmup + r * set.ops
+    // this build and the other alternate, which goes first swapped each time
+    if (base !== null && r % 2 === 0) timedRep(base.d, from, base.choices, reps.base)
+    timedRep(pruned.d, from, pruned.choices, reps.pruned)
+    if (base !== null && r % 2 === 1) timedRep(base.d, from, base.choices, reps.base)
+    timedRep(full.d, from, full.choices, reps.full)
+  }
+  let differed = 0
+  for (let i = 0; i < total; i++) if (pruned.choices[i] !== full.choices[i]) differed++
+  const ratiosP50 = reps.base.map((b, i) => b.p50Us / (reps.pruned[i] as Run).p50Us)
+  const ratiosP99 = reps.base.map((b, i) => b.p99Us / (reps.pruned[i] as Run).p99Us)
+  return {
+    ranks: c.ranks,
+    ranksPerWorker: c.ranksPerWorker,
+    population,
+    matchedPerRequest: matched / templates.length,
+    pruned: side(reps.pruned, pruned.heap),
+    fullScan: side(reps.full, full.heap),
+    base: base === null ? null : side(reps.base, base.heap),
+    ratiosP50,
+    ratiosP99,
+    ratioP50: ratiosP50.length > 0 ? median(ratiosP50) : null,
+    ratioP99: ratiosP99.length > 0 ? median(ratiosP99) : null,
+    compared: total,
+    differed,
+  }
+}
+
+/** The printed table of a run's decision results. */
+export function decisionTable(results: readonly DecisionResult[], reps: number, ops: number): string[] {
+  const f = (x: number | null | undefined, d = 2): string => (x === null || x === undefined ? '–' : x.toFixed(d))
+  const lines = [
+    `route decision (selection + booking, kv mode, latency cost, given overlaps), median of ${reps} × ${ops} ops; µs, heap MB`,
+    'worker-ranks (dp) | in flight | matched | p50 | p99 | mean | upkeep | heap | full scan p50 | p99 | base p50 | p99 | mean | heap | base/this p50 | p99 | same choices',
+  ]
+  for (const d of results) {
+    const b = d.base
+    lines.push(
+      [
+        `${d.ranks}${d.ranksPerWorker > 1 ? ` (${d.ranks / d.ranksPerWorker}×${d.ranksPerWorker})` : ''}`.padStart(17),
+        String(d.population).padStart(9),
+        f(d.matchedPerRequest, 0).padStart(7),
+        f(d.pruned.p50Us).padStart(6),
+        f(d.pruned.p99Us).padStart(6),
+        f(d.pruned.meanUs).padStart(6),
+        f(d.pruned.upkeepUs).padStart(6),
+        f(d.pruned.heapMB, 1).padStart(5),
+        f(d.fullScan.p50Us).padStart(13),
+        f(d.fullScan.p99Us).padStart(7),
+        f(b?.p50Us).padStart(8),
+        f(b?.p99Us).padStart(7),
+        f(b?.meanUs).padStart(7),
+        f(b?.heapMB, 1).padStart(5),
+        f(d.ratioP50).padStart(13),
+        f(d.ratioP99).padStart(5),
+        `${d.compared - d.differed}/${d.compared}`,
+      ].join(' | '),
+    )
+  }
+  const at = (n: number): DecisionResult | undefined => results.find((d) => d.ranks === n && d.ranksPerWorker === 1)
+  const small = at(64)
+  const big = at(7000)
+  if (small !== undefined && big !== undefined) {
+    lines.push(
+      `p99 at 7,000 worker-ranks ÷ p99 at 64: ${(big.pruned.p99Us / small.pruned.p99Us).toFixed(2)} (bar: ≤ 2); p50 ${(big.pruned.p50Us / small.pruned.p50Us).toFixed(2)}`,
+    )
+  }
+  return lines
+}

@@ -357,6 +357,30 @@ t.test('idle identical fleets: the tie among thousands is drawn once, over all o
   }
 })
 
+t.test('members of one class with one overlap but different blocks active cost apart', async (t) => {
+  for (const cost of ['latency', 'dynamo'] as const) {
+    const twin = new Twin({ mode: 'kv', cost, blockSize: BS, seed: 9, queueThreshold: null })
+    // 12 worker-ranks, each one request of 8 blocks after its prefill: one load class (r 1, a 8, q 0)
+    for (let w = 0; w < 12; w++) twin.both((s) => s.addWorkerRank(BigInt(w + 1), 0, { totalKvBlocks: 64, maxNumBatchedTokens: 4096 }))
+    for (let w = 0; w < 12; w++) {
+      // prompts share 0 to 5 leading blocks with the request below
+      const shared = w % 6
+      const p = chain([...Array.from({ length: shared }, (_, i) => 7000 + i), ...Array.from({ length: 8 - shared }, (_, i) => 100 * w + i)])
+      twin.both((s) => s.tryRoute({ id: `b${w}`, isl: 128, seqLo: p.lo, seqHi: p.hi, workerId: BigInt(w + 1), dpRank: 0 }))
+      twin.both((s) => s.markPrefillComplete(`b${w}`))
+    }
+    const req = chain([7000, 7001, 7002, 7003, 7004, 7005, 7006, 7007])
+    // the same overlap everywhere: they differ only in the request's blocks already active there
+    const overlap = new Float64Array(12).fill(2)
+    for (let i = 0; i < 8; i++) {
+      if (!twin.route(t, { id: `r${i}`, isl: 128, seqLo: req.lo, seqHi: req.hi, overlapBlocks: overlap, updateStates: false }, `${cost} ${i}`)) break
+    }
+    const d = twin.pruned.tryRoute({ isl: 128, seqLo: req.lo, seqHi: req.hi, overlapBlocks: overlap, updateStates: false })
+    // most of its blocks active there add least: a rank holding 5 of them (slots 5 and 11)
+    t.ok(d !== null && d.slot % 6 === 5, `${cost}: chose slot ${d?.slot}`)
+  }
+})
+
 /** The reservoir of one that the single draw replaced (Selector before it), as the reference for pinned draws. */
 function legacyNearTie(logits: Float64Array, inFlight: Int32Array, blocks: Int32Array, m: number, rng: Rng): number {
   let best = Infinity

@@ -1,7 +1,8 @@
 // Route-decision benchmark (npm run bench:route): selection plus booking, given overlaps, at
-// 8, 64 and 512 worker-ranks (bench/lib/decisions.ts; BENCH_ROUTE_BIG=1 adds 1,024 and 7,000, each
-// also in workers of 8 dp ranks; BENCH_ROUTE_SIZES=8,64,7000x8 picks; BENCH_ROUTE_BASE=<another
-// build's dist> measures that build beside this one), queue push/pop throughput at 10,000 waiting requests, and the
+// 8, 64 and 512 worker-ranks (bench/lib/decisions.ts; BENCH_ROUTE_BIG=1 adds 1,024 and 7,000, also
+// with the tenants model and in workers of 8 dp ranks; BENCH_ROUTE_SIZES=8,64,7000x8:tenants picks;
+// BENCH_ROUTE_BASE=<another build's dist> measures that build beside this one), queue push/pop
+// throughput at 10,000 waiting requests, and the
 // proxy's booking of an attempt through the whole Router.route path, and one proxied request's log
 // line at info and with logging off; then the HTTP part, each
 // against a baseline measured in the same run:
@@ -62,12 +63,15 @@ const rng = new Xoshiro128(20240601)
 
 /** The fleets of the decision benchmark (see the header). */
 function decisionCases(): DecisionCase[] {
-  const spec = process.env.BENCH_ROUTE_SIZES ?? (process.env.BENCH_ROUTE_BIG === '1' ? '8,64,512,1024,7000,1024x8,7000x8' : '8,64,512')
+  const big = '8,64,512,1024,7000,1024:tenants,7000:tenants,1024x8:tenants,7000x8:tenants'
+  const spec = process.env.BENCH_ROUTE_SIZES ?? (process.env.BENCH_ROUTE_BIG === '1' ? big : '8,64,512')
   return spec.split(',').map((x) => {
-    const [ranks, per] = x.split('x').map(Number)
-    if (ranks === undefined || !Number.isInteger(ranks) || ranks < 1 || (per !== undefined && (!Number.isInteger(per) || per < 1 || ranks % per !== 0)))
-      throw new Error(`BENCH_ROUTE_SIZES: ${JSON.stringify(x)} is not RANKS or RANKSxDP_RANKS (RANKS a multiple of DP_RANKS)`)
-    return { ranks, ranksPerWorker: per ?? 1 }
+    const m = /^(\d+)(?:x(\d+))?(?::(share|tenants))?$/.exec(x.trim())
+    const ranks = Number(m?.[1])
+    const per = Number(m?.[2] ?? 1)
+    if (m === null || ranks < 1 || per < 1 || ranks % per !== 0)
+      throw new Error(`BENCH_ROUTE_SIZES: ${JSON.stringify(x)} is not RANKS[xDP_RANKS][:share|:tenants], RANKS a multiple of DP_RANKS`)
+    return { ranks, ranksPerWorker: per, model: (m[3] ?? 'share') as DecisionCase['model'] }
   })
 }
 
@@ -77,7 +81,9 @@ async function runDecisions(): Promise<DecisionResult[]> {
   const out: DecisionResult[] = []
   for (const c of decisionCases()) {
     const big = c.ranks > 4096
-    out.push(benchDecisions(c, { reps: REPS, ops: big ? 4000 : OPS, warmup: WARMUP, templates: c.ranks > 1024 ? 512 : 2048 }, Base))
+    // the tenants model's prompts: a few per tenant, however many tenants
+    const templates = c.model === 'tenants' ? Math.max(2048, c.ranks / 2) : c.ranks > 1024 ? 512 : 2048
+    out.push(benchDecisions(c, { reps: REPS, ops: big ? 4000 : OPS, warmup: big ? 4000 : WARMUP, templates }, Base))
   }
   return out
 }
@@ -476,7 +482,7 @@ async function main(): Promise<void> {
       file,
       JSON.stringify({ ...base, blockSize: BLOCK_SIZE, reps: REPS, baseBuild: process.env.BENCH_ROUTE_BASE ?? null, decision: decisions }, null, 2) + '\n',
     )
-    for (const l of decisionTable(decisions, REPS, OPS)) console.log(l)
+    for (const l of decisionTable(decisions, REPS)) console.log(l)
     console.log(`written to ${file}`)
     return
   }
@@ -502,7 +508,7 @@ async function main(): Promise<void> {
     requestLine,
   }
   writeFileSync(join(resultsDir(), 'route.json'), JSON.stringify(result, null, 2) + '\n')
-  for (const l of decisionTable(decisions, REPS, OPS)) console.log(l)
+  for (const l of decisionTable(decisions, REPS)) console.log(l)
   console.log(
     `queue at ${QUEUE_DEPTH} waiting: heap pop+push ${(heap.pairsPerSec / 1e6).toFixed(2)} M pairs/s; scheduler dispatch+enqueue ` +
       `${(facade.pairsPerSec / 1e3).toFixed(1)} k pairs/s`,

@@ -1,10 +1,16 @@
 // The route decision of bench:route: selection plus booking, kv mode (latency cost), given the
 // request's overlaps, timed alone (process.hrtime.bigint()) in a steady state. A fixed population
-// of booked requests, about 4 per worker-rank (prompts sharing 16 system prefixes, so active
-// blocks are really shared), one new request booked per operation while the oldest is freed and
-// a middle-aged one completes prefill (the upkeep, timed apart). Overlaps: about one worker-rank
-// in eight holds the request's system prefix, a few hold more; they reach the scheduler as the
-// route path gives them, the slots holding a prefix listed (the older build reads the array).
+// of booked requests, about 4 per worker-rank (prompts sharing system prefixes, so active blocks
+// are really shared), one new request booked per operation while the oldest is freed and a
+// middle-aged one completes prefill (the upkeep, timed apart); before it, the same request routed
+// without booking (the selection alone, timed apart). Overlaps reach the scheduler as the route
+// path gives them, the slots holding a prefix listed (the older build reads the array). Two
+// models of who holds the request's system prefix:
+//   share    16 system prefixes; about one worker-rank in eight holds the request's, a few
+//            (1.5%) hold more: at 7,000 worker-ranks about 980 per request
+//   tenants  the fleet serves more tenants as it grows: 16 system prefixes per 64 worker-ranks,
+//            each request's held by 8 worker-ranks and more of it by 1, as in the 64-rank fleet
+//            (the same as share up to 64): a request finds as much of its prompt at every size
 //
 // Three schedulers take the same operations, each on its own: this build's (the pruned
 // selection), this build's with fullScan (the reference: every decision of the pruned one is
@@ -36,10 +42,11 @@ interface SchedulerLike {
 
 type SchedulerClass = new (options: SchedulerOptionsInput, deps: SchedulerDeps) => SchedulerLike
 
-/** One fleet: ranks worker-ranks in workers of ranksPerWorker dp ranks. */
+/** One fleet: ranks worker-ranks in workers of ranksPerWorker dp ranks, and who holds the prefixes. */
 export interface DecisionCase {
   ranks: number
   ranksPerWorker: number
+  model: 'share' | 'tenants'
 }
 
 export interface DecisionSettings {
@@ -55,6 +62,9 @@ interface Run {
   meanUs: number
   /** free + prefill completion of one operation, mean µs. */
   upkeepUs: number
+  /** The same request routed without booking: the selection alone, p50 and p99 µs. */
+  selectP50Us: number
+  selectP99Us: number
 }
 
 export interface DecisionSide {
@@ -62,6 +72,8 @@ export interface DecisionSide {
   p99Us: number
   meanUs: number
   upkeepUs: number
+  selectP50Us: number
+  selectP99Us: number
   /** Heap the scheduler holds in its steady state, MB. */
   heapMB: number
   reps: Run[]
@@ -70,6 +82,8 @@ export interface DecisionSide {
 export interface DecisionResult {
   ranks: number
   ranksPerWorker: number
+  model: DecisionCase['model']
+  ops: number
   population: number
   /** Mean worker-ranks with an overlap per request. */
   matchedPerRequest: number
@@ -94,8 +108,10 @@ interface Template {
   values: Float64Array
 }
 
-function makeTemplates(rng: Xoshiro128, ranks: number, count: number): Template[] {
-  const prefixes = Array.from({ length: 16 }, () => {
+function makeTemplates(rng: Xoshiro128, c: DecisionCase, count: number): Template[] {
+  const ranks = c.ranks
+  const tenants = c.model === 'tenants' && ranks > 64
+  const prefixes = Array.from({ length: tenants ? Math.round((16 * ranks) / 64) : 16 }, () => {
     const n = 4 + rng.int(29)
     return { lo: Uint32Array.from({ length: n }, () => rng.int(2 ** 32)), hi: Uint32Array.from({ length: n }, () => rng.int(2 ** 32)) }
   })
@@ -111,17 +127,28 @@ function makeTemplates(rng: Xoshiro128, ranks: number, count: number): Template[
       lo[k] = rng.int(2 ** 32)
       hi[k] = rng.int(2 ** 32)
     }
-    // about one worker-rank in eight holds the system prefix, a few hold more
     const slots: number[] = []
     const values: number[] = []
-    for (let w = 0; w < ranks; w++) {
-      const r = rng.next()
-      if (r < 0.125) {
+    if (tenants) {
+      // 8 worker-ranks hold the system prefix, 1 more of the prompt
+      const held = new Set<number>()
+      while (held.size < 9) held.add(rng.int(ranks))
+      let k = 0
+      for (const w of [...held].sort((x, y) => x - y)) {
         slots.push(w)
-        values.push(p.lo.length)
-      } else if (r < 0.14) {
-        slots.push(w)
-        values.push(p.lo.length + rng.int(n - p.lo.length + 1))
+        values.push(k++ === 8 ? p.lo.length + rng.int(n - p.lo.length + 1) : p.lo.length)
+      }
+    } else {
+      // about one worker-rank in eight holds the system prefix, a few hold more
+      for (let w = 0; w < ranks; w++) {
+        const r = rng.next()
+        if (r < 0.125) {
+          slots.push(w)
+          values.push(p.lo.length)
+        } else if (r < 0.14) {
+          slots.push(w)
+          values.push(p.lo.length + rng.int(n - p.lo.length + 1))
+        }
       }
     }
     out.push({ isl: n * BLOCK_SIZE - rng.int(BLOCK_SIZE), lo, hi, slots: Int32Array.from(slots), values: Float64Array.from(values) })
@@ -135,6 +162,7 @@ class Driver {
   private readonly ring: number[] = []
   private readonly dense: Float64Array
   private readonly req: ScheduleRequest = { id: '', isl: 0 }
+  private readonly query: ScheduleRequest = { isl: 0, updateStates: false }
   private seq = 0
 
   constructor(
@@ -150,13 +178,37 @@ class Driver {
     this.dense = new Float64Array(c.ranks)
   }
 
-  /** Operations [from, to) of the sequence: decisions timed into `timed`, choices into `choices`. */
-  run(ops: Int32Array, from: number, to: number, timed: Float64Array | null, upkeep: Float64Array | null, choices: Int32Array): void {
+  /**
+   * Operations [from, to) of the sequence: decisions timed into `timed`, choices into `choices`;
+   * with `select`, each request first routed without booking, timed there, its choice in `queried`.
+   */
+  run(
+    ops: Int32Array,
+    from: number,
+    to: number,
+    timed: Float64Array | null,
+    upkeep: Float64Array | null,
+    choices: Int32Array,
+    select: Float64Array | null,
+    queried: Int32Array,
+  ): void {
     const req = this.req
+    const query = this.query
     const dense = this.dense
     for (let i = from; i < to; i++) {
       const tpl = this.templates[ops[i] as number] as Template
       for (let k = 0; k < tpl.slots.length; k++) dense[tpl.slots[k] as number] = tpl.values[k] as number
+      if (select !== null) {
+        query.isl = tpl.isl
+        query.seqLo = tpl.lo
+        query.seqHi = tpl.hi
+        query.overlapBlocks = dense
+        query.overlapSlots = tpl.slots
+        const q0 = process.hrtime.bigint()
+        const q = this.s.tryRoute(query)
+        select[i - from] = Number(process.hrtime.bigint() - q0) / 1000
+        queried[i] = q === null ? -1 : q.slot
+      }
       const id = this.seq++ % this.ids.length
       req.id = this.ids[id] as string
       req.isl = tpl.isl
@@ -199,13 +251,21 @@ function percentile(sorted: Float64Array, q: number): number {
   return sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] as number
 }
 
-function summarize(samples: Float64Array, upkeep: Float64Array): Run {
+function summarize(samples: Float64Array, upkeep: Float64Array, select: Float64Array): Run {
   let sum = 0
   for (const v of samples) sum += v
   let up = 0
   for (const v of upkeep) up += v
   const sorted = Float64Array.from(samples).sort()
-  return { p50Us: percentile(sorted, 0.5), p99Us: percentile(sorted, 0.99), meanUs: sum / samples.length, upkeepUs: up / upkeep.length }
+  const sel = Float64Array.from(select).sort()
+  return {
+    p50Us: percentile(sorted, 0.5),
+    p99Us: percentile(sorted, 0.99),
+    meanUs: sum / samples.length,
+    upkeepUs: up / upkeep.length,
+    selectP50Us: percentile(sel, 0.5),
+    selectP99Us: percentile(sel, 0.99),
+  }
 }
 
 function side(reps: Run[], heap: number): DecisionSide {
@@ -214,6 +274,8 @@ function side(reps: Run[], heap: number): DecisionSide {
     p99Us: median(reps.map((x) => x.p99Us)),
     meanUs: median(reps.map((x) => x.meanUs)),
     upkeepUs: median(reps.map((x) => x.upkeepUs)),
+    selectP50Us: median(reps.map((x) => x.selectP50Us)),
+    selectP99Us: median(reps.map((x) => x.selectP99Us)),
     heapMB: heap,
     reps,
   }
@@ -228,7 +290,7 @@ export async function baseScheduler(dist: string | undefined): Promise<Scheduler
 
 export function benchDecisions(c: DecisionCase, set: DecisionSettings, Base: SchedulerClass | null): DecisionResult {
   const rng = new Xoshiro128(20240601 + c.ranks * 8 + c.ranksPerWorker)
-  const templates = makeTemplates(rng, c.ranks, set.templates)
+  const templates = makeTemplates(rng, c, set.templates)
   const population = IN_FLIGHT_PER_RANK * c.ranks
   const ids = Array.from({ length: population * 2 + 2 }, (_, i) => `req-${i}`)
   // warm-up long enough to fill the population, then the timed repetitions
@@ -237,38 +299,43 @@ export function benchDecisions(c: DecisionCase, set: DecisionSettings, Base: Sch
   const ops = Int32Array.from({ length: total }, () => rng.int(templates.length))
   let matched = 0
   for (const t of templates) matched += t.slots.length
-  const build = (Ctor: SchedulerClass, fullScan: boolean): { d: Driver; heap: number; choices: Int32Array } => {
+  const build = (Ctor: SchedulerClass, fullScan: boolean): { d: Driver; heap: number; choices: Int32Array; queried: Int32Array } => {
     const h0 = heapMB()
     const d = new Driver(Ctor, fullScan, c, templates, ids, population)
     const choices = new Int32Array(total)
-    d.run(ops, 0, warmup, null, null, choices)
-    return { d, heap: heapMB() - h0, choices }
+    const queried = new Int32Array(total)
+    d.run(ops, 0, warmup, null, null, choices, null, queried)
+    return { d, heap: heapMB() - h0, choices, queried }
   }
   const pruned = build(Scheduler as unknown as SchedulerClass, false)
   const full = build(Scheduler as unknown as SchedulerClass, true)
   const base = Base === null ? null : build(Base, false)
   const samples = new Float64Array(set.ops)
   const upkeep = new Float64Array(set.ops)
+  const select = new Float64Array(set.ops)
   const reps: { pruned: Run[]; full: Run[]; base: Run[] } = { pruned: [], full: [], base: [] }
-  const timedRep = (d: Driver, from: number, choices: Int32Array, into: Run[]): void => {
-    d.run(ops, from, from + set.ops, samples, upkeep, choices)
-    into.push(summarize(samples, upkeep))
+  const timedRep = (b: { d: Driver; choices: Int32Array; queried: Int32Array }, from: number, into: Run[]): void => {
+    b.d.run(ops, from, from + set.ops, samples, upkeep, b.choices, select, b.queried)
+    into.push(summarize(samples, upkeep, select))
   }
   for (let r = 0; r < set.reps; r++) {
     const from = warmup + r * set.ops
     // this build and the other alternate, which goes first swapped each time
-    if (base !== null && r % 2 === 0) timedRep(base.d, from, base.choices, reps.base)
-    timedRep(pruned.d, from, pruned.choices, reps.pruned)
-    if (base !== null && r % 2 === 1) timedRep(base.d, from, base.choices, reps.base)
-    timedRep(full.d, from, full.choices, reps.full)
+    if (base !== null && r % 2 === 0) timedRep(base, from, reps.base)
+    timedRep(pruned, from, reps.pruned)
+    if (base !== null && r % 2 === 1) timedRep(base, from, reps.base)
+    timedRep(full, from, reps.full)
   }
   let differed = 0
   for (let i = 0; i < total; i++) if (pruned.choices[i] !== full.choices[i]) differed++
+  for (let i = warmup; i < total; i++) if (pruned.queried[i] !== full.queried[i]) differed++
   const ratiosP50 = reps.base.map((b, i) => b.p50Us / (reps.pruned[i] as Run).p50Us)
   const ratiosP99 = reps.base.map((b, i) => b.p99Us / (reps.pruned[i] as Run).p99Us)
   return {
     ranks: c.ranks,
     ranksPerWorker: c.ranksPerWorker,
+    model: c.model,
+    ops: set.ops,
     population,
     matchedPerRequest: matched / templates.length,
     pruned: side(reps.pruned, pruned.heap),
@@ -278,35 +345,39 @@ export function benchDecisions(c: DecisionCase, set: DecisionSettings, Base: Sch
     ratiosP99,
     ratioP50: ratiosP50.length > 0 ? median(ratiosP50) : null,
     ratioP99: ratiosP99.length > 0 ? median(ratiosP99) : null,
-    compared: total,
+    compared: total + set.reps * set.ops,
     differed,
   }
 }
 
 /** The printed table of a run's decision results. */
-export function decisionTable(results: readonly DecisionResult[], reps: number, ops: number): string[] {
+export function decisionTable(results: readonly DecisionResult[], reps: number): string[] {
   const f = (x: number | null | undefined, d = 2): string => (x === null || x === undefined ? '–' : x.toFixed(d))
   const lines = [
-    `route decision (selection + booking, kv mode, latency cost, given overlaps), median of ${reps} × ${ops} ops; µs, heap MB`,
-    'worker-ranks (dp) | in flight | matched | p50 | p99 | mean | upkeep | heap | full scan p50 | p99 | base p50 | p99 | mean | heap | base/this p50 | p99 | same choices',
+    `route decision (selection + booking, kv mode, latency cost, given overlaps), median of ${reps} repetitions; µs, heap MB`,
+    'worker-ranks (dp), model | ops | in flight | matched | p50 | p99 | mean | select p50 | p99 | upkeep | heap | full scan p50 | p99 |' +
+      ' base p50 | p99 | select p50 | heap | base/this p50 | p99 | same as full scan',
   ]
   for (const d of results) {
     const b = d.base
     lines.push(
       [
-        `${d.ranks}${d.ranksPerWorker > 1 ? ` (${d.ranks / d.ranksPerWorker}×${d.ranksPerWorker})` : ''}`.padStart(17),
+        `${d.ranks}${d.ranksPerWorker > 1 ? ` (${d.ranks / d.ranksPerWorker}×${d.ranksPerWorker})` : ''}, ${d.model}`.padStart(23),
+        String(d.ops).padStart(5),
         String(d.population).padStart(9),
         f(d.matchedPerRequest, 0).padStart(7),
         f(d.pruned.p50Us).padStart(6),
-        f(d.pruned.p99Us).padStart(6),
+        f(d.pruned.p99Us).padStart(7),
         f(d.pruned.meanUs).padStart(6),
+        f(d.pruned.selectP50Us).padStart(10),
+        f(d.pruned.selectP99Us).padStart(7),
         f(d.pruned.upkeepUs).padStart(6),
         f(d.pruned.heapMB, 1).padStart(5),
         f(d.fullScan.p50Us).padStart(13),
         f(d.fullScan.p99Us).padStart(7),
         f(b?.p50Us).padStart(8),
         f(b?.p99Us).padStart(7),
-        f(b?.meanUs).padStart(7),
+        f(b?.selectP50Us).padStart(10),
         f(b?.heapMB, 1).padStart(5),
         f(d.ratioP50).padStart(13),
         f(d.ratioP99).padStart(5),
@@ -314,12 +385,15 @@ export function decisionTable(results: readonly DecisionResult[], reps: number, 
       ].join(' | '),
     )
   }
-  const at = (n: number): DecisionResult | undefined => results.find((d) => d.ranks === n && d.ranksPerWorker === 1)
-  const small = at(64)
-  const big = at(7000)
-  if (small !== undefined && big !== undefined) {
+  const at = (n: number, model: DecisionCase['model']): DecisionResult | undefined =>
+    results.find((d) => d.ranks === n && d.ranksPerWorker === 1 && (d.model === model || n <= 512))
+  const small = at(64, 'share')
+  for (const model of ['share', 'tenants'] as const) {
+    const big = at(7000, model)
+    if (small === undefined || big === undefined) continue
     lines.push(
-      `p99 at 7,000 worker-ranks ÷ p99 at 64: ${(big.pruned.p99Us / small.pruned.p99Us).toFixed(2)} (bar: ≤ 2); p50 ${(big.pruned.p50Us / small.pruned.p50Us).toFixed(2)}`,
+      `7,000 worker-ranks (${model}) ÷ 64: p99 ${(big.pruned.p99Us / small.pruned.p99Us).toFixed(2)} (bar ≤ 2), p50 ${(big.pruned.p50Us / small.pruned.p50Us).toFixed(2)}; ` +
+        `selection alone p99 ${(big.pruned.selectP99Us / small.pruned.selectP99Us).toFixed(2)}, p50 ${(big.pruned.selectP50Us / small.pruned.selectP50Us).toFixed(2)}`,
     )
   }
   return lines

@@ -30,7 +30,7 @@
 // of one kind of engine it cancels out of every decision; its shape (per-step overhead, per-token
 // prefill cost, decode step time) weighs the terms against each other.
 import { DEFAULT_MAX_BATCHED_TOKENS } from './options.js'
-import { decodeMs, PREFILL_B, prefillMs } from './engine-model.js'
+import { decodeMs, PREFILL_A, PREFILL_B, PREFILL_C, prefillMs } from './engine-model.js'
 
 /**
  * Prefill chunk of an engine that registered no max_num_batched_tokens: vLLM's chunked-prefill
@@ -148,23 +148,68 @@ export function latencyTerms(
   return out.ttft + out.slowdown + out.queueing
 }
 
+/** A decode step's range, ms, with requests in flight: at no KV usage and at full usage. */
+export const DECODE_STEP_MIN_MS = decodeMs(0)
+export const DECODE_STEP_MAX_MS = decodeMs(1)
+
 /**
  * A lower bound, in seconds, of latencyTerms() over every worker-rank of one kind (its requests
- * in flight, capacity and chunk) whose wait, T(queued) with its own decode step (0 with nothing
- * queued), is at least `wait`, for a request whose `uncached` tokens are not cached there and
- * which adds `added` blocks. LoadIndex keeps such worker-ranks sorted by their wait, so the pruned
- * selection stops at the first whose bound exceeds what it has already found; with `wait` 0 it
- * bounds them all.
+ * in flight, capacity, and so its chunk and the range stepMin..stepMax of its decode step) whose
+ * wait, T(queued) with its decode step (0 with nothing queued), is at least `wait`, for a request
+ * whose `uncached` tokens are not cached there and which adds `added` blocks. LoadIndex keeps such
+ * worker-ranks sorted by their wait, so the pruned selection stops at the first whose bound
+ * exceeds what it has already found; with `wait` 0 it bounds them all. It never decreases as
+ * `wait` grows.
  *
- * Why it holds: P rises at least PREFILL_B ms per token everywhere (the quadratic's slope, and
- * beyond a chunk prefill_ms(k) / k = a·k + b + c / k) and P(x) ≥ PREFILL_B × x, so the request's
- * own prefill, P(queued + uncached) − P(queued), is at least PREFILL_B × uncached, and its steps
- * only add; every other term grows with the wait or with that own time.
+ * Why it holds: a wait of at least `wait` needs a queue of at least the q0 that waits that long
+ * at the longest step (T grows with the queue and the step). The request's own prefill behind a
+ * queue of q, P(q + uncached) − P(q), grows with q while both fit a chunk, is concave while the
+ * sum crosses one, and is constant once q does: its least over q ≥ q0 is at q0 or at the ends of
+ * the crossing. Its extra steps, steps(q + uncached) − steps(q), never decrease with q and last
+ * at least stepMin; with nothing queued its own time, P(uncached) + its steps, is above both.
+ * Every other term grows with the wait or with that own time.
  */
-export function latencyLowerBound(wait: number, uncached: number, inFlight: number, added: number, total: number, fleet: FleetLoad): number {
-  const own = PREFILL_B * uncached
-  let slowdown = inFlight > 0 ? fleet.inFlight * own : 0
+export function latencyLowerBound(
+  wait: number,
+  uncached: number,
+  inFlight: number,
+  chunk: number,
+  stepMin: number,
+  stepMax: number,
+  added: number,
+  total: number,
+  fleet: FleetLoad,
+): number {
+  const q0 = queueAtLeast(wait, chunk, stepMax)
+  const prefill = prefillIncreaseAtLeast(q0, uncached, chunk)
+  const own = prefill + (prefillSteps(q0 + uncached, chunk) - (q0 > 0 ? prefillSteps(q0, chunk) : 1)) * stepMin
+  let slowdown = inFlight > 0 ? fleet.inFlight * prefill : 0
   if (total > 0 && added > 0) slowdown += (inFlight * ASSUMED_OUTPUT_TOKENS * DECODE_MS_PER_USAGE * added) / total
   const queueing = fleet.arrivalsPerMs * own * (wait + own / 2)
   return (wait + own + slowdown + queueing) / 1000
+}
+
+/** The least queue (tokens) that waits `wait` ms with chunks of k and steps of `step` ms: T's inverse; 0 below one step. */
+function queueAtLeast(wait: number, k: number, step: number): number {
+  const first = PREFILL_C + step
+  if (!(wait > first)) return 0
+  const full = prefillMs(k) + step
+  // A·q² + B·q + C + step = wait within a chunk (the root in the form that does not cancel),
+  // q / k × (prefill_ms(k) + step) = wait beyond; rounded down a little
+  const x = wait - first
+  const q = wait <= full ? (2 * x) / (PREFILL_B + Math.sqrt(PREFILL_B * PREFILL_B + 4 * PREFILL_A * x)) : (wait * k) / full
+  return q * (1 - 1e-9)
+}
+
+/** The least of P(q + u) − P(q) over q ≥ q0 (q0 = 0: over every q > 0, where P(0+) is prefill_ms's constant). */
+function prefillIncreaseAtLeast(q0: number, u: number, k: number): number {
+  if (!(u > 0)) return 0
+  let least = prefillIncrease(q0, u, k)
+  if (q0 < k) least = Math.min(least, prefillIncrease(Math.max(q0, k - u), u, k), prefillIncrease(k, u, k))
+  return least
+}
+
+/** P(q + u) − P(q), with P(0+) prefill_ms's constant. */
+function prefillIncrease(q: number, u: number, k: number): number {
+  return prefillTimeMs(q + u, k) - (q > 0 ? prefillTimeMs(q, k) : PREFILL_C)
 }

@@ -21,7 +21,7 @@
 // have chosen.
 import type { ActiveSequences } from './active-sequences.js'
 import { TRACK_NONE, TRACK_SHARED } from './active-sequences.js'
-import { FleetLoad, kvUsage, LatencyTerms, latencyLowerBound, USAGE_SCALE } from './cost.js'
+import { chunkTokens, DECODE_STEP_MAX_MS, DECODE_STEP_MIN_MS, FleetLoad, kvUsage, LatencyTerms, latencyLowerBound, USAGE_SCALE } from './cost.js'
 import type { LoadIndex } from './load-index.js'
 import type { CostModel } from './options.js'
 import type { Rng } from './rng.js'
@@ -406,7 +406,8 @@ export class PrunedSelector {
   /**
    * The least of `best` and the costs of a group's Z list. The cost grows with a; it depends on a
    * only through the KV usage (and not at all with nothing in flight), so classes of equal usage
-   * cost exactly the same and one of them is scored.
+   * cost exactly the same and one of them is scored; once the usage is 0 for all (capacity
+   * unknown, nothing in flight) or full, the rest of the list is of that usage.
    */
   private leastInZ(g: number, best: number): number {
     const index = this.index
@@ -422,6 +423,7 @@ export class PrunedSelector {
       const cost = this.latencyClass(cid, g)
       if (cost < best) best = cost
       else if (cost * (1 - SLACK) > best) break
+      if (total === 0 || u === 1) break
     }
     return best
   }
@@ -445,7 +447,7 @@ export class PrunedSelector {
       seen = u
       const cost = this.latencyClass(cid, g)
       if (cost <= limit) return cid
-      if (cost * (1 - SLACK) > limit) return -1
+      if (cost * (1 - SLACK) > limit || total === 0 || u === 1) return -1
     }
     return -1
   }
@@ -457,17 +459,24 @@ export class PrunedSelector {
 
   /** latencyLowerBound over a whole group (no wait at all: its Z classes, and below every Q class), with the slack. */
   private groupBound(g: number): number {
-    const index = this.index
-    const total = index.famTotal[index.groupFam[g] as number] as number
-    return latencyLowerBound(0, this.uncached, index.groupR[g] as number, this.extra, total, this.fleet) * (1 - SLACK)
+    return this.bound(g, 0)
   }
 
   /** latencyLowerBound of a Q class, with the slack. */
   private boundOf(g: number, cid: number): number {
+    return this.bound(g, this.index.classKey[cid] as number)
+  }
+
+  private bound(g: number, wait: number): number {
     const index = this.index
-    const total = index.famTotal[index.groupFam[g] as number] as number
-    const b = latencyLowerBound(index.classKey[cid] as number, this.uncached, index.groupR[g] as number, this.extra, total, this.fleet)
-    return b * (1 - SLACK)
+    const fam = index.groupFam[g] as number
+    const total = index.famTotal[fam] as number
+    const r = index.groupR[g] as number
+    // the decode step a worker-rank of the group may have: none with nothing in flight, one with its capacity unknown
+    const stepMin = r > 0 ? DECODE_STEP_MIN_MS : 0
+    const stepMax = r > 0 ? (total > 0 ? DECODE_STEP_MAX_MS : DECODE_STEP_MIN_MS) : 0
+    const chunk = chunkTokens(index.famMaxBatched[fam] as number, r)
+    return latencyLowerBound(wait, this.uncached, r, chunk, stepMin, stepMax, this.extra, total, this.fleet) * (1 - SLACK)
   }
 
   private latencyClass(cid: number, g: number): number {

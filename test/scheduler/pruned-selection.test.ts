@@ -8,6 +8,8 @@ import t from 'tap'
 import type { Test } from 'tap'
 import {
   chunkTokens,
+  DECODE_STEP_MAX_MS,
+  DECODE_STEP_MIN_MS,
   FleetLoad,
   kvUsage,
   LatencyTerms,
@@ -464,36 +466,45 @@ t.test('the single draw: the reservoir of one with pinned draws, uniform with re
   for (const k of [1, 2, 4]) t.ok(Math.abs((counts[k] as number) / 20_000 - 1 / 3) < 0.02, `candidate ${k}: ${counts[k]} of 20,000`)
 })
 
-t.test("the latency cost's lower bound never exceeds the cost", async (t) => {
+t.test("the latency cost's lower bound never exceeds the cost, and grows with the wait", async (t) => {
   const rng = new Xoshiro128(17)
   const out = new LatencyTerms()
   let worst = 0
   let over = 0
-  for (let i = 0; i < 50_000; i++) {
+  let falls = 0
+  for (let i = 0; i < 100_000; i++) {
     const inFlight = rng.next() < 0.2 ? 0 : rng.int(64)
     const maxBatched = [256, 2048, 8192, 10_000_000][rng.int(4)] as number
     const chunk = chunkTokens(maxBatched, inFlight)
     const total = rng.next() < 0.2 ? 0 : 100 + rng.int(100_000)
     const active = rng.int(total + 50)
     const queued = rng.next() < 0.2 ? 0 : 1 + rng.int(rng.next() < 0.5 ? 2 * chunk : 200_000)
-    const uncached = rng.int(rng.next() < 0.5 ? 2 * chunk : 100_000)
+    const uncached = rng.next() < 0.05 ? 0 : rng.int(rng.next() < 0.5 ? 2 * chunk : 100_000)
     const added = rng.int(3000)
     const fleet = new FleetLoad()
     fleet.set(rng.int(5000), rng.next() * 500, 1 + rng.int(500))
     const step = inFlight > 0 ? decodeMs(kvUsage(active, total)) : 0
+    const stepMin = inFlight > 0 ? DECODE_STEP_MIN_MS : 0
+    const stepMax = inFlight > 0 ? (total > 0 ? DECODE_STEP_MAX_MS : DECODE_STEP_MIN_MS) : 0
     const wait = queued > 0 ? prefillTimeMs(queued, chunk) + prefillSteps(queued, chunk) * step : 0
     const cost = latencyTerms(queued, uncached, inFlight, chunk, active, added, total, fleet, out)
-    const bound = latencyLowerBound(wait, uncached, inFlight, added, total, fleet)
-    if (bound > cost * (1 + 1e-12)) over++
-    worst = Math.max(worst, bound / cost)
+    // the bound at this wait and at any smaller one
+    const below = wait * rng.next()
+    const bound = latencyLowerBound(wait, uncached, inFlight, chunk, stepMin, stepMax, added, total, fleet)
+    const lower = latencyLowerBound(below, uncached, inFlight, chunk, stepMin, stepMax, added, total, fleet)
+    if (bound > cost * (1 + 1e-12) || lower > cost * (1 + 1e-12)) over++
+    if (lower > bound * (1 + 1e-12)) falls++
+    if (cost > 0) worst = Math.max(worst, bound / cost)
   }
-  t.equal(over, 0, `bound ≤ cost in 50,000 random cases (closest: ${worst.toFixed(4)} of the cost)`)
-  t.ok(worst > 0.9, 'and tight somewhere')
-  // its slowdown terms are the cost's: with nothing to prefill the bound is the cost
+  t.equal(over, 0, `bound ≤ cost in 100,000 random cases (closest: ${worst.toFixed(6)} of the cost)`)
+  t.equal(falls, 0, 'a smaller wait never bounds higher')
+  t.ok(worst > 0.99, 'and tight somewhere')
+  // nothing to prefill and capacity unknown: the bound is the cost
   const fleet = new FleetLoad()
   fleet.set(40, 3, 10)
   const chunk = chunkTokens(8192, 4)
-  const wait = prefillTimeMs(5000, chunk) + prefillSteps(5000, chunk) * decodeMs(kvUsage(300, 1000))
-  const cost = latencyTerms(5000, 0, 4, chunk, 300, 64, 1000, fleet, out)
-  t.ok(Math.abs(latencyLowerBound(wait, 0, 4, 64, 1000, fleet) - cost) <= 1e-12 * cost, `no prompt: bound = cost (${cost})`)
+  const wait = prefillTimeMs(5000, chunk) + prefillSteps(5000, chunk) * DECODE_STEP_MIN_MS
+  const cost = latencyTerms(5000, 0, 4, chunk, 300, 64, 0, fleet, out)
+  const bound = latencyLowerBound(wait, 0, 4, chunk, DECODE_STEP_MIN_MS, DECODE_STEP_MIN_MS, 64, 0, fleet)
+  t.ok(Math.abs(bound - cost) <= 1e-12 * cost, `no prompt: bound ${bound} = cost ${cost}`)
 })

@@ -187,15 +187,19 @@ export class PrunedSelector {
     if (this.mark[s] === 1) return
     this.mark[s] = 1
     this.special[this.specialN++] = s
-    if (!this.index.isOpen(s) || view.isExcluded(s)) return
-    this.maskOut(s)
+    const cid = this.index.classOf[s] as number
+    if (cid < 0 || (view.excludedN > 0 && view.isExcluded(s))) return
+    this.mask(cid)
     this.mSlot[this.mN++] = s
   }
 
   /** Takes an open slot out of its class's count for this decision. */
   private maskOut(s: number): void {
     const cid = this.index.classOf[s] as number
-    if (cid < 0) return
+    if (cid >= 0) this.mask(cid)
+  }
+
+  private mask(cid: number): void {
     const g = this.index.classGroup[cid] as number
     if ((this.classMask[cid] as number) === 0) this.masked[this.maskedN++] = cid
     this.classMask[cid] = (this.classMask[cid] as number) + 1

@@ -17,8 +17,8 @@
 // checked against it), and, with BENCH_ROUTE_BASE=<dist of another build>, that build's. This
 // build's and the other's repetitions alternate, their order swapped each time, so that a
 // shared machine's drift falls on both; their ratio is the median of the repetitions' ratios.
-// Heap: used heap after a full collection, before the scheduler is built and once it has
-// reached its steady state, per scheduler.
+// Heap: used heap and typed-array buffers after a full collection, before the scheduler is built
+// and once it has reached its steady state, per scheduler.
 import { setFlagsFromString } from 'node:v8'
 import { runInNewContext } from 'node:vm'
 import { join } from 'node:path'
@@ -159,7 +159,10 @@ function makeTemplates(rng: Xoshiro128, c: DecisionCase, count: number): Templat
 /** One scheduler under the workload: its own population of booked requests. */
 class Driver {
   readonly s: SchedulerLike
-  private readonly ring: number[] = []
+  /** The booked requests' ids, oldest first: a ring of population + 1 entries from `head`, `size` long. */
+  private readonly ring: Int32Array
+  private head = 0
+  private size = 0
   private readonly dense: Float64Array
   private readonly req: ScheduleRequest = { id: '', isl: 0 }
   private readonly query: ScheduleRequest = { isl: 0, updateStates: false }
@@ -176,6 +179,7 @@ class Driver {
     this.s = new Ctor({ mode: 'kv', blockSize: BLOCK_SIZE, seed: 1, queueThreshold: 4.0 }, { timers: false, fullScan })
     for (let w = 0; w < c.ranks / c.ranksPerWorker; w++) for (let r = 0; r < c.ranksPerWorker; r++) this.s.addWorkerRank(BigInt(1_000_000_007 * (w + 1)), r)
     this.dense = new Float64Array(c.ranks)
+    this.ring = new Int32Array(population + 1)
   }
 
   /**
@@ -222,11 +226,15 @@ class Driver {
       for (let k = 0; k < tpl.slots.length; k++) dense[tpl.slots[k] as number] = 0
       if (d === null) throw new Error('benchmark state unexpectedly queued a request')
       choices[i] = d.slot
-      this.ring.push(id)
+      const ring = this.ring
+      ring[(this.head + this.size++) % ring.length] = id
       const t2 = process.hrtime.bigint()
-      if (this.ring.length > this.population) this.s.free(this.ids[this.ring.shift() as number] as string)
-      const mid = this.ring[this.ring.length >> 1]
-      if (mid !== undefined) this.s.markPrefillComplete(this.ids[mid] as string)
+      if (this.size > this.population) {
+        this.s.free(this.ids[ring[this.head] as number] as string)
+        this.head = (this.head + 1) % ring.length
+        this.size--
+      }
+      this.s.markPrefillComplete(this.ids[ring[(this.head + (this.size >> 1)) % ring.length] as number] as string)
       const t3 = process.hrtime.bigint()
       if (timed !== null) timed[i - from] = Number(t1 - t0) / 1000
       if (upkeep !== null) upkeep[i - from] = Number(t3 - t2) / 1000
@@ -236,7 +244,7 @@ class Driver {
 
 let gcFn: (() => void) | undefined
 
-/** Used heap after a full collection, MB. */
+/** Used heap after a full collection, with the typed arrays' buffers (outside V8's heap, where the scheduler keeps its state), MB. */
 function heapMB(): number {
   if (gcFn === undefined) {
     setFlagsFromString('--expose-gc')
@@ -244,7 +252,8 @@ function heapMB(): number {
   }
   gcFn()
   gcFn()
-  return process.memoryUsage().heapUsed / 2 ** 20
+  const m = process.memoryUsage()
+  return (m.heapUsed + m.arrayBuffers) / 2 ** 20
 }
 
 function percentile(sorted: Float64Array, q: number): number {

@@ -40,7 +40,7 @@ interface SchedulerLike {
   markPrefillComplete(id: string): boolean
 }
 
-type SchedulerClass = new (options: SchedulerOptionsInput, deps: SchedulerDeps) => SchedulerLike
+export type SchedulerClass = new (options: SchedulerOptionsInput, deps: SchedulerDeps) => SchedulerLike
 
 /** One fleet: ranks worker-ranks in workers of ranksPerWorker dp ranks, and who holds the prefixes. */
 export interface DecisionCase {
@@ -400,9 +400,10 @@ export function decisionTable(results: readonly DecisionResult[], reps: number):
   for (const model of ['share', 'tenants'] as const) {
     const big = at(7000, model)
     if (small === undefined || big === undefined) continue
+    const r = (a: number, b: number): string => (a / b).toFixed(2)
     lines.push(
-      `7,000 worker-ranks (${model}) ÷ 64: p99 ${(big.pruned.p99Us / small.pruned.p99Us).toFixed(2)} (bar ≤ 2), p50 ${(big.pruned.p50Us / small.pruned.p50Us).toFixed(2)}; ` +
-        `selection alone p99 ${(big.pruned.selectP99Us / small.pruned.selectP99Us).toFixed(2)}, p50 ${(big.pruned.selectP50Us / small.pruned.selectP50Us).toFixed(2)}`,
+      `7,000 worker-ranks (${model}) ÷ 64: p99 ${r(big.pruned.p99Us, small.pruned.p99Us)} (bar ≤ 2), p50 ${r(big.pruned.p50Us, small.pruned.p50Us)}; ` +
+        `selection alone p99 ${r(big.pruned.selectP99Us, small.pruned.selectP99Us)}, p50 ${r(big.pruned.selectP50Us, small.pruned.selectP50Us)}`,
     )
   }
   return lines

@@ -4,8 +4,8 @@
 //   matched    the candidates holding part of the prompt (a non-zero overlap) or some of its
 //              blocks active (countPresent): each scored exactly, as the full scan scores it
 //   the rest   to whom the request adds its whole prompt and all its blocks: their cost depends on
-//              their load alone, and LoadIndex keeps them in classes of equal load, sorted so
-//              that the cheapest come first (see there); the classes that matched or excluded
+//              their load alone, and LoadIndex keeps them in classes of equal load, sorted by what
+//              the cost or its bound grows with (see there); the classes that matched or excluded
 //              worker-ranks belong to count without them this once
 //
 // Dynamo's cost, minimum: every class whose bound does not exceed the best found is scored, so
@@ -92,6 +92,9 @@ export class PrunedSelector {
   private decay = 0
   private reqBlocks = 1
   private view: IndexView | null = null
+  /** Per family: the pass (passStamp) in which one of its groups was found beyond the pass's limit. */
+  private famBeyond = new Int32Array(4)
+  private passStamp = 0
 
   constructor(
     private readonly index: LoadIndex,
@@ -150,6 +153,8 @@ export class PrunedSelector {
       this.tieLen = growTo(this.tieLen, classes)
     }
     if (this.groupMask.length < this.index.groupR.length) this.groupMask = growTo(this.groupMask, this.index.groupR.length)
+    if (this.famBeyond.length < this.index.famTotal.length) this.famBeyond = growTo(this.famBeyond, this.index.famTotal.length)
+    this.nextPass()
     if (++this.stamp === 0x40000000) {
       this.costStamp.fill(0)
       this.mStamp.fill(0)
@@ -341,7 +346,7 @@ export class PrunedSelector {
     }
     for (let i = 0; i < index.activeN; i++) {
       const g = index.active[i] as number
-      if ((index.groupCount[g] as number) === (this.groupMask[g] as number) || this.groupBound(g) > best) continue
+      if ((index.groupCount[g] as number) === (this.groupMask[g] as number) || this.beyond(g, best)) continue
       best = this.leastInZ(g, best)
       const q = index.groupQ[g] as Int32Array
       for (let k = 0, n = index.groupQn[g] as number; k < n; k++) {
@@ -354,6 +359,7 @@ export class PrunedSelector {
     }
     // within NEAR_TIE of C: fewest in flight, then fewest active blocks, then the lower cost
     const limit = nearTieLimit(best)
+    this.nextPass()
     let bestR = Infinity
     let bestA = Infinity
     let bestL = Infinity
@@ -375,7 +381,7 @@ export class PrunedSelector {
       const g = index.active[i] as number
       const r = index.groupR[g] as number
       if (r > bestR) break
-      if ((index.groupCount[g] as number) === (this.groupMask[g] as number) || this.groupBound(g) > limit) continue
+      if ((index.groupCount[g] as number) === (this.groupMask[g] as number) || this.beyond(g, limit)) continue
       const z = this.firstInZ(g, limit, r === bestR ? bestA : Infinity)
       if (z >= 0) {
         const a = index.classA[z] as number
@@ -464,6 +470,30 @@ export class PrunedSelector {
   /** latencyLowerBound over a whole group (no wait at all: its Z classes, and below every Q class), with the slack. */
   private groupBound(g: number): number {
     return this.bound(g, 0)
+  }
+
+  /**
+   * Whether every class of group g costs more than `limit`. A family's groups come in order of
+   * requests in flight, and while the prompt fits the group's chunk the group's bound grows with
+   * them (more slowdown, the same own time); so once one group of a family is beyond the limit,
+   * so are the family's next ones whose chunk the prompt fits, unscored. The limit of a pass
+   * (passStamp) only falls.
+   */
+  private nextPass(): void {
+    if (++this.passStamp === 0x40000000) {
+      this.famBeyond.fill(0)
+      this.passStamp = 1
+    }
+  }
+
+  private beyond(g: number, limit: number): boolean {
+    const index = this.index
+    const fam = index.groupFam[g] as number
+    const chunk = chunkTokens(index.famMaxBatched[fam] as number, index.groupR[g] as number)
+    if (this.famBeyond[fam] === this.passStamp && this.uncached <= chunk) return true
+    if (!(this.groupBound(g) > limit)) return false
+    if (this.uncached <= chunk) this.famBeyond[fam] = this.passStamp
+    return true
   }
 
   /** latencyLowerBound of a Q class, with the slack. */

@@ -365,7 +365,7 @@ export function decisionTable(results: readonly DecisionResult[], reps: number):
   const lines = [
     `route decision (selection + booking, kv mode, latency cost, given overlaps), median of ${reps} repetitions; µs, heap MB`,
     'worker-ranks (dp), model | ops | in flight | matched | p50 | p99 | mean | select p50 | p99 | upkeep | heap | full scan p50 | p99 |' +
-      ' base p50 | p99 | select p50 | heap | base/this p50 | p99 | same as full scan',
+      ' base p50 | p99 | select p50 | upkeep | heap | base/this p50 | p99 | same as full scan',
   ]
   for (const d of results) {
     const b = d.base
@@ -387,6 +387,7 @@ export function decisionTable(results: readonly DecisionResult[], reps: number):
         f(b?.p50Us).padStart(8),
         f(b?.p99Us).padStart(7),
         f(b?.selectP50Us).padStart(10),
+        f(b?.upkeepUs).padStart(6),
         f(b?.heapMB, 1).padStart(5),
         f(d.ratioP50).padStart(13),
         f(d.ratioP99).padStart(5),

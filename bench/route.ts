@@ -83,7 +83,7 @@ async function runDecisions(): Promise<DecisionResult[]> {
     const big = c.ranks > 4096
     // the tenants model's prompts: a few per tenant, however many tenants
     const templates = c.model === 'tenants' ? Math.max(2048, c.ranks / 2) : c.ranks > 1024 ? 512 : 2048
-    out.push(benchDecisions(c, { reps: REPS, ops: big ? 4000 : OPS, warmup: big ? 4000 : WARMUP, templates }, Base))
+    out.push(await benchDecisions(c, { reps: REPS, ops: big ? 4000 : OPS, warmup: big ? 4000 : WARMUP, templates }, Base))
   }
   return out
 }

@@ -19,9 +19,9 @@
 // shared machine's drift falls on both; their ratio is the median of the repetitions' ratios.
 // Heap: used heap and typed-array buffers after a full collection, before the scheduler is built
 // and once it has reached its steady state, per scheduler.
-import { setFlagsFromString } from 'node:v8'
-import { runInNewContext } from 'node:vm'
 import { join } from 'node:path'
+import { setTimeout as sleep } from 'node:timers/promises'
+import { fullGc } from '../../src/runtime/heap-settle.js'
 import { Xoshiro128 } from '../../src/scheduler/rng.js'
 import type { ScheduleRequest, SchedulerDeps } from '../../src/scheduler/scheduler.js'
 import { Scheduler } from '../../src/scheduler/scheduler.js'
@@ -242,19 +242,21 @@ class Driver {
   }
 }
 
-let gcFn: (() => void) | undefined
-
 /** Used heap after a full collection, with the typed arrays' buffers (outside V8's heap, where the scheduler keeps its state), MB. */
-function heapMB(): number {
-  if (gcFn === undefined) {
-    setFlagsFromString('--expose-gc')
-    gcFn = runInNewContext('gc') as () => void
+async function heapMB(): Promise<number> {
+  const gc = fullGc()
+  for (let i = 0; i < 2; i++) {
+    // a tick queued across the collection, as heap-settle.ts explains; the buffers of freed typed
+    // arrays go a little after it, in the background
+    process.nextTick(noop)
+    gc()
+    await sleep(20)
   }
-  gcFn()
-  gcFn()
   const m = process.memoryUsage()
   return (m.heapUsed + m.arrayBuffers) / 2 ** 20
 }
+
+function noop(): void {}
 
 function percentile(sorted: Float64Array, q: number): number {
   return sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] as number
@@ -297,7 +299,7 @@ export async function baseScheduler(dist: string | undefined): Promise<Scheduler
   return mod.Scheduler
 }
 
-export function benchDecisions(c: DecisionCase, set: DecisionSettings, Base: SchedulerClass | null): DecisionResult {
+export async function benchDecisions(c: DecisionCase, set: DecisionSettings, Base: SchedulerClass | null): Promise<DecisionResult> {
   const rng = new Xoshiro128(20240601 + c.ranks * 8 + c.ranksPerWorker)
   const templates = makeTemplates(rng, c, set.templates)
   const population = IN_FLIGHT_PER_RANK * c.ranks
@@ -308,17 +310,17 @@ export function benchDecisions(c: DecisionCase, set: DecisionSettings, Base: Sch
   const ops = Int32Array.from({ length: total }, () => rng.int(templates.length))
   let matched = 0
   for (const t of templates) matched += t.slots.length
-  const build = (Ctor: SchedulerClass, fullScan: boolean): { d: Driver; heap: number; choices: Int32Array; queried: Int32Array } => {
-    const h0 = heapMB()
-    const d = new Driver(Ctor, fullScan, c, templates, ids, population)
+  const build = async (Ctor: SchedulerClass, fullScan: boolean): Promise<{ d: Driver; heap: number; choices: Int32Array; queried: Int32Array }> => {
     const choices = new Int32Array(total)
     const queried = new Int32Array(total)
+    const h0 = await heapMB()
+    const d = new Driver(Ctor, fullScan, c, templates, ids, population)
     d.run(ops, 0, warmup, null, null, choices, null, queried)
-    return { d, heap: heapMB() - h0, choices, queried }
+    return { d, heap: (await heapMB()) - h0, choices, queried }
   }
-  const pruned = build(Scheduler as unknown as SchedulerClass, false)
-  const full = build(Scheduler as unknown as SchedulerClass, true)
-  const base = Base === null ? null : build(Base, false)
+  const pruned = await build(Scheduler as unknown as SchedulerClass, false)
+  const full = await build(Scheduler as unknown as SchedulerClass, true)
+  const base = Base === null ? null : await build(Base, false)
   const samples = new Float64Array(set.ops)
   const upkeep = new Float64Array(set.ops)
   const select = new Float64Array(set.ops)

@@ -9,7 +9,7 @@ import { benchDecisions, decisionTable } from '../lib/decisions.js'
 const SMALL = { reps: 2, ops: 300, warmup: 400, templates: 64 }
 
 t.test('the pruned selection is checked against the full scan, and the other build measured beside it', async (t) => {
-  const r = benchDecisions({ ranks: 16, ranksPerWorker: 2, model: 'share' }, SMALL, Scheduler as unknown as SchedulerClass)
+  const r = await benchDecisions({ ranks: 16, ranksPerWorker: 2, model: 'share' }, SMALL, Scheduler as unknown as SchedulerClass)
   t.equal(r.differed, 0, `${r.compared} decisions, none different`)
   // the booked decisions of the warm-up and the repetitions, and the unbooked ones of the repetitions
   t.equal(r.compared, 400 + 2 * 300 * 2)
@@ -23,7 +23,7 @@ t.test('the pruned selection is checked against the full scan, and the other bui
 })
 
 t.test('the tenants model: nine worker-ranks hold each prompt at any size', async (t) => {
-  const r = benchDecisions({ ranks: 256, ranksPerWorker: 1, model: 'tenants' }, SMALL, null)
+  const r = await benchDecisions({ ranks: 256, ranksPerWorker: 1, model: 'tenants' }, SMALL, null)
   t.equal(r.matchedPerRequest, 9)
   t.equal(r.differed, 0)
   t.equal(r.base, null)

@@ -18,6 +18,9 @@ export class OverlapInput {
   /** Slots that may hold a cached prefix (every one that does), valid up to matchedN once matchedSlots() ran. */
   matched: ArrayLike<number> = NONE
   matchedN = 0
+  /** The request's own overlap per slot (before predict-on-route raises it), or undefined. */
+  private own: ArrayLike<number> | undefined = undefined
+  private ownSlots: ArrayLike<number> | undefined = undefined
   private list = new Int32Array(8)
   /** overlapValues spread over the slots; all zeros between decisions. */
   private sparse = new Float64Array(8)
@@ -30,6 +33,8 @@ export class OverlapInput {
     const slots = req.overlapSlots
     this.matched = slots ?? NONE
     this.matchedN = slots === undefined ? -1 : slots.length
+    this.ownSlots = slots
+    this.own = req.overlapBlocks
     if (req.overlapBlocks !== undefined || slots === undefined || req.overlapValues === undefined) return req.overlapBlocks
     if (this.sparse.length < this.workers.slotCapacity) this.sparse = new Float64Array(Math.max(this.workers.slotCapacity, this.sparse.length * 2))
     const sparse = this.sparse
@@ -40,6 +45,7 @@ export class OverlapInput {
       if (s >= 0 && s < sparse.length) sparse[s] = values[i] as number
     }
     this.spreadSlots = slots
+    this.own = sparse
     return sparse
   }
 
@@ -71,28 +77,27 @@ export class OverlapInput {
     this.spreadSlots = undefined
   }
 
-  /** The best cached prefix, in blocks, among the candidates of the last collect() (wspt's key). */
-  static best(req: OverlapRequest, cands: CandidateSets): number {
+  /** The request's best cached prefix, in blocks, among the candidates of the last collect() (wspt's key); before clear(). */
+  best(cands: CandidateSets): number {
+    const own = this.own
+    if (own === undefined) return 0
     let best = 0
-    const ov = req.overlapBlocks
-    const slots = req.overlapSlots
-    const values = ov ?? req.overlapValues
-    if (values === undefined) return 0
-    if (slots !== undefined) {
-      for (let i = 0; i < slots.length; i++) {
-        const s = slots[i] as number
-        const v = (ov === undefined ? values[i] : s < values.length ? values[s] : 0) as number
-        if (v > best && cands.isCandidate(s)) best = v
-      }
-    } else if (cands.listed) {
+    const slots = this.ownSlots
+    if (cands.listed) {
       const e = cands.eligibility
       for (let i = 0; i < e.count; i++) {
         const s = e.slots[i] as number
-        const v = s < values.length ? (values[s] as number) : 0
+        const v = s < own.length ? (own[s] as number) : 0
         if (v > best) best = v
       }
+    } else if (slots !== undefined) {
+      for (let i = 0; i < slots.length; i++) {
+        const s = slots[i] as number
+        const v = s >= 0 && s < own.length ? (own[s] as number) : 0
+        if (v > best && cands.isCandidate(s)) best = v
+      }
     } else {
-      for (let s = 0; s < values.length; s++) if ((values[s] as number) > best && cands.isCandidate(s)) best = values[s] as number
+      for (let s = 0; s < own.length; s++) if ((own[s] as number) > best && cands.isCandidate(s)) best = own[s] as number
     }
     return best
   }

@@ -409,7 +409,7 @@ export class Scheduler {
       const t = this.options.queueThreshold
       if (booked && t !== null && this.cands.allQueueBusy(m, t)) {
         // wspt's key, from the candidates it has now (enqueue follows)
-        this.waitBest = OverlapInput.best(req, this.cands)
+        this.waitBest = this.overlap.best(this.cands)
         return null
       }
       decision = this.decide(req, m, 0)

@@ -346,6 +346,8 @@ interface ResultJson {
   modes: Record<string, { hit_rate: number | null; ttft_ms: { p50: number | null; p90: number | null; p99: number | null }; ttft_percentiles_ms?: number[] }>
 }
 
+const profileText = (p: string | undefined): string => (p === undefined || p === 'default' ? '' : ` --engine-profile ${p}`)
+
 /** The figure, from the result JSON alone (so --replot can redraw a finished run). */
 function plot(r: ResultJson): string {
   const c = r.config
@@ -353,8 +355,8 @@ function plot(r: ResultJson): string {
   return renderE2eSvg({
     title: `kv-router end to end: ${c.workers} mocker workers, ${slice} Mooncake conversation trace (${c.requests} requests)`,
     subtitle:
-      `load × ${c.load}, mocker --speedup-ratio ${c.speedup}${c.engine_profile !== undefined && c.engine_profile !== 'default' ? ` --engine-profile ${c.engine_profile}` : ''} (times simulated), K = ${c.K} blocks/worker, block ${c.block_size}; ` +
-      `${r.date.slice(0, 10)}`,
+      `load × ${c.load}, mocker --speedup-ratio ${c.speedup}${profileText(c.engine_profile)} (times simulated), ` +
+      `K = ${c.K} blocks/worker, block ${c.block_size}; ${r.date.slice(0, 10)}`,
     series: Object.entries(r.modes).map(([m, s]) => ({
       mode: m,
       ttftMs: s.ttft_percentiles_ms ?? [],

@@ -230,7 +230,10 @@ t.test(
     // three probes of the worker (1 s, 2 s, 4 s apart) before it is given up: seconds, more under load
     await until(() => r.pool.health()[0] === 'exact', 30_000)
     t.equal(r.recovery?.stateOf(51n, 0), 'degraded', 'the worker that could not be rebuilt says so')
-    await until(() => warnings(capture, 'KVR_INDEX_DEGRADED').some((w) => /index shard 0 restarted: the cached blocks of worker\(s\) 51 are forgotten/.test(w)))
+    await until(
+      () => warnings(capture, 'KVR_INDEX_DEGRADED').some((w) => /index shard 0 restarted: the cached blocks of worker\(s\) 51 are forgotten/.test(w)),
+      30_000,
+    )
     // without recovery at all, the same
     const plain = await Router.start(config(['--router-block-size', '4']))
     t.teardown(() => plain.close())

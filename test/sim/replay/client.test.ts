@@ -39,12 +39,13 @@ t.test('sends on the trace schedule divided by speedup, without waiting for resp
     'they arrived in the order of the trace',
   )
   const span = (arrivals[arrivals.length - 1] as number) - (arrivals[0] as number)
-  t.ok(span > 0.8 * ((ts[ts.length - 1] as number) / speedup), `the last arrived ${span.toFixed(1)} ms after the first, due 500 ms after it`)
+  t.ok(span > 0.5 * ((ts[ts.length - 1] as number) / speedup), `the last arrived ${span.toFixed(1)} ms after the first, due 500 ms after it`)
   t.ok(srv.maxOpen >= 4, `requests overlapped (${srv.maxOpen} open at once)`)
   for (const r of records) {
     t.equal(r.error, null)
     t.ok(Math.abs(r.scheduled_ms - r.timestamp / speedup) < 1e-9)
-    t.ok(r.sent_ms - r.scheduled_ms < 40, `sent on time (lag ${(r.sent_ms - r.scheduled_ms).toFixed(1)} ms)`)
+    // a client that waited for each 400-ms answer would send the last one over 1.6 s late
+    t.ok(r.sent_ms - r.scheduled_ms < 200, `sent on time (lag ${(r.sent_ms - r.scheduled_ms).toFixed(1)} ms)`)
     t.ok((r.ttft_ms as number) >= 390 && (r.ttft_ms as number) < 600, `ttft ${r.ttft_ms}`)
   }
   // one ITL sample per read after the first: tokens 5 ms apart mostly come in reads of their own

@@ -67,7 +67,8 @@ export function partLayout(w: number, n: number, e: number): PartLayout {
   const blockLo = count + 4 * n
   const blockHi = blockLo + 4 * e
   const owner = blockHi + 4 * e
-  const length = (owner + 2 * e + 3) & ~3
+  // arithmetic, not bitwise: counts read from a damaged head must not wrap around to a plausible length
+  const length = Math.ceil((owner + 2 * e) / 4) * 4
   return { workers, up, tokLo, tokHi, count, blockLo, blockHi, owner, length }
 }
 
@@ -273,10 +274,17 @@ export function readSnapshot(bytes: Uint8Array): PartRef[] {
     const nodes = v.getUint32(offset + PART_HEAD.nodes, true)
     const entries = v.getUint32(offset + PART_HEAD.entries, true)
     if (partLayout(workers, nodes, entries).length !== len) throw invalid(`part ${i} is ${len} bytes, its head says otherwise`)
+    zeros(bytes, end, offset)
     parts.push({ offset, length: len, workers, nodes, entries })
     end = offset + len
   }
+  zeros(bytes, end, length)
   return parts
+}
+
+/** The padding between parts is zero: no byte of a snapshot goes unchecked. */
+function zeros(b: Uint8Array, from: number, to: number): void {
+  for (let i = from; i < to; i++) if (b[i] !== 0) throw invalid(`corrupt: byte ${i}, between its parts, is not zero`)
 }
 
 /** The worker ids (lo, hi) a part names, from its bytes as they are (before checkPart: for routing it). */

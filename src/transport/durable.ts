@@ -24,6 +24,7 @@ import { u64FromParts } from '../codec/u64.js'
 import type { RouterEvent } from '../codec/events.js'
 import { splitEvents } from '../codec/event-array.js'
 import { KvrError, Warn } from '../errors.js'
+import { isBinarySnapshot, readSnapshot as snapshotParts } from '../index/snapshot-format.js'
 import { limited, log } from '../runtime/log.js'
 import { RADIX_STATE_OBJECT, radixBucket } from './dynamo-names.js'
 import { JS_CONSUMER_NOT_FOUND, ensureKvEventsStream, jsErrorCode } from './jetstream.js'
@@ -41,6 +42,8 @@ export interface DurableKvEventsOptions {
   snapshotThreshold: number
   /** Delete the snapshot and purge the stream at start, unless another replica reads it now. */
   resetStates: boolean
+  /** How snapshots are written (both are read): binary (the default) or a JSON array of RouterEvents. */
+  snapshotFormat?: SnapshotFormat
   /** The workers discovery knows now, or null when nothing discovers workers (none is dropped then). */
   discovered?: () => ReadonlySet<bigint> | null
   /** Drops a worker the index holds that discovery no longer knows (before a snapshot). */
@@ -69,7 +72,7 @@ export interface DurableCounters {
   snapshotsUploaded: number
   snapshotUploadsFailed: number
   snapshotsLoaded: number
-  /** Snapshots found but not usable (not an array of events, or of a stream since recreated). */
+  /** Snapshots found but not usable (truncated, corrupt, not kv-router's, or of a stream since recreated): none of them applied. */
   snapshotLoadsFailed: number
   /** Messages purged from the stream by this replica after its snapshots. */
   purged: number
@@ -79,7 +82,7 @@ export interface DurableCounters {
 
 /** What a start replayed: the stream up to its last message at start, once applied. */
 export interface CatchUp {
-  /** Events loaded from the snapshot. */
+  /** Events loaded from the snapshot: a binary one's block entries (a JSON one holds a stored event for each). */
   snapshotEvents: number
   /** Messages replayed from the stream. */
   events: number
@@ -89,6 +92,11 @@ export interface CatchUp {
 
 /** Object metadata key holding the stream sequence a snapshot stands for. */
 export const SNAPSHOT_SEQ_KEY = 'kvr_stream_seq'
+/** Object metadata key naming the snapshot's format; a snapshot without it is told by its first bytes. */
+export const SNAPSHOT_FORMAT_KEY = 'kvr_snapshot_format'
+/** Binary: the index as the shards hold it (src/index/snapshot-format.ts); json: a JSON array of RouterEvents, as kv-router wrote before. */
+export const SNAPSHOT_FORMATS = ['binary', 'json'] as const
+export type SnapshotFormat = (typeof SNAPSHOT_FORMATS)[number]
 /** Acknowledge after this many messages, or after ACK_MS, whichever first. */
 const ACK_EVERY = 1000
 const ACK_MS = 20
@@ -152,8 +160,11 @@ export class DurableKvEvents {
   streamMessages = 0
   /** Messages the consumer had yet to deliver, as of the last delivery. */
   pending = 0
-  /** The last snapshot this replica took: its events and bytes, and the ms its dump (the intake held) and its upload took. */
-  lastSnapshot: { seq: number; events: number; bytes: number; dumpMs: number; uploadMs: number } | null = null
+  /**
+   * The last snapshot this replica took: its format, its events (a binary one's block entries) and
+   * bytes, and the ms its dump (the intake held) and its encoding and upload took.
+   */
+  lastSnapshot: { seq: number; format: SnapshotFormat; events: number; bytes: number; dumpMs: number; uploadMs: number } | null = null
   private readonly js: JetStreamClient
   private lastSeq = 0
   private ackedSeq = 0
@@ -277,7 +288,7 @@ export class DurableKvEvents {
       if (first > seq + 1)
         this.warn(`messages ${seq + 1} to ${first - 1} of ${this.stream} are gone and no snapshot covers them: the index misses what they held`)
       if (snap !== null && seq > 0) {
-        const n = this.applySnapshot(snap.bytes)
+        const n = await this.applySnapshot(snap.bytes, snap.format)
         if (n >= 0) {
           await this.applied()
           this.counters.snapshotsLoaded++
@@ -294,10 +305,10 @@ export class DurableKvEvents {
    * with every upload, so one read of the data and a later read of the same nuid are the data of
    * one upload. Null when there is none (or it cannot be read).
    */
-  private async readSnapshot(): Promise<{ seq: number; bytes: Uint8Array } | null> {
+  private async readSnapshot(): Promise<{ seq: number; format: string | null; bytes: Uint8Array } | null> {
     try {
       const os = await this.js.views.os(this.bucket)
-      let got: { nuid: string; seq: number; bytes: Uint8Array } | null = null
+      let got: { nuid: string; seq: number; format: string | null; bytes: Uint8Array } | null = null
       for (let i = 0; i < STABLE_READS; i++) {
         if (got !== null) {
           await sleep(STABLE_PAUSE_MS)
@@ -307,7 +318,7 @@ export class DurableKvEvents {
         }
         const r = await os.get(RADIX_STATE_OBJECT)
         if (r === null || r.info.deleted) return null
-        const bytes = await readAll(r.data)
+        const bytes = await readAll(r.data, r.info.size)
         const err = await r.error
         if (err instanceof Error) throw err
         const seq = Number(r.info.metadata?.[SNAPSHOT_SEQ_KEY] ?? Number.NaN)
@@ -316,7 +327,7 @@ export class DurableKvEvents {
           this.warn(`the snapshot in ${this.bucket} does not say which message it stands for (not written by kv-router): ignored`)
           return null
         }
-        got = { nuid: r.info.nuid, seq, bytes }
+        got = { nuid: r.info.nuid, seq, format: r.info.metadata?.[SNAPSHOT_FORMAT_KEY] ?? null, bytes }
       }
       return got
     } catch (err) {
@@ -327,11 +338,33 @@ export class DurableKvEvents {
   }
 
   /**
-   * Hands a snapshot to the shards, each worker-rank's events as one tree dump (the worker-rank is
-   * cleared, its events applied, and its next event taken whatever its id: a dump's ids are not
-   * the worker's). Returns the number of events, or -1 when the snapshot is not an array of events.
+   * Hands a snapshot to the shards; returns its events (a binary one's block entries), or -1 when
+   * it cannot be used, nothing of it applied (counted and said). Its format is the one its
+   * metadata names, else told by its first bytes (kv-router wrote JSON without naming it).
    */
-  private applySnapshot(bytes: Uint8Array): number {
+  private async applySnapshot(bytes: Uint8Array, format: string | null): Promise<number> {
+    const binary = format === null ? isBinarySnapshot(bytes) : format === 'binary'
+    if (format !== null && !(SNAPSHOT_FORMATS as readonly string[]).includes(format)) {
+      this.counters.snapshotLoadsFailed++
+      this.warn(`the snapshot in ${this.bucket} is in format "${format}", which this router does not read: ignored`)
+      return -1
+    }
+    if (!binary) return this.applyJsonSnapshot(bytes)
+    try {
+      return (await this.o.pool.loadSnapshot(bytes)).entries
+    } catch (err) {
+      this.counters.snapshotLoadsFailed++
+      this.warn(`the snapshot in ${this.bucket} cannot be loaded (${(err as Error).message}): nothing of it applied, starting from the stream alone`)
+      return -1
+    }
+  }
+
+  /**
+   * A JSON snapshot: each worker-rank's events as one tree dump (the worker-rank is cleared, its
+   * events applied, and its next event taken whatever its id: a dump's ids are not the
+   * worker's). Returns the number of events, or -1 when the snapshot is not an array of events.
+   */
+  private applyJsonSnapshot(bytes: Uint8Array): number {
     const groups = new Map<string, { workerId: bigint; rank: number; parts: Uint8Array[] }>()
     const decoder = new EventDecoder()
     let n = 0
@@ -602,22 +635,26 @@ export class DurableKvEvents {
     }
     let release = (): void => undefined
     this.gate = new Promise<void>((r) => (release = r))
+    const format = this.o.snapshotFormat ?? 'binary'
     const t0 = performance.now()
     let seq: number
-    let events: RouterEvent[]
+    let events: RouterEvent[] = []
+    let body: Uint8Array | null = null
     try {
       await this.applied()
       seq = this.lastSeq
-      events = await pool.dump()
+      // binary: the shards write it themselves; json: their events, encoded once the intake goes on
+      if (format === 'binary') body = await pool.snapshot()
+      else events = await pool.dump()
     } finally {
       this.gate = null
       release()
     }
     const t1 = performance.now()
-    const body = encodeSnapshot(events)
+    body ??= encodeSnapshot(events)
     try {
       const os = await this.js.views.os(this.bucket)
-      await os.putBlob({ name: RADIX_STATE_OBJECT, metadata: { [SNAPSHOT_SEQ_KEY]: String(seq) } }, body)
+      await os.putBlob({ name: RADIX_STATE_OBJECT, metadata: { [SNAPSHOT_SEQ_KEY]: String(seq), [SNAPSHOT_FORMAT_KEY]: format } }, body)
     } catch (err) {
       this.counters.snapshotUploadsFailed++
       limited.warn(
@@ -629,7 +666,8 @@ export class DurableKvEvents {
     }
     this.counters.snapshotsUploaded++
     this.snapshotSeq = seq
-    this.lastSnapshot = { seq, events: events.length, bytes: body.length, dumpMs: t1 - t0, uploadMs: performance.now() - t1 }
+    const n = format === 'binary' ? snapshotEntries(body) : events.length
+    this.lastSnapshot = { seq, format, events: n, bytes: body.length, dumpMs: t1 - t0, uploadMs: performance.now() - t1 }
     let upTo = seq
     for await (const ci of this.jsm.consumers.list(this.stream)) {
       // a consumer that has acknowledged nothing yet is at the message before its first
@@ -676,13 +714,26 @@ function joinArray(parts: readonly Uint8Array[]): Uint8Array {
   return Buffer.concat(chunks)
 }
 
-async function readAll(rs: ReadableStream<Uint8Array>): Promise<Uint8Array> {
-  const chunks: Uint8Array[] = []
+/** The object's bytes, into one buffer of the size its info says (grown if the chunks hold more). */
+async function readAll(rs: ReadableStream<Uint8Array>, size: number): Promise<Uint8Array> {
+  let out = new Uint8Array(size)
+  let n = 0
   const reader = rs.getReader()
   for (;;) {
     const { done, value } = await reader.read()
     if (done) break
-    chunks.push(value)
+    if (n + value.length > out.length) {
+      const grown = new Uint8Array(Math.max(2 * out.length, n + value.length))
+      grown.set(out.subarray(0, n))
+      out = grown
+    }
+    out.set(value, n)
+    n += value.length
   }
-  return Buffer.concat(chunks)
+  return n === out.length ? out : out.subarray(0, n)
+}
+
+/** Block entries of a binary snapshot this replica wrote, from its part heads. */
+function snapshotEntries(body: Uint8Array): number {
+  return snapshotParts(body).reduce((n, p) => n + p.entries, 0)
 }

@@ -271,6 +271,14 @@ t.test('a snapshot is refused when truncated, longer than it says, of another ve
   for (const n of [0, 5, HEADER.bytes - 1, HEADER.bytes + 3, snap.length - 1])
     refused(t, () => readSnapshot(snap.subarray(0, n)), n < 8 ? /not a kv-router binary snapshot/ : /truncated/, `truncated to ${n} bytes`)
   refused(t, () => readSnapshot(Buffer.concat([snap, Buffer.alloc(8)])), /header says/, 'bytes past its end')
+  // every byte counts: the padding between parts and after the last is zero
+  const padded = parts.map((p) => p.offset + p.length).filter((end) => end % 8 !== 0)
+  t.ok(padded.length > 0, 'a part ends before an 8-byte boundary')
+  for (const end of padded) {
+    const c = snap.slice()
+    c[end] = 1
+    refused(t, () => readSnapshot(c), /between its parts, is not zero/, `a byte of padding at ${end} set`)
+  }
   const patch = (at: number, v: number): Uint8Array => {
     const c = snap.slice()
     new DataView(c.buffer).setUint32(at, v, true)

@@ -619,9 +619,10 @@ export class DurableKvEvents {
   /**
    * Drops the workers discovery no longer knows, dumps the index as it stands after message
    * `lastSeq`, uploads it, then purges what every consumer has acknowledged (at most up to the
-   * snapshot: the upload goes first, so a failed one purges nothing).
+   * snapshot: the upload goes first, so a failed one purges nothing). In the replica's format
+   * unless told another.
    */
-  async snapshot(): Promise<void> {
+  async snapshot(format: SnapshotFormat = this.o.snapshotFormat ?? 'binary'): Promise<void> {
     const pool = this.o.pool
     const known = this.o.discovered?.() ?? null
     if (known !== null && this.o.removeWorker !== undefined) {
@@ -635,7 +636,6 @@ export class DurableKvEvents {
     }
     let release = (): void => undefined
     this.gate = new Promise<void>((r) => (release = r))
-    const format = this.o.snapshotFormat ?? 'binary'
     const t0 = performance.now()
     let seq: number
     let events: RouterEvent[] = []

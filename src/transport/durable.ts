@@ -14,6 +14,10 @@
 // Acknowledgements are cumulative (AckAll) and sent for a batch once the shards have applied it
 // (a flush barrier over the pool), so what the stream may drop on a purge is what every replica
 // has applied.
+//
+// Snapshots are binary by default, written and loaded by the shards themselves
+// (src/index/snapshot-format.ts), or a JSON array of RouterEvents (--router-snapshot-format);
+// both are read, the object read with a native digest (object-store.ts).
 import { once } from 'node:events'
 import type { ConsumerMessages, JetStreamClient, JetStreamManager, JsMsg, NatsConnection } from 'nats'
 import type { ShardPool } from '../shards/pool.js'
@@ -28,6 +32,7 @@ import { isBinarySnapshot, readSnapshot as snapshotParts } from '../index/snapsh
 import { limited, log } from '../runtime/log.js'
 import { RADIX_STATE_OBJECT, radixBucket } from './dynamo-names.js'
 import { JS_CONSUMER_NOT_FOUND, ensureKvEventsStream, jsErrorCode } from './jetstream.js'
+import { readObject } from './object-store.js'
 
 type Nats = typeof import('nats')
 
@@ -308,28 +313,22 @@ export class DurableKvEvents {
   private async readSnapshot(): Promise<{ seq: number; format: string | null; bytes: Uint8Array } | null> {
     try {
       const os = await this.js.views.os(this.bucket)
-      let got: { nuid: string; seq: number; format: string | null; bytes: Uint8Array } | null = null
-      for (let i = 0; i < STABLE_READS; i++) {
-        if (got !== null) {
-          await sleep(STABLE_PAUSE_MS)
-          const info = await os.info(RADIX_STATE_OBJECT)
-          if (info === null || info.deleted) return null
-          if (info.nuid === got.nuid) break
-        }
-        const r = await os.get(RADIX_STATE_OBJECT)
-        if (r === null || r.info.deleted) return null
-        const bytes = await readAll(r.data, r.info.size)
-        const err = await r.error
-        if (err instanceof Error) throw err
-        const seq = Number(r.info.metadata?.[SNAPSHOT_SEQ_KEY] ?? Number.NaN)
+      let info = await os.info(RADIX_STATE_OBJECT)
+      for (let i = 1; ; i++) {
+        if (info === null || info.deleted) return null
+        const seq = Number(info.metadata?.[SNAPSHOT_SEQ_KEY] ?? Number.NaN)
         if (!Number.isSafeInteger(seq) || seq < 0) {
           this.counters.snapshotLoadsFailed++
           this.warn(`the snapshot in ${this.bucket} does not say which message it stands for (not written by kv-router): ignored`)
           return null
         }
-        got = { nuid: r.info.nuid, seq, format: r.info.metadata?.[SNAPSHOT_FORMAT_KEY] ?? null, bytes }
+        const got = { seq, format: info.metadata?.[SNAPSHOT_FORMAT_KEY] ?? null, bytes: await readObject(this.nats, this.js, info) }
+        if (i === STABLE_READS) return got
+        await sleep(STABLE_PAUSE_MS)
+        const nuid = info.nuid
+        info = await os.info(RADIX_STATE_OBJECT)
+        if (info !== null && !info.deleted && info.nuid === nuid) return got
       }
-      return got
     } catch (err) {
       this.counters.snapshotLoadsFailed++
       this.warn(`cannot read the snapshot in ${this.bucket}: ${(err as Error).message}; starting from the stream alone`)
@@ -712,25 +711,6 @@ function joinArray(parts: readonly Uint8Array[]): Uint8Array {
   })
   chunks.push(Buffer.from(']'))
   return Buffer.concat(chunks)
-}
-
-/** The object's bytes, into one buffer of the size its info says (grown if the chunks hold more). */
-async function readAll(rs: ReadableStream<Uint8Array>, size: number): Promise<Uint8Array> {
-  let out = new Uint8Array(size)
-  let n = 0
-  const reader = rs.getReader()
-  for (;;) {
-    const { done, value } = await reader.read()
-    if (done) break
-    if (n + value.length > out.length) {
-      const grown = new Uint8Array(Math.max(2 * out.length, n + value.length))
-      grown.set(out.subarray(0, n))
-      out = grown
-    }
-    out.set(value, n)
-    n += value.length
-  }
-  return n === out.length ? out : out.subarray(0, n)
 }
 
 /** Block entries of a binary snapshot this replica wrote, from its part heads. */

@@ -17,7 +17,7 @@
 //
 // Snapshots are binary by default, written and loaded by the shards themselves
 // (src/index/snapshot-format.ts), or a JSON array of RouterEvents (--router-snapshot-format);
-// both are read, the object read with a native digest (object-store.ts).
+// both are read. The object is written and read with a native digest (object-store.ts).
 import { once } from 'node:events'
 import type { ConsumerMessages, JetStreamClient, JetStreamManager, JsMsg, NatsConnection } from 'nats'
 import type { ShardPool } from '../shards/pool.js'
@@ -32,7 +32,7 @@ import { isBinarySnapshot, readSnapshot as snapshotParts } from '../index/snapsh
 import { limited, log } from '../runtime/log.js'
 import { RADIX_STATE_OBJECT, radixBucket } from './dynamo-names.js'
 import { JS_CONSUMER_NOT_FOUND, ensureKvEventsStream, jsErrorCode } from './jetstream.js'
-import { readObject } from './object-store.js'
+import { readObject, writeObject } from './object-store.js'
 
 type Nats = typeof import('nats')
 
@@ -653,7 +653,8 @@ export class DurableKvEvents {
     body ??= encodeSnapshot(events)
     try {
       const os = await this.js.views.os(this.bucket)
-      await os.putBlob({ name: RADIX_STATE_OBJECT, metadata: { [SNAPSHOT_SEQ_KEY]: String(seq), [SNAPSHOT_FORMAT_KEY]: format } }, body)
+      const target = { nats: this.nats, nc: this.o.nc, js: this.js, jsm: this.jsm, os, bucket: this.bucket, name: RADIX_STATE_OBJECT }
+      await writeObject(target, body, { [SNAPSHOT_SEQ_KEY]: String(seq), [SNAPSHOT_FORMAT_KEY]: format })
     } catch (err) {
       this.counters.snapshotUploadsFailed++
       limited.warn(

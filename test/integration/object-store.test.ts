@@ -1,11 +1,12 @@
-// Reading an object of NATS's object store with node's SHA-256 (src/transport/object-store.ts),
-// against a real nats-server: what the client wrote reads back byte for byte, whatever its size
-// against the chunk size; data that is not the object's (changed, cut short, more of it, gone)
-// is refused rather than returned.
+// Objects of NATS's object store written and read with node's SHA-256
+// (src/transport/object-store.ts), against a real nats-server: what the client wrote reads back
+// byte for byte, and what is written here the client reads back, info and metadata included,
+// whatever the size against the chunk size; an object written again leaves no old chunk; data
+// that is not the object's (changed, cut short, more of it, gone) is refused rather than returned.
 import t from 'tap'
 import * as nats from 'nats'
 import { createHash, randomBytes } from 'node:crypto'
-import { readObject } from '../../src/transport/object-store.js'
+import { readObject, writeObject } from '../../src/transport/object-store.js'
 import { natsAndClient } from '../helpers/durable.js'
 
 t.test('objects the client wrote read back; damaged ones are refused', async (t) => {
@@ -60,4 +61,31 @@ t.test('objects the client wrote read back; damaged ones are refused', async (t)
   await t.rejects(readObject(nats, js, withDigest('MD5=abc')), /digest of unknown type/)
   t.equal((await readObject(nats, js, withDigest(`SHA-256=${createHash('sha256').update(data).digest('hex')}`))).length, data.length, 'a digest written in hex')
   t.equal((await readObject(nats, js, withDigest(`SHA-256=${createHash('sha256').update(data).digest('base64')}`))).length, data.length, 'in base64')
+})
+
+t.test('objects written here read back through the client, and an object written again leaves no old chunk', async (t) => {
+  const { nc } = await natsAndClient(t)
+  const js = nc.jetstream()
+  const jsm = await nc.jetstreamManager()
+  const os = await js.views.os('written')
+  const chunk = 128 * 1024
+  const target = { nats, nc, js, jsm, os, bucket: 'written', name: 'radix-state' }
+  let previous: string | null = null
+  for (const size of [0, 1, chunk, chunk + 1, 40 * chunk + 3]) {
+    const data = randomBytes(size)
+    await writeObject(target, data, { kvr_stream_seq: String(size), other: 'x' })
+    const info = await os.info('radix-state')
+    if (info === null) throw new Error('no info')
+    t.same([info.size, info.chunks, info.metadata], [size, Math.ceil(size / chunk), { kvr_stream_seq: String(size), other: 'x' }], `${size} bytes: its info`)
+    t.equal(Buffer.compare(Buffer.from((await os.getBlob('radix-state')) as Uint8Array), data), 0, `${size} bytes: the client reads it, its digest checked`)
+    t.equal(Buffer.compare(Buffer.from(await readObject(nats, js, info)), data), 0, `${size} bytes: and so does readObject`)
+    const chunksOf = async (nuid: string): Promise<number> =>
+      (await jsm.streams.info('OBJ_written', { subjects_filter: `$O.written.C.${nuid}` })).state.subjects?.[`$O.written.C.${nuid}`] ?? 0
+    t.equal(await chunksOf(info.nuid), info.chunks, `${size} bytes: its chunks in the stream`)
+    if (previous !== null) t.equal(await chunksOf(previous), 0, `${size} bytes: the chunks of the object before are gone`)
+    previous = info.nuid
+  }
+  const names: string[] = []
+  for await (const o of await os.list()) names.push(o.name)
+  t.same(names, ['radix-state'], 'one object')
 })

@@ -268,6 +268,7 @@ export function readSnapshot(bytes: Uint8Array): PartRef[] {
     const row = HEADER.bytes + TABLE_ROW.bytes * i
     const offset = v.getUint32(row + TABLE_ROW.offsetLo, true) + v.getUint32(row + TABLE_ROW.offsetHi, true) * 2 ** 32
     const len = v.getUint32(row + TABLE_ROW.length, true)
+    if (v.getUint32(row + TABLE_ROW.reserved, true) !== 0) throw invalid(`part ${i}: its row in the part table has unknown fields`)
     if (offset % PART_ALIGN !== 0 || offset < end || offset + len > length || len < PART_HEAD.bytes)
       throw invalid(`part ${i} (${len} bytes at ${offset}) does not lie in order inside the snapshot`)
     const workers = v.getUint32(offset + PART_HEAD.workers, true)

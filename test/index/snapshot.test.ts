@@ -5,6 +5,7 @@
 // worker-ranks, or into an index that holds others, equals replaying their dumps; and a part or
 // a snapshot that is damaged anywhere is refused before anything is applied.
 import t, { type Test } from 'tap'
+import { crc32 } from 'node:zlib'
 import { KvIndex, REJECT_REASON_NAMES, RejectReason } from '../../src/index/kv-index.js'
 import { toDecoded, type RouterEvent } from '../../src/codec/events.js'
 import {
@@ -286,6 +287,14 @@ t.test('a snapshot is refused when truncated, longer than it says, of another ve
   }
   refused(t, () => readSnapshot(patch(HEADER.version, 2)), /version 2; this router reads version 1/, 'version 2')
   refused(t, () => readSnapshot(patch(HEADER.bytes + TABLE_ROW.length, 24)), /checksum of its header/, 'a part table changed')
+  // changed and sealed again: a reserved field is refused, not ignored
+  const resealed = patch(HEADER.bytes + TABLE_ROW.reserved, 1)
+  new DataView(resealed.buffer).setUint32(
+    HEADER.crc,
+    crc32(resealed.subarray(HEADER.bytes, HEADER.bytes + TABLE_ROW.bytes * parts.length), crc32(resealed.subarray(0, HEADER.crc))),
+    true,
+  )
+  refused(t, () => readSnapshot(resealed), /unknown fields/, 'a reserved field set')
   const flipped = snap.slice()
   flipped[3] = 0x41
   refused(t, () => readSnapshot(flipped), /not a kv-router binary snapshot/, 'another magic')

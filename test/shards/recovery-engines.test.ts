@@ -243,8 +243,9 @@ t.test(
     const r2 = new Promise((res) => plain.pool.once('shardRestarted', res))
     await plain.pool.terminateShard(0)
     await r2
-    await until(() => plain.pool.health()[0] === 'exact')
-    await until(() => warnings(capture, 'KVR_INDEX_DEGRADED').some((w) => /worker\(s\) 52 are forgotten .*--no-router-event-recovery/.test(w)))
+    // waits as long as the first router's: a shard restart takes seconds on a loaded machine
+    await until(() => plain.pool.health()[0] === 'exact', 30_000)
+    await until(() => warnings(capture, 'KVR_INDEX_DEGRADED').some((w) => /worker\(s\) 52 are forgotten .*--no-router-event-recovery/.test(w)), 30_000)
     const approx = await Router.start(config(['--router-block-size', '4', '--no-router-kv-events']))
     t.teardown(() => approx.close())
     const r3 = new Promise((res) => approx.pool.once('shardRestarted', res))

@@ -4,29 +4,12 @@
 // the way as a NATS outage loses them.
 import t from 'tap'
 import { encodeRouterEvent, type RouterEvent } from '../../src/codec/events.js'
-import type { OverlapScore } from '../../src/index/kv-index.js'
 import { MockerFleet } from '../../src/sim/mocker/fleet.js'
 import { Router } from '../../src/core/router.js'
 import { config, until, upstream } from '../http/helpers.js'
 import { getFreePorts } from '../../src/deploy/services.js'
 import { captureProcessLog, warnings } from '../helpers/log.js'
-
-const key = (s: OverlapScore): string => `${s.worker_id}:${s.dp_rank}=${s.overlap_blocks}/${s.tree_size}`
-const canon = (xs: OverlapScore[]): string[] => xs.map(key).sort()
-
-/** A one-block stored event with an explicit id: block hash 100·tok, tokens hash tok. */
-function ev(worker: bigint, id: number, tok: number, parentTok: number | null): RouterEvent {
-  return {
-    worker_id: worker,
-    event: {
-      event_id: BigInt(id),
-      dp_rank: 0,
-      data: {
-        stored: { parent_hash: parentTok === null ? null : BigInt(parentTok * 100), blocks: [{ block_hash: BigInt(tok * 100), tokens_hash: BigInt(tok) }] },
-      },
-    },
-  }
-}
+import { canon, ev } from '../helpers/recovery.js'
 
 /** A worker's blocks as block hashes, sorted, from events that rebuild them. */
 function blocksOf(events: RouterEvent[], worker: bigint): string[] {

@@ -6,26 +6,10 @@ import type { Test } from 'tap'
 import { ShardPool, type EventGap } from '../../src/shards/pool.js'
 import { encodeRouterEvent, type RouterEvent } from '../../src/codec/events.js'
 import { RecoveryKind } from '../../src/thread/protocol.js'
-import type { OverlapScore } from '../../src/index/kv-index.js'
 import { answerOf } from '../../src/shards/recovery.js'
 import { until } from '../http/helpers.js'
+import { canon, ev } from '../helpers/recovery.js'
 
-const key = (s: OverlapScore): string => `${s.worker_id}:${s.dp_rank}=${s.overlap_blocks}/${s.tree_size}`
-const canon = (xs: OverlapScore[]): string[] => xs.map(key).sort()
-
-/** A one-block stored event with an explicit id: block hash 100·tok, tokens hash tok. */
-function ev(worker: bigint, id: number, tok: number, parentTok: number | null): RouterEvent {
-  return {
-    worker_id: worker,
-    event: {
-      event_id: BigInt(id),
-      dp_rank: 0,
-      data: {
-        stored: { parent_hash: parentTok === null ? null : BigInt(parentTok * 100), blocks: [{ block_hash: BigInt(tok * 100), tokens_hash: BigInt(tok) }] },
-      },
-    },
-  }
-}
 const bytes = (e: RouterEvent): Uint8Array => Buffer.from(encodeRouterEvent(e))
 const array = (es: RouterEvent[]): Uint8Array => Buffer.from(`[${es.map(encodeRouterEvent).join(',')}]`)
 const chainOf = (n: number): bigint[] => Array.from({ length: n }, (_, i) => BigInt(i + 1))

@@ -6,10 +6,11 @@
 // (ShardPool + DurableKvEvents, as `serve --router-durable-kv-events` runs them) then starts with a
 // fresh consumer, and the clock runs from its consumer's creation until the shards have applied
 // the last message and it is acknowledged (DurableKvEvents.catchUp). Repeated --reps times per
-// workload, each a new replica. After the last mooncake replay the replica takes a snapshot
-// (dump with the intake held, upload, purge), and one more replica starts from that snapshot
-// alone: its start time is the snapshot's load.
-// Run: `npm run bench:durable [-- --reps R --shards S]`.
+// workload, each a new replica. The last mooncake replica then takes snapshots of its index, in
+// turn binary and JSON, --snapshot-reps times each (dump with the intake held, encoding, upload,
+// purge), and after each take a new replica starts from that snapshot alone: its start time is
+// the snapshot's load.
+// Run: `npm run bench:durable [-- --reps R --shards S --snapshot-reps K]`.
 import { writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { connect } from 'nats'
@@ -18,7 +19,7 @@ import { median, resultsDir } from './lib/common.js'
 import { startNats } from '../src/deploy/services.js'
 import { encodeRouterEvent } from '../src/codec/events.js'
 import { ShardPool } from '../src/shards/pool.js'
-import { DurableKvEvents } from '../src/transport/durable.js'
+import { DurableKvEvents, SNAPSHOT_FORMATS, type SnapshotFormat } from '../src/transport/durable.js'
 import { RADIX_STATE_OBJECT, kvEventsQueueSubject } from '../src/transport/dynamo-names.js'
 import { ensureKvEventsStream } from '../src/transport/jetstream.js'
 
@@ -28,6 +29,7 @@ function arg(name: string, dflt: number): number {
 }
 const reps = arg('reps', 3)
 const shards = arg('shards', 1)
+const snapshotReps = arg('snapshot-reps', 3)
 
 interface Workload {
   messages: Uint8Array[]
@@ -102,7 +104,19 @@ async function stop(r: Replica): Promise<void> {
 }
 
 const runs: Record<Name, number[]> = { mooncake: [], small: [] }
-const snapshot = { events: 0, megabytes: 0, takeSeconds: 0, dumpSeconds: 0, uploadSeconds: 0, loadSeconds: 0 }
+interface SnapshotRuns {
+  /** Seconds: the whole take (snapshot()), its dump with the intake held, its encoding and upload; a new replica's start from it. */
+  take: number[]
+  dump: number[]
+  upload: number[]
+  load: number[]
+  megabytes: number
+  /** Events of the snapshot (a binary one's block entries), as the loading replica counted them. */
+  events: number
+}
+const snapshots = Object.fromEntries(
+  SNAPSHOT_FORMATS.map((f) => [f, { take: [], dump: [], upload: [], load: [], megabytes: 0, events: 0 } as SnapshotRuns]),
+) as Record<SnapshotFormat, SnapshotRuns>
 try {
   const jsm = await nc.jetstreamManager()
   const js = nc.jetstream()
@@ -132,19 +146,33 @@ try {
         await stop(r)
         continue
       }
-      const s0 = performance.now()
-      await r.d.snapshot()
-      snapshot.takeSeconds = (performance.now() - s0) / 1000
-      snapshot.dumpSeconds = (r.d.lastSnapshot?.dumpMs ?? 0) / 1000
-      snapshot.uploadSeconds = (r.d.lastSnapshot?.uploadMs ?? 0) / 1000
-      snapshot.megabytes = (r.d.lastSnapshot?.bytes ?? 0) / 1e6
+      // the formats in turn, so a machine whose speed drifts slows both alike
+      const entries = c.reduce((s, x) => s + x.blocks, 0)
+      for (let k = 0; k < snapshotReps; k++) {
+        for (const format of SNAPSHOT_FORMATS) {
+          const sr = snapshots[format]
+          const s0 = performance.now()
+          await r.d.snapshot(format)
+          const last = r.d.lastSnapshot
+          if (last === null || last.format !== format) throw new Error(`bench: no ${format} snapshot was taken`)
+          sr.take.push((performance.now() - s0) / 1000)
+          sr.dump.push(last.dumpMs / 1000)
+          sr.upload.push(last.uploadMs / 1000)
+          sr.megabytes = last.bytes / 1e6
+          const fresh = await replica(name)
+          if (fresh.d.counters.snapshotsLoaded !== 1 || (await (await js.views.os(fresh.d.bucket)).info(RADIX_STATE_OBJECT)) === null)
+            throw new Error('bench: the snapshot was not loaded')
+          const held = fresh.pool.counters().reduce((s, x) => s + x.blocks, 0)
+          if (held !== entries) throw new Error(`bench: the ${format} snapshot loaded ${held} block entries of ${entries}`)
+          sr.events = fresh.d.catchUp.snapshotEvents
+          sr.load.push(fresh.startMs / 1000)
+          console.log(
+            `  ${format} snapshot ${k + 1}: taken in ${(sr.take.at(-1) as number).toFixed(2)} s, loaded in ${(sr.load.at(-1) as number).toFixed(2)} s`,
+          )
+          await stop(fresh)
+        }
+      }
       await stop(r)
-      const fresh = await replica(name)
-      if (fresh.d.counters.snapshotsLoaded !== 1 || (await (await js.views.os(fresh.d.bucket)).info(RADIX_STATE_OBJECT)) === null)
-        throw new Error('bench: the snapshot was not loaded')
-      snapshot.events = fresh.d.catchUp.snapshotEvents
-      snapshot.loadSeconds = fresh.startMs / 1000
-      await stop(fresh)
     }
   }
 } finally {
@@ -167,20 +195,28 @@ const rows = (Object.keys(workloads) as Name[]).map((name) => {
     runs: runs[name],
   }
 })
+const snapshotRows = SNAPSHOT_FORMATS.map((format) => {
+  const sr = snapshots[format]
+  return {
+    format,
+    events: sr.events,
+    megabytes: sr.megabytes,
+    take_seconds: median(sr.take),
+    dump_seconds: median(sr.dump),
+    upload_seconds: median(sr.upload),
+    load_seconds: median(sr.load),
+    take_runs: sr.take,
+    load_runs: sr.load,
+  }
+})
 const result = {
   command: 'npm run bench:durable',
   node: process.version,
   shards,
   reps,
+  snapshot_reps: snapshotReps,
   rows,
-  snapshot: {
-    events: snapshot.events,
-    megabytes: snapshot.megabytes,
-    take_seconds: snapshot.takeSeconds,
-    dump_seconds: snapshot.dumpSeconds,
-    upload_seconds: snapshot.uploadSeconds,
-    load_seconds: snapshot.loadSeconds,
-  },
+  snapshots: snapshotRows,
 }
 writeFileSync(join(resultsDir(), 'durable.json'), JSON.stringify(result, null, 2) + '\n')
 console.log(`durable catch-up → ${shards} shard(s), from the JetStream stream; median of ${reps}`)
@@ -191,9 +227,14 @@ for (const r of rows) {
       `${r.megabytes_per_sec.toFixed(1)} MB/s   (${r.seconds.toFixed(2)} s; runs ${r.runs.map((x) => x.toFixed(2)).join(', ')})`,
   )
 }
-console.log(
-  `  snapshot of the mooncake index: ${snapshot.events.toLocaleString('en-US')} events, ${snapshot.megabytes.toFixed(1)} MB; taken in ` +
-    `${snapshot.takeSeconds.toFixed(2)} s (dump with the intake held ${snapshot.dumpSeconds.toFixed(2)} s, encode and upload ` +
-    `${snapshot.uploadSeconds.toFixed(2)} s, then the purge); loaded by a new replica in ${snapshot.loadSeconds.toFixed(2)} s`,
-)
+const binary = snapshotRows[0]
+console.log(`snapshots of the mooncake index (${(binary?.events ?? 0).toLocaleString('en-US')} block entries), median of ${snapshotReps} takes and loads each`)
+console.log('  format      MB   take s   of which dump (intake held)   encode and upload   load s   runs: take / load')
+for (const r of snapshotRows) {
+  console.log(
+    `  ${r.format.padEnd(7)} ${r.megabytes.toFixed(1).padStart(6)}   ${r.take_seconds.toFixed(2).padStart(6)}   ${r.dump_seconds.toFixed(2).padStart(27)}` +
+      `   ${r.upload_seconds.toFixed(2).padStart(17)}   ${r.load_seconds.toFixed(2).padStart(6)}   ` +
+      `${r.take_runs.map((x) => x.toFixed(2)).join(', ')} / ${r.load_runs.map((x) => x.toFixed(2)).join(', ')}`,
+  )
+}
 console.log('wrote bench/results/durable.json')

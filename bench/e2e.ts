@@ -23,7 +23,7 @@
 //
 // Run: npm run bench:e2e [-- --minutes M | --full] [--offset M] [--workers N] [--modes kv,round-robin]
 //      [--speedup S] [--load X] [--capacity-factor F] [--max-in-flight N] [--trace FILE]
-//      [--records DIR] [--router-args "FLAGS"];  npm run bench:e2e -- --replot  redraws the SVG
+//      [--records DIR] [--router-args "FLAGS"] [--engine-profile LIST];  npm run bench:e2e -- --replot  redraws the SVG
 //      from the JSON
 // Results: bench/results/e2e.json, bench/results/e2e.svg and a printed table.
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs'
@@ -37,6 +37,7 @@ import type { ReplayResult } from '../src/sim/replay/client.js'
 import { percentile, summarize } from '../src/sim/replay/summary.js'
 import type { ReplaySummary } from '../src/sim/replay/summary.js'
 import { renderE2eSvg } from './lib/e2e-plot.js'
+import { parseProfileList, timingsFor } from '../src/sim/mocker/profiles.js'
 import { repoRoot, resultsDir } from './lib/common.js'
 import { cpuSample, cpuShares, start, stop, workerIds } from './lib/processes.js'
 import type { Child } from './lib/processes.js'
@@ -70,6 +71,16 @@ function sliceText(minutes: number | null, offset: number): string {
   return offset === 0 ? `the first ${minutes} min` : `min ${offset} to ${offset + minutes}`
 }
 
+/** A profile list the mocker will take for `workers` engines (its own checks, run here to fail before any process starts). */
+function profileArg(spec: string, workers: number): string {
+  try {
+    timingsFor(parseProfileList(spec), workers)
+  } catch (err) {
+    fail((err as Error).message)
+  }
+  return spec
+}
+
 function fail(msg: string): never {
   process.stderr.write(`bench:e2e: ${msg}\n`)
   process.exit(2)
@@ -90,6 +101,8 @@ interface Args {
   records: string | null
   /** Extra `kv-router serve` flags for every mode (experiments; the default run uses none). */
   routerArgs: string[]
+  /** The engines' `--engine-profile` (their timing; `default` is the router's own model). */
+  engineProfile: string
 }
 
 function parseArgs(argv: string[]): Args {
@@ -113,6 +126,7 @@ function parseArgs(argv: string[]): Args {
       '--trace',
       '--records',
       '--router-args',
+      '--engine-profile',
     ]
     const [name, inline] = a.includes('=') ? [a.slice(0, a.indexOf('=')), a.slice(a.indexOf('=') + 1)] : [a, undefined]
     if (!known.includes(name as string)) fail(`unknown option ${JSON.stringify(a)} (known: --full ${known.join(' ')})`)
@@ -147,6 +161,7 @@ function parseArgs(argv: string[]): Args {
     trace: v.get('--trace') ?? join(repoRoot(), 'data', 'conversation_trace.jsonl'),
     records: v.get('--records') ?? null,
     routerArgs: (v.get('--router-args') ?? '').split(/\s+/).filter((x) => x !== ''),
+    engineProfile: profileArg(v.get('--engine-profile') ?? 'default', num('--workers', DEFAULTS.workers, true)),
   }
 }
 
@@ -195,6 +210,8 @@ async function runMode(mode: string, a: Args, requests: TraceRequest[], k: numbe
         String(k),
         '--speedup-ratio',
         String(a.speedup),
+        '--engine-profile',
+        a.engineProfile,
       ],
       /kv-router mocker: ready (\d+) engine\(s\)/,
     )
@@ -315,9 +332,21 @@ function table(header: string[], rows: string[][]): string {
 interface ResultJson {
   date: string
   hit_rate_bound: number
-  config: { workers: number; K: number; speedup: number; load: number; minutes: number | null; offset_minutes?: number; requests: number; block_size: number }
+  config: {
+    workers: number
+    K: number
+    speedup: number
+    load: number
+    minutes: number | null
+    offset_minutes?: number
+    requests: number
+    block_size: number
+    engine_profile?: string
+  }
   modes: Record<string, { hit_rate: number | null; ttft_ms: { p50: number | null; p90: number | null; p99: number | null }; ttft_percentiles_ms?: number[] }>
 }
+
+const profileText = (p: string | undefined): string => (p === undefined || p === 'default' ? '' : ` --engine-profile ${p}`)
 
 /** The figure, from the result JSON alone (so --replot can redraw a finished run). */
 function plot(r: ResultJson): string {
@@ -326,7 +355,8 @@ function plot(r: ResultJson): string {
   return renderE2eSvg({
     title: `kv-router end to end: ${c.workers} mocker workers, ${slice} Mooncake conversation trace (${c.requests} requests)`,
     subtitle:
-      `load × ${c.load}, mocker --speedup-ratio ${c.speedup} (times simulated), K = ${c.K} blocks/worker, block ${c.block_size}; ` + `${r.date.slice(0, 10)}`,
+      `load × ${c.load}, mocker --speedup-ratio ${c.speedup}${profileText(c.engine_profile)} (times simulated), ` +
+      `K = ${c.K} blocks/worker, block ${c.block_size}; ${r.date.slice(0, 10)}`,
     series: Object.entries(r.modes).map(([m, s]) => ({
       mode: m,
       ttftMs: s.ttft_percentiles_ms ?? [],
@@ -457,6 +487,7 @@ async function main(): Promise<void> {
     trace: relative(repoRoot(), a.trace),
     command,
     router_args: a.routerArgs,
+    engine_profile: a.engineProfile,
     mode_args: Object.fromEntries(a.modes.map((m) => [m, MODE_ARGS[m]])),
     time_unit: `simulated ms (wall ms × ${a.speedup})`,
   }

@@ -28,6 +28,15 @@
 // days, so the warm passes are the headline. On a shared machine the warm passes alternate over
 // the configurations and medians are reported.
 // Results: bench/results/index.json and a printed table.
+//
+// `--mooncake` runs instead the workload of Dynamo's indexer benchmark (mooncake_bench) and reports
+// its units beside ours, with an achieved-vs-offered sweep (bench/lib/index-mooncake.ts):
+// `npm run bench:index -- --mooncake [--workers W --gpu-blocks B --block-size S --limit N --reps R
+// --length-factor F --duplication D --seed X --sweep-steps K --sweep-min-ms A --sweep-max-ms B
+// --no-sweep --only-shards S --no-shards]`, into bench/results/index-mooncake.json. With `--profile P`
+// it profiles the single-threaded index instead over P saturated passes (`--with-decode`: fed JSON),
+// prints the functions by self time and writes the last pass's profile to
+// bench/results/index-mooncake.cpuprofile.
 import { writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { availableParallelism } from 'node:os'
@@ -39,6 +48,7 @@ import { ShardPool } from '../src/shards/pool.js'
 import { median, resultsDir } from './lib/common.js'
 import { quantileOf } from './lib/stats.js'
 import { u64Hi, u64Lo } from '../src/codec/u64.js'
+import { formatMooncakeTables, profileSingle, runMooncakeBench } from './lib/index-mooncake.js'
 
 function arg(name: string, dflt: number | undefined): number | undefined {
   const i = process.argv.indexOf(`--${name}`)
@@ -46,6 +56,60 @@ function arg(name: string, dflt: number | undefined): number | undefined {
   const v = Number(process.argv[i + 1])
   if (!Number.isFinite(v) || v <= 0) throw new Error(`--${name} needs a positive number`)
   return v
+}
+
+if (process.argv.includes('--mooncake')) {
+  const workers = arg('workers', undefined)
+  const limit = arg('limit', undefined)
+  const gpuBlocks = arg('gpu-blocks', undefined)
+  const blockSize = arg('block-size', undefined)
+  const lengthFactor = arg('length-factor', undefined)
+  const duplication = arg('duplication', undefined)
+  const seed = arg('seed', undefined)
+  const sweepMinMs = arg('sweep-min-ms', undefined)
+  const sweepMaxMs = arg('sweep-max-ms', undefined)
+  const only = arg('only-shards', undefined)
+  const profilePasses = arg('profile', undefined)
+  const workloadOptions = {
+    ...(workers !== undefined ? { workers } : {}),
+    ...(limit !== undefined ? { limit } : {}),
+    ...(gpuBlocks !== undefined ? { gpuBlocks } : {}),
+    ...(blockSize !== undefined ? { blockSize } : {}),
+    ...(lengthFactor !== undefined ? { lengthFactor } : {}),
+    ...(duplication !== undefined ? { duplication } : {}),
+    ...(seed !== undefined ? { seed } : {}),
+  }
+  if (profilePasses !== undefined) {
+    // the single-threaded index alone under the profiler; the JSON decode too with --with-decode
+    const decode = process.argv.includes('--with-decode')
+    const p = await profileSingle(workloadOptions, profilePasses, !decode)
+    // the last pass's profile, for a flame graph (Chrome DevTools, speedscope)
+    writeFileSync(join(resultsDir(), 'index-mooncake.cpuprofile'), JSON.stringify(p.profiles[p.profiles.length - 1]))
+    const c = p.workload.counts
+    console.log(
+      `single-thread index${decode ? ' with JSON decode' : ' alone'}, ${profilePasses} saturated passes: ${p.seconds.toFixed(2)} s, ` +
+        `${((profilePasses * (c.lookups + c.events)) / p.seconds / 1e6).toFixed(3)} M ops/s`,
+    )
+    console.log('self time      share  function')
+    for (const r of p.rows.slice(0, 25)) console.log(`${r.self_ms.toFixed(1).padStart(9)} ms ${(r.share * 100).toFixed(1).padStart(6)}%  ${r.fn}`)
+    console.log('wrote bench/results/index-mooncake.cpuprofile (the last pass)')
+    process.exit(0)
+  }
+  const result = await runMooncakeBench(
+    {
+      reps: arg('reps', 3) as number,
+      sweepSteps: process.argv.includes('--no-sweep') ? 0 : (arg('sweep-steps', 8) as number),
+      shards: process.argv.includes('--no-shards') ? [] : only === undefined ? [1, 2] : [only],
+      ...workloadOptions,
+      ...(sweepMinMs !== undefined ? { sweepMinMs } : {}),
+      ...(sweepMaxMs !== undefined ? { sweepMaxMs } : {}),
+    },
+    (s) => console.error(s),
+  )
+  writeFileSync(join(resultsDir(), 'index-mooncake.json'), JSON.stringify(result, null, 2) + '\n')
+  console.log(formatMooncakeTables(result))
+  console.log('wrote bench/results/index-mooncake.json')
+  process.exit(0)
 }
 
 const limit = arg('limit', undefined)

@@ -377,6 +377,7 @@ try {
     `--num-workers=${opts.engines}`,
     `--block-size=${opts.blockSize}`,
     `--speedup-ratio=${opts.speedup}`,
+    `--engine-profile=${opts.engineProfile}`,
     '--host=127.0.0.1',
     '--http-port=0',
     `--nats-url=${natsUrl}`,

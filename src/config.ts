@@ -6,6 +6,7 @@
 import { APPROXIMATE_ROWS, SCHEDULER_ROWS } from './scheduler/options.js'
 import { MAX_SHARDS } from './thread/protocol.js'
 import { LOG_FORMATS, parseLogLevel } from './runtime/log.js'
+import { SNAPSHOT_FORMATS } from './transport/durable.js'
 import { engineEventsSpec, workerUrl } from './core/endpoints.js'
 import type { EngineEventsNames, EngineEventsSpec } from './core/endpoints.js'
 import { isKvrError } from './errors.js'
@@ -330,6 +331,22 @@ const SERVE_ROWS = [
       'Durable mode: when the stream holds more messages than this (checked every 1 s ± 100 ms), the replica drops the workers etcd no longer ' +
       'lists, uploads a snapshot of its index and purges the messages every replica acknowledged. At most once per this many new messages. No ' +
       'effect without `--router-durable-kv-events`.',
+    noEffect: { when: { durableKvEvents: false }, says: 'has no effect without --router-durable-kv-events' },
+  }),
+  opt({
+    flag: '--router-snapshot-format',
+    key: 'snapshotFormat',
+    env: ['DYN_ROUTER_SNAPSHOT_FORMAT'],
+    kind: 'enum',
+    values: SNAPSHOT_FORMATS,
+    dflt: 'binary',
+    help: 'durable mode: how this replica writes its snapshots (both are read): binary, or json for replicas older than binary snapshots',
+    doc:
+      'Durable mode: how this replica writes its snapshots of the index. `binary`: written and loaded by the shards themselves, a ninth of ' +
+      'the size of JSON and over ten times faster to take and to load; `json`: a JSON array of `RouterEvent`s, as kv-router wrote before, for ' +
+      'as long as replicas of such a version may start on the same namespace and component (a rolling upgrade, a rollback): they read only ' +
+      "that. Both are read whatever this says. Dynamo's routers read neither (they write and read bincode). No effect without " +
+      '`--router-durable-kv-events`. See [operations](operations.md#durable-mode).',
     noEffect: { when: { durableKvEvents: false }, says: 'has no effect without --router-durable-kv-events' },
   }),
   opt({

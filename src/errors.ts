@@ -23,6 +23,7 @@ export const ErrorCodes = {
   // index
   KVR_ERR_TOO_MANY_WORKERS: { status: 503, summary: 'more worker-ranks than one index can hold' },
   KVR_ERR_SHARD_RESTARTED: { status: 503, summary: 'an indexer shard restarted while the operation ran' },
+  KVR_ERR_SNAPSHOT_INVALID: { status: 500, summary: 'an index snapshot is truncated, corrupt, or in a format or version this router does not read' },
   // workers and scheduling
   KVR_ERR_UNKNOWN_WORKER: { status: 404, summary: 'no such worker is registered' },
   KVR_ERR_WORKER_DECISIONS_ONLY: { status: 409, summary: 'the worker is registered for routing decisions only; the router sends it no request' },

@@ -134,7 +134,7 @@ export function assignWorker(req: TraceRequest, index: number, workers: number, 
 }
 
 /** Growable byte arena: one allocation for all event JSON instead of one per event. */
-class Arena {
+export class Arena {
   private buf = new Uint8Array(1 << 22)
   private used = 0
   private enc = new TextEncoder()

@@ -3,6 +3,7 @@
 import { ConfigError, opt, optionsHelp, parseOptions } from '../config/table.js'
 import type { CommandTable, ConfigOf } from '../config/table.js'
 import { BLOCK_SIZE_OPTION } from '../sim/mocker/engine.js'
+import { parseProfileList } from '../sim/mocker/profiles.js'
 
 const CLUSTER_ROWS = [
   opt({
@@ -53,6 +54,25 @@ const CLUSTER_ROWS = [
     dflt: 1,
     help: "the engines' `--speedup-ratio`",
     doc: "The engines' `--speedup-ratio`.",
+  }),
+  opt({
+    flag: '--engine-profile',
+    key: 'engineProfile',
+    env: ['KVR_MOCKER_PROFILE'],
+    kind: 'str',
+    read: (t: string) => {
+      try {
+        parseProfileList(t)
+        return t
+      } catch (err) {
+        throw new ConfigError((err as Error).message.replace(/^--engine-profile: /, ''))
+      }
+    },
+    accepts: 'NAME[@SPEED][:COUNT],…',
+    metavar: 'LIST',
+    dflt: 'default',
+    help: "the engines' `--engine-profile` (timing profiles and speeds, e.g. `large:2,large@0.5:2`)",
+    doc: "The engines' `--engine-profile`: timing profiles and speeds ([architecture](architecture.md#engine-profiles)).",
   }),
   opt({
     flag: '--logs',

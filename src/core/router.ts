@@ -78,6 +78,7 @@ async function connect(parts: RouterParts, deps: RouterDeps, started: { -readonl
         pool: parts.pool,
         instanceId,
         snapshotThreshold: c.snapshotThreshold,
+        snapshotFormat: c.snapshotFormat,
         resetStates: c.resetStates,
         discovered: () => (discovery === null ? null : new Set(parts.registry.all().map((w) => w.id))),
         removeWorker: (id) => parts.removeWorker(id),

@@ -28,6 +28,7 @@ import { EventKind, type DecodedEvent } from '../codec/event-decoder.js'
 import type { RouterEvent, StoredBlock } from '../codec/events.js'
 import { u64FromParts } from '../codec/u64.js'
 import { MAX_SLOT, SlotTable } from './slot-table.js'
+import { type SnapshotPart, UP_DETACHED, UP_MIXED, UP_REF_MASK, UP_ROOT, WORKER, WORKER_LAST_ID, newPart, sealPart } from './snapshot-format.js'
 
 export const RejectReason = {
   ParentBlockNotFound: 0,
@@ -469,15 +470,27 @@ export class KvIndex {
   resetWorkerRank(idLo: number, idHi: number, rank: number): number {
     const w = this.workerSlot(idLo, idHi, rank)
     if (w === NIL) return 0
+    this.wEvSeen[w] = 0
+    return this.dropEntriesOf([w])
+  }
+
+  /** Drops every entry of the worker-rank slots `ws`, in one pass over the entries. */
+  private dropEntriesOf(ws: readonly number[]): number {
+    const mark = new Uint8Array(this.wHigh)
+    let pending = 0
+    for (const w of ws) {
+      if (mark[w] === 1) continue
+      mark[w] = 1
+      pending += this.wSize[w] as number
+    }
     let dropped = 0
-    let pending = this.wSize[w] as number
     for (let e = 0; e < this.eHigh && pending > 0; e++) {
-      if (this.E[e * ES + E_W] !== w) continue
+      const w = this.E[e * ES + E_W] as number
+      if (w === NO_WORKER || mark[w] !== 1) continue
       this.removeEntry(e)
       dropped++
       pending--
     }
-    this.wEvSeen[w] = 0
     return dropped
   }
 
@@ -736,6 +749,25 @@ export class KvIndex {
    * so the slots a chain frees are mostly taken by the next chain, side by side again.
    */
   private newNode(parent: number, lo: number, hi: number): number {
+    const node = this.takeNode(parent, lo, hi)
+    this.N[node * NS + N_PGEN] = this.N[parent * NS + N_GEN] as number
+    this.chainChild(node)
+    return node
+  }
+
+  /**
+   * A node that is the top of a detached subtree from the start (a snapshot's): its parent is the
+   * root under a generation the root never has (the root is never freed, so its generation stays
+   * 0), so it is unreachable and in no child lookup, as a node whose parent was freed.
+   */
+  private newDetachedNode(lo: number, hi: number): number {
+    const node = this.takeNode(ROOT, lo, hi)
+    this.N[node * NS + N_PGEN] = ((this.N[ROOT * NS + N_GEN] as number) - 1) | 0
+    return node
+  }
+
+  /** A slot for a new child of `parent` (see newNode), its record set but for its parent generation. */
+  private takeNode(parent: number, lo: number, hi: number): number {
     let node = NIL
     if (parent !== ROOT) {
       node = this.takeFree(parent + 1)
@@ -752,14 +784,12 @@ export class KvIndex {
     const N = this.N
     const b = node * NS
     N[b + N_PARENT] = parent
-    N[b + N_PGEN] = N[parent * NS + N_GEN] as number
     N[b + N_TLO] = lo
     N[b + N_THI] = hi
     N[b + N_COUNT] = 0
     N[b + N_FIRST] = NIL
     N[b + N_KID] = NIL
     this.liveNodes++
-    this.chainChild(node)
     return node
   }
 
@@ -1059,6 +1089,167 @@ export class KvIndex {
     region(ROOT)
     for (const top of detachedTops) region(top)
     return events
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // snapshots (the layout: src/index/snapshot-format.ts)
+
+  /**
+   * The whole index as one binary snapshot part, written from its arrays: every registered
+   * worker-rank with its last event id, every node parents first (detached subtrees too, and the
+   * MIXED flags find_matches relies on), each node's entries. Linear in the index, one buffer, no
+   * object per block; long ones answer queries in between (nothing changes meanwhile).
+   */
+  writeSnapshotPart(): Uint8Array {
+    const p = newPart(this.liveWorkers, this.liveNodes - 1, this.liveEntries)
+    const wIndex = new Int32Array(this.wHigh)
+    let k = 0
+    for (let w = 0; w < this.wHigh; w++) {
+      if (this.wLive[w] !== 1) continue
+      const o = k * WORKER.words
+      p.worker[o + WORKER.idLo] = this.wIdLo[w] as number
+      p.worker[o + WORKER.idHi] = this.wIdHi[w] as number
+      p.worker[o + WORKER.rank] = this.wRank[w] as number
+      p.worker[o + WORKER.flags] = this.wEvSeen[w] === 1 ? WORKER_LAST_ID : 0
+      p.worker[o + WORKER.lastIdLo] = this.wEvLo[w] as number
+      p.worker[o + WORKER.lastIdHi] = this.wEvHi[w] as number
+      wIndex[w] = k++
+    }
+    const N = this.N
+    const E = this.E
+    // a node's number in the part, once written; the chain above a node not yet written is
+    // walked up to a written (or top) node and written down from there, so parents come first
+    const index = new Int32Array(this.nHigh).fill(NIL)
+    const stack = new Int32Array(this.nHigh)
+    let n = 0
+    let e = 0
+    for (let node = 1; node < this.nHigh; node++) {
+      if (((N[node * NS + N_COUNT] as number) & FREE) !== 0 || index[node] !== NIL) continue
+      let sp = 0
+      for (let x = node; ; ) {
+        if (sp === stack.length) throw new Error('the index holds a cycle of nodes')
+        stack[sp++] = x
+        if (!this.isAttached(x)) break
+        const parent = N[x * NS + N_PARENT] as number
+        if (parent === ROOT || index[parent] !== NIL) break
+        x = parent
+      }
+      while (sp > 0) {
+        const x = stack[--sp] as number
+        const b = x * NS
+        const parent = N[b + N_PARENT] as number
+        const ref = !this.isAttached(x) ? UP_DETACHED : parent === ROOT ? UP_ROOT : (index[parent] as number) + 1
+        p.up[n] = ((N[b + N_COUNT] as number) & MIXED) !== 0 ? (ref | UP_MIXED) >>> 0 : ref
+        p.tokLo[n] = N[b + N_TLO] as number
+        p.tokHi[n] = N[b + N_THI] as number
+        let c = 0
+        for (let en = N[b + N_FIRST] as number; en !== NIL; en = E[en * ES + E_NEXT] as number, c++, e++) {
+          p.blockLo[e] = E[en * ES + E_LO] as number
+          p.blockHi[e] = E[en * ES + E_HI] as number
+          p.owner[e] = wIndex[E[en * ES + E_W] as number] as number
+        }
+        p.count[n] = c
+        index[x] = n++
+      }
+      if ((node & 4095) === 4095 && this.interrupt !== null) this.interrupt()
+    }
+    if (n !== p.nodes || e !== p.entries) throw new Error(`snapshot: wrote ${n} nodes and ${e} entries of ${p.nodes} and ${p.entries}`)
+    return sealPart(p)
+  }
+
+  /**
+   * Loads a part that checkPart accepted, as a tree dump of each of its worker-ranks that `take`
+   * marks (1 per worker-rank of the part): the worker-rank's blocks are dropped first, then it
+   * gets the part's entries and its last event id. A node is merged with the one that exists
+   * under the same parent and tokens hash, else created, from the part's columns, without
+   * decoding anything. A node that no taken worker-rank holds is not created, and its children
+   * become tops of detached subtrees, as a replay of their events would leave them. Entries past
+   * the cap are refused as `capacity`, worker-ranks past theirs as `too_many_workers`. Returns
+   * the entries added.
+   */
+  loadSnapshotPart(p: SnapshotPart, take: Uint8Array): number {
+    const slotOf = new Int32Array(p.workers).fill(NIL)
+    const held: number[] = []
+    for (let i = 0; i < p.workers; i++) {
+      if (take[i] !== 1) continue
+      const lo = p.workerIdLo(i)
+      const hi = p.workerIdHi(i)
+      const rank = p.workerRank(i)
+      let w = this.workerSlot(lo, hi, rank)
+      if (w !== NIL && (this.wSize[w] as number) > 0) held.push(w)
+      if (w === NIL) w = this.ensureWorker(lo, hi, rank)
+      if (w === NIL) {
+        this.reject(RejectReason.TooManyWorkers, EventKind.Stored)
+        continue
+      }
+      slotOf[i] = w
+      const o = i * WORKER.words
+      this.wEvSeen[w] = ((p.worker[o + WORKER.flags] as number) & WORKER_LAST_ID) !== 0 ? 1 : 0
+      this.wEvLo[w] = p.worker[o + WORKER.lastIdLo] as number
+      this.wEvHi[w] = p.worker[o + WORKER.lastIdHi] as number
+    }
+    if (held.length > 0) this.dropEntriesOf(held)
+    this.reserve(p.nodes, p.entries)
+    const nodeSlot = new Int32Array(p.nodes)
+    const { count, owner, blockLo, blockHi, up } = p
+    let e = 0
+    let added = 0
+    for (let i = 0; i < p.nodes; i++) {
+      const c = count[i] as number
+      let slot = NIL
+      // last first: entries are prepended to a node's list, so its order comes back as written
+      for (let j = e + c - 1; j >= e; j--) {
+        const w = slotOf[owner[j] as number] as number
+        if (w === NIL) continue
+        const lo = (blockLo[j] as number) | 0
+        const hi = (blockHi[j] as number) | 0
+        // the worker-rank was emptied above: a hash held already is a repeat in the part
+        if (this.findEntry(w, lo, hi) !== NIL) continue
+        if (this.liveEntries >= this.maxBlocks) {
+          this.reject(RejectReason.Capacity, EventKind.Stored)
+          continue
+        }
+        if (slot === NIL) slot = this.placeNode(p, i, nodeSlot)
+        this.addEntry(w, slot, lo, hi)
+        added++
+      }
+      if (slot !== NIL && ((up[i] as number) & UP_MIXED) !== 0) this.N[slot * NS + N_COUNT] = (this.N[slot * NS + N_COUNT] as number) | MIXED
+      nodeSlot[i] = slot
+      e += c
+      if ((i & 255) === 255 && this.interrupt !== null) this.interrupt()
+    }
+    return added
+  }
+
+  /** The slot of node `i` of a part being loaded: merged with an existing child, created, or a detached top. */
+  private placeNode(p: SnapshotPart, i: number, nodeSlot: Int32Array): number {
+    const ref = (p.up[i] as number) & UP_REF_MASK
+    const lo = (p.tokLo[i] as number) | 0
+    const hi = (p.tokHi[i] as number) | 0
+    const parent = ref === UP_ROOT ? ROOT : ref === UP_DETACHED ? NIL : (nodeSlot[ref - 1] as number)
+    if (parent === NIL) return this.newDetachedNode(lo, hi)
+    const found = this.findChild(parent, lo, hi)
+    return found !== NIL ? found : this.newNode(parent, lo, hi)
+  }
+
+  /**
+   * Room for `nodes` more nodes and `entries` more entries at once, so a load copies each array
+   * at most once; an empty lookup table is sized for the entries instead of growing through
+   * rebuilds.
+   */
+  private reserve(nodes: number, entries: number): void {
+    const nodeCap = Math.min(this.nHigh + nodes, MAX_SLOT + 1)
+    if (nodeCap > this.nCap) {
+      this.nCap = nodeCap
+      this.N = this.grownCopy(this.N, nodeCap * NS)
+    }
+    const add = Math.min(entries, this.maxBlocks)
+    const entryCap = Math.min(this.eHigh + add, MAX_SLOT + 1)
+    if (entryCap > this.eCap) {
+      this.eCap = entryCap
+      this.E = this.grownCopy(this.E, entryCap * ES)
+    }
+    if (this.liveEntries === 0 && add > this.lookup.live) this.lookup.reset(add)
   }
 
   // ------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import {
   RECOVERY,
   REMOVE_WORKER,
   RESET_RANK,
+  SNAPSHOT,
   type EngineReset,
   type RecoveryKind,
   newRecord,
@@ -114,5 +115,13 @@ export function predictedRemovedRecord(workerId: bigint, dpRank: number, eventId
   const rec = predictedRecord(EventKind.Removed, workerId, dpRank, eventId, n, 8)
   writeU32s(rec, PREDICTED.length, seqLo, n)
   writeU32s(rec, PREDICTED.length + 4 * n, seqHi, n)
+  return rec
+}
+
+/** Applies (or, `apply` false, drops) the snapshot a shard staged under `ticket`, in order with the events. */
+export function snapshotRecord(ticket: number, apply: boolean): Uint8Array {
+  const rec = newRecord(SNAPSHOT)
+  rec[SNAPSHOT.at.flag] = apply ? 1 : 0
+  writeU32(rec, SNAPSHOT.at.ticket, ticket)
   return rec
 }

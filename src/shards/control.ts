@@ -72,6 +72,16 @@ export class ShardControl {
     return all
   }
 
+  /** Every shard's binary snapshot part, as of the events pushed to it before the call. */
+  snapshotParts(): Promise<Uint8Array[]> {
+    return Promise.all(this.shards.map((sh) => call(sh, (api) => api.snapshot(sh.enqueued))))
+  }
+
+  /** Has a shard check and keep the parts of a snapshot (ShardApi.stageSnapshot). */
+  stageSnapshot(sh: Shard, buf: SharedArrayBuffer, parts: readonly number[], ticket: number): Promise<string | null> {
+    return call(sh, (api) => api.stageSnapshot(buf, parts, ticket))
+  }
+
   stats(): Promise<ShardStats[]> {
     return Promise.all(this.shards.map((sh) => call(sh, (api) => api.stats())))
   }

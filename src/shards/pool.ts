@@ -23,6 +23,7 @@ import type { ApproxSink } from '../scheduler/approximate.js'
 import type { RouterEvent } from '../codec/events.js'
 import { u64FromParts, u64Hi, u64Lo } from '../codec/u64.js'
 import { KvrError } from '../errors.js'
+import { assembleSnapshot, partWorkerIds, readSnapshot } from '../index/snapshot-format.js'
 import { WorkerIdScan } from './partition.js'
 import { ShardLogWatch } from './log-watch.js'
 import { type PoolOptions, type ShardPoolOptions, resolveOptions } from './options.js'
@@ -74,7 +75,10 @@ export class ShardPool extends EventEmitter {
   rerouted = 0
   /** Messages offer() dropped because the backlog held maxPendingBytes. */
   dropped = 0
+  /** Binary snapshots loadSnapshot() refused (truncated, corrupt, another version): none of them was applied. */
+  snapshotsRefused = 0
   private nextTicket = 0
+  private nextSnapshot = 0
   /**
    * Workers whose next event message is announced ('firstEvent', synchronously, before it is
    * queued), keyed by id as a number where it is one exactly (else as a bigint).
@@ -391,6 +395,62 @@ export class ShardPool extends EventEmitter {
   /** All shards' indexes as one event list (a dump), event ids renumbered from 0. */
   dump(): Promise<RouterEvent[]> {
     return this.control.dump()
+  }
+
+  /**
+   * The index as one binary snapshot (src/index/snapshot-format.ts), as of every event pushed
+   * before the call: each shard writes its part from its arrays, in parallel, and hands it over
+   * without a copy; here they are only put one after the other behind a header.
+   */
+  async snapshot(): Promise<Uint8Array> {
+    this.open()
+    return assembleSnapshot(await this.control.snapshotParts())
+  }
+
+  /**
+   * Loads a binary snapshot into the shards, whole or not at all: its header is read here, its
+   * parts go, in shared memory, to the shards that own their workers (whatever the shard count
+   * that wrote it), and each shard checks its parts through before any is applied. Once all
+   * are sound, a record in each ring applies them: for each worker-rank of the snapshot, what the
+   * index held of it is replaced (as a tree dump replaces it), in order with the events: those
+   * pushed before that record come before the snapshot. Resolves once applied; rejects, nothing
+   * applied and the refusal counted, with KVR_ERR_SNAPSHOT_INVALID.
+   */
+  async loadSnapshot(bytes: Uint8Array): Promise<{ parts: number; workerRanks: number; entries: number }> {
+    this.open()
+    let parts: ReturnType<typeof readSnapshot>
+    try {
+      parts = readSnapshot(bytes)
+    } catch (err) {
+      this.snapshotsRefused++
+      throw err
+    }
+    const buf = new SharedArrayBuffer(bytes.length)
+    new Uint8Array(buf).set(bytes)
+    const asked: number[][] = this.shards.map(() => [])
+    for (const p of parts) {
+      const owners = new Set<number>()
+      partWorkerIds(bytes, p, (lo, hi) => owners.add(shardOf(lo, hi, this.size)))
+      // a part that names no worker is checked all the same
+      if (owners.size === 0) owners.add(0)
+      for (const k of owners) asked[k]?.push(p.offset, p.length)
+    }
+    const ticket = this.nextSnapshot++
+    const ks = asked.flatMap((a, k) => (a.length > 0 ? [k] : []))
+    const answers = await Promise.allSettled(ks.map((k) => this.control.stageSnapshot(this.shards[k] as Shard, buf, asked[k] as number[], ticket)))
+    let refusal: unknown = null
+    for (const a of answers) {
+      if (a.status === 'rejected') refusal ??= a.reason
+      else if (a.value !== null) refusal ??= new KvrError('KVR_ERR_SNAPSHOT_INVALID', a.value)
+    }
+    // to the shards as they are now: one restarted meanwhile has nothing staged, and drops its record
+    for (const k of ks) this.writer.write(this.shards[k] as Shard, records.snapshotRecord(ticket, refusal === null))
+    if (refusal !== null) {
+      if (refusal instanceof KvrError && refusal.code === 'KVR_ERR_SNAPSHOT_INVALID') this.snapshotsRefused++
+      throw refusal
+    }
+    await Promise.all(ks.map((k) => this.control.barrier(this.shards[k] as Shard)))
+    return { parts: parts.length, workerRanks: parts.reduce((n, p) => n + p.workers, 0), entries: parts.reduce((n, p) => n + p.entries, 0) }
   }
 
   stats(): Promise<ShardStats[]> {

@@ -224,6 +224,13 @@ export interface ShardApi {
   ensureWorker(idLo: number, idHi: number, rank: number, seq: number): Promise<boolean>
   treeSizes(seq: number): Promise<OverlapScore[]>
   dump(seq: number): Promise<RouterEvent[]>
+  /** The shard's index as a binary snapshot part (src/index/snapshot-format.ts), transferred. */
+  snapshot(seq: number): Promise<Uint8Array>
+  /**
+   * Checks the parts of a snapshot at `parts` (offset, length pairs into `buf`) and keeps them
+   * under `ticket` until its SNAPSHOT record: null when every part is sound, else why not.
+   */
+  stageSnapshot(buf: SharedArrayBuffer, parts: readonly number[], ticket: number): Promise<string | null>
   stats(): Promise<ShardStats>
   /** Fault injection: blocks the thread (no heartbeat) so stall detection can be exercised. */
   block(ms: number): Promise<void>

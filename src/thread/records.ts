@@ -82,8 +82,14 @@ export const PREDICTED = kind(
   true,
 )
 
+/**
+ * Applies (flag 1) or drops (flag 0) the snapshot the shard staged under `ticket`
+ * (ShardApi.stageSnapshot): the snapshot takes its place among the events here.
+ */
+export const SNAPSHOT = kind('snapshot', 9, 8, { ...HEAD, flag: u8(2), ticket: u32(4) })
+
 /** Every record kind, by name (the test walks it). */
-export const RECORD_KINDS = { REMOVE_WORKER, RECOVERABLE, PARK, RECOVERY, RESET_RANK, ENGINE_RESET, ENGINE_BATCH, PREDICTED } as const
+export const RECORD_KINDS = { REMOVE_WORKER, RECOVERABLE, PARK, RECOVERY, RESET_RANK, ENGINE_RESET, ENGINE_BATCH, PREDICTED, SNAPSHOT } as const
 
 /** Offsets every record shares. */
 export const RECORD_MARKER_AT = HEAD.marker.at

@@ -14,6 +14,10 @@
 // Acknowledgements are cumulative (AckAll) and sent for a batch once the shards have applied it
 // (a flush barrier over the pool), so what the stream may drop on a purge is what every replica
 // has applied.
+//
+// Snapshots are binary by default, written and loaded by the shards themselves
+// (src/index/snapshot-format.ts), or a JSON array of RouterEvents (--router-snapshot-format);
+// both are read. The object is written and read with a native digest (object-store.ts).
 import { once } from 'node:events'
 import type { ConsumerMessages, JetStreamClient, JetStreamManager, JsMsg, NatsConnection } from 'nats'
 import type { ShardPool } from '../shards/pool.js'
@@ -24,9 +28,11 @@ import { u64FromParts } from '../codec/u64.js'
 import type { RouterEvent } from '../codec/events.js'
 import { splitEvents } from '../codec/event-array.js'
 import { KvrError, Warn } from '../errors.js'
+import { isBinarySnapshot, readSnapshot as snapshotParts } from '../index/snapshot-format.js'
 import { limited, log } from '../runtime/log.js'
 import { RADIX_STATE_OBJECT, radixBucket } from './dynamo-names.js'
 import { JS_CONSUMER_NOT_FOUND, ensureKvEventsStream, jsErrorCode } from './jetstream.js'
+import { readObject, writeObject } from './object-store.js'
 
 type Nats = typeof import('nats')
 
@@ -41,6 +47,8 @@ export interface DurableKvEventsOptions {
   snapshotThreshold: number
   /** Delete the snapshot and purge the stream at start, unless another replica reads it now. */
   resetStates: boolean
+  /** How snapshots are written (both are read): binary (the default) or a JSON array of RouterEvents. */
+  snapshotFormat?: SnapshotFormat
   /** The workers discovery knows now, or null when nothing discovers workers (none is dropped then). */
   discovered?: () => ReadonlySet<bigint> | null
   /** Drops a worker the index holds that discovery no longer knows (before a snapshot). */
@@ -69,7 +77,7 @@ export interface DurableCounters {
   snapshotsUploaded: number
   snapshotUploadsFailed: number
   snapshotsLoaded: number
-  /** Snapshots found but not usable (not an array of events, or of a stream since recreated). */
+  /** Snapshots found but not usable (truncated, corrupt, not kv-router's, or of a stream since recreated): none of them applied. */
   snapshotLoadsFailed: number
   /** Messages purged from the stream by this replica after its snapshots. */
   purged: number
@@ -79,7 +87,7 @@ export interface DurableCounters {
 
 /** What a start replayed: the stream up to its last message at start, once applied. */
 export interface CatchUp {
-  /** Events loaded from the snapshot. */
+  /** Events loaded from the snapshot: a binary one's block entries (a JSON one holds a stored event for each). */
   snapshotEvents: number
   /** Messages replayed from the stream. */
   events: number
@@ -89,6 +97,11 @@ export interface CatchUp {
 
 /** Object metadata key holding the stream sequence a snapshot stands for. */
 export const SNAPSHOT_SEQ_KEY = 'kvr_stream_seq'
+/** Object metadata key naming the snapshot's format; a snapshot without it is told by its first bytes. */
+export const SNAPSHOT_FORMAT_KEY = 'kvr_snapshot_format'
+/** Binary: the index as the shards hold it (src/index/snapshot-format.ts); json: a JSON array of RouterEvents, as kv-router wrote before. */
+export const SNAPSHOT_FORMATS = ['binary', 'json'] as const
+export type SnapshotFormat = (typeof SNAPSHOT_FORMATS)[number]
 /** Acknowledge after this many messages, or after ACK_MS, whichever first. */
 const ACK_EVERY = 1000
 const ACK_MS = 20
@@ -152,8 +165,11 @@ export class DurableKvEvents {
   streamMessages = 0
   /** Messages the consumer had yet to deliver, as of the last delivery. */
   pending = 0
-  /** The last snapshot this replica took: its events and bytes, and the ms its dump (the intake held) and its upload took. */
-  lastSnapshot: { seq: number; events: number; bytes: number; dumpMs: number; uploadMs: number } | null = null
+  /**
+   * The last snapshot this replica took: its format, its events (a binary one's block entries) and
+   * bytes, and the ms its dump (the intake held) and its encoding and upload took.
+   */
+  lastSnapshot: { seq: number; format: SnapshotFormat; events: number; bytes: number; dumpMs: number; uploadMs: number } | null = null
   private readonly js: JetStreamClient
   private lastSeq = 0
   private ackedSeq = 0
@@ -277,7 +293,7 @@ export class DurableKvEvents {
       if (first > seq + 1)
         this.warn(`messages ${seq + 1} to ${first - 1} of ${this.stream} are gone and no snapshot covers them: the index misses what they held`)
       if (snap !== null && seq > 0) {
-        const n = this.applySnapshot(snap.bytes)
+        const n = await this.applySnapshot(snap.bytes, snap.format)
         if (n >= 0) {
           await this.applied()
           this.counters.snapshotsLoaded++
@@ -294,31 +310,25 @@ export class DurableKvEvents {
    * with every upload, so one read of the data and a later read of the same nuid are the data of
    * one upload. Null when there is none (or it cannot be read).
    */
-  private async readSnapshot(): Promise<{ seq: number; bytes: Uint8Array } | null> {
+  private async readSnapshot(): Promise<{ seq: number; format: string | null; bytes: Uint8Array } | null> {
     try {
       const os = await this.js.views.os(this.bucket)
-      let got: { nuid: string; seq: number; bytes: Uint8Array } | null = null
-      for (let i = 0; i < STABLE_READS; i++) {
-        if (got !== null) {
-          await sleep(STABLE_PAUSE_MS)
-          const info = await os.info(RADIX_STATE_OBJECT)
-          if (info === null || info.deleted) return null
-          if (info.nuid === got.nuid) break
-        }
-        const r = await os.get(RADIX_STATE_OBJECT)
-        if (r === null || r.info.deleted) return null
-        const bytes = await readAll(r.data)
-        const err = await r.error
-        if (err instanceof Error) throw err
-        const seq = Number(r.info.metadata?.[SNAPSHOT_SEQ_KEY] ?? Number.NaN)
+      let info = await os.info(RADIX_STATE_OBJECT)
+      for (let i = 1; ; i++) {
+        if (info === null || info.deleted) return null
+        const seq = Number(info.metadata?.[SNAPSHOT_SEQ_KEY] ?? Number.NaN)
         if (!Number.isSafeInteger(seq) || seq < 0) {
           this.counters.snapshotLoadsFailed++
           this.warn(`the snapshot in ${this.bucket} does not say which message it stands for (not written by kv-router): ignored`)
           return null
         }
-        got = { nuid: r.info.nuid, seq, bytes }
+        const got = { seq, format: info.metadata?.[SNAPSHOT_FORMAT_KEY] ?? null, bytes: await readObject(this.nats, this.js, info) }
+        if (i === STABLE_READS) return got
+        await sleep(STABLE_PAUSE_MS)
+        const nuid = info.nuid
+        info = await os.info(RADIX_STATE_OBJECT)
+        if (info !== null && !info.deleted && info.nuid === nuid) return got
       }
-      return got
     } catch (err) {
       this.counters.snapshotLoadsFailed++
       this.warn(`cannot read the snapshot in ${this.bucket}: ${(err as Error).message}; starting from the stream alone`)
@@ -327,11 +337,33 @@ export class DurableKvEvents {
   }
 
   /**
-   * Hands a snapshot to the shards, each worker-rank's events as one tree dump (the worker-rank is
-   * cleared, its events applied, and its next event taken whatever its id: a dump's ids are not
-   * the worker's). Returns the number of events, or -1 when the snapshot is not an array of events.
+   * Hands a snapshot to the shards; returns its events (a binary one's block entries), or -1 when
+   * it cannot be used, nothing of it applied (counted and said). Its format is the one its
+   * metadata names, else told by its first bytes (kv-router wrote JSON without naming it).
    */
-  private applySnapshot(bytes: Uint8Array): number {
+  private async applySnapshot(bytes: Uint8Array, format: string | null): Promise<number> {
+    const binary = format === null ? isBinarySnapshot(bytes) : format === 'binary'
+    if (format !== null && !(SNAPSHOT_FORMATS as readonly string[]).includes(format)) {
+      this.counters.snapshotLoadsFailed++
+      this.warn(`the snapshot in ${this.bucket} is in format "${format}", which this router does not read: ignored`)
+      return -1
+    }
+    if (!binary) return this.applyJsonSnapshot(bytes)
+    try {
+      return (await this.o.pool.loadSnapshot(bytes)).entries
+    } catch (err) {
+      this.counters.snapshotLoadsFailed++
+      this.warn(`the snapshot in ${this.bucket} cannot be loaded (${(err as Error).message}): nothing of it applied, starting from the stream alone`)
+      return -1
+    }
+  }
+
+  /**
+   * A JSON snapshot: each worker-rank's events as one tree dump (the worker-rank is cleared, its
+   * events applied, and its next event taken whatever its id: a dump's ids are not the
+   * worker's). Returns the number of events, or -1 when the snapshot is not an array of events.
+   */
+  private applyJsonSnapshot(bytes: Uint8Array): number {
     const groups = new Map<string, { workerId: bigint; rank: number; parts: Uint8Array[] }>()
     const decoder = new EventDecoder()
     let n = 0
@@ -586,9 +618,10 @@ export class DurableKvEvents {
   /**
    * Drops the workers discovery no longer knows, dumps the index as it stands after message
    * `lastSeq`, uploads it, then purges what every consumer has acknowledged (at most up to the
-   * snapshot: the upload goes first, so a failed one purges nothing).
+   * snapshot: the upload goes first, so a failed one purges nothing). In the replica's format
+   * unless told another.
    */
-  async snapshot(): Promise<void> {
+  async snapshot(format: SnapshotFormat = this.o.snapshotFormat ?? 'binary'): Promise<void> {
     const pool = this.o.pool
     const known = this.o.discovered?.() ?? null
     if (known !== null && this.o.removeWorker !== undefined) {
@@ -604,20 +637,24 @@ export class DurableKvEvents {
     this.gate = new Promise<void>((r) => (release = r))
     const t0 = performance.now()
     let seq: number
-    let events: RouterEvent[]
+    let events: RouterEvent[] = []
+    let body: Uint8Array | null = null
     try {
       await this.applied()
       seq = this.lastSeq
-      events = await pool.dump()
+      // binary: the shards write it themselves; json: their events, encoded once the intake goes on
+      if (format === 'binary') body = await pool.snapshot()
+      else events = await pool.dump()
     } finally {
       this.gate = null
       release()
     }
     const t1 = performance.now()
-    const body = encodeSnapshot(events)
+    body ??= encodeSnapshot(events)
     try {
       const os = await this.js.views.os(this.bucket)
-      await os.putBlob({ name: RADIX_STATE_OBJECT, metadata: { [SNAPSHOT_SEQ_KEY]: String(seq) } }, body)
+      const target = { nats: this.nats, nc: this.o.nc, js: this.js, jsm: this.jsm, os, bucket: this.bucket, name: RADIX_STATE_OBJECT }
+      await writeObject(target, body, { [SNAPSHOT_SEQ_KEY]: String(seq), [SNAPSHOT_FORMAT_KEY]: format })
     } catch (err) {
       this.counters.snapshotUploadsFailed++
       limited.warn(
@@ -629,7 +666,8 @@ export class DurableKvEvents {
     }
     this.counters.snapshotsUploaded++
     this.snapshotSeq = seq
-    this.lastSnapshot = { seq, events: events.length, bytes: body.length, dumpMs: t1 - t0, uploadMs: performance.now() - t1 }
+    const n = format === 'binary' ? snapshotEntries(body) : events.length
+    this.lastSnapshot = { seq, format, events: n, bytes: body.length, dumpMs: t1 - t0, uploadMs: performance.now() - t1 }
     let upTo = seq
     for await (const ci of this.jsm.consumers.list(this.stream)) {
       // a consumer that has acknowledged nothing yet is at the message before its first
@@ -676,13 +714,7 @@ function joinArray(parts: readonly Uint8Array[]): Uint8Array {
   return Buffer.concat(chunks)
 }
 
-async function readAll(rs: ReadableStream<Uint8Array>): Promise<Uint8Array> {
-  const chunks: Uint8Array[] = []
-  const reader = rs.getReader()
-  for (;;) {
-    const { done, value } = await reader.read()
-    if (done) break
-    chunks.push(value)
-  }
-  return Buffer.concat(chunks)
+/** Block entries of a binary snapshot this replica wrote, from its part heads. */
+function snapshotEntries(body: Uint8Array): number {
+  return snapshotParts(body).reduce((n, p) => n + p.entries, 0)
 }

@@ -146,5 +146,8 @@ t.test('npm run cluster: options, their variables, and the serve arguments after
   })
   t.throws(() => parseClusterArgs(['--engines', '0'], {}), /^--engines must be an integer in \[1, 256\], got "0"$/)
   t.throws(() => parseClusterArgs(['--logs=1'], {}), /^--logs takes no value$/)
+  t.equal((parseClusterArgs([], {}) as { engineProfile: string }).engineProfile, 'default')
+  t.equal((parseClusterArgs([], { KVR_MOCKER_PROFILE: 'large:2,large@0.5:2' }) as { engineProfile: string }).engineProfile, 'large:2,large@0.5:2')
+  t.throws(() => parseClusterArgs(['--engine-profile', 'huge'], {}), /^--engine-profile: unknown profile "huge" \(default, large, long-context\)$/)
   t.equal(parseClusterArgs(['-h'], {}), 'help')
 })

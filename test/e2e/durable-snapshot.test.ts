@@ -1,5 +1,6 @@
 // Durable mode as processes, with snapshots: two `kv-router serve --router-durable-kv-events`
-// replicas with a low --router-snapshot-threshold upload snapshots and purge the stream; a replica
+// replicas with a low --router-snapshot-threshold, one writing JSON snapshots
+// (--router-snapshot-format json), the other binary ones, upload snapshots and purge the stream; a replica
 // that stops and starts again while events flow rebuilds from the snapshot and the stream after
 // it (the stream alone no longer could), and then holds the same index as the replica that never
 // stopped, equal to the engines' pools. A replica started with --router-reset-states starts
@@ -34,7 +35,8 @@ t.test('a restart from the snapshot and the stream after it equals a replica tha
   later(t, () => fleet.close())
   const rng = new Rng(5)
   const snap = ['--router-snapshot-threshold', '100']
-  const a = await durableRouter(t, nats.url, BS, snap)
+  // whichever snapshots last, the other reads it
+  const a = await durableRouter(t, nats.url, BS, [...snap, '--router-snapshot-format', 'json'])
   let b = await durableRouter(t, nats.url, BS, snap)
   await drive(fleet, rng, 150)
   const jsm = await nc.jetstreamManager()

@@ -22,11 +22,12 @@ import type { OverlapScore } from '../../src/index/kv-index.js'
 import type { RouterEvent } from '../../src/codec/events.js'
 import { CONTROL_POSTED, DOORBELL, HEARTBEAT, PRODUCER_WAIT, RING_READ, RING_WRITE, SLEEPING, STATE, ShardState } from '../../src/thread/protocol.js'
 import type { ShardApi, ShardStats } from '../../src/thread/protocol.js'
-import { ENGINE_BATCH, ENGINE_RESET, PREDICTED, recordOp } from '../../src/thread/records.js'
+import { ENGINE_BATCH, ENGINE_RESET, PREDICTED, SNAPSHOT, recordOp } from '../../src/thread/records.js'
 import { Live, applyEvent, decodeOwned, publishCounters } from './apply.js'
 import { onEngineBatch, onEngineReset } from './engine.js'
 import { held, onControl, stopHolding, unparkAll } from './parking.js'
 import { interrupt, queriesWaiting, serveQueries } from './queries.js'
+import { onSnapshotRecord, stage } from './snapshot.js'
 import { counters, ctrl, decoder, index, init, ring } from './state.js'
 
 const ringHalf = init.ring.byteLength / 2
@@ -53,6 +54,7 @@ function onMessage(bytes: Uint8Array): void {
   if (op !== 0 && op !== PREDICTED.op) {
     if (op === ENGINE_BATCH.op) onEngineBatch(bytes)
     else if (op === ENGINE_RESET.op) onEngineReset(bytes)
+    else if (op === SNAPSHOT.op) onSnapshotRecord(bytes)
     else onControl(op, bytes)
     return
   }
@@ -171,6 +173,14 @@ const api: ShardApi = {
   async dump(seq: number): Promise<RouterEvent[]> {
     await barrier(seq)
     return index.dump()
+  },
+  async snapshot(seq: number): Promise<Uint8Array> {
+    await barrier(seq)
+    const part = index.writeSnapshotPart()
+    return Comlink.transfer(part, [part.buffer])
+  },
+  async stageSnapshot(buf: SharedArrayBuffer, parts: readonly number[], ticket: number): Promise<string | null> {
+    return stage(buf, parts, ticket)
   },
   async stats(): Promise<ShardStats> {
     const { received, applied, malformed, processed } = counters

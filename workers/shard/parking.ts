@@ -92,6 +92,11 @@ function unpark(key: string): void {
   for (const m of p.msgs) applyReleased(m)
 }
 
+/** Lets a worker-rank's hold go, its events applied (a snapshot replaces the worker-rank after them). */
+export function letGo(lo: number, hi: number, rank: number): void {
+  if (parks.size !== 0) unpark(rankKey(lo, hi, rank))
+}
+
 /** Lets every hold go (shutdown, and nobody left to end them). */
 export function unparkAll(): void {
   for (const key of [...parks.keys()]) unpark(key)

@@ -42,6 +42,8 @@ import { blockHashesInto, sequenceHashesInto } from '../../codec/hashing.js'
 import { MAX_TIMER_MS } from '../../runtime/timers.js'
 import { EventRing } from './event-ring.js'
 import { stepMs } from './timing.js'
+import { PROFILES, PROFILE_NAMES } from './profiles.js'
+import type { EngineProfile, ProfileName } from './profiles.js'
 
 export type PreemptionMode = 'lifo' | 'fifo'
 
@@ -64,6 +66,10 @@ export interface EngineConfig {
   speedupRatio: number
   /** Further divides decode time (`--decode-speedup-ratio`). */
   decodeSpeedupRatio: number
+  /** Timing profile of the engine's steps (`--engine-profile`). */
+  profile: ProfileName
+  /** Divides the profile's durations: 0.5 is an engine at half speed (`--engine-profile NAME@SPEED`). */
+  speed: number
 }
 
 export const ENGINE_DEFAULTS: Readonly<Omit<EngineConfig, 'workerId'>> = Object.freeze({
@@ -75,6 +81,8 @@ export const ENGINE_DEFAULTS: Readonly<Omit<EngineConfig, 'workerId'>> = Object.
   preemptionMode: 'lifo',
   speedupRatio: 1,
   decodeSpeedupRatio: 1,
+  profile: 'default',
+  speed: 1,
 })
 
 /**
@@ -190,6 +198,8 @@ export interface StepReport {
   durationMs: number
   /** Prefill tokens computed (T of the timing model). */
   prefillTokens: number
+  /** Context tokens before each of them, summed (the profile's attention term). */
+  prefillPairs: number
   prefills: number
   decodes: number
   /** Budget spent: prefill tokens + decodes (+1 per fully cached prefill). */
@@ -227,6 +237,11 @@ export interface EngineLoad {
   prefixHitRate: number
 }
 
+/** Context tokens before each of k new tokens that start at position `from`, summed. */
+function contextPairs(from: number, k: number): number {
+  return k * from + (k * (k - 1)) / 2
+}
+
 function checkInt(name: string, v: number, min: number, max: number): void {
   if (!Number.isInteger(v) || v < min || v > max)
     throw new KvrError('KVR_ERR_INVALID_OPTION', `${name} must be an integer in [${min}, ${max}], got ${String(v)}`)
@@ -234,6 +249,7 @@ function checkInt(name: string, v: number, min: number, max: number): void {
 
 export class MockEngine {
   readonly config: Readonly<EngineConfig>
+  private readonly profile: EngineProfile
   readonly pool: BlockPool
   readonly ring: EventRing
   readonly stats: EngineStats = {
@@ -286,7 +302,12 @@ export class MockEngine {
       throw new KvrError('KVR_ERR_INVALID_OPTION', `speedup ratio must be a finite number ≥ 0, got ${String(c.speedupRatio)}`)
     if (!(c.decodeSpeedupRatio > 0) || !Number.isFinite(c.decodeSpeedupRatio))
       throw new KvrError('KVR_ERR_INVALID_OPTION', `decode speedup ratio must be a finite number > 0, got ${String(c.decodeSpeedupRatio)}`)
+    if (!(PROFILE_NAMES as readonly string[]).includes(c.profile))
+      throw new KvrError('KVR_ERR_INVALID_OPTION', `engine profile must be one of ${PROFILE_NAMES.join(', ')}, got ${String(c.profile)}`)
+    if (!(c.speed > 0) || !Number.isFinite(c.speed))
+      throw new KvrError('KVR_ERR_INVALID_OPTION', `engine speed must be a finite number > 0, got ${String(c.speed)}`)
     this.config = Object.freeze(c)
+    this.profile = PROFILES[c.profile]
     this.ring = new EventRing(o.ringSize)
     this.onEvent = o.onEvent
     this.onStep = o.onStep
@@ -481,6 +502,7 @@ export class MockEngine {
     const entries: ScheduledEntry[] = []
     const preempted: number[] = []
     let prefillTokens = 0
+    let prefillPairs = 0
     let prefills = 0
     let decodes = 0
 
@@ -510,6 +532,7 @@ export class MockEngine {
       }
       if (selfPreempted) break
       this.allocateTo(r, r.computed + k)
+      const from = r.computed
       r.computed += k
       sched.push(r)
       budget -= k
@@ -517,6 +540,7 @@ export class MockEngine {
       else {
         prefills++
         prefillTokens += k
+        prefillPairs += contextPairs(from, k)
       }
       entries.push({ id: r.id, tokens: k, decode: r.decoding })
       i++
@@ -550,6 +574,7 @@ export class MockEngine {
         budget -= Math.max(k, 1)
         prefills++
         prefillTokens += k
+        prefillPairs += contextPairs(start, k)
         entries.push({ id: r.id, tokens: k, decode: false })
       }
     }
@@ -559,13 +584,14 @@ export class MockEngine {
     // duration keeps the loop alive rather than stalling it, should that ever change.
     if (sched.length === 0) return this.emptyReport(preempted)
     const kvUsage = this.activeBlocks / c.numGpuBlocks
-    const durationMs = stepMs({ prefillTokens, decodes, kvUsage }, c)
+    const durationMs = stepMs({ prefillTokens, prefillPairs, decodes, kvUsage }, c, this.profile, c.speed)
     this.stats.steps++
     this.stats.busyMs += durationMs
     return {
       step: this.stats.steps,
       durationMs,
       prefillTokens,
+      prefillPairs,
       prefills,
       decodes,
       budgetUsed: c.maxNumBatchedTokens - budget,
@@ -583,6 +609,7 @@ export class MockEngine {
       step: this.stats.steps,
       durationMs: 0,
       prefillTokens: 0,
+      prefillPairs: 0,
       prefills: 0,
       decodes: 0,
       budgetUsed: 0,

@@ -21,12 +21,16 @@ import { CallbackPublisher, HttpEventPublisher, JetStreamEventPublisher, LoadPub
 import type { EventPublisher } from './publisher.js'
 import { EtcdRegistrar, deregisterFromRouter, registerWithRouter } from './registration.js'
 import { ZmqEventPublisher, engineEndpoint, parseTcpEndpoint } from './zmq-publisher.js'
+import { timingsFor } from './profiles.js'
+import type { ProfileGroup } from './profiles.js'
 import type { VllmEventForm, ZmqEventPublisherOptions } from './zmq-publisher.js'
 import type { EtcdLease, EtcdRegistrarOptions, RouterRegistration, WorkerRecord } from './registration.js'
 
 export interface FleetOptions extends Partial<Omit<EngineConfig, 'workerId'>> {
   /** Engines to start (default 1). */
   numWorkers?: number
+  /** Each engine's timing profile and speed (`--engine-profile`); over `profile` and `speed`. */
+  engineProfiles?: readonly ProfileGroup[] | null
   /** Worker id of the first engine when ids do not come from etcd leases (default 1). */
   firstWorkerId?: bigint
   /** Listen address (default 127.0.0.1). */
@@ -206,6 +210,7 @@ export class MockerFleet {
       this.etcd = await EtcdRegistrar.connect(ro)
     }
     const first = o.firstWorkerId ?? 1n
+    const timings = o.engineProfiles === undefined || o.engineProfiles === null ? null : timingsFor(o.engineProfiles, n)
     for (let i = 0; i < n; i++) {
       const lease = this.etcd === null ? null : await this.etcd.grant()
       const workerId = lease === null ? first + BigInt(i) : lease.id
@@ -243,8 +248,15 @@ export class MockerFleet {
         'preemptionMode',
         'speedupRatio',
         'decodeSpeedupRatio',
+        'profile',
+        'speed',
       ] as const) {
         if (o[k] !== undefined) (engineOpts as unknown as Record<string, unknown>)[k] = o[k]
+      }
+      const timing = timings?.[i]
+      if (timing !== undefined) {
+        engineOpts.profile = timing.profile
+        engineOpts.speed = timing.speed
       }
       if (pubs.length === 1) {
         const p = pubs[0] as EventPublisher

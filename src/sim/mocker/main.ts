@@ -17,6 +17,8 @@ import { FleetListenError, MockerFleet } from './fleet.js'
 import type { FleetOptions } from './fleet.js'
 import { urlHost } from './server.js'
 import { parseTcpEndpoint } from './zmq-publisher.js'
+import { PROFILE_NAMES, parseProfileList, timingsFor } from './profiles.js'
+import type { ProfileGroup } from './profiles.js'
 
 /** A value without spaces, as subjects, keys and names need. */
 function word(t: string): string | undefined {
@@ -41,6 +43,15 @@ const httpUrl = (t: string): string | undefined => (isHttpUrl(t) ? t.replace(/\/
 const HTTP_URL = 'an http(s) URL (http://host:port)'
 const zmq = (t: string): string | undefined => (parseTcpEndpoint(t) === null ? undefined : t)
 const ZMQ = 'tcp://HOST:PORT with a port in [1, 65535]'
+/** A profile list; its own errors say what is wrong with it. */
+function profileList(t: string): ProfileGroup[] {
+  try {
+    return parseProfileList(t)
+  } catch (err) {
+    if (isKvrError(err)) throw new ConfigError(err.message.replace(/^--engine-profile: /, ''))
+    throw err
+  }
+}
 const speed = (open: boolean): string => `a number ${open ? '>' : '≥'} 0 (at most 1000000000)`
 
 const MOCKER_ROWS = [
@@ -130,6 +141,22 @@ const MOCKER_ROWS = [
     accepts: speed(true),
     help: 'further divides decode durations',
     doc: 'Further divides decode durations (> 0).',
+  }),
+  opt({
+    flag: '--engine-profile',
+    key: 'engineProfiles',
+    kind: 'str',
+    read: profileList,
+    accepts: 'NAME[@SPEED][:COUNT],…',
+    metavar: 'LIST',
+    dflt: null,
+    docDefault: '`default`',
+    help: `the engines' timing: ${PROFILE_NAMES.join(', ')}, each at @SPEED (0.5 = half speed), dealt out in turn or :COUNT engines each`,
+    doc:
+      "The engines' step timing ([architecture](architecture.md#engine-profiles)): profiles " +
+      PROFILE_NAMES.map((n) => `\`${n}\``).join(', ') +
+      ', each optionally `@SPEED` (durations ÷ SPEED; `0.5` is half speed) and `:COUNT` engines. Without counts the list is dealt out ' +
+      'over the engines in turn; with counts on every entry they must add up to `--num-workers`. E.g. `large:2,large@0.5:2`.',
   }),
   opt({
     flag: '--model-name',
@@ -410,6 +437,14 @@ export function parseMockerArgs(argv: readonly string[]): MockerCli | 'help' {
   if (f.apiKey !== undefined && f.routerUrl === undefined) throw new MockerArgError('--api-key is only used with --router-url')
   if (f.durableKvEvents === true && f.natsUrl === undefined) throw new MockerArgError('--durable-kv-events needs --nats-url: the stream is on the NATS server')
   checkZmq(f, numWorkers)
+  if (c.engineProfiles !== null) {
+    try {
+      timingsFor(c.engineProfiles, numWorkers)
+    } catch (err) {
+      if (isKvrError(err)) throw new MockerArgError(err.message)
+      throw err
+    }
+  }
   return { fleet: f, numWorkers }
 }
 

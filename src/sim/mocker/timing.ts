@@ -1,23 +1,27 @@
-// How long a simulated engine's step takes: the router's engine model
-// (src/scheduler/engine-model.ts, Dynamo's mocker polynomial default) scaled by the speedup
-// options, so the engines run exactly the model the latency cost assumes.
+// How long a simulated engine's step takes: the engine's timing profile (profiles.ts; `default`
+// is the router's engine model, src/scheduler/engine-model.ts) at the engine's speed, scaled by
+// the speedup options.
 //
 // How one engine step is priced. vLLM runs a step as a single forward pass over a batch that
 // may mix prefill chunks and decodes. The two published curves were fitted separately (a
 // prefill-only pass, a decode-only pass), and nothing in the reference tells how they combine;
 // the mocker prices a mixed step as the SUM of the two terms:
 //
-//   step_ms = prefill_ms(T) / speedup  +  decode_ms(p) / (speedup × decode_speedup)
+//   step_ms = (prefill_ms(T) + attention_ms) / (speed × speedup)
+//           + decode_ms(p) / (speed × speedup × decode_speedup)
 //
 // where the prefill term is present only when the step computes prefill tokens and the decode
 // term only when it carries at least one decode. Summing is the conservative reading (a prefill
 // chunk really does delay the decodes batched with it, which is why vLLM users see ITL spikes
 // when long prompts arrive) and it degenerates to each fitted curve on its own for pure steps.
-import { decodeMs, prefillMs } from '../../scheduler/engine-model.js'
+import { PROFILES } from './profiles.js'
+import type { EngineProfile } from './profiles.js'
 
 export interface StepCost {
   /** Prefill tokens computed in the step (T). */
   prefillTokens: number
+  /** Sum over those tokens of the context before each (for the profile's attention term). */
+  prefillPairs: number
   /** Requests decoding one token in the step. */
   decodes: number
   /** KV usage p in [0, 1] for the decode term. */
@@ -31,11 +35,25 @@ export interface SpeedOptions {
   decodeSpeedupRatio: number
 }
 
+/** The default profile's prefill polynomial equals the engine model's prefillMs. */
+export function profilePrefillMs(p: EngineProfile, tokens: number, pairs: number): number {
+  if (!(tokens > 0)) return 0
+  const q = p.prefill
+  return q.a * tokens * tokens + q.b * tokens + q.c + p.attentionMsPerPair * pairs
+}
+
+/** The default profile's decode polynomial equals the engine model's decodeMs. */
+export function profileDecodeMs(p: EngineProfile, kvUsage: number): number {
+  const d = p.decode
+  return Math.max(d.floorMs, d.a * kvUsage * kvUsage + d.b * kvUsage + d.c)
+}
+
 /** Wall-clock milliseconds of one step (see the pricing rule at the top of this file). */
-export function stepMs(c: StepCost, s: SpeedOptions): number {
+export function stepMs(c: StepCost, s: SpeedOptions, profile: EngineProfile = PROFILES.default, speed = 1): number {
   if (!(s.speedupRatio > 0)) return 0
+  const scale = s.speedupRatio * speed
   let ms = 0
-  if (c.prefillTokens > 0) ms += prefillMs(c.prefillTokens) / s.speedupRatio
-  if (c.decodes > 0) ms += decodeMs(c.kvUsage) / (s.speedupRatio * s.decodeSpeedupRatio)
+  if (c.prefillTokens > 0) ms += profilePrefillMs(profile, c.prefillTokens, c.prefillPairs) / scale
+  if (c.decodes > 0) ms += profileDecodeMs(profile, c.kvUsage) / (scale * s.decodeSpeedupRatio)
   return ms
 }

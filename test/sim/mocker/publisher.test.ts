@@ -110,9 +110,9 @@ t.test('load reports: on change, throttled, and periodic', async (t) => {
   cur = load(20, 1)
   lp.update()
   t.equal(sent.length, 1, 'changes within the gap wait')
-  await waitUntil('the throttled report', () => sent.length === 2, 2000)
+  await waitUntil('the throttled report', () => sent.length === 2, 10_000)
   t.match(sent[1], /"kv_active_blocks":20,/, 'the latest state is sent')
-  await waitUntil('a periodic report', () => sent.length >= 3, 2000)
+  await waitUntil('a periodic report', () => sent.length >= 3, 10_000)
   lp.close()
   closed = true
   const n = sent.length

@@ -88,7 +88,11 @@ t.test('chunked prefill splits a long prompt over steps; without it the prompt g
   t.same([s1.prefillTokens, s2.prefillTokens, s3.prefillTokens], [1024, 1024, 952], 'three chunks')
   t.equal(r.firstTokenAt >= 0, true, 'first token after the last chunk')
   t.equal(rec.tokens.get(r.id), 1)
-  t.equal(s1.durationMs, stepMs({ prefillTokens: 1024, decodes: 0, kvUsage: s1.kvUsage }, e.config), 'each chunk priced as a prefill of its size')
+  t.equal(
+    s1.durationMs,
+    stepMs({ prefillTokens: 1024, prefillPairs: s1.prefillPairs, decodes: 0, kvUsage: s1.kvUsage }, e.config),
+    'each chunk priced as a prefill of its size',
+  )
   e.runUntilIdle()
   t.equal(r.outputTokens, 3)
 
@@ -274,7 +278,13 @@ t.test("step durations follow the timing model with the step's own T, decodes an
   const reports = e.runUntilIdle()
   t.equal(reports[0]?.prefillTokens, 800, 'both prompts in one batch: T = 2 × (400 − 0)')
   for (const r of reports)
-    t.equal(r.durationMs, stepMs({ prefillTokens: r.prefillTokens, decodes: r.decodes, kvUsage: r.kvUsage }, { speedupRatio: 2, decodeSpeedupRatio: 3 }))
+    t.equal(
+      r.durationMs,
+      stepMs(
+        { prefillTokens: r.prefillTokens, prefillPairs: r.prefillPairs, decodes: r.decodes, kvUsage: r.kvUsage },
+        { speedupRatio: 2, decodeSpeedupRatio: 3 },
+      ),
+    )
   // after the prefill, both decode: usage is their blocks (partials included) over 100
   t.equal(reports[1]?.kvUsage, (Math.ceil(501 / 16) + Math.ceil(301 / 16)) / 100)
   t.equal(

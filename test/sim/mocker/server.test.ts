@@ -218,7 +218,9 @@ t.test('the step loop keeps time: no drift over hundreds of short steps', async 
   t.equal(r.outputTokens, 300)
   t.ok(modelled > 500 && modelled < 700, `modelled ${modelled.toFixed(1)} ms`)
   t.ok(elapsed >= modelled - 1, `not faster than modelled (${elapsed.toFixed(1)} ms)`)
-  t.ok(elapsed <= modelled * 1.15 + 25, `within 15% + 25 ms of the modelled ${modelled.toFixed(1)} ms (took ${elapsed.toFixed(1)} ms)`)
+  // a loop that drifts by its timer lateness takes ≥ 1 ms more per step (≥ +300 ms): the bound
+  // leaves room for a loaded machine's late timers without letting that through
+  t.ok(elapsed <= modelled * 1.35 + 40, `within 35% + 40 ms of the modelled ${modelled.toFixed(1)} ms (took ${elapsed.toFixed(1)} ms)`)
   t.ok(r.firstTokenAt - r.arrivedAt < 60, 'first token after the prefill step (17.5 ms modelled)')
 })
 

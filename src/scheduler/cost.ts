@@ -140,7 +140,7 @@ export function latencyTerms(
   const wait = queued > 0 ? prefillAhead + prefillSteps(queued, chunk) * step : 0
   const own = ttft - wait
   let slowdown = inFlight > 0 ? fleet.inFlight * (prefill - prefillAhead) : 0
-  if (total > 0 && added > 0) slowdown += (inFlight * ASSUMED_OUTPUT_TOKENS * DECODE_MS_PER_USAGE * added) / total
+  if (total > 0 && added > 0) slowdown += kvSlowdownMs(inFlight, added, total)
   const queueing = fleet.arrivalsPerMs * own * (wait + own / 2)
   out.ttft = ttft / 1000
   out.slowdown = slowdown / 1000
@@ -180,17 +180,54 @@ export function latencyLowerBound(
   total: number,
   fleet: FleetLoad,
 ): number {
-  const q0 = queueAtLeast(wait, chunk, stepMax)
+  return latencyLowerBoundFrom(wait, queueAtLeast(wait, chunk, stepMax), uncached, inFlight, chunk, stepMin, added, total, fleet)
+}
+
+/**
+ * latencyLowerBound given q0 = queueAtLeast(wait, chunk, stepMax), the least queue behind such a
+ * wait: it depends on the worker-ranks alone, so LoadIndex keeps it with each class.
+ */
+export function latencyLowerBoundFrom(
+  wait: number,
+  q0: number,
+  uncached: number,
+  inFlight: number,
+  chunk: number,
+  stepMin: number,
+  added: number,
+  total: number,
+  fleet: FleetLoad,
+): number {
   const prefill = prefillIncreaseAtLeast(q0, uncached, chunk)
-  const own = prefill + (prefillSteps(q0 + uncached, chunk) - (q0 > 0 ? prefillSteps(q0, chunk) : 1)) * stepMin
+  const own = prefill + extraStepsAtLeast(q0, uncached, chunk) * stepMin
   let slowdown = inFlight > 0 ? fleet.inFlight * prefill : 0
-  if (total > 0 && added > 0) slowdown += (inFlight * ASSUMED_OUTPUT_TOKENS * DECODE_MS_PER_USAGE * added) / total
+  if (total > 0 && added > 0) slowdown += kvSlowdownMs(inFlight, added, total)
   const queueing = fleet.arrivalsPerMs * own * (wait + own / 2)
   return (wait + own + slowdown + queueing) / 1000
 }
 
+/**
+ * The least own time (ms) of a request of `uncached` tokens behind a queue of at least q0: the
+ * prefill it adds and its extra steps (latencyLowerBound's `own`). With q0 = 0 it bounds every
+ * queue, so latencyLowerBound at any wait w is at least its value at no wait plus
+ * w × (1 + arrivals per ms × this) / 1000: every term but the wait's grows with the own time.
+ */
+export function ownAtLeast(q0: number, uncached: number, chunk: number, stepMin: number): number {
+  return prefillIncreaseAtLeast(q0, uncached, chunk) + extraStepsAtLeast(q0, uncached, chunk) * stepMin
+}
+
+/** The steps a request of u tokens adds behind a queue of at least q0 (never fewer than behind none). */
+function extraStepsAtLeast(q0: number, u: number, k: number): number {
+  return prefillSteps(q0 + u, k) - (q0 > 0 ? prefillSteps(q0, k) : 1)
+}
+
+/** ms the request's `added` blocks add to the decode steps of the requests in flight on a worker-rank of known capacity. */
+export function kvSlowdownMs(inFlight: number, added: number, total: number): number {
+  return (inFlight * ASSUMED_OUTPUT_TOKENS * DECODE_MS_PER_USAGE * added) / total
+}
+
 /** The least queue (tokens) that waits `wait` ms with chunks of k and steps of `step` ms: T's inverse; 0 below one step. */
-function queueAtLeast(wait: number, k: number, step: number): number {
+export function queueAtLeast(wait: number, k: number, step: number): number {
   const first = PREFILL_C + step
   if (!(wait > first)) return 0
   const full = prefillMs(k) + step
@@ -204,9 +241,10 @@ function queueAtLeast(wait: number, k: number, step: number): number {
 /** The least of P(q + u) − P(q) over q ≥ q0 (q0 = 0: over every q > 0, where P(0+) is prefill_ms's constant). */
 function prefillIncreaseAtLeast(q0: number, u: number, k: number): number {
   if (!(u > 0)) return 0
-  let least = prefillIncrease(q0, u, k)
-  if (q0 < k) least = Math.min(least, prefillIncrease(Math.max(q0, k - u), u, k), prefillIncrease(k, u, k))
-  return least
+  const least = prefillIncrease(q0, u, k)
+  // before the crossing the increase grows with q (P is convex within a chunk), so at the
+  // crossing's start it is no less than at q0: of the crossing's ends only k is left
+  return q0 < k ? Math.min(least, prefillIncrease(k, u, k)) : least
 }
 
 /** P(q + u) − P(q), with P(0+) prefill_ms's constant. */

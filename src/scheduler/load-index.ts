@@ -22,7 +22,7 @@
 // arrays of freed classes are reused, so a steady state allocates nothing.
 import type { ActiveSequences, LoadListener } from './active-sequences.js'
 import type { Eligibility } from './busy.js'
-import { chunkTokens, kvUsage, prefillSteps, prefillTimeMs, usageUnits } from './cost.js'
+import { chunkTokens, DECODE_STEP_MAX_MS, DECODE_STEP_MIN_MS, kvUsage, prefillSteps, prefillTimeMs, queueAtLeast, usageUnits } from './cost.js'
 import { decodeMs } from './engine-model.js'
 import type { CostModel } from './options.js'
 import { grow, growTo } from './typed-arrays.js'
@@ -77,6 +77,8 @@ export class LoadIndex implements LoadListener {
   classA = new Int32Array(64)
   /** The Q list's sort key (see the header); the Z list sorts by classA. */
   classKey = new Float64Array(64)
+  /** Latency cost, Q classes: the least queue behind the class's wait at the group's longest step (queueAtLeast), for its bound. */
+  classQ0 = new Float64Array(64)
   classCount = new Int32Array(64)
   /** Member slots, ascending, valid up to classCount. */
   classMembers: Int32Array[] = []
@@ -275,6 +277,16 @@ export class LoadIndex implements LoadListener {
     if (q === 0) this.unqueuedCount--
   }
 
+  /** The decode step a worker-rank of group g may have, least and most: none with nothing in flight, one with its capacity unknown. */
+  stepMin(g: number): number {
+    return (this.groupR[g] as number) > 0 ? DECODE_STEP_MIN_MS : 0
+  }
+
+  stepMax(g: number): number {
+    if ((this.groupR[g] as number) === 0) return 0
+    return (this.famTotal[this.groupFam[g] as number] as number) > 0 ? DECODE_STEP_MAX_MS : DECODE_STEP_MIN_MS
+  }
+
   /** The Q list's key of a class (see the header). */
   qKey(g: number, q: number, a: number): number {
     const fam = this.groupFam[g] as number
@@ -375,6 +387,7 @@ export class LoadIndex implements LoadListener {
         this.classQ = growTo(this.classQ, cap)
         this.classA = growTo(this.classA, cap)
         this.classKey = growTo(this.classKey, cap)
+        this.classQ0 = growTo(this.classQ0, cap)
         this.classCount = growTo(this.classCount, cap)
       }
       this.classMembers[cid] = EMPTY
@@ -383,6 +396,10 @@ export class LoadIndex implements LoadListener {
     this.classQ[cid] = q
     this.classA[cid] = a
     this.classKey[cid] = key
+    this.classQ0[cid] =
+      q > 0 && this.opts.cost === 'latency'
+        ? queueAtLeast(key, chunkTokens(this.famMaxBatched[this.groupFam[g] as number] as number, this.groupR[g] as number), this.stepMax(g))
+        : 0
     this.classCount[cid] = 0
     return cid
   }

@@ -21,7 +21,7 @@
 // have chosen.
 import type { ActiveSequences } from './active-sequences.js'
 import { TRACK_NONE, TRACK_SHARED } from './active-sequences.js'
-import { chunkTokens, DECODE_STEP_MAX_MS, DECODE_STEP_MIN_MS, FleetLoad, kvUsage, LatencyTerms, latencyLowerBound, USAGE_SCALE } from './cost.js'
+import { chunkTokens, FleetLoad, kvSlowdownMs, kvUsage, LatencyTerms, latencyLowerBoundFrom, ownAtLeast, USAGE_SCALE } from './cost.js'
 import type { LoadIndex } from './load-index.js'
 import type { CostModel } from './options.js'
 import type { Rng } from './rng.js'
@@ -69,6 +69,23 @@ export class PrunedSelector {
   private costCache = new Float64Array(64)
   private costStamp = new Int32Array(64)
   private stamp = 0
+  /** Per class and group: its bound this decision, valid while boundStamp / groupStamp equals stamp. */
+  private boundCache = new Float64Array(64)
+  private boundStamp = new Int32Array(64)
+  private groupCache = new Float64Array(16)
+  private groupStamp = new Int32Array(16)
+  /** Per group: what its Q classes' bound grows by at least per ms of wait (ownAtLeast), with the slack; set with groupCache. */
+  private groupSlope = new Float64Array(16)
+  /**
+   * A prompt within the chunk, with nothing in flight and with some ([0], [1]): the bound at no wait
+   * less the KV term, its own time, and (capacity unknown, nothing queued) the cost itself; valid
+   * while idleStamp / zeroStamp equals stamp.
+   */
+  private readonly idle = new Float64Array(2)
+  private readonly idleOwn = new Float64Array(2)
+  private readonly idleStamp = new Int32Array(2)
+  private readonly zero = new Float64Array(2)
+  private readonly zeroStamp = new Int32Array(2)
   /** Per class: a matched member's cost, the overlap and active request blocks it was scored with, valid while mStamp equals stamp. */
   private mShared = new Float64Array(64)
   private mOverlap = new Float64Array(64)
@@ -144,6 +161,8 @@ export class PrunedSelector {
       this.masked = growTo(this.masked, classes)
       this.costCache = growTo(this.costCache, classes)
       this.costStamp = growTo(this.costStamp, classes)
+      this.boundCache = growTo(this.boundCache, classes)
+      this.boundStamp = growTo(this.boundStamp, classes)
       this.mShared = growTo(this.mShared, classes)
       this.mOverlap = growTo(this.mOverlap, classes)
       this.mPresent = growTo(this.mPresent, classes)
@@ -152,12 +171,22 @@ export class PrunedSelector {
       this.tieOff = growTo(this.tieOff, classes)
       this.tieLen = growTo(this.tieLen, classes)
     }
-    if (this.groupMask.length < this.index.groupR.length) this.groupMask = growTo(this.groupMask, this.index.groupR.length)
+    if (this.groupMask.length < this.index.groupR.length) {
+      const n = this.index.groupR.length
+      this.groupMask = growTo(this.groupMask, n)
+      this.groupCache = growTo(this.groupCache, n)
+      this.groupStamp = growTo(this.groupStamp, n)
+      this.groupSlope = growTo(this.groupSlope, n)
+    }
     if (this.famBeyond.length < this.index.famTotal.length) this.famBeyond = growTo(this.famBeyond, this.index.famTotal.length)
     this.nextPass()
     if (++this.stamp === 0x40000000) {
       this.costStamp.fill(0)
       this.mStamp.fill(0)
+      this.boundStamp.fill(0)
+      this.groupStamp.fill(0)
+      this.idleStamp.fill(0)
+      this.zeroStamp.fill(0)
       this.stamp = 1
     }
     this.specialN = 0
@@ -351,7 +380,7 @@ export class PrunedSelector {
       const q = index.groupQ[g] as Int32Array
       for (let k = 0, n = index.groupQn[g] as number; k < n; k++) {
         const cid = q[k] as number
-        if (this.boundOf(g, cid) > best) break
+        if (this.qBeyond(g, cid, best)) break
         if (this.effective(cid) === 0) continue
         const cost = this.latencyClass(cid, g)
         if (cost < best) best = cost
@@ -397,7 +426,7 @@ export class PrunedSelector {
       const q = index.groupQ[g] as Int32Array
       for (let k = 0, n = index.groupQn[g] as number; k < n; k++) {
         const cid = q[k] as number
-        if (this.boundOf(g, cid) > limit) break
+        if (this.qBeyond(g, cid, limit)) break
         const a = index.classA[cid] as number
         if ((r === bestR && a > bestA) || this.effective(cid) === 0) continue
         const cost = this.latencyClass(cid, g)
@@ -467,9 +496,50 @@ export class PrunedSelector {
     return (this.index.groupR[g] as number) > 0 ? (this.index.famTotal[this.index.groupFam[g] as number] as number) : 0
   }
 
-  /** latencyLowerBound over a whole group (no wait at all: its Z classes, and below every Q class), with the slack. */
+  /**
+   * latencyLowerBound over a whole group (no wait at all: its Z classes, and below every Q class),
+   * with the slack. With the prompt within the group's chunk it depends on the group only through
+   * whether it has requests in flight, and the KV term (linear in them): the rest is computed once
+   * a decision.
+   */
   private groupBound(g: number): number {
-    return this.bound(g, 0)
+    if (this.groupStamp[g] === this.stamp) return this.groupCache[g] as number
+    const index = this.index
+    const fam = index.groupFam[g] as number
+    const total = index.famTotal[fam] as number
+    const r = index.groupR[g] as number
+    const chunk = chunkTokens(index.famMaxBatched[fam] as number, r)
+    let b: number
+    let own: number
+    if (this.uncached <= chunk) {
+      const i = r > 0 ? 1 : 0
+      if (this.idleStamp[i] !== this.stamp) {
+        this.idle[i] = latencyLowerBoundFrom(0, 0, this.uncached, r, chunk, index.stepMin(g), 0, 0, this.fleet)
+        this.idleOwn[i] = ownAtLeast(0, this.uncached, chunk, index.stepMin(g))
+        this.idleStamp[i] = this.stamp
+      }
+      b = this.idle[i] as number
+      own = this.idleOwn[i] as number
+      if (total > 0 && this.extra > 0 && r > 0) b += kvSlowdownMs(r, this.extra, total) / 1000
+    } else {
+      b = latencyLowerBoundFrom(0, 0, this.uncached, r, chunk, index.stepMin(g), this.extra, total, this.fleet)
+      own = ownAtLeast(0, this.uncached, chunk, index.stepMin(g))
+    }
+    b *= 1 - SLACK
+    this.groupStamp[g] = this.stamp
+    this.groupCache[g] = b
+    this.groupSlope[g] = ((1 + this.fleet.arrivalsPerMs * own) / 1000) * (1 - SLACK)
+    return b
+  }
+
+  /**
+   * Whether a Q class, and every one after it in its group's list, costs more than `limit`: first
+   * by the group's bound grown linearly with the wait (ownAtLeast), then by the class's own bound.
+   */
+  private qBeyond(g: number, cid: number, limit: number): boolean {
+    const wait = this.index.classKey[cid] as number
+    if (this.groupBound(g) + wait * (this.groupSlope[g] as number) > limit) return true
+    return this.boundOf(g, cid) > limit
   }
 
   /**
@@ -498,29 +568,40 @@ export class PrunedSelector {
 
   /** latencyLowerBound of a Q class, with the slack. */
   private boundOf(g: number, cid: number): number {
-    return this.bound(g, this.index.classKey[cid] as number)
-  }
-
-  private bound(g: number, wait: number): number {
+    if (this.boundStamp[cid] === this.stamp) return this.boundCache[cid] as number
     const index = this.index
     const fam = index.groupFam[g] as number
-    const total = index.famTotal[fam] as number
     const r = index.groupR[g] as number
-    // the decode step a worker-rank of the group may have: none with nothing in flight, one with its capacity unknown
-    const stepMin = r > 0 ? DECODE_STEP_MIN_MS : 0
-    const stepMax = r > 0 ? (total > 0 ? DECODE_STEP_MAX_MS : DECODE_STEP_MIN_MS) : 0
     const chunk = chunkTokens(index.famMaxBatched[fam] as number, r)
-    return latencyLowerBound(wait, this.uncached, r, chunk, stepMin, stepMax, this.extra, total, this.fleet) * (1 - SLACK)
+    const wait = index.classKey[cid] as number
+    const q0 = index.classQ0[cid] as number
+    const b = latencyLowerBoundFrom(wait, q0, this.uncached, r, chunk, index.stepMin(g), this.extra, index.famTotal[fam] as number, this.fleet) * (1 - SLACK)
+    this.boundStamp[cid] = this.stamp
+    this.boundCache[cid] = b
+    return b
   }
 
   private latencyClass(cid: number, g: number): number {
     if (this.costStamp[cid] === this.stamp) return this.costCache[cid] as number
     const index = this.index
     const fam = index.groupFam[g] as number
+    const r = index.groupR[g] as number
+    // nothing queued, capacity unknown and the prompt within the chunk: the cost's inputs are the
+    // same but for r > 0 (active blocks and the chunk drop out), so it is computed once a decision
+    if ((index.classQ[cid] as number) === 0 && (index.famTotal[fam] as number) === 0 && this.uncached <= chunkTokens(index.famMaxBatched[fam] as number, r)) {
+      const i = r > 0 ? 1 : 0
+      if (this.zeroStamp[i] !== this.stamp) {
+        this.zero[i] = latencyCost(0, this.uncached, r, index.famMaxBatched[fam] as number, index.classA[cid] as number, this.extra, 0, this.fleet, this.terms)
+        this.zeroStamp[i] = this.stamp
+      }
+      this.costStamp[cid] = this.stamp
+      this.costCache[cid] = this.zero[i] as number
+      return this.zero[i] as number
+    }
     const cost = latencyCost(
       index.classQ[cid] as number,
       this.uncached,
-      index.groupR[g] as number,
+      r,
       index.famMaxBatched[fam] as number,
       index.classA[cid] as number,
       this.extra,

@@ -50,7 +50,7 @@ import { Xoshiro128 } from '../src/scheduler/rng.js'
 import { Scheduler } from '../src/scheduler/scheduler.js'
 import { child, median, processTicks, repoRoot, resultsDir, TICKS_PER_S } from './lib/common.js'
 import type { DecisionCase, DecisionResult } from './lib/decisions.js'
-import { baseScheduler, benchDecisions, decisionTable } from './lib/decisions.js'
+import { baseScheduler, benchDecisions, decisionTable, sizeRatios } from './lib/decisions.js'
 import { medianInterval } from './lib/stats.js'
 
 const BLOCK_SIZE = 64
@@ -480,7 +480,18 @@ async function main(): Promise<void> {
     const file = join(resultsDir(), 'route.json')
     writeFileSync(
       file,
-      JSON.stringify({ ...base, blockSize: BLOCK_SIZE, reps: REPS, baseBuild: process.env.BENCH_ROUTE_BASE ?? null, decision: decisions }, null, 2) + '\n',
+      JSON.stringify(
+        {
+          ...base,
+          blockSize: BLOCK_SIZE,
+          reps: REPS,
+          baseBuild: process.env.BENCH_ROUTE_BASE ?? null,
+          decision: decisions,
+          decisionRatios: sizeRatios(decisions),
+        },
+        null,
+        2,
+      ) + '\n',
     )
     for (const l of decisionTable(decisions, REPS)) console.log(l)
     console.log(`written to ${file}`)
@@ -497,6 +508,7 @@ async function main(): Promise<void> {
     reps: REPS,
     baseBuild: process.env.BENCH_ROUTE_BASE ?? null,
     decision: decisions,
+    decisionRatios: sizeRatios(decisions),
     queue: {
       depth: QUEUE_DEPTH,
       heapPopPushPairsPerSec: heap.pairsPerSec,

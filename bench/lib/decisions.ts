@@ -366,6 +366,43 @@ export async function benchDecisions(c: DecisionCase, set: DecisionSettings, Bas
   }
 }
 
+/** A fleet's decision figures over those at 64 worker-ranks (medians over medians), this build's and the other's. */
+export interface SizeRatio {
+  ranks: number
+  ranksPerWorker: number
+  model: DecisionCase['model']
+  p99: number
+  p50: number
+  selectP99: number
+  selectP50: number
+  baseP99: number | null
+  baseP50: number | null
+}
+
+/** Every fleet past 64 worker-ranks over the 64-rank one (the two models are the same there). */
+export function sizeRatios(results: readonly DecisionResult[]): SizeRatio[] {
+  const small = results.find((d) => d.ranks === 64 && d.ranksPerWorker === 1)
+  if (small === undefined) return []
+  const b = small.base
+  return results
+    .filter((d) => d.ranks > 64)
+    .map((d) => ({
+      ranks: d.ranks,
+      ranksPerWorker: d.ranksPerWorker,
+      model: d.model,
+      p99: d.pruned.p99Us / small.pruned.p99Us,
+      p50: d.pruned.p50Us / small.pruned.p50Us,
+      selectP99: d.pruned.selectP99Us / small.pruned.selectP99Us,
+      selectP50: d.pruned.selectP50Us / small.pruned.selectP50Us,
+      baseP99: b === null || d.base === null ? null : d.base.p99Us / b.p99Us,
+      baseP50: b === null || d.base === null ? null : d.base.p50Us / b.p50Us,
+    }))
+}
+
+function shape(d: { ranks: number; ranksPerWorker: number; model: string }): string {
+  return `${d.ranks}${d.ranksPerWorker > 1 ? ` (${d.ranks / d.ranksPerWorker}×${d.ranksPerWorker})` : ''}, ${d.model}`
+}
+
 /** The printed table of a run's decision results. */
 export function decisionTable(results: readonly DecisionResult[], reps: number): string[] {
   const f = (x: number | null | undefined, d = 2): string => (x === null || x === undefined ? '–' : x.toFixed(d))
@@ -378,7 +415,7 @@ export function decisionTable(results: readonly DecisionResult[], reps: number):
     const b = d.base
     lines.push(
       [
-        `${d.ranks}${d.ranksPerWorker > 1 ? ` (${d.ranks / d.ranksPerWorker}×${d.ranksPerWorker})` : ''}, ${d.model}`.padStart(23),
+        shape(d).padStart(23),
         String(d.ops).padStart(5),
         String(d.population).padStart(9),
         f(d.matchedPerRequest, 0).padStart(7),
@@ -402,16 +439,11 @@ export function decisionTable(results: readonly DecisionResult[], reps: number):
       ].join(' | '),
     )
   }
-  const at = (n: number, model: DecisionCase['model']): DecisionResult | undefined =>
-    results.find((d) => d.ranks === n && d.ranksPerWorker === 1 && (d.model === model || n <= 512))
-  const small = at(64, 'share')
-  for (const model of ['share', 'tenants'] as const) {
-    const big = at(7000, model)
-    if (small === undefined || big === undefined) continue
-    const r = (a: number, b: number): string => (a / b).toFixed(2)
+  for (const r of sizeRatios(results)) {
+    const f2 = (x: number | null): string => (x === null ? '–' : x.toFixed(2))
     lines.push(
-      `7,000 worker-ranks (${model}) ÷ 64: p99 ${r(big.pruned.p99Us, small.pruned.p99Us)} (bar ≤ 2), p50 ${r(big.pruned.p50Us, small.pruned.p50Us)}; ` +
-        `selection alone p99 ${r(big.pruned.selectP99Us, small.pruned.selectP99Us)}, p50 ${r(big.pruned.selectP50Us, small.pruned.selectP50Us)}`,
+      `${shape(r)} ÷ 64: p99 ${f2(r.p99)}${r.ranks === 7000 ? ' (bar ≤ 2)' : ''}, p50 ${f2(r.p50)}; selection alone p99 ${f2(r.selectP99)}, p50 ${f2(r.selectP50)}` +
+        (r.baseP99 === null ? '' : `; the other build p99 ${f2(r.baseP99)}, p50 ${f2(r.baseP50)}`),
     )
   }
   return lines

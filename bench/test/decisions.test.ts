@@ -3,8 +3,8 @@
 // scheduler beside this one, and its two overlap models give the matched counts they describe.
 import t from 'tap'
 import { Scheduler } from '../../src/scheduler/scheduler.js'
-import type { SchedulerClass } from '../lib/decisions.js'
-import { benchDecisions, decisionTable } from '../lib/decisions.js'
+import type { DecisionResult, SchedulerClass } from '../lib/decisions.js'
+import { benchDecisions, decisionTable, sizeRatios } from '../lib/decisions.js'
 
 const SMALL = { reps: 2, ops: 300, warmup: 400, templates: 64 }
 
@@ -28,4 +28,39 @@ t.test('the tenants model: nine worker-ranks hold each prompt at any size', asyn
   t.equal(r.differed, 0)
   t.equal(r.base, null)
   t.equal(r.ratioP50, null)
+})
+
+t.test('fleets past 64 worker-ranks over the 64-rank one, for this build and the other', async (t) => {
+  const side = (p50Us: number, p99Us: number) => ({
+    p50Us,
+    p99Us,
+    meanUs: p50Us,
+    upkeepUs: 1,
+    selectP50Us: p50Us / 2,
+    selectP99Us: p99Us / 2,
+    heapMB: 1,
+    reps: [],
+  })
+  const result = (ranks: number, ranksPerWorker: number, p99: number, baseP99: number | null): DecisionResult => ({
+    ranks,
+    ranksPerWorker,
+    model: 'tenants',
+    ops: 1,
+    population: 4 * ranks,
+    matchedPerRequest: 9,
+    pruned: side(p99 / 4, p99),
+    fullScan: side(p99, p99),
+    base: baseP99 === null ? null : side(baseP99 / 4, baseP99),
+    ratiosP50: [],
+    ratiosP99: [],
+    ratioP50: null,
+    ratioP99: null,
+    compared: 1,
+    differed: 0,
+  })
+  const r = sizeRatios([result(8, 1, 5, 5), result(64, 1, 10, 10), result(7000, 8, 18, 300)])
+  t.equal(r.length, 1)
+  t.match(r[0], { ranks: 7000, ranksPerWorker: 8, p99: 1.8, p50: 1.8, selectP99: 1.8, baseP99: 30, baseP50: 30 })
+  t.same(sizeRatios([result(7000, 1, 18, null)]), [], 'nothing without the 64-rank fleet')
+  t.match(decisionTable([result(64, 1, 10, null), result(7000, 8, 18, null)], 1).at(-1), /^7000 \(875×8\), tenants ÷ 64: p99 1\.80 \(bar ≤ 2\)/)
 })

@@ -24,7 +24,8 @@
 // BENCH_HTTP_SECS sets the HTTP phase length (10 s).
 //
 // Each decision is timed alone with process.hrtime.bigint() over a steady state (see
-// bench/lib/decisions.ts). Several repetitions; medians are reported, because a shared machine is noisy.
+// bench/lib/decisions.ts). Several repetitions, the fleets' interleaved; medians are reported,
+// because a shared machine is noisy.
 import { writeFileSync } from 'node:fs'
 import { availableParallelism, cpus } from 'node:os'
 import { join } from 'node:path'
@@ -50,7 +51,7 @@ import { Xoshiro128 } from '../src/scheduler/rng.js'
 import { Scheduler } from '../src/scheduler/scheduler.js'
 import { child, median, processTicks, repoRoot, resultsDir, TICKS_PER_S } from './lib/common.js'
 import type { DecisionCase, DecisionResult } from './lib/decisions.js'
-import { baseScheduler, benchDecisions, decisionTable, sizeRatios } from './lib/decisions.js'
+import { baseScheduler, benchDecisionSet, decisionTable, sizeRatios } from './lib/decisions.js'
 import { medianInterval } from './lib/stats.js'
 
 const BLOCK_SIZE = 64
@@ -75,17 +76,19 @@ function decisionCases(): DecisionCase[] {
   })
 }
 
-/** Each fleet's decisions; past 4,096 worker-ranks fewer operations, so that the full scans the run also times stay in minutes. */
+/**
+ * Each fleet's decisions, their repetitions interleaved (benchDecisionSet); past 4,096
+ * worker-ranks fewer operations, so that the full scans the run also times stay in minutes.
+ */
 async function runDecisions(): Promise<DecisionResult[]> {
   const Base = await baseScheduler(process.env.BENCH_ROUTE_BASE)
-  const out: DecisionResult[] = []
-  for (const c of decisionCases()) {
+  const cases = decisionCases().map((c) => {
     const big = c.ranks > 4096
     // the tenants model's prompts: a few per tenant, however many tenants
     const templates = c.model === 'tenants' ? Math.max(2048, c.ranks / 2) : c.ranks > 1024 ? 512 : 2048
-    out.push(await benchDecisions(c, { reps: REPS, ops: big ? 4000 : OPS, warmup: big ? 4000 : WARMUP, templates }, Base))
-  }
-  return out
+    return { c, set: { reps: REPS, ops: big ? 4000 : OPS, warmup: big ? 4000 : WARMUP, templates } }
+  })
+  return benchDecisionSet(cases, Base)
 }
 
 /** Raw heap: one pop plus one push per pair, depth held at QUEUE_DEPTH. */

@@ -17,6 +17,8 @@
 // checked against it), and, with BENCH_ROUTE_BASE=<dist of another build>, that build's. This
 // build's and the other's repetitions alternate, their order swapped each time, so that a
 // shared machine's drift falls on both; their ratio is the median of the repetitions' ratios.
+// The fleets' repetitions are interleaved too (benchDecisionSet), so a fleet's figures over the
+// 64-rank fleet's (the bar: 7,000 ÷ 64) are taken repetition by repetition under the same load.
 // Heap: used heap and typed-array buffers after a full collection, before the scheduler is built
 // and once it has reached its steady state, per scheduler.
 import { join } from 'node:path'
@@ -304,18 +306,43 @@ export async function baseScheduler(dist: string | undefined): Promise<Scheduler
   return mod.Scheduler
 }
 
-export async function benchDecisions(c: DecisionCase, set: DecisionSettings, Base: SchedulerClass | null): Promise<DecisionResult> {
+/** Untimed operations before each timed repetition: a case's state goes cold while the others run. */
+const REWARM = 500
+
+interface Built {
+  d: Driver
+  heap: number
+  choices: Int32Array
+  queried: Int32Array
+}
+
+/** One fleet's schedulers, built and warmed up, with the operations they take and their repetitions so far. */
+export interface PreparedCase {
+  readonly c: DecisionCase
+  readonly set: DecisionSettings
+  readonly population: number
+  readonly matchedPerRequest: number
+  readonly warmup: number
+  readonly ops: Int32Array
+  readonly pruned: Built
+  readonly full: Built
+  readonly base: Built | null
+  readonly reps: { pruned: Run[]; full: Run[]; base: Run[] }
+}
+
+/** Builds a fleet's three schedulers (this build's, its full-scan twin, the other build's) and warms them up. */
+export async function prepareDecisions(c: DecisionCase, set: DecisionSettings, Base: SchedulerClass | null): Promise<PreparedCase> {
   const rng = new Xoshiro128(20240601 + c.ranks * 8 + c.ranksPerWorker)
   const templates = makeTemplates(rng, c, set.templates)
   const population = IN_FLIGHT_PER_RANK * c.ranks
   const ids = Array.from({ length: population * 2 + 2 }, (_, i) => `req-${i}`)
   // warm-up long enough to fill the population, then the timed repetitions
   const warmup = Math.max(set.warmup, population + set.warmup / 2)
-  const total = warmup + set.reps * set.ops
+  const total = warmup + set.reps * (REWARM + set.ops)
   const ops = Int32Array.from({ length: total }, () => rng.int(templates.length))
   let matched = 0
   for (const t of templates) matched += t.slots.length
-  const build = async (Ctor: SchedulerClass, fullScan: boolean): Promise<{ d: Driver; heap: number; choices: Int32Array; queried: Int32Array }> => {
+  const build = async (Ctor: SchedulerClass, fullScan: boolean): Promise<Built> => {
     const choices = new Int32Array(total)
     const queried = new Int32Array(total)
     const h0 = await heapMB()
@@ -326,47 +353,88 @@ export async function benchDecisions(c: DecisionCase, set: DecisionSettings, Bas
   const pruned = await build(Scheduler as unknown as SchedulerClass, false)
   const full = await build(Scheduler as unknown as SchedulerClass, true)
   const base = Base === null ? null : await build(Base, false)
-  const samples = new Float64Array(set.ops)
-  const upkeep = new Float64Array(set.ops)
-  const select = new Float64Array(set.ops)
-  const reps: { pruned: Run[]; full: Run[]; base: Run[] } = { pruned: [], full: [], base: [] }
-  const timedRep = (b: { d: Driver; choices: Int32Array; queried: Int32Array }, from: number, into: Run[]): void => {
-    b.d.run(ops, from, from + set.ops, samples, upkeep, b.choices, select, b.queried)
+  return { c, set, population, matchedPerRequest: matched / templates.length, warmup, ops, pruned, full, base, reps: { pruned: [], full: [], base: [] } }
+}
+
+/** Repetition r of a prepared fleet: this build and the other alternate, which goes first swapped each time; then the full scan. */
+export function runDecisionRep(p: PreparedCase, r: number): void {
+  const n = p.set.ops
+  const samples = new Float64Array(n)
+  const upkeep = new Float64Array(n)
+  const select = new Float64Array(n)
+  const from = p.warmup + r * (REWARM + n)
+  const rep = (b: Built, into: Run[]): void => {
+    b.d.run(p.ops, from, from + REWARM, null, null, b.choices, null, b.queried)
+    b.d.run(p.ops, from + REWARM, from + REWARM + n, samples, upkeep, b.choices, select, b.queried)
     into.push(summarize(samples, upkeep, select))
   }
-  for (let r = 0; r < set.reps; r++) {
-    const from = warmup + r * set.ops
-    // this build and the other alternate, which goes first swapped each time
-    if (base !== null && r % 2 === 0) timedRep(base, from, reps.base)
-    timedRep(pruned, from, reps.pruned)
-    if (base !== null && r % 2 === 1) timedRep(base, from, reps.base)
-    timedRep(full, from, reps.full)
-  }
+  if (p.base !== null && r % 2 === 0) rep(p.base, p.reps.base)
+  rep(p.pruned, p.reps.pruned)
+  if (p.base !== null && r % 2 === 1) rep(p.base, p.reps.base)
+  rep(p.full, p.reps.full)
+}
+
+/** A prepared fleet's result once its repetitions ran: medians, and every decision checked against the full scan's. */
+export function finishDecisions(p: PreparedCase): DecisionResult {
+  const { pruned, full, reps, warmup } = p
+  const total = p.ops.length
   let differed = 0
+  let compared = 0
   for (let i = 0; i < total; i++) if (pruned.choices[i] !== full.choices[i]) differed++
-  for (let i = warmup; i < total; i++) if (pruned.queried[i] !== full.queried[i]) differed++
+  compared += total
+  // the unbooked routes of the timed operations
+  for (let r = 0; r < reps.pruned.length; r++) {
+    const from = warmup + r * (REWARM + p.set.ops) + REWARM
+    for (let i = from; i < from + p.set.ops; i++) if (pruned.queried[i] !== full.queried[i]) differed++
+    compared += p.set.ops
+  }
   const ratiosP50 = reps.base.map((b, i) => b.p50Us / (reps.pruned[i] as Run).p50Us)
   const ratiosP99 = reps.base.map((b, i) => b.p99Us / (reps.pruned[i] as Run).p99Us)
   return {
-    ranks: c.ranks,
-    ranksPerWorker: c.ranksPerWorker,
-    model: c.model,
-    ops: set.ops,
-    population,
-    matchedPerRequest: matched / templates.length,
+    ranks: p.c.ranks,
+    ranksPerWorker: p.c.ranksPerWorker,
+    model: p.c.model,
+    ops: p.set.ops,
+    population: p.population,
+    matchedPerRequest: p.matchedPerRequest,
     pruned: side(reps.pruned, pruned.heap),
     fullScan: side(reps.full, full.heap),
-    base: base === null ? null : side(reps.base, base.heap),
+    base: p.base === null ? null : side(reps.base, p.base.heap),
     ratiosP50,
     ratiosP99,
     ratioP50: ratiosP50.length > 0 ? median(ratiosP50) : null,
     ratioP99: ratiosP99.length > 0 ? median(ratiosP99) : null,
-    compared: total + set.reps * set.ops,
+    compared,
     differed,
   }
 }
 
-/** A fleet's decision figures over those at 64 worker-ranks (medians over medians), this build's and the other's. */
+/** One fleet alone. */
+export async function benchDecisions(c: DecisionCase, set: DecisionSettings, Base: SchedulerClass | null): Promise<DecisionResult> {
+  const p = await prepareDecisions(c, set, Base)
+  for (let r = 0; r < set.reps; r++) runDecisionRep(p, r)
+  return finishDecisions(p)
+}
+
+/**
+ * Several fleets with their repetitions interleaved: repetition r of every fleet, in an order
+ * rotated each time, before any fleet's r + 1, so that a shared machine's load falls on all
+ * sizes alike and the ratio of two sizes can be taken repetition by repetition (sizeRatios).
+ * Every fleet takes the same number of repetitions.
+ */
+export async function benchDecisionSet(cases: readonly { c: DecisionCase; set: DecisionSettings }[], Base: SchedulerClass | null): Promise<DecisionResult[]> {
+  const reps = cases[0]?.set.reps ?? 0
+  if (cases.some((x) => x.set.reps !== reps)) throw new Error('interleaved fleets take the same number of repetitions')
+  const prepared: PreparedCase[] = []
+  for (const x of cases) prepared.push(await prepareDecisions(x.c, x.set, Base))
+  for (let r = 0; r < reps; r++) for (let i = 0; i < prepared.length; i++) runDecisionRep(prepared[(i + r) % prepared.length] as PreparedCase, r)
+  return prepared.map(finishDecisions)
+}
+
+/**
+ * A fleet's decision figures over those at 64 worker-ranks, this build's and the other's: the
+ * median of the repetitions' ratios when the fleets' repetitions were interleaved (benchDecisionSet).
+ */
 export interface SizeRatio {
   ranks: number
   ranksPerWorker: number
@@ -390,13 +458,19 @@ export function sizeRatios(results: readonly DecisionResult[]): SizeRatio[] {
       ranks: d.ranks,
       ranksPerWorker: d.ranksPerWorker,
       model: d.model,
-      p99: d.pruned.p99Us / small.pruned.p99Us,
-      p50: d.pruned.p50Us / small.pruned.p50Us,
-      selectP99: d.pruned.selectP99Us / small.pruned.selectP99Us,
-      selectP50: d.pruned.selectP50Us / small.pruned.selectP50Us,
-      baseP99: b === null || d.base === null ? null : d.base.p99Us / b.p99Us,
-      baseP50: b === null || d.base === null ? null : d.base.p50Us / b.p50Us,
+      p99: over(d.pruned, small.pruned, (x) => x.p99Us),
+      p50: over(d.pruned, small.pruned, (x) => x.p50Us),
+      selectP99: over(d.pruned, small.pruned, (x) => x.selectP99Us),
+      selectP50: over(d.pruned, small.pruned, (x) => x.selectP50Us),
+      baseP99: b === null || d.base === null ? null : over(d.base, b, (x) => x.p99Us),
+      baseP50: b === null || d.base === null ? null : over(d.base, b, (x) => x.p50Us),
     }))
+}
+
+/** The median of one figure's ratios, repetition by repetition (interleaved runs), else the ratio of its medians. */
+function over(big: DecisionSide, small: DecisionSide, f: (x: Run) => number): number {
+  if (big.reps.length > 0 && big.reps.length === small.reps.length) return median(big.reps.map((x, i) => f(x) / f(small.reps[i] as Run)))
+  return f(big) / f(small)
 }
 
 function shape(d: { ranks: number; ranksPerWorker: number; model: string }): string {

@@ -19,6 +19,7 @@
 // shared machine's drift falls on both; their ratio is the median of the repetitions' ratios.
 // The fleets' repetitions are interleaved too (benchDecisionSet), so a fleet's figures over the
 // 64-rank fleet's (the bar: 7,000 ÷ 64) are taken repetition by repetition under the same load.
+// The schedulers run on virtual time (a millisecond an operation), so twins see the same clock.
 // Heap: used heap and typed-array buffers after a full collection, before the scheduler is built
 // and once it has reached its steady state, per scheduler.
 import { join } from 'node:path'
@@ -169,6 +170,8 @@ class Driver {
   private readonly req: ScheduleRequest = { id: '', isl: 0 }
   private readonly query: ScheduleRequest = { isl: 0, updateStates: false }
   private seq = 0
+  /** The schedulers' clock, ms: the operation's index. */
+  private now = 0
 
   constructor(
     Ctor: SchedulerClass,
@@ -178,7 +181,10 @@ class Driver {
     private readonly ids: string[],
     private readonly population: number,
   ) {
-    this.s = new Ctor({ mode: 'kv', blockSize: BLOCK_SIZE, seed: 1, queueThreshold: 4.0 }, { timers: false, fullScan })
+    // virtual time, a millisecond an operation: every scheduler of a fleet sees the same clock, and
+    // no booking reaches the stale limit (300 s) however long the other fleets' repetitions take
+    const clock = (): number => this.now
+    this.s = new Ctor({ mode: 'kv', blockSize: BLOCK_SIZE, seed: 1, queueThreshold: 4.0 }, { timers: false, fullScan, clock })
     for (let w = 0; w < c.ranks / c.ranksPerWorker; w++) for (let r = 0; r < c.ranksPerWorker; r++) this.s.addWorkerRank(BigInt(1_000_000_007 * (w + 1)), r)
     this.dense = new Float64Array(c.ranks)
     this.ring = new Int32Array(population + 1)
@@ -202,6 +208,7 @@ class Driver {
     const query = this.query
     const dense = this.dense
     for (let i = from; i < to; i++) {
+      this.now = i
       const tpl = this.templates[ops[i] as number] as Template
       for (let k = 0; k < tpl.slots.length; k++) dense[tpl.slots[k] as number] = tpl.values[k] as number
       if (select !== null) {

@@ -169,13 +169,13 @@ export class BlockRefs {
     const holders = this.holders
     if (this.seen.length < n) this.seen = new Int32Array(Math.max(n, this.seen.length * 2))
     const seen = this.seen
+    hashes.findAll(lo, hi, n, 0, seen)
     let i = 0
     let last = -1
     let lastCount = 0
     let touchedN = 0
     for (; i < n; i++) {
-      const h = hashes.find(lo[i] as number, hi[i] as number, 0)
-      seen[i] = h
+      const h = seen[i] as number
       if (h < 0 || (i > 0 && this.pred[h] !== last)) break
       const c = holders[h] as number
       if (c !== lastCount && last >= 0) touchedN = this.setDepth(last, present, i, touched, touchedN)
@@ -185,7 +185,6 @@ export class BlockRefs {
     if (last >= 0) touchedN = this.setDepth(last, present, i, touched, touchedN)
     const pairSlot = this.pairs.slot
     const nextInHash = this.nextInHash
-    for (let k = i + 1; k < n; k++) seen[k] = hashes.find(lo[k] as number, hi[k] as number, 0)
     this.seenN = n
     for (; i < n; i++) {
       const h = seen[i] as number

@@ -61,6 +61,28 @@ export class U64SlotMap {
     return -1
   }
 
+  /**
+   * out[i] = find(lo[i], hi[i], slot) for i < n. The buckets are read first, then the chains: each
+   * pass's loads are independent of each other, so their misses overlap (a big map's lookups are
+   * its misses).
+   */
+  findAll(lo: ArrayLike<number>, hi: ArrayLike<number>, n: number, slot: number, out: Int32Array): void {
+    const buckets = this.buckets
+    const mask = this.mask
+    for (let i = 0; i < n; i++) out[i] = buckets[mix(lo[i] as number, hi[i] as number, slot) & mask] as number
+    const keyLo = this.lo
+    const keyHi = this.hi
+    const keySlot = this.slot
+    const next = this.next
+    for (let i = 0; i < n; i++) {
+      const l = lo[i] as number
+      const h = hi[i] as number
+      let e = out[i] as number
+      while (e >= 0 && !(keyLo[e] === l && keyHi[e] === h && keySlot[e] === slot)) e = next[e] as number
+      out[i] = e
+    }
+  }
+
   /** Entry index of the key, inserted when absent (then `inserted` is true). One hash, one walk. */
   findOrInsert(lo: number, hi: number, slot: number): number {
     let e = this.buckets[mix(lo, hi, slot) & this.mask] as number

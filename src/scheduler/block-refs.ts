@@ -44,6 +44,8 @@ export class BlockRefs {
   private seenN = 0
   /** Set by every acquisition: true when the pair was created (the block became active on the slot). */
   created = false
+  /** What the last warm() read (kept so that its reads are). */
+  warmed = 0
 
   constructor() {
     this.pairs.onGrow = (cap) => {
@@ -76,6 +78,9 @@ export class BlockRefs {
     this.seenN = 0
     let created = 0
     let before = PRED_FIRST
+    // the pairs of the blocks held somewhere are looked up below, one after the other: their
+    // buckets read first, at once (stale entries of `seen` cost a read, nothing more)
+    this.warmed = this.pairs.warm(seen, 0, Math.min(n, seenN), slot)
     for (let i = 0; i < n; i++) {
       const l = lo[i] as number
       const u = hi[i] as number

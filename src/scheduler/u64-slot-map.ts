@@ -17,6 +17,8 @@ export class U64SlotMap {
   onGrow: ((capacity: number) => void) | undefined
 
   private buckets: Int32Array
+  /** warm()'s bucket heads. */
+  private heads = new Int32Array(0)
   private mask: number
   private top = 0
   private freeHead = -1
@@ -81,6 +83,31 @@ export class U64SlotMap {
       while (e >= 0 && !(keyLo[e] === l && keyHi[e] === h && keySlot[e] === slot)) e = next[e] as number
       out[i] = e
     }
+  }
+
+  /**
+   * Reads the buckets and the chains' first keys that lookups of (lo[i], hi, slot) will read, for
+   * i < n with lo[i] ≥ 0 (entry indices of another map, as BlockRefs' pairs are keyed): their
+   * misses overlap here rather than one lookup after the other. Returns what it read, summed, so
+   * that the reads stay.
+   */
+  warm(lo: Int32Array, hi: number, n: number, slot: number): number {
+    if (this.heads.length < n) this.heads = new Int32Array(Math.max(n, this.heads.length * 2))
+    const heads = this.heads
+    const buckets = this.buckets
+    const mask = this.mask
+    for (let i = 0; i < n; i++) {
+      const l = lo[i] as number
+      heads[i] = l >= 0 ? (buckets[mix(l, hi, slot) & mask] as number) : -1
+    }
+    const keyLo = this.lo
+    const keySlot = this.slot
+    let sum = 0
+    for (let i = 0; i < n; i++) {
+      const e = heads[i] as number
+      if (e >= 0) sum += (keyLo[e] as number) + (keySlot[e] as number)
+    }
+    return sum
   }
 
   /** Entry index of the key, inserted when absent (then `inserted` is true). One hash, one walk. */

@@ -191,6 +191,9 @@ t.test('U64SlotMap: find, insert, delete in chains, reuse, growth, clear', async
       `findAll is find, slot ${slot}`,
     )
   }
+  const size = m.size
+  t.equal(typeof m.warm(Int32Array.from([3, -1, 5]), 0, 3, 1), 'number')
+  t.equal(m.size, size, 'warm reads, nothing more')
   const again = m.insert(5000, 1, 0)
   t.ok(again < 100, 'a freed index is reused')
   t.equal(m.highWater, 100)

@@ -12,9 +12,12 @@
 // At fleet scale (--dp-size, --duplicate, --index) it also measures what the router pays in wall
 // time: each decision (p50/p99 µs), each find_matches and the index's event apply when overlaps
 // come from a KvIndex fed with the engines' KV events, and the memory of the scheduler and index.
+// The simulated engines allocate far more than the router, and their garbage collections land in
+// the decisions timed in the simulation; --replay-decisions replays each mode's scheduler calls
+// alone against a fresh scheduler (same states, same decisions, checked) and times them there.
 //
 // Run: npm run bench:fleet-sim [-- --minutes M] [--offset M] [--workers N] [--dp-size R]
-//      [--duplicate D] [--index] [--load X] [--capacity-factor F] [--chunk TOKENS]
+//      [--duplicate D] [--index] [--replay-decisions] [--load X] [--capacity-factor F] [--chunk TOKENS]
 //      [--modes kv,kv-dynamo,...] [--trace FILE] [--out FILE]
 import { writeFileSync } from 'node:fs'
 import { join } from 'node:path'
@@ -58,8 +61,12 @@ interface Args {
   duplicate: number
   /** Overlaps from a KvIndex fed with the engines' KV events instead of the engines' pools. */
   index: boolean
+  /** Replays each mode's scheduler calls against a fresh scheduler, decisions timed alone. */
+  replay: boolean
   load: number
   capacityFactor: number
+  /** KV blocks per engine instead of the capacity rule; 0 = the rule. */
+  kvBlocks: number
   chunk: number
   modes: string[]
   trace: string
@@ -73,15 +80,30 @@ function fail(msg: string): never {
 
 function parseArgs(argv: string[]): Args {
   const v = new Map<string, string>()
-  const known = ['--minutes', '--offset', '--workers', '--dp-size', '--duplicate', '--load', '--capacity-factor', '--chunk', '--modes', '--trace', '--out']
+  const known = [
+    '--minutes',
+    '--offset',
+    '--workers',
+    '--dp-size',
+    '--duplicate',
+    '--load',
+    '--capacity-factor',
+    '--kv-blocks',
+    '--chunk',
+    '--modes',
+    '--trace',
+    '--out',
+  ]
   let index = false
+  let replay = false
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i] as string
-    if (a === '--index') {
-      index = true
+    if (a === '--index' || a === '--replay-decisions') {
+      if (a === '--index') index = true
+      else replay = true
       continue
     }
-    if (!known.includes(a)) fail(`unknown option ${JSON.stringify(a)} (known: ${known.join(' ')} --index)`)
+    if (!known.includes(a)) fail(`unknown option ${JSON.stringify(a)} (known: ${known.join(' ')} --index --replay-decisions)`)
     const value = argv[++i]
     if (value === undefined) fail(`${a} needs a value`)
     v.set(a, value)
@@ -107,8 +129,10 @@ function parseArgs(argv: string[]): Args {
     dpSize: int('--dp-size', 1),
     duplicate: int('--duplicate', 1),
     index,
+    replay,
     load: num('--load', 8, 0.001),
     capacityFactor: num('--capacity-factor', 1.25, 0.001),
+    kvBlocks: v.has('--kv-blocks') ? int('--kv-blocks', 0) : 0,
     chunk: Math.floor(num('--chunk', 8192, 1)),
     modes,
     trace: v.get('--trace') ?? join(repoRoot(), 'data', 'conversation_trace.jsonl'),
@@ -123,6 +147,8 @@ interface Outcome {
   perWorker: number[]
   /** Wall µs of each Scheduler.tryRoute call, sorted. */
   decisionUs: Float64Array
+  /** The scheduler's calls, to replay them alone (with --replay-decisions). */
+  log: CallLog | null
   /** With --index: wall µs of each findMatches, sorted; and the event apply totals. */
   matchUs: Float64Array | null
   events: number
@@ -132,6 +158,95 @@ interface Outcome {
   indexBytes: number | null
   schedulerBytes: number | null
   wallS: number
+}
+
+const OP_ROUTE = 0
+const OP_PREFILL = 1
+const OP_FREE = 2
+
+/**
+ * The scheduler's calls in one simulation, in order, with the simulated clock of each and the
+ * decision it returned: replayed against a fresh scheduler they rebuild the same states, so a
+ * decision can be timed without the simulator's engines allocating around it.
+ */
+class CallLog {
+  kind: number[] = []
+  at: number[] = []
+  req: number[] = []
+  /** For a route: its overlap entries in slots/values[from[k] .. from[k + 1]) and the slot it chose (-1: none). */
+  from: number[] = [0]
+  slots: number[] = []
+  values: number[] = []
+  chose: number[] = []
+  seq: (readonly [Uint32Array, Uint32Array])[] = []
+
+  route(now: number, req: number, overlap: Float64Array, touched: Int32Array, n: number, seqLo: Uint32Array, seqHi: Uint32Array, chose: number): void {
+    this.push(OP_ROUTE, now, req)
+    for (let k = 0; k < n; k++) {
+      const w = touched[k] as number
+      this.slots.push(w)
+      this.values.push(overlap[w] as number)
+    }
+    this.from.push(this.slots.length)
+    this.seq[req] ??= [seqLo, seqHi]
+    this.chose.push(chose)
+  }
+
+  other(kind: number, now: number, req: number): void {
+    this.push(kind, now, req)
+    this.from.push(this.slots.length)
+    this.chose.push(-1)
+  }
+
+  private push(kind: number, now: number, req: number): void {
+    this.kind.push(kind)
+    this.at.push(now)
+    this.req.push(req)
+  }
+}
+
+interface Replay {
+  /** Wall µs of each tryRoute, sorted. */
+  us: Float64Array
+  /** Decisions that differ from the simulation's. */
+  differ: number
+}
+
+/** The log's calls against a fresh scheduler with `options`; only tryRoute is timed. */
+function replayDecisions(options: SchedulerOptionsInput, log: CallLog, requests: TraceRequest[], a: Args, blocksPerWorker: number): Replay {
+  const ranks = a.workers * a.dpSize
+  let now = 0
+  const s = new Scheduler({ blockSize: BLOCK_SIZE, seed: 1, ...options }, { timers: false, clock: () => now })
+  for (let e = 0; e < ranks; e++)
+    s.addWorkerRank(BigInt(Math.floor(e / a.dpSize) + 1), e % a.dpSize, { maxNumBatchedTokens: a.chunk, totalKvBlocks: blocksPerWorker })
+  const ids = requests.map((_, i) => String(i))
+  const overlap = new Float64Array(ranks)
+  const us: number[] = []
+  let differ = 0
+  // pass 0 checks the decisions and brings the scheduler's tables to their high-water mark, as a
+  // router running for a while has them; pass 1 is timed (its ties may break otherwise: not checked)
+  for (let pass = 0; pass < 2; pass++) {
+    for (let k = 0; k < log.kind.length; k++) {
+      now = (log.at[k] as number) + pass * 1e9
+      const i = log.req[k] as number
+      const id = ids[i] as string
+      if (log.kind[k] === OP_PREFILL) s.markPrefillComplete(id)
+      else if (log.kind[k] === OP_FREE) s.free(id)
+      else {
+        const from = log.from[k] as number
+        const to = log.from[k + 1] as number
+        for (let j = from; j < to; j++) overlap[log.slots[j] as number] = log.values[j] as number
+        const [seqLo, seqHi] = log.seq[i] as readonly [Uint32Array, Uint32Array]
+        const req = { id, isl: (requests[i] as TraceRequest).input_length, overlapBlocks: overlap, seqLo, seqHi }
+        const t = process.hrtime.bigint()
+        const d = s.tryRoute(req)
+        if (pass === 1) us.push(Number(process.hrtime.bigint() - t) / 1000)
+        for (let j = from; j < to; j++) overlap[log.slots[j] as number] = 0
+        if (pass === 0 && (d === null ? -1 : d.slot) !== log.chose[k]) differ++
+      }
+    }
+  }
+  return { us: Float64Array.from(us).sort(), differ }
 }
 
 // A full GC between measurements; the flag must be set before the first use.
@@ -196,6 +311,7 @@ function simulate(options: SchedulerOptionsInput, requests: TraceRequest[], a: A
   const sentAt = new Float64Array(requests.length)
   const ttft: number[] = []
   const decisionUs: number[] = []
+  const log = a.replay ? new CallLog() : null
   const matchUs: number[] = []
   let e2eSum = 0
   let finished = 0
@@ -255,6 +371,7 @@ function simulate(options: SchedulerOptionsInput, requests: TraceRequest[], a: A
     const t = performance.now()
     const d = (s as Scheduler).tryRoute({ id: String(i), isl: r.input_length, overlapBlocks: overlap, seqLo: sLo, seqHi: sHi })
     decisionUs.push((performance.now() - t) * 1000)
+    log?.route(now, i, overlap, touched, touchedN, sLo, sHi, d === null ? -1 : d.slot)
     if (d === null) return false
     const e = d.slot
     perWorker[e] = (perWorker[e] as number) + 1
@@ -281,11 +398,13 @@ function simulate(options: SchedulerOptionsInput, requests: TraceRequest[], a: A
     for (const i of firsts[e] as number[]) {
       ttft.push(now - (sentAt[i] as number))
       ;(s as Scheduler).markPrefillComplete(String(i))
+      log?.other(OP_PREFILL, now, i)
     }
     for (const i of ends[e] as number[]) {
       e2eSum += now - (sentAt[i] as number)
       finished++
       ;(s as Scheduler).free(String(i))
+      log?.other(OP_FREE, now, i)
     }
     ;(firsts[e] as number[]).length = 0
     ;(ends[e] as number[]).length = 0
@@ -316,10 +435,12 @@ function simulate(options: SchedulerOptionsInput, requests: TraceRequest[], a: A
     e2eMeanMs: finished > 0 ? e2eSum / finished : 0,
     perWorker,
     decisionUs: sorted(decisionUs),
+
     matchUs: a.index ? sorted(matchUs) : null,
     events,
     blockOps,
     applyMs,
+    log,
     indexBytes: a.index ? indexBytes : null,
     schedulerBytes,
     wallS: (performance.now() - wall0) / 1000,
@@ -340,7 +461,10 @@ function main(): void {
   const requests = a.duplicate > 1 ? duplicateTrace(slice, a.duplicate) : slice
   const ranks = a.workers * a.dpSize
   const bound = cacheBound(requests, BLOCK_SIZE)
-  const k = Math.ceil((bound.uniqueBlocks / ranks) * a.capacityFactor)
+  const k = a.kvBlocks > 0 ? a.kvBlocks : Math.ceil((bound.uniqueBlocks / ranks) * a.capacityFactor)
+  let need = 0
+  for (const r of requests) need = Math.max(need, Math.ceil((r.input_length + Math.max(1, r.output_length)) / BLOCK_SIZE))
+  if (k < need) fail(`engines of ${k} KV blocks cannot hold the slice's largest request (${need} blocks): raise --kv-blocks or --capacity-factor`)
   const fleet = a.dpSize > 1 ? `${a.workers} workers × ${a.dpSize} dp ranks = ${ranks} engines` : `${ranks} engines`
   console.log(
     `bench:fleet-sim — min ${a.offset} to ${a.offset + a.minutes} of the trace${a.duplicate > 1 ? ` × ${a.duplicate} copies` : ''}: ` +
@@ -352,8 +476,13 @@ function main(): void {
   const json: Record<string, unknown> = {}
   let rrP90: number | null = null
   const us = (xs: Float64Array | null, q: number): number => (xs === null ? NaN : (percentile(xs, q) ?? NaN))
+  // the wall-time figures are of warm code: each mode first routes the slice's first requests once
+  const warm = requests.slice(0, Math.min(requests.length, 500))
+  for (const mode of a.modes) simulate(MODES[mode] as SchedulerOptionsInput, warm, a, k)
   for (const mode of a.modes) {
     const o = simulate(MODES[mode] as SchedulerOptionsInput, requests, a, k)
+    const replay = o.log === null ? null : replayDecisions(MODES[mode] as SchedulerOptionsInput, o.log, requests, a, k)
+    if (replay !== null && replay.differ > 0) fail(`${mode}: ${replay.differ} replayed decisions differ from the simulation's`)
     const p = (q: number): number => percentile(o.ttft, q) ?? NaN
     if (mode === 'round-robin') rrP90 = p(0.9)
     const spread = Math.max(...o.perWorker) / Math.min(...o.perWorker)
@@ -366,6 +495,7 @@ function main(): void {
       wall: {
         decisions: o.decisionUs.length,
         decision_us: { p50: us(o.decisionUs, 0.5), p99: us(o.decisionUs, 0.99) },
+        replayed_decision_us: replay === null ? null : { p50: us(replay.us, 0.5), p99: us(replay.us, 0.99) },
         find_matches_us: o.matchUs === null ? null : { p50: us(o.matchUs, 0.5), p99: us(o.matchUs, 0.99) },
         events: o.events,
         block_ops: o.blockOps,
@@ -392,6 +522,8 @@ function main(): void {
       String(o.decisionUs.length),
       f1(us(o.decisionUs, 0.5)),
       f1(us(o.decisionUs, 0.99)),
+      f1(replay === null ? NaN : us(replay.us, 0.5)),
+      f1(replay === null ? NaN : us(replay.us, 0.99)),
       f1(us(o.matchUs, 0.5)),
       f1(us(o.matchUs, 0.99)),
       o.applyMs > 0 ? Math.round(o.blockOps / (o.applyMs / 1000)).toLocaleString('en-US') : '–',
@@ -408,7 +540,19 @@ function main(): void {
   console.log('\nwhat the router paid, in wall time on this machine:')
   console.log(
     table(
-      ['mode', 'decisions', 'decision p50 µs', 'p99 µs', 'find_matches p50 µs', 'p99 µs', 'index apply, block ops/s', 'index MiB', 'scheduler MiB'],
+      [
+        'mode',
+        'decisions',
+        'decision p50 µs',
+        'p99 µs',
+        'replayed p50 µs',
+        'p99 µs',
+        'find_matches p50 µs',
+        'p99 µs',
+        'index apply, block ops/s',
+        'index MiB',
+        'scheduler MiB',
+      ],
       costRows,
     ),
   )

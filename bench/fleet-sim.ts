@@ -221,6 +221,8 @@ function replayDecisions(options: SchedulerOptionsInput, log: CallLog, requests:
     s.addWorkerRank(BigInt(Math.floor(e / a.dpSize) + 1), e % a.dpSize, { maxNumBatchedTokens: a.chunk, totalKvBlocks: blocksPerWorker })
   const ids = requests.map((_, i) => String(i))
   const overlap = new Float64Array(ranks)
+  // a request pass 1 booked earlier than pass 0 did is not routed again
+  const booked = new Uint8Array(requests.length)
   const us: number[] = []
   let differ = 0
   // pass 0 checks the decisions and brings the scheduler's tables to their high-water mark, as a
@@ -231,8 +233,10 @@ function replayDecisions(options: SchedulerOptionsInput, log: CallLog, requests:
       const i = log.req[k] as number
       const id = ids[i] as string
       if (log.kind[k] === OP_PREFILL) s.markPrefillComplete(id)
-      else if (log.kind[k] === OP_FREE) s.free(id)
-      else {
+      else if (log.kind[k] === OP_FREE) {
+        s.free(id)
+        booked[i] = 0
+      } else if (booked[i] === 0) {
         const from = log.from[k] as number
         const to = log.from[k + 1] as number
         for (let j = from; j < to; j++) overlap[log.slots[j] as number] = log.values[j] as number
@@ -242,6 +246,7 @@ function replayDecisions(options: SchedulerOptionsInput, log: CallLog, requests:
         const d = s.tryRoute(req)
         if (pass === 1) us.push(Number(process.hrtime.bigint() - t) / 1000)
         for (let j = from; j < to; j++) overlap[log.slots[j] as number] = 0
+        if (d !== null) booked[i] = 1
         if (pass === 0 && (d === null ? -1 : d.slot) !== log.chose[k]) differ++
       }
     }

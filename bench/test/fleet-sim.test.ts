@@ -15,7 +15,14 @@ interface ModeResult {
   hit_rate: number
   ttft_ms: { p50: number; p90: number; p99: number }
   spread: number | null
-  wall: { decisions: number; find_matches_us: { p50: number } | null; events: number; block_ops: number; index_bytes: number | null }
+  wall: {
+    decisions: number
+    find_matches_us: { p50: number } | null
+    replayed_decision_us: { p50: number; p99: number } | null
+    events: number
+    block_ops: number
+    index_bytes: number | null
+  }
 }
 interface Result {
   hit_rate_bound: number
@@ -53,7 +60,7 @@ t.test('overlaps from the index route exactly as overlaps from the engines', asy
 
 t.test('dp ranks and copies of the slice make the fleet and workload the config names', async (t) => {
   const one = run(t, ['--minutes', '1', '--modes', 'kv'])
-  const r = run(t, ['--minutes', '1', '--modes', 'kv', '--workers', '2', '--dp-size', '4', '--duplicate', '3', '--index'])
+  const r = run(t, ['--minutes', '1', '--modes', 'kv', '--workers', '2', '--dp-size', '4', '--duplicate', '3', '--index', '--replay-decisions'])
   t.equal(r.config.worker_ranks, 8)
   t.equal(r.config.requests, 3 * one.config.requests, 'three disjoint copies of the slice')
   t.ok(Math.abs(r.hit_rate_bound - one.hit_rate_bound) < 1e-9, 'disjoint copies keep the bound')
@@ -61,6 +68,33 @@ t.test('dp ranks and copies of the slice make the fleet and workload the config 
   t.ok(kv.wall.decisions >= r.config.requests, 'every request decided at least once')
   t.ok(kv.hit_rate <= r.hit_rate_bound + 1e-9, 'no more hits than the bound')
   t.ok(kv.hit_rate > 0.8 * r.hit_rate_bound, 'ranks of one worker each hold their own cache')
+  // the run fails when a replayed decision differs from the simulation's, so reaching here says they agree
+  t.ok(kv.wall.replayed_decision_us !== null && kv.wall.replayed_decision_us.p99 >= kv.wall.replayed_decision_us.p50, 'decisions replayed and timed')
+})
+
+t.test('bench:fleet-scale runs each size in its own process and draws the figure', async (t) => {
+  const r = spawnSync(process.execPath, [join(repoRoot(), 'dist', 'bench', 'fleet-scale.js'), '--ranks', '8,16', '--minutes', '0.5', '--ranks-per-copy', '8'], {
+    encoding: 'utf8',
+    timeout: 120_000,
+  })
+  t.equal(r.status, 0, r.stderr)
+  const j = JSON.parse(readFileSync(join(repoRoot(), 'bench', 'results', 'fleet-scale.json'), 'utf8')) as {
+    results: { ranks: number; copies: number; modes: Record<string, ModeResult> }[]
+  }
+  t.same(
+    j.results.map((x) => [x.ranks, x.copies]),
+    [
+      [8, 1],
+      [16, 2],
+    ],
+  )
+  for (const x of j.results) t.ok((x.modes.kv as ModeResult).wall.replayed_decision_us !== null, `${x.ranks}: replayed`)
+  const svg = readFileSync(join(repoRoot(), 'bench', 'results', 'fleet-scale.svg'), 'utf8')
+  t.match(svg, /^<svg /)
+  t.equal((svg.match(/<polyline /g) ?? []).length, 5, 'a line per cost')
+  const bad = spawnSync(process.execPath, [join(repoRoot(), 'dist', 'bench', 'fleet-scale.js'), '--ranks', '12'], { encoding: 'utf8', timeout: 30_000 })
+  t.equal(bad.status, 2)
+  t.match(bad.stderr, /--ranks: 12 is not a multiple of --dp-size 8/)
 })
 
 t.test('bad options exit 2 with the reason', async (t) => {

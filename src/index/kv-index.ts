@@ -81,14 +81,13 @@ const NIL = -1
 const ROOT = 0
 
 // Records are structs inside one Int32Array, so a probe touches one cache line instead of one
-// per field. u32 values are stored as int32 bits. A free record links the free list through
-// R_TLO (next) and R_THI (previous), so any free slot can be taken out of it in O(1) (newNode).
+// per field. u32 values are stored as int32 bits.
 const RS = 7
 /** Bits 0–25: a node's parent slot, an overflow entry's node slot; bits 26–31: the flags below. */
 const R_UP = 0
 /** Bits 0–15: the node's generation, kept across every reuse of the slot; bits 16–31: its parent's. */
 const R_GEN = 1
-/** A node's tokens_hash; an overflow entry's next (R_TLO); a free record's links. */
+/** A node's tokens_hash; an overflow entry's next (R_TLO). */
 const R_TLO = 2
 const R_THI = 3
 /** Bits 0–15: distinct workers holding the node; bits 16–31: the worker-rank of the record's entry. */
@@ -180,11 +179,20 @@ export class KvIndex {
   private R: Int32Array<ArrayBuffer>
   private rCap: number
   private rHigh = 1
-  private freeHead = NIL
+  /**
+   * Free records, most recently freed on top. A record taken out of turn (beside a new child's
+   * parent) stays in it and is skipped when popped, so taking one touches no other record.
+   */
+  private freeStack = new Int32Array(64)
+  private freeTop = 0
   /** Children not in a slot beside their parent, by (parent, generation, tokens_hash). */
   private children = new SlotTable()
-  /** Entries by (worker-rank, block_hash). */
-  private lookup = new SlotTable()
+  /**
+   * Entries by (worker-rank, block_hash). Every removed block leaves a tombstone here, and at a
+   * fleet's steady churn a rebuild at the default load came every ~50,000 removes (5 per pass
+   * of the benchmark, 13 ms each); a roomier table (+1.7 bytes per entry) rebuilds once.
+   */
+  private lookup = new SlotTable(16, 0.45)
   /** The first overflow entry of each node that has some, by node slot. */
   private heads = new SlotTable()
 
@@ -527,8 +535,19 @@ export class KvIndex {
     let depth = 1
     if (!(earlyExit && active === 1)) {
       for (let i = 1; i < n; i++) {
-        const child = this.findChild(cur, (lo[i] as number) | 0, (hi[i] as number) | 0)
-        if (child === NIL) break
+        // the child beside its parent, checked here without a call: a long match is a walk down
+        // one chain, and this is nearly every step of it
+        const a = (cur + 1) * RS
+        let child = cur + 1
+        if (
+          ((R[a + R_UP] as number) & KEY_MASK) !== cur ||
+          R[a + R_TLO] !== ((lo[i] as number) | 0) ||
+          R[a + R_THI] !== ((hi[i] as number) | 0) ||
+          (R[a + R_GEN] as number) >>> 16 !== ((R[cur * RS + R_GEN] as number) & GEN_MASK)
+        ) {
+          child = this.findChild(cur, (lo[i] as number) | 0, (hi[i] as number) | 0)
+          if (child === NIL) break
+        }
         // A child holds a subset of its parent's workers unless the parent is marked mixed, so
         // there an equal count means nobody left (the reference's O(1) step); otherwise compare.
         if (
@@ -778,14 +797,18 @@ export class KvIndex {
     return node
   }
 
-  /** Any free record, else a new one. */
+  /** The most recently freed record, else a new one. */
   private takeRecord(): number {
-    let x = this.freeHead
-    if (x !== NIL) this.unlinkFree(x)
-    else {
-      x = this.rHigh++
-      if (x >= this.rCap) this.growRecords()
+    const R = this.R
+    while (this.freeTop > 0) {
+      const x = this.freeStack[--this.freeTop] as number
+      if (((R[x * RS + R_UP] as number) & FREE) !== 0) {
+        R[x * RS + R_UP] = 0
+        return x
+      }
     }
+    const x = this.rHigh++
+    if (x >= this.rCap) this.growRecords()
     return x
   }
 
@@ -820,11 +843,31 @@ export class KvIndex {
     const b = x * RS
     R[b + R_UP] = FREE | UP_SLOT
     R[b + R_CW] = CW_EMPTY
-    const head = this.freeHead
-    R[b + R_TLO] = head
-    R[b + R_THI] = NIL
-    if (head !== NIL) R[head * RS + R_THI] = x
-    this.freeHead = x
+    if (this.freeTop === this.freeStack.length) this.compactFree()
+    this.freeStack[this.freeTop++] = x
+  }
+
+  /**
+   * Drops from the free stack the records taken out of turn and the repeats of one record (freed,
+   * taken beside a parent, freed again), keeping the order; grows it if it is still full.
+   */
+  private compactFree(): void {
+    const R = this.R
+    const st = this.freeStack
+    let n = 0
+    // a free record's R_THI is unused: it marks the ones kept
+    for (let i = 0; i < this.freeTop; i++) {
+      const x = st[i] as number
+      if (((R[x * RS + R_UP] as number) & FREE) !== 0) R[x * RS + R_THI] = 0
+    }
+    for (let i = this.freeTop - 1; i >= 0; i--) {
+      const x = st[i] as number
+      if (((R[x * RS + R_UP] as number) & FREE) === 0 || R[x * RS + R_THI] === 1) st[i] = NIL
+      else R[x * RS + R_THI] = 1
+    }
+    for (let i = 0; i < this.freeTop; i++) if (st[i] !== NIL) st[n++] = st[i] as number
+    this.freeTop = n
+    if (n * 2 > st.length) this.freeStack = growI32(st, st.length * 2, 0)
   }
 
   /**
@@ -836,20 +879,11 @@ export class KvIndex {
     return e === NIL ? NIL : this.nodeOf(e)
   }
 
-  /** Takes `x` out of the free list when it is free there; NIL when it is not. */
+  /** Takes record `x` when it is free (its entry in the free stack is skipped later); NIL when it is not. */
   private takeFree(x: number): number {
     if (x < 1 || x >= this.rHigh || ((this.R[x * RS + R_UP] as number) & FREE) === 0) return NIL
-    this.unlinkFree(x)
+    this.R[x * RS + R_UP] = 0
     return x
-  }
-
-  private unlinkFree(x: number): void {
-    const R = this.R
-    const next = R[x * RS + R_TLO] as number
-    const prev = R[x * RS + R_THI] as number
-    if (prev === NIL) this.freeHead = next
-    else R[prev * RS + R_TLO] = next
-    if (next !== NIL) R[next * RS + R_THI] = prev
   }
 
   private growRecords(): void {
@@ -1334,7 +1368,7 @@ export class KvIndex {
 
   /** Bytes held by the index's typed arrays (what a cap on blocks bounds). */
   get bytes(): number {
-    const b = this.R.byteLength + this.children.bytes + this.lookup.bytes + this.heads.bytes + this.wTable.byteLength
+    const b = this.R.byteLength + this.freeStack.byteLength + this.children.bytes + this.lookup.bytes + this.heads.bytes + this.wTable.byteLength
     return b + this.wIdLo.length * 17
   }
 }

@@ -523,7 +523,8 @@ export class KvIndex {
     const stamp = this.nextStamp()
     // Every worker of the first block is a candidate whose depth is still open.
     let m = 0
-    for (let e = this.firstHolder(cur); e !== NIL; e = this.nextHolder(cur, e)) {
+    // the holders: the node's own entry, then its overflow list (a call per node, not per holder)
+    for (let e = this.firstHolder(cur); e !== NIL; e = e === cur ? this.overflowOf(cur) : (R[e * RS + R_TLO] as number)) {
       const w = (R[e * RS + R_CW] as number) >>> 16
       if (seen[w] !== stamp) {
         seen[w] = stamp
@@ -535,18 +536,21 @@ export class KvIndex {
     let depth = 1
     if (!(earlyExit && active === 1)) {
       for (let i = 1; i < n; i++) {
-        // the child beside its parent, checked here without a call: a long match is a walk down
-        // one chain, and this is nearly every step of it
-        const a = (cur + 1) * RS
+        // the child beside its parent (after it, or before it: a chain stored into slots a chain
+        // freed runs backwards), checked here without a call: a long match is a walk down one
+        // chain, and this is nearly every step of it
+        const tl = (lo[i] as number) | 0
+        const th = (hi[i] as number) | 0
+        const gen = (R[cur * RS + R_GEN] as number) & GEN_MASK
         let child = cur + 1
-        if (
-          ((R[a + R_UP] as number) & KEY_MASK) !== cur ||
-          R[a + R_TLO] !== ((lo[i] as number) | 0) ||
-          R[a + R_THI] !== ((hi[i] as number) | 0) ||
-          (R[a + R_GEN] as number) >>> 16 !== ((R[cur * RS + R_GEN] as number) & GEN_MASK)
-        ) {
-          child = this.findChild(cur, (lo[i] as number) | 0, (hi[i] as number) | 0)
-          if (child === NIL) break
+        let a = child * RS
+        if (((R[a + R_UP] as number) & KEY_MASK) !== cur || R[a + R_TLO] !== tl || R[a + R_THI] !== th || (R[a + R_GEN] as number) >>> 16 !== gen) {
+          child = cur - 1
+          a = child * RS
+          if (((R[a + R_UP] as number) & KEY_MASK) !== cur || R[a + R_TLO] !== tl || R[a + R_THI] !== th || (R[a + R_GEN] as number) >>> 16 !== gen) {
+            child = this.findChild(cur, tl, th)
+            if (child === NIL) break
+          }
         }
         // A child holds a subset of its parent's workers unless the parent is marked mixed, so
         // there an equal count means nobody left (the reference's O(1) step); otherwise compare.
@@ -556,8 +560,10 @@ export class KvIndex {
         ) {
           const ms = this.nextMarkStamp()
           const mark = this.mark
-          for (let e = this.firstHolder(child); e !== NIL; e = this.nextHolder(child, e)) mark[(R[e * RS + R_CW] as number) >>> 16] = ms
-          for (let e = this.firstHolder(cur); e !== NIL; e = this.nextHolder(cur, e)) {
+          for (let e = this.firstHolder(child); e !== NIL; e = e === child ? this.overflowOf(child) : (R[e * RS + R_TLO] as number)) {
+            mark[(R[e * RS + R_CW] as number) >>> 16] = ms
+          }
+          for (let e = this.firstHolder(cur); e !== NIL; e = e === cur ? this.overflowOf(cur) : (R[e * RS + R_TLO] as number)) {
             const w = (R[e * RS + R_CW] as number) >>> 16
             if (mark[w] !== ms && seen[w] === stamp && depthOf[w] === OPEN) {
               depthOf[w] = i
@@ -957,7 +963,11 @@ export class KvIndex {
 
   /** The entry after `e` among the node's. */
   private nextHolder(node: number, e: number): number {
-    if (e !== node) return this.R[e * RS + R_TLO] as number
+    return e !== node ? (this.R[e * RS + R_TLO] as number) : this.overflowOf(node)
+  }
+
+  /** The node's first overflow entry, or NIL. */
+  private overflowOf(node: number): number {
     return ((this.R[node * RS + R_UP] as number) & HEADS) === 0 ? NIL : this.headOf(node)
   }
 

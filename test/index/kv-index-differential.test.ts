@@ -99,9 +99,10 @@ function differential(t: Test, assignment: WorkerAssignment, limit: number | und
         const got = answer(ix, ix.findMatches(o.lo, o.hi, o.n))
         const want = answer(ref, ref.findMatches(o.lo, o.hi, o.n))
         if (got !== want && wrong.length < 5) wrong.push(`op ${op}: ${got.slice(0, 200)} vs ${want.slice(0, 200)}`)
-        for (const early of [true]) {
-          const ge = answer(ix, ix.findMatches(o.lo, o.hi, o.n, early))
-          const we = answer(ref, ref.findMatches(o.lo, o.hi, o.n, early))
+        // early exit on every fourth: the walk is the same up to where it stops
+        if ((lookups & 3) === 0) {
+          const ge = answer(ix, ix.findMatches(o.lo, o.hi, o.n, true))
+          const we = answer(ref, ref.findMatches(o.lo, o.hi, o.n, true))
           if (ge !== we && wrong.length < 5) wrong.push(`op ${op} (early exit): ${ge.slice(0, 200)} vs ${we.slice(0, 200)}`)
         }
         lookups++
@@ -122,7 +123,7 @@ function differential(t: Test, assignment: WorkerAssignment, limit: number | und
     t.same([...ix.rejectedByReason], [...ref.rejectedByReason], `pass ${pass}: rejections`)
     for (const w of wl.workerIds) ix.removeWorker(u64Lo(w), u64Hi(w))
     for (const w of wl.workerIds) ref.removeWorker(u64Lo(w), u64Hi(w))
-    t.equal(ix.liveEntries, 0)
+    t.equal(ix.liveEntries, 0, 'every worker removed: nothing held')
   }
   t.ok(lookups > 0 && matched > lookups, `${lookups} lookups compared, ${matched} worker-rank answers, ${multi} with several worker-ranks`)
 }
@@ -132,5 +133,5 @@ t.test('the whole trace, conversations on the worker that holds them (the benchm
 })
 
 t.test('round-robin: conversations spread over the workers, blocks with many holders', async (t) => {
-  differential(t, 'round-robin', 2500)
+  differential(t, 'round-robin', 1500)
 })

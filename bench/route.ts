@@ -1,5 +1,8 @@
 // Route-decision benchmark (npm run bench:route): selection plus booking, given overlaps, at
-// 8, 64 and 512 worker-ranks, queue push/pop throughput at 10,000 waiting requests, and the
+// 8, 64 and 512 worker-ranks (bench/lib/decisions.ts; BENCH_ROUTE_BIG=1 adds 1,024 and 7,000, also
+// with the tenants model and in workers of 8 dp ranks; BENCH_ROUTE_SIZES=8,64,7000x8:tenants picks;
+// BENCH_ROUTE_BASE=<another build's dist> measures that build beside this one), queue push/pop
+// throughput at 10,000 waiting requests, and the
 // proxy's booking of an attempt through the whole Router.route path, and one proxied request's log
 // line at info and with logging off; then the HTTP part, each
 // against a baseline measured in the same run:
@@ -17,12 +20,11 @@
 //     upstreams, 200 concurrent streams, p99 difference (bench/proxy.ts), with logging at info
 //     and, in rounds taken in turn with those, off.
 // BENCH_HTTP_LOG_SECS sets the length of a logging trio's phases (3 s).
-// `--http-only` runs the HTTP part alone; BENCH_HTTP_SECS sets its phase length (10 s).
+// `--http-only` runs the HTTP part alone, `--decisions-only` the route decision alone;
+// BENCH_HTTP_SECS sets the HTTP phase length (10 s).
 //
-// Each decision is timed alone with process.hrtime.bigint() over a steady state: a fixed
-// population of booked requests (prompts sharing a few system prefixes, so active blocks are
-// really shared), one new request booked per op while the oldest is freed and a middle-aged one
-// completes prefill, all outside the timed region. Several repetitions; medians are reported,
+// Each decision is timed alone with process.hrtime.bigint() over a steady state (see
+// bench/lib/decisions.ts). Several repetitions, the fleets' interleaved; medians are reported,
 // because a shared machine is noisy.
 import { writeFileSync } from 'node:fs'
 import { availableParallelism, cpus } from 'node:os'
@@ -47,121 +49,46 @@ import { computeBlockHashes, computeSequenceHashes } from '../src/codec/hashing.
 import { PendingQueue } from '../src/scheduler/pending-queue.js'
 import { Xoshiro128 } from '../src/scheduler/rng.js'
 import { Scheduler } from '../src/scheduler/scheduler.js'
-import type { ScheduleRequest } from '../src/scheduler/scheduler.js'
 import { child, median, processTicks, repoRoot, resultsDir, TICKS_PER_S } from './lib/common.js'
+import type { DecisionCase, DecisionResult } from './lib/decisions.js'
+import { baseScheduler, benchDecisionSet, decisionTable, sizeRatios } from './lib/decisions.js'
 import { medianInterval } from './lib/stats.js'
 
 const BLOCK_SIZE = 64
 const REPS = 5
 const OPS = 20_000
 const WARMUP = 20_000
-const TEMPLATES = 2048
-const WORKER_COUNTS = [8, 64, 512]
 const QUEUE_DEPTH = 10_000
 
 const rng = new Xoshiro128(20240601)
 
-interface Template {
-  isl: number
-  lo: Uint32Array
-  hi: Uint32Array
-  overlap: Float64Array
-}
-
-/** Prompts of 8..128 blocks: one of 16 shared system prefixes (4..32 blocks) + a unique tail. */
-function makeTemplates(workers: number): Template[] {
-  const prefixes = Array.from({ length: 16 }, () => {
-    const n = 4 + rng.int(29)
-    return { lo: Uint32Array.from({ length: n }, () => rng.int(2 ** 32)), hi: Uint32Array.from({ length: n }, () => rng.int(2 ** 32)) }
+/** The fleets of the decision benchmark (see the header). */
+function decisionCases(): DecisionCase[] {
+  const big = '8,64,512,1024,7000,1024:tenants,7000:tenants,1024x8:tenants,7000x8:tenants'
+  const spec = process.env.BENCH_ROUTE_SIZES ?? (process.env.BENCH_ROUTE_BIG === '1' ? big : '8,64,512')
+  return spec.split(',').map((x) => {
+    const m = /^(\d+)(?:x(\d+))?(?::(share|tenants))?$/.exec(x.trim())
+    const ranks = Number(m?.[1])
+    const per = Number(m?.[2] ?? 1)
+    if (m === null || ranks < 1 || per < 1 || ranks % per !== 0)
+      throw new Error(`BENCH_ROUTE_SIZES: ${JSON.stringify(x)} is not RANKS[xDP_RANKS][:share|:tenants], RANKS a multiple of DP_RANKS`)
+    return { ranks, ranksPerWorker: per, model: (m[3] ?? 'share') as DecisionCase['model'] }
   })
-  const out: Template[] = []
-  for (let i = 0; i < TEMPLATES; i++) {
-    const p = prefixes[rng.int(prefixes.length)] as { lo: Uint32Array; hi: Uint32Array }
-    const n = Math.max(p.lo.length + 1, 8 + rng.int(121))
-    const lo = new Uint32Array(n)
-    const hi = new Uint32Array(n)
-    lo.set(p.lo)
-    hi.set(p.hi)
-    for (let k = p.lo.length; k < n; k++) {
-      lo[k] = rng.int(2 ** 32)
-      hi[k] = rng.int(2 ** 32)
-    }
-    // realistic overlaps: about one worker in eight holds the system prefix, a few hold more
-    const overlap = new Float64Array(workers)
-    for (let w = 0; w < workers; w++) {
-      const r = rng.next()
-      if (r < 0.125) overlap[w] = p.lo.length
-      else if (r < 0.14) overlap[w] = p.lo.length + rng.int(n - p.lo.length + 1)
-    }
-    out.push({ isl: n * BLOCK_SIZE - rng.int(BLOCK_SIZE), lo, hi, overlap })
-  }
-  return out
 }
 
-function percentile(sorted: Float64Array, q: number): number {
-  return sorted[Math.min(sorted.length - 1, Math.floor(q * sorted.length))] as number
-}
-
-interface DecisionResult {
-  workers: number
-  population: number
-  p50Us: number
-  p99Us: number
-  meanUs: number
-  reps: { p50Us: number; p99Us: number; meanUs: number }[]
-}
-
-function benchDecisions(workers: number): DecisionResult {
-  const s = new Scheduler({ mode: 'kv', blockSize: BLOCK_SIZE, seed: 1, queueThreshold: 4.0 }, { timers: false })
-  for (let w = 0; w < workers; w++) s.addWorkerRank(BigInt(1_000_000_007 * (w + 1)), 0)
-  const templates = makeTemplates(workers)
-  // about 4 requests in flight per worker-rank, half of them still in prefill
-  const population = 4 * workers
-  const idPool = Array.from({ length: population * 2 + 2 }, (_, i) => `req-${i}`)
-  const ring: string[] = []
-  const req: ScheduleRequest = { id: '', isl: 0 }
-  let seq = 0
-  const one = (timed: Float64Array | null, at: number): void => {
-    const tpl = templates[rng.int(templates.length)] as Template
-    req.id = idPool[seq % idPool.length] as string
-    seq++
-    req.isl = tpl.isl
-    req.seqLo = tpl.lo
-    req.seqHi = tpl.hi
-    req.overlapBlocks = tpl.overlap
-    let d: ReturnType<Scheduler['tryRoute']>
-    if (timed !== null) {
-      const t0 = process.hrtime.bigint()
-      d = s.tryRoute(req)
-      const t1 = process.hrtime.bigint()
-      timed[at] = Number(t1 - t0) / 1000
-    } else {
-      d = s.tryRoute(req)
-    }
-    if (d === null) throw new Error('benchmark state unexpectedly queued a request')
-    ring.push(req.id)
-    if (ring.length > population) s.free(ring.shift() as string)
-    const mid = ring[ring.length >> 1]
-    if (mid !== undefined) s.markPrefillComplete(mid)
-  }
-  for (let i = 0; i < WARMUP; i++) one(null, 0)
-  const reps: DecisionResult['reps'] = []
-  for (let r = 0; r < REPS; r++) {
-    const samples = new Float64Array(OPS)
-    for (let i = 0; i < OPS; i++) one(samples, i)
-    let sum = 0
-    for (const v of samples) sum += v
-    samples.sort()
-    reps.push({ p50Us: percentile(samples, 0.5), p99Us: percentile(samples, 0.99), meanUs: sum / OPS })
-  }
-  return {
-    workers,
-    population,
-    p50Us: median(reps.map((x) => x.p50Us)),
-    p99Us: median(reps.map((x) => x.p99Us)),
-    meanUs: median(reps.map((x) => x.meanUs)),
-    reps,
-  }
+/**
+ * Each fleet's decisions, their repetitions interleaved (benchDecisionSet); past 4,096
+ * worker-ranks fewer operations, so that the full scans the run also times stay in minutes.
+ */
+async function runDecisions(): Promise<DecisionResult[]> {
+  const Base = await baseScheduler(process.env.BENCH_ROUTE_BASE)
+  const cases = decisionCases().map((c) => {
+    const big = c.ranks > 4096
+    // the tenants model's prompts: a few per tenant, however many tenants
+    const templates = c.model === 'tenants' ? Math.max(2048, c.ranks / 2) : c.ranks > 1024 ? 512 : 2048
+    return { c, set: { reps: REPS, ops: big ? 4000 : OPS, warmup: big ? 4000 : WARMUP, templates } }
+  })
+  return benchDecisionSet(cases, Base)
 }
 
 /** Raw heap: one pop plus one push per pair, depth held at QUEUE_DEPTH. */
@@ -543,23 +470,48 @@ async function benchHttpRoute(): Promise<object> {
 async function main(): Promise<void> {
   if (process.argv.includes('--serve')) return serveChild()
   const httpOnly = process.argv.includes('--http-only')
-  const decisions: DecisionResult[] = []
   if (httpOnly) return mainHttp()
-  for (const w of WORKER_COUNTS) decisions.push(benchDecisions(w))
-  const heap = benchHeap()
-  const facade = await benchFacadeQueue()
-  const booking = [await benchBooking('round-robin'), await benchBooking('kv')]
-  const requestLine = benchRequestLine()
-  const result = {
+  const decisions = await runDecisions()
+  const base = {
     benchmark: 'route',
     date: new Date().toISOString(),
     node: process.version,
     cpus: availableParallelism(),
     cpuModel: cpus()[0]?.model ?? 'unknown',
+  }
+  if (process.argv.includes('--decisions-only')) {
+    const file = join(resultsDir(), 'route.json')
+    writeFileSync(
+      file,
+      JSON.stringify(
+        {
+          ...base,
+          blockSize: BLOCK_SIZE,
+          reps: REPS,
+          baseBuild: process.env.BENCH_ROUTE_BASE ?? null,
+          decision: decisions,
+          decisionRatios: sizeRatios(decisions),
+        },
+        null,
+        2,
+      ) + '\n',
+    )
+    for (const l of decisionTable(decisions, REPS)) console.log(l)
+    console.log(`written to ${file}`)
+    return
+  }
+  const heap = benchHeap()
+  const facade = await benchFacadeQueue()
+  const booking = [await benchBooking('round-robin'), await benchBooking('kv')]
+  const requestLine = benchRequestLine()
+  const result = {
+    ...base,
     blockSize: BLOCK_SIZE,
     opsPerRep: OPS,
     reps: REPS,
+    baseBuild: process.env.BENCH_ROUTE_BASE ?? null,
     decision: decisions,
+    decisionRatios: sizeRatios(decisions),
     queue: {
       depth: QUEUE_DEPTH,
       heapPopPushPairsPerSec: heap.pairsPerSec,
@@ -571,14 +523,7 @@ async function main(): Promise<void> {
     requestLine,
   }
   writeFileSync(join(resultsDir(), 'route.json'), JSON.stringify(result, null, 2) + '\n')
-  console.log(`route decision (selection + booking, kv mode, given overlaps), median of ${REPS} × ${OPS} ops`)
-  console.log('worker-ranks | in flight |  p50 µs |  p99 µs | mean µs')
-  for (const d of decisions) {
-    console.log(
-      `${String(d.workers).padStart(12)} | ${String(d.population).padStart(9)} | ${d.p50Us.toFixed(2).padStart(7)} | ` +
-        `${d.p99Us.toFixed(2).padStart(7)} | ${d.meanUs.toFixed(2).padStart(7)}`,
-    )
-  }
+  for (const l of decisionTable(decisions, REPS)) console.log(l)
   console.log(
     `queue at ${QUEUE_DEPTH} waiting: heap pop+push ${(heap.pairsPerSec / 1e6).toFixed(2)} M pairs/s; scheduler dispatch+enqueue ` +
       `${(facade.pairsPerSec / 1e3).toFixed(1)} k pairs/s`,

@@ -1,6 +1,7 @@
 // The route path every API uses: token ids → local block hashes → overlap query over the shards →
 // sequence hashes → schedule, with session pinning. Per-request buffers come from a small free
-// list so a steady stream of requests allocates only the pool's merged answer.
+// list so a steady stream of requests allocates only the pool's merged answer and the list of
+// slots it names.
 import type { OverlapResult } from '../shards/pool.js'
 import type { CancelSignal, RouteDecision, RouterConfigOverride, Scheduler, WorkerRankRef } from '../scheduler/scheduler.js'
 import type { ReplicaSync } from '../transport/replica-sync.js'
@@ -132,16 +133,25 @@ export class RoutePath {
       const w = this.parts.scheduler.workers
       // the status page shows each candidate's cost terms, built only while someone watches
       const explain = input.explain === true || this.parts.decisions.watchingAt(t2)
-      let dense: Float64Array | undefined
+      // the worker-ranks holding a prefix, by slot: a list as long as the answer, not an array per worker-rank
+      let slots: Int32Array | undefined
+      let values: Float64Array | undefined
       let trees: Float64Array | undefined
       if (overlap.count > 0) {
-        dense = new Float64Array(w.slotCapacity)
+        slots = new Int32Array(overlap.count)
+        values = new Float64Array(overlap.count)
         if (explain) trees = new Float64Array(w.slotCapacity)
+        let k = 0
         for (let i = 0; i < overlap.count; i++) {
           const slot = this.slotOf(overlap.workerIdLo[i] as number, overlap.workerIdHi[i] as number, overlap.dpRank[i] as number)
           if (slot < 0) continue
-          dense[slot] = overlap.overlap[i] as number
+          slots[k] = slot
+          values[k++] = overlap.overlap[i] as number
           if (trees !== undefined) trees[slot] = overlap.treeSize[i] as number
+        }
+        if (k < overlap.count) {
+          slots = slots.subarray(0, k)
+          values = values.subarray(0, k)
         }
       }
       const t3 = performance.now()
@@ -157,7 +167,10 @@ export class RoutePath {
         updateStates: update,
       }
       if (id !== undefined) req.id = id
-      if (dense !== undefined) req.overlapBlocks = dense
+      if (slots !== undefined) {
+        req.overlapSlots = slots
+        req.overlapValues = values
+      }
       if (trees !== undefined) req.treeSizes = trees
       if (input.priority !== undefined) req.priority = input.priority
       if (input.workerId !== undefined) req.workerId = input.workerId

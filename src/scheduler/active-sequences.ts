@@ -20,6 +20,11 @@ export type TrackMode = typeof TRACK_NONE | typeof TRACK_SHARED | typeof TRACK_U
 
 const EMPTY = new Int32Array(0)
 
+/** Told of every change to a slot's load (LoadIndex keeps its order of worker-ranks by it). */
+export interface LoadListener {
+  loadChanged(slot: number): void
+}
+
 /**
  * One booking: the worker-rank it loads and what it puts there. What travels together from the
  * decision to the load arrays and to the observer (replica sync). Callers on the routing path fill
@@ -75,6 +80,8 @@ export class ActiveSequences {
   prefillTokens = new Float64Array(8)
   /** Per slot: booked requests. */
   inFlight = new Int32Array(8)
+  /** Told of each slot whose load changed, once per booking, prefill completion or release. */
+  listener: LoadListener | null = null
   /** Requests freed by stale expiry since creation (a metric). */
   expiredTotal = 0
   /** Of them, other replicas' bookings. */
@@ -131,9 +138,12 @@ export class ActiveSequences {
     this.inFlight = growTo(this.inFlight, cap)
   }
 
-  /** present[slot] = how many of the n hashes are already active on slot (see BlockRefs.countPresent). */
-  countPresent(lo: ArrayLike<number>, hi: ArrayLike<number>, n: number, present: Int32Array): void {
-    this.refs.countPresent(lo, hi, n, present)
+  /**
+   * present[slot] = how many of the n hashes are already active on slot (see BlockRefs.countPresent);
+   * with `touched`, present must be all zeros and the slots written are listed there (their number returned).
+   */
+  countPresent(lo: ArrayLike<number>, hi: ArrayLike<number>, n: number, present: Int32Array, touched?: Int32Array): number {
+    return this.refs.countPresent(lo, hi, n, present, touched)
   }
 
   /** Books a request (see Booking). */
@@ -184,6 +194,7 @@ export class ActiveSequences {
     this.reqPairCount[h] = pairCount
     this.reqUnique[h] = unique
     this.pushFifo(h)
+    this.listener?.loadChanged(slot)
     return h
   }
 
@@ -209,7 +220,7 @@ export class ActiveSequences {
 
   private prefillDone(h: number | undefined): boolean {
     if (h === undefined) return false
-    this.clearPrefill(h)
+    if (this.clearPrefill(h)) this.listener?.loadChanged(this.reqSlot[h] as number)
     return true
   }
 
@@ -364,15 +375,17 @@ export class ActiveSequences {
     return this.refs.size
   }
 
-  private clearPrefill(h: number): void {
+  /** Returns whether the slot's booked prefill changed. */
+  private clearPrefill(h: number): boolean {
     const p = this.reqPrefill[h] as number
-    if (p === 0) return
+    if (p === 0) return false
     const slot = this.reqSlot[h] as number
     const left = (this.prefillTokens[slot] as number) - p
     // Tokens are integers, so the sum is exact; the clamp only guards against a caller that
     // passed fractional tokens.
     this.prefillTokens[slot] = left > 0 ? left : 0
     this.reqPrefill[h] = 0
+    return true
   }
 
   private releaseHandle(h: number): void {
@@ -395,6 +408,7 @@ export class ActiveSequences {
     this.reqPairCount[h] = 0
     this.reqUnique[h] = 0
     this.freeHandles.push(h)
+    this.listener?.loadChanged(slot)
   }
 
   private allocHandle(): number {

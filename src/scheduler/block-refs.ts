@@ -21,8 +21,10 @@ const PRED_FIRST = -1
 const PRED_MIXED = -2
 
 export class BlockRefs {
-  private pairs = new U64SlotMap(4096)
-  private hashes = new U64SlotMap(4096)
+  // four buckets an entry: at thousands of worker-ranks the maps hold millions of entries, and
+  // shorter chains take about a quarter off a booking's lookups there (bench:route's decisions)
+  private pairs = new U64SlotMap(4096, 4)
+  private hashes = new U64SlotMap(4096, 4)
   private ref = new Int32Array(4096)
   private pairHash = new Int32Array(4096)
   private prev = new Int32Array(4096)
@@ -42,6 +44,8 @@ export class BlockRefs {
   private seenN = 0
   /** Set by every acquisition: true when the pair was created (the block became active on the slot). */
   created = false
+  /** What the last warm() read (kept so that its reads are). */
+  warmed = 0
 
   constructor() {
     this.pairs.onGrow = (cap) => {
@@ -74,6 +78,9 @@ export class BlockRefs {
     this.seenN = 0
     let created = 0
     let before = PRED_FIRST
+    // the pairs of the blocks held somewhere are looked up below, one after the other: their
+    // buckets read first, at once (stale entries of `seen` cost a read, nothing more)
+    this.warmed = this.pairs.warm(seen, 0, Math.min(n, seenN), slot)
     for (let i = 0; i < n; i++) {
       const l = lo[i] as number
       const u = hi[i] as number
@@ -150,8 +157,9 @@ export class BlockRefs {
 
   /**
    * present[slot] = how many of the n hashes are active on slot. Only slots holding some block
-   * are written (assigned or added to), so the caller zeroes the entries it will read first.
-   * Exact for any hashes; a hash listed twice counts twice, as in Dynamo's filter-and-count.
+   * are written (assigned or added to), so the caller zeroes the entries it will read first; or,
+   * given `touched`, keeps present all zeros between calls: each slot written is listed there
+   * once (their number is returned) for the caller to read and zero. Exact for any hashes; a hash listed twice counts twice, as in Dynamo's filter-and-count.
    *
    * The fast part: while block i's every reference came right after block i−1 (pred), every slot
    * holding block i also holds block i−1, so along that chain the answer per slot is the depth of
@@ -161,36 +169,39 @@ export class BlockRefs {
    * order), every remaining block is looked up and its holders counted one by one: cheap when
    * nobody holds it, and needed because arbitrary caller hashes may reappear anywhere.
    */
-  countPresent(lo: ArrayLike<number>, hi: ArrayLike<number>, n: number, present: Int32Array): void {
+  countPresent(lo: ArrayLike<number>, hi: ArrayLike<number>, n: number, present: Int32Array, touched?: Int32Array): number {
     const hashes = this.hashes
     const holders = this.holders
     if (this.seen.length < n) this.seen = new Int32Array(Math.max(n, this.seen.length * 2))
     const seen = this.seen
+    hashes.findAll(lo, hi, n, 0, seen)
     let i = 0
     let last = -1
     let lastCount = 0
+    let touchedN = 0
     for (; i < n; i++) {
-      const h = hashes.find(lo[i] as number, hi[i] as number, 0)
-      seen[i] = h
+      const h = seen[i] as number
       if (h < 0 || (i > 0 && this.pred[h] !== last)) break
       const c = holders[h] as number
-      if (c !== lastCount && last >= 0) this.setDepth(last, present, i)
+      if (c !== lastCount && last >= 0) touchedN = this.setDepth(last, present, i, touched, touchedN)
       last = h
       lastCount = c
     }
-    if (last >= 0) this.setDepth(last, present, i)
+    if (last >= 0) touchedN = this.setDepth(last, present, i, touched, touchedN)
     const pairSlot = this.pairs.slot
     const nextInHash = this.nextInHash
-    for (let k = i + 1; k < n; k++) seen[k] = hashes.find(lo[k] as number, hi[k] as number, 0)
     this.seenN = n
     for (; i < n; i++) {
       const h = seen[i] as number
       if (h < 0) continue
       for (let p = this.head[h] as number; p >= 0; p = nextInHash[p] as number) {
         const s = pairSlot[p] as number
-        present[s] = (present[s] as number) + 1
+        const v = present[s] as number
+        if (v === 0 && touched !== undefined) touched[touchedN++] = s
+        present[s] = v + 1
       }
     }
+    return touchedN
   }
 
   /** The block hash of pair p into lo[i] and hi[i] (replica catch-up reads a booking's blocks back). */
@@ -208,10 +219,15 @@ export class BlockRefs {
     return p < 0 ? 0 : (this.ref[p] as number)
   }
 
-  /** Every holder of hash entry h is active to exactly this depth (so far along the chain). */
-  private setDepth(h: number, present: Int32Array, depth: number): void {
+  /** Every holder of hash entry h is active to exactly this depth (so far along the chain); slots seen first go to `touched`. */
+  private setDepth(h: number, present: Int32Array, depth: number, touched: Int32Array | undefined, touchedN: number): number {
     const pairSlot = this.pairs.slot
     const nextInHash = this.nextInHash
-    for (let p = this.head[h] as number; p >= 0; p = nextInHash[p] as number) present[pairSlot[p] as number] = depth
+    for (let p = this.head[h] as number; p >= 0; p = nextInHash[p] as number) {
+      const s = pairSlot[p] as number
+      if (present[s] === 0 && touched !== undefined) touched[touchedN++] = s
+      present[s] = depth
+    }
+    return touchedN
   }
 }

@@ -30,7 +30,7 @@
 // of one kind of engine it cancels out of every decision; its shape (per-step overhead, per-token
 // prefill cost, decode step time) weighs the terms against each other.
 import { DEFAULT_MAX_BATCHED_TOKENS } from './options.js'
-import { decodeMs, prefillMs } from './engine-model.js'
+import { decodeMs, PREFILL_A, PREFILL_B, PREFILL_C, prefillMs } from './engine-model.js'
 
 /**
  * Prefill chunk of an engine that registered no max_num_batched_tokens: vLLM's chunked-prefill
@@ -79,6 +79,18 @@ export function kvUsage(activeBlocks: number, totalBlocks: number): number {
   return totalBlocks > 0 ? Math.min(1, activeBlocks / totalBlocks) : 0
 }
 
+/** Units of usageUnits(): 2^30 per worker-rank at full usage, so sums over 2^23 candidates stay exact. */
+export const USAGE_SCALE = 2 ** 30
+
+/**
+ * KV usage in integer units. The fleet's mean usage is a sum over the candidates; summed as
+ * integers it is exact in any order, so a sum kept up to date as loads change (LoadIndex) and
+ * one added up candidate by candidate give the same double, and with it the same costs.
+ */
+export function usageUnits(activeBlocks: number, totalBlocks: number): number {
+  return Math.round(kvUsage(activeBlocks, totalBlocks) * USAGE_SCALE)
+}
+
 /** What the candidates of one decision share: the fleet terms of the cost. */
 export class FleetLoad {
   /** Mean requests in flight per candidate (R̄). */
@@ -86,7 +98,7 @@ export class FleetLoad {
   /** Requests reaching a worker-rank per ms (λ). */
   arrivalsPerMs = 0
 
-  /** Sets both from the candidates' summed in-flight requests and KV usage. */
+  /** Sets both from the candidates' summed in-flight requests and KV usage (usage units ÷ USAGE_SCALE). */
   set(sumInFlight: number, sumUsage: number, m: number): void {
     this.inFlight = m > 0 ? sumInFlight / m : 0
     this.arrivalsPerMs = m > 0 ? this.inFlight / (ASSUMED_OUTPUT_TOKENS * decodeMs(sumUsage / m)) : 0
@@ -128,10 +140,114 @@ export function latencyTerms(
   const wait = queued > 0 ? prefillAhead + prefillSteps(queued, chunk) * step : 0
   const own = ttft - wait
   let slowdown = inFlight > 0 ? fleet.inFlight * (prefill - prefillAhead) : 0
-  if (total > 0 && added > 0) slowdown += (inFlight * ASSUMED_OUTPUT_TOKENS * DECODE_MS_PER_USAGE * added) / total
+  if (total > 0 && added > 0) slowdown += kvSlowdownMs(inFlight, added, total)
   const queueing = fleet.arrivalsPerMs * own * (wait + own / 2)
   out.ttft = ttft / 1000
   out.slowdown = slowdown / 1000
   out.queueing = queueing / 1000
   return out.ttft + out.slowdown + out.queueing
+}
+
+/** A decode step's range, ms, with requests in flight: at no KV usage and at full usage. */
+export const DECODE_STEP_MIN_MS = decodeMs(0)
+export const DECODE_STEP_MAX_MS = decodeMs(1)
+
+/**
+ * A lower bound, in seconds, of latencyTerms() over every worker-rank of one kind (its requests
+ * in flight, capacity, and so its chunk and the range stepMin..stepMax of its decode step) whose
+ * wait, T(queued) with its decode step (0 with nothing queued), is at least `wait`, for a request
+ * whose `uncached` tokens are not cached there and which adds `added` blocks. LoadIndex keeps such
+ * worker-ranks sorted by their wait, so the pruned selection stops at the first whose bound
+ * exceeds what it has already found; with `wait` 0 it bounds them all. It never decreases as
+ * `wait` grows.
+ *
+ * Why it holds: a wait of at least `wait` needs a queue of at least the q0 that waits that long
+ * at the longest step (T grows with the queue and the step). The request's own prefill behind a
+ * queue of q, P(q + uncached) − P(q), grows with q while both fit a chunk, is concave while the
+ * sum crosses one, and is constant once q does: its least over q ≥ q0 is at q0 or at the ends of
+ * the crossing. Its extra steps, steps(q + uncached) − steps(q), never decrease with q and last
+ * at least stepMin; with nothing queued its own time, P(uncached) + its steps, is above both.
+ * Every other term grows with the wait or with that own time.
+ */
+export function latencyLowerBound(
+  wait: number,
+  uncached: number,
+  inFlight: number,
+  chunk: number,
+  stepMin: number,
+  stepMax: number,
+  added: number,
+  total: number,
+  fleet: FleetLoad,
+): number {
+  return latencyLowerBoundFrom(wait, queueAtLeast(wait, chunk, stepMax), uncached, inFlight, chunk, stepMin, added, total, fleet)
+}
+
+/**
+ * latencyLowerBound given q0 = queueAtLeast(wait, chunk, stepMax), the least queue behind such a
+ * wait: it depends on the worker-ranks alone, so LoadIndex keeps it with each class.
+ */
+export function latencyLowerBoundFrom(
+  wait: number,
+  q0: number,
+  uncached: number,
+  inFlight: number,
+  chunk: number,
+  stepMin: number,
+  added: number,
+  total: number,
+  fleet: FleetLoad,
+): number {
+  const prefill = prefillIncreaseAtLeast(q0, uncached, chunk)
+  const own = prefill + extraStepsAtLeast(q0, uncached, chunk) * stepMin
+  let slowdown = inFlight > 0 ? fleet.inFlight * prefill : 0
+  if (total > 0 && added > 0) slowdown += kvSlowdownMs(inFlight, added, total)
+  const queueing = fleet.arrivalsPerMs * own * (wait + own / 2)
+  return (wait + own + slowdown + queueing) / 1000
+}
+
+/**
+ * The least own time (ms) of a request of `uncached` tokens behind a queue of at least q0: the
+ * prefill it adds and its extra steps (latencyLowerBound's `own`). With q0 = 0 it bounds every
+ * queue, so latencyLowerBound at any wait w is at least its value at no wait plus
+ * w × (1 + arrivals per ms × this) / 1000: every term but the wait's grows with the own time.
+ */
+export function ownAtLeast(q0: number, uncached: number, chunk: number, stepMin: number): number {
+  return prefillIncreaseAtLeast(q0, uncached, chunk) + extraStepsAtLeast(q0, uncached, chunk) * stepMin
+}
+
+/** The steps a request of u tokens adds behind a queue of at least q0 (never fewer than behind none). */
+function extraStepsAtLeast(q0: number, u: number, k: number): number {
+  return prefillSteps(q0 + u, k) - (q0 > 0 ? prefillSteps(q0, k) : 1)
+}
+
+/** ms the request's `added` blocks add to the decode steps of the requests in flight on a worker-rank of known capacity. */
+export function kvSlowdownMs(inFlight: number, added: number, total: number): number {
+  return (inFlight * ASSUMED_OUTPUT_TOKENS * DECODE_MS_PER_USAGE * added) / total
+}
+
+/** The least queue (tokens) that waits `wait` ms with chunks of k and steps of `step` ms: T's inverse; 0 below one step. */
+export function queueAtLeast(wait: number, k: number, step: number): number {
+  const first = PREFILL_C + step
+  if (!(wait > first)) return 0
+  const full = prefillMs(k) + step
+  // A·q² + B·q + C + step = wait within a chunk (the root in the form that does not cancel),
+  // q / k × (prefill_ms(k) + step) = wait beyond; rounded down a little
+  const x = wait - first
+  const q = wait <= full ? (2 * x) / (PREFILL_B + Math.sqrt(PREFILL_B * PREFILL_B + 4 * PREFILL_A * x)) : (wait * k) / full
+  return q * (1 - 1e-9)
+}
+
+/** The least of P(q + u) − P(q) over q ≥ q0 (q0 = 0: over every q > 0, where P(0+) is prefill_ms's constant). */
+function prefillIncreaseAtLeast(q0: number, u: number, k: number): number {
+  if (!(u > 0)) return 0
+  const least = prefillIncrease(q0, u, k)
+  // before the crossing the increase grows with q (P is convex within a chunk), so at the
+  // crossing's start it is no less than at q0: of the crossing's ends only k is left
+  return q0 < k ? Math.min(least, prefillIncrease(k, u, k)) : least
+}
+
+/** P(q + u) − P(q), with P(0+) prefill_ms's constant. */
+function prefillIncrease(q: number, u: number, k: number): number {
+  return prefillTimeMs(q + u, k) - (q > 0 ? prefillTimeMs(q, k) : PREFILL_C)
 }

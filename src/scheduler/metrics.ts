@@ -1,6 +1,7 @@
 // The scheduler's series in the router's registry, read at scrape time.
 import { Gauge } from 'prom-client'
 import type { Registry } from 'prom-client'
+import { labelledCounter } from '../metrics/collected.js'
 import type { Scheduler } from './scheduler.js'
 
 export function registerSchedulerMetrics(r: Registry, sched: Scheduler): void {
@@ -25,6 +26,19 @@ export function registerSchedulerMetrics(r: Registry, sched: Scheduler): void {
       },
     })
   }
+  labelledCounter(
+    r,
+    'kvrouter_route_selections_total',
+    'Route decisions by how the worker-rank was chosen: pruned (the load index, without scoring every worker-rank) or full_scan',
+    'selection',
+    () => {
+      const s = sched.stats()
+      return [
+        ['pruned', s.prunedTotal],
+        ['full_scan', s.decisionsTotal - s.prunedTotal],
+      ]
+    },
+  )
   slotGauge('dynamo_frontend_worker_active_decode_blocks', "KV blocks held by the worker-rank's active requests", (s) => s.activeBlocks)
   slotGauge('dynamo_frontend_worker_active_prefill_tokens', 'Prefill tokens not yet computed on the worker-rank', (s) => s.prefillTokens)
   slotGauge('kvrouter_worker_inflight_requests', 'Requests booked on the worker-rank', (s) => s.inFlight)

@@ -7,19 +7,27 @@
 //                         │                 │no                                    │
 //                         │ none: 404/503   ▼                                      ▼
 //                                      select + book ◄─────────────────────────────┘
+//
+// In kv mode at temperature 0 the candidates stay in LoadIndex and PrunedSelector makes the
+// Selector's choice without scoring every one (candidates.ts, pruned-selector.ts); the rest, and a
+// scheduler built with fullScan, list them and score them all.
 import { KvrError } from '../errors.js'
 import { ActiveSequences, TRACK_NONE, TRACK_SHARED, TRACK_UNIQUE } from './active-sequences.js'
 import type { Booking } from './active-sequences.js'
 import type { ApproxSink } from './approximate.js'
 import { ApproxTracker, NO_SINK } from './approximate.js'
 import type { BusyThresholds } from './busy.js'
-import { allQueueBusy, Eligibility, queueBusy } from './busy.js'
+import { queueBusy } from './busy.js'
+import type { WorkerRankRef } from './candidates.js'
+import { CandidateSets } from './candidates.js'
 import type { SchedulerOptions, SchedulerOptionsInput } from './options.js'
 import { resolveSchedulerOptions } from './options.js'
 import { PendingQueue } from './pending-queue.js'
 import { policyKey } from './queue-policy.js'
+import { OverlapInput } from './overlap-input.js'
+import { PrunedSelector } from './pruned-selector.js'
 import { growTo } from './typed-arrays.js'
-import { allWorkersBusy, queueFull } from './rejection.js'
+import { queueFull } from './rejection.js'
 import type { Rng } from './rng.js'
 import { Xoshiro128 } from './rng.js'
 import type { Candidate } from './selector.js'
@@ -46,6 +54,13 @@ export interface ScheduleRequest {
   isl: number
   /** Cached prefix per slot, in blocks (0 or missing = no match), from the index or shard pool. */
   overlapBlocks?: ArrayLike<number>
+  /**
+   * The slots with a cached prefix: every slot whose overlapBlocks entry is not 0 (more may be
+   * listed). Lets a decision find them without reading overlapBlocks whole; without overlapBlocks,
+   * overlapValues gives their blocks, entry for entry (the route path's form: nothing per slot).
+   */
+  overlapSlots?: ArrayLike<number>
+  overlapValues?: ArrayLike<number>
   /** Blocks each slot holds in the index; shown in explanations only. */
   treeSizes?: ArrayLike<number>
   /** Chained sequence hashes of the complete blocks (u64 as halves): load tracking, approximate mode. */
@@ -74,12 +89,6 @@ export interface ScheduleRequest {
   exclude?: readonly WorkerRankRef[]
   /** Aborting it while the request waits removes it from the queue (client went away). */
   signal?: CancelSignal
-}
-
-/** One worker-rank by identity (a RouteDecision is one). */
-export interface WorkerRankRef {
-  readonly workerId: bigint
-  readonly dpRank: number
 }
 
 /** What the scheduler needs of a cancellation signal; an AbortSignal is one. */
@@ -129,6 +138,11 @@ export interface SchedulerDeps {
   approxSink?: ApproxSink
   /** false: no interval timers; the owner calls recheck() (tests). Default true. */
   timers?: boolean
+  /**
+   * Score every candidate in every decision: the reference the pruned selection is tested and
+   * benchmarked against (it chooses the same). Default false.
+   */
+  fullScan?: boolean
 }
 
 export interface SlotStats {
@@ -144,6 +158,8 @@ export interface SchedulerStats {
   queueDepth: number
   queueMaxPending: number
   decisionsTotal: number
+  /** Of them, made by the pruned selection (the rest scored every candidate). */
+  prunedTotal: number
   queuedTotal: number
   queueFullTotal: number
   allBusyTotal: number
@@ -179,7 +195,8 @@ export class Scheduler {
 
   private readonly clock: () => number
   private readonly selector: Selector
-  private readonly eligibility: Eligibility
+  private readonly cands: CandidateSets
+  private readonly pruned: PrunedSelector | undefined
   private readonly queue = new PendingQueue()
   private readonly approx: ApproxTracker | undefined
   /** Predict-on-route: each booked prompt's blocks on its worker-rank for predictedTtlSecs. */
@@ -188,15 +205,11 @@ export class Scheduler {
   private merged = new Float64Array(8)
   /** Per slot, 1 when its cache is predicted from decisions (all slots in approximate mode). */
   private predicted = new Uint8Array(8)
-  /** Workers held out of routing (unreachable, misconfigured); only requests pinned to them go there. */
-  private readonly heldIds = new Set<bigint>()
-  /** Per slot, 1 when its worker is held. */
-  private held = new Uint8Array(8)
-  /** The live slots of workers not held, when some are (reused). */
-  private open = new Int32Array(8)
   private readonly cost = new CostInputs()
   private readonly epoch: number
-  private pin = new Int32Array(1)
+  private readonly overlap: OverlapInput
+  /** OverlapInput.best() of the request tryRoute last found waiting. */
+  private waitBest = 0
   private waiters: (Waiter | undefined)[] = []
   private freeWaiters: number[] = []
   private readonly waitingIds = new Map<string, number>()
@@ -208,9 +221,9 @@ export class Scheduler {
   observer: BookingObserver | null = null
 
   private decisionsTotal = 0
+  private prunedTotal = 0
   private queuedTotal = 0
   private queueFullTotal = 0
-  private allBusyTotal = 0
   private cancelledTotal = 0
   private waitCount = 0
   private waitSumMs = 0
@@ -227,7 +240,11 @@ export class Scheduler {
     this.sequences.ensureSlots(this.workers.slotCapacity)
     const rng = deps.rng ?? new Xoshiro128(o.seed)
     this.selector = new Selector(this.workers, this.sequences, rng, o.blockSize, o.cudaToCpuRatio, o.cost)
-    this.eligibility = new Eligibility(this.workers, this.sequences, o)
+    const indexed = o.mode === 'kv' && deps.fullScan !== true
+    this.cands = new CandidateSets(this.workers, this.sequences, o, indexed)
+    this.overlap = new OverlapInput(this.workers)
+    const index = this.cands.index
+    this.pruned = index === undefined ? undefined : new PrunedSelector(index, this.workers, this.sequences, rng, o.blockSize, o.cost)
     this.epoch = this.clock()
     if (o.approximate.enabled && deps.approxSink === undefined) {
       throw new KvrError('KVR_ERR_INVALID_OPTION', 'options.approximate.enabled needs an approxSink to receive the predicted blocks')
@@ -265,8 +282,7 @@ export class Scheduler {
     const slot = this.workers.register(workerId, dpRank, info)
     this.sequences.ensureSlots(this.workers.slotCapacity)
     if (this.predicted.length < this.workers.slotCapacity) this.predicted = growTo(this.predicted, this.workers.slotCapacity)
-    if (this.held.length < this.workers.slotCapacity) this.held = growTo(this.held, this.workers.slotCapacity)
-    this.held[slot] = this.heldIds.has(workerId) ? 1 : 0
+    this.cands.added(slot, workerId)
     this.drainQueue()
     return slot
   }
@@ -278,6 +294,7 @@ export class Scheduler {
   removeWorkerRank(workerId: bigint, dpRank: number): string[] {
     const slot = this.workers.remove(workerId, dpRank)
     if (slot < 0) return []
+    this.cands.removed(slot, this.workers.workerIndex[slot] as number, workerId)
     const dropped = this.forgetSlot(slot)
     this.afterRemoval()
     return dropped
@@ -285,7 +302,10 @@ export class Scheduler {
 
   removeWorker(workerId: bigint): string[] {
     const out: string[] = []
-    for (const slot of this.workers.removeWorker(workerId)) out.push(...this.forgetSlot(slot))
+    for (const slot of this.workers.removeWorker(workerId)) {
+      this.cands.removed(slot, this.workers.workerIndex[slot] as number, workerId)
+      out.push(...this.forgetSlot(slot))
+    }
     if (out.length > 0 || this.queue.size > 0) this.afterRemoval()
     return out
   }
@@ -309,23 +329,20 @@ export class Scheduler {
    * for are refused; a worker let back may take waiters.
    */
   setHeld(workerId: bigint, on: boolean): void {
-    if (on === this.heldIds.has(workerId)) return
-    if (on) this.heldIds.add(workerId)
-    else this.heldIds.delete(workerId)
-    for (const slot of this.workers.slotsOf(workerId)) this.held[slot] = on ? 1 : 0
+    if (!this.cands.setHeld(workerId, on)) return
     if (on) this.afterRemoval()
     else this.drainQueue()
   }
 
   /** Whether the worker-rank's worker is held out of routing. */
   isHeld(slot: number): boolean {
-    return this.held[slot] === 1
+    return this.cands.isHeld(slot)
   }
 
   /** Whether the worker-rank is past a load-shedding threshold or the queue threshold. */
   isBusy(slot: number): boolean {
     const t = this.options.queueThreshold
-    return this.eligibility.overloaded(slot) || (t !== null && queueBusy(slot, t, this.sequences, this.workers))
+    return this.cands.eligibility.overloaded(slot) || (t !== null && queueBusy(slot, t, this.sequences, this.workers))
   }
 
   /** Whether the worker-rank's cache is predicted rather than known from its events. */
@@ -347,18 +364,20 @@ export class Scheduler {
     if (activeBlocks !== null && Number.isFinite(activeBlocks) && activeBlocks >= 0) this.workers.reportedActiveBlocks[slot] = activeBlocks
     if (totalBlocks !== null && Number.isFinite(totalBlocks) && totalBlocks > 0 && this.workers.totalKvBlocks[slot] === 0)
       this.workers.totalKvBlocks[slot] = totalBlocks
+    this.cands.reported(slot)
     return true
   }
 
   busyThresholds(): BusyThresholds {
-    return this.eligibility.thresholds
+    return this.cands.eligibility.thresholds
   }
 
   /** Live edit of the load-shedding thresholds; null clears one, an omitted one is kept. */
   setBusyThresholds(patch: Partial<BusyThresholds>): BusyThresholds {
-    this.eligibility.setThresholds(patch)
+    this.cands.eligibility.setThresholds(patch)
+    this.cands.thresholdsChanged()
     this.drainQueue()
-    return this.eligibility.thresholds
+    return this.cands.eligibility.thresholds
   }
 
   // ---- routing ----
@@ -382,12 +401,21 @@ export class Scheduler {
   /** Synchronous routing: the decision, or null when the request would have to wait. */
   tryRoute(req: ScheduleRequest): RouteDecision | null {
     const booked = this.checkRequest(req)
-    this.prepare(req)
-    const m = this.candidates(req)
-    const t = this.options.queueThreshold
-    if (booked && t !== null && allQueueBusy(this.eligibility.slots, m, t, this.sequences, this.workers)) return null
+    let decision: RouteDecision
     const expired = this.sequences.expiredTotal
-    const decision = this.decide(req, m, 0)
+    try {
+      this.prepare(req)
+      const m = this.candidates(req)
+      const t = this.options.queueThreshold
+      if (booked && t !== null && this.cands.allQueueBusy(m, t)) {
+        // wspt's key, from the candidates it has now (enqueue follows)
+        this.waitBest = this.overlap.best(this.cands)
+        return null
+      }
+      decision = this.decide(req, m, 0)
+    } finally {
+      this.overlap.clear()
+    }
     // Booking expires stale requests lazily; the load they held may let a waiter run.
     if (this.sequences.expiredTotal !== expired) this.drainQueue()
     return decision
@@ -528,9 +556,10 @@ export class Scheduler {
       queueDepth: this.queue.size,
       queueMaxPending: this.options.queueMaxPending,
       decisionsTotal: this.decisionsTotal,
+      prunedTotal: this.prunedTotal,
       queuedTotal: this.queuedTotal,
       queueFullTotal: this.queueFullTotal,
-      allBusyTotal: this.allBusyTotal,
+      allBusyTotal: this.cands.allBusyTotal,
       cancelledTotal: this.cancelledTotal,
       staleExpiredTotal: s.expiredTotal,
       remoteExpiredTotal: s.expiredRemoteTotal,
@@ -578,8 +607,12 @@ export class Scheduler {
     const c = this.cost
     const ov = req.overrides
     c.isl = req.isl
-    c.overlap = req.overlapBlocks
-    if (this.routed !== undefined && this.routed.size > 0) c.overlap = this.withRouted(req)
+    c.overlap = this.overlap.dense(req)
+    if (this.routed !== undefined && this.routed.size > 0) {
+      const merged = this.withRouted(req, c.overlap)
+      if (merged !== c.overlap) this.overlap.raised()
+      c.overlap = merged
+    }
     c.weight = o.overlapScoreWeight
     c.credit = o.overlapScoreCredit
     c.creditDecay = o.overlapScoreCreditDecay
@@ -618,12 +651,11 @@ export class Scheduler {
    * within predictedTtlSecs: a follow-up sent before its parent's events arrive, or a burst of
    * one prompt, finds the prefix where it will be.
    */
-  private withRouted(req: ScheduleRequest): ArrayLike<number> | undefined {
+  private withRouted(req: ScheduleRequest, base: ArrayLike<number> | undefined): ArrayLike<number> | undefined {
     const routed = this.routed as ApproxTracker
     const lo = req.seqLo
     const hi = req.seqHi
     const n = hashCount(req)
-    const base = req.overlapBlocks
     if (lo === undefined || hi === undefined || n === 0) return base
     const w = this.workers
     if (this.merged.length < w.slotCapacity) this.merged = new Float64Array(w.slotCapacity)
@@ -643,60 +675,48 @@ export class Scheduler {
     return any ? m : base
   }
 
-  /** Candidate slots into eligibility.slots; throws when there is none. */
+  /**
+   * The request's candidates (CandidateSets.collect); throws when there is none. The pruned
+   * selection takes a request not pinned to a worker, in kv mode at temperature 0 without the
+   * replica spread or an explanation, and under Dynamo's cost at the options' weight.
+   */
   private candidates(req: ScheduleRequest): number {
     const w = this.workers
     if (this.sequences.activeBlocks.length < w.slotCapacity) this.sequences.ensureSlots(w.slotCapacity)
-    let from: ArrayLike<number> = w.liveSlots
-    let n = w.liveCount
-    if (req.workerId !== undefined) {
-      if (req.dpRank !== undefined) {
-        const slot = w.slotOf(req.workerId, req.dpRank)
-        if (slot < 0) throw new KvrError('KVR_ERR_UNKNOWN_WORKER', `worker ${req.workerId} has no dp rank ${req.dpRank}`)
-        this.pin[0] = slot
-        from = this.pin
-        n = 1
-      } else {
-        from = w.slotsOf(req.workerId)
-        n = from.length
-        if (n === 0) throw new KvrError('KVR_ERR_UNKNOWN_WORKER', `worker ${req.workerId} is not registered`)
-      }
-    } else if (this.options.mode === 'direct') {
-      throw new KvrError('KVR_ERR_INVALID_OPTION', 'router mode direct needs the request to name its worker (workerId)')
-    } else if (n === 0) {
-      throw new KvrError('KVR_ERR_NO_WORKERS', 'no worker is registered')
-    } else if (this.heldIds.size > 0) {
-      n = this.openSlots()
-      if (n === 0)
-        throw new KvrError(
-          'KVR_ERR_NO_WORKERS',
-          `no worker can take requests: each of the ${w.workerCount} registered is unreachable or misconfigured (GET /v1/workers says why)`,
-        )
-      from = this.open
-    }
-    const ex = req.exclude
-    if (ex !== undefined && ex.length > 0) {
-      // only retries get here, so a small array per call is fine
-      const left: number[] = []
-      for (let i = 0; i < n; i++) if (!excludes(w, ex, from[i] as number)) left.push(from[i] as number)
-      if (left.length === 0) throw new KvrError('KVR_ERR_NO_WORKERS', 'every worker this request could go to has been tried')
-      from = left
-      n = left.length
-    }
-    const m = this.eligibility.collect(from, n)
-    if (m === 0) {
-      this.allBusyTotal++
-      throw allWorkersBusy(this.options.retryAfterSecs)
-    }
+    const c = this.cost
+    const o = this.options
+    const pruned =
+      this.pruned !== undefined &&
+      req.explain !== true &&
+      c.temperature === 0 &&
+      !this.selector.spreading &&
+      (o.cost === 'latency' || c.weight === o.overlapScoreWeight)
+    const m = this.cands.collect(req, pruned)
+    // the credit decay's reference is the least booked prefill among the candidates: the index
+    // knows it only when it is 0
+    if (!this.cands.listed && o.cost === 'dynamo' && c.trackPrefill && c.creditDecay > 0 && this.cands.unqueued === 0) return this.cands.collect(req, false)
     return m
+  }
+
+  /** The pruned selection's choice, or the full scan's when it finds no comparable cost. */
+  private prunedSelect(req: ScheduleRequest): number {
+    this.overlap.matchedSlots(this.cost.overlap)
+    const slot = (this.pruned as PrunedSelector).select(this.cost, this.overlap.matched, this.overlap.matchedN, this.cands)
+    if (slot >= 0) {
+      this.prunedTotal++
+      return slot
+    }
+    const k = this.cands.collect(req, false)
+    return this.selector.select(this.options.mode, this.cost, this.cands.eligibility.slots, k)
   }
 
   /** Selection and booking over the m candidates prepared by candidates(). */
   private decide(req: ScheduleRequest, m: number, waitedMs: number): RouteDecision {
     const c = this.cost
-    const slots = this.eligibility.slots
-    const candidates = req.explain === true ? this.selector.explain(c, slots, m, req.treeSizes) : undefined
-    const slot = this.selector.select(this.options.mode, c, slots, m)
+    const slots = this.cands.eligibility.slots
+    const listed = this.cands.listed
+    const candidates = req.explain === true && listed ? this.selector.explain(c, slots, m, req.treeSizes) : undefined
+    const slot = listed ? this.selector.select(this.options.mode, c, slots, m) : this.prunedSelect(req)
     const ov = c.overlap
     const overlap = ov !== undefined && slot < ov.length ? (ov[slot] as number) : 0
     const booked = req.updateStates !== false
@@ -746,17 +766,7 @@ export class Scheduler {
     const id = req.id as string
     const now = this.clock()
     // wspt: the work left after the best cache hit among this request's candidates.
-    let best = 0
-    const ov = req.overlapBlocks
-    if (ov !== undefined) {
-      const slots = this.eligibility.slots
-      for (let i = 0; i < this.eligibility.count; i++) {
-        const s = slots[i] as number
-        const v = s < ov.length ? (ov[s] as number) : 0
-        if (v > best) best = v
-      }
-    }
-    const newTokens = Math.max(0, req.isl - best * o.blockSize)
+    const newTokens = Math.max(0, req.isl - this.waitBest * o.blockSize)
     const key = policyKey(o.queuePolicy, req.priority, (now - this.epoch) / 1000, newTokens)
     const h = this.freeWaiters.pop() ?? this.waiters.length
     this.queuedTotal++
@@ -785,11 +795,9 @@ export class Scheduler {
     if (this.draining || this.queue.size === 0 || t === null) return
     this.draining = true
     try {
-      const w = this.workers
       const blocked = this.blocked
       while (this.queue.size > 0) {
-        const m = this.heldIds.size > 0 ? this.eligibility.collect(this.open, this.openSlots()) : this.eligibility.collect(w.liveSlots, w.liveCount)
-        if (m === 0 || allQueueBusy(this.eligibility.slots, m, t, this.sequences, w)) break
+        if (this.cands.openAllQueueBusy(t).busy) break
         const h = this.queue.pop()
         const waiter = this.waiters[h] as Waiter
         const req = waiter.req
@@ -799,10 +807,7 @@ export class Scheduler {
           // Some worker is free, but a pinned request may only run on its own ranks, and a retry
           // not on those it has tried: it keeps its place while requests behind it that can run
           // now go ahead.
-          if (
-            (req.workerId !== undefined || (req.exclude !== undefined && req.exclude.length > 0)) &&
-            allQueueBusy(this.eligibility.slots, k, t, this.sequences, w)
-          ) {
+          if ((req.workerId !== undefined || (req.exclude !== undefined && req.exclude.length > 0)) && this.cands.allQueueBusy(k, t)) {
             blocked.push(h)
             continue
           }
@@ -814,6 +819,8 @@ export class Scheduler {
         } catch (err) {
           if (this.waiters[h] === waiter) this.takeWaiter(h)
           waiter.reject(err)
+        } finally {
+          this.overlap.clear()
         }
       }
     } finally {
@@ -839,9 +846,9 @@ export class Scheduler {
       if (req.workerId !== undefined) {
         const gone = req.dpRank !== undefined ? this.workers.slotOf(req.workerId, req.dpRank) < 0 : this.workers.slotsOf(req.workerId).length === 0
         if (gone) err = new KvrError('KVR_ERR_UNKNOWN_WORKER', `request ${id} waited for worker ${req.workerId}, which was removed`)
-      } else if (req.exclude !== undefined && req.exclude.length > 0 && !this.anyLiveOutside(req.exclude)) {
+      } else if (req.exclude !== undefined && req.exclude.length > 0 && !this.cands.anyLiveOutside(req.exclude)) {
         err = new KvrError('KVR_ERR_NO_WORKERS', `request ${id} waited for a worker it had not tried, and none is left`)
-      } else if (this.heldIds.size > 0 && this.workers.liveCount > 0 && this.openSlots() === 0) {
+      } else if (this.cands.heldIds.size > 0 && this.workers.liveCount > 0 && this.cands.openSlots() === 0) {
         err = new KvrError('KVR_ERR_NO_WORKERS', `request ${id} waited for a worker, and every registered one is now unreachable or misconfigured`)
       }
       if (err === undefined) continue
@@ -852,40 +859,12 @@ export class Scheduler {
     this.drainQueue()
   }
 
-  private anyLiveOutside(exclude: readonly WorkerRankRef[]): boolean {
-    const w = this.workers
-    for (let i = 0; i < w.liveCount; i++) {
-      const s = w.liveSlots[i] as number
-      if (this.held[s] !== 1 && !excludes(w, exclude, s)) return true
-    }
-    return false
-  }
-
-  /** The live slots whose worker is not held into `open`; their count. */
-  private openSlots(): number {
-    const w = this.workers
-    if (this.open.length < w.liveCount) this.open = new Int32Array(Math.max(w.liveCount, this.open.length * 2))
-    let k = 0
-    for (let i = 0; i < w.liveCount; i++) {
-      const s = w.liveSlots[i] as number
-      if (this.held[s] !== 1) this.open[k++] = s
-    }
-    return k
-  }
-
   private forgetSlot(slot: number): string[] {
     this.approx?.removeSlot(slot)
     this.routed?.removeSlot(slot)
     this.predicted[slot] = 0
-    this.held[slot] = 0
     return this.sequences.dropSlot(slot)
   }
-}
-
-/** True when the worker-rank registered in `slot` is one of `refs`. */
-function excludes(w: WorkerRanks, refs: readonly WorkerRankRef[], slot: number): boolean {
-  for (const r of refs) if (w.slotOf(r.workerId, r.dpRank) === slot) return true
-  return false
 }
 
 function hashCount(req: ScheduleRequest): number {
@@ -906,4 +885,5 @@ function checkNonNegative(name: string, v: number): number {
 }
 
 export { TRACK_NONE, TRACK_SHARED, TRACK_UNIQUE }
+export type { WorkerRankRef }
 export type { BusyThresholds }

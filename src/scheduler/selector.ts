@@ -3,7 +3,7 @@
 // unless an explanation is asked for.
 //
 //   kv, latency cost (the default): the seconds of cost.ts; costs within NEAR_TIE of the
-//         cheapest go to the least loaded (in flight, then active blocks), random among equals.
+//         cheapest go to the least loaded (in flight, then active blocks, then cost), random among equals.
 //   kv, dynamo cost: Dynamo's
 //         logit(w) = weight × prefill_blocks(w) + decode_blocks(w) + request_weight × in_flight(w)
 //         prefill_blocks = max(0, active_prefill_tokens(w) + isl − credit(w) × overlap(w) × block_size) / block_size
@@ -12,6 +12,10 @@
 //         With credit 1, decay 0 and request weight 0 (the defaults) this is Dynamo's original cost
 //         exactly; the three knobs are those of Dynamo 1.2 and later, weight being its prefill scale.
 //         T = 0: minimum, exact ties broken uniformly at random; T > 0: softmax sample.
+//   Random among equals, under either cost: the k equal candidates are counted and one draw j in
+//   [0, k) takes the j-th of them from the last (slot order). One draw whatever k is, and it depends
+//   on the equal candidates alone, so a selection that never looks at the others (PrunedSelector)
+//   makes the same choice and leaves the generator in the same state.
 //   Replica spread, either cost (setSpread, replica sync with R ≥ 2 routing replicas), T = 0: replica k
 //         of R assumes the replicas ranked before it whose latest booking is not just in (within
 //         the sync delay, spreadSeen) route a request like its own at this very moment, and takes
@@ -25,7 +29,7 @@
 //         long cached prefix) still takes them all.
 import type { ActiveSequences, Booking, TrackMode } from './active-sequences.js'
 import { TRACK_NONE, TRACK_SHARED } from './active-sequences.js'
-import { chunkTokens, FleetLoad, kvUsage, LatencyTerms, latencyTerms, NEAR_TIE } from './cost.js'
+import { chunkTokens, FleetLoad, LatencyTerms, latencyTerms, NEAR_TIE, USAGE_SCALE, usageUnits } from './cost.js'
 import type { CostModel, RouterMode } from './options.js'
 import type { Rng } from './rng.js'
 import type { WorkerRanks } from './worker-ranks.js'
@@ -172,32 +176,16 @@ export class Selector {
     const decay = c.trackPrefill ? c.creditDecay : 0
     const minQueued = decay > 0 ? this.minQueued(slots, m) : 0
     const reqBlocks = Math.max(1, Math.ceil(c.isl / bs))
+    const ov = c.overlap
     for (let i = 0; i < m; i++) {
       const s = slots[i] as number
-      let decode = (seqs.activeBlocks[s] as number) + extra
-      if (present !== null) decode -= present[s] as number
-      const prefill = this.prefillTokens(c, s, ovLen, decay, minQueued, reqBlocks) / bs
+      const overlap = s < ovLen ? ((ov as ArrayLike<number>)[s] as number) : 0
+      const decode = decodeBlocks(seqs.activeBlocks[s] as number, extra, present === null ? 0 : (present[s] as number))
+      const prefill = prefillTokens(c, seqs.prefillTokens[s] as number, overlap, bs, decay, minQueued, reqBlocks) / bs
       pb[i] = prefill
       db[i] = decode
-      let l = w * prefill + decode
-      if (rw !== 0) l += rw * (seqs.inFlight[s] as number)
-      logits[i] = l
+      logits[i] = dynamoLogit(w, prefill, decode, rw, seqs.inFlight[s] as number)
     }
-  }
-
-  /** Prefill tokens the request would wait behind and compute on slot s, net of its credit. */
-  private prefillTokens(c: CostInputs, s: number, ovLen: number, decay: number, minQueued: number, reqBlocks: number): number {
-    const queued = this.seqs.prefillTokens[s] as number
-    if (!c.trackPrefill) return queued
-    const overlap = s < ovLen ? ((c.overlap as ArrayLike<number>)[s] as number) : 0
-    let credit = c.credit
-    if (decay > 0) credit /= 1 + (decay * ((queued - minQueued) / this.blockSize)) / reqBlocks
-    // A cached run longer than the prompt (a client's isl shorter than its hashes) counts as the
-    // whole prompt: at credit 1 that is Dynamo's original max(0, isl − cached), and the cost stays
-    // continuous in the credit. Above 1 the credit may exceed the prompt on purpose, and Dynamo
-    // clamps the whole term at 0.
-    const cached = Math.min(overlap * this.blockSize, c.isl)
-    return Math.max(0, queued + c.isl - credit * cached)
   }
 
   /** The latency cost of cost.ts, seconds; Dynamo's weight, credit and request weight do not apply. `present`, `extra`: as for dynamoLogits. */
@@ -205,30 +193,36 @@ export class Selector {
     const seqs = this.seqs
     const workers = this.workers
     const bs = this.blockSize
-    const isl = c.isl
     const ov = c.overlap
     const ovLen = ov === undefined ? 0 : ov.length
     const terms = this.terms
     let sumInFlight = 0
-    let sumUsage = 0
+    let sumUnits = 0
     for (let i = 0; i < m; i++) {
       const s = slots[i] as number
       sumInFlight += seqs.inFlight[s] as number
-      sumUsage += kvUsage(seqs.activeBlocks[s] as number, workers.totalKvBlocks[s] as number)
+      sumUnits += usageUnits(seqs.activeBlocks[s] as number, workers.totalKvBlocks[s] as number)
     }
     const fleet = this.fleet
-    fleet.set(sumInFlight, sumUsage, m)
+    fleet.set(sumInFlight, sumUnits / USAGE_SCALE, m)
     for (let i = 0; i < m; i++) {
       const s = slots[i] as number
-      let added = extra
-      if (present !== null) added -= present[s] as number
+      const added = extra - (present === null ? 0 : (present[s] as number))
       const active = seqs.activeBlocks[s] as number
       const queued = seqs.prefillTokens[s] as number
       const inFlight = seqs.inFlight[s] as number
-      // decode-only pools (prefill tracking off) compute no prompt here
-      const uncached = c.trackPrefill ? isl - Math.min(s < ovLen ? ((ov as ArrayLike<number>)[s] as number) * bs : 0, isl) : 0
-      const chunk = chunkTokens(workers.maxNumBatchedTokens[s] as number, inFlight)
-      this.logits[i] = latencyTerms(queued, uncached, inFlight, chunk, active, added, workers.totalKvBlocks[s] as number, fleet, terms)
+      const uncached = uncachedTokens(c, s < ovLen ? ((ov as ArrayLike<number>)[s] as number) : 0, bs)
+      this.logits[i] = latencyCost(
+        queued,
+        uncached,
+        inFlight,
+        workers.maxNumBatchedTokens[s] as number,
+        active,
+        added,
+        workers.totalKvBlocks[s] as number,
+        fleet,
+        terms,
+      )
       this.ttft[i] = terms.ttft
       this.slowdown[i] = terms.slowdown
       this.queueing[i] = terms.queueing
@@ -272,24 +266,23 @@ export class Selector {
     return out
   }
 
-  /** Index of the minimum logit; exact ties broken uniformly at random (reservoir of one). */
+  /** Index of the minimum logit; exact ties broken uniformly at random (see the header). */
   minPick(m: number): number {
     const logits = this.logits
     let best = Infinity
-    let chosen = 0
     let ties = 0
     for (let i = 0; i < m; i++) {
       const l = logits[i] as number
       if (l < best) {
         best = l
-        chosen = i
         ties = 1
       } else if (l === best) {
         ties++
-        if (this.rng.int(ties) === 0) chosen = i
       }
     }
-    return chosen
+    let j = ties > 1 ? this.rng.int(ties) : 0
+    for (let i = m - 1; i >= 0; i--) if (logits[i] === best && j-- === 0) return i
+    return 0
   }
 
   /** Whether the replica spread is on (other replicas are routing). */
@@ -399,10 +392,9 @@ export class Selector {
     const logits = this.logits
     let best = Infinity
     for (let i = 0; i < m; i++) best = Math.min(best, logits[i] as number)
-    const limit = best + NEAR_TIE * Math.abs(best)
+    const limit = nearTieLimit(best)
     const inFlight = this.seqs.inFlight
     const blocks = this.seqs.activeBlocks
-    let chosen = 0
     let req = Infinity
     let blk = Infinity
     let lg = Infinity
@@ -417,14 +409,17 @@ export class Selector {
         req = r
         blk = b
         lg = l
-        chosen = i
         ties = 1
       } else if (r === req && b === blk && l === lg) {
         ties++
-        if (this.rng.int(ties) === 0) chosen = i
       }
     }
-    return chosen
+    let j = ties > 1 ? this.rng.int(ties) : 0
+    for (let i = m - 1; i >= 0; i--) {
+      const s = slots[i] as number
+      if (logits[i] === lg && inFlight[s] === req && blocks[s] === blk && j-- === 0) return i
+    }
+    return 0
   }
 
   /**
@@ -553,6 +548,59 @@ export class Selector {
     const gpuNorm = gpuLoad / (gpuN * this.cudaToCpuRatio)
     return this.leastLoaded(slots, 0, m, cpuNorm < gpuNorm ? 1 : 0)
   }
+}
+
+/** Costs at or below this are near-ties of the cheapest, `best` (latency cost). */
+export function nearTieLimit(best: number): number {
+  return best + NEAR_TIE * Math.abs(best)
+}
+
+/** The request's prompt tokens not cached on a worker-rank holding `overlap` of its blocks; none when prefill is not tracked. */
+export function uncachedTokens(c: CostInputs, overlap: number, blockSize: number): number {
+  // decode-only pools (prefill tracking off) compute no prompt here
+  return c.trackPrefill ? c.isl - Math.min(overlap * blockSize, c.isl) : 0
+}
+
+/** The latency cost (seconds) of one candidate from its load: cost.ts's terms with its chunk. `terms` receives them. */
+export function latencyCost(
+  queued: number,
+  uncached: number,
+  inFlight: number,
+  maxBatched: number,
+  active: number,
+  added: number,
+  total: number,
+  fleet: FleetLoad,
+  terms: LatencyTerms,
+): number {
+  return latencyTerms(queued, uncached, inFlight, chunkTokens(maxBatched, inFlight), active, added, total, fleet, terms)
+}
+
+/** Dynamo's decode blocks: the active ones and the request's blocks not already active there (`present`). */
+export function decodeBlocks(active: number, extra: number, present: number): number {
+  return active + extra - present
+}
+
+/**
+ * Prefill tokens the request would wait behind (`queued`) and compute on a worker-rank holding
+ * `overlap` of its blocks, net of its credit; `minQueued`, `reqBlocks`: the credit decay's terms.
+ */
+export function prefillTokens(c: CostInputs, queued: number, overlap: number, bs: number, decay: number, minQueued: number, reqBlocks: number): number {
+  if (!c.trackPrefill) return queued
+  let credit = c.credit
+  if (decay > 0) credit /= 1 + (decay * ((queued - minQueued) / bs)) / reqBlocks
+  // A cached run longer than the prompt (a client's isl shorter than its hashes) counts as the
+  // whole prompt: at credit 1 that is Dynamo's original max(0, isl − cached), and the cost stays
+  // continuous in the credit. Above 1 the credit may exceed the prompt on purpose, and Dynamo
+  // clamps the whole term at 0.
+  const cached = Math.min(overlap * bs, c.isl)
+  return Math.max(0, queued + c.isl - credit * cached)
+}
+
+/** Dynamo's logit from its prefill and decode blocks and the requests in flight. */
+export function dynamoLogit(weight: number, prefillBlocks: number, decodeBlocks: number, requestWeight: number, inFlight: number): number {
+  const l = weight * prefillBlocks + decodeBlocks
+  return requestWeight !== 0 ? l + requestWeight * inFlight : l
 }
 
 /**

@@ -162,7 +162,8 @@ t.test('big prompts: pair lists recycle by size class and the maps grow', async 
 })
 
 t.test('U64SlotMap: find, insert, delete in chains, reuse, growth, clear', async (t) => {
-  const m = new U64SlotMap(4)
+  t.throws(() => new U64SlotMap(4, 3), /power of two/)
+  const m = new U64SlotMap(4, 2)
   t.equal(m.capacity, 16)
   let grew = 0
   m.onGrow = () => grew++
@@ -174,6 +175,25 @@ t.test('U64SlotMap: find, insert, delete in chains, reuse, growth, clear', async
   for (let i = 0; i < 100; i += 2) m.delete(idx[i] as number)
   t.equal(m.size, 50)
   for (let i = 0; i < 100; i++) t.equal(m.find(i, i >>> 1, i % 3) >= 0, i % 2 === 1)
+  const keys = Array.from({ length: 100 }, (_, i) => i)
+  const out = new Int32Array(100)
+  for (const slot of [0, 1, 2]) {
+    m.findAll(
+      keys,
+      keys.map((i) => i >>> 1),
+      100,
+      slot,
+      out,
+    )
+    t.same(
+      Array.from(out),
+      keys.map((i) => m.find(i, i >>> 1, slot)),
+      `findAll is find, slot ${slot}`,
+    )
+  }
+  const size = m.size
+  t.equal(typeof m.warm(Int32Array.from([3, -1, 5]), 0, 3, 1), 'number')
+  t.equal(m.size, size, 'warm reads, nothing more')
   const again = m.insert(5000, 1, 0)
   t.ok(again < 100, 'a freed index is reused')
   t.equal(m.highWater, 100)

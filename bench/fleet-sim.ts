@@ -46,6 +46,8 @@ const MODES: Record<string, SchedulerOptionsInput> = {
   kv: { mode: 'kv' },
   'kv-dynamo': { mode: 'kv', cost: 'dynamo' },
   'kv-tuned': { mode: 'kv', cost: 'dynamo', overlapScoreWeight: 10, overlapScoreCredit: 5 },
+  // the default kv mode with every candidate scored: the reference the pruned selection must match
+  'kv-full-scan': { mode: 'kv' },
   'round-robin': { mode: 'round-robin' },
   random: { mode: 'random' },
   'least-loaded': { mode: 'least-loaded' },
@@ -175,26 +177,32 @@ class CallLog {
   req: number[] = []
   /** For a route: its overlap entries in slots/values[from[k] .. from[k + 1]) and the slot it chose (-1: none). */
   from: number[] = [0]
-  slots: number[] = []
+  slots = new Int32Array(1024)
+  slotsN = 0
   values: number[] = []
   chose: number[] = []
   seq: (readonly [Uint32Array, Uint32Array])[] = []
 
   route(now: number, req: number, overlap: Float64Array, touched: Int32Array, n: number, seqLo: Uint32Array, seqHi: Uint32Array, chose: number): void {
     this.push(OP_ROUTE, now, req)
+    if (this.slotsN + n > this.slots.length) {
+      const grown = new Int32Array(Math.max(this.slots.length * 2, this.slotsN + n))
+      grown.set(this.slots)
+      this.slots = grown
+    }
     for (let k = 0; k < n; k++) {
       const w = touched[k] as number
-      this.slots.push(w)
+      this.slots[this.slotsN++] = w
       this.values.push(overlap[w] as number)
     }
-    this.from.push(this.slots.length)
+    this.from.push(this.slotsN)
     this.seq[req] ??= [seqLo, seqHi]
     this.chose.push(chose)
   }
 
   other(kind: number, now: number, req: number): void {
     this.push(kind, now, req)
-    this.from.push(this.slots.length)
+    this.from.push(this.slotsN)
     this.chose.push(-1)
   }
 
@@ -213,7 +221,8 @@ interface Replay {
 }
 
 /** The log's calls against a fresh scheduler with `options`; only tryRoute is timed. */
-function replayDecisions(options: SchedulerOptionsInput, log: CallLog, requests: TraceRequest[], a: Args, blocksPerWorker: number): Replay {
+function replayDecisions(mode: string, log: CallLog, requests: TraceRequest[], a: Args, blocksPerWorker: number): Replay {
+  const options = MODES[mode] as SchedulerOptionsInput
   const ranks = a.workers * a.dpSize
   let now = 0
   const s = new Scheduler({ blockSize: BLOCK_SIZE, seed: 1, ...options }, { timers: false, clock: () => now })
@@ -241,7 +250,7 @@ function replayDecisions(options: SchedulerOptionsInput, log: CallLog, requests:
         const to = log.from[k + 1] as number
         for (let j = from; j < to; j++) overlap[log.slots[j] as number] = log.values[j] as number
         const [seqLo, seqHi] = log.seq[i] as readonly [Uint32Array, Uint32Array]
-        const req = { id, isl: (requests[i] as TraceRequest).input_length, overlapBlocks: overlap, seqLo, seqHi }
+        const req = { id, isl: (requests[i] as TraceRequest).input_length, overlapBlocks: overlap, overlapSlots: log.slots.subarray(from, to), seqLo, seqHi }
         const t = process.hrtime.bigint()
         const d = s.tryRoute(req)
         if (pass === 1) us.push(Number(process.hrtime.bigint() - t) / 1000)
@@ -266,11 +275,12 @@ function heldBytes(): number {
 }
 
 /** Replays the requests through a fresh Scheduler and a cold fleet; everything in simulated ms. */
-function simulate(options: SchedulerOptionsInput, requests: TraceRequest[], a: Args, blocksPerWorker: number): Outcome {
+function simulate(mode: string, requests: TraceRequest[], a: Args, blocksPerWorker: number): Outcome {
+  const options = MODES[mode] as SchedulerOptionsInput
   const wall0 = performance.now()
   const ranks = a.workers * a.dpSize
   let now = 0
-  let s: Scheduler | null = new Scheduler({ blockSize: BLOCK_SIZE, seed: 1, ...options }, { timers: false, clock: () => now })
+  let s: Scheduler | null = new Scheduler({ blockSize: BLOCK_SIZE, seed: 1, ...options }, { timers: false, clock: () => now, fullScan: mode === 'kv-full-scan' })
   let index: KvIndex | null = a.index ? new KvIndex() : null
   const decoded = new DecodedEvent()
   let events = 0
@@ -374,7 +384,14 @@ function simulate(options: SchedulerOptionsInput, requests: TraceRequest[], a: A
       }
     }
     const t = performance.now()
-    const d = (s as Scheduler).tryRoute({ id: String(i), isl: r.input_length, overlapBlocks: overlap, seqLo: sLo, seqHi: sHi })
+    const d = (s as Scheduler).tryRoute({
+      id: String(i),
+      isl: r.input_length,
+      overlapBlocks: overlap,
+      overlapSlots: touched.subarray(0, touchedN),
+      seqLo: sLo,
+      seqHi: sHi,
+    })
     decisionUs.push((performance.now() - t) * 1000)
     log?.route(now, i, overlap, touched, touchedN, sLo, sHi, d === null ? -1 : d.slot)
     if (d === null) return false
@@ -483,10 +500,10 @@ function main(): void {
   const us = (xs: Float64Array | null, q: number): number => (xs === null ? NaN : (percentile(xs, q) ?? NaN))
   // the wall-time figures are of warm code: each mode first routes the slice's first requests once
   const warm = requests.slice(0, Math.min(requests.length, 500))
-  for (const mode of a.modes) simulate(MODES[mode] as SchedulerOptionsInput, warm, a, k)
+  for (const mode of a.modes) simulate(mode, warm, a, k)
   for (const mode of a.modes) {
-    const o = simulate(MODES[mode] as SchedulerOptionsInput, requests, a, k)
-    const replay = o.log === null ? null : replayDecisions(MODES[mode] as SchedulerOptionsInput, o.log, requests, a, k)
+    const o = simulate(mode, requests, a, k)
+    const replay = o.log === null ? null : replayDecisions(mode, o.log, requests, a, k)
     if (replay !== null && replay.differ > 0) fail(`${mode}: ${replay.differ} replayed decisions differ from the simulation's`)
     const p = (q: number): number => percentile(o.ttft, q) ?? NaN
     if (mode === 'round-robin') rrP90 = p(0.9)

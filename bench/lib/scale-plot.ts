@@ -1,7 +1,9 @@
 // The fleet-scale figure, as a hand-written SVG: each cost the router pays per request or per
 // event against the number of worker-ranks, both axes logarithmic, so a cost that grows linearly
 // with the fleet is a line of slope 1 and one that does not grow is flat.
-import { escapeXml, modeColor } from './e2e-plot.js'
+import { escapeXml } from './e2e-plot.js'
+
+const COLORS = ['#1b9e77', '#66c2a5', '#d95f02', '#fc8d62', '#7570b3', '#e7298a', '#a6761d', '#666666']
 
 export interface ScaleSeries {
   name: string
@@ -51,7 +53,7 @@ export function renderScaleSvg(title: string, subtitle: string, series: readonly
   out.push(`<rect x="${P.x0}" y="${P.y1}" width="${P.x1 - P.x0}" height="${P.y0 - P.y1}" fill="none" stroke="#888"/>`)
   out.push(`<text x="${(P.x0 + P.x1) / 2}" y="${P.y0 + 40}" text-anchor="middle">worker-ranks (log)</text>`)
   series.forEach((s, i) => {
-    const color = modeColor(s.name, i + 4)
+    const color = COLORS[i % COLORS.length] as string
     const ok = s.points.filter(([x, y]) => x > 0 && y > 0 && Number.isFinite(y))
     if (ok.length > 1)
       out.push(`<polyline fill="none" stroke="${color}" stroke-width="2" points="${ok.map(([x, y]) => `${r1(X(x))},${r1(Y(y))}`).join(' ')}"/>`)

@@ -72,6 +72,17 @@ t.test('dp ranks and copies of the slice make the fleet and workload the config 
   t.ok(kv.wall.replayed_decision_us !== null && kv.wall.replayed_decision_us.p99 >= kv.wall.replayed_decision_us.p50, 'decisions replayed and timed')
 })
 
+t.test('the pruned selection routes the trace as the full scan does, on a fleet with dp ranks', async (t) => {
+  const r = run(t, ['--minutes', '2', '--workers', '4', '--dp-size', '4', '--duplicate', '2', '--modes', 'kv,kv-full-scan', '--index', '--replay-decisions'])
+  const kv = r.modes.kv as ModeResult
+  const full = r.modes['kv-full-scan'] as ModeResult
+  t.ok(kv.hit_rate > 0)
+  t.equal(kv.hit_rate, full.hit_rate, 'same hit rate')
+  t.same(kv.ttft_ms, full.ttft_ms, 'same TTFTs')
+  t.equal(kv.spread, full.spread, 'same spread')
+  t.equal(kv.wall.decisions, full.wall.decisions, 'as many decisions')
+})
+
 t.test('bench:fleet-scale runs each size in its own process and draws the figure', async (t) => {
   const r = spawnSync(process.execPath, [join(repoRoot(), 'dist', 'bench', 'fleet-scale.js'), '--ranks', '8,16', '--minutes', '0.5', '--ranks-per-copy', '8'], {
     encoding: 'utf8',

@@ -21,8 +21,7 @@
 //      [--modes kv,kv-dynamo,...] [--trace FILE] [--out FILE]
 import { writeFileSync } from 'node:fs'
 import { join } from 'node:path'
-import { setFlagsFromString } from 'node:v8'
-import { runInNewContext } from 'node:vm'
+import { fullGc } from '../src/runtime/heap-settle.js'
 import { KvIndex } from '../src/index/kv-index.js'
 import { DecodedEvent } from '../src/codec/event-decoder.js'
 import { toDecoded } from '../src/codec/events.js'
@@ -156,9 +155,9 @@ interface Outcome {
   events: number
   blockOps: number
   applyMs: number
-  /** Heap + array buffers the index and the scheduler hold at the end (after GC), or null without GC. */
+  /** Heap + array buffers the index and the scheduler hold at the end (after a full GC); the index's null without --index. */
   indexBytes: number | null
-  schedulerBytes: number | null
+  schedulerBytes: number
   wallS: number
 }
 
@@ -271,13 +270,11 @@ function replayDecisions(mode: string, log: CallLog, requests: TraceRequest[], a
   return { us: passes[passes.length >> 1] ?? new Float64Array(0), differ }
 }
 
-// A full GC between measurements; the flag must be set before the first use.
-setFlagsFromString('--expose-gc')
-const gc = runInNewContext('gc') as (() => void) | undefined
+const gc = fullGc()
 
 function heldBytes(): number {
-  gc?.()
-  gc?.()
+  gc()
+  gc()
   const m = process.memoryUsage()
   return m.heapUsed + m.arrayBuffers
 }
@@ -451,16 +448,12 @@ function simulate(mode: string, requests: TraceRequest[], a: Args, blocksPerWork
     cached += e.stats.cachedTokens
   }
   // what the router holds: the heap with the scheduler and index, less the heap without them
-  let indexBytes: number | null = null
-  let schedulerBytes: number | null = null
-  if (gc !== undefined) {
-    const withBoth = heldBytes()
-    index = null
-    const withScheduler = heldBytes()
-    s = null
-    indexBytes = withBoth - withScheduler
-    schedulerBytes = withScheduler - heldBytes()
-  }
+  const withBoth = heldBytes()
+  index = null
+  const withScheduler = heldBytes()
+  s = null
+  const indexBytes = withBoth - withScheduler
+  const schedulerBytes = withScheduler - heldBytes()
   const sorted = (xs: number[]): Float64Array => Float64Array.from(xs).sort()
   return {
     hitRate: prompt > 0 ? cached / prompt : 0,
@@ -561,7 +554,7 @@ function main(): void {
       f1(us(o.matchUs, 0.99)),
       o.applyMs > 0 ? Math.round(o.blockOps / (o.applyMs / 1000)).toLocaleString('en-US') : '–',
       o.indexBytes === null ? '–' : (o.indexBytes / 2 ** 20).toFixed(1),
-      o.schedulerBytes === null ? '–' : (o.schedulerBytes / 2 ** 20).toFixed(1),
+      (o.schedulerBytes / 2 ** 20).toFixed(1),
     ])
   }
   console.log(table(['mode', 'hit rate', '÷ bound', 'TTFT p50', 'TTFT p90', 'TTFT p99', 'E2E mean', 'spread', 'run s'], rows))

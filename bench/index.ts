@@ -29,6 +29,11 @@
 // the configurations and medians are reported.
 // Results: bench/results/index.json and a printed table.
 //
+// `--base DIR` measures another build beside this one in the same run (DIR: its dist/, e.g. a
+// build of main): its single-threaded index and shard pools become targets of their own, their
+// passes alternating with this build's, and the ratios of this build to it (block ops/s, lookup
+// p99, bytes per entry) are printed and written under `versus_base`.
+//
 // `--mooncake` runs instead the workload of Dynamo's indexer benchmark (mooncake_bench) and reports
 // its units beside ours, with an achieved-vs-offered sweep (bench/lib/index-mooncake.ts):
 // `npm run bench:index -- --mooncake [--workers W --gpu-blocks B --block-size S --limit N --reps R
@@ -39,9 +44,11 @@
 // bench/results/index-mooncake.cpuprofile.
 import { writeFileSync } from 'node:fs'
 import { join } from 'node:path'
+import { pathToFileURL } from 'node:url'
 import { availableParallelism } from 'node:os'
 import { once } from 'node:events'
 import { buildIndexWorkload, type WorkloadOp } from './lib/index-workload.js'
+import { resolve } from 'node:path'
 import { KvIndex } from '../src/index/kv-index.js'
 import { EventDecoder } from '../src/codec/event-decoder.js'
 import { ShardPool } from '../src/shards/pool.js'
@@ -112,6 +119,36 @@ if (process.argv.includes('--mooncake')) {
   process.exit(0)
 }
 
+/** What a target is built from: this build's classes, or those of the build `--base` names. */
+interface Impl {
+  /** '' for this build, 'base ' for the other. */
+  prefix: string
+  KvIndex: typeof KvIndex
+  EventDecoder: typeof EventDecoder
+  ShardPool: typeof ShardPool
+}
+
+function textArg(name: string): string | undefined {
+  const i = process.argv.indexOf(`--${name}`)
+  if (i < 0) return undefined
+  const v = process.argv[i + 1]
+  if (v === undefined || v.startsWith('--')) throw new Error(`--${name} needs a value`)
+  return v
+}
+
+const baseDir = textArg('base')
+const impls: Impl[] = [{ prefix: '', KvIndex, EventDecoder, ShardPool }]
+if (baseDir !== undefined) {
+  const dir = resolve(baseDir)
+  const load = async <T>(rel: string): Promise<T> => (await import(pathToFileURL(join(dir, rel)).href)) as T
+  impls.push({
+    prefix: 'base ',
+    KvIndex: (await load<{ KvIndex: typeof KvIndex }>('src/index/kv-index.js')).KvIndex,
+    EventDecoder: (await load<{ EventDecoder: typeof EventDecoder }>('src/codec/event-decoder.js')).EventDecoder,
+    ShardPool: (await load<{ ShardPool: typeof ShardPool }>('src/shards/pool.js')).ShardPool,
+  })
+}
+
 const limit = arg('limit', undefined)
 const workers = arg('workers', 64) as number
 const reps = arg('reps', 3) as number
@@ -148,9 +185,15 @@ interface Target {
 }
 
 class SingleTarget implements Target {
-  readonly name = 'single-thread'
-  private readonly ix = new KvIndex()
-  private readonly dec = new EventDecoder()
+  readonly name: string
+  private readonly ix: KvIndex
+  private readonly dec: EventDecoder
+
+  constructor(impl: Impl) {
+    this.name = `${impl.prefix}single-thread`
+    this.ix = new impl.KvIndex()
+    this.dec = new impl.EventDecoder()
+  }
 
   pass(): Promise<RunResult> {
     const ix = this.ix
@@ -195,14 +238,16 @@ class PoolTarget implements Target {
   private constructor(
     private readonly pool: ShardPool,
     shards: number,
+    prefix: string,
   ) {
-    this.name = `${shards}-shard`
+    this.name = `${prefix}${shards}-shard`
   }
 
-  static async start(shards: number): Promise<PoolTarget> {
+  static async start(impl: Impl, shards: number): Promise<PoolTarget> {
     return new PoolTarget(
-      await ShardPool.start({ shards, ...(shardSpinUs !== undefined ? { shardSpinUs } : {}), ...(querySpinUs !== undefined ? { querySpinUs } : {}) }),
+      await impl.ShardPool.start({ shards, ...(shardSpinUs !== undefined ? { shardSpinUs } : {}), ...(querySpinUs !== undefined ? { querySpinUs } : {}) }),
       shards,
+      impl.prefix,
     )
   }
 
@@ -280,15 +325,16 @@ class PoolTarget implements Target {
   }
 }
 
-const targets: Target[] = [new SingleTarget()]
-for (const s of shardCounts) if (only === undefined || only === s) targets.push(await PoolTarget.start(s))
+const targets: Target[] = impls.map((impl) => new SingleTarget(impl))
+for (const s of shardCounts) if (only === undefined || only === s) for (const impl of impls) targets.push(await PoolTarget.start(impl, s))
 const configs = targets.map((t) => t.name)
 const cold = new Map<string, RunResult>()
 const runs = new Map<string, RunResult[]>(configs.map((c) => [c, []]))
 // pass 0 is the cold one; the measured passes alternate over the targets, so a slow phase of
-// the shared machine lands on all of them rather than on one
+// the shared machine lands on all of them rather than on one, in turn forwards and backwards, so
+// no target always follows the same one
 for (let r = 0; r <= reps; r++) {
-  for (const t of targets) {
+  for (const t of r % 2 === 0 ? targets : [...targets].reverse()) {
     const res = await t.pass()
     await t.clear()
     if (r === 0) cold.set(t.name, res)
@@ -301,7 +347,7 @@ for (let r = 0; r <= reps; r++) {
 const oneShard = runs.get('1-shard')
 const oneShardTarget = targets.find((t) => t.name === '1-shard')
 let paced: { pace_block_ops_per_sec: number; lookup_us: { p50: number; p99: number }; seconds: number } | undefined
-if (oneShard !== undefined && oneShardTarget !== undefined) {
+if (oneShard !== undefined && oneShardTarget !== undefined && !process.argv.includes('--no-paced')) {
   const rate = Math.round(counts.blocks / median(oneShard.map((x) => x.seconds)) / 2)
   const rs: RunResult[] = []
   for (let r = 0; r < reps; r++) {
@@ -342,6 +388,34 @@ for (const c of configs) {
 }
 // memory is read after the cold pass: a fresh index holding the trace, no reuse of freed slots
 const firstSingle = cold.get('single-thread') as RunResult
+
+interface Versus {
+  /** This build's rate / the base's, median over the alternated pairs of passes (pass k of each). */
+  block_ops_per_sec: number
+  /** This build's lookup p99 (p50) / the base's, median over the same pairs. */
+  lookup_p99: number
+  lookup_p50: number
+  /** This build's bytes per entry / the base's, after the cold pass. */
+  bytes_per_entry: number
+}
+
+/** Each configuration of this build against the same one of the base build, pass by pass. */
+function versusBase(): Record<string, Versus> {
+  const out: Record<string, Versus> = {}
+  for (const c of configs) {
+    const mine = runs.get(c) as RunResult[]
+    const theirs = runs.get(`base ${c}`)
+    if (c.startsWith('base ') || theirs === undefined) continue
+    const pairs = (f: (a: RunResult, b: RunResult) => number): number => median(mine.map((a, k) => f(a, theirs[k] as RunResult)))
+    out[c] = {
+      block_ops_per_sec: pairs((a, b) => b.seconds / a.seconds),
+      lookup_p99: pairs((a, b) => a.lookupP99 / b.lookupP99),
+      lookup_p50: pairs((a, b) => a.lookupP50 / b.lookupP50),
+      bytes_per_entry: (cold.get(c) as RunResult).bytesPerBlock / (cold.get(`base ${c}`) as RunResult).bytesPerBlock,
+    }
+  }
+  return out
+}
 const result = {
   command: 'npm run bench:index',
   node: process.version,
@@ -355,6 +429,7 @@ const result = {
   entries_at_end: firstSingle.entries,
   configurations: summary,
   ...(paced !== undefined ? { one_shard_paced_at_half_rate: paced } : {}),
+  ...(baseDir !== undefined ? { base: resolve(baseDir), versus_base: versusBase() } : {}),
 }
 writeFileSync(join(resultsDir(), 'index.json'), JSON.stringify(result, null, 2) + '\n')
 
@@ -369,11 +444,11 @@ console.log(
     `${availableParallelism()} cores`,
 )
 console.log(`warm: medians of ${reps} passes after a first (cold) pass on the same index; every worker removed between passes\n`)
-console.log('configuration    block ops/s   request ops/s   lookup p50 µs   lookup p99 µs   ring full   seconds │ cold: block ops/s   p50 µs   p99 µs')
+console.log('configuration         block ops/s   request ops/s   lookup p50 µs   lookup p99 µs   ring full   seconds │ cold: block ops/s   p50 µs   p99 µs')
 for (const c of configs) {
   const s = summary[c] as Summary
   console.log(
-    `${c.padEnd(14)} ${f(s.block_ops_per_sec).padStart(13)} ${f(s.request_ops_per_sec).padStart(15)} ${us(s.lookup_us.p50).padStart(15)} ` +
+    `${c.padEnd(19)} ${f(s.block_ops_per_sec).padStart(13)} ${f(s.request_ops_per_sec).padStart(15)} ${us(s.lookup_us.p50).padStart(15)} ` +
       `${us(s.lookup_us.p99).padStart(15)} ${String(s.ring_full).padStart(11)} ${s.seconds.toFixed(2).padStart(9)} │ ` +
       `${f(s.cold.block_ops_per_sec).padStart(17)} ${us(s.cold.lookup_us.p50).padStart(8)} ${us(s.cold.lookup_us.p99).padStart(8)}`,
   )
@@ -389,4 +464,14 @@ console.log(
   `\nbytes per cached (block, worker) entry after the cold pass: ${result.bytes_per_block.toFixed(1)} (single index, ${f(result.entries_at_end)} ` +
     `entries); sharded: ${sharded.map((c) => `${c}: ${(result.bytes_per_block_sharded[c] as number).toFixed(1)}`).join(', ')}`,
 )
+if (result.versus_base !== undefined) {
+  console.log(`\nthis build / base (${result.base}), medians over the ${reps} alternated pairs of warm passes:`)
+  console.log('configuration    block ops/s   lookup p50   lookup p99   bytes per entry')
+  for (const [c, v] of Object.entries(result.versus_base)) {
+    console.log(
+      `${c.padEnd(14)} ${v.block_ops_per_sec.toFixed(2).padStart(12)}× ${v.lookup_p50.toFixed(2).padStart(11)}× ${v.lookup_p99.toFixed(2).padStart(11)}× ` +
+        `${v.bytes_per_entry.toFixed(2).padStart(16)}×`,
+    )
+  }
+}
 console.log(`wrote bench/results/index.json`)

@@ -90,16 +90,19 @@ function positiveInt(name: string, v: number, max = Number.MAX_SAFE_INTEGER): nu
   return v
 }
 
+/** Each request `duplication` times in a row, copy d with every id shifted by d × (the largest id + 1): disjoint prompts. */
+export function duplicateTrace(trace: readonly TraceRequest[], duplication: number): TraceRequest[] {
+  let max = 0
+  for (const r of trace) for (const h of r.hash_ids) if (h > max) max = h
+  const copies: TraceRequest[] = []
+  for (const r of trace) for (let d = 0; d < duplication; d++) copies.push({ ...r, hash_ids: r.hash_ids.map((h) => h + (max + 1) * d) })
+  return copies
+}
+
 /** Dynamo's length expansion and duplication, applied to the trace before it is dealt out. */
 export function expandTrace(trace: readonly TraceRequest[], lengthFactor: number, duplication: number): TraceRequest[] {
   let out = trace.map((r) => ({ ...r, hash_ids: r.hash_ids.flatMap((h) => Array.from({ length: lengthFactor }, (_, j) => h * lengthFactor + j)) }))
-  if (duplication > 1) {
-    let max = 0
-    for (const r of out) for (const h of r.hash_ids) if (h > max) max = h
-    const copies: TraceRequest[] = []
-    for (const r of out) for (let d = 0; d < duplication; d++) copies.push({ ...r, hash_ids: r.hash_ids.map((h) => h + (max + 1) * d) })
-    out = copies
-  }
+  if (duplication > 1) out = duplicateTrace(out, duplication)
   // every id is a full block: the prompt is the whole id list, as Dynamo's token expansion makes it
   return out.map((r) => ({ ...r, input_length: r.hash_ids.length * TRACE_BLOCK_TOKENS }))
 }

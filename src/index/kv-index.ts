@@ -1,13 +1,19 @@
 // The KV block index one shard owns: a radix tree whose edges are local block hashes
 // (`tokens_hash`), whose nodes know which worker-ranks hold them, plus each worker-rank's map
-// from its external block hashes (`block_hash`) to nodes. All of it lives in typed arrays:
+// from its external block hashes (`block_hash`) to nodes. All of it lives in one Int32Array of
+// 7-word records, each holding at most one (worker-rank, block_hash) entry:
 //
-//   nodes    slot → parent slot + parent generation, edge key (tokens_hash lo/hi), distinct
-//            worker count, head of its entry list, next node in the child hash chain.
-//            A child hash table keyed by (parent slot, tokens_hash) finds children.
-//   entries  one per (worker-rank, block_hash) the index holds: worker, node, block_hash lo/hi,
-//            next entry in the lookup hash chain, next entry of the same node.
-//            A lookup hash table keyed by (worker, block_hash) finds them.
+//   node      parent slot + flags, generation and parent generation (16 bits each), edge key
+//             (tokens_hash lo/hi), distinct worker count + the worker-rank of its first entry,
+//             that entry's block_hash lo/hi. Nearly every node has one holder (a conversation's
+//             chain), so node and entry cost one record and one cache line between them.
+//   overflow  a node's further entries: the node's slot + flags, next overflow entry of the node,
+//             worker-rank, block_hash lo/hi. A side table maps a node to its first one.
+//
+// An entry is named by its record's slot (a node's own for its first entry), which the lookup
+// table keyed by (worker-rank, block_hash) finds. A child is found in the slot beside its parent
+// (where the allocator puts it when it can), else in the children table keyed by (parent slot,
+// generation, tokens_hash).
 //
 // Semantics follow Dynamo's radix-tree indexer (the reference below) with these deliberate,
 // documented choices:
@@ -74,53 +80,47 @@ const OPEN = 0xffffffff
 const NIL = -1
 const ROOT = 0
 
-// Node and entry records are laid out as structs inside one Int32Array each, so a hash-chain
-// probe touches one cache line instead of one per field. u32 values are stored as int32 bits.
-// A free node links the free list through N_FIRST (next) and N_KID (previous), a free entry
-// through E_NEXT.
-const NS = 8
-const N_PARENT = 0
-const N_PGEN = 1
-const N_GEN = 2
-const N_TLO = 3
-const N_THI = 4
-/** Low 16 bits: distinct workers holding the node. Bit 16: MIXED (below). */
-const N_COUNT = 5
-const N_FIRST = 6
-/**
- * The child attached most recently. Along a conversation's chain nearly every node has exactly
- * one child, so that child is found here and never enters the children table: a walk reads one
- * record per block, and storing or freeing a chain block touches no table. A node's other
- * children live in the table (IN_TABLE), which the parent notes (TABLE_KIDS) so a childless or
- * single-child node answers a miss without probing it.
- */
-const N_KID = 7
+// Records are structs inside one Int32Array, so a probe touches one cache line instead of one
+// per field. u32 values are stored as int32 bits.
+const RS = 7
+/** Bits 0–25: a node's parent slot, an overflow entry's node slot; bits 26–31: the flags below. */
+const R_UP = 0
+/** Bits 0–15: the node's generation, kept across every reuse of the slot; bits 16–31: its parent's. */
+const R_GEN = 1
+/** A node's tokens_hash; an overflow entry's next (R_TLO). */
+const R_TLO = 2
+const R_THI = 3
+/** Bits 0–15: distinct workers holding the node; bits 16–31: the worker-rank of the record's entry. */
+const R_CW = 4
+const R_BLO = 5
+const R_BHI = 6
+const UP_SLOT = MAX_SLOT + 2
 const COUNT_MASK = 0xffff
+const GEN_MASK = 0xffff
+/** No entry in the record: a worker-rank of 0xffff in R_CW's top half. */
+const CW_EMPTY = NO_WORKER << 16
 /**
  * Set once a worker left this node while the node survived, or a node was re-linked under it:
  * a child may then hold a worker this node does not, so equal worker counts no longer prove
  * equal worker sets and find_matches compares the sets on this edge.
  */
-const MIXED = 0x10000
-/** This node is in the children table (it is not, or no longer, its parent's N_KID). */
-const IN_TABLE = 0x20000
+const MIXED = 1 << 26
+/** This node is in the children table (it is not in a slot beside its parent). */
+const IN_TABLE = 1 << 27
 /** Some child of this node is in the children table (set once; cleared when the node is made). */
-const TABLE_KIDS = 0x40000
-/**
- * The node is free. Free nodes form a doubly linked list through their own records (N_FIRST
- * the next, N_KID the previous), so any free node can be taken out of it in O(1): see newNode.
- */
-const FREE = 0x80000
-const ES = 5
+const TABLE_KIDS = 1 << 28
+/** The record is an overflow entry of the node in its slot bits, not a node. */
+const OVERFLOW = 1 << 29
+/** The record is free. */
+const FREE = 1 << 30
+/** The node has overflow entries: the heads table names the first. */
+const HEADS = 1 << 31
+/** What a child's R_UP equals, masked, when it is a node whose parent is the slot compared. */
+const KEY_MASK = UP_SLOT | OVERFLOW | FREE
 /** Blocks warmed per pass (KvIndex.warm): enough misses in flight, few enough to stay cached. */
 const WARM = 32
 /** Fewer blocks than this have too few misses to overlap: the warm-up would only add work. */
 const WARM_MIN = 4
-const E_W = 0
-const E_NODE = 1
-const E_LO = 2
-const E_HI = 3
-const E_NEXT = 4
 
 function growI32(a: Int32Array, n: number, fill: number): Int32Array<ArrayBuffer> {
   const b = new Int32Array(n)
@@ -175,19 +175,26 @@ export class KvIndex {
   private wHigh = 0
   private wFree: number[] = []
 
-  // --- nodes: NS int32 words each, see N_* ---
-  private N: Int32Array<ArrayBuffer>
-  private nCap: number
-  private nHigh = 1
-  private nFreeHead = NIL
+  // --- records: RS int32 words each, see R_* ---
+  private R: Int32Array<ArrayBuffer>
+  private rCap: number
+  private rHigh = 1
+  /**
+   * Free records, most recently freed on top. A record taken out of turn (beside a new child's
+   * parent) stays in it and is skipped when popped, so taking one touches no other record.
+   */
+  private freeStack = new Int32Array(64)
+  private freeTop = 0
+  /** Children not in a slot beside their parent, by (parent, generation, tokens_hash). */
   private children = new SlotTable()
-
-  // --- entries: ES int32 words each, see E_* ---
-  private E: Int32Array<ArrayBuffer>
-  private eCap: number
-  private eHigh = 0
-  private eFreeHead = NIL
-  private lookup = new SlotTable()
+  /**
+   * Entries by (worker-rank, block_hash). Every removed block leaves a tombstone here, and at a
+   * fleet's steady churn a rebuild at the default load came every ~50,000 removes (5 per pass
+   * of the benchmark, 13 ms each); a roomier table (+1.7 bytes per entry) rebuilds once.
+   */
+  private lookup = new SlotTable(16, 0.45)
+  /** The first overflow entry of each node that has some, by node slot. */
+  private heads = new SlotTable()
 
   // --- query scratch ---
   private seen = new Uint32Array(16)
@@ -202,7 +209,7 @@ export class KvIndex {
    */
   interrupt: (() => void) | null = null
 
-  /** Per warmed block: the entry its probe will meet, then that entry's node, then its parent. */
+  /** Per warmed block: the entry its probe will meet, then that entry's node. */
   private warmSlots = new Int32Array(WARM)
   /** Where warm() leaves what it loaded, so the loads are not optimised away. */
   private warmSink = 0
@@ -215,15 +222,10 @@ export class KvIndex {
     this.maxBlocks = Math.min(options.maxBlocks ?? MAX_BLOCKS, MAX_BLOCKS)
     this.maxWorkerRanks = Math.min(options.maxWorkerRanks ?? MAX_WORKER_RANKS, MAX_WORKER_RANKS)
     const cap = Math.max(16, Math.min(options.initialBlocks ?? 1024, this.maxBlocks + 1))
-    this.nCap = cap
-    this.N = new Int32Array(cap * NS)
-    this.eCap = cap
-    this.E = new Int32Array(cap * ES)
-    // The root holds every worker implicitly and is never freed.
-    this.N[ROOT * NS + N_COUNT] = 0
-    // no child hint: a zero-filled hint would name slot 0, the root itself, and a first block whose
-    // tokens_hash is 0 would then be found as the root
-    this.N[ROOT * NS + N_KID] = NIL
+    this.rCap = cap
+    this.R = new Int32Array((cap + 1) * RS)
+    // The root holds every worker implicitly, has no entry of its own and is never freed.
+    this.R[ROOT * RS + R_CW] = CW_EMPTY
   }
 
   // ------------------------------------------------------------------------------------------
@@ -352,12 +354,12 @@ export class KvIndex {
     if (ev.hasParent) {
       const pe = this.findEntry(w, ev.parentLo, ev.parentHi)
       if (pe === NIL) return this.reject(RejectReason.ParentBlockNotFound, EventKind.Stored)
-      cur = this.E[pe * ES + E_NODE] as number
+      cur = this.nodeOf(pe)
     }
     const n = ev.count
     let fresh = false
     for (let i = 0; i < n; i++) {
-      if ((i & (WARM - 1)) === 0 && n - i >= WARM_MIN) this.warm(w, ev.blockLo, ev.blockHi, i, Math.min(n, i + WARM), false)
+      if ((i & (WARM - 1)) === 0 && n - i >= WARM_MIN) this.warm(w, ev.blockLo, ev.blockHi, i, Math.min(n, i + WARM))
       if ((i & 7) === 7 && this.interrupt !== null) this.interrupt()
       // `| 0`: a u32 above 2^31 is a double, boxed into a fresh heap number at every call
       // that is not inlined; an int32 travels as a small integer (the tables compare int32 bits)
@@ -366,19 +368,20 @@ export class KvIndex {
       const bhLo = (ev.blockLo[i] as number) | 0
       const bhHi = (ev.blockHi[i] as number) | 0
       const e = this.findEntry(w, bhLo, bhHi)
+      const held = e === NIL ? NIL : this.nodeOf(e)
       // A node made by this event has no children yet: skip the probe.
       let node = fresh ? NIL : this.findChild(cur, tokLo, tokHi)
       fresh = false
-      if (e !== NIL && this.E[e * ES + E_NODE] === node) {
+      if (e !== NIL && held === node) {
         // held already, right here: an idempotent re-store
         cur = node
         continue
       }
       // A hash the worker already holds at cur or above it would make the chain a cycle.
-      if (e !== NIL && this.isAncestorOrSelf(this.E[e * ES + E_NODE] as number, cur)) return this.reject(RejectReason.InvalidBlock, EventKind.Stored)
+      if (e !== NIL && this.isAncestorOrSelf(held, cur)) return this.reject(RejectReason.InvalidBlock, EventKind.Stored)
       if (node === NIL) {
-        if (e !== NIL && !this.isAttached(this.E[e * ES + E_NODE] as number)) {
-          node = this.E[e * ES + E_NODE] as number
+        if (e !== NIL && !this.isAttached(held)) {
+          node = held
           this.relink(node, cur, tokLo, tokHi)
         } else {
           node = this.newNode(cur, tokLo, tokHi)
@@ -386,14 +389,14 @@ export class KvIndex {
         }
       }
       if (e !== NIL) {
-        if (this.E[e * ES + E_NODE] === node) {
+        if (held === node) {
           cur = node
           continue
         }
         // The worker's hash named a node elsewhere in the tree: it now names this one.
         this.removeEntry(e)
       } else if (this.liveEntries >= this.maxBlocks) {
-        if (((this.N[node * NS + N_COUNT] as number) & COUNT_MASK) === 0) this.freeNode(node)
+        if (((this.R[node * RS + R_CW] as number) & COUNT_MASK) === 0) this.freeNode(node)
         return this.reject(RejectReason.Capacity, EventKind.Stored)
       }
       this.addEntry(w, node, bhLo, bhHi)
@@ -407,7 +410,7 @@ export class KvIndex {
     let first = APPLY_OK
     const n = ev.count
     for (let i = 0; i < n; i++) {
-      if ((i & (WARM - 1)) === 0 && n - i >= WARM_MIN) this.warm(w, ev.blockLo, ev.blockHi, i, Math.min(n, i + WARM), true)
+      if ((i & (WARM - 1)) === 0 && n - i >= WARM_MIN) this.warm(w, ev.blockLo, ev.blockHi, i, Math.min(n, i + WARM))
       const e = this.findEntry(w, (ev.blockLo[i] as number) | 0, (ev.blockHi[i] as number) | 0)
       if (e === NIL) {
         const r = this.reject(RejectReason.BlockNotFound, EventKind.Removed)
@@ -431,18 +434,7 @@ export class KvIndex {
       if (this.wLive[w] === 1 && this.wIdLo[w] === idLo && this.wIdHi[w] === idHi) ranks.push(w)
     }
     if (ranks.length === 0) return 0
-    let dropped = 0
-    let pending = 0
-    for (const w of ranks) pending += this.wSize[w] as number
-    for (let e = 0; e < this.eHigh && pending > 0; e++) {
-      const ew = this.E[e * ES + E_W] as number
-      if (ew === NO_WORKER) continue
-      if (this.wIdLo[ew] === idLo && this.wIdHi[ew] === idHi && this.wLive[ew] === 1) {
-        this.removeEntry(e)
-        dropped++
-        pending--
-      }
-    }
+    const dropped = this.dropEntriesOf(ranks)
     if (forget) for (const w of ranks) this.dropWorker(w)
     return dropped
   }
@@ -474,9 +466,9 @@ export class KvIndex {
     return this.dropEntriesOf([w])
   }
 
-  /** Drops every entry of the worker-rank slots `ws`, in one pass over the entries. */
+  /** Drops every entry of the worker-rank slots `ws`, in one pass over the records. */
   private dropEntriesOf(ws: readonly number[]): number {
-    const mark = new Uint8Array(this.wHigh)
+    const mark = new Uint8Array(NO_WORKER + 1)
     let pending = 0
     for (const w of ws) {
       if (mark[w] === 1) continue
@@ -484,12 +476,14 @@ export class KvIndex {
       pending += this.wSize[w] as number
     }
     let dropped = 0
-    for (let e = 0; e < this.eHigh && pending > 0; e++) {
-      const w = this.E[e * ES + E_W] as number
-      if (w === NO_WORKER || mark[w] !== 1) continue
+    for (let e = 0; e < this.rHigh && pending > 0; e++) {
+      const w = (this.R[e * RS + R_CW] as number) >>> 16
+      if (mark[w] !== 1) continue
       this.removeEntry(e)
       dropped++
       pending--
+      // removing a node's first entry moves its next one into this record: look again
+      e--
     }
     return dropped
   }
@@ -522,16 +516,16 @@ export class KvIndex {
     // int32 arguments, as in applyStored: no heap number per call
     let cur = this.findChild(ROOT, (lo[0] as number) | 0, (hi[0] as number) | 0)
     if (cur === NIL) return 0
-    const N = this.N
-    const E = this.E
+    const R = this.R
     const seen = this.seen
     const depthOf = this.depthOf
     const out = this.matchWorkers
     const stamp = this.nextStamp()
     // Every worker of the first block is a candidate whose depth is still open.
     let m = 0
-    for (let e = N[cur * NS + N_FIRST] as number; e !== NIL; e = E[e * ES + E_NEXT] as number) {
-      const w = E[e * ES + E_W] as number
+    // the holders: the node's own entry, then its overflow list (a call per node, not per holder)
+    for (let e = this.firstHolder(cur); e !== NIL; e = e === cur ? this.overflowOf(cur) : (R[e * RS + R_TLO] as number)) {
+      const w = (R[e * RS + R_CW] as number) >>> 16
       if (seen[w] !== stamp) {
         seen[w] = stamp
         depthOf[w] = OPEN
@@ -542,17 +536,35 @@ export class KvIndex {
     let depth = 1
     if (!(earlyExit && active === 1)) {
       for (let i = 1; i < n; i++) {
-        const child = this.findChild(cur, (lo[i] as number) | 0, (hi[i] as number) | 0)
-        if (child === NIL) break
+        // the child beside its parent (after it, or before it: a chain stored into slots a chain
+        // freed runs backwards), checked here without a call: a long match is a walk down one
+        // chain, and this is nearly every step of it
+        const tl = (lo[i] as number) | 0
+        const th = (hi[i] as number) | 0
+        const gen = (R[cur * RS + R_GEN] as number) & GEN_MASK
+        let child = cur + 1
+        let a = child * RS
+        if (((R[a + R_UP] as number) & KEY_MASK) !== cur || R[a + R_TLO] !== tl || R[a + R_THI] !== th || (R[a + R_GEN] as number) >>> 16 !== gen) {
+          child = cur - 1
+          a = child * RS
+          if (((R[a + R_UP] as number) & KEY_MASK) !== cur || R[a + R_TLO] !== tl || R[a + R_THI] !== th || (R[a + R_GEN] as number) >>> 16 !== gen) {
+            child = this.findChild(cur, tl, th)
+            if (child === NIL) break
+          }
+        }
         // A child holds a subset of its parent's workers unless the parent is marked mixed, so
         // there an equal count means nobody left (the reference's O(1) step); otherwise compare.
-        const cw = N[cur * NS + N_COUNT] as number
-        if ((cw & MIXED) !== 0 || ((N[child * NS + N_COUNT] as number) & COUNT_MASK) !== (cw & COUNT_MASK)) {
+        if (
+          ((R[cur * RS + R_UP] as number) & MIXED) !== 0 ||
+          ((R[child * RS + R_CW] as number) & COUNT_MASK) !== ((R[cur * RS + R_CW] as number) & COUNT_MASK)
+        ) {
           const ms = this.nextMarkStamp()
           const mark = this.mark
-          for (let e = N[child * NS + N_FIRST] as number; e !== NIL; e = E[e * ES + E_NEXT] as number) mark[E[e * ES + E_W] as number] = ms
-          for (let e = N[cur * NS + N_FIRST] as number; e !== NIL; e = E[e * ES + E_NEXT] as number) {
-            const w = E[e * ES + E_W] as number
+          for (let e = this.firstHolder(child); e !== NIL; e = e === child ? this.overflowOf(child) : (R[e * RS + R_TLO] as number)) {
+            mark[(R[e * RS + R_CW] as number) >>> 16] = ms
+          }
+          for (let e = this.firstHolder(cur); e !== NIL; e = e === cur ? this.overflowOf(cur) : (R[e * RS + R_TLO] as number)) {
+            const w = (R[e * RS + R_CW] as number) >>> 16
             if (mark[w] !== ms && seen[w] === stamp && depthOf[w] === OPEN) {
               depthOf[w] = i
               active--
@@ -634,26 +646,40 @@ export class KvIndex {
     return mix3(parent ^ Math.imul(gen, 0x9e3779b1), lo, hi)
   }
 
+  /** True when the record is a live node (not free, not an overflow entry). */
+  private isNode(x: number): boolean {
+    return ((this.R[x * RS + R_UP] as number) & (FREE | OVERFLOW)) === 0
+  }
+
   private isAttached(node: number): boolean {
-    const p = this.N[node * NS + N_PARENT] as number
-    return p !== NIL && this.N[p * NS + N_GEN] === this.N[node * NS + N_PGEN]
+    const R = this.R
+    const up = R[node * RS + R_UP] as number
+    if ((up & (FREE | OVERFLOW)) !== 0) return false
+    return ((R[(up & UP_SLOT) * RS + R_GEN] as number) & GEN_MASK) === (R[node * RS + R_GEN] as number) >>> 16
   }
 
   private findChild(parent: number, lo: number, hi: number): number {
     lo |= 0
     hi |= 0
-    const N = this.N
-    const gen = N[parent * NS + N_GEN] as number
-    const kid = N[parent * NS + N_KID] as number
-    if (kid >= 0) {
-      const k = kid * NS
-      if (N[k + N_TLO] === lo && N[k + N_THI] === hi && N[k + N_PARENT] === parent && N[k + N_PGEN] === gen) return kid
+    const R = this.R
+    const pb = parent * RS
+    const gen = (R[pb + R_GEN] as number) & GEN_MASK
+    // beside the parent, where the allocator puts a child when it can (never for the root's)
+    if (parent !== ROOT) {
+      const a = pb + RS
+      if (((R[a + R_UP] as number) & KEY_MASK) === parent && R[a + R_TLO] === lo && R[a + R_THI] === hi && (R[a + R_GEN] as number) >>> 16 === gen) {
+        return parent + 1
+      }
+      const b = pb - RS
+      if (((R[b + R_UP] as number) & KEY_MASK) === parent && R[b + R_TLO] === lo && R[b + R_THI] === hi && (R[b + R_GEN] as number) >>> 16 === gen) {
+        return parent - 1
+      }
     }
-    if (((N[parent * NS + N_COUNT] as number) & TABLE_KIDS) === 0) return NIL
+    if (((R[pb + R_UP] as number) & TABLE_KIDS) === 0) return NIL
     const t = this.children
     for (let c = t.first(this.childHash(parent, gen, lo, hi)); c !== NIL; c = t.next()) {
-      const b = c * NS
-      if (N[b + N_TLO] === lo && N[b + N_THI] === hi && N[b + N_PARENT] === parent && N[b + N_PGEN] === gen) return c
+      const b = c * RS
+      if (((R[b + R_UP] as number) & KEY_MASK) === parent && R[b + R_TLO] === lo && R[b + R_THI] === hi && (R[b + R_GEN] as number) >>> 16 === gen) return c
     }
     return NIL
   }
@@ -663,94 +689,84 @@ export class KvIndex {
     let x = of
     for (let steps = 0; x !== NIL && x !== ROOT; steps++) {
       if (x === node) return true
-      if (!this.isAttached(x) || steps > this.nHigh) return false
-      x = this.N[x * NS + N_PARENT] as number
+      if (!this.isAttached(x) || steps > this.rHigh) return false
+      x = (this.R[x * RS + R_UP] as number) & UP_SLOT
     }
     return false
   }
 
-  /** Takes a node out of its parent's child lookup (hint or table). */
+  /** Takes a node out of the children table, if it is there. */
   private unchainChild(node: number): void {
-    const N = this.N
-    const b = node * NS
-    const cw = N[b + N_COUNT] as number
-    if ((cw & IN_TABLE) !== 0) {
-      this.children.remove(this.childHash(N[b + N_PARENT] as number, N[b + N_PGEN] as number, N[b + N_TLO] as number, N[b + N_THI] as number), node)
-      N[b + N_COUNT] = cw & ~IN_TABLE
+    const R = this.R
+    const b = node * RS
+    const up = R[b + R_UP] as number
+    if ((up & IN_TABLE) !== 0) {
+      this.children.remove(this.childHash(up & UP_SLOT, (R[b + R_GEN] as number) >>> 16, R[b + R_TLO] as number, R[b + R_THI] as number), node)
+      R[b + R_UP] = up & ~IN_TABLE
     }
-    const p = N[b + N_PARENT] as number
-    if (p !== NIL && N[p * NS + N_KID] === node) N[p * NS + N_KID] = NIL
   }
 
-  /** Makes an attached node findable from its parent: as the parent's hint, or in the table. */
+  /** Makes an attached node findable from its parent: beside it, or in the table. */
   private chainChild(node: number): void {
-    const N = this.N
-    const parent = N[node * NS + N_PARENT] as number
-    // the root has a child per distinct first block: all of them go to the table
-    if (parent === ROOT) {
-      this.tableInsert(node)
-      return
-    }
-    const pb = parent * NS
-    const old = N[pb + N_KID] as number
-    N[pb + N_KID] = node
-    // the previous hint, if still a child of this parent, moves to the table
-    if (old >= 0 && old !== node) {
-      const ob = old * NS
-      if (N[ob + N_PARENT] === parent && N[ob + N_PGEN] === N[pb + N_GEN] && ((N[ob + N_COUNT] as number) & IN_TABLE) === 0) this.tableInsert(old)
-    }
+    const parent = (this.R[node * RS + R_UP] as number) & UP_SLOT
+    if (parent === ROOT || (node !== parent + 1 && node !== parent - 1)) this.tableInsert(node)
   }
 
   private tableInsert(node: number): void {
-    const N = this.N
-    const b = node * NS
-    const parent = N[b + N_PARENT] as number
-    N[b + N_COUNT] = (N[b + N_COUNT] as number) | IN_TABLE
-    N[parent * NS + N_COUNT] = (N[parent * NS + N_COUNT] as number) | TABLE_KIDS
-    this.children.insert(this.childHash(parent, N[b + N_PGEN] as number, N[b + N_TLO] as number, N[b + N_THI] as number), node)
+    const R = this.R
+    const b = node * RS
+    const up = R[b + R_UP] as number
+    const parent = up & UP_SLOT
+    R[b + R_UP] = up | IN_TABLE
+    R[parent * RS + R_UP] = (R[parent * RS + R_UP] as number) | TABLE_KIDS
+    this.children.insert(this.childHash(parent, (R[b + R_GEN] as number) >>> 16, R[b + R_TLO] as number, R[b + R_THI] as number), node)
     if (this.children.needsRebuild) this.rebuildChildren()
   }
 
   /**
-   * Re-inserts the table's own children (it holds only a node's non-hint children, a small part
-   * of all nodes), so a rebuild costs the table's size, not a scan of every node. Queries read
-   * this table, so the new one is built aside while they keep reading the old one.
+   * Re-inserts the table's own children (it holds only the children not beside their parent, a
+   * small part of all nodes), so a rebuild costs the table's size, not a scan of every node.
+   * Queries read this table, so the new one is built aside while they keep reading the old one.
    */
   private rebuildChildren(): void {
     const slots = this.children.liveSlots()
     const fresh = new SlotTable()
     fresh.reset(slots.length)
-    const N = this.N
+    const R = this.R
     for (let i = 0; i < slots.length; i++) {
       if ((i & 63) === 63 && this.interrupt !== null) this.interrupt()
       const node = slots[i] as number
-      const b = node * NS
-      fresh.insert(this.childHash(N[b + N_PARENT] as number, N[b + N_PGEN] as number, N[b + N_TLO] as number, N[b + N_THI] as number), node)
+      const b = node * RS
+      fresh.insert(this.childHash((R[b + R_UP] as number) & UP_SLOT, (R[b + R_GEN] as number) >>> 16, R[b + R_TLO] as number, R[b + R_THI] as number), node)
     }
     this.children = fresh
   }
 
   private relink(node: number, parent: number, lo: number, hi: number): void {
     this.unchainChild(node)
-    this.N[parent * NS + N_COUNT] = (this.N[parent * NS + N_COUNT] as number) | MIXED
-    this.N[node * NS + N_PARENT] = parent
-    this.N[node * NS + N_PGEN] = this.N[parent * NS + N_GEN] as number
-    this.N[node * NS + N_TLO] = lo
-    this.N[node * NS + N_THI] = hi
+    const R = this.R
+    R[parent * RS + R_UP] = (R[parent * RS + R_UP] as number) | MIXED
+    const b = node * RS
+    R[b + R_UP] = ((R[b + R_UP] as number) & ~UP_SLOT) | parent
+    R[b + R_GEN] = ((R[b + R_GEN] as number) & GEN_MASK) | (((R[parent * RS + R_GEN] as number) & GEN_MASK) << 16)
+    R[b + R_TLO] = lo
+    R[b + R_THI] = hi
     this.chainChild(node)
   }
 
   /**
    * A child goes into the slot next to its parent when that one is free, else the one before
-   * it, else the most recently freed slot. A lookup walks a chain one node per block, each
-   * node's slot read from its parent's record, so every step is a dependent load; with a
-   * chain's nodes side by side, two share a cache line and the hardware prefetcher sees a
-   * stream, where scattered nodes cost a miss per block. Chains are stored and evicted whole,
-   * so the slots a chain frees are mostly taken by the next chain, side by side again.
+   * it, else the most recently freed slot. A lookup walks a chain one node per block, each a
+   * dependent load; with a chain's nodes side by side, the walk reads neighbouring cache lines
+   * the hardware prefetcher sees as a stream, and the child is found beside its parent without
+   * a table probe. Chains are stored and evicted whole, so the slots a chain frees are mostly
+   * taken by the next chain, side by side again.
    */
   private newNode(parent: number, lo: number, hi: number): number {
     const node = this.takeNode(parent, lo, hi)
-    this.N[node * NS + N_PGEN] = this.N[parent * NS + N_GEN] as number
+    const R = this.R
+    const b = node * RS
+    R[b + R_GEN] = ((R[b + R_GEN] as number) & GEN_MASK) | (((R[parent * RS + R_GEN] as number) & GEN_MASK) << 16)
     this.chainChild(node)
     return node
   }
@@ -762,7 +778,8 @@ export class KvIndex {
    */
   private newDetachedNode(lo: number, hi: number): number {
     const node = this.takeNode(ROOT, lo, hi)
-    this.N[node * NS + N_PGEN] = ((this.N[ROOT * NS + N_GEN] as number) - 1) | 0
+    const b = node * RS
+    this.R[b + R_GEN] = ((this.R[b + R_GEN] as number) & GEN_MASK) | (GEN_MASK << 16)
     return node
   }
 
@@ -773,40 +790,90 @@ export class KvIndex {
       node = this.takeFree(parent + 1)
       if (node === NIL) node = this.takeFree(parent - 1)
     }
-    if (node === NIL) {
-      node = this.nFreeHead
-      if (node !== NIL) this.unlinkFree(node)
-      else {
-        node = this.nHigh++
-        if (node >= this.nCap) this.growNodes()
-      }
-    }
-    const N = this.N
-    const b = node * NS
-    N[b + N_PARENT] = parent
-    N[b + N_TLO] = lo
-    N[b + N_THI] = hi
-    N[b + N_COUNT] = 0
-    N[b + N_FIRST] = NIL
-    N[b + N_KID] = NIL
+    if (node === NIL) node = this.takeRecord()
+    const R = this.R
+    const b = node * RS
+    R[b + R_UP] = parent
+    R[b + R_TLO] = lo
+    R[b + R_THI] = hi
+    R[b + R_CW] = CW_EMPTY
+    R[b + R_BLO] = 0
+    R[b + R_BHI] = 0
     this.liveNodes++
     return node
   }
 
+  /** The most recently freed record, else a new one. */
+  private takeRecord(): number {
+    const R = this.R
+    while (this.freeTop > 0) {
+      const x = this.freeStack[--this.freeTop] as number
+      if (((R[x * RS + R_UP] as number) & FREE) !== 0) {
+        R[x * RS + R_UP] = 0
+        return x
+      }
+    }
+    const x = this.rHigh++
+    if (x >= this.rCap) this.growRecords()
+    return x
+  }
+
   private freeNode(node: number): void {
     this.unchainChild(node)
-    const N = this.N
-    const b = node * NS
+    const R = this.R
+    const b = node * RS
     // Bumping the generation detaches every child at once (spec: clear node.children).
-    N[b + N_GEN] = ((N[b + N_GEN] as number) + 1) | 0
-    N[b + N_PARENT] = NIL
-    N[b + N_COUNT] = FREE
-    const head = this.nFreeHead
-    N[b + N_FIRST] = head
-    N[b + N_KID] = NIL
-    if (head !== NIL) N[head * NS + N_KID] = node
-    this.nFreeHead = node
+    const gen = ((R[b + R_GEN] as number) + 1) & GEN_MASK
+    R[b + R_GEN] = gen
+    // 16 bits wrap: children detached 65,536 generations ago would match again, so detach them
+    // for good first (a scan once per 65,536 frees of one slot)
+    if (gen === 0) this.detachChildrenOf(node)
     this.liveNodes--
+    this.freeRecord(node)
+  }
+
+  /** Makes every node recorded under `parent` a detached top (see newDetachedNode). */
+  private detachChildrenOf(parent: number): void {
+    const R = this.R
+    for (let x = 1; x < this.rHigh; x++) {
+      const b = x * RS
+      if (((R[b + R_UP] as number) & KEY_MASK) !== parent) continue
+      this.unchainChild(x)
+      R[b + R_UP] = ((R[b + R_UP] as number) & ~UP_SLOT) | ROOT
+      R[b + R_GEN] = ((R[b + R_GEN] as number) & GEN_MASK) | (GEN_MASK << 16)
+    }
+  }
+
+  private freeRecord(x: number): void {
+    const R = this.R
+    const b = x * RS
+    R[b + R_UP] = FREE | UP_SLOT
+    R[b + R_CW] = CW_EMPTY
+    if (this.freeTop === this.freeStack.length) this.compactFree()
+    this.freeStack[this.freeTop++] = x
+  }
+
+  /**
+   * Drops from the free stack the records taken out of turn and the repeats of one record (freed,
+   * taken beside a parent, freed again), keeping the order; grows it if it is still full.
+   */
+  private compactFree(): void {
+    const R = this.R
+    const st = this.freeStack
+    let n = 0
+    // a free record's R_THI is unused: it marks the ones kept
+    for (let i = 0; i < this.freeTop; i++) {
+      const x = st[i] as number
+      if (((R[x * RS + R_UP] as number) & FREE) !== 0) R[x * RS + R_THI] = 0
+    }
+    for (let i = this.freeTop - 1; i >= 0; i--) {
+      const x = st[i] as number
+      if (((R[x * RS + R_UP] as number) & FREE) === 0 || R[x * RS + R_THI] === 1) st[i] = NIL
+      else R[x * RS + R_THI] = 1
+    }
+    for (let i = 0; i < this.freeTop; i++) if (st[i] !== NIL) st[n++] = st[i] as number
+    this.freeTop = n
+    if (n * 2 > st.length) this.freeStack = growI32(st, st.length * 2, 0)
   }
 
   /**
@@ -815,28 +882,20 @@ export class KvIndex {
    */
   nodeSlotOf(w: number, lo: number, hi: number): number {
     const e = this.findEntry(w, lo, hi)
-    return e === NIL ? NIL : (this.E[e * ES + E_NODE] as number)
+    return e === NIL ? NIL : this.nodeOf(e)
   }
 
-  /** Takes `node` out of the free list when it is free there; NIL when it is not. */
-  private takeFree(node: number): number {
-    if (node < 1 || node >= this.nHigh || ((this.N[node * NS + N_COUNT] as number) & FREE) === 0) return NIL
-    this.unlinkFree(node)
-    return node
+  /** Takes record `x` when it is free (its entry in the free stack is skipped later); NIL when it is not. */
+  private takeFree(x: number): number {
+    if (x < 1 || x >= this.rHigh || ((this.R[x * RS + R_UP] as number) & FREE) === 0) return NIL
+    this.R[x * RS + R_UP] = 0
+    return x
   }
 
-  private unlinkFree(node: number): void {
-    const N = this.N
-    const next = N[node * NS + N_FIRST] as number
-    const prev = N[node * NS + N_KID] as number
-    if (prev === NIL) this.nFreeHead = next
-    else N[prev * NS + N_FIRST] = next
-    if (next !== NIL) N[next * NS + N_KID] = prev
-  }
-
-  private growNodes(): void {
-    this.nCap = Math.min(Math.ceil(this.nCap * GROWTH), MAX_SLOT + 1)
-    this.N = this.grownCopy(this.N, this.nCap * NS)
+  private growRecords(): void {
+    this.rCap = Math.min(Math.ceil(this.rCap * GROWTH), MAX_SLOT + 1)
+    // one record more than the cap: findChild reads the slot after its parent unchecked
+    this.R = this.grownCopy(this.R, (this.rCap + 1) * RS)
   }
 
   /**
@@ -859,34 +918,22 @@ export class KvIndex {
 
   /**
    * Loads what the probes of blocks [from, to) will read: each block's home cell in the lookup
-   * table and, with `entries`, the entry found there and that entry's node. An index of this
-   * size misses every cache at almost every such read (a pointer chase over 16 MB costs about
-   * 150 ns a step on the 2-core test machine), and one block's probe waits for each miss in
-   * turn. Here the loads of different blocks do not depend on one another, so the CPU keeps
-   * many in flight; one level per pass, because each level needs the one before. Only reads:
-   * a cell whose fingerprint later turns out not to match just wasted a load.
+   * table and the record found there. An index of this size misses every cache at almost every
+   * such read, and one block's probe waits for each miss in turn. Here the loads of different
+   * blocks do not depend on one another, so the CPU keeps many in flight; one level per pass,
+   * because each level needs the one before. Only reads: a cell whose fingerprint later turns
+   * out not to match just wasted a load.
    */
-  private warm(w: number, lo: Uint32Array, hi: Uint32Array, from: number, to: number, entries: boolean): void {
+  private warm(w: number, lo: Uint32Array, hi: Uint32Array, from: number, to: number): void {
     const t = this.lookup
     const slots = this.warmSlots
+    const R = this.R
     const m = to - from
     let acc = 0
     for (let i = 0; i < m; i++) slots[i] = t.peekHome(mix3(w, (lo[from + i] as number) | 0, (hi[from + i] as number) | 0))
-    if (entries) {
-      const E = this.E
-      const N = this.N
-      for (let i = 0; i < m; i++) {
-        const e = slots[i] as number
-        slots[i] = e < 0 ? NIL : (E[e * ES + E_NODE] as number)
-      }
-      for (let i = 0; i < m; i++) {
-        const node = slots[i] as number
-        slots[i] = node < 0 ? NIL : (N[node * NS + N_PARENT] as number)
-      }
-      for (let i = 0; i < m; i++) {
-        const parent = slots[i] as number
-        if (parent >= 0) acc ^= N[parent * NS + N_KID] as number
-      }
+    for (let i = 0; i < m; i++) {
+      const e = slots[i] as number
+      if (e >= 0) acc ^= R[e * RS + R_UP] as number
     }
     this.warmSink ^= acc
   }
@@ -894,33 +941,96 @@ export class KvIndex {
   private findEntry(w: number, lo: number, hi: number): number {
     lo |= 0
     hi |= 0
-    const E = this.E
+    const R = this.R
     const t = this.lookup
     for (let e = t.first(mix3(w, lo, hi)); e !== NIL; e = t.next()) {
-      const b = e * ES
-      if (E[b + E_LO] === lo && E[b + E_HI] === hi && E[b + E_W] === w) return e
+      const b = e * RS
+      if (R[b + R_BLO] === lo && R[b + R_BHI] === hi && (R[b + R_CW] as number) >>> 16 === w) return e
     }
     return NIL
   }
 
-  private addEntry(w: number, node: number, lo: number, hi: number): void {
-    let e = this.eFreeHead
-    if (e !== NIL) this.eFreeHead = this.E[e * ES + E_NEXT] as number
-    else {
-      e = this.eHigh++
-      if (e >= this.eCap) this.growEntries()
+  /** The node an entry belongs to: its own record, or the one an overflow entry names. */
+  private nodeOf(e: number): number {
+    const up = this.R[e * RS + R_UP] as number
+    return (up & OVERFLOW) !== 0 ? up & UP_SLOT : e
+  }
+
+  /** The node's first entry (its own record), or NIL when it holds none. */
+  private firstHolder(node: number): number {
+    return (this.R[node * RS + R_CW] as number) >>> 16 === NO_WORKER ? NIL : node
+  }
+
+  /** The entry after `e` among the node's. */
+  private nextHolder(node: number, e: number): number {
+    return e !== node ? (this.R[e * RS + R_TLO] as number) : this.overflowOf(node)
+  }
+
+  /** The node's first overflow entry, or NIL. */
+  private overflowOf(node: number): number {
+    return ((this.R[node * RS + R_UP] as number) & HEADS) === 0 ? NIL : this.headOf(node)
+  }
+
+  private headHash(node: number): number {
+    return mix3(node, 0x2545f491, 0x4f6cdd1d)
+  }
+
+  /** The first overflow entry of a node flagged HEADS. */
+  private headOf(node: number): number {
+    const R = this.R
+    const t = this.heads
+    for (let x = t.first(this.headHash(node)); x !== NIL; x = t.next()) {
+      if (((R[x * RS + R_UP] as number) & (UP_SLOT | OVERFLOW)) === (node | OVERFLOW)) return x
     }
-    const E = this.E
-    const N = this.N
-    const b = e * ES
-    E[b + E_W] = w
-    E[b + E_NODE] = node
-    E[b + E_LO] = lo
-    E[b + E_HI] = hi
-    const nb = node * NS
-    if (!this.nodeHasWorker(node, w)) N[nb + N_COUNT] = (N[nb + N_COUNT] as number) + 1
-    E[b + E_NEXT] = N[nb + N_FIRST] as number
-    N[nb + N_FIRST] = e
+    throw new Error(`index: node ${node} is flagged with overflow entries and has none`)
+  }
+
+  /** Makes `x` (an overflow entry of `node`, or NIL) the node's first overflow entry. */
+  private setHead(node: number, old: number, x: number): void {
+    const R = this.R
+    const h = this.headHash(node)
+    if (old !== NIL) this.heads.remove(h, old)
+    if (x === NIL) {
+      R[node * RS + R_UP] = (R[node * RS + R_UP] as number) & ~HEADS
+      return
+    }
+    R[node * RS + R_UP] = (R[node * RS + R_UP] as number) | HEADS
+    this.heads.insert(h, x)
+    if (this.heads.needsRebuild) {
+      const slots = this.heads.liveSlots()
+      this.heads.reset(slots.length)
+      for (let i = 0; i < slots.length; i++) {
+        const s = slots[i] as number
+        this.heads.insert(this.headHash((R[s * RS + R_UP] as number) & UP_SLOT), s)
+      }
+    }
+  }
+
+  /** Adds an entry: the node's own record when it holds none yet, else an overflow record first in its list. */
+  private addEntry(w: number, node: number, lo: number, hi: number): void {
+    const nb = node * RS
+    let count = (this.R[nb + R_CW] as number) & COUNT_MASK
+    if (!this.nodeHasWorker(node, w)) count++
+    let e = node
+    if ((this.R[nb + R_CW] as number) >>> 16 === NO_WORKER) {
+      const R = this.R
+      R[nb + R_CW] = (w << 16) | count
+      R[nb + R_BLO] = lo
+      R[nb + R_BHI] = hi
+    } else {
+      e = this.takeRecord()
+      const R = this.R
+      R[nb + R_CW] = ((R[nb + R_CW] as number) & ~COUNT_MASK) | count
+      const b = e * RS
+      const old = ((R[nb + R_UP] as number) & HEADS) === 0 ? NIL : this.headOf(node)
+      R[b + R_UP] = OVERFLOW | node
+      R[b + R_TLO] = old
+      R[b + R_THI] = 0
+      R[b + R_CW] = w << 16
+      R[b + R_BLO] = lo
+      R[b + R_BHI] = hi
+      this.setHead(node, old, e)
+    }
     this.liveEntries++
     this.wSize[w] = (this.wSize[w] as number) + 1
     this.lookup.insert(mix3(w, lo, hi), e)
@@ -929,58 +1039,73 @@ export class KvIndex {
 
   private rebuildLookup(): void {
     this.lookup.reset(this.liveEntries)
-    const E = this.E
-    for (let e = 0; e < this.eHigh; e++) {
+    const R = this.R
+    for (let e = 0; e < this.rHigh; e++) {
       // queries never read this table, so they may run while it is rebuilt (milliseconds)
       if ((e & 63) === 63 && this.interrupt !== null) this.interrupt()
-      const b = e * ES
-      const w = E[b + E_W] as number
-      if (w !== NO_WORKER) this.lookup.insert(mix3(w, E[b + E_LO] as number, E[b + E_HI] as number), e)
+      const b = e * RS
+      const w = (R[b + R_CW] as number) >>> 16
+      if (w !== NO_WORKER) this.lookup.insert(mix3(w, R[b + R_BLO] as number, R[b + R_BHI] as number), e)
     }
   }
 
   private nodeHasWorker(node: number, w: number): boolean {
-    const E = this.E
-    for (let e = this.N[node * NS + N_FIRST] as number; e !== NIL; e = E[e * ES + E_NEXT] as number) if (E[e * ES + E_W] === w) return true
+    const R = this.R
+    for (let e = this.firstHolder(node); e !== NIL; e = this.nextHolder(node, e)) if ((R[e * RS + R_CW] as number) >>> 16 === w) return true
     return false
   }
 
-  /** Drops one entry; frees its node when it was the node's last worker. */
+  /**
+   * Drops one entry; frees its node when it was the node's last worker. A node's first entry
+   * is replaced by its next one, which moves into the node's record (a new slot for it).
+   */
   private removeEntry(e: number): void {
-    const E = this.E
-    const N = this.N
-    const b = e * ES
-    const w = E[b + E_W] as number
-    const node = E[b + E_NODE] as number
-    const nb = node * NS
-    // unlink from the node's entry list, noting whether the worker stays through another hash
-    let prev = NIL
+    const R = this.R
+    const b = e * RS
+    const w = (R[b + R_CW] as number) >>> 16
+    const node = this.nodeOf(e)
+    const nb = node * RS
+    this.lookup.remove(mix3(w, R[b + R_BLO] as number, R[b + R_BHI] as number), e)
+    // unlink it, noting whether the worker stays through another hash
     let still = false
-    for (let x = N[nb + N_FIRST] as number; x !== NIL; x = E[x * ES + E_NEXT] as number) {
+    const head = ((R[nb + R_UP] as number) & HEADS) === 0 ? NIL : this.headOf(node)
+    if (e !== node && (R[nb + R_CW] as number) >>> 16 === w) still = true
+    let prev = NIL
+    for (let x = head; x !== NIL; x = R[x * RS + R_TLO] as number) {
       if (x === e) {
-        if (prev === NIL) N[nb + N_FIRST] = E[b + E_NEXT] as number
-        else E[prev * ES + E_NEXT] = E[b + E_NEXT] as number
+        if (prev === NIL) this.setHead(node, head, R[b + R_TLO] as number)
+        else R[prev * RS + R_TLO] = R[b + R_TLO] as number
         continue
       }
-      if (E[x * ES + E_W] === w) still = true
+      if ((R[x * RS + R_CW] as number) >>> 16 === w) still = true
       prev = x
     }
+    let count = (R[nb + R_CW] as number) & COUNT_MASK
     if (!still) {
-      N[nb + N_COUNT] = ((N[nb + N_COUNT] as number) - 1) | MIXED
+      count--
+      R[nb + R_UP] = (R[nb + R_UP] as number) | MIXED
     }
-    this.lookup.remove(mix3(w, E[b + E_LO] as number, E[b + E_HI] as number), e)
-    E[b + E_W] = NO_WORKER
-    E[b + E_NODE] = NIL
-    E[b + E_NEXT] = this.eFreeHead
-    this.eFreeHead = e
+    if (e === node) {
+      // the node's own entry: its first overflow entry takes the record's place
+      if (head !== NIL) {
+        const hb = head * RS
+        const hw = (R[hb + R_CW] as number) >>> 16
+        R[nb + R_CW] = (hw << 16) | count
+        R[nb + R_BLO] = R[hb + R_BLO] as number
+        R[nb + R_BHI] = R[hb + R_BHI] as number
+        this.setHead(node, head, R[hb + R_TLO] as number)
+        const h = mix3(hw, R[hb + R_BLO] as number, R[hb + R_BHI] as number)
+        this.lookup.remove(h, head)
+        this.lookup.insert(h, node)
+        this.freeRecord(head)
+      } else R[nb + R_CW] = CW_EMPTY | count
+    } else {
+      R[nb + R_CW] = ((R[nb + R_CW] as number) & ~COUNT_MASK) | count
+      this.freeRecord(e)
+    }
     this.liveEntries--
     this.wSize[w] = (this.wSize[w] as number) - 1
-    if (((N[nb + N_COUNT] as number) & COUNT_MASK) === 0) this.freeNode(node)
-  }
-
-  private growEntries(): void {
-    this.eCap = Math.min(Math.ceil(this.eCap * GROWTH), MAX_SLOT + 1)
-    this.E = this.grownCopy(this.E, this.eCap * ES)
+    if (count === 0) this.freeNode(node)
   }
 
   // ------------------------------------------------------------------------------------------
@@ -998,10 +1123,10 @@ export class KvIndex {
     const events: RouterEvent[] = []
     const children = new Map<number, number[]>()
     const detachedTops: number[] = []
-    for (let node = 1; node < this.nHigh; node++) {
-      if (this.N[node * NS + N_PARENT] === NIL) continue
+    for (let node = 1; node < this.rHigh; node++) {
+      if (!this.isNode(node)) continue
       if (this.isAttached(node)) {
-        const p = this.N[node * NS + N_PARENT] as number
+        const p = (this.R[node * RS + R_UP] as number) & UP_SLOT
         const list = children.get(p)
         if (list === undefined) children.set(p, [node])
         else list.push(node)
@@ -1022,12 +1147,12 @@ export class KvIndex {
       }
     }
     const heldBh = (w: number, node: number): bigint | null => {
-      for (let e = this.N[node * NS + N_FIRST] as number; e !== NIL; e = this.E[e * ES + E_NEXT] as number) {
-        if (this.E[e * ES + E_W] === w) return u64FromParts(this.E[e * ES + E_LO] as number, this.E[e * ES + E_HI] as number)
+      for (let e = this.firstHolder(node); e !== NIL; e = this.nextHolder(node, e)) {
+        if ((this.R[e * RS + R_CW] as number) >>> 16 === w) return u64FromParts(this.R[e * RS + R_BLO] as number, this.R[e * RS + R_BHI] as number)
       }
       return null
     }
-    const tok = (node: number): bigint => u64FromParts(this.N[node * NS + N_TLO] as number, this.N[node * NS + N_THI] as number)
+    const tok = (node: number): bigint => u64FromParts(this.R[node * RS + R_TLO] as number, this.R[node * RS + R_THI] as number)
     let anchorCounter = 0
 
     const region = (top: number): void => {
@@ -1041,8 +1166,8 @@ export class KvIndex {
       const queue = top === ROOT ? [...(children.get(ROOT) ?? [])] : [top]
       for (let qi = 0; qi < queue.length; qi++) {
         const node = queue[qi] as number
-        for (let e = this.N[node * NS + N_FIRST] as number; e !== NIL; e = this.E[e * ES + E_NEXT] as number) {
-          const w = this.E[e * ES + E_W] as number
+        for (let e = this.firstHolder(node); e !== NIL; e = this.nextHolder(node, e)) {
+          const w = (this.R[e * RS + R_CW] as number) >>> 16
           const missing: number[] = []
           let parentHash: bigint | null = null
           let needAnchor = false
@@ -1051,7 +1176,7 @@ export class KvIndex {
               needAnchor = true
               break
             }
-            const p = this.N[x * NS + N_PARENT] as number
+            const p = (this.R[x * RS + R_UP] as number) & UP_SLOT
             if (p === ROOT) break
             const held = heldBh(w, p)
             if (held !== null) {
@@ -1076,7 +1201,7 @@ export class KvIndex {
             bridges.push(h)
             blocks.push({ block_hash: h, tokens_hash: tok(missing[i] as number) })
           }
-          blocks.push({ block_hash: u64FromParts(this.E[e * ES + E_LO] as number, this.E[e * ES + E_HI] as number), tokens_hash: tok(node) })
+          blocks.push({ block_hash: u64FromParts(this.R[e * RS + R_BLO] as number, this.R[e * RS + R_BHI] as number), tokens_hash: tok(node) })
           push(w, { stored: { parent_hash: parentHash, blocks } })
           if (bridges.length > 0) push(w, { removed: { block_hashes: bridges } })
         }
@@ -1115,38 +1240,37 @@ export class KvIndex {
       p.worker[o + WORKER.lastIdHi] = this.wEvHi[w] as number
       wIndex[w] = k++
     }
-    const N = this.N
-    const E = this.E
+    const R = this.R
     // a node's number in the part, once written; the chain above a node not yet written is
     // walked up to a written (or top) node and written down from there, so parents come first
-    const index = new Int32Array(this.nHigh).fill(NIL)
-    const stack = new Int32Array(this.nHigh)
+    const index = new Int32Array(this.rHigh).fill(NIL)
+    const stack = new Int32Array(this.rHigh)
     let n = 0
     let e = 0
-    for (let node = 1; node < this.nHigh; node++) {
-      if (((N[node * NS + N_COUNT] as number) & FREE) !== 0 || index[node] !== NIL) continue
+    for (let node = 1; node < this.rHigh; node++) {
+      if (!this.isNode(node) || index[node] !== NIL) continue
       let sp = 0
       for (let x = node; ; ) {
         if (sp === stack.length) throw new Error('the index holds a cycle of nodes')
         stack[sp++] = x
         if (!this.isAttached(x)) break
-        const parent = N[x * NS + N_PARENT] as number
+        const parent = (R[x * RS + R_UP] as number) & UP_SLOT
         if (parent === ROOT || index[parent] !== NIL) break
         x = parent
       }
       while (sp > 0) {
         const x = stack[--sp] as number
-        const b = x * NS
-        const parent = N[b + N_PARENT] as number
+        const b = x * RS
+        const parent = (R[b + R_UP] as number) & UP_SLOT
         const ref = !this.isAttached(x) ? UP_DETACHED : parent === ROOT ? UP_ROOT : (index[parent] as number) + 1
-        p.up[n] = ((N[b + N_COUNT] as number) & MIXED) !== 0 ? (ref | UP_MIXED) >>> 0 : ref
-        p.tokLo[n] = N[b + N_TLO] as number
-        p.tokHi[n] = N[b + N_THI] as number
+        p.up[n] = ((R[b + R_UP] as number) & MIXED) !== 0 ? (ref | UP_MIXED) >>> 0 : ref
+        p.tokLo[n] = R[b + R_TLO] as number
+        p.tokHi[n] = R[b + R_THI] as number
         let c = 0
-        for (let en = N[b + N_FIRST] as number; en !== NIL; en = E[en * ES + E_NEXT] as number, c++, e++) {
-          p.blockLo[e] = E[en * ES + E_LO] as number
-          p.blockHi[e] = E[en * ES + E_HI] as number
-          p.owner[e] = wIndex[E[en * ES + E_W] as number] as number
+        for (let en = this.firstHolder(x); en !== NIL; en = this.nextHolder(x, en), c++, e++) {
+          p.blockLo[e] = R[en * RS + R_BLO] as number
+          p.blockHi[e] = R[en * RS + R_BHI] as number
+          p.owner[e] = wIndex[(R[en * RS + R_CW] as number) >>> 16] as number
         }
         p.count[n] = c
         index[x] = n++
@@ -1189,7 +1313,7 @@ export class KvIndex {
       this.wEvHi[w] = p.worker[o + WORKER.lastIdHi] as number
     }
     if (held.length > 0) this.dropEntriesOf(held)
-    this.reserve(p.nodes, p.entries)
+    this.reserve(p.entries)
     const nodeSlot = new Int32Array(p.nodes)
     const { count, owner, blockLo, blockHi, up } = p
     let e = 0
@@ -1197,8 +1321,10 @@ export class KvIndex {
     for (let i = 0; i < p.nodes; i++) {
       const c = count[i] as number
       let slot = NIL
-      // last first: entries are prepended to a node's list, so its order comes back as written
-      for (let j = e + c - 1; j >= e; j--) {
+      // the first into the node's own record, then the rest last first: they are prepended to
+      // its overflow list, so its order comes back as written
+      for (let k = 0; k < c; k++) {
+        const j = k === 0 ? e : e + c - k
         const w = slotOf[owner[j] as number] as number
         if (w === NIL) continue
         const lo = (blockLo[j] as number) | 0
@@ -1213,7 +1339,7 @@ export class KvIndex {
         this.addEntry(w, slot, lo, hi)
         added++
       }
-      if (slot !== NIL && ((up[i] as number) & UP_MIXED) !== 0) this.N[slot * NS + N_COUNT] = (this.N[slot * NS + N_COUNT] as number) | MIXED
+      if (slot !== NIL && ((up[i] as number) & UP_MIXED) !== 0) this.R[slot * RS + R_UP] = (this.R[slot * RS + R_UP] as number) | MIXED
       nodeSlot[i] = slot
       e += c
       if ((i & 255) === 255 && this.interrupt !== null) this.interrupt()
@@ -1233,21 +1359,16 @@ export class KvIndex {
   }
 
   /**
-   * Room for `nodes` more nodes and `entries` more entries at once, so a load copies each array
-   * at most once; an empty lookup table is sized for the entries instead of growing through
-   * rebuilds.
+   * Room for `entries` more entries at once (every node holds one, in its own record), so a load
+   * copies the records at most once; an empty lookup table is sized for the entries instead of
+   * growing through rebuilds.
    */
-  private reserve(nodes: number, entries: number): void {
-    const nodeCap = Math.min(this.nHigh + nodes, MAX_SLOT + 1)
-    if (nodeCap > this.nCap) {
-      this.nCap = nodeCap
-      this.N = this.grownCopy(this.N, nodeCap * NS)
-    }
+  private reserve(entries: number): void {
     const add = Math.min(entries, this.maxBlocks)
-    const entryCap = Math.min(this.eHigh + add, MAX_SLOT + 1)
-    if (entryCap > this.eCap) {
-      this.eCap = entryCap
-      this.E = this.grownCopy(this.E, entryCap * ES)
+    const cap = Math.min(this.rHigh + add, MAX_SLOT + 1)
+    if (cap > this.rCap) {
+      this.rCap = cap
+      this.R = this.grownCopy(this.R, (cap + 1) * RS)
     }
     if (this.liveEntries === 0 && add > this.lookup.live) this.lookup.reset(add)
   }
@@ -1257,7 +1378,7 @@ export class KvIndex {
 
   /** Bytes held by the index's typed arrays (what a cap on blocks bounds). */
   get bytes(): number {
-    const b = this.N.byteLength + this.E.byteLength + this.children.bytes + this.lookup.bytes + this.wTable.byteLength
+    const b = this.R.byteLength + this.freeStack.byteLength + this.children.bytes + this.lookup.bytes + this.heads.bytes + this.wTable.byteLength
     return b + this.wIdLo.length * 17
   }
 }

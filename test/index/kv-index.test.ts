@@ -377,3 +377,26 @@ t.test('queries stay exact when the stamps wrap past 2^32 - 1', async (t) => {
   t.equal(stamps.stamp, 1)
   t.same(scores(ix, [1, 2]), { '1:0': 2, '2:0': 2 })
 })
+
+t.test("a slot's generation wraps at 16 bits: the children it had before stay detached", async (t) => {
+  const ix = new KvIndex()
+  // worker 1: A (tokens 1) and its child B (tokens 2); A leaves, B stays, detached
+  apply(ix, chain(1, null, [1, 2]))
+  const a = ix.nodeSlotOf(ix.workerSlot(1, 0, 0), 100, 0)
+  t.equal(apply(ix, removed(1, [100])), 0)
+  // worker 2 stores and removes a first block, each time in A's old slot, one generation later:
+  // 65,535 frees bring the slot's generation back to the one B was made under
+  const store = toDecoded(stored(2, null, [[5000, 1]]))
+  const remove = toDecoded(removed(2, [5000]))
+  for (let i = 0; i < 65535; i++) {
+    ix.apply(store)
+    ix.apply(remove)
+  }
+  t.equal(apply(ix, stored(2, null, [[5000, 1]])), 0)
+  t.equal(ix.nodeSlotOf(ix.workerSlot(2, 0, 0), 5000, 0), a, "in A's old slot, at B's parent generation again")
+  // B is no child of it: worker 2's block with B's tokens makes a node of its own
+  t.equal(apply(ix, stored(2, 5000, [[5001, 2]])), 0)
+  t.equal(ix.liveNodes, 1 + 3, "the root, B, worker 2's two")
+  t.same(scores(ix, [1, 2]), { '2:0': 2 })
+  t.same(sizes(ix), { '1:0': 1, '2:0': 2 })
+})

@@ -1,0 +1,121 @@
+// bench:fleet-sim: overlaps read from a KvIndex fed with the engines' own KV events route exactly
+// as overlaps read from the engines' pools (the index is exact), fleets with dp ranks and copies
+// of the slice are what the config says, and bad options exit 2 with the reason.
+import t from 'tap'
+import type { Test } from 'tap'
+import { spawnSync } from 'node:child_process'
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
+import { tmpdir } from 'node:os'
+import { join } from 'node:path'
+import { repoRoot } from '../lib/common.js'
+
+const SIM = join(repoRoot(), 'dist', 'bench', 'fleet-sim.js')
+
+interface ModeResult {
+  hit_rate: number
+  ttft_ms: { p50: number; p90: number; p99: number }
+  spread: number | null
+  wall: {
+    decisions: number
+    find_matches_us: { p50: number } | null
+    replayed_decision_us: { p50: number; p99: number } | null
+    events: number
+    block_ops: number
+    index_bytes: number | null
+  }
+}
+interface Result {
+  hit_rate_bound: number
+  config: { worker_ranks: number; requests: number; dp_size: number; duplicate: number; overlaps_from: string }
+  modes: Record<string, ModeResult>
+}
+
+function run(t: Test, args: string[]): Result {
+  const dir = mkdtempSync(join(tmpdir(), 'kvr-fleet-sim-'))
+  t.teardown(() => rmSync(dir, { recursive: true, force: true }))
+  const out = join(dir, 'out.json')
+  const r = spawnSync(process.execPath, [SIM, ...args, '--out', out], { encoding: 'utf8', timeout: 120_000 })
+  t.equal(r.status, 0, `${args.join(' ')}: ${r.stderr}`)
+  return JSON.parse(readFileSync(out, 'utf8')) as Result
+}
+
+t.test('overlaps from the index route exactly as overlaps from the engines', async (t) => {
+  const args = ['--minutes', '3', '--modes', 'kv,kv-dynamo']
+  const pools = run(t, args)
+  const index = run(t, [...args, '--index'])
+  t.equal(pools.config.overlaps_from, 'engines')
+  t.equal(index.config.overlaps_from, 'index')
+  for (const mode of ['kv', 'kv-dynamo']) {
+    const a = pools.modes[mode] as ModeResult
+    const b = index.modes[mode] as ModeResult
+    t.ok(a.hit_rate > 0, `${mode}: some prefix was reused`)
+    t.equal(b.hit_rate, a.hit_rate, `${mode}: same hit rate`)
+    t.same(b.ttft_ms, a.ttft_ms, `${mode}: same TTFTs`)
+    t.equal(b.spread, a.spread, `${mode}: same spread`)
+    t.ok(b.wall.events > 0 && b.wall.block_ops >= b.wall.events, `${mode}: the index took the engines' events`)
+    t.ok(b.wall.find_matches_us !== null, `${mode}: find_matches timed`)
+    t.equal(a.wall.events, 0, `${mode}: no index without --index`)
+  }
+})
+
+t.test('dp ranks and copies of the slice make the fleet and workload the config names', async (t) => {
+  const one = run(t, ['--minutes', '1', '--modes', 'kv'])
+  const r = run(t, ['--minutes', '1', '--modes', 'kv', '--workers', '2', '--dp-size', '4', '--duplicate', '3', '--index', '--replay-decisions'])
+  t.equal(r.config.worker_ranks, 8)
+  t.equal(r.config.requests, 3 * one.config.requests, 'three disjoint copies of the slice')
+  t.ok(Math.abs(r.hit_rate_bound - one.hit_rate_bound) < 1e-9, 'disjoint copies keep the bound')
+  const kv = r.modes.kv as ModeResult
+  t.ok(kv.wall.decisions >= r.config.requests, 'every request decided at least once')
+  t.ok(kv.hit_rate <= r.hit_rate_bound + 1e-9, 'no more hits than the bound')
+  t.ok(kv.hit_rate > 0.8 * r.hit_rate_bound, 'ranks of one worker each hold their own cache')
+  // the run fails when a replayed decision differs from the simulation's, so reaching here says they agree
+  t.ok(kv.wall.replayed_decision_us !== null && kv.wall.replayed_decision_us.p99 >= kv.wall.replayed_decision_us.p50, 'decisions replayed and timed')
+})
+
+t.test('the pruned selection routes the trace as the full scan does, on a fleet with dp ranks', async (t) => {
+  const r = run(t, ['--minutes', '2', '--workers', '4', '--dp-size', '4', '--duplicate', '2', '--modes', 'kv,kv-full-scan', '--index', '--replay-decisions'])
+  const kv = r.modes.kv as ModeResult
+  const full = r.modes['kv-full-scan'] as ModeResult
+  t.ok(kv.hit_rate > 0)
+  t.equal(kv.hit_rate, full.hit_rate, 'same hit rate')
+  t.same(kv.ttft_ms, full.ttft_ms, 'same TTFTs')
+  t.equal(kv.spread, full.spread, 'same spread')
+  t.equal(kv.wall.decisions, full.wall.decisions, 'as many decisions')
+})
+
+t.test('bench:fleet-scale runs each size in its own process and draws the figure', async (t) => {
+  const r = spawnSync(process.execPath, [join(repoRoot(), 'dist', 'bench', 'fleet-scale.js'), '--ranks', '8,16', '--minutes', '0.5', '--ranks-per-copy', '8'], {
+    encoding: 'utf8',
+    timeout: 120_000,
+  })
+  t.equal(r.status, 0, r.stderr)
+  const j = JSON.parse(readFileSync(join(repoRoot(), 'bench', 'results', 'fleet-scale.json'), 'utf8')) as {
+    results: { ranks: number; copies: number; modes: Record<string, ModeResult> }[]
+  }
+  t.same(
+    j.results.map((x) => [x.ranks, x.copies]),
+    [
+      [8, 1],
+      [16, 2],
+    ],
+  )
+  for (const x of j.results) t.ok((x.modes.kv as ModeResult).wall.replayed_decision_us !== null, `${x.ranks}: replayed`)
+  const svg = readFileSync(join(repoRoot(), 'bench', 'results', 'fleet-scale.svg'), 'utf8')
+  t.match(svg, /^<svg /)
+  t.equal((svg.match(/<polyline /g) ?? []).length, 5, 'a line per cost')
+  const bad = spawnSync(process.execPath, [join(repoRoot(), 'dist', 'bench', 'fleet-scale.js'), '--ranks', '12'], { encoding: 'utf8', timeout: 30_000 })
+  t.equal(bad.status, 2)
+  t.match(bad.stderr, /--ranks: 12 is not a multiple of --dp-size 8/)
+})
+
+t.test('bad options exit 2 with the reason', async (t) => {
+  for (const [args, want] of [
+    [['--dp-size', '0'], /--dp-size must be a number ≥ 1/],
+    [['--duplicate', '1.5'], /--duplicate must be an integer/],
+    [['--indexx'], /unknown option "--indexx"/],
+  ] as const) {
+    const r = spawnSync(process.execPath, [SIM, ...args], { encoding: 'utf8', timeout: 30_000 })
+    t.equal(r.status, 2, args.join(' '))
+    t.match(r.stderr, want)
+  }
+})

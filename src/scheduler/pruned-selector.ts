@@ -13,6 +13,8 @@
 // flight, the least loaded candidate within NEAR_TIE of C (as nearTiePick). A decision scores the
 // matched candidates, the first classes of each group (distinct counts of requests in flight)
 // and the classes whose bound comes under what it has found: never the worker-ranks one by one.
+// The latency bounds are computed once a decision where they repeat across groups (groupBound),
+// and a queued class is first held to its group's bound grown with its wait (qBeyond).
 //
 // Exact ties: the full scan's rule (Selector's header), one draw among the k equal candidates;
 // the j-th from the last is found by counting over the tied classes' sorted members, not by

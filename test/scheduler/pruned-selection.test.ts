@@ -14,6 +14,7 @@ import {
   kvUsage,
   LatencyTerms,
   latencyLowerBound,
+  ownAtLeast,
   latencyTerms,
   NEAR_TIE,
   prefillSteps,
@@ -471,6 +472,7 @@ t.test("the latency cost's lower bound never exceeds the cost, and grows with th
   const out = new LatencyTerms()
   let worst = 0
   let over = 0
+  let overLinear = 0
   let falls = 0
   for (let i = 0; i < 100_000; i++) {
     const inFlight = rng.next() < 0.2 ? 0 : rng.int(64)
@@ -492,11 +494,16 @@ t.test("the latency cost's lower bound never exceeds the cost, and grows with th
     const below = wait * rng.next()
     const bound = latencyLowerBound(wait, uncached, inFlight, chunk, stepMin, stepMax, added, total, fleet)
     const lower = latencyLowerBound(below, uncached, inFlight, chunk, stepMin, stepMax, added, total, fleet)
+    // the bound at no wait grown linearly with the wait, by the least own time: below the bound
+    const atZero = latencyLowerBound(0, uncached, inFlight, chunk, stepMin, stepMax, added, total, fleet)
+    const linear = atZero + (wait * (1 + fleet.arrivalsPerMs * ownAtLeast(0, uncached, chunk, stepMin))) / 1000
+    if (linear > bound * (1 + 1e-12)) overLinear++
     if (bound > cost * (1 + 1e-12) || lower > cost * (1 + 1e-12)) over++
     if (lower > bound * (1 + 1e-12)) falls++
     if (cost > 0) worst = Math.max(worst, bound / cost)
   }
   t.equal(over, 0, `bound ≤ cost in 100,000 random cases (closest: ${worst.toFixed(6)} of the cost)`)
+  t.equal(overLinear, 0, 'the bound at no wait grown with the wait (ownAtLeast) never exceeds the bound')
   t.equal(falls, 0, 'a smaller wait never bounds higher')
   t.ok(worst > 0.99, 'and tight somewhere')
   // nothing to prefill and capacity unknown: the bound is the cost

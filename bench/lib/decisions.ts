@@ -523,7 +523,8 @@ export function decisionTable(results: readonly DecisionResult[], reps: number):
   for (const r of sizeRatios(results)) {
     const f2 = (x: number | null): string => (x === null ? '–' : x.toFixed(2))
     lines.push(
-      `${shape(r)} ÷ 64: p99 ${f2(r.p99)}${r.ranks === 7000 ? ' (bar ≤ 2)' : ''}, p50 ${f2(r.p50)}; selection alone p99 ${f2(r.selectP99)}, p50 ${f2(r.selectP50)}` +
+      `${shape(r)} ÷ 64: p99 ${f2(r.p99)}${r.ranks === 7000 ? ' (bar ≤ 2)' : ''}, p50 ${f2(r.p50)}; ` +
+        `selection alone p99 ${f2(r.selectP99)}, p50 ${f2(r.selectP50)}` +
         (r.baseP99 === null ? '' : `; the other build p99 ${f2(r.baseP99)}, p50 ${f2(r.baseP50)}`),
     )
   }

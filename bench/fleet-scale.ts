@@ -16,7 +16,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { resultsDir } from './lib/common.js'
+import { resultsDir, textTable } from './lib/common.js'
 import { renderScaleSvg } from './lib/scale-plot.js'
 import type { ScaleSeries } from './lib/scale-plot.js'
 
@@ -158,9 +158,7 @@ function main(): void {
         mib(m.wall.scheduler_bytes),
         m.wall.run_s.toFixed(0),
       ])
-  const w = header.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)))
-  const line = (cells: string[]): string => cells.map((c, i) => (i <= 2 ? c.padEnd(w[i] as number) : c.padStart(w[i] as number))).join(' | ')
-  console.log([line(header), w.map((n) => '-'.repeat(n)).join('-|-'), ...rows.map(line)].join('\n'))
+  console.log(textTable(header, rows, 3))
   const at = (mode: string, f: (m: SimMode) => number | null | undefined): (readonly [number, number])[] =>
     results.flatMap((r) => {
       const m = r.modes[mode]

@@ -38,7 +38,7 @@ import { percentile, summarize } from '../src/sim/replay/summary.js'
 import type { ReplaySummary } from '../src/sim/replay/summary.js'
 import { renderE2eSvg } from './lib/e2e-plot.js'
 import { parseProfileList, timingsFor } from '../src/sim/mocker/profiles.js'
-import { repoRoot, resultsDir } from './lib/common.js'
+import { repoRoot, resultsDir, textTable } from './lib/common.js'
 import { cpuSample, cpuShares, start, stop, workerIds } from './lib/processes.js'
 import type { Child } from './lib/processes.js'
 
@@ -323,12 +323,6 @@ function kvBars(name: string, bound: number, kv: ReplaySummary, rr: ReplaySummar
   return bars
 }
 
-function table(header: string[], rows: string[][]): string {
-  const w = header.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)))
-  const line = (cells: string[]): string => cells.map((c, i) => (i === 0 ? c.padEnd(w[i] as number) : c.padStart(w[i] as number))).join(' | ')
-  return [line(header), w.map((n) => '-'.repeat(n)).join('-|-'), ...rows.map(line)].join('\n')
-}
-
 interface ResultJson {
   date: string
   hit_rate_bound: number
@@ -441,7 +435,7 @@ async function main(): Promise<void> {
   })
   console.log(`\nper mode (times in SIMULATED ms = wall × ${a.speedup}; throughput per simulated second)`)
   console.log(
-    table(
+    textTable(
       [
         'mode',
         'requests',
@@ -465,7 +459,7 @@ async function main(): Promise<void> {
   console.log(`infinite-cache bound: ${pct(bound.hitRate)}`)
   console.log('\ntargets')
   console.log(
-    table(
+    textTable(
       ['check', 'value', 'target', 'result'],
       bars.map((b) => [b.bar, b.value, b.target, b.pass === null ? 'n/a' : b.pass ? 'PASS' : 'FAIL']),
     ),

@@ -3,7 +3,8 @@
 // overlaps read from a KvIndex fed with the engines' own KV events. The fleets are W workers × R
 // dp ranks; every size gets the same load per worker-rank: one copy of the trace slice, under
 // disjoint block ids, per `--ranks-per-copy` worker-ranks, and engines of `--kv-blocks` blocks. Reported per size and mode: the route
-// decision (Scheduler.tryRoute) p50/p99 µs, replayed alone (--replay-decisions) and as timed inside the simulation, find_matches p50/p99 µs, the index's event apply in
+// decision (Scheduler.tryRoute) p50/p99 µs, replayed alone (--replay-decisions) and as timed
+// inside the simulation, find_matches p50/p99 µs, the index's event apply in
 // block ops/s, and what the index and the scheduler hold in memory at the end — all wall time on
 // this machine, so compare sizes within one run. The figure (log-log) goes to
 // bench/results/fleet-scale.svg.
@@ -15,7 +16,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { resultsDir } from './lib/common.js'
+import { resultsDir, textTable } from './lib/common.js'
 import { renderScaleSvg } from './lib/scale-plot.js'
 import type { ScaleSeries } from './lib/scale-plot.js'
 
@@ -129,6 +130,8 @@ function main(): void {
     '÷ bound',
     'decision p50 µs',
     'p99 µs',
+    'in the simulation: p50 µs',
+    'p99 µs',
     'find_matches p50 µs',
     'p99 µs',
     'apply block ops/s',
@@ -155,9 +158,7 @@ function main(): void {
         mib(m.wall.scheduler_bytes),
         m.wall.run_s.toFixed(0),
       ])
-  const w = header.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)))
-  const line = (cells: string[]): string => cells.map((c, i) => (i <= 2 ? c.padEnd(w[i] as number) : c.padStart(w[i] as number))).join(' | ')
-  console.log([line(header), w.map((n) => '-'.repeat(n)).join('-|-'), ...rows.map(line)].join('\n'))
+  console.log(textTable(header, rows, 3))
   const at = (mode: string, f: (m: SimMode) => number | null | undefined): (readonly [number, number])[] =>
     results.flatMap((r) => {
       const m = r.modes[mode]
@@ -175,7 +176,8 @@ function main(): void {
   series.push({ name: 'scheduler memory', unit: 'MiB', points: at(first, (m) => (m.wall.scheduler_bytes === null ? null : m.wall.scheduler_bytes / 2 ** 20)) })
   const svg = renderScaleSvg(
     'What a request costs the router, by fleet size',
-    `bench:fleet-sim, ${a.minutes} min of the conversation trace per ${a.ranksPerCopy} worker-ranks, ${a.dpSize} dp ranks per worker; wall time on this machine`,
+    `bench:fleet-sim, ${a.minutes} min of the conversation trace per ${a.ranksPerCopy} worker-ranks, ` +
+      `${a.dpSize} dp ranks per worker; wall time on this machine`,
     series,
   )
   const svgFile = join(resultsDir(), 'fleet-scale.svg')

@@ -35,7 +35,7 @@ import type { EngineRequest, RequestListener } from '../src/sim/mocker/engine.js
 import { Scheduler } from '../src/scheduler/scheduler.js'
 import type { SchedulerOptionsInput } from '../src/scheduler/options.js'
 import { percentile } from '../src/sim/replay/summary.js'
-import { repoRoot, resultsDir } from './lib/common.js'
+import { repoRoot, resultsDir, textTable } from './lib/common.js'
 import { duplicateTrace } from './lib/mooncake-workload.js'
 
 const BLOCK_SIZE = 64
@@ -473,12 +473,6 @@ function simulate(mode: string, requests: TraceRequest[], a: Args, blocksPerWork
   }
 }
 
-function table(header: string[], rows: string[][]): string {
-  const w = header.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)))
-  const line = (cells: string[]): string => cells.map((c, i) => (i === 0 ? c.padEnd(w[i] as number) : c.padStart(w[i] as number))).join(' | ')
-  return [line(header), w.map((n) => '-'.repeat(n)).join('-|-'), ...rows.map(line)].join('\n')
-}
-
 function main(): void {
   const a = parseArgs(process.argv.slice(2))
   const from = a.offset * 60_000
@@ -557,7 +551,7 @@ function main(): void {
       (o.schedulerBytes / 2 ** 20).toFixed(1),
     ])
   }
-  console.log(table(['mode', 'hit rate', '÷ bound', 'TTFT p50', 'TTFT p90', 'TTFT p99', 'E2E mean', 'spread', 'run s'], rows))
+  console.log(textTable(['mode', 'hit rate', '÷ bound', 'TTFT p50', 'TTFT p90', 'TTFT p99', 'E2E mean', 'spread', 'run s'], rows))
   if (rrP90 !== null) {
     const ratios = rows.filter((r) => r[0] !== 'round-robin').map((r) => `${r[0]} ${(Number(r[4]) / (rrP90 as number)).toFixed(3)}`)
     console.log(`TTFT p90 ÷ round-robin's: ${ratios.join(', ')}`)
@@ -565,7 +559,7 @@ function main(): void {
   console.log('(times in simulated ms; spread = max ÷ min requests per engine)')
   console.log('\nwhat the router paid, in wall time on this machine:')
   console.log(
-    table(
+    textTable(
       [
         'mode',
         'decisions',

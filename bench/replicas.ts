@@ -31,7 +31,7 @@ import { summarize } from '../src/sim/replay/summary.js'
 import type { ReplaySummary } from '../src/sim/replay/summary.js'
 import { startEtcd, startHaproxy, startNats } from '../src/deploy/services.js'
 import type { EtcdServer, HaproxyServer, NatsServer } from '../src/deploy/services.js'
-import { repoRoot, resultsDir } from './lib/common.js'
+import { repoRoot, resultsDir, textTable } from './lib/common.js'
 import { cpuSample, cpuShares, start, stop, workerIds } from './lib/processes.js'
 import type { Child } from './lib/processes.js'
 import { ArgError, counterSum, parseReplicasArgs, replicaBars, SETUPS } from './lib/replicas.js'
@@ -176,12 +176,6 @@ function ms(v: number | null): string {
   return v === null ? 'n/a' : v >= 100 ? v.toFixed(0) : v.toFixed(1)
 }
 
-function table(header: string[], rows: string[][]): string {
-  const w = header.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)))
-  const line = (cells: string[]): string => cells.map((c, i) => (i === 0 ? c.padEnd(w[i] as number) : c.padStart(w[i] as number))).join(' | ')
-  return [line(header), w.map((n) => '-'.repeat(n)).join('-|-'), ...rows.map(line)].join('\n')
-}
-
 async function main(): Promise<void> {
   let a: ReplicasArgs
   try {
@@ -257,12 +251,15 @@ async function main(): Promise<void> {
     `\nper setup (TTFT in SIMULATED ms = wall × ${a.speedup}; spread = max/min requests per engine; races = kvrouter_replica_races_total, all replicas)`,
   )
   console.log(
-    table(['setup', 'requests', 'errors', 'hit rate', 'TTFT p50', 'TTFT p90', 'TTFT p99', 'spread', 'races', 'per replica', 'send lag p99 (wall ms)'], rows),
+    textTable(
+      ['setup', 'requests', 'errors', 'hit rate', 'TTFT p50', 'TTFT p90', 'TTFT p99', 'spread', 'races', 'per replica', 'send lag p99 (wall ms)'],
+      rows,
+    ),
   )
   console.log(`infinite-cache bound: ${pct(bound.hitRate)}`)
   console.log('\ntargets')
   console.log(
-    table(
+    textTable(
       ['check', 'value', 'target', 'result'],
       bars.map((b) => [b.bar, b.value, b.target, b.pass === null ? 'n/a' : b.pass ? 'PASS' : 'FAIL']),
     ),

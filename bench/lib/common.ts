@@ -124,3 +124,10 @@ export async function bytesApp(): Promise<import('fastify').FastifyInstance> {
 export function standInAgent(): Agent {
   return new Agent({ connections: 1024, keepAliveTimeout: 30_000 })
 }
+
+/** A plain-text table: the first `left` columns aligned left, the others right (figures). */
+export function textTable(header: readonly string[], rows: readonly (readonly string[])[], left = 1): string {
+  const w = header.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] ?? '').length)))
+  const line = (cells: readonly string[]): string => cells.map((c, i) => (i < left ? c.padEnd(w[i] as number) : c.padStart(w[i] as number))).join(' | ')
+  return [line(header), w.map((n) => '-'.repeat(n)).join('-|-'), ...rows.map(line)].join('\n')
+}

@@ -1,4 +1,4 @@
-// The index against the one it replaced (test/helpers/reference-index/, the radix tree with one
+// The index against the one it replaced (bench/test/reference-index/, the radix tree with one
 // record per node and one per entry), on the benchmark's workload: the Mooncake trace through
 // simulated engines (bench/lib/index-workload.ts), every lookup answered alike (worker-rank,
 // overlap, tree size), every event with the same status, the same tree sizes and dumps at the end.
@@ -10,7 +10,7 @@ import { KvIndex } from '../../src/index/kv-index.js'
 import { EventDecoder } from '../../src/codec/event-decoder.js'
 import { u64Hi, u64Lo } from '../../src/codec/u64.js'
 import { buildIndexWorkload, type WorkerAssignment } from '../lib/index-workload.js'
-import { KvIndex as ReferenceIndex } from '../../test/helpers/reference-index/kv-index.js'
+import { KvIndex as ReferenceIndex } from './reference-index/kv-index.js'
 import { createHash } from 'node:crypto'
 import type { RouterEvent } from '../../src/codec/events.js'
 

@@ -184,6 +184,7 @@ const SERVE_ROWS = [
   }),
   sched.blockSize,
   sched.cost,
+  sched.learnEngines,
   sched.overlapScoreWeight,
   sched.overlapScoreCredit,
   sched.overlapScoreCreditDecay,

@@ -53,6 +53,19 @@ export const SCHEDULER_ROWS = [
       "tuned by the next four flags. The one default that differs from Dynamo's.",
   }),
   opt({
+    flag: '--router-learn-engines',
+    key: 'learnEngines',
+    env: ['KVR_ROUTER_LEARN_ENGINES'],
+    kind: 'bool',
+    dflt: true,
+    help: "latency cost: learn each worker-rank's prefill and decode speed from the requests it serves (--no-router-learn-engines: the fixed model)",
+    doc:
+      "`--router-cost latency`: learn each worker-rank's engine model (prefill per-token and per-step cost, decode step time and its growth with KV " +
+      'usage) from the time to first token and inter-token times of the streamed requests it serves, starting from the default model; ' +
+      '`--no-router-learn-engines` prices every worker-rank with the fixed default model. See [cost](cost.md#what-the-cost-learns).',
+    noEffect: { when: { cost: 'dynamo' }, says: "tunes the latency cost and has no effect under --router-cost dynamo" },
+  }),
+  opt({
     flag: '--router-block-size',
     key: 'blockSize',
     env: ['DYN_ROUTER_BLOCK_SIZE', 'DYN_KV_CACHE_BLOCK_SIZE'],

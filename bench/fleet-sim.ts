@@ -16,9 +16,16 @@
 // the decisions timed in the simulation; --replay-decisions replays each mode's scheduler calls
 // alone against a fresh scheduler (same states, same decisions, checked) and times them there.
 //
+// Engines. --engine-profile gives each worker a timing profile and speed (the mocker's syntax,
+// src/sim/mocker/profiles.ts; a worker's dp ranks share its profile); `default` is the latency
+// cost's own engine model, the others are engines it does not model, which the scheduler's
+// per-worker-rank engine estimator (kv; kv-static has it off) learns from the first tokens and the
+// inter-token times it is told of. Reported per timing class (profile@speed) when the fleet mixes
+// them: the class's share of the requests and of the uncached prefill tokens, and its TTFT.
+//
 // Run: npm run bench:fleet-sim [-- --minutes M] [--offset M] [--workers N] [--dp-size R]
 //      [--duplicate D] [--index] [--replay-decisions] [--load X] [--capacity-factor F] [--chunk TOKENS]
-//      [--modes kv,kv-dynamo,...] [--trace FILE] [--out FILE]
+//      [--engine-profile LIST] [--modes kv,kv-dynamo,...] [--trace FILE] [--out FILE]
 import { writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { fullGc } from '../src/runtime/heap-settle.js'
@@ -31,6 +38,8 @@ import type { TraceRequest } from '../src/sim/replay/trace.js'
 import { cacheBound } from '../src/sim/replay/bound.js'
 import { sequenceHashesInto } from '../src/codec/hashing.js'
 import { MockEngine } from '../src/sim/mocker/engine.js'
+import { parseProfileList, timingsFor } from '../src/sim/mocker/profiles.js'
+import type { EngineTiming } from '../src/sim/mocker/profiles.js'
 import type { EngineRequest, RequestListener } from '../src/sim/mocker/engine.js'
 import { Scheduler } from '../src/scheduler/scheduler.js'
 import type { SchedulerOptionsInput } from '../src/scheduler/options.js'
@@ -43,6 +52,8 @@ const BLOCK_SIZE = 64
 /** The modes of bench:e2e, as scheduler options. */
 const MODES: Record<string, SchedulerOptionsInput> = {
   kv: { mode: 'kv' },
+  // the latency cost with the fixed default engine model: what learning the engines adds
+  'kv-static': { mode: 'kv', learnEngines: false },
   'kv-dynamo': { mode: 'kv', cost: 'dynamo' },
   'kv-tuned': { mode: 'kv', cost: 'dynamo', overlapScoreWeight: 10, overlapScoreCredit: 5 },
   // the default kv mode with every candidate scored: the reference the pruned selection must match
@@ -72,6 +83,9 @@ interface Args {
   modes: string[]
   trace: string
   out: string
+  /** --engine-profile as given, and the timing of each worker it makes. */
+  engineProfile: string
+  timings: EngineTiming[]
 }
 
 function fail(msg: string): never {
@@ -94,6 +108,7 @@ function parseArgs(argv: string[]): Args {
     '--modes',
     '--trace',
     '--out',
+    '--engine-profile',
   ]
   let index = false
   let replay = false
@@ -123,10 +138,18 @@ function parseArgs(argv: string[]): Args {
     if (!Number.isInteger(n)) fail(`${name} must be an integer`)
     return n
   }
+  const workers = int('--workers', 8)
+  const engineProfile = v.get('--engine-profile') ?? 'default'
+  let timings: EngineTiming[] = []
+  try {
+    timings = timingsFor(parseProfileList(engineProfile), workers)
+  } catch (err) {
+    fail((err as Error).message)
+  }
   return {
     minutes: num('--minutes', 20, 0.001),
     offset: num('--offset', 0, 0),
-    workers: int('--workers', 8),
+    workers,
     dpSize: int('--dp-size', 1),
     duplicate: int('--duplicate', 1),
     index,
@@ -138,12 +161,32 @@ function parseArgs(argv: string[]): Args {
     modes,
     trace: v.get('--trace') ?? join(repoRoot(), 'data', 'conversation_trace.jsonl'),
     out: v.get('--out') ?? join(resultsDir(), 'fleet-sim.json'),
+    engineProfile,
+    timings,
   }
+}
+
+/** What one timing class (profile@speed) of the fleet got. */
+interface ClassOutcome {
+  label: string
+  timing: EngineTiming
+  engines: number
+  requests: number
+  /** Prompt tokens not found in the prefix cache when first scheduled. */
+  uncachedPrefillTokens: number
+  ttft: Float64Array
 }
 
 interface Outcome {
   hitRate: number
   ttft: Float64Array
+  /** Every inter-token gap (simulated ms): per token, not per request. */
+  itl: Float64Array
+  /** Each request's mean inter-token time ((last token − first) / (tokens − 1)). */
+  tpot: Float64Array
+  /** Requests that did not finish (never routed, or aborted). */
+  errors: number
+  classes: ClassOutcome[]
   e2eMeanMs: number
   perWorker: number[]
   /** Wall µs of each Scheduler.tryRoute call, sorted. */
@@ -159,6 +202,36 @@ interface Outcome {
   indexBytes: number | null
   schedulerBytes: number
   wallS: number
+}
+
+/**
+ * Ends a request, telling the scheduler how many tokens it produced.
+ * The cast: Scheduler.free takes the output tokens once main's engine estimator lands.
+ */
+function freeWithTokens(s: Scheduler, id: string, outputTokens: number): boolean {
+  return (s.free as (id: string, outputTokens?: number) => boolean).call(s, id, outputTokens)
+}
+
+/** Growable sample of numbers (a per-token figure runs to millions a run). */
+class Samples {
+  private a = new Float64Array(1024)
+  private n = 0
+  push(v: number): void {
+    if (this.n === this.a.length) {
+      const grown = new Float64Array(this.a.length * 2)
+      grown.set(this.a)
+      this.a = grown
+    }
+    this.a[this.n++] = v
+  }
+  sorted(): Float64Array {
+    return this.a.slice(0, this.n).sort()
+  }
+}
+
+/** A timing's class name: profile@speed. */
+function timingLabel(t: EngineTiming): string {
+  return `${t.profile}@${t.speed}`
 }
 
 const OP_ROUTE = 0
@@ -180,6 +253,8 @@ class CallLog {
   slotsN = 0
   values: number[] = []
   chose: number[] = []
+  /** For a free: the request's output tokens (the estimator's inter-token observation). */
+  outputTokens: number[] = []
   seq: (readonly [Uint32Array, Uint32Array])[] = []
 
   route(now: number, req: number, overlap: Float64Array, touched: Int32Array, n: number, seqLo: Uint32Array, seqHi: Uint32Array, chose: number): void {
@@ -199,14 +274,15 @@ class CallLog {
     this.chose.push(chose)
   }
 
-  other(kind: number, now: number, req: number): void {
-    this.push(kind, now, req)
+  other(kind: number, now: number, req: number, outputTokens = 0): void {
+    this.push(kind, now, req, outputTokens)
     this.from.push(this.slotsN)
     this.chose.push(-1)
   }
 
-  private push(kind: number, now: number, req: number): void {
+  private push(kind: number, now: number, req: number, outputTokens = 0): void {
     this.kind.push(kind)
+    this.outputTokens.push(outputTokens)
     this.at.push(now)
     this.req.push(req)
   }
@@ -248,7 +324,7 @@ function replayDecisions(mode: string, log: CallLog, requests: TraceRequest[], a
       const id = ids[i] as string
       if (log.kind[k] === OP_PREFILL) s.markPrefillComplete(id)
       else if (log.kind[k] === OP_FREE) {
-        s.free(id)
+        freeWithTokens(s, id, log.outputTokens[k] as number)
         booked[i] = 0
       } else if (booked[i] === 0) {
         const from = log.from[k] as number
@@ -295,6 +371,9 @@ function simulate(mode: string, requests: TraceRequest[], a: Args, blocksPerWork
   let blockOps = 0
   let applyMs = 0
   const engines: MockEngine[] = []
+  const timingOf = (e: number): EngineTiming => a.timings[Math.floor(e / a.dpSize)] as EngineTiming
+  const labels = [...new Set(a.timings.map(timingLabel))]
+  const classOf = Int32Array.from({ length: ranks }, (_, e) => labels.indexOf(timingLabel(timingOf(e))))
   // engine e is worker ⌊e / dpSize⌋ + 1, rank e mod dpSize, and the scheduler's slot e
   for (let e = 0; e < ranks; e++) {
     const rank = e % a.dpSize
@@ -305,6 +384,8 @@ function simulate(mode: string, requests: TraceRequest[], a: Args, blocksPerWork
         blockSize: BLOCK_SIZE,
         numGpuBlocks: blocksPerWorker,
         maxNumBatchedTokens: a.chunk,
+        profile: timingOf(e).profile,
+        speed: timingOf(e).speed,
         autoStep: false,
         now: () => now,
         onEvent:
@@ -333,6 +414,14 @@ function simulate(mode: string, requests: TraceRequest[], a: Args, blocksPerWork
   const idOf = new Map<EngineRequest, number>()
   const sentAt = new Float64Array(requests.length)
   const ttft: number[] = []
+  const ttftByClass = labels.map(() => new Samples())
+  const engineOf = new Int32Array(requests.length)
+  // simulated time of each request's first and latest token, and its output tokens at the end
+  const firstAt = new Float64Array(requests.length)
+  const lastAt = new Float64Array(requests.length)
+  const outputTokens = new Int32Array(requests.length)
+  const itl = new Samples()
+  const tpot = new Samples()
   const decisionUs: number[] = []
   const log = a.replay ? new CallLog() : null
   const matchUs: number[] = []
@@ -344,13 +433,21 @@ function simulate(mode: string, requests: TraceRequest[], a: Args, blocksPerWork
   const steps = new BinaryHeap({ capacity: ranks })
   const firsts: number[][] = engines.map(() => [])
   const ends: number[][] = engines.map(() => [])
+  // requests that made a token after their first in the engine's running step
+  const nexts: number[][] = engines.map(() => [])
+  const token = (e: number, r: EngineRequest): number => {
+    const i = idOf.get(r) as number
+    ;(r.outputTokens === 1 ? firsts[e] : nexts[e])?.push(i)
+    return i
+  }
   const listeners: RequestListener[] = engines.map((_, e) => ({
     onToken: (r) => {
-      if (r.outputTokens === 1) firsts[e]?.push(idOf.get(r) as number)
+      token(e, r)
     },
     onFinish: (r) => {
-      if (r.outputTokens === 1) firsts[e]?.push(idOf.get(r) as number)
-      ends[e]?.push(idOf.get(r) as number)
+      const i = token(e, r)
+      outputTokens[i] = r.outputTokens
+      ends[e]?.push(i)
     },
   }))
   const overlap = new Float64Array(ranks)
@@ -405,6 +502,7 @@ function simulate(mode: string, requests: TraceRequest[], a: Args, blocksPerWork
     if (d === null) return false
     const e = d.slot
     perWorker[e] = (perWorker[e] as number) + 1
+    engineOf[i] = e
     idOf.set((engines[e] as MockEngine).submit(expandTokens(r), Math.max(1, r.output_length), listeners[e] as RequestListener), i)
     if (stepEnd[e] === -1) startStep(e)
     return true
@@ -426,27 +524,50 @@ function simulate(mode: string, requests: TraceRequest[], a: Args, blocksPerWork
     steps.pop()
     now = stepEnd[e] as number
     for (const i of firsts[e] as number[]) {
-      ttft.push(now - (sentAt[i] as number))
+      const t = now - (sentAt[i] as number)
+      ttft.push(t)
+      ;(ttftByClass[classOf[e] as number] as Samples).push(t)
+      firstAt[i] = now
+      lastAt[i] = now
       ;(s as Scheduler).markPrefillComplete(String(i))
       log?.other(OP_PREFILL, now, i)
+    }
+    for (const i of nexts[e] as number[]) {
+      itl.push(now - (lastAt[i] as number))
+      lastAt[i] = now
     }
     for (const i of ends[e] as number[]) {
       e2eSum += now - (sentAt[i] as number)
       finished++
-      ;(s as Scheduler).free(String(i))
-      log?.other(OP_FREE, now, i)
+      const n = outputTokens[i] as number
+      if (n > 1) tpot.push((now - (firstAt[i] as number)) / (n - 1))
+      freeWithTokens(s as Scheduler, String(i), n)
+      log?.other(OP_FREE, now, i, n)
     }
     ;(firsts[e] as number[]).length = 0
+    ;(nexts[e] as number[]).length = 0
     ;(ends[e] as number[]).length = 0
     startStep(e)
     while (waiting.length > 0 && route(waiting[0] as number)) waiting.shift()
   }
   let prompt = 0
   let cached = 0
-  for (const e of engines) {
-    prompt += e.stats.promptTokens
-    cached += e.stats.cachedTokens
-  }
+  const classes: ClassOutcome[] = labels.map((label, c) => ({
+    label,
+    timing: timingOf(classOf.indexOf(c)),
+    engines: 0,
+    requests: 0,
+    uncachedPrefillTokens: 0,
+    ttft: (ttftByClass[c] as Samples).sorted(),
+  }))
+  engines.forEach((engine, e) => {
+    prompt += engine.stats.promptTokens
+    cached += engine.stats.cachedTokens
+    const c = classes[classOf[e] as number] as ClassOutcome
+    c.engines++
+    c.requests += perWorker[e] as number
+    c.uncachedPrefillTokens += engine.stats.promptTokens - engine.stats.cachedTokens
+  })
   // what the router holds: the heap with the scheduler and index, less the heap without them
   const withBoth = heldBytes()
   index = null
@@ -458,6 +579,10 @@ function simulate(mode: string, requests: TraceRequest[], a: Args, blocksPerWork
   return {
     hitRate: prompt > 0 ? cached / prompt : 0,
     ttft: sorted(ttft),
+    itl: itl.sorted(),
+    tpot: tpot.sorted(),
+    errors: requests.length - finished,
+    classes,
     e2eMeanMs: finished > 0 ? e2eSum / finished : 0,
     perWorker,
     decisionUs: sorted(decisionUs),
@@ -485,13 +610,15 @@ function main(): void {
   let need = 0
   for (const r of requests) need = Math.max(need, Math.ceil((r.input_length + Math.max(1, r.output_length)) / BLOCK_SIZE))
   if (k < need) fail(`engines of ${k} KV blocks cannot hold the slice's largest request (${need} blocks): raise --kv-blocks or --capacity-factor`)
-  const fleet = a.dpSize > 1 ? `${a.workers} workers × ${a.dpSize} dp ranks = ${ranks} engines` : `${ranks} engines`
+  const profiles = a.engineProfile === 'default' ? '' : ` (--engine-profile ${a.engineProfile})`
+  const fleet = (a.dpSize > 1 ? `${a.workers} workers × ${a.dpSize} dp ranks = ${ranks} engines` : `${ranks} engines`) + profiles
   console.log(
     `bench:fleet-sim — min ${a.offset} to ${a.offset + a.minutes} of the trace${a.duplicate > 1 ? ` × ${a.duplicate} copies` : ''}: ` +
       `${requests.length} requests, ${fleet} of ${k} KV blocks and a ${a.chunk}-token step, load × ${a.load}; ` +
       `infinite-cache bound ${(bound.hitRate * 100).toFixed(1)}%; overlaps from ${a.index ? "a KvIndex fed with the engines' events" : "the engines' pools"}`,
   )
   const rows: string[][] = []
+  const classRows: string[][] = []
   const costRows: string[][] = []
   const json: Record<string, unknown> = {}
   let rrP90: number | null = null
@@ -506,12 +633,35 @@ function main(): void {
     const p = (q: number): number => percentile(o.ttft, q) ?? NaN
     if (mode === 'round-robin') rrP90 = p(0.9)
     const spread = Math.max(...o.perWorker) / Math.min(...o.perWorker)
+    const q3 = (xs: Float64Array): { p50: number; p90: number; p99: number } => ({ p50: us(xs, 0.5), p90: us(xs, 0.9), p99: us(xs, 0.99) })
+    const requestsRouted = o.classes.reduce((n, c) => n + c.requests, 0)
+    const uncached = o.classes.reduce((n, c) => n + c.uncachedPrefillTokens, 0)
     json[mode] = {
       hit_rate: o.hitRate,
       hit_rate_over_bound: o.hitRate / bound.hitRate,
       ttft_ms: { p50: p(0.5), p90: p(0.9), p99: p(0.99) },
+      // every gap between two tokens of a request, in simulated ms
+      itl_ms: q3(o.itl),
+      // each request's mean inter-token time
+      tpot_ms: q3(o.tpot),
       e2e_mean_ms: o.e2eMeanMs,
+      errors: o.errors,
       spread: Number.isFinite(spread) ? spread : null,
+      classes: Object.fromEntries(
+        o.classes.map((c) => [
+          c.label,
+          {
+            profile: c.timing.profile,
+            speed: c.timing.speed,
+            engines: c.engines,
+            requests: c.requests,
+            request_share: requestsRouted > 0 ? c.requests / requestsRouted : 0,
+            uncached_prefill_tokens: c.uncachedPrefillTokens,
+            uncached_prefill_share: uncached > 0 ? c.uncachedPrefillTokens / uncached : 0,
+            ttft_ms: q3(c.ttft),
+          },
+        ]),
+      ),
       wall: {
         decisions: o.decisionUs.length,
         decision_us: { p50: us(o.decisionUs, 0.5), p99: us(o.decisionUs, 0.99) },
@@ -532,10 +682,22 @@ function main(): void {
       p(0.5).toFixed(0),
       p(0.9).toFixed(0),
       p(0.99).toFixed(0),
+      us(o.itl, 0.9).toFixed(1),
       o.e2eMeanMs.toFixed(0),
+      String(o.errors),
       Number.isFinite(spread) ? spread.toFixed(2) : '∞',
       o.wallS.toFixed(1),
     ])
+    for (const c of o.classes)
+      classRows.push([
+        mode,
+        c.label,
+        String(c.engines),
+        `${((c.engines / ranks) * 100).toFixed(0)}%`,
+        `${((requestsRouted > 0 ? c.requests / requestsRouted : 0) * 100).toFixed(1)}%`,
+        `${((uncached > 0 ? c.uncachedPrefillTokens / uncached : 0) * 100).toFixed(1)}%`,
+        us(c.ttft, 0.9).toFixed(0),
+      ])
     const f1 = (x: number): string => (Number.isFinite(x) ? x.toFixed(1) : '–')
     costRows.push([
       mode,
@@ -551,12 +713,16 @@ function main(): void {
       (o.schedulerBytes / 2 ** 20).toFixed(1),
     ])
   }
-  console.log(textTable(['mode', 'hit rate', '÷ bound', 'TTFT p50', 'TTFT p90', 'TTFT p99', 'E2E mean', 'spread', 'run s'], rows))
+  console.log(textTable(['mode', 'hit rate', '÷ bound', 'TTFT p50', 'TTFT p90', 'TTFT p99', 'ITL p90', 'E2E mean', 'errors', 'spread', 'run s'], rows))
   if (rrP90 !== null) {
     const ratios = rows.filter((r) => r[0] !== 'round-robin').map((r) => `${r[0]} ${(Number(r[4]) / (rrP90 as number)).toFixed(3)}`)
     console.log(`TTFT p90 ÷ round-robin's: ${ratios.join(', ')}`)
   }
-  console.log('(times in simulated ms; spread = max ÷ min requests per engine)')
+  console.log('(times in simulated ms; ITL = every gap between two tokens of a request; spread = max ÷ min requests per engine)')
+  if (new Set(a.timings.map(timingLabel)).size > 1) {
+    console.log('\nper timing class (profile@speed):')
+    console.log(textTable(['mode', 'class', 'engines', 'of fleet', 'requests', 'uncached prefill tokens', 'TTFT p90'], classRows, 2))
+  }
   console.log('\nwhat the router paid, in wall time on this machine:')
   console.log(
     textTable(
@@ -586,6 +752,7 @@ function main(): void {
     duplicate: a.duplicate,
     overlaps_from: a.index ? 'index' : 'engines',
     load: a.load,
+    engine_profile: a.engineProfile,
     capacity_factor: a.capacityFactor,
     chunk_tokens: a.chunk,
     kv_blocks_per_engine: k,

@@ -640,6 +640,8 @@ function main(): void {
       hit_rate: o.hitRate,
       hit_rate_over_bound: o.hitRate / bound.hitRate,
       ttft_ms: { p50: p(0.5), p90: p(0.9), p99: p(0.99) },
+      // the whole distribution, enough to draw its CDF: percentiles 0, 1, …, 100
+      ttft_percentiles_ms: Array.from({ length: 101 }, (_, q) => p(q / 100)),
       // every gap between two tokens of a request, in simulated ms
       itl_ms: q3(o.itl),
       // each request's mean inter-token time

@@ -1,6 +1,7 @@
 // bench:fleet-sim: overlaps read from a KvIndex fed with the engines' own KV events route exactly
 // as overlaps read from the engines' pools (the index is exact), fleets with dp ranks and copies
-// of the slice are what the config says, and bad options exit 2 with the reason.
+// of the slice are what the config says, engine profiles reach the engines and their classes' shares
+// add up, and bad options exit 2 with the reason.
 import t from 'tap'
 import type { Test } from 'tap'
 import { spawnSync } from 'node:child_process'
@@ -11,9 +12,23 @@ import { repoRoot } from '../lib/common.js'
 
 const SIM = join(repoRoot(), 'dist', 'bench', 'fleet-sim.js')
 
+interface ClassResult {
+  profile: string
+  speed: number
+  engines: number
+  requests: number
+  request_share: number
+  uncached_prefill_share: number
+  ttft_ms: { p50: number; p90: number; p99: number }
+}
 interface ModeResult {
   hit_rate: number
   ttft_ms: { p50: number; p90: number; p99: number }
+  ttft_percentiles_ms: number[]
+  itl_ms: { p50: number; p90: number; p99: number }
+  tpot_ms: { p50: number; p90: number; p99: number }
+  errors: number
+  classes: Record<string, ClassResult>
   spread: number | null
   wall: {
     decisions: number
@@ -26,7 +41,7 @@ interface ModeResult {
 }
 interface Result {
   hit_rate_bound: number
-  config: { worker_ranks: number; requests: number; dp_size: number; duplicate: number; overlaps_from: string }
+  config: { worker_ranks: number; requests: number; dp_size: number; duplicate: number; overlaps_from: string; engine_profile: string }
   modes: Record<string, ModeResult>
 }
 
@@ -108,11 +123,65 @@ t.test('bench:fleet-scale runs each size in its own process and draws the figure
   t.match(bad.stderr, /--ranks: 12 is not a multiple of --dp-size 8/)
 })
 
+t.test('a mixed fleet: each class its profile, shares that add up, and kv-static runs', async (t) => {
+  const r = run(t, ['--minutes', '1', '--workers', '4', '--load', '2', '--engine-profile', 'large:2,large@0.5:2', '--modes', 'kv,kv-static,round-robin'])
+  t.equal(r.config.engine_profile, 'large:2,large@0.5:2')
+  t.same(Object.keys(r.modes), ['kv', 'kv-static', 'round-robin'])
+  const sum = (xs: number[]): number => xs.reduce((a, b) => a + b, 0)
+  for (const [mode, m] of Object.entries(r.modes)) {
+    t.equal(m.errors, 0, `${mode}: every request finished`)
+    t.equal(m.ttft_percentiles_ms.length, 101, `${mode}: TTFT percentiles 0..100`)
+    t.ok(m.itl_ms.p50 > 0 && m.itl_ms.p90 >= m.itl_ms.p50, `${mode}: ITL measured`)
+    t.ok(m.tpot_ms.p90 > 0, `${mode}: TPOT measured`)
+    const cs = Object.entries(m.classes)
+    t.same(
+      cs.map(([label, c]) => [label, c.profile, c.speed, c.engines]),
+      [
+        ['large@1', 'large', 1, 2],
+        ['large@0.5', 'large', 0.5, 2],
+      ],
+      `${mode}: the two classes`,
+    )
+    t.equal(sum(cs.map(([, c]) => c.requests)), r.config.requests, `${mode}: every request in a class`)
+    t.ok(Math.abs(sum(cs.map(([, c]) => c.request_share)) - 1) < 1e-9, `${mode}: request shares add up to 1`)
+    t.ok(Math.abs(sum(cs.map(([, c]) => c.uncached_prefill_share)) - 1) < 1e-9, `${mode}: prefill shares add up to 1`)
+  }
+  // round-robin deals the requests out evenly whatever the engines: the slow class answers later
+  const rr = r.modes['round-robin'] as ModeResult
+  const fast = rr.classes['large@1'] as ClassResult
+  const slow = rr.classes['large@0.5'] as ClassResult
+  t.ok(Math.abs(fast.request_share - 0.5) < 0.05, `round-robin: half the requests to each class (${fast.request_share})`)
+  t.ok(slow.ttft_ms.p50 > fast.ttft_ms.p50, 'round-robin: the half-speed class has the longer TTFT')
+})
+
+t.test("a worker's dp ranks share its profile; the profile slows the engines", async (t) => {
+  const r = run(t, ['--minutes', '1', '--workers', '2', '--dp-size', '2', '--load', '1', '--engine-profile', 'default,large@0.5', '--modes', 'round-robin'])
+  const rr = r.modes['round-robin'] as ModeResult
+  t.same(
+    Object.entries(rr.classes).map(([label, c]) => [label, c.engines]),
+    [
+      ['default@1', 2],
+      ['large@0.5', 2],
+    ],
+  )
+  const def = run(t, ['--minutes', '1', '--workers', '4', '--load', '1', '--modes', 'round-robin'])
+  const slow = run(t, ['--minutes', '1', '--workers', '4', '--load', '1', '--engine-profile', 'large@0.5', '--modes', 'round-robin'])
+  const a = def.modes['round-robin'] as ModeResult
+  const b = slow.modes['round-robin'] as ModeResult
+  t.same(Object.keys(a.classes), ['default@1'])
+  t.ok(b.ttft_ms.p50 > 2 * a.ttft_ms.p50, `TTFT p50: large@0.5 ${b.ttft_ms.p50} vs default ${a.ttft_ms.p50}`)
+  t.ok(b.itl_ms.p50 > 2 * a.itl_ms.p50, `ITL p50: large@0.5 ${b.itl_ms.p50} vs default ${a.itl_ms.p50}`)
+})
+
 t.test('bad options exit 2 with the reason', async (t) => {
   for (const [args, want] of [
     [['--dp-size', '0'], /--dp-size must be a number ≥ 1/],
     [['--duplicate', '1.5'], /--duplicate must be an integer/],
     [['--indexx'], /unknown option "--indexx"/],
+    [['--engine-profile', 'huge'], /^bench:fleet-sim: --engine-profile: unknown profile "huge" \(default, large, long-context\)\n$/],
+    [['--workers', '4', '--engine-profile', 'large:3'], /^bench:fleet-sim: --engine-profile: the counts add up to 3 engine\(s\), but there are 4\n$/],
+    [['--engine-profile', 'large@0'], /--engine-profile: speed of "large@0" must be in \(0, 1000\]/],
+    [['--modes', 'kv,kv-statik'], /--modes: unknown mode "kv-statik" \(one of kv, kv-static, /],
   ] as const) {
     const r = spawnSync(process.execPath, [SIM, ...args], { encoding: 'utf8', timeout: 30_000 })
     t.equal(r.status, 2, args.join(' '))

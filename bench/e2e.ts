@@ -49,6 +49,8 @@ const BLOCK_SIZE = 64
 const TUNED = ['--router-prefill-load-scale', '10', '--router-kv-overlap-score-credit', '5']
 const MODE_ARGS: Record<string, string[]> = {
   kv: ['--router-mode', 'kv'],
+  // the latency cost with the fixed default engine model: what learning the engines adds
+  'kv-static': ['--router-mode', 'kv', '--no-router-learn-engines'],
   'kv-dynamo': ['--router-mode', 'kv', '--router-cost', 'dynamo'],
   'kv-tuned': ['--router-mode', 'kv', '--router-cost', 'dynamo', ...TUNED],
   'round-robin': ['--router-mode', 'round-robin'],

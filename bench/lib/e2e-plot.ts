@@ -23,7 +23,14 @@ export interface PlotInput {
   ttftLabel?: string
 }
 
-const COLORS: Record<string, string> = { kv: '#1b9e77', 'kv-tuned': '#0b5d1e', 'round-robin': '#d95f02', random: '#7570b3', 'least-loaded': '#e7298a' }
+const COLORS: Record<string, string> = {
+  kv: '#1b9e77',
+  'kv-static': '#1f78b4',
+  'kv-tuned': '#0b5d1e',
+  'round-robin': '#d95f02',
+  random: '#7570b3',
+  'least-loaded': '#e7298a',
+}
 const EXTRA = ['#66a61e', '#e6ab02', '#a6761d', '#666666']
 
 export function modeColor(mode: string, i: number): string {

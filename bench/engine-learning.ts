@@ -57,7 +57,18 @@ interface SimMode {
   e2e_mean_ms: number
   errors: number
   spread: number | null
-  classes: Record<string, { engines: number; request_share: number; uncached_prefill_share: number; ttft_ms: Q3 }>
+  preemptions: number
+  classes: Record<
+    string,
+    {
+      engines: number
+      request_share: number
+      uncached_prefill_share: number
+      ttft_ms: Q3
+      true_speed: { prefill: number; decode: number }
+      learned: { prefill_speed: number; decode_speed: number } | null
+    }
+  >
 }
 interface SimResult {
   hit_rate_bound: number
@@ -173,7 +184,18 @@ function printTables(r: ResultJson): void {
       const classes = Object.entries(m.classes)
       if (classes.length > 1)
         for (const [label, c] of classes)
-          classRows.push([slice, run.fleet, mode, label, String(c.engines), pct(c.request_share), pct(c.uncached_prefill_share), ms(c.ttft_ms.p90)])
+          classRows.push([
+            slice,
+            run.fleet,
+            mode,
+            label,
+            String(c.engines),
+            pct(c.request_share),
+            pct(c.uncached_prefill_share),
+            ms(c.ttft_ms.p90),
+            `${c.true_speed.prefill.toFixed(2)} / ${c.true_speed.decode.toFixed(2)}`,
+            c.learned === null ? '–' : `${c.learned.prefill_speed.toFixed(2)} / ${c.learned.decode_speed.toFixed(2)}`,
+          ])
     }
   }
   console.log(`\nper fleet and mode (${r.config.workers} workers; times in simulated ms)`)
@@ -193,8 +215,12 @@ function printTables(r: ResultJson): void {
       `the scheduler freed bookings older than its stale limit (a request longer than 300 s simulated) in: ${stale.map((x) => `${x.fleet} on ${sliceName(x.offset, r.config.minutes)}`).join(', ')}`,
     )
   if (classRows.length > 0) {
-    console.log('\nper timing class (profile@speed): its share of the requests and of the uncached prefill tokens, its p90 TTFT')
-    console.log(textTable(['slice', 'fleet', 'mode', 'class', 'engines', 'requests', 'uncached prefill', 'TTFT p90'], classRows, 4))
+    console.log('\nper timing class (profile@speed): its share of the requests and of the uncached prefill tokens, its p90 TTFT, its speeds')
+    console.log(textTable(['slice', 'fleet', 'mode', 'class', 'engines', 'requests', 'uncached prefill', 'TTFT p90', 'speed: true', 'learned'], classRows, 4))
+    console.log(
+      "speed: prefill / decode against the default model's (1 = as fast; a fresh 1,024-token prefill, a decode step at KV usage 0.5): " +
+        "the profile's own, and the scheduler's learned model at the end of the run (means over the class's engines)",
+    )
   }
   for (const { offset, bars } of r.bars) {
     const first = offset === r.config.offsets[0]

@@ -38,7 +38,8 @@ import type { TraceRequest } from '../src/sim/replay/trace.js'
 import { cacheBound } from '../src/sim/replay/bound.js'
 import { sequenceHashesInto } from '../src/codec/hashing.js'
 import { MockEngine } from '../src/sim/mocker/engine.js'
-import { parseProfileList, timingsFor } from '../src/sim/mocker/profiles.js'
+import { PROFILES, parseProfileList, timingsFor } from '../src/sim/mocker/profiles.js'
+import { profileDecodeMs, profilePrefillMs } from '../src/sim/mocker/timing.js'
 import type { EngineTiming } from '../src/sim/mocker/profiles.js'
 import type { EngineRequest, RequestListener } from '../src/sim/mocker/engine.js'
 import { Scheduler } from '../src/scheduler/scheduler.js'
@@ -175,6 +176,26 @@ interface ClassOutcome {
   /** Prompt tokens not found in the prefix cache when first scheduled. */
   uncachedPrefillTokens: number
   ttft: Float64Array
+  /**
+   * What the scheduler learned of the class's engines by the end, means over them (null with
+   * learning off): speeds against the default model as the estimator states them, and how many
+   * engines' prefill and decode models rest on observations rather than the prior.
+   */
+  learned: { prefillSpeed: number; decodeSpeed: number; prefillLearned: number; decodeLearned: number } | null
+}
+
+/** The estimator's reference points for the speeds it states (src/scheduler/engine-estimator.ts). */
+const SPEED_TOKENS = 1024
+const SPEED_USAGE = 0.5
+
+/** A timing's true speeds in the estimator's terms: a fresh 1,024-token prefill and a decode step at usage 0.5, against the default's. */
+function trueSpeeds(t: EngineTiming): { prefill: number; decode: number } {
+  const pairs = (SPEED_TOKENS * (SPEED_TOKENS - 1)) / 2
+  const p = PROFILES[t.profile]
+  return {
+    prefill: (t.speed * profilePrefillMs(PROFILES.default, SPEED_TOKENS, pairs)) / profilePrefillMs(p, SPEED_TOKENS, pairs),
+    decode: (t.speed * profileDecodeMs(PROFILES.default, SPEED_USAGE)) / profileDecodeMs(p, SPEED_USAGE),
+  }
 }
 
 interface Outcome {
@@ -186,6 +207,8 @@ interface Outcome {
   tpot: Float64Array
   /** Requests that did not finish (never routed, or aborted). */
   errors: number
+  /** Requests the engines preempted under KV memory pressure (recomputed later). */
+  preemptions: number
   classes: ClassOutcome[]
   e2eMeanMs: number
   perWorker: number[]
@@ -202,14 +225,6 @@ interface Outcome {
   indexBytes: number | null
   schedulerBytes: number
   wallS: number
-}
-
-/**
- * Ends a request, telling the scheduler how many tokens it produced.
- * The cast: Scheduler.free takes the output tokens once main's engine estimator lands.
- */
-function freeWithTokens(s: Scheduler, id: string, outputTokens: number): boolean {
-  return (s.free as (id: string, outputTokens?: number) => boolean).call(s, id, outputTokens)
 }
 
 /** Growable sample of numbers (a per-token figure runs to millions a run). */
@@ -230,6 +245,8 @@ class Samples {
 }
 
 /** A timing's class name: profile@speed. */
+const speeds = (x: { prefill: number; decode: number }): string => `${x.prefill.toFixed(2)} / ${x.decode.toFixed(2)}`
+
 function timingLabel(t: EngineTiming): string {
   return `${t.profile}@${t.speed}`
 }
@@ -324,7 +341,7 @@ function replayDecisions(mode: string, log: CallLog, requests: TraceRequest[], a
       const id = ids[i] as string
       if (log.kind[k] === OP_PREFILL) s.markPrefillComplete(id)
       else if (log.kind[k] === OP_FREE) {
-        freeWithTokens(s, id, log.outputTokens[k] as number)
+        s.free(id, log.outputTokens[k] as number)
         booked[i] = 0
       } else if (booked[i] === 0) {
         const from = log.from[k] as number
@@ -541,7 +558,7 @@ function simulate(mode: string, requests: TraceRequest[], a: Args, blocksPerWork
       finished++
       const n = outputTokens[i] as number
       if (n > 1) tpot.push((now - (firstAt[i] as number)) / (n - 1))
-      freeWithTokens(s as Scheduler, String(i), n)
+      ;(s as Scheduler).free(String(i), n)
       log?.other(OP_FREE, now, i, n)
     }
     ;(firsts[e] as number[]).length = 0
@@ -559,6 +576,7 @@ function simulate(mode: string, requests: TraceRequest[], a: Args, blocksPerWork
     requests: 0,
     uncachedPrefillTokens: 0,
     ttft: (ttftByClass[c] as Samples).sorted(),
+    learned: null,
   }))
   engines.forEach((engine, e) => {
     prompt += engine.stats.promptTokens
@@ -567,7 +585,19 @@ function simulate(mode: string, requests: TraceRequest[], a: Args, blocksPerWork
     c.engines++
     c.requests += perWorker[e] as number
     c.uncachedPrefillTokens += engine.stats.promptTokens - engine.stats.cachedTokens
+    const m = (s as Scheduler).learnedEngine(e)
+    if (m === null) return
+    c.learned ??= { prefillSpeed: 0, decodeSpeed: 0, prefillLearned: 0, decodeLearned: 0 }
+    c.learned.prefillSpeed += m.prefillSpeed
+    c.learned.decodeSpeed += m.decodeSpeed
+    if (m.prefillSource === 'learned') c.learned.prefillLearned++
+    if (m.decodeSource === 'learned') c.learned.decodeLearned++
   })
+  for (const c of classes) {
+    if (c.learned === null) continue
+    c.learned.prefillSpeed /= c.engines
+    c.learned.decodeSpeed /= c.engines
+  }
   // what the router holds: the heap with the scheduler and index, less the heap without them
   const withBoth = heldBytes()
   index = null
@@ -582,6 +612,7 @@ function simulate(mode: string, requests: TraceRequest[], a: Args, blocksPerWork
     itl: itl.sorted(),
     tpot: tpot.sorted(),
     errors: requests.length - finished,
+    preemptions: engines.reduce((n, engine) => n + engine.stats.preemptions, 0),
     classes,
     e2eMeanMs: finished > 0 ? e2eSum / finished : 0,
     perWorker,
@@ -648,6 +679,7 @@ function main(): void {
       tpot_ms: q3(o.tpot),
       e2e_mean_ms: o.e2eMeanMs,
       errors: o.errors,
+      preemptions: o.preemptions,
       spread: Number.isFinite(spread) ? spread : null,
       classes: Object.fromEntries(
         o.classes.map((c) => [
@@ -661,6 +693,17 @@ function main(): void {
             uncached_prefill_tokens: c.uncachedPrefillTokens,
             uncached_prefill_share: uncached > 0 ? c.uncachedPrefillTokens / uncached : 0,
             ttft_ms: q3(c.ttft),
+            // against the default model (1 = as fast): the profile's own, and what the scheduler learned by the end
+            true_speed: trueSpeeds(c.timing),
+            learned:
+              c.learned === null
+                ? null
+                : {
+                    prefill_speed: c.learned.prefillSpeed,
+                    decode_speed: c.learned.decodeSpeed,
+                    engines_prefill_learned: c.learned.prefillLearned,
+                    engines_decode_learned: c.learned.decodeLearned,
+                  },
           },
         ]),
       ),
@@ -699,6 +742,8 @@ function main(): void {
         `${((requestsRouted > 0 ? c.requests / requestsRouted : 0) * 100).toFixed(1)}%`,
         `${((uncached > 0 ? c.uncachedPrefillTokens / uncached : 0) * 100).toFixed(1)}%`,
         us(c.ttft, 0.9).toFixed(0),
+        speeds(trueSpeeds(c.timing)),
+        c.learned === null ? '–' : speeds({ prefill: c.learned.prefillSpeed, decode: c.learned.decodeSpeed }),
       ])
     const f1 = (x: number): string => (Number.isFinite(x) ? x.toFixed(1) : '–')
     costRows.push([
@@ -723,7 +768,8 @@ function main(): void {
   console.log('(times in simulated ms; ITL = every gap between two tokens of a request; spread = max ÷ min requests per engine)')
   if (new Set(a.timings.map(timingLabel)).size > 1) {
     console.log('\nper timing class (profile@speed):')
-    console.log(textTable(['mode', 'class', 'engines', 'of fleet', 'requests', 'uncached prefill tokens', 'TTFT p90'], classRows, 2))
+    console.log(textTable(['mode', 'class', 'engines', 'of fleet', 'requests', 'uncached prefill tokens', 'TTFT p90', 'speed: true', 'learned'], classRows, 2))
+    console.log("(speed: prefill / decode against the default model's, 1 = as fast: the profile's own, and what the scheduler learned by the end)")
   }
   console.log('\nwhat the router paid, in wall time on this machine:')
   console.log(

@@ -20,6 +20,8 @@ interface ClassResult {
   request_share: number
   uncached_prefill_share: number
   ttft_ms: { p50: number; p90: number; p99: number }
+  true_speed: { prefill: number; decode: number }
+  learned: { prefill_speed: number; decode_speed: number; engines_prefill_learned: number } | null
 }
 interface ModeResult {
   hit_rate: number
@@ -146,6 +148,13 @@ t.test('a mixed fleet: each class its profile, shares that add up, and kv-static
     t.ok(Math.abs(sum(cs.map(([, c]) => c.request_share)) - 1) < 1e-9, `${mode}: request shares add up to 1`)
     t.ok(Math.abs(sum(cs.map(([, c]) => c.uncached_prefill_share)) - 1) < 1e-9, `${mode}: prefill shares add up to 1`)
   }
+  const kv = r.modes.kv as ModeResult
+  const large = kv.classes['large@1'] as ClassResult
+  const half = kv.classes['large@0.5'] as ClassResult
+  t.ok(large.true_speed.prefill < 0.5 && large.true_speed.decode < 1, 'large is slower than the default model')
+  t.ok(Math.abs(half.true_speed.prefill - large.true_speed.prefill / 2) < 1e-12, 'half speed: half the prefill speed')
+  t.ok(large.learned !== null && large.learned.prefill_speed > 0 && large.learned.engines_prefill_learned > 0, 'kv learned the engines from the observations')
+  t.equal((r.modes['kv-static'] as ModeResult).classes['large@1']?.learned, null, 'kv-static learns nothing')
   // round-robin deals the requests out evenly whatever the engines: the slow class answers later
   const rr = r.modes['round-robin'] as ModeResult
   const fast = rr.classes['large@1'] as ClassResult

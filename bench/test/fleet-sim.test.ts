@@ -164,7 +164,7 @@ t.test('a mixed fleet: each class its profile, shares that add up, and kv-static
 })
 
 t.test("a worker's dp ranks share its profile; the profile slows the engines", async (t) => {
-  const r = run(t, ['--minutes', '1', '--workers', '2', '--dp-size', '2', '--load', '1', '--engine-profile', 'default,large@0.5', '--modes', 'round-robin'])
+  const r = run(t, ['--minutes', '0.5', '--workers', '2', '--dp-size', '2', '--load', '1', '--engine-profile', 'default,large@0.5', '--modes', 'round-robin'])
   const rr = r.modes['round-robin'] as ModeResult
   t.same(
     Object.entries(rr.classes).map(([label, c]) => [label, c.engines]),
@@ -173,8 +173,8 @@ t.test("a worker's dp ranks share its profile; the profile slows the engines", a
       ['large@0.5', 2],
     ],
   )
-  const def = run(t, ['--minutes', '1', '--workers', '4', '--load', '1', '--modes', 'round-robin'])
-  const slow = run(t, ['--minutes', '1', '--workers', '4', '--load', '1', '--engine-profile', 'large@0.5', '--modes', 'round-robin'])
+  const def = run(t, ['--minutes', '0.5', '--workers', '4', '--load', '1', '--modes', 'round-robin'])
+  const slow = run(t, ['--minutes', '0.5', '--workers', '4', '--load', '1', '--engine-profile', 'large@0.5', '--modes', 'round-robin'])
   const a = def.modes['round-robin'] as ModeResult
   const b = slow.modes['round-robin'] as ModeResult
   t.same(Object.keys(a.classes), ['default@1'])

@@ -15,6 +15,7 @@ import { allQueueBusy, Eligibility } from './busy.js'
 import { LoadIndex } from './load-index.js'
 import type { SchedulerOptions } from './options.js'
 import type { IndexView } from './pruned-selector.js'
+import type { EngineModels } from './engine-estimator.js'
 import { allWorkersBusy } from './rejection.js'
 import { growTo } from './typed-arrays.js'
 import type { WorkerRanks } from './worker-ranks.js'
@@ -71,10 +72,11 @@ export class CandidateSets implements IndexView {
     private readonly seqs: ActiveSequences,
     private readonly options: SchedulerOptions,
     indexed: boolean,
+    models: EngineModels,
   ) {
     this.eligibility = new Eligibility(workers, seqs, options)
     if (indexed) {
-      this.index = new LoadIndex(workers, seqs, this.eligibility, {
+      this.index = new LoadIndex(workers, seqs, this.eligibility, models, {
         cost: options.cost,
         blockSize: options.blockSize,
         overlapScoreWeight: options.overlapScoreWeight,

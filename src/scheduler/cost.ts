@@ -25,12 +25,14 @@
 // sends long prompts to worker-ranks holding few, long requests: the fleet sorts itself by request
 // size, and long prompts queue behind each other (docs/cost.md shows the measurement).
 //
-// prefill_ms and decode_ms are the engine model of engine-model.ts (Dynamo's mocker default),
-// which the simulated engines run too. Its absolute speed scales every term alike, so in a fleet
-// of one kind of engine it cancels out of every decision; its shape (per-step overhead, per-token
-// prefill cost, decode step time) weighs the terms against each other.
+// prefill_ms and decode_ms are each worker-rank's engine model (engine-model.ts): the default one
+// (Dynamo's mocker polynomials) until the worker-rank's own has been learned from the requests it
+// served (engine-estimator.ts). A speed shared by the whole fleet scales every term alike and
+// cancels out of every decision; the shape (per-step overhead, per-token prefill cost, decode step
+// time) weighs the terms against each other, and speeds that differ between worker-ranks move
+// work to the faster ones.
 import { DEFAULT_MAX_BATCHED_TOKENS } from './options.js'
-import { decodeMs, PREFILL_A, PREFILL_B, PREFILL_C, prefillMs } from './engine-model.js'
+import type { EngineModel } from './engine-model.js'
 
 /**
  * Prefill chunk of an engine that registered no max_num_batched_tokens: vLLM's chunked-prefill
@@ -45,11 +47,10 @@ export const DEFAULT_CHUNK_TOKENS = 8192
 export const ASSUMED_OUTPUT_TOKENS = 256
 
 /**
- * ms a decode step gains per unit of KV usage: the engine model's rise from empty to full. The
- * fitted curve bends down towards full; its local slope would make busier engines look cheaper
- * for more KV and gather long requests on them.
+ * ms a decode step gains per unit of KV usage is the engine model's rise from empty to full
+ * (EngineModel.msPerUsage). The fitted curve bends down towards full; its local slope would make
+ * busier engines look cheaper for more KV and gather long requests on them.
  */
-export const DECODE_MS_PER_USAGE = decodeMs(1) - decodeMs(0)
 
 /**
  * Costs within this share of the cheapest are one choice to the model, whose error is larger:
@@ -64,9 +65,9 @@ export function chunkTokens(maxNumBatchedTokens: number, inFlight: number): numb
 }
 
 /** ms of prefill compute for x queued tokens in chunks of k. */
-export function prefillTimeMs(x: number, k: number): number {
+export function prefillTimeMs(x: number, k: number, e: EngineModel): number {
   if (!(x > 0)) return 0
-  return x <= k ? prefillMs(x) : (x / k) * prefillMs(k)
+  return x <= k ? e.prefillMs(x) : (x / k) * e.prefillMs(k)
 }
 
 /** Steps the engine runs to compute x prefill tokens in chunks of k; at least the one that samples. */
@@ -98,10 +99,13 @@ export class FleetLoad {
   /** Requests reaching a worker-rank per ms (λ). */
   arrivalsPerMs = 0
 
-  /** Sets both from the candidates' summed in-flight requests and KV usage (usage units ÷ USAGE_SCALE). */
-  set(sumInFlight: number, sumUsage: number, m: number): void {
+  /**
+   * Sets both from the candidates' summed in-flight requests and KV usage (usage units ÷
+   * USAGE_SCALE); the decode step at the mean usage is the fleet's model's (EngineModels.fleet).
+   */
+  set(sumInFlight: number, sumUsage: number, m: number, fleet: EngineModel): void {
     this.inFlight = m > 0 ? sumInFlight / m : 0
-    this.arrivalsPerMs = m > 0 ? this.inFlight / (ASSUMED_OUTPUT_TOKENS * decodeMs(sumUsage / m)) : 0
+    this.arrivalsPerMs = m > 0 ? this.inFlight / (ASSUMED_OUTPUT_TOKENS * fleet.decodeMs(sumUsage / m)) : 0
   }
 }
 
@@ -120,6 +124,7 @@ export class LatencyTerms {
  *   chunk:     prefill tokens per step there (chunkTokens)
  *   active:    its active KV blocks; added: the request's blocks not already active there
  *   total:     its KV capacity in blocks (0 = unknown: no usage-dependent terms)
+ *   e:         its engine model
  */
 export function latencyTerms(
   queued: number,
@@ -131,26 +136,23 @@ export function latencyTerms(
   total: number,
   fleet: FleetLoad,
   out: LatencyTerms,
+  e: EngineModel,
 ): number {
   const x = queued + uncached
-  const prefillAhead = prefillTimeMs(queued, chunk)
-  const prefill = prefillTimeMs(x, chunk)
-  const step = inFlight > 0 ? decodeMs(kvUsage(active, total)) : 0
+  const prefillAhead = prefillTimeMs(queued, chunk, e)
+  const prefill = prefillTimeMs(x, chunk, e)
+  const step = inFlight > 0 ? e.decodeMs(kvUsage(active, total)) : 0
   const ttft = prefill + prefillSteps(x, chunk) * step
   const wait = queued > 0 ? prefillAhead + prefillSteps(queued, chunk) * step : 0
   const own = ttft - wait
   let slowdown = inFlight > 0 ? fleet.inFlight * (prefill - prefillAhead) : 0
-  if (total > 0 && added > 0) slowdown += kvSlowdownMs(inFlight, added, total)
+  if (total > 0 && added > 0) slowdown += kvSlowdownMs(inFlight, added, total, e)
   const queueing = fleet.arrivalsPerMs * own * (wait + own / 2)
   out.ttft = ttft / 1000
   out.slowdown = slowdown / 1000
   out.queueing = queueing / 1000
   return out.ttft + out.slowdown + out.queueing
 }
-
-/** A decode step's range, ms, with requests in flight: at no KV usage and at full usage. */
-export const DECODE_STEP_MIN_MS = decodeMs(0)
-export const DECODE_STEP_MAX_MS = decodeMs(1)
 
 /**
  * A lower bound, in seconds, of latencyTerms() over every worker-rank of one kind (its requests
@@ -160,6 +162,8 @@ export const DECODE_STEP_MAX_MS = decodeMs(1)
  * worker-ranks sorted by their wait, so the pruned selection stops at the first whose bound
  * exceeds what it has already found; with `wait` 0 it bounds them all. It never decreases as
  * `wait` grows.
+ *
+ * Every worker-rank of the kind has the engine model `e`.
  *
  * Why it holds: a wait of at least `wait` needs a queue of at least the q0 that waits that long
  * at the longest step (T grows with the queue and the step). The request's own prefill behind a
@@ -179,8 +183,9 @@ export function latencyLowerBound(
   added: number,
   total: number,
   fleet: FleetLoad,
+  e: EngineModel,
 ): number {
-  return latencyLowerBoundFrom(wait, queueAtLeast(wait, chunk, stepMax), uncached, inFlight, chunk, stepMin, added, total, fleet)
+  return latencyLowerBoundFrom(wait, queueAtLeast(wait, chunk, stepMax, e), uncached, inFlight, chunk, stepMin, added, total, fleet, e)
 }
 
 /**
@@ -197,11 +202,12 @@ export function latencyLowerBoundFrom(
   added: number,
   total: number,
   fleet: FleetLoad,
+  e: EngineModel,
 ): number {
-  const prefill = prefillIncreaseAtLeast(q0, uncached, chunk)
+  const prefill = prefillIncreaseAtLeast(q0, uncached, chunk, e)
   const own = prefill + extraStepsAtLeast(q0, uncached, chunk) * stepMin
   let slowdown = inFlight > 0 ? fleet.inFlight * prefill : 0
-  if (total > 0 && added > 0) slowdown += kvSlowdownMs(inFlight, added, total)
+  if (total > 0 && added > 0) slowdown += kvSlowdownMs(inFlight, added, total, e)
   const queueing = fleet.arrivalsPerMs * own * (wait + own / 2)
   return (wait + own + slowdown + queueing) / 1000
 }
@@ -212,8 +218,8 @@ export function latencyLowerBoundFrom(
  * queue, so latencyLowerBound at any wait w is at least its value at no wait plus
  * w × (1 + arrivals per ms × this) / 1000: every term but the wait's grows with the own time.
  */
-export function ownAtLeast(q0: number, uncached: number, chunk: number, stepMin: number): number {
-  return prefillIncreaseAtLeast(q0, uncached, chunk) + extraStepsAtLeast(q0, uncached, chunk) * stepMin
+export function ownAtLeast(q0: number, uncached: number, chunk: number, stepMin: number, e: EngineModel): number {
+  return prefillIncreaseAtLeast(q0, uncached, chunk, e) + extraStepsAtLeast(q0, uncached, chunk) * stepMin
 }
 
 /** The steps a request of u tokens adds behind a queue of at least q0 (never fewer than behind none). */
@@ -222,32 +228,32 @@ function extraStepsAtLeast(q0: number, u: number, k: number): number {
 }
 
 /** ms the request's `added` blocks add to the decode steps of the requests in flight on a worker-rank of known capacity. */
-export function kvSlowdownMs(inFlight: number, added: number, total: number): number {
-  return (inFlight * ASSUMED_OUTPUT_TOKENS * DECODE_MS_PER_USAGE * added) / total
+export function kvSlowdownMs(inFlight: number, added: number, total: number, e: EngineModel): number {
+  return (inFlight * ASSUMED_OUTPUT_TOKENS * e.msPerUsage * added) / total
 }
 
 /** The least queue (tokens) that waits `wait` ms with chunks of k and steps of `step` ms: T's inverse; 0 below one step. */
-export function queueAtLeast(wait: number, k: number, step: number): number {
-  const first = PREFILL_C + step
+export function queueAtLeast(wait: number, k: number, step: number, e: EngineModel): number {
+  const first = e.c + step
   if (!(wait > first)) return 0
-  const full = prefillMs(k) + step
-  // A·q² + B·q + C + step = wait within a chunk (the root in the form that does not cancel),
+  const full = e.prefillMs(k) + step
+  // a·q² + b·q + c + step = wait within a chunk (the root in the form that does not cancel),
   // q / k × (prefill_ms(k) + step) = wait beyond; rounded down a little
   const x = wait - first
-  const q = wait <= full ? (2 * x) / (PREFILL_B + Math.sqrt(PREFILL_B * PREFILL_B + 4 * PREFILL_A * x)) : (wait * k) / full
+  const q = wait <= full ? (2 * x) / (e.b + Math.sqrt(e.b * e.b + 4 * e.a * x)) : (wait * k) / full
   return q * (1 - 1e-9)
 }
 
 /** The least of P(q + u) − P(q) over q ≥ q0 (q0 = 0: over every q > 0, where P(0+) is prefill_ms's constant). */
-function prefillIncreaseAtLeast(q0: number, u: number, k: number): number {
+function prefillIncreaseAtLeast(q0: number, u: number, k: number, e: EngineModel): number {
   if (!(u > 0)) return 0
-  const least = prefillIncrease(q0, u, k)
+  const least = prefillIncrease(q0, u, k, e)
   // before the crossing the increase grows with q (P is convex within a chunk), so at the
   // crossing's start it is no less than at q0: of the crossing's ends only k is left
-  return q0 < k ? Math.min(least, prefillIncrease(k, u, k)) : least
+  return q0 < k ? Math.min(least, prefillIncrease(k, u, k, e)) : least
 }
 
 /** P(q + u) − P(q), with P(0+) prefill_ms's constant. */
-function prefillIncrease(q: number, u: number, k: number): number {
-  return prefillTimeMs(q + u, k) - (q > 0 ? prefillTimeMs(q, k) : PREFILL_C)
+function prefillIncrease(q: number, u: number, k: number, e: EngineModel): number {
+  return prefillTimeMs(q + u, k, e) - (q > 0 ? prefillTimeMs(q, k, e) : e.c)
 }

@@ -36,3 +36,51 @@ export function prefillTokens(batchSize: number, meanIsl: number, meanCached: nu
 export function decodeMs(p: number): number {
   return Math.max(DECODE_FLOOR_MS, DECODE_A * p * p + DECODE_B * p + DECODE_C)
 }
+
+/** The default decode curve's KV-dependent part, scaled to 0 at p = 0 and 1 at p = 1 (increasing on [0, 1]). */
+export function decodeShape(p: number): number {
+  return (DECODE_A * p * p + DECODE_B * p) / (DECODE_A + DECODE_B)
+}
+
+/**
+ * One engine's step-time model as the latency cost prices it: the default model's curves with
+ * their own coefficients. A worker-rank's model is learned from the requests it serves
+ * (engine-estimator.ts); the default one is exactly the functions above.
+ *
+ *   prefill_ms(T) = a·T² + b·T + c           (0 when T = 0)
+ *   decode_ms(p)  = max(1, base + rise·shape(p))
+ */
+export class EngineModel {
+  /** decode_ms(0) and decode_ms(1): a decode step's range with requests in flight. */
+  readonly stepMin: number
+  readonly stepMax: number
+  /** decode_ms(1) − decode_ms(0): ms a decode step gains per unit of KV usage (see cost.ts). */
+  readonly msPerUsage: number
+  /** rise over the default's: 1 exactly for the default model, whose values then equal decodeMs()'s bit for bit. */
+  private readonly riseScale: number
+
+  constructor(
+    readonly a: number,
+    readonly b: number,
+    readonly c: number,
+    readonly base: number,
+    readonly rise: number,
+  ) {
+    this.riseScale = rise / (DECODE_A + DECODE_B)
+    this.stepMin = this.decodeMs(0)
+    this.stepMax = this.decodeMs(1)
+    this.msPerUsage = this.stepMax - this.stepMin
+  }
+
+  prefillMs(t: number): number {
+    if (!(t > 0)) return 0
+    return this.a * t * t + this.b * t + this.c
+  }
+
+  decodeMs(p: number): number {
+    return Math.max(DECODE_FLOOR_MS, this.base + this.riseScale * (DECODE_A * p * p + DECODE_B * p))
+  }
+}
+
+/** The default model: prefillMs and decodeMs above. */
+export const DEFAULT_ENGINE_MODEL = new EngineModel(PREFILL_A, PREFILL_B, PREFILL_C, DECODE_C, DECODE_A + DECODE_B)

@@ -22,8 +22,9 @@
 // arrays of freed classes are reused, so a steady state allocates nothing.
 import type { ActiveSequences, LoadListener } from './active-sequences.js'
 import type { Eligibility } from './busy.js'
-import { chunkTokens, DECODE_STEP_MAX_MS, DECODE_STEP_MIN_MS, kvUsage, prefillSteps, prefillTimeMs, queueAtLeast, usageUnits } from './cost.js'
-import { decodeMs } from './engine-model.js'
+import { chunkTokens, kvUsage, prefillSteps, prefillTimeMs, queueAtLeast, usageUnits } from './cost.js'
+import type { EngineModels } from './engine-estimator.js'
+import type { EngineModel } from './engine-model.js'
 import type { CostModel } from './options.js'
 import { grow, growTo } from './typed-arrays.js'
 import type { WorkerRanks } from './worker-ranks.js'
@@ -53,6 +54,8 @@ export class LoadIndex implements LoadListener {
   // families
   famTotal = new Float64Array(4)
   famMaxBatched = new Float64Array(4)
+  /** Per family: its engine model. */
+  famModel: EngineModel[] = []
   private famGroups: Int32Array[] = []
   private famCount = 0
   private readonly famIds = new Map<string, number>()
@@ -98,6 +101,7 @@ export class LoadIndex implements LoadListener {
     private readonly workers: WorkerRanks,
     private readonly seqs: ActiveSequences,
     private readonly eligibility: Eligibility,
+    private readonly models: EngineModels,
     private readonly opts: LoadIndexOptions,
   ) {}
 
@@ -279,12 +283,18 @@ export class LoadIndex implements LoadListener {
 
   /** The decode step a worker-rank of group g may have, least and most: none with nothing in flight, one with its capacity unknown. */
   stepMin(g: number): number {
-    return (this.groupR[g] as number) > 0 ? DECODE_STEP_MIN_MS : 0
+    return (this.groupR[g] as number) > 0 ? this.modelOfGroup(g).stepMin : 0
   }
 
   stepMax(g: number): number {
     if ((this.groupR[g] as number) === 0) return 0
-    return (this.famTotal[this.groupFam[g] as number] as number) > 0 ? DECODE_STEP_MAX_MS : DECODE_STEP_MIN_MS
+    const e = this.modelOfGroup(g)
+    return (this.famTotal[this.groupFam[g] as number] as number) > 0 ? e.stepMax : e.stepMin
+  }
+
+  /** The engine model of group g's worker-ranks (their family's). */
+  modelOfGroup(g: number): EngineModel {
+    return this.famModel[this.groupFam[g] as number] as EngineModel
   }
 
   /** The Q list's key of a class (see the header). */
@@ -294,8 +304,9 @@ export class LoadIndex implements LoadListener {
     if (this.opts.cost === 'dynamo') return this.opts.overlapScoreWeight * (q / this.opts.blockSize) + a
     // the wait of latencyTerms: T(q) with the worker-rank's decode step
     const chunk = chunkTokens(this.famMaxBatched[fam] as number, r)
-    const step = r > 0 ? decodeMs(kvUsage(a, this.famTotal[fam] as number)) : 0
-    return prefillTimeMs(q, chunk) + prefillSteps(q, chunk) * step
+    const e = this.famModel[fam] as EngineModel
+    const step = r > 0 ? e.decodeMs(kvUsage(a, this.famTotal[fam] as number)) : 0
+    return prefillTimeMs(q, chunk, e) + prefillSteps(q, chunk) * step
   }
 
   private findZ(g: number, a: number): number {
@@ -398,20 +409,28 @@ export class LoadIndex implements LoadListener {
     this.classKey[cid] = key
     this.classQ0[cid] =
       q > 0 && this.opts.cost === 'latency'
-        ? queueAtLeast(key, chunkTokens(this.famMaxBatched[this.groupFam[g] as number] as number, this.groupR[g] as number), this.stepMax(g))
+        ? queueAtLeast(
+            key,
+            chunkTokens(this.famMaxBatched[this.groupFam[g] as number] as number, this.groupR[g] as number),
+            this.stepMax(g),
+            this.modelOfGroup(g),
+          )
         : 0
     this.classCount[cid] = 0
     return cid
   }
 
-  /** The slot's family, looked up again only when its capacity or batch budget changed. */
+  /** The slot's family, looked up again only when its capacity, batch budget or engine model changed. */
   private familyOf(slot: number): number {
     const w = this.workers
     const total = w.totalKvBlocks[slot] as number
     const batched = w.maxNumBatchedTokens[slot] as number
+    const model = this.models.modelOf[slot] ?? 0
+    const e = this.models.model(model)
     const f = this.famOf[slot] as number
-    if (f >= 0 && this.famTotal[f] === total && this.famMaxBatched[f] === batched) return f
-    const key = `${total}/${batched}`
+    // the model itself, not its id: an id freed is handed to the next new model
+    if (f >= 0 && this.famTotal[f] === total && this.famMaxBatched[f] === batched && this.famModel[f] === e) return f
+    const key = `${total}/${batched}/${e.a}/${e.b}/${e.c}/${e.base}/${e.rise}`
     let id = this.famIds.get(key)
     if (id === undefined) {
       id = this.famCount++
@@ -420,6 +439,7 @@ export class LoadIndex implements LoadListener {
       this.famMaxBatched = grow(this.famMaxBatched, id + 1)
       this.famTotal[id] = total
       this.famMaxBatched[id] = batched
+      this.famModel[id] = e
       this.famGroups[id] = EMPTY
     }
     this.famOf[slot] = id

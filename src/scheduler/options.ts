@@ -63,7 +63,7 @@ export const SCHEDULER_ROWS = [
       "`--router-cost latency`: learn each worker-rank's engine model (prefill per-token and per-step cost, decode step time and its growth with KV " +
       'usage) from the time to first token and inter-token times of the streamed requests it serves, starting from the default model; ' +
       '`--no-router-learn-engines` prices every worker-rank with the fixed default model. See [cost](cost.md#what-the-cost-learns).',
-    noEffect: { when: { cost: 'dynamo' }, says: "tunes the latency cost and has no effect under --router-cost dynamo" },
+    noEffect: { when: { cost: 'dynamo' }, says: 'tunes the latency cost and has no effect under --router-cost dynamo' },
   }),
   opt({
     flag: '--router-block-size',

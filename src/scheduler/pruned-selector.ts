@@ -25,6 +25,8 @@ import type { ActiveSequences } from './active-sequences.js'
 import { TRACK_NONE, TRACK_SHARED } from './active-sequences.js'
 import { chunkTokens, FleetLoad, kvSlowdownMs, kvUsage, LatencyTerms, latencyLowerBoundFrom, ownAtLeast, USAGE_SCALE } from './cost.js'
 import type { LoadIndex } from './load-index.js'
+import type { EngineModels } from './engine-estimator.js'
+import type { EngineModel } from './engine-model.js'
 import type { CostModel } from './options.js'
 import type { Rng } from './rng.js'
 import type { CostInputs } from './selector.js'
@@ -79,15 +81,15 @@ export class PrunedSelector {
   /** Per group: what its Q classes' bound grows by at least per ms of wait (ownAtLeast), with the slack; set with groupCache. */
   private groupSlope = new Float64Array(16)
   /**
-   * A prompt within the chunk, with nothing in flight and with some ([0], [1]): the bound at no wait
-   * less the KV term, its own time, and (capacity unknown, nothing queued) the cost itself; valid
-   * while idleStamp / zeroStamp equals stamp.
+   * A prompt within the chunk, per family (for its engine model), with nothing in flight and with
+   * some ([2·family], [2·family + 1]): the bound at no wait less the KV term, its own time, and (capacity unknown,
+   * nothing queued) the cost itself; valid while idleStamp / zeroStamp equals stamp.
    */
-  private readonly idle = new Float64Array(2)
-  private readonly idleOwn = new Float64Array(2)
-  private readonly idleStamp = new Int32Array(2)
-  private readonly zero = new Float64Array(2)
-  private readonly zeroStamp = new Int32Array(2)
+  private idle = new Float64Array(2)
+  private idleOwn = new Float64Array(2)
+  private idleStamp = new Int32Array(2)
+  private zero = new Float64Array(2)
+  private zeroStamp = new Int32Array(2)
   /** Per class: a matched member's cost, the overlap and active request blocks it was scored with, valid while mStamp equals stamp. */
   private mShared = new Float64Array(64)
   private mOverlap = new Float64Array(64)
@@ -122,6 +124,7 @@ export class PrunedSelector {
     private readonly rng: Rng,
     private readonly blockSize: number,
     private readonly cost: CostModel,
+    private readonly models: EngineModels,
   ) {}
 
   /**
@@ -342,7 +345,7 @@ export class PrunedSelector {
     const seqs = this.seqs
     const workers = this.workers
     const fleet = this.fleet
-    fleet.set(view.sumInFlight, view.sumUnits / USAGE_SCALE, view.m)
+    fleet.set(view.sumInFlight, view.sumUnits / USAGE_SCALE, view.m, this.models.fleet)
     const ov = c.overlap
     const ovLen = ov === undefined ? 0 : ov.length
     // the least cost, C
@@ -369,6 +372,7 @@ export class PrunedSelector {
           total,
           fleet,
           this.terms,
+          this.models.of(s),
         )
         this.share(cid, overlap, present, cost)
       }
@@ -511,21 +515,22 @@ export class PrunedSelector {
     const total = index.famTotal[fam] as number
     const r = index.groupR[g] as number
     const chunk = chunkTokens(index.famMaxBatched[fam] as number, r)
+    const e = index.famModel[fam] as EngineModel
     let b: number
     let own: number
     if (this.uncached <= chunk) {
-      const i = r > 0 ? 1 : 0
+      const i = this.familySlot(fam, r)
       if (this.idleStamp[i] !== this.stamp) {
-        this.idle[i] = latencyLowerBoundFrom(0, 0, this.uncached, r, chunk, index.stepMin(g), 0, 0, this.fleet)
-        this.idleOwn[i] = ownAtLeast(0, this.uncached, chunk, index.stepMin(g))
+        this.idle[i] = latencyLowerBoundFrom(0, 0, this.uncached, r, chunk, index.stepMin(g), 0, 0, this.fleet, e)
+        this.idleOwn[i] = ownAtLeast(0, this.uncached, chunk, index.stepMin(g), e)
         this.idleStamp[i] = this.stamp
       }
       b = this.idle[i] as number
       own = this.idleOwn[i] as number
-      if (total > 0 && this.extra > 0 && r > 0) b += kvSlowdownMs(r, this.extra, total) / 1000
+      if (total > 0 && this.extra > 0 && r > 0) b += kvSlowdownMs(r, this.extra, total, e) / 1000
     } else {
-      b = latencyLowerBoundFrom(0, 0, this.uncached, r, chunk, index.stepMin(g), this.extra, total, this.fleet)
-      own = ownAtLeast(0, this.uncached, chunk, index.stepMin(g))
+      b = latencyLowerBoundFrom(0, 0, this.uncached, r, chunk, index.stepMin(g), this.extra, total, this.fleet, e)
+      own = ownAtLeast(0, this.uncached, chunk, index.stepMin(g), e)
     }
     b *= 1 - SLACK
     this.groupStamp[g] = this.stamp
@@ -577,7 +582,8 @@ export class PrunedSelector {
     const chunk = chunkTokens(index.famMaxBatched[fam] as number, r)
     const wait = index.classKey[cid] as number
     const q0 = index.classQ0[cid] as number
-    const b = latencyLowerBoundFrom(wait, q0, this.uncached, r, chunk, index.stepMin(g), this.extra, index.famTotal[fam] as number, this.fleet) * (1 - SLACK)
+    const e = index.famModel[fam] as EngineModel
+    const b = latencyLowerBoundFrom(wait, q0, this.uncached, r, chunk, index.stepMin(g), this.extra, index.famTotal[fam] as number, this.fleet, e) * (1 - SLACK)
     this.boundStamp[cid] = this.stamp
     this.boundCache[cid] = b
     return b
@@ -590,10 +596,22 @@ export class PrunedSelector {
     const r = index.groupR[g] as number
     // nothing queued, capacity unknown and the prompt within the chunk: the cost's inputs are the
     // same but for r > 0 (active blocks and the chunk drop out), so it is computed once a decision
+    const e = index.famModel[fam] as EngineModel
     if ((index.classQ[cid] as number) === 0 && (index.famTotal[fam] as number) === 0 && this.uncached <= chunkTokens(index.famMaxBatched[fam] as number, r)) {
-      const i = r > 0 ? 1 : 0
+      const i = this.familySlot(fam, r)
       if (this.zeroStamp[i] !== this.stamp) {
-        this.zero[i] = latencyCost(0, this.uncached, r, index.famMaxBatched[fam] as number, index.classA[cid] as number, this.extra, 0, this.fleet, this.terms)
+        this.zero[i] = latencyCost(
+          0,
+          this.uncached,
+          r,
+          index.famMaxBatched[fam] as number,
+          index.classA[cid] as number,
+          this.extra,
+          0,
+          this.fleet,
+          this.terms,
+          e,
+        )
         this.zeroStamp[i] = this.stamp
       }
       this.costStamp[cid] = this.stamp
@@ -610,10 +628,25 @@ export class PrunedSelector {
       index.famTotal[fam] as number,
       this.fleet,
       this.terms,
+      e,
     )
     this.costStamp[cid] = this.stamp
     this.costCache[cid] = cost
     return cost
+  }
+
+  /** The idle / zero caches' entry of a family (its engine model) with or without requests in flight (grown to hold it). */
+  private familySlot(fam: number, r: number): number {
+    const i = fam * 2 + (r > 0 ? 1 : 0)
+    if (i >= this.idle.length) {
+      const n = Math.max(i + 1, this.idle.length * 2)
+      this.idle = growTo(this.idle, n)
+      this.idleOwn = growTo(this.idleOwn, n)
+      this.idleStamp = growTo(this.idleStamp, n)
+      this.zero = growTo(this.zero, n)
+      this.zeroStamp = growTo(this.zeroStamp, n)
+    }
+    return i
   }
 
   /**

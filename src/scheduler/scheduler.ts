@@ -26,6 +26,9 @@ import { PendingQueue } from './pending-queue.js'
 import { policyKey } from './queue-policy.js'
 import { OverlapInput } from './overlap-input.js'
 import { PrunedSelector } from './pruned-selector.js'
+import { chunkTokens, kvUsage } from './cost.js'
+import { EngineEstimator } from './engine-estimator.js'
+import type { LearnedEngine } from './engine-estimator.js'
 import { growTo } from './typed-arrays.js'
 import { queueFull } from './rejection.js'
 import type { Rng } from './rng.js'
@@ -206,6 +209,8 @@ export class Scheduler {
   /** Per slot, 1 when its cache is predicted from decisions (all slots in approximate mode). */
   private predicted = new Uint8Array(8)
   private readonly cost = new CostInputs()
+  /** Each worker-rank's engine model for the latency cost, learned from its requests (or the default one when learning is off). */
+  private readonly estimator: EngineEstimator
   private readonly epoch: number
   private readonly overlap: OverlapInput
   /** OverlapInput.best() of the request tryRoute last found waiting. */
@@ -239,12 +244,16 @@ export class Scheduler {
     this.sequences = new ActiveSequences(o.staleRequestSecs * 1000)
     this.sequences.ensureSlots(this.workers.slotCapacity)
     const rng = deps.rng ?? new Xoshiro128(o.seed)
-    this.selector = new Selector(this.workers, this.sequences, rng, o.blockSize, o.cudaToCpuRatio, o.cost)
+    this.estimator = new EngineEstimator(o.learnEngines && o.mode === 'kv' && o.cost === 'latency')
+    const models = this.estimator.models
+    this.selector = new Selector(this.workers, this.sequences, rng, o.blockSize, o.cudaToCpuRatio, o.cost, models)
     const indexed = o.mode === 'kv' && deps.fullScan !== true
-    this.cands = new CandidateSets(this.workers, this.sequences, o, indexed)
+    this.cands = new CandidateSets(this.workers, this.sequences, o, indexed, models)
     this.overlap = new OverlapInput(this.workers)
     const index = this.cands.index
-    this.pruned = index === undefined ? undefined : new PrunedSelector(index, this.workers, this.sequences, rng, o.blockSize, o.cost)
+    this.pruned = index === undefined ? undefined : new PrunedSelector(index, this.workers, this.sequences, rng, o.blockSize, o.cost, models)
+    // a worker-rank whose model moved to another grid cell changes family in the load index
+    if (index !== undefined) this.estimator.onChange = (slot) => index.refresh(slot)
     this.epoch = this.clock()
     if (o.approximate.enabled && deps.approxSink === undefined) {
       throw new KvrError('KVR_ERR_INVALID_OPTION', 'options.approximate.enabled needs an approxSink to receive the predicted blocks')
@@ -279,7 +288,10 @@ export class Scheduler {
   // ---- worker-ranks ----
 
   addWorkerRank(workerId: bigint, dpRank: number, info?: WorkerRankInfo): number {
+    const fresh = this.workers.slotOf(workerId, dpRank) < 0
     const slot = this.workers.register(workerId, dpRank, info)
+    // a new worker-rank starts from the prior; a registration updated keeps what was learned
+    if (fresh) this.estimator.reset(slot, true)
     this.sequences.ensureSlots(this.workers.slotCapacity)
     if (this.predicted.length < this.workers.slotCapacity) this.predicted = growTo(this.predicted, this.workers.slotCapacity)
     this.cands.added(slot, workerId)
@@ -421,14 +433,28 @@ export class Scheduler {
     return decision
   }
 
-  /** The first token arrived: the request's prompt is no longer queued work. */
-  markPrefillComplete(id: string): boolean {
+  /**
+   * The first token arrived: the request's prompt is no longer queued work. `observed`: it did
+   * just now (a stream's first event), so its time to first token teaches the worker-rank's engine
+   * model; false when the answer came whole and the moment is unknown.
+   */
+  markPrefillComplete(id: string, observed = true): boolean {
+    if (observed) this.estimator.firstToken(id, this.clock())
     return this.progress(id, false)
   }
 
-  /** Ends a booked request. Idempotent: false when unknown or already freed. */
-  free(id: string): boolean {
+  /**
+   * Ends a booked request. Idempotent: false when unknown or already freed. `outputTokens`: the
+   * tokens it streamed, for its inter-token time (0 = not known).
+   */
+  free(id: string, outputTokens = 0): boolean {
+    this.estimator.ended(id, outputTokens, this.clock())
     return this.progress(id, true)
+  }
+
+  /** A worker-rank's engine model as the latency cost uses it, with how sure it is; null when learning is off. */
+  learnedEngine(slot: number): LearnedEngine | null {
+    return this.workers.live[slot] === 1 ? this.estimator.learned(slot) : null
   }
 
   /** The request's prefill completed, or (`ended`) the request ended: the observer hears of it, and waiters may run. */
@@ -727,6 +753,7 @@ export class Scheduler {
       c.slot = slot
       c.overlapBlocks = overlap
       c.prefillTokens = c.trackPrefill && fresh > 0 ? fresh : 0
+      if (this.estimator.enabled) this.observeBooking(req.id as string, slot, fresh, now)
       this.sequences.add(req.id as string, c, now)
       this.observer?.booked(req.id as string, c)
       if (this.routed !== undefined && req.seqLo !== undefined && req.seqHi !== undefined) {
@@ -859,7 +886,18 @@ export class Scheduler {
     this.drainQueue()
   }
 
+  /** What the estimator needs to read the request's time to first token: the slot's load before it. */
+  private observeBooking(id: string, slot: number, fresh: number, now: number): void {
+    const s = this.sequences
+    const w = this.workers
+    const r = s.inFlight[slot] as number
+    const chunk = chunkTokens(w.maxNumBatchedTokens[slot] as number, r)
+    const usage = kvUsage(s.activeBlocks[slot] as number, w.totalKvBlocks[slot] as number)
+    this.estimator.booked(id, slot, s.prefillTokens[slot] as number, fresh > 0 ? fresh : 0, chunk, r > 0, usage, now)
+  }
+
   private forgetSlot(slot: number): string[] {
+    this.estimator.reset(slot, false)
     this.approx?.removeSlot(slot)
     this.routed?.removeSlot(slot)
     this.predicted[slot] = 0

@@ -31,6 +31,8 @@ import type { ActiveSequences, Booking, TrackMode } from './active-sequences.js'
 import { TRACK_NONE, TRACK_SHARED } from './active-sequences.js'
 import { chunkTokens, FleetLoad, LatencyTerms, latencyTerms, NEAR_TIE, USAGE_SCALE, usageUnits } from './cost.js'
 import type { CostModel, RouterMode } from './options.js'
+import { EngineModels } from './engine-estimator.js'
+import type { EngineModel } from './engine-model.js'
 import type { Rng } from './rng.js'
 import type { WorkerRanks } from './worker-ranks.js'
 import { DEVICE_CPU } from './worker-ranks.js'
@@ -116,6 +118,8 @@ export class Selector {
     private readonly blockSize: number,
     private readonly cudaToCpuRatio: number,
     readonly cost: CostModel = 'dynamo',
+    /** Each slot's engine model for the latency cost (the default one for every slot when not given). */
+    private readonly models: EngineModels = new EngineModels(),
   ) {}
 
   /** Picks one of the m candidate slots; returns the slot. m must be ≥ 1. */
@@ -204,7 +208,8 @@ export class Selector {
       sumUnits += usageUnits(seqs.activeBlocks[s] as number, workers.totalKvBlocks[s] as number)
     }
     const fleet = this.fleet
-    fleet.set(sumInFlight, sumUnits / USAGE_SCALE, m)
+    const models = this.models
+    fleet.set(sumInFlight, sumUnits / USAGE_SCALE, m, models.fleet)
     for (let i = 0; i < m; i++) {
       const s = slots[i] as number
       const added = extra - (present === null ? 0 : (present[s] as number))
@@ -222,6 +227,7 @@ export class Selector {
         workers.totalKvBlocks[s] as number,
         fleet,
         terms,
+        models.of(s),
       )
       this.ttft[i] = terms.ttft
       this.slowdown[i] = terms.slowdown
@@ -572,8 +578,9 @@ export function latencyCost(
   total: number,
   fleet: FleetLoad,
   terms: LatencyTerms,
+  e: EngineModel,
 ): number {
-  return latencyTerms(queued, uncached, inFlight, chunkTokens(maxBatched, inFlight), active, added, total, fleet, terms)
+  return latencyTerms(queued, uncached, inFlight, chunkTokens(maxBatched, inFlight), active, added, total, fleet, terms, e)
 }
 
 /** Dynamo's decode blocks: the active ones and the request's blocks not already active there (`present`). */

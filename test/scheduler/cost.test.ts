@@ -1,17 +1,9 @@
 // The latency cost (src/scheduler/cost.ts) against cases computed by hand from the engine model:
 // prefill_ms(T) = 4.209989e-7·T² + 1.518344e-2·T + 16.50142, decode_ms(p) = −25.74·p² + 54.01·p + 5.74.
 import t from 'tap'
-import {
-  ASSUMED_OUTPUT_TOKENS,
-  chunkTokens,
-  DECODE_MS_PER_USAGE,
-  DEFAULT_CHUNK_TOKENS,
-  FleetLoad,
-  LatencyTerms,
-  latencyTerms,
-  NEAR_TIE,
-} from '../../src/scheduler/cost.js'
+import { ASSUMED_OUTPUT_TOKENS, chunkTokens, DEFAULT_CHUNK_TOKENS, FleetLoad, LatencyTerms, latencyTerms, NEAR_TIE } from '../../src/scheduler/cost.js'
 import { DEFAULT_MAX_BATCHED_TOKENS } from '../../src/scheduler/options.js'
+import { DEFAULT_ENGINE_MODEL as E } from '../../src/scheduler/engine-model.js'
 import { Selector, formatCandidates } from '../../src/scheduler/selector.js'
 import type { ActiveSequences } from '../../src/scheduler/active-sequences.js'
 import { blocks, chain, makeScheduler, overlaps } from './fixtures.js'
@@ -21,7 +13,7 @@ const near = (a: number, b: number): boolean => Math.abs(a - b) <= 1e-9 * Math.m
 /** The fleet terms of a decision whose candidates average this many in flight at this KV usage. */
 function fleetOf(inFlight: number, usage: number): FleetLoad {
   const f = new FleetLoad()
-  f.set(inFlight, usage, 1)
+  f.set(inFlight, usage, 1, E)
   return f
 }
 
@@ -30,25 +22,25 @@ t.test('queue ahead: queued and uncached tokens are computed together, at the pr
   const idle = fleetOf(0, 0)
   // nothing in flight: one step of 4,000 queued + 2,000 uncached tokens, no decodes
   // 4.209989e-7 × 6000² + 1.518344e-2 × 6000 + 16.50142 = 15.1559604 + 91.10064 + 16.50142 ms
-  const cost = latencyTerms(4000, 2000, 0, chunkTokens(8192, 0), 0, 0, 0, idle, out)
+  const cost = latencyTerms(4000, 2000, 0, chunkTokens(8192, 0), 0, 0, 0, idle, out, E)
   t.ok(near(out.ttft, 0.1227580204), `ttft ${out.ttft}`)
   t.equal(out.slowdown, 0, 'nothing running to slow down')
   t.equal(out.queueing, 0, 'nothing arriving to queue behind it')
   t.equal(cost, out.ttft + out.slowdown + out.queueing)
   // beyond one step: 16,384 tokens are two full chunks of 8,192, each 169.1369184 ms
-  latencyTerms(12000, 4384, 0, chunkTokens(8192, 0), 0, 0, 0, idle, out)
+  latencyTerms(12000, 4384, 0, chunkTokens(8192, 0), 0, 0, 0, idle, out, E)
   t.ok(near(out.ttft, 0.3382738368), `two chunks: ${out.ttft}`)
   // fully cached with nothing queued: no prefill work at all
-  t.equal(latencyTerms(0, 0, 0, 8192, 0, 0, 0, idle, out), 0)
+  t.equal(latencyTerms(0, 0, 0, 8192, 0, 0, 0, idle, out, E), 0)
 })
 
 t.test('decode load: its step time in the ttft, the slowdown of the requests decoding there, the queue behind it', async (t) => {
   const out = new LatencyTerms()
-  t.ok(near(DECODE_MS_PER_USAGE, 28.27), 'decode_ms(1) − decode_ms(0) = 34.01 − 5.74')
+  t.ok(near(E.msPerUsage, 28.27), 'decode_ms(1) − decode_ms(0) = 34.01 − 5.74')
   // 4 in flight here and on average, usage 2,000 / 10,000 = 0.2 → decode step −1.0296 + 10.802 + 5.74 = 15.5124 ms
   const fleet = fleetOf(4, 0.2)
   t.ok(near(fleet.arrivalsPerMs, 4 / (256 * 15.5124)), "Little's law: 4 in flight over 256 decode steps")
-  latencyTerms(0, 1000, 4, chunkTokens(8192, 4), 2000, 100, 10_000, fleet, out)
+  latencyTerms(0, 1000, 4, chunkTokens(8192, 4), 2000, 100, 10_000, fleet, out, E)
   // ttft: prefill_ms(1000) = 32.1058589 ms and one step's decodes
   t.ok(near(out.ttft, 0.0476182589), `ttft ${out.ttft}`)
   // its chunk in the steps of the 4 decoding: 4 × 32.1058589; its 100 blocks in their next 256 steps: 4 × 256 × 28.27 × 100 / 10,000
@@ -59,7 +51,7 @@ t.test('decode load: its step time in the ttft, the slowdown of the requests dec
   // the same request behind 20,000 queued tokens: 20,000 / 8,188 chunks ahead of it, each with its
   // step's decodes; its own tokens add no fixed step cost to the running requests any more
   const queued = new LatencyTerms()
-  latencyTerms(20_000, 1000, 4, chunkTokens(8192, 4), 2000, 100, 10_000, fleet, queued)
+  latencyTerms(20_000, 1000, 4, chunkTokens(8192, 4), 2000, 100, 10_000, fleet, queued, E)
   const p8188 = 4.209989e-7 * 8188 * 8188 + 1.518344e-2 * 8188 + 16.50142
   const wait = (20_000 / 8188) * (p8188 + 15.5124)
   const ttft = (21_000 / 8188) * (p8188 + 15.5124)
@@ -69,12 +61,12 @@ t.test('decode load: its step time in the ttft, the slowdown of the requests dec
   t.ok(queued.queueing > 5 * out.queueing)
   // the stall counts the fleet's mean in flight, not the worker-rank's own; none where none is in flight
   const busier = new LatencyTerms()
-  latencyTerms(0, 1000, 4, chunkTokens(8192, 4), 2000, 0, 10_000, fleetOf(10, 0.2), busier)
+  latencyTerms(0, 1000, 4, chunkTokens(8192, 4), 2000, 0, 10_000, fleetOf(10, 0.2), busier, E)
   t.ok(near(busier.slowdown, (10 * 32.1058589) / 1000), `fleet mean 10: ${busier.slowdown}`)
-  latencyTerms(0, 1000, 0, chunkTokens(8192, 0), 0, 100, 10_000, fleetOf(10, 0.2), busier)
+  latencyTerms(0, 1000, 0, chunkTokens(8192, 0), 0, 100, 10_000, fleetOf(10, 0.2), busier, E)
   t.equal(busier.slowdown, 0, 'nothing in flight there: nothing to slow down')
   // capacity unknown: no usage-dependent term, the model's idle decode step
-  latencyTerms(0, 1000, 4, chunkTokens(8192, 4), 2000, 100, 0, fleet, out)
+  latencyTerms(0, 1000, 4, chunkTokens(8192, 4), 2000, 100, 0, fleet, out, E)
   t.ok(near(out.ttft, (32.1058589 + 5.74) / 1000))
   t.ok(near(out.slowdown, (4 * 32.1058589) / 1000))
 })
@@ -108,7 +100,7 @@ t.test("prefill rate: the chunk comes from the worker's registration", async (t)
   // 5,000 tokens in chunks of 2,046 on an engine of unknown capacity with 2 in flight:
   // 5000 / 2046 steps of prefill_ms(2046) + 5.74 ms, and their prefill time for each of the 2
   const p2046 = 4.209989e-7 * 2046 * 2046 + 1.518344e-2 * 2046 + 16.50142
-  latencyTerms(0, 5000, 2, chunkTokens(2048, 2), 0, 0, 0, fleetOf(2, 0), out)
+  latencyTerms(0, 5000, 2, chunkTokens(2048, 2), 0, 0, 0, fleetOf(2, 0), out, E)
   t.ok(near(out.ttft, ((5000 / 2046) * (p2046 + 5.74)) / 1000), `ttft ${out.ttft}`)
   t.ok(near(out.slowdown, (2 * (5000 / 2046) * p2046) / 1000), `slowdown ${out.slowdown}`)
   // through the scheduler: a registered small budget makes a long prompt dearer there

@@ -46,8 +46,9 @@ export function makeScheduler(
   const clock = new FakeClock()
   // Dynamo's cost unless a test asks for another: its logits are small sums a reader can check
   // by hand, which the mechanics tested here (booking, queue, prediction, retries) rely on;
-  // cost.test.ts checks the latency cost
-  const s = new Scheduler({ seed: 7, cost: 'dynamo', ...options }, { clock: clock.now, timers: false, ...deps })
+  // cost.test.ts checks the latency cost. No learning unless asked: a fake clock's times are no
+  // engine's (engine-estimator.test.ts feeds it on purpose)
+  const s = new Scheduler({ seed: 7, cost: 'dynamo', learnEngines: false, ...options }, { clock: clock.now, timers: false, ...deps })
   const slots: number[] = []
   for (let i = 0; i < workerCount; i++) slots.push(s.addWorkerRank(BigInt(i + 1), 0, typeof info === 'function' ? info(i) : info))
   return { s, clock, slots }

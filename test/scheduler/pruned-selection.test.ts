@@ -8,8 +8,6 @@ import t from 'tap'
 import type { Test } from 'tap'
 import {
   chunkTokens,
-  DECODE_STEP_MAX_MS,
-  DECODE_STEP_MIN_MS,
   FleetLoad,
   kvUsage,
   LatencyTerms,
@@ -20,7 +18,7 @@ import {
   prefillSteps,
   prefillTimeMs,
 } from '../../src/scheduler/cost.js'
-import { decodeMs } from '../../src/scheduler/engine-model.js'
+import { DEFAULT_ENGINE_MODEL, EngineModel } from '../../src/scheduler/engine-model.js'
 import type { CandidateSets } from '../../src/scheduler/candidates.js'
 import type { SchedulerOptionsInput } from '../../src/scheduler/options.js'
 import type { Rng } from '../../src/scheduler/rng.js'
@@ -32,6 +30,7 @@ import type { ActiveSequences } from '../../src/scheduler/active-sequences.js'
 import type { WorkerRankInfo } from '../../src/scheduler/worker-ranks.js'
 import { WorkerRanks } from '../../src/scheduler/worker-ranks.js'
 import { chain, FakeClock } from './fixtures.js'
+import type { EngineEstimator } from '../../src/scheduler/engine-estimator.js'
 
 /** One decision, error or wait as text: what the two schedulers must agree on. */
 function outcome(f: () => RouteDecision | null): string {
@@ -52,6 +51,9 @@ class Twin {
   readonly settled: [string[], string[]] = [[], []]
   decisions = 0
   ties = 0
+  /** Engine models published (beyond the default) by plantModels, and whether it ran. */
+  models = 0
+  planted = false
 
   constructor(options: SchedulerOptionsInput) {
     this.pruned = new Scheduler(options, { clock: this.clock.now, timers: false })
@@ -255,12 +257,18 @@ async function run(t: Test, seed: number, size: number, ops: number): Promise<Tw
     if (a !== b) t.fail(`preload: ${a} vs ${b}`)
     if (rng.next() < 0.5) twin.both((s) => s.markPrefillComplete(id))
   }
+  // odd seeds: the worker-ranks have learned engine models of a few speeds and shapes
+  if (seed % 2 === 1 && twin.pruned.options.cost === 'latency') {
+    twin.models += plantModels(twin, rng)
+    twin.planted = true
+  }
   for (let op = 0; op < ops; op++) {
     const x = rng.next()
     twin.clock.advance(rng.int(50))
     if (x < 0.12 && live.length > 0) {
       const id = live.splice(rng.int(live.length), 1)[0] as string
-      twin.both((s) => s.free(id))
+      const tokens = rng.int(300)
+      twin.both((s) => s.free(id, tokens))
     } else if (x < 0.2 && live.length > 0) {
       const id = live[rng.int(live.length)] as string
       twin.both((s) => s.markPrefillComplete(id))
@@ -316,6 +324,40 @@ async function run(t: Test, seed: number, size: number, ops: number): Promise<Tw
   return twin
 }
 
+/**
+ * Teaches every live worker-rank of both schedulers the same engine model, one of four kinds (the
+ * default, half speed, a larger model's shape, a faster one), from noisy observations; returns
+ * how many models the pruned scheduler then holds beyond the default.
+ */
+function plantModels(twin: Twin, rng: Xoshiro128): number {
+  const kinds = [
+    [1, 1, 1, 1, 1],
+    [2, 2, 2, 2, 2],
+    [1.2, 2.5, 2.5, 2.4, 1.3],
+    [0.7, 0.6, 0.8, 0.7, 0.9],
+  ]
+  const d = DEFAULT_ENGINE_MODEL
+  const w = twin.pruned.workers
+  for (let i = 0; i < w.liveCount; i++) {
+    const slot = w.liveSlots[i] as number
+    const k = kinds[rng.int(kinds.length)] as number[]
+    const e = new EngineModel(d.a * (k[0] as number), d.b * (k[1] as number), d.c * (k[2] as number), d.base * (k[3] as number), d.rise * (k[4] as number))
+    for (let j = 0; j < 12; j++) {
+      const x = 100 + rng.int(20_000)
+      const usage = rng.next()
+      const noise = 0.95 + 0.1 * rng.next()
+      const ttft = (prefillTimeMs(x, 8192, e) + prefillSteps(x, 8192) * e.decodeMs(usage)) * noise
+      const itl = e.decodeMs(usage) * noise
+      twin.both((s) => {
+        const est = (s as unknown as { estimator: EngineEstimator }).estimator
+        est.observeTtft(slot, x, 8192, true, usage, ttft)
+        est.observeItl(slot, itl, usage)
+      })
+    }
+  }
+  return (twin.pruned as unknown as { estimator: EngineEstimator }).estimator.models.count - 1
+}
+
 const SIZES: [number, number, number][] = [
   // worker-ranks, fleets, operations per fleet
   [1, 12, 150],
@@ -331,8 +373,12 @@ for (const [size, fleets, ops] of SIZES) {
   t.test(`random fleets of ${size} worker-ranks: the pruned selection decides as the full scan`, async (t) => {
     let decisions = 0
     let pruned = 0
+    let models = 0
+    let planted = false
     for (let seed = 1; seed <= fleets; seed++) {
       const twin = await run(t, seed, size, ops)
+      models += twin.models
+      planted ||= twin.planted
       decisions += twin.decisions
       pruned += twin.pruned.stats().prunedTotal
       t.equal(twin.full.stats().prunedTotal, 0, 'the reference scores every candidate')
@@ -340,6 +386,7 @@ for (const [size, fleets, ops] of SIZES) {
     t.ok(decisions > (fleets * ops) / 2, `${decisions} decisions compared`)
     // the rest were refused, waited, or went to the full scan (sampling, explanations, weight overrides)
     t.ok(pruned > decisions / 2, `${pruned} of them by the pruned selection`)
+    if (planted) t.ok(models > 0, `${models} learned engine models among the fleets`)
   })
 }
 
@@ -467,7 +514,7 @@ t.test('the single draw: the reservoir of one with pinned draws, uniform with re
   for (const k of [1, 2, 4]) t.ok(Math.abs((counts[k] as number) / 20_000 - 1 / 3) < 0.02, `candidate ${k}: ${counts[k]} of 20,000`)
 })
 
-t.test("the latency cost's lower bound never exceeds the cost, and grows with the wait", async (t) => {
+t.test("the latency cost's lower bound never exceeds the cost, and grows with the wait, for the default and learned models", async (t) => {
   const rng = new Xoshiro128(17)
   const out = new LatencyTerms()
   let worst = 0
@@ -483,20 +530,24 @@ t.test("the latency cost's lower bound never exceeds the cost, and grows with th
     const queued = rng.next() < 0.2 ? 0 : 1 + rng.int(rng.next() < 0.5 ? 2 * chunk : 200_000)
     const uncached = rng.next() < 0.05 ? 0 : rng.int(rng.next() < 0.5 ? 2 * chunk : 100_000)
     const added = rng.int(3000)
+    // a learned model: each coefficient within 1/20..20 of the default's (the estimator's limits)
+    const d = DEFAULT_ENGINE_MODEL
+    const r = (): number => 20 ** (2 * rng.next() - 1)
+    const e = rng.next() < 0.3 ? d : new EngineModel(d.a * r(), d.b * r(), d.c * r(), d.base * r(), d.rise * r())
     const fleet = new FleetLoad()
-    fleet.set(rng.int(5000), rng.next() * 500, 1 + rng.int(500))
-    const step = inFlight > 0 ? decodeMs(kvUsage(active, total)) : 0
-    const stepMin = inFlight > 0 ? DECODE_STEP_MIN_MS : 0
-    const stepMax = inFlight > 0 ? (total > 0 ? DECODE_STEP_MAX_MS : DECODE_STEP_MIN_MS) : 0
-    const wait = queued > 0 ? prefillTimeMs(queued, chunk) + prefillSteps(queued, chunk) * step : 0
-    const cost = latencyTerms(queued, uncached, inFlight, chunk, active, added, total, fleet, out)
+    fleet.set(rng.int(5000), rng.next() * 500, 1 + rng.int(500), rng.next() < 0.5 ? d : e)
+    const step = inFlight > 0 ? e.decodeMs(kvUsage(active, total)) : 0
+    const stepMin = inFlight > 0 ? e.stepMin : 0
+    const stepMax = inFlight > 0 ? (total > 0 ? e.stepMax : e.stepMin) : 0
+    const wait = queued > 0 ? prefillTimeMs(queued, chunk, e) + prefillSteps(queued, chunk) * step : 0
+    const cost = latencyTerms(queued, uncached, inFlight, chunk, active, added, total, fleet, out, e)
     // the bound at this wait and at any smaller one
     const below = wait * rng.next()
-    const bound = latencyLowerBound(wait, uncached, inFlight, chunk, stepMin, stepMax, added, total, fleet)
-    const lower = latencyLowerBound(below, uncached, inFlight, chunk, stepMin, stepMax, added, total, fleet)
+    const bound = latencyLowerBound(wait, uncached, inFlight, chunk, stepMin, stepMax, added, total, fleet, e)
+    const lower = latencyLowerBound(below, uncached, inFlight, chunk, stepMin, stepMax, added, total, fleet, e)
     // the bound at no wait grown linearly with the wait, by the least own time: below the bound
-    const atZero = latencyLowerBound(0, uncached, inFlight, chunk, stepMin, stepMax, added, total, fleet)
-    const linear = atZero + (wait * (1 + fleet.arrivalsPerMs * ownAtLeast(0, uncached, chunk, stepMin))) / 1000
+    const atZero = latencyLowerBound(0, uncached, inFlight, chunk, stepMin, stepMax, added, total, fleet, e)
+    const linear = atZero + (wait * (1 + fleet.arrivalsPerMs * ownAtLeast(0, uncached, chunk, stepMin, e))) / 1000
     if (linear > bound * (1 + 1e-12)) overLinear++
     if (bound > cost * (1 + 1e-12) || lower > cost * (1 + 1e-12)) over++
     if (lower > bound * (1 + 1e-12)) falls++
@@ -508,10 +559,11 @@ t.test("the latency cost's lower bound never exceeds the cost, and grows with th
   t.ok(worst > 0.99, 'and tight somewhere')
   // nothing to prefill and capacity unknown: the bound is the cost
   const fleet = new FleetLoad()
-  fleet.set(40, 3, 10)
+  const d = DEFAULT_ENGINE_MODEL
+  fleet.set(40, 3, 10, d)
   const chunk = chunkTokens(8192, 4)
-  const wait = prefillTimeMs(5000, chunk) + prefillSteps(5000, chunk) * DECODE_STEP_MIN_MS
-  const cost = latencyTerms(5000, 0, 4, chunk, 300, 64, 0, fleet, out)
-  const bound = latencyLowerBound(wait, 0, 4, chunk, DECODE_STEP_MIN_MS, DECODE_STEP_MIN_MS, 64, 0, fleet)
+  const wait = prefillTimeMs(5000, chunk, d) + prefillSteps(5000, chunk) * d.stepMin
+  const cost = latencyTerms(5000, 0, 4, chunk, 300, 64, 0, fleet, out, d)
+  const bound = latencyLowerBound(wait, 0, 4, chunk, d.stepMin, d.stepMin, 64, 0, fleet, d)
   t.ok(Math.abs(bound - cost) <= 1e-12 * cost, `no prompt: bound ${bound} = cost ${cost}`)
 })

@@ -84,15 +84,16 @@ class Booking {
     readonly id: string,
   ) {}
 
-  prefillComplete(): void {
-    if (!this.freed) this.router.scheduler.markPrefillComplete(this.id)
+  /** `observed`: the first token arrived just now (a stream's), so its time teaches the worker's engine model. */
+  prefillComplete(observed: boolean): void {
+    if (!this.freed) this.router.scheduler.markPrefillComplete(this.id, observed)
   }
 
-  /** Frees the booking; only the first call has an effect. */
-  release(): boolean {
+  /** Frees the booking; only the first call has an effect. `outputTokens`: the tokens streamed (0 = unknown). */
+  release(outputTokens = 0): boolean {
     if (this.freed) return false
     this.freed = true
-    this.router.scheduler.free(this.id)
+    this.router.scheduler.free(this.id, outputTokens)
     return true
   }
 }
@@ -233,8 +234,8 @@ export class UpstreamProxy {
   }
 
   /** Releases a booking (the exchange calls it too) and counts the first release. */
-  release(b: Booking): void {
-    if (b.release()) this.releasedTotal++
+  release(b: Booking, outputTokens = 0): void {
+    if (b.release(outputTokens)) this.releasedTotal++
   }
 
   worker(id: bigint): WorkerInfo | undefined {
@@ -749,7 +750,7 @@ class UpstreamExchange implements Dispatcher.DispatchHandler {
     // past the first token nothing is retried: let the prompt go while the stream lasts
     run.call.payload = NO_BYTES
     run.call.route.tokens = NO_TOKENS
-    this.a.booking.prefillComplete()
+    this.a.booking.prefillComplete(true)
     run.proxy.workerAnswered(this.worker)
     run.ttftMs = now - run.started
     run.proxy.metrics.observeTtft(run.ttftMs / 1000)
@@ -776,7 +777,8 @@ class UpstreamExchange implements Dispatcher.DispatchHandler {
       this.held = null
       // ended without a single byte: a failure before the first token
       if (this.first && held === null) return run.notDelivered(this.a)
-      run.proxy.release(this.a.booking)
+      // each event a token: engines stream one per event (a final usage event adds one, within the estimate's noise)
+      run.proxy.release(this.a.booking, this.chunks)
       // A body that ends, cleanly, inside an event goes out as the worker sent it, as a client
       // reading the worker would get it (an SSE client drops an unfinished last event). Only
       // when the worker fails does the router add an event of its own.
@@ -804,7 +806,7 @@ class UpstreamExchange implements Dispatcher.DispatchHandler {
     const d = this.a.decision
     const m = run.proxy.metrics
     const text = this.parts === null ? '' : Buffer.concat(this.parts).toString('utf8')
-    this.a.booking.prefillComplete()
+    this.a.booking.prefillComplete(false)
     m.observeTtft((performance.now() - run.started) / 1000)
     run.proxy.release(this.a.booking)
     run.proxy.workerAnswered(this.worker)

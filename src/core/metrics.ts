@@ -3,6 +3,7 @@
 import { Counter, Gauge } from 'prom-client'
 import type { Registry } from 'prom-client'
 import { collectedCounter, collectedGauge } from '../metrics/collected.js'
+import type { LearnedEngine } from '../scheduler/engine-estimator.js'
 import type { Scheduler } from '../scheduler/scheduler.js'
 import type { EventSources } from './event-sources.js'
 import { HEALTH_STATES } from './health.js'
@@ -103,25 +104,6 @@ export function registerHealthMetrics(r: Registry, workers: WorkerRegistry, heal
   })
 }
 
-// TEMPORARY until src/scheduler/engine-estimator.ts lands on main: its type, and the scheduler's
-// method read where it exists.
-export interface LearnedEngine {
-  prefill: { a: number; b: number; c: number }
-  decode: { base: number; rise: number }
-  prefillSpeed: number
-  decodeSpeed: number
-  ttftSamples: number
-  itlSamples: number
-  ttftSpread: number
-  itlSpread: number
-  prefillSource: 'prior' | 'learned'
-  decodeSource: 'prior' | 'learned'
-}
-export function learnedEngineOf(sched: Scheduler, slot: number): LearnedEngine | null {
-  const f = (sched as unknown as { learnedEngine?: (slot: number) => LearnedEngine | null }).learnedEngine
-  return f === undefined ? null : f.call(sched, slot)
-}
-
 /**
  * Each worker-rank's learned engine model: its speeds against the default model, the observations
  * they rest on and their spread. Read at scrape time from the live worker-ranks, so a worker-rank
@@ -130,7 +112,7 @@ export function learnedEngineOf(sched: Scheduler, slot: number): LearnedEngine |
 export function registerEngineMetrics(r: Registry, sched: Scheduler): void {
   const each = (fill: (labels: { worker_id: string; dp_rank: string }, e: LearnedEngine) => void): void => {
     for (const s of sched.stats().slots) {
-      const e = learnedEngineOf(sched, s.slot)
+      const e = sched.learnedEngine(s.slot)
       if (e !== null) fill({ worker_id: s.workerId.toString(), dp_rank: String(s.dpRank) }, e)
     }
   }
@@ -167,8 +149,8 @@ export function registerEngineMetrics(r: Registry, sched: Scheduler): void {
     [...ranks, 'kind'],
     (g) =>
       each((l, e) => {
-        if (Number.isFinite(e.ttftSpread)) g.set({ ...l, kind: 'ttft' }, e.ttftSpread)
-        if (Number.isFinite(e.itlSpread)) g.set({ ...l, kind: 'itl' }, e.itlSpread)
+        g.set({ ...l, kind: 'ttft' }, e.ttftSpread)
+        g.set({ ...l, kind: 'itl' }, e.itlSpread)
       }),
   )
 }

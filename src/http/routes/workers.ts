@@ -4,11 +4,10 @@ import { engineEventsSpec, RECORD_FIELDS, workerUrl } from '../../core/endpoints
 import type { EngineEventsSpec } from '../../core/endpoints.js'
 import type { RankIndexState, Router, WorkerInfo } from '../../core/router.js'
 import type { DeviceType } from '../../scheduler/worker-ranks.js'
+import type { LearnedEngine } from '../../scheduler/engine-estimator.js'
 import { isKvrError, KvrError } from '../../errors.js'
 import { encodeRouterEvent } from '../../codec/events.js'
 import { readU64, serializeJson } from '../../codec/json.js'
-import { learnedEngineOf } from '../../core/metrics.js'
-import type { LearnedEngine } from '../../core/metrics.js'
 import { workerSchema } from '../schemas.js'
 import type { HttpContext } from '../context.js'
 
@@ -65,7 +64,7 @@ export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): ListWo
           active_blocks: s?.activeBlocks ?? 0,
           prefill_tokens: s?.prefillTokens ?? 0,
           in_flight: s?.inFlight ?? 0,
-          engine_model: slot < 0 ? null : engineModelJson(learnedEngineOf(router.scheduler, slot)),
+          engine_model: slot < 0 ? null : engineModelJson(router.scheduler.learnedEngine(slot)),
         })
       }
       // the shard's state first (a restarted shard lost every worker it held), then the ranks'
@@ -192,7 +191,6 @@ function engineModelJson(e: LearnedEngine | null): Record<string, unknown> | nul
     prefill_speed: e.prefillSpeed,
     decode_speed: e.decodeSpeed,
     samples: { ttft: e.ttftSamples, itl: e.itlSamples },
-    // JSON writes a spread not yet known (NaN) as null
     spread: { ttft: e.ttftSpread, itl: e.itlSpread },
   }
 }

@@ -1,6 +1,10 @@
-// The worker registry's series in the router's registry, read at scrape time.
+// The worker registry's series in the router's registry, and each worker-rank's learned engine
+// model's, read at scrape time.
 import { Counter, Gauge } from 'prom-client'
 import type { Registry } from 'prom-client'
+import { collectedCounter, collectedGauge } from '../metrics/collected.js'
+import type { LearnedEngine } from '../scheduler/engine-estimator.js'
+import type { Scheduler } from '../scheduler/scheduler.js'
 import type { EventSources } from './event-sources.js'
 import { HEALTH_STATES } from './health.js'
 import type { HealthState, WorkerHealth } from './health.js'
@@ -98,4 +102,55 @@ export function registerHealthMetrics(r: Registry, workers: WorkerRegistry, heal
       this.inc({ outcome: 'timeout' }, c.timeout)
     },
   })
+}
+
+/**
+ * Each worker-rank's learned engine model: its speeds against the default model, the observations
+ * they rest on and their spread. Read at scrape time from the live worker-ranks, so a worker-rank
+ * that leaves takes its series with it; no series while learning is off.
+ */
+export function registerEngineMetrics(r: Registry, sched: Scheduler): void {
+  const each = (fill: (labels: { worker_id: string; dp_rank: string }, e: LearnedEngine) => void): void => {
+    for (const s of sched.stats().slots) {
+      const e = sched.learnedEngine(s.slot)
+      if (e !== null) fill({ worker_id: s.workerId.toString(), dp_rank: String(s.dpRank) }, e)
+    }
+  }
+  const ranks = ['worker_id', 'dp_rank']
+  collectedGauge(
+    r,
+    'kvrouter_worker_prefill_speed',
+    'Learned prefill speed of the worker-rank against the default engine model (1 = the default, 0.5 = half as fast)',
+    ranks,
+    (g) => each((l, e) => g.set(l, e.prefillSpeed)),
+  )
+  collectedGauge(
+    r,
+    'kvrouter_worker_decode_speed',
+    'Learned decode speed of the worker-rank against the default engine model (1 = the default, 0.5 = half as fast)',
+    ranks,
+    (g) => each((l, e) => g.set(l, e.decodeSpeed)),
+  )
+  collectedCounter(
+    r,
+    'kvrouter_worker_engine_samples_total',
+    "Observations the worker-rank's engine model learned from since it registered: kind ttft (time to first token) or itl (inter-token)",
+    [...ranks, 'kind'],
+    (c) =>
+      each((l, e) => {
+        c.inc({ ...l, kind: 'ttft' }, e.ttftSamples)
+        c.inc({ ...l, kind: 'itl' }, e.itlSamples)
+      }),
+  )
+  collectedGauge(
+    r,
+    'kvrouter_worker_engine_spread',
+    "Robust relative spread of the worker-rank's observations around its learned engine model (0.1 = ±10%), by kind ttft or itl",
+    [...ranks, 'kind'],
+    (g) =>
+      each((l, e) => {
+        g.set({ ...l, kind: 'ttft' }, e.ttftSpread)
+        g.set({ ...l, kind: 'itl' }, e.itlSpread)
+      }),
+  )
 }

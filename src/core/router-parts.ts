@@ -15,7 +15,7 @@ import { KvrError } from '../errors.js'
 import { RouterMetrics } from '../metrics/registry.js'
 import { registerSchedulerMetrics } from '../scheduler/metrics.js'
 import { registerShardMetrics } from '../shards/metrics.js'
-import { registerHealthMetrics, registerWorkerMetrics } from './metrics.js'
+import { registerEngineMetrics, registerHealthMetrics, registerWorkerMetrics } from './metrics.js'
 import { IndexRecovery } from '../shards/recovery.js'
 import { EngineIntake } from '../transport/engine-intake.js'
 import { EventSources } from './event-sources.js'
@@ -115,6 +115,7 @@ export class RouterParts {
     registerShardMetrics(reg, pool, this.recovery)
     registerWorkerMetrics(reg, this.registry, this.suspension, this.eventSources, this.sessions, config.modelName)
     registerHealthMetrics(reg, this.registry, this.health, this.suspension, this.probes)
+    registerEngineMetrics(reg, this.scheduler)
   }
 
   // ---- workers ----

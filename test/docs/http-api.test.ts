@@ -1,5 +1,6 @@
 // docs/http-api.md's example answers are live answers' shapes: a router started in this process
-// answers POST /v1/route, and the example's keys equal the answer's, at every level.
+// answers POST /v1/route and GET /v1/workers (a worker-rank of it), and the example's keys equal the
+// answer's, at every level.
 import t from 'tap'
 import { readFileSync } from 'node:fs'
 import { computeBlockHashes, computeSequenceHashes } from '../../src/codec/hashing.js'
@@ -79,4 +80,15 @@ t.test("POST /v1/route: the doc's answer has the live answer's keys", async (t) 
   t.type(live.request_id, 'string', 'the request was booked')
   const documented = example('POST /v1/route', 'Answer (200):')
   t.same(shapeDiff(documented, live), [], 'the doc example and the live answer have the same keys')
+})
+
+t.test("GET /v1/workers: the doc's worker-rank, engine model included, has the live one's keys", async (t) => {
+  const h = await harness(['--router-block-size', '4'])
+  t.teardown(() => h.close())
+  await h.router.addWorker({ id: 7n, url: 'http://127.0.0.1:17' })
+  const r = await h.app.fastify.inject({ method: 'GET', url: '/v1/workers' })
+  const live = (r.json() as { workers: { ranks: unknown[] }[] }).workers[0]?.ranks[0]
+  t.ok(live, 'a rank')
+  const documented = (example('GET /v1/workers', '```json') as { workers: { ranks: unknown[] }[] }).workers[0]?.ranks[0]
+  t.same(shapeDiff(documented, live), [], 'the doc example and the live rank have the same keys')
 })

@@ -135,7 +135,11 @@ t.test('the fleet, then a request routed meanwhile appears without a reload; not
     t.equal(await row.locator('td[data-label="URL"]').textContent(), w.url, `worker ${w.id_str}'s URL, with the key`)
     t.equal(await row.locator('td[data-label="Health"]').textContent(), w.health ?? '—', `worker ${w.id_str}'s health as /v1/workers says`)
     t.equal(await row.locator('td[data-label="Index"]').textContent(), 'exact')
+    // the router learns engine models by default: the prior until the worker has served requests
+    t.equal(await row.locator('td.speed').textContent(), '1.00 / 1.00', `worker ${w.id_str}'s speeds, the prior`)
+    t.match(await row.locator('td.speed').getAttribute('title'), /^rank 0: prefill 1\.00 \(prior, 0 TTFT/)
   }
+  t.ok(await page.locator('#workers th.engine').first().isVisible(), 'the engine columns are shown')
   t.equal(await page.locator('#decisions li').count(), 0, 'no decision yet')
   t.match(await page.locator('#t-routed .sub').textContent(), /^0 in all/)
   await page.evaluate('window.marker = 1')
@@ -231,6 +235,61 @@ t.test('worker health: the values the probes report, and none', async (t) => {
   t.match(await badge(b).getAttribute('class'), /\bbad\b/)
   t.equal(await badge(c).textContent(), '—', 'a router without the field shows a dash')
   t.match(await badge(c).getAttribute('title'), /does not report/)
+  t.same(
+    console.map((m) => m.text()),
+    [],
+  )
+  t.same(
+    errors.map((e) => e.message),
+    [],
+  )
+})
+
+t.test("learned engine models: each worker-rank's speeds and samples; no columns while learning is off", async (t) => {
+  const snapshot = (await (await fetch(`${base}/v1/status`, { headers: auth })).json()) as { workers: { id_str: string; ranks: Record<string, unknown>[] }[] }
+  const [a, b] = snapshot.workers as [(typeof snapshot.workers)[number], (typeof snapshot.workers)[number]]
+  const model = (prefill: number, decode: number, ttft: number, source: string) => ({
+    source: { prefill: source, decode: source },
+    prefill: { a_ms_per_token2: 4e-7, b_ms_per_token: 0.015 / prefill, c_ms: 16.5 / prefill },
+    decode: { base_ms: 5.7 / decode, rise_ms: 28 / decode },
+    prefill_speed: prefill,
+    decode_speed: decode,
+    samples: { ttft, itl: ttft * 20 },
+    spread: { ttft: 0.08, itl: null },
+  })
+  a.ranks = [{ ...a.ranks[0], engine_model: model(0.412, 0.95, 120, 'learned') }]
+  // a worker of two dp ranks learned apart: the range of their speeds, the sum of their samples
+  b.ranks = [
+    { ...b.ranks[0], dp_rank: 0, engine_model: model(0.5, 1, 40, 'learned') },
+    { ...b.ranks[0], dp_rank: 1, engine_model: model(0.7, 1, 60, 'learned') },
+  ]
+  const off = { ...snapshot, workers: snapshot.workers.map((w) => ({ ...w, ranks: w.ranks.map((r) => ({ ...r, engine_model: null })) })) }
+  const ctx = await browser.newContext({ viewport: { width: 1280, height: 900 } })
+  t.teardown(() => ctx.close())
+  await ctx.addInitScript({ content: keyScript })
+  let body = snapshot
+  await ctx.route('**/v1/status/stream*', (route) =>
+    route.fulfill({ status: 200, contentType: 'text/event-stream', body: `event: status\ndata: ${JSON.stringify(body)}\n\n` }),
+  )
+  const { page, console, errors } = await open(ctx)
+  await page.goto(`${base}/status`)
+  await page.waitForSelector('#workers tbody tr[data-worker-id]')
+  const row = (id: string) => page.locator(`#workers tr[data-worker-id="${id}"]`)
+  t.equal(await row(a.id_str).locator('td.speed').textContent(), '0.41 / 0.95')
+  t.equal(await row(a.id_str).locator('td.samples').textContent(), '120 / 2,400')
+  t.match(
+    await row(a.id_str).locator('td.speed').getAttribute('title'),
+    'rank 0: prefill 0.41 (learned, 120 TTFT, ±8%) · decode 0.95 (learned, 2,400 ITL, spread unknown)',
+  )
+  t.equal(await row(a.id_str).locator('td.speed span.muted').count(), 0, 'learned values are not greyed')
+  t.equal(await row(b.id_str).locator('td.speed').textContent(), '0.50–0.70 / 1.00', 'the range over the ranks')
+  t.equal(await row(b.id_str).locator('td.samples').textContent(), '100 / 2,000')
+  t.equal(await page.locator('#workers th.engine:visible').count(), 2)
+  // the stream ends after its one event and the page reconnects: the next snapshot, learning off
+  body = off
+  await page.locator('#workers th.engine').first().waitFor({ state: 'hidden', timeout: 15_000 })
+  t.equal(await page.locator('#workers td.speed').count(), 0, 'no engine cells while the router learns none')
+  t.equal(await page.locator('#workers thead th:visible').count(), 9)
   t.same(
     console.map((m) => m.text()),
     [],

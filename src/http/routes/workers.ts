@@ -4,6 +4,7 @@ import { engineEventsSpec, RECORD_FIELDS, workerUrl } from '../../core/endpoints
 import type { EngineEventsSpec } from '../../core/endpoints.js'
 import type { RankIndexState, Router, WorkerInfo } from '../../core/router.js'
 import type { DeviceType } from '../../scheduler/worker-ranks.js'
+import type { LearnedEngine } from '../../scheduler/engine-estimator.js'
 import { isKvrError, KvrError } from '../../errors.js'
 import { encodeRouterEvent } from '../../codec/events.js'
 import { readU64, serializeJson } from '../../codec/json.js'
@@ -54,6 +55,7 @@ export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): ListWo
       const ranks: { index: RankIndexState; [field: string]: unknown }[] = []
       for (let r = 0; r < w.dpRanks; r++) {
         const s = stats.find((x) => x.workerId === w.id && x.dpRank === r)
+        const slot = s?.slot ?? router.scheduler.slotOf(w.id, r)
         ranks.push({
           dp_rank: r,
           index: router.indexStateOf(w.id, r),
@@ -62,6 +64,7 @@ export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): ListWo
           active_blocks: s?.activeBlocks ?? 0,
           prefill_tokens: s?.prefillTokens ?? 0,
           in_flight: s?.inFlight ?? 0,
+          engine_model: slot < 0 ? null : engineModelJson(router.scheduler.learnedEngine(slot)),
         })
       }
       // the shard's state first (a restarted shard lost every worker it held), then the ranks'
@@ -175,6 +178,20 @@ function healthOf(router: Router, w: WorkerInfo): Record<string, unknown> {
     suspended_for_ms: suspended ? Math.ceil(w.suspendedUntil - performance.now()) : 0,
     consecutive_failures: w.failures,
     probe: router.health.probe(w.id),
+  }
+}
+
+/** A worker-rank's learned engine model as the API shows it; null while learning is off. */
+function engineModelJson(e: LearnedEngine | null): Record<string, unknown> | null {
+  if (e === null) return null
+  return {
+    source: { prefill: e.prefillSource, decode: e.decodeSource },
+    prefill: { a_ms_per_token2: e.prefill.a, b_ms_per_token: e.prefill.b, c_ms: e.prefill.c },
+    decode: { base_ms: e.decode.base, rise_ms: e.decode.rise },
+    prefill_speed: e.prefillSpeed,
+    decode_speed: e.decodeSpeed,
+    samples: { ttft: e.ttftSamples, itl: e.itlSamples },
+    spread: { ttft: e.ttftSpread, itl: e.itlSpread },
   }
 }
 

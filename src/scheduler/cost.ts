@@ -16,7 +16,7 @@
 //   Q = prefill tokens already booked there (ahead of it); U = its prompt tokens not cached there
 //   R = requests in flight there; R̄ = the candidates' mean (0 where R = 0); N = ASSUMED_OUTPUT_TOKENS
 //   P(x) = prefill_ms(x) for x ≤ k, else x / k × prefill_ms(k); T(x) = P(x) + max(1, x / k) × decode step
-//   wait = T(Q), own = ttft − wait; λ = R̄ / (N × decode step at the mean usage) (Little's law)
+//   wait = T(Q), own = ttft − wait; λ = R̄ / (N × its decode step at the mean usage) (Little's law)
 //   slope = decode_ms(1) − decode_ms(0), per unit of KV usage
 //
 // Which requests its chunks will stall is not known when it is routed (the ones in flight there
@@ -96,8 +96,12 @@ export function usageUnits(activeBlocks: number, totalBlocks: number): number {
 export class FleetLoad {
   /** Mean requests in flight per candidate (R̄). */
   inFlight = 0
-  /** Requests reaching a worker-rank per ms (λ). */
+  /** Requests reaching a worker-rank of the fleet's model per ms (λ). */
   arrivalsPerMs = 0
+  /** The candidates' mean KV usage, the fleet's model and its decode step there. */
+  private usage = 0
+  private model: EngineModel | null = null
+  private step = 1
 
   /**
    * Sets both from the candidates' summed in-flight requests and KV usage (usage units ÷
@@ -105,7 +109,19 @@ export class FleetLoad {
    */
   set(sumInFlight: number, sumUsage: number, m: number, fleet: EngineModel): void {
     this.inFlight = m > 0 ? sumInFlight / m : 0
-    this.arrivalsPerMs = m > 0 ? this.inFlight / (ASSUMED_OUTPUT_TOKENS * fleet.decodeMs(sumUsage / m)) : 0
+    this.usage = m > 0 ? sumUsage / m : 0
+    this.model = fleet
+    this.step = fleet.decodeMs(this.usage)
+    this.arrivalsPerMs = m > 0 ? this.inFlight / (ASSUMED_OUTPUT_TOKENS * this.step) : 0
+  }
+
+  /**
+   * λ of a worker-rank with engine model e: requests finish, and so arrive, at the pace of its
+   * decode steps, so a worker-rank whose steps take twice the fleet's sees half the arrivals (and
+   * its queueing term grows with its slowness once, not twice). The fleet's own model: λ exactly.
+   */
+  arrivalsFor(e: EngineModel): number {
+    return e === this.model ? this.arrivalsPerMs : (this.arrivalsPerMs * this.step) / e.decodeMs(this.usage)
   }
 }
 
@@ -147,7 +163,7 @@ export function latencyTerms(
   const own = ttft - wait
   let slowdown = inFlight > 0 ? fleet.inFlight * (prefill - prefillAhead) : 0
   if (total > 0 && added > 0) slowdown += kvSlowdownMs(inFlight, added, total, e)
-  const queueing = fleet.arrivalsPerMs * own * (wait + own / 2)
+  const queueing = fleet.arrivalsFor(e) * own * (wait + own / 2)
   out.ttft = ttft / 1000
   out.slowdown = slowdown / 1000
   out.queueing = queueing / 1000
@@ -208,7 +224,7 @@ export function latencyLowerBoundFrom(
   const own = prefill + extraStepsAtLeast(q0, uncached, chunk) * stepMin
   let slowdown = inFlight > 0 ? fleet.inFlight * prefill : 0
   if (total > 0 && added > 0) slowdown += kvSlowdownMs(inFlight, added, total, e)
-  const queueing = fleet.arrivalsPerMs * own * (wait + own / 2)
+  const queueing = fleet.arrivalsFor(e) * own * (wait + own / 2)
   return (wait + own + slowdown + queueing) / 1000
 }
 

@@ -22,26 +22,36 @@
 //     traffic does not show (the quadratic one under short prompts) stays at the default's, and
 //     a worker-rank with fewer than MIN_SAMPLES observations is priced with the default model.
 //
-// The cost sees a published model, not the running fit: each ratio snapped to a grid of steps of
-// GRID (so worker-ranks of one kind share one model, and the pruned selection's families stay
-// few) and moved only when the fit leaves its cell by a margin (so it does not flap). Everything
-// here is per slot in typed arrays; an observation allocates nothing until a published model
-// changes.
-import { DEFAULT_ENGINE_MODEL, decodeShape, EngineModel } from './engine-model.js'
+// The cost sees a published model, not the running fit: each ratio taken to the power SHRINK
+// (half its distance from the default's, in log terms), snapped to a grid of steps of GRID (so
+// worker-ranks of one kind share one model, and the pruned selection's families stay few) and
+// moved only when it leaves its cell by a margin (so it does not flap). Why only half: what the
+// router sees of an engine mixes its speed with its load (a busy engine's prompts wait behind
+// work the router did not book, evictions and preemptions recompute, its tokens share steps with
+// other prompts' chunks), so the fit reads busy engines as slower than they are; priced in full,
+// the learned differences sent most of a mixed fleet's work to its fast half and queued it there,
+// while half of them kept the gain where engines are not saturated and lost nothing where they
+// are (docs/cost.md shows the runs). GET /v1/workers shows the fit itself. Everything here is per
+// slot in typed arrays; an observation allocates nothing until a published model changes.
+import { DECODE_FLOOR_MS, DEFAULT_ENGINE_MODEL, decodeShape, EngineModel } from './engine-model.js'
 import { grow } from './typed-arrays.js'
 
-/** Observations fade by this factor each: a memory of ~33 requests. */
-export const FORGET = 0.97
+/** Observations fade by this factor each: a memory of ~25 requests. */
+export const FORGET = 0.96
 /** A worker-rank's estimate is used once it rests on this many observations. */
 export const MIN_SAMPLES = 8
 /** The prior's weight, in observations, pulling each ratio towards the default's. */
-export const PRIOR_WEIGHT = 2
+export const PRIOR_WEIGHT = 1
+/** The prior's least weight on a term, in units of (term ÷ prediction)²: holds a term the observations do not show. */
+const RIDGE_FLOOR = 1e-3
 /** Residuals beyond this many spreads count less (Huber). */
 export const HUBER = 2.5
 /** A step change in speed is followed (within 15% of the new value) within this many requests. */
 export const DRIFT_REQUESTS = 60
 /** The published ratios' grid: steps of 15%. */
 export const GRID = 1.15
+/** The published ratio is the fit's to this power. */
+export const SHRINK = 0.5
 /** The fit moves its published ratio when it is this many grid steps away from it. */
 const REPUBLISH_STEPS = 0.75
 /** The ratios are kept within [1/RATIO_LIMIT, RATIO_LIMIT] of the default's. */
@@ -50,7 +60,7 @@ export const RATIO_LIMIT = 20
 const SPREAD_START = 0.25
 const SPREAD_FLOOR = 0.02
 /** How fast the spread follows the residuals. */
-const SPREAD_RATE = 0.05
+const SPREAD_RATE = 0.1
 /** Requests remembered between booking and their end (a ring; the oldest are forgotten). */
 const REQUEST_CAPACITY = 1 << 16
 /** A prefill of this many tokens and a decode step at this usage define the speeds shown. */
@@ -77,6 +87,7 @@ export interface LearnedEngine {
   decodeSource: 'prior' | 'learned'
 }
 
+const ONES = new Float64Array([1, 1, 1])
 const P = 3 // prefill ratios: a, b, c
 const D = 2 // decode ratios: base, rise
 const LN_GRID = Math.log(GRID)
@@ -242,7 +253,12 @@ export class EngineEstimator {
   private readonly reqUsage = new Float64Array(REQUEST_CAPACITY)
   private readonly reqAt = new Float64Array(REQUEST_CAPACITY)
   private readonly reqFirst = new Float64Array(REQUEST_CAPACITY)
+  private readonly reqOwn = new Float64Array(REQUEST_CAPACITY)
+  /** prefillDone of its slot when its first token came: the prefills its decode shared since are the difference. */
+  private readonly reqMark = new Float64Array(REQUEST_CAPACITY)
   private reqHead = 0
+  /** Per slot: ms of prefill (by the fit) of the requests whose first token came, summed. */
+  private prefillDone = new Float64Array(8)
 
   // scratch for the solves
   private readonly m3 = new Float64Array(9)
@@ -267,6 +283,7 @@ export class EngineEstimator {
     this.dSpread[slot] = SPREAD_START
     this.dN[slot] = 0
     this.gen[slot] = ((this.gen[slot] as number) + 1) | 0
+    this.prefillDone[slot] = 0
     this.models.reset(slot, live)
   }
 
@@ -286,6 +303,7 @@ export class EngineEstimator {
     this.reqSlot[i] = slot
     this.reqGen[i] = this.gen[slot] as number
     this.reqX[i] = queued + uncached
+    this.reqOwn[i] = uncached
     this.reqK[i] = chunk
     this.reqBusy[i] = busy ? 1 : 0
     this.reqUsage[i] = usage
@@ -301,8 +319,11 @@ export class EngineEstimator {
     const slot = this.reqSlot[i] as number
     if (this.reqGen[i] !== this.gen[slot]) return
     const x = this.reqX[i] as number
-    if (!(x >= 1)) return
-    this.observeTtft(slot, x, this.reqK[i] as number, this.reqBusy[i] === 1, this.reqUsage[i] as number, now - (this.reqAt[i] as number))
+    const k = this.reqK[i] as number
+    if (x >= 1) this.observeTtft(slot, x, k, this.reqBusy[i] === 1, this.reqUsage[i] as number, now - (this.reqAt[i] as number))
+    // its prefill shared the steps of the requests decoding there: their inter-token times carry it
+    this.prefillDone[slot] = (this.prefillDone[slot] as number) + this.fitPrefillMs(slot, this.reqOwn[i] as number, k)
+    this.reqMark[i] = this.prefillDone[slot] as number
   }
 
   /** The request ended at `now` after `outputTokens` tokens: an observation of its inter-token time. */
@@ -314,7 +335,10 @@ export class EngineEstimator {
     const first = this.reqFirst[i] as number
     const slot = this.reqSlot[i] as number
     if (first < 0 || !(outputTokens >= 2) || this.reqGen[i] !== this.gen[slot]) return
-    this.observeItl(slot, (now - first) / (outputTokens - 1), this.reqUsage[i] as number)
+    // a step with prompt chunks in it takes their prefill on top of its decodes (cost.ts prices
+    // steps so): the decode step is what is left of the stream's time without the prefills it shared
+    const decoding = now - first - ((this.prefillDone[slot] as number) - (this.reqMark[i] as number))
+    if (decoding > 0) this.observeItl(slot, decoding / (outputTokens - 1), this.reqUsage[i] as number)
   }
 
   /** The request left without an observation (cancelled, failed). */
@@ -335,7 +359,8 @@ export class EngineEstimator {
     f[0] = e.a * x * Math.min(x, k)
     f[1] = e.b * x
     f[2] = e.c * steps
-    const y = ttftMs - (busy ? steps * this.models.of(slot).decodeMs(usage) : 0)
+    // the decode steps its prefill shared, at the fit's decode step (the engine's, not the priced one)
+    const y = ttftMs - (busy ? steps * this.fitDecodeMs(slot, usage) : 0)
     const n = this.fit(slot, f, P, y, this.pS, this.pR, this.pG, this.pSpread, this.pN)
     if (n >= MIN_SAMPLES && this.snap(slot, this.pG, this.pPub, P)) this.publish(slot)
   }
@@ -351,11 +376,37 @@ export class EngineEstimator {
     if (n >= MIN_SAMPLES && this.snap(slot, this.dG, this.dPub, D)) this.publish(slot)
   }
 
-  /** What the cost uses for a slot, with how sure it is; null while learning is off. */
+  /** The prefill ms of x tokens in chunks of k by the slot's prefill fit (the prior's until it has enough observations). */
+  private fitPrefillMs(slot: number, x: number, k: number): number {
+    if (!(x > 0)) return 0
+    const d = DEFAULT_ENGINE_MODEL
+    const learned = (this.pN[slot] as number) >= MIN_SAMPLES
+    const o = slot * P
+    const ga = learned ? (this.pG[o] as number) : 1
+    const gb = learned ? (this.pG[o + 1] as number) : 1
+    const gc = learned ? (this.pG[o + 2] as number) : 1
+    return d.a * ga * x * Math.min(x, k) + d.b * gb * x + d.c * gc * (x > k ? x / k : 1)
+  }
+
+  /** The decode step ms at KV usage p by the slot's decode fit (the prior's until it has enough observations). */
+  private fitDecodeMs(slot: number, p: number): number {
+    const d = DEFAULT_ENGINE_MODEL
+    if ((this.dN[slot] as number) < MIN_SAMPLES) return d.decodeMs(p)
+    const g0 = this.dG[slot * D] as number
+    const g1 = this.dG[slot * D + 1] as number
+    return Math.max(DECODE_FLOOR_MS, d.base * g0 + d.rise * g1 * decodeShape(p))
+  }
+
+  /** What was learned of a slot's engine (the fit; the cost prices it shrunk), with how sure it is; null while learning is off. */
   learned(slot: number): LearnedEngine | null {
     if (!this.enabled || slot < 0 || slot >= this.gen.length) return null
-    const m = this.models.of(slot)
     const d = DEFAULT_ENGINE_MODEL
+    const pn = this.pN[slot] as number
+    const dn = this.dN[slot] as number
+    // each term the prior's until it rests on enough observations, as the cost takes it
+    const p = pn >= MIN_SAMPLES ? this.pG.subarray(slot * P, slot * P + P) : ONES
+    const q = dn >= MIN_SAMPLES ? this.dG.subarray(slot * D, slot * D + D) : ONES
+    const m = new EngineModel(d.a * (p[0] as number), d.b * (p[1] as number), d.c * (p[2] as number), d.base * (q[0] as number), d.rise * (q[1] as number))
     return {
       prefill: { a: m.a, b: m.b, c: m.c },
       decode: { base: m.base, rise: m.rise },
@@ -365,8 +416,8 @@ export class EngineEstimator {
       itlSamples: Math.round(this.dN[slot] as number),
       ttftSpread: this.pSpread[slot] as number,
       itlSpread: this.dSpread[slot] as number,
-      prefillSource: (this.pN[slot] as number) >= MIN_SAMPLES ? 'learned' : 'prior',
-      decodeSource: (this.dN[slot] as number) >= MIN_SAMPLES ? 'learned' : 'prior',
+      prefillSource: pn >= MIN_SAMPLES ? 'learned' : 'prior',
+      decodeSource: dn >= MIN_SAMPLES ? 'learned' : 'prior',
     }
   }
 
@@ -418,9 +469,9 @@ export class EngineEstimator {
       R[go + j] = FORGET * (R[go + j] as number) + w * fj * y
     }
     count[slot] = (count[slot] as number) + 1
-    // the prior: PRIOR_WEIGHT observations at ratio 1 for each term, of the size the term has in a
-    // prediction of the default model (1 / n of it)
-    const ridge = PRIOR_WEIGHT / (n * n)
+    // the prior: PRIOR_WEIGHT observations at ratio 1, each term as large as in the observations
+    // so far (their faded mean, S_jj / their faded count), plus a little for a term they hardly show
+    const perObservation = (PRIOR_WEIGHT * (1 - FORGET)) / (1 - FORGET ** (count[slot] as number))
     const m = this.m3
     const v = this.v3
     t = so
@@ -431,6 +482,7 @@ export class EngineEstimator {
         m[l * n + j] = x
       }
       // S and R are in units of the prediction (w = 1 / pred²), so the ridge is in ratios directly
+      const ridge = perObservation * (m[j * n + j] as number) + RIDGE_FLOOR
       m[j * n + j] = (m[j * n + j] as number) + ridge
       v[j] = (R[go + j] as number) + ridge
     }
@@ -445,7 +497,7 @@ export class EngineEstimator {
     let moved = false
     for (let j = 0; j < n; j++) {
       const i = slot * n + j
-      const g = Math.log(G[i] as number) / LN_GRID
+      const g = (SHRINK * Math.log(G[i] as number)) / LN_GRID
       const p = Math.log(pub[i] as number) / LN_GRID
       if (Math.abs(g - p) < REPUBLISH_STEPS) continue
       const snapped = GRID ** Math.round(g)
@@ -484,6 +536,7 @@ export class EngineEstimator {
     this.dSpread = grow(this.dSpread, cap)
     this.dN = grow(this.dN, cap)
     this.gen = grow(this.gen, cap)
+    this.prefillDone = grow(this.prefillDone, cap)
   }
 }
 

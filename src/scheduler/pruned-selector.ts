@@ -535,7 +535,7 @@ export class PrunedSelector {
     b *= 1 - SLACK
     this.groupStamp[g] = this.stamp
     this.groupCache[g] = b
-    this.groupSlope[g] = ((1 + this.fleet.arrivalsPerMs * own) / 1000) * (1 - SLACK)
+    this.groupSlope[g] = ((1 + this.fleet.arrivalsFor(e) * own) / 1000) * (1 - SLACK)
     return b
   }
 

@@ -547,7 +547,7 @@ t.test("the latency cost's lower bound never exceeds the cost, and grows with th
     const lower = latencyLowerBound(below, uncached, inFlight, chunk, stepMin, stepMax, added, total, fleet, e)
     // the bound at no wait grown linearly with the wait, by the least own time: below the bound
     const atZero = latencyLowerBound(0, uncached, inFlight, chunk, stepMin, stepMax, added, total, fleet, e)
-    const linear = atZero + (wait * (1 + fleet.arrivalsPerMs * ownAtLeast(0, uncached, chunk, stepMin, e))) / 1000
+    const linear = atZero + (wait * (1 + fleet.arrivalsFor(e) * ownAtLeast(0, uncached, chunk, stepMin, e))) / 1000
     if (linear > bound * (1 + 1e-12)) overLinear++
     if (bound > cost * (1 + 1e-12) || lower > cost * (1 + 1e-12)) over++
     if (lower > bound * (1 + 1e-12)) falls++

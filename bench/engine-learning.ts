@@ -210,10 +210,10 @@ function printTables(r: ResultJson): void {
   const fleets = [...new Set(r.runs.map((x) => `${x.fleet} = --engine-profile ${x.spec} (capacity ${x.relative_capacity.toFixed(3)} × default's)`))]
   console.log(`fleets: ${fleets.join('; ')}`)
   const stale = r.runs.filter((x) => x.stale_warnings > 0)
-  if (stale.length > 0)
-    console.log(
-      `the scheduler freed bookings older than its stale limit (a request longer than 300 s simulated) in: ${stale.map((x) => `${x.fleet} on ${sliceName(x.offset, r.config.minutes)}`).join(', ')}`,
-    )
+  if (stale.length > 0) {
+    const where = stale.map((x) => `${x.fleet} on ${sliceName(x.offset, r.config.minutes)}`).join(', ')
+    console.log(`the scheduler freed bookings older than its stale limit (a request longer than 300 s simulated) in: ${where}`)
+  }
   if (classRows.length > 0) {
     console.log('\nper timing class (profile@speed): its share of the requests and of the uncached prefill tokens, its p90 TTFT, its speeds')
     console.log(textTable(['slice', 'fleet', 'mode', 'class', 'engines', 'requests', 'uncached prefill', 'TTFT p90', 'speed: true', 'learned'], classRows, 4))
@@ -274,7 +274,8 @@ async function main(): Promise<void> {
   const command = `npm run bench:learning${process.argv.length > 2 ? ` -- ${process.argv.slice(2).join(' ')}` : ''}`
   console.log(
     `bench:learning — ${a.workers} workers; fleets ${a.fleets.join(', ')}; modes ${a.modes.join(', ')}; ` +
-      `slices ${a.offsets.map((o) => sliceName(o, a.minutes)).join(', ')}; default fleet at load × ${a.load}, the others scaled by capacity; ${a.jobs} at once`,
+      `slices ${a.offsets.map((o) => sliceName(o, a.minutes)).join(', ')}; ` +
+      `default fleet at load × ${a.load}, the others scaled by capacity; ${a.jobs} at once`,
   )
   const t0 = performance.now()
   const runs = await runAll(a)

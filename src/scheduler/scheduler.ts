@@ -30,7 +30,7 @@ import { chunkTokens, kvUsage } from './cost.js'
 import { EngineEstimator } from './engine-estimator.js'
 import type { LearnedEngine } from './engine-estimator.js'
 import { growTo } from './typed-arrays.js'
-import { queueFull } from './rejection.js'
+import { objectiveUnmet, queueFull } from './rejection.js'
 import type { Rng } from './rng.js'
 import { Xoshiro128 } from './rng.js'
 import type { Candidate } from './selector.js'
@@ -74,8 +74,18 @@ export interface ScheduleRequest {
   /** Local block hashes, needed only in approximate mode (tokens_hash of the synthetic Stored). */
   localLo?: Uint32Array
   localHi?: Uint32Array
-  /** nvext.agent_hints.priority; negative values count as 0. */
+  /**
+   * nvext.agent_hints.priority; negative values count as 0 in the queue. Below 0 the request is
+   * sheddable: refused (OBJECTIVE_UNMET) when no candidate is predicted to meet its objectives.
+   */
   priority?: number
+  /**
+   * Latency objectives, ms (x-slo-ttft-ms, x-slo-tpot-ms, nvext.slo): in kv mode under the latency
+   * cost a request not pinned goes to the cheapest candidate predicted to meet them; elsewhere they
+   * are only counted. Each in (0, 10^7].
+   */
+  ttftObjectiveMs?: number
+  tpotObjectiveMs?: number
   /** Pin (backend_instance_id / direct mode): the worker, and optionally its rank. */
   workerId?: bigint
   dpRank?: number
@@ -163,6 +173,15 @@ export interface SchedulerStats {
   decisionsTotal: number
   /** Of them, made by the pruned selection (the rest scored every candidate). */
   prunedTotal: number
+  /**
+   * Requests with latency objectives by outcome: some candidate predicted to meet them, none
+   * (sent to the least predicted TTFT), none and refused (priority < 0), not predicted (another
+   * mode or cost, or a pinned request).
+   */
+  objectivePredictedMet: number
+  objectiveNonePredicted: number
+  objectiveShed: number
+  objectiveNotPredicted: number
   queuedTotal: number
   queueFullTotal: number
   allBusyTotal: number
@@ -227,6 +246,10 @@ export class Scheduler {
 
   private decisionsTotal = 0
   private prunedTotal = 0
+  private objectivePredictedMet = 0
+  private objectiveNonePredicted = 0
+  private objectiveShed = 0
+  private objectiveNotPredicted = 0
   private queuedTotal = 0
   private queueFullTotal = 0
   private cancelledTotal = 0
@@ -396,8 +419,8 @@ export class Scheduler {
 
   /**
    * Routes a request: resolves with the decision at once, or after waiting in the queue when
-   * every candidate is busy. Rejects with KvrError: NO_WORKERS, UNKNOWN_WORKER, ALL_WORKERS_BUSY
-   * and QUEUE_FULL (RetryableError, 503), REQUEST_CANCELLED, DUPLICATE_REQUEST, INVALID_OPTION.
+   * every candidate is busy. Rejects with KvrError: NO_WORKERS, UNKNOWN_WORKER, ALL_WORKERS_BUSY,
+   * QUEUE_FULL and OBJECTIVE_UNMET (RetryableError, 503), REQUEST_CANCELLED, DUPLICATE_REQUEST, INVALID_OPTION.
    */
   schedule(req: ScheduleRequest): Promise<RouteDecision> {
     try {
@@ -583,6 +606,10 @@ export class Scheduler {
       queueMaxPending: this.options.queueMaxPending,
       decisionsTotal: this.decisionsTotal,
       prunedTotal: this.prunedTotal,
+      objectivePredictedMet: this.objectivePredictedMet,
+      objectiveNonePredicted: this.objectiveNonePredicted,
+      objectiveShed: this.objectiveShed,
+      objectiveNotPredicted: this.objectiveNotPredicted,
       queuedTotal: this.queuedTotal,
       queueFullTotal: this.queueFullTotal,
       allBusyTotal: this.cands.allBusyTotal,
@@ -624,6 +651,8 @@ export class Scheduler {
     // booking's tokens into it and leave its worker busy for good
     if (typeof isl !== 'number' || !(isl >= 0) || !(isl <= MAX_ISL))
       throw new KvrError('KVR_ERR_INVALID_OPTION', `request.isl must be a number in [0, 2^32), got ${String(isl)}`)
+    if (req.ttftObjectiveMs !== undefined) checkObjective('request.ttftObjectiveMs', req.ttftObjectiveMs)
+    if (req.tpotObjectiveMs !== undefined) checkObjective('request.tpotObjectiveMs', req.tpotObjectiveMs)
     return booked
   }
 
@@ -646,6 +675,8 @@ export class Scheduler {
     c.temperature = o.temperature
     if (this.selector.spreading) c.now = this.clock()
     c.trackPrefill = o.trackPrefillTokens
+    c.ttftObjectiveMs = req.ttftObjectiveMs ?? 0
+    c.tpotObjectiveMs = req.tpotObjectiveMs ?? 0
     let reuse = o.assumeKvReuse
     if (ov !== undefined) {
       if (ov.overlapScoreWeight !== undefined) c.weight = checkNonNegative('overrides.overlapScoreWeight', ov.overlapScoreWeight)
@@ -711,9 +742,11 @@ export class Scheduler {
     if (this.sequences.activeBlocks.length < w.slotCapacity) this.sequences.ensureSlots(w.slotCapacity)
     const c = this.cost
     const o = this.options
+    // objectives are weighed against every candidate's predictions: listed, as pinned and explained requests are
     const pruned =
       this.pruned !== undefined &&
       req.explain !== true &&
+      !this.objectivesPredicted(req) &&
       c.temperature === 0 &&
       !this.selector.spreading &&
       (o.cost === 'latency' || c.weight === o.overlapScoreWeight)
@@ -742,7 +775,12 @@ export class Scheduler {
     const slots = this.cands.eligibility.slots
     const listed = this.cands.listed
     const candidates = req.explain === true && listed ? this.selector.explain(c, slots, m, req.treeSizes) : undefined
-    const slot = listed ? this.selector.select(this.options.mode, c, slots, m) : this.prunedSelect(req)
+    let slot: number
+    if (listed && this.objectivesPredicted(req)) slot = this.objectiveSelect(req, slots, m)
+    else {
+      slot = listed ? this.selector.select(this.options.mode, c, slots, m) : this.prunedSelect(req)
+      if (req.ttftObjectiveMs !== undefined || req.tpotObjectiveMs !== undefined) this.objectiveNotPredicted++
+    }
     const ov = c.overlap
     const overlap = ov !== undefined && slot < ov.length ? (ov[slot] as number) : 0
     const booked = req.updateStates !== false
@@ -782,6 +820,36 @@ export class Scheduler {
       waitedMs,
       candidates,
     }
+  }
+
+  /** Whether the request's objectives steer its selection: it has some, is not pinned, and the mode and cost predict latency. */
+  private objectivesPredicted(req: ScheduleRequest): boolean {
+    return (
+      (req.ttftObjectiveMs !== undefined || req.tpotObjectiveMs !== undefined) &&
+      req.workerId === undefined &&
+      this.options.mode === 'kv' &&
+      this.options.cost === 'latency'
+    )
+  }
+
+  /**
+   * The cheapest candidate predicted to meet the request's objectives; when none is, as llm-d's
+   * predicted-latency scheduling does: a sheddable request (priority < 0) is refused, any other
+   * goes to the least predicted TTFT.
+   */
+  private objectiveSelect(req: ScheduleRequest, slots: Int32Array, m: number): number {
+    const c = this.cost
+    const slot = this.selector.objectiveSelect(c, slots, m)
+    if (slot >= 0) {
+      this.objectivePredictedMet++
+      return slot
+    }
+    if ((req.priority ?? 0) < 0) {
+      this.objectiveShed++
+      throw objectiveUnmet(c.ttftObjectiveMs, c.tpotObjectiveMs, this.options.retryAfterSecs)
+    }
+    this.objectiveNonePredicted++
+    return this.selector.leastTtftPick(slots, m)
   }
 
   private enqueue(req: ScheduleRequest): Promise<RouteDecision> {
@@ -914,6 +982,14 @@ function hashCount(req: ScheduleRequest): number {
   if (!Number.isInteger(n) || n < 0 || n > max)
     throw new KvrError('KVR_ERR_INVALID_OPTION', `request.blockCount must be an integer in [0, ${max}], got ${String(n)}`)
   return n
+}
+
+/** The most an objective may ask, ms (about 2.8 hours): beyond it a number is a mistake. */
+export const MAX_OBJECTIVE_MS = 1e7
+
+function checkObjective(name: string, v: number): void {
+  if (typeof v !== 'number' || !(v > 0) || !(v <= MAX_OBJECTIVE_MS))
+    throw new KvrError('KVR_ERR_INVALID_OPTION', `${name} must be a number in (0, ${MAX_OBJECTIVE_MS}] ms, got ${String(v)}`)
 }
 
 function checkNonNegative(name: string, v: number): number {

@@ -2,12 +2,13 @@
 // routes (headers win), slo on /v1/route, the 400s for values out of range, the 503 of a
 // sheddable request no worker is predicted to serve in time, and the two metrics.
 import t from 'tap'
+import type { Test } from 'tap'
 import type { ScheduleRequest } from '../../src/scheduler/scheduler.js'
 import { chunk, harness, metricSum, sse, tokens, workerFleet } from './helpers.js'
 import type { Harness } from './helpers.js'
 
 /** A router with one streaming worker; `seen` collects what reaches the scheduler. */
-async function setup(t: Parameters<Parameters<typeof t.test>[1]>[0]): Promise<{ h: Harness; seen: ScheduleRequest[] }> {
+async function setup(t: Test): Promise<{ h: Harness; seen: ScheduleRequest[] }> {
   const h = await harness()
   const fleet = await workerFleet(h, [
     async (_req, body, res) => {

@@ -1,7 +1,7 @@
 // What the routes read of a request beyond its parsed body.
 import type { FastifyRequest } from 'fastify'
 import type { RouteDecision, RouterConfigOverride } from '../scheduler/scheduler.js'
-import { MAX_OBJECTIVE_MS } from '../scheduler/scheduler.js'
+import { MAX_OBJECTIVE_MS } from '../scheduler/objectives.js'
 import { KvrError } from '../errors.js'
 
 /** The bytes a request's JSON body was parsed from. */

@@ -42,15 +42,16 @@ export function registerSchedulerMetrics(r: Registry, sched: Scheduler): void {
   labelledCounter(
     r,
     'kvrouter_objective_requests_total',
-    'Requests with latency objectives by what the router predicted: predicted_met, none_predicted (sent to the least predicted TTFT), shed (refused, priority < 0), not_predicted (another mode or cost, or pinned)',
+    'Requests with latency objectives by what the router predicted: predicted_met, none_predicted (sent to the least predicted TTFT), ' +
+      'shed (refused, priority < 0), not_predicted (another mode or cost, or pinned)',
     'outcome',
     () => {
-      const s = sched.stats()
+      const o = sched.stats().objectives
       return [
-        ['predicted_met', s.objectivePredictedMet],
-        ['none_predicted', s.objectiveNonePredicted],
-        ['shed', s.objectiveShed],
-        ['not_predicted', s.objectiveNotPredicted],
+        ['predicted_met', o.predictedMet],
+        ['none_predicted', o.nonePredicted],
+        ['shed', o.shed],
+        ['not_predicted', o.notPredicted],
       ]
     },
   )

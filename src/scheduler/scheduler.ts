@@ -30,7 +30,9 @@ import { chunkTokens, kvUsage } from './cost.js'
 import { EngineEstimator } from './engine-estimator.js'
 import type { LearnedEngine } from './engine-estimator.js'
 import { growTo } from './typed-arrays.js'
-import { objectiveUnmet, queueFull } from './rejection.js'
+import { queueFull } from './rejection.js'
+import { Objectives } from './objectives.js'
+import type { ObjectiveCounts } from './objectives.js'
 import type { Rng } from './rng.js'
 import { Xoshiro128 } from './rng.js'
 import type { Candidate } from './selector.js'
@@ -74,16 +76,9 @@ export interface ScheduleRequest {
   /** Local block hashes, needed only in approximate mode (tokens_hash of the synthetic Stored). */
   localLo?: Uint32Array
   localHi?: Uint32Array
-  /**
-   * nvext.agent_hints.priority; negative values count as 0 in the queue. Below 0 the request is
-   * sheddable: refused (OBJECTIVE_UNMET) when no candidate is predicted to meet its objectives.
-   */
+  /** nvext.agent_hints.priority; negative counts as 0 in the queue, and makes a request with objectives sheddable. */
   priority?: number
-  /**
-   * Latency objectives, ms (x-slo-ttft-ms, x-slo-tpot-ms, nvext.slo): in kv mode under the latency
-   * cost a request not pinned goes to the cheapest candidate predicted to meet them; elsewhere they
-   * are only counted. Each in (0, 10^7].
-   */
+  /** Latency objectives, ms, each in (0, 10^7] (x-slo-ttft-ms, x-slo-tpot-ms, nvext.slo; objectives.ts). */
   ttftObjectiveMs?: number
   tpotObjectiveMs?: number
   /** Pin (backend_instance_id / direct mode): the worker, and optionally its rank. */
@@ -173,15 +168,8 @@ export interface SchedulerStats {
   decisionsTotal: number
   /** Of them, made by the pruned selection (the rest scored every candidate). */
   prunedTotal: number
-  /**
-   * Requests with latency objectives by outcome: some candidate predicted to meet them, none
-   * (sent to the least predicted TTFT), none and refused (priority < 0), not predicted (another
-   * mode or cost, or a pinned request).
-   */
-  objectivePredictedMet: number
-  objectiveNonePredicted: number
-  objectiveShed: number
-  objectiveNotPredicted: number
+  /** Requests with latency objectives by outcome. */
+  objectives: ObjectiveCounts
   queuedTotal: number
   queueFullTotal: number
   allBusyTotal: number
@@ -230,6 +218,7 @@ export class Scheduler {
   private readonly cost = new CostInputs()
   /** Each worker-rank's engine model for the latency cost, learned from its requests (or the default one when learning is off). */
   private readonly estimator: EngineEstimator
+  private readonly objectives: Objectives
   private readonly epoch: number
   private readonly overlap: OverlapInput
   /** OverlapInput.best() of the request tryRoute last found waiting. */
@@ -246,10 +235,6 @@ export class Scheduler {
 
   private decisionsTotal = 0
   private prunedTotal = 0
-  private objectivePredictedMet = 0
-  private objectiveNonePredicted = 0
-  private objectiveShed = 0
-  private objectiveNotPredicted = 0
   private queuedTotal = 0
   private queueFullTotal = 0
   private cancelledTotal = 0
@@ -270,6 +255,7 @@ export class Scheduler {
     this.estimator = new EngineEstimator(o.learnEngines && o.mode === 'kv' && o.cost === 'latency')
     const models = this.estimator.models
     this.selector = new Selector(this.workers, this.sequences, rng, o.blockSize, o.cudaToCpuRatio, o.cost, models)
+    this.objectives = new Objectives(o, this.selector)
     const indexed = o.mode === 'kv' && deps.fullScan !== true
     this.cands = new CandidateSets(this.workers, this.sequences, o, indexed, models)
     this.overlap = new OverlapInput(this.workers)
@@ -606,10 +592,7 @@ export class Scheduler {
       queueMaxPending: this.options.queueMaxPending,
       decisionsTotal: this.decisionsTotal,
       prunedTotal: this.prunedTotal,
-      objectivePredictedMet: this.objectivePredictedMet,
-      objectiveNonePredicted: this.objectiveNonePredicted,
-      objectiveShed: this.objectiveShed,
-      objectiveNotPredicted: this.objectiveNotPredicted,
+      objectives: { ...this.objectives.counts },
       queuedTotal: this.queuedTotal,
       queueFullTotal: this.queueFullTotal,
       allBusyTotal: this.cands.allBusyTotal,
@@ -651,8 +634,7 @@ export class Scheduler {
     // booking's tokens into it and leave its worker busy for good
     if (typeof isl !== 'number' || !(isl >= 0) || !(isl <= MAX_ISL))
       throw new KvrError('KVR_ERR_INVALID_OPTION', `request.isl must be a number in [0, 2^32), got ${String(isl)}`)
-    if (req.ttftObjectiveMs !== undefined) checkObjective('request.ttftObjectiveMs', req.ttftObjectiveMs)
-    if (req.tpotObjectiveMs !== undefined) checkObjective('request.tpotObjectiveMs', req.tpotObjectiveMs)
+    this.objectives.check(req)
     return booked
   }
 
@@ -746,7 +728,7 @@ export class Scheduler {
     const pruned =
       this.pruned !== undefined &&
       req.explain !== true &&
-      !this.objectivesPredicted(req) &&
+      !this.objectives.predicted(req) &&
       c.temperature === 0 &&
       !this.selector.spreading &&
       (o.cost === 'latency' || c.weight === o.overlapScoreWeight)
@@ -776,10 +758,10 @@ export class Scheduler {
     const listed = this.cands.listed
     const candidates = req.explain === true && listed ? this.selector.explain(c, slots, m, req.treeSizes) : undefined
     let slot: number
-    if (listed && this.objectivesPredicted(req)) slot = this.objectiveSelect(req, slots, m)
+    if (listed && this.objectives.predicted(req)) slot = this.objectives.select(req, c, slots, m)
     else {
       slot = listed ? this.selector.select(this.options.mode, c, slots, m) : this.prunedSelect(req)
-      if (req.ttftObjectiveMs !== undefined || req.tpotObjectiveMs !== undefined) this.objectiveNotPredicted++
+      this.objectives.unpredicted(req)
     }
     const ov = c.overlap
     const overlap = ov !== undefined && slot < ov.length ? (ov[slot] as number) : 0
@@ -820,36 +802,6 @@ export class Scheduler {
       waitedMs,
       candidates,
     }
-  }
-
-  /** Whether the request's objectives steer its selection: it has some, is not pinned, and the mode and cost predict latency. */
-  private objectivesPredicted(req: ScheduleRequest): boolean {
-    return (
-      (req.ttftObjectiveMs !== undefined || req.tpotObjectiveMs !== undefined) &&
-      req.workerId === undefined &&
-      this.options.mode === 'kv' &&
-      this.options.cost === 'latency'
-    )
-  }
-
-  /**
-   * The cheapest candidate predicted to meet the request's objectives; when none is, as llm-d's
-   * predicted-latency scheduling does: a sheddable request (priority < 0) is refused, any other
-   * goes to the least predicted TTFT.
-   */
-  private objectiveSelect(req: ScheduleRequest, slots: Int32Array, m: number): number {
-    const c = this.cost
-    const slot = this.selector.objectiveSelect(c, slots, m)
-    if (slot >= 0) {
-      this.objectivePredictedMet++
-      return slot
-    }
-    if ((req.priority ?? 0) < 0) {
-      this.objectiveShed++
-      throw objectiveUnmet(c.ttftObjectiveMs, c.tpotObjectiveMs, this.options.retryAfterSecs)
-    }
-    this.objectiveNonePredicted++
-    return this.selector.leastTtftPick(slots, m)
   }
 
   private enqueue(req: ScheduleRequest): Promise<RouteDecision> {
@@ -982,14 +934,6 @@ function hashCount(req: ScheduleRequest): number {
   if (!Number.isInteger(n) || n < 0 || n > max)
     throw new KvrError('KVR_ERR_INVALID_OPTION', `request.blockCount must be an integer in [0, ${max}], got ${String(n)}`)
   return n
-}
-
-/** The most an objective may ask, ms (about 2.8 hours): beyond it a number is a mistake. */
-export const MAX_OBJECTIVE_MS = 1e7
-
-function checkObjective(name: string, v: number): void {
-  if (typeof v !== 'number' || !(v > 0) || !(v <= MAX_OBJECTIVE_MS))
-    throw new KvrError('KVR_ERR_INVALID_OPTION', `${name} must be a number in (0, ${MAX_OBJECTIVE_MS}] ms, got ${String(v)}`)
 }
 
 function checkNonNegative(name: string, v: number): number {

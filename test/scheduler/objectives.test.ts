@@ -51,7 +51,7 @@ t.test('without objectives the cached, busy worker-rank wins; a TPOT objective i
   // a TTFT objective the cached worker-rank meets keeps it
   const ttft = s.tryRoute(req({ ttftObjectiveMs: 10_000, updateStates: false }))
   t.equal(ttft?.slot, 0)
-  t.match(s.stats(), { objectivePredictedMet: 2, objectiveNonePredicted: 0, objectiveShed: 0, objectiveNotPredicted: 0 })
+  t.match(s.stats().objectives, { predictedMet: 2, nonePredicted: 0, shed: 0, notPredicted: 0 })
 })
 
 t.test('none predicted to meet them: a sheddable request is refused with a retry-after, others go to the least predicted TTFT', async (t) => {
@@ -80,15 +80,15 @@ t.test('none predicted to meet them: a sheddable request is refused with a retry
   // a TTFT objective nobody meets, priority 0: least TTFT, not least cost
   const e = s.tryRoute(req({ ttftObjectiveMs: 0.001, priority: 0, updateStates: false, overlapBlocks: overlaps({}) }))
   t.ok(e !== null)
-  t.match(s.stats(), { objectivePredictedMet: 0, objectiveNonePredicted: 2, objectiveShed: 1 })
+  t.match(s.stats().objectives, { predictedMet: 0, nonePredicted: 2, shed: 1 })
 })
 
 t.test('pinned requests, other modes and the dynamo cost only count objectives', async (t) => {
   const pinned = fleet()
   const d = pinned.s.tryRoute(pinned.req({ workerId: 1n, dpRank: 0, tpotObjectiveMs: 2, priority: -1 }))
   t.equal(d?.slot, 0, 'pinned: goes where it is pinned, not shed')
-  t.equal(pinned.s.stats().objectiveNotPredicted, 1)
-  t.equal(pinned.s.stats().objectiveShed, 0)
+  t.equal(pinned.s.stats().objectives.notPredicted, 1)
+  t.equal(pinned.s.stats().objectives.shed, 0)
 
   for (const options of [{ cost: 'dynamo' as const }, { mode: 'round-robin' as const }, { mode: 'least-loaded' as const }]) {
     const a = fleet(options)
@@ -98,8 +98,8 @@ t.test('pinned requests, other modes and the dynamo cost only count objectives',
       const y = b.s.tryRoute(b.req({}))
       t.equal(x?.slot, y?.slot, `${JSON.stringify(options)}: the same choice as without objectives`)
     }
-    t.match(a.s.stats(), { objectiveNotPredicted: 4, objectiveShed: 0, objectivePredictedMet: 0, objectiveNonePredicted: 0 })
-    t.equal(b.s.stats().objectiveNotPredicted, 0)
+    t.match(a.s.stats().objectives, { notPredicted: 4, shed: 0, predictedMet: 0, nonePredicted: 0 })
+    t.equal(b.s.stats().objectives.notPredicted, 0)
   }
 })
 
@@ -130,5 +130,5 @@ t.test('a queued request meets the objective check when it leaves the queue', as
   t.ok(s.isWaiting('shed-me'), 'every worker-rank is busy: it waits')
   s.free('big')
   await t.rejects(waiting, { code: 'KVR_ERR_OBJECTIVE_UNMET' })
-  t.equal(s.stats().objectiveShed, 1)
+  t.equal(s.stats().objectives.shed, 1)
 })

@@ -23,9 +23,15 @@
 // inter-token times it is told of. Reported per timing class (profile@speed) when the fleet mixes
 // them: the class's share of the requests and of the uncached prefill tokens, and its TTFT.
 //
+// Latency objectives. --objectives mix[:TIGHT:LOOSE] gives request i a TTFT objective of TIGHT ms
+// (default 1,000) when i is even and LOOSE ms (default 10,000) when odd, and priority −1 (sheddable)
+// when i mod 4 is 0 or 1. Each mode then runs twice, with the objectives given to the scheduler
+// and without (the same objectives counted against the TTFTs): the share of objectives met (a
+// request shed or not finished misses its objective), the requests shed, the TTFT p90.
+//
 // Run: npm run bench:fleet-sim [-- --minutes M] [--offset M] [--workers N] [--dp-size R]
 //      [--duplicate D] [--index] [--replay-decisions] [--load X] [--capacity-factor F] [--chunk TOKENS]
-//      [--engine-profile LIST] [--modes kv,kv-dynamo,...] [--trace FILE] [--out FILE]
+//      [--engine-profile LIST] [--objectives mix[:TIGHT:LOOSE]] [--modes kv,kv-dynamo,...] [--trace FILE] [--out FILE]
 import { writeFileSync } from 'node:fs'
 import { join } from 'node:path'
 import { fullGc } from '../src/runtime/heap-settle.js'
@@ -43,6 +49,7 @@ import { profileDecodeMs, profilePrefillMs } from '../src/sim/mocker/timing.js'
 import type { EngineTiming } from '../src/sim/mocker/profiles.js'
 import type { EngineRequest, RequestListener } from '../src/sim/mocker/engine.js'
 import { Scheduler } from '../src/scheduler/scheduler.js'
+import { isKvrError } from '../src/errors.js'
 import type { SchedulerOptionsInput } from '../src/scheduler/options.js'
 import { percentile } from '../src/sim/replay/summary.js'
 import { repoRoot, resultsDir, textTable } from './lib/common.js'
@@ -87,6 +94,28 @@ interface Args {
   /** --engine-profile as given, and the timing of each worker it makes. */
   engineProfile: string
   timings: EngineTiming[]
+  /** --objectives: the per-request TTFT objectives, or null without them. */
+  objectives: ObjectiveSpec | null
+}
+
+/** --objectives mix: request i's TTFT objective is tightMs when i is even, looseMs when odd; sheddable (priority −1) when i mod 4 < 2. */
+interface ObjectiveSpec {
+  tightMs: number
+  looseMs: number
+}
+
+const objectiveMs = (o: ObjectiveSpec, i: number): number => (i % 2 === 0 ? o.tightMs : o.looseMs)
+const objectivePriority = (i: number): number => (i % 4 < 2 ? -1 : 0)
+
+/** Reads --objectives: `mix` or `mix:TIGHT:LOOSE` (ms, each in (0, 10^7]). */
+function parseObjectives(spec: string): ObjectiveSpec {
+  const parts = spec.split(':')
+  const bad = (): never => fail(`--objectives must be mix or mix:TIGHT_MS:LOOSE_MS, got ${JSON.stringify(spec)}`)
+  if (parts[0] !== 'mix' || (parts.length !== 1 && parts.length !== 3)) bad()
+  if (parts.length === 1) return { tightMs: 1000, looseMs: 10_000 }
+  const [tight, loose] = [Number(parts[1]), Number(parts[2])]
+  if (!(tight > 0 && tight <= 1e7 && loose > 0 && loose <= 1e7) || parts[1]?.trim() === '' || parts[2]?.trim() === '') bad()
+  return { tightMs: tight, looseMs: loose }
 }
 
 function fail(msg: string): never {
@@ -110,6 +139,7 @@ function parseArgs(argv: string[]): Args {
     '--trace',
     '--out',
     '--engine-profile',
+    '--objectives',
   ]
   let index = false
   let replay = false
@@ -164,6 +194,7 @@ function parseArgs(argv: string[]): Args {
     out: v.get('--out') ?? join(resultsDir(), 'fleet-sim.json'),
     engineProfile,
     timings,
+    objectives: v.has('--objectives') ? parseObjectives(v.get('--objectives') as string) : null,
   }
 }
 
@@ -225,6 +256,8 @@ interface Outcome {
   indexBytes: number | null
   schedulerBytes: number
   wallS: number
+  /** With --objectives: requests whose TTFT met their objective, of the tight and loose ones, and those the scheduler shed. */
+  objectives: { tight: number; tightMet: number; loose: number; looseMet: number; shed: number } | null
 }
 
 /** Growable sample of numbers (a per-token figure runs to millions a run). */
@@ -373,7 +406,8 @@ function heldBytes(): number {
 }
 
 /** Replays the requests through a fresh Scheduler and a cold fleet; everything in simulated ms. */
-function simulate(mode: string, requests: TraceRequest[], a: Args, blocksPerWorker: number): Outcome {
+/** One mode on the slice; `steer`: the scheduler is given the --objectives (else they are only counted). */
+function simulate(mode: string, requests: TraceRequest[], a: Args, blocksPerWorker: number, steer = false): Outcome {
   const options = MODES[mode] as SchedulerOptionsInput
   const wall0 = performance.now()
   const ranks = a.workers * a.dpSize
@@ -444,6 +478,13 @@ function simulate(mode: string, requests: TraceRequest[], a: Args, blocksPerWork
   const matchUs: number[] = []
   let e2eSum = 0
   let finished = 0
+  const spec = a.objectives
+  const obj = spec === null ? null : { tight: 0, tightMet: 0, loose: 0, looseMet: 0, shed: 0 }
+  if (spec !== null && obj !== null)
+    for (let i = 0; i < requests.length; i++) {
+      if (i % 2 === 0) obj.tight++
+      else obj.loose++
+    }
   const perWorker = new Array<number>(ranks).fill(0)
   // a step runs whole when it starts; what it produced becomes visible when it ends
   const stepEnd = new Float64Array(ranks).fill(-1)
@@ -506,14 +547,23 @@ function simulate(mode: string, requests: TraceRequest[], a: Args, blocksPerWork
       }
     }
     const t = performance.now()
-    const d = (s as Scheduler).tryRoute({
-      id: String(i),
-      isl: r.input_length,
-      overlapBlocks: overlap,
-      overlapSlots: touched.subarray(0, touchedN),
-      seqLo: sLo,
-      seqHi: sHi,
-    })
+    let d: ReturnType<Scheduler['tryRoute']>
+    try {
+      d = (s as Scheduler).tryRoute({
+        id: String(i),
+        isl: r.input_length,
+        overlapBlocks: overlap,
+        overlapSlots: touched.subarray(0, touchedN),
+        seqLo: sLo,
+        seqHi: sHi,
+        ...(steer && spec !== null ? { ttftObjectiveMs: objectiveMs(spec, i), priority: objectivePriority(i) } : {}),
+      })
+    } catch (err) {
+      // a sheddable request no engine was predicted to serve in time: refused, done with
+      if (obj === null || !isKvrError(err, 'KVR_ERR_OBJECTIVE_UNMET')) throw err
+      obj.shed++
+      return true
+    }
     decisionUs.push((performance.now() - t) * 1000)
     log?.route(now, i, overlap, touched, touchedN, sLo, sHi, d === null ? -1 : d.slot)
     if (d === null) return false
@@ -542,6 +592,10 @@ function simulate(mode: string, requests: TraceRequest[], a: Args, blocksPerWork
     now = stepEnd[e] as number
     for (const i of firsts[e] as number[]) {
       const t = now - (sentAt[i] as number)
+      if (spec !== null && obj !== null && t <= objectiveMs(spec, i)) {
+        if (i % 2 === 0) obj.tightMet++
+        else obj.looseMet++
+      }
       ttft.push(t)
       ;(ttftByClass[classOf[e] as number] as Samples).push(t)
       firstAt[i] = now
@@ -611,7 +665,7 @@ function simulate(mode: string, requests: TraceRequest[], a: Args, blocksPerWork
     ttft: sorted(ttft),
     itl: itl.sorted(),
     tpot: tpot.sorted(),
-    errors: requests.length - finished,
+    errors: requests.length - finished - (obj?.shed ?? 0),
     preemptions: engines.reduce((n, engine) => n + engine.stats.preemptions, 0),
     classes,
     e2eMeanMs: finished > 0 ? e2eSum / finished : 0,
@@ -626,6 +680,7 @@ function simulate(mode: string, requests: TraceRequest[], a: Args, blocksPerWork
     indexBytes: a.index ? indexBytes : null,
     schedulerBytes,
     wallS: (performance.now() - wall0) / 1000,
+    objectives: obj,
   }
 }
 
@@ -651,6 +706,7 @@ function main(): void {
   const rows: string[][] = []
   const classRows: string[][] = []
   const costRows: string[][] = []
+  const objectiveRows: string[][] = []
   const json: Record<string, unknown> = {}
   let rrP90: number | null = null
   const us = (xs: Float64Array | null, q: number): number => (xs === null ? NaN : (percentile(xs, q) ?? NaN))
@@ -663,6 +719,35 @@ function main(): void {
     if (replay !== null && replay.differ > 0) fail(`${mode}: ${replay.differ} replayed decisions differ from the simulation's`)
     const p = (q: number): number => percentile(o.ttft, q) ?? NaN
     if (mode === 'round-robin') rrP90 = p(0.9)
+    // with --objectives: the same slice again, the objectives given to the scheduler
+    const steered = a.objectives === null ? null : simulate(mode, requests, a, k, true)
+    const objectiveJson: Record<string, unknown> = {}
+    for (const [run, x] of [
+      ['without', o],
+      ['with', steered],
+    ] as const) {
+      const c = x?.objectives
+      if (x === null || c === undefined || c === null) continue
+      const share = (met: number, n: number): number => (n > 0 ? met / n : NaN)
+      const pct = (v: number): string => `${(v * 100).toFixed(1)}%`
+      const ttftP90 = percentile(x.ttft, 0.9) ?? NaN
+      objectiveJson[run] = {
+        met_share: share(c.tightMet + c.looseMet, c.tight + c.loose),
+        tight_met_share: share(c.tightMet, c.tight),
+        loose_met_share: share(c.looseMet, c.loose),
+        shed: c.shed,
+        ttft_p90_ms: ttftP90,
+      }
+      objectiveRows.push([
+        mode,
+        run,
+        pct(share(c.tightMet + c.looseMet, c.tight + c.loose)),
+        pct(share(c.tightMet, c.tight)),
+        pct(share(c.looseMet, c.loose)),
+        String(c.shed),
+        ttftP90.toFixed(0),
+      ])
+    }
     const spread = Math.max(...o.perWorker) / Math.min(...o.perWorker)
     const q3 = (xs: Float64Array): { p50: number; p90: number; p99: number } => ({ p50: us(xs, 0.5), p90: us(xs, 0.9), p99: us(xs, 0.99) })
     const requestsRouted = o.classes.reduce((n, c) => n + c.requests, 0)
@@ -680,6 +765,7 @@ function main(): void {
       e2e_mean_ms: o.e2eMeanMs,
       errors: o.errors,
       preemptions: o.preemptions,
+      ...(a.objectives === null ? {} : { objectives: objectiveJson }),
       spread: Number.isFinite(spread) ? spread : null,
       classes: Object.fromEntries(
         o.classes.map((c) => [
@@ -771,6 +857,14 @@ function main(): void {
     console.log(textTable(['mode', 'class', 'engines', 'of fleet', 'requests', 'uncached prefill tokens', 'TTFT p90', 'speed: true', 'learned'], classRows, 2))
     console.log("(speed: prefill / decode against the default model's, 1 = as fast: the profile's own, and what the scheduler learned by the end)")
   }
+  if (a.objectives !== null) {
+    const o = a.objectives
+    console.log(
+      `\nlatency objectives (TTFT ${o.tightMs} ms for even requests, ${o.looseMs} ms for odd; priority −1 for i mod 4 < 2), ` +
+        'given to the scheduler or not (a shed or unfinished request misses its objective):',
+    )
+    console.log(textTable(['mode', 'objectives', 'met', 'tight met', 'loose met', 'shed', 'TTFT p90'], objectiveRows, 2))
+  }
   console.log('\nwhat the router paid, in wall time on this machine:')
   console.log(
     textTable(
@@ -801,6 +895,7 @@ function main(): void {
     overlaps_from: a.index ? 'index' : 'engines',
     load: a.load,
     engine_profile: a.engineProfile,
+    objectives: a.objectives === null ? null : { spec: 'mix', tight_ms: a.objectives.tightMs, loose_ms: a.objectives.looseMs },
     capacity_factor: a.capacityFactor,
     chunk_tokens: a.chunk,
     kv_blocks_per_engine: k,

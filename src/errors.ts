@@ -30,6 +30,10 @@ export const ErrorCodes = {
   KVR_ERR_NO_WORKERS: { status: 503, summary: 'no worker is available for the request' },
   KVR_ERR_ALL_WORKERS_BUSY: { status: 503, summary: 'all workers are busy, please retry later' },
   KVR_ERR_QUEUE_FULL: { status: 503, summary: 'the router queue holds its maximum of pending requests' },
+  KVR_ERR_OBJECTIVE_UNMET: {
+    status: 503,
+    summary: "no worker is predicted to meet the request's latency objectives and its priority is below 0 (sheddable); retry later",
+  },
   KVR_ERR_DUPLICATE_REQUEST: { status: 409, summary: 'a request with this id is already booked' },
   KVR_ERR_UNKNOWN_REQUEST: { status: 404, summary: 'no booked request has this id' },
   KVR_ERR_REQUEST_CANCELLED: { status: 499, summary: 'the request was cancelled while it waited' },

@@ -182,6 +182,39 @@ t.test("a worker's dp ranks share its profile; the profile slows the engines", a
   t.ok(b.itl_ms.p50 > 2 * a.itl_ms.p50, `ITL p50: large@0.5 ${b.itl_ms.p50} vs default ${a.itl_ms.p50}`)
 })
 
+t.test('--objectives mix: each mode with and without objectives; kv sheds, the other modes only count them', async (t) => {
+  const r = run(t, [
+    '--minutes',
+    '1',
+    '--workers',
+    '4',
+    '--load',
+    '3',
+    '--engine-profile',
+    'large:2,large@0.5:2',
+    '--modes',
+    'kv,round-robin',
+    '--objectives',
+    'mix:800:8000',
+  ])
+  t.same((r.config as unknown as { objectives: unknown }).objectives, { spec: 'mix', tight_ms: 800, loose_ms: 8000 })
+  type Run = { met_share: number; tight_met_share: number; loose_met_share: number; shed: number; ttft_p90_ms: number }
+  const of = (mode: string) => (r.modes[mode] as unknown as { objectives: { with: Run; without: Run } }).objectives
+  const kv = of('kv')
+  const rr = of('round-robin')
+  for (const x of [kv.with, kv.without, rr.with, rr.without]) {
+    for (const v of [x.met_share, x.tight_met_share, x.loose_met_share]) t.ok(v >= 0 && v <= 1, `a share: ${v}`)
+    // half the requests tight, half loose (the slice's count is even or one more tight)
+    t.ok(Math.abs(x.met_share - (x.tight_met_share + x.loose_met_share) / 2) < 0.01, 'met = the mean of tight and loose')
+    t.ok(x.tight_met_share <= x.loose_met_share, 'a tight objective is met no more often than a loose one')
+  }
+  t.equal(kv.without.shed, 0, 'nothing shed without objectives')
+  t.ok(kv.with.shed > 0, `kv sheds sheddable requests it cannot serve in time (${kv.with.shed})`)
+  t.ok(kv.with.ttft_p90_ms < kv.without.ttft_p90_ms, `kv TTFT p90 ${kv.with.ttft_p90_ms} with vs ${kv.without.ttft_p90_ms} without`)
+  t.same(rr.with, rr.without, 'round-robin only counts them: the same run')
+  t.equal((r.modes.kv as ModeResult).ttft_ms.p90, kv.without.ttft_p90_ms, "the mode's main figures are the run without objectives")
+})
+
 t.test('bad options exit 2 with the reason', async (t) => {
   for (const [args, want] of [
     [['--dp-size', '0'], /--dp-size must be a number ≥ 1/],
@@ -191,6 +224,8 @@ t.test('bad options exit 2 with the reason', async (t) => {
     [['--workers', '4', '--engine-profile', 'large:3'], /^bench:fleet-sim: --engine-profile: the counts add up to 3 engine\(s\), but there are 4\n$/],
     [['--engine-profile', 'large@0'], /--engine-profile: speed of "large@0" must be in \(0, 1000\]/],
     [['--modes', 'kv,kv-statik'], /--modes: unknown mode "kv-statik" \(one of kv, kv-static, /],
+    [['--objectives', 'tight'], /--objectives must be mix or mix:TIGHT_MS:LOOSE_MS, got "tight"/],
+    [['--objectives', 'mix:0:100'], /--objectives must be mix or mix:TIGHT_MS:LOOSE_MS/],
   ] as const) {
     const r = spawnSync(process.execPath, [SIM, ...args], { encoding: 'utf8', timeout: 30_000 })
     t.equal(r.status, 2, args.join(' '))

@@ -24,6 +24,9 @@ export interface RouteInput {
   workerId?: bigint
   dpRank?: number
   priority?: number
+  /** Latency objectives, ms (see ScheduleRequest). */
+  ttftObjectiveMs?: number
+  tpotObjectiveMs?: number
   overrides?: RouterConfigOverride
   updateStates?: boolean
   explain?: boolean
@@ -173,6 +176,8 @@ export class RoutePath {
       }
       if (trees !== undefined) req.treeSizes = trees
       if (input.priority !== undefined) req.priority = input.priority
+      if (input.ttftObjectiveMs !== undefined) req.ttftObjectiveMs = input.ttftObjectiveMs
+      if (input.tpotObjectiveMs !== undefined) req.tpotObjectiveMs = input.tpotObjectiveMs
       if (input.workerId !== undefined) req.workerId = input.workerId
       if (input.dpRank !== undefined) req.dpRank = input.dpRank
       const session = this.parts.sessions !== null && input.sessionId !== undefined && input.workerId === undefined ? input.sessionId : undefined

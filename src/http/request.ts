@@ -1,6 +1,7 @@
 // What the routes read of a request beyond its parsed body.
 import type { FastifyRequest } from 'fastify'
 import type { RouteDecision, RouterConfigOverride } from '../scheduler/scheduler.js'
+import { MAX_OBJECTIVE_MS } from '../scheduler/objectives.js'
 import { KvrError } from '../errors.js'
 
 /** The bytes a request's JSON body was parsed from. */
@@ -47,4 +48,42 @@ export function overrides(o: unknown): RouterConfigOverride | undefined {
   const p = bool('track_prefill_tokens')
   if (p !== undefined) out.trackPrefillTokens = p
   return out
+}
+
+/** Where a request's latency objectives go (a RouteInput). */
+export interface Objectives {
+  ttftObjectiveMs?: number
+  tpotObjectiveMs?: number
+}
+
+/**
+ * A request's latency objectives into `out`: the headers llm-d's endpoint picker reads
+ * (x-slo-ttft-ms, x-slo-tpot-ms), else its `slo` object ({ ttft_ms, tpot_ms }; `where` names it in
+ * errors). Each a number of ms in (0, 10^7].
+ */
+export function latencyObjectives(req: FastifyRequest | null, slo: unknown, where: string, out: Objectives): void {
+  if (slo !== undefined && slo !== null && (typeof slo !== 'object' || Array.isArray(slo)))
+    throw new KvrError('KVR_ERR_INVALID_REQUEST', `${where} must be an object { ttft_ms, tpot_ms }`)
+  const body = (slo ?? {}) as Record<string, unknown>
+  const one = (header: string, field: string): number | undefined => {
+    const h = req === null ? undefined : headerValue(req, header)
+    if (h !== undefined) {
+      // a header is text: Number() would read "", " " and "0x10" as numbers
+      const v = /^[0-9]+(\.[0-9]+)?$/.test(h.trim()) ? Number(h) : Number.NaN
+      return checkObjective(v, header, h)
+    }
+    const v = body[field]
+    if (v === undefined || v === null) return undefined
+    return checkObjective(v, `${where}.${field}`, v)
+  }
+  const ttft = one('x-slo-ttft-ms', 'ttft_ms')
+  if (ttft !== undefined) out.ttftObjectiveMs = ttft
+  const tpot = one('x-slo-tpot-ms', 'tpot_ms')
+  if (tpot !== undefined) out.tpotObjectiveMs = tpot
+}
+
+function checkObjective(v: unknown, name: string, given: unknown): number {
+  if (typeof v !== 'number' || !(v > 0) || !(v <= MAX_OBJECTIVE_MS))
+    throw new KvrError('KVR_ERR_INVALID_REQUEST', `${name} must be a number of milliseconds in (0, 10^7], got ${JSON.stringify(given)}`)
+  return v
 }

@@ -23,6 +23,8 @@ export const nvextSchema = {
     token_data: { type: 'array', items: { type: 'integer' } },
     agent_hints: { type: 'object', properties: { priority: { type: 'integer', minimum: -2147483648, maximum: 2147483647 } } },
     router_config_override: overrideSchema,
+    // latency objectives, ms; their range is checked with the headers' (latencyObjectives)
+    slo: { type: ['object', 'null'], properties: { ttft_ms: { type: ['number', 'null'] }, tpot_ms: { type: ['number', 'null'] } } },
   },
 }
 export const completionSchema = {

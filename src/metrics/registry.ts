@@ -85,6 +85,8 @@ export class RouterMetrics {
   // per-request counts are plain numbers in maps, read into prom-client at scrape time: its
   // labelled inc() hashes the label set into a new string on every call
   private decisions = 0
+  /** Requests' objectives against what they got: ttft met, ttft missed, tpot met, tpot missed. */
+  private readonly objectiveResults = [0, 0, 0, 0]
   /** model → endpoint → request type → status → count */
   private readonly frontendRequests = new Map<string, Map<string, Map<string, Map<number, number>>>>()
   /** model → requests being proxied */
@@ -136,6 +138,20 @@ export class RouterMetrics {
           for (const [endpoint, byType] of byEndpoint)
             for (const [type, byStatus] of byType)
               for (const [status, n] of byStatus) this.inc({ model, endpoint, request_type: type, status: String(status) }, n)
+      },
+    })
+    new Counter({
+      name: 'kvrouter_objective_results_total',
+      help: 'Proxied requests with latency objectives by whether their actual TTFT, and for streams TPOT, met them',
+      labelNames: ['objective', 'met'],
+      registers: [r],
+      collect() {
+        this.reset()
+        const n = self.objectiveResults
+        this.inc({ objective: 'ttft', met: 'true' }, n[0] as number)
+        this.inc({ objective: 'ttft', met: 'false' }, n[1] as number)
+        this.inc({ objective: 'tpot', met: 'true' }, n[2] as number)
+        this.inc({ objective: 'tpot', met: 'false' }, n[3] as number)
       },
     })
     this.rejections = new Counter({
@@ -273,6 +289,12 @@ export class RouterMetrics {
 
   observeTtft(sec: number): void {
     this.ttft.observe(sec)
+  }
+
+  /** A request's actual TTFT or TPOT against its objective. */
+  objectiveResult(objective: 'ttft' | 'tpot', met: boolean): void {
+    const i = (objective === 'ttft' ? 0 : 2) + (met ? 0 : 1)
+    this.objectiveResults[i] = (this.objectiveResults[i] as number) + 1
   }
 
   observeItl(sec: number): void {

@@ -39,6 +39,22 @@ export function registerSchedulerMetrics(r: Registry, sched: Scheduler): void {
       ]
     },
   )
+  labelledCounter(
+    r,
+    'kvrouter_objective_requests_total',
+    'Requests with latency objectives by what the router predicted: predicted_met, none_predicted (sent to the least predicted TTFT), ' +
+      'shed (refused, priority < 0), not_predicted (another mode or cost, or pinned)',
+    'outcome',
+    () => {
+      const o = sched.stats().objectives
+      return [
+        ['predicted_met', o.predictedMet],
+        ['none_predicted', o.nonePredicted],
+        ['shed', o.shed],
+        ['not_predicted', o.notPredicted],
+      ]
+    },
+  )
   slotGauge('dynamo_frontend_worker_active_decode_blocks', "KV blocks held by the worker-rank's active requests", (s) => s.activeBlocks)
   slotGauge('dynamo_frontend_worker_active_prefill_tokens', 'Prefill tokens not yet computed on the worker-rank', (s) => s.prefillTokens)
   slotGauge('kvrouter_worker_inflight_requests', 'Requests booked on the worker-rank', (s) => s.inFlight)

@@ -9,7 +9,7 @@ export class RetryableError extends KvrError {
   /** Seconds for the Retry-After header. */
   readonly retryAfterSecs: number
 
-  constructor(code: 'KVR_ERR_ALL_WORKERS_BUSY' | 'KVR_ERR_QUEUE_FULL', message: string, retryAfterSecs: number) {
+  constructor(code: 'KVR_ERR_ALL_WORKERS_BUSY' | 'KVR_ERR_QUEUE_FULL' | 'KVR_ERR_OBJECTIVE_UNMET', message: string, retryAfterSecs: number) {
     super(code, message)
     this.retryAfterSecs = retryAfterSecs
   }
@@ -23,6 +23,16 @@ export function queueFull(maxPending: number, retryAfterSecs: number): Retryable
   return new RetryableError(
     'KVR_ERR_QUEUE_FULL',
     `the router queue holds its maximum of ${maxPending} pending requests (--router-queue-max-pending); retry later`,
+    retryAfterSecs,
+  )
+}
+
+/** A sheddable request (priority < 0) that no candidate is predicted to serve within its latency objectives. */
+export function objectiveUnmet(ttftMs: number, tpotMs: number, retryAfterSecs: number): RetryableError {
+  const what = [ttftMs > 0 ? `TTFT ${ttftMs} ms` : '', tpotMs > 0 ? `TPOT ${tpotMs} ms` : ''].filter((x) => x !== '').join(' and ')
+  return new RetryableError(
+    'KVR_ERR_OBJECTIVE_UNMET',
+    `no worker is predicted to meet the request's objectives (${what}), and its priority is below 0 (sheddable); retry later`,
     retryAfterSecs,
   )
 }

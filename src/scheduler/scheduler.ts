@@ -31,6 +31,8 @@ import { EngineEstimator } from './engine-estimator.js'
 import type { LearnedEngine } from './engine-estimator.js'
 import { growTo } from './typed-arrays.js'
 import { queueFull } from './rejection.js'
+import { Objectives } from './objectives.js'
+import type { ObjectiveCounts } from './objectives.js'
 import type { Rng } from './rng.js'
 import { Xoshiro128 } from './rng.js'
 import type { Candidate } from './selector.js'
@@ -74,8 +76,11 @@ export interface ScheduleRequest {
   /** Local block hashes, needed only in approximate mode (tokens_hash of the synthetic Stored). */
   localLo?: Uint32Array
   localHi?: Uint32Array
-  /** nvext.agent_hints.priority; negative values count as 0. */
+  /** nvext.agent_hints.priority; negative counts as 0 in the queue, and makes a request with objectives sheddable. */
   priority?: number
+  /** Latency objectives, ms, each in (0, 10^7] (x-slo-ttft-ms, x-slo-tpot-ms, nvext.slo; objectives.ts). */
+  ttftObjectiveMs?: number
+  tpotObjectiveMs?: number
   /** Pin (backend_instance_id / direct mode): the worker, and optionally its rank. */
   workerId?: bigint
   dpRank?: number
@@ -163,6 +168,8 @@ export interface SchedulerStats {
   decisionsTotal: number
   /** Of them, made by the pruned selection (the rest scored every candidate). */
   prunedTotal: number
+  /** Requests with latency objectives by outcome. */
+  objectives: ObjectiveCounts
   queuedTotal: number
   queueFullTotal: number
   allBusyTotal: number
@@ -211,6 +218,7 @@ export class Scheduler {
   private readonly cost = new CostInputs()
   /** Each worker-rank's engine model for the latency cost, learned from its requests (or the default one when learning is off). */
   private readonly estimator: EngineEstimator
+  private readonly objectives: Objectives
   private readonly epoch: number
   private readonly overlap: OverlapInput
   /** OverlapInput.best() of the request tryRoute last found waiting. */
@@ -247,6 +255,7 @@ export class Scheduler {
     this.estimator = new EngineEstimator(o.learnEngines && o.mode === 'kv' && o.cost === 'latency')
     const models = this.estimator.models
     this.selector = new Selector(this.workers, this.sequences, rng, o.blockSize, o.cudaToCpuRatio, o.cost, models)
+    this.objectives = new Objectives(o, this.selector)
     const indexed = o.mode === 'kv' && deps.fullScan !== true
     this.cands = new CandidateSets(this.workers, this.sequences, o, indexed, models)
     this.overlap = new OverlapInput(this.workers)
@@ -396,8 +405,8 @@ export class Scheduler {
 
   /**
    * Routes a request: resolves with the decision at once, or after waiting in the queue when
-   * every candidate is busy. Rejects with KvrError: NO_WORKERS, UNKNOWN_WORKER, ALL_WORKERS_BUSY
-   * and QUEUE_FULL (RetryableError, 503), REQUEST_CANCELLED, DUPLICATE_REQUEST, INVALID_OPTION.
+   * every candidate is busy. Rejects with KvrError: NO_WORKERS, UNKNOWN_WORKER, ALL_WORKERS_BUSY,
+   * QUEUE_FULL and OBJECTIVE_UNMET (RetryableError, 503), REQUEST_CANCELLED, DUPLICATE_REQUEST, INVALID_OPTION.
    */
   schedule(req: ScheduleRequest): Promise<RouteDecision> {
     try {
@@ -583,6 +592,7 @@ export class Scheduler {
       queueMaxPending: this.options.queueMaxPending,
       decisionsTotal: this.decisionsTotal,
       prunedTotal: this.prunedTotal,
+      objectives: { ...this.objectives.counts },
       queuedTotal: this.queuedTotal,
       queueFullTotal: this.queueFullTotal,
       allBusyTotal: this.cands.allBusyTotal,
@@ -624,6 +634,7 @@ export class Scheduler {
     // booking's tokens into it and leave its worker busy for good
     if (typeof isl !== 'number' || !(isl >= 0) || !(isl <= MAX_ISL))
       throw new KvrError('KVR_ERR_INVALID_OPTION', `request.isl must be a number in [0, 2^32), got ${String(isl)}`)
+    this.objectives.check(req)
     return booked
   }
 
@@ -646,6 +657,8 @@ export class Scheduler {
     c.temperature = o.temperature
     if (this.selector.spreading) c.now = this.clock()
     c.trackPrefill = o.trackPrefillTokens
+    c.ttftObjectiveMs = req.ttftObjectiveMs ?? 0
+    c.tpotObjectiveMs = req.tpotObjectiveMs ?? 0
     let reuse = o.assumeKvReuse
     if (ov !== undefined) {
       if (ov.overlapScoreWeight !== undefined) c.weight = checkNonNegative('overrides.overlapScoreWeight', ov.overlapScoreWeight)
@@ -711,9 +724,11 @@ export class Scheduler {
     if (this.sequences.activeBlocks.length < w.slotCapacity) this.sequences.ensureSlots(w.slotCapacity)
     const c = this.cost
     const o = this.options
+    // objectives are weighed against every candidate's predictions: listed, as pinned and explained requests are
     const pruned =
       this.pruned !== undefined &&
       req.explain !== true &&
+      !this.objectives.predicted(req) &&
       c.temperature === 0 &&
       !this.selector.spreading &&
       (o.cost === 'latency' || c.weight === o.overlapScoreWeight)
@@ -742,7 +757,12 @@ export class Scheduler {
     const slots = this.cands.eligibility.slots
     const listed = this.cands.listed
     const candidates = req.explain === true && listed ? this.selector.explain(c, slots, m, req.treeSizes) : undefined
-    const slot = listed ? this.selector.select(this.options.mode, c, slots, m) : this.prunedSelect(req)
+    let slot: number
+    if (listed && this.objectives.predicted(req)) slot = this.objectives.select(req, c, slots, m)
+    else {
+      slot = listed ? this.selector.select(this.options.mode, c, slots, m) : this.prunedSelect(req)
+      this.objectives.unpredicted(req)
+    }
     const ov = c.overlap
     const overlap = ov !== undefined && slot < ov.length ? (ov[slot] as number) : 0
     const booked = req.updateStates !== false

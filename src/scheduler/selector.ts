@@ -29,7 +29,7 @@
 //         long cached prefix) still takes them all.
 import type { ActiveSequences, Booking, TrackMode } from './active-sequences.js'
 import { TRACK_NONE, TRACK_SHARED } from './active-sequences.js'
-import { chunkTokens, FleetLoad, LatencyTerms, latencyTerms, NEAR_TIE, USAGE_SCALE, usageUnits } from './cost.js'
+import { chunkTokens, FleetLoad, kvUsage, LatencyTerms, latencyTerms, NEAR_TIE, USAGE_SCALE, usageUnits } from './cost.js'
 import type { CostModel, RouterMode } from './options.js'
 import { EngineModels } from './engine-estimator.js'
 import type { EngineModel } from './engine-model.js'
@@ -61,6 +61,9 @@ export class CostInputs implements Booking {
   temperature = 0
   /** The scheduler's clock at this decision (the replica spread reads it). */
   now = 0
+  /** The request's latency objectives, ms; 0 = none (see Selector.objectiveSelect). */
+  ttftObjectiveMs = 0
+  tpotObjectiveMs = 0
   /** The booking's, set after the selection: the chosen slot, its cached prefix in blocks, the prefill tokens booked there. */
   slot = -1
   overlapBlocks = 0
@@ -84,6 +87,10 @@ export interface Candidate {
   slowdownSecs?: number
   /** Latency cost only: the delay it would add to the requests arriving there after it, seconds. */
   queueingSecs?: number
+  /** Latency cost, a request with objectives: its predicted time per output token there, seconds. */
+  tpotSecs?: number
+  /** Latency cost, a request with objectives: whether both predictions there are within them. */
+  meetsObjectives?: boolean
 }
 
 export class Selector {
@@ -96,6 +103,9 @@ export class Selector {
   private ttft = new Float64Array(8)
   private slowdown = new Float64Array(8)
   private queueing = new Float64Array(8)
+  /** Per candidate index, a request with objectives: its predicted TPOT (ms) and whether it meets them (markObjectives). */
+  private tpot = new Float64Array(8)
+  private meets = new Uint8Array(8)
   private readonly terms = new LatencyTerms()
   private readonly fleet = new FleetLoad()
   private weights = new Float64Array(8)
@@ -156,6 +166,8 @@ export class Selector {
       this.ttft = new Float64Array(this.logits.length)
       this.slowdown = new Float64Array(this.logits.length)
       this.queueing = new Float64Array(this.logits.length)
+      this.tpot = new Float64Array(this.logits.length)
+      this.meets = new Uint8Array(this.logits.length)
     }
     // the request's blocks already active on a worker-rank add no load there
     const present = c.track === TRACK_SHARED && c.lo !== undefined && c.hi !== undefined && c.n > 0 ? this.countPresent(c, slots, m) : null
@@ -247,6 +259,8 @@ export class Selector {
   /** Builds the explanation rows (allocates; only when asked). */
   explain(c: CostInputs, slots: Int32Array, m: number, treeSizes?: ArrayLike<number>): Candidate[] {
     this.computeLogits(c, slots, m)
+    const objectives = this.cost === 'latency' && (c.ttftObjectiveMs > 0 || c.tpotObjectiveMs > 0)
+    if (objectives) this.markObjectives(c, slots, m)
     const out: Candidate[] = []
     for (let i = 0; i < m; i++) {
       const s = slots[i] as number
@@ -266,10 +280,59 @@ export class Selector {
         row.ttftSecs = this.ttft[i] as number
         row.slowdownSecs = this.slowdown[i] as number
         row.queueingSecs = this.queueing[i] as number
+        if (objectives) {
+          row.tpotSecs = (this.tpot[i] as number) / 1000
+          row.meetsObjectives = this.meets[i] === 1
+        }
       }
       out.push(row)
     }
     return out
+  }
+
+  /**
+   * Latency cost, a request with objectives (CostInputs.ttftObjectiveMs, tpotObjectiveMs): the
+   * candidate predicted to meet every objective it carries at the least cost (nearTiePick among
+   * them; neither sampling nor the replica spread applies), or -1 when none is. Predicted TTFT is
+   * the cost's T(Q + U) there; predicted TPOT its engine model's decode step at its KV usage with
+   * the request added. leastTtftPick() then has the predictions.
+   */
+  objectiveSelect(c: CostInputs, slots: Int32Array, m: number): number {
+    this.computeLogits(c, slots, m)
+    if (this.markObjectives(c, slots, m) === 0) return -1
+    const logits = this.logits
+    for (let i = 0; i < m; i++) if (this.meets[i] === 0) logits[i] = Infinity
+    return slots[this.nearTiePick(slots, m)] as number
+  }
+
+  /** The candidate with the least predicted TTFT of the last objectiveSelect(): fewest in flight among equals, then the first. */
+  leastTtftPick(slots: Int32Array, m: number): number {
+    const ttft = this.ttft
+    const inFlight = this.seqs.inFlight
+    let best = 0
+    for (let i = 1; i < m; i++) {
+      const t = ttft[i] as number
+      const b = ttft[best] as number
+      if (t < b || (t === b && (inFlight[slots[i] as number] as number) < (inFlight[slots[best] as number] as number))) best = i
+    }
+    return slots[best] as number
+  }
+
+  /** Fills tpot[i] and meets[i] from the latency logits just computed; returns how many candidates meet the objectives. */
+  private markObjectives(c: CostInputs, slots: Int32Array, m: number): number {
+    const ttftMs = c.ttftObjectiveMs
+    const tpotMs = c.tpotObjectiveMs
+    let n = 0
+    for (let i = 0; i < m; i++) {
+      const s = slots[i] as number
+      // decodeBlocks[i] is its active blocks with the request's added (latencyLogits)
+      const tpot = this.models.of(s).decodeMs(kvUsage(this.decodeBlocks[i] as number, this.workers.totalKvBlocks[s] as number))
+      this.tpot[i] = tpot
+      const ok = (!(ttftMs > 0) || (this.ttft[i] as number) * 1000 <= ttftMs) && (!(tpotMs > 0) || tpot <= tpotMs)
+      this.meets[i] = ok ? 1 : 0
+      if (ok) n++
+    }
+    return n
   }
 
   /** Index of the minimum logit; exact ties broken uniformly at random (see the header). */

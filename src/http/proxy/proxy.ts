@@ -540,6 +540,8 @@ class UpstreamExchange implements Dispatcher.DispatchHandler {
   /** A chunk ending in the `data: [DONE]` event, held to go out with the end of the body. */
   private tail: Buffer | null = null
   private last = 0
+  /** When the first token went out (performance.now()): a stream's TPOT is counted from it. */
+  private firstAt = 0
   private chunks = 0
   private settled = false
   /** Made when a slow client first fills its socket, not for every stream. */
@@ -754,6 +756,9 @@ class UpstreamExchange implements Dispatcher.DispatchHandler {
     run.proxy.workerAnswered(this.worker)
     run.ttftMs = now - run.started
     run.proxy.metrics.observeTtft(run.ttftMs / 1000)
+    const ttftObjective = run.call.route.ttftObjectiveMs
+    if (ttftObjective !== undefined) run.proxy.metrics.objectiveResult('ttft', run.ttftMs <= ttftObjective)
+    this.firstAt = now
     this.last = now
     this.chunks++
     run.reply.hijack()
@@ -788,6 +793,10 @@ class UpstreamExchange implements Dispatcher.DispatchHandler {
         this.tail = held
       }
       run.proxy.metrics.observeOutput(this.chunks)
+      const tpotObjective = run.call.route.tpotObjectiveMs
+      // a stream's TPOT: (end − first token) / (tokens − 1), one token per event as above
+      if (tpotObjective !== undefined && this.chunks > 1)
+        run.proxy.metrics.objectiveResult('tpot', (performance.now() - this.firstAt) / (this.chunks - 1) <= tpotObjective)
       ;(this.out as ChunkWriter).end(this.tail)
       this.tail = null
       return run.delivered()
@@ -807,7 +816,11 @@ class UpstreamExchange implements Dispatcher.DispatchHandler {
     const m = run.proxy.metrics
     const text = this.parts === null ? '' : Buffer.concat(this.parts).toString('utf8')
     this.a.booking.prefillComplete(false)
-    m.observeTtft((performance.now() - run.started) / 1000)
+    const ttftMs = performance.now() - run.started
+    m.observeTtft(ttftMs / 1000)
+    // a whole answer's TTFT is its arrival; it has no TPOT
+    const ttftObjective = run.call.route.ttftObjectiveMs
+    if (ttftObjective !== undefined && this.status === 200) m.objectiveResult('ttft', ttftMs <= ttftObjective)
     run.proxy.release(this.a.booking)
     run.proxy.workerAnswered(this.worker)
     let out = text

@@ -8,7 +8,7 @@ import { chatPromptText } from '../../tokenizer/tokenizer.js'
 import type { ChatMessage } from '../../tokenizer/tokenizer.js'
 import type { ProxyCall } from '../proxy/proxy.js'
 import { chatSchema, completionSchema } from '../schemas.js'
-import { BODY_BYTES, PROXIED, headerValue, overrides } from '../request.js'
+import { BODY_BYTES, PROXIED, headerValue, latencyObjectives, overrides } from '../request.js'
 import type { RequestWithBytes } from '../request.js'
 import type { HttpContext } from '../context.js'
 
@@ -54,6 +54,7 @@ export function inferenceRoutes(fastify: FastifyInstance, ctx: HttpContext): voi
     }
     const hints = nv.agent_hints as { priority?: number } | undefined
     if (hints?.priority !== undefined) input.priority = hints.priority
+    latencyObjectives(req, nv.slo, 'nvext.slo', input)
     const ov = overrides(nv.router_config_override)
     if (ov !== undefined) input.overrides = ov
     return input

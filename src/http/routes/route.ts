@@ -12,7 +12,7 @@ import { readU64 } from '../../codec/json.js'
 import { RouteBodyScanner } from '../../codec/route-body.js'
 import type { RouteBody } from '../../codec/route-body.js'
 import { rawBodyParser } from '../plugins/parsers.js'
-import { ROUTED, overrides } from '../request.js'
+import { ROUTED, latencyObjectives, overrides } from '../request.js'
 import type { RequestWithBytes } from '../request.js'
 import type { HttpContext } from '../context.js'
 
@@ -22,10 +22,12 @@ export function candidateJson(c: Candidate): string {
   // the latency cost's terms, in seconds, after Dynamo's fields (absent under --router-cost dynamo)
   const terms =
     c.ttftSecs === undefined ? '' : `,"ttft_secs":${c.ttftSecs},"decode_slowdown_secs":${c.slowdownSecs ?? 0},"queueing_secs":${c.queueingSecs ?? 0}`
+  // a request with latency objectives: the predicted TPOT there and whether both predictions meet them
+  const objectives = c.meetsObjectives === undefined ? '' : `,"tpot_secs":${c.tpotSecs ?? 0},"meets_objectives":${c.meetsObjectives}`
   return (
     `{"worker_id":${id},"worker_id_str":"${id}","dp_rank":${c.dpRank},"overlap_blocks":${c.overlapBlocks},"prefill_blocks":${c.prefillBlocks},` +
     `"decode_blocks":${c.decodeBlocks},"logit":${Number.isFinite(c.logit) ? c.logit : 'null'}` +
-    `${c.treeSize === undefined ? '' : `,"tree_size":${c.treeSize}`}${terms}}`
+    `${c.treeSize === undefined ? '' : `,"tree_size":${c.treeSize}`}${terms}${objectives}}`
   )
 }
 
@@ -66,6 +68,8 @@ export async function decisionRoutes(fastify: FastifyInstance, ctx: HttpContext)
           throw new KvrError('KVR_ERR_INVALID_REQUEST', `priority must be an integer in [-2^31, 2^31), got ${JSON.stringify(p)}`)
         input.priority = p
       }
+      // the body's slo only: a client of /v1/route states its objectives where it states its priority
+      latencyObjectives(null, rest.slo, 'slo', input)
       if (rest.isl !== undefined) {
         const n = rest.isl
         if (typeof n !== 'number' || !Number.isInteger(n) || n < 0 || n > MAX_ISL)

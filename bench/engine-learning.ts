@@ -1,4 +1,4 @@
-// Routing on engines the latency cost does not model (npm run bench:learning; issue #45):
+// Routing on engines the latency cost does not model (npm run bench:learning):
 // bench:fleet-sim, in virtual time, on four fleets, each mode on the same fleet and load.
 //
 //   large      every engine `large` (a 70B-class profile: a shape the cost's model does not share)
@@ -19,7 +19,7 @@
 // requests as the fast half.
 //
 // Each fleet and slice is one fleet-sim process (--jobs at once; the results are the same
-// whatever the machine does, only the run time changes). The issue's bars are judged on the first
+// whatever the machine does, only the run time changes). The targets are judged on the first
 // slice; the same bars on the other slices are printed for information.
 //
 // Run: npm run bench:learning [-- --workers 8] [--minutes 20] [--offsets 0,20] [--fleets large,mixed,three-way,default]
@@ -224,7 +224,7 @@ function printTables(r: ResultJson): void {
   }
   for (const { offset, bars } of r.bars) {
     const first = offset === r.config.offsets[0]
-    console.log(`\n${first ? "the issue's bars" : 'the same bars, for information'}: ${sliceName(offset, r.config.minutes)}`)
+    console.log(`\n${first ? 'the targets' : 'the same targets, for information'}: ${sliceName(offset, r.config.minutes)}`)
     console.log(
       textTable(
         ['bar', 'value', 'target', 'result'],

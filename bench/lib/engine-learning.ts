@@ -1,5 +1,5 @@
 // The pure parts of bench:learning (bench/engine-learning.ts): its options, the fleets it runs,
-// the load each fleet gets, and the bars (#45) evaluated on fleet-sim results, so a test
+// the load each fleet gets, and the targets evaluated on fleet-sim results, so a test
 // can hold them against synthetic inputs.
 import { PROFILES, parseProfileList, timingsFor } from '../../src/sim/mocker/profiles.js'
 import { profilePrefillMs } from '../../src/sim/mocker/timing.js'
@@ -173,7 +173,7 @@ function hitBar(fleet: string, kv: ModeFigures | undefined): Bar {
 }
 
 /**
- * The issue's bars on the runs of one slice: on the mixed fleet, kv's hit rate ≥ 0.90 × the bound,
+ * The targets on the runs of one slice: on the mixed fleet, kv's hit rate ≥ 0.90 × the bound,
  * its p90 TTFT ≤ 0.85 × kv-static's and ≤ 0.80 × kv-dynamo's, and no errors in any mode; on the
  * default fleet, kv's hit rate ≥ 0.90 × the bound and its p90 TTFT ≤ 0.25 × round-robin's.
  */

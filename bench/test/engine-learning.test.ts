@@ -1,5 +1,5 @@
 // bench:learning: the fleets it builds for a number of workers, the load each gets, its options,
-// and the bars judged on synthetic fleet-sim results.
+// and the targets judged on synthetic fleet-sim results.
 import t from 'tap'
 import { spawnSync } from 'node:child_process'
 import { join } from 'node:path'

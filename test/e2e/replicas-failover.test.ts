@@ -182,7 +182,7 @@ async function workers(r: Replica): Promise<WorkerView> {
   // worker ids are u64: taken from the text, never through a JSON number
   for (const w of text.matchAll(/"id_str":"(\d+)".*?"ranks":\[(.*?)\]\}/g)) {
     for (const rank of (w[2] as string).matchAll(
-      /\{"dp_rank":(\d+),"index":"[a-z-]+","cached_blocks":(\d+),"last_event_id":[^,]+,"active_blocks":(\d+),"prefill_tokens":(\d+),"in_flight":(\d+)\}/g,
+      /\{"dp_rank":(\d+),"index":"[a-z-]+","cached_blocks":(\d+),"last_event_id":[^,]+,"active_blocks":(\d+),"prefill_tokens":(\d+),"in_flight":(\d+)[,}]/g,
     )) {
       const key = `${w[1]}:${rank[1]}`
       view.cached.set(key, Number(rank[2]))

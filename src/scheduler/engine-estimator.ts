@@ -326,7 +326,7 @@ export class EngineEstimator {
     this.reqMark[i] = this.prefillDone[slot] as number
   }
 
-  /** The request ended at `now` after `outputTokens` tokens: an observation of its inter-token time. */
+  /** The request ended at `now` after `outputTokens` tokens (0: failed or not streamed, only forgotten): its inter-token time. */
   ended(id: string, outputTokens: number, now: number): void {
     const i = this.reqIds.get(id)
     if (i === undefined) return
@@ -339,14 +339,6 @@ export class EngineEstimator {
     // steps so): the decode step is what is left of the stream's time without the prefills it shared
     const decoding = now - first - ((this.prefillDone[slot] as number) - (this.reqMark[i] as number))
     if (decoding > 0) this.observeItl(slot, decoding / (outputTokens - 1), this.reqUsage[i] as number)
-  }
-
-  /** The request left without an observation (cancelled, failed). */
-  forget(id: string): void {
-    const i = this.reqIds.get(id)
-    if (i === undefined) return
-    this.reqIds.delete(id)
-    this.reqKey[i] = undefined
   }
 
   /** One time-to-first-token observation, ms, of x tokens in chunks of k. */

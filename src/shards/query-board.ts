@@ -28,6 +28,12 @@ export interface OverlapResult {
   overlap: Uint32Array
   /** Blocks the worker-rank holds. */
   treeSize: Uint32Array
+  /**
+   * Matched leading blocks counting host-tier (CPU) blocks too, then host and disk: each at least
+   * `overlap`, cumulative through the tiers before it. Absent while the index keeps only device blocks.
+   */
+  overlapHost?: Uint32Array
+  overlapDisk?: Uint32Array
   /** Shards whose answer is not exact (restarted and not rebuilt, or died during the query). */
   recoveringShards: number[]
 }

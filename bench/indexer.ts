@@ -1,0 +1,284 @@
+// Standalone indexer benchmark (npm run bench:indexer): `kv-router indexer` answering `POST /query`
+// for 4,096-token prompts while it takes KV events from `kv-router mocker` engines over ZMQ.
+//
+// The engines are driven directly (round robin, no router) with the prompts of the Mooncake
+// conversation trace at a fixed request rate; each request stores its prompt's blocks and, once
+// the engine's pool is full, evicts others, so the indexer applies a real event stream: stored
+// chains, removals, replays. Meanwhile a closed loop of `--concurrency` clients sends `/query`
+// with 4,096 tokens of other trace prompts. Two phases, one after the other in one run: queries
+// with no event load, then queries under the event load. Latency is the client's (HTTP round
+// trip on loopback, JSON of 4,096 token ids included), measured on the same machine as the
+// indexer and the engines.
+//
+// Run: npm run bench:indexer [-- --seconds S] [--workers N] [--rate R] [--concurrency C]
+//      [--query-tokens T] [--threads N]
+// Results: bench/results/indexer.json and a printed table.
+import { writeFileSync } from 'node:fs'
+import { availableParallelism, cpus } from 'node:os'
+import { join } from 'node:path'
+import { Pool } from 'undici'
+import { expandTokens, readTrace } from '../src/sim/replay/trace.js'
+import type { TraceRequest } from '../src/sim/replay/trace.js'
+import { repoRoot, resultsDir, textTable } from './lib/common.js'
+import { cpuSample, cpuShares, start, stop } from './lib/processes.js'
+import type { Child } from './lib/processes.js'
+import { ArgError, parseIndexerArgs } from './lib/indexer.js'
+import type { IndexerArgs } from './lib/indexer.js'
+import { quantile } from './lib/stats.js'
+
+const BLOCK_SIZE = 64
+const MODEL = 'indexer-bench-model'
+
+interface Phase {
+  label: string
+  queries: number
+  qps: number
+  p50: number
+  p90: number
+  p99: number
+  max: number
+  /** Events the indexer applied per second during the phase (from its /metrics), null if it does not say. */
+  eventsPerS: number | null
+  /** Engine requests completed per second during the phase. */
+  engineRps: number
+  cpu: { own: number; other: number } | null
+}
+
+async function counter(url: string, name: string): Promise<number | null> {
+  const text = await (await fetch(`${url}/metrics`)).text()
+  let sum: number | null = null
+  for (const line of text.split('\n')) {
+    if (!line.startsWith(name)) continue
+    const rest = line.slice(name.length)
+    if (rest[0] !== ' ' && rest[0] !== '{') continue
+    const v = Number(line.slice(line.lastIndexOf(' ') + 1))
+    if (Number.isFinite(v)) sum = (sum ?? 0) + v
+  }
+  return sum
+}
+
+/** 4,096-token query bodies from trace prompts at least that long (repeated when too few). */
+function queryBodies(requests: readonly TraceRequest[], tokens: number, count: number): string[] {
+  const long = requests.filter((r) => r.input_length >= tokens)
+  if (long.length === 0) throw new Error(`no trace prompt has ${tokens} tokens`)
+  const out: string[] = []
+  for (let i = 0; i < count; i++) {
+    const r = long[(i * 7919) % long.length] as TraceRequest
+    const t = expandTokens(r).subarray(0, tokens)
+    out.push(`{"token_ids":[${Array.prototype.join.call(t, ',')}],"model_name":${JSON.stringify(MODEL)}}`)
+  }
+  return out
+}
+
+/** Sends trace prompts to the engines round robin at `rate` requests/s until stopped. */
+function drive(engines: string[], requests: readonly TraceRequest[], rate: number): { done: () => number; stop: () => Promise<number> } {
+  const pools = engines.map((u) => new Pool(u, { connections: 16 }))
+  let i = 0
+  let done = 0
+  let stopped = false
+  const inFlight = new Set<Promise<void>>()
+  const t0 = performance.now()
+  const tick = (): void => {
+    if (stopped) return
+    const due = Math.floor(((performance.now() - t0) / 1000) * rate)
+    for (; i < due && inFlight.size < 256; i++) {
+      const r = requests[i % requests.length] as TraceRequest
+      const tokens = expandTokens(r)
+      const body = `{"model":${JSON.stringify(MODEL)},"prompt":[${Array.prototype.join.call(tokens, ',')}],"max_tokens":1}`
+      const pool = pools[i % pools.length] as Pool
+      const p = pool
+        .request({ path: '/v1/completions', method: 'POST', headers: { 'content-type': 'application/json' }, body })
+        .then(async (res) => {
+          await res.body.dump()
+          if (res.statusCode === 200) done++
+        })
+        .catch(() => {})
+        .finally(() => inFlight.delete(p))
+      inFlight.add(p)
+    }
+    setTimeout(tick, 5)
+  }
+  tick()
+  return {
+    done: () => done,
+    stop: async () => {
+      stopped = true
+      await Promise.all([...inFlight])
+      await Promise.all(pools.map((p) => p.close()))
+      return done
+    },
+  }
+}
+
+async function queryPhase(
+  label: string,
+  url: string,
+  bodies: readonly string[],
+  a: IndexerArgs,
+  pids: (number | undefined)[],
+  engineDone: () => number,
+): Promise<Phase> {
+  const pool = new Pool(url, { connections: a.concurrency, pipelining: 1 })
+  const lat: number[] = []
+  let next = 0
+  const ev0 = await counter(url, 'kvrouter_shard_events_applied_total')
+  const e0 = engineDone()
+  const cpu0 = cpuSample(pids)
+  const t0 = performance.now()
+  const deadline = t0 + a.seconds * 1000
+  const loop = async (): Promise<void> => {
+    while (performance.now() < deadline) {
+      const body = bodies[next++ % bodies.length] as string
+      const s = performance.now()
+      const res = await pool.request({ path: '/query', method: 'POST', headers: { 'content-type': 'application/json' }, body })
+      const text = await res.body.text()
+      if (res.statusCode !== 200) throw new Error(`/query answered ${res.statusCode}: ${text.slice(0, 200)}`)
+      lat.push(performance.now() - s)
+    }
+  }
+  await Promise.all(Array.from({ length: a.concurrency }, loop))
+  const wall = (performance.now() - t0) / 1000
+  const cpu = cpuShares(cpu0, cpuSample(pids))
+  const ev1 = await counter(url, 'kvrouter_shard_events_applied_total')
+  const engineRps = (engineDone() - e0) / wall
+  await pool.close()
+  lat.sort((x, y) => x - y)
+  return {
+    label,
+    queries: lat.length,
+    qps: lat.length / wall,
+    p50: quantile(lat, 0.5),
+    p90: quantile(lat, 0.9),
+    p99: quantile(lat, 0.99),
+    max: lat[lat.length - 1] ?? 0,
+    eventsPerS: ev0 === null || ev1 === null ? null : (ev1 - ev0) / wall,
+    engineRps,
+    cpu,
+  }
+}
+
+async function main(): Promise<void> {
+  let a: IndexerArgs
+  try {
+    a = parseIndexerArgs(process.argv.slice(2))
+  } catch (err) {
+    if (!(err instanceof ArgError)) throw err
+    process.stderr.write(`bench:indexer: ${err.message}\n`)
+    process.exit(2)
+  }
+  const requests = readTrace(join(repoRoot(), 'data', 'conversation_trace.jsonl'))
+  const bodies = queryBodies(requests, a.queryTokens, 256)
+  const command = `npm run bench:indexer${process.argv.length > 2 ? ` -- ${process.argv.slice(2).join(' ')}` : ''}`
+  let mocker: Child | null = null
+  let indexer: Child | null = null
+  let driver: ReturnType<typeof drive> | null = null
+  const phases: Phase[] = []
+  try {
+    indexer = await start(['indexer', '--host', '127.0.0.1', '--port', '0', '--threads', String(a.threads)], /listening on (http:\/\/\S+)/)
+    const url = indexer.match[1] as string
+    let engines: string[] = []
+    let zmqBase = 0
+    for (let attempt = 0; ; attempt++) {
+      zmqBase = 30000 + Math.floor(Math.random() * 4000) * 4
+      try {
+        mocker = await start(
+          [
+            'mocker',
+            '--num-workers',
+            String(a.workers),
+            '--first-worker-id',
+            '1',
+            '--block-size',
+            String(BLOCK_SIZE),
+            '--num-gpu-blocks-override',
+            String(a.gpuBlocks),
+            '--speedup-ratio',
+            '0',
+            '--host',
+            '127.0.0.1',
+            '--http-port',
+            '0',
+            '--model-name',
+            MODEL,
+            '--kv-events-zmq',
+            `tcp://127.0.0.1:${zmqBase}`,
+            '--kv-events-replay-zmq',
+            `tcp://127.0.0.1:${zmqBase + a.workers}`,
+          ],
+          /kv-router mocker: ready \d+ engine\(s\)(( http:\/\/\S+)+)/,
+        )
+        engines = (mocker.match[1] as string).trim().split(' ')
+        break
+      } catch (err) {
+        if (attempt > 5 || !/cannot bind/.test(String(err))) throw err
+      }
+    }
+    for (let i = 0; i < a.workers; i++) {
+      const body = {
+        instance_id: i + 1,
+        endpoint: `tcp://127.0.0.1:${zmqBase + i}`,
+        replay_endpoint: `tcp://127.0.0.1:${zmqBase + a.workers + i}`,
+        model_name: MODEL,
+        block_size: BLOCK_SIZE,
+      }
+      const r = await fetch(`${url}/register`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body) })
+      if (r.status !== 201 && r.status !== 200) throw new Error(`/register answered ${r.status}: ${await r.text()}`)
+    }
+    console.log(
+      `bench:indexer — ${a.workers} mocker engines (block ${BLOCK_SIZE}, ${a.gpuBlocks} blocks each) over ZMQ, /query with ${a.queryTokens}-token ` +
+        `prompts, ${a.concurrency} concurrent clients, ${a.seconds} s per phase`,
+    )
+    const pids = [indexer.p.pid, mocker?.p.pid]
+    // warm the index and the indexer's code before the quiet phase
+    driver = drive(engines, requests, a.rate)
+    await new Promise((r) => setTimeout(r, a.seconds * 500))
+    await driver.stop()
+    driver = null
+    phases.push(await queryPhase('queries only', url, bodies, a, pids, () => 0))
+    const d = drive(engines, requests.slice(requests.length >> 1), a.rate)
+    driver = d
+    phases.push(await queryPhase(`queries + events (${a.rate} engine req/s offered)`, url, bodies, a, pids, d.done))
+    await d.stop()
+    driver = null
+  } finally {
+    if (driver !== null) await driver.stop()
+    if (mocker !== null) await stop(mocker)
+    if (indexer !== null) await stop(indexer)
+  }
+  const f = (v: number): string => (v >= 100 ? v.toFixed(0) : v >= 10 ? v.toFixed(1) : v.toFixed(2))
+  console.log(
+    textTable(
+      ['phase', 'queries', 'queries/s', 'p50 ms', 'p90 ms', 'p99 ms', 'max ms', 'engine req/s', 'events applied/s', 'CPU (bench procs / other)'],
+      phases.map((p) => [
+        p.label,
+        String(p.queries),
+        f(p.qps),
+        f(p.p50),
+        f(p.p90),
+        f(p.p99),
+        f(p.max),
+        f(p.engineRps),
+        p.eventsPerS === null ? 'n/a' : f(p.eventsPerS),
+        p.cpu === null ? 'n/a' : `${(p.cpu.own * 100).toFixed(0)}% / ${(p.cpu.other * 100).toFixed(0)}%`,
+      ]),
+    ),
+  )
+  const loaded = phases[1]
+  const bar = loaded === undefined ? null : loaded.p99 <= 2
+  console.log(`\ntarget: /query p99 ≤ 2 ms under event load: ${loaded === undefined ? 'n/a' : `${f(loaded.p99)} ms → ${bar ? 'PASS' : 'FAIL'}`}`)
+  const out = {
+    benchmark: 'indexer',
+    date: new Date().toISOString(),
+    node: process.version,
+    cpus: availableParallelism(),
+    cpuModel: cpus()[0]?.model ?? 'unknown',
+    config: { ...a, block_size: BLOCK_SIZE, command, latency_unit: 'wall ms, client side, loopback HTTP' },
+    phases,
+    bar: { check: '/query p99 under event load ≤ 2 ms', value: loaded?.p99 ?? null, pass: bar },
+  }
+  const file = join(resultsDir(), 'indexer.json')
+  writeFileSync(file, JSON.stringify(out, null, 2) + '\n')
+  console.log(`\nwritten to ${file}`)
+}
+
+await main()

@@ -1,0 +1,52 @@
+// bench:indexer's command line (no process needed, so it is tested on its own).
+
+export interface IndexerArgs {
+  /** Seconds per query phase. */
+  seconds: number
+  /** Mocker engines publishing over ZMQ. */
+  workers: number
+  /** KV blocks per engine: small enough that pools evict, so removals are part of the load. */
+  gpuBlocks: number
+  /** Engine requests per second offered during the loaded phase (each stores its prompt's blocks). */
+  rate: number
+  /** Closed-loop /query clients. */
+  concurrency: number
+  /** Tokens per /query prompt. */
+  queryTokens: number
+  /** The indexer's shard threads. */
+  threads: number
+}
+
+export const INDEXER_DEFAULTS: IndexerArgs = { seconds: 20, workers: 8, gpuBlocks: 4096, rate: 40, concurrency: 2, queryTokens: 4096, threads: 1 }
+
+/** A bad command line: the message is the one line to print. */
+export class ArgError extends Error {}
+
+const OPTIONS: Record<string, keyof IndexerArgs> = {
+  '--seconds': 'seconds',
+  '--workers': 'workers',
+  '--gpu-blocks': 'gpuBlocks',
+  '--rate': 'rate',
+  '--concurrency': 'concurrency',
+  '--query-tokens': 'queryTokens',
+  '--threads': 'threads',
+}
+const INTEGERS = new Set<keyof IndexerArgs>(['workers', 'gpuBlocks', 'concurrency', 'queryTokens', 'threads'])
+
+export function parseIndexerArgs(argv: readonly string[]): IndexerArgs {
+  const out: IndexerArgs = { ...INDEXER_DEFAULTS }
+  for (let i = 0; i < argv.length; i++) {
+    const arg = argv[i] as string
+    const eq = arg.indexOf('=')
+    const name = eq > 0 ? arg.slice(0, eq) : arg
+    const key = OPTIONS[name]
+    if (key === undefined) throw new ArgError(`unknown option ${JSON.stringify(arg)} (known: ${Object.keys(OPTIONS).join(' ')})`)
+    const s = eq > 0 ? arg.slice(eq + 1) : argv[++i]
+    if (s === undefined) throw new ArgError(`${name} needs a value`)
+    const n = Number(s)
+    if (s.trim() === '' || !Number.isFinite(n) || n <= 0 || (INTEGERS.has(key) && !Number.isInteger(n)))
+      throw new ArgError(`${name} must be a positive ${INTEGERS.has(key) ? 'integer' : 'number'}, got ${JSON.stringify(s)}`)
+    out[key] = n
+  }
+  return out
+}

@@ -7,6 +7,12 @@
 // holds the whole index and the setups differ only in how many routers decide and what they know
 // of each other's requests in flight.
 //
+// `--setups shared-index` runs another comparison: the engines publish on their own ZMQ streams
+// (no NATS events, no etcd), and 2 then 4 synced replicas either each subscribe to every engine
+// (local indexes) or all ask one `kv-router indexer` (--indexer-url), which alone subscribes. One
+// more replica, outside the balancer, consumes what a replica consumes and routes nothing: its
+// CPU over the replay is what a replica spends on KV events.
+//
 // The question: do synced replicas route as well as one router? Two unsynced replicas each see
 // half the load, so each sends requests to workers that only look idle to it; synced ones book
 // each other's requests as their own, one sync delay (about a millisecond) late, and two that
@@ -18,8 +24,9 @@
 //
 // Run: npm run bench:replicas [-- --minutes M | --full] [--workers N] [--speedup S] [--load X]
 //      [--capacity-factor F] [--max-in-flight N] [--trace FILE] [--router-args "FLAGS"]
+//      [--setups sync|shared-index]
 // Results: bench/results/replicas.json and a printed table.
-import { writeFileSync } from 'node:fs'
+import { readFileSync, writeFileSync } from 'node:fs'
 import { availableParallelism, cpus } from 'node:os'
 import { join, relative } from 'node:path'
 import { readTrace } from '../src/sim/replay/trace.js'
@@ -31,10 +38,10 @@ import { summarize } from '../src/sim/replay/summary.js'
 import type { ReplaySummary } from '../src/sim/replay/summary.js'
 import { startEtcd, startHaproxy, startNats } from '../src/deploy/services.js'
 import type { EtcdServer, HaproxyServer, NatsServer } from '../src/deploy/services.js'
-import { repoRoot, resultsDir, textTable } from './lib/common.js'
+import { processTicks, repoRoot, resultsDir, textTable, TICKS_PER_S } from './lib/common.js'
 import { cpuSample, cpuShares, start, stop, workerIds } from './lib/processes.js'
 import type { Child } from './lib/processes.js'
-import { ArgError, counterSum, parseReplicasArgs, replicaBars, SETUPS } from './lib/replicas.js'
+import { ArgError, counterSum, parseReplicasArgs, replicaBars, SETUP_LISTS, sharedIndexBars } from './lib/replicas.js'
 import type { ReplicasArgs, Setup, SetupFigures } from './lib/replicas.js'
 
 const BLOCK_SIZE = 64
@@ -53,6 +60,15 @@ interface SetupRun {
   /** Completions each replica answered (dynamo_frontend_requests_total), in replica order. */
   perReplica: number[]
   cpu: { own: number; other: number } | null
+  /** CPU seconds of the observer replica over the replay; null without one. */
+  observerCpuS: number | null
+  /** Resident memory of each serving replica at the end, MB. */
+  rssMb: (number | null)[]
+  /** Bytes of engine KV event streams each serving replica received over ZMQ (null: none). */
+  eventBytes: (number | null)[]
+  /** Event messages each serving replica's shards took. */
+  eventMessages: (number | null)[]
+  indexer: { rssMb: number | null; cpuS: number | null; eventBytes: number | null } | null
 }
 
 async function until(what: string, ok: () => Promise<boolean>, timeoutMs: number): Promise<void> {
@@ -68,61 +84,125 @@ async function metrics(url: string): Promise<string> {
   return (await fetch(`${url}/metrics`)).text()
 }
 
+/** The mocker's engines publishing their own KV events over ZMQ (PUB on base + i, replay on base + workers + i). */
+async function zmqMocker(a: ReplicasArgs, k: number): Promise<{ mocker: Child; engines: string[]; specs: string[] }> {
+  for (let attempt = 0; ; attempt++) {
+    const base = 30000 + Math.floor(Math.random() * 4000) * 4
+    try {
+      const mocker = await start(
+        [
+          'mocker',
+          '--num-workers',
+          String(a.workers),
+          '--first-worker-id',
+          '1',
+          '--block-size',
+          String(BLOCK_SIZE),
+          '--num-gpu-blocks-override',
+          String(k),
+          '--speedup-ratio',
+          String(a.speedup),
+          '--model-name',
+          MODEL,
+          '--host',
+          '127.0.0.1',
+          '--http-port',
+          '0',
+          '--kv-events-zmq',
+          `tcp://127.0.0.1:${base}`,
+          '--kv-events-replay-zmq',
+          `tcp://127.0.0.1:${base + a.workers}`,
+        ],
+        /kv-router mocker: ready \d+ engine\(s\)(( http:\/\/\S+)+)/,
+      )
+      const engines = (mocker.match[1] as string).trim().split(' ')
+      const specs = engines.map((u, i) => `${i + 1}=${u},kv-events=tcp://127.0.0.1:${base + i},replay=tcp://127.0.0.1:${base + a.workers + i}`)
+      return { mocker, engines, specs }
+    } catch (err) {
+      if (attempt > 5 || !/cannot bind/.test(String(err))) throw err
+    }
+  }
+}
+
+function vmRssMb(pid: number | undefined): number | null {
+  try {
+    const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))
+    return m === null ? null : Number(m[1]) / 1024
+  } catch {
+    return null
+  }
+}
+
 async function runSetup(setup: Setup, a: ReplicasArgs, requests: TraceRequest[], k: number): Promise<SetupRun> {
   let nats: NatsServer | null = null
   let etcd: EtcdServer | null = null
   let lb: HaproxyServer | null = null
   let mocker: Child | null = null
+  let indexer: Child | null = null
   const routers: Child[] = []
   try {
     nats = await startNats({ jetstream: false })
-    etcd = await startEtcd()
-    for (let i = 0; i < setup.replicas; i++) {
-      const args = [
-        'serve',
-        '--http-host',
-        '127.0.0.1',
-        '--http-port',
-        '0',
-        ...ROUTER_COST,
-        '--router-block-size',
-        String(BLOCK_SIZE),
-        '--router-event-threads',
-        '1',
-      ]
-      args.push(
-        '--model-name',
-        MODEL,
-        '--shutdown-timeout-secs',
-        '5',
-        '--nats-url',
-        nats.url,
-        '--etcd-url',
-        etcd.url,
-        ...(setup.sync ? ['--router-replica-sync'] : []),
-        ...a.routerArgs,
+    const routerArgs = (): string[] => [
+      'serve',
+      '--http-host',
+      '127.0.0.1',
+      '--http-port',
+      '0',
+      ...ROUTER_COST,
+      '--router-block-size',
+      String(BLOCK_SIZE),
+      '--router-event-threads',
+      '1',
+      '--model-name',
+      MODEL,
+      '--shutdown-timeout-secs',
+      '5',
+      '--nats-url',
+      (nats as NatsServer).url,
+    ]
+    // with engines on ZMQ, one more replica outside the balancer: it consumes what each replica
+    // consumes and routes nothing, so its CPU is what a replica spends on KV events
+    const withObserver = setup.index !== 'nats'
+    if (setup.index === 'nats') {
+      etcd = await startEtcd()
+      for (let i = 0; i < setup.replicas; i++) {
+        const args = [...routerArgs(), '--etcd-url', etcd.url, ...(setup.sync ? ['--router-replica-sync'] : []), ...a.routerArgs]
+        routers.push(await start(args, /listening on (http:\/\/\S+)/))
+      }
+      mocker = await start(
+        [
+          'mocker',
+          '--num-workers',
+          String(a.workers),
+          '--block-size',
+          String(BLOCK_SIZE),
+          '--num-gpu-blocks-override',
+          String(k),
+          '--speedup-ratio',
+          String(a.speedup),
+        ].concat(['--model-name', MODEL, '--nats-url', nats.url, '--etcd-url', etcd.url]),
+        /kv-router mocker: ready (\d+) engine\(s\)/,
       )
-      routers.push(await start(args, /listening on (http:\/\/\S+)/))
+    } else {
+      const fleet = await zmqMocker(a, k)
+      mocker = fleet.mocker
+      const shared: string[] = []
+      if (setup.index === 'shared') {
+        indexer = await start(['indexer', '--host', '127.0.0.1', '--port', '0'], /listening on (http:\/\/\S+)/)
+        shared.push('--indexer-url', indexer.match[1] as string)
+      }
+      for (let i = 0; i < setup.replicas + 1; i++) {
+        const args = [...routerArgs(), ...fleet.specs.flatMap((w) => ['--worker', w]), ...shared]
+        args.push(...(setup.sync ? ['--router-replica-sync'] : []), ...a.routerArgs)
+        routers.push(await start(args, /listening on (http:\/\/\S+)/))
+      }
     }
     const urls = routers.map((r) => r.match[1] as string)
-    mocker = await start(
-      [
-        'mocker',
-        '--num-workers',
-        String(a.workers),
-        '--block-size',
-        String(BLOCK_SIZE),
-        '--num-gpu-blocks-override',
-        String(k),
-        '--speedup-ratio',
-        String(a.speedup),
-      ].concat(['--model-name', MODEL, '--nats-url', nats.url, '--etcd-url', etcd.url]),
-      /kv-router mocker: ready (\d+) engine\(s\)/,
-    )
-    for (const url of urls) await until(`${url} lists the ${a.workers} engines from etcd`, async () => (await workerIds(url)).ids.length === a.workers, 30_000)
+    for (const url of urls) await until(`${url} lists the ${a.workers} engines`, async () => (await workerIds(url)).ids.length === a.workers, 30_000)
     const { ids } = await workerIds(urls[0] as string)
-    const names = urls.map((_, i) => `router-${i + 1}`)
-    const balancer = await startHaproxy({ backends: urls.map((u, i) => ({ name: names[i] as string, port: Number(new URL(u).port) })) })
+    const served = withObserver ? urls.slice(0, setup.replicas) : urls
+    const names = served.map((_, i) => `router-${i + 1}`)
+    const balancer = await startHaproxy({ backends: served.map((u, i) => ({ name: names[i] as string, port: Number(new URL(u).port) })) })
     lb = balancer
     await until(
       'every replica UP in HAProxy',
@@ -130,7 +210,10 @@ async function runSetup(setup: Setup, a: ReplicasArgs, requests: TraceRequest[],
       30_000,
     )
 
-    const pids = [...routers.map((r) => r.p.pid), mocker.p.pid, balancer.pid, nats.pid, etcd.pid]
+    const observer = withObserver ? routers[routers.length - 1] : undefined
+    const pids = [...routers.map((r) => r.p.pid), mocker.p.pid, balancer.pid, nats.pid, etcd?.pid, indexer?.p.pid].filter((p) => p !== undefined)
+    const obs0 = observer === undefined ? null : processTicks(observer.p.pid)
+    const idx0 = indexer === null ? null : processTicks(indexer.p.pid)
     const t0 = performance.now()
     const cpu0 = cpuSample(pids)
     const run = startReplay({ url: balancer.url, requests, speedup: a.load * a.speedup, maxInFlight: a.maxInFlight, model: MODEL, timeoutMs: 600_000 })
@@ -154,16 +237,33 @@ async function runSetup(setup: Setup, a: ReplicasArgs, requests: TraceRequest[],
     }
     const wallS = (performance.now() - t0) / 1000
     const cpu = cpuShares(cpu0, cpuSample(pids))
+    const obs1 = observer === undefined ? null : processTicks(observer.p.pid)
+    const observerCpuS = obs0 === null || obs1 === null ? null : (obs1 - obs0) / TICKS_PER_S
+    const idx1 = indexer === null ? null : processTicks(indexer.p.pid)
     const texts = await Promise.all(urls.map(metrics))
-    const races = setup.sync ? texts.reduce((s, m) => s + (counterSum(m, 'kvrouter_replica_races_total') ?? 0), 0) : null
-    const perReplica = texts.map((m) => counterSum(m, 'dynamo_frontend_requests_total') ?? 0)
+    const servedTexts = texts.slice(0, setup.replicas)
+    const races = setup.sync ? servedTexts.reduce((s, m) => s + (counterSum(m, 'kvrouter_replica_races_total') ?? 0), 0) : null
+    const perReplica = servedTexts.map((m) => counterSum(m, 'dynamo_frontend_requests_total') ?? 0)
+    const rssMb = routers.slice(0, setup.replicas).map((r) => vmRssMb(r.p.pid))
+    // event traffic into each replica: ZMQ bytes (engines' streams), or event messages its shards took (NATS)
+    const eventBytes = servedTexts.map((m) => counterSum(m, 'kvrouter_zmq_total', 'what="bytes"'))
+    const eventMessages = servedTexts.map((m) => counterSum(m, 'kvrouter_shard_events_received_total'))
+    const indexerFigures =
+      indexer === null
+        ? null
+        : {
+            rssMb: vmRssMb(indexer.p.pid),
+            cpuS: idx0 === null || idx1 === null ? null : (idx1 - idx0) / TICKS_PER_S,
+            eventBytes: counterSum(await metrics(indexer.match[1] as string), 'kvrouter_zmq_total', 'what="bytes"'),
+          }
     const summary = summarize(result.records, { gaps: result.itlGaps, timeScale: a.speedup, workers: ids })
-    return { summary, result, wallS, races, perReplica, cpu }
+    return { summary, result, wallS, races, perReplica, cpu, observerCpuS, rssMb, eventBytes, eventMessages, indexer: indexerFigures }
   } finally {
     // the balancer first, so nothing new reaches a replica; the engines revoke their leases while etcd is up
     await lb?.stop()
     await Promise.all(routers.map(stop))
     if (mocker !== null) await stop(mocker)
+    if (indexer !== null) await stop(indexer)
     await etcd?.stop()
     await nats?.stop()
   }
@@ -213,7 +313,7 @@ async function main(): Promise<void> {
   console.log(`  routers: ${[...ROUTER_COST, ...a.routerArgs].join(' ')}`)
 
   const runs = new Map<Setup, SetupRun>()
-  for (const setup of SETUPS) {
+  for (const setup of SETUP_LISTS[a.setups] ?? []) {
     const r = await runSetup(setup, a, requests, k)
     runs.set(setup, r)
     const s = r.summary
@@ -228,8 +328,9 @@ async function main(): Promise<void> {
       )
   }
   const figures: Record<string, SetupFigures> = {}
-  for (const [setup, r] of runs) figures[setup.key] = { hitRate: r.summary.hit_rate, ttftP90: r.summary.ttft_ms.p90, errors: r.summary.errors }
-  const bars = replicaBars(figures)
+  for (const [setup, r] of runs)
+    figures[setup.key] = { hitRate: r.summary.hit_rate, ttftP90: r.summary.ttft_ms.p90, errors: r.summary.errors, observerCpuS: r.observerCpuS }
+  const bars = a.setups === 'shared-index' ? sharedIndexBars(figures) : replicaBars(figures)
 
   const rows = [...runs].map(([setup, r]) => {
     const s = r.summary
@@ -257,6 +358,38 @@ async function main(): Promise<void> {
     ),
   )
   console.log(`infinite-cache bound: ${pct(bound.hitRate)}`)
+  if (a.setups === 'shared-index') {
+    const mb = (v: number | null): string => (v === null ? 'n/a' : v.toFixed(0))
+    const sum = (xs: (number | null)[]): number | null => (xs.some((x) => x === null) ? null : xs.reduce<number>((t, x) => t + (x as number), 0))
+    console.log('\nwhat each replica carries (observer: one more replica outside the balancer, routing nothing: its CPU is what a replica spends on KV events)')
+    console.log(
+      textTable(
+        [
+          'setup',
+          'observer CPU s',
+          'replica RSS MB',
+          'KV event MB into replicas',
+          'event msgs into replicas',
+          'indexer CPU s',
+          'indexer RSS MB',
+          'KV event MB into indexer',
+        ],
+        [...runs].map(([setup, r]) => {
+          const bytes = sum(r.eventBytes)
+          return [
+            setup.label,
+            r.observerCpuS === null ? 'n/a' : r.observerCpuS.toFixed(2),
+            r.rssMb.map(mb).join(' / '),
+            bytes === null ? '0' : (bytes / 1e6).toFixed(1),
+            String(sum(r.eventMessages) ?? 0),
+            r.indexer?.cpuS?.toFixed(2) ?? 'n/a',
+            mb(r.indexer?.rssMb ?? null),
+            r.indexer?.eventBytes === null || r.indexer === null ? 'n/a' : ((r.indexer.eventBytes as number) / 1e6).toFixed(1),
+          ]
+        }),
+      ),
+    )
+  }
   console.log('\ntargets')
   console.log(
     textTable(
@@ -290,6 +423,12 @@ async function main(): Promise<void> {
           send_lag_wall_ms: { p50: s.send_lag_ms.p50, p99: s.send_lag_ms.p99, max: s.send_lag_ms.max },
           wall_s: r.wallS,
           cpu_share: r.cpu === null ? null : { bench_processes: r.cpu.own, other_processes: r.cpu.other },
+          index: setup.index,
+          observer_cpu_s: r.observerCpuS,
+          replica_rss_mb: r.rssMb,
+          replica_event_bytes: r.eventBytes,
+          replica_event_messages: r.eventMessages,
+          indexer: r.indexer === null ? null : { rss_mb: r.indexer.rssMb, cpu_s: r.indexer.cpuS, event_bytes: r.indexer.eventBytes },
         },
       ]
     }),

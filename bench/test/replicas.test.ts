@@ -1,6 +1,6 @@
 // bench:replicas without its processes: the command line, the counters read from /metrics, the targets.
 import t from 'tap'
-import { ArgError, counterSum, DEFAULTS, parseReplicasArgs, replicaBars, SETUPS } from '../lib/replicas.js'
+import { ArgError, counterSum, DEFAULTS, parseReplicasArgs, replicaBars, SETUPS, SHARED_INDEX_SETUPS, sharedIndexBars } from '../lib/replicas.js'
 
 t.test('the three setups, in the order they run', async (t) => {
   t.same(
@@ -77,5 +77,43 @@ t.test('replicaBars: sync against one replica, and errors anywhere', async (t) =
     missing.map((b) => b.pass),
     [null, null, false],
     'a figure missing is no verdict',
+  )
+})
+
+t.test('shared-index setups: local and shared at 2 and 4 replicas, synced; --setups picks the list', async (t) => {
+  t.same(
+    SHARED_INDEX_SETUPS.map((s) => [s.key, s.replicas, s.sync, s.index]),
+    [
+      ['local-2', 2, true, 'zmq'],
+      ['shared-2', 2, true, 'shared'],
+      ['local-4', 4, true, 'zmq'],
+      ['shared-4', 4, true, 'shared'],
+    ],
+  )
+  t.equal(parseReplicasArgs([]).setups, 'sync')
+  t.equal(parseReplicasArgs(['--setups', 'shared-index']).setups, 'shared-index')
+  t.throws(() => parseReplicasArgs(['--setups', 'both']), /--setups must be one of sync, shared-index/)
+})
+
+t.test('sharedIndexBars: hit rate, p90 TTFT and event CPU of 4 shared against 4 local', async (t) => {
+  const pass = sharedIndexBars({
+    'local-4': { hitRate: 0.5, ttftP90: 1000, errors: 0, observerCpuS: 20 },
+    'shared-4': { hitRate: 0.49, ttftP90: 1090, errors: 0, observerCpuS: 1.5 },
+  })
+  t.same(
+    pass.map((b) => b.pass),
+    [true, true, true, true],
+  )
+  const fail = sharedIndexBars({
+    'local-4': { hitRate: 0.5, ttftP90: 1000, errors: 0, observerCpuS: 20 },
+    'shared-4': { hitRate: 0.48, ttftP90: 1110, errors: 2, observerCpuS: 2.5 },
+  })
+  t.same(
+    fail.map((b) => b.pass),
+    [false, false, false, false],
+  )
+  t.same(
+    sharedIndexBars({}).map((b) => b.pass),
+    [null, null, null, true],
   )
 })

@@ -5,10 +5,11 @@
 // conversation trace at a fixed request rate; each request stores its prompt's blocks and, once
 // the engine's pool is full, evicts others, so the indexer applies a real event stream: stored
 // chains, removals, replays. Meanwhile a closed loop of `--concurrency` clients sends `/query`
-// with 4,096 tokens of other trace prompts. Two phases, one after the other in one run: queries
-// with no event load, then queries under the event load. Latency is the client's (HTTP round
-// trip on loopback, JSON of 4,096 token ids included), measured on the same machine as the
-// indexer and the engines.
+// with 4,096 tokens of other trace prompts. Three phases, one after the other in one run: one
+// client with no event load (the service time), one client under the event load (the target's
+// figure), then `--concurrency` clients under the event load (throughput). Latency is the
+// client's (HTTP round trip on loopback, JSON of 4,096 token ids included), measured on the same
+// machine as the indexer and the engines.
 //
 // Run: npm run bench:indexer [-- --seconds S] [--workers N] [--rate R] [--concurrency C]
 //      [--query-tokens T] [--threads N]
@@ -28,6 +29,7 @@ import { quantile } from './lib/stats.js'
 
 const BLOCK_SIZE = 64
 const MODEL = 'indexer-bench-model'
+const EVENTS_APPLIED = 'kvrouter_shard_events_applied_total'
 
 interface Phase {
   label: string
@@ -115,13 +117,14 @@ async function queryPhase(
   url: string,
   bodies: readonly string[],
   a: IndexerArgs,
+  concurrency: number,
   pids: (number | undefined)[],
   engineDone: () => number,
 ): Promise<Phase> {
-  const pool = new Pool(url, { connections: a.concurrency, pipelining: 1 })
+  const pool = new Pool(url, { connections: concurrency, pipelining: 1 })
   const lat: number[] = []
   let next = 0
-  const ev0 = await counter(url, 'kvrouter_shard_events_applied_total')
+  const ev0 = await counter(url, EVENTS_APPLIED)
   const e0 = engineDone()
   const cpu0 = cpuSample(pids)
   const t0 = performance.now()
@@ -136,10 +139,10 @@ async function queryPhase(
       lat.push(performance.now() - s)
     }
   }
-  await Promise.all(Array.from({ length: a.concurrency }, loop))
+  await Promise.all(Array.from({ length: concurrency }, loop))
   const wall = (performance.now() - t0) / 1000
   const cpu = cpuShares(cpu0, cpuSample(pids))
-  const ev1 = await counter(url, 'kvrouter_shard_events_applied_total')
+  const ev1 = await counter(url, EVENTS_APPLIED)
   const engineRps = (engineDone() - e0) / wall
   await pool.close()
   lat.sort((x, y) => x - y)
@@ -174,7 +177,7 @@ async function main(): Promise<void> {
   let driver: ReturnType<typeof drive> | null = null
   const phases: Phase[] = []
   try {
-    indexer = await start(['indexer', '--host', '127.0.0.1', '--port', '0', '--threads', String(a.threads)], /listening on (http:\/\/\S+)/)
+    indexer = await start(['indexer', '--host', '127.0.0.1', '--port', '0', '--threads', String(a.threads)], /kv-router indexer: ready (http:\/\/\S+)/)
     const url = indexer.match[1] as string
     let engines: string[] = []
     let zmqBase = 0
@@ -234,10 +237,11 @@ async function main(): Promise<void> {
     await new Promise((r) => setTimeout(r, a.seconds * 500))
     await driver.stop()
     driver = null
-    phases.push(await queryPhase('queries only', url, bodies, a, pids, () => 0))
+    phases.push(await queryPhase('1 client, no events', url, bodies, a, 1, pids, () => 0))
     const d = drive(engines, requests.slice(requests.length >> 1), a.rate)
     driver = d
-    phases.push(await queryPhase(`queries + events (${a.rate} engine req/s offered)`, url, bodies, a, pids, d.done))
+    phases.push(await queryPhase(`1 client + events (${a.rate} engine req/s offered)`, url, bodies, a, 1, pids, d.done))
+    phases.push(await queryPhase(`${a.concurrency} clients + events`, url, bodies, a, a.concurrency, pids, d.done))
     await d.stop()
     driver = null
   } finally {

@@ -188,7 +188,7 @@ async function runSetup(setup: Setup, a: ReplicasArgs, requests: TraceRequest[],
       mocker = fleet.mocker
       const shared: string[] = []
       if (setup.index === 'shared') {
-        indexer = await start(['indexer', '--host', '127.0.0.1', '--port', '0'], /listening on (http:\/\/\S+)/)
+        indexer = await start(['indexer', '--host', '127.0.0.1', '--port', '0', '--threads', '1'], /kv-router indexer: ready (http:\/\/\S+)/)
         shared.push('--indexer-url', indexer.match[1] as string)
       }
       for (let i = 0; i < setup.replicas + 1; i++) {

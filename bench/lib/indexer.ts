@@ -9,7 +9,7 @@ export interface IndexerArgs {
   gpuBlocks: number
   /** Engine requests per second offered during the loaded phase (each stores its prompt's blocks). */
   rate: number
-  /** Closed-loop /query clients. */
+  /** Closed-loop /query clients of the throughput phase (the latency phases use one). */
   concurrency: number
   /** Tokens per /query prompt. */
   queryTokens: number
@@ -17,7 +17,7 @@ export interface IndexerArgs {
   threads: number
 }
 
-export const INDEXER_DEFAULTS: IndexerArgs = { seconds: 20, workers: 8, gpuBlocks: 4096, rate: 40, concurrency: 2, queryTokens: 4096, threads: 1 }
+export const INDEXER_DEFAULTS: IndexerArgs = { seconds: 20, workers: 8, gpuBlocks: 4096, rate: 40, concurrency: 4, queryTokens: 4096, threads: 1 }
 
 /** A bad command line: the message is the one line to print. */
 export class ArgError extends Error {}

@@ -29,7 +29,7 @@ export interface Registration {
   readonly internalId: bigint
 }
 
-interface Group {
+export interface Group {
   readonly modelName: string
   readonly routingGroup: string
   readonly blockSize: number
@@ -64,12 +64,46 @@ export function checkEndpoint(field: string, text: string): void {
   if (tcpEndpoint(text) === null) throw new KvrError('KVR_ERR_INVALID_ENDPOINT', `${field} must be tcp://HOST:PORT, got ${JSON.stringify(text)}`)
 }
 
+/** Dynamo's answer from the pool's, the group's workers only; blocks become tokens. */
+export function scoreResponse(g: Pick<Group, 'blockSize' | 'members'>, r: OverlapResult): ScoreResponse {
+  const bs = g.blockSize
+  const scores: Record<string, Record<string, number>> = {}
+  const instances: Record<string, InstanceSummary> = {}
+  const depths: number[] = []
+  for (let i = 0; i < r.count; i++) {
+    const reg = g.members.get(u64FromParts(r.workerIdLo[i] as number, r.workerIdHi[i] as number))
+    if (reg === undefined) continue
+    const gpuBlocks = r.overlap[i] as number
+    // without lower tiers in the index, a worker's host and disk matches are its device match
+    const cpuBlocks = Math.max(gpuBlocks, r.overlapHost?.[i] ?? gpuBlocks)
+    const diskBlocks = Math.max(cpuBlocks, r.overlapDisk?.[i] ?? cpuBlocks)
+    if (diskBlocks === 0) continue
+    // a batch naming no rank is stored under the listener's rank 0: the registration names it
+    const rank = String((r.dpRank[i] as number) === 0 ? reg.dpRank : (r.dpRank[i] as number))
+    const id = reg.instanceId.toString()
+    if (gpuBlocks > 0) {
+      ;(scores[id] ??= {})[rank] = gpuBlocks * bs
+      depths.push(gpuBlocks)
+    }
+    const s = (instances[id] ??= { longest_matched: 0, gpu: 0, dp: {}, cpu: 0, disk: 0 })
+    s.dp[rank] = gpuBlocks * bs
+    s.gpu = Math.max(s.gpu, gpuBlocks * bs)
+    s.cpu = Math.max(s.cpu, cpuBlocks * bs)
+    s.disk = Math.max(s.disk, diskBlocks * bs)
+    s.longest_matched = Math.max(s.gpu, s.cpu, s.disk)
+  }
+  // frequencies[d]: worker-ranks holding the prompt's block d, down to the deepest match
+  const deepest = depths.reduce((m, d) => Math.max(m, d), 0)
+  const frequencies = new Array<number>(deepest).fill(0)
+  for (const d of depths) for (let k = 0; k < d; k++) frequencies[k] = (frequencies[k] as number) + 1
+  return { scores, frequencies, instances }
+}
+
 export class IndexerRegistry {
   private readonly groups = new Map<string, Group>()
   private readonly byInternal = new Map<bigint, Registration>()
   /** One engine intake per block size: an intake decodes its engines' batches at its size. */
   private readonly intakes = new Map<number, EngineIntake>()
-  private readonly retired: ZmqCounters = zeroZmqCounters()
   readonly peers = new Set<string>()
 
   constructor(private readonly pool: ShardPool) {}
@@ -173,7 +207,7 @@ export class IndexerRegistry {
     const lo = new Uint32Array(n)
     const hi = new Uint32Array(n)
     seededBlockHashesInto(tokens, g.blockSize, saltSeed(loraName, cacheSalt), lo, hi)
-    return this.answer(g, await this.pool.query(lo, hi, n))
+    return scoreResponse(g, await this.pool.query(lo, hi, n))
   }
 
   /** Overlaps of local block hashes (u64) in a group. */
@@ -185,51 +219,20 @@ export class IndexerRegistry {
       lo[i] = u64Lo(hashes[i] as bigint)
       hi[i] = u64Hi(hashes[i] as bigint)
     }
-    return this.answer(g, await this.pool.query(lo, hi, n))
-  }
-
-  /** Dynamo's answer from the pool's, the group's workers only; blocks become tokens. */
-  private answer(g: Group, r: OverlapResult): ScoreResponse {
-    const bs = g.blockSize
-    const scores: Record<string, Record<string, number>> = {}
-    const instances: Record<string, InstanceSummary> = {}
-    const depths: number[] = []
-    for (let i = 0; i < r.count; i++) {
-      const reg = g.members.get(u64FromParts(r.workerIdLo[i] as number, r.workerIdHi[i] as number))
-      if (reg === undefined) continue
-      const gpuBlocks = r.overlap[i] as number
-      // without lower tiers in the index, a worker's host and disk matches are its device match
-      const cpuBlocks = Math.max(gpuBlocks, r.overlapHost?.[i] ?? gpuBlocks)
-      const diskBlocks = Math.max(cpuBlocks, r.overlapDisk?.[i] ?? cpuBlocks)
-      if (diskBlocks === 0) continue
-      // a batch naming no rank is stored under the listener's rank 0: the registration names it
-      const rank = String((r.dpRank[i] as number) === 0 ? reg.dpRank : (r.dpRank[i] as number))
-      const id = reg.instanceId.toString()
-      if (gpuBlocks > 0) {
-        ;(scores[id] ??= {})[rank] = gpuBlocks * bs
-        depths.push(gpuBlocks)
-      }
-      const s = (instances[id] ??= { longest_matched: 0, gpu: 0, dp: {}, cpu: 0, disk: 0 })
-      s.dp[rank] = gpuBlocks * bs
-      s.gpu = Math.max(s.gpu, gpuBlocks * bs)
-      s.cpu = Math.max(s.cpu, cpuBlocks * bs)
-      s.disk = Math.max(s.disk, diskBlocks * bs)
-      s.longest_matched = Math.max(s.gpu, s.cpu, s.disk)
-    }
-    // frequencies[d]: worker-ranks holding the prompt's block d, down to the deepest match
-    const deepest = depths.reduce((m, d) => Math.max(m, d), 0)
-    const frequencies = new Array<number>(deepest).fill(0)
-    for (const d of depths) for (let k = 0; k < d; k++) frequencies[k] = (frequencies[k] as number) + 1
-    return { scores, frequencies, instances }
+    return scoreResponse(g, await this.pool.query(lo, hi, n))
   }
 
   /** The listeners' counters, over every intake. */
   zmqCounters(): ZmqCounters {
-    const sum = { ...this.retired }
+    const sum = zeroZmqCounters()
+    let malformed = 0
     for (const i of this.intakes.values()) {
       const c = i.counters()
       for (const k of Object.keys(sum) as (keyof ZmqCounters)[]) sum[k] += c[k]
+      malformed = Object.values(i.engineCounters().malformed).reduce((a, b) => a + b, 0)
     }
+    // each intake adds the pool's malformed batches (the shards count them, not per intake): once
+    sum.sinkErrors -= malformed * Math.max(0, this.intakes.size - 1)
     return sum
   }
 

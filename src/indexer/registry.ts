@@ -143,8 +143,15 @@ export class IndexerRegistry {
     this.groups.set(key, group)
     group.members.set(internalId, reg)
     this.byInternal.set(internalId, reg)
-    await this.pool.ensureWorker(internalId, 0)
-    await this.intake(r.blockSize).start(internalId, 1, { endpoint: r.endpoint, replay: r.replayEndpoint, topic: '' })
+    try {
+      await this.pool.ensureWorker(internalId, 0)
+      await this.intake(r.blockSize).start(internalId, 1, { endpoint: r.endpoint, replay: r.replayEndpoint, topic: '' })
+    } catch (err) {
+      // a registration the index could not take (no room in its shard) is not kept
+      await this.remove(reg).catch(() => undefined)
+      if (group.members.size === 0 && g === undefined) this.groups.delete(key)
+      throw err
+    }
     return reg
   }
 

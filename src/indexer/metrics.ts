@@ -1,8 +1,10 @@
 // `kv-router indexer`'s Prometheus series (docs/metrics.md, "kv-router indexer"): requests
-// refused by route and code, query latency, registrations, and the engines' streams as read.
+// refused by route and code, query latency, registrations; and, under the router's names, the
+// engines' streams as read and the events the shards applied.
 import { Counter, Histogram, Registry } from 'prom-client'
 import { counter, gauge } from '../metrics/registry.js'
 import type { IndexerRegistry } from './registry.js'
+import type { ShardPool } from '../shards/pool.js'
 
 const MS_BUCKETS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 1000]
 
@@ -12,7 +14,7 @@ export class IndexerMetrics {
   private readonly refused: Counter<'route' | 'code'>
   private readonly latency: Histogram<'route'>
 
-  constructor(reg: IndexerRegistry) {
+  constructor(reg: IndexerRegistry, pool: ShardPool) {
     const r = this.registry
     this.refused = new Counter({
       name: 'kvrouter_indexer_requests_rejected_total',
@@ -30,16 +32,35 @@ export class IndexerMetrics {
     counter(r, 'kvrouter_indexer_registrations_total', 'Registrations the indexer accepted', () => this.registrations)
     gauge(r, 'kvrouter_indexer_workers', 'Registered worker-ranks (instance, dp rank, model, routing group)', () => reg.workerCount)
     gauge(r, 'kvrouter_indexer_groups', 'Indexes: (model_name, routing_group) pairs with a registration', () => reg.groupCount)
-    const zmq = (name: string, help: string, key: keyof ReturnType<IndexerRegistry['zmqCounters']>): void =>
-      counter(r, name, help, () => reg.zmqCounters()[key])
-    zmq('kvrouter_indexer_zmq_batches_total', "Engine KV-event batches read from the engines' ZMQ streams", 'batches')
-    zmq('kvrouter_indexer_zmq_gaps_total', 'Gaps in an engine stream (missing sequence numbers)', 'gaps')
-    zmq('kvrouter_indexer_zmq_replays_total', "Replays asked of an engine's replay socket", 'replays')
-    zmq('kvrouter_indexer_zmq_restarts_total', 'Engine restarts seen (a stream that counts from 0 again)', 'restarts')
-    counter(r, 'kvrouter_indexer_zmq_dropped_total', 'Frames dropped as malformed, and batches the index refused as malformed', () => {
-      const c = reg.zmqCounters()
-      return c.badFrames + c.sinkErrors
+    // the router's names for the same figures, so that dashboards and tools read both alike
+    new Counter({
+      name: 'kvrouter_zmq_total',
+      help:
+        "Engines' own KV events over ZMQ: batches, bytes, bad frames, sequence gaps, replays (and those that fell short), engine restarts, " +
+        'batches refused as malformed',
+      labelNames: ['what'],
+      registers: [r],
+      collect() {
+        this.reset()
+        const c = reg.zmqCounters()
+        for (const [k, v] of Object.entries(c)) this.inc({ what: k.replace(/[A-Z]/g, (m) => `_${m.toLowerCase()}`) }, v)
+      },
     })
+    const shardCounter = (name: string, help: string, pick: (c: ReturnType<ShardPool['counters']>[number]) => number): void => {
+      new Counter({
+        name,
+        help,
+        labelNames: ['shard'],
+        registers: [r],
+        collect() {
+          this.reset()
+          for (const c of pool.counters()) this.inc({ shard: String(c.shard) }, pick(c))
+        },
+      })
+    }
+    shardCounter('kvrouter_shard_events_received_total', 'Event messages the shard took from its ring', (c) => c.received)
+    shardCounter('kvrouter_shard_events_applied_total', "Events applied to the shard's index", (c) => c.applied)
+    shardCounter('kvrouter_shard_events_malformed_total', 'Event messages that did not decode', (c) => c.malformed)
   }
 
   rejected(route: string, code: string): void {

@@ -77,7 +77,7 @@ async function mocker(t: Test, base: number | null): Promise<{ base: number; url
 async function indexer(t: Test, extra: string[] = []): Promise<string> {
   const p = runCli(['indexer', '--port', '0', '--host', '127.0.0.1', '--threads', '2', '--log-level', 'warn', ...extra])
   stopAtEnd(t, p)
-  return (await ready(p, /^kv-router indexer: ready (http:\/\/\S+)\n/, 'indexer ready'))[1] as string
+  return (await ready(p, /^kv-router indexer listening on (http:\/\/\S+)\n/, 'indexer ready'))[1] as string
 }
 
 interface Answer {
@@ -346,7 +346,7 @@ t.test('kv-router indexer with mocker engines over ZMQ', async (t) => {
     )
     const old = await call(`${a}/query`, 'POST', q)
     t.same((old.json as { scores: Record<string, Record<string, number>> }).scores['7']?.['0'], undefined, 'the old blocks of rank 0 are gone')
-    t.match((await call(`${a}/metrics`, 'GET')).text, /kvrouter_indexer_zmq_restarts_total [1-9]/, 'the restart counted')
+    t.match((await call(`${a}/metrics`, 'GET')).text, /kvrouter_zmq_total\{what="restarts"\} [1-9]/, 'the restart counted')
   })
 
   await t.test('unregister: a rank, then the instance everywhere', async (t) => {

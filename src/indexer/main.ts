@@ -1,9 +1,9 @@
 // `kv-router indexer`: a standalone KV indexer with the HTTP API of Dynamo's (docs/indexer.md).
 // Engines register their ZMQ KV-event streams; the indexer follows them (replay, gaps, restarts:
 // the router's own engine intake) into one shard pool, and answers overlap queries per
-// (model_name, routing_group). One line on stdout once it listens, as `serve` says it:
+// (model_name, routing_group). One line on stdout once it listens:
 //
-//   kv-router indexer listening on http://HOST:PORT
+//   kv-router indexer: ready http://HOST:PORT
 //
 // SIGTERM/SIGINT close the listeners, the server and the pool, and exit 0.
 import { ConfigError, opt, optionsHelp, parseOptions } from '../config/table.js'
@@ -39,7 +39,7 @@ const INDEXER_ROWS = [
     metavar: 'PORT',
     group: 'HTTP (names as in Dynamo’s dynamo-kv-indexer)',
     help: 'HTTP port (0: any free port)',
-    doc: 'HTTP port; 0 takes any free port (the listening line names it). Dynamo’s default, 8090.',
+    doc: 'HTTP port; 0 takes any free port (the ready line names it). Dynamo’s default, 8090.',
   }),
   opt({
     flag: '--host',
@@ -108,7 +108,7 @@ ${optionsHelp(INDEXER_TABLE)}
 Routes: POST /register /unregister /query /query_by_hash /register_peer /deregister_peer
 /reopen_logs; GET /workers /dump /peers /health /metrics /snapshot. Once listening, one line on
 stdout:
-  kv-router indexer listening on http://HOST:PORT
+  kv-router indexer: ready http://HOST:PORT
 `
 
 class IndexerArgError extends Error {}
@@ -154,7 +154,7 @@ export async function indexerMain(argv: string[]): Promise<number> {
   const port = (app.server.address() as { port: number }).port
   const host = cfg.host === '0.0.0.0' ? '127.0.0.1' : cfg.host
   log.info({ address }, 'indexer listening')
-  process.stdout.write(`kv-router indexer listening on http://${host.includes(':') ? `[${host}]` : host}:${port}\n`)
+  process.stdout.write(`kv-router indexer: ready http://${host.includes(':') ? `[${host}]` : host}:${port}\n`)
   let stopped: (code: number) => void = () => undefined
   const done = new Promise<number>((resolve) => (stopped = resolve))
   let stopping = false

@@ -77,7 +77,7 @@ async function mocker(t: Test, base: number | null): Promise<{ base: number; url
 async function indexer(t: Test, extra: string[] = []): Promise<string> {
   const p = runCli(['indexer', '--port', '0', '--host', '127.0.0.1', '--threads', '2', '--log-level', 'warn', ...extra])
   stopAtEnd(t, p)
-  return (await ready(p, /^kv-router indexer listening on (http:\/\/\S+)\n/, 'indexer ready'))[1] as string
+  return (await ready(p, /^kv-router indexer: ready (http:\/\/\S+)\n/, 'indexer ready'))[1] as string
 }
 
 interface Answer {

@@ -460,7 +460,7 @@ const SERVE_ROWS = [
       'shared remote index: route on the answers of a kv-router indexer (or Dynamo standalone indexer) at these URLs, tried in order, instead of ' +
       'consuming KV events; its own index runs in approximate mode and answers when none does in time',
     doc:
-      'A shared remote index: `kv-router indexer` or Dynamo\'s standalone indexer (`python -m dynamo.indexer`), `http://` or `https://`, ' +
+      "A shared remote index: `kv-router indexer` or Dynamo's standalone indexer (`python -m dynamo.indexer`), `http://` or `https://`, " +
       'comma-separated for several, tried in order (a failing one is skipped for a second). Each decision asks `POST /query_by_hash` with the ' +
       "prompt's local block hashes. The router then consumes no KV events itself: its local index runs in approximate mode (predictions from its " +
       'own decisions) and is what a decision uses when no indexer answers within `--indexer-timeout-ms`. The workers given with ' +
@@ -730,7 +730,8 @@ export function parseServe(argv: readonly string[], env: NodeJS.ProcessEnv = pro
     // the remote index stands in for the router's own event intake
     if (parsed.given.has('kvEvents') && out.kvEvents === true)
       throw new ConfigError('--indexer-url routes on a remote index: the router consumes no KV events itself, so --router-kv-events cannot be given with it')
-    if (out.durableKvEvents === true) throw new ConfigError('--router-durable-kv-events cannot be combined with --indexer-url: the router consumes no KV events')
+    if (out.durableKvEvents === true)
+      throw new ConfigError('--router-durable-kv-events cannot be combined with --indexer-url: the router consumes no KV events')
     if (out.mode !== 'kv') throw new ConfigError(`--indexer-url needs --router-mode kv: mode ${String(out.mode)} asks no index`)
     if ((out.predictedTtlSecs as number) > 0)
       throw new ConfigError('--router-predicted-ttl-secs cannot be combined with --indexer-url: the local index already holds only predictions')

@@ -123,7 +123,10 @@ export class RouterParts {
       config.indexerUrl === null
         ? null
         : new RemoteIndexer({
-            urls: config.indexerUrl.split(',').map((u) => u.trim()).filter((u) => u !== ''),
+            urls: config.indexerUrl
+              .split(',')
+              .map((u) => u.trim())
+              .filter((u) => u !== ''),
             timeoutMs: config.indexerTimeoutMs,
             modelName: config.modelName,
             blockSize: config.blockSize,

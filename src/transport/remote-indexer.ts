@@ -359,11 +359,21 @@ export class RemoteIndexer {
   private async register(t: Target, w: IndexedWorker): Promise<boolean> {
     for (const body of registerBodies(w, this.o.modelName, this.routingGroup, this.o.blockSize)) {
       try {
-        const r = await t.pool.request({ path: '/register', method: 'POST', headers: { 'content-type': 'application/json' }, body, signal: AbortSignal.timeout(2000) })
+        const r = await t.pool.request({
+          path: '/register',
+          method: 'POST',
+          headers: { 'content-type': 'application/json' },
+          body,
+          signal: AbortSignal.timeout(2000),
+        })
         const text = await r.body.text()
         // 409: registered already (by this replica, another, or an operator)
         if (r.statusCode !== 201 && r.statusCode !== 200 && r.statusCode !== 409) {
-          limited.warn('remote_indexer_register', { url: t.url, worker: String(w.id), status: r.statusCode, body: text.slice(0, 200) }, 'a remote indexer refused a worker')
+          limited.warn(
+            'remote_indexer_register',
+            { url: t.url, worker: String(w.id), status: r.statusCode, body: text.slice(0, 200) },
+            'a remote indexer refused a worker',
+          )
           return false
         }
       } catch {

@@ -14,7 +14,19 @@ function idOf(r: { workerIdLo: Uint32Array; workerIdHi: Uint32Array }, i: number
 }
 
 t.test('u64Text: decimal of u64 halves, unsigned and as i64', async (t) => {
-  const cases: bigint[] = [0n, 1n, 999_999n, 1_000_000n, 2n ** 32n - 1n, 2n ** 32n, 2n ** 53n + 1n, 2n ** 63n - 1n, 2n ** 63n, 2n ** 64n - 1n, 0xdeadbeefcafebaben]
+  const cases: bigint[] = [
+    0n,
+    1n,
+    999_999n,
+    1_000_000n,
+    2n ** 32n - 1n,
+    2n ** 32n,
+    2n ** 53n + 1n,
+    2n ** 63n - 1n,
+    2n ** 63n,
+    2n ** 64n - 1n,
+    0xdeadbeefcafebaben,
+  ]
   for (const v of cases) {
     const lo = Number(v & 0xffffffffn)
     const hi = Number(v >> 32n)
@@ -37,19 +49,28 @@ t.test('the query_by_hash body carries local hashes as i64, as Dynamo deserializ
 
 t.test('register bodies: one per dp rank, ports offset per rank, instance id written whole', async (t) => {
   const id = 2n ** 64n - 59n
-  const bodies = registerBodies({ id, dpRanks: 2, kvEvents: { endpoint: 'tcp://10.0.0.5:5557', replay: 'tcp://10.0.0.5:5600', topic: '' } }, 'llama', 'default', 16)
+  const bodies = registerBodies(
+    { id, dpRanks: 2, kvEvents: { endpoint: 'tcp://10.0.0.5:5557', replay: 'tcp://10.0.0.5:5600', topic: '' } },
+    'llama',
+    'default',
+    16,
+  )
+  const common = '"model_name":"llama","routing_group":"default","block_size":16'
   t.same(bodies, [
-    `{"instance_id":${id},"endpoint":"tcp://10.0.0.5:5557","model_name":"llama","routing_group":"default","block_size":16,"dp_rank":0,"replay_endpoint":"tcp://10.0.0.5:5600"}`,
-    `{"instance_id":${id},"endpoint":"tcp://10.0.0.5:5558","model_name":"llama","routing_group":"default","block_size":16,"dp_rank":1,"replay_endpoint":"tcp://10.0.0.5:5601"}`,
+    `{"instance_id":${id},"endpoint":"tcp://10.0.0.5:5557",${common},"dp_rank":0,"replay_endpoint":"tcp://10.0.0.5:5600"}`,
+    `{"instance_id":${id},"endpoint":"tcp://10.0.0.5:5558",${common},"dp_rank":1,"replay_endpoint":"tcp://10.0.0.5:5601"}`,
   ])
   const none = registerBodies({ id: 3n, dpRanks: 1, kvEvents: { endpoint: 'tcp://h:1', replay: null, topic: '' } }, 'm', 'default', 32)
-  t.same(none, ['{"instance_id":3,"endpoint":"tcp://h:1","model_name":"m","routing_group":"default","block_size":32,"dp_rank":0}'], 'no replay endpoint: none sent')
+  t.same(
+    none,
+    ['{"instance_id":3,"endpoint":"tcp://h:1","model_name":"m","routing_group":"default","block_size":32,"dp_rank":0}'],
+    'no replay endpoint: none sent',
+  )
 })
 
 t.test("Dynamo's multi-rank tiered summary (overlap.rs test): tokens to blocks, lower tiers on no rank", async (t) => {
   const golden =
-    '{"scores":{"7":{"0":32,"1":16}},"frequencies":[2,1],' +
-    '"instances":{"7":{"longest_matched":80,"gpu":32,"dp":{"0":32,"1":16},"cpu":48,"disk":80}}}'
+    '{"scores":{"7":{"0":32,"1":16}},"frequencies":[2,1],' + '"instances":{"7":{"longest_matched":80,"gpu":32,"dp":{"0":32,"1":16},"cpu":48,"disk":80}}}'
   const r = parseIndexerAnswer(golden, 16)
   if (r === null) throw new Error('parsed null')
   t.equal(r.count, 2)
@@ -58,10 +79,14 @@ t.test("Dynamo's multi-rank tiered summary (overlap.rs test): tokens to blocks, 
     t.equal(idOf(r, i), 7n)
     byRank.set(r.dpRank[i] as number, r.overlap[i] as number)
   }
-  t.same([...byRank].sort(), [
-    [0, 2],
-    [1, 1],
-  ], 'device tokens 32 and 16 at block size 16 are 2 and 1 blocks')
+  t.same(
+    [...byRank].sort(),
+    [
+      [0, 2],
+      [1, 1],
+    ],
+    'device tokens 32 and 16 at block size 16 are 2 and 1 blocks',
+  )
   // a worker of several ranks: the answer does not say which rank holds cpu/disk, so none gets more than its device overlap
   t.equal(r.overlapHost, undefined)
 })

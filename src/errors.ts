@@ -26,6 +26,11 @@ export const ErrorCodes = {
   KVR_ERR_SNAPSHOT_INVALID: { status: 500, summary: 'an index snapshot is truncated, corrupt, or in a format or version this router does not read' },
   // workers and scheduling
   KVR_ERR_UNKNOWN_WORKER: { status: 404, summary: 'no such worker is registered' },
+  KVR_ERR_UNKNOWN_GROUP: { status: 404, summary: "the indexer has no registration for the request's model_name and routing_group" },
+  KVR_ERR_INDEXER_CONFLICT: {
+    status: 409,
+    summary: 'the indexer registration conflicts with one it holds (the same instance and dp rank, or another block size for the group)',
+  },
   KVR_ERR_WORKER_DECISIONS_ONLY: { status: 409, summary: 'the worker is registered for routing decisions only; the router sends it no request' },
   KVR_ERR_NO_WORKERS: { status: 503, summary: 'no worker is available for the request' },
   KVR_ERR_ALL_WORKERS_BUSY: { status: 503, summary: 'all workers are busy, please retry later' },

@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // The `kv-router` executable: `serve` (the router, src/cli/serve.ts), `mocker` (simulated
-// engines) and `replay` (a trace against a router). The one place the process exits: each command
-// resolves with its exit status, or throws FatalError, written here as one line with its status
+// engines), `replay` (a trace against a router) and `indexer` (a standalone KV indexer). The one
+// place the process exits: each command resolves with its exit status, or throws FatalError, written here as one line with its status
 // (2 for an invalid option: the line names the option and what it accepts).
 import { readFileSync } from 'node:fs'
 import { FatalError, fatalLine } from './runtime/fatal.js'
@@ -17,6 +17,7 @@ commands:
   serve     run the router (kv-router serve --help for its options)
   mocker    run simulated vLLM-like engines (kv-router mocker --help for its options)
   replay    replay a Mooncake trace against a router, with TTFT, TPOT, ITL and hit-rate figures
+  indexer   run a standalone KV indexer with Dynamo's HTTP API (kv-router indexer --help)
 
 options:
   -h, --help     show this help
@@ -38,6 +39,7 @@ async function run(command: string | undefined, rest: string[]): Promise<number>
   if (command === 'serve') return (await import('./cli/serve.js')).serveMain(rest)
   if (command === 'mocker') return (await import('./sim/mocker/main.js')).mockerMain(rest)
   if (command === 'replay') return (await import('./sim/replay/main.js')).replayMain(rest)
+  if (command === 'indexer') return (await import('./indexer/main.js')).indexerMain(rest)
   // one line, as for a bad option: the usage is a --help away, and 14 lines of it would bury
   // the mistake in a script's log
   throw new FatalError(`unknown command ${JSON.stringify(command)} (see kv-router --help)`)

@@ -7,7 +7,8 @@ import { KvrError } from '../errors.js'
 import { jsonTextStringEnd } from './json-scan.js'
 
 /**
- * JSON.parse with long integer literals kept exact as strings. Throws SyntaxError.
+ * JSON.parse with long integer literals kept exact as strings (negative ones too with `signed`).
+ * Throws SyntaxError.
  *
  * The check runs on the parsed value, not the text: a regular-expression scan of the text for 16
  * digits in a row cost twice the parse itself on a 4,096-token prompt (`npm run bench:micro`),
@@ -15,9 +16,9 @@ import { jsonTextStringEnd } from './json-scan.js'
  * worker id sent as a JSON number) are rare and take the slow path; a leading-zero or negative
  * literal is never quoted (the first is not JSON, the second not a u64).
  */
-export function parseJsonExact(text: string): unknown {
+export function parseJsonExact(text: string, opts: { signed?: boolean } = {}): unknown {
   const value: unknown = JSON.parse(text)
-  return holdsUnsafeNumber(value) ? JSON.parse(quoteLongIntegers(text)) : value
+  return holdsUnsafeNumber(value) ? JSON.parse(quoteLongIntegers(text, opts.signed === true)) : value
 }
 
 /** Whether a parsed JSON value holds a number beyond ±2^53 - 1 (a rounded integer, or a float that large). */
@@ -49,12 +50,14 @@ const MAX_SAFE_TEXT = String(Number.MAX_SAFE_INTEGER)
  * A bare unsigned integer literal past 2^53 − 1: the ones JSON.parse would round. Only these are
  * quoted, so a safe 16-digit integer is a number whatever else the body holds.
  */
-function unsafeIntegerLiteral(lit: string): boolean {
+function unsafeIntegerLiteral(lit: string, signed: boolean): boolean {
+  // i64 fields (Dynamo's block hashes) keep their sign: "-9223372036854775808" stays exact too
+  if (signed && lit.charCodeAt(0) === 45) return unsafeIntegerLiteral(lit.slice(1), false)
   if (lit.length < MAX_SAFE_TEXT.length || !/^\d+$/.test(lit)) return false
   return lit.length > MAX_SAFE_TEXT.length || lit > MAX_SAFE_TEXT
 }
 
-function quoteLongIntegers(text: string): string {
+function quoteLongIntegers(text: string, signed: boolean): string {
   let out = ''
   let last = 0
   for (let i = 0; i < text.length; i++) {
@@ -73,7 +76,7 @@ function quoteLongIntegers(text: string): string {
         else break
       }
       const lit = text.slice(i, j)
-      if (unsafeIntegerLiteral(lit)) {
+      if (unsafeIntegerLiteral(lit, signed)) {
         out += text.slice(last, i) + '"' + lit + '"'
         last = j
       }

@@ -6,10 +6,11 @@ import { docsTable } from '../config/table.js'
 import type { CommandTable } from '../config/table.js'
 import { MOCKER_TABLE } from '../sim/mocker/main.js'
 import { REPLAY_TABLE } from '../sim/replay/main.js'
+import { INDEXER_TABLE } from '../indexer/main.js'
 import { CLUSTER_TABLE } from './cluster-options.js'
 
 /** Each command's table, under the `## name` heading of its section. */
-export const DOCUMENTED: readonly CommandTable[] = [SERVE_TABLE, MOCKER_TABLE, REPLAY_TABLE, CLUSTER_TABLE]
+export const DOCUMENTED: readonly CommandTable[] = [SERVE_TABLE, MOCKER_TABLE, REPLAY_TABLE, INDEXER_TABLE, CLUSTER_TABLE]
 
 /**
  * The document with the option table of each command's section replaced by its rendering: the

@@ -14,6 +14,8 @@ import { parseServeConfig, type ServeConfig } from '../src/config.js'
 import { parseMockerArgs } from '../src/sim/mocker/main.js'
 import { parseReplayArgs, type ReplayArgs } from '../src/sim/replay/main.js'
 import { requireExecutable } from '../src/deploy/services.js'
+import { parseOptions } from '../src/config/table.js'
+import { INDEXER_TABLE } from '../src/indexer/main.js'
 
 function repoRoot(): string {
   let dir = dirname(fileURLToPath(import.meta.url))
@@ -389,8 +391,18 @@ t.test('the shared-index profile: replicas on one kv-router indexer, registering
   for (const name of ['indexer', 'mocker-zmq', ...sharedNames]) t.same(svc(name).profiles, ['shared-index'], `${name} runs only when asked for`)
   const indexer = cmd('indexer')
   t.equal(indexer[0], 'indexer', 'the indexer service runs kv-router indexer')
-  const indexerPort = Number(flag(indexer, '--http-port'))
-  t.equal(flag(indexer, '--http-host'), '0.0.0.0', 'the indexer listens beyond its container')
+  let parsed: { port: number; host: string } | 'help' | undefined
+  t.doesNotThrow(() => {
+    const p = parseOptions<{ port: number; host: string }>(INDEXER_TABLE, indexer.slice(1), {})
+    parsed = p === 'help' ? 'help' : p.config
+  }, 'the indexer: every flag is accepted')
+  if (parsed === undefined || parsed === 'help') return t.fail('the indexer: no configuration')
+  const indexerPort = parsed.port
+  t.ok(
+    published('indexer').some(([, c]) => c === indexerPort),
+    'the indexer publishes the port it listens on',
+  )
+  t.equal(parsed.host, '0.0.0.0', 'the indexer listens beyond its container')
   t.match(svc('indexer').healthcheck?.test.join(' ') ?? '', new RegExp(`127\\.0\\.0\\.1:${indexerPort}/health`), 'its health check asks its port')
   const engines = cmd('mocker-zmq')
   t.doesNotThrow(() => parseMockerArgs(engines.slice(1)), 'the ZMQ engines: every flag is accepted')

@@ -412,10 +412,10 @@ try {
     `--engine-profile=${opts.engineProfile}`,
     '--host=127.0.0.1',
     '--http-port=0',
-    `--nats-url=${natsUrl}`,
     `--etcd-url=${etcdUrl}`,
-    // with a shared indexer the engines publish over ZMQ too (PUB base + i, replay base + n + i), and list those endpoints in etcd
-    ...(indexerUrl === null ? [] : await zmqArgs(opts.engines)),
+    // with a shared indexer the engines publish over ZMQ instead of NATS (PUB base + i, replay base + n + i) and list those
+    // endpoints in etcd, where the replicas find them and tell the indexer
+    ...(indexerUrl === null ? [`--nats-url=${natsUrl}`] : await zmqArgs(opts.engines)),
   ]
   const mocker = new Supervised('mocker', { bin: process.execPath, args: mockerArgs }, true)
   supervised.push(mocker)

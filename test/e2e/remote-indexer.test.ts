@@ -4,7 +4,8 @@
 // event themselves. A prompt served through replica A is found by replica B, which never saw it,
 // on the worker that cached it: only the remote index can tell B. With the indexer killed, both
 // keep answering (on their own predictions) and count the fallbacks; with it started again on
-// its port, they tell it the engines again and route on it again.
+// its port, they tell it the engines again and route on it again. Replica B lists a dead indexer
+// URL before the live one: it fails over within the deadline.
 import t from 'tap'
 import type { Test } from 'tap'
 import { runCli as run } from '../helpers/cli.js'
@@ -130,7 +131,9 @@ t.test('two replicas on one kv-router indexer: exact through it, approximate wit
   let idx = await indexer(t, 0)
   const indexerPort = Number(new URL(idx.url).port)
   const a = await replica(t, idx.url, base, urls)
-  const b = await replica(t, idx.url, base, urls)
+  // B lists a dead indexer first (nothing listens on port 9): it is skipped for the live one
+  const dead = 'http://127.0.0.1:9'
+  const b = await replica(t, `${dead},${idx.url}`, base, urls)
 
   // the replicas registered the engines with the indexer (each rank once; the second replica's are 409s)
   await waitUntil(
@@ -153,6 +156,8 @@ t.test('two replicas on one kv-router indexer: exact through it, approximate wit
   t.equal(atB.worker, served, 'B routes the repeated prompt to the engine that caches it')
   t.ok(atB.overlap >= 3, `with its cached blocks as overlap (${atB.overlap})`)
   t.ok((await metric(b.url, 'kvrouter_indexer_queries_total', 'result="ok"')) > 0, "B's queries were answered")
+  t.equal(await metric(b.url, 'kvrouter_indexer_up', `url="${dead}"`), 0, 'the dead URL is down')
+  t.equal(await metric(b.url, 'kvrouter_indexer_up', `url="${idx.url}"`), 1, 'and the live one, which answered in its stead, up')
   t.match(await remoteIndex(b.url), { reachable: true, exact: true }, '/ready: the remote index is reachable and exact')
   for (const r of [a, b]) {
     t.equal(await metric(r.url, 'kvrouter_zmq_total', 'what="batches"'), 0, 'the replica read no ZMQ batch itself')
@@ -160,8 +165,8 @@ t.test('two replicas on one kv-router indexer: exact through it, approximate wit
     t.equal(status.router.kv_events, false, 'and consumes no KV events: /v1/status')
     t.same(
       status.router.remote_index.urls.map((u) => u.up),
-      [true],
-      'which names the indexer as up',
+      r === a ? [true] : [false, true],
+      'which names each indexer URL, up or not',
     )
   }
 

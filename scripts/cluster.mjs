@@ -18,6 +18,7 @@
 import { spawn } from 'node:child_process'
 import { existsSync, mkdtempSync, rmSync } from 'node:fs'
 import { request } from 'node:http'
+import { createServer } from 'node:net'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { fileURLToPath, pathToFileURL } from 'node:url'
@@ -211,6 +212,26 @@ async function waitFor(child, what, probe, timeoutMs) {
   }
 }
 
+/** True when a TCP port on 127.0.0.1 can be bound now. */
+function portFree(port) {
+  return new Promise((resolve) => {
+    const srv = createServer()
+    srv.once('error', () => resolve(false))
+    srv.listen(port, '127.0.0.1', () => srv.close(() => resolve(true)))
+  })
+}
+
+/** The mocker's ZMQ flags on a run of 2n free ports (engine i: PUB base + i, replay base + n + i). */
+async function zmqArgs(n) {
+  for (let attempt = 0; attempt < 50; attempt++) {
+    const base = 20000 + Math.floor(Math.random() * 30000)
+    let free = true
+    for (let p = base; p < base + 2 * n && free; p++) free = await portFree(p)
+    if (free) return [`--kv-events-zmq=tcp://127.0.0.1:${base}`, `--kv-events-replay-zmq=tcp://127.0.0.1:${base + n}`]
+  }
+  throw new Error(`no run of ${2 * n} free ports for the engines' ZMQ sockets`)
+}
+
 class StartError extends Error {
   constructor(child, message) {
     super(message)
@@ -263,6 +284,7 @@ function stopAll(code, reason) {
     await servers.haproxy?.stop()
     await Promise.all(named('router-').map((s) => s.stop('SIGTERM', 30_000)))
     await Promise.all(named('mocker').map((s) => s.stop('SIGTERM', 10_000)))
+    await Promise.all(named('indexer').map((s) => s.stop('SIGTERM', 10_000)))
     await servers.etcd?.stop()
     await servers.nats?.stop()
     rmSync(dir, { recursive: true, force: true, maxRetries: 3, retryDelay: 50 })
@@ -340,6 +362,15 @@ try {
   const natsUrl = servers.nats.url
   const etcdUrl = servers.etcd.url
   const routerPorts = await services.getFreePorts(opts.replicas)
+  // --shared-indexer: one kv-router indexer, which reads the engines' ZMQ streams for every replica
+  let indexerUrl = null
+  if (opts.sharedIndexer) {
+    const [indexerPort] = await services.getFreePorts(1)
+    const indexer = new Supervised('indexer', { bin: process.execPath, args: [MAIN, 'indexer', '--http-host=127.0.0.1', `--http-port=${indexerPort}`] }, true)
+    supervised.push(indexer)
+    indexerUrl = `http://127.0.0.1:${indexerPort}`
+    await waitFor(indexer.child, 'GET /health', async () => (await get(`${indexerUrl}/health`)).status === 200, 30_000)
+  }
 
   // the routers only from kv-router's own environment: a DYN_* variable of the caller's shell
   // would configure them unseen
@@ -359,6 +390,7 @@ try {
       // text prompts hashed as their UTF-8 bytes, as the simulated engines read them
       '--tokenizer=bytes',
       '--shutdown-timeout-secs=10',
+      ...(indexerUrl === null ? [] : [`--indexer-url=${indexerUrl}`]),
       ...opts.serveArgs,
     ]
     const s = new Supervised(`router-${i + 1}`, { bin: process.execPath, args, env: routerEnv }, true)
@@ -380,8 +412,10 @@ try {
     `--engine-profile=${opts.engineProfile}`,
     '--host=127.0.0.1',
     '--http-port=0',
-    `--nats-url=${natsUrl}`,
     `--etcd-url=${etcdUrl}`,
+    // with a shared indexer the engines publish over ZMQ instead of NATS (PUB base + i, replay base + n + i) and list those
+    // endpoints in etcd, where the replicas find them and tell the indexer
+    ...(indexerUrl === null ? [`--nats-url=${natsUrl}`] : await zmqArgs(opts.engines)),
   ]
   const mocker = new Supervised('mocker', { bin: process.execPath, args: mockerArgs }, true)
   supervised.push(mocker)
@@ -441,6 +475,7 @@ try {
     `  haproxy    ${lb} (stats and metrics: ${stats}/stats ${stats}/metrics)`,
     ...routers.map((r, i) => `  ${r.name.padEnd(10)} http://127.0.0.1:${routerPorts[i]}`),
     `  engines    ${engineUrls.join(' ')}`,
+    ...(indexerUrl === null ? [] : [`  indexer    ${indexerUrl} (the replicas route on it: --indexer-url)`]),
     `  nats       ${natsUrl}`,
     `  etcd       ${etcdUrl}`,
     `  dir        ${dir}`,

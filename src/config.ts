@@ -449,6 +449,50 @@ const SERVE_ROWS = [
       "are etcd's user and password. Unset: no etcd.",
   }),
   opt({
+    flag: '--indexer-url',
+    key: 'indexerUrl',
+    env: ['KVR_INDEXER_URL'],
+    kind: 'str',
+    read: urlsOf(['http', 'https']),
+    accepts: 'an http:// or https:// URL (comma-separated for several indexers, tried in order)',
+    dflt: null,
+    help:
+      'shared remote index: route on the answers of a kv-router indexer (or Dynamo standalone indexer) at these URLs, tried in order, instead of ' +
+      'consuming KV events; its own index runs in approximate mode and answers when none does in time',
+    doc:
+      "A shared remote index: `kv-router indexer` or Dynamo's standalone indexer (`python -m dynamo.indexer`), `http://` or `https://`, " +
+      'comma-separated for several, tried in order (a failing one is skipped for a second). Each decision asks `POST /query_by_hash` with the ' +
+      "prompt's local block hashes. The router then consumes no KV events itself: its local index runs in approximate mode (predictions from its " +
+      'own decisions) and is what a decision uses when no indexer answers within `--indexer-timeout-ms`. The workers given with ' +
+      '`kv-events=` endpoints are registered with every indexer (`POST /register`). See [deployment](deployment.md#a-shared-remote-index). ' +
+      'Unset: the router indexes KV events itself.',
+  }),
+  opt({
+    flag: '--indexer-timeout-ms',
+    key: 'indexerTimeoutMs',
+    env: ['KVR_INDEXER_TIMEOUT_MS'],
+    kind: 'int',
+    min: 1,
+    max: 10_000,
+    dflt: 20,
+    help: 'deadline of one remote index query, failover included; past it the decision uses the local approximate index',
+    doc:
+      'Deadline of one `--indexer-url` query in milliseconds (1–10,000), failover to the next URL included. Past it the decision routes on the ' +
+      'local approximate index, counted in `kvrouter_indexer_queries_total{result="timeout"}`.',
+    noEffect: { when: { indexerUrl: null }, says: 'has no effect without --indexer-url' },
+  }),
+  opt({
+    flag: '--use-remote-indexer',
+    key: 'useRemoteIndexer',
+    env: ['DYN_USE_REMOTE_INDEXER'],
+    kind: 'bool',
+    dflt: false,
+    help: "Dynamo's switch for a remote index: accepted with --indexer-url (which names the indexer), refused without it",
+    doc:
+      "Dynamo's switch for routing on a remote index. Dynamo finds its remote indexer over its request plane; kv-router's is the standalone " +
+      'HTTP indexer named by `--indexer-url`, so this is accepted together with `--indexer-url` and refused without it.',
+  }),
+  opt({
     flag: '--worker',
     key: 'workers',
     env: ['DYN_ROUTER_WORKERS'],
@@ -679,6 +723,19 @@ export function parseServe(argv: readonly string[], env: NodeJS.ProcessEnv = pro
   if (out.durableKvEvents === true) {
     if (out.natsUrl === null) throw new ConfigError('--router-durable-kv-events needs --nats-url: the durable stream is on the NATS server')
     if (out.kvEvents === false) throw new ConfigError('--router-durable-kv-events needs KV events: it cannot be combined with --no-router-kv-events')
+  }
+  if (out.useRemoteIndexer === true && out.indexerUrl === null)
+    throw new ConfigError('--use-remote-indexer needs --indexer-url: the URL(s) of the kv-router indexer or Dynamo standalone indexer to query')
+  if (out.indexerUrl !== null) {
+    // the remote index stands in for the router's own event intake
+    if (parsed.given.has('kvEvents') && out.kvEvents === true)
+      throw new ConfigError('--indexer-url routes on a remote index: the router consumes no KV events itself, so --router-kv-events cannot be given with it')
+    if (out.durableKvEvents === true)
+      throw new ConfigError('--router-durable-kv-events cannot be combined with --indexer-url: the router consumes no KV events')
+    if (out.mode !== 'kv') throw new ConfigError(`--indexer-url needs --router-mode kv: mode ${String(out.mode)} asks no index`)
+    if ((out.predictedTtlSecs as number) > 0)
+      throw new ConfigError('--router-predicted-ttl-secs cannot be combined with --indexer-url: the local index already holds only predictions')
+    out.kvEvents = false
   }
   return { config: Object.freeze(out) as unknown as ServeConfig, given: parsed.given }
 }

@@ -395,3 +395,33 @@ t.test('--router-predicted-ttl-secs: off by default, a number of seconds, refuse
     message: '--router-predicted-ttl-secs needs KV events: it is not used with --no-router-kv-events',
   })
 })
+
+t.test('--indexer-url: a shared remote index, its deadline, and what cannot go with it', async (t) => {
+  const c = parse(['--indexer-url', 'http://idx-a:8090, https://idx-b:8090'])
+  t.equal(c.indexerUrl, 'http://idx-a:8090, https://idx-b:8090', 'a comma-separated list is kept whole')
+  t.equal(c.indexerTimeoutMs, 20, 'the deadline defaults to 20 ms')
+  t.equal(c.kvEvents, false, 'the router consumes no KV events itself: its local index is approximate')
+  t.equal(parse([]).indexerUrl, null, 'unset: no remote index')
+  const e = parse([], { KVR_INDEXER_URL: 'http://idx:8090', KVR_INDEXER_TIMEOUT_MS: '50', DYN_USE_REMOTE_INDEXER: 'true' })
+  t.same([e.indexerUrl, e.indexerTimeoutMs, e.useRemoteIndexer], ['http://idx:8090', 50, true], "from the environment, with Dynamo's switch")
+  const cases: [string[], RegExp][] = [
+    [['--indexer-url', 'idx:8090'], /^--indexer-url must be an http:\/\/ or https:\/\/ URL/],
+    [['--indexer-url', 'nats://idx:4222'], /^--indexer-url must be an http:\/\/ or https:\/\/ URL/],
+    [['--indexer-url', 'http://a:1,ftp://b:2'], /^--indexer-url must be/],
+    [['--indexer-url', 'http://a:1', '--indexer-timeout-ms', '0'], /^--indexer-timeout-ms must be an integer in \[1, 10000\]/],
+    [['--indexer-url', 'http://a:1', '--indexer-timeout-ms', '2.5'], /^--indexer-timeout-ms must be an integer/],
+    [['--use-remote-indexer'], /^--use-remote-indexer needs --indexer-url/],
+    [['--indexer-url', 'http://a:1', '--router-kv-events'], /^--indexer-url routes on a remote index: .*--router-kv-events cannot be given with it/],
+    [['--indexer-url', 'http://a:1', '--router-mode', 'round-robin'], /^--indexer-url needs --router-mode kv/],
+    [['--indexer-url', 'http://a:1', '--router-predicted-ttl-secs', '5'], /^--router-predicted-ttl-secs cannot be combined with --indexer-url/],
+    [
+      ['--indexer-url', 'http://a:1', '--nats-url', 'nats://n:4222', '--router-durable-kv-events'],
+      /^--router-durable-kv-events cannot be combined with --indexer-url/,
+    ],
+  ]
+  for (const [argv, re] of cases) {
+    const err = t.throws(() => parseServeConfig(argv, {}), argv.join(' ')) as Error
+    t.type(err, ConfigError)
+    t.match(err.message, re, argv.join(' '))
+  }
+})

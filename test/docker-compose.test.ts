@@ -14,6 +14,8 @@ import { parseServeConfig, type ServeConfig } from '../src/config.js'
 import { parseMockerArgs } from '../src/sim/mocker/main.js'
 import { parseReplayArgs, type ReplayArgs } from '../src/sim/replay/main.js'
 import { requireExecutable } from '../src/deploy/services.js'
+import { parseOptions } from '../src/config/table.js'
+import { INDEXER_TABLE } from '../src/indexer/main.js'
 
 function repoRoot(): string {
   let dir = dirname(fileURLToPath(import.meta.url))
@@ -82,8 +84,10 @@ function mounted(name: string, target: string): string | undefined {
   return undefined
 }
 
-/** The router replicas: every service that runs `kv-router serve`. */
-const routerNames = Object.keys(services).filter((name) => cmd(name)[0] === 'serve')
+/** The router replicas of the default topology: every service outside a profile that runs `kv-router serve`. */
+const routerNames = Object.keys(services).filter((name) => cmd(name)[0] === 'serve' && svc(name).profiles === undefined)
+/** The replicas of the shared-index profile. */
+const sharedNames = Object.keys(services).filter((name) => cmd(name)[0] === 'serve' && svc(name).profiles?.includes('shared-index') === true)
 const routerCfg = (name: string): ServeConfig => {
   const cfg = parseServeConfig(cmd(name).slice(1), {})
   if (cfg === 'help') throw new Error(`${name} asks for help`)
@@ -380,6 +384,57 @@ t.test('the engines are a valid `kv-router mocker` that the routers can reach an
     'the health check asks the first engine',
   )
   for (const name of routerNames) t.ok(svc('mocker').depends_on?.[name], `engines start after ${name} has subscribed`)
+})
+
+t.test('the shared-index profile: replicas on one kv-router indexer, registering ZMQ engines they agree with', async (t) => {
+  t.same(sharedNames.sort(), ['router-shared-1', 'router-shared-2'], 'two replicas in the profile')
+  for (const name of ['indexer', 'mocker-zmq', ...sharedNames]) t.same(svc(name).profiles, ['shared-index'], `${name} runs only when asked for`)
+  const indexer = cmd('indexer')
+  t.equal(indexer[0], 'indexer', 'the indexer service runs kv-router indexer')
+  let parsed: { port: number; host: string } | 'help' | undefined
+  t.doesNotThrow(() => {
+    const p = parseOptions<{ port: number; host: string }>(INDEXER_TABLE, indexer.slice(1), {})
+    parsed = p === 'help' ? 'help' : p.config
+  }, 'the indexer: every flag is accepted')
+  if (parsed === undefined || parsed === 'help') return t.fail('the indexer: no configuration')
+  const indexerPort = parsed.port
+  t.ok(
+    published('indexer').some(([, c]) => c === indexerPort),
+    'the indexer publishes the port it listens on',
+  )
+  t.equal(parsed.host, '0.0.0.0', 'the indexer listens beyond its container')
+  t.match(svc('indexer').healthcheck?.test.join(' ') ?? '', new RegExp(`127\\.0\\.0\\.1:${indexerPort}/health`), 'its health check asks its port')
+  const engines = cmd('mocker-zmq')
+  t.doesNotThrow(() => parseMockerArgs(engines.slice(1)), 'the ZMQ engines: every flag is accepted')
+  const n = Number(flag(engines, '--num-workers'))
+  const pub = Number(new URL(flag(engines, '--kv-events-zmq') ?? '').port)
+  const replay = Number(new URL(flag(engines, '--kv-events-replay-zmq') ?? '').port)
+  const http = Number(flag(engines, '--http-port'))
+  const first = Number(flag(engines, '--first-worker-id'))
+  const host = flag(engines, '--advertise-host')
+  let cfg0: ServeConfig | undefined
+  for (const name of sharedNames) {
+    const cfg = routerCfg(name)
+    cfg0 ??= cfg
+    t.same(cfg, cfg0, `${name} is configured as the other replica`)
+    t.equal(hostPort(cfg.indexerUrl ?? ''), `indexer:${indexerPort}`, `${name} asks the indexer service`)
+    t.equal(cfg.kvEvents, false, `${name} consumes no KV events itself`)
+    t.equal(cfg.natsUrl, null, `${name}: no NATS`)
+    t.equal(cfg.blockSize, Number(flag(engines, '--block-size')), `${name} and the engines use one block size`)
+    t.equal(svc(name).depends_on?.indexer?.condition, 'service_healthy', `${name} starts once the indexer answers`)
+    t.equal(cfg.workers.length, n, `${name} lists every engine`)
+    for (let i = 0; i < n; i++) {
+      const w = cfg.workers[i]
+      t.equal(w?.id, BigInt(first + i), `engine ${i}: its worker id`)
+      t.equal(w?.url, `http://${host}:${http + i}`, `engine ${i}: its HTTP port`)
+      t.equal(w?.kvEvents?.endpoint, `tcp://${host}:${pub + i}`, `engine ${i}: its PUB port, which the indexer is told`)
+      t.equal(w?.kvEvents?.replay, `tcp://${host}:${replay + i}`, `engine ${i}: its replay port`)
+    }
+    t.ok(
+      published(name).some(([, container]) => container === cfg.httpPort),
+      `${name}: the published port is the one it listens on`,
+    )
+  }
 })
 
 t.test('the load generator replays the trace through HAProxy', async (t) => {

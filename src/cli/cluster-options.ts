@@ -75,6 +75,18 @@ const CLUSTER_ROWS = [
     doc: "The engines' `--engine-profile`: timing profiles and speeds ([architecture](architecture.md#engine-profiles)).",
   }),
   opt({
+    flag: '--shared-indexer',
+    key: 'sharedIndexer',
+    env: ['KVR_CLUSTER_SHARED_INDEXER'],
+    kind: 'bool',
+    dflt: false,
+    help: 'one `kv-router indexer` the replicas route on (`--indexer-url`): the engines publish over ZMQ, the replicas consume no KV events',
+    doc:
+      'Runs one `kv-router indexer` and starts the replicas with `--indexer-url` on it: the engines publish their KV events over ZMQ (and list ' +
+      'the endpoints in etcd), the replicas register them with the indexer and consume no KV events themselves ' +
+      '([deployment](deployment.md#a-shared-remote-index)).',
+  }),
+  opt({
     flag: '--logs',
     key: 'logs',
     kind: 'bool',

@@ -131,7 +131,9 @@ export class RoutePath {
       // The non-kv modes need no overlap; kv mode asks the shards (in approximate mode they hold
       // the synthetic events of the scheduler's predictions).
       const kv = this.parts.config.mode === 'kv'
-      const overlap = kv && n > 0 ? await this.parts.pool.query(sc.lo, sc.hi, n) : EMPTY_RESULT
+      // with a shared remote index, its answer; the local (approximate) one when it gives none in time
+      const remote = kv && n > 0 && this.parts.remote !== null ? await this.parts.remote.query(sc.lo, sc.hi, n) : null
+      const overlap = remote ?? (kv && n > 0 ? await this.parts.pool.query(sc.lo, sc.hi, n) : EMPTY_RESULT)
       const t2 = performance.now()
       const w = this.parts.scheduler.workers
       // the status page shows each candidate's cost terms, built only while someone watches

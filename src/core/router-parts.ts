@@ -18,6 +18,7 @@ import { registerShardMetrics } from '../shards/metrics.js'
 import { registerEngineMetrics, registerHealthMetrics, registerWorkerMetrics } from './metrics.js'
 import { IndexRecovery } from '../shards/recovery.js'
 import { EngineIntake } from '../transport/engine-intake.js'
+import { RemoteIndexer } from '../transport/remote-indexer.js'
 import { EventSources } from './event-sources.js'
 import { RequestIds } from './request-ids.js'
 import { SessionAffinity } from './session-affinity.js'
@@ -62,6 +63,8 @@ export class RouterParts {
   readonly sessions: SessionAffinity | null
   /** The workers that have sent no KV event since they registered (KV-events mode). */
   readonly eventSources: EventSources
+  /** The shared remote index the route path asks first (`--indexer-url`), or null. */
+  readonly remote: RemoteIndexer | null
   private readonly checkTimer: NodeJS.Timeout
 
   constructor(config: ServeConfig, pool: ShardPool) {
@@ -116,6 +119,19 @@ export class RouterParts {
     registerWorkerMetrics(reg, this.registry, this.suspension, this.eventSources, this.sessions, config.modelName)
     registerHealthMetrics(reg, this.registry, this.health, this.suspension, this.probes)
     registerEngineMetrics(reg, this.scheduler)
+    this.remote =
+      config.indexerUrl === null
+        ? null
+        : new RemoteIndexer({
+            urls: config.indexerUrl
+              .split(',')
+              .map((u) => u.trim())
+              .filter((u) => u !== ''),
+            timeoutMs: config.indexerTimeoutMs,
+            modelName: config.modelName,
+            blockSize: config.blockSize,
+            registry: reg,
+          })
   }
 
   // ---- workers ----
@@ -182,6 +198,9 @@ export class RouterParts {
     }
     this.registry.set(info)
     this.suspension.forget(reg.id)
+    // the shared indexer reads the engine's events in the router's stead
+    if (info.kvEvents !== null) this.remote?.addWorker({ id: reg.id, dpRanks, kvEvents: info.kvEvents })
+    else if (old?.kvEvents != null) this.remote?.removeWorker(reg.id)
     // the router may have no way to reach a worker registered for decisions only
     if (info.decisionsOnly) this.probes?.unwatch(reg.id)
     else this.probes?.watch(reg.id, info.url)
@@ -307,6 +326,7 @@ export class RouterParts {
     this.recovery?.workerRemoved(id)
     this.eventSources.removed(id)
     this.approxEventIds.delete(id)
+    this.remote?.removeWorker(id)
     await this.engines.stop(id)
     this.strangers.delete(id)
     this.sessions?.forgetWorker(id)
@@ -404,6 +424,7 @@ export class RouterParts {
     this.scheduler.close()
     this.metrics.close()
     await this.engines.close()
+    await this.remote?.close()
     // before the pool: holds behind queries in flight are let go, so the shards can drain
     this.recovery?.close()
     await this.pool.close()

@@ -66,7 +66,7 @@ async function connect(parts: RouterParts, deps: RouterDeps, started: { -readonl
   let durable: DurableKvEvents | null = null
   let discovery: EtcdDiscovery | null = null
   if (c.natsUrl !== null) {
-    const n = (nats = started.nats = await NatsIntake.start({ url: c.natsUrl, namespace: ns, component, pool: parts.pool }))
+    const n = (nats = started.nats = await NatsIntake.start({ url: c.natsUrl, namespace: ns, component, pool: parts.pool, kvEvents: c.indexerUrl === null }))
     // workers' own load (kv_metrics) feeds load shedding, as Dynamo's worker monitor does
     n.on('load', (l: WorkerLoad) => void parts.scheduler.reportLoad(l.workerId, l.dpRank, l.activeBlocks, l.totalBlocks))
     // before etcd's workers register, so that their recoveries land after the snapshot

@@ -27,6 +27,8 @@ export interface NatsIntakeOptions {
   /** Messages queued behind full rings above which the intake counts itself a slow consumer. */
   slowConsumerBacklog?: number
   connectTimeoutMs?: number
+  /** Subscribe to the KV-event subjects (false: worker load only, the index being remote). */
+  kvEvents?: boolean
 }
 
 /** A worker's load as it publishes it on `kv_metrics`, reduced to what routing uses. */
@@ -114,7 +116,7 @@ export class NatsIntake extends EventEmitter {
     const { pool } = this.opts
     const backlog = this.opts.slowConsumerBacklog ?? 10_000
     const c = this.counters
-    for (const subject of kvEventSubjects(this.opts.namespace, this.opts.component)) {
+    for (const subject of this.opts.kvEvents === false ? [] : kvEventSubjects(this.opts.namespace, this.opts.component)) {
       this.subs.push(
         this.nc.subscribe(subject, {
           callback: (err, msg) => {

@@ -19,7 +19,9 @@ export function healthRoutes(fastify: FastifyInstance, ctx: HttpContext): void {
     // ?strict: Dynamo's readiness, the connections included, for a deployment that wants it
     const strict = (req.query as Record<string, unknown> | undefined)?.strict !== undefined
     const sync = router.replicas
-    const degraded = conn.nats === false || conn.etcd === false || sync?.connected === false
+    // routing on the local approximate index while no remote indexer answers: degraded, still ready
+    const remote = router.parts.remote
+    const degraded = conn.nats === false || conn.etcd === false || sync?.connected === false || remote?.exact === false
     // a replica no worker can take a request from should leave its balancer's rotation: none
     // registered, or each unreachable, misconfigured or suspended after failures
     const workers = router.registry.all()
@@ -42,6 +44,7 @@ export function healthRoutes(fastify: FastifyInstance, ctx: HttpContext): void {
           nats: conn.nats,
           etcd: conn.etcd,
           replica_sync: sync === null ? null : { router_id: sync.routerId, in_step: sync.inStep, connected: sync.connected, peers: sync.livePeers },
+          remote_index: remote === null ? null : remote.status(),
         }),
       )
   })

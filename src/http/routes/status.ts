@@ -102,6 +102,7 @@ export function statusRoutes(fastify: FastifyInstance, ctx: HttpContext, listWor
         nats: conn.nats,
         etcd: conn.etcd,
         replica_sync: sync === null ? null : { in_step: sync.inStep, connected: sync.connected, peers: sync.livePeers },
+        remote_index: router.parts.remote === null ? null : router.parts.remote.status(),
         closing: ctx.closing(),
       },
       workers: workers.workers,

@@ -17,6 +17,7 @@
 import { writeFileSync } from 'node:fs'
 import { availableParallelism, cpus } from 'node:os'
 import { join } from 'node:path'
+import { Worker } from 'node:worker_threads'
 import { Pool } from 'undici'
 import { expandTokens, readTrace } from '../src/sim/replay/trace.js'
 import type { TraceRequest } from '../src/sim/replay/trace.js'
@@ -72,41 +73,24 @@ function queryBodies(requests: readonly TraceRequest[], tokens: number, count: n
   return out
 }
 
-/** Sends trace prompts to the engines round robin at `rate` requests/s until stopped. */
-function drive(engines: string[], requests: readonly TraceRequest[], rate: number): { done: () => number; stop: () => Promise<number> } {
-  const pools = engines.map((u) => new Pool(u, { connections: 16 }))
-  let i = 0
+/** The engine driver (bench/lib/engine-driver.ts) on its own thread; `done()` is its count at the last poll. */
+function drive(engines: string[], rate: number, from: number): { done: () => number; poll: () => Promise<void>; stop: () => Promise<number> } {
+  const w = new Worker(new URL('./lib/engine-driver.js', import.meta.url), { workerData: { engines, rate, model: MODEL, from } })
   let done = 0
-  let stopped = false
-  const inFlight = new Set<Promise<void>>()
-  const t0 = performance.now()
-  const tick = (): void => {
-    if (stopped) return
-    const due = Math.floor(((performance.now() - t0) / 1000) * rate)
-    for (; i < due && inFlight.size < 256; i++) {
-      const r = requests[i % requests.length] as TraceRequest
-      const tokens = expandTokens(r)
-      const body = `{"model":${JSON.stringify(MODEL)},"prompt":[${Array.prototype.join.call(tokens, ',')}],"max_tokens":1}`
-      const pool = pools[i % pools.length] as Pool
-      const p = pool
-        .request({ path: '/v1/completions', method: 'POST', headers: { 'content-type': 'application/json' }, body })
-        .then(async (res) => {
-          await res.body.dump()
-          if (res.statusCode === 200) done++
-        })
-        .catch(() => {})
-        .finally(() => inFlight.delete(p))
-      inFlight.add(p)
-    }
-    setTimeout(tick, 5)
-  }
-  tick()
+  const ask = (m: string): Promise<void> =>
+    new Promise((resolve) => {
+      w.once('message', (r: { done: number }) => {
+        done = r.done
+        resolve()
+      })
+      w.postMessage(m)
+    })
   return {
     done: () => done,
+    poll: () => ask('count'),
     stop: async () => {
-      stopped = true
-      await Promise.all([...inFlight])
-      await Promise.all(pools.map((p) => p.close()))
+      await ask('stop')
+      await w.terminate()
       return done
     },
   }
@@ -119,13 +103,14 @@ async function queryPhase(
   a: IndexerArgs,
   concurrency: number,
   pids: (number | undefined)[],
-  engineDone: () => number,
+  driver: ReturnType<typeof drive> | null,
 ): Promise<Phase> {
   const pool = new Pool(url, { connections: concurrency, pipelining: 1 })
   const lat: number[] = []
   let next = 0
   const ev0 = await counter(url, EVENTS_APPLIED)
-  const e0 = engineDone()
+  await driver?.poll()
+  const e0 = driver?.done() ?? 0
   const cpu0 = cpuSample(pids)
   const t0 = performance.now()
   const deadline = t0 + a.seconds * 1000
@@ -143,7 +128,8 @@ async function queryPhase(
   const wall = (performance.now() - t0) / 1000
   const cpu = cpuShares(cpu0, cpuSample(pids))
   const ev1 = await counter(url, EVENTS_APPLIED)
-  const engineRps = (engineDone() - e0) / wall
+  await driver?.poll()
+  const engineRps = ((driver?.done() ?? 0) - e0) / wall
   await pool.close()
   lat.sort((x, y) => x - y)
   return {
@@ -233,15 +219,15 @@ async function main(): Promise<void> {
     )
     const pids = [indexer.p.pid, mocker?.p.pid]
     // warm the index and the indexer's code before the quiet phase
-    driver = drive(engines, requests, a.rate)
+    driver = drive(engines, a.rate, 0)
     await new Promise((r) => setTimeout(r, a.seconds * 500))
     await driver.stop()
     driver = null
-    phases.push(await queryPhase('1 client, no events', url, bodies, a, 1, pids, () => 0))
-    const d = drive(engines, requests.slice(requests.length >> 1), a.rate)
+    phases.push(await queryPhase('1 client, no events', url, bodies, a, 1, pids, null))
+    const d = drive(engines, a.rate, requests.length >> 1)
     driver = d
-    phases.push(await queryPhase(`1 client + events (${a.rate} engine req/s offered)`, url, bodies, a, 1, pids, d.done))
-    phases.push(await queryPhase(`${a.concurrency} clients + events`, url, bodies, a, a.concurrency, pids, d.done))
+    phases.push(await queryPhase(`1 client + events (${a.rate} engine req/s offered)`, url, bodies, a, 1, pids, d))
+    phases.push(await queryPhase(`${a.concurrency} clients + events`, url, bodies, a, a.concurrency, pids, d))
     await d.stop()
     driver = null
   } finally {

@@ -202,7 +202,7 @@ const SERVE_ROWS = [
     dflt: 0.75,
     help: 'kv mode: what a prompt block matched in the host (CPU) tier counts for, against 1 for a device block',
     doc:
-      '`kv` mode: the device blocks one prompt block matched in a worker-rank\'s host-pinned (CPU) tier counts for, 0–1 (it must be loaded ' +
+      "`kv` mode: the device blocks one prompt block matched in a worker-rank's host-pinned (CPU) tier counts for, 0–1 (it must be loaded " +
       "first). A worker-rank's overlap is device + this × its host-tier extension + the disk weight × its disk-tier extension; see " +
       '[architecture](architecture.md#storage-tiers).',
   }),
@@ -216,7 +216,7 @@ const SERVE_ROWS = [
     dflt: 0.25,
     help: 'kv mode: what a prompt block matched in the disk (or external) tier counts for, against 1 for a device block',
     doc:
-      '`kv` mode: the device blocks one prompt block matched in a worker-rank\'s disk or external tier counts for, 0–1; see ' +
+      "`kv` mode: the device blocks one prompt block matched in a worker-rank's disk or external tier counts for, 0–1; see " +
       '[architecture](architecture.md#storage-tiers).',
   }),
   opt({

@@ -1546,7 +1546,19 @@ export class KvIndex {
       const L = (this.lower ??= new LowerTiers())
       const has = (ot & LOWER_HAS_PARENT) !== 0
       const tier = (ot >>> 16) & 3
-      if (L.add(w, tier, has, q[o + LOWER.parentLo] as number, q[o + LOWER.parentHi] as number, q[o + LOWER.tokLo] as number, q[o + LOWER.tokHi] as number, q[o + LOWER.blockLo] as number, q[o + LOWER.blockHi] as number)) {
+      if (
+        L.add(
+          w,
+          tier,
+          has,
+          q[o + LOWER.parentLo] as number,
+          q[o + LOWER.parentHi] as number,
+          q[o + LOWER.tokLo] as number,
+          q[o + LOWER.tokHi] as number,
+          q[o + LOWER.blockLo] as number,
+          q[o + LOWER.blockHi] as number,
+        )
+      ) {
         this.lowerEntries++
         added++
       }

@@ -221,7 +221,8 @@ export function checkPart(bytes: Uint8Array, where = 'a part'): SnapshotPart {
   const q = p.lower
   for (let j = 0; j < p.lowerBlocks; j++) {
     const ot = q[j * LOWER.words + LOWER.ownerTier] as number
-    if ((ot & ~LOWER_KNOWN) !== 0 || ((ot >>> 16) & 3) === 3 || q[j * LOWER.words + LOWER.reserved] !== 0) throw invalid(`${where}: lower-tier block ${j} has unknown flags`)
+    if ((ot & ~LOWER_KNOWN) !== 0 || ((ot >>> 16) & 3) === 3 || q[j * LOWER.words + LOWER.reserved] !== 0)
+      throw invalid(`${where}: lower-tier block ${j} has unknown flags`)
     if ((ot & 0xffff) >= p.workers) throw invalid(`${where}: lower-tier block ${j} names worker-rank ${ot & 0xffff} of ${p.workers}`)
   }
   return p

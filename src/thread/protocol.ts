@@ -98,7 +98,23 @@ export const C_REJECTED_WORDS = 18
  */
 export const C = words(
   4 * LINE,
-  ['received', 'applied', 'malformed', 'processed', 'blocks', 'nodes', 'workers', 'queries', 'stored', 'removed', 'cleared', 'rejected', 'misplaced', 'gaps', 'lowerBlocks'],
+  [
+    'received',
+    'applied',
+    'malformed',
+    'processed',
+    'blocks',
+    'nodes',
+    'workers',
+    'queries',
+    'stored',
+    'removed',
+    'cleared',
+    'rejected',
+    'misplaced',
+    'gaps',
+    'lowerBlocks',
+  ],
   { rejected: C_REJECTED_WORDS },
 )
 /**

@@ -26,7 +26,11 @@ for (const cost of ['latency', 'dynamo'] as const) {
     const post = (url: string, payload: string) => h.app.fastify.inject({ method: 'POST', url, payload, headers: json })
     const store = async (worker: number, tier: StorageTierName, n: number): Promise<void> => {
       const blocks = Array.from({ length: n }, (_, i) => ({ block_hash: seq[i] as bigint, tokens_hash: local[i] as bigint }))
-      const ev = encodeRouterEvent({ worker_id: BigInt(worker), storage_tier: tier, event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: null, blocks } } } })
+      const ev = encodeRouterEvent({
+        worker_id: BigInt(worker),
+        storage_tier: tier,
+        event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: null, blocks } } },
+      })
       t.equal((await post('/v1/kv-events', `[${ev}]`)).statusCode, 202)
       await h.router.pool.flush()
     }
@@ -56,14 +60,11 @@ for (const cost of ['latency', 'dynamo'] as const) {
     const workers = (await h.app.fastify.inject({ method: 'GET', url: '/v1/workers' })).json() as {
       workers: { id: number; ranks: { cached_blocks: number; lower_tier_blocks: number }[] }[]
     }
-    t.same(
-      workers.workers.map((w) => [w.id, w.ranks[0]?.cached_blocks, w.ranks[0]?.lower_tier_blocks]).sort(),
-      [
-        [1, 0, 4],
-        [2, 0, 0],
-        [3, 4, 0],
-      ],
-    )
+    t.same(workers.workers.map((w) => [w.id, w.ranks[0]?.cached_blocks, w.ranks[0]?.lower_tier_blocks]).sort(), [
+      [1, 0, 4],
+      [2, 0, 0],
+      [3, 4, 0],
+    ])
     // /v1/overlap shows the tiers too
     const ov = (await post('/v1/overlap', JSON.stringify({ token_ids: prompt }))).json() as { scores: { worker_id: number; host_blocks?: number }[] }
     t.equal(ov.scores.find((s) => s.worker_id === 1)?.host_blocks, 4)

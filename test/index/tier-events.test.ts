@@ -17,21 +17,42 @@ t.test('a Dynamo RouterEvent with storage_tier host_pinned goes into the host ti
   // storage_tier and read as device), fields named, None options left out, maps as fixmaps
   const hex =
     '83' + // RouterEvent: 3 fields
-    'a9776f726b65725f6964' + '07' + // "worker_id": 7
-    'ac73746f726167655f74696572' + 'ab686f73745f70696e6e6564' + // "storage_tier": "host_pinned"
-    'a56576656e74' + '83' + // "event": 3 fields
-    'a86576656e745f6964' + '03' + // "event_id": 3
-    'a464617461' + '81' + 'a673746f726564' + '82' + // "data": {"stored": 2 fields}
-    'ab706172656e745f68617368' + 'ccc8' + // "parent_hash": 200
-    'a6626c6f636b73' + '91' + '82' + // "blocks": [ 2 fields
-    'aa626c6f636b5f68617368' + 'ccc9' + // "block_hash": 201
-    'ab746f6b656e735f68617368' + '02' + // "tokens_hash": 2 ]
-    'a764705f72616e6b' + '00' // "dp_rank": 0
+    'a9776f726b65725f6964' +
+    '07' + // "worker_id": 7
+    'ac73746f726167655f74696572' +
+    'ab686f73745f70696e6e6564' + // "storage_tier": "host_pinned"
+    'a56576656e74' +
+    '83' + // "event": 3 fields
+    'a86576656e745f6964' +
+    '03' + // "event_id": 3
+    'a464617461' +
+    '81' +
+    'a673746f726564' +
+    '82' + // "data": {"stored": 2 fields}
+    'ab706172656e745f68617368' +
+    'ccc8' + // "parent_hash": 200
+    'a6626c6f636b73' +
+    '91' +
+    '82' + // "blocks": [ 2 fields
+    'aa626c6f636b5f68617368' +
+    'ccc9' + // "block_hash": 201
+    'ab746f6b656e735f68617368' +
+    '02' + // "tokens_hash": 2 ]
+    'a764705f72616e6b' +
+    '00' // "dp_rank": 0
   const ev = new DynamoMsgpackDecoder().decode(Buffer.from(hex, 'hex'))
   t.equal(ev.tier, StorageTier.HostPinned)
   const ix = new KvIndex()
   // block 200 (tokens_hash 1) on the device, then its continuation in the host tier
-  t.equal(ix.apply(toDecoded({ ...chain(7, null, [2]), event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: null, blocks: [{ block_hash: 200n, tokens_hash: 1n }] } } } })), 0)
+  t.equal(
+    ix.apply(
+      toDecoded({
+        ...chain(7, null, [2]),
+        event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: null, blocks: [{ block_hash: 200n, tokens_hash: 1n }] } } },
+      }),
+    ),
+    0,
+  )
   t.equal(ix.apply(ev), 0)
   t.equal(ix.liveEntries, 1)
   t.same(ix.lowerTierBlocks(), [1, 0, 0])

@@ -43,10 +43,11 @@ export function candidateJson(c: Candidate, tiers?: Map<string, TierBlocks>): st
     c.ttftSecs === undefined ? '' : `,"ttft_secs":${c.ttftSecs},"decode_slowdown_secs":${c.slowdownSecs ?? 0},"queueing_secs":${c.queueingSecs ?? 0}`
   // a request with latency objectives: the predicted TPOT there and whether both predictions meet them
   const objectives = c.meetsObjectives === undefined ? '' : `,"tpot_secs":${c.tpotSecs ?? 0},"meets_objectives":${c.meetsObjectives}`
+  const tiered = tiers === undefined ? '' : tierJson(tiers.get(`${id}:${c.dpRank}`))
   return (
     `{"worker_id":${id},"worker_id_str":"${id}","dp_rank":${c.dpRank},"overlap_blocks":${c.overlapBlocks},"prefill_blocks":${c.prefillBlocks},` +
     `"decode_blocks":${c.decodeBlocks},"logit":${Number.isFinite(c.logit) ? c.logit : 'null'}` +
-    `${c.treeSize === undefined ? '' : `,"tree_size":${c.treeSize}`}${terms}${objectives}${tiers === undefined ? '' : tierJson(tiers.get(`${id}:${c.dpRank}`))}}`
+    `${c.treeSize === undefined ? '' : `,"tree_size":${c.treeSize}`}${terms}${objectives}${tiered}}`
   )
 }
 
@@ -155,7 +156,9 @@ export async function decisionRoutes(fastify: FastifyInstance, ctx: HttpContext)
       for (let i = 0; i < r.count; i++) {
         const wid = u64ToString(r.workerIdLo[i] as number, r.workerIdHi[i] as number)
         const tiers = r.overlapHost === undefined ? '' : `,"host_blocks":${r.overlapHost[i]},"disk_blocks":${r.overlapDisk?.[i] ?? r.overlapHost[i]}`
-        scores.push(`{"worker_id":${wid},"worker_id_str":"${wid}","dp_rank":${r.dpRank[i]},"overlap_blocks":${r.overlap[i]},"tree_size":${r.treeSize[i]}${tiers}}`)
+        scores.push(
+          `{"worker_id":${wid},"worker_id_str":"${wid}","dp_rank":${r.dpRank[i]},"overlap_blocks":${r.overlap[i]},"tree_size":${r.treeSize[i]}${tiers}}`,
+        )
       }
       return reply
         .header('content-type', 'application/json')

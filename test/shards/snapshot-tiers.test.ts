@@ -7,7 +7,7 @@ import { encodeRouterEvent, type RouterEvent, type StorageTierName } from '../..
 import { HEADER } from '../../src/index/snapshot-format.js'
 import { chain } from '../helpers/events.js'
 
-const push = (pool: ShardPool, ev: RouterEvent, tier?: StorageTierName): void =>
+const push = (pool: ShardPool, ev: RouterEvent, tier?: StorageTierName): boolean =>
   pool.push(Buffer.from(encodeRouterEvent(tier === undefined ? ev : { ...ev, storage_tier: tier })))
 
 async function tiers(pool: ShardPool, toks: number[]): Promise<string> {

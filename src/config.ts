@@ -190,6 +190,35 @@ const SERVE_ROWS = [
   sched.overlapScoreCreditDecay,
   sched.decodeActiveRequestWeight,
   sched.temperature,
+  // Dynamo's names and defaults: lib/kv-router/src/scheduling/config.rs@0243c51b (default_host_cache_hit_weight,
+  // default_disk_cache_hit_weight)
+  opt({
+    flag: '--router-host-cache-hit-weight',
+    key: 'hostCacheHitWeight',
+    env: ['DYN_ROUTER_HOST_CACHE_HIT_WEIGHT'],
+    kind: 'num',
+    min: 0,
+    max: 1,
+    dflt: 0.75,
+    help: 'kv mode: what a prompt block matched in the host (CPU) tier counts for, against 1 for a device block',
+    doc:
+      "`kv` mode: the device blocks one prompt block matched in a worker-rank's host-pinned (CPU) tier counts for, 0–1 (it must be loaded " +
+      "first). A worker-rank's overlap is device + this × its host-tier extension + the disk weight × its disk-tier extension; see " +
+      '[architecture](architecture.md#storage-tiers).',
+  }),
+  opt({
+    flag: '--router-disk-cache-hit-weight',
+    key: 'diskCacheHitWeight',
+    env: ['DYN_ROUTER_DISK_CACHE_HIT_WEIGHT'],
+    kind: 'num',
+    min: 0,
+    max: 1,
+    dflt: 0.25,
+    help: 'kv mode: what a prompt block matched in the disk (or external) tier counts for, against 1 for a device block',
+    doc:
+      "`kv` mode: the device blocks one prompt block matched in a worker-rank's disk or external tier counts for, 0–1; see " +
+      '[architecture](architecture.md#storage-tiers).',
+  }),
   opt({
     flag: '--router-kv-events',
     key: 'kvEvents',

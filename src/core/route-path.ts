@@ -151,7 +151,7 @@ export class RoutePath {
           const slot = this.slotOf(overlap.workerIdLo[i] as number, overlap.workerIdHi[i] as number, overlap.dpRank[i] as number)
           if (slot < 0) continue
           slots[k] = slot
-          values[k++] = overlap.overlap[i] as number
+          values[k++] = tieredOverlap(overlap, i, this.parts.config.hostCacheHitWeight, this.parts.config.diskCacheHitWeight)
           if (trees !== undefined) trees[slot] = overlap.treeSize[i] as number
         }
         if (k < overlap.count) {
@@ -226,4 +226,17 @@ export class RoutePath {
     req.workerId = b.workerId
     req.dpRank = b.dpRank
   }
+}
+
+/**
+ * The overlap, in device blocks, of answer row `i`: its device blocks, plus `host` × the blocks its
+ * host tier extends them by, plus `disk` × the blocks its disk and external tiers extend that by
+ * (Dynamo's cache_hit_estimates_from_tiered_matches, lib/kv-router/src/scheduling: a lower-tier
+ * block must be loaded before it saves prefill).
+ */
+export function tieredOverlap(r: OverlapResult, i: number, host: number, disk: number): number {
+  const d = r.overlap[i] as number
+  if (r.overlapHost === undefined || r.overlapDisk === undefined) return d
+  const h = r.overlapHost[i] as number
+  return d + host * (h - d) + disk * ((r.overlapDisk[i] as number) - h)
 }

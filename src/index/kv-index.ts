@@ -33,8 +33,21 @@ import { mix3 } from '../codec/hash-mix.js'
 import { EventKind, type DecodedEvent } from '../codec/event-decoder.js'
 import type { RouterEvent, StoredBlock } from '../codec/events.js'
 import { u64FromParts } from '../codec/u64.js'
+import { LOWER_TIERS, LowerTiers } from './lower-tiers.js'
 import { MAX_SLOT, SlotTable } from './slot-table.js'
-import { type SnapshotPart, UP_DETACHED, UP_MIXED, UP_REF_MASK, UP_ROOT, WORKER, WORKER_LAST_ID, newPart, sealPart } from './snapshot-format.js'
+import {
+  LOWER,
+  LOWER_HAS_PARENT,
+  type SnapshotPart,
+  UP_DETACHED,
+  UP_MIXED,
+  UP_REF_MASK,
+  UP_ROOT,
+  WORKER,
+  WORKER_LAST_ID,
+  newPart,
+  sealPart,
+} from './snapshot-format.js'
 
 export const RejectReason = {
   ParentBlockNotFound: 0,
@@ -68,12 +81,18 @@ export interface OverlapScore {
   tree_size: number
   /** treeSizes() only: the event id of the last event applied for this worker-rank, if any. */
   last_event_id?: bigint
+  /** overlapScores() while lower tiers hold blocks: the match extended through host, then disk (cumulative). */
+  overlap_host?: number
+  overlap_disk?: number
+  /** treeSizes() only, when not 0: blocks the worker-rank holds in lower tiers (not in tree_size). */
+  lower_tier_blocks?: number
 }
 
 export const MAX_WORKER_RANKS = 0xfffe
 /** Entries and nodes are named by 26-bit slots in the hash tables. */
 export const MAX_BLOCKS = MAX_SLOT - 2
 const NO_WORKER = 0xffff
+const LOWER_TIER_NAMES = ['host_pinned', 'disk', 'external'] as const
 /** Records grow by a quarter: more copies while filling, less memory held idle afterwards. */
 const GROWTH = 1.25
 const OPEN = 0xffffffff
@@ -218,6 +237,17 @@ export class KvIndex {
   matchWorkers = new Int32Array(16)
   matchCount = 0
 
+  // --- lower tiers (host_pinned, disk, external): made at their first block, see lower-tiers.ts ---
+  private lower: LowerTiers | null = null
+  /** Blocks held in lower tiers, counted against maxBlocks with the device entries. */
+  lowerEntries = 0
+  /** The node at each depth of the last findMatches' walk: [d − 1] is the node at depth d. */
+  private path = new Int32Array(64)
+  /** Whether the last findMatches extended its matches through lower tiers (hostOf/diskOf are set). */
+  private tiered = false
+  private hostOf = new Uint32Array(16)
+  private diskOf = new Uint32Array(16)
+
   constructor(options: KvIndexOptions = {}) {
     this.maxBlocks = Math.min(options.maxBlocks ?? MAX_BLOCKS, MAX_BLOCKS)
     this.maxWorkerRanks = Math.min(options.maxWorkerRanks ?? MAX_WORKER_RANKS, MAX_WORKER_RANKS)
@@ -295,6 +325,8 @@ export class KvIndex {
     this.depthOf = growU32(this.depthOf, n)
     this.mark = growU32(this.mark, n)
     this.matchWorkers = growI32(this.matchWorkers, n, 0)
+    this.hostOf = growU32(this.hostOf, n)
+    this.diskOf = growU32(this.diskOf, n)
   }
 
   private dropWorker(w: number): void {
@@ -334,7 +366,8 @@ export class KvIndex {
       this.wEvHi[w] = ev.eventIdHi
     }
     this.wEvSeen[w] = 1
-    if (ev.tier !== 0) return this.reject(RejectReason.NonDeviceTier, ev.kind)
+    // a lower tier's block is a residency of its own; a Cleared of any tier clears every tier
+    if (ev.tier !== 0 && ev.kind !== EventKind.Cleared) return this.applyLower(w, ev)
     if (ev.kind === EventKind.Stored) return this.applyStored(w, ev)
     if (ev.kind === EventKind.Removed) return this.applyRemoved(w, ev)
     this.clearWorker(ev.workerLo, ev.workerHi, false)
@@ -395,7 +428,7 @@ export class KvIndex {
         }
         // The worker's hash named a node elsewhere in the tree: it now names this one.
         this.removeEntry(e)
-      } else if (this.liveEntries >= this.maxBlocks) {
+      } else if (this.liveEntries + this.lowerEntries >= this.maxBlocks) {
         if (((this.R[node * RS + R_CW] as number) & COUNT_MASK) === 0) this.freeNode(node)
         return this.reject(RejectReason.Capacity, EventKind.Stored)
       }
@@ -404,6 +437,54 @@ export class KvIndex {
     }
     this.appliedByKind[EventKind.Stored] = (this.appliedByKind[EventKind.Stored] as number) + 1
     return APPLY_OK
+  }
+
+  /** A Stored or Removed of a lower tier (Dynamo's StorageTier host_pinned, disk, external). */
+  private applyLower(w: number, ev: DecodedEvent): number {
+    const L = (this.lower ??= new LowerTiers())
+    const tier = ev.tier - 1
+    const n = ev.count
+    let first = APPLY_OK
+    if (ev.kind === EventKind.Stored) {
+      let has = ev.hasParent
+      let plo = ev.parentLo
+      let phi = ev.parentHi
+      for (let i = 0; i < n; i++) {
+        const blo = ev.blockLo[i] as number
+        const bhi = ev.blockHi[i] as number
+        if (L.find(w, tier, blo, bhi) === NIL && this.liveEntries + this.lowerEntries >= this.maxBlocks) {
+          first = this.reject(RejectReason.Capacity, EventKind.Stored)
+          break
+        }
+        if (L.add(w, tier, has, plo, phi, ev.tokensLo[i] as number, ev.tokensHi[i] as number, blo, bhi)) this.lowerEntries++
+        has = true
+        plo = blo
+        phi = bhi
+        if ((i & 7) === 7 && this.interrupt !== null) this.interrupt()
+      }
+    } else {
+      for (let i = 0; i < n; i++) {
+        if (L.remove(w, tier, ev.blockLo[i] as number, ev.blockHi[i] as number)) this.lowerEntries--
+        else {
+          const r = this.reject(RejectReason.BlockNotFound, EventKind.Removed)
+          if (first === APPLY_OK) first = r
+        }
+      }
+    }
+    if (first === APPLY_OK) this.appliedByKind[ev.kind] = (this.appliedByKind[ev.kind] as number) + 1
+    return first
+  }
+
+  /** Blocks the worker-rank slot holds in lower tiers. */
+  lowerBlocksOf(w: number): number {
+    return this.lower === null ? 0 : this.lower.blocksOf(w)
+  }
+
+  /** Blocks held per lower tier: [host_pinned, disk, external]. */
+  lowerTierBlocks(): number[] {
+    const out: number[] = []
+    for (let t = 0; t < LOWER_TIERS; t++) out.push(this.lower === null ? 0 : (this.lower.perTier[t] as number))
+    return out
   }
 
   private applyRemoved(w: number, ev: DecodedEvent): number {
@@ -476,6 +557,11 @@ export class KvIndex {
       pending += this.wSize[w] as number
     }
     let dropped = 0
+    if (this.lower !== null && this.lowerEntries > 0) {
+      const n = this.lower.dropMarked(mark)
+      this.lowerEntries -= n
+      dropped += n
+    }
     for (let e = 0; e < this.rHigh && pending > 0; e++) {
       const w = (this.R[e * RS + R_CW] as number) >>> 16
       if (mark[w] !== 1) continue
@@ -511,11 +597,64 @@ export class KvIndex {
    * land in `matchWorkers[0..return)`, their depths in `depth(slot)`, sizes in `treeSize(slot)`.
    */
   findMatches(lo: Uint32Array, hi: Uint32Array, n: number, earlyExit = false): number {
+    const m = this.deviceMatches(lo, hi, n, earlyExit)
+    this.tiered = false
+    if (this.lowerEntries === 0 || n === 0) return m
+    return this.extendLower(lo, hi, n, m)
+  }
+
+  /**
+   * Extends the device matches through the lower tiers (Dynamo's query_lower_tiers): each matched
+   * worker-rank from its last device block, and every worker-rank holding a parentless lower-tier
+   * block of the first hash from the root. Those are added to the matches with device depth 0.
+   */
+  private extendLower(lo: Uint32Array, hi: Uint32Array, n: number, m: number): number {
+    const L = this.lower as LowerTiers
+    const out = this.matchWorkers
+    const seen = this.seen
+    const depthOf = this.depthOf
+    const stamp = this.nextStamp()
+    for (let k = 0; k < m; k++) seen[out[k] as number] = stamp
+    const h = L.rootHolders(lo[0] as number, hi[0] as number)
+    for (let j = 0; j < h; j++) {
+      const w = L.holders[j] as number
+      if (seen[w] === stamp || this.wLive[w] !== 1) continue
+      seen[w] = stamp
+      depthOf[w] = 0
+      out[m++] = w
+    }
+    const R = this.R
+    for (let k = 0; k < m; k++) {
+      const w = out[k] as number
+      const d = depthOf[w] as number
+      this.hostOf[w] = d
+      this.diskOf[w] = d
+      if (L.blocksOf(w) === 0) continue
+      let e = NIL
+      if (d > 0) {
+        const node = this.path[d - 1] as number
+        for (e = this.firstHolder(node); e !== NIL; e = this.nextHolder(node, e)) if ((R[e * RS + R_CW] as number) >>> 16 === w) break
+        if (e === NIL) continue
+      }
+      L.extend(w, lo, hi, n, d, e !== NIL, e === NIL ? 0 : (R[e * RS + R_BLO] as number), e === NIL ? 0 : (R[e * RS + R_BHI] as number))
+      this.hostOf[w] = L.hostDepth
+      this.diskOf[w] = L.diskDepth
+    }
+    this.tiered = true
+    this.matchCount = m
+    return m
+  }
+
+  /** The device part of findMatches: the radix tree's longest prefix per worker-rank. */
+  private deviceMatches(lo: Uint32Array, hi: Uint32Array, n: number, earlyExit: boolean): number {
     this.matchCount = 0
     if (n === 0) return 0
+    if (this.path.length < n) this.path = new Int32Array(Math.max(n, this.path.length * 2))
+    const path = this.path
     // int32 arguments, as in applyStored: no heap number per call
     let cur = this.findChild(ROOT, (lo[0] as number) | 0, (hi[0] as number) | 0)
     if (cur === NIL) return 0
+    path[0] = cur
     const R = this.R
     const seen = this.seen
     const depthOf = this.depthOf
@@ -573,6 +712,7 @@ export class KvIndex {
           if (active === 0) break
         }
         cur = child
+        path[i] = child
         depth = i + 1
         if (earlyExit && active === 1) break
       }
@@ -604,6 +744,7 @@ export class KvIndex {
         dp_rank: this.wRank[w] as number,
         overlap_blocks: this.depthOf[w] as number,
         tree_size: this.wSize[w] as number,
+        ...(this.tiered ? { overlap_host: this.hostOf[w] as number, overlap_disk: this.diskOf[w] as number } : {}),
       })
     }
     return out
@@ -620,6 +761,8 @@ export class KvIndex {
         overlap_blocks: 0,
         tree_size: this.wSize[w] as number,
       }
+      const lower = this.lowerBlocksOf(w)
+      if (lower > 0) ts.lower_tier_blocks = lower
       if (this.wEvSeen[w] === 1) ts.last_event_id = u64FromParts(this.wEvLo[w] as number, this.wEvHi[w] as number)
       out.push(ts)
     }
@@ -629,6 +772,16 @@ export class KvIndex {
   /** Depth of a slot matched by the last findMatches. */
   depth(w: number): number {
     return this.depthOf[w] as number
+  }
+
+  /** Depth through device then host blocks of a slot matched by the last findMatches (≥ depth). */
+  hostDepth(w: number): number {
+    return this.tiered ? (this.hostOf[w] as number) : (this.depthOf[w] as number)
+  }
+
+  /** Depth through device, host, then disk and external blocks (≥ hostDepth). */
+  diskDepth(w: number): number {
+    return this.tiered ? (this.diskOf[w] as number) : (this.depthOf[w] as number)
   }
 
   private nextMarkStamp(): number {
@@ -1213,6 +1366,23 @@ export class KvIndex {
 
     region(ROOT)
     for (const top of detachedTops) region(top)
+    // lower-tier blocks: one Stored each, with its tier and its parent as stored (they need no parent present)
+    this.lower?.forEach((b) => {
+      events.push({
+        worker_id: u64FromParts(this.wIdLo[b.w] as number, this.wIdHi[b.w] as number),
+        storage_tier: LOWER_TIER_NAMES[b.tier] as (typeof LOWER_TIER_NAMES)[number],
+        event: {
+          event_id: eventId++,
+          data: {
+            stored: {
+              parent_hash: b.hasParent ? u64FromParts(b.parentLo, b.parentHi) : null,
+              blocks: [{ block_hash: u64FromParts(b.blockLo, b.blockHi), tokens_hash: u64FromParts(b.tokLo, b.tokHi) }],
+            },
+          },
+          dp_rank: this.wRank[b.w] as number,
+        },
+      })
+    })
     return events
   }
 
@@ -1226,7 +1396,7 @@ export class KvIndex {
    * object per block; long ones answer queries in between (nothing changes meanwhile).
    */
   writeSnapshotPart(): Uint8Array {
-    const p = newPart(this.liveWorkers, this.liveNodes - 1, this.liveEntries)
+    const p = newPart(this.liveWorkers, this.liveNodes - 1, this.liveEntries, this.lowerEntries)
     const wIndex = new Int32Array(this.wHigh)
     let k = 0
     for (let w = 0; w < this.wHigh; w++) {
@@ -1278,6 +1448,19 @@ export class KvIndex {
       if ((node & 4095) === 4095 && this.interrupt !== null) this.interrupt()
     }
     if (n !== p.nodes || e !== p.entries) throw new Error(`snapshot: wrote ${n} nodes and ${e} entries of ${p.nodes} and ${p.entries}`)
+    let l = 0
+    this.lower?.forEach((b) => {
+      const o = l++ * LOWER.words
+      const q = p.lower
+      q[o + LOWER.ownerTier] = ((wIndex[b.w] as number) | (b.tier << 16) | (b.hasParent ? LOWER_HAS_PARENT : 0)) >>> 0
+      q[o + LOWER.parentLo] = b.parentLo
+      q[o + LOWER.parentHi] = b.parentHi
+      q[o + LOWER.tokLo] = b.tokLo
+      q[o + LOWER.tokHi] = b.tokHi
+      q[o + LOWER.blockLo] = b.blockLo
+      q[o + LOWER.blockHi] = b.blockHi
+    })
+    if (l !== p.lowerBlocks) throw new Error(`snapshot: wrote ${l} lower-tier blocks of ${p.lowerBlocks}`)
     return sealPart(p)
   }
 
@@ -1300,7 +1483,7 @@ export class KvIndex {
       const hi = p.workerIdHi(i)
       const rank = p.workerRank(i)
       let w = this.workerSlot(lo, hi, rank)
-      if (w !== NIL && (this.wSize[w] as number) > 0) held.push(w)
+      if (w !== NIL && ((this.wSize[w] as number) > 0 || this.lowerBlocksOf(w) > 0)) held.push(w)
       if (w === NIL) w = this.ensureWorker(lo, hi, rank)
       if (w === NIL) {
         this.reject(RejectReason.TooManyWorkers, EventKind.Stored)
@@ -1331,7 +1514,7 @@ export class KvIndex {
         const hi = (blockHi[j] as number) | 0
         // the worker-rank was emptied above: a hash held already is a repeat in the part
         if (this.findEntry(w, lo, hi) !== NIL) continue
-        if (this.liveEntries >= this.maxBlocks) {
+        if (this.liveEntries + this.lowerEntries >= this.maxBlocks) {
           this.reject(RejectReason.Capacity, EventKind.Stored)
           continue
         }
@@ -1343,6 +1526,42 @@ export class KvIndex {
       nodeSlot[i] = slot
       e += c
       if ((i & 255) === 255 && this.interrupt !== null) this.interrupt()
+    }
+    return added + this.loadLower(p, slotOf)
+  }
+
+  /** The part's lower-tier blocks of the taken worker-ranks (`slotOf` not −1). */
+  private loadLower(p: SnapshotPart, slotOf: Int32Array): number {
+    const q = p.lower
+    let added = 0
+    for (let i = 0; i < p.lowerBlocks; i++) {
+      const o = i * LOWER.words
+      const ot = q[o + LOWER.ownerTier] as number
+      const w = slotOf[ot & 0xffff] as number
+      if (w === NIL) continue
+      if (this.liveEntries + this.lowerEntries >= this.maxBlocks) {
+        this.reject(RejectReason.Capacity, EventKind.Stored)
+        continue
+      }
+      const L = (this.lower ??= new LowerTiers())
+      const has = (ot & LOWER_HAS_PARENT) !== 0
+      const tier = (ot >>> 16) & 3
+      if (
+        L.add(
+          w,
+          tier,
+          has,
+          q[o + LOWER.parentLo] as number,
+          q[o + LOWER.parentHi] as number,
+          q[o + LOWER.tokLo] as number,
+          q[o + LOWER.tokHi] as number,
+          q[o + LOWER.blockLo] as number,
+          q[o + LOWER.blockHi] as number,
+        )
+      ) {
+        this.lowerEntries++
+        added++
+      }
     }
     return added
   }
@@ -1379,6 +1598,6 @@ export class KvIndex {
   /** Bytes held by the index's typed arrays (what a cap on blocks bounds). */
   get bytes(): number {
     const b = this.R.byteLength + this.freeStack.byteLength + this.children.bytes + this.lookup.bytes + this.heads.bytes + this.wTable.byteLength
-    return b + this.wIdLo.length * 17
+    return b + this.wIdLo.length * 25 + this.path.byteLength + (this.lower === null ? 0 : this.lower.bytes)
   }
 }

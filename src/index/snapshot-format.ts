@@ -6,7 +6,11 @@
 //
 //   file   header (32 bytes) · part table (16 bytes a part) · parts, each at an 8-aligned offset
 //   part   head (16 bytes) · workers · nodes as columns · entries as columns
+//          [· lower-tier blocks: a u32 count, then LOWER.words u32 per block]
 //
+// The lower-tier section is there only when the part holds lower-tier (host_pinned, disk,
+// external) blocks; a snapshot with such a part is version 2, one without is version 1 as
+// before, and both are read (a version 1 part is a part without the section).
 // Integers are little-endian u32 (a u64 is two, low half first); the columns are read through
 // typed-array views, so a part is never copied on a little-endian host (a big-endian one refuses
 // snapshots). Nodes come parents first, so a node names its parent by a smaller index: a
@@ -16,6 +20,8 @@ import { KvrError } from '../errors.js'
 
 export const SNAPSHOT_MAGIC = 'KVRSNAP\0'
 export const SNAPSHOT_VERSION = 1
+/** The version of a snapshot some part of which holds lower-tier blocks. */
+export const SNAPSHOT_VERSION_TIERS = 2
 
 /** Header fields, by byte offset. `crc` covers the header before it and the whole part table. */
 export const HEADER = { magic: 0, version: 8, parts: 12, lengthLo: 16, lengthHi: 20, flags: 24, crc: 28, bytes: 32 } as const
@@ -27,6 +33,14 @@ export const PART_HEAD = { workers: 0, nodes: 4, entries: 8, crc: 12, bytes: 16 
 export const WORKER = { idLo: 0, idHi: 1, rank: 2, flags: 3, lastIdLo: 4, lastIdHi: 5, words: 6 } as const
 /** Worker flag: lastIdLo/Hi hold the id of the last event applied for it. */
 export const WORKER_LAST_ID = 1
+/**
+ * A lower-tier block, in u32 words: its worker-rank in the part (bits 0–15), its tier − 1 (bits
+ * 16–17: host_pinned, disk, external) and LOWER_HAS_PARENT; its parent hash (0 without one),
+ * tokens hash and block hash; a reserved word (0).
+ */
+export const LOWER = { ownerTier: 0, parentLo: 1, parentHi: 2, tokLo: 3, tokHi: 4, blockLo: 5, blockHi: 6, reserved: 7, words: 8 } as const
+export const LOWER_HAS_PARENT = 1 << 20
+const LOWER_KNOWN = 0xffff | (3 << 16) | LOWER_HAS_PARENT
 
 /**
  * A node's `up` word: bits 0–29 name its parent (UP_ROOT, node k as k + 1, or UP_DETACHED for the
@@ -84,6 +98,14 @@ function view(b: Uint8Array): DataView {
   return new DataView(b.buffer, b.byteOffset, b.byteLength)
 }
 
+/** Lower-tier blocks a part of `base` bytes (its layout's length) and `bytes` in all holds, or −1 when the sizes disagree. */
+function lowerCount(bytes: Uint8Array, base: number): number {
+  if (bytes.length === base) return 0
+  if (bytes.length < base + 4) return -1
+  const l = view(bytes).getUint32(base, true)
+  return bytes.length === base + 4 + 4 * LOWER.words * l ? l : -1
+}
+
 /**
  * One part as typed-array views over its bytes (which must start 4-aligned in their buffer).
  * The views are not checked: checkPart is.
@@ -103,6 +125,9 @@ export class SnapshotPart {
   readonly blockHi: Uint32Array
   /** The worker-rank (index into `worker`) of each entry. */
   readonly owner: Uint16Array
+  readonly lowerBlocks: number
+  /** LOWER.words u32 per lower-tier block. */
+  readonly lower: Uint32Array
 
   constructor(readonly bytes: Uint8Array) {
     endianCheck()
@@ -111,7 +136,10 @@ export class SnapshotPart {
     this.nodes = v.getUint32(PART_HEAD.nodes, true)
     this.entries = v.getUint32(PART_HEAD.entries, true)
     const l = partLayout(this.workers, this.nodes, this.entries)
-    if (l.length !== bytes.length) throw invalid(`a part of ${bytes.length} bytes says it holds ${l.length}`)
+    if (bytes.length < l.length) throw invalid(`a part of ${bytes.length} bytes says it holds ${l.length}`)
+    const lower = lowerCount(bytes, l.length)
+    if (lower < 0) throw invalid(`a part of ${bytes.length} bytes says it holds ${l.length} and a lower-tier section that does not fit`)
+    this.lowerBlocks = lower
     if (bytes.byteOffset % 4 !== 0) throw invalid('a part is not 4-aligned')
     const u32 = (at: number, n: number): Uint32Array => new Uint32Array(bytes.buffer, bytes.byteOffset + at, n)
     this.worker = u32(l.workers, WORKER.words * this.workers)
@@ -122,6 +150,7 @@ export class SnapshotPart {
     this.blockLo = u32(l.blockLo, this.entries)
     this.blockHi = u32(l.blockHi, this.entries)
     this.owner = new Uint16Array(bytes.buffer, bytes.byteOffset + l.owner, this.entries)
+    this.lower = lower === 0 ? new Uint32Array(0) : u32(l.length + 4, LOWER.words * lower)
   }
 
   workerIdLo(i: number): number {
@@ -136,10 +165,12 @@ export class SnapshotPart {
 }
 
 /** A new part of these counts, zeroed, its head written (the crc by sealPart, once it is filled). */
-export function newPart(workers: number, nodes: number, entries: number): SnapshotPart {
+export function newPart(workers: number, nodes: number, entries: number, lower = 0): SnapshotPart {
   if (workers > MAX_PART_WORKERS) throw invalid(`a part holds at most ${MAX_PART_WORKERS} worker-ranks, not ${workers}`)
-  const bytes = new Uint8Array(partLayout(workers, nodes, entries).length)
+  const base = partLayout(workers, nodes, entries).length
+  const bytes = new Uint8Array(lower === 0 ? base : base + 4 + 4 * LOWER.words * lower)
   const v = view(bytes)
+  if (lower > 0) v.setUint32(base, lower, true)
   v.setUint32(PART_HEAD.workers, workers, true)
   v.setUint32(PART_HEAD.nodes, nodes, true)
   v.setUint32(PART_HEAD.entries, entries, true)
@@ -187,6 +218,13 @@ export function checkPart(bytes: Uint8Array, where = 'a part'): SnapshotPart {
   }
   if (total !== p.entries) throw invalid(`${where}: its nodes hold ${total} entries, its head says ${p.entries}`)
   for (let j = 0; j < p.entries; j++) if ((owner[j] as number) >= p.workers) throw invalid(`${where}: entry ${j} names worker-rank ${owner[j]} of ${p.workers}`)
+  const q = p.lower
+  for (let j = 0; j < p.lowerBlocks; j++) {
+    const ot = q[j * LOWER.words + LOWER.ownerTier] as number
+    if ((ot & ~LOWER_KNOWN) !== 0 || ((ot >>> 16) & 3) === 3 || q[j * LOWER.words + LOWER.reserved] !== 0)
+      throw invalid(`${where}: lower-tier block ${j} has unknown flags`)
+    if ((ot & 0xffff) >= p.workers) throw invalid(`${where}: lower-tier block ${j} names worker-rank ${ot & 0xffff} of ${p.workers}`)
+  }
   return p
 }
 
@@ -212,7 +250,8 @@ export function assembleSnapshot(parts: readonly Uint8Array[]): Uint8Array {
   const out = new Uint8Array(at)
   const v = view(out)
   for (let i = 0; i < SNAPSHOT_MAGIC.length; i++) out[HEADER.magic + i] = SNAPSHOT_MAGIC.charCodeAt(i)
-  v.setUint32(HEADER.version, SNAPSHOT_VERSION, true)
+  const tiers = parts.some(hasLowerSection)
+  v.setUint32(HEADER.version, tiers ? SNAPSHOT_VERSION_TIERS : SNAPSHOT_VERSION, true)
   v.setUint32(HEADER.parts, parts.length, true)
   v.setUint32(HEADER.lengthLo, at >>> 0, true)
   v.setUint32(HEADER.lengthHi, Math.floor(at / 2 ** 32), true)
@@ -226,6 +265,12 @@ export function assembleSnapshot(parts: readonly Uint8Array[]): Uint8Array {
   })
   v.setUint32(HEADER.crc, headerCrc(out, tableEnd), true)
   return out
+}
+
+/** Whether a part carries the lower-tier section (its bytes run past its layout). */
+function hasLowerSection(p: Uint8Array): boolean {
+  const v = view(p)
+  return p.length > partLayout(v.getUint32(PART_HEAD.workers, true), v.getUint32(PART_HEAD.nodes, true), v.getUint32(PART_HEAD.entries, true)).length
 }
 
 const align = (n: number): number => Math.ceil(n / PART_ALIGN) * PART_ALIGN
@@ -253,7 +298,8 @@ export function readSnapshot(bytes: Uint8Array): PartRef[] {
   if (bytes.length < HEADER.bytes) throw invalid(`truncated: ${bytes.length} bytes, less than its header`)
   const v = view(bytes)
   const version = v.getUint32(HEADER.version, true)
-  if (version !== SNAPSHOT_VERSION) throw invalid(`version ${version}; this router reads version ${SNAPSHOT_VERSION}`)
+  if (version !== SNAPSHOT_VERSION && version !== SNAPSHOT_VERSION_TIERS)
+    throw invalid(`version ${version}; this router reads versions ${SNAPSHOT_VERSION} and ${SNAPSHOT_VERSION_TIERS}`)
   const length = v.getUint32(HEADER.lengthLo, true) + v.getUint32(HEADER.lengthHi, true) * 2 ** 32
   if (bytes.length < length) throw invalid(`truncated: ${bytes.length} of its ${length} bytes`)
   if (bytes.length > length) throw invalid(`${bytes.length} bytes where its header says ${length}`)
@@ -274,7 +320,9 @@ export function readSnapshot(bytes: Uint8Array): PartRef[] {
     const workers = v.getUint32(offset + PART_HEAD.workers, true)
     const nodes = v.getUint32(offset + PART_HEAD.nodes, true)
     const entries = v.getUint32(offset + PART_HEAD.entries, true)
-    if (partLayout(workers, nodes, entries).length !== len) throw invalid(`part ${i} is ${len} bytes, its head says otherwise`)
+    const base = partLayout(workers, nodes, entries).length
+    if (len < base || lowerCount(bytes.subarray(offset, offset + len), base) < 0 || (version === SNAPSHOT_VERSION && len !== base))
+      throw invalid(`part ${i} is ${len} bytes, its head says otherwise`)
     zeros(bytes, end, offset)
     parts.push({ offset, length: len, workers, nodes, entries })
     end = offset + len

@@ -34,6 +34,8 @@ export interface ShardCounters {
   /** Rejections by event kind, then reason. */
   rejectedByType: { stored: Record<string, number>; removed: Record<string, number>; cleared: Record<string, number> }
   blocks: number
+  /** Blocks held in lower tiers (host_pinned, disk, external), beside the device entries. */
+  lowerBlocks: number
   nodes: number
   workerRanks: number
   queries: number
@@ -78,6 +80,7 @@ export function readCounters(sh: Shard): ShardCounters {
     appliedByType: { stored: Atomics.load(c, C.stored) >>> 0, removed: Atomics.load(c, C.removed) >>> 0, cleared: Atomics.load(c, C.cleared) >>> 0 },
     rejectedByType,
     blocks: Atomics.load(c, C.blocks) >>> 0,
+    lowerBlocks: Atomics.load(c, C.lowerBlocks) >>> 0,
     nodes: Atomics.load(c, C.nodes) >>> 0,
     workerRanks: Atomics.load(c, C.workers) >>> 0,
     queries: Atomics.load(c, C.queries) >>> 0,

@@ -116,6 +116,11 @@ export function registerShardMetrics(r: Registry, pool: ShardPool, recovery: Ind
     },
   })
   shardGauge('kvrouter_shard_blocks', "(block, worker-rank) entries in the shard's index", (c) => c.blocks)
+  shardGauge(
+    'kvrouter_shard_lower_tier_blocks',
+    "(block, worker-rank) entries of host_pinned, disk and external tiers in the shard's index",
+    (c) => c.lowerBlocks,
+  )
   shardGauge('kvrouter_shard_nodes', "Radix-tree nodes in the shard's index", (c) => c.nodes)
   shardGauge('kvrouter_shard_worker_ranks', 'Worker-ranks the shard holds', (c) => c.workerRanks)
   shardGauge('kvrouter_shard_exact', "1 when the shard's answers are exact, 0 while it recovers", (c) => (c.health === 'exact' ? 1 : 0))

@@ -29,8 +29,10 @@ export interface OverlapResult {
   /** Blocks the worker-rank holds. */
   treeSize: Uint32Array
   /**
-   * Matched leading blocks counting host-tier (CPU) blocks too, then host and disk: each at least
-   * `overlap`, cumulative through the tiers before it. Absent while the index keeps only device blocks.
+   * Leading blocks matched through the device match extended by the worker-rank's host-tier
+   * blocks, then further by its disk and external blocks (Dynamo's lower-tier continuation): each
+   * at least the one before, cumulative through the tiers before it. Present only when some
+   * worker-rank of the answer matched beyond its device blocks; absent means equal to `overlap`.
    */
   overlapHost?: Uint32Array
   overlapDisk?: Uint32Array
@@ -181,6 +183,7 @@ export class QueryBoard {
       recoveringShards: rec.recovering === null ? [] : [...rec.recovering].sort((x, y) => x - y),
     }
     let j = 0
+    let tiered = false
     for (let k = 0; k < this.shards.length; k++) {
       let o = L.results(slot, k)
       const m = b[o++] as number
@@ -190,9 +193,30 @@ export class QueryBoard {
         out.dpRank[j] = b[o + 2] as number
         out.overlap[j] = b[o + 3] as number
         out.treeSize[j] = b[o + 4] as number
+        if (b[o + 6] !== b[o + 3]) tiered = true
       }
     }
+    if (tiered) this.tiers(slot, out)
     return out
+  }
+
+  /** The host and disk overlaps of an answer some worker-rank of which matched beyond its device blocks. */
+  private tiers(slot: number, out: OverlapResult): void {
+    const L = this.layout
+    const b = this.b
+    const host = new Uint32Array(out.count)
+    const disk = new Uint32Array(out.count)
+    let j = 0
+    for (let k = 0; k < this.shards.length; k++) {
+      let o = L.results(slot, k)
+      const m = b[o++] as number
+      for (let i = 0; i < m; i++, o += RESULT_WORDS, j++) {
+        host[j] = b[o + 5] as number
+        disk[j] = b[o + 6] as number
+      }
+    }
+    out.overlapHost = host
+    out.overlapDisk = disk
   }
 
   private waitForSlot(): Promise<number> {

@@ -22,7 +22,8 @@
 //   slot header   N (blocks), PENDING (bit k set while shard k owes its answer), FLAGS, then
 //                 per shard BARRIER (applied-message count to wait for, or -1)
 //   hashes        lo[maxBlocks], hi[maxBlocks]
-//   results       per shard: COUNT, then maxResults × (idLo, idHi, rank, depth, treeSize)
+//   results       per shard: COUNT, then maxResults × (idLo, idHi, rank, depth, treeSize, hostDepth,
+//                 diskDepth): the depths through device, then host, then disk and external blocks
 //
 // State of a query slot (main thread's view):
 //
@@ -97,7 +98,23 @@ export const C_REJECTED_WORDS = 18
  */
 export const C = words(
   4 * LINE,
-  ['received', 'applied', 'malformed', 'processed', 'blocks', 'nodes', 'workers', 'queries', 'stored', 'removed', 'cleared', 'rejected', 'misplaced', 'gaps'],
+  [
+    'received',
+    'applied',
+    'malformed',
+    'processed',
+    'blocks',
+    'nodes',
+    'workers',
+    'queries',
+    'stored',
+    'removed',
+    'cleared',
+    'rejected',
+    'misplaced',
+    'gaps',
+    'lowerBlocks',
+  ],
   { rejected: C_REJECTED_WORDS },
 )
 /**
@@ -129,7 +146,7 @@ export const Q_PER_SHARD = 1
 /** PENDING is one Int32 bitmask. */
 export const MAX_SHARDS = 31
 export const QF_EARLY_EXIT = 1
-export const RESULT_WORDS = 5
+export const RESULT_WORDS = 7
 
 export interface BoardGeometry {
   shards: number

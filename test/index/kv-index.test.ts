@@ -203,14 +203,6 @@ t.test('a worker reaching one node through two hashes stays until both are remov
   t.equal(ix.liveNodes, 1)
 })
 
-t.test('non-device tiers are counted and not indexed', async (t) => {
-  const ix = new KvIndex()
-  const ev = chain(1, null, [1])
-  ev.storage_tier = 'disk'
-  t.equal(apply(ix, ev), 1 + RejectReason.NonDeviceTier)
-  t.same(scores(ix, [1]), {})
-})
-
 t.test('the block cap rejects stores beyond it and freed entries are reused', async (t) => {
   const ix = new KvIndex({ maxBlocks: 5, initialBlocks: 4 })
   t.equal(apply(ix, chain(1, null, [1, 2, 3])), 0)

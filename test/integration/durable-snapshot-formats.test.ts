@@ -153,7 +153,7 @@ t.test('a binary snapshot truncated, corrupt or of another version is refused, c
   const cases: [string, Uint8Array, string, RegExp][] = [
     ['truncated', good.subarray(0, good.length - 16), 'binary', /truncated/],
     ['a byte flipped', flipped, 'binary', /checksum does not match/],
-    ['of version 7', version, 'binary', /version 7; this router reads version 1/],
+    ['of version 7', version, 'binary', /version 7; this router reads versions 1 and 2/],
     ['named binary but JSON', Buffer.from('[]'), 'binary', /not a kv-router binary snapshot/],
     ['of a format no kv-router writes', good, 'bincode', /format "bincode", which this router does not read/],
   ]

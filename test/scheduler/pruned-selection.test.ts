@@ -170,7 +170,11 @@ function request(rng: Xoshiro128, twin: Twin, uid: number, fleet: Fleet): Schedu
     for (let i = 0; i < k; i++) slots.add(rng.int(cap + 2))
     const same = 1 + rng.int(Math.max(1, n))
     const list = [...slots]
-    const values = list.map(() => (rng.next() < 0.5 ? same : rng.int(n + 3)))
+    // some weighted by storage tier (route-path.ts tieredOverlap): device + 0.75 × host + 0.25 × disk extensions, fractional
+    const values = list.map(() => {
+      const v = rng.next() < 0.5 ? same : rng.int(n + 3)
+      return rng.next() < 0.3 ? v + 0.75 * rng.int(3) + 0.25 * rng.int(3) : v
+    })
     const form = rng.int(3)
     if (form !== 2) {
       const dense = new Float64Array(cap + 2)

@@ -82,6 +82,7 @@ export function publishCounters(): void {
   Atomics.store(ctrl, C.misplaced, counters.misplaced | 0)
   Atomics.store(ctrl, C.gaps, counters.gaps | 0)
   Atomics.store(ctrl, C.blocks, index.liveEntries)
+  Atomics.store(ctrl, C.lowerBlocks, index.lowerEntries)
   Atomics.store(ctrl, C.nodes, index.liveNodes)
   Atomics.store(ctrl, C.workers, index.liveWorkers)
   Atomics.store(ctrl, C.queries, counters.queries | 0)

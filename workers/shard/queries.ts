@@ -47,6 +47,8 @@ function answer(slot: number): void {
     board[o + 2] = index.workerRank(w)
     board[o + 3] = index.depth(w)
     board[o + 4] = index.treeSize(w)
+    board[o + 5] = index.hostDepth(w)
+    board[o + 6] = index.diskDepth(w)
   }
   counters.queries++
   const bit = 1 << me

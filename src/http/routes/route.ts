@@ -5,6 +5,7 @@ import type { FastifyInstance } from 'fastify'
 import type { RouteInput } from '../../core/router.js'
 import { MAX_ISL } from '../../scheduler/scheduler.js'
 import type { Candidate } from '../../scheduler/selector.js'
+import type { OverlapResult } from '../../shards/pool.js'
 import { KvrError } from '../../errors.js'
 import { blockHashesInto } from '../../codec/hashing.js'
 import { u64ToString } from '../../codec/u64.js'
@@ -16,19 +17,43 @@ import { ROUTED, latencyObjectives, overrides } from '../request.js'
 import type { RequestWithBytes } from '../request.js'
 import type { HttpContext } from '../context.js'
 
-/** One row of an explained decision (also the status page's). */
-export function candidateJson(c: Candidate): string {
+/** A candidate's match per storage tier, cumulative: device, then through host, then through disk and external. */
+export interface TierBlocks {
+  device: number
+  host: number
+  disk: number
+}
+
+/** Each worker-rank's match per tier in an overlap answer, by `worker_id:dp_rank`. */
+export function tierBlocksOf(r: OverlapResult): Map<string, TierBlocks> {
+  const out = new Map<string, TierBlocks>()
+  for (let i = 0; i < r.count; i++) {
+    const d = r.overlap[i] as number
+    const key = `${u64ToString(r.workerIdLo[i] as number, r.workerIdHi[i] as number)}:${r.dpRank[i]}`
+    out.set(key, { device: d, host: r.overlapHost?.[i] ?? d, disk: r.overlapDisk?.[i] ?? d })
+  }
+  return out
+}
+
+/** One row of an explained decision (also the status page's, which has no `tiers`). */
+export function candidateJson(c: Candidate, tiers?: Map<string, TierBlocks>): string {
   const id = c.workerId.toString()
   // the latency cost's terms, in seconds, after Dynamo's fields (absent under --router-cost dynamo)
   const terms =
     c.ttftSecs === undefined ? '' : `,"ttft_secs":${c.ttftSecs},"decode_slowdown_secs":${c.slowdownSecs ?? 0},"queueing_secs":${c.queueingSecs ?? 0}`
   // a request with latency objectives: the predicted TPOT there and whether both predictions meet them
   const objectives = c.meetsObjectives === undefined ? '' : `,"tpot_secs":${c.tpotSecs ?? 0},"meets_objectives":${c.meetsObjectives}`
+  const tiered = tiers === undefined ? '' : tierJson(tiers.get(`${id}:${c.dpRank}`))
   return (
     `{"worker_id":${id},"worker_id_str":"${id}","dp_rank":${c.dpRank},"overlap_blocks":${c.overlapBlocks},"prefill_blocks":${c.prefillBlocks},` +
     `"decode_blocks":${c.decodeBlocks},"logit":${Number.isFinite(c.logit) ? c.logit : 'null'}` +
-    `${c.treeSize === undefined ? '' : `,"tree_size":${c.treeSize}`}${terms}${objectives}}`
+    `${c.treeSize === undefined ? '' : `,"tree_size":${c.treeSize}`}${terms}${objectives}${tiered}}`
   )
+}
+
+/** overlap_blocks is these weighted (--router-host-cache-hit-weight, --router-disk-cache-hit-weight). */
+function tierJson(t: TierBlocks | undefined): string {
+  return `,"device_blocks":${t?.device ?? 0},"host_blocks":${t?.host ?? 0},"disk_blocks":${t?.disk ?? 0}`
 }
 
 /** Registers the routes in their own scope, where bodies arrive as bytes. */
@@ -99,12 +124,13 @@ export async function decisionRoutes(fastify: FastifyInstance, ctx: HttpContext)
           )
         input.id = (id as string | undefined) ?? router.requestIds.create()
       }
-      const { decision } = await router.route(input)
+      const { decision, overlap } = await router.route(input)
       if (logged) (req as RequestWithBytes)[ROUTED] = decision
       const wid = decision.workerId.toString()
       let s = `{"worker_id":${wid},"worker_id_str":"${wid}","dp_rank":${decision.dpRank},"overlap_blocks":${decision.overlapBlocks},"candidates":[`
       const cs = decision.candidates ?? []
-      for (let i = 0; i < cs.length; i++) s += (i === 0 ? '' : ',') + candidateJson(cs[i] as Candidate)
+      const tiers = tierBlocksOf(overlap)
+      for (let i = 0; i < cs.length; i++) s += (i === 0 ? '' : ',') + candidateJson(cs[i] as Candidate, tiers)
       s += ']'
       if (decision.booked && decision.requestId !== undefined) s += `,"request_id":${JSON.stringify(decision.requestId)}`
       return reply.header('content-type', 'application/json').send(s + '}')
@@ -129,7 +155,10 @@ export async function decisionRoutes(fastify: FastifyInstance, ctx: HttpContext)
       const scores = []
       for (let i = 0; i < r.count; i++) {
         const wid = u64ToString(r.workerIdLo[i] as number, r.workerIdHi[i] as number)
-        scores.push(`{"worker_id":${wid},"worker_id_str":"${wid}","dp_rank":${r.dpRank[i]},"overlap_blocks":${r.overlap[i]},"tree_size":${r.treeSize[i]}}`)
+        const tiers = r.overlapHost === undefined ? '' : `,"host_blocks":${r.overlapHost[i]},"disk_blocks":${r.overlapDisk?.[i] ?? r.overlapHost[i]}`
+        scores.push(
+          `{"worker_id":${wid},"worker_id_str":"${wid}","dp_rank":${r.dpRank[i]},"overlap_blocks":${r.overlap[i]},"tree_size":${r.treeSize[i]}${tiers}}`,
+        )
       }
       return reply
         .header('content-type', 'application/json')

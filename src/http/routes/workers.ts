@@ -32,10 +32,12 @@ export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): ListWo
     const health = router.pool.health()
     const cached = new Map<string, number>()
     const lastEvent = new Map<string, bigint>()
+    const lower = new Map<string, number>()
     const sizes = await (now ? router.pool.treeSizesNow() : router.pool.treeSizes())
     for (const t of sizes) {
       cached.set(`${t.worker_id}:${t.dp_rank}`, t.tree_size)
       if (t.last_event_id !== undefined) lastEvent.set(`${t.worker_id}:${t.dp_rank}`, t.last_event_id)
+      if (t.lower_tier_blocks !== undefined) lower.set(`${t.worker_id}:${t.dp_rank}`, t.lower_tier_blocks)
     }
     // worker-ranks the index holds from KV events alone: no URL to route to, yet they take slots
     // and memory until their worker registers or DELETE /v1/workers/{id} drops them
@@ -65,6 +67,7 @@ export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): ListWo
           prefill_tokens: s?.prefillTokens ?? 0,
           in_flight: s?.inFlight ?? 0,
           engine_model: slot < 0 ? null : engineModelJson(router.scheduler.learnedEngine(slot)),
+          lower_tier_blocks: lower.get(`${w.id}:${r}`) ?? 0,
         })
       }
       // the shard's state first (a restarted shard lost every worker it held), then the ranks'

@@ -21,16 +21,17 @@ import { Worker } from 'node:worker_threads'
 import { Pool } from 'undici'
 import { expandTokens, readTrace } from '../src/sim/replay/trace.js'
 import type { TraceRequest } from '../src/sim/replay/trace.js'
-import { repoRoot, resultsDir, textTable } from './lib/common.js'
+import { processTicks, repoRoot, resultsDir, textTable, TICKS_PER_S } from './lib/common.js'
 import { cpuSample, cpuShares, start, stop } from './lib/processes.js'
 import type { Child } from './lib/processes.js'
-import { ArgError, parseIndexerArgs } from './lib/indexer.js'
+import { ArgError, bucketQuantile, histogramBuckets, parseIndexerArgs } from './lib/indexer.js'
 import type { IndexerArgs } from './lib/indexer.js'
 import { quantile } from './lib/stats.js'
 
 const BLOCK_SIZE = 64
 const MODEL = 'indexer-bench-model'
 const EVENTS_APPLIED = 'kvrouter_shard_events_applied_total'
+const ANSWER_SECONDS = 'kvrouter_indexer_answer_seconds'
 
 interface Phase {
   label: string
@@ -45,6 +46,12 @@ interface Phase {
   /** Engine requests completed per second during the phase. */
   engineRps: number
   cpu: { own: number; other: number } | null
+  /** The indexer's own answer time (parsed body to answer), p50 and p99 as histogram bucket bounds, ms. */
+  serverP50: number | null
+  serverP99: number | null
+  /** CPU of the indexer and of the engines' process, in cores. */
+  indexerCores: number | null
+  enginesCores: number | null
 }
 
 async function counter(url: string, name: string): Promise<number | null> {
@@ -109,6 +116,8 @@ async function queryPhase(
   const lat: number[] = []
   let next = 0
   const ev0 = await counter(url, EVENTS_APPLIED)
+  const h0 = histogramBuckets(await (await fetch(`${url}/metrics`)).text(), ANSWER_SECONDS, 'route="query"')
+  const ticks0 = pids.map(processTicks)
   await driver?.poll()
   const e0 = driver?.done() ?? 0
   const cpu0 = cpuSample(pids)
@@ -127,7 +136,15 @@ async function queryPhase(
   await Promise.all(Array.from({ length: concurrency }, loop))
   const wall = (performance.now() - t0) / 1000
   const cpu = cpuShares(cpu0, cpuSample(pids))
+  const ticks1 = pids.map(processTicks)
   const ev1 = await counter(url, EVENTS_APPLIED)
+  const h1 = histogramBuckets(await (await fetch(`${url}/metrics`)).text(), ANSWER_SECONDS, 'route="query"')
+  const cores = (i: number): number | null => {
+    const a0 = ticks0[i]
+    const a1 = ticks1[i]
+    return a0 === null || a0 === undefined || a1 === null || a1 === undefined ? null : (a1 - a0) / TICKS_PER_S / wall
+  }
+  const ms = (v: number | null): number | null => (v === null ? null : v * 1000)
   await driver?.poll()
   const engineRps = ((driver?.done() ?? 0) - e0) / wall
   await pool.close()
@@ -143,6 +160,10 @@ async function queryPhase(
     eventsPerS: ev0 === null || ev1 === null ? null : (ev1 - ev0) / wall,
     engineRps,
     cpu,
+    serverP50: ms(bucketQuantile(h0, h1, 0.5)),
+    serverP99: ms(bucketQuantile(h0, h1, 0.99)),
+    indexerCores: cores(0),
+    enginesCores: cores(1),
   }
 }
 
@@ -238,7 +259,20 @@ async function main(): Promise<void> {
   const f = (v: number): string => (v >= 100 ? v.toFixed(0) : v >= 10 ? v.toFixed(1) : v.toFixed(2))
   console.log(
     textTable(
-      ['phase', 'queries', 'queries/s', 'p50 ms', 'p90 ms', 'p99 ms', 'max ms', 'engine req/s', 'events applied/s', 'CPU (bench procs / other)'],
+      [
+        'phase',
+        'queries',
+        'queries/s',
+        'p50 ms',
+        'p90 ms',
+        'p99 ms',
+        'max ms',
+        'indexer p50/p99 ms',
+        'engine req/s',
+        'events applied/s',
+        'cores: indexer / engines',
+        'machine: bench / other',
+      ],
       phases.map((p) => [
         p.label,
         String(p.queries),
@@ -247,8 +281,10 @@ async function main(): Promise<void> {
         f(p.p90),
         f(p.p99),
         f(p.max),
+        `≤ ${p.serverP50 === null ? 'n/a' : f(p.serverP50)} / ≤ ${p.serverP99 === null ? 'n/a' : f(p.serverP99)}`,
         f(p.engineRps),
         p.eventsPerS === null ? 'n/a' : f(p.eventsPerS),
+        `${p.indexerCores?.toFixed(2) ?? 'n/a'} / ${p.enginesCores?.toFixed(2) ?? 'n/a'}`,
         p.cpu === null ? 'n/a' : `${(p.cpu.own * 100).toFixed(0)}% / ${(p.cpu.other * 100).toFixed(0)}%`,
       ]),
     ),

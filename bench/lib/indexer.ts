@@ -50,3 +50,29 @@ export function parseIndexerArgs(argv: readonly string[]): IndexerArgs {
   }
   return out
 }
+
+/** Cumulative bucket counts of a Prometheus histogram (summed over label sets that include `labels`), by upper bound. */
+export function histogramBuckets(text: string, name: string, labels = ''): Map<number, number> {
+  const out = new Map<number, number>()
+  const prefix = `${name}_bucket{`
+  for (const line of text.split('\n')) {
+    if (!line.startsWith(prefix) || !line.includes(labels)) continue
+    const m = /[{,]le="([^"]+)"/.exec(line)
+    if (m === null) continue
+    const le = m[1] === '+Inf' ? Number.POSITIVE_INFINITY : Number(m[1])
+    out.set(le, (out.get(le) ?? 0) + Number(line.slice(line.lastIndexOf(' ') + 1)))
+  }
+  return out
+}
+
+/**
+ * The q-quantile of what a histogram took between two scrapes, as the upper bound of the bucket it
+ * falls in (a histogram knows no finer); null when nothing was observed.
+ */
+export function bucketQuantile(before: Map<number, number>, after: Map<number, number>, q: number): number | null {
+  const bounds = [...after.keys()].sort((x, y) => x - y)
+  const total = (after.get(Number.POSITIVE_INFINITY) ?? 0) - (before.get(Number.POSITIVE_INFINITY) ?? 0)
+  if (total <= 0) return null
+  for (const le of bounds) if ((after.get(le) ?? 0) - (before.get(le) ?? 0) >= q * total) return le
+  return Number.POSITIVE_INFINITY
+}

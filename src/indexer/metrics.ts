@@ -6,7 +6,7 @@ import { counter, gauge } from '../metrics/registry.js'
 import type { IndexerRegistry } from './registry.js'
 import type { ShardPool } from '../shards/pool.js'
 
-const MS_BUCKETS = [0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 1000]
+const SECONDS_BUCKETS = [0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1]
 
 export class IndexerMetrics {
   readonly registry = new Registry()
@@ -23,10 +23,10 @@ export class IndexerMetrics {
       registers: [r],
     })
     this.latency = new Histogram({
-      name: 'kvrouter_indexer_query_duration_ms',
-      help: 'Time to answer /query and /query_by_hash (hashing, the overlap query and the answer), in ms',
+      name: 'kvrouter_indexer_answer_seconds',
+      help: 'Time to answer /query and /query_by_hash (hashing, the overlap query and the answer), in seconds',
       labelNames: ['route'],
-      buckets: MS_BUCKETS,
+      buckets: SECONDS_BUCKETS,
       registers: [r],
     })
     counter(r, 'kvrouter_indexer_registrations_total', 'Registrations the indexer accepted', () => this.registrations)
@@ -68,6 +68,6 @@ export class IndexerMetrics {
   }
 
   query(route: string, ms: number): void {
-    this.latency.observe({ route }, ms)
+    this.latency.observe({ route }, ms / 1000)
   }
 }

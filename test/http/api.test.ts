@@ -78,7 +78,10 @@ t.test("route under --router-cost dynamo: Dynamo's fields only, and its per-requ
   hd.router.ingestEvent({ worker_id: 1n, event: { event_id: 1n, dp_rank: 0, data: { stored: { parent_hash: null, blocks } } } })
   await hd.router.pool.flush()
   const d = await inject({ token_ids: prompt })
-  t.match(d.body, '"worker_id":1,"worker_id_str":"1","dp_rank":0,"overlap_blocks":3,"prefill_blocks":1,"decode_blocks":4,"logit":5,"tree_size":3}')
+  t.match(
+    d.body,
+    '"worker_id":1,"worker_id_str":"1","dp_rank":0,"overlap_blocks":3,"prefill_blocks":1,"decode_blocks":4,"logit":5,"tree_size":3,"device_blocks":3,"host_blocks":3,"disk_blocks":3}',
+  )
   t.notMatch(d.body, 'ttft_secs')
   // Era C credit per request: 3 cached blocks × 2 cover the 4-block prompt, the prefill term is 0
   const cr = await inject({ token_ids: prompt, router_config_override: { overlap_score_credit: 2 } })

@@ -148,7 +148,14 @@ t.test('GET /v1/status: workers, counters and the decisions after `since`, expla
     'each candidate with its cost terms',
   )
   t.ok((d.candidates?.[0]?.logit ?? 0) <= (d.candidates?.[1]?.logit ?? 0), 'cheapest first')
-  const byCost = [...(explained.candidates as { logit: number }[])].sort((x, y) => x.logit - y.logit)
+  // the explanation also splits each overlap by storage tier, which the status page does not keep
+  const byCost = (explained.candidates as { logit: number; device_blocks?: number; host_blocks?: number; disk_blocks?: number }[])
+    .map(({ device_blocks, host_blocks, disk_blocks, ...row }) => {
+      t.equal(typeof device_blocks, 'number', 'the explanation gives device_blocks')
+      t.ok(host_blocks !== undefined && disk_blocks !== undefined, 'and host_blocks, disk_blocks')
+      return row
+    })
+    .sort((x, y) => x.logit - y.logit)
   t.same(s.decisions[1]?.candidates, byCost, "the same rows as /v1/route's explanation, cheapest first")
   t.equal(s.events.http_received, 1)
   // the predictions of the workers without events are events too (synthetic stores)

@@ -30,6 +30,7 @@ t.test('dead workers are tried once, then left out while the live one takes ever
     return r.status
   }
   const statuses: number[] = []
+  const t0 = performance.now()
   for (let i = 0; i < 30; i++) statuses.push(await post(i))
   t.same(new Set(statuses), new Set([200]), 'every request answered')
   const failures = (id: bigint): number => h.router.registry.get(id)?.failures ?? -1
@@ -38,9 +39,13 @@ t.test('dead workers are tried once, then left out while the live one takes ever
   const workers = (await h.app.fastify.inject({ method: 'GET', url: '/v1/workers' })).json<{
     workers: { id: number; health: string; suspended_for_ms: number }[]
   }>().workers
+  // on a loaded machine the 30 requests may outlast the second a suspension lasts
+  const withinSuspension = performance.now() - t0 < 1000
   for (const w of workers.filter((x) => x.id !== 3 && failures(BigInt(x.id)) === 1)) {
-    t.equal(w.health, 'suspended', `worker ${w.id}`)
-    t.ok(w.suspended_for_ms > 0 && w.suspended_for_ms <= 1000, `for up to 1 s (${w.suspended_for_ms} ms)`)
+    if (withinSuspension || w.health === 'suspended') {
+      t.equal(w.health, 'suspended', `worker ${w.id}`)
+      t.ok(w.suspended_for_ms > 0 && w.suspended_for_ms <= 1000, `for up to 1 s (${w.suspended_for_ms} ms)`)
+    } else t.equal(w.suspended_for_ms, 0, `worker ${w.id}: its second is over`)
   }
   const suspendedNow = workers.filter((w) => w.health === 'suspended').length
   t.match(await h.router.metrics.registry.metrics(), new RegExp(`kvrouter_workers_suspended ${suspendedNow}\\b`))

@@ -31,7 +31,7 @@ t.teardown(async () => {
 const replica = (t: Test, routerId: bigint, extra: string[] = [], deps: RouterDeps = {}): Promise<Router> => startReplica(t, nats.url, routerId, extra, deps)
 const exact = (...routers: Router[]): Promise<void> => makeExact(pub, ...routers)
 
-t.test('a booking reaches the peer within 50 ms, then its prefill completion and its free; own events are ignored', async (t) => {
+t.test('a booking reaches the peer at once, then its prefill completion and its free; own events are ignored', async (t) => {
   const a = await replica(t, 11n)
   const b = await replica(t, 12n)
   await Promise.all([inStep(a), inStep(b)])
@@ -40,7 +40,8 @@ t.test('a booking reaches the peer within 50 ms, then its prefill completion and
   const { decision } = await a.route({ tokens: prompt(2, 3, 1) })
   await waitUntil('B holds the booking', () => b.scheduler.sequences.remoteSize === 1, 1000, 1)
   const ms = performance.now() - t0
-  t.ok(ms < 50, `visible on the peer after ${ms.toFixed(1)} ms`)
+  // sent as it is made, not with the next heartbeat (1 s); the bound leaves room for a loaded machine
+  t.ok(ms < 500, `visible on the peer after ${ms.toFixed(1)} ms`)
   t.same(slotLoad(b, decision.workerId), { inFlight: 1, prefill: 80, blocks: 5 }, 'the same load as on A')
   t.same(slotLoad(a, decision.workerId), slotLoad(b, decision.workerId))
   a.scheduler.markPrefillComplete(decision.requestId as string)

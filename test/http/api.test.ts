@@ -80,7 +80,8 @@ t.test("route under --router-cost dynamo: Dynamo's fields only, and its per-requ
   const d = await inject({ token_ids: prompt })
   t.match(
     d.body,
-    '"worker_id":1,"worker_id_str":"1","dp_rank":0,"overlap_blocks":3,"prefill_blocks":1,"decode_blocks":4,"logit":5,"tree_size":3,"device_blocks":3,"host_blocks":3,"disk_blocks":3}',
+    '"worker_id":1,"worker_id_str":"1","dp_rank":0,"overlap_blocks":3,"prefill_blocks":1,"decode_blocks":4,"logit":5,"tree_size":3,' +
+      '"device_blocks":3,"host_blocks":3,"disk_blocks":3}',
   )
   t.notMatch(d.body, 'ttft_secs')
   // Era C credit per request: 3 cached blocks × 2 cover the 4-block prompt, the prefill term is 0

@@ -166,9 +166,10 @@ t.test('host-tier blocks of mocker engines, through kv-router indexer and kv-rou
     }
     type Instances = Record<string, { gpu: number; cpu: number; disk: number; longest_matched: number }>
     let inst: Instances = {}
+    // the history is replayed in order: wait for its end, where the device no longer holds the prompt
     await waitUntil('the indexer sees the host tier', async () => {
       inst = ((await post(`${indexer}/query`, { token_ids: prompt, model_name: 'm' })).json as { instances: Instances }).instances
-      return (inst['1']?.cpu ?? 0) === 64
+      return inst['1']?.cpu === 64 && inst['1'].gpu === 0
     })
     const one = inst['1']
     t.same(one && [one.gpu, one.cpu, one.disk, one.longest_matched], [0, 64, 64, 64], 'engine 0: nothing on the device, 64 tokens with its host tier')
@@ -179,17 +180,22 @@ t.test('host-tier blocks of mocker engines, through kv-router indexer and kv-rou
     let r: { worker_id: number; candidates: Candidate[] } = { worker_id: 0, candidates: [] }
     await waitUntil('the router sees the host tier', async () => {
       r = (await post(`${base}/v1/route`, { token_ids: prompt })).json as typeof r
-      return r.candidates.some((c) => c.worker_id === 1 && c.host_blocks === 4)
+      return r.candidates.some((c) => c.worker_id === 1 && c.host_blocks === 4 && c.device_blocks === 0)
     })
     const one = r.candidates.find((c) => c.worker_id === 1)
     const two = r.candidates.find((c) => c.worker_id === 2)
     t.same(one && [one.device_blocks, one.host_blocks, one.overlap_blocks], [0, 4, 3], 'worker 1: 4 host blocks, weighted 0.75 each')
     t.same(two && [two.device_blocks, two.host_blocks, two.overlap_blocks], [0, 0, 0], 'worker 2: nothing')
     t.equal(r.worker_id, 1, 'the host-tier prefix wins over nothing')
-    // the router's lower tier holds what the engine's host tier holds
+    // the router's lower tier comes to hold what the engine's host tier holds
     const stats = (await (await fetch(`${eng.urls[0]}/stats`)).json()) as { pool: { host: { used: number } } }
-    const workers = (await (await fetch(`${base}/v1/workers`)).json()) as { workers: { id: number; ranks: { lower_tier_blocks: number }[] }[] }
-    t.equal(workers.workers.find((w) => w.id === 1)?.ranks[0]?.lower_tier_blocks, stats.pool.host.used, "the router's host tier is the engine's")
+    let held = -1
+    await waitUntil('the router holds the host tier', async () => {
+      const workers = (await (await fetch(`${base}/v1/workers`)).json()) as { workers: { id: number; ranks: { lower_tier_blocks: number }[] }[] }
+      held = workers.workers.find((w) => w.id === 1)?.ranks[0]?.lower_tier_blocks ?? -1
+      return held === stats.pool.host.used
+    })
+    t.equal(held, stats.pool.host.used, "the router's host tier is the engine's")
   })
 
   await t.test('the prompt again on engine 0: loaded from the host tier, every block cached', async (t) => {

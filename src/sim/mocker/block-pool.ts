@@ -19,9 +19,17 @@
 //
 // Everything per block lives in typed arrays indexed by slot and u64 hashes are u32 halves; the
 // only bigints are the ones inside event objects, built only when a sink is attached.
-import type { RouterEvent, StoredBlock } from '../../codec/events.js'
+//
+// With a host tier (`hostCapacity` > 0, host-tier.ts) an evicted block is offloaded there rather
+// than lost, with a Stored event of tier `host_pinned` (vLLM's `medium: "CPU"`) after the device's
+// Removed; the host tier's own evictions are Removed events of that tier. A block brought back
+// from the host is a device miss like any other: a fresh slot and a device Stored event, as vLLM
+// announces the blocks it loads; the host keeps its copy. For the host events the pool keeps each
+// device block's parent and token ids, which it otherwise has no use for.
+import type { RouterEvent, StorageTierName, StoredBlock } from '../../codec/events.js'
 import { sequenceHashesInto } from '../../codec/hashing.js'
 import { u64FromParts } from '../../codec/u64.js'
+import { HostTier } from './host-tier.js'
 
 export interface BlockPoolOptions {
   /** Blocks the pool holds (an engine's `num_gpu_blocks`). */
@@ -30,6 +38,8 @@ export interface BlockPoolOptions {
   blockSize: number
   workerId?: bigint
   dpRank?: number
+  /** Blocks of the host (CPU) offload tier; 0 (default): none. */
+  hostCapacity?: number
   /**
    * Receives every KV event, in order. Without one, no event objects are built at all. With a
    * Stored event comes `tokens` when the allocation was given the request's tokens: the token
@@ -79,6 +89,14 @@ export class BlockPool {
   readonly workerId: bigint
   readonly dpRank: number
   private readonly sink: BlockPoolSink | undefined
+  /** The host offload tier, or null. */
+  readonly host: HostTier | null
+  // with a host tier: each device block's parent and token ids (the host events carry them)
+  private parLo: Uint32Array | null = null
+  private parHi: Uint32Array | null = null
+  private hasPar: Uint8Array | null = null
+  private slotTokens: Uint32Array | null = null
+  private hasTok: Uint8Array | null = null
 
   // --- per-slot state ---
   private seqLo: Uint32Array
@@ -123,6 +141,8 @@ export class BlockPool {
   preemptions = 0
   /** Events emitted (whether or not a sink consumed them). */
   events = 0
+  /** Blocks brought back from the host tier (a request's prefix continued there). */
+  hostLoads = 0
 
   constructor(options: BlockPoolOptions) {
     const { capacity, blockSize } = options
@@ -157,6 +177,20 @@ export class BlockPool {
     this.table = new Int32Array(1 << bits).fill(EMPTY)
     this.mask = (1 << bits) - 1
     this.shift = 32 - bits
+    const hostCapacity = options.hostCapacity ?? 0
+    if (!Number.isInteger(hostCapacity) || hostCapacity < 0 || hostCapacity > MAX_POOL_CAPACITY) {
+      throw new RangeError(`host tier capacity must be an integer in [0, ${MAX_POOL_CAPACITY}], got ${String(hostCapacity)}`)
+    }
+    // token ids only matter to a sink's events
+    const keepTokens = this.sink !== undefined
+    this.host = hostCapacity > 0 ? new HostTier(hostCapacity, blockSize, keepTokens) : null
+    if (this.host !== null) {
+      this.parLo = new Uint32Array(capacity)
+      this.parHi = new Uint32Array(capacity)
+      this.hasPar = new Uint8Array(capacity)
+      this.hasTok = new Uint8Array(capacity)
+      if (keepTokens) this.slotTokens = new Uint32Array(capacity * blockSize)
+    }
   }
 
   // ------------------------------------------------------------------------------------------
@@ -241,6 +275,18 @@ export class BlockPool {
     return h
   }
 
+  /**
+   * Blocks from(inclusive) … to(exclusive) of a prompt, by sequence hash, that the host tier
+   * holds in a row from `from`: how far a device match continues there. 0 without a host tier.
+   */
+  hostRun(seqLo: Uint32Array, seqHi: Uint32Array, from: number, to: number): number {
+    const h = this.host
+    if (h === null) return 0
+    let i = from
+    while (i < to && h.find(seqLo[i] as number, seqHi[i] as number) !== EMPTY) i++
+    return i - from
+  }
+
   // ------------------------------------------------------------------------------------------
   // allocation
 
@@ -322,6 +368,10 @@ export class BlockPool {
       const s = found[i] as number
       if (s !== EMPTY) this.acquire(s)
     }
+    const host = this.host
+    // a new request's prefix continued in the host tier is loaded from there: most recently used
+    // before making room offloads anything
+    if (host !== null && held === 0) this.touchHostRun(host, hits, m)
     for (let i = 0; i < m; i++) {
       let s = found[i] as number
       if (s === EMPTY) {
@@ -334,6 +384,7 @@ export class BlockPool {
         this.active++
         this.insert(s)
         found[i] = s
+        if (host !== null) this.keepForHost(s, i, held, parentLo, parentHi, tokens)
       }
       r.slots[held + i] = s
     }
@@ -356,8 +407,10 @@ export class BlockPool {
       } else if (held === 0) hasParent = false
       storedData = this.storedData(hasParent, parentLo, parentHi, hits, m)
     }
+    const hostEvents = host?.changed ? this.hostEvents(host) : null
     // Removed first: the router must drop the old blocks before it sees the ones in their place.
     if (evicted > 0) this.emitRemoved()
+    if (hostEvents !== null) for (const [data, toks] of hostEvents) this.emit(data, toks, 'host_pinned')
     // the Stored event's blocks are the request's blocks held + hits … n (after the cached run)
     if (stored > 0)
       this.emit(storedData, storedData !== null && tokens !== undefined ? tokens.subarray((held + hits) * this.blockSize, n * this.blockSize) : undefined)
@@ -416,10 +469,93 @@ export class BlockPool {
     // Unreachable after pass 1's room check; guards the invariant rather than exceed capacity.
     if (s === c) throw new Error('block pool invariant broken: no free or inactive block')
     this.lruUnlink(s)
+    if (this.host !== null) this.offload(this.host, s)
     this.remove(s)
     this.evLo.push(this.seqLo[s] as number)
     this.evHi.push(this.seqHi[s] as number)
     return s
+  }
+
+  /** Touches the host tier's run of the new blocks from the first device miss (hostRun's). */
+  private touchHostRun(host: HostTier, from: number, m: number): void {
+    for (let i = from; i < m; i++) {
+      const h = host.find(this.sLo[i] as number, this.sHi[i] as number)
+      if (h === EMPTY) return
+      host.touch(h)
+      if (this.found[i] === EMPTY) this.hostLoads++
+    }
+  }
+
+  /** Records a new device block's parent and token ids, for its host events later. */
+  private keepForHost(s: number, i: number, held: number, parentLo: number, parentHi: number, tokens: Uint32Array | undefined): void {
+    const hasPar = this.hasPar as Uint8Array
+    if (i > 0) {
+      ;(this.parLo as Uint32Array)[s] = this.sLo[i - 1] as number
+      ;(this.parHi as Uint32Array)[s] = this.sHi[i - 1] as number
+      hasPar[s] = 1
+    } else {
+      ;(this.parLo as Uint32Array)[s] = parentLo
+      ;(this.parHi as Uint32Array)[s] = parentHi
+      hasPar[s] = held > 0 ? 1 : 0
+    }
+    const st = this.slotTokens
+    const bs = this.blockSize
+    if (st !== null && tokens !== undefined) {
+      st.set(tokens.subarray((held + i) * bs, (held + i + 1) * bs), s * bs)
+      ;(this.hasTok as Uint8Array)[s] = 1
+    } else (this.hasTok as Uint8Array)[s] = 0
+  }
+
+  /** Hands an evicted device block to the host tier (before its slot is reused). */
+  private offload(host: HostTier, s: number): void {
+    const hasTok = (this.hasTok as Uint8Array)[s] === 1
+    host.offload(
+      this.seqLo[s] as number,
+      this.seqHi[s] as number,
+      this.tokLo[s] as number,
+      this.tokHi[s] as number,
+      (this.hasPar as Uint8Array)[s] === 1,
+      (this.parLo as Uint32Array)[s] as number,
+      (this.parHi as Uint32Array)[s] as number,
+      hasTok ? this.slotTokens : null,
+      s * this.blockSize,
+    )
+  }
+
+  /**
+   * The host tier's changes of this allocation as event data, in order: one Removed for the blocks
+   * it evicted, then a Stored per block it took (each with its own parent, as vLLM announces
+   * offloaded blocks). Data is null without a sink; the events are numbered all the same.
+   */
+  private hostEvents(host: HostTier): [RouterEvent['event']['data'] | null, Uint32Array | undefined][] {
+    const out: [RouterEvent['event']['data'] | null, Uint32Array | undefined][] = []
+    const build = this.sink !== undefined
+    const n = host.removedLo.length
+    if (n > 0) {
+      let data: RouterEvent['event']['data'] | null = null
+      if (build) {
+        const block_hashes = new Array<bigint>(n)
+        for (let i = 0; i < n; i++) block_hashes[i] = u64FromParts(host.removedLo[i] as number, host.removedHi[i] as number)
+        data = { removed: { block_hashes } }
+      }
+      out.push([data, undefined])
+    }
+    const bs = this.blockSize
+    host.takeChanges((s) => {
+      if (!build) {
+        out.push([null, undefined])
+        return
+      }
+      const parent = host.hasPar[s] === 1 ? u64FromParts(host.parLo[s] as number, host.parHi[s] as number) : null
+      const block = {
+        block_hash: u64FromParts(host.seqLo[s] as number, host.seqHi[s] as number),
+        tokens_hash: u64FromParts(host.tokLo[s] as number, host.tokHi[s] as number),
+      }
+      // a copy: the slot may be taken by another block before a publisher is done with it
+      const toks = host.tokens !== null && host.hasTok[s] === 1 ? host.tokens.slice(s * bs, (s + 1) * bs) : undefined
+      out.push([{ stored: { parent_hash: parent, blocks: [block] } }, toks])
+    })
+    return out
   }
 
   private lruPush(s: number): void {
@@ -517,9 +653,12 @@ export class BlockPool {
   }
 
   /** Numbers and sends one event; `data` is null when there is no sink to send it to. */
-  private emit(data: RouterEvent['event']['data'] | null, tokens?: Uint32Array): void {
+  private emit(data: RouterEvent['event']['data'] | null, tokens?: Uint32Array, tier?: StorageTierName): void {
     const id = this.nextEventId++
     this.events++
-    if (data !== null && this.sink !== undefined) this.sink({ worker_id: this.workerId, event: { event_id: BigInt(id), data, dp_rank: this.dpRank } }, tokens)
+    if (data === null || this.sink === undefined) return
+    const ev: RouterEvent = { worker_id: this.workerId, event: { event_id: BigInt(id), data, dp_rank: this.dpRank } }
+    if (tier !== undefined) ev.storage_tier = tier
+    this.sink(ev, tokens)
   }
 }

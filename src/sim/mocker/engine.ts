@@ -54,6 +54,8 @@ export interface EngineConfig {
   blockSize: number
   /** KV blocks of the engine (`--num-gpu-blocks-override`). */
   numGpuBlocks: number
+  /** Blocks of the host (CPU) offload tier; 0 = none (`--num-cpu-blocks`). */
+  numCpuBlocks: number
   /** Running requests at most (`--max-num-seqs`). */
   maxNumSeqs: number
   /** Token budget of one step (`--max-num-batched-tokens`). */
@@ -75,6 +77,7 @@ export interface EngineConfig {
 export const ENGINE_DEFAULTS: Readonly<Omit<EngineConfig, 'workerId'>> = Object.freeze({
   blockSize: 64,
   numGpuBlocks: 16384,
+  numCpuBlocks: 0,
   maxNumSeqs: 256,
   maxNumBatchedTokens: 8192,
   enableChunkedPrefill: true,
@@ -198,6 +201,8 @@ export interface StepReport {
   durationMs: number
   /** Prefill tokens computed (T of the timing model). */
   prefillTokens: number
+  /** Prompt tokens loaded from the host tier instead (charged at HOST_LOAD_COST each). */
+  loadedTokens: number
   /** Context tokens before each of them, summed (the profile's attention term). */
   prefillPairs: number
   prefills: number
@@ -294,6 +299,7 @@ export class MockEngine {
     }
     checkInt('block size', c.blockSize, BLOCK_SIZE_OPTION.min, BLOCK_SIZE_OPTION.max)
     checkInt('num_gpu_blocks', c.numGpuBlocks, 1, 1 << 26)
+    checkInt('num_cpu_blocks', c.numCpuBlocks, 0, 1 << 26)
     checkInt('max_num_seqs', c.maxNumSeqs, 1, 1 << 20)
     checkInt('max_num_batched_tokens', c.maxNumBatchedTokens, 1, 1 << 30)
     if (c.preemptionMode !== 'lifo' && c.preemptionMode !== 'fifo')
@@ -318,6 +324,7 @@ export class MockEngine {
       blockSize: c.blockSize,
       workerId: c.workerId,
       dpRank: 0,
+      hostCapacity: c.numCpuBlocks,
       sink: (ev, tokens) => {
         this.ring.push(ev)
         this.onEvent?.(ev, tokens)
@@ -502,6 +509,7 @@ export class MockEngine {
     const entries: ScheduledEntry[] = []
     const preempted: number[] = []
     let prefillTokens = 0
+    let loadedTokens = 0
     let prefillPairs = 0
     let prefills = 0
     let decodes = 0
@@ -551,7 +559,10 @@ export class MockEngine {
         const r = this.waiting[0] as EngineRequest
         const full = Math.floor(r.known / bs)
         this.hashTo(r, full)
-        const hits = full > 0 ? this.pool.prefixHits(r.lo, r.hi, full) : 0
+        let hits = full > 0 ? this.pool.prefixHits(r.lo, r.hi, full) : 0
+        // the device match continued in the host tier: those blocks are loaded, not computed
+        const loaded = hits < full ? this.pool.hostRun(r.sLo, r.sHi, hits, full) : 0
+        hits += loaded
         const start = hits * bs
         const remaining = r.known - start
         let k: number
@@ -574,6 +585,7 @@ export class MockEngine {
         budget -= Math.max(k, 1)
         prefills++
         prefillTokens += k
+        loadedTokens += loaded * bs
         prefillPairs += contextPairs(start, k)
         entries.push({ id: r.id, tokens: k, decode: false })
       }
@@ -584,13 +596,14 @@ export class MockEngine {
     // duration keeps the loop alive rather than stalling it, should that ever change.
     if (sched.length === 0) return this.emptyReport(preempted)
     const kvUsage = this.activeBlocks / c.numGpuBlocks
-    const durationMs = stepMs({ prefillTokens, prefillPairs, decodes, kvUsage }, c, this.profile, c.speed)
+    const durationMs = stepMs({ prefillTokens, prefillPairs, decodes, kvUsage, loadedTokens }, c, this.profile, c.speed)
     this.stats.steps++
     this.stats.busyMs += durationMs
     return {
       step: this.stats.steps,
       durationMs,
       prefillTokens,
+      loadedTokens,
       prefillPairs,
       prefills,
       decodes,
@@ -609,6 +622,7 @@ export class MockEngine {
       step: this.stats.steps,
       durationMs: 0,
       prefillTokens: 0,
+      loadedTokens: 0,
       prefillPairs: 0,
       prefills: 0,
       decodes: 0,

@@ -242,6 +242,7 @@ export class MockerFleet {
       for (const k of [
         'blockSize',
         'numGpuBlocks',
+        'numCpuBlocks',
         'maxNumSeqs',
         'maxNumBatchedTokens',
         'enableChunkedPrefill',

@@ -83,6 +83,19 @@ const MOCKER_ROWS = [
     doc: 'KV blocks per engine (1–2^26).',
   }),
   opt({
+    flag: '--num-cpu-blocks',
+    key: 'numCpuBlocks',
+    kind: 'int',
+    min: 0,
+    max: 1 << 26,
+    dflt: ENGINE_DEFAULTS.numCpuBlocks,
+    help: 'blocks of a host (CPU) offload tier per engine, kept in LRU order from what the device evicts; 0 = none',
+    doc:
+      'Blocks of a host (CPU) offload tier per engine (0–2^26; 0 = none): a block the device evicts is kept there (LRU) and published as ' +
+      'stored in the host tier (vLLM `medium: "CPU"`, Dynamo `storage_tier: "host_pinned"`); a prompt whose cached prefix continues there ' +
+      'loads those blocks back instead of computing them ([architecture](architecture.md#host-offload-tier)).',
+  }),
+  opt({
     flag: '--max-num-seqs',
     key: 'maxNumSeqs',
     kind: 'int',
@@ -523,9 +536,11 @@ export async function mockerMain(argv: string[]): Promise<number> {
     o.kvEventsZmq === undefined
       ? ''
       : `; vLLM KV events on ZMQ ${o.kvEventsZmq}${o.kvEventsReplayZmq === undefined ? '' : `, replay ${o.kvEventsReplayZmq}`} (port + engine index)`
+  const cpu = ws[0]?.engine.config.numCpuBlocks ?? 0
+  const host = cpu > 0 ? `and ${cpu} host blocks ` : ''
   process.stderr.write(
     `kv-router mocker: worker ids ${ws.map((w) => w.workerId).join(' ')}; block size ${ws[0]?.engine.config.blockSize}, ${ws[0]?.capacity} blocks ` +
-      `each; registration and events: ${transport}${zmq}\n`,
+      `${host}each; registration and events: ${transport}${zmq}\n`,
   )
   process.stdout.write(`kv-router mocker: ready ${ws.length} engine(s) ${fleet.urls.join(' ')}\n`)
   process.on('SIGTERM', () => stop(0))

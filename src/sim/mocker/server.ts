@@ -335,6 +335,17 @@ export class EngineServer {
         free: e.pool.freeBlocks,
         evictions: e.pool.evictions,
         stored_blocks: e.pool.storedBlocks,
+        ...(e.pool.host === null
+          ? {}
+          : {
+              host: {
+                used: e.pool.host.used,
+                capacity: e.pool.host.capacity,
+                stored: e.pool.host.stored,
+                evictions: e.pool.host.evictions,
+                loads: e.pool.hostLoads,
+              },
+            }),
       },
       events: { newest_id: Number(e.ring.newestId), oldest_id: Number(e.ring.oldestId) },
       stats: { ...s, requests_served: this.requestsServed },

@@ -7,11 +7,12 @@
 // prefill-only pass, a decode-only pass), and nothing in the reference tells how they combine;
 // the mocker prices a mixed step as the SUM of the two terms:
 //
-//   step_ms = (prefill_ms(T) + attention_ms) / (speed × speedup)
+//   step_ms = (prefill_ms(T + L / 3) + attention_ms) / (speed × speedup)
 //           + decode_ms(p) / (speed × speedup × decode_speedup)
 //
-// where the prefill term is present only when the step computes prefill tokens and the decode
-// term only when it carries at least one decode. Summing is the conservative reading (a prefill
+// where L is the prompt tokens loaded from the host offload tier (HOST_LOAD_COST), the prefill
+// term is present only when the step computes or loads prefill tokens, and the decode term only
+// when it carries at least one decode. Summing is the conservative reading (a prefill
 // chunk really does delay the decodes batched with it, which is why vLLM users see ITL spikes
 // when long prompts arrive) and it degenerates to each fitted curve on its own for pure steps.
 import { PROFILES } from './profiles.js'
@@ -26,7 +27,17 @@ export interface StepCost {
   decodes: number
   /** KV usage p in [0, 1] for the decode term. */
   kvUsage: number
+  /** Prompt tokens loaded from the host tier in the step (see HOST_LOAD_COST). */
+  loadedTokens?: number
 }
+
+/**
+ * What a token loaded from the host tier costs, in prefilled tokens of the step's T: an 8B-class
+ * model's KV is 128 KiB per token, ~5 µs over PCIe at ~25 GB/s, against the default profile's
+ * ~15 µs per prefilled token (its linear term). A third, whatever the profile: simple, and of
+ * the right order.
+ */
+export const HOST_LOAD_COST = 1 / 3
 
 export interface SpeedOptions {
   /** Divides every duration; 0 means "no sleep": every step takes no time at all. */
@@ -53,7 +64,9 @@ export function stepMs(c: StepCost, s: SpeedOptions, profile: EngineProfile = PR
   if (!(s.speedupRatio > 0)) return 0
   const scale = s.speedupRatio * speed
   let ms = 0
-  if (c.prefillTokens > 0) ms += profilePrefillMs(profile, c.prefillTokens, c.prefillPairs) / scale
+  const loaded = c.loadedTokens ?? 0
+  const t = loaded > 0 ? c.prefillTokens + loaded * HOST_LOAD_COST : c.prefillTokens
+  if (t > 0) ms += profilePrefillMs(profile, t, c.prefillPairs) / scale
   if (c.decodes > 0) ms += profileDecodeMs(profile, c.kvUsage) / (scale * s.decodeSpeedupRatio)
   return ms
 }

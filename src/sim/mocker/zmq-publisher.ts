@@ -8,7 +8,11 @@
 // Events come in vLLM's map form (since vLLM PR #42892) or its older array form. Block hashes
 // are the mocker's sequence hashes as u64: msgpackr writes a bigint below 2^63 as int64 and one
 // above as uint64, which every MessagePack reader takes as the same 64 bits. `token_ids` are
-// the stored blocks' tokens, so a reader hashes the same tokens_hash the pool computed.
+// the stored blocks' tokens, so a reader hashes the same tokens_hash the pool computed. An event
+// of the host tier (`storage_tier: "host_pinned"`) has `medium: "CPU"`, as vLLM's offloading
+// connector publishes the blocks it keeps in CPU memory
+// (vllm/distributed/kv_transfer/kv_connector/v1/offloading/events.py@030ea52e: the block's own
+// hashes, parent, token ids and block size, with medium MEDIUM_CPU); every other event "GPU".
 //
 // A batch is what the engine emitted in one turn of the event loop (vLLM: one per step; the
 // mocker may run several steps in a turn). One publisher per engine; engine i of a process binds
@@ -175,10 +179,11 @@ export class ZmqEventPublisher implements EventPublisher {
   private convert(ev: RouterEvent, tokens: Uint32Array | undefined): unknown {
     const d = ev.event.data
     const map = this.form === 'map'
+    const medium = ev.storage_tier === 'host_pinned' ? 'CPU' : 'GPU'
     if (d === 'cleared') return map ? { type: 'AllBlocksCleared' } : ['AllBlocksCleared']
     if ('removed' in d) {
       const hashes = d.removed.block_hashes
-      return map ? { type: 'BlockRemoved', block_hashes: hashes, medium: 'GPU' } : ['BlockRemoved', hashes, 'GPU']
+      return map ? { type: 'BlockRemoved', block_hashes: hashes, medium } : ['BlockRemoved', hashes, medium]
     }
     const blocks = d.stored.blocks
     const bs = this.blockSize
@@ -192,8 +197,8 @@ export class ZmqEventPublisher implements EventPublisher {
     const ids = Array.from(tokens)
     const parent = d.stored.parent_hash
     return map
-      ? { type: 'BlockStored', block_hashes: hashes, parent_block_hash: parent, token_ids: ids, block_size: bs, lora_id: null, medium: 'GPU', lora_name: null }
-      : ['BlockStored', hashes, parent, ids, bs, null, 'GPU']
+      ? { type: 'BlockStored', block_hashes: hashes, parent_block_hash: parent, token_ids: ids, block_size: bs, lora_id: null, medium, lora_name: null }
+      : ['BlockStored', hashes, parent, ids, bs, null, medium]
   }
 
   /** Packs what is pending as one batch, keeps it for replay, queues it for the PUB socket. */

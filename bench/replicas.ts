@@ -38,10 +38,11 @@ import { summarize } from '../src/sim/replay/summary.js'
 import type { ReplaySummary } from '../src/sim/replay/summary.js'
 import { startEtcd, startHaproxy, startNats } from '../src/deploy/services.js'
 import type { EtcdServer, HaproxyServer, NatsServer } from '../src/deploy/services.js'
+import { bucketQuantile, histogramBuckets } from './lib/indexer.js'
 import { processTicks, repoRoot, resultsDir, textTable, TICKS_PER_S } from './lib/common.js'
 import { cpuSample, cpuShares, start, stop, workerIds } from './lib/processes.js'
 import type { Child } from './lib/processes.js'
-import { ArgError, counterSum, parseReplicasArgs, replicaBars, SETUP_LISTS, sharedIndexBars } from './lib/replicas.js'
+import { ArgError, counterSum, parseReplicasArgs, replicaBars, setupsOf, sharedIndexBars } from './lib/replicas.js'
 import type { ReplicasArgs, Setup, SetupFigures } from './lib/replicas.js'
 
 const BLOCK_SIZE = 64
@@ -68,7 +69,9 @@ interface SetupRun {
   eventBytes: (number | null)[]
   /** Event messages each serving replica's shards took. */
   eventMessages: (number | null)[]
-  indexer: { rssMb: number | null; cpuS: number | null; eventBytes: number | null } | null
+  indexer: { rssMb: number | null; cpuS: number | null; eventBytes: number | null; answerP50Ms: number | null; answerP99Ms: number | null } | null
+  /** The serving replicas' remote index queries by result (kvrouter_indexer_queries_total); null without a shared indexer. */
+  remoteQueries: Record<string, number> | null
 }
 
 async function until(what: string, ok: () => Promise<boolean>, timeoutMs: number): Promise<void> {
@@ -214,6 +217,7 @@ async function runSetup(setup: Setup, a: ReplicasArgs, requests: TraceRequest[],
     const pids = [...routers.map((r) => r.p.pid), mocker.p.pid, balancer.pid, nats.pid, etcd?.pid, indexer?.p.pid].filter((p) => p !== undefined)
     const obs0 = observer === undefined ? null : processTicks(observer.p.pid)
     const idx0 = indexer === null ? null : processTicks(indexer.p.pid)
+    const idxHist0 = indexer === null ? null : histogramBuckets(await metrics(indexer.match[1] as string), 'kvrouter_indexer_answer_seconds')
     const t0 = performance.now()
     const cpu0 = cpuSample(pids)
     const run = startReplay({ url: balancer.url, requests, speedup: a.load * a.speedup, maxInFlight: a.maxInFlight, model: MODEL, timeoutMs: 600_000 })
@@ -245,19 +249,36 @@ async function runSetup(setup: Setup, a: ReplicasArgs, requests: TraceRequest[],
     const races = setup.sync ? servedTexts.reduce((s, m) => s + (counterSum(m, 'kvrouter_replica_races_total') ?? 0), 0) : null
     const perReplica = servedTexts.map((m) => counterSum(m, 'dynamo_frontend_requests_total') ?? 0)
     const rssMb = routers.slice(0, setup.replicas).map((r) => vmRssMb(r.p.pid))
+    const remoteQueries =
+      setup.index === 'shared'
+        ? Object.fromEntries(
+            ['ok', 'timeout', 'error', 'unavailable'].map((k) => [
+              k,
+              servedTexts.reduce((t, m) => t + (counterSum(m, 'kvrouter_indexer_queries_total', `result="${k}"`) ?? 0), 0),
+            ]),
+          )
+        : null
     // event traffic into each replica: ZMQ bytes (engines' streams), or event messages its shards took (NATS)
     const eventBytes = servedTexts.map((m) => counterSum(m, 'kvrouter_zmq_total', 'what="bytes"'))
     const eventMessages = servedTexts.map((m) => counterSum(m, 'kvrouter_shard_events_received_total'))
+    const idxText = indexer === null ? '' : await metrics(indexer.match[1] as string)
+    const idxHist1 = histogramBuckets(idxText, 'kvrouter_indexer_answer_seconds')
+    const answerQ = (q: number): number | null => {
+      const v = idxHist0 === null ? null : bucketQuantile(idxHist0, idxHist1, q)
+      return v === null ? null : v * 1000
+    }
     const indexerFigures =
       indexer === null
         ? null
         : {
+            answerP50Ms: answerQ(0.5),
+            answerP99Ms: answerQ(0.99),
             rssMb: vmRssMb(indexer.p.pid),
             cpuS: idx0 === null || idx1 === null ? null : (idx1 - idx0) / TICKS_PER_S,
-            eventBytes: counterSum(await metrics(indexer.match[1] as string), 'kvrouter_zmq_total', 'what="bytes"'),
+            eventBytes: counterSum(idxText, 'kvrouter_zmq_total', 'what="bytes"'),
           }
     const summary = summarize(result.records, { gaps: result.itlGaps, timeScale: a.speedup, workers: ids })
-    return { summary, result, wallS, races, perReplica, cpu, observerCpuS, rssMb, eventBytes, eventMessages, indexer: indexerFigures }
+    return { summary, result, wallS, races, perReplica, cpu, observerCpuS, rssMb, eventBytes, eventMessages, indexer: indexerFigures, remoteQueries }
   } finally {
     // the balancer first, so nothing new reaches a replica; the engines revoke their leases while etcd is up
     await lb?.stop()
@@ -313,14 +334,20 @@ async function main(): Promise<void> {
   console.log(`  routers: ${[...ROUTER_COST, ...a.routerArgs].join(' ')}`)
 
   const runs = new Map<Setup, SetupRun>()
-  for (const setup of SETUP_LISTS[a.setups] ?? []) {
+  for (const setup of setupsOf(a.setups)) {
     const r = await runSetup(setup, a, requests, k)
     runs.set(setup, r)
     const s = r.summary
     const cpuNote = r.cpu === null ? '' : `; CPU: bench ${pct(r.cpu.own)} of the machine, other processes ${pct(r.cpu.other)}`
+    const remoteNote =
+      r.remoteQueries === null
+        ? ''
+        : `; indexer queries ${Object.entries(r.remoteQueries)
+            .map(([k, v]) => `${k} ${v}`)
+            .join(', ')}, its answer time p50 ≤ ${r.indexer?.answerP50Ms ?? 'n/a'} ms, p99 ≤ ${r.indexer?.answerP99Ms ?? 'n/a'} ms`
     console.log(
       `  ${setup.label}: ${s.ok}/${s.requests} ok in ${r.wallS.toFixed(0)} s wall; TTFT p50/p90/p99 ${ms(s.ttft_ms.p50)}/${ms(s.ttft_ms.p90)}/` +
-        `${ms(s.ttft_ms.p99)} ms, hit rate ${pct(s.hit_rate)}, spread ${s.spread?.toFixed(2) ?? '∞'}, races ${r.races ?? 'n/a'}${cpuNote}`,
+        `${ms(s.ttft_ms.p99)} ms, hit rate ${pct(s.hit_rate)}, spread ${s.spread?.toFixed(2) ?? '∞'}, races ${r.races ?? 'n/a'}${cpuNote}${remoteNote}`,
     )
     if (r.cpu !== null && r.cpu.other > OTHER_CPU_WARN)
       console.log(
@@ -330,7 +357,7 @@ async function main(): Promise<void> {
   const figures: Record<string, SetupFigures> = {}
   for (const [setup, r] of runs)
     figures[setup.key] = { hitRate: r.summary.hit_rate, ttftP90: r.summary.ttft_ms.p90, errors: r.summary.errors, observerCpuS: r.observerCpuS }
-  const bars = a.setups === 'shared-index' ? sharedIndexBars(figures) : replicaBars(figures)
+  const bars = setupsOf(a.setups).some((x) => x.index !== 'nats') ? sharedIndexBars(figures) : replicaBars(figures)
 
   const rows = [...runs].map(([setup, r]) => {
     const s = r.summary
@@ -358,7 +385,7 @@ async function main(): Promise<void> {
     ),
   )
   console.log(`infinite-cache bound: ${pct(bound.hitRate)}`)
-  if (a.setups === 'shared-index') {
+  if (setupsOf(a.setups).some((x) => x.index !== 'nats')) {
     const mb = (v: number | null): string => (v === null ? 'n/a' : v.toFixed(0))
     const sum = (xs: (number | null)[]): number | null => (xs.some((x) => x === null) ? null : xs.reduce<number>((t, x) => t + (x as number), 0))
     console.log('\nwhat each replica carries (observer: one more replica outside the balancer, routing nothing: its CPU is what a replica spends on KV events)')
@@ -428,7 +455,16 @@ async function main(): Promise<void> {
           replica_rss_mb: r.rssMb,
           replica_event_bytes: r.eventBytes,
           replica_event_messages: r.eventMessages,
-          indexer: r.indexer === null ? null : { rss_mb: r.indexer.rssMb, cpu_s: r.indexer.cpuS, event_bytes: r.indexer.eventBytes },
+          indexer:
+            r.indexer === null
+              ? null
+              : {
+                  rss_mb: r.indexer.rssMb,
+                  cpu_s: r.indexer.cpuS,
+                  event_bytes: r.indexer.eventBytes,
+                  answer_ms_bucket_bounds: { p50: r.indexer.answerP50Ms, p99: r.indexer.answerP99Ms },
+                },
+          remote_index_queries: r.remoteQueries,
         },
       ]
     }),

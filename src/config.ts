@@ -503,11 +503,15 @@ const SERVE_ROWS = [
     kind: 'int',
     min: 1,
     max: 10_000,
-    dflt: 20,
+    // a healthy indexer answers in about a millisecond; a busy one in a few, with a tail of tens:
+    // a decision on predictions instead loses cache hits that cost more than the wait
+    dflt: 100,
     help: 'deadline of one remote index query, failover included; past it the decision uses the local approximate index',
     doc:
       'Deadline of one `--indexer-url` query in milliseconds (1–10,000), failover to the next URL included. Past it the decision routes on the ' +
-      'local approximate index, counted in `kvrouter_indexer_queries_total{result="timeout"}`.',
+      'local approximate index, counted in `kvrouter_indexer_queries_total{result="timeout"}`. Three deadlines missed in a row skip that URL ' +
+      'for a second. The default leaves room for a busy indexer: one that misses it routes the decision on predictions, which costs more ' +
+      'cache hits than the wait costs time.',
     noEffect: { when: { indexerUrl: null }, says: 'has no effect without --indexer-url' },
   }),
   opt({

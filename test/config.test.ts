@@ -399,7 +399,7 @@ t.test('--router-predicted-ttl-secs: off by default, a number of seconds, refuse
 t.test('--indexer-url: a shared remote index, its deadline, and what cannot go with it', async (t) => {
   const c = parse(['--indexer-url', 'http://idx-a:8090, https://idx-b:8090'])
   t.equal(c.indexerUrl, 'http://idx-a:8090, https://idx-b:8090', 'a comma-separated list is kept whole')
-  t.equal(c.indexerTimeoutMs, 20, 'the deadline defaults to 20 ms')
+  t.equal(c.indexerTimeoutMs, 100, 'the deadline defaults to 100 ms')
   t.equal(c.kvEvents, false, 'the router consumes no KV events itself: its local index is approximate')
   t.equal(parse([]).indexerUrl, null, 'unset: no remote index')
   const e = parse([], { KVR_INDEXER_URL: 'http://idx:8090', KVR_INDEXER_TIMEOUT_MS: '50', DYN_USE_REMOTE_INDEXER: 'true' })

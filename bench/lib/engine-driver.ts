@@ -1,7 +1,8 @@
-// A worker thread of bench:indexer: sends the trace's prompts to the engines round robin at a
-// fixed rate, so the engines' KV events load the indexer. On its own thread so that building
-// and sending those bodies (12,000 tokens on average) never delays the /query clients' loop.
-import { parentPort, workerData } from 'node:worker_threads'
+// A child process of bench:indexer: sends the trace's prompts to the engines round robin at a
+// fixed rate, so the engines' KV events load the indexer. A process of its own, at the lowest CPU
+// priority as the engines are, so that building and sending those bodies (12,000 tokens on
+// average) never delays the /query clients or the indexer: in a deployment the clients of the
+// engines and the engines themselves run on other machines.
 import { join } from 'node:path'
 import { Pool } from 'undici'
 import { expandTokens, readTrace } from '../../src/sim/replay/trace.js'
@@ -17,7 +18,7 @@ export interface DriverData {
   from: number
 }
 
-const d = workerData as DriverData
+const d = JSON.parse(process.argv[2] ?? '{}') as DriverData
 const requests = readTrace(join(repoRoot(), 'data', 'conversation_trace.jsonl')).slice(d.from)
 const pools = d.engines.map((u) => new Pool(u, { connections: 16 }))
 let i = 0
@@ -45,13 +46,14 @@ function tick(): void {
   setTimeout(tick, 5)
 }
 
-parentPort?.on('message', (m: string) => {
-  if (m === 'count') parentPort?.postMessage({ done })
+process.on('message', (m: string) => {
+  if (m === 'count') process.send?.({ done })
   else if (m === 'stop') {
     stopped = true
     void Promise.all([...inFlight])
       .then(() => Promise.all(pools.map((p) => p.close())))
-      .then(() => parentPort?.postMessage({ done, stopped: true }))
+      .then(() => process.send?.({ done, stopped: true }))
+      .then(() => process.exit(0))
   }
 })
 tick()

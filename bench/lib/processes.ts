@@ -15,11 +15,16 @@ export interface Child {
   exit: Promise<number | null>
 }
 
-/** Starts `node dist/src/main.js ARGS` and resolves once stdout matches `ready`. */
-export function start(args: string[], ready: RegExp, timeoutMs = 60_000): Promise<Child> {
+/**
+ * Starts `node dist/src/main.js ARGS` and resolves once stdout matches `ready`; with `nice`, under
+ * nice(1) at that niceness (every thread of the process inherits it).
+ */
+export function start(args: string[], ready: RegExp, timeoutMs = 60_000, opts: { nice?: number } = {}): Promise<Child> {
   const cli = join(repoRoot(), 'dist', 'src', 'main.js')
   return new Promise((resolve, reject) => {
-    const p = spawn(process.execPath, [...(args[0] === 'serve' ? ROUTER_V8_FLAGS : []), cli, ...args], { env: { PATH: process.env.PATH ?? '' } })
+    const argv = [...(args[0] === 'serve' ? ROUTER_V8_FLAGS : []), cli, ...args]
+    const env = { env: { PATH: process.env.PATH ?? '' } }
+    const p = opts.nice === undefined ? spawn(process.execPath, argv, env) : spawn('nice', ['-n', String(opts.nice), process.execPath, ...argv], env)
     let out = ''
     let err = ''
     let done = false

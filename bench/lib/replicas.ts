@@ -35,6 +35,15 @@ export const SHARED_INDEX_SETUPS: readonly Setup[] = [
 
 /** The setup lists `--setups` names. */
 export const SETUP_LISTS: Readonly<Record<string, readonly Setup[]>> = { sync: SETUPS, 'shared-index': SHARED_INDEX_SETUPS }
+const ALL_SETUPS = [...SETUPS, ...SHARED_INDEX_SETUPS]
+
+/** The setups `--setups` names: a list's name, or setup keys separated by commas (empty when one is unknown). */
+export function setupsOf(name: string): readonly Setup[] {
+  const list = SETUP_LISTS[name]
+  if (list !== undefined) return list
+  const out = name.split(',').map((k) => ALL_SETUPS.find((x) => x.key === k.trim()))
+  return out.some((x) => x === undefined) ? [] : (out as Setup[])
+}
 
 // bench:e2e's defaults: the same slice, fleet and load
 export const DEFAULTS = { minutes: 20, workers: 8, speedup: 1.5, load: 8, capacityFactor: 1.25, maxInFlight: 2048 }
@@ -86,7 +95,10 @@ export function parseReplicasArgs(argv: readonly string[]): ReplicasArgs {
   }
   if (full && v.has('--minutes')) throw new ArgError('--full and --minutes exclude each other')
   const setups = v.get('--setups') ?? 'sync'
-  if (SETUP_LISTS[setups] === undefined) throw new ArgError(`--setups must be one of ${Object.keys(SETUP_LISTS).join(', ')}, got ${JSON.stringify(setups)}`)
+  if (setupsOf(setups).length === 0)
+    throw new ArgError(
+      `--setups must be one of ${Object.keys(SETUP_LISTS).join(', ')} or setup keys (${ALL_SETUPS.map((x) => x.key).join(', ')}), got ${JSON.stringify(setups)}`,
+    )
   return {
     minutes: full ? null : num('--minutes', DEFAULTS.minutes),
     workers: num('--workers', DEFAULTS.workers, true),

@@ -1,6 +1,6 @@
 // bench:replicas without its processes: the command line, the counters read from /metrics, the targets.
 import t from 'tap'
-import { ArgError, counterSum, DEFAULTS, parseReplicasArgs, replicaBars, SETUPS, SHARED_INDEX_SETUPS, sharedIndexBars } from '../lib/replicas.js'
+import { ArgError, counterSum, DEFAULTS, parseReplicasArgs, replicaBars, SETUPS, SHARED_INDEX_SETUPS, setupsOf, sharedIndexBars } from '../lib/replicas.js'
 
 t.test('the three setups, in the order they run', async (t) => {
   t.same(
@@ -92,7 +92,13 @@ t.test('shared-index setups: local and shared at 2 and 4 replicas, synced; --set
   )
   t.equal(parseReplicasArgs([]).setups, 'sync')
   t.equal(parseReplicasArgs(['--setups', 'shared-index']).setups, 'shared-index')
-  t.throws(() => parseReplicasArgs(['--setups', 'both']), /--setups must be one of sync, shared-index/)
+  t.throws(() => parseReplicasArgs(['--setups', 'both']), /--setups must be one of sync, shared-index or setup keys/)
+  t.equal(parseReplicasArgs(['--setups', 'local-4,shared-4']).setups, 'local-4,shared-4')
+  t.same(
+    setupsOf('local-4,shared-4').map((x) => x.key),
+    ['local-4', 'shared-4'],
+  )
+  t.same(setupsOf('one,nope'), [])
 })
 
 t.test('sharedIndexBars: hit rate, p90 TTFT and event CPU of 4 shared against 4 local', async (t) => {

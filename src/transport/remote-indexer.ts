@@ -50,7 +50,16 @@ interface Target {
   up: boolean
   /** Up since it was last (re)told of the workers. */
   registered: boolean
+  /** Queries in a row that missed their deadline. */
+  lateInARow: number
 }
+
+/**
+ * Deadlines missed in a row before a URL is skipped for its backoff. One late answer is a slow
+ * moment of a busy indexer, not a dead one: skipping it for a second would route a second's
+ * decisions on predictions, and telling it the workers again would load it further.
+ */
+const LATE_BEFORE_DOWN = 3
 
 const EMPTY = new Uint32Array(0)
 
@@ -222,6 +231,7 @@ export class RemoteIndexer {
       downUntil: 0,
       up: false,
       registered: false,
+      lateInARow: 0,
     }))
     this.latency = o.registry === undefined ? null : this.registerMetrics(o.registry)
     this.probe = setInterval(() => void this.probeAll(), this.backoffMs)
@@ -281,10 +291,11 @@ export class RemoteIndexer {
     this.latency?.observe({ result: r }, (performance.now() - t0) / 1000)
   }
 
-  private fail(t: Target, now: number, why: string): void {
+  /** `gone`: it refused or broke the connection, so it may come back a new process that must be told the workers. */
+  private fail(t: Target, now: number, why: string, gone = true): void {
     if (t.up) limited.warn('remote_indexer_down', { url: t.url, error: why }, 'a remote indexer stopped answering: skipped for its backoff, routing fails over')
     t.up = false
-    t.registered = false
+    if (gone) t.registered = false
     t.downUntil = now + this.backoffMs
   }
 
@@ -316,6 +327,7 @@ export class RemoteIndexer {
           const parsed = parseIndexerAnswer(text, this.o.blockSize)
           if (parsed !== null) {
             if (!t.up) t.up = true
+            t.lateInARow = 0
             this.count('ok', t0)
             return parsed
           }
@@ -331,7 +343,11 @@ export class RemoteIndexer {
         const now2 = performance.now()
         const late = signal.aborted || now2 >= deadline
         if (late) timedOut = true
-        this.fail(t, now2, late ? 'deadline' : (err as Error).message)
+        if (!late) this.fail(t, now2, (err as Error).message)
+        else if (++t.lateInARow >= LATE_BEFORE_DOWN) {
+          t.lateInARow = 0
+          this.fail(t, now2, `${LATE_BEFORE_DOWN} deadlines missed in a row`, false)
+        }
       }
     }
     this.count(!tried ? (timedOut ? 'timeout' : 'unavailable') : timedOut ? 'timeout' : 'error', t0)

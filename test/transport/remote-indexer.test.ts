@@ -7,7 +7,9 @@
 // (its test builds_cumulative_multi_rank_mooncake_summary: worker 7, block size 16, dp {0: 32, 1: 16},
 // gpu 32, cpu 48, disk 80, longest_matched 80; cpu and disk cumulative).
 import t from 'tap'
-import { parseIndexerAnswer, queryByHashBody, registerBodies, u64Text } from '../../src/transport/remote-indexer.js'
+import { createServer } from 'node:http'
+import type { AddressInfo } from 'node:net'
+import { parseIndexerAnswer, queryByHashBody, RemoteIndexer, registerBodies, u64Text } from '../../src/transport/remote-indexer.js'
 
 function idOf(r: { workerIdLo: Uint32Array; workerIdHi: Uint32Array }, i: number): bigint {
   return (BigInt(r.workerIdHi[i] as number) << 32n) | BigInt(r.workerIdLo[i] as number)
@@ -122,4 +124,45 @@ t.test('empty and malformed answers', async (t) => {
   t.equal(parseIndexerAnswer('{"scores":{"18446744073709551616":{"0":16}}}', 16), null, '2^64 is no u64')
   const legacy = parseIndexerAnswer('{"scores":{"5":{"0":64}},"frequencies":[1],"tree_sizes":{"5":{"0":10}}}', 32)
   t.equal(legacy?.overlap[0], 2, 'an older answer without instances: scores alone')
+})
+
+t.test('a late answer is a busy indexer: the next query asks it again; three late in a row skip it for its backoff', async (t) => {
+  let delayMs = 60
+  let queries = 0
+  const srv = createServer((req, res) => {
+    if (req.url === '/health') return res.end()
+    req.resume()
+    req.on('end', () => {
+      queries++
+      setTimeout(() => {
+        res.writeHead(200, { 'content-type': 'application/json' })
+        res.end('{"scores":{"7":{"0":32}},"frequencies":[1,1],"instances":{}}')
+      }, delayMs)
+    })
+  })
+  await new Promise<void>((r) => srv.listen(0, '127.0.0.1', r))
+  t.teardown(() => new Promise<void>((r) => srv.close(() => r())))
+  const url = `http://127.0.0.1:${(srv.address() as AddressInfo).port}`
+  const ri = new RemoteIndexer({ urls: [url], timeoutMs: 20, modelName: 'm', blockSize: 16, backoffMs: 60_000 })
+  t.teardown(() => ri.close())
+  const lo = new Uint32Array([1, 2])
+  const hi = new Uint32Array([0, 0])
+  t.equal(await ri.query(lo, hi, 2), null, 'past the deadline: no answer')
+  t.equal(await ri.query(lo, hi, 2), null)
+  t.same([ri.counts.timeout, ri.counts.unavailable, queries], [2, 0, 2], 'each late query was sent: the indexer is not skipped')
+  t.equal(await ri.query(lo, hi, 2), null)
+  t.equal(await ri.query(lo, hi, 2), null)
+  t.same([ri.counts.timeout, ri.counts.unavailable, queries], [3, 1, 3], 'the third late one in a row: skipped for its backoff')
+  const fresh = new RemoteIndexer({ urls: [url], timeoutMs: 20, modelName: 'm', blockSize: 16, backoffMs: 60_000 })
+  t.teardown(() => fresh.close())
+  delayMs = 60
+  t.equal(await fresh.query(lo, hi, 2), null)
+  delayMs = 0
+  const r = await fresh.query(lo, hi, 2)
+  t.equal(r?.count, 1, 'in time: the answer')
+  t.equal(r?.overlap[0], 2, '32 tokens of block 16')
+  delayMs = 60
+  t.equal(await fresh.query(lo, hi, 2), null)
+  t.equal(await fresh.query(lo, hi, 2), null)
+  t.equal(fresh.counts.unavailable, 0, 'an answer in time starts the count again')
 })

@@ -10,8 +10,9 @@
 // `--setups shared-index` runs another comparison: the engines publish on their own ZMQ streams
 // (no NATS events, no etcd), and 2 then 4 synced replicas either each subscribe to every engine
 // (local indexes) or all ask one `kv-router indexer` (--indexer-url), which alone subscribes. One
-// more replica, outside the balancer, consumes what a replica consumes and routes nothing: its
-// CPU over the replay is what a replica spends on KV events.
+// more replica, outside the balancer and without replica sync, takes the KV events a replica
+// takes and routes nothing: its CPU over the replay is what a replica spends on KV events, over
+// an idle router's baseline.
 //
 // The question: do synced replicas route as well as one router? Two unsynced replicas each see
 // half the load, so each sends requests to workers that only look idle to it; synced ones book
@@ -51,6 +52,8 @@ const MODEL = 'replicas-model'
 const ROUTER_COST = ['--router-mode', 'kv']
 /** Share of the machine other processes may use during a setup before the run is flagged. */
 const OTHER_CPU_WARN = 0.1
+/** How long the observer's idle baseline is measured, before the replay. */
+const IDLE_WINDOW_MS = 15_000
 
 interface SetupRun {
   summary: ReplaySummary
@@ -63,6 +66,8 @@ interface SetupRun {
   cpu: { own: number; other: number } | null
   /** CPU seconds of the observer replica over the replay; null without one. */
   observerCpuS: number | null
+  /** The observer's CPU seconds above its idle baseline (measured before the replay): its KV events. */
+  observerEventCpuS: number | null
   /** Resident memory of each serving replica at the end, MB. */
   rssMb: (number | null)[]
   /** Bytes of engine KV event streams each serving replica received over ZMQ (null: none). */
@@ -163,8 +168,9 @@ async function runSetup(setup: Setup, a: ReplicasArgs, requests: TraceRequest[],
       '--nats-url',
       (nats as NatsServer).url,
     ]
-    // with engines on ZMQ, one more replica outside the balancer: it consumes what each replica
-    // consumes and routes nothing, so its CPU is what a replica spends on KV events
+    // with engines on ZMQ, one more replica outside the balancer: it takes the KV events a replica
+    // takes (and no peer's bookings) and routes nothing, so its CPU is what a replica spends on
+    // KV events, over the baseline of an idle router (health probes, timers) that both setups share
     const withObserver = setup.index !== 'nats'
     if (setup.index === 'nats') {
       etcd = await startEtcd()
@@ -196,7 +202,9 @@ async function runSetup(setup: Setup, a: ReplicasArgs, requests: TraceRequest[],
       }
       for (let i = 0; i < setup.replicas + 1; i++) {
         const args = [...routerArgs(), ...fleet.specs.flatMap((w) => ['--worker', w]), ...shared]
-        args.push(...(setup.sync ? ['--router-replica-sync'] : []), ...a.routerArgs)
+        // the observer (the last) without replica sync: the peers' bookings are not KV events
+        const observer = i === setup.replicas
+        args.push(...(setup.sync && !observer ? ['--router-replica-sync'] : []), ...a.routerArgs)
         routers.push(await start(args, /listening on (http:\/\/\S+)/))
       }
     }
@@ -215,6 +223,15 @@ async function runSetup(setup: Setup, a: ReplicasArgs, requests: TraceRequest[],
 
     const observer = withObserver ? routers[routers.length - 1] : undefined
     const pids = [...routers.map((r) => r.p.pid), mocker.p.pid, balancer.pid, nats.pid, etcd?.pid, indexer?.p.pid].filter((p) => p !== undefined)
+    // the observer's idle baseline (probes, timers, heartbeats), measured before any traffic
+    let idleRate: number | null = null
+    if (observer !== undefined) {
+      const i0 = processTicks(observer.p.pid)
+      const w0 = performance.now()
+      await new Promise((r) => setTimeout(r, IDLE_WINDOW_MS))
+      const i1 = processTicks(observer.p.pid)
+      if (i0 !== null && i1 !== null) idleRate = (i1 - i0) / TICKS_PER_S / ((performance.now() - w0) / 1000)
+    }
     const obs0 = observer === undefined ? null : processTicks(observer.p.pid)
     const idx0 = indexer === null ? null : processTicks(indexer.p.pid)
     const idxHist0 = indexer === null ? null : histogramBuckets(await metrics(indexer.match[1] as string), 'kvrouter_indexer_answer_seconds')
@@ -243,6 +260,8 @@ async function runSetup(setup: Setup, a: ReplicasArgs, requests: TraceRequest[],
     const cpu = cpuShares(cpu0, cpuSample(pids))
     const obs1 = observer === undefined ? null : processTicks(observer.p.pid)
     const observerCpuS = obs0 === null || obs1 === null ? null : (obs1 - obs0) / TICKS_PER_S
+    // what the KV events cost it: its CPU over the replay less its idle rate over as long
+    const observerEventCpuS = observerCpuS === null || idleRate === null ? null : Math.max(0, observerCpuS - idleRate * wallS)
     const idx1 = indexer === null ? null : processTicks(indexer.p.pid)
     const texts = await Promise.all(urls.map(metrics))
     const servedTexts = texts.slice(0, setup.replicas)
@@ -278,7 +297,21 @@ async function runSetup(setup: Setup, a: ReplicasArgs, requests: TraceRequest[],
             eventBytes: counterSum(idxText, 'kvrouter_zmq_total', 'what="bytes"'),
           }
     const summary = summarize(result.records, { gaps: result.itlGaps, timeScale: a.speedup, workers: ids })
-    return { summary, result, wallS, races, perReplica, cpu, observerCpuS, rssMb, eventBytes, eventMessages, indexer: indexerFigures, remoteQueries }
+    return {
+      summary,
+      result,
+      wallS,
+      races,
+      perReplica,
+      cpu,
+      observerCpuS,
+      rssMb,
+      eventBytes,
+      eventMessages,
+      indexer: indexerFigures,
+      remoteQueries,
+      observerEventCpuS,
+    }
   } finally {
     // the balancer first, so nothing new reaches a replica; the engines revoke their leases while etcd is up
     await lb?.stop()
@@ -356,7 +389,13 @@ async function main(): Promise<void> {
   }
   const figures: Record<string, SetupFigures> = {}
   for (const [setup, r] of runs)
-    figures[setup.key] = { hitRate: r.summary.hit_rate, ttftP90: r.summary.ttft_ms.p90, errors: r.summary.errors, observerCpuS: r.observerCpuS }
+    figures[setup.key] = {
+      hitRate: r.summary.hit_rate,
+      ttftP90: r.summary.ttft_ms.p90,
+      errors: r.summary.errors,
+      observerCpuS: r.observerCpuS,
+      observerEventCpuS: r.observerEventCpuS,
+    }
   const bars = setupsOf(a.setups).some((x) => x.index !== 'nats') ? sharedIndexBars(figures) : replicaBars(figures)
 
   const rows = [...runs].map(([setup, r]) => {
@@ -388,7 +427,10 @@ async function main(): Promise<void> {
   if (setupsOf(a.setups).some((x) => x.index !== 'nats')) {
     const mb = (v: number | null): string => (v === null ? 'n/a' : v.toFixed(0))
     const sum = (xs: (number | null)[]): number | null => (xs.some((x) => x === null) ? null : xs.reduce<number>((t, x) => t + (x as number), 0))
-    console.log('\nwhat each replica carries (observer: one more replica outside the balancer, routing nothing: its CPU is what a replica spends on KV events)')
+    console.log(
+      '\nwhat each replica carries (observer: one more replica outside the balancer, without replica sync, routing nothing: its CPU is what a ' +
+        'replica spends on KV events, over an idle router’s baseline)',
+    )
     console.log(
       textTable(
         [
@@ -406,6 +448,7 @@ async function main(): Promise<void> {
           return [
             setup.label,
             r.observerCpuS === null ? 'n/a' : r.observerCpuS.toFixed(2),
+            r.observerEventCpuS === null ? 'n/a' : r.observerEventCpuS.toFixed(2),
             r.rssMb.map(mb).join(' / '),
             bytes === null ? '0' : (bytes / 1e6).toFixed(1),
             String(sum(r.eventMessages) ?? 0),
@@ -452,6 +495,7 @@ async function main(): Promise<void> {
           cpu_share: r.cpu === null ? null : { bench_processes: r.cpu.own, other_processes: r.cpu.other },
           index: setup.index,
           observer_cpu_s: r.observerCpuS,
+          observer_event_cpu_s: r.observerEventCpuS,
           replica_rss_mb: r.rssMb,
           replica_event_bytes: r.eventBytes,
           replica_event_messages: r.eventMessages,

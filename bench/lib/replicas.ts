@@ -144,6 +144,8 @@ export interface SetupFigures {
   errors: number
   /** CPU seconds of the observer replica (consumes what a replica consumes, routes nothing); null without one. */
   observerCpuS?: number | null
+  /** Of them, those above its idle baseline: what the KV events cost it. */
+  observerEventCpuS?: number | null
 }
 
 function pct(v: number): string {
@@ -187,7 +189,7 @@ export function replicaBars(figures: Readonly<Record<string, SetupFigures>>): Ba
 /**
  * Replicas on one shared indexer against replicas with local indexes, 4 of each: the hits kept
  * (≥ 0.97 ×), the p90 TTFT kept (≤ 1.1 ×), the CPU a replica spends on KV events (the observer
- * replica's, which routes nothing) at least 10 × lower, and no errors in any setup.
+ * replica's above its idle baseline; it routes nothing) at least 10 × lower, and no errors in any setup.
  */
 export function sharedIndexBars(figures: Readonly<Record<string, SetupFigures>>): Bar[] {
   const local = figures['local-4']
@@ -209,13 +211,18 @@ export function sharedIndexBars(figures: Readonly<Record<string, SetupFigures>>)
     target: '≤ 1.1',
     pass: pl === null || ps === null ? null : ps <= 1.1 * pl,
   })
-  const cl = local?.observerCpuS ?? null
-  const cs = shared?.observerCpuS ?? null
+  const cl = local?.observerEventCpuS ?? null
+  const cs = shared?.observerEventCpuS ?? null
+  // ticks are 10 ms: a figure under two of them is at the resolution of the measure
+  const floor = 0.02
   bars.push({
     bar: 'CPU a replica spends on KV events: local ≥ 10 × shared',
-    value: cl === null || cs === null ? 'n/a' : `${cl.toFixed(2)} vs ${cs.toFixed(2)} CPU s (${cs > 0 ? (cl / cs).toFixed(1) : '∞'}×)`,
+    value:
+      cl === null || cs === null
+        ? 'n/a'
+        : `${cl.toFixed(2)} vs ${cs < floor ? `< ${floor}` : cs.toFixed(2)} CPU s above idle (${cs < floor ? `> ${(cl / floor).toFixed(0)}` : (cl / cs).toFixed(1)}×)`,
     target: '≥ 10×',
-    pass: cl === null || cs === null ? null : cl >= 10 * cs,
+    pass: cl === null || cs === null ? null : cl >= 10 * Math.max(cs, floor),
   })
   const entries = Object.entries(figures)
   bars.push({

@@ -103,16 +103,16 @@ t.test('shared-index setups: local and shared at 2 and 4 replicas, synced; --set
 
 t.test('sharedIndexBars: hit rate, p90 TTFT and event CPU of 4 shared against 4 local', async (t) => {
   const pass = sharedIndexBars({
-    'local-4': { hitRate: 0.5, ttftP90: 1000, errors: 0, observerCpuS: 20 },
-    'shared-4': { hitRate: 0.49, ttftP90: 1090, errors: 0, observerCpuS: 1.5 },
+    'local-4': { hitRate: 0.5, ttftP90: 1000, errors: 0, observerCpuS: 21, observerEventCpuS: 20 },
+    'shared-4': { hitRate: 0.49, ttftP90: 1090, errors: 0, observerCpuS: 2, observerEventCpuS: 1.5 },
   })
   t.same(
     pass.map((b) => b.pass),
     [true, true, true, true],
   )
   const fail = sharedIndexBars({
-    'local-4': { hitRate: 0.5, ttftP90: 1000, errors: 0, observerCpuS: 20 },
-    'shared-4': { hitRate: 0.48, ttftP90: 1110, errors: 2, observerCpuS: 2.5 },
+    'local-4': { hitRate: 0.5, ttftP90: 1000, errors: 0, observerCpuS: 21, observerEventCpuS: 20 },
+    'shared-4': { hitRate: 0.48, ttftP90: 1110, errors: 2, observerCpuS: 3, observerEventCpuS: 2.5 },
   })
   t.same(
     fail.map((b) => b.pass),
@@ -122,4 +122,11 @@ t.test('sharedIndexBars: hit rate, p90 TTFT and event CPU of 4 shared against 4 
     sharedIndexBars({}).map((b) => b.pass),
     [null, null, null, true],
   )
+  // below the tick resolution the shared figure counts as the resolution, not as zero
+  const tiny = sharedIndexBars({
+    'local-4': { hitRate: 0.5, ttftP90: 1000, errors: 0, observerEventCpuS: 0.15 },
+    'shared-4': { hitRate: 0.5, ttftP90: 1000, errors: 0, observerEventCpuS: 0 },
+  })
+  t.equal(tiny[2]?.pass, false, '0.15 s is not 10 × the 0.02 s resolution')
+  t.match(tiny[2]?.value, /< 0\.02/)
 })

@@ -436,6 +436,7 @@ async function main(): Promise<void> {
         [
           'setup',
           'observer CPU s',
+          'of it on KV events',
           'replica RSS MB',
           'KV event MB into replicas',
           'event msgs into replicas',

@@ -65,7 +65,7 @@ async function mocker(t: Test): Promise<{ base: number; urls: string[] }> {
       const m = await ready(p, /^kv-router mocker: ready 2 engine\(s\) (http:\/\/\S+) (http:\/\/\S+)\n/, 'mocker ready')
       // stderr and stdout are separate pipes: the startup line may come after the ready line
       await waitUntil('the mocker names its host tier', () => /8 blocks and 32 host blocks each/.test(p.err()), 5000)
-      t.pass('the mocker names its host tier')
+      t.match(p.err(), /8 blocks and 32 host blocks each/, 'the mocker names its host tier')
       return { base, urls: [m[1] as string, m[2] as string] }
     } catch (err) {
       // a port someone else holds: another base
@@ -203,10 +203,12 @@ t.test('host-tier blocks of mocker engines, through kv-router indexer and kv-rou
     const stats = (await (await fetch(`${eng.urls[0]}/stats`)).json()) as { pool: { host: { loads: number } } }
     t.equal(stats.pool.host.loads, 4, 'four blocks loaded')
     // the device has them again: the router sees them there
+    let device = -1
     await waitUntil('the router sees the device blocks', async () => {
       const r = (await post(`${base}/v1/route`, { token_ids: prompt })).json as { candidates: Candidate[] }
-      return r.candidates.some((c) => c.worker_id === 1 && c.device_blocks === 4)
+      device = r.candidates.find((c) => c.worker_id === 1)?.device_blocks ?? -1
+      return device === 4
     })
-    t.pass('the device Stored of the loaded blocks reached the router')
+    t.equal(device, 4, 'the device Stored of the loaded blocks reached the router')
   })
 })

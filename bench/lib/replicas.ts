@@ -97,7 +97,8 @@ export function parseReplicasArgs(argv: readonly string[]): ReplicasArgs {
   const setups = v.get('--setups') ?? 'sync'
   if (setupsOf(setups).length === 0)
     throw new ArgError(
-      `--setups must be one of ${Object.keys(SETUP_LISTS).join(', ')} or setup keys (${ALL_SETUPS.map((x) => x.key).join(', ')}), got ${JSON.stringify(setups)}`,
+      `--setups must be one of ${Object.keys(SETUP_LISTS).join(', ')} or setup keys ` +
+        `(${ALL_SETUPS.map((x) => x.key).join(', ')}), got ${JSON.stringify(setups)}`,
     )
   return {
     minutes: full ? null : num('--minutes', DEFAULTS.minutes),
@@ -220,7 +221,8 @@ export function sharedIndexBars(figures: Readonly<Record<string, SetupFigures>>)
     value:
       cl === null || cs === null
         ? 'n/a'
-        : `${cl.toFixed(2)} vs ${cs < floor ? `< ${floor}` : cs.toFixed(2)} CPU s above idle (${cs < floor ? `> ${(cl / floor).toFixed(0)}` : (cl / cs).toFixed(1)}×)`,
+        : `${cl.toFixed(2)} vs ${cs < floor ? `< ${floor}` : cs.toFixed(2)} CPU s above idle ` +
+          `(${cs < floor ? `> ${(cl / floor).toFixed(0)}` : (cl / cs).toFixed(1)}×)`,
     target: '≥ 10×',
     pass: cl === null || cs === null ? null : cl >= 10 * Math.max(cs, floor),
   })

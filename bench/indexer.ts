@@ -26,7 +26,7 @@ import { Pool } from 'undici'
 import { expandTokens, readTrace } from '../src/sim/replay/trace.js'
 import type { TraceRequest } from '../src/sim/replay/trace.js'
 import { processTicks, repoRoot, resultsDir, textTable, TICKS_PER_S } from './lib/common.js'
-import { cpuSample, cpuShares, start, stop } from './lib/processes.js'
+import { cpuSample, cpuShares, start, startZmqFleet, stop } from './lib/processes.js'
 import type { Child } from './lib/processes.js'
 import { ArgError, bucketQuantile, histogramBuckets, parseIndexerArgs } from './lib/indexer.js'
 import type { IndexerArgs } from './lib/indexer.js'
@@ -199,50 +199,18 @@ async function main(): Promise<void> {
   try {
     indexer = await start(['indexer', '--host', '127.0.0.1', '--port', '0', '--threads', String(a.threads)], /kv-router indexer: ready (http:\/\/\S+)/)
     const url = indexer.match[1] as string
-    let engines: string[] = []
-    let zmqBase = 0
-    for (let attempt = 0; ; attempt++) {
-      zmqBase = 30000 + Math.floor(Math.random() * 4000) * 4
-      try {
-        mocker = await start(
-          [
-            'mocker',
-            '--num-workers',
-            String(a.workers),
-            '--first-worker-id',
-            '1',
-            '--block-size',
-            String(BLOCK_SIZE),
-            '--num-gpu-blocks-override',
-            String(a.gpuBlocks),
-            '--speedup-ratio',
-            '0',
-            '--host',
-            '127.0.0.1',
-            '--http-port',
-            '0',
-            '--model-name',
-            MODEL,
-            '--kv-events-zmq',
-            `tcp://127.0.0.1:${zmqBase}`,
-            '--kv-events-replay-zmq',
-            `tcp://127.0.0.1:${zmqBase + a.workers}`,
-          ],
-          /kv-router mocker: ready \d+ engine\(s\)(( http:\/\/\S+)+)/,
-          60_000,
-          { nice: LOWEST_PRIORITY },
-        )
-        engines = (mocker.match[1] as string).trim().split(' ')
-        break
-      } catch (err) {
-        if (attempt > 5 || !/cannot bind/.test(String(err))) throw err
-      }
-    }
+    const fleet = await startZmqFleet(
+      a.workers,
+      ['--block-size', String(BLOCK_SIZE), '--num-gpu-blocks-override', String(a.gpuBlocks), '--speedup-ratio', '0', '--model-name', MODEL],
+      { nice: LOWEST_PRIORITY },
+    )
+    mocker = fleet.mocker
+    const engines = fleet.engines
     for (let i = 0; i < a.workers; i++) {
       const body = {
         instance_id: i + 1,
-        endpoint: `tcp://127.0.0.1:${zmqBase + i}`,
-        replay_endpoint: `tcp://127.0.0.1:${zmqBase + a.workers + i}`,
+        endpoint: fleet.endpoint(i),
+        replay_endpoint: fleet.replay(i),
         model_name: MODEL,
         block_size: BLOCK_SIZE,
       }

@@ -41,7 +41,7 @@ import { startEtcd, startHaproxy, startNats } from '../src/deploy/services.js'
 import type { EtcdServer, HaproxyServer, NatsServer } from '../src/deploy/services.js'
 import { bucketQuantile, histogramBuckets } from './lib/indexer.js'
 import { processTicks, repoRoot, resultsDir, textTable, TICKS_PER_S } from './lib/common.js'
-import { cpuSample, cpuShares, start, stop, workerIds } from './lib/processes.js'
+import { cpuSample, cpuShares, start, startZmqFleet, stop, workerIds } from './lib/processes.js'
 import type { Child } from './lib/processes.js'
 import { ArgError, counterSum, parseReplicasArgs, replicaBars, setupsOf, sharedIndexBars } from './lib/replicas.js'
 import type { ReplicasArgs, Setup, SetupFigures } from './lib/replicas.js'
@@ -90,46 +90,6 @@ async function until(what: string, ok: () => Promise<boolean>, timeoutMs: number
 
 async function metrics(url: string): Promise<string> {
   return (await fetch(`${url}/metrics`)).text()
-}
-
-/** The mocker's engines publishing their own KV events over ZMQ (PUB on base + i, replay on base + workers + i). */
-async function zmqMocker(a: ReplicasArgs, k: number): Promise<{ mocker: Child; engines: string[]; specs: string[] }> {
-  for (let attempt = 0; ; attempt++) {
-    const base = 30000 + Math.floor(Math.random() * 4000) * 4
-    try {
-      const mocker = await start(
-        [
-          'mocker',
-          '--num-workers',
-          String(a.workers),
-          '--first-worker-id',
-          '1',
-          '--block-size',
-          String(BLOCK_SIZE),
-          '--num-gpu-blocks-override',
-          String(k),
-          '--speedup-ratio',
-          String(a.speedup),
-          '--model-name',
-          MODEL,
-          '--host',
-          '127.0.0.1',
-          '--http-port',
-          '0',
-          '--kv-events-zmq',
-          `tcp://127.0.0.1:${base}`,
-          '--kv-events-replay-zmq',
-          `tcp://127.0.0.1:${base + a.workers}`,
-        ],
-        /kv-router mocker: ready \d+ engine\(s\)(( http:\/\/\S+)+)/,
-      )
-      const engines = (mocker.match[1] as string).trim().split(' ')
-      const specs = engines.map((u, i) => `${i + 1}=${u},kv-events=tcp://127.0.0.1:${base + i},replay=tcp://127.0.0.1:${base + a.workers + i}`)
-      return { mocker, engines, specs }
-    } catch (err) {
-      if (attempt > 5 || !/cannot bind/.test(String(err))) throw err
-    }
-  }
 }
 
 function vmRssMb(pid: number | undefined): number | null {
@@ -193,7 +153,17 @@ async function runSetup(setup: Setup, a: ReplicasArgs, requests: TraceRequest[],
         /kv-router mocker: ready (\d+) engine\(s\)/,
       )
     } else {
-      const fleet = await zmqMocker(a, k)
+      const fleet = await startZmqFleet(a.workers, [
+        '--block-size',
+        String(BLOCK_SIZE),
+        '--num-gpu-blocks-override',
+        String(k),
+        '--speedup-ratio',
+        String(a.speedup),
+        '--model-name',
+        MODEL,
+      ])
+      const specs = fleet.engines.map((u, i) => `${i + 1}=${u},kv-events=${fleet.endpoint(i)},replay=${fleet.replay(i)}`)
       mocker = fleet.mocker
       const shared: string[] = []
       if (setup.index === 'shared') {
@@ -201,7 +171,7 @@ async function runSetup(setup: Setup, a: ReplicasArgs, requests: TraceRequest[],
         shared.push('--indexer-url', indexer.match[1] as string)
       }
       for (let i = 0; i < setup.replicas + 1; i++) {
-        const args = [...routerArgs(), ...fleet.specs.flatMap((w) => ['--worker', w]), ...shared]
+        const args = [...routerArgs(), ...specs.flatMap((w) => ['--worker', w]), ...shared]
         // the observer (the last) without replica sync: the peers' bookings are not KV events
         const observer = i === setup.replicas
         args.push(...(setup.sync && !observer ? ['--router-replica-sync'] : []), ...a.routerArgs)

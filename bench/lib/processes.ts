@@ -111,3 +111,35 @@ export function cpuShares(a: CpuSample, b: CpuSample): { own: number; other: num
   const busy = b.machine.busy - a.machine.busy
   return { own: own / total, other: Math.max(0, busy - own) / total }
 }
+
+/** A `kv-router mocker` fleet publishing its engines' KV events over ZMQ, and where to read them. */
+export interface ZmqFleet {
+  mocker: Child
+  /** Each engine's HTTP URL, engine i has worker id i + 1. */
+  engines: string[]
+  /** Engine i's PUB endpoint. */
+  endpoint: (i: number) => string
+  /** Engine i's replay endpoint. */
+  replay: (i: number) => string
+}
+
+/**
+ * Starts `workers` mocker engines (ids from 1) whose KV events go out over ZMQ, PUB on base + i and
+ * replay on base + workers + i, on a random base of loopback ports, tried again on another when
+ * one is taken. `args` are further mocker flags (block size, pool, speed, model).
+ */
+export async function startZmqFleet(workers: number, args: string[], opts: { nice?: number } = {}): Promise<ZmqFleet> {
+  for (let attempt = 0; ; attempt++) {
+    const base = 30000 + Math.floor(Math.random() * 4000) * 4
+    const endpoint = (i: number): string => `tcp://127.0.0.1:${base + i}`
+    const replay = (i: number): string => `tcp://127.0.0.1:${base + workers + i}`
+    try {
+      const fleetArgs = ['mocker', '--num-workers', String(workers), '--first-worker-id', '1', '--host', '127.0.0.1', '--http-port', '0']
+      fleetArgs.push(...args, '--kv-events-zmq', endpoint(0), '--kv-events-replay-zmq', replay(0))
+      const mocker = await start(fleetArgs, /kv-router mocker: ready \d+ engine\(s\)(( http:\/\/\S+)+)/, 60_000, opts)
+      return { mocker, engines: (mocker.match[1] as string).trim().split(' '), endpoint, replay }
+    } catch (err) {
+      if (attempt > 5 || !/cannot bind/.test(String(err))) throw err
+    }
+  }
+}

@@ -25,7 +25,7 @@ import { fileURLToPath } from 'node:url'
 import { Pool } from 'undici'
 import { expandTokens, readTrace } from '../src/sim/replay/trace.js'
 import type { TraceRequest } from '../src/sim/replay/trace.js'
-import { processTicks, repoRoot, resultsDir, textTable, TICKS_PER_S } from './lib/common.js'
+import { preemptions, processTicks, repoRoot, resultsDir, textTable, TICKS_PER_S } from './lib/common.js'
 import { cpuSample, cpuShares, start, startZmqFleet, stop } from './lib/processes.js'
 import type { Child } from './lib/processes.js'
 import { ArgError, bucketQuantile, histogramBuckets, parseIndexerArgs } from './lib/indexer.js'
@@ -59,6 +59,8 @@ interface Phase {
   /** CPU of the indexer and of the engines' process, in cores. */
   indexerCores: number | null
   enginesCores: number | null
+  /** Involuntary context switches of the indexer's threads per second: how often one waited for a core with work to do. */
+  indexerPreemptedPerS: number | null
 }
 
 async function counter(url: string, name: string): Promise<number | null> {
@@ -131,6 +133,7 @@ async function queryPhase(
   const ev0 = await counter(url, EVENTS_APPLIED)
   const h0 = histogramBuckets(await (await fetch(`${url}/metrics`)).text(), ANSWER_SECONDS, 'route="query"')
   const ticks0 = pids.map(processTicks)
+  const pre0 = preemptions(pids[0])
   await driver?.poll()
   const e0 = driver?.done() ?? 0
   const cpu0 = cpuSample(pids)
@@ -150,6 +153,7 @@ async function queryPhase(
   const wall = (performance.now() - t0) / 1000
   const cpu = cpuShares(cpu0, cpuSample(pids))
   const ticks1 = pids.map(processTicks)
+  const pre1 = preemptions(pids[0])
   const ev1 = await counter(url, EVENTS_APPLIED)
   const h1 = histogramBuckets(await (await fetch(`${url}/metrics`)).text(), ANSWER_SECONDS, 'route="query"')
   const cores = (i: number): number | null => {
@@ -177,6 +181,7 @@ async function queryPhase(
     serverP99: ms(bucketQuantile(h0, h1, 0.99)),
     indexerCores: cores(0),
     enginesCores: cores(1),
+    indexerPreemptedPerS: pre0 === null || pre1 === null ? null : (pre1 - pre0) / wall,
   }
 }
 
@@ -254,6 +259,7 @@ async function main(): Promise<void> {
         'engine req/s',
         'events applied/s',
         'cores: indexer / engines',
+        'indexer preempted/s',
         'machine: bench / other',
       ],
       phases.map((p) => [
@@ -268,6 +274,7 @@ async function main(): Promise<void> {
         f(p.engineRps),
         p.eventsPerS === null ? 'n/a' : f(p.eventsPerS),
         `${p.indexerCores?.toFixed(2) ?? 'n/a'} / ${p.enginesCores?.toFixed(2) ?? 'n/a'}`,
+        p.indexerPreemptedPerS === null ? 'n/a' : f(p.indexerPreemptedPerS),
         p.cpu === null ? 'n/a' : `${(p.cpu.own * 100).toFixed(0)}% / ${(p.cpu.other * 100).toFixed(0)}%`,
       ]),
     ),

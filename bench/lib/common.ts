@@ -5,7 +5,7 @@
 import { spawn } from 'node:child_process'
 import { Agent } from 'undici'
 import type { ChildProcess } from 'node:child_process'
-import { existsSync, mkdirSync, readFileSync } from 'node:fs'
+import { existsSync, mkdirSync, readdirSync, readFileSync } from 'node:fs'
 import { dirname, join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 
@@ -67,6 +67,25 @@ export function processTicks(pid: number | undefined): number | null {
     // the command name may hold spaces: fields are counted after its closing parenthesis
     const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ')
     return Number(f[11]) + Number(f[12])
+  } catch {
+    return null
+  }
+}
+
+/**
+ * Involuntary context switches of every thread of a process so far (the scheduler took the CPU
+ * from a thread that could still run), or null without /proc. Their rate says how often a
+ * process's threads wait for a core rather than for work.
+ */
+export function preemptions(pid: number | undefined): number | null {
+  if (pid === undefined) return null
+  try {
+    let sum = 0
+    for (const tid of readdirSync(`/proc/${pid}/task`)) {
+      const m = /nonvoluntary_ctxt_switches:\s*(\d+)/.exec(readFileSync(`/proc/${pid}/task/${tid}/status`, 'utf8'))
+      if (m !== null) sum += Number(m[1])
+    }
+    return sum
   } catch {
     return null
   }

@@ -22,7 +22,7 @@ export interface Child {
 export function start(args: string[], ready: RegExp, timeoutMs = 60_000, opts: { nice?: number } = {}): Promise<Child> {
   const cli = join(repoRoot(), 'dist', 'src', 'main.js')
   return new Promise((resolve, reject) => {
-    const argv = [...(args[0] === 'serve' ? ROUTER_V8_FLAGS : []), cli, ...args]
+    const argv = [...(args[0] === 'serve' || args[0] === 'indexer' ? ROUTER_V8_FLAGS : []), cli, ...args]
     const env = { env: { PATH: process.env.PATH ?? '' } }
     const p = opts.nice === undefined ? spawn(process.execPath, argv, env) : spawn('nice', ['-n', String(opts.nice), process.execPath, ...argv], env)
     let out = ''

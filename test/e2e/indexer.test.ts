@@ -263,10 +263,17 @@ t.test('kv-router indexer with mocker engines over ZMQ', async (t) => {
 
   await t.test('bad input: 400/404/413 with a code, counted', async (t) => {
     const cases: [string, string | object, number, string][] = [
-      ['/query', { token_ids: [1, 'a'], model_name: 'm' }, 400, 'KVR_ERR_INVALID_REQUEST'],
-      ['/query', { token_ids: [-1], model_name: 'm' }, 400, 'KVR_ERR_INVALID_REQUEST'],
-      ['/query', { token_ids: [2 ** 32], model_name: 'm' }, 400, 'KVR_ERR_INVALID_REQUEST'],
+      // the router's /v1/route code for a token id outside [0, 2^32)
+      ['/query', { token_ids: [1, 'a'], model_name: 'm' }, 400, 'KVR_ERR_TOKEN_OUT_OF_RANGE'],
+      ['/query', { token_ids: [-1], model_name: 'm' }, 400, 'KVR_ERR_TOKEN_OUT_OF_RANGE'],
+      ['/query', { token_ids: [2 ** 32], model_name: 'm' }, 400, 'KVR_ERR_TOKEN_OUT_OF_RANGE'],
       ['/query', { token_ids: [1] }, 400, 'KVR_ERR_INVALID_REQUEST'],
+      ['/query', { model_name: 'm' }, 400, 'KVR_ERR_INVALID_REQUEST'],
+      ['/query', { token_ids: [1], model_name: 5 }, 400, 'KVR_ERR_INVALID_REQUEST'],
+      ['/query', { token_ids: [1], model_name: 'm', routing_group: '' }, 400, 'KVR_ERR_INVALID_REQUEST'],
+      ['/query', { token_ids: [1], model_name: 'm', lora_name: 3 }, 400, 'KVR_ERR_INVALID_REQUEST'],
+      ['/query', { token_ids: [1], model_name: 'm', instance_id: 'abc' }, 400, 'KVR_ERR_INVALID_REQUEST'],
+      ['/query', { token_ids: [1], model_name: 'm', block_size: 1.5 }, 400, 'KVR_ERR_INVALID_REQUEST'],
       ['/query', '{"token_ids":[1', 400, 'KVR_ERR_INVALID_REQUEST'],
       ['/query', { token_ids: [1], model_name: 'nope' }, 404, 'KVR_ERR_UNKNOWN_GROUP'],
       ['/query', { token_ids: [1], model_name: 'm', routing_group: 'nope' }, 404, 'KVR_ERR_UNKNOWN_GROUP'],
@@ -290,7 +297,8 @@ t.test('kv-router indexer with mocker engines over ZMQ', async (t) => {
     t.match(JSON.parse(r.text), { code: 'KVR_ERR_BODY_TOO_LARGE' })
     t.equal((await call(`${a}/nowhere`, 'GET')).status, 404)
     const metrics = (await call(`${a}/metrics`, 'GET')).text
-    t.match(metrics, /kvrouter_indexer_requests_rejected_total\{route="\/query",code="KVR_ERR_INVALID_REQUEST"\} [5-9]/, 'refusals counted by route and code')
+    t.match(metrics, /kvrouter_indexer_requests_rejected_total\{route="\/query",code="KVR_ERR_INVALID_REQUEST"\} 8\n/, 'refusals counted by route and code')
+    t.match(metrics, /kvrouter_indexer_requests_rejected_total\{route="\/query",code="KVR_ERR_TOKEN_OUT_OF_RANGE"\} 3\n/)
     t.match(metrics, /kvrouter_indexer_requests_rejected_total\{route="\/query",code="KVR_ERR_BODY_TOO_LARGE"\} 1/)
     t.match(metrics, /kvrouter_indexer_workers 4/)
     t.match(metrics, /kvrouter_indexer_groups 3/)

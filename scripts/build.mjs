@@ -5,7 +5,7 @@
 //   node scripts/build.mjs --if-stale  the same, only when a source is newer than the last build:
 //                                      `npm start` runs it, so a start after no edit costs a few ms
 import { spawnSync } from 'node:child_process'
-import { chmodSync, copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs'
+import { chmodSync, copyFileSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs'
 import { createRequire } from 'node:module'
 import { join } from 'node:path'
 import { fileURLToPath, pathToFileURL } from 'node:url'
@@ -48,6 +48,18 @@ const copyAssets = (dir) => {
   }
 }
 copyAssets('src')
+
+// tsc leaves the output of a deleted or renamed source behind, and the suite runs the compiled
+// tests: a stale dist/test/x.test.js would still run (and pass) after test/x.test.ts is gone
+const prune = (dir) => {
+  if (!existsSync(join(root, 'dist', dir))) return
+  for (const e of readdirSync(join(root, 'dist', dir), { withFileTypes: true })) {
+    const rel = join(dir, e.name)
+    if (e.isDirectory()) prune(rel)
+    else if (/\.(js|js\.map|d\.ts)$/.test(e.name) && !existsSync(join(root, rel.replace(/\.(js|js\.map|d\.ts)$/, '.ts')))) rmSync(join(root, 'dist', rel))
+  }
+}
+for (const dir of ['src', 'workers', 'bench', 'test', 'support']) prune(dir)
 
 const { ROUTER_V8_FLAGS } = await import(pathToFileURL(join(root, 'dist', 'src', 'runtime', 'v8-flags.js')).href)
 const text = readFileSync(main, 'utf8')

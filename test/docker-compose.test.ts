@@ -8,7 +8,6 @@ import t from 'tap'
 import { execFileSync } from 'node:child_process'
 import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs'
 import { dirname, isAbsolute, join, resolve } from 'node:path'
-import { fileURLToPath } from 'node:url'
 import { parse } from 'yaml'
 import { parseServeConfig, type ServeConfig } from '../src/config.js'
 import { parseMockerArgs } from '../src/sim/mocker/main.js'
@@ -16,13 +15,9 @@ import { parseReplayArgs, type ReplayArgs } from '../src/sim/replay/main.js'
 import { requireExecutable } from '../src/deploy/services.js'
 import { parseOptions } from '../src/config/table.js'
 import { INDEXER_TABLE } from '../src/indexer/main.js'
+import { repoRoot } from './helpers/paths.js'
 
-function repoRoot(): string {
-  let dir = dirname(fileURLToPath(import.meta.url))
-  while (!existsSync(join(dir, 'package.json'))) dir = dirname(dir)
-  return dir
-}
-const root = repoRoot()
+const root = repoRoot
 
 interface Service {
   image?: string

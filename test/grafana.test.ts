@@ -7,6 +7,7 @@ import t from 'tap'
 import { readFileSync } from 'node:fs'
 import { parseServeConfig } from '../src/config.js'
 import { Router } from '../src/core/router.js'
+import { fromRoot } from './helpers/paths.js'
 
 interface Target {
   expr?: string
@@ -29,7 +30,7 @@ interface Dashboard {
   templating: { list: { name: string; type: string; query?: string | { query: string }; definition?: string }[] }
 }
 
-const dash = JSON.parse(readFileSync(new URL('../deploy/grafana/kv-router.json', import.meta.url), 'utf8')) as Dashboard
+const dash = JSON.parse(readFileSync(fromRoot('deploy', 'grafana', 'kv-router.json'), 'utf8')) as Dashboard
 const panels = dash.panels.flatMap((p) => [p, ...(p.panels ?? [])])
 const graphs = panels.filter((p) => p.type !== 'row')
 

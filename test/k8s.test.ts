@@ -6,11 +6,11 @@
 import t from 'tap'
 import { existsSync, readFileSync } from 'node:fs'
 import { join } from 'node:path'
-import { fileURLToPath } from 'node:url'
 import { parse, parseAllDocuments } from 'yaml'
 import { FLAGS, parseServeConfig, type ServeConfig } from '../src/config.js'
+import { repoRoot } from './helpers/paths.js'
 
-const root = fileURLToPath(new URL('../', import.meta.url))
+const root = `${repoRoot}/`
 const dir = join(root, 'deploy', 'k8s')
 
 interface Probe {

@@ -5,9 +5,9 @@ import t from 'tap'
 import { execFileSync } from 'node:child_process'
 import { readFileSync } from 'node:fs'
 import { join } from 'node:path'
-import { fileURLToPath } from 'node:url'
+import { repoRoot } from './helpers/paths.js'
 
-const root = fileURLToPath(new URL('../', import.meta.url))
+const root = `${repoRoot}/`
 const WIDTH = 160
 const MAX_MODULE_LINES = 950
 const LONG_MODULES = new Set(['src/index/kv-index.ts'])

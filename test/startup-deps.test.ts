@@ -4,8 +4,9 @@
 // integration tests show those paths still work against the real services.
 import t from 'tap'
 import { spawn } from 'node:child_process'
+import { fromRoot } from './helpers/paths.js'
 
-const cli = new URL('../dist/src/main.js', import.meta.url).pathname
+const cli = fromRoot('dist', 'src', 'main.js')
 
 // Preloaded into the process: once it prints its listening line, it reports whether either
 // package is in the CommonJS module cache (both are CommonJS packages, cached there even when

@@ -5,9 +5,9 @@
 import t from 'tap'
 import { readdirSync, readFileSync } from 'node:fs'
 import { join, posix } from 'node:path'
-import { fileURLToPath } from 'node:url'
+import { repoRoot } from '../helpers/paths.js'
 
-const root = fileURLToPath(new URL('../../', import.meta.url))
+const root = `${repoRoot}/`
 const DOC = 'docs/architecture.md'
 const HEADING = '## Import direction'
 /** Where the code is; each file must fall in a row of the table. */

@@ -4,9 +4,9 @@
 import t from 'tap'
 import { existsSync, readdirSync, readFileSync } from 'node:fs'
 import { join } from 'node:path'
-import { fileURLToPath } from 'node:url'
+import { repoRoot } from '../helpers/paths.js'
 
-const root = fileURLToPath(new URL('../../', import.meta.url))
+const root = `${repoRoot}/`
 const DOC = 'docs/architecture.md'
 const HEADING = '## Module map'
 

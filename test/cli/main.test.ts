@@ -4,8 +4,9 @@ import t from 'tap'
 import { readFileSync } from 'node:fs'
 import { runCli, waitForOutput } from '../helpers/cli.js'
 import { getFreePort } from '../../src/deploy/services.js'
+import { fromRoot } from '../helpers/paths.js'
 
-const pkg = JSON.parse(readFileSync(new URL('../../package.json', import.meta.url), 'utf8')) as { version: string }
+const pkg = JSON.parse(readFileSync(fromRoot('package.json'), 'utf8')) as { version: string }
 
 t.test('an unknown command exits 2 with one line that names it', async (t) => {
   const c = runCli(['bogus'])

@@ -6,8 +6,9 @@ import type { Test } from 'tap'
 import { readFileSync } from 'node:fs'
 import { FLAGS } from '../../src/config.js'
 import { DOCUMENTED, renderConfigurationDoc } from '../../src/cli/configuration-doc.js'
+import { fromRoot } from '../helpers/paths.js'
 
-const doc = readFileSync(new URL('../../docs/configuration.md', import.meta.url), 'utf8')
+const doc = readFileSync(fromRoot('docs', 'configuration.md'), 'utf8')
 
 /** The rows of the table under `## name`: [flag, env column, rest]. */
 function rows(name: string): string[][] {

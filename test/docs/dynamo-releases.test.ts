@@ -4,9 +4,9 @@
 import t from 'tap'
 import { readdirSync, readFileSync } from 'node:fs'
 import { join, relative } from 'node:path'
-import { fileURLToPath } from 'node:url'
+import { repoRoot } from '../helpers/paths.js'
 
-const root = fileURLToPath(new URL('../../', import.meta.url))
+const root = `${repoRoot}/`
 const ERA = /\beras?\b/i
 
 function files(dir: string, ext: RegExp): string[] {

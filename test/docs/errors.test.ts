@@ -6,10 +6,10 @@
 import t from 'tap'
 import { readdirSync, readFileSync } from 'node:fs'
 import { join, relative } from 'node:path'
-import { fileURLToPath } from 'node:url'
 import { ErrorCodes, RetiredCodes, Warn, WarningCodes } from '../../src/errors.js'
+import { repoRoot } from '../helpers/paths.js'
 
-const root = fileURLToPath(new URL('../../', import.meta.url))
+const root = `${repoRoot}/`
 const doc = readFileSync(join(root, 'docs', 'errors.md'), 'utf8')
 
 function section(title: string): string {

@@ -6,8 +6,9 @@ import { readFileSync } from 'node:fs'
 import { computeBlockHashes, computeSequenceHashes } from '../../src/codec/hashing.js'
 import { encodeRouterEvent } from '../../src/codec/events.js'
 import { harness, tokens } from '../http/helpers.js'
+import { fromRoot } from '../helpers/paths.js'
 
-const doc = readFileSync(new URL('../../docs/http-api.md', import.meta.url), 'utf8')
+const doc = readFileSync(fromRoot('docs', 'http-api.md'), 'utf8')
 
 /** The first ```json block after `marker` in the section titled `title`, parsed. */
 function example(title: string, marker: string): unknown {

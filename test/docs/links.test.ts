@@ -3,9 +3,9 @@
 import t from 'tap'
 import { existsSync, readdirSync, readFileSync } from 'node:fs'
 import { dirname, join, relative } from 'node:path'
-import { fileURLToPath } from 'node:url'
+import { repoRoot } from '../helpers/paths.js'
 
-const root = fileURLToPath(new URL('../../', import.meta.url))
+const root = `${repoRoot}/`
 const docs = [
   'README.md',
   'data/README.md',

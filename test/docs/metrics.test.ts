@@ -6,6 +6,7 @@ import { Router } from '../../src/core/router.js'
 import { ShardPool } from '../../src/shards/pool.js'
 import { IndexerRegistry } from '../../src/indexer/registry.js'
 import { IndexerMetrics } from '../../src/indexer/metrics.js'
+import { fromRoot } from '../helpers/paths.js'
 
 const INDEXER_SECTION = '\n## kv-router indexer\n'
 
@@ -23,7 +24,7 @@ function parts(doc: string): { router: string; indexer: string } {
 }
 
 t.test('the table is the registry', async (t) => {
-  const doc = readFileSync(new URL('../../docs/metrics.md', import.meta.url), 'utf8')
+  const doc = readFileSync(fromRoot('docs', 'metrics.md'), 'utf8')
   const listed = names(parts(doc).router)
   t.equal(new Set(listed).size, listed.length, 'each metric is listed once')
   // with a remote index, so that its series are registered too (nothing listens on port 9: its probe fails, harmlessly)
@@ -37,7 +38,7 @@ t.test('the table is the registry', async (t) => {
 })
 
 t.test("the indexer's section is the indexer's registry", async (t) => {
-  const doc = readFileSync(new URL('../../docs/metrics.md', import.meta.url), 'utf8')
+  const doc = readFileSync(fromRoot('docs', 'metrics.md'), 'utf8')
   const section = parts(doc).indexer
   // its own series in its table; the router's, named in its list, are documented above once
   const shared = [...section.matchAll(/^- `([a-z_:][a-z0-9_:]*)`/gm)].map((m) => m[1] as string)

@@ -5,9 +5,9 @@ import t from 'tap'
 import { execFileSync } from 'node:child_process'
 import { readFileSync } from 'node:fs'
 import { join } from 'node:path'
-import { fileURLToPath } from 'node:url'
+import { repoRoot } from '../helpers/paths.js'
 
-const root = fileURLToPath(new URL('../../', import.meta.url))
+const root = `${repoRoot}/`
 const self = 'test/docs/standalone.test.ts'
 const files = execFileSync('git', ['ls-files'], { cwd: root, encoding: 'utf8' })
   .split('\n')

@@ -5,11 +5,11 @@
 import t from 'tap'
 import { spawn, spawnSync } from 'node:child_process'
 import { existsSync, readFileSync, rmSync } from 'node:fs'
-import { fileURLToPath } from 'node:url'
 import { requireExecutable } from '../../src/deploy/services.js'
+import { fromRoot } from '../helpers/paths.js'
 
-const script = fileURLToPath(new URL('../../scripts/cluster.mjs', import.meta.url))
-const docs = fileURLToPath(new URL('../../docs/configuration.md', import.meta.url))
+const script = fromRoot('scripts', 'cluster.mjs')
+const docs = fromRoot('docs', 'configuration.md')
 
 /** Whether a process with this id exists (a zombie counts: it has not been reaped). */
 function alive(pid: number): boolean {

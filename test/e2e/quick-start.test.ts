@@ -7,8 +7,9 @@ import t from 'tap'
 import { spawn } from 'node:child_process'
 import { readFileSync } from 'node:fs'
 import { dirname } from 'node:path'
+import { rootUrl } from '../helpers/paths.js'
 
-const root = new URL('../../', import.meta.url)
+const root = rootUrl
 
 /** CPU time (user + system, all threads) a process has used so far, from /proc. */
 function cpuTimeMs(pid: number): number {

@@ -7,12 +7,12 @@ import t from 'tap'
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { fileURLToPath } from 'node:url'
 import { startEtcd, startNats } from '../../src/deploy/services.js'
 import { waitUntil } from '../helpers/wait.js'
 import { runCli as run } from '../helpers/cli.js'
+import { fromRoot } from '../helpers/paths.js'
 
-const trace = fileURLToPath(new URL('../../data/conversation_trace.jsonl', import.meta.url))
+const trace = fromRoot('data', 'conversation_trace.jsonl')
 const ENGINES = 4
 
 /** block_hash values of the Stored events in a JSON answer, as decimal strings. */

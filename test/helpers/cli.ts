@@ -2,10 +2,10 @@
 // tests. The child gets only PATH, so no test's environment leaks into its configuration.
 import { spawn } from 'node:child_process'
 import type { ChildProcessWithoutNullStreams } from 'node:child_process'
-import { fileURLToPath } from 'node:url'
 import { ROUTER_V8_FLAGS } from '../../src/runtime/v8-flags.js'
+import { fromRoot } from './paths.js'
 
-export const cliPath = fileURLToPath(new URL('../../dist/src/main.js', import.meta.url))
+export const cliPath = fromRoot('dist', 'src', 'main.js')
 
 /**
  * The argv that starts the CLI the way its shebang, `npm start` and the Dockerfile do: with the

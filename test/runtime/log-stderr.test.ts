@@ -4,9 +4,9 @@
 import t from 'tap'
 import { spawn } from 'node:child_process'
 import type { ChildProcessWithoutNullStreams } from 'node:child_process'
-import { fileURLToPath } from 'node:url'
 import { cliArgv } from '../helpers/cli.js'
 import { waitUntil } from '../helpers/wait.js'
+import { fromRoot } from '../helpers/paths.js'
 
 /** Counts the child's stderr lines that match `re` once reading starts again. */
 function lineCounter(p: ChildProcessWithoutNullStreams, re: RegExp): { count: () => number; bytes: () => number } {
@@ -70,7 +70,7 @@ t.test('a reader that stops reading stderr stalls nothing, and loses no line it 
 })
 
 t.test('past the buffer, lines are dropped and counted; what was kept goes out at exit', async (t) => {
-  const logModule = fileURLToPath(new URL('../../dist/src/runtime/log.js', import.meta.url))
+  const logModule = fromRoot('dist', 'src', 'runtime', 'log.js')
   // 24,000 lines of about 1 KiB, 100 a turn: more than the 16 MiB held for a reader that reads nothing
   const script = `
     import { configureLog, log, logLinesDropped } from ${JSON.stringify(logModule)}
@@ -105,7 +105,7 @@ t.test('past the buffer, lines are dropped and counted; what was kept goes out a
 })
 
 t.test('a reader that goes away (EPIPE) leaves the process running', async (t) => {
-  const logModule = fileURLToPath(new URL('../../dist/src/runtime/log.js', import.meta.url))
+  const logModule = fromRoot('dist', 'src', 'runtime', 'log.js')
   const script = `
     import { configureLog, log, logLinesDropped } from ${JSON.stringify(logModule)}
     import { writeSync } from 'node:fs'

@@ -6,8 +6,9 @@ import t from 'tap'
 import { chmodSync, readFileSync } from 'node:fs'
 import { spawnSync } from 'node:child_process'
 import { ROUTER_V8_FLAGS } from '../../src/runtime/v8-flags.js'
+import { rootUrl } from '../helpers/paths.js'
 
-const root = new URL('../../', import.meta.url)
+const root = rootUrl
 const cli = new URL('dist/src/main.js', root).pathname
 
 t.test('the built executable passes exactly the flags, and the source names none', async (t) => {

@@ -4,7 +4,6 @@
 // The pruned scheduler gets each request's overlaps as the route path gives them (the slots that
 // hold a prefix and their blocks), the full scan a dense array; every decision must be the same.
 import t from 'tap'
-import { fileURLToPath } from 'node:url'
 import { sequenceHashesInto } from '../../src/codec/hashing.js'
 import type { EngineRequest, RequestListener } from '../../src/sim/mocker/engine.js'
 import { MockEngine } from '../../src/sim/mocker/engine.js'
@@ -14,8 +13,9 @@ import { expandTokens, readTrace, TraceBlockHasher } from '../../src/sim/replay/
 import type { SchedulerOptionsInput } from '../../src/scheduler/options.js'
 import type { RouteDecision } from '../../src/scheduler/scheduler.js'
 import { Scheduler } from '../../src/scheduler/scheduler.js'
+import { fromRoot } from '../helpers/paths.js'
 
-const TRACE = fileURLToPath(new URL('../../data/conversation_trace.jsonl', import.meta.url))
+const TRACE = fromRoot('data', 'conversation_trace.jsonl')
 const BLOCK_SIZE = 64
 
 interface Run {

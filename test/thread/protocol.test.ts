@@ -1,13 +1,13 @@
 import t from 'tap'
 import { readFileSync, readdirSync } from 'node:fs'
-import { dirname, join } from 'node:path'
-import { fileURLToPath } from 'node:url'
+import { join } from 'node:path'
 import * as R from '../../src/thread/records.js'
 import { isShardMessage, type ShardMessage } from '../../src/thread/messages.js'
 import * as P from '../../src/thread/protocol.js'
 import { REJECT_REASON_COUNT } from '../../src/index/kv-index.js'
+import { repoRoot } from '../helpers/paths.js'
 
-const ROOT = join(dirname(fileURLToPath(import.meta.url)), '../..')
+const ROOT = repoRoot
 
 // Who writes each control word, and how often. The layout keeps words that different threads
 // write often on separate 128-byte stretches; this test fails if a new word lands in the wrong

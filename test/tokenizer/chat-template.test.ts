@@ -9,8 +9,9 @@ import { join } from 'node:path'
 import { HfTokenizer } from '../../src/tokenizer/tokenizer.js'
 import { findChatTemplate } from '../../src/tokenizer/chat-template.js'
 import { tokenizedRouter } from '../http/helpers.js'
+import { fromRoot } from '../helpers/paths.js'
 
-const fixture = new URL('../fixtures/tokenizer.json', import.meta.url).pathname
+const fixture = fromRoot('test', 'fixtures', 'tokenizer.json')
 const BOS = 13
 const START = 14
 const END = 15

@@ -8,8 +8,9 @@ import { BytesTokenizer, HfTokenizer, chatPromptText, loadTokenizer } from '../.
 import { harness, tokenizedRouter, upstream } from '../http/helpers.js'
 import { runCli, waitForOutput } from '../helpers/cli.js'
 import { logRecords } from '../helpers/log.js'
+import { fromRoot } from '../helpers/paths.js'
 
-const fixture = new URL('../fixtures/tokenizer.json', import.meta.url).pathname
+const fixture = fromRoot('test', 'fixtures', 'tokenizer.json')
 
 t.test('hf tokenizer.json off the event loop', async (t) => {
   const tok = await HfTokenizer.load(fixture, 1)

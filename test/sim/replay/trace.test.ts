@@ -1,7 +1,6 @@
 import t from 'tap'
 import { writeFileSync } from 'node:fs'
 import { join } from 'node:path'
-import { fileURLToPath } from 'node:url'
 import { computeBlockHashes } from '../../../src/codec/hashing.js'
 import {
   expandTokens,
@@ -18,8 +17,9 @@ import {
   type TracePrompt,
 } from '../../../src/sim/replay/trace.js'
 import { Rng } from '../../helpers/rng.js'
+import { fromRoot } from '../../helpers/paths.js'
 
-const TRACE = fileURLToPath(new URL('../../../data/conversation_trace.jsonl', import.meta.url))
+const TRACE = fromRoot('data', 'conversation_trace.jsonl')
 
 function block(id: number): Uint32Array {
   const b = new Uint32Array(TRACE_BLOCK_TOKENS)

@@ -190,6 +190,11 @@ export class MockerFleet {
     return this.requestPlane?.hostPort ?? ''
   }
 
+  /** The Dynamo mode's request-plane counters (null without it). */
+  get requestPlaneCounters(): RequestPlaneServer['counters'] | null {
+    return this.requestPlane?.counters ?? null
+  }
+
   get urls(): string[] {
     return this.workers.map((w) => w.url)
   }

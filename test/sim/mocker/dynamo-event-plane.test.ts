@@ -147,7 +147,21 @@ t.test('kv-events: 4 frames, envelope and RouterEvent bytes as a Dynamo worker s
       fix('dp_rank'),
       '00',
     ),
-    cat('83', fix('worker_id'), '07', fix('storage_tier'), fix('device'), fix('event'), '83', fix('event_id'), '03', fix('data'), fix('cleared'), fix('dp_rank'), '00'),
+    cat(
+      '83',
+      fix('worker_id'),
+      '07',
+      fix('storage_tier'),
+      fix('device'),
+      fix('event'),
+      '83',
+      fix('event_id'),
+      '03',
+      fix('data'),
+      fix('cleared'),
+      fix('dp_rank'),
+      '00',
+    ),
   ]
   for (let i = 0; i < 3; i++) {
     const [topic, id, seq, frame] = got[i] as [Buffer, Buffer, Buffer, Buffer]

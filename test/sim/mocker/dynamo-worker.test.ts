@@ -140,7 +140,7 @@ t.test('mocker --dynamo: records, event plane, request plane, worker query', asy
     await waitUntil('the stream end', () => s.ended)
     const newest = w0.engine.ring.newestId
     await waitUntil('every event', () => lastEventId(got) === newest)
-    const first = (got[0]?.[2] as Buffer).readBigUInt64BE(0)
+    const first = ((got[0] as Buffer[])[2] as Buffer).readBigUInt64BE(0)
     for (let i = 0; i < got.length; i++) {
       const [topic, pid, seq, frame] = got[i] as [Buffer, Buffer, Buffer, Buffer]
       t.equal(topic.toString(), 'kv-events')
@@ -345,7 +345,9 @@ t.test('mocker --dynamo: records, event plane, request plane, worker query', asy
 })
 
 function lastEventId(got: Buffer[][]): bigint {
-  const env = unpackr.unpack((got.at(-1) as Buffer[])[3]?.subarray(5) as Buffer) as { payload: Uint8Array }
+  const last = got.at(-1)
+  if (last === undefined) return -1n
+  const env = unpackr.unpack((last[3] as Buffer).subarray(5)) as { payload: Uint8Array }
   const ev = unpackr.unpack(env.payload) as { event: { event_id: bigint | number } }
   return BigInt(ev.event.event_id)
 }

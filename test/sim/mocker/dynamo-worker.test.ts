@@ -308,11 +308,12 @@ t.test('mocker --dynamo: records, event plane, request plane, worker query', asy
     const e2 = ring.range(2n, 2n)[0]
     if (e2 !== undefined && e2.event.data !== 'cleared' && 'stored' in e2.event.data) {
       const st = e2.event.data.stored
+      const blocksJson = st.blocks.map((b) => `{"block_hash":${b.block_hash},"tokens_hash":${b.tokens_hash},"mm_extra_info":null}`).join(',')
       // RouterEvent in serde_json: worker_id, storage_tier, event {event_id, data, dp_rank}
       t.ok(
         ev.text.includes(
           `{"worker_id":${wid},"storage_tier":"device","event":{"event_id":2,"data":{"stored":{"parent_hash":${st.parent_hash ?? 'null'},` +
-            `"start_position":null,"blocks":[${st.blocks.map((b) => `{"block_hash":${b.block_hash},"tokens_hash":${b.tokens_hash},"mm_extra_info":null}`).join(',')}]}},` +
+            `"start_position":null,"blocks":[${blocksJson}]}},` +
             `"dp_rank":0}}`,
         ),
         'event 2 as serde_json writes it',

@@ -82,7 +82,8 @@ export function routerEventJson(ev: RouterEvent): string {
     const blocks = d.stored.blocks.map((b) => `{"block_hash":${b.block_hash},"tokens_hash":${b.tokens_hash},"mm_extra_info":null}`).join(',')
     data = `{"stored":{"parent_hash":${n(d.stored.parent_hash)},"start_position":null,"blocks":[${blocks}]}}`
   } else data = `{"removed":{"block_hashes":[${d.removed.block_hashes.join(',')}]}}`
-  return `{"worker_id":${ev.worker_id},"storage_tier":"${ev.storage_tier ?? 'device'}","event":{"event_id":${e.event_id},"data":${data},"dp_rank":${e.dp_rank}}}`
+  const tier = ev.storage_tier ?? 'device'
+  return `{"worker_id":${ev.worker_id},"storage_tier":"${tier}","event":{"event_id":${e.event_id},"data":${data},"dp_rank":${e.dp_rank}}}`
 }
 
 /** The JSON text of an answer, u64s exact. */

@@ -97,7 +97,9 @@ t.test('kv-events: 4 frames, envelope and RouterEvent bytes as a Dynamo worker s
   // KvCacheEventData externally tagged snake_case, unit variant `cleared` as its name;
   // KvCacheStoreData {parent_hash, start_position, blocks}; KvCacheStoredBlockData {block_hash,
   // tokens_hash, mm_extra_info}; hashes plain u64 (lib/kv-router/src/protocols.rs, stored copy
-  // 66907637791), integers as rmp writes them, most compact first.
+  // 66907637791). rmp-serde writes a struct as a map when named, a unit variant as its name, a
+  // newtype variant as a one-entry map, u64 with write_uint (most compact form), bytes as bin
+  // (3Hren/msgpack-rust rmp-serde/src/encode.rs@21b206ce).
   const payloads = [
     cat(
       '83',

@@ -61,9 +61,10 @@ t.test('mocker --dynamo: records, event plane, request plane, worker query', asy
       t.not(kv.endpoint, metrics.endpoint, 'one PUB socket per publisher')
       // DiscoveryInstance is #[serde(tag = "type")]; Endpoint wraps Instance {component, endpoint,
       // namespace, instance_id, transport} (lib/runtime/src/discovery/mod.rs@5f4d5bb8,
-      // lib/runtime/src/component.rs@01207e79); TransportType snake_case, the TCP address
-      // "host:port/{instance_id:x}/{endpoint}" (lib/runtime/src/component/endpoint.rs,
-      // build_transport_type); keys v1/instances|mdc/{ns}/{comp}/{endpoint}/{id:x}
+      // lib/runtime/src/component.rs@1d1f3409); TransportType snake_case, the TCP address
+      // "host:port/{instance_id:x}/{endpoint}" (lib/runtime/src/component/endpoint.rs stored copy
+      // 57614190630, build_transport_type; the same path is the routing key of
+      // ingress/shared_tcp_endpoint.rs@19854ec1); keys v1/instances|mdc/{ns}/{comp}/{endpoint}/{id:x}
       // (lib/runtime/src/discovery/kv_store.rs@020f5c17)
       const golden: Record<string, string> = {
         [`v1/instances/dynamo/backend/generate/${x}`]:

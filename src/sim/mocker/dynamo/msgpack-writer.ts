@@ -2,7 +2,7 @@
 // worker encodes its event-plane envelopes and RouterEvents: every integer in its most compact
 // form (positive fixint, then u8/u16/u32/u64; negative fixint, then i8…i64), strings as fixstr /
 // str8 / str16 / str32, byte strings as bin8 / bin16 / bin32, maps and arrays with the smallest
-// header. msgpackr is not used here because it writes integers beyond 32 bits as doubles unless
+// header (3Hren/msgpack-rust rmp-serde/src/encode.rs@21b206ce). msgpackr is not used here because it writes integers beyond 32 bits as doubles unless
 // they are bigints, and bigints always as 64-bit: a reader would see other bytes than a worker's.
 //
 // One writer is reused for every message of a publisher: the buffer grows and is kept.

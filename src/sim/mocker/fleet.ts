@@ -335,6 +335,10 @@ export class MockerFleet {
       if (o.advertiseHost !== undefined) so.advertiseHost = o.advertiseHost
       if (o.modelName !== undefined) so.modelName = o.modelName
       if (o.defaultMaxTokens !== undefined) so.defaultMaxTokens = o.defaultMaxTokens
+      if (dynamo !== null) {
+        const d = dynamo
+        so.extraStats = { key: 'dynamo', read: () => d.stats() }
+      }
       const server = new EngineServer(so)
       const w = new MockerWorker(engine, server, pubs)
       w.lease = lease

@@ -267,6 +267,10 @@ t.test('mocker --dynamo: records, event plane, request plane, worker query', asy
     for (const r of rs.slice(0, 2)) (await streamOf(r.subject)).control('kill')
     await waitUntil('freed', () => w1.dynamo?.gate.inflight === 0 && w1.engine.activeBlocks === 0)
     t.equal(fleet.requestPlaneCounters?.overloaded, 1)
+    t.equal(fleet.requestPlaneCounters?.unknownEndpoint, 1)
+    const stats = (await (await fetch(`${w1.url}/stats`)).json()) as { dynamo: { request_plane: { overloaded: number }; generate: { cancelled: number } } }
+    t.equal(stats.dynamo.request_plane.overloaded, 1, '/stats counts the refusal')
+    t.equal(stats.dynamo.generate.cancelled, 4, '/stats counts the cancelled requests')
   })
 
   await t.test('the worker query answers from the event ring', async (t) => {

@@ -131,6 +131,20 @@ export class DynamoWorker {
     await this.o.lease.putAll(this.records())
   }
 
+  /** Its counters for /stats: requests in flight, served, cancelled, refused, unreachable frontends, queries, messages published. */
+  stats(): Record<string, unknown> {
+    return {
+      instance_id: this.instanceId.toString(),
+      inflight: this.gate.inflight,
+      max_inflight: this.gate.maxInflight,
+      generate: { ...this.generate },
+      worker_query: { ...this.queries },
+      kv_events: { publisher_id: this.o.channels.kv.publisherId.toString(), ...this.o.channels.kv.counters },
+      kv_metrics: { publisher_id: this.o.channels.metrics.publisherId.toString(), ...this.o.channels.metrics.counters },
+      request_plane: { ...this.o.requestPlane.counters },
+    }
+  }
+
   /** Stops serving: endpoints down, open response streams cut, load reports stopped. */
   async close(): Promise<void> {
     for (const p of this.paths) this.o.requestPlane.unregister(p)

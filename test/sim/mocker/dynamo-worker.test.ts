@@ -17,6 +17,7 @@ import { MockerArgError, parseMockerArgs } from '../../../src/sim/mocker/main.js
 import { CallHomeServer, RequestConnection, requestFrame, requestPayload } from '../../helpers/dynamo-frontend.js'
 import type { CallHome } from '../../helpers/dynamo-frontend.js'
 import { waitUntil } from '../../helpers/wait.js'
+import { runCli } from '../../helpers/cli.js'
 
 const BS = 4
 const unpackr = new Unpackr({ useRecords: false, mapsAsObjects: true, int64AsType: 'bigint' })
@@ -407,4 +408,21 @@ t.test('--dynamo-event-channels component: the earlier, component-scoped records
       `{"type":"EventChannel","namespace":"dynamo","component":"backend","topic":"kv_metrics","instance_id":${w.workerId},` +
       `"transport":{"kind":"Zmq","config":{"endpoint":"${d.load?.channel.endpoint}"}}}`,
   })
+})
+
+t.test('kv-router mocker --dynamo as a process: ready line, records, SIGTERM revokes', async (t) => {
+  const etcd = await startEtcd()
+  t.teardown(() => etcd.stop())
+  const pr = runCli(['mocker', '--dynamo', '--etcd-url', etcd.url, '--num-workers', '2', '--block-size', '4', '--speedup-ratio', '0'])
+  t.teardown(() => pr.p.kill('SIGKILL'))
+  await waitUntil(`the ready line (${pr.err()})`, () => /kv-router mocker: ready 2 engine\(s\)/.test(pr.out()), 20_000)
+  t.match(pr.err(), /registration and events: Dynamo \(etcd .*, ZMQ event plane, TCP request plane 127\.0\.0\.1:\d+\)/)
+  const client = new Etcd3({ hosts: etcd.url })
+  t.teardown(() => client.close())
+  const keys = await client.getAll().prefix('v1/instances/dynamo/backend/').keys()
+  t.equal(keys.filter((k) => k.includes('/generate/')).length, 2, 'two generate instances')
+  t.equal(keys.filter((k) => k.includes('/worker_kv_indexer_query_dp0/')).length, 2, 'two worker query instances')
+  pr.p.kill('SIGTERM')
+  t.equal(await pr.exited, 0)
+  t.same(await client.getAll().prefix('v1/').keys(), [], 'the leases are revoked on SIGTERM')
 })

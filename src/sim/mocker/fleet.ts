@@ -239,7 +239,7 @@ export class MockerFleet {
       this.requestPlane = new RequestPlaneServer(warn)
       const host = o.host ?? '127.0.0.1'
       try {
-        await this.requestPlane.listen(host, o.advertiseHost ?? host)
+        await this.requestPlane.listen(host, reachableHost(o.advertiseHost ?? host))
       } catch (err) {
         throw new FleetListenError(host, 0, err as NodeJS.ErrnoException)
       }
@@ -275,7 +275,11 @@ export class MockerFleet {
       let channels: { kv: EventChannel; metrics: EventChannel } | null = null
       if (o.dynamo !== undefined) {
         const host = o.host ?? '127.0.0.1'
-        channels = await bindDynamoChannels({ bindHost: host, advertiseHost: o.advertiseHost ?? host, onError: (m) => warn(`engine ${workerId}: ${m}`) })
+        channels = await bindDynamoChannels({
+          bindHost: host,
+          advertiseHost: reachableHost(o.advertiseHost ?? host),
+          onError: (m) => warn(`engine ${workerId}: ${m}`),
+        })
         this.channels.push(channels.kv, channels.metrics)
       }
       let dynamo: DynamoWorker | null = null
@@ -411,6 +415,11 @@ export class MockerFleet {
 /** Starts a fleet (see FleetOptions). */
 export function startFleet(o: FleetOptions = {}): Promise<MockerFleet> {
   return MockerFleet.start(o)
+}
+
+/** A host others can dial: a wildcard address (what a socket binds, not where it is reached) becomes loopback. */
+function reachableHost(host: string): string {
+  return host === '0.0.0.0' || host === '::' || host === '*' ? '127.0.0.1' : host
 }
 
 /** A bound endpoint as others reach it: a wildcard host replaced by the advertised one. */

@@ -220,8 +220,21 @@ t.test('mocker --dynamo: records, event plane, request plane, worker query', asy
       t.equal(headerText(m[8]), '"sentinel"', 'ControlMessage::Sentinel, snake_case')
       t.equal(m[8]?.body.length, 0)
     }
+    // a request the engine cannot take fails in the prologue, then the sentinel (no items, no final)
+    for (const [tokens, why] of [
+      [[1, 'x', 3], /^\{"error":"token_ids\[1\] is x; token ids are integers/],
+      [[], /^\{"error":"the prompt is empty"\}$/],
+    ] as const) {
+      const r = generate(w1, conn, tokens as unknown as number[], 3)
+      const s = await streamOf(r.subject)
+      await waitUntil('the stream end', () => s.ended)
+      t.equal(s.messages.length, 3, 'handshake, prologue, sentinel')
+      t.match(headerText(s.messages[1]), why)
+      t.equal(headerText(s.messages[2]), '"sentinel"')
+    }
     await waitUntil('blocks released', () => w1.engine.activeBlocks === 0)
     t.equal(w1.dynamo?.gate.inflight, 0, 'nothing left in flight')
+    t.equal(w1.dynamo?.generate.refused, 2)
   })
 
   await t.test('stop and kill from the frontend end the request and free its blocks', async (t) => {

@@ -44,6 +44,10 @@ export function readPreprocessed(body: unknown, defaultMaxTokens: number): { tok
   const b = body as Record<string, unknown>
   const ids = b.token_ids
   if (!Array.isArray(ids)) return 'token_ids must be an array of token ids'
+  for (let i = 0; i < ids.length; i++) {
+    const v: unknown = ids[i]
+    if (typeof v !== 'number' || v >>> 0 !== v) return `token_ids[${i}] is ${String(v)}; token ids are integers in [0, 4294967295]`
+  }
   const sc = b.stop_conditions as Record<string, unknown> | null | undefined
   const mt = sc?.max_tokens
   const maxTokens = mt === undefined || mt === null ? defaultMaxTokens : typeof mt === 'bigint' ? Number(mt) : mt

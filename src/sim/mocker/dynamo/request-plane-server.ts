@@ -169,10 +169,18 @@ export class RequestPlaneServer {
     this.counters.taken++
     s.write(ACK)
     let finished = false
-    route.handler(req, () => {
+    const done = (): void => {
       if (finished) return
       finished = true
       gate.inflight--
-    })
+    }
+    try {
+      route.handler(req, done)
+    } catch (err) {
+      // a handler's bug must not take the process down with it
+      this.counters.badRequests++
+      this.onWarning(`request plane: ${f.path}: ${(err as Error).message}`)
+      done()
+    }
   }
 }

@@ -79,40 +79,30 @@ t.test('strings, byte strings, maps and arrays at their size boundaries', async 
   const s32 = 'a'.repeat(32)
   const s256 = 'a'.repeat(256)
   const s65536 = 'a'.repeat(65536)
-  t.equal(
-    bytes((x) => x.str(s31)).slice(0, 2),
-    'bf',
-  )
-  t.equal(
-    bytes((x) => x.str(s32)).slice(0, 4),
-    'd920',
-  )
-  t.equal(
-    bytes((x) => x.str(s256)).slice(0, 6),
-    'da0100',
-  )
-  t.equal(
-    bytes((x) => x.str(s65536)).slice(0, 10),
-    'db00010000',
-  )
+  t.equal(bytes((x) => x.str(s31)).slice(0, 2), 'bf')
+  t.equal(bytes((x) => x.str(s32)).slice(0, 4), 'd920')
+  t.equal(bytes((x) => x.str(s256)).slice(0, 6), 'da0100')
+  t.equal(bytes((x) => x.str(s65536)).slice(0, 10), 'db00010000')
   t.equal(
     bytes((x) => x.str('é')),
     hex('a2 c3 a9'),
     'UTF-8 length, not characters',
   )
-  t.equal(reader.unpack(Buffer.from(bytes((x) => x.str(s65536)), 'hex')), s65536)
+  t.equal(
+    reader.unpack(
+      Buffer.from(
+        bytes((x) => x.str(s65536)),
+        'hex',
+      ),
+    ),
+    s65536,
+  )
   t.equal(
     bytes((x) => x.bin(Buffer.from([1, 2]))),
     hex('c4 02 01 02'),
   )
-  t.equal(
-    bytes((x) => x.bin(Buffer.alloc(256))).slice(0, 6),
-    'c50100',
-  )
-  t.equal(
-    bytes((x) => x.bin(Buffer.alloc(65536))).slice(0, 10),
-    'c600010000',
-  )
+  t.equal(bytes((x) => x.bin(Buffer.alloc(256))).slice(0, 6), 'c50100')
+  t.equal(bytes((x) => x.bin(Buffer.alloc(65536))).slice(0, 10), 'c600010000')
   t.equal(
     bytes((x) => x.map(15)),
     '8f',

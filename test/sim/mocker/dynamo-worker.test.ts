@@ -76,7 +76,10 @@ t.test('mocker --dynamo: records, event plane, request plane, worker query', asy
           `"transport":{"tcp":"${hp}/${x}/worker_kv_indexer_query_dp0"}}`,
         // DiscoveryInstance::Model {namespace, component, endpoint, instance_id, card_json,
         // model_suffix (skipped when None)} (discovery/mod.rs@5f4d5bb8); the card's display_name,
-        // kv_cache_block_size and runtime_config (ModelRuntimeConfig, lib/llm/src/local_model/runtime_config.rs)
+        // kv_cache_block_size and runtime_config (ModelRuntimeConfig {total_kv_blocks, max_num_seqs,
+        // max_num_batched_tokens, data_parallel_size}, lib/llm/src/local_model/runtime_config.rs@59bcf4dd;
+        // data_parallel_start_rank and enable_local_indexer in later versions, which routers read
+        // before they query a worker)
         [`v1/mdc/dynamo/backend/generate/${x}`]:
           `{"type":"Model","namespace":"dynamo","component":"backend","endpoint":"generate","instance_id":${id},"card_json":` +
           `{"display_name":"mock-model","kv_cache_block_size":${BS},"runtime_config":{"total_kv_blocks":4096,"max_num_seqs":256,` +

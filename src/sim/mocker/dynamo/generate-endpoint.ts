@@ -38,6 +38,12 @@ function itemValue(token: number, last: boolean): unknown {
   }
 }
 
+/** Sends the item of output token `token`, in the stream's codec. */
+function emit(s: ResponseStream, token: number, last: boolean): void {
+  if (s.codec === 'json') s.sendJson(itemJson(token, last))
+  else s.sendValue(itemValue(token, last))
+}
+
 /** The prompt and output length of a PreprocessedRequest, or the reason it has none. */
 export function readPreprocessed(body: unknown, defaultMaxTokens: number): { tokens: number[]; maxTokens: number } | string {
   if (typeof body !== 'object' || body === null || Array.isArray(body)) return 'the request body must be a PreprocessedRequest object'
@@ -71,14 +77,14 @@ export function generateHandler(engine: MockEngine, defaultMaxTokens: number, co
     let stream: ResponseStream | null = null
     const listener: RequestListener = {
       onToken(x: EngineRequest): void {
-        const t = x.tokens[x.isl + x.outputTokens - 1] as number
-        stream?.send(itemJson(t, false), itemValue(t, false))
+        if (stream !== null) emit(stream, x.tokens[x.isl + x.outputTokens - 1] as number, false)
       },
       onFinish(x: EngineRequest): void {
-        const t = x.tokens[x.isl + x.outputTokens - 1] as number
         counters.served++
-        stream?.send(itemJson(t, true), itemValue(t, true))
-        stream?.end()
+        if (stream !== null) {
+          emit(stream, x.tokens[x.isl + x.outputTokens - 1] as number, true)
+          stream.end()
+        }
         done()
       },
     }
@@ -119,9 +125,7 @@ export function generateHandler(engine: MockEngine, defaultMaxTokens: number, co
         // tokens generated while the connection was being made, in order
         const k = x.outputTokens
         for (let i = 0; i < k; i++) {
-          const t = x.tokens[x.isl + i] as number
-          const last = x.state === 'finished' && i === k - 1
-          s.send(itemJson(t, last), itemValue(t, last))
+          emit(s, x.tokens[x.isl + i] as number, x.state === 'finished' && i === k - 1)
         }
         if (x.state === 'finished') s.end()
         else if (x.state === 'aborted') s.end()

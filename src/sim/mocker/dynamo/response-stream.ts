@@ -105,14 +105,24 @@ export class ResponseStream {
     this.socket.write(encodeTwoPart(Buffer.from(json, 'utf8'), null))
   }
 
-  /**
-   * One stream item, given as JSON text (for the JSON codec) and as a value (for MessagePack):
-   * the JSON text keeps u64s exact, the value is written by the MessagePack writer.
-   */
-  send(json: string, value: unknown): void {
+  /** One stream item of a JSON stream, as JSON text (which keeps u64s exact). */
+  sendJson(json: string): void {
     if (this.ended) return
     this.items++
-    this.body(`{"data":${json},"complete_final":false}`, { data: value, complete_final: false })
+    this.socket.write(encodeTwoPart(null, Buffer.from(`{"data":${json},"complete_final":false}`, 'utf8')))
+  }
+
+  /** One stream item of a MessagePack stream, as a value for the writer. */
+  sendValue(value: unknown): void {
+    if (this.ended) return
+    this.items++
+    this.socket.write(encodeTwoPart(null, (this.writer as MsgpackWriter).reset().map(2).str('data').value(value).str('complete_final').bool(false).bytes()))
+  }
+
+  /** One item given both ways; the stream's codec picks. */
+  send(json: () => string, value: () => unknown): void {
+    if (this.writer === null) this.sendJson(json())
+    else this.sendValue(value())
   }
 
   private body(json: string, value: unknown): void {

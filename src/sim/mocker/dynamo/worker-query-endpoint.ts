@@ -135,7 +135,10 @@ export function workerQueryHandler(ring: EventRing, workerId: bigint, counters: 
     ResponseStream.open(req.callHome, req.codec, () => undefined).then(
       (s) => {
         counters.answered++
-        s.send(workerQueryResponseJson(answer), workerQueryResponseValue(answer))
+        s.send(
+          () => workerQueryResponseJson(answer),
+          () => workerQueryResponseValue(answer),
+        )
         s.end()
         done()
       },

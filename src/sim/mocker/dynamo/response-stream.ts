@@ -85,15 +85,6 @@ export class ResponseStream {
     })
   }
 
-  /** How the frontend cancelled the request, if it did. */
-  get cancelledBy(): Cancel | null {
-    return this.cancelled
-  }
-
-  get isEnded(): boolean {
-    return this.ended
-  }
-
   private cancel(c: Cancel): void {
     if (this.ended) return
     if (this.cancelled !== null && (this.cancelled === 'kill' || c === 'stop')) return

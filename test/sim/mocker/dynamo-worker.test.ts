@@ -359,9 +359,16 @@ t.test('mocker --dynamo: records, event plane, request plane, worker query', asy
     t.match(wrong.text, /^\{"Error":"worker 1 rank 0 is not served here/)
   })
 
-  await t.test('shutdown revokes the leases: the records go at once', async (t) => {
+  await t.test('shutdown revokes the leases: the records go at once, open streams are cut', async (t) => {
+    const conn = await RequestConnection.open(hp)
+    t.teardown(() => conn.close())
+    const r = generate(w0, conn, [51, 52, 53, 54, 55], 3000)
+    const s = await streamOf(r.subject)
+    await waitUntil('2 items', () => s.messages.length >= 4)
     await fleet.close()
     closed = true
+    await waitUntil('the cut stream', () => s.ended)
+    t.not(headerText(s.messages.at(-1)), '"sentinel"', 'cut, not ended: the frontend sees the stream break')
     const left = await client.getAll().prefix('v1/').keys()
     t.same(left, [], 'no record left')
   })

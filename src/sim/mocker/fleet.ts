@@ -25,6 +25,10 @@ import { timingsFor } from './profiles.js'
 import type { ProfileGroup } from './profiles.js'
 import type { VllmEventForm, ZmqEventPublisherOptions } from './zmq-publisher.js'
 import type { EtcdLease, EtcdRegistrarOptions, RouterRegistration, WorkerRecord } from './registration.js'
+import { DynamoWorker, bindDynamoChannels } from './dynamo/dynamo-worker.js'
+import type { DynamoModeOptions } from './dynamo/dynamo-worker.js'
+import { RequestPlaneServer } from './dynamo/request-plane-server.js'
+import type { EventChannel } from './dynamo/event-channel.js'
 
 export interface FleetOptions extends Partial<Omit<EngineConfig, 'workerId'>> {
   /** Engines to start (default 1). */
@@ -65,6 +69,11 @@ export interface FleetOptions extends Partial<Omit<EngineConfig, 'workerId'>> {
   kvEventsReplayZmq?: string
   kvEventsForm?: VllmEventForm
   kvEventsTopic?: string
+  /**
+   * Behave as current Dynamo workers (`--dynamo`, dynamo/): records in etcd (needs etcdUrl), KV
+   * events and load on the ZMQ event plane, requests on the TCP request plane.
+   */
+  dynamo?: DynamoModeOptions
   /** Period of the unconditional kv_metrics report (ms, default 1000). */
   loadIntervalMs?: number
   /** Told about failures that do not stop the fleet (lost events, a lost lease). */
@@ -113,6 +122,8 @@ export class MockerWorker {
   load: LoadPublisher | null = null
   lease: EtcdLease | null = null
   routerRegistration: RouterRegistration | null = null
+  /** The engine as a Dynamo worker (`--dynamo`). */
+  dynamo: DynamoWorker | null = null
   /** Its ZMQ publisher as a router reaches it, written into its etcd record (none when its events also go to NATS). */
   kvEvents: { endpoint: string; replay: string | null } | null = null
 
@@ -152,6 +163,7 @@ export class MockerWorker {
   /** Bounded at every step: a shutdown must not hang on an etcd, NATS or router that is gone. */
   async close(): Promise<void> {
     if (this.lease !== null) await bounded(this.lease.revoke(), CLOSE_STEP_MS)
+    if (this.dynamo !== null) await bounded(this.dynamo.close(), CLOSE_STEP_MS)
     if (this.routerRegistration !== null) await deregisterFromRouter(this.routerRegistration, this.workerId, CLOSE_STEP_MS)
     await this.server.close()
     this.engine.close()
@@ -166,9 +178,22 @@ export class MockerFleet {
   private etcd: EtcdRegistrar | null = null
   /** ZMQ publishers bound so far, by engine; closed with their engines, or here when a start fails before. */
   private readonly zmq: ZmqEventPublisher[] = []
+  /** The Dynamo mode's TCP request plane, shared by the engines; its event channels bound so far. */
+  private requestPlane: RequestPlaneServer | null = null
+  private readonly channels: EventChannel[] = []
   private closed = false
 
   private constructor(readonly options: FleetOptions) {}
+
+  /** HOST:PORT of the Dynamo mode's TCP request plane ('' without it). */
+  get requestPlaneAddress(): string {
+    return this.requestPlane?.hostPort ?? ''
+  }
+
+  /** The Dynamo mode's request-plane counters (null without it). */
+  get requestPlaneCounters(): RequestPlaneServer['counters'] | null {
+    return this.requestPlane?.counters ?? null
+  }
 
   get urls(): string[] {
     return this.workers.map((w) => w.url)
@@ -209,6 +234,16 @@ export class MockerFleet {
       if (o.leaseTtlSecs !== undefined) ro.ttlSecs = o.leaseTtlSecs
       this.etcd = await EtcdRegistrar.connect(ro)
     }
+    if (o.dynamo !== undefined) {
+      if (this.etcd === null) throw new KvrError('KVR_ERR_INVALID_OPTION', 'the Dynamo mode registers in etcd: it needs an etcd URL')
+      this.requestPlane = new RequestPlaneServer(warn)
+      const host = o.host ?? '127.0.0.1'
+      try {
+        await this.requestPlane.listen(host, reachableHost(o.advertiseHost ?? host))
+      } catch (err) {
+        throw new FleetListenError(host, 0, err as NodeJS.ErrnoException)
+      }
+    }
     const first = o.firstWorkerId ?? 1n
     const timings = o.engineProfiles === undefined || o.engineProfiles === null ? null : timingsFor(o.engineProfiles, n)
     for (let i = 0; i < n; i++) {
@@ -237,6 +272,17 @@ export class MockerFleet {
         pubs.push(zp)
         this.zmq.push(zp)
       }
+      let channels: { kv: EventChannel; metrics: EventChannel } | null = null
+      if (o.dynamo !== undefined) {
+        const host = o.host ?? '127.0.0.1'
+        channels = await bindDynamoChannels({
+          bindHost: host,
+          advertiseHost: reachableHost(o.advertiseHost ?? host),
+          onError: (m) => warn(`engine ${workerId}: ${m}`),
+        })
+        this.channels.push(channels.kv, channels.metrics)
+      }
+      let dynamo: DynamoWorker | null = null
       let load: LoadPublisher | null = null
       const engineOpts: ConstructorParameters<typeof MockEngine>[0] = { workerId }
       for (const k of [
@@ -259,6 +305,20 @@ export class MockerFleet {
         engineOpts.profile = timing.profile
         engineOpts.speed = timing.speed
       }
+      if (channels !== null && lease !== null && this.requestPlane !== null) {
+        const dw = new DynamoWorker({
+          lease,
+          requestPlane: this.requestPlane,
+          path: { namespace: ns, component, endpoint },
+          channels,
+          modelName: o.modelName ?? 'kv-router-model',
+          defaultMaxTokens: o.defaultMaxTokens ?? 16,
+          mode: o.dynamo ?? {},
+          ...(o.loadIntervalMs === undefined ? {} : { loadIntervalMs: o.loadIntervalMs }),
+        })
+        dynamo = dw
+        pubs.push(dw.kvEvents)
+      }
       if (pubs.length === 1) {
         const p = pubs[0] as EventPublisher
         engineOpts.onEvent = (ev, tokens) => p.publish(ev, tokens)
@@ -267,17 +327,26 @@ export class MockerFleet {
           for (const p of pubs) p.publish(ev, tokens)
         }
       }
-      engineOpts.onStep = () => load?.update()
+      engineOpts.onStep = () => {
+        load?.update()
+        dynamo?.load?.update()
+      }
       const engine = new MockEngine(engineOpts)
+      dynamo?.attach(engine)
       const host = o.host ?? '127.0.0.1'
       const port = o.port === undefined || o.port === 0 ? 0 : o.port + i
       const so: ConstructorParameters<typeof EngineServer>[0] = { engine, host, port }
       if (o.advertiseHost !== undefined) so.advertiseHost = o.advertiseHost
       if (o.modelName !== undefined) so.modelName = o.modelName
       if (o.defaultMaxTokens !== undefined) so.defaultMaxTokens = o.defaultMaxTokens
+      if (dynamo !== null) {
+        const d = dynamo
+        so.extraStats = { key: 'dynamo', read: () => d.stats() }
+      }
       const server = new EngineServer(so)
       const w = new MockerWorker(engine, server, pubs)
       w.lease = lease
+      w.dynamo = dynamo
       // a router reading NATS too would take every event twice
       if (o.kvEventsZmq !== undefined && this.nats === null) {
         const reach = (e: string): string => advertised(e, o.advertiseHost ?? host)
@@ -305,7 +374,8 @@ export class MockerFleet {
           if (o.onLeaseLost !== undefined) o.onLeaseLost(workerId, err)
           else warn(`engine ${workerId}: lost its etcd lease: ${err.message}`)
         })
-        await lease.register(w.record(o.modelName))
+        if (dynamo !== null) await dynamo.start()
+        else await lease.register(w.record(o.modelName))
       }
       if (o.routerUrl !== undefined) {
         const reg: RouterRegistration = { routerUrl: o.routerUrl }
@@ -328,6 +398,8 @@ export class MockerFleet {
     await Promise.all(this.workers.map((w) => w.close()))
     // an engine that failed to start after its publisher was bound has no worker to close it
     await Promise.all(this.zmq.map((p) => bounded(p.close(), CLOSE_STEP_MS)))
+    await Promise.all(this.channels.map((c) => bounded(c.close(), CLOSE_STEP_MS)))
+    if (this.requestPlane !== null) await this.requestPlane.close()
     if (this.etcd !== null) await this.etcd.close()
     const nc = this.nats
     if (nc !== null && !nc.isClosed()) {
@@ -343,6 +415,11 @@ export class MockerFleet {
 /** Starts a fleet (see FleetOptions). */
 export function startFleet(o: FleetOptions = {}): Promise<MockerFleet> {
   return MockerFleet.start(o)
+}
+
+/** A host others can dial: a wildcard address (what a socket binds, not where it is reached) becomes loopback. */
+function reachableHost(host: string): string {
+  return host === '0.0.0.0' || host === '::' || host === '*' ? '127.0.0.1' : host
 }
 
 /** A bound endpoint as others reach it: a wildcard host replaced by the advertised one. */

@@ -320,6 +320,45 @@ const MOCKER_ROWS = [
     doc: 'Endpoint name, or `ns.component.endpoint` (which then sets all three).',
   }),
   opt({
+    flag: '--dynamo',
+    key: 'dynamoMode',
+    kind: 'bool',
+    flagOnly: true,
+    dflt: false,
+    group: 'as current Dynamo workers (python -m dynamo.vllm v1.3+ defaults; needs --etcd-url)',
+    help:
+      'each engine a Dynamo worker: records under its etcd lease, KV events and load on the ZMQ event plane, generate and the worker query ' +
+      'on the TCP request plane',
+    doc:
+      'Each engine behaves as an unchanged current Dynamo worker ([architecture](architecture.md#the-mockers-dynamo-mode)): under its etcd ' +
+      'lease (lease id = instance id = worker id) it registers `v1/instances/…` records for `generate` and `worker_kv_indexer_query_dp0` ' +
+      '(TCP transport), its model card under `v1/mdc/…`, and event-channel records; it publishes KV events (`kv-events`) and load ' +
+      '(`kv_metrics`) as 4-frame messages on ZMQ PUB sockets bound on free ports of `--host`, and serves requests on one TCP request-plane ' +
+      'listener per process (acknowledged, answered on a stream dialled back to the frontend, cancelled by `stop`/`kill`). Needs ' +
+      '`--etcd-url`; not combinable with `--nats-url` or `--router-url`.',
+  }),
+  opt({
+    flag: '--dynamo-event-channels',
+    key: 'dynamoEventChannels',
+    kind: 'enum',
+    values: ['endpoint', 'component'],
+    dflt: 'endpoint',
+    help: 'with --dynamo: event-channel records endpoint-scoped (current Dynamo) or component-scoped (its earlier form)',
+    doc:
+      'With `--dynamo`: the event-channel records, `endpoint` (current Dynamo: `v1/event_channels/namespace/{ns}/component/{c}/endpoint/{e}/' +
+      'topic/{topic}/{publisher_id:x}` with a `scope`) or `component` (its earlier form: `v1/event_channels/{ns}/{c}/{topic}/{instance_id:x}`).',
+  }),
+  opt({
+    flag: '--dynamo-max-inflight',
+    key: 'dynamoMaxInflight',
+    kind: 'int',
+    min: 1,
+    max: 1 << 20,
+    dflt: 1024,
+    help: 'with --dynamo: requests in flight per engine; more are refused with "Server overloaded: …"',
+    doc: 'With `--dynamo`: requests in flight per engine (1–2^20); a request beyond them is refused with `Server overloaded: …` (a 503 at the frontend).',
+  }),
+  opt({
     flag: '--kv-events-zmq',
     key: 'kvEventsZmq',
     kind: 'str',
@@ -450,6 +489,7 @@ export function parseMockerArgs(argv: readonly string[]): MockerCli | 'help' {
   if (f.apiKey !== undefined && f.routerUrl === undefined) throw new MockerArgError('--api-key is only used with --router-url')
   if (f.durableKvEvents === true && f.natsUrl === undefined) throw new MockerArgError('--durable-kv-events needs --nats-url: the stream is on the NATS server')
   checkZmq(f, numWorkers)
+  checkDynamo(f)
   if (c.engineProfiles !== null) {
     try {
       timingsFor(c.engineProfiles, numWorkers)
@@ -459,6 +499,25 @@ export function parseMockerArgs(argv: readonly string[]): MockerCli | 'help' {
     }
   }
   return { fleet: f, numWorkers }
+}
+
+/** --dynamo and its companions: etcd needed, no second way for events, sub-options only with it. */
+function checkDynamo(f: FleetOptions): void {
+  const g = f as FleetOptions & { dynamoMode?: boolean; dynamoEventChannels?: 'endpoint' | 'component'; dynamoMaxInflight?: number }
+  const { dynamoMode, dynamoEventChannels, dynamoMaxInflight } = g
+  delete g.dynamoMode
+  delete g.dynamoEventChannels
+  delete g.dynamoMaxInflight
+  if (dynamoMode !== true) {
+    if (dynamoEventChannels !== undefined) throw new MockerArgError('--dynamo-event-channels is only used with --dynamo')
+    if (dynamoMaxInflight !== undefined) throw new MockerArgError('--dynamo-max-inflight is only used with --dynamo')
+    return
+  }
+  if (f.etcdUrl === undefined) throw new MockerArgError('--dynamo needs --etcd-url: a Dynamo worker registers under its etcd lease')
+  if (f.natsUrl !== undefined) throw new MockerArgError('--dynamo cannot be combined with --nats-url: its KV events and load go on the ZMQ event plane')
+  f.dynamo = {}
+  if (dynamoEventChannels !== undefined) f.dynamo.eventChannels = dynamoEventChannels
+  if (dynamoMaxInflight !== undefined) f.dynamo.maxInflight = dynamoMaxInflight
 }
 
 /** The ZMQ flags: companions of --kv-events-zmq, room for every engine's port, no port bound twice. */
@@ -527,11 +586,16 @@ export async function mockerMain(argv: string[]): Promise<number> {
   }
   const ws = fleet.workers
   const transport =
-    o.routerUrl !== undefined
-      ? `router ${o.routerUrl}`
-      : [o.natsUrl !== undefined ? `${o.durableKvEvents === true ? 'JetStream' : 'NATS'} ${o.natsUrl}` : '', o.etcdUrl !== undefined ? `etcd ${o.etcdUrl}` : '']
-          .filter((x) => x !== '')
-          .join(' + ') || 'none (events stay in the local rings)'
+    o.dynamo !== undefined
+      ? `Dynamo (etcd ${o.etcdUrl}, ZMQ event plane, TCP request plane ${fleet.requestPlaneAddress})`
+      : o.routerUrl !== undefined
+        ? `router ${o.routerUrl}`
+        : [
+            o.natsUrl !== undefined ? `${o.durableKvEvents === true ? 'JetStream' : 'NATS'} ${o.natsUrl}` : '',
+            o.etcdUrl !== undefined ? `etcd ${o.etcdUrl}` : '',
+          ]
+            .filter((x) => x !== '')
+            .join(' + ') || 'none (events stay in the local rings)'
   const zmq =
     o.kvEventsZmq === undefined
       ? ''

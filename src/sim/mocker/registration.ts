@@ -65,6 +65,11 @@ export class EtcdLease extends EventEmitter {
     for (const { key, value } of etcdRecord(this.path, this.id, rec)) await this.lease.put(key).value(value)
   }
 
+  /** Writes records of another format (the Dynamo mode's, dynamo/discovery-records.ts) under the lease. */
+  async putAll(records: readonly { key: string; value: string }[]): Promise<void> {
+    for (const { key, value } of records) await this.lease.put(key).value(value)
+  }
+
   async revoke(): Promise<void> {
     if (this.revoked) return
     this.revoked = true

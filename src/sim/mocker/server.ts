@@ -45,6 +45,8 @@ export interface EngineServerOptions {
   /** Output length when a request names none (OpenAI's default for completions). */
   defaultMaxTokens?: number
   maxBodyBytes?: number
+  /** More of /stats, under `extra`'s key (the Dynamo mode's counters). */
+  extraStats?: { key: string; read: () => unknown }
 }
 
 /** `host` as it goes into a URL: an IPv6 address in brackets. */
@@ -349,6 +351,7 @@ export class EngineServer {
       },
       events: { newest_id: Number(e.ring.newestId), oldest_id: Number(e.ring.oldestId) },
       stats: { ...s, requests_served: this.requestsServed },
+      ...(this.o.extraStats === undefined ? {} : { [this.o.extraStats.key]: this.o.extraStats.read() }),
     })
   }
 }

@@ -39,7 +39,14 @@ t.test('byte-level BPE: the prompt gives the first token its context; special to
   const split = ids.indexOf(encode(byteLevel, ' w')[0] as number)
   t.ok(split > 0)
   const d = new IncrementalDetokenizer(decoder, true, ids.slice(0, split))
-  t.equal(ids.slice(split).map((id) => d.push(id)).join(''), ' world', 'the leading space of the first output token is kept')
+  t.equal(
+    ids
+      .slice(split)
+      .map((id) => d.push(id))
+      .join(''),
+    ' world',
+    'the leading space of the first output token is kept',
+  )
   const eos = decoder.eosTokenIds[0] as number
   t.same(decoder.eosTokenIds, [262], 'tokenizer_config.json eos_token, looked up in the vocabulary')
   const skip = new IncrementalDetokenizer(decoder, true)

@@ -240,3 +240,28 @@ t.test('bad fields are a 400 naming the field', async (t) => {
   for (const [body, re] of bad) t.throws(() => preprocessedRequest(body, 'completions', [1], null), { code: 'KVR_ERR_INVALID_REQUEST', message: re })
   t.throws(() => preprocessedRequest({}, 'completions', [], null), { code: 'KVR_ERR_EMPTY_PROMPT' })
 })
+
+t.test('JSON: the routing hints are put in place whatever the client wrote', async (t) => {
+  // client text that looks like the routing key, before it (guided_json) and after it (cache_salt)
+  const body = {
+    guided_json: { routing: 0, router_config_override: null },
+    cache_salt: '"routing":0,"router_config_override":null',
+    stop: ['"routing":0'],
+    temperature: 0.7,
+  }
+  const req = preprocessedRequest(body, 'completions', Uint32Array.from([9, 8]), { workerId: 2n ** 64n - 1n, dpRank: 0 })
+  const back = parseJsonExact(encodeRequest(req, 'json').toString('utf8')) as Record<string, unknown>
+  t.same(back.routing, { backend_instance_id: '18446744073709551615', dp_rank: 0, cache_salt: body.cache_salt })
+  t.same((back.sampling_options as { guided_decoding: unknown }).guided_decoding, { json: body.guided_json })
+  t.same(back.token_ids, [9, 8])
+  t.same(Object.keys(back).slice(-3), ['annotations', 'routing', 'router_config_override'])
+  // hints built by hand with the worker id alone, and none at all
+  const alone = { ...req, routing: { backend_instance_id: 12n } }
+  t.same((JSON.parse(encodeRequest(alone, 'json').toString('utf8')) as { routing: unknown }).routing, { backend_instance_id: 12 })
+  const none = preprocessedRequest({}, 'completions', [1], null)
+  t.equal(encodeRequest(none, 'json').toString('utf8'), JSON.stringify(none))
+  // MessagePack floats are float64: f32 fields read them as serde reads JSON numbers
+  const mp = new Unpackr({ useRecords: false, mapsAsObjects: true }).unpack(encodeRequest(req, 'msgpack')) as { sampling_options: { temperature: number } }
+  t.equal(mp.sampling_options.temperature, 0.7)
+  t.equal(encodeRequest(req, 'msgpack').includes(Buffer.from('cb3fe6666666666666', 'hex')), true, '0.7 as float64 (0xcb)')
+})

@@ -11,7 +11,8 @@ import type { TokenDecoder } from '../tokenizer/token-decoder.js'
 const PROMPT_CONTEXT = 5
 /**
  * Tokens held without releasing text before they are released anyway: a model can emit bytes
- * that never form a character, and holding them for ever would hold the rest of the stream.
+ * that never form a character, or a run of special tokens that decode to nothing, and a window
+ * that only grew would cost more to decode at every token.
  */
 const MAX_HELD = 16
 const REPLACEMENT = '\uFFFD'
@@ -36,10 +37,11 @@ export class IncrementalDetokenizer {
     this.ids.push(id)
     const before = this.decoder.decode(this.ids.slice(this.prefix, this.read), this.skipSpecialTokens)
     const now = this.decoder.decode(this.ids.slice(this.prefix), this.skipSpecialTokens)
-    const held = this.ids.length - this.read
-    if (now.length <= before.length || (now.endsWith(REPLACEMENT) && held < MAX_HELD)) return ''
+    const grew = now.length > before.length
+    // held: nothing new yet (a skipped special token), or a character not yet whole
+    if (this.ids.length - this.read < MAX_HELD && (!grew || now.endsWith(REPLACEMENT))) return ''
     this.advance()
-    return now.slice(before.length)
+    return grew ? now.slice(before.length) : ''
   }
 
   /** Whatever the held tokens decode to, incomplete characters included: for the end of a stream. */

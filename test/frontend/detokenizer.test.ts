@@ -114,3 +114,10 @@ t.test('a long answer decodes whole while the window stays short', async (t) => 
   const d = new IncrementalDetokenizer(decoder, true, encode(byteLevel, 'prompt'))
   t.equal(ids.map((id) => d.push(id)).join('') + d.flush(), text)
 })
+
+t.test('a run of skipped special tokens does not hold the text after it', async (t) => {
+  const decoder = HfDecoder.load(byteLevel)
+  const d = new IncrementalDetokenizer(decoder, true)
+  const out = [...Array(50).fill(262), ...encode(byteLevel, 'after')].map((id) => d.push(id)).join('')
+  t.equal(out + d.flush(), 'after')
+})

@@ -99,7 +99,7 @@ export class EngineOutputTranslator {
     const object = o.kind === 'chat' ? (o.stream ? 'chat.completion.chunk' : 'chat.completion') : 'text_completion'
     this.head = `{"id":${JSON.stringify(this.id)},"object":"${object}","created":${this.created},"model":${JSON.stringify(this.model)}`
     const sc = req.stop_conditions
-    // skip_special_tokens is true unless asked otherwise, as in vLLM, SGLang and Dynamo
+    // skip_special_tokens is true unless asked otherwise, as in vLLM, SGLang and recent Dynamo (earlier, false: backend.rs@dc514398)
     const skipSpecial = req.output_options.skip_special_tokens ?? true
     this.detok = o.decoder === null ? null : new IncrementalDetokenizer(o.decoder, skipSpecial, req.token_ids)
     this.stops = new StopSequences(sc.stop ?? [], req.sampling_options.include_stop_str_in_output === true)
@@ -162,6 +162,7 @@ export class EngineOutputTranslator {
       piece = ''
       for (const id of out.tokenIds) {
         this.generated++
+        // vLLM's min_tokens: no stop among the first min_tokens tokens (Dynamo's decoder lets the last of them stop)
         const gated = this.generated <= this.minTokens
         if (!gated && this.hiddenStops.has(id)) {
           local = 'stop'

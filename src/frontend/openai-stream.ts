@@ -110,9 +110,11 @@ export class EngineOutputTranslator {
 
   /** Reads one stream item; returns the SSE text to send ('' when none, and always when not streaming). */
   push(item: unknown): string {
+    // once the answer is complete, what a worker still sends (its reply to a stop) is not part of it
+    if (this.done) return ''
     const it = readEngineItem(item)
     if (it.kind === 'error') throw it.error
-    if (it.kind === 'annotation' || this.done) return ''
+    if (it.kind === 'annotation') return ''
     return this.output(it.output)
   }
 

@@ -236,6 +236,7 @@ t.test('hidden stop tokens, stop token ids, max_tokens', async (t) => {
   t.equal(body.choices[0]?.finish_reason, 'length')
   t.equal(max.stopWorker, true)
   t.equal(max.push(item(encode('late'))), '', 'items after the end are ignored')
+  t.equal(max.push({ event: 'error', comment: ['cancelled by the stop'] }), '', 'errors too: the answer is complete')
 })
 
 t.test('text the worker decoded is used as sent', async (t) => {

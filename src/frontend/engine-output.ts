@@ -35,6 +35,19 @@ export interface EngineOutput {
   /** The choice (n > 1); 0 when absent. */
   index: number
   usage: EngineUsage | null
+  /** Per token: the worker's text of it (`tokens`), null where it sent none. */
+  tokens: (string | null)[] | null
+  /** Per token: its log probability (`log_probs`); null when the worker sent none. */
+  logProbs: number[] | null
+  /** Per token: the most likely alternatives (`top_logprobs`). */
+  topLogprobs: TopLogprob[][] | null
+}
+
+/** llm_backend.rs's TopLogprob {rank, token_id, token, logprob, bytes?}, the parts an answer shows. */
+export interface TopLogprob {
+  tokenId: number
+  token: string | null
+  logprob: number
 }
 
 export type EngineItem =
@@ -94,7 +107,42 @@ function readOutput(d: unknown): EngineOutput {
     finishReason = 'error'
     errorMessage = f.error
   } else if (f !== null) throw malformed('finish_reason is neither a string nor {"error": …}')
-  return { tokenIds: ids as number[], text, finishReason, errorMessage, index, usage: readUsage(d.completion_usage) }
+  return {
+    tokenIds: ids as number[],
+    text,
+    finishReason,
+    errorMessage,
+    index,
+    usage: readUsage(d.completion_usage),
+    tokens: readTokens(d.tokens),
+    logProbs: readLogProbs(d.log_probs),
+    topLogprobs: readTopLogprobs(d.top_logprobs),
+  }
+}
+
+function readTokens(v: unknown): (string | null)[] | null {
+  if (v === undefined || v === null) return null
+  if (!Array.isArray(v) || !v.every((x) => x === null || typeof x === 'string')) throw malformed('tokens is not a list of strings or nulls')
+  return v as (string | null)[]
+}
+
+function readLogProbs(v: unknown): number[] | null {
+  if (v === undefined || v === null) return null
+  if (!Array.isArray(v) || !v.every((x) => typeof x === 'number')) throw malformed('log_probs is not a list of numbers')
+  return v as number[]
+}
+
+function readTopLogprobs(v: unknown): TopLogprob[][] | null {
+  if (v === undefined || v === null) return null
+  if (!Array.isArray(v)) throw malformed('top_logprobs is not a list')
+  return v.map((position) => {
+    if (!Array.isArray(position)) throw malformed('top_logprobs is not a list of lists')
+    return position.map((e): TopLogprob => {
+      if (!isObject(e) || !isU32(e.token_id) || typeof e.logprob !== 'number' || (e.token != null && typeof e.token !== 'string'))
+        throw malformed('a top_logprobs entry lacks token_id or logprob')
+      return { tokenId: e.token_id, token: (e.token as string | null | undefined) ?? null, logprob: e.logprob }
+    })
+  })
 }
 
 function readUsage(u: unknown): EngineUsage | null {

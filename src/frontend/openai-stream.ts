@@ -8,8 +8,9 @@
 // lib/llm/src/protocols/openai/*/delta.rs): text the worker decoded is used as sent; otherwise
 // the token ids are decoded here, incrementally, and the request's stop conditions applied
 // (hidden stop tokens such as the model's end of sequence, stop token ids, stop strings held
-// back until they can no longer match, min_tokens, max_tokens). An answer the router ends
-// before the worker does sets `stopWorker`, for the caller to send the worker its stop.
+// back until they can no longer match, min_tokens, max_tokens); log probabilities are shown when
+// asked (src/frontend/logprobs.ts). An answer the router ends before the worker does sets
+// `stopWorker`, for the caller to send the worker its stop.
 //
 //   const t = new EngineOutputTranslator(request, { kind, stream, includeUsage, decoder, target })
 //   for each item: write(t.push(item)); if (t.stopWorker) stop the worker; if (t.done) break
@@ -21,6 +22,8 @@ import { KvrError } from '../errors.js'
 import type { TokenDecoder } from '../tokenizer/token-decoder.js'
 import { IncrementalDetokenizer } from './detokenizer.js'
 import { readEngineItem, workerError } from './engine-output.js'
+import { chatLogprobs, completionLogprobs, logprobEntries } from './logprobs.js'
+import type { LogprobEntry } from './logprobs.js'
 import type { EngineOutput, EngineUsage, FinishReason } from './engine-output.js'
 import type { PreprocessedRequest, RequestKind, RouteTarget } from './preprocessed-request.js'
 import { StopSequences } from './stop-sequences.js'
@@ -87,6 +90,12 @@ export class EngineOutputTranslator {
   private workerUsage: EngineUsage | null = null
   private text = ''
   private finish: string | null = null
+  /** Whether the request asked for log probabilities. */
+  private readonly logprobs: boolean
+  /** The answer's log probabilities so far (not streaming). */
+  private entries: LogprobEntry[] = []
+  /** Where the next token's text starts in the answer: completions' text_offset. */
+  private tokenOffset = 0
   private readonly id: string
   private readonly created: number
 
@@ -106,6 +115,7 @@ export class EngineOutputTranslator {
     this.hiddenStops = new Set([...(sc.stop_token_ids_hidden ?? []), ...(sc.stop_token_ids ?? [])])
     this.minTokens = sc.min_tokens ?? 0
     this.maxTokens = sc.max_tokens
+    this.logprobs = req.output_options.logprobs !== null
   }
 
   /** Reads one stream item; returns the SSE text to send ('' when none, and always when not streaming). */
@@ -151,6 +161,8 @@ export class EngineOutputTranslator {
     let piece: string
     let local: FinishReason | null = null
     let matched = false
+    /** Tokens of this output that are part of the answer: not a hidden stop token, nor any after the end. */
+    let shown = out.tokenIds.length
     if (out.text !== null) {
       // the worker decoded: it applied the stop strings too
       piece = out.text
@@ -162,6 +174,7 @@ export class EngineOutputTranslator {
           'the worker sent token ids without text, and the router has no tokenizer to decode them: start it with --tokenizer',
         )
       piece = ''
+      shown = 0
       for (const id of out.tokenIds) {
         this.generated++
         // vLLM's min_tokens: no stop among the first min_tokens tokens (Dynamo's decoder lets the last of them stop)
@@ -170,6 +183,7 @@ export class EngineOutputTranslator {
           local = 'stop'
           break
         }
+        shown++
         const t = (this.detok as IncrementalDetokenizer).push(id)
         if (gated || !this.stops.active) piece += this.stops.flush() + t
         else {
@@ -187,13 +201,22 @@ export class EngineOutputTranslator {
         }
       }
     }
+    const entries = this.logprobs ? logprobEntries(out, shown, this.o.decoder) : []
     const finish = local ?? out.finishReason
-    if (finish === null) return this.emit(piece, null)
+    if (finish === null) return this.emit(piece, null, entries)
     if (!matched && this.detok !== null && out.text === null) piece += this.release()
     this.done = true
     this.stopWorker = local !== null && out.finishReason === null
     this.finish = OPENAI_FINISH[finish as Exclude<FinishReason, 'error'>]
-    return this.emit(piece, this.finish)
+    return this.emit(piece, this.finish, entries)
+  }
+
+  /** A choice's `logprobs`: null unless the request asked and the worker sent them. */
+  private logprobsJson(entries: readonly LogprobEntry[]): string {
+    if (!this.logprobs || entries.length === 0) return 'null'
+    const offset = this.tokenOffset
+    for (const e of entries) this.tokenOffset += e.token.length
+    return JSON.stringify(this.o.kind === 'chat' ? chatLogprobs(entries) : completionLogprobs(entries, offset))
   }
 
   /** The text held back, for an answer that ends other than by a stop string: nothing can complete it now. */
@@ -203,20 +226,22 @@ export class EngineOutputTranslator {
   }
 
   /** One chunk (streaming) or more text for the body. */
-  private emit(piece: string, finish: string | null): string {
+  private emit(piece: string, finish: string | null, entries: readonly LogprobEntry[] = []): string {
     if (!this.o.stream) {
       this.text += piece
+      for (const e of entries) this.entries.push(e)
       return ''
     }
-    if (piece === '' && finish === null) return ''
+    // a chunk for log probabilities alone too: they belong to tokens whose text is held back
+    if (piece === '' && finish === null && entries.length === 0) return ''
     const first = !this.started
     this.started = true
     const fin = finish === null ? 'null' : `"${finish}"`
     let choice: string
     if (this.o.kind === 'chat') {
       const delta = first ? `{"role":"assistant","content":${JSON.stringify(piece)}}` : piece === '' ? '{}' : `{"content":${JSON.stringify(piece)}}`
-      choice = `{"index":0,"delta":${delta},"logprobs":null,"finish_reason":${fin}}`
-    } else choice = `{"index":0,"text":${JSON.stringify(piece)},"logprobs":null,"finish_reason":${fin}}`
+      choice = `{"index":0,"delta":${delta},"logprobs":${this.logprobsJson(entries)},"finish_reason":${fin}}`
+    } else choice = `{"index":0,"text":${JSON.stringify(piece)},"logprobs":${this.logprobsJson(entries)},"finish_reason":${fin}}`
     const nvext = first && this.o.target !== null ? `,"nvext":${workerIdJson(this.o.target)}` : ''
     return `data: ${this.head},"choices":[${choice}]${nvext}}\n\n`
   }
@@ -229,10 +254,11 @@ export class EngineOutputTranslator {
 
   private body(): string {
     const text = JSON.stringify(this.text)
+    const lp = this.logprobsJson(this.entries)
     const choice =
       this.o.kind === 'chat'
-        ? `{"index":0,"message":{"role":"assistant","content":${text}},"logprobs":null,"finish_reason":"${this.finish}"}`
-        : `{"index":0,"text":${text},"logprobs":null,"finish_reason":"${this.finish}"}`
+        ? `{"index":0,"message":{"role":"assistant","content":${text}},"logprobs":${lp},"finish_reason":"${this.finish}"}`
+        : `{"index":0,"text":${text},"logprobs":${lp},"finish_reason":"${this.finish}"}`
     const nvext = this.o.target === null ? '' : `,"nvext":${workerIdJson(this.o.target)}`
     return `${this.head},"choices":[${choice}],"usage":${this.usageJson()}${nvext}}`
   }

@@ -37,15 +37,28 @@ const output = (item: EngineItem) => {
 }
 
 t.test('LLMEngineOutput items as Dynamo writes them', async (t) => {
-  t.same(output(read(TOKENS)), { tokenIds: [104, 105], text: null, finishReason: null, errorMessage: null, index: 0, usage: null })
+  const none = { usage: null, tokens: null, logProbs: null, topLogprobs: null }
+  t.same(output(read(TOKENS)), { tokenIds: [104, 105], text: null, finishReason: null, errorMessage: null, index: 0, ...none })
   t.equal(output(read(LENGTH)).finishReason, 'length')
   t.equal(output(read(LENGTH)).index, 0, 'index null is choice 0')
   t.equal(output(read(CANCELLED)).finishReason, 'cancelled')
   t.equal(output(read(CANCELLED.replace('"cancelled"', '"abort"'))).finishReason, 'cancelled', 'serde alias abort')
   for (const f of ['eos', 'stop', 'content_filter']) t.equal(output(read(LENGTH.replace('"length"', `"${f}"`))).finishReason, f)
-  t.same(output(read(ERROR)), { tokenIds: [], text: null, finishReason: 'error', errorMessage: 'engine crashed', index: 0, usage: null })
+  t.same(output(read(ERROR)), { tokenIds: [], text: null, finishReason: 'error', errorMessage: 'engine crashed', index: 0, ...none })
   t.same(output(read(USAGE)).usage, { promptTokens: 12, completionTokens: 3, cachedTokens: 8 })
   t.equal(output(read(TEXT)).text, 'hi')
+  t.same(output(read(TEXT)).tokens, ['hi'])
+  // log probabilities: log_probs per token, top_logprobs as TopLogprob {rank, token_id, token, logprob, bytes?} (llm_backend.rs@07d14345)
+  const lp = output(
+    read(
+      TOKENS.replace('"log_probs":null', '"log_probs":[-0.5,-1.25]').replace(
+        '"top_logprobs":null',
+        '"top_logprobs":[[{"rank":1,"token_id":104,"token":"h","logprob":-0.5,"bytes":[104]}],[{"rank":1,"token_id":9,"token":null,"logprob":-1}]]',
+      ),
+    ),
+  )
+  t.same(lp.logProbs, [-0.5, -1.25])
+  t.same(lp.topLogprobs, [[{ tokenId: 104, token: 'h', logprob: -0.5 }], [{ tokenId: 9, token: null, logprob: -1 }]])
 })
 
 t.test('the same items in MessagePack (rmp_serde named maps) and JSON bytes', async (t) => {
@@ -156,6 +169,11 @@ t.test('malformed items are refused with KVR_ERR_UPSTREAM', async (t) => {
     [{ data: { token_ids: [], finish_reason: 'done' } }, /unknown finish_reason "done"/],
     [{ data: { token_ids: [], finish_reason: { oops: 1 } } }, /finish_reason is neither/],
     [{ data: { token_ids: [], completion_usage: { prompt_tokens: 'x' } } }, /completion_usage/],
+    [{ data: { token_ids: [], tokens: [1] } }, /tokens is not a list of strings/],
+    [{ data: { token_ids: [], log_probs: ['x'] } }, /log_probs/],
+    [{ data: { token_ids: [], top_logprobs: 'x' } }, /top_logprobs is not a list/],
+    [{ data: { token_ids: [], top_logprobs: ['x'] } }, /not a list of lists/],
+    [{ data: { token_ids: [], top_logprobs: [[{ token_id: 1 }]] } }, /lacks token_id or logprob/],
   ]
   for (const [item, re] of bad) t.throws(() => readEngineItem(item), { code: 'KVR_ERR_UPSTREAM', message: re })
   t.same(output(readEngineItem({ data: {} })).tokenIds, [], 'token_ids absent: none')

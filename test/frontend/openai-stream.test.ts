@@ -278,3 +278,58 @@ t.test('worker errors: thrown, before or after the first event; annotations igno
   t.throws(() => mid.push({ data: { token_ids: 'x' } }), { code: 'KVR_ERR_UPSTREAM' })
   t.same(mid.usage, { promptTokens: encode('prompt').length, completionTokens: encode('hi').length, cachedTokens: null })
 })
+
+t.test('log probabilities, when asked, in both shapes', async (t) => {
+  const ids = encode('hi🚀')
+  const lps = ids.map((_, i) => -0.25 * (i + 1))
+  const tops = ids.map((id, i) =>
+    i === 0 ? [{ rank: 1, token_id: 111, token: null, logprob: -0.1 }] : [{ rank: 1, token_id: id, token: null, logprob: lps[i] }],
+  )
+  const withLp = (tokenIds: number[], from: number, finish: unknown = null) =>
+    item(tokenIds, finish, { log_probs: lps.slice(from, from + tokenIds.length), top_logprobs: tops.slice(from, from + tokenIds.length) })
+  // chat, streamed: one chunk per item; the rocket's held bytes still carry their log probabilities
+  const chat = translator({ messages: [], stream: true, logprobs: true, top_logprobs: 1 }, 'chat')
+  const ev = events(ids.map((id, i) => chat.push(withLp([id], i, i === ids.length - 1 ? 'stop' : null))).join('') + chat.end()) as unknown as {
+    choices: { delta: { content?: string }; logprobs: { content: { token: string; logprob: number; bytes: number[]; top_logprobs: unknown[] }[] } }[]
+  }[]
+  t.equal(ev.length - 1, ids.length, 'a chunk for every token, text or not')
+  const content = ev.slice(0, -1).flatMap((e) => e.choices[0]?.logprobs.content ?? [])
+  t.same(
+    content.map((c) => c.logprob),
+    lps,
+  )
+  t.same(
+    content[0],
+    {
+      token: 'h',
+      logprob: -0.25,
+      bytes: [104],
+      top_logprobs: [
+        { token: 'o', logprob: -0.1, bytes: [111] },
+        { token: 'h', logprob: -0.25, bytes: [104] },
+      ],
+    },
+    'the chosen token joins its alternatives; a token without text is decoded',
+  )
+  t.same(content[2]?.top_logprobs.length, 1, 'already among them: not added twice')
+  // completions, whole: the answer's arrays, text offsets from the tokens' texts
+  const comp = translator({ prompt: 'p', logprobs: 1 }, 'completions')
+  comp.push(withLp(ids.slice(0, 2), 0))
+  comp.push(withLp(ids.slice(2), 2, 'length'))
+  const body = JSON.parse(comp.end()) as {
+    choices: { logprobs: { tokens: string[]; token_logprobs: number[]; top_logprobs: object[]; text_offset: number[] } }[]
+  }
+  const lp = body.choices[0]?.logprobs
+  t.same(lp?.tokens.slice(0, 2), ['h', 'i'])
+  t.same(lp?.token_logprobs, lps)
+  t.same(lp?.top_logprobs[0], { o: -0.1 })
+  t.same(lp?.text_offset.slice(0, 3), [0, 1, 2])
+  // not asked: null, whatever the worker sends
+  const plain = translator({ prompt: 'p' }, 'completions')
+  plain.push(withLp(ids, 0, 'stop'))
+  t.equal((JSON.parse(plain.end()) as { choices: { logprobs: unknown }[] }).choices[0]?.logprobs, null)
+  // a hidden stop token has no entry
+  const eos = translator({ prompt: 'p', logprobs: 0 }, 'completions')
+  eos.push(item([...ids.slice(0, 2), EOS], null, { log_probs: [-1, -2, -3] }))
+  t.same((JSON.parse(eos.end()) as { choices: { logprobs: { token_logprobs: number[] } }[] }).choices[0]?.logprobs.token_logprobs, [-1, -2])
+})

@@ -116,10 +116,12 @@ function optUint(body: Record<string, unknown>, field: string, max = 0xffffffff)
   return v
 }
 
-function optInt(body: Record<string, unknown>, field: string): number | null {
+const I32: [number, number] = [-0x80000000, 0x7fffffff]
+
+function optInt(body: Record<string, unknown>, field: string, [min, max] = [-Number.MAX_SAFE_INTEGER, Number.MAX_SAFE_INTEGER]): number | null {
   const v = body[field]
   if (v === undefined || v === null) return null
-  if (typeof v !== 'number' || !Number.isSafeInteger(v)) throw invalid(field, 'an integer', v)
+  if (typeof v !== 'number' || !Number.isSafeInteger(v) || v < min || v > max) throw invalid(field, `an integer in [${min}, ${max}]`, v)
   return v
 }
 
@@ -220,7 +222,7 @@ function samplingOptions(body: Record<string, unknown>, nv: Record<string, unkno
   if (n !== null && n !== 1) throw invalid('n', '1 (several choices per request are not supported)', n)
   if (bestOf !== null && bestOf !== 1) throw invalid('best_of', '1 (several choices per request are not supported)', bestOf)
   const greedy = nv.greed_sampling === true
-  const topK = optInt(body, 'top_k')
+  const topK = optInt(body, 'top_k', I32)
   return {
     n,
     best_of: bestOf,
@@ -271,15 +273,12 @@ function routingHints(body: Record<string, unknown>, nv: Record<string, unknown>
   if (o.loraName !== undefined) r.lora_name = o.loraName
   const salt = optString(body, 'cache_salt')
   if (salt !== null) r.cache_salt = salt
-  const priority = optInt(h, 'priority')
+  const priority = optInt(h, 'priority', I32)
   const sensitivity = optNumber(h, 'latency_sensitivity', -Number.MAX_VALUE, Number.MAX_VALUE)
   // Dynamo's preprocessor: a priority moves the request ahead by that many seconds (never back)
   if (priority !== null) r.priority_jump = Math.max(priority, 0)
   else if (sensitivity !== null) r.priority_jump = sensitivity
-  if (priority !== null) {
-    if (priority < -0x80000000 || priority > 0x7fffffff) throw invalid('nvext.agent_hints.priority', 'a 32-bit integer', priority)
-    r.priority = priority
-  }
+  if (priority !== null) r.priority = priority
   return Object.keys(r).length === 0 ? undefined : r
 }
 

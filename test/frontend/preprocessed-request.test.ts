@@ -233,7 +233,9 @@ t.test('bad fields are a 400 naming the field', async (t) => {
     [{ stop_token_ids: [-1] }, /stop_token_ids must be a list of token ids/],
     [{ nvext: [] }, /nvext must be an object/],
     [{ nvext: { annotations: 'a' } }, /annotations must be a list of strings/],
-    [{ nvext: { agent_hints: { priority: 2 ** 40 } } }, /priority must be a 32-bit integer/],
+    [{ nvext: { agent_hints: { priority: 2 ** 40 } } }, /priority must be an integer in \[-2147483648, 2147483647\]/],
+    [{ top_k: 2 ** 31 }, /top_k must be an integer in/],
+    [{ seed: 1.5 }, /seed must be an integer/],
     [{ guided_json: {}, guided_regex: 'x' }, /only one of guided_json/],
     [{ model: 5 }, /model must be a string/],
   ]

@@ -9,9 +9,10 @@ import { join } from 'node:path'
 import { Tokenizer } from '@huggingface/tokenizers'
 import { IncrementalDetokenizer } from '../../src/frontend/detokenizer.js'
 import { BytesDecoder, HfDecoder, tokenDecoderFor } from '../../src/tokenizer/token-decoder.js'
+import { fromRoot } from '../helpers/paths.js'
 
-const byteLevel = new URL('../fixtures/byte-level/tokenizer.json', import.meta.url).pathname
-const wordLevel = new URL('../fixtures/tokenizer.json', import.meta.url).pathname
+const byteLevel = fromRoot('test', 'fixtures', 'byte-level', 'tokenizer.json')
+const wordLevel = fromRoot('test', 'fixtures', 'tokenizer.json')
 
 function encode(path: string, text: string): number[] {
   const tok = new Tokenizer(JSON.parse(readFileSync(path, 'utf8')) as object, {})

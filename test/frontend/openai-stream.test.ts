@@ -15,8 +15,9 @@ import { MockerFleet } from '../../src/sim/mocker/fleet.js'
 import type { MockerWorker } from '../../src/sim/mocker/fleet.js'
 import { serializeJson } from '../../src/codec/json.js'
 import { WORDS } from '../../src/sim/mocker/server.js'
+import { fromRoot } from '../helpers/paths.js'
 
-const fixture = new URL('../fixtures/byte-level/tokenizer.json', import.meta.url).pathname
+const fixture = fromRoot('test', 'fixtures', 'byte-level', 'tokenizer.json')
 const decoder = HfDecoder.load(fixture)
 const hf = new Tokenizer(JSON.parse(readFileSync(fixture, 'utf8')) as object, {})
 const encode = (s: string): number[] => hf.encode(s, { add_special_tokens: false }).ids

@@ -131,6 +131,7 @@ t.test('records: parsing rules and malformed values', async (t) => {
     dpStart: 0,
     dpSize: 1,
     kvEvents: null,
+    requestPlane: null,
   })
   const etcd = await startEtcd()
   t.teardown(() => etcd.stop())

@@ -32,7 +32,7 @@ async function collect<T>(it: AsyncIterable<T>): Promise<T[]> {
 
 t.test('a round trip: frame, acknowledgement, dial-back, prologue, items, final, sentinel', async (t) => {
   let home: CallHome | null = null
-  const { client, worker } = await setup(t, (req, ack, dial) => {
+  const { client, worker } = await setup(t, (_req, ack, dial) => {
     ack()
     void dial().then((h) => {
       home = h

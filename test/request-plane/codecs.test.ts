@@ -10,6 +10,7 @@ import { parseInstanceAddress, siblingEndpoint } from '../../src/request-plane/a
 import { parseWorkerQueryAnswer, workerQueryJson } from '../../src/request-plane/worker-query.js'
 import { encodePayload, decodePayload } from '../../src/request-plane/payload-codec.js'
 import { isKvrError } from '../../src/errors.js'
+import { instanceTcpAddress, toWorker } from '../../src/transport/etcd.js'
 
 const hex = (s: string): Buffer => Buffer.from(s.replace(/\s+/g, ''), 'hex')
 const txt = (s: string): Buffer => Buffer.from(s, 'utf8')
@@ -89,7 +90,7 @@ t.test('the two-part message is Dynamo’s bytes; its checksum is checked when n
   )
   t.equal(d.buffered, 0)
   const bad = Buffer.from(golden)
-  bad[bad.length - 1] ^= 0xff
+  bad.writeUInt8(bad.readUInt8(bad.length - 1) ^ 0xff, bad.length - 1)
   t.throws(() => new TwoPartDecoder().push(bad, () => undefined), { code: 'KVR_ERR_FRAME_MALFORMED' }, 'a checksum that does not match')
   t.throws(() => new TwoPartDecoder(1024).push(hex('0000000000000400 0000000000000000 0000000000000000'), () => undefined), { code: 'KVR_ERR_FRAME_TOO_LARGE' })
   t.throws(() => new TwoPartDecoder().push(hex('ffffffffffffffff 0000000000000000 0000000000000000'), () => undefined), { code: 'KVR_ERR_FRAME_TOO_LARGE' })
@@ -99,7 +100,7 @@ t.test('the two-part message is Dynamo’s bytes; its checksum is checked when n
 t.test('the request control header and the data messages', async (t) => {
   // RequestControlMessage (egress/addressed_router.rs@00c47688, payload_codec from network.rs@0498dbf3) with a
   // TcpStreamConnectionInfo {address, subject, context, stream_type} written to a JSON string under
-  // transport "tcp_server" (pipeline/network/tcp.rs, stored copy of the call-home era)
+  // transport "tcp_server" (pipeline/network/tcp.rs, the stored copies with call-home streams)
   t.equal(
     encodeControlHeader({ id: 'r-1', codec: 'json', address: '127.0.0.1:4000', subject: 's-1' }).toString(),
     '{"id":"r-1","request_type":"single_in","response_type":"many_out","payload_codec":"json",' +
@@ -128,6 +129,15 @@ t.test('instance addresses in both forms', async (t) => {
   t.equal(siblingEndpoint(a, 'worker_kv_indexer_query_dp1').endpointPath, '1f2e/worker_kv_indexer_query_dp1')
   t.equal(siblingEndpoint(parseInstanceAddress('h:1/generate'), 'q').endpointPath, 'q')
   t.equal(parseInstanceAddress('[::1]:9000/generate').host, '::1')
+  // an etcd instance record's transport (TransportType, snake_case: lib/runtime/src/component.rs@01207e79)
+  t.equal(instanceTcpAddress({ transport: { tcp: '10.0.0.5:9000/1f2e/generate' } }), '10.0.0.5:9000/1f2e/generate')
+  t.equal(instanceTcpAddress({ transport: { tcp: 'tcp://10.0.0.5:9000/generate' } }), '10.0.0.5:9000/generate')
+  t.equal(instanceTcpAddress({ transport: { nats_tcp: 'subject' } }), null)
+  t.equal(instanceTcpAddress({ http_url: 'http://h:1' }), null)
+  t.throws(() => instanceTcpAddress({ transport: { tcp: 5 } }), { code: 'KVR_ERR_INSTANCE_ADDRESS' })
+  t.throws(() => instanceTcpAddress({ transport: { tcp: 'h:1' } }), { code: 'KVR_ERR_INSTANCE_ADDRESS' })
+  t.equal(toWorker(1n, { instance: { http_url: 'http://h:1', transport: { tcp: 'h:2/1/generate' } } })?.requestPlane, 'h:2/1/generate')
+  t.equal(toWorker(1n, { instance: { http_url: 'http://h:1', transport: { tcp: 'h:2' } } })?.requestPlane, null, 'an unreadable one is left out')
   for (const bad of ['10.0.0.5:9000', '10.0.0.5/generate', '10.0.0.5:0/g', '10.0.0.5:70000/g', 'h:1/', 'h:1/a/', ':1/g'])
     t.throws(() => parseInstanceAddress(bad), { code: 'KVR_ERR_INSTANCE_ADDRESS' }, bad)
 })

@@ -60,6 +60,7 @@ t.test('a leased worker appears with its record and disappears, from discovery a
       dpStart: 0,
       dpSize: 2,
       kvEvents: null,
+      requestPlane: null,
     },
     'listed at start',
   )

@@ -105,7 +105,7 @@ export function instanceTcpAddress(inst: Record<string, unknown>): string | null
  * The worker record of one worker's keys, or null while its instance key is missing or bad.
  * Invalid kv-events fields are left out, and `invalid` is told why.
  */
-export function toWorker(workerId: bigint, parts: Parts, invalid?: (why: string) => void): DiscoveredWorker | null {
+export function toWorker(workerId: bigint, parts: Parts, invalid?: (why: string) => void, badTcp?: (why: string) => void): DiscoveredWorker | null {
   const inst = parts.instance
   if (inst === undefined) return null
   const transport = inst['transport'] as Record<string, unknown> | undefined
@@ -127,7 +127,7 @@ export function toWorker(workerId: bigint, parts: Parts, invalid?: (why: string)
     requestPlane = instanceTcpAddress(inst)
   } catch (err) {
     if (!isKvrError(err, 'KVR_ERR_INSTANCE_ADDRESS')) throw err
-    limited.warn('etcd_bad_tcp_address', { worker_id: workerId.toString(), error: err.message }, 'an instance record names a TCP address kv-router cannot read')
+    badTcp?.(err.message)
   }
   return {
     workerId,
@@ -168,8 +168,11 @@ export interface EtcdDiscoveryEvents {
 export class EtcdDiscovery extends EventEmitter {
   /** Current workers by id. */
   readonly workers = new Map<bigint, DiscoveredWorker>()
-  /** `bad_kv_events`: workers whose kv-events fields turned invalid (each warned about once). */
-  readonly counters = { puts: 0, deletes: 0, resyncs: 0, disconnects: 0, malformed: 0, bad_kv_events: 0 }
+  /**
+   * `bad_kv_events`: workers whose kv-events fields turned invalid (each warned about once);
+   * `bad_tcp_address`: records whose `transport.tcp` is not an address (their worker query stays on HTTP).
+   */
+  readonly counters = { puts: 0, deletes: 0, resyncs: 0, disconnects: 0, malformed: 0, bad_kv_events: 0, bad_tcp_address: 0 }
   /** Per worker, why its kv-events fields are invalid, while they are. */
   private readonly badKvEvents = new Map<bigint, string>()
   private parts = new Map<bigint, Parts>()
@@ -239,7 +242,18 @@ export class EtcdDiscovery extends EventEmitter {
   private refresh(id: bigint): void {
     const parts = this.parts.get(id)
     const bad = { why: null as string | null }
-    const next = parts === undefined ? null : toWorker(id, parts, (why) => (bad.why = why))
+    const next =
+      parts === undefined
+        ? null
+        : toWorker(
+            id,
+            parts,
+            (why) => (bad.why = why),
+            (why) => {
+              this.counters.bad_tcp_address++
+              limited.warn('etcd_bad_tcp_address', { worker_id: id.toString(), error: why }, 'an instance record names a TCP address kv-router cannot read')
+            },
+          )
     const prev = this.workers.get(id)
     this.noteKvEvents(id, next === null ? null : bad.why)
     if (next === null) {

@@ -137,7 +137,10 @@ t.test('instance addresses in both forms', async (t) => {
   t.throws(() => instanceTcpAddress({ transport: { tcp: 5 } }), { code: 'KVR_ERR_INSTANCE_ADDRESS' })
   t.throws(() => instanceTcpAddress({ transport: { tcp: 'h:1' } }), { code: 'KVR_ERR_INSTANCE_ADDRESS' })
   t.equal(toWorker(1n, { instance: { http_url: 'http://h:1', transport: { tcp: 'h:2/1/generate' } } })?.requestPlane, 'h:2/1/generate')
-  t.equal(toWorker(1n, { instance: { http_url: 'http://h:1', transport: { tcp: 'h:2' } } })?.requestPlane, null, 'an unreadable one is left out')
+  const why: string[] = []
+  const w = toWorker(1n, { instance: { http_url: 'http://h:1', transport: { tcp: 'h:2' } } }, undefined, (m) => why.push(m))
+  t.equal(w?.requestPlane, null, 'an unreadable one is left out')
+  t.match(why, [/no endpoint path/], 'and told, to be counted')
   for (const bad of ['10.0.0.5:9000', '10.0.0.5/generate', '10.0.0.5:0/g', '10.0.0.5:70000/g', 'h:1/', 'h:1/a/', ':1/g'])
     t.throws(() => parseInstanceAddress(bad), { code: 'KVR_ERR_INSTANCE_ADDRESS' }, bad)
 })

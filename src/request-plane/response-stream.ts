@@ -94,7 +94,12 @@ export class ResponseStream<T> implements AsyncIterableIterator<T> {
     this.cancelled = true
     this.error ??= new KvrError('KVR_ERR_REQUEST_CANCELLED', 'the response stream was cancelled by its caller')
     this.wake()
-    if (this.socket !== null) this.stopWorker()
+    if (this.socket !== null) {
+      // unread items are dropped: the worker's close must be seen even when reading was paused
+      this.items.length = 0
+      this.socket.resume()
+      this.stopWorker()
+    }
   }
 
   private stopWorker(): void {
@@ -185,8 +190,12 @@ export class ResponseStream<T> implements AsyncIterableIterator<T> {
     this.state = 'ended'
     this.clearTimer()
     if (this.abortListener !== null) this.opts.signal?.removeEventListener('abort', this.abortListener)
-    // the worker waits for the frontend to close the connection after its sentinel
-    if (this.socket !== null && !this.socket.destroyed) this.socket.end()
+    // the worker waits for the frontend to close the connection after its sentinel; one that was
+    // told to stop, or failed, is dropped
+    if (this.socket !== null && !this.socket.destroyed) {
+      if (this.finalSeen && !this.cancelled && this.error === null) this.socket.end()
+      else this.socket.destroy()
+    }
     this.wake()
     this.opts.onEnd()
   }

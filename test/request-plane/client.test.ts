@@ -259,3 +259,25 @@ t.test('input from a worker that does not decode is counted and dropped; the rou
   t.equal(client.counters.malformed, 7, 'both counted, both connections dropped')
   t.same(await collect(await client.request(addr, { kind: 'ok' })), ['fine'], 'the router still serves requests')
 })
+
+t.test('a slow reader pauses the response connection and loses nothing', async (t) => {
+  const { client, worker } = await setup(t, (_req, ack, dial) => {
+    ack()
+    void dial().then((h) => {
+      for (let i = 0; i < 300; i++) h.data(i)
+      h.finish()
+    })
+  })
+  const stream = await client.request(`127.0.0.1:${worker.port}/generate`, {})
+  const got: unknown[] = []
+  for await (const item of stream) {
+    got.push(item)
+    // slower than the worker writes: the unread items pass the high-water mark
+    if (got.length % 50 === 0) await new Promise((r) => setTimeout(r, 20))
+  }
+  t.same(
+    got,
+    Array.from({ length: 300 }, (_, i) => i),
+  )
+  t.equal(client.counters.streamErrors, 0)
+})

@@ -56,6 +56,14 @@ export const ErrorCodes = {
   KVR_ERR_UNSUPPORTED_MEDIA_TYPE: { status: 415, summary: 'the request body must be application/json' },
   KVR_ERR_UPSTREAM: { status: 502, summary: 'the worker failed to answer' },
   KVR_ERR_SHUTTING_DOWN: { status: 503, summary: 'the router is shutting down' },
+  // Dynamo's TCP request plane
+  KVR_ERR_INSTANCE_ADDRESS: { status: 400, summary: "a worker's request-plane address is not host:port/endpoint-path" },
+  KVR_ERR_FRAME_TOO_LARGE: { status: 502, summary: 'a request-plane frame is larger than the size limit' },
+  KVR_ERR_FRAME_MALFORMED: { status: 502, summary: 'a request-plane frame or response stream message is not well-formed' },
+  KVR_ERR_WORKER_OVERLOADED: { status: 503, summary: 'the worker refused the request as overloaded or unavailable; retry later' },
+  KVR_ERR_WORKER_REJECTED: { status: 502, summary: 'the worker refused the request (an unknown endpoint, a bad frame)' },
+  KVR_ERR_ACK_TIMEOUT: { status: 503, summary: 'the worker did not acknowledge the request in time' },
+  KVR_ERR_RESPONSE_STREAM: { status: 502, summary: "the worker's response stream failed: an error prologue, a lost connection or no final message" },
 } as const
 
 export type ErrorCode = keyof typeof ErrorCodes

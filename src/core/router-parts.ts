@@ -19,6 +19,8 @@ import { registerEngineMetrics, registerHealthMetrics, registerWorkerMetrics } f
 import { IndexRecovery } from '../shards/recovery.js'
 import { EngineIntake } from '../transport/engine-intake.js'
 import { RemoteIndexer } from '../transport/remote-indexer.js'
+import { RequestPlaneClient } from '../request-plane/client.js'
+import { registerRequestPlaneMetrics } from '../request-plane/metrics.js'
 import { EventSources } from './event-sources.js'
 import { RequestIds } from './request-ids.js'
 import { SessionAffinity } from './session-affinity.js'
@@ -65,6 +67,8 @@ export class RouterParts {
   readonly eventSources: EventSources
   /** The shared remote index the route path asks first (`--indexer-url`), or null. */
   readonly remote: RemoteIndexer | null
+  /** Dynamo's TCP request plane, for workers whose instance record names one; its listener starts on first use. */
+  readonly requestPlane = new RequestPlaneClient()
   private readonly checkTimer: NodeJS.Timeout
 
   constructor(config: ServeConfig, pool: ShardPool) {
@@ -76,7 +80,11 @@ export class RouterParts {
     this.scheduler = new Scheduler(schedulerOptionsOf(config, approx), sink === undefined ? {} : { approxSink: sink })
     this.recovery =
       config.kvEvents && config.eventRecovery
-        ? new IndexRecovery(pool, { urlOf: (id) => this.registry.get(id)?.url, onAnswers: (id) => this.eventSources.evented(id) })
+        ? new IndexRecovery(pool, {
+            urlOf: (id) => this.queryTarget(id),
+            requestPlane: this.requestPlane,
+            onAnswers: (id) => this.eventSources.evented(id),
+          })
         : null
     this.engines = new EngineIntake(config.blockSize, pool)
     this.eventSources = new EventSources({
@@ -119,6 +127,7 @@ export class RouterParts {
     registerWorkerMetrics(reg, this.registry, this.suspension, this.eventSources, this.sessions, config.modelName)
     registerHealthMetrics(reg, this.registry, this.health, this.suspension, this.probes)
     registerEngineMetrics(reg, this.scheduler)
+    registerRequestPlaneMetrics(reg, this.requestPlane)
     this.remote =
       config.indexerUrl === null
         ? null
@@ -135,6 +144,13 @@ export class RouterParts {
   }
 
   // ---- workers ----
+
+  /** Where a worker's query goes: its request-plane address when it has one, else its HTTP URL. */
+  private queryTarget(id: bigint): string | undefined {
+    const w = this.registry.get(id)
+    if (w === undefined) return undefined
+    return w.requestPlane == null ? w.url : `tcp://${w.requestPlane.replace(/^tcp:\/\//, '')}`
+  }
 
   /** Registers or updates a worker; membership changes of one worker apply in the order asked. */
   addWorker(reg: WorkerRegistration): Promise<WorkerInfo> {
@@ -165,6 +181,7 @@ export class RouterParts {
       suspendedUntil: 0,
       source: reg.source ?? 'static',
       kvEvents: reg.kvEvents ?? null,
+      requestPlane: reg.requestPlane ?? null,
       decisionsOnly: reg.decisionsOnly === true,
     }
     // a worker the index knew nothing of leaves nothing in it when its registration is refused
@@ -222,7 +239,8 @@ export class RouterParts {
     }
     // a new worker, or one now elsewhere: what it has cached is fetched (a model card arriving
     // for a worker already known changes neither)
-    if (old === undefined || old.url !== info.url || old.dpRanks !== dpRanks || old.kvEvents !== null) void this.recovery?.workerAdded(reg.id, dpRanks)
+    if (old === undefined || old.url !== info.url || old.requestPlane !== info.requestPlane || old.dpRanks !== dpRanks || old.kvEvents !== null)
+      void this.recovery?.workerAdded(reg.id, dpRanks)
     return info
   }
 
@@ -427,6 +445,7 @@ export class RouterParts {
     await this.remote?.close()
     // before the pool: holds behind queries in flight are let go, so the shards can drain
     this.recovery?.close()
+    await this.requestPlane.close()
     await this.pool.close()
   }
 }

@@ -88,7 +88,15 @@ async function connect(parts: RouterParts, deps: RouterDeps, started: { -readonl
   if (c.etcdUrl !== null) {
     const d = (discovery = started.discovery = await EtcdDiscovery.start({ url: c.etcdUrl, namespace: ns, component, endpoint }))
     const add = (w: DiscoveredWorker): Promise<unknown> => {
-      const reg: WorkerRegistration = { id: w.workerId, url: w.url, device: w.deviceType, dpRanks: w.dpSize, source: 'etcd', kvEvents: w.kvEvents }
+      const reg: WorkerRegistration = {
+        id: w.workerId,
+        url: w.url,
+        device: w.deviceType,
+        dpRanks: w.dpSize,
+        source: 'etcd',
+        kvEvents: w.kvEvents,
+        requestPlane: w.requestPlane,
+      }
       if (w.blockSize !== null) reg.blockSize = w.blockSize
       if (w.totalKvBlocks !== null) reg.capacity = w.totalKvBlocks
       if (w.maxNumBatchedTokens !== null) reg.maxNumBatchedTokens = w.maxNumBatchedTokens

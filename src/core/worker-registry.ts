@@ -22,6 +22,8 @@ export interface WorkerInfo {
   source: 'static' | 'etcd'
   /** The engine's own KV-event publisher the router listens to, or null. */
   kvEvents: EngineEventsSpec | null
+  /** Its Dynamo TCP request-plane address (`host:port/…`, from etcd), or null: its worker query goes there. */
+  requestPlane?: string | null
   /**
    * Registered for routing decisions only (POST /v1/route callers contact it themselves): never
    * probed, never sent a proxied request.
@@ -39,6 +41,7 @@ export interface WorkerRegistration {
   maxNumBatchedTokens?: number
   source?: 'static' | 'etcd'
   kvEvents?: EngineEventsSpec | null
+  requestPlane?: string | null
   /** Its KV events are handed to the router in this process (the embedded fleet). */
   eventsInProcess?: boolean
   /** For routing decisions only: see WorkerInfo.decisionsOnly. */

@@ -2,8 +2,10 @@
 // of missed events"): a router that misses a worker's KV events (a NATS outage, a router started
 // after the worker cached blocks) would route on a stale index and call it exact.
 //
-// A worker that answers the worker query (`POST {url}/v1/kv/query`, as `kv-router mocker`
-// engines do) is recoverable:
+// A worker that answers the worker query is recoverable: over HTTP, `POST {url}/v1/kv/query`, as
+// `kv-router mocker` engines do; over Dynamo's TCP request plane, its `worker_kv_indexer_query_dp{rank}`
+// endpoint (src/request-plane/worker-query.ts), for a worker whose instance record is a TCP address
+// (urlOf gives it as `tcp://host:port/…`). Both answer the same way:
 // - when it registers, its cached set is fetched as a tree dump and replaces what the index
 //   holds for it, its live events held meanwhile (a router that starts late catches up);
 // - when a shard sees its event ids skip (workers/shard/parking.ts), the shard holds that worker-rank's
@@ -17,14 +19,21 @@ import { request } from 'undici'
 import type { Dispatcher } from 'undici'
 import type { ShardPool, EventGap } from './pool.js'
 import { RecoveryKind } from '../thread/protocol.js'
-import { parseJsonExact, readU64 } from '../codec/json.js'
 import { limited } from '../runtime/log.js'
+import type { RequestPlaneClient } from '../request-plane/client.js'
+import { parseWorkerQueryAnswer, queryWorkerOverTcp, workerQueryJson } from '../request-plane/worker-query.js'
+import type { WorkerQuery, WorkerQueryAnswer } from '../request-plane/worker-query.js'
 
 export type IndexState = 'exact' | 'recovering' | 'degraded'
 
 export interface IndexRecoveryOptions {
-  /** The worker's HTTP endpoint, or undefined when it is not registered (its gaps are then accepted). */
+  /**
+   * The worker's HTTP endpoint, or its request-plane address as `tcp://host:port/…`, or undefined
+   * when it is not registered (its gaps are then accepted).
+   */
   urlOf(workerId: bigint): string | undefined
+  /** The client for workers reached over the request plane; without it they are not recoverable. */
+  requestPlane?: RequestPlaneClient
   /**
    * The worker answered the worker query: it publishes KV events, and its dumps are about to
    * replace what the index holds of it. Called before the rebuild's records are queued.
@@ -46,6 +55,8 @@ export interface IndexRecoveryCounters {
   dumps: number
   /** Recoveries that failed (no answer, an error, an answer that is not one): the held events went on with a hole. */
   failed: number
+  /** Answers of a variant this router does not read (a newer Dynamo's): ignored, the query failed. */
+  ignored: number
 }
 
 const QUERY_PATH = '/v1/kv/query'
@@ -53,7 +64,7 @@ const QUERY_PATH = '/v1/kv/query'
 const PROBE_START = 0xffffffffffffffffn
 
 /** A refusal is final when asking again cannot help (a 404, a bad answer), not when the worker was not reached. */
-type Answer = { kind: 'Events' | 'TreeDump'; events: Uint8Array } | { kind: 'TooNew'; newest: bigint } | { kind: 'refused'; why: string; final: boolean }
+type Answer = WorkerQueryAnswer
 /** A worker's answer larger than this is refused (it is parsed whole). */
 const MAX_ANSWER_BYTES = 256 * 1024 * 1024
 /** First wait before probing an unreachable worker again, and the longest. */
@@ -61,8 +72,9 @@ const PROBE_RETRY_MS = 1000
 const PROBE_RETRY_MAX_MS = 30_000
 
 export class IndexRecovery {
-  readonly counters: IndexRecoveryCounters = { gaps: 0, ranges: 0, dumps: 0, failed: 0 }
-  private readonly opts: Required<Omit<IndexRecoveryOptions, 'dispatcher' | 'onAnswers'>> & Pick<IndexRecoveryOptions, 'dispatcher' | 'onAnswers'>
+  readonly counters: IndexRecoveryCounters = { gaps: 0, ranges: 0, dumps: 0, failed: 0, ignored: 0 }
+  private readonly opts: Required<Omit<IndexRecoveryOptions, 'dispatcher' | 'onAnswers' | 'requestPlane'>> &
+    Pick<IndexRecoveryOptions, 'dispatcher' | 'onAnswers' | 'requestPlane'>
   /** Worker-ranks ("id:rank") recovering now, or left degraded by a failed recovery. */
   private readonly states = new Map<string, IndexState>()
   /** Workers that answered the probe. */
@@ -87,6 +99,7 @@ export class IndexRecovery {
       urlOf: options.urlOf,
       ...(options.onAnswers === undefined ? {} : { onAnswers: options.onAnswers }),
       ...(options.dispatcher === undefined ? {} : { dispatcher: options.dispatcher }),
+      ...(options.requestPlane === undefined ? {} : { requestPlane: options.requestPlane }),
     }
     // kept after close(): a gap reported later is answered at once (as failed), so no hold waits
     pool.on('gap', (g: EventGap) => void this.recoverGap(g))
@@ -254,16 +267,28 @@ export class IndexRecovery {
 
   /** One worker query with retries; never rejects. */
   private async query(url: string, workerId: bigint, rank: number, start: bigint | null, end: bigint | null, attempts: number): Promise<Answer> {
-    // u64s written as exact JSON integers
-    const body = `{"worker_id":${workerId},"dp_rank":${rank},"start_event_id":${start ?? 'null'},"end_event_id":${end ?? 'null'}}`
+    const q: WorkerQuery = { workerId, dpRank: rank, start, end }
     let last: Answer = { kind: 'refused', why: 'no attempt', final: false }
     for (let i = 0; i < attempts && !this.closed; i++) {
       if (i > 0) await new Promise((r) => setTimeout(r, 100 * 4 ** (i - 1)))
-      last = await this.once(url + QUERY_PATH, body)
+      last = url.startsWith('tcp://') ? await this.overTcp(url, q) : await this.once(url + QUERY_PATH, workerQueryJson(q))
+      if (last.kind === 'refused' && last.ignored !== undefined) this.counters.ignored++
       // an answer, or a worker that plainly does not serve the query: no point asking again
       if (last.kind !== 'refused' || last.final) return last
     }
     return last
+  }
+
+  private async overTcp(address: string, q: WorkerQuery): Promise<Answer> {
+    const client = this.opts.requestPlane
+    if (client === undefined) return { kind: 'refused', why: 'no request-plane client for a TCP worker', final: true }
+    const ac = new AbortController()
+    this.inFlight.add(ac)
+    try {
+      return await queryWorkerOverTcp(client, address, q, ac.signal)
+    } finally {
+      this.inFlight.delete(ac)
+    }
   }
 
   private async once(url: string, body: string): Promise<Answer> {
@@ -303,35 +328,7 @@ export class IndexRecovery {
   }
 }
 
-/**
- * The query's answer, externally tagged as serde writes it. The events go to the shard as the
- * worker wrote them (the array's own bytes): the shard's decoder validates each one.
- */
+/** The query's answer over HTTP, as src/request-plane/worker-query.ts reads it. */
 export function answerOf(text: string): Answer {
-  let v: unknown
-  try {
-    v = parseJsonExact(text)
-  } catch {
-    return { kind: 'refused', why: 'the answer is not JSON', final: true }
-  }
-  if (typeof v !== 'object' || v === null || Array.isArray(v)) return { kind: 'refused', why: 'the answer is not an object', final: true }
-  const keys = Object.keys(v)
-  const tag = keys[0]
-  if (keys.length !== 1 || tag === undefined) return { kind: 'refused', why: 'the answer is not one variant', final: true }
-  if (tag === 'TooNew') {
-    const n = ((v as Record<string, unknown>).TooNew as { newest_available?: unknown } | null)?.newest_available
-    try {
-      return { kind: 'TooNew', newest: readU64(n, 'newest_available') }
-    } catch {
-      return { kind: 'refused', why: 'TooNew without its newest_available', final: true }
-    }
-  }
-  if (tag === 'Events' || tag === 'TreeDump') {
-    if (!Array.isArray((v as Record<string, unknown>)[tag])) return { kind: 'refused', why: `${tag} is not an array`, final: true }
-    const from = text.indexOf('[')
-    const to = text.lastIndexOf(']')
-    return { kind: tag, events: Buffer.from(text.slice(from, to + 1), 'utf8') }
-  }
-  if (tag === 'Error') return { kind: 'refused', why: `the worker said: ${String((v as Record<string, unknown>).Error)}`, final: true }
-  return { kind: 'refused', why: `the worker answered ${tag}`, final: true }
+  return parseWorkerQueryAnswer(Buffer.from(text, 'utf8'))
 }

@@ -26,6 +26,7 @@ import { EventEmitter } from 'node:events'
 import { engineEventsSpec, RECORD_FIELDS, urlList } from '../core/endpoints.js'
 import type { EngineEventsSpec } from '../core/endpoints.js'
 import { isKvrError, KvrError, Warn } from '../errors.js'
+import { parseInstanceAddress } from '../request-plane/address.js'
 import { limited, log } from '../runtime/log.js'
 
 export interface EtcdDiscoveryOptions {
@@ -69,6 +70,8 @@ export interface DiscoveredWorker {
   dpSize: number
   /** The engine's own KV-event publisher, rank r on port + r; null without one or when invalid. */
   kvEvents: EngineEventsSpec | null
+  /** Its Dynamo TCP request-plane address (`host:port/…`), or null without a valid one. */
+  requestPlane: string | null
 }
 
 interface Parts {
@@ -83,10 +86,26 @@ function nonNegInt(v: unknown): number | null {
 const ETCD_FIELDS = { ...RECORD_FIELDS, dpSize: 'data_parallel_size' }
 
 /**
+ * The TCP request-plane address of an instance record, `"transport":{"tcp":"host:port/…"}`
+ * (Dynamo's TransportType, snake_case: lib/runtime/src/component.rs@01207e79), in either form:
+ * `host:port/{endpoint}` or `host:port/{instance_id:x}/{endpoint}`. Null when the record names
+ * another transport; throws KVR_ERR_INSTANCE_ADDRESS for a `tcp` value that is not an address.
+ */
+export function instanceTcpAddress(inst: Record<string, unknown>): string | null {
+  const transport = inst['transport']
+  if (typeof transport !== 'object' || transport === null) return null
+  const tcp = (transport as Record<string, unknown>)['tcp']
+  if (tcp === undefined) return null
+  if (typeof tcp !== 'string') throw new KvrError('KVR_ERR_INSTANCE_ADDRESS', `transport.tcp must be a string, got ${JSON.stringify(tcp)}`)
+  const a = parseInstanceAddress(tcp)
+  return `${a.hostPort}/${a.endpointPath}`
+}
+
+/**
  * The worker record of one worker's keys, or null while its instance key is missing or bad.
  * Invalid kv-events fields are left out, and `invalid` is told why.
  */
-export function toWorker(workerId: bigint, parts: Parts, invalid?: (why: string) => void): DiscoveredWorker | null {
+export function toWorker(workerId: bigint, parts: Parts, invalid?: (why: string) => void, badTcp?: (why: string) => void): DiscoveredWorker | null {
   const inst = parts.instance
   if (inst === undefined) return null
   const transport = inst['transport'] as Record<string, unknown> | undefined
@@ -103,9 +122,17 @@ export function toWorker(workerId: bigint, parts: Parts, invalid?: (why: string)
     if (!isKvrError(err, 'KVR_ERR_INVALID_ENDPOINT')) throw err
     invalid?.(err.message)
   }
+  let requestPlane: string | null = null
+  try {
+    requestPlane = instanceTcpAddress(inst)
+  } catch (err) {
+    if (!isKvrError(err, 'KVR_ERR_INSTANCE_ADDRESS')) throw err
+    badTcp?.(err.message)
+  }
   return {
     workerId,
     url,
+    requestPlane,
     deviceType: device === 'cpu' ? 'cpu' : 'gpu',
     blockSize: nonNegInt(card['kv_cache_block_size']),
     totalKvBlocks: nonNegInt(rc['total_kv_blocks']),
@@ -127,7 +154,8 @@ function sameWorker(a: DiscoveredWorker, b: DiscoveredWorker): boolean {
     a.dpSize === b.dpSize &&
     a.kvEvents?.endpoint === b.kvEvents?.endpoint &&
     a.kvEvents?.replay === b.kvEvents?.replay &&
-    a.kvEvents?.topic === b.kvEvents?.topic
+    a.kvEvents?.topic === b.kvEvents?.topic &&
+    a.requestPlane === b.requestPlane
   )
 }
 
@@ -140,8 +168,11 @@ export interface EtcdDiscoveryEvents {
 export class EtcdDiscovery extends EventEmitter {
   /** Current workers by id. */
   readonly workers = new Map<bigint, DiscoveredWorker>()
-  /** `bad_kv_events`: workers whose kv-events fields turned invalid (each warned about once). */
-  readonly counters = { puts: 0, deletes: 0, resyncs: 0, disconnects: 0, malformed: 0, bad_kv_events: 0 }
+  /**
+   * `bad_kv_events`: workers whose kv-events fields turned invalid (each warned about once);
+   * `bad_tcp_address`: records whose `transport.tcp` is not an address (their worker query stays on HTTP).
+   */
+  readonly counters = { puts: 0, deletes: 0, resyncs: 0, disconnects: 0, malformed: 0, bad_kv_events: 0, bad_tcp_address: 0 }
   /** Per worker, why its kv-events fields are invalid, while they are. */
   private readonly badKvEvents = new Map<bigint, string>()
   private parts = new Map<bigint, Parts>()
@@ -211,7 +242,18 @@ export class EtcdDiscovery extends EventEmitter {
   private refresh(id: bigint): void {
     const parts = this.parts.get(id)
     const bad = { why: null as string | null }
-    const next = parts === undefined ? null : toWorker(id, parts, (why) => (bad.why = why))
+    const next =
+      parts === undefined
+        ? null
+        : toWorker(
+            id,
+            parts,
+            (why) => (bad.why = why),
+            (why) => {
+              this.counters.bad_tcp_address++
+              limited.warn('etcd_bad_tcp_address', { worker_id: id.toString(), error: why }, 'an instance record names a TCP address kv-router cannot read')
+            },
+          )
     const prev = this.workers.get(id)
     this.noteKvEvents(id, next === null ? null : bad.why)
     if (next === null) {

@@ -60,6 +60,7 @@ t.test('a leased worker appears with its record and disappears, from discovery a
       dpStart: 0,
       dpSize: 2,
       kvEvents: null,
+      requestPlane: null,
     },
     'listed at start',
   )
@@ -131,6 +132,7 @@ t.test('records: parsing rules and malformed values', async (t) => {
     dpStart: 0,
     dpSize: 1,
     kvEvents: null,
+    requestPlane: null,
   })
   const etcd = await startEtcd()
   t.teardown(() => etcd.stop())

@@ -103,6 +103,7 @@ t.test('engines register in etcd under their leases and publish events and load 
       dpStart: 0,
       dpSize: 1,
       kvEvents: null,
+      requestPlane: null,
     },
     "the router's discovery reads the record",
   )

@@ -186,7 +186,8 @@ export function parseSource(rest: string, text: string): Parsed<EventSourceRecor
   if (v === null) return { ok: false, why: 'the value is not a JSON object' }
   if (v['type'] !== 'EventSource') return { ok: false, why: 'the value is not of type EventSource' }
   const scope = scopeOf(v['scope'])
-  if (scope === null || !sameScope(scope, key.scope) || v['topic'] !== key.topic) return { ok: false, why: 'the value names another scope or topic than its key' }
+  if (scope === null || !sameScope(scope, key.scope) || v['topic'] !== key.topic)
+    return { ok: false, why: 'the value names another scope or topic than its key' }
   const worker = obj(obj(v['metadata'])?.['worker'])
   let workerId: bigint | null = null
   let dpRank: number | null = null

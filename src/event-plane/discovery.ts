@@ -72,10 +72,7 @@ export class ChannelDiscovery extends EventEmitter {
 
   /** Lists both prefixes and replaces what is known; returns the revision the listing reflects. */
   async resync(): Promise<string> {
-    const [ch, src] = await Promise.all([
-      this.client.getAll().prefix(EVENT_CHANNELS_PREFIX).exec(),
-      this.client.getAll().prefix(EVENT_SOURCES_PREFIX).exec(),
-    ])
+    const [ch, src] = await Promise.all([this.client.getAll().prefix(EVENT_CHANNELS_PREFIX).exec(), this.client.getAll().prefix(EVENT_SOURCES_PREFIX).exec()])
     this.channels.clear()
     this.sources.clear()
     for (const kv of [...(ch.kvs ?? []), ...(src.kvs ?? [])]) this.put(kv)
@@ -101,7 +98,11 @@ export class ChannelDiscovery extends EventEmitter {
       w.on('disconnected', () => {
         if (this.up) {
           this.counters.disconnects++
-          limited.warn('event_plane_etcd_disconnected', {}, 'the etcd watch of event-plane publishers lost its connection: publishers that come or go meanwhile are seen when it is back')
+          limited.warn(
+            'event_plane_etcd_disconnected',
+            {},
+            'the etcd watch of event-plane publishers lost its connection: publishers that come or go meanwhile are seen when it is back',
+          )
         }
         this.up = false
       })
@@ -112,7 +113,9 @@ export class ChannelDiscovery extends EventEmitter {
           limited.warn('event_plane_etcd_error', { error: (err as Error).message }, 'listing the event-plane publishers in etcd again failed'),
         )
       })
-      w.on('error', (err: Error) => limited.warn('event_plane_etcd_error', { error: err.message }, 'the etcd watch of event-plane publishers reported an error'))
+      w.on('error', (err: Error) =>
+        limited.warn('event_plane_etcd_error', { error: err.message }, 'the etcd watch of event-plane publishers reported an error'),
+      )
       this.watchers.push(w)
     }
   }

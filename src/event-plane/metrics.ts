@@ -22,13 +22,23 @@ export function registerEventPlaneMetrics(r: Registry, p: EventPlaneParts): void
   labelledCounter(r, 'kvrouter_event_plane_dropped_total', 'Event-plane messages dropped before the index, by reason', 'reason', () =>
     p.eventPlane === null ? null : Object.entries(p.eventPlane.drops),
   )
-  collectedGauge(r, 'kvrouter_event_plane_subscriptions', 'Open event-plane SUB sockets: to workers\' PUBs (kind="direct"), to brokers\' XPUBs (kind="broker")', ['kind'], (g) => {
-    const e = p.eventPlane?.endpoints
-    if (e === undefined) return
-    g.set({ kind: 'direct' }, e.direct.length)
-    g.set({ kind: 'broker' }, e.brokers.length)
-  })
-  labelledCounter(r, 'kvrouter_event_plane_etcd_total', "etcd records of event-plane publishers: puts, deletes, re-lists, disconnects, malformed records", 'what', () =>
-    p.eventChannels === null ? null : Object.entries(p.eventChannels.counters),
+  collectedGauge(
+    r,
+    'kvrouter_event_plane_subscriptions',
+    'Open event-plane SUB sockets: to workers\' PUBs (kind="direct"), to brokers\' XPUBs (kind="broker")',
+    ['kind'],
+    (g) => {
+      const e = p.eventPlane?.endpoints
+      if (e === undefined) return
+      g.set({ kind: 'direct' }, e.direct.length)
+      g.set({ kind: 'broker' }, e.brokers.length)
+    },
+  )
+  labelledCounter(
+    r,
+    'kvrouter_event_plane_etcd_total',
+    'etcd records of event-plane publishers: puts, deletes, re-lists, disconnects, malformed records',
+    'what',
+    () => (p.eventChannels === null ? null : Object.entries(p.eventChannels.counters)),
   )
 }

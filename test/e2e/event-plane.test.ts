@@ -29,7 +29,9 @@ async function fleet(t: Test): Promise<{ url: string; client: Etcd3; workerId: b
   const workerId = BigInt(await lease.grant())
   const hex = workerId.toString(16)
   await lease.put(`${instancesPrefix(NS, COMP, EP)}${hex}`).value(JSON.stringify({ http_url: 'http://127.0.0.1:9', device_type: 'cuda' }))
-  await lease.put(`${cardsPrefix(NS, COMP, EP)}${hex}`).value(JSON.stringify({ kv_cache_block_size: 4, runtime_config: { total_kv_blocks: 64, data_parallel_size: 2 } }))
+  await lease
+    .put(`${cardsPrefix(NS, COMP, EP)}${hex}`)
+    .value(JSON.stringify({ kv_cache_block_size: 4, runtime_config: { total_kv_blocks: 64, data_parallel_size: 2 } }))
   const pub = await planePublisher(0x5eedn)
   t.teardown(() => pub.close())
   await putGenB(lease, { ns: NS, component: COMP, endpoint: EP, publisherId: pub.publisherId, zmq: pub.endpoint, workerId, dpRank: 1 })

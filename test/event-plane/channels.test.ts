@@ -97,7 +97,13 @@ t.test('EventSource: the worker-rank behind a publisher, ids exact above 2^53', 
         '"worker":{"worker_id":7587888130471510874,"dp_rank":3},"publisher_id":4660}}',
     ),
   )
-  t.same(s, { scope: { namespace: 'dynamo', component: 'backend', endpoint: 'generate' }, topic: 'kv-events', publisherId: 0x1234n, workerId: 7587888130471510874n, dpRank: 3 })
+  t.same(s, {
+    scope: { namespace: 'dynamo', component: 'backend', endpoint: 'generate' },
+    topic: 'kv-events',
+    publisherId: 0x1234n,
+    workerId: 7587888130471510874n,
+    dpRank: 3,
+  })
 })
 
 t.test('records that are not valid are refused with the reason', async (t) => {
@@ -108,10 +114,26 @@ t.test('records that are not valid are refused with the reason', async (t) => {
     ['dynamo/backend/kv-events/1', '[1]', 'JSON object'],
     ['dynamo/backend/kv-events/1', `{"type":"Endpoint","namespace":"dynamo","component":"backend","topic":"kv-events",${zmq}}`, 'EventChannel'],
     ['dynamo/backend/kv-events/1', `{"type":"EventChannel","namespace":"dynamo","component":"prefill","topic":"kv-events",${zmq}}`, 'another scope'],
-    ['dynamo/backend/kv-events/1', `{"type":"EventChannel","namespace":"dynamo","component":"backend","topic":"kv-events","transport":{"kind":"Zmq","config":{}}}`, 'transport'],
-    ['dynamo/backend/kv-events/1', `{"type":"EventChannel","namespace":"dynamo","component":"backend","topic":"kv-events","transport":{"kind":"Zmq","config":{"endpoint":"10.0.0.1:5"}}}`, 'transport'],
-    ['namespace/dynamo/component/backend/topic/kv-events/1', `{"type":"EventChannel","scope":{"kind":"component","namespace":"dynamo"},"topic":"kv-events",${zmq}}`, 'scope'],
-    ['namespace/dyn%2/component/backend/topic/kv-events/1', `{"type":"EventChannel","scope":{"kind":"component","namespace":"dyn","component":"backend"},"topic":"kv-events",${zmq}}`, 'key'],
+    [
+      'dynamo/backend/kv-events/1',
+      `{"type":"EventChannel","namespace":"dynamo","component":"backend","topic":"kv-events","transport":{"kind":"Zmq","config":{}}}`,
+      'transport',
+    ],
+    [
+      'dynamo/backend/kv-events/1',
+      `{"type":"EventChannel","namespace":"dynamo","component":"backend","topic":"kv-events","transport":{"kind":"Zmq","config":{"endpoint":"10.0.0.1:5"}}}`,
+      'transport',
+    ],
+    [
+      'namespace/dynamo/component/backend/topic/kv-events/1',
+      `{"type":"EventChannel","scope":{"kind":"component","namespace":"dynamo"},"topic":"kv-events",${zmq}}`,
+      'scope',
+    ],
+    [
+      'namespace/dyn%2/component/backend/topic/kv-events/1',
+      `{"type":"EventChannel","scope":{"kind":"component","namespace":"dyn","component":"backend"},"topic":"kv-events",${zmq}}`,
+      'key',
+    ],
   ]
   for (const [key, value, why] of cases) {
     const r = parseChannel(key, value)

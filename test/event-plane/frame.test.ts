@@ -57,7 +57,8 @@ const ENVELOPE_B = hex(`
 `)
 
 /** Frame 3: u8 version 1, u32 BE length, envelope (frame.rs FrameHeader::encode, stored copy 2797643627: put_u8, put_u32). */
-const frame3 = (env: Buffer, version = 1, len = env.length): Buffer => Buffer.concat([hex(`${version.toString(16).padStart(2, '0')} ${len.toString(16).padStart(8, '0')}`), env])
+const frame3 = (env: Buffer, version = 1, len = env.length): Buffer =>
+  Buffer.concat([hex(`${version.toString(16).padStart(2, '0')} ${len.toString(16).padStart(8, '0')}`), env])
 
 // [topic, publisher_id u64 BE, sequence u64 BE, frame] (zmq_transport.rs@0a8ea9dd ZmqPubTransport::publish)
 const GOLDEN_A = [Buffer.from('kv-events'), hex('0000000000003039'), hex('000000000000002a'), frame3(ENVELOPE_A)]
@@ -79,7 +80,7 @@ t.test('the golden messages read as Dynamo wrote them, and their envelope decode
     t.equal(reader.read(frames, m), null, `${name}: accepted`)
     t.equal(m.publisherId, pub, `${name}: publisher_id`)
     t.equal(m.sequence, seq, `${name}: sequence`)
-    t.equal(m.envelope.length, frames[3].length - 5, `${name}: the envelope is frame 3 past its header`)
+    t.equal(m.envelope.length, (frames[3] as Buffer).length - 5, `${name}: the envelope is frame 3 past its header`)
     const ev = dec.decode(m.envelope)
     t.ok(ev.hasEnvelope)
     t.same(
@@ -124,7 +125,12 @@ t.test('every malformed message is refused with its reason', async (t) => {
 t.test('broker topics: the component subject, its endpoints, the bare topic; nothing else', async (t) => {
   const b = brokerTopic('dyn', 'backend')
   t.same(b.prefixes, ['namespace.dyn.component.backend.', 'kv-events'])
-  const yes = ['namespace.dyn.component.backend.kv-events', 'namespace.dyn.component.backend.endpoint.generate.kv-events', 'namespace.dyn.component.backend.endpoint.a%2Eb.kv-events', 'kv-events']
+  const yes = [
+    'namespace.dyn.component.backend.kv-events',
+    'namespace.dyn.component.backend.endpoint.generate.kv-events',
+    'namespace.dyn.component.backend.endpoint.a%2Eb.kv-events',
+    'kv-events',
+  ]
   const no = [
     'namespace.dyn.component.backend.kv-events-x',
     'namespace.dyn.component.backend.endpoint.a.b.kv-events',

@@ -89,7 +89,9 @@ export async function putGenB(
   const sourceKey = `v1/event_sources/${path}`
   await lease
     .put(channelKey)
-    .value(`{"type":"EventChannel","scope":${scope},"topic":"kv-events","instance_id":${o.publisherId},"transport":{"kind":"Zmq","config":{"endpoint":"${o.zmq}"}}}`)
+    .value(
+      `{"type":"EventChannel","scope":${scope},"topic":"kv-events","instance_id":${o.publisherId},"transport":{"kind":"Zmq","config":{"endpoint":"${o.zmq}"}}}`,
+    )
   await lease
     .put(sourceKey)
     .value(

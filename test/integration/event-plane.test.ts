@@ -67,7 +67,15 @@ t.test('Gen-A and Gen-B publishers are read; a record that goes closes its SUB',
   const a = await publisher(t, 0x1111n)
   const b = await publisher(t, 2n ** 53n - 3n)
   await putGenA(client, { ns: NS, component: COMP, instanceId: 0xaaaan, zmq: a.endpoint })
-  const keys = await putGenB(client, { ns: NS, component: COMP, endpoint: 'generate', publisherId: b.publisherId, zmq: b.endpoint, workerId: 2n ** 60n + 5n, dpRank: 1 })
+  const keys = await putGenB(client, {
+    ns: NS,
+    component: COMP,
+    endpoint: 'generate',
+    publisherId: b.publisherId,
+    zmq: b.endpoint,
+    workerId: 2n ** 60n + 5n,
+    dpRank: 1,
+  })
   // another component's publisher, and a namespace-scoped one: not this router's
   const other = await publisher(t, 0x3333n)
   await putGenA(client, { ns: NS, component: 'prefill', instanceId: 0xbbbbn, zmq: other.endpoint })
@@ -76,7 +84,14 @@ t.test('Gen-A and Gen-B publishers are read; a record that goes closes its SUB',
   await a.publish(chain(21, null, [1, 2, 3]))
   await b.publish(chain(2n ** 60n + 5n, null, [1, 2], 1))
   await waitUntil('both applied', () => intake.counters.applied === 2)
-  t.same(await overlap(pool, [1n, 2n, 3n]), [[`${2n ** 60n + 5n}:1`, 2], ['21:0', 3]], 'the index holds both workers')
+  t.same(
+    await overlap(pool, [1n, 2n, 3n]),
+    [
+      [`${2n ** 60n + 5n}:1`, 2],
+      ['21:0', 3],
+    ],
+    'the index holds both workers',
+  )
   t.same(intake.endpoints.direct.sort(), [a.endpoint, b.endpoint].sort(), 'the prefill publisher is not subscribed to')
 
   await client.delete().key(keys.channelKey)
@@ -114,8 +129,17 @@ t.test('malformed messages are counted by reason and change nothing; the loop re
 
   // the envelope is good, its RouterEvent is not (an explicit nil residency_domain): the shard refuses it
   const badEvent = Buffer.from(
-    '83' + hexOf('worker_id', 'a9') + '05' + hexOf('residency_domain', 'b0') + 'c0' + hexOf('event', 'a5') + '82' + hexOf('event_id', 'a8') + '09' +
-      hexOf('data', 'a4') + hexOf('cleared', 'a7'),
+    '83' +
+      hexOf('worker_id', 'a9') +
+      '05' +
+      hexOf('residency_domain', 'b0') +
+      'c0' +
+      hexOf('event', 'a5') +
+      '82' +
+      hexOf('event_id', 'a8') +
+      '09' +
+      hexOf('data', 'a4') +
+      hexOf('cleared', 'a7'),
     'hex',
   )
   await p.send([f0, f1, f2, frameOf(encodeEnvelopeMsgpack({ publisher_id: 77n, sequence: 1n, payload: badEvent }))])
@@ -187,7 +211,12 @@ t.test('two brokers: each message is applied once, duplicates counted; subjects 
   t.same([...subs].sort(), ['kv-events', 'namespace.dynamo.component.backend.'], 'subscribed to the component subject and the bare topic')
   const subject = 'namespace.dynamo.component.backend.endpoint.generate.kv-events'
   for (let seq = 0n; seq < 3n; seq++) {
-    const m = messageOf(chain(40, seq === 0n ? null : Number(seq), [Number(seq) + 1]), 0x99n, seq, seq === 1n ? 'namespace.dynamo.component.backend.kv-events' : subject)
+    const m = messageOf(
+      chain(40, seq === 0n ? null : Number(seq), [Number(seq) + 1]),
+      0x99n,
+      seq,
+      seq === 1n ? 'namespace.dynamo.component.backend.kv-events' : subject,
+    )
     await x1.send(m)
     await x2.send(m)
   }

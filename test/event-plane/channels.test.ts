@@ -63,7 +63,8 @@ t.test('Gen-B: endpoint- and component-scoped, percent-encoded segments, scope o
   const n = ok(
     parseChannel(
       'namespace/dynamo/topic/kv_metrics/b',
-      '{"type":"EventChannel","scope":{"kind":"namespace","name":"dynamo"},"topic":"kv_metrics","instance_id":11,"transport":{"kind":"Zmq","config":{"endpoint":"tcp://h:1"}}}',
+      '{"type":"EventChannel","scope":{"kind":"namespace","name":"dynamo"},"topic":"kv_metrics","instance_id":11,' +
+        '"transport":{"kind":"Zmq","config":{"endpoint":"tcp://h:1"}}}',
     ),
   )
   t.same(n.scope, { namespace: 'dynamo', component: null, endpoint: null })

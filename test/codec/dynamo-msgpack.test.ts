@@ -306,7 +306,9 @@ t.test('residency_domain: omitted, "worker" or "cache_owner" are taken; an expli
     t.equal(json.decode(Buffer.from(`{"worker_id":9,"residency_domain":"${d}","event":{"event_id":1,"data":"cleared"}}`)).kind, EventKind.Cleared, `${d}, JSON`)
   }
   t.throws(() => dec.decode(named(null)), { code: 'KVR_ERR_EVENT_WRONG_TYPE' }, 'explicit nil, MessagePack')
-  t.throws(() => json.decode(Buffer.from('{"worker_id":9,"residency_domain":null,"event":{"event_id":1,"data":"cleared"}}')), { code: 'KVR_ERR_EVENT_WRONG_TYPE' })
+  t.throws(() => json.decode(Buffer.from('{"worker_id":9,"residency_domain":null,"event":{"event_id":1,"data":"cleared"}}')), {
+    code: 'KVR_ERR_EVENT_WRONG_TYPE',
+  })
   t.throws(() => dec.decode(named('peer')), { code: 'KVR_ERR_EVENT_UNKNOWN_VARIANT' })
   // state_source and session_id are passed over
   const extra = Buffer.from(`{"worker_id":9,"event":{"event_id":1,"data":"cleared"},"state_source":{"kind":"x"},"session_id":"s1"}`)

@@ -9,7 +9,11 @@ import { Etcd3 } from 'etcd3'
 import { Router } from '../../src/core/router.js'
 import { buildApp } from '../../src/http/server.js'
 import type { App } from '../../src/http/server.js'
+import { createServer } from 'node:http'
+import type { AddressInfo } from 'node:net'
 import { startEtcd } from '../../src/deploy/services.js'
+import { encodeRouterEvent } from '../../src/codec/events.js'
+import { ev } from '../helpers/recovery.js'
 import { cardsPrefix, instancesPrefix } from '../../src/transport/dynamo-names.js'
 import { config } from '../http/helpers.js'
 import { chain } from '../helpers/events.js'
@@ -20,7 +24,10 @@ const NS = 'dynamo'
 const COMP = 'backend'
 const EP = 'generate'
 
-async function fleet(t: Test): Promise<{ url: string; client: Etcd3; workerId: bigint; pub: Awaited<ReturnType<typeof planePublisher>> }> {
+async function fleet(
+  t: Test,
+  o: { httpUrl?: string; dpSize?: number; dpRank?: number } = {},
+): Promise<{ url: string; client: Etcd3; workerId: bigint; pub: Awaited<ReturnType<typeof planePublisher>> }> {
   const etcd = await startEtcd()
   t.teardown(() => etcd.stop())
   const client = new Etcd3({ hosts: etcd.url })
@@ -28,13 +35,13 @@ async function fleet(t: Test): Promise<{ url: string; client: Etcd3; workerId: b
   const lease = client.lease(30)
   const workerId = BigInt(await lease.grant())
   const hex = workerId.toString(16)
-  await lease.put(`${instancesPrefix(NS, COMP, EP)}${hex}`).value(JSON.stringify({ http_url: 'http://127.0.0.1:9', device_type: 'cuda' }))
+  await lease.put(`${instancesPrefix(NS, COMP, EP)}${hex}`).value(JSON.stringify({ http_url: o.httpUrl ?? 'http://127.0.0.1:9', device_type: 'cuda' }))
   await lease
     .put(`${cardsPrefix(NS, COMP, EP)}${hex}`)
-    .value(JSON.stringify({ kv_cache_block_size: 4, runtime_config: { total_kv_blocks: 64, data_parallel_size: 2 } }))
+    .value(JSON.stringify({ kv_cache_block_size: 4, runtime_config: { total_kv_blocks: 64, data_parallel_size: o.dpSize ?? 2 } }))
   const pub = await planePublisher(0x5eedn)
   t.teardown(() => pub.close())
-  await putGenB(lease, { ns: NS, component: COMP, endpoint: EP, publisherId: pub.publisherId, zmq: pub.endpoint, workerId, dpRank: 1 })
+  await putGenB(lease, { ns: NS, component: COMP, endpoint: EP, publisherId: pub.publisherId, zmq: pub.endpoint, workerId, dpRank: o.dpRank ?? 1 })
   return { url: etcd.url, client, workerId, pub }
 }
 
@@ -85,4 +92,41 @@ t.test('serve --etcd-url --event-plane nats does not read ZMQ publishers', async
     { index: 'no-events' },
     'the worker is registered and waits for events from elsewhere',
   )
+})
+
+t.test("a sequence gap on the event plane rebuilds a recoverable worker's rank from its dump", async (t) => {
+  // a worker answering the worker query: TooNew to the probe, its cached set as a dump otherwise
+  let dump: string[] = []
+  const dumps: string[] = []
+  const server = createServer((req, res) => {
+    let body = ''
+    req.on('data', (d: Buffer) => (body += d.toString()))
+    req.on('end', () => {
+      res.setHeader('content-type', 'application/json')
+      if (body.includes('"start_event_id":18446744073709551615')) {
+        res.end('{"TooNew":{"requested_start":18446744073709551615,"requested_end":null,"newest_available":0}}')
+        return
+      }
+      dumps.push(body)
+      res.end(`{"TreeDump":[${dump.join(',')}]}`)
+    })
+  })
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r))
+  t.teardown(() => server.close())
+  const httpUrl = `http://127.0.0.1:${(server.address() as AddressInfo).port}`
+  const { url, workerId, pub } = await fleet(t, { httpUrl, dpSize: 1, dpRank: 0 })
+  const { router, app } = await serve(t, ['--etcd-url', url, '--router-event-recovery'])
+  await pub.subscribed()
+  await waitUntil('the registration dump', () => dumps.length === 1)
+  // event ids without a gap: only the publisher's sequence numbers tell of the loss
+  await pub.publish(ev(workerId, 1, 1, null))
+  // sequences 1 to 4 are lost; the worker's cache now holds blocks 1 and 9
+  dump = [encodeRouterEvent(ev(workerId, 0, 1, null)), encodeRouterEvent(ev(workerId, 1, 9, 1))]
+  pub.sequence = 5n
+  await pub.publish(ev(workerId, 2, 2, 1))
+  await waitUntil('the dump after the gap', () => dumps.length === 2, 15_000)
+  t.match(dumps[1], /"worker_id":\d+,"dp_rank":0,"start_event_id":null/, 'a dump of the rank the EventSource names')
+  t.equal(router.eventPlane?.counters.gaps, 1)
+  await waitUntil('the dump applied', async () => (await get(app, `/v1/kv/dump?worker_id=${workerId}`)).includes('900'), 15_000, 50)
+  t.equal(router.recovery?.counters.dumps, 2)
 })

@@ -164,6 +164,8 @@ export class IndexRecovery {
     const epoch = this.epochs.get(workerId)
     const url = this.opts.urlOf(workerId)
     if (epoch === undefined || url === undefined || !this.recoverable.has(workerId) || this.closed) return false
+    // one recovery of the rank at a time: a dump or range already on its way covers this loss too
+    if (this.states.get(`${workerId}:${dpRank}`) === 'recovering') return false
     return this.rebuild(url, workerId, epoch, dpRank, null)
   }
 

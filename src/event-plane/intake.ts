@@ -56,13 +56,17 @@ export interface EventPlaneCounters {
   stale: number
   /** A gap or restart whose worker-rank could not be told (no EventSource, a payload that does not decode). */
   unattributed: number
+  /** Endpoints in publishers' records that ZMQ could not connect to (each counted once). */
+  badEndpoints: number
 }
 
 export class EventPlaneIntake implements SubscriberSink {
-  readonly counters: EventPlaneCounters = { messages: 0, bytes: 0, applied: 0, duplicates: 0, gaps: 0, restarts: 0, stale: 0, unattributed: 0 }
+  readonly counters: EventPlaneCounters = { messages: 0, bytes: 0, applied: 0, duplicates: 0, gaps: 0, restarts: 0, stale: 0, unattributed: 0, badEndpoints: 0 }
   readonly drops: Record<DropReason, number> = Object.fromEntries(DROP_REASONS.map((r) => [r, 0])) as Record<DropReason, number>
   private readonly direct = new Map<string, PlaneSubscriber>()
   private readonly brokers = new Map<string, PlaneSubscriber>()
+  /** Endpoints ZMQ refused to connect to. */
+  private readonly refused = new Set<string>()
   private readonly sequences = new PublisherSequences()
   private readonly seen: SeenPairs
   private readonly topic: string
@@ -113,9 +117,20 @@ export class EventPlaneIntake implements SubscriberSink {
         limited.info('event_plane_unsubscribed', { endpoint, broker }, 'an event-plane publisher left: its SUB is closed')
       }
       for (const endpoint of want) {
-        if (open.has(endpoint)) continue
-        open.set(endpoint, new PlaneSubscriber(endpoint, broker, broker ? this.brokerMatch : this.directMatch, this))
-        limited.info('event_plane_subscribed', { endpoint, broker }, "KV events are read from an event-plane publisher's endpoint")
+        if (open.has(endpoint) || this.refused.has(endpoint)) continue
+        try {
+          open.set(endpoint, new PlaneSubscriber(endpoint, broker, broker ? this.brokerMatch : this.directMatch, this))
+          limited.info('event_plane_subscribed', { endpoint, broker }, "KV events are read from an event-plane publisher's endpoint")
+        } catch (err) {
+          // an endpoint ZMQ cannot connect to (a malformed address): once per endpoint
+          this.refused.add(endpoint)
+          this.counters.badEndpoints++
+          limited.warn(
+            'event_plane_bad_endpoint',
+            { endpoint, error: (err as Error).message },
+            'an event-plane publisher names an endpoint ZMQ cannot connect to: skipped',
+          )
+        }
       }
     }
     await Promise.all(closing)

@@ -15,9 +15,10 @@ export function registerEventPlaneMetrics(r: Registry, p: EventPlaneParts): void
     r,
     'kvrouter_event_plane_total',
     "KV events from Dynamo's ZMQ event plane: messages checked and their bytes, applied, broker duplicates, sequence gaps, publisher restarts, " +
-      'stale messages, gaps or restarts whose worker-rank was not known',
+      'stale messages, gaps or restarts whose worker-rank was not known, endpoints ZMQ could not connect to',
     'what',
-    () => (p.eventPlane === null ? null : Object.entries(p.eventPlane.counters).map(([k, v]) => [k, v] as const)),
+    () =>
+      p.eventPlane === null ? null : Object.entries(p.eventPlane.counters).map(([k, v]) => [k.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`), v] as const),
   )
   labelledCounter(r, 'kvrouter_event_plane_dropped_total', 'Event-plane messages dropped before the index, by reason', 'reason', () =>
     p.eventPlane === null ? null : Object.entries(p.eventPlane.drops),

@@ -6,6 +6,7 @@
 // 100,000 messages as Dynamo's SUBs do; beyond, the publisher drops, which the sequence
 // numbers then show as a gap). The socket reconnects by itself, with backoff.
 import { Subscriber } from 'zeromq'
+import { limited } from '../runtime/log.js'
 import { EventPlaneMessage, FrameReader } from './frame.js'
 import type { DropReason, TopicMatch } from './frame.js'
 
@@ -58,8 +59,13 @@ export class PlaneSubscriber {
         if (this.closed) return
       }
     } catch (err) {
-      // the socket was closed under the loop: the subscriber is stopping
-      if (!this.closed) throw err
+      // the socket was closed under the loop (the subscriber is stopping), or failed: said, never thrown
+      if (!this.closed)
+        limited.warn(
+          'event_plane_socket_error',
+          { endpoint: this.endpoint, error: (err as Error).message },
+          'an event-plane SUB socket failed: its publisher is not read until its record changes',
+        )
     }
   }
 

@@ -100,7 +100,7 @@ t.test('Gen-A and Gen-B publishers are read; a record that goes closes its SUB',
 })
 
 t.test('malformed messages are counted by reason and change nothing; the loop reads on', async (t) => {
-  const { client, pool, intake } = await setup(t)
+  const { client, pool, intake, discovery } = await setup(t)
   const p = await publisher(t, 77n)
   await putGenA(client, { ns: NS, component: COMP, instanceId: 1n, zmq: p.endpoint })
   await p.subscribed()
@@ -147,6 +147,12 @@ t.test('malformed messages are counted by reason and change nothing; the loop re
   t.same(await overlap(pool, [1n, 2n, 3n, 4n]), before, 'the index is still unchanged')
   await p.send(messageOf(chain(5, 2, [3, 4]), 77n, 2n))
   await waitUntil('the loop reads on', () => intake.counters.applied === 3)
+  // a record naming an endpoint ZMQ cannot connect to is skipped, counted once
+  await putGenA(client, { ns: NS, component: COMP, instanceId: 2n, zmq: 'tcp://:x' })
+  await putGenA(client, { ns: NS, component: COMP, instanceId: 3n, zmq: 'tcp://:x' })
+  await waitUntil('both records seen', () => discovery.channels.size === 3)
+  t.equal(intake.counters.badEndpoints, 1, 'counted once for the endpoint')
+  t.same(intake.endpoints.direct, [p.endpoint])
   t.same(await overlap(pool, [1n, 2n, 3n, 4n]), [['5:0', 4]], 'a good message after them is applied')
 })
 

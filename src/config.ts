@@ -28,6 +28,8 @@ export interface StaticWorkerSpec {
 
 // names that go into NATS subjects and etcd keys, where "." and "/" separate levels
 const NAME = /^[A-Za-z0-9_-]+$/
+/** Dynamo's event planes (`--event-plane`, `DYN_EVENT_PLANE`). */
+const EVENT_PLANES = ['zmq', 'nats'] as const
 const NAME_ACCEPTS = 'a name of letters, digits, "_" and "-" (it becomes part of NATS subjects and etcd keys)'
 const ENDPOINT_ACCEPTS = 'namespace.component.endpoint, three names of letters, digits, "_" and "-" (dyn:// in front is allowed)'
 const LOG_LEVEL_ACCEPTS = 'one of error|warn|info|debug|trace|off (also fatal, silent), or a DYN_LOG filter such as info,dynamo_runtime=debug'
@@ -476,6 +478,21 @@ const SERVE_ROWS = [
     doc:
       'etcd server(s) to discover workers from (`http://`, `https://`; comma-separated). Credentials in a URL (`http://user:password@host:2379`) ' +
       "are etcd's user and password. Unset: no etcd.",
+  }),
+  opt({
+    flag: '--event-plane',
+    key: 'eventPlane',
+    env: ['DYN_EVENT_PLANE'],
+    kind: 'enum',
+    values: EVENT_PLANES,
+    dflt: 'zmq',
+    help: "where workers' KV events come from besides NATS: zmq (the event-plane publishers etcd lists, Dynamo's default since 1.3) or nats (NATS only)",
+    doc:
+      "Dynamo's event plane, as its `--event-plane` / `DYN_EVENT_PLANE`. `zmq`: the router also reads the ZMQ publishers that etcd lists under " +
+      '`v1/event_channels/` for its namespace and component (topic `kv-events`, any endpoint), and ZMQ brokers registered under component ' +
+      '`zmq_broker`; `nats`: KV events come from `--nats-url` only. No effect without `--etcd-url`. See ' +
+      '[Dynamo compatibility](dynamo-compatibility.md#zmq-event-plane).',
+    noEffect: { when: { etcdUrl: null }, says: 'has no effect without --etcd-url' },
   }),
   opt({
     flag: '--indexer-url',

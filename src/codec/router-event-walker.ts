@@ -6,7 +6,7 @@
 // is a KvrError from the reader, naming the field and byte offset.
 //
 //   envelope      {publisher_id, sequence, published_at, topic?, payload} | [same, by position]
-//   RouterEvent   {worker_id, storage_tier?, residency_domain?, event} | [same, by position]
+//   RouterEvent   {worker_id, storage_tier?, residency_domain?, event, state_source?, session_id?} | [same, by position]
 //   event         {event_id, data, dp_rank?} | [event_id, data, dp_rank?]
 //   data          "cleared" | {"stored": store} | {"removed": remove}   ({"cleared": null} too)
 //   store         {parent_hash, start_position?, blocks} | [parent_hash, start_position?, blocks]
@@ -102,6 +102,9 @@ export const K = {
   host_pinned: ascii('host_pinned'),
   disk: ascii('disk'),
   external: ascii('external'),
+  residency_domain: ascii('residency_domain'),
+  worker: ascii('worker'),
+  cache_owner: ascii('cache_owner'),
 } as const
 
 export class RouterEventWalker {
@@ -148,6 +151,8 @@ export class RouterEventWalker {
         sawEvent = true
       } else if (r.keyIs(K.storage_tier)) {
         this.storageTier()
+      } else if (r.keyIs(K.residency_domain)) {
+        this.residencyDomain()
       } else if (!envelopeAllowed) {
         r.skip()
       } else if (r.keyIs(K.publisher_id)) {
@@ -255,6 +260,17 @@ export class RouterEventWalker {
     else if (r.keyIs(K.disk)) this.out.tier = StorageTier.Disk
     else if (r.keyIs(K.external)) this.out.tier = StorageTier.External
     else throw r.fail('KVR_ERR_EVENT_UNKNOWN_VARIANT', `unknown storage_tier "${r.keyText()}"`)
+  }
+
+  /**
+   * Omitted (events of workers before it existed) or "worker" | "cache_owner"; an explicit nil is
+   * refused, as Dynamo's reader refuses it. Every event is applied to its worker_id's blocks.
+   */
+  private residencyDomain(): void {
+    const r = this.r
+    if (r.nil()) throw r.fail('KVR_ERR_EVENT_WRONG_TYPE', 'field "residency_domain" must not be null (omit it instead)')
+    r.string('residency_domain')
+    if (!r.keyIs(K.worker) && !r.keyIs(K.cache_owner)) throw r.fail('KVR_ERR_EVENT_UNKNOWN_VARIANT', `unknown residency_domain "${r.keyText()}"`)
   }
 
   private kvCacheEvent(): void {

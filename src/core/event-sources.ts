@@ -58,8 +58,8 @@ export class EventSources {
 
   /**
    * A worker registered (or registered again). `evented`: the index already holds its events
-   * (sent before it registered). `hasSource`: something can bring its events (NATS, its engine's
-   * ZMQ publisher, this process). A worker already waiting for its first event keeps waiting,
+   * (sent before it registered). `hasSource`: something can bring its events (NATS, Dynamo's ZMQ
+   * event plane, its engine's ZMQ publisher, this process). A worker already waiting for its first event keeps waiting,
    * its new ranks predicted too.
    */
   registered(info: WorkerInfo, evented: boolean, hasSource: boolean): void {
@@ -72,8 +72,9 @@ export class EventSources {
     if (!hasSource && !this.warned.has(id)) {
       this.warned.add(id)
       this.deps.warn(
-        `worker ${id} has no KV event source (no --nats-url, no kv-events= endpoint, nothing posted to /v1/kv-events yet): it is routed on ` +
-          `predictions of its cache, made from the router's own decisions, until its events arrive (GET /v1/workers shows it as no-events)`,
+        `worker ${id} has no KV event source (no --nats-url, no --etcd-url event plane, no kv-events= endpoint, nothing posted to /v1/kv-events ` +
+          `yet): it is routed on predictions of its cache, made from the router's own decisions, until its events arrive (GET /v1/workers shows ` +
+          `it as no-events)`,
       )
     }
   }

@@ -221,7 +221,8 @@ export class RouterParts {
     // the router may have no way to reach a worker registered for decisions only
     if (info.decisionsOnly) this.probes?.unwatch(reg.id)
     else this.probes?.watch(reg.id, info.url)
-    const hasSource = this.config.natsUrl !== null || info.kvEvents !== null || reg.eventsInProcess === true
+    const eventPlane = this.config.etcdUrl !== null && this.config.eventPlane === 'zmq'
+    const hasSource = this.config.natsUrl !== null || eventPlane || info.kvEvents !== null || reg.eventsInProcess === true
     if (this.config.kvEvents) this.eventSources.registered(info, known, hasSource)
     // An engine's own events come with their own recovery (the replay socket); in approximate
     // mode the index holds the scheduler's predictions, not events.

@@ -15,6 +15,9 @@ import { ReplicaSync } from '../transport/replica-sync.js'
 import type { ReplicaSyncOptions } from '../transport/replica-sync.js'
 import { registerReplicaMetrics } from '../transport/replica-metrics.js'
 import { DurableKvEvents } from '../transport/durable.js'
+import { ChannelDiscovery } from '../event-plane/discovery.js'
+import { EventPlaneIntake } from '../event-plane/intake.js'
+import { registerEventPlaneMetrics } from '../event-plane/metrics.js'
 import { randomInstanceId } from './instance-id.js'
 import { RouterParts } from './router-parts.js'
 import type { RankIndexState } from './router-parts.js'
@@ -38,13 +41,15 @@ export interface RouterDeps {
 }
 
 /** The transports a router reads from and shares with, each null when not configured. */
-type Links = Pick<Router, 'instanceId' | 'nats' | 'discovery' | 'replicas' | 'replicaRegistry' | 'durable'>
+type Links = Pick<Router, 'instanceId' | 'nats' | 'discovery' | 'replicas' | 'replicaRegistry' | 'durable' | 'eventPlane' | 'eventChannels'>
 
 /** Closes what started, newest first, ignoring failures: a start that failed half-way. */
 async function closeAll(links: Partial<Links>): Promise<void> {
   await links.replicas?.close().catch(() => undefined)
   await links.replicaRegistry?.close().catch(() => undefined)
   await links.durable?.close().catch(() => undefined)
+  await links.eventPlane?.close().catch(() => undefined)
+  await links.eventChannels?.close().catch(() => undefined)
   await links.nats?.close().catch(() => undefined)
   await links.discovery?.close().catch(() => undefined)
 }
@@ -117,10 +122,26 @@ async function connect(parts: RouterParts, deps: RouterDeps, started: { -readonl
     // first answers and its start-up line count them
     await Promise.all([...d.workers.values()].map(add))
   }
+  // after the workers: a publisher's first events name workers etcd listed
+  let eventChannels: ChannelDiscovery | null = null
+  let eventPlane: EventPlaneIntake | null = null
+  if (c.etcdUrl !== null && c.eventPlane === 'zmq' && c.kvEvents && c.indexerUrl === null) {
+    eventChannels = started.eventChannels = await ChannelDiscovery.start(c.etcdUrl)
+    eventPlane = started.eventPlane = EventPlaneIntake.start({
+      discovery: eventChannels,
+      namespace: ns,
+      component,
+      pool: parts.pool,
+      hooks: {
+        gap: (workerId, dpRank) => void parts.recovery?.rankLost(workerId, dpRank),
+        restart: (workerId, dpRank) => parts.pool.resetWorkerRank(workerId, dpRank),
+      },
+    })
+  }
   // after the workers: peers' bookings name worker-ranks, and those of unknown workers are dropped
   const replicas =
     c.replicaSync && c.natsUrl !== null ? (started.replicas = await startReplicaSync(parts, deps, c.natsUrl, ns, component, instanceId, replicaRegistry)) : null
-  return { instanceId, nats, discovery, replicas, replicaRegistry, durable }
+  return { instanceId, nats, discovery, replicas, replicaRegistry, durable, eventPlane, eventChannels }
 }
 
 async function startReplicaSync(
@@ -184,6 +205,10 @@ export class Router {
   readonly replicaRegistry: ReplicaRegistry | null
   /** KV events from the JetStream stream (`--router-durable-kv-events`), or null. */
   readonly durable: DurableKvEvents | null
+  /** KV events from Dynamo's ZMQ event plane (`--etcd-url` with `--event-plane zmq`), or null. */
+  readonly eventPlane: EventPlaneIntake | null
+  /** The etcd records of the event plane's publishers that feed it, or null. */
+  readonly eventChannels: ChannelDiscovery | null
   private readonly path: RoutePath
 
   private constructor(parts: RouterParts, links: Links) {
@@ -194,10 +219,13 @@ export class Router {
     this.replicas = links.replicas
     this.replicaRegistry = links.replicaRegistry
     this.durable = links.durable
+    this.eventPlane = links.eventPlane
+    this.eventChannels = links.eventChannels
     this.path = new RoutePath(parts, links.replicas)
     const reg = parts.metrics.registry
     registerTransportMetrics(reg, this)
     registerReplicaMetrics(reg, this)
+    registerEventPlaneMetrics(reg, this)
   }
 
   static async start(config: ServeConfig, deps: RouterDeps = {}): Promise<Router> {

@@ -167,6 +167,21 @@ export class IndexRecovery {
     for (let r = 0; r < dpRanks; r++) this.states.set(`${workerId}:${r}`, 'degraded')
   }
 
+  /**
+   * A transport saw a worker-rank's events go missing without their event ids (the event plane's
+   * per-publisher sequence numbers skipped): a recoverable worker's rank is rebuilt from a dump;
+   * another's gap is counted and accepted, as the shards do with event-id gaps. Never rejects.
+   */
+  async rankLost(workerId: bigint, dpRank: number): Promise<boolean> {
+    this.counters.gaps++
+    const epoch = this.epochs.get(workerId)
+    const url = this.opts.urlOf(workerId)
+    if (epoch === undefined || url === undefined || !this.recoverable.has(workerId) || this.closed) return false
+    // one recovery of the rank at a time: a dump or range already on its way covers this loss too
+    if (this.states.get(`${workerId}:${dpRank}`) === 'recovering') return false
+    return this.rebuild(url, workerId, epoch, dpRank, null)
+  }
+
   /** A worker left: nothing more is asked of it. */
   workerRemoved(workerId: bigint): void {
     this.epochs.delete(workerId)

@@ -3,10 +3,14 @@
 // simulated engines write them (src/sim/mocker/), so both sides agree by construction. The
 // durable path (JetStream stream, snapshot bucket) has its names here too.
 
-/** The KV-event subjects of a worker component: `kv-events`, and the older `kv_events`. */
+/**
+ * The KV-event subjects of a worker component: `kv-events`, the older `kv_events`, and those of
+ * its endpoints (`…endpoint.{e}.kv-events`, where workers since Dynamo's endpoint-scoped event
+ * channels publish; `{e}` is one percent-encoded segment, so `*` matches every endpoint).
+ */
 export function kvEventSubjects(namespace: string, component: string): string[] {
   const prefix = `namespace.${namespace}.component.${component}`
-  return [`${prefix}.kv-events`, `${prefix}.kv_events`]
+  return [`${prefix}.kv-events`, `${prefix}.kv_events`, `${prefix}.endpoint.*.kv-events`]
 }
 
 /** The subject a worker publishes its KV events on: one RouterEvent JSON per message. */

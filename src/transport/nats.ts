@@ -1,5 +1,6 @@
-// KV events from NATS: the router subscribes to the worker component's event subject
-// (`namespace.{ns}.component.{comp}.kv-events`, and the older `kv_events`) and hands every
+// KV events from NATS: the router subscribes to the worker component's event subjects
+// (`namespace.{ns}.component.{comp}.kv-events`, the older `kv_events`, and every endpoint's
+// `…component.{comp}.endpoint.{e}.kv-events`) and hands every
 // message to its shard untouched: a RouterEvent or the event-plane envelope around one, in
 // MessagePack (what current Dynamo workers publish) or JSON (Dynamo's first event plane, and
 // `kv-router mocker` engines). O(1) main-thread work per message (ShardPool.push). Worker load metrics (`kv_metrics`, namespace

@@ -289,3 +289,28 @@ t.test('the helper writes what rmp_serde writes for a current worker', async (t)
     '9407',
   )
 })
+
+t.test('residency_domain: omitted, "worker" or "cache_owner" are taken; an explicit nil or another name is refused', async (t) => {
+  const dec = new DynamoMsgpackDecoder()
+  const json = new EventDecoder()
+  const ascii = (s: string): string => (0xa0 | s.length).toString(16) + Buffer.from(s).toString('hex')
+  // {worker_id: 9, residency_domain: …, event: {event_id: 1, data: "cleared"}}, keys as RouterEvent declares them
+  const named = (domain: string | null): Buffer =>
+    Buffer.from(
+      `83${ascii('worker_id')}09${ascii('residency_domain')}${domain === null ? 'c0' : ascii(domain)}${ascii('event')}82${ascii('event_id')}01` +
+        `${ascii('data')}${ascii('cleared')}`,
+      'hex',
+    )
+  for (const d of ['worker', 'cache_owner']) {
+    t.equal(dec.decode(named(d)).kind, EventKind.Cleared, `${d}, MessagePack`)
+    t.equal(json.decode(Buffer.from(`{"worker_id":9,"residency_domain":"${d}","event":{"event_id":1,"data":"cleared"}}`)).kind, EventKind.Cleared, `${d}, JSON`)
+  }
+  t.throws(() => dec.decode(named(null)), { code: 'KVR_ERR_EVENT_WRONG_TYPE' }, 'explicit nil, MessagePack')
+  t.throws(() => json.decode(Buffer.from('{"worker_id":9,"residency_domain":null,"event":{"event_id":1,"data":"cleared"}}')), {
+    code: 'KVR_ERR_EVENT_WRONG_TYPE',
+  })
+  t.throws(() => dec.decode(named('peer')), { code: 'KVR_ERR_EVENT_UNKNOWN_VARIANT' })
+  // state_source and session_id are passed over
+  const extra = Buffer.from(`{"worker_id":9,"event":{"event_id":1,"data":"cleared"},"state_source":{"kind":"x"},"session_id":"s1"}`)
+  t.equal(json.decode(extra).kind, EventKind.Cleared)
+})

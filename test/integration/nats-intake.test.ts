@@ -235,3 +235,30 @@ t.test('a comma-separated --nats-url is several servers: the intake connects whe
     await intake.close()
   }
 })
+
+t.test("endpoint-scoped workers' subjects are read; other subjects of the component are not", async (t) => {
+  const nats = await startNats()
+  t.teardown(() => nats.stop())
+  const pool = await ShardPool.start({ shards: 1 })
+  t.teardown(() => pool.close())
+  const intake = await NatsIntake.start({ url: nats.url, namespace: 'dynamo', component: 'backend', pool })
+  t.teardown(() => intake.close())
+  const pub = await connect({ servers: nats.url })
+  t.teardown(() => pub.close())
+  // Gen-B subject: EventScope::Endpoint subject(topic) = `namespace.{ns}.component.{c}.endpoint.{e}.{topic}`,
+  // segments percent-encoded (lib/runtime/src/discovery/mod.rs@020f5c17, as kv_store.rs@020f5c17 uses it)
+  const msg = (worker: bigint, tok: number): Uint8Array =>
+    encodeEnvelopeMsgpack({ publisher_id: 5n, sequence: 0n, payload: encodeRouterEventMsgpack(stored(worker, null, [[tok * 100, tok]])) })
+  pub.publish('namespace.dynamo.component.backend.endpoint.generate.kv-events', msg(31n, 1))
+  pub.publish('namespace.dynamo.component.backend.endpoint.gen%2Eerate.kv-events', msg(32n, 1))
+  // not KV-event subjects of this component: a two-token endpoint, another topic, another component
+  pub.publish('namespace.dynamo.component.backend.endpoint.a.b.kv-events', msg(33n, 1))
+  pub.publish('namespace.dynamo.component.backend.endpoint.generate.kv_metrics', msg(34n, 1))
+  pub.publish('namespace.dynamo.component.prefill.endpoint.generate.kv-events', msg(35n, 1))
+  pub.publish('namespace.dynamo.component.backend.kv-events', msg(36n, 1))
+  await pub.flush()
+  await waitUntil('the component subject read', () => intake.counters.messages >= 3)
+  const ids = (await pool.overlapScores([1n], { readYourWrites: true })).map((s) => s.worker_id).sort()
+  t.same(ids, [31n, 32n, 36n], 'both endpoints and the component subject, nothing else')
+  t.equal(intake.counters.messages, 3)
+})

@@ -123,7 +123,8 @@ export class IndexRecovery {
    * it, and when it answers, rebuild each of its ranks from a dump. A worker that cannot be
    * reached yet (not up, busy) is probed again, 1 s later and doubling up to 30 s, for as long as
    * it stays registered: one failed probe must not leave it unrecoverable for good. One
-   * that answers 404 (or any answer but TooNew) does not serve the query. Resolves to true when
+   * that answers 404 (or any answer but TooNew or, from a worker with nothing buffered, a dump)
+   * does not serve the query. Resolves to true when
    * every rank was rebuilt; never rejects.
    */
   async workerAdded(workerId: bigint, dpRanks: number, maxProbes = Infinity): Promise<boolean> {
@@ -143,7 +144,9 @@ export class IndexRecovery {
         await new Promise((r) => setTimeout(r, wait).unref())
         continue
       }
-      const answers = probe.kind === 'TooNew'
+      // a worker with no event buffered yet answers any start id with an empty dump
+      // (lib/kv-router/src/indexer/local.rs@fb5e6949, classify_query): it serves the query too
+      const answers = probe.kind === 'TooNew' || probe.kind === 'TreeDump'
       if (answers !== this.recoverable.has(workerId)) {
         if (answers) this.recoverable.add(workerId)
         else this.recoverable.delete(workerId)
@@ -151,7 +154,8 @@ export class IndexRecovery {
       }
       if (!answers) return false
       this.opts.onAnswers?.(workerId)
-      const done = await Promise.all(Array.from({ length: dpRanks }, (_, rank) => this.rebuild(url, workerId, epoch, rank, rank === 0 ? probe.newest : null)))
+      const newest = probe.kind === 'TooNew' ? probe.newest : probe.lastEventId
+      const done = await Promise.all(Array.from({ length: dpRanks }, (_, rank) => this.rebuild(url, workerId, epoch, rank, rank === 0 ? newest : null)))
       return done.every((x) => x)
     }
   }
@@ -225,6 +229,7 @@ export class IndexRecovery {
     if (newest === null) {
       const p = await this.query(url, workerId, rank, PROBE_START, null, this.opts.attempts)
       if (p.kind === 'TooNew') newest = p.newest
+      else if (p.kind === 'TreeDump') newest = p.lastEventId
     }
     // a removal during the probe: no hold is opened for a worker that is gone
     if (!this.current(workerId, epoch)) return false

@@ -104,7 +104,11 @@ async function registerTcpWorkers(t: Test, etcdUrl: string, router: Router, http
 }
 
 async function complete(http: string, prompt: string): Promise<void> {
-  const r = await fetch(`${http}/v1/completions`, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify({ prompt, max_tokens: 4 }) })
+  const r = await fetch(`${http}/v1/completions`, {
+    method: 'POST',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify({ prompt, max_tokens: 4 }),
+  })
   if (r.status !== 200) throw new Error(`${http}: ${r.status} ${await r.text()}`)
   await r.arrayBuffer()
 }
@@ -131,7 +135,8 @@ async function compare(app: App, engines: Engine[]): Promise<string> {
     if (r.status !== 200) return `engine ${e.id} answers ${r.status}`
     const pool = storedHashes(await r.text())
     const index = storedHashes(await dumpOf(app, e.id))
-    if (pool.size === 0 || pool.size !== index.size || [...pool].some((h) => !index.has(h))) return `worker ${e.id}: pool ${pool.size} blocks, index ${index.size}`
+    if (pool.size === 0 || pool.size !== index.size || [...pool].some((h) => !index.has(h)))
+      return `worker ${e.id}: pool ${pool.size} blocks, index ${index.size}`
   }
   return ''
 }
@@ -144,7 +149,8 @@ async function metric(app: App, series: string): Promise<number> {
 
 let asked = 0
 /** A prompt of a few blocks with a prefix shared by every other request. */
-const prompt = (): string => `${asked % 2 === 0 ? 'A shared system prompt of the fleet, ' : 'Another common preamble, longer, '}question ${asked++} about KV blocks`
+const prompt = (): string =>
+  `${asked % 2 === 0 ? 'A shared system prompt of the fleet, ' : 'Another common preamble, longer, '}question ${asked++} about KV blocks`
 
 const recovered = (r: Router): { gaps: number; ranges: number; dumps: number; failed: number; covered: number } => {
   const c = r.recovery?.counters

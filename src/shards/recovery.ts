@@ -124,8 +124,7 @@ export class IndexRecovery {
    * reached yet (not up, busy) is probed again, 1 s later and doubling up to 30 s, for as long as
    * it stays registered: one failed probe must not leave it unrecoverable for good. One
    * that answers 404 (or any answer but TooNew or, from a worker with nothing buffered, a dump)
-   * does not serve the query. Resolves to true when
-   * every rank was rebuilt; never rejects.
+   * does not serve the query. Resolves to true when every rank was rebuilt; never rejects.
    */
   async workerAdded(workerId: bigint, dpRanks: number, maxProbes = Infinity): Promise<boolean> {
     const epoch = ++this.epochSeq

@@ -37,7 +37,7 @@ export function registerShardMetrics(r: Registry, pool: ShardPool, recovery: Ind
     name: 'kvrouter_index_recovery_total',
     help:
       'Recovery of missed KV events through worker queries: gaps reported, recoveries answered with the missing range or a tree dump, ' +
-      'recoveries failed (the gap stays a hole)',
+      "recoveries failed (the gap stays a hole), answers of a variant not read, a transport's losses the shard's own gap covered",
     labelNames: ['what'],
     registers: [r],
     collect() {
@@ -49,6 +49,8 @@ export function registerShardMetrics(r: Registry, pool: ShardPool, recovery: Ind
         ['ranges', c.ranges],
         ['dumps', c.dumps],
         ['failed', c.failed],
+        ['ignored', c.ignored],
+        ['covered', c.covered],
       ] as const)
         this.inc({ what }, v)
     },

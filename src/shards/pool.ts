@@ -358,6 +358,14 @@ export class ShardPool extends EventEmitter {
     return this.control.flush()
   }
 
+  /**
+   * Resolves once the shard of `workerId` has taken every message pushed before the call: any gap
+   * those messages showed it has been told (its posts travel on the port ahead of the answer).
+   */
+  async settled(workerId: bigint): Promise<void> {
+    await this.control.barrier(this.owner(workerId))
+  }
+
   /** Registers a worker-rank so it reports a tree size of 0 before its first event. */
   ensureWorker(workerId: bigint, dpRank = 0): Promise<boolean> {
     return this.control.ensureWorker(workerId, dpRank)

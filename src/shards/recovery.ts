@@ -57,6 +57,8 @@ export interface IndexRecoveryCounters {
   failed: number
   /** Answers of a variant this router does not read (a newer Dynamo's): ignored, the query failed. */
   ignored: number
+  /** Losses a transport reported that the shard saw in the event ids too: recovered once, by the shard's range. */
+  covered: number
 }
 
 const QUERY_PATH = '/v1/kv/query'
@@ -72,13 +74,15 @@ const PROBE_RETRY_MS = 1000
 const PROBE_RETRY_MAX_MS = 30_000
 
 export class IndexRecovery {
-  readonly counters: IndexRecoveryCounters = { gaps: 0, ranges: 0, dumps: 0, failed: 0, ignored: 0 }
+  readonly counters: IndexRecoveryCounters = { gaps: 0, ranges: 0, dumps: 0, failed: 0, ignored: 0, covered: 0 }
   private readonly opts: Required<Omit<IndexRecoveryOptions, 'dispatcher' | 'onAnswers' | 'requestPlane'>> &
     Pick<IndexRecoveryOptions, 'dispatcher' | 'onAnswers' | 'requestPlane'>
   /** Worker-ranks ("id:rank") recovering now, or left degraded by a failed recovery. */
   private readonly states = new Map<string, IndexState>()
   /** Workers that answered the probe. */
   private readonly recoverable = new Set<bigint>()
+  /** Gaps the shards reported per worker-rank ("id:rank"), so a transport's report of the same loss is known as such. */
+  private readonly shardGaps = new Map<string, number>()
   /**
    * The registration each worker is in, numbered from one counter: work begun for a registration
    * that was removed or replaced meanwhile leaves no state behind (and a removed worker's entry
@@ -119,8 +123,8 @@ export class IndexRecovery {
    * it, and when it answers, rebuild each of its ranks from a dump. A worker that cannot be
    * reached yet (not up, busy) is probed again, 1 s later and doubling up to 30 s, for as long as
    * it stays registered: one failed probe must not leave it unrecoverable for good. One
-   * that answers 404 (or any answer but TooNew) does not serve the query. Resolves to true when
-   * every rank was rebuilt; never rejects.
+   * that answers 404 (or any answer but TooNew or, from a worker with nothing buffered, a dump)
+   * does not serve the query. Resolves to true when every rank was rebuilt; never rejects.
    */
   async workerAdded(workerId: bigint, dpRanks: number, maxProbes = Infinity): Promise<boolean> {
     const epoch = ++this.epochSeq
@@ -139,7 +143,9 @@ export class IndexRecovery {
         await new Promise((r) => setTimeout(r, wait).unref())
         continue
       }
-      const answers = probe.kind === 'TooNew'
+      // a worker with no event buffered yet answers any start id with an empty dump
+      // (lib/kv-router/src/indexer/local.rs@fb5e6949, classify_query): it serves the query too
+      const answers = probe.kind === 'TooNew' || probe.kind === 'TreeDump'
       if (answers !== this.recoverable.has(workerId)) {
         if (answers) this.recoverable.add(workerId)
         else this.recoverable.delete(workerId)
@@ -147,7 +153,8 @@ export class IndexRecovery {
       }
       if (!answers) return false
       this.opts.onAnswers?.(workerId)
-      const done = await Promise.all(Array.from({ length: dpRanks }, (_, rank) => this.rebuild(url, workerId, epoch, rank, rank === 0 ? probe.newest : null)))
+      const newest = probe.kind === 'TooNew' ? probe.newest : probe.lastEventId
+      const done = await Promise.all(Array.from({ length: dpRanks }, (_, rank) => this.rebuild(url, workerId, epoch, rank, rank === 0 ? newest : null)))
       return done.every((x) => x)
     }
   }
@@ -168,17 +175,34 @@ export class IndexRecovery {
   }
 
   /**
-   * A transport saw a worker-rank's events go missing without their event ids (the event plane's
-   * per-publisher sequence numbers skipped): a recoverable worker's rank is rebuilt from a dump;
-   * another's gap is counted and accepted, as the shards do with event-id gaps. Never rejects.
+   * A transport saw a worker-rank's events go missing (the event plane's per-publisher sequence
+   * numbers skipped) and has pushed the message that showed it. The shard may see the same loss
+   * in that message's event ids and recover the missing range itself: that one recovery is
+   * enough. Otherwise (ids that do not tell, a rank with no event yet) a recoverable worker's
+   * rank is rebuilt from a dump; another's gap is counted and accepted, as the shards do with
+   * event-id gaps. Never rejects.
    */
   async rankLost(workerId: bigint, dpRank: number): Promise<boolean> {
+    const key = `${workerId}:${dpRank}`
+    const seen = this.shardGaps.get(key) ?? 0
+    if (this.recoverable.has(workerId) && !this.closed) {
+      try {
+        await this.pool.settled(workerId)
+      } catch {
+        // a shard that restarted is rebuilt from dumps anyway
+        return false
+      }
+      if ((this.shardGaps.get(key) ?? 0) !== seen) {
+        this.counters.covered++
+        return false
+      }
+    }
     this.counters.gaps++
     const epoch = this.epochs.get(workerId)
     const url = this.opts.urlOf(workerId)
     if (epoch === undefined || url === undefined || !this.recoverable.has(workerId) || this.closed) return false
     // one recovery of the rank at a time: a dump or range already on its way covers this loss too
-    if (this.states.get(`${workerId}:${dpRank}`) === 'recovering') return false
+    if (this.states.get(key) === 'recovering') return false
     return this.rebuild(url, workerId, epoch, dpRank, null)
   }
 
@@ -186,7 +210,7 @@ export class IndexRecovery {
   workerRemoved(workerId: bigint): void {
     this.epochs.delete(workerId)
     this.recoverable.delete(workerId)
-    for (const key of [...this.states.keys()]) if (key.startsWith(`${workerId}:`)) this.states.delete(key)
+    for (const m of [this.states, this.shardGaps]) for (const key of [...m.keys()]) if (key.startsWith(`${workerId}:`)) m.delete(key)
   }
 
   /** Stops asking: queries in flight are aborted, and their holds let go (as failures). */
@@ -204,6 +228,7 @@ export class IndexRecovery {
     if (newest === null) {
       const p = await this.query(url, workerId, rank, PROBE_START, null, this.opts.attempts)
       if (p.kind === 'TooNew') newest = p.newest
+      else if (p.kind === 'TreeDump') newest = p.lastEventId
     }
     // a removal during the probe: no hold is opened for a worker that is gone
     if (!this.current(workerId, epoch)) return false
@@ -221,6 +246,8 @@ export class IndexRecovery {
 
   private async recoverGap(g: EventGap): Promise<void> {
     this.counters.gaps++
+    const rk = `${g.workerId}:${g.dpRank}`
+    this.shardGaps.set(rk, (this.shardGaps.get(rk) ?? 0) + 1)
     const epoch = this.epochs.get(g.workerId)
     const url = this.opts.urlOf(g.workerId)
     if (epoch !== undefined && !this.closed) this.states.set(`${g.workerId}:${g.dpRank}`, 'recovering')

@@ -6,7 +6,9 @@ import type { Test } from 'tap'
 import { ShardPool, type EventGap } from '../../src/shards/pool.js'
 import { encodeRouterEvent, type RouterEvent } from '../../src/codec/events.js'
 import { RecoveryKind } from '../../src/thread/protocol.js'
-import { answerOf } from '../../src/shards/recovery.js'
+import { IndexRecovery, answerOf } from '../../src/shards/recovery.js'
+import { createServer } from 'node:http'
+import type { AddressInfo } from 'node:net'
 import { until } from '../http/helpers.js'
 import { canon, ev } from '../helpers/recovery.js'
 
@@ -172,4 +174,59 @@ t.test('answers of the worker query', async (t) => {
   t.match(answerOf('{"Events":5}'), { kind: 'refused', why: /not an array/ })
   t.match(answerOf('{"Events":[],"TreeDump":[]}'), { kind: 'refused', why: /one variant/ })
   t.match(answerOf('[]'), { kind: 'refused' })
+})
+
+/**
+ * A worker answering the worker query over HTTP as Dynamo's LocalKvIndexer does with its buffer
+ * (lib/kv-router/src/indexer/local.rs@fb5e6949, classify_query): nothing buffered yet, any start
+ * id is answered with an empty dump; a start past the newest, TooNew; else the events from it on.
+ */
+async function bufferedWorker(t: Test): Promise<{ url: string; buffer: RouterEvent[]; asked: string[] }> {
+  const buffer: RouterEvent[] = []
+  const asked: string[] = []
+  const server = createServer((req, res) => {
+    let body = ''
+    req.on('data', (d: Buffer) => (body += d.toString()))
+    req.on('end', () => {
+      asked.push(body)
+      const start = /"start_event_id":(\d+)/.exec(body)?.[1]
+      const newest = buffer.at(-1)?.event.event_id ?? 0n
+      const list = (es: RouterEvent[]): string => `[${es.map(encodeRouterEvent).join(',')}]`
+      res.setHeader('content-type', 'application/json')
+      if (start === undefined || buffer.length === 0) res.end(`{"TreeDump":{"events":${list(buffer)},"last_event_id":${newest}}}`)
+      else if (BigInt(start) > newest) res.end(`{"TooNew":{"requested_start":${start},"requested_end":${newest},"newest_available":${newest}}}`)
+      else res.end(`{"Events":{"events":${list(buffer.filter((e) => e.event.event_id >= BigInt(start)))},"last_event_id":${newest}}}`)
+    })
+  })
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r))
+  t.teardown(() => server.close())
+  return { url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`, buffer, asked }
+}
+
+t.test('a worker with nothing buffered is recoverable; a loss a transport reports is recovered once', async (t) => {
+  const pool = await ShardPool.start({ shards: 1 })
+  t.teardown(() => pool.close())
+  const w = await bufferedWorker(t)
+  const recovery = new IndexRecovery(pool, { urlOf: () => w.url, attempts: 1 })
+  t.teardown(() => recovery.close())
+  t.equal(await recovery.workerAdded(7n, 1), true, 'its empty dump answers the probe: rebuilt (empty), and its gaps are recovered')
+  t.match(recovery.counters, { dumps: 1, ranges: 0 })
+
+  // events 1 to 3 cached; 2 never arrives: the shard sees the ids skip and recovers the range
+  w.buffer.push(ev(7n, 1, 1, null), ev(7n, 2, 2, 1), ev(7n, 3, 3, 2))
+  pool.push(bytes(w.buffer[0] as RouterEvent))
+  pool.push(bytes(w.buffer[2] as RouterEvent))
+  // the event plane saw the same loss in its sequence numbers, after pushing the message
+  t.equal(await recovery.rankLost(7n, 0), false, 'not recovered a second time')
+  await until(() => recovery.counters.ranges === 1)
+  t.same(canon(await pool.overlapScores(chainOf(3), { readYourWrites: true })), ['7:0=3/3'])
+  t.match(recovery.counters, { gaps: 1, ranges: 1, dumps: 1, covered: 1, failed: 0 }, "one gap, the shard's")
+
+  // a loss the ids do not show (event 4 follows 3): the rank is rebuilt from a dump
+  w.buffer.push(ev(7n, 4, 4, 3), ev(7n, 5, 5, 4))
+  pool.push(bytes(w.buffer[3] as RouterEvent))
+  t.equal(await recovery.rankLost(7n, 0), true, 'rebuilt from a dump')
+  t.match(recovery.counters, { gaps: 2, ranges: 1, dumps: 2, covered: 1, failed: 0 })
+  t.same(canon(await pool.overlapScores(chainOf(5), { readYourWrites: true })), ['7:0=5/5'], 'the dump holds every cached block')
+  t.equal(w.asked.filter((b) => b.includes('"start_event_id":null')).length, 2, 'two dumps asked for')
 })

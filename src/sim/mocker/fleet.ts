@@ -279,6 +279,7 @@ export class MockerFleet {
           bindHost: host,
           advertiseHost: reachableHost(o.advertiseHost ?? host),
           onError: (m) => warn(`engine ${workerId}: ${m}`),
+          ...(o.dynamo.dropKvEvents === undefined ? {} : { dropKvEvents: o.dynamo.dropKvEvents }),
         })
         this.channels.push(channels.kv, channels.metrics)
       }

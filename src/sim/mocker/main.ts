@@ -43,6 +43,14 @@ const httpUrl = (t: string): string | undefined => (isHttpUrl(t) ? t.replace(/\/
 const HTTP_URL = 'an http(s) URL (http://host:port)'
 const zmq = (t: string): string | undefined => (parseTcpEndpoint(t) === null ? undefined : t)
 const ZMQ = 'tcp://HOST:PORT with a port in [1, 65535]'
+/** FROM:COUNT, the first sequence number not sent and how many: a fault for tests of recovery. */
+function dropRange(t: string): { from: bigint; count: number } | undefined {
+  const m = /^(\d{1,19}):(\d{1,7})$/.exec(t)
+  if (m === null) return undefined
+  const from = BigInt(m[1] as string)
+  const count = Number(m[2])
+  return from < 1n << 63n && count >= 1 ? { from, count } : undefined
+}
 /** A profile list; its own errors say what is wrong with it. */
 function profileList(t: string): ProfileGroup[] {
   try {
@@ -359,6 +367,20 @@ const MOCKER_ROWS = [
     doc: 'With `--dynamo`: requests in flight per engine (1–2^20); a request beyond them is refused with `Server overloaded: …` (a 503 at the frontend).',
   }),
   opt({
+    flag: '--dynamo-drop-kv-events',
+    key: 'dynamoDropKvEvents',
+    kind: 'str',
+    read: dropRange,
+    accepts: 'FROM:COUNT, FROM a sequence number (from 0) and COUNT in [1, 9999999]',
+    metavar: 'FROM:COUNT',
+    dflt: null,
+    help: 'with --dynamo, a fault for tests: each engine does not send its kv-events messages FROM to FROM+COUNT-1 (their sequence numbers are spent)',
+    doc:
+      "With `--dynamo`, a fault for tests of a router's recovery: each engine's `kv-events` publisher does not send its messages with " +
+      'sequence numbers `FROM` to `FROM+COUNT-1` (numbered from 0), as a subscriber past its high-water mark loses them; the numbers are ' +
+      'spent, so the next message shows the gap. Counted in `/stats` (`dynamo.kv_events.dropped`).',
+  }),
+  opt({
     flag: '--kv-events-zmq',
     key: 'kvEventsZmq',
     kind: 'str',
@@ -503,14 +525,21 @@ export function parseMockerArgs(argv: readonly string[]): MockerCli | 'help' {
 
 /** --dynamo and its companions: etcd needed, no second way for events, sub-options only with it. */
 function checkDynamo(f: FleetOptions): void {
-  const g = f as FleetOptions & { dynamoMode?: boolean; dynamoEventChannels?: 'endpoint' | 'component'; dynamoMaxInflight?: number }
-  const { dynamoMode, dynamoEventChannels, dynamoMaxInflight } = g
+  const g = f as FleetOptions & {
+    dynamoMode?: boolean
+    dynamoEventChannels?: 'endpoint' | 'component'
+    dynamoMaxInflight?: number
+    dynamoDropKvEvents?: { from: bigint; count: number }
+  }
+  const { dynamoMode, dynamoEventChannels, dynamoMaxInflight, dynamoDropKvEvents } = g
   delete g.dynamoMode
   delete g.dynamoEventChannels
   delete g.dynamoMaxInflight
+  delete g.dynamoDropKvEvents
   if (dynamoMode !== true) {
     if (dynamoEventChannels !== undefined) throw new MockerArgError('--dynamo-event-channels is only used with --dynamo')
     if (dynamoMaxInflight !== undefined) throw new MockerArgError('--dynamo-max-inflight is only used with --dynamo')
+    if (dynamoDropKvEvents !== undefined) throw new MockerArgError('--dynamo-drop-kv-events is only used with --dynamo')
     return
   }
   if (f.etcdUrl === undefined) throw new MockerArgError('--dynamo needs --etcd-url: a Dynamo worker registers under its etcd lease')
@@ -518,6 +547,7 @@ function checkDynamo(f: FleetOptions): void {
   f.dynamo = {}
   if (dynamoEventChannels !== undefined) f.dynamo.eventChannels = dynamoEventChannels
   if (dynamoMaxInflight !== undefined) f.dynamo.maxInflight = dynamoMaxInflight
+  if (dynamoDropKvEvents !== undefined) f.dynamo.dropKvEvents = dynamoDropKvEvents
 }
 
 /** The ZMQ flags: companions of --kv-events-zmq, room for every engine's port, no port bound twice. */

@@ -236,3 +236,35 @@ t.test('publisher ids stay within 2^53 - 1 and differ', async (t) => {
   }
   t.equal(ids.size, 200)
 })
+
+t.test('the drop fault: messages FROM to FROM+COUNT-1 are not sent, their sequence numbers spent', async (t) => {
+  const ch = await EventChannel.bind({ topic: 'kv-events', publisherId: 5n, drop: { from: 1000n, count: 3 } })
+  const pub = new DynamoKvEventPublisher(ch)
+  t.teardown(() => pub.close())
+  const sub = new Subscriber({ linger: 0 })
+  t.teardown(() => sub.close())
+  sub.connect(ch.endpoint)
+  sub.subscribe('kv-events')
+  const got = collect(sub)
+  const cleared = (id: bigint): RouterEvent => ({ worker_id: 7n, event: { event_id: id, data: 'cleared', dp_rank: 0 } })
+  // past the slow joiner first, well before the fault
+  await until('a probe', () => {
+    if (got.length === 0) pub.publish(cleared(ch.sequence))
+    return got.length > 0
+  })
+  await pub.flush()
+  const first = ch.sequence
+  t.ok(first < 1000n, 'the fault is ahead')
+  got.length = 0
+  while (ch.sequence < 1005n) pub.publish(cleared(ch.sequence))
+  await pub.flush()
+  await until('the last message', () => got.some((m) => (m[2] as Buffer).readBigUInt64BE(0) === 1004n))
+  const seqs = got.map((m) => (m[2] as Buffer).readBigUInt64BE(0))
+  t.same(
+    seqs.filter((s) => s >= 998n),
+    [998n, 999n, 1003n, 1004n],
+    'the next message after the fault shows the gap',
+  )
+  t.equal(seqs.length, Number(1005n - first) - 3, 'every other message sent')
+  t.match(ch.counters, { dropped: 3, sent: Number(1005n - first) - 3 + Number(first) })
+})

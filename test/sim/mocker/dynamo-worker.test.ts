@@ -387,6 +387,9 @@ t.test('--dynamo flags', async (t) => {
   if (cli === 'help') throw new Error('help')
   t.same(cli.fleet.dynamo, { eventChannels: 'component', maxInflight: 7 })
   t.notOk('dynamoMode' in cli.fleet, 'the flag becomes the fleet option, nothing else')
+  const fault = parseMockerArgs(['--dynamo', '--etcd-url', 'http://127.0.0.1:2379', '--dynamo-drop-kv-events', '20:3'])
+  if (fault === 'help') throw new Error('help')
+  t.same(fault.fleet.dynamo, { dropKvEvents: { from: 20n, count: 3 } })
   const plain = parseMockerArgs(['--dynamo', '--etcd-url', 'http://127.0.0.1:2379'])
   if (plain === 'help') throw new Error('help')
   t.same(plain.fleet.dynamo, {})
@@ -395,6 +398,9 @@ t.test('--dynamo flags', async (t) => {
     [['--dynamo', '--etcd-url', 'http://h:1', '--nats-url', 'nats://h:2'], /cannot be combined with --nats-url/],
     [['--dynamo-event-channels', 'endpoint'], /only used with --dynamo/],
     [['--dynamo-max-inflight', '3'], /only used with --dynamo/],
+    [['--dynamo-drop-kv-events', '1:1'], /only used with --dynamo/],
+    [['--dynamo', '--etcd-url', 'http://h:1', '--dynamo-drop-kv-events', '5'], /--dynamo-drop-kv-events must be FROM:COUNT/],
+    [['--dynamo', '--etcd-url', 'http://h:1', '--dynamo-drop-kv-events', '5:0'], /--dynamo-drop-kv-events must be FROM:COUNT/],
     [['--dynamo', '--etcd-url', 'http://h:1', '--dynamo-event-channels', 'namespace'], /--dynamo-event-channels/],
     [['--dynamo=yes'], /--dynamo takes no value/],
   ] as const) {

@@ -24,6 +24,8 @@ export interface DynamoModeOptions {
   eventChannels?: EventChannelScope
   /** Requests in flight per engine before new ones are refused as overloaded (default 1024). */
   maxInflight?: number
+  /** A fault for tests: kv-events messages with sequence numbers from `from` on, `count` of them, are not sent. */
+  dropKvEvents?: { from: bigint; count: number }
 }
 
 export const DEFAULT_MAX_INFLIGHT = 1024
@@ -32,12 +34,14 @@ export interface DynamoChannelsOptions {
   bindHost: string
   advertiseHost: string
   onError?: (message: string) => void
+  /** The kv-events channel's fault (DynamoModeOptions.dropKvEvents). */
+  dropKvEvents?: { from: bigint; count: number }
 }
 
 /** The two publishers of an engine, bound before the engine exists. */
 export async function bindDynamoChannels(o: DynamoChannelsOptions): Promise<{ kv: EventChannel; metrics: EventChannel }> {
   const base = { bindHost: o.bindHost, advertiseHost: o.advertiseHost, ...(o.onError === undefined ? {} : { onError: o.onError }) }
-  const kv = await EventChannel.bind({ ...base, topic: KV_EVENTS_TOPIC })
+  const kv = await EventChannel.bind({ ...base, topic: KV_EVENTS_TOPIC, ...(o.dropKvEvents === undefined ? {} : { drop: o.dropKvEvents }) })
   try {
     return { kv, metrics: await EventChannel.bind({ ...base, topic: KV_METRICS_TOPIC }) }
   } catch (err) {

@@ -37,6 +37,11 @@ export interface EventChannelOptions {
   publisherId?: bigint
   /** Told about failed sends (once per run of failures). */
   onError?: (message: string) => void
+  /**
+   * A fault for tests of a subscriber's recovery: messages numbered `from` to `from + count - 1`
+   * are not sent, their numbers spent, as a subscriber past its high-water mark loses them.
+   */
+  drop?: { from: bigint; count: number }
 }
 
 export class EventChannel {
@@ -44,8 +49,8 @@ export class EventChannel {
   readonly publisherId: bigint
   /** tcp://HOST:PORT as subscribers reach it; set by bind(). */
   endpoint = ''
-  /** Messages handed to the socket, and sends that failed. */
-  readonly counters = { sent: 0, sendErrors: 0 }
+  /** Messages handed to the socket, sends that failed, and messages the `drop` fault kept back. */
+  readonly counters = { sent: 0, sendErrors: 0, dropped: 0 }
   private readonly pub = new Publisher({ linger: 0, sendHighWaterMark: SEND_HWM, sendTimeout: 0 })
   private readonly topicFrame: Buffer
   private readonly idFrame: Buffer
@@ -89,6 +94,11 @@ export class EventChannel {
   publish(payload: Uint8Array): void {
     if (this.closed) return
     const seq = this.nextSeq++
+    const d = this.o.drop
+    if (d !== undefined && seq >= d.from && seq < d.from + BigInt(d.count)) {
+      this.counters.dropped++
+      return
+    }
     const frame = eventFrame(this.writer, { publisherId: this.publisherId, sequence: seq, publishedAt: Date.now(), topic: this.topic }, payload)
     this.outbox.push([this.topicFrame, this.idFrame, be8(seq), frame])
     this.sending ??= this.sendLoop()

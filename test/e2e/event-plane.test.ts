@@ -33,6 +33,8 @@ async function fleet(
   const client = new Etcd3({ hosts: etcd.url })
   t.teardown(() => client.close())
   const lease = client.lease(30)
+  // its keepalive would otherwise go on asking the stopped etcd, and hold the process open
+  t.teardown(() => lease.release())
   const workerId = BigInt(await lease.grant())
   const hex = workerId.toString(16)
   await lease.put(`${instancesPrefix(NS, COMP, EP)}${hex}`).value(JSON.stringify({ http_url: o.httpUrl ?? 'http://127.0.0.1:9', device_type: 'cuda' }))

@@ -21,6 +21,7 @@ import { log } from '../runtime/log.js'
 import type { Logger } from '../runtime/log.js'
 import { requestLines } from './request-log.js'
 import { UpstreamProxy } from './proxy/proxy.js'
+import { tokenDecoderFor } from '../tokenizer/token-decoder.js'
 import { clientErrorHandler, errorHandler, sendError } from './error-handler.js'
 import type { HttpContext } from './context.js'
 import { apiKeyAuth } from './plugins/auth.js'
@@ -81,7 +82,13 @@ export async function buildApp(opts: AppOptions): Promise<App> {
     frameworkErrors: (err, _req, reply) => void sendError(reply, err),
     clientErrorHandler,
   })
-  const proxy = new UpstreamProxy(router, { retries: cfg.proxyRetries, dispatcher: opts.dispatcher, logger })
+  const proxy = new UpstreamProxy(router, {
+    retries: cfg.proxyRetries,
+    dispatcher: opts.dispatcher,
+    logger,
+    requestPlane: router.parts.requestPlane,
+    decoder: tokenDecoderFor(cfg.tokenizer),
+  })
   fastify.setErrorHandler(errorHandler)
   fastify.setNotFoundHandler((req, reply) => {
     void sendError(reply, new KvrError('KVR_ERR_NOT_FOUND', `no route ${req.method} ${req.url}`))

@@ -21,7 +21,6 @@ import { log } from '../runtime/log.js'
 import type { Logger } from '../runtime/log.js'
 import { requestLines } from './request-log.js'
 import { UpstreamProxy } from './proxy/proxy.js'
-import { tokenDecoderFor } from '../tokenizer/token-decoder.js'
 import { clientErrorHandler, errorHandler, sendError } from './error-handler.js'
 import type { HttpContext } from './context.js'
 import { apiKeyAuth } from './plugins/auth.js'
@@ -87,7 +86,7 @@ export async function buildApp(opts: AppOptions): Promise<App> {
     dispatcher: opts.dispatcher,
     logger,
     requestPlane: router.parts.requestPlane,
-    decoder: tokenDecoderFor(cfg.tokenizer),
+    tokenizer: cfg.tokenizer,
   })
   fastify.setErrorHandler(errorHandler)
   fastify.setNotFoundHandler((req, reply) => {

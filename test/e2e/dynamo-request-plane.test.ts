@@ -5,10 +5,12 @@
 // plane; a repeated prompt goes to the engine that cached it, which reports the cached tokens;
 // an overloaded engine's request goes to the other, and with both full the client gets 503 with
 // Retry-After; a client that leaves mid-stream stops the stream on its engine and frees the
-// router's booking.
+// router's booking; a worker whose request plane refuses connections is failed over and
+// suspended, and leaves with its etcd record.
 import t from 'tap'
 import OpenAI from 'openai'
-import { startEtcd } from '../../src/deploy/services.js'
+import { Etcd3 } from 'etcd3'
+import { getFreePort, startEtcd } from '../../src/deploy/services.js'
 import { runCli, waitForOutput } from '../helpers/cli.js'
 import type { CliProcess } from '../helpers/cli.js'
 import { waitUntil } from '../helpers/wait.js'
@@ -214,4 +216,35 @@ t.test('overload: refused by a full engine, served by the other; both full: 503 
   // and the engines take requests again
   const again = await client.completions.create({ model: MODEL, prompt: 'Bind me.', max_tokens: 1 }, session)
   t.equal(again.choices[0]?.text, 'the')
+})
+
+t.test('a worker whose request plane refuses connections: its requests go to the others; its record gone, it is gone', async (t) => {
+  const etcdClient = new Etcd3({ hosts: etcd.url })
+  t.teardown(() => etcdClient.close())
+  const id = 0xdead5n
+  const x = id.toString(16)
+  // nothing listens on the port: every connection is refused
+  const port = await getFreePort()
+  await etcdClient
+    .put(`v1/instances/dynamo/backend/generate/${x}`)
+    .value(
+      `{"type":"Endpoint","component":"backend","endpoint":"generate","namespace":"dynamo","instance_id":${id},"transport":{"tcp":"127.0.0.1:${port}/${x}/generate"}}`,
+    )
+  await etcdClient
+    .put(`v1/mdc/dynamo/backend/generate/${x}`)
+    .value(
+      `{"type":"Model","namespace":"dynamo","component":"backend","endpoint":"generate","instance_id":${id},` +
+        `"card_json":{"display_name":"${MODEL}","kv_cache_block_size":4,"runtime_config":{"total_kv_blocks":4096,"data_parallel_size":1}}}`,
+    )
+  await waitUntil('the third worker registered', async () => (await workers()).length === 3)
+  let suspended = false
+  for (let i = 0; i < 20 && !suspended; i++) {
+    const r = (await client.completions.create({ model: MODEL, prompt: `A fresh prompt, number ${i}.`, max_tokens: 1 })) as OpenAI.Completion & WithNvext
+    t.ok(engineOf.has(r.nvext.worker_id.decode_worker_id_str), `request ${i} answered by an engine`)
+    suspended = (await workers()).find((w) => w.id_str === String(id))?.health === 'suspended'
+  }
+  t.ok(suspended, 'the refusing worker is suspended after its failure')
+  await etcdClient.delete().key(`v1/instances/dynamo/backend/generate/${x}`)
+  await waitUntil('the worker gone with its record', async () => (await workers()).length === 2)
+  t.equal(await inFlight(), 0, 'every booking freed')
 })

@@ -34,6 +34,7 @@ import { RequestPlaneExchange } from './request-plane.js'
 import type { AttemptRun } from './attempt-run.js'
 import type { RequestPlaneClient } from '../../request-plane/client.js'
 import type { RequestKind } from '../../frontend/preprocessed-request.js'
+import { tokenDecoderFor } from '../../tokenizer/token-decoder.js'
 import type { TokenDecoder } from '../../tokenizer/token-decoder.js'
 import { RetryableError } from '../../scheduler/rejection.js'
 
@@ -93,8 +94,11 @@ export interface ProxyOptions {
   logger?: Logger
   /** Dynamo's TCP request plane, for the workers reached only through it. */
   requestPlane?: RequestPlaneClient
-  /** Decodes the token ids a request-plane worker sends without text; none without a tokenizer. */
-  decoder?: TokenDecoder | null
+  /**
+   * The --tokenizer value: its decoder turns the token ids a request-plane worker sends without
+   * text into text. Loaded on first use, so a fleet without such workers never loads it twice.
+   */
+  tokenizer?: string | null
 }
 
 export class UpstreamProxy {
@@ -260,8 +264,11 @@ export class UpstreamProxy {
     return this.options.requestPlane ?? null
   }
 
+  private decoderLoaded: TokenDecoder | null | undefined = undefined
+
   get decoder(): TokenDecoder | null {
-    return this.options.decoder ?? null
+    if (this.decoderLoaded === undefined) this.decoderLoaded = tokenDecoderFor(this.options.tokenizer ?? null)
+    return this.decoderLoaded
   }
 
   /** Seconds a 503 asks the client to wait. */

@@ -31,6 +31,8 @@ export class RequestPlaneExchange {
   private out: ChunkWriter | null = null
   private firstAt = 0
   private last = 0
+  /** Ends a wait for the client's socket to drain: the client left instead. */
+  private unblock: (() => void) | null = null
 
   constructor(
     private readonly run: AttemptRun,
@@ -81,6 +83,7 @@ export class RequestPlaneExchange {
   /** The client went away: the worker is told to stop, and the attempt ends here. */
   clientGone(): void {
     this.abort.abort()
+    this.unblock?.()
     if (!this.settle()) return
     if (this.out === null) return this.run.attemptFailed(this.a, new KvrError('KVR_ERR_REQUEST_CANCELLED', 'the client went away'), false)
     this.run.streamFailed(this.a, new Error('the client went away'))
@@ -129,7 +132,12 @@ export class RequestPlaneExchange {
     }
     this.last = now
     // a slow client holds the worker's stream (its reads pause): nothing is buffered past it
-    if (!ok) await new Promise<void>((resolve) => (out as ChunkWriter).onceDrained(resolve))
+    if (!ok)
+      await new Promise<void>((resolve) => {
+        this.unblock = resolve
+        ;(out as ChunkWriter).onceDrained(resolve)
+      })
+    this.unblock = null
     return !this.settled
   }
 

@@ -193,8 +193,9 @@ t.test('mocker --dynamo: records, event plane, request plane, worker query', asy
         const last = k === 4
         // NetworkStreamWrapper {data, complete_final} around Annotated<LLMEngineOutput>
         // (protocols/annotated.rs@031f90c2; protocols/common/llm_backend.rs@07d14345); the last
-        // with completion_usage, an OpenAI CompletionUsage (skipped when None in later
-        // llm_backend.rs): 7 prompt tokens, the second request's first block (4 tokens) cached
+        // with completion_usage, an OpenAI CompletionUsage, after index (LLMEngineOutput's last
+        // field, skipped when None: llm_backend.rs@2441f5b6): 7 prompt tokens, the second
+        // request's first block (4 tokens) cached
         const tok = OUTPUT_TOKEN_BASE + k
         const cached = codec === null ? 0 : 4
         const usage = `,"completion_usage":{"prompt_tokens":7,"completion_tokens":5,"total_tokens":12,"prompt_tokens_details":{"cached_tokens":${cached}}}`

@@ -9,8 +9,9 @@
 // word the mocker's HTTP server writes for it, server.ts), so a frontend needs no tokenizer:
 //   {"data":{"token_ids":[t],"tokens":null,"text":"…","cum_log_probs":null,"log_probs":null,
 //            "top_logprobs":null,"finish_reason":null|"length","index":null}}
-// The last adds completion_usage (an OpenAI CompletionUsage, left out when None in later
-// llm_backend.rs) with the engine's prefix hit as prompt_tokens_details.cached_tokens.
+// The last adds completion_usage (an OpenAI CompletionUsage; LLMEngineOutput's last field, left
+// out when None: llm_backend.rs@2441f5b6) with the engine's prefix hit as
+// prompt_tokens_details.cached_tokens.
 // A request the engine refuses (an empty prompt, more KV than it has) fails in the prologue.
 // `stop` or `kill` from the frontend aborts the request, which frees its blocks at once.
 import { isKvrError } from '../../../errors.js'

@@ -228,7 +228,8 @@ t.test('a worker whose request plane refuses connections: its requests go to the
   await etcdClient
     .put(`v1/instances/dynamo/backend/generate/${x}`)
     .value(
-      `{"type":"Endpoint","component":"backend","endpoint":"generate","namespace":"dynamo","instance_id":${id},"transport":{"tcp":"127.0.0.1:${port}/${x}/generate"}}`,
+      `{"type":"Endpoint","component":"backend","endpoint":"generate","namespace":"dynamo","instance_id":${id},` +
+        `"transport":{"tcp":"127.0.0.1:${port}/${x}/generate"}}`,
     )
   await etcdClient
     .put(`v1/mdc/dynamo/backend/generate/${x}`)

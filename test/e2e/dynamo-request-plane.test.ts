@@ -238,14 +238,23 @@ t.test('a worker whose request plane refuses connections: its requests go to the
         `"card_json":{"display_name":"${MODEL}","kv_cache_block_size":4,"runtime_config":{"total_kv_blocks":4096,"data_parallel_size":1}}}`,
     )
   await waitUntil('the third worker registered', async () => (await workers()).length === 3)
-  let suspended = false
-  for (let i = 0; i < 20 && !suspended; i++) {
-    const r = (await client.completions.create({ model: MODEL, prompt: `A fresh prompt, number ${i}.`, max_tokens: 1 })) as OpenAI.Completion & WithNvext
+  // a second router, round-robin, so that one of three requests is sure to go to that worker first
+  const rr = runCli(['serve', '--etcd-url', etcd.url, '--http-host', '127.0.0.1', '--http-port', '0', '--router-mode', 'round-robin', '--tokenizer', 'bytes'])
+  t.teardown(stop(rr))
+  const rrListening = await waitForOutput(rr, /listening on (http:\/\/[^ ]+)/)
+  if (rrListening === null) throw new Error(`the second router did not start: ${rr.err()}`)
+  const rrBase = rrListening[1] as string
+  const rrWorkers = async (): Promise<Listed['workers']> => ((await (await fetch(`${rrBase}/v1/workers`)).json()) as Listed).workers
+  await waitUntil('the second router lists three workers', async () => (await rrWorkers()).length === 3)
+  const rrClient = new OpenAI({ baseURL: `${rrBase}/v1`, apiKey: 'none', maxRetries: 0 })
+  for (let i = 0; i < 3; i++) {
+    const r = (await rrClient.completions.create({ model: MODEL, prompt: `Round ${i}.`, max_tokens: 1 })) as OpenAI.Completion & WithNvext
     t.ok(engineOf.has(r.nvext.worker_id.decode_worker_id_str), `request ${i} answered by an engine`)
-    suspended = (await workers()).find((w) => w.id_str === String(id))?.health === 'suspended'
   }
-  t.ok(suspended, 'the refusing worker is suspended after its failure')
+  const dead = (await rrWorkers()).find((w) => w.id_str === String(id))
+  t.equal(dead?.health, 'suspended', 'the refusing worker is suspended after its failure')
+  t.match(await (await fetch(`${rrBase}/metrics`)).text(), /^kvrouter_request_plane_total\{what="connection_errors"\} [1-9]/m, 'the refused connection counted')
   await etcdClient.delete().key(`v1/instances/dynamo/backend/generate/${x}`)
-  await waitUntil('the worker gone with its record', async () => (await workers()).length === 2)
+  await waitUntil('the worker gone with its record', async () => (await workers()).length === 2 && (await rrWorkers()).length === 2)
   t.equal(await inFlight(), 0, 'every booking freed')
 })

@@ -182,6 +182,7 @@ export class RouterParts {
       source: reg.source ?? 'static',
       kvEvents: reg.kvEvents ?? null,
       requestPlane: reg.requestPlane ?? null,
+      model: reg.model ?? null,
       decisionsOnly: reg.decisionsOnly === true,
     }
     // a worker the index knew nothing of leaves nothing in it when its registration is refused
@@ -206,7 +207,10 @@ export class RouterParts {
     const old = this.registry.get(reg.id)
     if (info.blockSize !== this.config.blockSize && old?.blockSize !== info.blockSize) this.warnBlockSize(info)
     // before the scheduler learns the ranks: a misconfigured worker never takes a request
-    this.health.registered(reg.id, info.url, info.blockSize, !info.decisionsOnly)
+    // a worker reached only over the request plane answers no HTTP probe: its health comes from
+    // discovery (its lease) and from its requests' failures
+    const probed = !info.decisionsOnly && info.url !== ''
+    this.health.registered(reg.id, info.url, info.blockSize, probed)
     if (old !== undefined && old.dpRanks > dpRanks) for (let r = dpRanks; r < old.dpRanks; r++) this.scheduler.removeWorkerRank(reg.id, r)
     for (let r = 0; r < dpRanks; r++) {
       const rankInfo: { device: DeviceType; totalKvBlocks: number; maxNumBatchedTokens?: number } = { device: info.device, totalKvBlocks: info.capacity }
@@ -219,8 +223,8 @@ export class RouterParts {
     if (info.kvEvents !== null) this.remote?.addWorker({ id: reg.id, dpRanks, kvEvents: info.kvEvents })
     else if (old?.kvEvents != null) this.remote?.removeWorker(reg.id)
     // the router may have no way to reach a worker registered for decisions only
-    if (info.decisionsOnly) this.probes?.unwatch(reg.id)
-    else this.probes?.watch(reg.id, info.url)
+    if (probed) this.probes?.watch(reg.id, info.url)
+    else this.probes?.unwatch(reg.id)
     const eventPlane = this.config.etcdUrl !== null && this.config.eventPlane === 'zmq'
     const hasSource = this.config.natsUrl !== null || eventPlane || info.kvEvents !== null || reg.eventsInProcess === true
     if (this.config.kvEvents) this.eventSources.registered(info, known, hasSource)

@@ -101,6 +101,7 @@ async function connect(parts: RouterParts, deps: RouterDeps, started: { -readonl
         source: 'etcd',
         kvEvents: w.kvEvents,
         requestPlane: w.requestPlane,
+        model: w.model,
       }
       if (w.blockSize !== null) reg.blockSize = w.blockSize
       if (w.totalKvBlocks !== null) reg.capacity = w.totalKvBlocks

@@ -24,6 +24,8 @@ export interface WorkerInfo {
   kvEvents: EngineEventsSpec | null
   /** Its Dynamo TCP request-plane address (`host:port/…`, from etcd), or null: its worker query goes there. */
   requestPlane?: string | null
+  /** The model its Dynamo model card names, or null: the model of the requests sent to it. */
+  model?: string | null
   /**
    * Registered for routing decisions only (POST /v1/route callers contact it themselves): never
    * probed, never sent a proxied request.
@@ -42,6 +44,7 @@ export interface WorkerRegistration {
   source?: 'static' | 'etcd'
   kvEvents?: EngineEventsSpec | null
   requestPlane?: string | null
+  model?: string | null
   /** Its KV events are handed to the router in this process (the embedded fleet). */
   eventsInProcess?: boolean
   /** For routing decisions only: see WorkerInfo.decisionsOnly. */

@@ -81,7 +81,13 @@ export async function buildApp(opts: AppOptions): Promise<App> {
     frameworkErrors: (err, _req, reply) => void sendError(reply, err),
     clientErrorHandler,
   })
-  const proxy = new UpstreamProxy(router, { retries: cfg.proxyRetries, dispatcher: opts.dispatcher, logger })
+  const proxy = new UpstreamProxy(router, {
+    retries: cfg.proxyRetries,
+    dispatcher: opts.dispatcher,
+    logger,
+    requestPlane: router.parts.requestPlane,
+    tokenizer: cfg.tokenizer,
+  })
   fastify.setErrorHandler(errorHandler)
   fastify.setNotFoundHandler((req, reply) => {
     void sendError(reply, new KvrError('KVR_ERR_NOT_FOUND', `no route ${req.method} ${req.url}`))

@@ -49,6 +49,8 @@ export interface RequestOptions {
   signal?: AbortSignal
   /** Items as the JSON bytes of each `data` (codec json). */
   raw?: boolean
+  /** The payload is already its bytes in the codec (encodeRequest, payload-codec.ts). */
+  encoded?: boolean
 }
 
 export class RequestPlaneClient {
@@ -100,7 +102,7 @@ export class RequestPlaneClient {
     const frame = encodeRequestFrame(
       a.endpointPath,
       { 'request-id': id, 'x-endpoint-path': a.endpointPath },
-      encodeTwoPart(header, encodePayload(payload, codec), this.o.maxMessageBytes),
+      encodeTwoPart(header, opts.encoded === true ? (payload as Uint8Array) : encodePayload(payload, codec), this.o.maxMessageBytes),
       this.o.maxMessageBytes,
     )
     const stream = new ResponseStream<T>(subject, {

@@ -9,7 +9,11 @@ export class RetryableError extends KvrError {
   /** Seconds for the Retry-After header. */
   readonly retryAfterSecs: number
 
-  constructor(code: 'KVR_ERR_ALL_WORKERS_BUSY' | 'KVR_ERR_QUEUE_FULL' | 'KVR_ERR_OBJECTIVE_UNMET', message: string, retryAfterSecs: number) {
+  constructor(
+    code: 'KVR_ERR_ALL_WORKERS_BUSY' | 'KVR_ERR_QUEUE_FULL' | 'KVR_ERR_OBJECTIVE_UNMET' | 'KVR_ERR_WORKER_OVERLOADED',
+    message: string,
+    retryAfterSecs: number,
+  ) {
     super(code, message)
     this.retryAfterSecs = retryAfterSecs
   }

@@ -72,6 +72,8 @@ export interface DiscoveredWorker {
   kvEvents: EngineEventsSpec | null
   /** Its Dynamo TCP request-plane address (`host:port/…`), or null without a valid one. */
   requestPlane: string | null
+  /** The model its card names (`display_name`), or null. */
+  model: string | null
 }
 
 interface Parts {
@@ -109,10 +111,23 @@ export function toWorker(workerId: bigint, parts: Parts, invalid?: (why: string)
   const inst = parts.instance
   if (inst === undefined) return null
   const transport = inst['transport'] as Record<string, unknown> | undefined
-  const url = inst['http_url'] ?? (typeof transport === 'object' && transport !== null ? transport['http'] : undefined)
-  if (typeof url !== 'string' || !/^https?:\/\//.test(url)) return null
+  const http = inst['http_url'] ?? (typeof transport === 'object' && transport !== null ? transport['http'] : undefined)
+  const hasHttp = typeof http === 'string' && /^https?:\/\//.test(http)
+  let requestPlane: string | null = null
+  try {
+    requestPlane = instanceTcpAddress(inst)
+  } catch (err) {
+    if (!isKvrError(err, 'KVR_ERR_INSTANCE_ADDRESS')) throw err
+    badTcp?.(err.message)
+  }
+  // a worker reached only over the request plane has no URL ('')
+  if (!hasHttp && requestPlane === null) return null
+  const url = hasHttp ? (http as string) : ''
   const device = String(inst['device_type'] ?? 'gpu').toLowerCase()
-  const card = parts.card ?? {}
+  // current Dynamo wraps the card in a DiscoveryInstance::Model record, under card_json
+  const record = parts.card ?? {}
+  const wrapped = record['card_json']
+  const card = typeof wrapped === 'object' && wrapped !== null && !Array.isArray(wrapped) ? (wrapped as Record<string, unknown>) : record
   const rc = (card['runtime_config'] ?? {}) as Record<string, unknown>
   const dpSize = Math.max(1, nonNegInt(rc['data_parallel_size']) ?? 1)
   let kvEvents: EngineEventsSpec | null = null
@@ -122,17 +137,12 @@ export function toWorker(workerId: bigint, parts: Parts, invalid?: (why: string)
     if (!isKvrError(err, 'KVR_ERR_INVALID_ENDPOINT')) throw err
     invalid?.(err.message)
   }
-  let requestPlane: string | null = null
-  try {
-    requestPlane = instanceTcpAddress(inst)
-  } catch (err) {
-    if (!isKvrError(err, 'KVR_ERR_INSTANCE_ADDRESS')) throw err
-    badTcp?.(err.message)
-  }
+  const name = card['display_name']
   return {
     workerId,
     url,
     requestPlane,
+    model: typeof name === 'string' && name !== '' ? name : null,
     deviceType: device === 'cpu' ? 'cpu' : 'gpu',
     blockSize: nonNegInt(card['kv_cache_block_size']),
     totalKvBlocks: nonNegInt(rc['total_kv_blocks']),
@@ -155,7 +165,8 @@ function sameWorker(a: DiscoveredWorker, b: DiscoveredWorker): boolean {
     a.kvEvents?.endpoint === b.kvEvents?.endpoint &&
     a.kvEvents?.replay === b.kvEvents?.replay &&
     a.kvEvents?.topic === b.kvEvents?.topic &&
-    a.requestPlane === b.requestPlane
+    a.requestPlane === b.requestPlane &&
+    a.model === b.model
   )
 }
 

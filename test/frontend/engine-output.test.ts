@@ -5,7 +5,7 @@ import t from 'tap'
 import { Packr } from 'msgpackr'
 import { readEngineItem } from '../../src/frontend/engine-output.js'
 import type { EngineItem, WorkerError } from '../../src/frontend/engine-output.js'
-import { decodeItem } from '../../src/frontend/payload-codec.js'
+import { decodeItem } from '../../src/request-plane/payload-codec.js'
 
 // Transcribed by hand from lib/llm/src/protocols/common/llm_backend.rs@07d14345: LLMEngineOutput's
 // fields in order (token_ids, tokens, text, output_type (serde default "text", rename_all lowercase),

@@ -6,7 +6,7 @@ import t from 'tap'
 import { Unpackr } from 'msgpackr'
 import { parseJsonExact } from '../../src/codec/json.js'
 import { preprocessedRequest } from '../../src/frontend/preprocessed-request.js'
-import { encodeRequest } from '../../src/frontend/payload-codec.js'
+import { encodeRequest } from '../../src/request-plane/payload-codec.js'
 
 /** Every object's keys in order, nested: serde writes a struct's fields in declaration order. */
 function keyPaths(v: unknown, at = ''): string[] {

@@ -3,7 +3,7 @@
 import t from 'tap'
 import type { AddressInfo } from 'node:net'
 import { Dispatcher } from 'undici'
-import { ClientGone } from '../../src/http/proxy/proxy.js'
+import { ClientGone } from '../../src/http/proxy/client-gone.js'
 import { harness, tokens, until } from './helpers.js'
 
 t.test('every listener runs; the errors are thrown once all have', async (t) => {

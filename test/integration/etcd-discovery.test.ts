@@ -61,6 +61,7 @@ t.test('a leased worker appears with its record and disappears, from discovery a
       dpSize: 2,
       kvEvents: null,
       requestPlane: null,
+      model: null,
     },
     'listed at start',
   )
@@ -133,7 +134,36 @@ t.test('records: parsing rules and malformed values', async (t) => {
     dpSize: 1,
     kvEvents: null,
     requestPlane: null,
+    model: null,
   })
+  // a current Dynamo worker: a TCP request-plane address and no HTTP URL, its card wrapped in a
+  // DiscoveryInstance::Model record (lib/runtime/src/discovery/mod.rs@5f4d5bb8; the record shape
+  // the mocker's golden in test/sim/mocker/dynamo-worker.test.ts transcribes)
+  const tcpOnly = toWorker(5n, {
+    instance: {
+      type: 'Endpoint',
+      component: 'backend',
+      endpoint: 'generate',
+      namespace: 'dynamo',
+      instance_id: 5,
+      transport: { tcp: '10.0.0.5:7000/5/generate' },
+    },
+    card: {
+      type: 'Model',
+      namespace: 'dynamo',
+      component: 'backend',
+      endpoint: 'generate',
+      instance_id: 5,
+      card_json: { display_name: 'llama', kv_cache_block_size: 32, runtime_config: { total_kv_blocks: 100, data_parallel_size: 2 } },
+    },
+  })
+  t.match(
+    tcpOnly,
+    { url: '', requestPlane: '10.0.0.5:7000/5/generate', model: 'llama', blockSize: 32, totalKvBlocks: 100, dpSize: 2 },
+    'routable over the request plane',
+  )
+  t.equal(toWorker(6n, { instance: { transport: { tcp: 'not an address' } } }), null, 'neither an HTTP URL nor a TCP address: not routable')
+  t.equal(toWorker(7n, { instance: { transport: { nats_tcp: 'x' } } }), null, 'another transport: not routable')
   const etcd = await startEtcd()
   t.teardown(() => etcd.stop())
   const client = new Etcd3({ hosts: etcd.url })

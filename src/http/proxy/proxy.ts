@@ -11,6 +11,11 @@
 // inside that event included, can still be retried on the best worker-rank not tried yet. Past
 // it nothing is retried, and the prompt is let go while the stream lasts. Events reach the
 // client whole, so the error event that ends a failed stream is always an event of its own.
+//
+// A worker reached over HTTP gets the client's body as it came (UpstreamExchange, here); one
+// reached only over Dynamo's TCP request plane gets a PreprocessedRequest, and its item stream is
+// translated to the same OpenAI answer (RequestPlaneExchange, request-plane.ts). Both share this
+// run: its bookings, retries, first-token bookkeeping and ends.
 import type { FastifyReply } from 'fastify'
 import { Agent } from 'undici'
 import type { Dispatcher } from 'undici'
@@ -24,6 +29,14 @@ import type { Logger } from '../../runtime/log.js'
 import { proxiedLine } from '../request-log.js'
 import type { ProxiedRequest } from '../request-log.js'
 import { ChunkWriter } from './chunked.js'
+import { ClientGone } from './client-gone.js'
+import { RequestPlaneExchange } from './request-plane.js'
+import type { AttemptRun } from './attempt-run.js'
+import type { RequestPlaneClient } from '../../request-plane/client.js'
+import type { RequestKind } from '../../frontend/preprocessed-request.js'
+import { tokenDecoderFor } from '../../tokenizer/token-decoder.js'
+import type { TokenDecoder } from '../../tokenizer/token-decoder.js'
+import { RetryableError } from '../../scheduler/rejection.js'
 
 export interface ProxyCall {
   /** Upstream path: /v1/completions or /v1/chat/completions. */
@@ -33,48 +46,13 @@ export interface ProxyCall {
   stream: boolean
   route: RouteInput
   model: string
-}
-
-/**
- * Fires when the client goes away. AbortController would do, but each one builds an EventTarget
- * (a Map, listener records, an Event on abort) for the one listener a request ever has: the
- * queue's, while it waits. (Its upstream exchange hears it from the run directly.)
- */
-export class ClientGone implements CancelSignal {
-  aborted = false
-  private listeners: (() => void)[] | null = null
-
-  addEventListener(_type: 'abort', listener: () => void): void {
-    ;(this.listeners ??= []).push(listener)
-  }
-
-  removeEventListener(_type: 'abort', listener: () => void): void {
-    const ls = this.listeners
-    const i = ls === null ? -1 : ls.indexOf(listener)
-    if (i >= 0) (ls as (() => void)[]).splice(i, 1)
-  }
-
+  /** Completions or chat: what a request-plane worker's answer is translated to. */
+  kind: RequestKind
   /**
-   * Runs every listener even when one throws: each holds a booking or an upstream request, and a
-   * listener skipped would leave its booking held until the router restarts. The errors are
-   * thrown together once all have run.
+   * The client's body, parsed: a request-plane worker is sent a PreprocessedRequest built from it.
+   * Let go at the first token, with the payload.
    */
-  abort(): void {
-    if (this.aborted) return
-    this.aborted = true
-    const ls = this.listeners
-    this.listeners = null
-    if (ls === null) return
-    let failed: unknown[] | undefined
-    for (const l of ls) {
-      try {
-        l()
-      } catch (err) {
-        ;(failed ??= []).push(err)
-      }
-    }
-    if (failed !== undefined) throw failed.length === 1 ? failed[0] : new AggregateError(failed, 'cleaning up after a client disconnect failed')
-  }
+  body: Record<string, unknown> | null
 }
 
 class Booking {
@@ -103,12 +81,24 @@ interface Attempt {
   booking: Booking
 }
 
+/** What a run asks of its exchange with one worker. */
+interface Exchange {
+  clientGone(): void
+}
+
 export interface ProxyOptions {
   retries: number
   /** undici dispatcher; a keep-alive Agent by default. */
   dispatcher?: Dispatcher
   /** Where each request's line goes (at info); none when not given. */
   logger?: Logger
+  /** Dynamo's TCP request plane, for the workers reached only through it. */
+  requestPlane?: RequestPlaneClient
+  /**
+   * The --tokenizer value: its decoder turns the token ids a request-plane worker sends without
+   * text into text. Loaded on first use, so a fleet without such workers never loads it twice.
+   */
+  tokenizer?: string | null
 }
 
 export class UpstreamProxy {
@@ -268,6 +258,23 @@ export class UpstreamProxy {
   get metrics(): Router['metrics'] {
     return this.router.metrics
   }
+
+  /** The request-plane client, or null when the proxy has none. */
+  get requestPlane(): RequestPlaneClient | null {
+    return this.options.requestPlane ?? null
+  }
+
+  private decoderLoaded: TokenDecoder | null | undefined = undefined
+
+  get decoder(): TokenDecoder | null {
+    if (this.decoderLoaded === undefined) this.decoderLoaded = tokenDecoderFor(this.options.tokenizer ?? null)
+    return this.decoderLoaded
+  }
+
+  /** Seconds a 503 asks the client to wait. */
+  get retryAfterSecs(): number {
+    return this.router.scheduler.options.retryAfterSecs
+  }
 }
 
 /**
@@ -275,7 +282,7 @@ export class UpstreamProxy {
  * chain: a stream keeps its run alive for its whole life, and each pending promise with its
  * reactions, closures and contexts would be held, and copied by every scavenge, as long.
  */
-class ProxyRun implements ProxiedRequest {
+class ProxyRun implements ProxiedRequest, AttemptRun {
   readonly gone = new ClientGone()
   /** Retries allowed after the first attempt (none for a pinned request). */
   private readonly retries: number
@@ -283,7 +290,7 @@ class ProxyRun implements ProxiedRequest {
   private tried: WorkerRankRef[] | undefined = undefined
   /** When the first booking was made: TTFT is counted from here. */
   started = 0
-  private exchange: UpstreamExchange | null = null
+  private exchange: Exchange | null = null
   private ended = false
   private readonly onClose = (): void => this.clientClosed()
   // what the request's log line says
@@ -357,6 +364,11 @@ class ProxyRun implements ProxiedRequest {
     this.attempts++
     const worker = this.proxy.worker(d.workerId)
     if (worker === undefined) return this.attemptFailed(a, new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} has no HTTP endpoint`))
+    if (worker.url === '' && worker.requestPlane != null) {
+      const rp = new RequestPlaneExchange(this, a, worker)
+      this.exchange = rp
+      return rp.start()
+    }
     const ex = new UpstreamExchange(this, a, worker)
     this.exchange = ex
     try {
@@ -364,6 +376,90 @@ class ProxyRun implements ProxiedRequest {
     } catch (err) {
       if (ex.settle()) this.attemptFailed(a, new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} (${worker.url}) did not answer: ${errorText(err)}`))
     }
+  }
+
+  /**
+   * A stream's first token arrived from `worker`: prefill is done, the worker answered, TTFT is
+   * counted, nothing is retried from here on (the prompt is let go), and the client's SSE headers
+   * go out. Returns the writer of the client's stream; `now` is when the token came.
+   */
+  streamStarted(a: Attempt, worker: WorkerInfo, now: number): ChunkWriter {
+    const call = this.call
+    call.payload = NO_BYTES
+    call.route.tokens = NO_TOKENS
+    call.body = null
+    a.booking.prefillComplete(true)
+    this.proxy.workerAnswered(worker)
+    this.ttftMs = now - this.started
+    const m = this.proxy.metrics
+    m.observeTtft(this.ttftMs / 1000)
+    const ttftObjective = call.route.ttftObjectiveMs
+    if (ttftObjective !== undefined) m.objectiveResult('ttft', this.ttftMs <= ttftObjective)
+    this.reply.hijack()
+    const raw = this.reply.raw
+    raw.writeHead(200, {
+      'content-type': 'text/event-stream',
+      'cache-control': 'no-cache',
+      connection: 'keep-alive',
+      'x-worker-id': a.decision.workerId.toString(),
+    })
+    return new ChunkWriter(raw)
+  }
+
+  /**
+   * A stream its worker ended: the booking is freed with the tokens it streamed, and the output
+   * length and TPOT (end − first token) / (tokens − 1) are counted.
+   */
+  streamEnded(a: Attempt, tokens: number, firstAt: number): void {
+    this.proxy.release(a.booking, tokens)
+    const m = this.proxy.metrics
+    m.observeOutput(tokens)
+    const tpotObjective = this.call.route.tpotObjectiveMs
+    if (tpotObjective !== undefined && tokens > 1) m.objectiveResult('tpot', (performance.now() - firstAt) / (tokens - 1) <= tpotObjective)
+  }
+
+  /**
+   * A stream failed after its first token: the booking is freed, and unless the client left
+   * (null: cut with 499) the failure is counted and logged, and the error event that ends the
+   * client's stream returned (status 502 for cut()).
+   */
+  streamFailed(a: Attempt, err: Error): string | null {
+    this.proxy.release(a.booking)
+    if (this.gone.aborted) return null
+    const d = a.decision
+    this.proxy.metrics.upstreamErrors.inc({ phase: 'after_first_token' })
+    const e = new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} failed mid-stream: ${err.message}`)
+    this.errorCode = e.code
+    limited.warn(
+      'upstream_failed',
+      {
+        code: e.code,
+        phase: 'after_first_token',
+        worker_id: d.workerId.toString(),
+        dp_rank: d.dpRank,
+        request_id: a.booking.id,
+        retried: false,
+        error: e.message,
+      },
+      'a worker failed mid-stream',
+    )
+    return `data: ${JSON.stringify({ error: { ...e.toJSON(), type: 'upstream_error' } })}\n\n`
+  }
+
+  /**
+   * A whole (non-streamed) answer arrived from `worker`: its arrival is its TTFT, the booking is
+   * freed, and the body gets nvext.worker_id (`body` null: not JSON, a KVR_ERR_UPSTREAM).
+   */
+  wholeArrived(a: Attempt, worker: WorkerInfo, ok: boolean): void {
+    const m = this.proxy.metrics
+    a.booking.prefillComplete(false)
+    const ttftMs = performance.now() - this.started
+    m.observeTtft(ttftMs / 1000)
+    // a whole answer's TTFT is its arrival; it has no TPOT
+    const ttftObjective = this.call.route.ttftObjectiveMs
+    if (ttftObjective !== undefined && ok) m.objectiveResult('ttft', ttftMs <= ttftObjective)
+    this.proxy.release(a.booking)
+    this.proxy.workerAnswered(worker)
   }
 
   /** The response was delivered, or the stream ended as its worker ended it. */
@@ -387,12 +483,15 @@ class ProxyRun implements ProxiedRequest {
     this.retryAfter(a, new KvrError('KVR_ERR_UPSTREAM', `worker ${a.decision.workerId} failed before its first token${why}`))
   }
 
-  /** The attempt failed before anything reached the client. */
-  attemptFailed(a: Attempt, err: unknown): void {
+  /**
+   * The attempt failed before anything reached the client; `retryable` (a worker's failure, by
+   * default KVR_ERR_UPSTREAM's) sends it to another worker.
+   */
+  attemptFailed(a: Attempt, err: unknown, retryable = isKvrError(err, 'KVR_ERR_UPSTREAM')): void {
     this.exchange = null
     this.proxy.release(a.booking)
     if (this.gone.aborted) return this.fail(new KvrError('KVR_ERR_REQUEST_CANCELLED', 'the client went away'))
-    if (!isKvrError(err, 'KVR_ERR_UPSTREAM')) return this.fail(err)
+    if (!retryable || !isKvrError(err)) return this.fail(err)
     this.retryAfter(a, err)
   }
 
@@ -425,18 +524,27 @@ class ProxyRun implements ProxiedRequest {
       // only that one had been tried
       if (tried.length > 1)
         return this.fail(
-          new KvrError('KVR_ERR_UPSTREAM', `${failure.message} (the last of ${tried.length} attempts, on workers ${tried.map((x) => x.workerId).join(', ')})`),
+          this.lastFailure(failure, `${failure.message} (the last of ${tried.length} attempts, on workers ${tried.map((x) => x.workerId).join(', ')})`),
         )
-      return this.fail(failure)
+      return this.fail(this.lastFailure(failure, failure.message))
     }
     p.rebook(this.call.route, this.gone, this.tried).then(
       (next) => {
-        if (typeof next === 'string') return this.fail(new KvrError('KVR_ERR_UPSTREAM', `${failure.message}; not retried: ${next}`))
+        if (typeof next === 'string') return this.fail(this.lastFailure(failure, `${failure.message}; not retried: ${next}`))
         p.metrics.retried()
         this.attemptGuarded(next)
       },
       (err: unknown) => this.fail(err),
     )
+  }
+
+  /**
+   * The error a client gets when no worker is left to try: an overloaded worker's is a 503 with
+   * Retry-After (the fleet is busy, not broken); any other keeps its code.
+   */
+  private lastFailure(failure: KvrError, message: string): KvrError {
+    if (failure.code === 'KVR_ERR_WORKER_OVERLOADED') return new RetryableError('KVR_ERR_WORKER_OVERLOADED', message, this.proxy.retryAfterSecs)
+    return message === failure.message ? failure : new KvrError(failure.code, message)
   }
 
   /** Ends the run with an error: the client gets it as any route's error, unless something was sent already. */
@@ -747,29 +855,11 @@ class UpstreamExchange implements Dispatcher.DispatchHandler {
    */
   private startStream(event: Buffer): boolean {
     const now = performance.now()
-    const run = this.run
     this.first = false
-    // past the first token nothing is retried: let the prompt go while the stream lasts
-    run.call.payload = NO_BYTES
-    run.call.route.tokens = NO_TOKENS
-    this.a.booking.prefillComplete(true)
-    run.proxy.workerAnswered(this.worker)
-    run.ttftMs = now - run.started
-    run.proxy.metrics.observeTtft(run.ttftMs / 1000)
-    const ttftObjective = run.call.route.ttftObjectiveMs
-    if (ttftObjective !== undefined) run.proxy.metrics.objectiveResult('ttft', run.ttftMs <= ttftObjective)
     this.firstAt = now
     this.last = now
     this.chunks++
-    run.reply.hijack()
-    const raw = run.reply.raw
-    raw.writeHead(200, {
-      'content-type': 'text/event-stream',
-      'cache-control': 'no-cache',
-      connection: 'keep-alive',
-      'x-worker-id': this.a.decision.workerId.toString(),
-    })
-    const out = new ChunkWriter(raw)
+    const out = this.run.streamStarted(this.a, this.worker, now)
     this.out = out
     return out.begin(event)
   }
@@ -783,7 +873,7 @@ class UpstreamExchange implements Dispatcher.DispatchHandler {
       // ended without a single byte: a failure before the first token
       if (this.first && held === null) return run.notDelivered(this.a)
       // each event a token: engines stream one per event (a final usage event adds one, within the estimate's noise)
-      run.proxy.release(this.a.booking, this.chunks)
+      run.streamEnded(this.a, this.chunks, this.firstAt)
       // A body that ends, cleanly, inside an event goes out as the worker sent it, as a client
       // reading the worker would get it (an SSE client drops an unfinished last event). Only
       // when the worker fails does the router add an event of its own.
@@ -792,11 +882,6 @@ class UpstreamExchange implements Dispatcher.DispatchHandler {
         if (this.tail !== null) (this.out as ChunkWriter).write(this.tail)
         this.tail = held
       }
-      run.proxy.metrics.observeOutput(this.chunks)
-      const tpotObjective = run.call.route.tpotObjectiveMs
-      // a stream's TPOT: (end − first token) / (tokens − 1), one token per event as above
-      if (tpotObjective !== undefined && this.chunks > 1)
-        run.proxy.metrics.objectiveResult('tpot', (performance.now() - this.firstAt) / (this.chunks - 1) <= tpotObjective)
       ;(this.out as ChunkWriter).end(this.tail)
       this.tail = null
       return run.delivered()
@@ -815,14 +900,7 @@ class UpstreamExchange implements Dispatcher.DispatchHandler {
     const d = this.a.decision
     const m = run.proxy.metrics
     const text = this.parts === null ? '' : Buffer.concat(this.parts).toString('utf8')
-    this.a.booking.prefillComplete(false)
-    const ttftMs = performance.now() - run.started
-    m.observeTtft(ttftMs / 1000)
-    // a whole answer's TTFT is its arrival; it has no TPOT
-    const ttftObjective = run.call.route.ttftObjectiveMs
-    if (ttftObjective !== undefined && this.status === 200) m.objectiveResult('ttft', ttftMs <= ttftObjective)
-    run.proxy.release(this.a.booking)
-    run.proxy.workerAnswered(this.worker)
+    run.wholeArrived(this.a, this.worker, this.status === 200)
     let out = text
     if (this.status === 200) {
       try {
@@ -848,34 +926,17 @@ class UpstreamExchange implements Dispatcher.DispatchHandler {
       const what = this.mode === Mode.Waiting ? `(${this.worker.url}) did not answer` : 'failed before its first token'
       return run.attemptFailed(this.a, new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} ${what}: ${err.message}`))
     }
-    run.proxy.release(this.a.booking)
     const raw = run.reply.raw
-    if (run.gone.aborted) {
+    const event = run.streamFailed(this.a, err)
+    if (event === null) {
       raw.destroy()
       return run.cut(499)
     }
-    run.proxy.metrics.upstreamErrors.inc({ phase: 'after_first_token' })
-    const e = new KvrError('KVR_ERR_UPSTREAM', `worker ${d.workerId} failed mid-stream: ${err.message}`)
-    run.errorCode = e.code
-    limited.warn(
-      'upstream_failed',
-      {
-        code: e.code,
-        phase: 'after_first_token',
-        worker_id: d.workerId.toString(),
-        dp_rank: d.dpRank,
-        request_id: this.a.booking.id,
-        retried: false,
-        error: e.message,
-      },
-      'a worker failed mid-stream',
-    )
     // the error is an event of its own: the unfinished event is dropped, and one too long to
     // hold, already out in part, is ended first (a client then fails to read that one, not the error)
     this.held = null
     if (this.tail !== null) (this.out as ChunkWriter).write(this.tail)
     this.tail = null
-    const event = `data: ${JSON.stringify({ error: { ...e.toJSON(), type: 'upstream_error' } })}\n\n`
     raw.end(this.open ? `\n\n${event}` : event)
     run.cut(502)
   }

@@ -64,8 +64,8 @@ export function inferenceRoutes(fastify: FastifyInstance, ctx: HttpContext): voi
    * What the proxy needs of a request, taken from its body. The body, its text and the prompt in
    * it would otherwise stay reachable for the whole stream through the request object and this
    * function's frame, and the prompt is most of an open stream's heap; the request lets go of
-   * them here, and the proxy drops its own references at the first token, when no retry can need
-   * them.
+   * them here, and the proxy drops its own references (the bytes, and the parsed body a
+   * request-plane worker's request is built from) at the first token, when no retry can need them.
    */
   const proxyCall = async (path: string, chat: boolean, req: FastifyRequest): Promise<ProxyCall> => {
     const body = req.body as Record<string, unknown>
@@ -116,7 +116,8 @@ export function inferenceRoutes(fastify: FastifyInstance, ctx: HttpContext): voi
     ;(req as RequestWithBytes)[BODY_BYTES] = undefined
     req.body = undefined
     ;(req as RequestWithBytes)[PROXIED] = true
-    return { path, payload, stream: body.stream === true, route: input, model }
+    // the parsed body too: a worker on Dynamo's request plane is sent a PreprocessedRequest built from it
+    return { path, payload, stream: body.stream === true, route: input, model, kind: chat ? 'chat' : 'completions', body }
   }
 
   /**

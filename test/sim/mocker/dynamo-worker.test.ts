@@ -11,6 +11,7 @@ import { Subscriber } from 'zeromq'
 import { startEtcd } from '../../../src/deploy/services.js'
 import { parseJsonExact } from '../../../src/codec/json.js'
 import { OUTPUT_TOKEN_BASE } from '../../../src/sim/mocker/engine.js'
+import { WORDS } from '../../../src/sim/mocker/server.js'
 import { MockerFleet } from '../../../src/sim/mocker/fleet.js'
 import type { MockerWorker } from '../../../src/sim/mocker/fleet.js'
 import { MockerArgError, parseMockerArgs } from '../../../src/sim/mocker/main.js'
@@ -191,13 +192,18 @@ t.test('mocker --dynamo: records, event plane, request plane, worker query', asy
         t.equal(item.header.length, 0, 'items are body-only')
         const last = k === 4
         // NetworkStreamWrapper {data, complete_final} around Annotated<LLMEngineOutput>
-        // (protocols/annotated.rs@031f90c2; protocols/common/llm_backend.rs@07d14345)
+        // (protocols/annotated.rs@031f90c2; protocols/common/llm_backend.rs@07d14345); the last
+        // with completion_usage, an OpenAI CompletionUsage, after index (LLMEngineOutput's last
+        // field, skipped when None: llm_backend.rs@2441f5b6): 7 prompt tokens, the second
+        // request's first block (4 tokens) cached
         const tok = OUTPUT_TOKEN_BASE + k
+        const cached = codec === null ? 0 : 4
+        const usage = `,"completion_usage":{"prompt_tokens":7,"completion_tokens":5,"total_tokens":12,"prompt_tokens_details":{"cached_tokens":${cached}}}`
         if (codec === null) {
           t.equal(
             item.body.toString(),
-            `{"data":{"data":{"token_ids":[${tok}],"tokens":null,"text":null,"cum_log_probs":null,"log_probs":null,"top_logprobs":null,` +
-              `"finish_reason":${last ? '"length"' : 'null'},"index":null}},"complete_final":false}`,
+            `{"data":{"data":{"token_ids":[${tok}],"tokens":null,"text":${JSON.stringify(WORDS[k])},"cum_log_probs":null,"log_probs":null,` +
+              `"top_logprobs":null,"finish_reason":${last ? '"length"' : 'null'},"index":null${last ? usage : ''}}},"complete_final":false}`,
           )
         } else {
           t.same(unpackr.unpack(item.body), {
@@ -205,12 +211,15 @@ t.test('mocker --dynamo: records, event plane, request plane, worker query', asy
               data: {
                 token_ids: [tok],
                 tokens: null,
-                text: null,
+                text: WORDS[k],
                 cum_log_probs: null,
                 log_probs: null,
                 top_logprobs: null,
                 finish_reason: last ? 'length' : null,
                 index: null,
+                ...(last
+                  ? { completion_usage: { prompt_tokens: 7, completion_tokens: 5, total_tokens: 12, prompt_tokens_details: { cached_tokens: cached } } }
+                  : {}),
               },
             },
             complete_final: false,

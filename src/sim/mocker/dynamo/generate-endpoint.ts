@@ -5,42 +5,53 @@
 // here: token_ids, stop_conditions.max_tokens (the server's default when absent or null). Every
 // other field has a default and is ignored, as the engine always generates max_tokens tokens.
 // Stream items: Annotated<LLMEngineOutput> (protocols/annotated.rs@031f90c2,
-// protocols/common/llm_backend.rs@07d14345), one per generated token:
-//   {"data":{"token_ids":[t],"tokens":null,"text":null,"cum_log_probs":null,"log_probs":null,
+// protocols/common/llm_backend.rs@07d14345), one per generated token, with the token's text (the
+// word the mocker's HTTP server writes for it, server.ts), so a frontend needs no tokenizer:
+//   {"data":{"token_ids":[t],"tokens":null,"text":"…","cum_log_probs":null,"log_probs":null,
 //            "top_logprobs":null,"finish_reason":null|"length","index":null}}
+// The last adds completion_usage (an OpenAI CompletionUsage; LLMEngineOutput's last field, left
+// out when None: llm_backend.rs@2441f5b6) with the engine's prefix hit as
+// prompt_tokens_details.cached_tokens.
 // A request the engine refuses (an empty prompt, more KV than it has) fails in the prologue.
 // `stop` or `kill` from the frontend aborts the request, which frees its blocks at once.
 import { isKvrError } from '../../../errors.js'
 import type { EngineRequest, MockEngine, RequestListener } from '../engine.js'
+import { OUTPUT_TOKEN_BASE } from '../engine.js'
+import { WORDS } from '../server.js'
 import type { EndpointHandler, IncomingRequest } from './request-plane-server.js'
 import { ResponseStream } from './response-stream.js'
 
-/** The JSON of one stream item, token id and finish reason filled in. */
-function itemJson(token: number, last: boolean): string {
-  return (
-    `{"data":{"token_ids":[${token}],"tokens":null,"text":null,"cum_log_probs":null,"log_probs":null,"top_logprobs":null,` +
-    `"finish_reason":${last ? '"length"' : 'null'},"index":null}}`
-  )
-}
+/** The text of an output token: its word, as the HTTP server writes it. */
+const wordOf = (token: number): string => WORDS[(token - OUTPUT_TOKEN_BASE) % WORDS.length] ?? ''
 
-function itemValue(token: number, last: boolean): unknown {
+function usageValue(x: EngineRequest): Record<string, unknown> {
   return {
-    data: {
-      token_ids: [token],
-      tokens: null,
-      text: null,
-      cum_log_probs: null,
-      log_probs: null,
-      top_logprobs: null,
-      finish_reason: last ? 'length' : null,
-      index: null,
-    },
+    prompt_tokens: x.isl,
+    completion_tokens: x.outputTokens,
+    total_tokens: x.isl + x.outputTokens,
+    prompt_tokens_details: { cached_tokens: Math.max(0, x.cachedTokens) },
   }
 }
 
-/** Sends the item of output token `token`, in the stream's codec. */
-function emit(s: ResponseStream, token: number, last: boolean): void {
-  if (s.codec === 'json') s.sendJson(itemJson(token, last))
+function itemValue(token: number, last: EngineRequest | null): { data: Record<string, unknown> } {
+  const data: Record<string, unknown> = {
+    token_ids: [token],
+    tokens: null,
+    text: wordOf(token),
+    cum_log_probs: null,
+    log_probs: null,
+    top_logprobs: null,
+    finish_reason: last === null ? null : 'length',
+    index: null,
+  }
+  if (last !== null) data.completion_usage = usageValue(last)
+  return { data }
+}
+
+/** Sends the item of output token `token` (`last`: the request it ends), in the stream's codec. */
+function emit(s: ResponseStream, token: number, last: EngineRequest | null): void {
+  // no bigint in an item: JSON.stringify writes it as serde_json would
+  if (s.codec === 'json') s.sendJson(JSON.stringify(itemValue(token, last)))
   else s.sendValue(itemValue(token, last))
 }
 
@@ -77,12 +88,12 @@ export function generateHandler(engine: MockEngine, defaultMaxTokens: number, co
     let stream: ResponseStream | null = null
     const listener: RequestListener = {
       onToken(x: EngineRequest): void {
-        if (stream !== null) emit(stream, x.tokens[x.isl + x.outputTokens - 1] as number, false)
+        if (stream !== null) emit(stream, x.tokens[x.isl + x.outputTokens - 1] as number, null)
       },
       onFinish(x: EngineRequest): void {
         counters.served++
         if (stream !== null) {
-          emit(stream, x.tokens[x.isl + x.outputTokens - 1] as number, true)
+          emit(stream, x.tokens[x.isl + x.outputTokens - 1] as number, x)
           stream.end()
         }
         done()
@@ -125,7 +136,7 @@ export function generateHandler(engine: MockEngine, defaultMaxTokens: number, co
         // tokens generated while the connection was being made, in order
         const k = x.outputTokens
         for (let i = 0; i < k; i++) {
-          emit(s, x.tokens[x.isl + i] as number, x.state === 'finished' && i === k - 1)
+          emit(s, x.tokens[x.isl + i] as number, x.state === 'finished' && i === k - 1 ? x : null)
         }
         if (x.state === 'finished') s.end()
         else if (x.state === 'aborted') s.end()

@@ -8,25 +8,20 @@
 // worker, exactly the blocks the engine's pool holds (its worker query's tree dump), and the
 // counters must say which recovery ran, over TCP, once per loss.
 //
-// The workers' instance records name only a TCP address. Registering such a worker from etcd is
-// the request path's part (another change); until it lands, registerTcpWorkers below does it
-// the way discovery does for HTTP workers: added when the record appears, removed when it goes.
+// The workers' instance records name only a TCP address: the router's etcd discovery registers
+// them as request-plane workers.
 import t from 'tap'
 import type { Test } from 'tap'
-import { Etcd3 } from 'etcd3'
 import { Router } from '../../src/core/router.js'
 import { buildApp } from '../../src/http/server.js'
 import type { App } from '../../src/http/server.js'
 import { startEtcd } from '../../src/deploy/services.js'
-import { instanceTcpAddress } from '../../src/transport/etcd.js'
-import { instancesPrefix } from '../../src/transport/dynamo-names.js'
 import { config } from '../http/helpers.js'
 import { runCli } from '../helpers/cli.js'
 import type { CliProcess } from '../helpers/cli.js'
 import { waitUntil } from '../helpers/wait.js'
 
 const BS = 16
-const PREFIX = instancesPrefix('dynamo', 'backend', 'generate')
 
 interface Engine {
   id: bigint
@@ -84,23 +79,6 @@ async function serve(t: Test, etcdUrl: string): Promise<{ router: Router; app: A
   const app = await buildApp({ router, tokenizer: null })
   t.teardown(() => app.shutdown(1000))
   return { router, app }
-}
-
-/** Registers the TCP-only workers etcd lists (see the header), their URL the engine's HTTP server. */
-async function registerTcpWorkers(t: Test, etcdUrl: string, router: Router, httpOf: (id: bigint) => string | undefined): Promise<void> {
-  const client = new Etcd3({ hosts: etcdUrl })
-  t.teardown(() => client.close())
-  const idOf = (key: string): bigint => BigInt(`0x${key.slice(PREFIX.length)}`)
-  const add = (key: string, value: string): void => {
-    const id = idOf(key)
-    const requestPlane = instanceTcpAddress(JSON.parse(value) as Record<string, unknown>)
-    void router.addWorker({ id, url: httpOf(id) ?? 'http://127.0.0.1:9', requestPlane, source: 'etcd', blockSize: BS })
-  }
-  const w = await client.watch().prefix(PREFIX).create()
-  t.teardown(() => w.cancel())
-  w.on('put', (kv) => add(kv.key.toString(), kv.value.toString()))
-  w.on('delete', (kv) => void router.removeWorker(idOf(kv.key.toString())))
-  for (const [k, v] of Object.entries(await client.getAll().prefix(PREFIX).strings())) add(k, v)
 }
 
 async function complete(http: string, prompt: string): Promise<void> {
@@ -168,7 +146,7 @@ for (const scope of ['endpoint', 'component'] as const) {
     const before = await Promise.all(m.engines.map(stats))
 
     const { router, app } = await serve(t, etcd.url)
-    await registerTcpWorkers(t, etcd.url, router, (id) => m.engines.find((e) => e.id === id)?.http)
+    await waitUntil('the engines registered from etcd', () => m.engines.every((e) => router.parts.registry.has(e.id)))
     let mismatch = ''
     await waitUntil('the dumps applied', async () => (mismatch = await compare(app, m.engines)) === '', 15_000, 50)
     t.equal(mismatch, '', 'caught up through the worker query: index and pools hold the same blocks')
@@ -203,7 +181,6 @@ t.test('an engine restarted as a new instance, then a batch it never sent: both 
   const b = await mocker(t, etcd.url, 1)
   const engines = [...a.engines, ...b.engines]
   const { router, app } = await serve(t, etcd.url)
-  await registerTcpWorkers(t, etcd.url, router, (id) => engines.find((e) => e.id === id)?.http)
   const [ea, eb] = engines as [Engine, Engine]
   await waitUntil('both registered', () => router.parts.registry.has(ea.id) && router.parts.registry.has(eb.id))
   for (let i = 0; i < 8; i++) await complete((engines[i % 2] as Engine).http, prompt())

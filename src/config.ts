@@ -30,6 +30,8 @@ export interface StaticWorkerSpec {
 const NAME = /^[A-Za-z0-9_-]+$/
 /** Dynamo's event planes (`--event-plane`, `DYN_EVENT_PLANE`). */
 const EVENT_PLANES = ['zmq', 'nats'] as const
+/** How requests to Dynamo's TCP request plane are encoded (`--request-plane-codec`, `DYN_REQUEST_PLANE_CODEC`). */
+const REQUEST_PLANE_CODECS = ['json', 'msgpack'] as const
 const NAME_ACCEPTS = 'a name of letters, digits, "_" and "-" (it becomes part of NATS subjects and etcd keys)'
 const ENDPOINT_ACCEPTS = 'namespace.component.endpoint, three names of letters, digits, "_" and "-" (dyn:// in front is allowed)'
 const LOG_LEVEL_ACCEPTS = 'one of error|warn|info|debug|trace|off (also fatal, silent), or a DYN_LOG filter such as info,dynamo_runtime=debug'
@@ -493,6 +495,20 @@ const SERVE_ROWS = [
       '`zmq_broker`; `nats`: KV events come from `--nats-url` only. No effect without `--etcd-url`. See ' +
       '[Dynamo compatibility](dynamo-compatibility.md#zmq-event-plane).',
     noEffect: { when: { etcdUrl: null }, says: 'has no effect without --etcd-url' },
+  }),
+  opt({
+    flag: '--request-plane-codec',
+    key: 'requestPlaneCodec',
+    env: ['DYN_REQUEST_PLANE_CODEC'],
+    kind: 'enum',
+    values: REQUEST_PLANE_CODECS,
+    dflt: 'json',
+    help: "how requests to workers on Dynamo's TCP request plane are encoded: json (read by every release) or msgpack (named MessagePack)",
+    doc:
+      "The payload codec of requests sent to workers reached over Dynamo's TCP request plane, as Dynamo's `DYN_REQUEST_PLANE_CODEC`; the " +
+      'workers answer in the same codec. `json` (the default here) is read by every Dynamo worker, old ones included, which take a request ' +
+      "whose control header names no codec as JSON; `msgpack` is named MessagePack, the newest Dynamo frontends' default. " +
+      'Workers reached over HTTP are not affected. See [Dynamo compatibility](dynamo-compatibility.md#tcp-request-plane-and-worker-query).',
   }),
   opt({
     flag: '--indexer-url',

@@ -73,7 +73,7 @@ const client = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'none', maxRetries: 0
 
 interface EngineStats {
   worker_id: string
-  dynamo: { inflight: number; generate: { served: number; cancelled: number }; request_plane: { overloaded: number } }
+  dynamo: { inflight: number; generate: { served: number; cancelled: number }; request_plane: { overloaded: number; msgpack: number } }
 }
 const stats = async (url: string): Promise<EngineStats> => (await (await fetch(`${url}/stats`)).json()) as EngineStats
 const engineOf = new Map<string, string>()
@@ -239,8 +239,24 @@ t.test('a worker whose request plane refuses connections: its requests go to the
         `"card_json":{"display_name":"${MODEL}","kv_cache_block_size":4,"runtime_config":{"total_kv_blocks":4096,"data_parallel_size":1}}}`,
     )
   await waitUntil('the third worker registered', async () => (await workers()).length === 3)
-  // a second router, round-robin, so that one of three requests is sure to go to that worker first
-  const rr = runCli(['serve', '--etcd-url', etcd.url, '--http-host', '127.0.0.1', '--http-port', '0', '--router-mode', 'round-robin', '--tokenizer', 'bytes'])
+  // a second router, round-robin, so that one of three requests is sure to go to that worker
+  // first; its requests in named MessagePack
+  const msgpackBefore = (await Promise.all(engineUrls.map(stats))).reduce((n, s) => n + s.dynamo.request_plane.msgpack, 0)
+  const rr = runCli([
+    'serve',
+    '--etcd-url',
+    etcd.url,
+    '--http-host',
+    '127.0.0.1',
+    '--http-port',
+    '0',
+    '--router-mode',
+    'round-robin',
+    '--tokenizer',
+    'bytes',
+    '--request-plane-codec',
+    'msgpack',
+  ])
   t.teardown(stop(rr))
   const rrListening = await waitForOutput(rr, /listening on (http:\/\/[^ ]+)/)
   if (rrListening === null) throw new Error(`the second router did not start: ${rr.err()}`)
@@ -252,6 +268,8 @@ t.test('a worker whose request plane refuses connections: its requests go to the
     const r = (await rrClient.completions.create({ model: MODEL, prompt: `Round ${i}.`, max_tokens: 1 })) as OpenAI.Completion & WithNvext
     t.ok(engineOf.has(r.nvext.worker_id.decode_worker_id_str), `request ${i} answered by an engine`)
   }
+  const msgpackAfter = (await Promise.all(engineUrls.map(stats))).reduce((n, s) => n + s.dynamo.request_plane.msgpack, 0)
+  t.ok(msgpackAfter - msgpackBefore >= 3, `the engines took the --request-plane-codec msgpack requests as MessagePack (${msgpackAfter - msgpackBefore})`)
   const dead = (await rrWorkers()).find((w) => w.id_str === String(id))
   t.equal(dead?.health, 'suspended', 'the refusing worker is suspended after its failure')
   t.match(await (await fetch(`${rrBase}/metrics`)).text(), /^kvrouter_request_plane_total\{what="connection_errors"\} [1-9]/m, 'the refused connection counted')

@@ -84,7 +84,8 @@ export function decodeRequest(frame: RequestFrame): IncomingRequest {
 
 export class RequestPlaneServer {
   /** Requests taken, refused as overloaded, for unknown paths, undecodable, and connections cut for bad frames. */
-  readonly counters = { taken: 0, overloaded: 0, unknownEndpoint: 0, badRequests: 0, badFrames: 0 }
+  /** `msgpack`: requests taken whose payload was named MessagePack (the rest were JSON). */
+  readonly counters = { taken: 0, msgpack: 0, overloaded: 0, unknownEndpoint: 0, badRequests: 0, badFrames: 0 }
   private readonly routes = new Map<string, Route>()
   private readonly server: Server
   private readonly sockets = new Set<Socket>()
@@ -167,6 +168,7 @@ export class RequestPlaneServer {
     }
     gate.inflight++
     this.counters.taken++
+    if (req.codec === 'msgpack') this.counters.msgpack++
     s.write(ACK)
     let finished = false
     const done = (): void => {

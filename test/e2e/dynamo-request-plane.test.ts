@@ -80,7 +80,7 @@ const engineOf = new Map<string, string>()
 for (const u of engineUrls) engineOf.set((await stats(u)).worker_id, u)
 
 interface Listed {
-  workers: { id_str: string; url: string; health: string; block_size: number; ranks: { in_flight: number }[] }[]
+  workers: { id_str: string; url: string; request_plane: string | null; health: string; block_size: number; ranks: { in_flight: number }[] }[]
 }
 const workers = async (): Promise<Listed['workers']> => ((await (await fetch(`${base}/v1/workers`)).json()) as Listed).workers
 const inFlight = async (): Promise<number> => (await workers()).reduce((n, w) => n + w.ranks.reduce((m, r) => m + r.in_flight, 0), 0)
@@ -94,6 +94,7 @@ t.test('the engines are registered from their request-plane records, never probe
   t.same(ws.map((w) => w.id_str).sort(), [...engineOf.keys()].sort(), 'the worker ids are the engines')
   for (const w of ws) {
     t.equal(w.url, '', 'no HTTP URL')
+    t.match(w.request_plane, new RegExp(`^[0-9.]+:\\d+/${BigInt(w.id_str).toString(16)}/generate$`), 'its request-plane address, shown')
     t.equal(w.block_size, 4, "the block size from the engine's model card")
     t.equal(w.health, 'healthy')
   }

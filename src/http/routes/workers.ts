@@ -77,6 +77,7 @@ export function workerRoutes(fastify: FastifyInstance, ctx: HttpContext): ListWo
         id: w.id,
         id_str: w.id.toString(),
         url: w.url,
+        request_plane: w.requestPlane ?? null,
         source: w.source,
         block_size: w.blockSize,
         capacity: w.capacity,

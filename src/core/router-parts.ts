@@ -68,12 +68,13 @@ export class RouterParts {
   /** The shared remote index the route path asks first (`--indexer-url`), or null. */
   readonly remote: RemoteIndexer | null
   /** Dynamo's TCP request plane, for workers whose instance record names one; its listener starts on first use. */
-  readonly requestPlane = new RequestPlaneClient()
+  readonly requestPlane: RequestPlaneClient
   private readonly checkTimer: NodeJS.Timeout
 
   constructor(config: ServeConfig, pool: ShardPool) {
     this.config = config
     this.pool = pool
+    this.requestPlane = new RequestPlaneClient({ codec: config.requestPlaneCodec })
     const approx = !config.kvEvents
     // in KV-events mode, for the workers that send none (yet)
     const sink: ApproxSink | undefined = approx || config.mode === 'kv' ? this.approxSink() : undefined

@@ -87,7 +87,6 @@ export async function buildApp(opts: AppOptions): Promise<App> {
     logger,
     requestPlane: router.parts.requestPlane,
     tokenizer: cfg.tokenizer,
-    requestPlaneCodec: cfg.requestPlaneCodec,
   })
   fastify.setErrorHandler(errorHandler)
   fastify.setNotFoundHandler((req, reply) => {

@@ -39,6 +39,8 @@ export interface RequestPlaneClientOptions {
   killAfterMs?: number
   /** The call-home listener's address options. */
   listener?: Omit<ResponseListenerOptions, 'counters' | 'maxMessageBytes'>
+  /** The payload codec of requests that do not name one (--request-plane-codec). Default json, which every Dynamo worker reads. */
+  codec?: PayloadCodec
 }
 
 export interface RequestOptions {
@@ -59,9 +61,12 @@ export class RequestPlaneClient {
   private readonly opening = new Map<string, Promise<RequestConnection>>()
   private listener: Promise<ResponseListener> | null = null
   private closed = false
-  private readonly o: Required<Omit<RequestPlaneClientOptions, 'listener'>>
+  private readonly o: Required<Omit<RequestPlaneClientOptions, 'listener' | 'codec'>>
+  /** The payload codec of requests that do not name one. */
+  readonly codec: PayloadCodec
 
   constructor(private readonly options: RequestPlaneClientOptions = {}) {
+    this.codec = options.codec ?? 'json'
     this.o = {
       ackTimeoutMs: options.ackTimeoutMs ?? 5000,
       connectTimeoutMs: options.connectTimeoutMs ?? 5000,
@@ -93,7 +98,7 @@ export class RequestPlaneClient {
   async request<T = unknown>(address: string | InstanceAddress, payload: unknown, opts: RequestOptions = {}): Promise<ResponseStream<T>> {
     if (this.closed) throw new KvrError('KVR_ERR_SHUTTING_DOWN', 'the request-plane client is closed')
     const a = typeof address === 'string' ? parseInstanceAddress(address) : address
-    const codec = opts.codec ?? 'json'
+    const codec = opts.codec ?? this.codec
     if (opts.raw === true && codec !== 'json') throw new KvrError('KVR_ERR_INVALID_OPTION', 'raw response items need the json codec')
     const id = opts.requestId ?? randomUUID()
     const subject = randomUUID()

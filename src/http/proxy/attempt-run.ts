@@ -8,7 +8,6 @@ import type { RequestPlaneClient } from '../../request-plane/client.js'
 import type { RouteDecision } from '../../scheduler/scheduler.js'
 import type { TokenDecoder } from '../../tokenizer/token-decoder.js'
 import type { ChunkWriter } from './chunked.js'
-import type { PayloadCodec } from '../../request-plane/payload-codec.js'
 
 /** A booking's side an exchange uses. */
 export interface AttemptBooking {
@@ -35,7 +34,6 @@ export interface AttemptRun {
   readonly gone: { readonly aborted: boolean }
   readonly proxy: {
     readonly requestPlane: RequestPlaneClient | null
-    readonly requestPlaneCodec: PayloadCodec
     readonly decoder: TokenDecoder | null
     readonly metrics: Router['metrics']
   }

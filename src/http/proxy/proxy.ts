@@ -35,7 +35,6 @@ import type { AttemptRun } from './attempt-run.js'
 import type { RequestPlaneClient } from '../../request-plane/client.js'
 import type { RequestKind } from '../../frontend/preprocessed-request.js'
 import { tokenDecoderFor } from '../../tokenizer/token-decoder.js'
-import type { PayloadCodec } from '../../request-plane/payload-codec.js'
 import type { TokenDecoder } from '../../tokenizer/token-decoder.js'
 import { RetryableError } from '../../scheduler/rejection.js'
 
@@ -100,8 +99,6 @@ export interface ProxyOptions {
    * text into text. Loaded on first use, so a fleet without such workers never loads it twice.
    */
   tokenizer?: string | null
-  /** The payload codec of requests to request-plane workers (--request-plane-codec); json by default. */
-  requestPlaneCodec?: PayloadCodec
 }
 
 export class UpstreamProxy {
@@ -268,10 +265,6 @@ export class UpstreamProxy {
   }
 
   private decoderLoaded: TokenDecoder | null | undefined = undefined
-
-  get requestPlaneCodec(): PayloadCodec {
-    return this.options.requestPlaneCodec ?? 'json'
-  }
 
   get decoder(): TokenDecoder | null {
     if (this.decoderLoaded === undefined) this.decoderLoaded = tokenDecoderFor(this.options.tokenizer ?? null)

@@ -64,7 +64,7 @@ export class RequestPlaneExchange {
       const req = preprocessedRequest(call.body, call.kind, tokens, target, o)
       const { stream, includeUsage } = streamOptions(call.body)
       this.translator = new EngineOutputTranslator(req, { kind: call.kind, stream, includeUsage, decoder, target })
-      bytes = encodeRequest(req, run.proxy.requestPlaneCodec)
+      bytes = encodeRequest(req, (client as NonNullable<typeof client>).codec)
     } catch (err) {
       // the request's own fault, or the router's: not the worker's, so not retried
       this.settled = true
@@ -72,7 +72,7 @@ export class RequestPlaneExchange {
     }
     const address = this.worker.requestPlane as string
     ;(client as NonNullable<typeof client>)
-      .request(address, bytes, { codec: run.proxy.requestPlaneCodec, encoded: true, requestId: this.a.booking.id, signal: this.abort.signal })
+      .request(address, bytes, { encoded: true, requestId: this.a.booking.id, signal: this.abort.signal })
       .then(
         (s) => this.read(s),
         (err: unknown) => this.failed(err),

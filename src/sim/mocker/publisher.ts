@@ -15,6 +15,8 @@ import { encodeRouterEvent } from '../../codec/events.js'
 import type { RouterEvent } from '../../codec/events.js'
 import { KvrError } from '../../errors.js'
 import type { EngineLoad } from './engine.js'
+import { LoadReports } from './load-reports.js'
+import type { LoadReportOptions } from './load-reports.js'
 
 export interface EventPublisher {
   /** `tokens`: a Stored event's token ids (see BlockPoolSink), for publishers whose wire carries them. */
@@ -217,68 +219,40 @@ export function loadEventJson(l: EngineLoad): string {
   )
 }
 
-export interface LoadPublisherOptions {
-  /** Unconditional report period (ms). */
-  intervalMs?: number
-  /** Reports on change are at least this far apart (ms). */
-  minGapMs?: number
-}
+export type LoadPublisherOptions = LoadReportOptions
 
-/**
- * kv_metrics for one engine: a report whenever active blocks or the waiting count change, at
- * most one per minGapMs (Dynamo debounces by 1 ms; with steps every few ms and many engines that
- * would be a message per step per engine for the router to parse), and one every intervalMs
- * regardless, so a router that starts late learns the load within a second.
- */
+/** kv_metrics for one engine on NATS: a report whenever active blocks or the waiting count change (load-reports.ts says when). */
 export class LoadPublisher {
-  private last = ''
-  private lastAt = -Infinity
-  private pending: NodeJS.Timeout | null = null
-  private readonly heartbeat: NodeJS.Timeout
-  private readonly minGap: number
-  private closed = false
-  reports = 0
+  private readonly reportsOf: LoadReports
 
   constructor(
     private readonly nc: NatsConnection,
     readonly subject: string,
-    private readonly load: () => EngineLoad,
+    load: () => EngineLoad,
     o: LoadPublisherOptions = {},
   ) {
-    this.minGap = o.minGapMs ?? 100
-    this.heartbeat = setInterval(() => this.send(), o.intervalMs ?? 1000)
-    this.heartbeat.unref()
-    this.send()
+    this.reportsOf = new LoadReports(
+      load,
+      (l) => `${l.activeBlocks}/${l.waiting}`,
+      (l) => {
+        if (this.nc.isClosed()) return false
+        this.nc.publish(this.subject, utf8.encode(loadEventJson(l)))
+        return true
+      },
+      o,
+    )
+  }
+
+  get reports(): number {
+    return this.reportsOf.reports
   }
 
   /** The engine's state may have changed (called after every step). */
   update(): void {
-    if (this.closed || this.pending !== null) return
-    const l = this.load()
-    if (`${l.activeBlocks}/${l.waiting}` === this.last) return
-    const wait = this.lastAt + this.minGap - performance.now()
-    if (wait <= 0) this.send()
-    else {
-      this.pending = setTimeout(() => {
-        this.pending = null
-        this.send()
-      }, wait)
-      this.pending.unref()
-    }
-  }
-
-  private send(): void {
-    if (this.closed || this.nc.isClosed()) return
-    const l = this.load()
-    this.last = `${l.activeBlocks}/${l.waiting}`
-    this.lastAt = performance.now()
-    this.reports++
-    this.nc.publish(this.subject, utf8.encode(loadEventJson(l)))
+    this.reportsOf.update()
   }
 
   close(): void {
-    this.closed = true
-    clearInterval(this.heartbeat)
-    if (this.pending !== null) clearTimeout(this.pending)
+    this.reportsOf.close()
   }
 }

@@ -104,8 +104,9 @@ t.test('engines register in etcd under their leases and publish events and load 
       dpSize: 1,
       kvEvents: null,
       requestPlane: null,
+      model: 'mock',
     },
-    "the router's discovery reads the record",
+    "the router's discovery reads the record (the model's name from the card's display_name)",
   )
 
   // a request on engine 0: its Stored events reach NATS and decode with the router's decoder

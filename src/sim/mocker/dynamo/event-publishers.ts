@@ -8,6 +8,8 @@ import type { EventPublisher } from '../publisher.js'
 import type { EventChannel } from './event-channel.js'
 import { writeActiveLoad, writeRouterEvent } from './event-messages.js'
 import { MsgpackWriter } from './msgpack-writer.js'
+import { LoadReports } from '../load-reports.js'
+import type { LoadReportOptions } from '../load-reports.js'
 
 export class DynamoKvEventPublisher implements EventPublisher {
   private readonly writer = new MsgpackWriter()
@@ -28,67 +30,41 @@ export class DynamoKvEventPublisher implements EventPublisher {
   }
 }
 
-export interface DynamoLoadPublisherOptions {
-  /** Unconditional report period (ms, default 1000). */
-  intervalMs?: number
-  /** Reports on change are at least this far apart (ms, default 100). */
-  minGapMs?: number
-}
+export type DynamoLoadPublisherOptions = LoadReportOptions
 
-/**
- * kv_metrics for one engine: a report when its KV blocks in use change (at most one per
- * minGapMs), and one every intervalMs regardless, so a router that starts late learns the load.
- */
+/** kv_metrics for one engine on its event plane: a report when its KV blocks in use change (load-reports.ts says when). */
 export class DynamoLoadPublisher {
   private readonly writer = new MsgpackWriter(64)
-  private last = -1
-  private lastAt = -Infinity
-  private pending: NodeJS.Timeout | null = null
-  private readonly heartbeat: NodeJS.Timeout
-  private readonly minGap: number
-  private closed = false
-  reports = 0
+  private readonly reportsOf: LoadReports
 
   constructor(
     readonly channel: EventChannel,
-    private readonly load: () => EngineLoad,
+    load: () => EngineLoad,
     o: DynamoLoadPublisherOptions = {},
   ) {
-    this.minGap = o.minGapMs ?? 100
-    this.heartbeat = setInterval(() => this.send(), o.intervalMs ?? 1000)
-    this.heartbeat.unref()
-    this.send()
+    this.reportsOf = new LoadReports(
+      load,
+      (l) => l.activeBlocks,
+      (l) => {
+        writeActiveLoad(this.writer.reset(), l)
+        this.channel.publish(this.writer.bytes())
+        return true
+      },
+      o,
+    )
+  }
+
+  get reports(): number {
+    return this.reportsOf.reports
   }
 
   /** The engine's state may have changed (called after every step). */
   update(): void {
-    if (this.closed || this.pending !== null) return
-    if (this.load().activeBlocks === this.last) return
-    const wait = this.lastAt + this.minGap - performance.now()
-    if (wait <= 0) this.send()
-    else {
-      this.pending = setTimeout(() => {
-        this.pending = null
-        this.send()
-      }, wait)
-      this.pending.unref()
-    }
-  }
-
-  private send(): void {
-    if (this.closed) return
-    const l = this.load()
-    this.last = l.activeBlocks
-    this.lastAt = performance.now()
-    this.reports++
-    writeActiveLoad(this.writer.reset(), l)
-    this.channel.publish(this.writer.bytes())
+    this.reportsOf.update()
   }
 
   async close(): Promise<void> {
-    this.closed = true
-    clearInterval(this.heartbeat)
-    if (this.pending !== null) clearTimeout(this.pending)
+    this.reportsOf.close()
     await this.channel.close()
   }
 }
